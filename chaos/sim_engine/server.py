@@ -1,0 +1,124 @@
+"""Run the simulated engine: a grpc.aio server with both engine services.
+
+``smg-node sim-engine --port P`` and ``python -m chaos.sim_engine`` land here.
+Prints ``READY <port>`` on stdout once it listens, so a parent process can
+start it on port 0 and learn the port without polling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import grpc
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sg_grpc, vllm_engine_pb2_grpc as vl_grpc
+
+from gateway.tokenizer.bundled import default_tokenizer_dir
+
+from .config import SimEngineConfig
+from .core import SimEngine
+from .output import word_token_ids
+from .services import SglangService, VllmService, _Shared
+
+log = logging.getLogger("chaos.sim_engine")
+
+GRPC_MESSAGE_BYTES_MAX = 64 * 1024 * 1024  # long prompts as token ids: 32k tokens is ~130 KB; leave room
+
+
+def _eos_token_id(tokenizer_dir: Path) -> tuple[int, int]:
+    """(eos id, vocab size) from the tokenizer files."""
+    tok = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    ids = {t["content"]: t["id"] for t in tok.get("added_tokens", [])}
+    vocab_size = max([*tok["model"]["vocab"].values(), *ids.values()]) + 1
+    eos = None
+    config_path = tokenizer_dir / "tokenizer_config.json"
+    if config_path.is_file():
+        eos_tok = json.loads(config_path.read_text(encoding="utf-8")).get("eos_token")
+        if isinstance(eos_tok, dict):
+            eos_tok = eos_tok.get("content")
+        eos = ids.get(eos_tok)
+    return (eos if eos is not None else vocab_size - 1), vocab_size
+
+
+def build_server(config: SimEngineConfig, services: str = "both") -> tuple[grpc.aio.Server, SimEngine]:
+    tokenizer_dir = config.tokenizer_dir or default_tokenizer_dir()
+    eos, vocab_size = _eos_token_id(tokenizer_dir)
+    engine = SimEngine(config, word_token_ids(tokenizer_dir / "tokenizer.json"), eos)
+    shared = _Shared(engine, tokenizer_dir, vocab_size)
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
+        ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
+        ("grpc.so_reuseport", 0),
+    ])
+    if services in ("both", "sglang"):
+        sg_grpc.add_SglangSchedulerServicer_to_server(SglangService(shared), server)
+    if services in ("both", "vllm"):
+        vl_grpc.add_VllmEngineServicer_to_server(VllmService(shared), server)
+    return server, engine
+
+
+async def serve_sim_engine(config: SimEngineConfig, host: str, port: int, services: str = "both") -> None:
+    server, _ = build_server(config, services)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise SystemExit(f"sim-engine: cannot listen on {host}:{port}")
+    await server.start()
+    print(f"READY {bound}", flush=True)
+    log.info("simulated engine %s listening on %s:%d (zero_cost=%s)", config.model_name, host, bound,
+             config.zero_cost_mode)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(grace=1.0)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = SimEngineConfig()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed as READY <port>)")
+    parser.add_argument("--services", choices=("both", "sglang", "vllm"), default="both")
+    parser.add_argument("--model-name", default=d.model_name)
+    parser.add_argument("--tokenizer-path", type=Path, default=None)
+    parser.add_argument("--max-context-tokens", type=int, default=d.max_context_tokens)
+    parser.add_argument("--block-size", type=int, default=d.block_size)
+    parser.add_argument("--kv-capacity-blocks", type=int, default=d.kv_capacity_blocks)
+    parser.add_argument("--batch-size-max", type=int, default=d.batch_size_max)
+    parser.add_argument("--queue-size-max", type=int, default=d.queue_size_max)
+    parser.add_argument("--prefill-s-per-token", type=float, default=d.prefill_s_per_token)
+    parser.add_argument("--itl-base-s", type=float, default=d.itl_base_s)
+    parser.add_argument("--itl-per-running-s", type=float, default=d.itl_per_running_s)
+    parser.add_argument("--eos-after-tokens", type=int, default=None)
+    parser.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
+    parser.add_argument("--zero-cost", action="store_true", help="no delays: benchmark the gateway, not the engine")
+
+
+def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
+    values = dict(
+        model_name=args.model_name, tokenizer_dir=args.tokenizer_path, max_context_tokens=args.max_context_tokens,
+        block_size=args.block_size, kv_capacity_blocks=args.kv_capacity_blocks, batch_size_max=args.batch_size_max,
+        queue_size_max=args.queue_size_max, prefill_s_per_token=args.prefill_s_per_token,
+        itl_base_s=args.itl_base_s, itl_per_running_s=args.itl_per_running_s,
+        eos_after_tokens=args.eos_after_tokens, default_max_tokens=args.default_max_tokens)
+    if args.zero_cost:
+        return SimEngineConfig.zero_cost(**{k: v for k, v in values.items()
+                                            if k not in ("prefill_s_per_token", "itl_base_s", "itl_per_running_s")})
+    return SimEngineConfig(**values)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    asyncio.run(serve_sim_engine(config_from_args(args), args.host, args.port, args.services))
+    return 0
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    parser = argparse.ArgumentParser(prog="sim-engine", description="simulated SGLang/vLLM gRPC engine")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

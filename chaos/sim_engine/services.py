@@ -1,0 +1,267 @@
+"""gRPC servicers of the simulated engine: SGLang scheduler and vLLM engine.
+
+Both services of ``smg-grpc-proto`` are served on one port, each a thin
+translation onto ``SimEngine``. They follow the real servicers' wire habits:
+a streaming Generate sends one chunk per step and then a ``complete`` whose
+``output_ids`` hold only the last delta (the client accumulates chunks); a
+non-streaming Generate sends one ``complete`` with every output id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import io
+import time
+import zipfile
+from pathlib import Path
+
+import grpc
+from smg_grpc_proto.generated import (
+    common_pb2,
+    sglang_scheduler_pb2 as sg,
+    sglang_scheduler_pb2_grpc as sg_grpc,
+    vllm_engine_pb2 as vl,
+    vllm_engine_pb2_grpc as vl_grpc,
+)
+
+from .core import EngineOverloaded, GenerateParams, InvalidRequest, SimEngine
+
+TOKENIZER_CHUNK_BYTES = 64 * 1024  # as the real servicers chunk the bundle
+# Files of a tokenizer directory that go into the GetTokenizer bundle.
+BUNDLE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                "generation_config.json", "config.json", "chat_template.json")
+KV_SUBSCRIBER_QUEUE_MAX = 10_000  # batches; a subscriber further behind is cut off and must resume
+
+
+def build_tokenizer_bundle(tokenizer_dir: Path) -> tuple[bytes, str]:
+    """The bundle as the real servicers build it: a flat zip and its sha256 hex."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name in BUNDLE_FILES:
+            path = tokenizer_dir / name
+            if path.is_file():
+                zf.write(path, name)
+    data = buf.getvalue()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+class _Shared:
+    """What both services answer from: the engine, its model facts, its bundle."""
+
+    def __init__(self, engine: SimEngine, tokenizer_dir: Path, vocab_size: int) -> None:
+        self.engine = engine
+        self.tokenizer_dir = tokenizer_dir
+        self.vocab_size = vocab_size
+        self._bundle: tuple[bytes, str] | None = None
+
+    def bundle(self) -> tuple[bytes, str]:
+        if self._bundle is None:
+            self._bundle = build_tokenizer_bundle(self.tokenizer_dir)
+        return self._bundle
+
+    async def run(self, params: GenerateParams, context: grpc.aio.ServicerContext):
+        """Steps of a generation, with engine errors mapped to gRPC status codes."""
+        try:
+            async for step in self.engine.generate(params):
+                yield step
+        except EngineOverloaded as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except InvalidRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+    async def steps_with_output(self, params: GenerateParams, stream: bool, context):
+        """(step, output ids for a complete message) pairs, in the real servicers' shape.
+
+        Streaming: every step with tokens becomes a chunk (finish_reason None);
+        the final step also yields a complete carrying only its own delta, which
+        was already sent as a chunk, as vLLM's servicer does in DELTA mode.
+        Non-streaming: only the final complete, with every output id.
+        """
+        produced: list[int] = []
+        async for step in self.run(params, context):
+            produced.extend(step.token_ids)
+            if stream and step.token_ids:
+                yield dataclasses.replace(step, finish_reason=None), step.token_ids
+            if step.finish_reason is not None:
+                yield step, (step.token_ids if stream else produced)
+
+    async def tokenizer_chunks(self):
+        data, digest = await asyncio.to_thread(self.bundle)
+        for offset in range(0, len(data), TOKENIZER_CHUNK_BYTES):
+            end = min(offset + TOKENIZER_CHUNK_BYTES, len(data))
+            yield common_pb2.GetTokenizerChunk(data=data[offset:end], sha256=digest if end == len(data) else "")
+
+    async def kv_events(self, request: common_pb2.SubscribeKvEventsRequest, context):
+        cache = self.engine.cache
+        queue: asyncio.Queue = asyncio.Queue(maxsize=KV_SUBSCRIBER_QUEUE_MAX)
+        overflowed = asyncio.Event()
+
+        def on_batch(batch: common_pb2.KvEventBatch) -> None:
+            try:
+                queue.put_nowait(batch)
+            except asyncio.QueueFull:
+                overflowed.set()
+
+        # Register before reading the backlog so no batch falls between the two.
+        cache.add_listener(on_batch)
+        try:
+            start = request.start_sequence_number
+            backlog = cache.batches_since(start) if start > 0 else None
+            if backlog is None:
+                last = cache.sequence_number
+                yield cache.snapshot_batch(time.time())
+            else:
+                last = start - 1
+                for batch in backlog:
+                    last = batch.sequence_number
+                    yield batch
+            while True:
+                batch = await queue.get()
+                if overflowed.is_set():
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "subscriber too slow; resume from a sequence number")
+                if batch.sequence_number <= last:
+                    continue  # already sent from the backlog
+                last = batch.sequence_number
+                yield batch
+        finally:
+            cache.remove_listener(on_batch)
+
+    def load_numbers(self) -> dict:
+        e = self.engine
+        cfg = e.config
+        return dict(
+            num_running_reqs=e.running, num_waiting_reqs=e.waiting, num_total_reqs=e.running + e.waiting,
+            num_used_tokens=e.cache.used_blocks * cfg.block_size,
+            max_total_num_tokens=cfg.kv_capacity_blocks * cfg.block_size,
+            token_usage=e.cache.used_blocks / cfg.kv_capacity_blocks,
+            gen_throughput=e.gen_throughput(), cache_hit_rate=e.cache.hit_rate(),
+            utilization=e.running / cfg.batch_size_max, max_running_requests=cfg.batch_size_max,
+        )
+
+
+class SglangService(sg_grpc.SglangSchedulerServicer):
+    def __init__(self, shared: _Shared) -> None:
+        self.s = shared
+
+    async def Generate(self, request: sg.GenerateRequest, context):
+        sp = request.sampling_params
+        params = GenerateParams(
+            request_id=request.request_id,
+            prompt_ids=list(request.tokenized.input_ids),
+            max_tokens=sp.max_new_tokens if sp.HasField("max_new_tokens") else None,
+            stop_token_ids=frozenset(sp.stop_token_ids),
+            ignore_eos=sp.ignore_eos,
+            seed=None,  # SGLang's SamplingParams carries no seed field
+        )
+        async for step, output_ids in self.s.steps_with_output(params, request.stream, context):
+            if step.finish_reason is None:
+                yield sg.GenerateResponse(request_id=request.request_id, chunk=sg.GenerateStreamChunk(
+                    token_ids=step.token_ids, prompt_tokens=step.prompt_tokens,
+                    completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens))
+                continue
+            complete = sg.GenerateComplete(
+                output_ids=output_ids, finish_reason=step.finish_reason, prompt_tokens=step.prompt_tokens,
+                completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens)
+            if step.matched_token_id is not None:
+                complete.matched_token_id = step.matched_token_id
+            yield sg.GenerateResponse(request_id=request.request_id, complete=complete)
+
+    async def HealthCheck(self, request, context):
+        return sg.HealthCheckResponse(healthy=True, message="ok")
+
+    async def Abort(self, request: sg.AbortRequest, context):
+        self.s.engine.abort([request.request_id])
+        return sg.AbortResponse(success=True)
+
+    async def GetModelInfo(self, request, context):
+        e = self.s.engine
+        return sg.GetModelInfoResponse(
+            model_path=e.config.model_name, tokenizer_path=str(self.s.tokenizer_dir), is_generation=True,
+            served_model_name=e.config.model_name, max_context_length=e.config.max_context_tokens,
+            vocab_size=self.s.vocab_size, model_type="qwen3", eos_token_ids=[e.eos_token_id],
+            max_req_input_len=e.config.max_context_tokens - 1, architectures=["Qwen3ForCausalLM"])
+
+    async def GetServerInfo(self, request, context):
+        e = self.s.engine
+        return sg.GetServerInfoResponse(
+            active_requests=e.active_requests, is_paused=False, last_receive_timestamp=e.last_receive_timestamp,
+            uptime_seconds=time.time() - e.started_at, sglang_version="sim", server_type="grpc",
+            max_total_num_tokens=e.config.kv_capacity_blocks * e.config.block_size)
+
+    async def GetLoads(self, request, context):
+        return sg.GetLoadsResponse(timestamp=str(time.time()), version="sim", dp_rank_count=1,
+                                   loads=[sg.SchedulerLoad(dp_rank=0, **self.s.load_numbers())])
+
+    async def GetTokenizer(self, request, context):
+        async for chunk in self.s.tokenizer_chunks():
+            yield chunk
+
+    async def SubscribeKvEvents(self, request, context):
+        async for batch in self.s.kv_events(request, context):
+            yield batch
+
+
+class VllmService(vl_grpc.VllmEngineServicer):
+    def __init__(self, shared: _Shared) -> None:
+        self.s = shared
+
+    async def Generate(self, request: vl.GenerateRequest, context):
+        sp = request.sampling_params
+        if request.WhichOneof("input") != "tokenized":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the simulated engine takes tokenized input only")
+        params = GenerateParams(
+            request_id=request.request_id,
+            prompt_ids=list(request.tokenized.input_ids),
+            max_tokens=sp.max_tokens if sp.HasField("max_tokens") else None,
+            stop_token_ids=frozenset(sp.stop_token_ids),
+            ignore_eos=sp.ignore_eos,
+            seed=sp.seed if sp.HasField("seed") else None,
+        )
+        async for step, output_ids in self.s.steps_with_output(params, request.stream, context):
+            if step.finish_reason is None:
+                yield vl.GenerateResponse(chunk=vl.GenerateStreamChunk(
+                    token_ids=step.token_ids, prompt_tokens=step.prompt_tokens,
+                    completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens))
+                continue
+            complete = vl.GenerateComplete(
+                output_ids=output_ids, finish_reason=step.finish_reason, prompt_tokens=step.prompt_tokens,
+                completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens)
+            if step.matched_token_id is not None:
+                complete.matched_token_id = step.matched_token_id
+            yield vl.GenerateResponse(complete=complete)
+
+    async def HealthCheck(self, request, context):
+        return vl.HealthCheckResponse(healthy=True, message="ok")
+
+    async def Abort(self, request: vl.AbortRequest, context):
+        self.s.engine.abort(list(request.request_ids))
+        return vl.AbortResponse()
+
+    async def GetModelInfo(self, request, context):
+        e = self.s.engine
+        return vl.GetModelInfoResponse(
+            model_path=e.config.model_name, is_generation=True, max_context_length=e.config.max_context_tokens,
+            vocab_size=self.s.vocab_size, served_model_name=e.config.model_name,
+            tokenizer_path=str(self.s.tokenizer_dir), model_type="qwen3", architectures=["Qwen3ForCausalLM"],
+            eos_token_ids=[e.eos_token_id], max_req_input_len=e.config.max_context_tokens - 1)
+
+    async def GetServerInfo(self, request, context):
+        e = self.s.engine
+        return vl.GetServerInfoResponse(
+            active_requests=e.active_requests, is_paused=False, last_receive_timestamp=e.last_receive_timestamp,
+            uptime_seconds=time.time() - e.started_at, server_type="vllm-grpc", data_parallel_size=1,
+            block_size=e.config.block_size, max_num_seqs=e.config.batch_size_max)
+
+    async def GetLoads(self, request, context):
+        return vl.GetLoadsResponse(timestamp=str(time.time()), version="sim", dp_rank_count=1,
+                                   loads=[vl.SchedulerLoad(dp_rank=0, **self.s.load_numbers())])
+
+    async def GetTokenizer(self, request, context):
+        async for chunk in self.s.tokenizer_chunks():
+            yield chunk
+
+    async def SubscribeKvEvents(self, request, context):
+        async for batch in self.s.kv_events(request, context):
+            yield batch

@@ -1,0 +1,104 @@
+"""GET /v1/models, health endpoints, /metrics, and worker management (/workers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from ..workers import WorkerError
+from .errors import ApiError, BadRequest, NotFound, Unavailable
+from .http import Request
+from .protocol import parse_json_body
+
+WORKER_LABELS_MAX = 32
+
+
+class WorkerRequestError(ApiError):
+    """A worker registration problem, with the status the registry chose."""
+
+    error_type = "invalid_request_error"
+
+    def __init__(self, e: WorkerError) -> None:
+        super().__init__(str(e), code="worker_error")
+        self.status = e.status
+
+
+async def list_models(state, request: Request) -> None:
+    data = []
+    for name in state.catalog.names():
+        entry = state.catalog.get(name)
+        data.append({"id": name, "object": "model", "created": entry.created, "owned_by": "smg-node",
+                     "max_model_len": entry.max_context_tokens})
+    await request.send_json(200, {"object": "list", "data": data})
+
+
+async def liveness(state, request: Request) -> None:
+    await request.send_json(200, {"status": "alive"})
+
+
+async def readiness(state, request: Request) -> None:
+    """Ready: not shutting down and at least one healthy worker to send requests to."""
+    now = trio.current_time()
+    healthy = sum(1 for w in state.registry.all() if w.available(now))
+    if state.shutting_down or not state.ready or healthy == 0:
+        reason = "shutting down" if state.shutting_down else "no healthy worker"
+        raise Unavailable(f"not ready: {reason}", code="not_ready", retry_after_s=1)
+    await request.send_json(200, {"status": "ready", "healthy_workers": healthy})
+
+
+async def health(state, request: Request) -> None:
+    now = trio.current_time()
+    workers = state.registry.all()
+    healthy = sum(1 for w in workers if w.available(now))
+    status = 200 if healthy and not state.shutting_down else 503
+    await request.send_json(status, {"status": "ok" if status == 200 else "degraded", "workers": len(workers),
+                                     "healthy_workers": healthy})
+
+
+async def metrics(state, request: Request) -> None:
+    await request.send_bytes(200, state.metrics.render(), [(b"content-type", b"text/plain; version=0.0.4")])
+
+
+async def list_workers(state, request: Request) -> None:
+    now = trio.current_time()
+    await request.send_json(200, {"workers": [w.describe(now) for w in state.registry.all()]})
+
+
+async def get_worker(state, request: Request) -> None:
+    worker = state.registry.get(request.path_params["worker_id"])
+    if worker is None:
+        raise NotFound(f"no worker {request.path_params['worker_id']}", code="worker_not_found")
+    await request.send_json(200, worker.describe(trio.current_time()))
+
+
+def _labels(body: dict[str, Any]) -> dict[str, str]:
+    labels = body.get("labels") or {}
+    if not isinstance(labels, dict) or len(labels) > WORKER_LABELS_MAX or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 256 for k, v in labels.items()):
+        raise BadRequest(f"'labels' must be an object of at most {WORKER_LABELS_MAX} short strings", param="labels")
+    return labels
+
+
+async def add_worker(state, request: Request) -> None:
+    body = parse_json_body(await request.body())
+    url = body.get("url")
+    if not isinstance(url, str) or not url or len(url) > 2048:
+        raise BadRequest("'url' (grpc://host:port or http://host:port) is required", param="url")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string", param="model")
+    try:
+        worker = await state.registry.add(url, _labels(body), model)
+        await state.catalog.ensure(worker, int(worker.registered_at))
+    except WorkerError as e:
+        raise WorkerRequestError(e) from None
+    await request.send_json(201, worker.describe(trio.current_time()))
+
+
+async def remove_worker(state, request: Request) -> None:
+    try:
+        worker = await state.registry.remove(request.path_params["worker_id"])
+    except WorkerError as e:
+        raise WorkerRequestError(e) from None
+    await request.send_json(202, {"id": worker.id, "status": "draining", "in_flight": worker.in_flight})

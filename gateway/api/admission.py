@@ -1,0 +1,95 @@
+"""Admission control: at most ``max_concurrent_requests`` generations at once, a bounded queue.
+
+A request beyond the running limit waits in a FIFO queue; beyond
+``queue_size`` waiting requests it is refused at once (429, Retry-After); a
+request that waited ``queue_timeout_s`` without a slot is refused too (503,
+Retry-After). A limit of 0 means unlimited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+
+import trio
+
+from .errors import TooManyRequests, Unavailable
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionConfig:
+    # 0 = unlimited (smg's default). With a limit, excess requests queue.
+    max_concurrent_requests: int = 0
+    queue_size: int = 100
+    queue_timeout_s: float = 60.0
+    # Bodies above this are refused with 413 before being parsed. 32 MiB holds
+    # a full 128k-token context of text with room for JSON escaping.
+    body_bytes_max: int = 32 * 1024 * 1024
+    # The whole request, queue wait included; smg's default is 30 minutes.
+    request_timeout_s: float = 1800.0
+
+
+class Admission:
+    def __init__(self, config: AdmissionConfig) -> None:
+        self.config = config
+        limit = config.max_concurrent_requests
+        self._semaphore = trio.Semaphore(limit) if limit > 0 else None
+        self.running = 0
+        self.waiting = 0
+        self.rejected_queue_full = 0
+        self.rejected_queue_timeout = 0
+        self._idle = trio.Event()  # set while nothing runs or waits
+        self._idle.set()
+
+    def _enter(self) -> None:
+        self.running += 1
+        if self._idle.is_set():
+            self._idle = trio.Event()
+
+    def _leave(self) -> None:
+        self.running -= 1
+        if self.running == 0 and self.waiting == 0:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no request runs or waits (for the drain at shutdown)."""
+        await self._idle.wait()
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        sem = self._semaphore
+        if sem is None:
+            self._enter()
+            try:
+                yield
+            finally:
+                self._leave()
+            return
+        try:
+            sem.acquire_nowait()
+        except trio.WouldBlock:
+            if self.waiting >= self.config.queue_size:
+                self.rejected_queue_full += 1
+                raise TooManyRequests("too many requests in flight and the queue is full; retry later",
+                                      code="queue_full", retry_after_s=1) from None
+            self.waiting += 1
+            if self._idle.is_set():
+                self._idle = trio.Event()
+            try:
+                with trio.move_on_after(self.config.queue_timeout_s) as scope:
+                    await sem.acquire()
+            finally:
+                self.waiting -= 1
+            if scope.cancelled_caught:
+                if self.running == 0 and self.waiting == 0:
+                    self._idle.set()
+                self.rejected_queue_timeout += 1
+                raise Unavailable("timed out waiting for a free slot; retry later", code="queue_timeout",
+                                  retry_after_s=max(1, int(self.config.queue_timeout_s // 10))) from None
+        self._enter()
+        try:
+            yield
+        finally:
+            self._leave()
+            sem.release()

@@ -1,0 +1,127 @@
+"""A minimal ASGI layer: the request we hand to handlers, and the ways to answer.
+
+No framework: the request path is short and every step is ours to measure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import trio
+
+from .errors import BadRequest, PayloadTooLarge
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+               # Tell nginx not to buffer the stream (it honours this header).
+               (b"x-accel-buffering", b"no")]
+
+
+class Request:
+    def __init__(self, scope: dict[str, Any], receive: Any, send: Any, request_id: str, body_bytes_max: int,
+                 background: trio.Nursery) -> None:
+        self.scope = scope
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.headers: dict[bytes, bytes] = dict(scope["headers"])
+        self.receive = receive
+        self._send = send
+        self.request_id = request_id
+        self.body_bytes_max = body_bytes_max
+        self.response_started = False
+        self.status = 0
+        self.path_params: dict[str, str] = {}
+        self.disconnected = False
+        self._background = background
+
+    def header(self, name: str) -> str | None:
+        value = self.headers.get(name.lower().encode("latin-1"))
+        return value.decode("latin-1") if value is not None else None
+
+    async def body(self) -> bytes:
+        declared = self.headers.get(b"content-length")
+        if declared is not None:
+            try:
+                if int(declared) > self.body_bytes_max:
+                    raise PayloadTooLarge(f"request body is larger than {self.body_bytes_max} bytes",
+                                          code="body_too_large")
+            except ValueError:
+                raise BadRequest("invalid Content-Length", code="invalid_header") from None
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                self.disconnected = True
+                raise ClientGone()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.body_bytes_max:
+                raise PayloadTooLarge(f"request body is larger than {self.body_bytes_max} bytes", code="body_too_large")
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts) if len(parts) != 1 else parts[0]
+
+    def _base_headers(self, headers: "list[tuple[bytes, bytes]]") -> list[tuple[bytes, bytes]]:
+        return [*headers, (b"x-request-id", self.request_id.encode("latin-1"))]
+
+    async def send_bytes(self, status: int, body: bytes, headers: "list[tuple[bytes, bytes]]") -> None:
+        self.response_started = True
+        self.status = status
+        await self._send({"type": "http.response.start", "status": status,
+                          "headers": self._base_headers([*headers, (b"content-length", str(len(body)).encode())])})
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def send_json(self, status: int, value: Any, headers: "list[tuple[bytes, bytes]]" = ()) -> None:
+        await self.send_bytes(status, orjson.dumps(value), [*JSON_HEADERS, *headers])
+
+    async def start_stream(self, status: int, headers: "list[tuple[bytes, bytes]]") -> None:
+        self.response_started = True
+        self.status = status
+        await self._send({"type": "http.response.start", "status": status, "headers": self._base_headers(headers)})
+
+    async def send_chunk(self, data: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def end_stream(self) -> None:
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @contextlib.asynccontextmanager
+    async def cancel_on_disconnect(self) -> AsyncIterator[trio.CancelScope]:
+        """Run the block; if the client disconnects meanwhile, cancel it.
+
+        Used around generations, so a client that goes away aborts its work on
+        the engine. The watcher runs in the node's background nursery rather
+        than a nursery of our own, so exceptions of the block propagate as they
+        are (not wrapped in an exception group).
+        """
+        with trio.CancelScope() as scope:
+            watcher = trio.CancelScope()
+            self._background.start_soon(self._watch_disconnect, scope, watcher)
+            try:
+                yield scope
+            finally:
+                watcher.cancel()
+
+    async def _watch_disconnect(self, scope: trio.CancelScope, watcher: trio.CancelScope) -> None:
+        with watcher:
+            while True:
+                message = await self.receive()
+                if message["type"] == "http.disconnect":
+                    self.disconnected = True
+                    scope.cancel()
+                    return
+
+
+class ClientGone(Exception):
+    """The client disconnected before the body arrived: nothing to answer."""
+
+
+def sse_event(value: Any) -> bytes:
+    return b"data: " + orjson.dumps(value) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"

@@ -1,0 +1,95 @@
+"""SGLang-style POST /generate, and POST /v1/tokenize and /v1/detokenize (vLLM's shapes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..generation import GenerationResult
+from .errors import BadRequest
+from .http import Request, sse_event
+from .openai import check_vocab, model_entry, plan_generation
+from .protocol import parse_chat, parse_generate, parse_json_body, token_ids
+from .respond import run_streamed, run_unary
+
+TOKENIZE_MESSAGES_MAX = 10_000
+
+
+def _meta(request: Request, result: GenerationResult) -> dict[str, Any]:
+    finish: dict[str, Any] = {"type": result.finish_reason}
+    if result.matched_stop is not None:
+        finish["matched"] = result.matched_stop
+    return {"id": request.request_id, "finish_reason": finish, "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens, "cached_tokens": result.cached_tokens}
+
+
+async def generate(state, request: Request) -> None:
+    """Token-level generation. Streaming events carry the cumulative text, as SGLang's do."""
+    gen = parse_generate(parse_json_body(await request.body()))
+    entry = model_entry(state, gen.model)
+    tokenizer = entry.tokenizer
+    if tokenizer is None:
+        raise BadRequest(f"the model '{entry.name}' is served by HTTP workers only; /generate needs a gRPC engine",
+                         code="unsupported_model")
+    if gen.input_ids is not None:
+        check_vocab(gen.input_ids, tokenizer)
+        input_ids = list(gen.input_ids)
+    else:
+        input_ids = await tokenizer.encode(gen.text, add_special_tokens=True)
+    plan = plan_generation(state, request, entry, input_ids, gen.sampling, gen.stream, "text")
+    async with state.admission.slot():
+        if not gen.stream:
+            result = await run_unary(state, request, plan, tokenizer)
+            if result is not None:
+                await request.send_json(200, {"text": result.text, "output_ids": result.output_ids,
+                                              "meta_info": _meta(request, result)})
+            return
+        text_so_far: list[str] = []
+
+        def text_event(text: str, first: bool) -> bytes:
+            text_so_far.append(text)
+            return sse_event({"text": "".join(text_so_far)})
+
+        def final_events(result: GenerationResult) -> bytes:
+            return sse_event({"text": result.text, "output_ids": result.output_ids,
+                              "meta_info": _meta(request, result)})
+
+        await run_streamed(state, request, plan, tokenizer, text_event, final_events)
+
+
+async def tokenize(state, request: Request) -> None:
+    body = parse_json_body(await request.body())
+    entry = model_entry(state, body.get("model") if isinstance(body.get("model"), str) else None)
+    tokenizer = entry.tokenizer
+    if tokenizer is None:
+        raise BadRequest(f"the model '{entry.name}' has no tokenizer on this node", code="unsupported_model")
+    add_special = body.get("add_special_tokens", True)
+    if not isinstance(add_special, bool):
+        raise BadRequest("'add_special_tokens' must be a boolean", param="add_special_tokens")
+    if "messages" in body:
+        messages = body["messages"]
+        if not isinstance(messages, list) or not messages or len(messages) > TOKENIZE_MESSAGES_MAX:
+            raise BadRequest("'messages' must be a non-empty array", param="messages")
+        chat = parse_chat({"model": entry.name, "messages": messages})
+        if tokenizer.chat_template is None:
+            raise BadRequest("this model has no chat template", code="no_chat_template")
+        add_generation_prompt = body.get("add_generation_prompt", True)
+        text = tokenizer.chat_template.render(chat.messages, add_generation_prompt=bool(add_generation_prompt))
+        add_special = False
+    else:
+        text = body.get("prompt")
+        if not isinstance(text, str):
+            raise BadRequest("'prompt' (a string) or 'messages' is required", param="prompt")
+    ids = await tokenizer.encode(text, add_special_tokens=add_special)
+    await request.send_json(200, {"tokens": ids, "count": len(ids), "max_model_len": entry.max_context_tokens})
+
+
+async def detokenize(state, request: Request) -> None:
+    body = parse_json_body(await request.body())
+    entry = model_entry(state, body.get("model") if isinstance(body.get("model"), str) else None)
+    tokenizer = entry.tokenizer
+    if tokenizer is None:
+        raise BadRequest(f"the model '{entry.name}' has no tokenizer on this node", code="unsupported_model")
+    ids = token_ids(body.get("tokens"), "tokens")
+    check_vocab(ids, tokenizer)
+    skip = body.get("skip_special_tokens", False)
+    await request.send_json(200, {"prompt": tokenizer.decode(list(ids), skip_special_tokens=bool(skip))})

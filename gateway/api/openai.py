@@ -1,0 +1,193 @@
+"""POST /v1/chat/completions and POST /v1/completions.
+
+Chat: render the template, tokenize (through the caches), check the context,
+generate on a gRPC engine, answer in OpenAI's shape, streamed or not. Models
+served only by OpenAI-compatible HTTP workers are proxied untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..generation import GenerationPlan, GenerationResult
+from ..models import ModelEntry
+from ..routing.policies import RoutingRequest
+from ..tokenizer.chat_template import TemplateError
+from ..tokenizer.service import TokenizerService
+from .errors import BadRequest, ContextLengthExceeded, NotFound
+from .http import Request, sse_event
+from .protocol import SamplingRequest, parse_chat, parse_completion, parse_json_body
+from .respond import run_streamed, run_unary
+from .state import GatewayState
+
+
+def model_entry(state: GatewayState, model: str | None) -> ModelEntry:
+    if model is None:
+        names = state.catalog.names()
+        if len(names) == 1:
+            return state.catalog.get(names[0])
+        raise BadRequest("'model' is required when the node serves several models", param="model")
+    entry = state.catalog.get(model)
+    if entry is None:
+        raise NotFound(f"The model '{model}' does not exist", param="model", code="model_not_found")
+    return entry
+
+
+def plan_generation(state: GatewayState, request: Request, entry: ModelEntry, input_ids: list[int],
+                    sampling: SamplingRequest, stream: bool, prompt_param: str) -> GenerationPlan:
+    """Check the prompt against the context and turn request fields into engine options."""
+    n = len(input_ids)
+    context = entry.max_context_tokens
+    max_tokens = sampling.max_tokens
+    if context:
+        if n >= context:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {context} tokens. However, your prompt has {n} tokens. "
+                f"Please reduce the length of the prompt.", param=prompt_param)
+        if max_tokens is not None and n + max_tokens > context:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {context} tokens. However, you requested "
+                f"{n + max_tokens} tokens ({n} in the prompt, {max_tokens} for the completion). Please reduce the "
+                f"length of the prompt or the completion.", param="max_tokens")
+        if max_tokens is None:
+            max_tokens = context - n
+    if max_tokens is None:
+        max_tokens = state.config.default_max_tokens
+    if sampling.min_tokens > max_tokens:
+        raise BadRequest("'min_tokens' must not exceed the maximum number of tokens", param="min_tokens")
+    return GenerationPlan(
+        request_id=state.new_engine_request_id(),
+        model=entry.name,
+        input_ids=input_ids,
+        sampling=state.engine_sampling(sampling, max_tokens),
+        stop=sampling.stop,
+        include_stop_str=sampling.include_stop_str_in_output,
+        skip_special_tokens=sampling.skip_special_tokens,
+        stream=stream,
+        routing=RoutingRequest(input_ids=input_ids, routing_key=request.header(state.config.routing_key_header)),
+        timeout_s=state.config.admission.request_timeout_s,
+    )
+
+
+def usage_body(result: GenerationResult) -> dict[str, Any]:
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
+    }
+
+
+class _OpenAIShape:
+    """The differences between chat and text completions, in one place."""
+
+    def __init__(self, chat: bool, response_id: str, model: str) -> None:
+        self.chat = chat
+        self.id = response_id
+        self.model = model
+        self.created = int(time.time())
+
+    def full(self, text: str, result: GenerationResult) -> dict[str, Any]:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": result.finish_reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": result.finish_reason}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice],
+                "usage": usage_body(result)}
+
+    def chunk(self, text: str | None, finish_reason: str | None, first: bool = False) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if first else (
+                {"content": text} if text is not None else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
+
+    def usage_chunk(self, result: GenerationResult) -> dict[str, Any]:
+        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [], "usage": usage_body(result)}
+
+
+async def _respond(state: GatewayState, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,
+                   shape: _OpenAIShape, include_usage: bool, prefix_text: str = "") -> None:
+    """Run the generation and answer: one JSON body, or SSE events as text is decided."""
+    async with state.admission.slot():
+        if not plan.stream:
+            result = await run_unary(state, request, plan, tokenizer)
+            if result is not None:
+                await request.send_json(200, shape.full(prefix_text + result.text, result))
+            return
+
+        def text_event(text: str, first: bool) -> bytes:
+            return sse_event(shape.chunk(prefix_text + text if first else text, None, first=first))
+
+        def final_events(result: GenerationResult) -> bytes:
+            out = sse_event(shape.chunk(None, result.finish_reason))
+            return out + sse_event(shape.usage_chunk(result)) if include_usage else out
+
+        await run_streamed(state, request, plan, tokenizer, text_event, final_events)
+
+
+async def chat_completions(state: GatewayState, request: Request) -> None:
+    raw = await request.body()
+    chat = parse_chat(parse_json_body(raw))
+    entry = model_entry(state, chat.model)
+    if entry.tokenizer is None:
+        await state.proxy.forward(request, raw, entry.name, "/v1/chat/completions", chat.stream,
+                                  RoutingRequest(text=_routing_text(chat.messages),
+                                                 routing_key=request.header(state.config.routing_key_header)))
+        return
+    tokenizer = entry.tokenizer
+    if tokenizer.chat_template is None:
+        raise BadRequest(f"the model '{entry.name}' has no chat template; use /v1/completions or pass "
+                         f"--chat-template", code="no_chat_template")
+    try:
+        prompt = tokenizer.chat_template.render(chat.messages, add_generation_prompt=True, tools=chat.tools,
+                                                **chat.template_kwargs)
+    except TemplateError as e:
+        raise BadRequest(str(e), param="messages", code="chat_template_error") from None
+    input_ids = await tokenizer.encode(prompt, add_special_tokens=False)
+    plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "messages")
+    shape = _OpenAIShape(True, "chatcmpl-" + request.request_id, entry.name)
+    await _respond(state, request, plan, tokenizer, shape, chat.include_usage)
+
+
+async def completions(state: GatewayState, request: Request) -> None:
+    raw = await request.body()
+    comp = parse_completion(parse_json_body(raw))
+    entry = model_entry(state, comp.model)
+    if entry.tokenizer is None:
+        await state.proxy.forward(request, raw, entry.name, "/v1/completions", comp.stream,
+                                  RoutingRequest(text=comp.prompt_text or "",
+                                                 routing_key=request.header(state.config.routing_key_header)))
+        return
+    tokenizer = entry.tokenizer
+    if comp.prompt_ids is not None:
+        check_vocab(comp.prompt_ids, tokenizer)
+        input_ids = list(comp.prompt_ids)
+        prompt_text = tokenizer.decode(input_ids, skip_special_tokens=False) if comp.echo else ""
+    else:
+        input_ids = await tokenizer.encode(comp.prompt_text, add_special_tokens=True)
+        prompt_text = comp.prompt_text
+    plan = plan_generation(state, request, entry, input_ids, comp.sampling, comp.stream, "prompt")
+    shape = _OpenAIShape(False, "cmpl-" + request.request_id, entry.name)
+    await _respond(state, request, plan, tokenizer, shape, comp.include_usage,
+                   prefix_text=prompt_text if comp.echo else "")
+
+
+def check_vocab(ids: "tuple[int, ...] | list[int]", tokenizer: TokenizerService) -> None:
+    bad = next((t for t in ids if t >= tokenizer.vocab_size), None)
+    if bad is not None:
+        raise BadRequest(f"token id {bad} is outside the vocabulary (size {tokenizer.vocab_size})", param="prompt",
+                         code="invalid_token_id")
+
+
+def _routing_text(messages: "list[dict[str, Any]]") -> str:
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)

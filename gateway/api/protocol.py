@@ -1,0 +1,304 @@
+"""Parsing and validating request bodies into plain dataclasses.
+
+Everything that arrives from a client is checked here, with a 400 in the
+OpenAI error shape naming the offending parameter; handlers receive only
+well-typed values. Unknown fields are ignored, as OpenAI-compatible servers do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import orjson
+
+from .errors import BadRequest
+
+STOP_STRINGS_MAX = 16
+STOP_STRING_CHARS_MAX = 1024
+REQUEST_ID_CHARS_MAX = 128
+MESSAGES_MAX = 10_000
+_MISSING = object()
+
+
+def parse_json_body(body: bytes) -> dict[str, Any]:
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        # orjson refuses invalid UTF-8 with the same error type; say which it was.
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadRequest("request body is not valid UTF-8", code="invalid_encoding") from None
+        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(value, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    return value
+
+
+def _field(body: dict[str, Any], name: str, kinds: "type | tuple[type, ...]", default: Any = _MISSING,
+           *, nullable: bool = True) -> Any:
+    value = body.get(name, _MISSING)
+    if value is _MISSING or (value is None and nullable):
+        if default is _MISSING:
+            raise BadRequest(f"'{name}' is required", param=name, code="missing_required_parameter")
+        return default
+    # bool is an int in Python; JSON true is not a number.
+    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise BadRequest(f"'{name}' must be {_kind_name(kinds)}, not a boolean", param=name, code="invalid_type")
+    if not isinstance(value, kinds):
+        raise BadRequest(f"'{name}' must be {_kind_name(kinds)}", param=name, code="invalid_type")
+    return value
+
+
+def _kind_name(kinds: "type | tuple[type, ...]") -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+             dict: "an object"}
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    return " or ".join(dict.fromkeys(names.get(k, k.__name__) for k in kinds if not (k is int and float in kinds)))
+
+
+def _number(body: dict[str, Any], name: str, lo: float, hi: float, default: Any = None) -> float | None:
+    value = _field(body, name, (int, float), default)
+    if value is None:
+        return None
+    if not lo <= value <= hi:
+        raise BadRequest(f"'{name}' must be between {lo} and {hi}, got {value}", param=name, code="invalid_value")
+    return float(value)
+
+
+def _positive_int(body: dict[str, Any], name: str, default: Any = None, minimum: int = 1) -> int | None:
+    value = _field(body, name, int, default)
+    if value is not None and value < minimum:
+        raise BadRequest(f"'{name}' must be at least {minimum}, got {value}", param=name, code="invalid_value")
+    return value
+
+
+def _stop(body: dict[str, Any], name: str = "stop") -> tuple[str, ...]:
+    value = _field(body, name, (str, list), None)
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if len(stops) > STOP_STRINGS_MAX:
+        raise BadRequest(f"'{name}' has more than {STOP_STRINGS_MAX} entries", param=name, code="invalid_value")
+    for s in stops:
+        if not isinstance(s, str):
+            raise BadRequest(f"'{name}' must be a string or an array of strings", param=name, code="invalid_type")
+        if len(s) > STOP_STRING_CHARS_MAX:
+            raise BadRequest(f"a '{name}' string is longer than {STOP_STRING_CHARS_MAX} characters", param=name,
+                             code="invalid_value")
+    return tuple(s for s in stops if s)
+
+
+def token_ids(value: Any, name: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                              for t in value):
+        raise BadRequest(f"'{name}' must be an array of non-negative integers", param=name, code="invalid_type")
+    return tuple(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingRequest:
+    """Sampling and stopping, common to every generation endpoint."""
+
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    min_p: float | None
+    seed: int | None
+    stop: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]
+    frequency_penalty: float
+    presence_penalty: float
+    repetition_penalty: float | None
+    min_tokens: int
+    ignore_eos: bool
+    skip_special_tokens: bool
+    include_stop_str_in_output: bool
+
+
+def parse_sampling(body: dict[str, Any], max_tokens_names: "tuple[str, ...]") -> SamplingRequest:
+    max_tokens = None
+    for name in max_tokens_names:
+        value = _positive_int(body, name)
+        if value is not None:
+            max_tokens = value
+            break
+    n = _positive_int(body, "n", 1)
+    if n != 1:
+        raise BadRequest("only n=1 is supported", param="n", code="unsupported_value")
+    top_k = _field(body, "top_k", int, None)
+    if top_k is not None and top_k != -1 and top_k < 1:
+        raise BadRequest("'top_k' must be -1 (off) or at least 1", param="top_k", code="invalid_value")
+    stop_token_ids = token_ids(body["stop_token_ids"], "stop_token_ids") if body.get("stop_token_ids") else ()
+    top_p = _number(body, "top_p", 0.0, 1.0)
+    if top_p is not None and top_p == 0:
+        raise BadRequest("'top_p' must be greater than 0", param="top_p", code="invalid_value")
+    seed = _field(body, "seed", int, None)
+    if seed is not None and not -(2 ** 63) <= seed < 2 ** 63:
+        raise BadRequest("'seed' is out of range", param="seed", code="invalid_value")
+    return SamplingRequest(
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 0.0, 2.0),
+        top_p=top_p,
+        top_k=top_k,
+        min_p=_number(body, "min_p", 0.0, 1.0),
+        seed=seed,
+        stop=_stop(body),
+        stop_token_ids=stop_token_ids,
+        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0) or 0.0,
+        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0) or 0.0,
+        repetition_penalty=_number(body, "repetition_penalty", 0.01, 10.0),
+        min_tokens=_positive_int(body, "min_tokens", 0, minimum=0),
+        ignore_eos=_field(body, "ignore_eos", bool, False),
+        skip_special_tokens=_field(body, "skip_special_tokens", bool, True),
+        include_stop_str_in_output=_field(body, "include_stop_str_in_output", bool, False),
+    )
+
+
+def _unsupported(body: dict[str, Any], *names: str) -> None:
+    for name in names:
+        value = body.get(name)
+        if value not in (None, False, 0, [], {}):
+            raise BadRequest(f"'{name}' is not supported by this gateway yet", param=name, code="unsupported_parameter")
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: list[dict[str, Any]]
+    sampling: SamplingRequest
+    stream: bool
+    include_usage: bool
+    tools: list[dict[str, Any]] | None
+    template_kwargs: dict[str, Any]
+
+
+def _message_content(message: dict[str, Any], index: int) -> str:
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise BadRequest(f"messages[{index}].content: only text parts are supported, got {kind!r}",
+                                 param=f"messages[{index}].content", code="unsupported_content")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise BadRequest(f"messages[{index}].content must be a string or an array of text parts",
+                     param=f"messages[{index}].content", code="invalid_type")
+
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+def parse_chat(body: dict[str, Any]) -> ChatRequest:
+    model = _field(body, "model", str)
+    raw_messages = _field(body, "messages", list)
+    if not raw_messages:
+        raise BadRequest("'messages' must not be empty", param="messages", code="invalid_value")
+    if len(raw_messages) > MESSAGES_MAX:
+        raise BadRequest(f"'messages' has more than {MESSAGES_MAX} entries", param="messages", code="invalid_value")
+    messages: list[dict[str, Any]] = []
+    for i, m in enumerate(raw_messages):
+        if not isinstance(m, dict):
+            raise BadRequest(f"messages[{i}] must be an object", param=f"messages[{i}]", code="invalid_type")
+        role = m.get("role")
+        if role not in _ROLES:
+            raise BadRequest(f"messages[{i}].role must be one of {', '.join(sorted(_ROLES))}",
+                             param=f"messages[{i}].role", code="invalid_value")
+        message = dict(m)
+        message["role"] = "system" if role == "developer" else role
+        message["content"] = _message_content(m, i)
+        messages.append(message)
+    _unsupported(body, "logprobs", "top_logprobs", "logit_bias", "audio", "prediction")
+    response_format = body.get("response_format")
+    if response_format not in (None, {"type": "text"}):
+        raise BadRequest("only response_format {\"type\": \"text\"} is supported", param="response_format",
+                         code="unsupported_parameter")
+    stream = _field(body, "stream", bool, False)
+    stream_options = _field(body, "stream_options", dict, {})
+    tools = _field(body, "tools", list, None)
+    template_kwargs = dict(_field(body, "chat_template_kwargs", dict, {}))
+    return ChatRequest(
+        model=model, messages=messages,
+        sampling=parse_sampling(body, ("max_completion_tokens", "max_tokens")),
+        stream=stream, include_usage=bool(stream_options.get("include_usage")) if stream else False,
+        tools=tools or None, template_kwargs=template_kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletionRequest:
+    model: str
+    prompt_text: str | None
+    prompt_ids: tuple[int, ...] | None
+    sampling: SamplingRequest
+    stream: bool
+    include_usage: bool
+    echo: bool
+
+
+def parse_completion(body: dict[str, Any]) -> CompletionRequest:
+    model = _field(body, "model", str)
+    prompt = body.get("prompt")
+    text: str | None = None
+    ids: tuple[int, ...] | None = None
+    if isinstance(prompt, str):
+        text = prompt
+    elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        text = prompt[0]
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        ids = token_ids(prompt, "prompt")
+    elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        ids = token_ids(prompt[0], "prompt")
+    elif isinstance(prompt, list) and len(prompt) > 1:
+        raise BadRequest("only one prompt per request is supported", param="prompt", code="unsupported_value")
+    else:
+        raise BadRequest("'prompt' must be a string or an array of token ids", param="prompt", code="invalid_type")
+    if text == "" or ids == ():
+        raise BadRequest("'prompt' must not be empty", param="prompt", code="invalid_value")
+    _unsupported(body, "logprobs", "suffix", "logit_bias")
+    best_of = body.get("best_of")
+    if best_of not in (None, 1):
+        raise BadRequest("only best_of=1 is supported", param="best_of", code="unsupported_value")
+    stream = _field(body, "stream", bool, False)
+    stream_options = _field(body, "stream_options", dict, {})
+    sampling = parse_sampling(body, ("max_tokens",))
+    if sampling.max_tokens is None and "max_tokens" not in body:
+        sampling = dataclasses.replace(sampling, max_tokens=16)  # OpenAI's default for completions
+    return CompletionRequest(model=model, prompt_text=text, prompt_ids=ids, sampling=sampling, stream=stream,
+                             include_usage=bool(stream_options.get("include_usage")) if stream else False,
+                             echo=_field(body, "echo", bool, False))
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateRequest:
+    """SGLang's native /generate: text or input_ids, sampling_params, token-level output."""
+
+    model: str | None
+    text: str | None
+    input_ids: tuple[int, ...] | None
+    sampling: SamplingRequest
+    stream: bool
+    rid: str | None
+
+
+def parse_generate(body: dict[str, Any]) -> GenerateRequest:
+    text = _field(body, "text", str, None)
+    input_ids = token_ids(body["input_ids"], "input_ids") if body.get("input_ids") is not None else None
+    if (text is None) == (input_ids is None):
+        raise BadRequest("exactly one of 'text' and 'input_ids' is required", param="text", code="invalid_value")
+    if text == "" or input_ids == ():
+        raise BadRequest("the input must not be empty", param="text", code="invalid_value")
+    params = _field(body, "sampling_params", dict, {})
+    rid = _field(body, "rid", str, None)
+    if rid is not None and (len(rid) > REQUEST_ID_CHARS_MAX or not rid.isprintable()):
+        raise BadRequest("'rid' must be printable and at most 128 characters", param="rid", code="invalid_value")
+    return GenerateRequest(model=_field(body, "model", str, None), text=text, input_ids=input_ids,
+                           sampling=parse_sampling(params, ("max_new_tokens",)),
+                           stream=_field(body, "stream", bool, False), rid=rid)

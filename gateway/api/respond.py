@@ -1,0 +1,82 @@
+"""Running a generation for an HTTP request: one JSON answer, or a stream of SSE events.
+
+Shared by every generation endpoint; the endpoints differ only in how they
+shape text and the final result into bytes.
+
+Streaming: nothing is sent until the first text is decided, so a failure
+before that (no healthy worker, every retry failed) is still a proper HTTP
+error status. After that, failures become an error event followed by
+``[DONE]``: the OpenAI SDK raises on it instead of waiting on a silent stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import trio
+
+from ..generation import GenerationPlan, GenerationResult, MidStreamError
+from ..tokenizer.service import TokenizerService
+from .errors import ApiError, UpstreamTimeout
+from .http import SSE_DONE, SSE_HEADERS, Request, sse_event
+
+
+def _timeout_error() -> UpstreamTimeout:
+    return UpstreamTimeout("the request took longer than the gateway's request timeout", code="request_timeout")
+
+
+async def run_unary(state, request: Request, plan: GenerationPlan,
+                    tokenizer: TokenizerService) -> GenerationResult | None:
+    """The whole result, or None when the client went away (nothing to answer then)."""
+    async with request.cancel_on_disconnect():
+        with trio.move_on_after(plan.timeout_s or float("inf")) as timeout:
+            result = await state.generator.run(plan, tokenizer, None)
+    if request.disconnected:
+        return None
+    if timeout.cancelled_caught:
+        raise _timeout_error()
+    state.count_tokens(plan.model, result)
+    return result
+
+
+async def run_streamed(state, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,
+                       text_event: Callable[[str, bool], bytes],
+                       final_events: Callable[[GenerationResult], bytes]) -> None:
+    """Stream SSE: ``text_event(text, first)`` per decided piece, ``final_events(result)`` then [DONE]."""
+    started = False
+
+    async def sink(text: str) -> None:
+        nonlocal started
+        if not started:
+            started = True
+            await request.start_stream(200, SSE_HEADERS)
+            await request.send_chunk(text_event(text, True))
+        else:
+            await request.send_chunk(text_event(text, False))
+
+    result: GenerationResult | None = None
+    error: ApiError | None = None
+    async with request.cancel_on_disconnect():
+        with trio.move_on_after(plan.timeout_s or float("inf")) as timeout:
+            try:
+                result = await state.generator.run(plan, tokenizer, sink)
+            except MidStreamError as e:
+                error = e.error
+        if timeout.cancelled_caught:
+            if not started:
+                raise _timeout_error()
+            error = _timeout_error()
+        if request.disconnected:
+            return
+        # The last write carries the head too when no text came at all (an empty answer).
+        tail = b""
+        if not started:
+            await request.start_stream(200, SSE_HEADERS)
+            tail = text_event("", True)
+        if error is not None:
+            tail += sse_event(error.body())
+        else:
+            state.count_tokens(plan.model, result)
+            tail += final_events(result)
+        await request.send_chunk(tail + SSE_DONE)
+        await request.end_stream()

@@ -1,0 +1,59 @@
+"""Everything a request handler may use, built once per node by ``gateway.server``."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from typing import TYPE_CHECKING
+
+from ..engine.grpc_engine import SamplingOptions
+from ..generation import GenerationResult, Generator
+from ..metrics import GatewayMetrics
+from ..models import ModelCatalog
+from ..routing.router import Router
+from ..workers import WorkerRegistry
+from .admission import Admission
+from .protocol import SamplingRequest
+
+if TYPE_CHECKING:
+    from ..config import GatewayConfig
+    from ..proxy import HttpProxy
+
+
+@dataclasses.dataclass
+class GatewayState:
+    config: "GatewayConfig"
+    registry: WorkerRegistry
+    catalog: ModelCatalog
+    router: Router
+    generator: Generator
+    admission: Admission
+    metrics: GatewayMetrics
+    proxy: "HttpProxy"
+    ready: bool = False
+    shutting_down: bool = False
+
+    def __post_init__(self) -> None:
+        # Engine request ids must be unique per engine; clients' ids need not be.
+        self._engine_ids = itertools.count(1)
+        self._engine_id_prefix = f"smg-{os.getpid():x}-{os.urandom(3).hex()}-"
+
+    def new_engine_request_id(self) -> str:
+        return f"{self._engine_id_prefix}{next(self._engine_ids)}"
+
+    @staticmethod
+    def engine_sampling(sampling: SamplingRequest, max_tokens: int) -> SamplingOptions:
+        return SamplingOptions(
+            max_new_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+            top_k=sampling.top_k, min_p=sampling.min_p, frequency_penalty=sampling.frequency_penalty,
+            presence_penalty=sampling.presence_penalty, repetition_penalty=sampling.repetition_penalty,
+            seed=sampling.seed, stop_token_ids=sampling.stop_token_ids, ignore_eos=sampling.ignore_eos,
+            min_new_tokens=sampling.min_tokens)
+
+    def count_tokens(self, model: str, result: GenerationResult) -> None:
+        tokens = self.metrics.tokens
+        tokens.labels(model, "prompt").inc(result.prompt_tokens)
+        tokens.labels(model, "completion").inc(result.completion_tokens)
+        if result.cached_tokens:
+            tokens.labels(model, "cached").inc(result.cached_tokens)

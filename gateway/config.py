@@ -1,0 +1,213 @@
+"""The node's configuration: one frozen object, built from flags, environment and a TOML file.
+
+Precedence, highest first: command-line flag, environment variable
+(``SMG_NODE_`` + the flag name in upper case with underscores, e.g.
+``SMG_NODE_MAX_CONCURRENT_REQUESTS=64``), the ``--config`` TOML file (keys are
+flag names with underscores, e.g. ``max_concurrent_requests = 64``), defaults.
+
+Flag names follow smg (and sgl-router) wherever the concept is the same, so
+their users need not relearn them. Each subsystem's defaults are explained in
+its own config class: ``AdmissionConfig``, ``PolicyConfig``, ``RetryConfig``,
+``BreakerConfig``, ``HealthConfig``, ``TokenizerConfig``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .api.admission import AdmissionConfig
+from .routing.breaker import BreakerConfig
+from .routing.policies import POLICIES, PolicyConfig
+from .routing.retry import RetryConfig
+from .tokenizer.service import TokenizerConfig
+from .workers import HealthConfig
+
+ENV_PREFIX = "SMG_NODE_"
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 30000
+    worker_urls: tuple[str, ...] = ()
+    # Overrides the model name the engines report (smg: --model-path).
+    model_path: str | None = None
+    tokenizer_path: Path | None = None
+    chat_template: Path | None = None
+    # A separate listener for /metrics; None serves it on the main port only.
+    prometheus_host: str = "127.0.0.1"
+    prometheus_port: int | None = None
+    log_level: str = "info"
+    log_json: bool = False
+    # max_tokens when neither the request nor the engine's context bounds it.
+    default_max_tokens: int = 4096
+    # Header carrying the routing key of consistent_hashing and manual (sticky) routing.
+    routing_key_header: str = "x-smg-routing-key"
+    # SIGTERM: stop being ready, finish in-flight requests for up to this long, exit.
+    shutdown_grace_period_s: float = 180.0
+    # Demo mode: start this many simulated engines as child processes and use them.
+    sim_engines: int = 0
+    sim_engine_args: tuple[str, ...] = ()
+    policy: PolicyConfig = PolicyConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    retry: RetryConfig = RetryConfig()
+    breaker: BreakerConfig = BreakerConfig()
+    health: HealthConfig = HealthConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Option:
+    flag: str
+    path: str  # "field" or "section.field" of GatewayConfig
+    kind: Callable[[str], Any] | str  # a converter, or "bool" / "list" / "disable"
+    help: str
+
+
+def _secs_ms(value: str) -> float:
+    return float(value) / 1000.0
+
+
+_OPTIONS: list[_Option] = [
+    _Option("--host", "host", str, "address to serve HTTP on"),
+    _Option("--port", "port", int, "HTTP port"),
+    _Option("--worker-urls", "worker_urls", "list", "engines: grpc://host:port (SGLang/vLLM gRPC) or "
+                                                      "http://host:port (OpenAI-compatible, proxied as is)"),
+    _Option("--policy", "policy.name", str, f"routing policy: {', '.join(sorted(POLICIES))}"),
+    _Option("--model-path", "model_path", str, "model name to serve (default: what the engines report)"),
+    _Option("--tokenizer-path", "tokenizer_path", Path, "directory with tokenizer.json (default: fetched from "
+                                                        "the engine with GetTokenizer)"),
+    _Option("--chat-template", "chat_template", Path, "Jinja chat template file overriding the tokenizer's"),
+    _Option("--prometheus-host", "prometheus_host", str, "address of the separate /metrics listener"),
+    _Option("--prometheus-port", "prometheus_port", int, "port of a separate /metrics listener"),
+    _Option("--max-concurrent-requests", "admission.max_concurrent_requests", int,
+            "generations running at once; 0 = unlimited"),
+    _Option("--queue-size", "admission.queue_size", int, "requests waiting for a slot before 429"),
+    _Option("--queue-timeout-secs", "admission.queue_timeout_s", float, "longest wait for a slot before 503"),
+    _Option("--request-timeout-secs", "admission.request_timeout_s", float, "longest a request may take"),
+    _Option("--max-payload-size", "admission.body_bytes_max", int, "largest request body in bytes"),
+    _Option("--log-level", "log_level", str, "debug, info, warning, error"),
+    _Option("--log-json", "log_json", "bool", "log JSON lines instead of text"),
+    _Option("--default-max-tokens", "default_max_tokens", int, "max_tokens when nothing else bounds it"),
+    _Option("--routing-key-header", "routing_key_header", str, "header with the routing key"),
+    _Option("--shutdown-grace-period-secs", "shutdown_grace_period_s", float, "drain time on SIGTERM"),
+    _Option("--cache-threshold", "policy.cache_threshold", float, "cache_aware: prefix match to route by"),
+    _Option("--balance-abs-threshold", "policy.balance_abs_threshold", int, "cache_aware: load gap override"),
+    _Option("--balance-rel-threshold", "policy.balance_rel_threshold", float, "cache_aware: load ratio override"),
+    _Option("--prefix-token-count", "policy.prefix_token_count", int, "prefix_hash: tokens that pick the worker"),
+    _Option("--cb-failure-threshold", "breaker.failure_threshold", int, "failures that open a circuit"),
+    _Option("--cb-success-threshold", "breaker.success_threshold", int, "half-open successes that close it"),
+    _Option("--cb-timeout-duration-secs", "breaker.open_duration_s", float, "open time before half-open"),
+    _Option("--cb-window-duration-secs", "breaker.window_s", float, "window in which failures count"),
+    _Option("--disable-circuit-breaker", "breaker.enabled", "disable", "no circuit breaking"),
+    _Option("--retry-max-retries", "retry.max_retries", int, "retries of a failed attempt"),
+    _Option("--retry-initial-backoff-ms", "retry.initial_backoff_s", _secs_ms, "first backoff"),
+    _Option("--retry-max-backoff-ms", "retry.max_backoff_s", _secs_ms, "longest backoff"),
+    _Option("--retry-backoff-multiplier", "retry.multiplier", float, "backoff growth per retry"),
+    _Option("--retry-jitter-factor", "retry.jitter_factor", float, "random +- share of each backoff"),
+    _Option("--disable-retries", "retry.enabled", "disable", "no retries"),
+    _Option("--health-failure-threshold", "health.failure_threshold", int, "failed checks to mark unhealthy"),
+    _Option("--health-success-threshold", "health.success_threshold", int, "good checks to mark healthy"),
+    _Option("--health-check-timeout-secs", "health.timeout_s", float, "timeout of one check"),
+    _Option("--health-check-interval-secs", "health.interval_s", float, "time between checks"),
+    _Option("--health-check-endpoint", "health.endpoint", str, "health path of HTTP workers"),
+    _Option("--disable-health-check", "health.enabled", "disable", "no background health checks"),
+    _Option("--tokenizer-cache-l0-entries", "tokenizer.l0_entries_max", int, "exact-text cache entries"),
+    _Option("--tokenizer-cache-l1-bytes", "tokenizer.l1_bytes_max", int, "prefix cache size in bytes"),
+    _Option("--sim-engines", "sim_engines", int, "demo: start this many simulated engines and use them"),
+    _Option("--sim-engine-args", "sim_engine_args", "list", "extra flags for the simulated engines"),
+]
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=None, help="TOML file with the same options")
+    for opt in _OPTIONS:
+        dest = opt.flag[2:].replace("-", "_")
+        if opt.kind in ("bool", "disable"):
+            parser.add_argument(opt.flag, dest=dest, action="store_const", const=True, default=None, help=opt.help)
+        elif opt.kind == "list":
+            parser.add_argument(opt.flag, dest=dest, nargs="+", default=None, help=opt.help)
+        else:
+            parser.add_argument(opt.flag, dest=dest, default=None, help=opt.help)
+
+
+class ConfigError(Exception):
+    """An option has a value that cannot be used."""
+
+
+def _convert(opt: _Option, raw: Any) -> Any:
+    try:
+        if opt.kind == "bool":
+            return raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
+        if opt.kind == "disable":
+            disabled = raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
+            return not disabled
+        if opt.kind == "list":
+            items = raw if isinstance(raw, list) else str(raw).replace(",", " ").split()
+            return tuple(str(x) for x in items)
+        return opt.kind(raw)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{opt.flag}: cannot use {raw!r}: {e}") from None
+
+
+def build_config(args: argparse.Namespace, environ: "dict[str, str] | None" = None) -> GatewayConfig:
+    environ = os.environ if environ is None else environ
+    file_values: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        try:
+            file_values = tomllib.loads(Path(args.config).read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"--config {args.config}: {e}") from None
+        known = {o.flag[2:].replace("-", "_") for o in _OPTIONS}
+        unknown = sorted(set(file_values) - known)
+        if unknown:
+            raise ConfigError(f"--config {args.config}: unknown keys {', '.join(unknown)}")
+    top: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {}
+    for opt in _OPTIONS:
+        key = opt.flag[2:].replace("-", "_")
+        raw = getattr(args, key, None)
+        if raw is None:
+            raw = environ.get(ENV_PREFIX + key.upper())
+        if raw is None:
+            raw = file_values.get(key)
+        if raw is None:
+            continue
+        value = _convert(opt, raw)
+        if "." in opt.path:
+            section, field = opt.path.split(".")
+            sections.setdefault(section, {})[field] = value
+        else:
+            top[opt.path] = value
+    base = GatewayConfig()
+    for section, values in sections.items():
+        top[section] = dataclasses.replace(getattr(base, section), **values)
+    config = dataclasses.replace(base, **top)
+    validate(config)
+    return config
+
+
+def validate(config: GatewayConfig) -> None:
+    if config.policy.name not in POLICIES:
+        raise ConfigError(f"--policy: unknown policy {config.policy.name!r}; choose one of "
+                          f"{', '.join(sorted(POLICIES))}")
+    if not 0 <= config.port <= 65535:
+        raise ConfigError("--port must be between 0 and 65535")
+    if config.admission.max_concurrent_requests < 0 or config.admission.queue_size < 0:
+        raise ConfigError("--max-concurrent-requests and --queue-size must not be negative")
+    if config.admission.body_bytes_max <= 0:
+        raise ConfigError("--max-payload-size must be positive")
+    if config.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
+        raise ConfigError("--log-level must be debug, info, warning, error or critical")
+    if config.tokenizer_path is not None and not (config.tokenizer_path / "tokenizer.json").is_file():
+        raise ConfigError(f"--tokenizer-path {config.tokenizer_path} has no tokenizer.json")
+    if config.chat_template is not None and not config.chat_template.is_file():
+        raise ConfigError(f"--chat-template {config.chat_template} is not a file")
+    if config.sim_engines < 0:
+        raise ConfigError("--sim-engines must not be negative")

@@ -1,0 +1,32 @@
+"""Errors of talking to engines. Mapped to HTTP status codes in gateway/api/errors.py only.
+
+    EngineCallError(code)          a gRPC (or HTTP worker) call failed; ``code`` is the
+                                   gRPC status name ("UNAVAILABLE", "RESOURCE_EXHAUSTED", ...)
+      .retryable                   True when another attempt (maybe on another engine)
+                                   can succeed and nothing reached the client yet
+"""
+
+from __future__ import annotations
+
+# Failures that say nothing about the request itself: the engine is down, busy,
+# or slow. A retry elsewhere may succeed.
+RETRYABLE_CODES = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "ABORTED", "UNKNOWN",
+                             "INTERNAL"})
+# Failures that count against an engine's circuit breaker (the client's own
+# mistakes, such as INVALID_ARGUMENT, do not).
+ENGINE_FAULT_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "UNKNOWN", "DATA_LOSS"})
+
+
+class EngineCallError(Exception):
+    def __init__(self, code: str, details: str = "") -> None:
+        super().__init__(f"{code}: {details}" if details else code)
+        self.code = code
+        self.details = details
+
+    @property
+    def retryable(self) -> bool:
+        return self.code in RETRYABLE_CODES
+
+    @property
+    def engine_fault(self) -> bool:
+        return self.code in ENGINE_FAULT_CODES

@@ -1,0 +1,280 @@
+"""Client for one gRPC engine (SGLang scheduler or vLLM engine service of smg-grpc-proto).
+
+Normalises the two services into one small vocabulary (``ModelInfo``,
+``EngineLoad``, ``GenerateEvent``) so that the rest of the gateway never sees
+a protobuf message. All calls go through the shared ``GrpcBridge``.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import dataclasses
+import hashlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from smg_grpc_proto.generated import (
+    common_pb2,
+    sglang_scheduler_pb2 as sg,
+    vllm_engine_pb2 as vl,
+)
+
+from .bridge import GrpcBridge
+from .errors import EngineCallError
+
+TOKENIZER_BUNDLE_BYTES_MAX = 256 * 1024 * 1024  # a tokenizer bundle larger than this is refused
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    model_path: str
+    served_model_name: str
+    max_context_tokens: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineLoad:
+    running: int
+    waiting: int
+    token_usage: float
+    max_running: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingOptions:
+    max_new_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_new_tokens: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateEvent:
+    """New tokens of one generation; the last event has ``finish_reason`` set."""
+
+    token_ids: tuple[int, ...]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: str | None = None
+    matched_token_id: int | None = None
+
+
+class _Runtime(abc.ABC):
+    """What differs between the SGLang and vLLM services: names and message shapes."""
+
+    name: str
+    service: str
+    pb: Any
+
+    def method(self, name: str) -> str:
+        return f"/{self.service}/{name}"
+
+    @abc.abstractmethod
+    def generate_request(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions,
+                         stream: bool) -> Any: ...
+
+    @abc.abstractmethod
+    def abort_request(self, request_id: str) -> Any: ...
+
+
+class _Sglang(_Runtime):
+    name = "sglang"
+    service = "sglang.grpc.scheduler.SglangScheduler"
+    pb = sg
+
+    def generate_request(self, request_id, input_ids, sampling, stream):
+        sp = sg.SamplingParams(
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=1.0 if sampling.temperature is None else sampling.temperature,
+            top_p=1.0 if sampling.top_p is None else sampling.top_p,
+            top_k=-1 if sampling.top_k is None else sampling.top_k,
+            min_p=sampling.min_p or 0.0,
+            frequency_penalty=sampling.frequency_penalty,
+            presence_penalty=sampling.presence_penalty,
+            repetition_penalty=1.0 if sampling.repetition_penalty is None else sampling.repetition_penalty,
+            stop_token_ids=sampling.stop_token_ids,
+            ignore_eos=sampling.ignore_eos,
+            min_new_tokens=sampling.min_new_tokens,
+            # The gateway detokenizes and matches stop strings itself.
+            skip_special_tokens=False,
+            no_stop_trim=True,
+        )
+        if sampling.seed is not None:
+            # SGLang's SamplingParams has no seed field: it travels as a custom param.
+            sp.custom_params.update({"seed": sampling.seed})
+        return sg.GenerateRequest(request_id=request_id, tokenized=sg.TokenizedInput(input_ids=input_ids),
+                                  sampling_params=sp, stream=stream)
+
+    def abort_request(self, request_id):
+        return sg.AbortRequest(request_id=request_id, reason="client gone")
+
+
+class _Vllm(_Runtime):
+    name = "vllm"
+    service = "vllm.grpc.engine.VllmEngine"
+    pb = vl
+
+    def generate_request(self, request_id, input_ids, sampling, stream):
+        sp = vl.SamplingParams(
+            max_tokens=sampling.max_new_tokens,
+            top_p=1.0 if sampling.top_p is None else sampling.top_p,
+            top_k=0 if sampling.top_k is None or sampling.top_k < 0 else sampling.top_k,
+            min_p=sampling.min_p or 0.0,
+            frequency_penalty=sampling.frequency_penalty,
+            presence_penalty=sampling.presence_penalty,
+            repetition_penalty=1.0 if sampling.repetition_penalty is None else sampling.repetition_penalty,
+            stop_token_ids=sampling.stop_token_ids,
+            ignore_eos=sampling.ignore_eos,
+            min_tokens=sampling.min_new_tokens,
+            skip_special_tokens=False,
+            n=1,
+        )
+        if sampling.temperature is not None:
+            sp.temperature = sampling.temperature
+        if sampling.seed is not None:
+            sp.seed = sampling.seed
+        return vl.GenerateRequest(request_id=request_id, tokenized=vl.TokenizedInput(input_ids=input_ids),
+                                  sampling_params=sp, stream=stream)
+
+    def abort_request(self, request_id):
+        return vl.AbortRequest(request_ids=[request_id])
+
+
+RUNTIMES: dict[str, _Runtime] = {"sglang": _Sglang(), "vllm": _Vllm()}
+
+
+class GrpcEngineClient:
+    """One engine at ``target`` ("host:port"), speaking ``runtime`` ("sglang" or "vllm")."""
+
+    def __init__(self, bridge: GrpcBridge, target: str, runtime: str) -> None:
+        self.bridge = bridge
+        self.target = target
+        self.runtime = RUNTIMES[runtime]
+
+    @classmethod
+    async def detect(cls, bridge: GrpcBridge, target: str, timeout_s: float) -> "GrpcEngineClient":
+        """Find which service the engine serves: SGLang's first, then vLLM's."""
+        last: EngineCallError | None = None
+        for runtime in RUNTIMES:
+            client = cls(bridge, target, runtime)
+            try:
+                await client.model_info(timeout_s)
+                return client
+            except EngineCallError as e:
+                if e.code != "UNIMPLEMENTED":
+                    raise
+                last = e
+        raise EngineCallError("UNIMPLEMENTED", f"{target} serves neither SGLang nor vLLM: {last}")
+
+    async def _unary(self, name: str, request: Any, response_type: Any, timeout_s: float | None) -> Any:
+        return await self.bridge.unary(self.target, self.runtime.method(name), request, response_type, timeout_s)
+
+    async def model_info(self, timeout_s: float) -> ModelInfo:
+        pb = self.runtime.pb
+        r = await self._unary("GetModelInfo", pb.GetModelInfoRequest(), pb.GetModelInfoResponse, timeout_s)
+        return ModelInfo(
+            model_path=r.model_path,
+            served_model_name=r.served_model_name or r.model_path,
+            max_context_tokens=int(r.max_context_length),
+            vocab_size=int(r.vocab_size),
+            eos_token_ids=tuple(r.eos_token_ids),
+        )
+
+    async def health(self, timeout_s: float) -> bool:
+        pb = self.runtime.pb
+        r = await self._unary("HealthCheck", pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout_s)
+        return bool(r.healthy)
+
+    async def loads(self, timeout_s: float) -> EngineLoad:
+        pb = self.runtime.pb
+        r = await self._unary("GetLoads", pb.GetLoadsRequest(), pb.GetLoadsResponse, timeout_s)
+        running = sum(x.num_running_reqs for x in r.loads)
+        waiting = sum(x.num_waiting_reqs for x in r.loads)
+        usage = max((x.token_usage for x in r.loads), default=0.0)
+        max_running = sum(x.max_running_requests for x in r.loads)
+        return EngineLoad(running=running, waiting=waiting, token_usage=usage, max_running=max_running)
+
+    async def abort(self, request_id: str, timeout_s: float = 5.0) -> None:
+        pb = self.runtime.pb
+        await self._unary("Abort", self.runtime.abort_request(request_id), pb.AbortResponse, timeout_s)
+
+    async def fetch_tokenizer_bundle(self, timeout_s: float) -> bytes:
+        """The engine's tokenizer files as zip bytes, checked against the sha256 it sends."""
+        parts: list[bytes] = []
+        size = 0
+        digest = ""
+        async with self.bridge.open_stream(self.target, self.runtime.method("GetTokenizer"),
+                                           common_pb2.GetTokenizerRequest(), common_pb2.GetTokenizerChunk,
+                                           timeout_s) as stream:
+            async for batch in stream:
+                for chunk in batch:
+                    size += len(chunk.data)
+                    if size > TOKENIZER_BUNDLE_BYTES_MAX:
+                        raise EngineCallError("RESOURCE_EXHAUSTED", "tokenizer bundle too large")
+                    parts.append(chunk.data)
+                    if chunk.sha256:
+                        digest = chunk.sha256
+        data = b"".join(parts)
+        if not digest:
+            raise EngineCallError("DATA_LOSS", "tokenizer bundle ended without a sha256")
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise EngineCallError("DATA_LOSS", "tokenizer bundle sha256 mismatch")
+        return data
+
+    @contextlib.asynccontextmanager
+    async def generate(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions, stream: bool,
+                       timeout_s: float | None) -> AsyncIterator[AsyncIterator[list[GenerateEvent]]]:
+        """Open a generation; iterate the result for lists of events (batched across the bridge).
+
+        Streaming mode: chunks carry deltas; the closing ``complete`` repeats
+        the last delta (vLLM DELTA mode), so its ids are dropped. Non-streaming:
+        one ``complete`` with every id.
+        """
+        pb = self.runtime.pb
+        request = self.runtime.generate_request(request_id, input_ids, sampling, stream)
+        async with self.bridge.open_stream(self.target, self.runtime.method("Generate"), request,
+                                           pb.GenerateResponse, timeout_s) as messages:
+            yield _events(messages, stream)
+
+    @contextlib.asynccontextmanager
+    async def subscribe_kv_events(self, start_sequence_number: int) -> AsyncIterator[AsyncIterator[list[Any]]]:
+        """The engine's KV event batches (``common_pb2.KvEventBatch``), from a sequence number."""
+        request = common_pb2.SubscribeKvEventsRequest(start_sequence_number=start_sequence_number)
+        async with self.bridge.open_stream(self.target, self.runtime.method("SubscribeKvEvents"), request,
+                                           common_pb2.KvEventBatch, None) as stream:
+            yield stream
+
+
+async def _events(messages: AsyncIterator[list[Any]], stream: bool) -> AsyncIterator[list[GenerateEvent]]:
+    async for batch in messages:
+        events: list[GenerateEvent] = []
+        for message in batch:
+            kind = message.WhichOneof("response")
+            if kind == "chunk":
+                c = message.chunk
+                if c.index != 0:
+                    continue  # n=1 only
+                events.append(GenerateEvent(tuple(c.token_ids), c.prompt_tokens, c.completion_tokens,
+                                            c.cached_tokens))
+            elif kind == "complete":
+                c = message.complete
+                if c.index != 0:
+                    continue
+                matched = c.matched_token_id if c.WhichOneof("matched_stop") == "matched_token_id" else None
+                events.append(GenerateEvent(
+                    () if stream else tuple(c.output_ids), c.prompt_tokens, c.completion_tokens,
+                    c.cached_tokens, finish_reason=c.finish_reason or "stop", matched_token_id=matched))
+        if events:
+            yield events

@@ -1,0 +1,96 @@
+"""Client for OpenAI-compatible HTTP workers (``--worker-urls http://...``).
+
+These workers get the client's request as it is: no tokenization, streaming
+passed through byte for byte. Failures map to ``EngineCallError`` so routing,
+retries and circuit breaking treat both kinds of worker alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import httpx2
+
+from .errors import EngineCallError
+
+# Status codes of a worker's answer that mean "try another worker" (smg's list).
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_STATUS_TO_CODE = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+                   408: "DEADLINE_EXCEEDED", 413: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT",
+                   429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 502: "UNAVAILABLE", 503: "UNAVAILABLE",
+                   504: "DEADLINE_EXCEEDED"}
+# Hop-by-hop headers (RFC 9110 7.6.1) and ones the server recomputes.
+_DROP_HEADERS = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                           "transfer-encoding", "upgrade", "content-length", "host", "date", "server"})
+
+
+def _call_error(exc: Exception) -> EngineCallError:
+    if isinstance(exc, httpx2.TimeoutException):
+        return EngineCallError("DEADLINE_EXCEEDED", str(exc) or type(exc).__name__)
+    if isinstance(exc, httpx2.TransportError):
+        return EngineCallError("UNAVAILABLE", str(exc) or type(exc).__name__)
+    return EngineCallError("INTERNAL", f"{type(exc).__name__}: {exc}")
+
+
+class HttpUpstreamResponse:
+    """A worker's answer being relayed: status, headers to pass on, body chunks."""
+
+    def __init__(self, response: httpx2.Response) -> None:
+        self.status = response.status_code
+        self.headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()
+                        if k.lower() not in _DROP_HEADERS]
+        self._response = response
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.aiter_raw():
+                yield chunk
+        except httpx2.HTTPError as e:
+            raise _call_error(e) from None
+
+
+class HttpWorkerClient:
+    def __init__(self, base_url: str, client: httpx2.AsyncClient) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._client = client
+
+    async def health(self, timeout_s: float, endpoint: str = "/health") -> bool:
+        try:
+            r = await self._client.get(self.base_url + endpoint, timeout=timeout_s)
+        except httpx2.HTTPError as e:
+            raise _call_error(e) from None
+        return r.status_code < 400
+
+    async def models(self, timeout_s: float) -> list[str]:
+        try:
+            r = await self._client.get(self.base_url + "/v1/models", timeout=timeout_s)
+            r.raise_for_status()
+            return [m["id"] for m in r.json().get("data", []) if isinstance(m, dict) and "id" in m]
+        except httpx2.HTTPStatusError as e:
+            raise EngineCallError(_STATUS_TO_CODE.get(e.response.status_code, "INTERNAL"), str(e)) from None
+        except httpx2.HTTPError as e:
+            raise _call_error(e) from None
+        except (ValueError, AttributeError) as e:
+            raise EngineCallError("INTERNAL", f"bad /v1/models answer: {e}") from None
+
+    @contextlib.asynccontextmanager
+    async def forward(self, path: str, body: bytes, headers: "list[tuple[bytes, bytes]]",
+                      timeout_s: float | None) -> AsyncIterator[HttpUpstreamResponse]:
+        """Send the request; a retryable status raises (nothing was relayed yet)."""
+        send_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers
+                        if k.decode("latin-1").lower() not in _DROP_HEADERS]
+        request = self._client.build_request("POST", self.base_url + path, content=body, headers=send_headers,
+                                             timeout=timeout_s)
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx2.HTTPError as e:
+            raise _call_error(e) from None
+        try:
+            if response.status_code in RETRYABLE_STATUSES:
+                detail = (await response.aread())[:512].decode("utf-8", "replace")
+                raise EngineCallError(_STATUS_TO_CODE.get(response.status_code, "UNAVAILABLE"),
+                                      f"worker answered {response.status_code}: {detail}")
+            yield HttpUpstreamResponse(response)
+        finally:
+            await response.aclose()

@@ -1,0 +1,211 @@
+"""One generation on a gRPC engine: route, send token ids, detokenize, stop, retry, abort.
+
+Flow of an attempt: the router picks a worker (its circuit admits the
+attempt); the engine streams token ids; ids become text through the
+incremental decoder, text passes the stop matcher, and what is decided goes to
+the sink (the SSE writer) or into the result. Tokens that arrive together
+(batched by the gRPC bridge) are decoded and written together.
+
+Retries: a failure before anything reached the client is retried on another
+worker when the error is retryable, after an exponential backoff with jitter.
+After the first text was sent, a failure ends the stream with an error.
+
+Abort: whenever a generation stops before the engine finished it (stop string
+matched, client gone, timeout, error), the gRPC call is cancelled and an
+explicit Abort is sent from a background task, so the engine frees the slot
+even if it ignores cancellation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import trio
+
+from .api.errors import ApiError, from_engine_error
+from .engine.errors import EngineCallError
+from .engine.grpc_engine import SamplingOptions
+from .metrics import GatewayMetrics
+from .routing.policies import RoutingRequest
+from .routing.retry import RetryConfig, backoff_s
+from .routing.router import Router
+from .tokenizer.service import TokenizerService
+from .tokenizer.stop import StopMatcher
+from .workers import Worker
+
+log = logging.getLogger("gateway.generation")
+
+ABORT_TIMEOUT_S = 5.0
+
+TextSink = Callable[[str], Awaitable[None]]
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationPlan:
+    request_id: str
+    model: str
+    input_ids: list[int]
+    sampling: SamplingOptions
+    stop: tuple[str, ...]
+    include_stop_str: bool
+    skip_special_tokens: bool
+    stream: bool  # the client streams: text goes to the sink as it is decided
+    routing: RoutingRequest
+    timeout_s: float | None
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    text: str
+    output_ids: list[int]
+    finish_reason: str
+    matched_stop: "str | int | None"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    worker_id: str
+
+
+class MidStreamError(Exception):
+    """The engine failed after text reached the client: the stream must end with an error event."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class AttemptFailed(Exception):
+    """An attempt failed before anything reached the client; it may be retried."""
+
+    def __init__(self, error: EngineCallError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class Generator:
+    def __init__(self, router: Router, retry: RetryConfig, metrics: GatewayMetrics, nursery: trio.Nursery,
+                 rng: random.Random | None = None) -> None:
+        self.router = router
+        self.retry = retry
+        self.metrics = metrics
+        self._nursery = nursery  # long-lived: background aborts outlive the request
+        self._rng = rng or random.Random()
+
+    async def run(self, plan: GenerationPlan, tokenizer: TokenizerService, sink: TextSink | None) -> GenerationResult:
+        return await self.with_retries(plan.request_id, plan.model, plan.routing, "grpc",
+                                       lambda worker: self._attempt(worker, plan, tokenizer, sink))
+
+    async def with_retries(self, request_id: str, model: str, routing: RoutingRequest, kind: str,
+                           attempt_fn: Callable[[Worker], Awaitable[T]]) -> T:
+        """Run attempt_fn on a chosen worker; retry failures that nothing reached the client of.
+
+        attempt_fn raises AttemptFailed for those; anything else propagates.
+        """
+        tried: set[str] = set()
+        attempts = self.retry.attempts_max
+        for attempt in range(attempts):
+            worker = self.router.select(model, routing, exclude=tried, kind=kind)
+            tried.add(worker.id)
+            try:
+                return await attempt_fn(worker)
+            except AttemptFailed as failed:
+                error = failed.error
+                if not error.retryable or attempt == attempts - 1:
+                    raise from_engine_error(error) from None
+                self.metrics.retries.labels(error.code).inc()
+                delay = backoff_s(self.retry, attempt, self._rng)
+                log.info("request %s: attempt %d on %s failed (%s); retrying in %.3fs", request_id,
+                         attempt + 1, worker.id, error, delay)
+                await trio.sleep(delay)
+        raise AssertionError("unreachable: the last attempt raises")
+
+    async def _attempt(self, worker: Worker, plan: GenerationPlan, tokenizer: TokenizerService,
+                       sink: TextSink | None) -> GenerationResult:
+        decoder = tokenizer.new_decode_stream(plan.skip_special_tokens)
+        matcher = StopMatcher(plan.stop, plan.include_stop_str)
+        # Stream from the engine when the client streams, and when stop strings may end it early.
+        engine_stream = plan.stream or bool(plan.stop)
+        output_ids: list[int] = []
+        text_parts: list[str] = []
+        delivered = False
+        finished = False
+        result: GenerationResult | None = None
+        first_token_at: float | None = None
+        started_at = trio.current_time()
+        last = None
+        worker.begin_request()
+        try:
+            async with worker.client.generate(plan.request_id, plan.input_ids, plan.sampling, engine_stream,
+                                              plan.timeout_s) as batches:
+                async for events in batches:
+                    new_ids: list[int] = []
+                    for event in events:
+                        new_ids.extend(event.token_ids)
+                        last = event
+                    if new_ids and first_token_at is None:
+                        first_token_at = trio.current_time()
+                    output_ids.extend(new_ids)
+                    decided = matcher.feed(decoder.step(new_ids))
+                    text = decided.text
+                    done = decided.matched is not None or last.finish_reason is not None
+                    if last.finish_reason is not None and decided.matched is None:
+                        if last.finish_reason == "abort":
+                            raise EngineCallError("ABORTED", "the engine aborted the generation")
+                        text += matcher.flush()
+                    if text:
+                        text_parts.append(text)
+                        if sink is not None:
+                            await sink(text)
+                            delivered = True
+                    if done:
+                        finished = last.finish_reason is not None
+                        if decided.matched is not None:
+                            reason, matched = "stop", decided.matched
+                        else:
+                            reason, matched = last.finish_reason, last.matched_token_id
+                        result = GenerationResult(
+                            text="".join(text_parts), output_ids=output_ids, finish_reason=reason,
+                            matched_stop=matched, prompt_tokens=last.prompt_tokens or len(plan.input_ids),
+                            completion_tokens=len(output_ids), cached_tokens=last.cached_tokens,
+                            worker_id=worker.id)
+                        break
+            if result is None:
+                raise EngineCallError("UNAVAILABLE", "the engine closed the stream without finishing")
+        except EngineCallError as e:
+            self.metrics.engine_errors.labels(worker.id, e.code).inc()
+            if e.engine_fault:
+                worker.breaker.record_failure(trio.current_time())
+            else:
+                worker.breaker.release_probe()
+            if delivered:
+                raise MidStreamError(from_engine_error(e)) from None
+            raise AttemptFailed(e) from None
+        except BaseException:
+            worker.breaker.release_probe()  # cancelled (client gone, timeout): no verdict on the engine
+            raise
+        finally:
+            worker.end_request()
+            if not finished:
+                reason = "stop_string" if result is not None else "cancelled_or_failed"
+                self.metrics.aborts.labels(reason).inc()
+                self._nursery.start_soon(self._abort, worker, plan.request_id)
+        worker.breaker.record_success(trio.current_time())
+        if first_token_at is not None and engine_stream:
+            model = plan.model
+            self.metrics.ttft.labels(model).observe(first_token_at - started_at)
+            if result.completion_tokens > 1:
+                self.metrics.tpot.labels(model).observe(
+                    (trio.current_time() - first_token_at) / (result.completion_tokens - 1))
+        return result
+
+    async def _abort(self, worker: Worker, request_id: str) -> None:
+        try:
+            with trio.move_on_after(ABORT_TIMEOUT_S):
+                await worker.client.abort(request_id, ABORT_TIMEOUT_S)
+        except EngineCallError as e:
+            log.debug("abort of %s on %s failed: %s", request_id, worker.id, e)

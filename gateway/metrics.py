@@ -1,0 +1,74 @@
+"""Every Prometheus metric of the gateway, defined in one place.
+
+Counters and histograms on the request path are updated directly; state that
+components already keep (tokenizer caches, worker health, circuits, queue) is
+read at scrape time by a collector, so the hot path pays nothing for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+_LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TOKEN_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("smg_http_requests", "HTTP requests by route and status", ["route", "status"],
+                                registry=r)
+        self.request_duration = Histogram("smg_http_request_duration_seconds", "Request duration", ["route"],
+                                          buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.ttft = Histogram("smg_time_to_first_token_seconds", "Time to first token (streamed generations)",
+                              ["model"], buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.tpot = Histogram("smg_time_per_output_token_seconds", "Time per output token after the first",
+                              ["model"], buckets=_TOKEN_LATENCY_BUCKETS_S, registry=r)
+        self.tokens = Counter("smg_tokens", "Tokens by kind: prompt, completion, cached (prompt tokens the engine had "
+                              "in its prefix cache)", ["model", "kind"], registry=r)
+        self.retries = Counter("smg_retries", "Generation attempts retried, by gRPC status of the failure", ["code"],
+                               registry=r)
+        self.engine_errors = Counter("smg_engine_errors", "Failed engine calls by worker and code",
+                                     ["worker", "code"], registry=r)
+        self.aborts = Counter("smg_engine_aborts", "Generations aborted on the engine, by reason", ["reason"],
+                              registry=r)
+        self._state_sources: list[Callable[[], Iterator[Any]]] = []
+        self.registry.register(_StateCollector(self._state_sources))
+
+    def add_state_source(self, source: Callable[[], Iterator[Any]]) -> None:
+        """A callable yielding metric families, read at scrape time."""
+        self._state_sources.append(source)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector:
+    def __init__(self, sources: list[Callable[[], Iterator[Any]]]) -> None:
+        self._sources = sources
+
+    def describe(self) -> list[Any]:
+        return []  # families vary with workers; describe lazily
+
+    def collect(self) -> Iterator[Any]:
+        for source in self._sources:
+            yield from source()
+
+
+def gauge(name: str, doc: str, labels: "list[str]", rows: "list[tuple[list[str], float]]") -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    for values, v in rows:
+        family.add_metric(values, v)
+    return family
+
+
+def counter(name: str, doc: str, labels: "list[str]", rows: "list[tuple[list[str], float]]") -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for values, v in rows:
+        family.add_metric(values, v)
+    return family

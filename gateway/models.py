@@ -1,0 +1,85 @@
+"""Which models the node serves, and the tokenizer and context length of each.
+
+A model appears when its first worker registers. Its tokenizer comes from
+``--tokenizer-path`` when given, else from the engine itself (``GetTokenizer``
+streams the engine's own files, so gateway and engine cannot disagree).
+Models served only by OpenAI-compatible HTTP workers need no tokenizer: their
+requests are proxied as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import trio
+
+from .engine.errors import EngineCallError
+from .tokenizer.service import TokenizerConfig, TokenizerLoadError, TokenizerService
+from .workers import Worker, WorkerError
+
+log = logging.getLogger("gateway.models")
+
+TOKENIZER_FETCH_TIMEOUT_S = 120.0
+
+
+@dataclasses.dataclass
+class ModelEntry:
+    name: str
+    tokenizer: TokenizerService | None
+    max_context_tokens: int | None
+    created: int
+
+
+class ModelCatalog:
+    def __init__(self, tokenizer_config: TokenizerConfig, tokenizer_path: Path | None,
+                 chat_template_path: Path | None) -> None:
+        self._tokenizer_config = tokenizer_config
+        self._tokenizer_path = tokenizer_path
+        self._chat_template_path = chat_template_path
+        self._local_tokenizer: TokenizerService | None = None
+        self._models: dict[str, ModelEntry] = {}
+        # One tokenizer fetch per model even when its workers register concurrently.
+        self._locks: dict[str, trio.Lock] = {}
+
+    def get(self, name: str) -> ModelEntry | None:
+        return self._models.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._models)
+
+    def local_tokenizer(self) -> TokenizerService | None:
+        """The tokenizer given on the command line, loaded once."""
+        if self._tokenizer_path is not None and self._local_tokenizer is None:
+            self._local_tokenizer = TokenizerService.from_directory(self._tokenizer_path, self._tokenizer_config,
+                                                                    self._chat_template_path)
+        return self._local_tokenizer
+
+    async def ensure(self, worker: Worker, created: int) -> None:
+        """Make sure every model of this worker has an entry (and a tokenizer if it needs one)."""
+        for name in worker.models:
+            entry = self._models.get(name)
+            if entry is None:
+                entry = self._models[name] = ModelEntry(name, None, worker.max_context_tokens, created)
+            if worker.max_context_tokens and not entry.max_context_tokens:
+                entry.max_context_tokens = worker.max_context_tokens
+            if worker.kind == "grpc" and entry.tokenizer is None:
+                async with self._locks.setdefault(name, trio.Lock()):
+                    if entry.tokenizer is None:
+                        entry.tokenizer = self.local_tokenizer() or await self._fetch(worker)
+
+    async def _fetch(self, worker: Worker) -> TokenizerService:
+        try:
+            bundle = await worker.client.fetch_tokenizer_bundle(TOKENIZER_FETCH_TIMEOUT_S)
+            service = TokenizerService.from_bundle(bundle, f"{worker.url} (GetTokenizer)", self._tokenizer_config,
+                                                   self._chat_template_path)
+        except (EngineCallError, TokenizerLoadError) as e:
+            raise WorkerError(f"no --tokenizer-path and {worker.url} did not provide its tokenizer: {e}",
+                              status=502) from None
+        log.info("tokenizer for %s fetched from %s", ",".join(worker.models), worker.url)
+        return service
+
+    def forget_unserved(self, served: set[str]) -> None:
+        for name in [n for n in self._models if n not in served]:
+            del self._models[name]

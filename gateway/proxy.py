@@ -1,0 +1,73 @@
+"""Relaying requests to OpenAI-compatible HTTP workers, as they are.
+
+Same routing, admission, retries and circuit breaking as gRPC engines; the
+body and the answer (streamed or not) pass through unchanged. A failure before
+the first byte of the answer is retried; after it, a streamed answer ends with
+an SSE error event (the client would otherwise wait on a silent stream).
+"""
+
+from __future__ import annotations
+
+import trio
+
+from .api.errors import UpstreamError, UpstreamTimeout, from_engine_error
+from .api.http import Request, sse_event
+from .engine.errors import EngineCallError
+from .generation import AttemptFailed, Generator
+from .routing.policies import RoutingRequest
+from .workers import Worker
+
+# Request headers a worker should see; everything else (cookies, our own routing headers) stays here.
+_FORWARD_HEADERS = (b"content-type", b"authorization", b"accept", b"openai-organization", b"openai-project")
+
+
+class HttpProxy:
+    def __init__(self, generator: Generator, admission, request_timeout_s: float) -> None:
+        self._generator = generator
+        self._admission = admission
+        self._timeout_s = request_timeout_s
+
+    async def forward(self, request: Request, body: bytes, model: str, path: str, stream: bool,
+                      routing: RoutingRequest) -> None:
+        headers = [(k, v) for k, v in request.headers.items() if k in _FORWARD_HEADERS]
+        headers.append((b"x-request-id", request.request_id.encode("latin-1")))
+
+        async def attempt(worker: Worker) -> None:
+            worker.begin_request()
+            relayed = False
+            try:
+                async with worker.client.forward(path, body, headers, self._timeout_s) as upstream:
+                    is_sse = any(k == b"content-type" and v.startswith(b"text/event-stream")
+                                 for k, v in upstream.headers)
+                    try:
+                        await request.start_stream(upstream.status, upstream.headers)
+                        relayed = True
+                        async for chunk in upstream.chunks():
+                            await request.send_chunk(chunk)
+                    except EngineCallError as e:
+                        if is_sse:
+                            await request.send_chunk(sse_event(from_engine_error(e).body()))
+                    await request.end_stream()
+            except EngineCallError as e:
+                if e.engine_fault:
+                    worker.breaker.record_failure(trio.current_time())
+                else:
+                    worker.breaker.release_probe()
+                if relayed:
+                    return
+                raise AttemptFailed(e) from None
+            except BaseException:
+                worker.breaker.release_probe()
+                raise
+            finally:
+                worker.end_request()
+            worker.breaker.record_success(trio.current_time())
+
+        async with self._admission.slot():
+            async with request.cancel_on_disconnect():
+                with trio.move_on_after(self._timeout_s) as timeout:
+                    await self._generator.with_retries(request.request_id, model, routing, "http", attempt)
+        if timeout.cancelled_caught and not request.response_started:
+            raise UpstreamTimeout("the worker did not answer within the request timeout", code="request_timeout")
+        if not request.response_started and not request.disconnected:
+            raise UpstreamError("the worker closed the connection without an answer", code="upstream_error")

@@ -1,0 +1,71 @@
+"""The approximate prefix tree of the ``cache_aware`` policy: what each engine probably caches.
+
+The gateway cannot see an engine's KV cache (without KV events), so it
+remembers what it sent where. A request's input is cut into blocks of
+``block_size`` units (token ids, or characters for HTTP workers that get text);
+block *i* is named by a hash chained over blocks 0..i, so one hash stands for a
+whole prefix and the set of hashes per engine is a prefix tree flattened. A
+lookup counts how many leading blocks of a request an engine holds; an insert
+records the request's blocks for the engine it was sent to.
+
+Memory is bounded per engine (``blocks_max``) with least-recently-used
+eviction: an engine evicts old prefixes too, so forgetting them is also the
+better guess. The hashes are Python's own (per process): this index is local.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+
+
+def chained_block_hashes(units: "Sequence[int] | str", block_size: int, blocks_max: int | None = None) -> list[int]:
+    """Hash of each full leading block, each chained over the blocks before it."""
+    count = len(units) // block_size
+    if blocks_max is not None:
+        count = min(count, blocks_max)
+    hashes: list[int] = []
+    parent = 0
+    for i in range(count):
+        block = units[i * block_size:(i + 1) * block_size]
+        parent = hash((parent, block if isinstance(block, str) else tuple(block)))
+        hashes.append(parent)
+    return hashes
+
+
+class ApproxPrefixIndex:
+    def __init__(self, block_size: int = 16, blocks_max_per_worker: int = 1 << 18) -> None:
+        self.block_size = block_size
+        self.blocks_max_per_worker = blocks_max_per_worker
+        self._trees: dict[str, "collections.OrderedDict[int, None]"] = {}
+
+    def matched_blocks(self, worker_id: str, hashes: "list[int]") -> int:
+        """Leading blocks of the request that this worker was sent before."""
+        tree = self._trees.get(worker_id)
+        if not tree or not hashes:
+            return 0
+        # Chained hashes: if block i is present, its whole prefix was sent; find the
+        # longest present prefix by binary search (LRU eviction may leave holes,
+        # which only make this an underestimate).
+        lo, hi = 0, len(hashes)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if hashes[mid - 1] in tree:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def insert(self, worker_id: str, hashes: "list[int]") -> None:
+        tree = self._trees.setdefault(worker_id, collections.OrderedDict())
+        for h in reversed(hashes):  # leaf first: parents end most recent, evicted last
+            tree[h] = None
+            tree.move_to_end(h)
+        while len(tree) > self.blocks_max_per_worker:
+            tree.popitem(last=False)
+
+    def size(self, worker_id: str) -> int:
+        return len(self._trees.get(worker_id, ()))
+
+    def remove_worker(self, worker_id: str) -> None:
+        self._trees.pop(worker_id, None)

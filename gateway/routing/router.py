@@ -1,0 +1,36 @@
+"""Picks the worker for one attempt: candidates from the registry, choice from the policy."""
+
+from __future__ import annotations
+
+import trio
+
+from ..api.errors import Unavailable
+from ..workers import Worker, WorkerRegistry
+from .policies import Policy, RoutingRequest
+
+
+class Router:
+    def __init__(self, registry: WorkerRegistry, policy: Policy) -> None:
+        self.registry = registry
+        self.policy = policy
+        registry.on_removed.append(policy.forget)
+
+    def select(self, model: str | None, request: RoutingRequest, exclude: "set[str]" = frozenset(),
+               kind: str | None = None) -> Worker:
+        """A worker (of this kind, if given) whose circuit admitted this attempt.
+
+        Raises Unavailable (503) if none can take it.
+        """
+        now = trio.current_time()
+        candidates = self.registry.candidates(model, now, kind)
+        if exclude and len(candidates) > 1:
+            # A retry prefers another worker, but falls back to the same one if it is the only one.
+            others = [w for w in candidates if w.id not in exclude]
+            candidates = others or candidates
+        while candidates:
+            worker = self.policy.choose(candidates, request)
+            if worker.breaker.acquire(now):
+                return worker
+            candidates = [w for w in candidates if w is not worker]
+        raise Unavailable("no healthy worker can serve this model right now", code="no_healthy_worker",
+                          retry_after_s=1)

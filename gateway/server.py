@@ -1,0 +1,209 @@
+"""Running a node's gateway: wiring the parts together, serving HTTP, shutting down gracefully.
+
+``serve_gateway(config, task_status=...)`` runs until cancelled or until
+``shutdown`` is triggered; ``task_status.started`` reports the bound HTTP
+address. SIGTERM/SIGINT (installed by ``run_gateway``): stop being ready,
+stop accepting, finish in-flight requests for up to the grace period, exit; a
+second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from .api.admission import Admission
+from .api.app import GatewayApp
+from .api.state import GatewayState
+from .config import GatewayConfig
+from .engine.bridge import GrpcBridge
+from .generation import Generator
+from .logs import setup_logging
+from .metrics import GatewayMetrics, counter, gauge
+from .models import ModelCatalog
+from .proxy import HttpProxy
+from .routing.policies import make_policy
+from .routing.router import Router
+from .workers import WorkerError, WorkerRegistry
+
+log = logging.getLogger("gateway.server")
+
+# Initial workers that cannot be reached are retried in the background, so a node
+# may start before its engines; the wait between tries grows to this.
+WORKER_RETRY_BACKOFF_MAX_S = 10.0
+
+
+@dataclasses.dataclass
+class RunningGateway:
+    """What ``serve_gateway`` reports once it listens."""
+
+    url: str  # http://host:port
+    state: GatewayState
+    shutdown: trio.Event  # set it to begin a graceful shutdown
+
+
+def _state_metrics(state: GatewayState) -> Iterator[Any]:
+    now = trio.current_time()
+    workers = state.registry.all()
+    yield gauge("smg_worker_healthy", "1 when the worker passes health checks", ["worker", "url"],
+                [([w.id, w.url], 1.0 if w.healthy else 0.0) for w in workers])
+    yield gauge("smg_circuit_breaker_state", "0 closed, 1 open, 2 half-open", ["worker"],
+                [([w.id], float(w.breaker.current_state(now).value)) for w in workers])
+    yield gauge("smg_worker_in_flight", "Requests this node has on the worker", ["worker"],
+                [([w.id], float(w.in_flight)) for w in workers])
+    yield gauge("smg_requests_running", "Generations holding an admission slot", [],
+                [([], float(state.admission.running))])
+    yield gauge("smg_requests_queued", "Requests waiting for an admission slot", [],
+                [([], float(state.admission.waiting))])
+    yield counter("smg_requests_rejected", "Requests refused by admission", ["reason"],
+                  [(["queue_full"], state.admission.rejected_queue_full),
+                   (["queue_timeout"], state.admission.rejected_queue_timeout)])
+    hits, misses = [], []
+    for name in state.catalog.names():
+        tokenizer = state.catalog.get(name).tokenizer
+        if tokenizer is None:
+            continue
+        stats = tokenizer.statistics()
+        for level in ("l0", "l1"):
+            hits.append(([name, level], stats[f"{level}_hits"]))
+            misses.append(([name, level], stats[f"{level}_misses"]))
+    yield counter("smg_tokenizer_cache_hits", "Tokenizer cache hits by level", ["model", "level"], hits)
+    yield counter("smg_tokenizer_cache_misses", "Tokenizer cache misses by level", ["model", "level"], misses)
+
+
+async def _register_initial(state: GatewayState, url: str, model: str | None) -> None:
+    delay = 0.5
+    while True:
+        try:
+            worker = await state.registry.add(url, model=model)
+            await state.catalog.ensure(worker, int(worker.registered_at))
+            state.ready = True
+            return
+        except WorkerError as e:
+            if e.status == 409:
+                return
+            log.warning("worker %s not registered yet: %s (retrying in %.1fs)", url, e, delay)
+        await trio.sleep(delay)
+        delay = min(delay * 2, WORKER_RETRY_BACKOFF_MAX_S)
+
+
+def _hypercorn_config(config: GatewayConfig) -> HypercornConfig:
+    hc = HypercornConfig()
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    hc.bind = [f"{host}:{config.port}"]
+    hc.graceful_timeout = config.shutdown_grace_period_s
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    hc.keep_alive_timeout = 75.0  # longer than nginx's and HAProxy's upstream keep-alive defaults
+    hc.backlog = 2048
+    hc.include_server_header = False
+    return hc
+
+
+async def serve_gateway(config: GatewayConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    metrics = GatewayMetrics()
+    bridge = GrpcBridge()
+    try:
+        limits = httpx2.Limits(max_connections=1024, max_keepalive_connections=256)
+        async with httpx2.AsyncClient(limits=limits, timeout=None) as http_client, \
+                trio.open_nursery() as nursery:
+            urls = list(config.worker_urls)
+            if config.sim_engines:
+                from chaos.sim_engine.launcher import start_sim_engine  # demo mode only
+                for _ in range(config.sim_engines):
+                    engine = await start_sim_engine(nursery, config.sim_engine_args)
+                    urls.append(engine.url)
+                    log.info("started simulated engine at %s", engine.url)
+            registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery)
+            catalog = ModelCatalog(config.tokenizer, config.tokenizer_path, config.chat_template)
+            router = Router(registry, make_policy(config.policy))
+            generator = Generator(router, config.retry, metrics, nursery, random.Random())
+            admission = Admission(config.admission)
+            proxy = HttpProxy(generator, admission, config.admission.request_timeout_s)
+            state = GatewayState(config, registry, catalog, router, generator, admission, metrics, proxy)
+            metrics.add_state_source(lambda: _state_metrics(state))
+            # Register the configured workers before serving when they answer; keep trying those that don't.
+            with trio.move_on_after(config.health.timeout_s * 2):
+                async with trio.open_nursery() as first:
+                    for url in urls:
+                        first.start_soon(_register_initial, state, url, config.model_path)
+            for url in urls:
+                if not any(w.url == url for w in registry.all()):
+                    nursery.start_soon(_register_initial, state, url, config.model_path)
+            if not urls:
+                state.ready = True  # no engines configured: ready is decided by workers added later
+
+            shutdown = trio.Event()
+            hc = _hypercorn_config(config)
+            if config.prometheus_port is not None:
+                nursery.start_soon(_serve_metrics_only, config, metrics)
+            app = GatewayApp(state, nursery)
+            binds = await nursery.start(lambda task_status: hypercorn_serve(
+                app, hc, shutdown_trigger=shutdown.wait, task_status=task_status))
+            url = binds[0]
+            log.info("smg-node gateway serving on %s (%d workers, policy %s)", url, len(registry),
+                     config.policy.name)
+            task_status.started(RunningGateway(url, state, shutdown))
+            await shutdown.wait()
+            state.shutting_down = True
+            # hypercorn drains its connections for up to graceful_timeout after the trigger;
+            # then everything else (health tasks, engines) is cancelled.
+            with trio.move_on_after(config.shutdown_grace_period_s + 1):
+                await admission.wait_idle()
+            nursery.cancel_scope.cancel()
+    finally:
+        await trio.to_thread.run_sync(bridge.close)
+
+
+async def _serve_metrics_only(config: GatewayConfig, metrics: GatewayMetrics) -> None:
+    """A second listener with only /metrics, for scrapers kept off the API port."""
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        if scope["path"] != "/metrics":
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        body = metrics.render()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/plain; version=0.0.4")]})
+        await send({"type": "http.response.body", "body": body})
+
+    hc = HypercornConfig()
+    hc.bind = [f"{config.prometheus_host}:{config.prometheus_port}"]
+    hc.accesslog = None
+    await hypercorn_serve(app, hc)
+
+
+def run_gateway(config: GatewayConfig) -> int:
+    """Blocking entry point of ``smg-node serve``: logging, signals, trio.run."""
+    setup_logging(config.log_level, config.log_json)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            async def serve_then_stop(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                await serve_gateway(config, task_status=task_status)
+                nursery.cancel_scope.cancel()  # drained: stop listening for signals too
+
+            running: RunningGateway = await nursery.start(serve_then_stop)
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    if running.shutdown.is_set():
+                        log.warning("second signal: exiting now")
+                        nursery.cancel_scope.cancel()
+                        return
+                    log.info("signal %s: draining for up to %.0fs", signal.Signals(signum).name,
+                             config.shutdown_grace_period_s)
+                    running.shutdown.set()
+
+    trio.run(main)
+    return 0

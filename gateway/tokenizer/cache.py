@@ -1,0 +1,142 @@
+"""The two tokenizer caches. Pure data structures: no tokenizer, no I/O, no threads.
+
+L0 (``ExactCache``): whole texts to their ids, an LRU bounded by entries. Hits
+when the same text comes again (retries, benchmarks, a fixed system prompt sent
+alone).
+
+L1 (``SegmentCache``): prefixes that end right after a special token (such as
+``<|im_end|>``). A tokenizer splits its input at added tokens before anything
+else, so the ids of text up to such a boundary do not depend on what follows:
+``ids(prefix + rest) == ids(prefix) + ids(rest)``. A conversation that grows
+turn by turn, or many requests sharing a long system prompt, then encode only
+what is new. The cache is a trie of segments (the text between two
+boundaries): walking it costs one dict lookup per segment, so finding the
+longest cached prefix is linear in the text, not quadratic. It is an LRU
+bounded by an estimate of its bytes; lookups touch a path from the leaf up, so
+parents are always newer than their children and eviction takes leaves first.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import sys
+from array import array
+
+# Rough per-node overhead of the dict entry, the node object and the key tuple.
+_NODE_OVERHEAD_BYTES = 200
+
+
+class ExactCache:
+    def __init__(self, entries_max: int) -> None:
+        self.entries_max = entries_max
+        self._entries: "collections.OrderedDict[tuple[str, bool], tuple[int, ...]]" = collections.OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, text: str, add_special_tokens: bool) -> "tuple[int, ...] | None":
+        if self.entries_max <= 0:
+            return None
+        key = (text, add_special_tokens)
+        ids = self._entries.get(key)
+        if ids is None:
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return ids
+
+    def put(self, text: str, add_special_tokens: bool, ids: "tuple[int, ...]") -> None:
+        if self.entries_max <= 0:
+            return
+        self._entries[(text, add_special_tokens)] = ids
+        self._entries.move_to_end((text, add_special_tokens))
+        while len(self._entries) > self.entries_max:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+@dataclasses.dataclass
+class _Segment:
+    node_id: int
+    ids: array
+    size_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentMatch:
+    chars: int  # how many leading characters of the text the cached ids cover
+    ids: list[int]
+    segments: int
+    parent_node_id: int  # node to attach further segments to
+
+
+class SegmentCache:
+    # Root node ids: texts encoded with and without the tokenizer's added special
+    # tokens (a BOS, say) have different first segments, so they get separate roots.
+    ROOT_PLAIN = 0
+    ROOT_WITH_SPECIAL = -1
+
+    def __init__(self, bytes_max: int) -> None:
+        self.bytes_max = bytes_max
+        self._nodes: "collections.OrderedDict[tuple[int, str], _Segment]" = collections.OrderedDict()
+        self._next_node_id = 1
+        self.size_bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.hit_chars = 0
+
+    def root(self, add_special_tokens: bool) -> int:
+        return self.ROOT_WITH_SPECIAL if add_special_tokens else self.ROOT_PLAIN
+
+    def longest_prefix(self, segments: "list[str]", add_special_tokens: bool) -> SegmentMatch:
+        """Longest run of leading segments that is cached, and their ids."""
+        parent = self.root(add_special_tokens)
+        ids: list[int] = []
+        chars = 0
+        path: list[tuple[int, str]] = []
+        for segment in segments:
+            key = (parent, segment)
+            node = self._nodes.get(key)
+            if node is None:
+                break
+            ids.extend(node.ids)
+            chars += len(segment)
+            path.append(key)
+            parent = node.node_id
+        for key in reversed(path):  # leaf first, so ancestors end up most recent
+            self._nodes.move_to_end(key)
+        if path:
+            self.hits += 1
+            self.hit_chars += chars
+        else:
+            self.misses += 1
+        return SegmentMatch(chars=chars, ids=ids, segments=len(path), parent_node_id=parent)
+
+    def insert(self, parent_node_id: int, segments: "list[str]", segment_ids: "list[list[int]]") -> None:
+        """Cache segments (each with its ids) as a chain below ``parent_node_id``."""
+        if self.bytes_max <= 0:
+            return
+        parent = parent_node_id
+        keys: list[tuple[int, str]] = []
+        for segment, ids in zip(segments, segment_ids):
+            key = (parent, segment)
+            node = self._nodes.get(key)
+            if node is None:
+                size = _NODE_OVERHEAD_BYTES + sys.getsizeof(segment) + 4 * len(ids)
+                node = _Segment(self._next_node_id, array("I", ids), size)
+                self._next_node_id += 1
+                self._nodes[key] = node
+                self.size_bytes += size
+            keys.append(key)
+            parent = node.node_id
+        for key in reversed(keys):
+            self._nodes.move_to_end(key)
+        while self.size_bytes > self.bytes_max and self._nodes:
+            _, evicted = self._nodes.popitem(last=False)
+            self.size_bytes -= evicted.size_bytes
+
+    def __len__(self) -> int:
+        return len(self._nodes)

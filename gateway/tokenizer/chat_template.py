@@ -1,0 +1,69 @@
+"""Chat templates: the Jinja2 program in tokenizer_config.json, rendered in a sandbox.
+
+A template comes from a model's files, which an operator may not have read, so
+it runs in Jinja2's ``ImmutableSandboxedEnvironment`` (no attribute access to
+internals, no mutation of our objects). The environment matches what Hugging
+Face ``transformers`` gives templates (``trim_blocks``, ``lstrip_blocks``,
+``loopcontrols``, ``tojson`` without ASCII escaping, ``raise_exception``,
+``strftime_now``), since real templates depend on exactly these.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class TemplateError(Exception):
+    """The template failed on these messages (it raised, or it is broken)."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
+@functools.lru_cache(maxsize=16)
+def _compile(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+class ChatTemplate:
+    def __init__(self, source: str, special_tokens: dict[str, str | None]) -> None:
+        try:
+            self._template = _compile(source)
+        except jinja2.TemplateSyntaxError as e:
+            raise ValueError(f"chat template does not compile: {e}") from e
+        self.source = source
+        # bos_token, eos_token, ... as templates expect them in their context.
+        self._special = special_tokens
+
+    def render(self, messages: "list[dict[str, Any]]", *, add_generation_prompt: bool = True,
+               tools: "list[dict[str, Any]] | None" = None, **kwargs: Any) -> str:
+        try:
+            return self._template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                         **self._special, **kwargs)
+        except TemplateError:
+            raise
+        except jinja2.exceptions.SecurityError as e:
+            raise TemplateError(f"chat template tried something the sandbox forbids: {e}") from e
+        except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+            raise TemplateError(f"chat template failed on these messages: {e}") from e

@@ -1,0 +1,298 @@
+"""The tokenizer service: a Hugging Face tokenizer, its chat template, and the caches.
+
+Loads ``tokenizer.json`` plus ``tokenizer_config.json`` from a directory, or
+from the zip bundle an engine streams with ``GetTokenizer``.
+
+Encoding stays off the trio event loop for anything but short texts:
+``Tokenizer.encode`` holds the GIL for the whole call (a 7,800-token prompt
+freezes the loop for ~30-45 ms), ``encode_batch([text])`` releases it, so long
+texts go to a worker thread through ``encode_batch``. Texts under
+``inline_chars_max`` characters cost tens of microseconds, less than the
+thread hand-off, and are encoded inline.
+
+Both caches are consulted on the event loop thread only (they are plain
+dicts); only the encode itself runs in the worker thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import json
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+import trio
+from tokenizers.decoders import DecodeStream
+
+from .cache import ExactCache, SegmentCache
+from .chat_template import ChatTemplate
+
+# Files we read from a bundle, and how big each may be (a bundle comes from an engine,
+# i.e. from outside: a zip bomb must not take the node down).
+_BUNDLE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.json", "chat_template.jinja",
+                 "generation_config.json")
+BUNDLE_FILE_BYTES_MAX = 128 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerConfig:
+    # L0: exact texts. SMG's default is 10,000 entries; each entry holds its text
+    # and ids, so the worst case is entries x (longest prompt): 4,096 x 32k-token
+    # prompts would be ~1 GB, typical chat traffic a few MB.
+    l0_entries_max: int = 4096
+    # L1: prefixes at special-token boundaries, bounded by an estimate of bytes.
+    # 64 MiB holds ~2 M cached tokens of prefix.
+    l1_bytes_max: int = 64 * 1024 * 1024
+    # Texts shorter than this are encoded on the event loop: ~30 us for 40
+    # characters, ~1.5 ms for 2,000; longer ones go to a worker thread.
+    inline_chars_max: int = 2048
+    # Worker threads encoding at once (encode_batch releases the GIL, so these
+    # run truly in parallel). 0 means one per core.
+    encode_threads: int = 0
+
+
+class TokenizerLoadError(Exception):
+    """The tokenizer files are missing or unusable."""
+
+
+def _read_bundle(zip_bytes: bytes) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    try:
+        with zipfile.ZipFile(io.BytesIO(zip_bytes)) as zf:
+            for info in zf.infolist():
+                name = Path(info.filename).name
+                if name not in _BUNDLE_FILES or info.is_dir():
+                    continue
+                if info.file_size > BUNDLE_FILE_BYTES_MAX:
+                    raise TokenizerLoadError(f"{name} in the tokenizer bundle is {info.file_size} bytes; too large")
+                files[name] = zf.read(info)
+    except zipfile.BadZipFile as e:
+        raise TokenizerLoadError(f"tokenizer bundle is not a zip file: {e}") from e
+    if "tokenizer.json" not in files:
+        raise TokenizerLoadError("tokenizer bundle has no tokenizer.json")
+    return files
+
+
+def _read_directory(path: Path) -> dict[str, bytes]:
+    if not (path / "tokenizer.json").is_file():
+        raise TokenizerLoadError(f"{path} has no tokenizer.json")
+    return {name: (path / name).read_bytes() for name in _BUNDLE_FILES if (path / name).is_file()}
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class TokenizerService:
+    def __init__(self, files: dict[str, bytes], source: str, config: TokenizerConfig = TokenizerConfig(),
+                 chat_template_override: str | None = None) -> None:
+        self.source = source
+        self.config = config
+        try:
+            self.tokenizer = tokenizers.Tokenizer.from_str(files["tokenizer.json"].decode("utf-8"))
+        except Exception as e:  # the Rust side raises plain Exception on a malformed file
+            raise TokenizerLoadError(f"cannot load tokenizer.json from {source}: {e}") from e
+        tokenizer_config: dict[str, Any] = {}
+        if "tokenizer_config.json" in files:
+            tokenizer_config = json.loads(files["tokenizer_config.json"])
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+        special = {name: _token_text(tokenizer_config.get(name))
+                   for name in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        self.eos_token_ids = self._eos_ids(special["eos_token"], files)
+        self.special_token_ids = frozenset(
+            i for i, t in self.tokenizer.get_added_tokens_decoder().items()
+            if t.special)
+
+        template_source = chat_template_override or self._template_source(tokenizer_config, files)
+        self.chat_template = ChatTemplate(template_source, special) if template_source else None
+
+        self._l0 = ExactCache(config.l0_entries_max)
+        self._l1 = SegmentCache(config.l1_bytes_max)
+        self._boundary = self._boundary_pattern()
+        self._l1_with_special = self._special_tokens_only_prepended()
+        threads = config.encode_threads or max(1, len(os.sched_getaffinity(0)))
+        self._limiter = trio.CapacityLimiter(threads)
+        self.encoded_chars = 0
+
+    # -- loading ----------------------------------------------------------
+
+    @classmethod
+    def from_directory(cls, path: Path, config: TokenizerConfig = TokenizerConfig(),
+                       chat_template_path: Path | None = None) -> "TokenizerService":
+        override = chat_template_path.read_text(encoding="utf-8") if chat_template_path else None
+        return cls(_read_directory(Path(path)), str(path), config, override)
+
+    @classmethod
+    def from_bundle(cls, zip_bytes: bytes, source: str, config: TokenizerConfig = TokenizerConfig(),
+                    chat_template_path: Path | None = None) -> "TokenizerService":
+        override = chat_template_path.read_text(encoding="utf-8") if chat_template_path else None
+        return cls(_read_bundle(zip_bytes), source, config, override)
+
+    @staticmethod
+    def _template_source(tokenizer_config: dict[str, Any], files: dict[str, bytes]) -> str | None:
+        if "chat_template.jinja" in files:
+            return files["chat_template.jinja"].decode("utf-8")
+        template = tokenizer_config.get("chat_template")
+        if template is None and "chat_template.json" in files:
+            template = json.loads(files["chat_template.json"]).get("chat_template")
+        if isinstance(template, list):  # named templates: use "default"
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default") or next(iter(named.values()), None)
+        return template if isinstance(template, str) else None
+
+    def _eos_ids(self, eos_text: str | None, files: dict[str, bytes]) -> frozenset[int]:
+        ids: set[int] = set()
+        if eos_text:
+            eos_id = self.tokenizer.token_to_id(eos_text)
+            if eos_id is not None:
+                ids.add(eos_id)
+        if "generation_config.json" in files:
+            value = json.loads(files["generation_config.json"]).get("eos_token_id")
+            ids.update(value if isinstance(value, list) else [value] if isinstance(value, int) else [])
+        return frozenset(ids)
+
+    def _boundary_pattern(self) -> "re.Pattern[str] | None":
+        """Special tokens after which the text can be cut without changing the ids.
+
+        Tokens that strip neighbouring whitespace (lstrip/rstrip) would take
+        characters from the next segment, so they are not boundaries.
+        """
+        texts = [t.content for t in self.tokenizer.get_added_tokens_decoder().values()
+                 if t.special and not t.lstrip and not t.rstrip and not t.single_word and t.content]
+        if not texts:
+            return None
+        return re.compile("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)))
+
+    def _special_tokens_only_prepended(self) -> bool:
+        """True when add_special_tokens only puts ids in front (a BOS), never after.
+
+        A post-processor that appends (an EOS, a [SEP]) would put ids after
+        every cached prefix too, so L1 is used for add_special_tokens=True
+        only when appending is impossible.
+        """
+        plain = self.tokenizer.encode("a b", add_special_tokens=False).ids
+        with_special = self.tokenizer.encode("a b", add_special_tokens=True).ids
+        return with_special[len(with_special) - len(plain):] == plain
+
+    # -- encoding ---------------------------------------------------------
+
+    def _segments(self, text: str) -> list[str]:
+        """Text cut right after each boundary token; the last piece is the tail."""
+        if self._boundary is None:
+            return [text]
+        cuts = [m.end() for m in self._boundary.finditer(text)]
+        pieces: list[str] = []
+        start = 0
+        for cut in cuts:
+            pieces.append(text[start:cut])
+            start = cut
+        pieces.append(text[start:])
+        return pieces
+
+    def _encode_raw(self, text: str, add_special_tokens: bool) -> tokenizers.Encoding:
+        return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+
+    async def _encode_off_loop(self, text: str, add_special_tokens: bool) -> tokenizers.Encoding:
+        if len(text) < self.config.inline_chars_max:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return await trio.to_thread.run_sync(self._encode_raw, text, add_special_tokens, limiter=self._limiter)
+
+    async def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``, through L0 then L1; identical to an uncached encode."""
+        cached = self._l0.get(text, add_special_tokens)
+        if cached is not None:
+            return list(cached)
+        self.encoded_chars += len(text)
+        use_l1 = self._boundary is not None and self._l1.bytes_max > 0 and (
+            not add_special_tokens or self._l1_with_special)
+        if not use_l1:
+            ids = (await self._encode_off_loop(text, add_special_tokens)).ids
+        else:
+            ids = await self._encode_with_segments(text, add_special_tokens)
+        self._l0.put(text, add_special_tokens, tuple(ids))
+        return ids
+
+    async def _encode_with_segments(self, text: str, add_special_tokens: bool) -> list[int]:
+        segments = self._segments(text)
+        complete = segments[:-1]  # each ends with a boundary token; the tail may still grow
+        match = self._l1.longest_prefix(complete, add_special_tokens)
+        rest_text = text[match.chars:]
+        # Special tokens (a BOS) belong to the start of the text, already in the cached ids.
+        rest_special = add_special_tokens and match.chars == 0
+        encoding = await self._encode_off_loop(rest_text, rest_special)
+        rest_ids = encoding.ids
+        new_segments = complete[match.segments:]
+        if new_segments:
+            self._l1.insert(match.parent_node_id, new_segments,
+                            self._split_ids(rest_ids, encoding.offsets, new_segments))
+        return match.ids + rest_ids
+
+    @staticmethod
+    def _split_ids(ids: "list[int]", offsets: "list[tuple[int, int]]", segments: "list[str]") -> list[list[int]]:
+        """Ids of each segment, assigned by the character offsets of each token."""
+        out: list[list[int]] = []
+        start = 0
+        boundary = 0
+        for segment in segments:
+            boundary += len(segment)
+            end = start
+            while end < len(ids) and offsets[end][1] <= boundary:
+                end += 1
+            out.append(list(ids[start:end]))
+            start = end
+        return out
+
+    def encode_uncached(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Plain encode without caches: for tests and the /v1/tokenize reference path."""
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    # -- decoding ---------------------------------------------------------
+
+    def decode(self, ids: "list[int]", skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def new_decode_stream(self, skip_special_tokens: bool = True) -> "IncrementalDecoder":
+        return IncrementalDecoder(self.tokenizer, skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.tokenizer.id_to_token(token_id)
+
+    # -- statistics -------------------------------------------------------
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "l0_hits": self._l0.hits, "l0_misses": self._l0.misses, "l0_entries": len(self._l0),
+            "l1_hits": self._l1.hits, "l1_misses": self._l1.misses, "l1_nodes": len(self._l1),
+            "l1_bytes": self._l1.size_bytes, "l1_hit_chars": self._l1.hit_chars, "encoded_chars": self.encoded_chars,
+        }
+
+
+class IncrementalDecoder:
+    """Text from token ids as they arrive, never splitting a UTF-8 character.
+
+    ``tokenizers``' ``DecodeStream`` holds back ids until they decode to whole
+    characters (byte-level BPE spreads an emoji over several tokens), so each
+    piece of text it returns is final.
+    """
+
+    def __init__(self, tokenizer: tokenizers.Tokenizer, skip_special_tokens: bool) -> None:
+        self._tokenizer = tokenizer
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+
+    def step(self, ids: "list[int] | tuple[int, ...]") -> str:
+        if not ids:
+            return ""
+        try:
+            text = self._stream.step(self._tokenizer, list(ids))
+        except Exception:  # an id the vocabulary does not have: decode what we can, skip the rest
+            text = "".join(self._stream.step(self._tokenizer, i) or "" for i in ids
+                           if self._tokenizer.id_to_token(i) is not None)
+        return text or ""

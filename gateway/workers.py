@@ -1,0 +1,271 @@
+"""The node's workers (engines): registration, health checking, load polling, draining.
+
+The registry decides which workers exist and their health; routing policies
+only read ``Worker`` objects through ``candidates()``. Each worker has one
+health task in the registry's nursery: every ``interval_s`` it asks the
+engine's HealthCheck (gRPC) or GET ``endpoint`` (HTTP), and, for gRPC engines,
+GetLoads. ``failure_threshold`` consecutive failed checks mark it unhealthy,
+``success_threshold`` consecutive good ones healthy again.
+
+Removal drains: the worker leaves routing at once, its running requests
+finish, then its connection is closed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import time
+import urllib.parse
+from typing import Any
+
+import httpx2
+import trio
+
+from .engine.bridge import GrpcBridge
+from .engine.errors import EngineCallError
+from .engine.grpc_engine import EngineLoad, GrpcEngineClient
+from .engine.http_worker import HttpWorkerClient
+from .routing.breaker import BreakerConfig, CircuitBreaker
+
+log = logging.getLogger("gateway.workers")
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthConfig:
+    enabled: bool = True
+    # smg's defaults are 3 / 2 / 5 s / 60 s; we check every 5 s: a dead engine
+    # leaves routing in ~15 s instead of ~3 min, at the cost of one tiny RPC per
+    # engine every 5 s.
+    failure_threshold: int = 3
+    success_threshold: int = 2
+    timeout_s: float = 5.0
+    interval_s: float = 5.0
+    endpoint: str = "/health"  # HTTP workers only
+    # GetLoads poll for the load-aware policies (gRPC engines).
+    load_interval_s: float = 1.0
+
+
+class WorkerError(Exception):
+    """Registration failed: bad URL, duplicate, or the worker could not be reached."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def worker_id_for(url: str) -> str:
+    """A stable id from the URL: the same worker has the same id on every node."""
+    return "w-" + hashlib.blake2b(url.encode(), digest_size=6).hexdigest()
+
+
+def parse_worker_url(url: str) -> tuple[str, str]:
+    """(kind, target): ("grpc", "host:port") or ("http", "http://host:port")."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme == "grpc":
+        if not parsed.hostname or not parsed.port:
+            raise WorkerError(f"gRPC worker URL needs host and port: {url!r}")
+        host = f"[{parsed.hostname}]" if ":" in parsed.hostname else parsed.hostname
+        return "grpc", f"{host}:{parsed.port}"
+    if parsed.scheme in ("http", "https"):
+        if not parsed.hostname:
+            raise WorkerError(f"HTTP worker URL needs a host: {url!r}")
+        return "http", url.rstrip("/")
+    raise WorkerError(f"worker URL must start with grpc://, http:// or https://: {url!r}")
+
+
+class Worker:
+    def __init__(self, url: str, kind: str, client: Any, models: "tuple[str, ...]", max_context_tokens: int | None,
+                 breaker: CircuitBreaker, labels: dict[str, str]) -> None:
+        self.id = worker_id_for(url)
+        self.url = url
+        self.kind = kind  # "grpc" or "http"
+        self.client = client  # GrpcEngineClient or HttpWorkerClient
+        self.runtime = client.runtime.name if kind == "grpc" else "openai"
+        self.models = models
+        self.max_context_tokens = max_context_tokens
+        self.breaker = breaker
+        self.labels = labels
+        self.healthy = True
+        self.draining = False
+        self.in_flight = 0
+        self.engine_load: EngineLoad | None = None
+        self._in_flight_at_poll = 0
+        self.health_failures = 0
+        self.health_successes = 0
+        self.registered_at = time.time()
+        self.idle = trio.Event()  # set whenever in_flight is 0
+        self.idle.set()
+        self.cancel_scope: trio.CancelScope | None = None
+
+    def load_score(self) -> int:
+        if self.engine_load is None:
+            return self.in_flight
+        started_since_poll = max(0, self.in_flight - self._in_flight_at_poll)
+        return self.engine_load.running + self.engine_load.waiting + started_since_poll
+
+    def set_engine_load(self, load: EngineLoad) -> None:
+        self.engine_load = load
+        self._in_flight_at_poll = self.in_flight
+
+    def begin_request(self) -> None:
+        self.in_flight += 1
+        if self.idle.is_set():
+            self.idle = trio.Event()
+
+    def end_request(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.idle.set()
+
+    def available(self, now: float) -> bool:
+        return self.healthy and not self.draining and self.breaker.allows(now)
+
+    def describe(self, now: float) -> dict[str, Any]:
+        return {
+            "id": self.id, "url": self.url, "kind": self.kind, "runtime": self.runtime, "models": list(self.models),
+            "healthy": self.healthy, "draining": self.draining, "in_flight": self.in_flight,
+            "circuit_state": self.breaker.current_state(now).name.lower(),
+            "load": dataclasses.asdict(self.engine_load) if self.engine_load else None,
+            "labels": self.labels, "max_context_tokens": self.max_context_tokens,
+        }
+
+
+class WorkerRegistry:
+    def __init__(self, bridge: GrpcBridge, http_client: httpx2.AsyncClient, health: HealthConfig,
+                 breaker: BreakerConfig, nursery: trio.Nursery) -> None:
+        self._bridge = bridge
+        self._http = http_client
+        self.health_config = health
+        self.breaker_config = breaker
+        self._nursery = nursery
+        self._workers: dict[str, Worker] = {}
+        self.on_removed: list[Any] = []  # callbacks(worker_id): policies forget what they learnt
+        self.changed = trio.Event()
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def get(self, worker_id: str) -> Worker | None:
+        return self._workers.get(worker_id)
+
+    def all(self) -> list[Worker]:
+        return list(self._workers.values())
+
+    def candidates(self, model: str | None, now: float, kind: str | None = None) -> list[Worker]:
+        return [w for w in self._workers.values()
+                if w.available(now) and (model is None or model in w.models) and (kind is None or w.kind == kind)]
+
+    def models(self) -> dict[str, list[Worker]]:
+        out: dict[str, list[Worker]] = {}
+        for w in self._workers.values():
+            if w.draining:
+                continue
+            for m in w.models:
+                out.setdefault(m, []).append(w)
+        return out
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def add(self, url: str, labels: dict[str, str] | None = None, model: str | None = None) -> Worker:
+        kind, target = parse_worker_url(url)
+        wid = worker_id_for(url)
+        if wid in self._workers and not self._workers[wid].draining:
+            raise WorkerError(f"worker {url} is already registered as {wid}", status=409)
+        timeout_s = self.health_config.timeout_s
+        try:
+            if kind == "grpc":
+                client: Any = await GrpcEngineClient.detect(self._bridge, target, timeout_s)
+                info = await client.model_info(timeout_s)
+                models = (model or info.served_model_name,)
+                context = info.max_context_tokens or None
+            else:
+                client = HttpWorkerClient(target, self._http)
+                models = (model,) if model else tuple(await client.models(timeout_s))
+                context = None
+        except EngineCallError as e:
+            raise WorkerError(f"cannot reach worker {url}: {e}", status=502 if e.code != "UNIMPLEMENTED" else 400) \
+                from None
+        if not models:
+            raise WorkerError(f"worker {url} serves no model", status=400)
+        worker = Worker(url, kind, client, models, context, CircuitBreaker(self.breaker_config), labels or {})
+        self._workers[wid] = worker
+        if self.health_config.enabled:
+            self._nursery.start_soon(self._watch, worker)
+        log.info("worker %s added: %s %s models=%s", wid, kind, url, ",".join(models))
+        self._notify()
+        return worker
+
+    async def remove(self, worker_id: str, drain_timeout_s: float = 300.0) -> Worker:
+        """Take the worker out of routing now; forget it once its requests finished."""
+        worker = self._workers.get(worker_id)
+        if worker is None or worker.draining:
+            raise WorkerError(f"no worker {worker_id}", status=404)
+        worker.draining = True
+        self._notify()
+        self._nursery.start_soon(self._drain, worker, drain_timeout_s)
+        return worker
+
+    async def _drain(self, worker: Worker, timeout_s: float) -> None:
+        with trio.move_on_after(timeout_s):
+            await worker.idle.wait()
+        if worker.cancel_scope is not None:
+            worker.cancel_scope.cancel()
+        if self._workers.get(worker.id) is worker:
+            del self._workers[worker.id]
+        for callback in self.on_removed:
+            callback(worker.id)
+        if worker.kind == "grpc":
+            try:
+                await self._bridge.close_channel(worker.client.target)
+            except EngineCallError:
+                pass  # already closed: nothing left to release
+        log.info("worker %s removed (%d requests still running)", worker.id, worker.in_flight)
+        self._notify()
+
+    async def _watch(self, worker: Worker) -> None:
+        cfg = self.health_config
+        with trio.CancelScope() as scope:
+            worker.cancel_scope = scope
+            next_health = trio.current_time()
+            while True:
+                now = trio.current_time()
+                if now >= next_health:
+                    await self._check_health(worker)
+                    next_health = now + cfg.interval_s
+                if worker.kind == "grpc" and worker.healthy and cfg.load_interval_s > 0:
+                    try:
+                        worker.set_engine_load(await worker.client.loads(cfg.timeout_s))
+                    except EngineCallError:
+                        worker.engine_load = None  # unknown: policies fall back to our own count
+                    await trio.sleep(min(cfg.load_interval_s, max(0.0, next_health - trio.current_time())))
+                else:
+                    await trio.sleep_until(next_health)
+
+    async def _check_health(self, worker: Worker) -> None:
+        cfg = self.health_config
+        try:
+            if worker.kind == "grpc":
+                ok = await worker.client.health(cfg.timeout_s)
+            else:
+                ok = await worker.client.health(cfg.timeout_s, cfg.endpoint)
+        except EngineCallError as e:
+            ok = False
+            log.debug("health check of %s failed: %s", worker.id, e)
+        if ok:
+            worker.health_failures = 0
+            worker.health_successes += 1
+            if not worker.healthy and worker.health_successes >= cfg.success_threshold:
+                worker.healthy = True
+                log.info("worker %s is healthy again", worker.id)
+                self._notify()
+        else:
+            worker.health_successes = 0
+            worker.health_failures += 1
+            if worker.healthy and worker.health_failures >= cfg.failure_threshold:
+                worker.healthy = False
+                log.warning("worker %s is unhealthy after %d failed checks", worker.id, worker.health_failures)
+                self._notify()
