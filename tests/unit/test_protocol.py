@@ -1,0 +1,73 @@
+"""Request validation: every bad input gets a 400 naming the parameter."""
+
+import pytest
+
+from gateway.api.errors import BadRequest
+from gateway.api.protocol import parse_chat, parse_completion, parse_generate, parse_json_body
+
+OK = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": OK["messages"]}, "model"),
+    ({"model": "m"}, "messages"),
+    ({"model": "m", "messages": []}, "messages"),
+    ({"model": 3, "messages": OK["messages"]}, "model"),
+    ({**OK, "messages": ["hi"]}, "messages[0]"),
+    ({**OK, "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ({**OK, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({**OK, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content"),
+    ({**OK, "max_tokens": 0}, "max_tokens"),
+    ({**OK, "max_tokens": "10"}, "max_tokens"),
+    ({**OK, "max_tokens": True}, "max_tokens"),
+    ({**OK, "temperature": 3}, "temperature"),
+    ({**OK, "top_p": 0}, "top_p"),
+    ({**OK, "top_k": 0}, "top_k"),
+    ({**OK, "n": 2}, "n"),
+    ({**OK, "stop": 5}, "stop"),
+    ({**OK, "stop": ["a"] * 17}, "stop"),
+    ({**OK, "stream": "yes"}, "stream"),
+    ({**OK, "logprobs": True}, "logprobs"),
+    ({**OK, "response_format": {"type": "json_object"}}, "response_format"),
+    ({**OK, "seed": 2 ** 64}, "seed"),
+])
+def test_bad_chat_requests_name_the_parameter(body, param):
+    with pytest.raises(BadRequest) as e:
+        parse_chat(body)
+    assert e.value.param == param and e.value.status == 400
+
+
+def test_good_chat_request_parses():
+    chat = parse_chat({**OK, "max_completion_tokens": 7, "stop": "x", "stream": True,
+                       "stream_options": {"include_usage": True},
+                       "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"},
+                                                                      {"type": "text", "text": "b"}]}]})
+    assert chat.sampling.max_tokens == 7 and chat.sampling.stop == ("x",)
+    assert chat.include_usage and chat.messages == [{"role": "system", "content": "ab"}]
+
+
+@pytest.mark.parametrize("raw, code", [(b"{", "invalid_json"), (b"[1]", "invalid_json"),
+                                       (b'{"a": "\xff"}', "invalid_encoding")])
+def test_malformed_bodies(raw, code):
+    with pytest.raises(BadRequest) as e:
+        parse_json_body(raw)
+    assert e.value.code == code
+
+
+def test_completion_prompt_forms():
+    assert parse_completion({"model": "m", "prompt": "x"}).prompt_text == "x"
+    assert parse_completion({"model": "m", "prompt": [1, 2]}).prompt_ids == (1, 2)
+    assert parse_completion({"model": "m", "prompt": [[1, 2]]}).prompt_ids == (1, 2)
+    assert parse_completion({"model": "m", "prompt": "x"}).sampling.max_tokens == 16
+    for bad in ("", [], ["a", "b"], [-1], 5, None):
+        with pytest.raises(BadRequest):
+            parse_completion({"model": "m", "prompt": bad})
+
+
+def test_generate_needs_exactly_one_input():
+    assert parse_generate({"text": "x", "sampling_params": {"max_new_tokens": 3}}).sampling.max_tokens == 3
+    assert parse_generate({"input_ids": [1, 2]}).input_ids == (1, 2)
+    for bad in ({}, {"text": "x", "input_ids": [1]}, {"text": ""}, {"input_ids": ["a"]}):
+        with pytest.raises(BadRequest):
+            parse_generate(bad)

@@ -1,0 +1,141 @@
+"""Tokenizer service: cached ids identical to uncached on real texts; caches bounded."""
+
+import json
+import random
+
+import pytest
+
+from gateway.tokenizer.chat_template import ChatTemplate, TemplateError
+from gateway.tokenizer.service import TokenizerConfig, TokenizerService
+
+from .transcripts import MULTILINGUAL, dumps, real_texts, transcripts
+
+
+def load(qwen_dir, post_processor=None, **config) -> TokenizerService:
+    files = {name: (qwen_dir / name).read_bytes() for name in ("tokenizer.json", "tokenizer_config.json")}
+    if post_processor is not None:
+        tok = json.loads(files["tokenizer.json"])
+        tok["post_processor"] = post_processor
+        files["tokenizer.json"] = json.dumps(tok).encode()
+    return TokenizerService(files, str(qwen_dir), TokenizerConfig(**config))
+
+
+BOS_PREPEND = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                                                         {"Sequence": {"id": "A", "type_id": 0}}],
+               "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+               "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [151643],
+                                                    "tokens": ["<|endoftext|>"]}}}
+EOS_APPEND = {**BOS_PREPEND, "single": [{"Sequence": {"id": "A", "type_id": 0}},
+                                        {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}]}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_cached_ids_equal_uncached_on_growing_transcripts(qwen_dir, seed):
+    svc = load(qwen_dir, inline_chars_max=512)  # long texts also take the worker-thread path
+    for messages in transcripts(seed, count=4):
+        for turn in range(1, len(messages) + 1):
+            text = svc.chat_template.render(messages[:turn], add_generation_prompt=True)
+            assert await svc.encode(text) == svc.encode_uncached(text), f"seed={seed} {dumps(messages[:turn])}"
+    stats = svc.statistics()
+    assert stats["l1_hits"] > 0 and stats["l1_hit_chars"] > 0
+
+
+@pytest.mark.parametrize("add_special", [False, True])
+async def test_bos_prepending_tokenizer_keeps_ids_identical(qwen_dir, add_special):
+    svc = load(qwen_dir, post_processor=BOS_PREPEND)
+    assert svc._l1_with_special
+    for messages in transcripts(7, count=3):
+        for turn in range(1, len(messages) + 1):
+            text = svc.chat_template.render(messages[:turn], add_generation_prompt=True)
+            expected = svc.encode_uncached(text, add_special_tokens=add_special)
+            assert await svc.encode(text, add_special_tokens=add_special) == expected
+    if add_special:
+        assert (await svc.encode("hi", add_special_tokens=True))[0] == 151643
+
+
+async def test_appending_post_processor_disables_l1_for_special_tokens(qwen_dir):
+    svc = load(qwen_dir, post_processor=EOS_APPEND)
+    assert not svc._l1_with_special
+    text = svc.chat_template.render([{"role": "user", "content": "x"}], add_generation_prompt=True)
+    assert await svc.encode(text, add_special_tokens=True) == svc.encode_uncached(text, add_special_tokens=True)
+    assert await svc.encode(text + "y", add_special_tokens=True) == svc.encode_uncached(text + "y", True)
+
+
+async def test_l0_returns_the_same_ids_and_is_bounded_by_entries(qwen_dir):
+    svc = load(qwen_dir, l0_entries_max=3)
+    for i in range(10):
+        await svc.encode(f"text number {i}")
+    assert svc.statistics()["l0_entries"] == 3
+    first = await svc.encode("text number 9")
+    assert first == svc.encode_uncached("text number 9")
+    assert svc.statistics()["l0_hits"] == 1
+
+
+async def test_l1_is_bounded_by_bytes(qwen_dir):
+    svc = load(qwen_dir, l1_bytes_max=20_000)
+    for messages in transcripts(11, count=5):
+        text = svc.chat_template.render(messages, add_generation_prompt=True)
+        assert await svc.encode(text) == svc.encode_uncached(text)
+        assert svc.statistics()["l1_bytes"] <= 20_000
+
+
+async def test_caches_off_still_encode(qwen_dir):
+    svc = load(qwen_dir, l0_entries_max=0, l1_bytes_max=0)
+    text = "<|im_start|>user\nhello<|im_end|>\n"
+    assert await svc.encode(text) == svc.encode_uncached(text)
+    assert svc.statistics()["l1_nodes"] == 0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_incremental_decode_never_splits_a_character(qwen_dir, seed):
+    svc = load(qwen_dir)
+    rng = random.Random(seed)
+    text = "".join(rng.sample(MULTILINGUAL, 4)) + rng.choice(real_texts())[:300]
+    ids = svc.encode_uncached(text)
+    decoder = svc.new_decode_stream(skip_special_tokens=False)
+    pieces, i = [], 0
+    while i < len(ids):
+        n = rng.randint(1, 4)
+        piece = decoder.step(ids[i:i + n])
+        assert "\ufffd" not in piece, f"seed={seed}: broken character in {piece!r}"
+        pieces.append(piece)
+        i += n
+    assert "".join(pieces) == svc.decode(ids, skip_special_tokens=False)
+
+
+def test_qwen_chat_template_renders_the_real_format(qwen_dir):
+    svc = load(qwen_dir)
+    text = svc.chat_template.render([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}],
+                                    add_generation_prompt=True)
+    assert text == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    no_think = svc.chat_template.render([{"role": "user", "content": "U"}], add_generation_prompt=True,
+                                        enable_thinking=False)
+    assert no_think.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_template_sandbox_refuses_mutation_and_reports_raise_exception():
+    with pytest.raises(TemplateError):
+        ChatTemplate("{{ messages.append(1) }}", {}).render([{"role": "user", "content": "x"}])
+    with pytest.raises(TemplateError, match="no system"):
+        ChatTemplate("{{ raise_exception('no system') }}", {}).render([])
+    with pytest.raises(TemplateError):
+        ChatTemplate("{{ messages[0].content.startswith }}{{ messages[5].x.y }}", {}).render(
+            [{"role": "user", "content": "x"}])
+
+
+def test_bundle_loading_matches_directory_loading(qwen_dir, tmp_path):
+    from chaos.sim_engine.services import build_tokenizer_bundle
+    bundle, _ = build_tokenizer_bundle(qwen_dir)
+    a = TokenizerService.from_bundle(bundle, "bundle")
+    b = TokenizerService.from_directory(qwen_dir)
+    assert a.encode_uncached("héllo <|im_end|>") == b.encode_uncached("héllo <|im_end|>")
+    assert a.chat_template.source == b.chat_template.source
+    assert a.eos_token_ids == b.eos_token_ids == frozenset({151645})
+
+
+def test_bad_bundles_are_refused():
+    from gateway.tokenizer.service import TokenizerLoadError
+    with pytest.raises(TokenizerLoadError):
+        TokenizerService.from_bundle(b"not a zip", "x")
+    with pytest.raises(TokenizerLoadError):
+        TokenizerService({"tokenizer.json": b"{}"}, "x")
