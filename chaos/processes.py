@@ -1,0 +1,104 @@
+"""Real ``smg-node`` and simulated-engine processes on 127.0.0.1, for tests and the harness.
+
+Each process is started on port 0 and reports where it listens (the engine
+prints ``READY <port>``; the node logs ``serving on http://...``), so nothing
+races for ports and nothing polls. Output goes to a log file per process,
+kept for post-mortems.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+START_TIMEOUT_S = 60.0
+_SERVING = re.compile(r"serving on (http://\S+)")
+
+
+class ManagedProcess:
+    def __init__(self, name: str, argv: "list[str]", log_dir: Path, ready_stream: str, ready_pattern: "re.Pattern[str]",
+                 env: "dict[str, str] | None" = None) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_dir / f"{name}.log"
+        self._log = open(self.log_path, "ab", buffering=0)
+        kwargs = dict(stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+        if ready_stream == "stdout":
+            kwargs.update(stdout=subprocess.PIPE, stderr=self._log)
+        else:
+            kwargs.update(stdout=self._log, stderr=subprocess.PIPE)
+        self.process = subprocess.Popen(argv, **kwargs)
+        stream = self.process.stdout if ready_stream == "stdout" else self.process.stderr
+        self.ready_match = self._wait_ready(stream, ready_pattern)
+        threading.Thread(target=self._copy, args=(stream,), daemon=True).start()
+
+    def _wait_ready(self, stream, pattern: "re.Pattern[str]") -> "re.Match[str]":
+        deadline = time.monotonic() + START_TIMEOUT_S
+        lines = []
+        while time.monotonic() < deadline:
+            line = stream.readline()
+            if not line:
+                break
+            self._log.write(line)
+            text = line.decode("utf-8", "replace")
+            lines.append(text)
+            match = pattern.search(text)
+            if match:
+                return match
+        self.kill()
+        raise RuntimeError(f"{self.name} did not start: {''.join(lines[-20:])}")
+
+    def _copy(self, stream) -> None:
+        for line in iter(stream.readline, b""):
+            self._log.write(line)
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.alive:
+            self.process.send_signal(signum)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self, timeout_s: float = 10.0) -> int:
+        self.signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+class EngineProcess(ManagedProcess):
+    def __init__(self, args: "list[str]", log_dir: Path, name: str = "engine") -> None:
+        super().__init__(name, [sys.executable, "-m", "chaos.sim_engine", "--host", "127.0.0.1", "--port", "0", *args],
+                         log_dir, "stdout", re.compile(r"^READY (\d+)"))
+        self.port = int(self.ready_match.group(1))
+        self.url = f"grpc://127.0.0.1:{self.port}"
+        self.target = f"127.0.0.1:{self.port}"
+
+
+class NodeProcess(ManagedProcess):
+    def __init__(self, args: "list[str]", log_dir: Path, name: str = "node",
+                 env: "dict[str, str] | None" = None) -> None:
+        super().__init__(name, [sys.executable, "-m", "mesh.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+                                *args], log_dir, "stderr", _SERVING, env)
+        self.url = self.ready_match.group(1)
+
+
+def default_log_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="smg-node-"))

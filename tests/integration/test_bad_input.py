@@ -1,0 +1,77 @@
+"""Bad input gets a clear OpenAI-shaped error with the right status, and the node keeps serving."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from .conftest import MODEL
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def error_of(response):
+    body = response.json()
+    assert set(body["error"]) >= {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+@pytest.mark.parametrize("payload, status, code", [
+    (b"{not json", 400, "invalid_json"),
+    (b'{"model": "qwen3-sim", "messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, "invalid_encoding"),
+    (b'["a list"]', 400, "invalid_json"),
+])
+def test_malformed_bodies(http, payload, status, code):
+    r = http.post("/v1/chat/completions", content=payload, headers={"content-type": "application/json"})
+    assert r.status_code == status and error_of(r)["code"] == code
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": MODEL, "messages": "hi"}, "messages"),
+    ({"model": MODEL, "messages": []}, "messages"),
+    ({"model": MODEL, "messages": USER, "max_tokens": "many"}, "max_tokens"),
+    ({"model": MODEL, "messages": USER, "temperature": -1}, "temperature"),
+    ({"model": MODEL, "messages": USER, "n": 3}, "n"),
+])
+def test_wrong_types_and_values(http, body, param):
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and error_of(r)["param"] == param
+
+
+def test_unknown_model_is_404_with_the_sdk(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-9", messages=USER)
+    assert e.value.body["code"] == "model_not_found"
+
+
+def test_prompt_longer_than_the_context(http):
+    # 32k context: ~40k tokens of prompt (a 2 MB body limit on this node lets it through).
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "token " * 40000, "max_tokens": 1})
+    assert r.status_code == 400 and error_of(r)["code"] == "context_length_exceeded"
+
+
+def test_max_tokens_beyond_the_context(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=USER, max_tokens=40000)
+    assert e.value.body["code"] == "context_length_exceeded" and e.value.body["param"] == "max_tokens"
+
+
+def test_body_over_the_limit_is_413(http):
+    r = http.post("/v1/completions", content=b'{"prompt": "' + b"x" * 2_100_000 + b'"}',
+                  headers={"content-type": "application/json"})
+    assert r.status_code == 413 and error_of(r)["code"] == "body_too_large"
+
+
+def test_token_ids_outside_the_vocabulary(http):
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": [1, 2, 10_000_000]})
+    assert r.status_code == 400 and error_of(r)["code"] == "invalid_token_id"
+
+
+def test_unknown_route_and_method(http):
+    assert http.get("/v2/nothing").status_code == 404
+    r = http.get("/v1/chat/completions")
+    assert r.status_code == 405 and error_of(r)["code"] == "method_not_allowed"
+
+
+def test_node_still_serves_after_all_that(client):
+    assert client.chat.completions.create(model=MODEL, messages=USER, max_tokens=2).choices[0].message.content
