@@ -1,7 +1,7 @@
 """Real ``smg-node`` and simulated-engine processes on 127.0.0.1, for tests and the harness.
 
-Each process is started on port 0 and reports where it listens (the engine
-prints ``READY <port>``; the node logs ``serving on http://...``), so nothing
+Each process is started on port 0 and reports where it listens (each prints
+``READY <port or url>`` on stdout), so nothing
 races for ports and nothing polls. Output goes to a log file per process,
 kept for post-mortems.
 """
@@ -19,23 +19,19 @@ import time
 from pathlib import Path
 
 START_TIMEOUT_S = 60.0
-_SERVING = re.compile(r"serving on (http://\S+)")
+_NODE_READY = re.compile(r"^READY (http://\S+)")
 
 
 class ManagedProcess:
-    def __init__(self, name: str, argv: "list[str]", log_dir: Path, ready_stream: str, ready_pattern: "re.Pattern[str]",
+    def __init__(self, name: str, argv: "list[str]", log_dir: Path, ready_pattern: "re.Pattern[str]",
                  env: "dict[str, str] | None" = None) -> None:
         self.name = name
         self.argv = argv
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "ab", buffering=0)
-        kwargs = dict(stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
-        if ready_stream == "stdout":
-            kwargs.update(stdout=subprocess.PIPE, stderr=self._log)
-        else:
-            kwargs.update(stdout=self._log, stderr=subprocess.PIPE)
-        self.process = subprocess.Popen(argv, **kwargs)
-        stream = self.process.stdout if ready_stream == "stdout" else self.process.stderr
+        self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._log,
+                                        env={**os.environ, **(env or {})})
+        stream = self.process.stdout
         self.ready_match = self._wait_ready(stream, ready_pattern)
         threading.Thread(target=self._copy, args=(stream,), daemon=True).start()
 
@@ -86,7 +82,7 @@ class ManagedProcess:
 class EngineProcess(ManagedProcess):
     def __init__(self, args: "list[str]", log_dir: Path, name: str = "engine") -> None:
         super().__init__(name, [sys.executable, "-m", "chaos.sim_engine", "--host", "127.0.0.1", "--port", "0", *args],
-                         log_dir, "stdout", re.compile(r"^READY (\d+)"))
+                         log_dir, re.compile(r"^READY (\d+)"))
         self.port = int(self.ready_match.group(1))
         self.url = f"grpc://127.0.0.1:{self.port}"
         self.target = f"127.0.0.1:{self.port}"
@@ -96,7 +92,7 @@ class NodeProcess(ManagedProcess):
     def __init__(self, args: "list[str]", log_dir: Path, name: str = "node",
                  env: "dict[str, str] | None" = None) -> None:
         super().__init__(name, [sys.executable, "-m", "mesh.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-                                *args], log_dir, "stderr", _SERVING, env)
+                                *args], log_dir, _NODE_READY, env)
         self.url = self.ready_match.group(1)
 
 

@@ -195,6 +195,8 @@ def run_gateway(config: GatewayConfig) -> int:
                 nursery.cancel_scope.cancel()  # drained: stop listening for signals too
 
             running: RunningGateway = await nursery.start(serve_then_stop)
+            # One line on stdout, whatever the log level: scripts and supervisors wait for it.
+            print(f"READY {running.url}", flush=True)
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for signum in signals:
                     if running.shutdown.is_set():

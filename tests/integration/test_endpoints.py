@@ -73,3 +73,44 @@ def test_worker_management_add_get_delete(http, log_dir):
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "worker_error"
     finally:
         extra.stop()
+
+
+def test_removed_worker_drains_its_running_stream(log_dir):
+    from chaos.processes import EngineProcess, NodeProcess
+    engine = EngineProcess(["--itl-base-s", "0.01"], log_dir, "drain-engine")
+    node = NodeProcess(["--worker-urls", engine.url], log_dir, "drain-node")
+    try:
+        import httpx2
+        with httpx2.Client(base_url=node.url, timeout=30) as http:
+            wid = http.get("/workers").json()["workers"][0]["id"]
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "d"}], "max_tokens": 60, "stream": True}
+            with http.stream("POST", "/v1/chat/completions", json=body) as r:
+                lines = r.iter_lines()
+                next(lines)
+                assert http.delete(f"/workers/{wid}").status_code == 202
+                # No new work goes to a draining worker...
+                refused = http.post("/v1/chat/completions", json={**body, "stream": False})
+                assert refused.status_code == 503
+                # ...but the running stream finishes.
+                rest = [line for line in lines if line.startswith("data: ")]
+            assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in rest[-2]
+            assert http.get("/workers").json()["workers"] == []
+    finally:
+        node.stop()
+        engine.stop()
+
+
+def test_json_logs_carry_the_request_id(log_dir):
+    import json as json_module
+    from chaos.processes import EngineProcess, NodeProcess
+    engine = EngineProcess(["--zero-cost"], log_dir, "log-engine")
+    node = NodeProcess(["--worker-urls", engine.url, "--log-json"], log_dir, "log-node")
+    try:
+        import httpx2
+        httpx2.get(node.url + "/v1/models", headers={"x-request-id": "trace-me-7"})
+    finally:
+        node.stop()
+        engine.stop()
+    entries = [json_module.loads(line) for line in node.log_text().splitlines() if line.startswith("{")]
+    access = [e for e in entries if e.get("request_id") == "trace-me-7"]
+    assert access and access[0]["logger"] == "gateway.access" and access[0]["level"] == "info"

@@ -1,0 +1,184 @@
+"""Gateway benchmark: a node in front of a zero-cost simulated engine.
+
+Not a test: it prints figures. It starts one zero-cost simulated engine and one
+node (real processes on 127.0.0.1), then for each scenario (short ~15-token
+and long ~7,800-token prompts, streaming and not, 16 output tokens) and each
+concurrency it drives the node for a fixed time with a lean HTTP/1.1
+keep-alive client (trio + h11) and reports requests/s, latency p50/p99, time
+to first token (streaming) and the node process's CPU time per request (from
+/proc, so the client's and the engine's CPU are not counted).
+
+Every prompt is unique (a counter leads it), so tokenizer caches do not hide
+the encode cost: this is the uncached worst case.
+
+    python tests/bench/gateway_bench.py [--seconds 5] [--concurrency 1 16 64 256] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import h11
+import orjson
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from chaos.processes import EngineProcess, NodeProcess, default_log_dir  # noqa: E402
+
+MODEL = "qwen3-sim"
+OUTPUT_TOKENS = 16
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+# ~7,800 tokens of ordinary English prose with the Qwen3 tokenizer.
+_LONG_SENTENCE = ("The gateway tokenizes every prompt before it reaches the engine, so the engine only ever sees "
+                  "token ids and spends its time on the model. ")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime + stime of every thread
+
+
+def make_body(kind: str, stream: bool, n: int) -> bytes:
+    if kind == "short":
+        body = {"model": MODEL, "messages": [{"role": "user", "content": f"{n} What is the capital of France?"}]}
+        path_body = body
+    else:
+        path_body = {"model": MODEL, "prompt": f"{n} " + _LONG_SENTENCE * 300}
+    path_body.update(max_tokens=OUTPUT_TOKENS, stream=stream, ignore_eos=True)
+    return orjson.dumps(path_body)
+
+
+class Connection:
+    def __init__(self, stream: trio.SocketStream, host: str) -> None:
+        self.stream = stream
+        self.host = host
+        self.conn = h11.Connection(h11.CLIENT)
+
+    async def request(self, path: str, body: bytes) -> tuple[int, float | None]:
+        """Send one request; return (status, seconds to the first body byte)."""
+        if self.conn.our_state is h11.DONE:
+            self.conn.start_next_cycle()
+        headers = [("host", self.host), ("content-type", "application/json"), ("content-length", str(len(body)))]
+        data = self.conn.send(h11.Request(method="POST", target=path, headers=headers))
+        data += self.conn.send(h11.Data(data=body)) + self.conn.send(h11.EndOfMessage())
+        start = time.perf_counter()
+        await self.stream.send_all(data)
+        status = 0
+        first_data: float | None = None
+        while True:
+            event = self.conn.next_event()
+            if event is h11.NEED_DATA:
+                self.conn.receive_data(await self.stream.receive_some(65536))
+                continue
+            if isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data) and first_data is None:
+                first_data = time.perf_counter() - start
+            elif isinstance(event, h11.EndOfMessage):
+                return status, first_data
+            elif isinstance(event, h11.ConnectionClosed):
+                raise ConnectionError("server closed the connection")
+
+
+async def run_cell(host: str, port: int, kind: str, stream: bool, concurrency: int, seconds: float,
+                   node_pid: int) -> dict:
+    path = "/v1/chat/completions" if kind == "short" else "/v1/completions"
+    counter = itertools.count()
+    latencies: list[float] = []
+    ttfts: list[float] = []
+    errors = 0
+    deadline = 0.0
+
+    async def worker() -> None:
+        nonlocal errors
+        conn = Connection(await trio.open_tcp_stream(host, port), f"{host}:{port}")
+        while time.perf_counter() < deadline:
+            body = make_body(kind, stream, next(counter))
+            t0 = time.perf_counter()
+            status, first = await conn.request(path, body)
+            if status != 200:
+                errors += 1
+                continue
+            latencies.append(time.perf_counter() - t0)
+            if stream and first is not None:
+                ttfts.append(first)
+
+    # Warm up the connections and caches of the code path (not of prompts: each is unique).
+    deadline = time.perf_counter() + 0.5
+    async with trio.open_nursery() as nursery:
+        for _ in range(min(concurrency, 16)):
+            nursery.start_soon(worker)
+    latencies.clear()
+    ttfts.clear()
+    cpu0, wall0 = cpu_seconds(node_pid), time.perf_counter()
+    deadline = wall0 + seconds
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
+    wall = time.perf_counter() - wall0
+    cpu = cpu_seconds(node_pid) - cpu0
+    n = len(latencies)
+
+    def pct(values: list[float], q: float) -> float:
+        return statistics.quantiles(values, n=100)[q - 1] * 1000 if len(values) >= 2 else float("nan")
+
+    return {
+        "kind": kind, "stream": stream, "concurrency": concurrency, "requests": n, "errors": errors,
+        "rps": n / wall, "p50_ms": pct(latencies, 50), "p99_ms": pct(latencies, 99),
+        "ttft_p50_ms": pct(ttfts, 50) if stream else None, "ttft_p99_ms": pct(ttfts, 99) if stream else None,
+        "cpu_ms_per_request": cpu / n * 1000 if n else float("nan"),
+    }
+
+
+def fmt(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    parser.add_argument("--kinds", nargs="+", default=["short", "long"])
+    parser.add_argument("--node-args", nargs=argparse.REMAINDER, default=[])
+    args = parser.parse_args()
+
+    log_dir = default_log_dir()
+    engine = EngineProcess(["--zero-cost", "--batch-size-max", "1024", "--queue-size-max", "4096"], log_dir)
+    node = NodeProcess(["--worker-urls", engine.url, "--log-level", "warning", *args.node_args], log_dir)
+    host, port = node.url.removeprefix("http://").rsplit(":", 1)
+    rows = []
+    try:
+        for kind in args.kinds:
+            for stream in (False, True):
+                for c in args.concurrency:
+                    row = trio.run(run_cell, host, int(port), kind, stream, c, args.seconds, node.process.pid)
+                    rows.append(row)
+                    print(f"{kind:5} stream={stream!s:5} c={c:<3} " + " ".join(
+                        f"{k}={fmt(v)}" for k, v in row.items() if k not in ("kind", "stream", "concurrency")),
+                        file=sys.stderr, flush=True)
+    finally:
+        node.stop()
+        engine.stop()
+
+    print(f"\nMachine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"{time.strftime('%Y-%m-%d')}; {OUTPUT_TOKENS} output tokens; {args.seconds:.0f} s per cell\n")
+    print("| prompt | stream | conc. | req/s | p50 ms | p99 ms | TTFT p50 ms | TTFT p99 ms | node CPU ms/req | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['kind']} | {'yes' if r['stream'] else 'no'} | {r['concurrency']} | {r['rps']:.0f} | "
+              f"{fmt(r['p50_ms'])} | {fmt(r['p99_ms'])} | {fmt(r['ttft_p50_ms'])} | {fmt(r['ttft_p99_ms'])} | "
+              f"{fmt(r['cpu_ms_per_request'])} | {r['errors']} |")
+
+
+if __name__ == "__main__":
+    main()

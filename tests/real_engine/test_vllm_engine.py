@@ -1,0 +1,86 @@
+"""A real engine (vLLM on CPU, smg-grpc-servicer) driven through a node with the openai SDK.
+
+Opt-in: see conftest.py. The model has random weights, so texts are gibberish,
+but every message crosses the real servicer and the real engine.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import httpx2
+import openai
+import pytest
+from smg_grpc_proto.generated import vllm_engine_pb2 as vl, vllm_engine_pb2_grpc as vl_grpc
+
+from chaos.processes import NodeProcess, default_log_dir
+
+pytestmark = pytest.mark.real_engine
+
+
+@pytest.fixture(scope="module")
+def node(vllm_url):
+    # No --tokenizer-path: the node must fetch the tokenizer with GetTokenizer.
+    n = NodeProcess(["--worker-urls", vllm_url, "--health-check-interval-secs", "2"], default_log_dir(), "node-vllm")
+    yield n
+    n.stop()
+
+
+@pytest.fixture(scope="module")
+def client(node):
+    return openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+def engine_running(vllm_url: str) -> int:
+    with grpc.insecure_channel(vllm_url.removeprefix("grpc://")) as channel:
+        loads = vl_grpc.VllmEngineStub(channel).GetLoads(vl.GetLoadsRequest(), timeout=10)
+    return sum(x.num_running_reqs for x in loads.loads)
+
+
+def test_tokenizer_came_from_the_engine(node):
+    assert "(GetTokenizer)" in node.log_text() or "fetched from" in node.log_text()
+
+
+def test_chat_and_usage(client, model):
+    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=8,
+                                       temperature=0)
+    assert r.usage.completion_tokens == 8 and r.choices[0].finish_reason == "length"
+    assert isinstance(r.choices[0].message.content, str)
+
+
+def test_completions_stream_equals_non_stream_with_greedy_sampling(client, model):
+    args = dict(model=model, prompt="The capital of France is", max_tokens=12, temperature=0)
+    whole = client.completions.create(**args).choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**args, stream=True) if c.choices)
+    assert streamed == whole
+
+
+def test_stop_string_cuts_the_real_output(client, model):
+    args = dict(model=model, messages=[{"role": "user", "content": "Count to ten"}], max_tokens=24, temperature=0)
+    full = client.chat.completions.create(**args).choices[0].message.content
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    if not stop.strip():
+        pytest.fail(f"could not pick a stop string from {full!r}")
+    r = client.chat.completions.create(**args, stop=[stop])
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == full[:full.index(stop)]
+
+
+def test_disconnect_aborts_on_the_real_engine(node, vllm_url, model):
+    body = {"model": model, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1500, "stream": True,
+            "ignore_eos": True}
+    with httpx2.Client(base_url=node.url, timeout=120) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            assert engine_running(vllm_url) == 1
+    deadline = time.monotonic() + 10
+    while engine_running(vllm_url) != 0:
+        assert time.monotonic() < deadline, "the engine still runs the request of a gone client"
+        time.sleep(0.1)
