@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shlex
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -149,8 +150,9 @@ def _convert(opt: _Option, raw: Any) -> Any:
             disabled = raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
             return not disabled
         if opt.kind == "list":
-            items = raw if isinstance(raw, list) else str(raw).replace(",", " ").split()
-            return tuple(str(x) for x in items)
+            # "a b", ["a", "b"] and ["a b"] all mean two items (so --sim-engine-args="--x 1" works).
+            items = raw if isinstance(raw, list) else [str(raw).replace(",", " ")]
+            return tuple(part for item in items for part in shlex.split(str(item)))
         return opt.kind(raw)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{opt.flag}: cannot use {raw!r}: {e}") from None

@@ -119,8 +119,11 @@ async def serve_gateway(config: GatewayConfig, *, task_status=trio.TASK_STATUS_I
             urls = list(config.worker_urls)
             if config.sim_engines:
                 from chaos.sim_engine.launcher import start_sim_engine  # demo mode only
+                # Demo engines end answers with EOS after 64 tokens (like a model that finishes its
+                # sentence) unless --sim-engine-args says otherwise: later flags win.
+                demo_args = ["--eos-after-tokens", "64", *config.sim_engine_args]
                 for _ in range(config.sim_engines):
-                    engine = await start_sim_engine(nursery, config.sim_engine_args)
+                    engine = await start_sim_engine(nursery, demo_args)
                     urls.append(engine.url)
                     log.info("started simulated engine at %s", engine.url)
             registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery)

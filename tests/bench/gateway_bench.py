@@ -41,6 +41,11 @@ _LONG_SENTENCE = ("The gateway tokenizes every prompt before it reaches the engi
                   "token ids and spends its time on the model. ")
 
 
+# One sequence for the whole run: no prompt is ever sent twice, so no cell hits the
+# tokenizer caches with an earlier cell's prompts.
+_PROMPT_NUMBERS = itertools.count()
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime + stime of every thread
@@ -51,7 +56,7 @@ def make_body(kind: str, stream: bool, n: int) -> bytes:
         body = {"model": MODEL, "messages": [{"role": "user", "content": f"{n} What is the capital of France?"}]}
         path_body = body
     else:
-        path_body = {"model": MODEL, "prompt": f"{n} " + _LONG_SENTENCE * 300}
+        path_body = {"model": MODEL, "prompt": f"{n} " + _LONG_SENTENCE * 279}
     path_body.update(max_tokens=OUTPUT_TOKENS, stream=stream, ignore_eos=True)
     return orjson.dumps(path_body)
 
@@ -91,7 +96,7 @@ class Connection:
 async def run_cell(host: str, port: int, kind: str, stream: bool, concurrency: int, seconds: float,
                    node_pid: int) -> dict:
     path = "/v1/chat/completions" if kind == "short" else "/v1/completions"
-    counter = itertools.count()
+    counter = _PROMPT_NUMBERS
     latencies: list[float] = []
     ttfts: list[float] = []
     errors = 0

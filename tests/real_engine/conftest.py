@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _wait_serving(target: str, process: subprocess.Popen, timeout_s: float) -> None:
-    """Poll the engine's HealthCheck until it answers (it gives no other sign of readiness)."""
+    """Poll the engine until it answers and is idle (it gives no other sign of readiness)."""
     import grpc
     from smg_grpc_proto.generated import vllm_engine_pb2 as vl, vllm_engine_pb2_grpc as vl_grpc
     deadline = time.monotonic() + timeout_s
@@ -39,7 +39,10 @@ def _wait_serving(target: str, process: subprocess.Popen, timeout_s: float) -> N
             raise RuntimeError(f"vLLM exited with {process.returncode}")
         try:
             with grpc.insecure_channel(target) as channel:
-                if vl_grpc.VllmEngineStub(channel).HealthCheck(vl.HealthCheckRequest(), timeout=5).healthy:
+                stub = vl_grpc.VllmEngineStub(channel)
+                # Healthy, and done with its warm-up requests (they run after it starts serving).
+                if stub.HealthCheck(vl.HealthCheckRequest(), timeout=5).healthy and not any(
+                        x.num_running_reqs or x.num_waiting_reqs for x in stub.GetLoads(vl.GetLoadsRequest()).loads):
                     return
         except grpc.RpcError:
             pass
