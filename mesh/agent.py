@@ -1,0 +1,247 @@
+"""The mesh agent: drives the sans-I/O ``Swim`` core over a ``Transport``, with encryption.
+
+The only place where membership touches sockets and clocks. Three loops in one
+nursery: received packets (open, decode, hand to the core), timers (tick the
+core at its next deadline, or earlier when something changed), and the
+push-pull stream server. Actions the core returns are executed at once: packets
+framed, sealed and sent; push-pulls started as tasks; membership changes passed
+to listeners.
+
+Other subsystems plug in through ``StateHooks`` (memberlist's Delegate): their
+full state rides on push-pull, their broadcasts on gossip packets. Membership
+itself knows nothing about what they carry.
+
+Dropped packets are counted by reason: ``decrypt`` (no installed key opens it:
+a node without our key cannot join), ``bad_version``, ``malformed``, ...
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import random
+from collections.abc import Callable
+from typing import Protocol
+
+import trio
+
+from .config import MeshConfig
+from .crypto import Keyring
+from .members import MemberSnapshot, MemberStatus
+from .swim import (
+    Action,
+    DeliverUser,
+    Leave,
+    MemberChanged,
+    MemberReaped,
+    PacketIn,
+    PushPullWith,
+    QueueUser,
+    RemoteState,
+    SendPacket,
+    SetTags,
+    Swim,
+    Tick,
+)
+from .transport import Transport, TransportError
+from .wire import PushPull, decode_packet, decode_push_pull, encode_packet, encode_push_pull
+
+log = logging.getLogger("mesh.agent")
+
+UDP_LABEL = b"smg-node/gossip"
+TCP_LABEL = b"smg-node/push-pull"
+PUSH_PULL_TIMEOUT_S = 10.0
+
+
+class StateHooks(Protocol):
+    def local_state(self, join: bool) -> bytes: ...
+    def merge_remote_state(self, data: bytes, join: bool) -> None: ...
+    def broadcasts(self, budget_bytes: int) -> list[bytes]: ...
+    def notify(self, payload: bytes) -> None: ...
+
+
+@dataclasses.dataclass
+class AgentStats:
+    packets_sent: int = 0
+    packets_received: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    send_failures: int = 0
+    push_pulls: int = 0
+    push_pull_failures: int = 0
+    dropped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+
+class JoinError(Exception):
+    """No seed could be reached."""
+
+
+class MeshAgent:
+    def __init__(self, config: MeshConfig, name: str, transport: Transport, keyring: Keyring | None = None,
+                 tags: "dict[str, str] | None" = None, hooks: StateHooks | None = None,
+                 rng: random.Random | None = None) -> None:
+        self.config = config
+        self.name = name
+        self.transport = transport
+        self.keyring = keyring or Keyring([])
+        self.hooks = hooks
+        self.rng = rng or random.Random()
+        self.swim = Swim(config, name, transport.addr, tags or {}, self.rng, trio.current_time(),
+                         hooks.broadcasts if hooks is not None else None)
+        self.stats = AgentStats()
+        self.listeners: list[Callable[[MemberSnapshot, MemberStatus | None], None]] = []
+        self._wake = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self.stopped = trio.Event()
+
+    # -- public API ---------------------------------------------------------
+
+    def members(self) -> list[MemberSnapshot]:
+        return self.swim.members()
+
+    def alive_members(self) -> list[MemberSnapshot]:
+        return [m for m in self.swim.members() if m.status is MemberStatus.ALIVE]
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(self.transport.serve_streams, self._answer_push_pull)
+                nursery.start_soon(self._receive_loop)
+                nursery.start_soon(self._timer_loop)
+                task_status.started()
+        finally:
+            self.stopped.set()
+
+    def stop(self) -> None:
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def join(self, seeds: "list[str]") -> int:
+        """Push-pull with each seed; returns how many answered. Raises JoinError if none did."""
+        answered = 0
+        for seed in seeds:
+            if seed == self.transport.addr:
+                continue
+            try:
+                await self._push_pull(seed, join=True)
+                answered += 1
+            except TransportError as e:
+                log.info("seed %s did not answer: %s", seed, e)
+        if not answered and any(s != self.transport.addr for s in seeds):
+            raise JoinError(f"no seed answered: {', '.join(seeds)}")
+        return answered
+
+    async def leave(self, propagate_s: float | None = None) -> None:
+        """Announce the leave, give gossip time to carry it, then stop."""
+        self._handle(Leave())
+        limit = propagate_s if propagate_s is not None else 3 * self.config.gossip_interval_s * max(
+            1, self.config.retransmit_limit(len(self.swim.table.members)))
+        with trio.move_on_after(limit):
+            while self.swim.broadcasts_pending():
+                await trio.sleep(self.config.gossip_interval_s)
+        self.stop()
+
+    def set_tags(self, tags: "dict[str, str]") -> None:
+        self._handle(SetTags(dict(tags)))
+
+    def broadcast(self, payload: bytes, key: str | None = None) -> None:
+        self._handle(QueueUser(payload, key))
+
+    # -- loops --------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        max_bytes = self.config.udp_packet_bytes_max + 64
+        while True:
+            from_addr, sealed = await self.transport.receive_packet()
+            self.stats.packets_received += 1
+            self.stats.bytes_received += len(sealed)
+            data = self.keyring.open(sealed, UDP_LABEL)
+            if data is None:
+                self.stats.dropped["decrypt"] += 1
+                continue
+            messages, reason = decode_packet(data, max_bytes)
+            if reason is not None:
+                self.stats.dropped[reason] += 1
+                continue
+            self._handle(PacketIn(from_addr, messages))
+
+    async def _timer_loop(self) -> None:
+        while True:
+            self._wake = trio.Event()
+            with trio.move_on_at(self.swim.next_deadline()):
+                await self._wake.wait()
+            self._handle(Tick())
+
+    def _handle(self, event) -> None:
+        actions = self.swim.handle(event, trio.current_time())
+        for action in actions:
+            self._execute(action)
+        self._wake.set()  # deadlines may have moved
+
+    def _execute(self, action: Action) -> None:
+        if isinstance(action, SendPacket):
+            data = self.keyring.seal(encode_packet(list(action.messages)), UDP_LABEL)
+            if self.transport.send_packet_nowait(action.addr, data):
+                self.stats.packets_sent += 1
+                self.stats.bytes_sent += len(data)
+            else:
+                self.stats.send_failures += 1
+        elif isinstance(action, PushPullWith):
+            if self._nursery is not None:
+                self._nursery.start_soon(self._push_pull_quietly, action.addr)
+        elif isinstance(action, MemberChanged):
+            if action.member.name != self.name:
+                log.info("member %s: %s -> %s", action.member.name,
+                         action.previous.name.lower() if action.previous is not None else "new",
+                         action.member.status.name.lower())
+            for listener in self.listeners:
+                listener(action.member, action.previous)
+        elif isinstance(action, MemberReaped):
+            log.debug("member %s reaped", action.name)
+        elif isinstance(action, DeliverUser):
+            if self.hooks is not None:
+                self.hooks.notify(action.payload)
+
+    # -- push-pull ----------------------------------------------------------
+
+    def _state_bytes(self, join: bool) -> bytes:
+        user = self.hooks.local_state(join) if self.hooks is not None else b""
+        return self.keyring.seal(encode_push_pull(PushPull(join, self.swim.local_state(), user)), TCP_LABEL)
+
+    def _merge_bytes(self, sealed: bytes) -> PushPull | None:
+        data = self.keyring.open(sealed, TCP_LABEL)
+        if data is None:
+            self.stats.dropped["decrypt"] += 1
+            return None
+        state, reason = decode_push_pull(data, self.config.tcp_state_bytes_max)
+        if state is None:
+            self.stats.dropped[reason] += 1
+            return None
+        self._handle(RemoteState(state))
+        if self.hooks is not None and state.user_state:
+            self.hooks.merge_remote_state(state.user_state, state.join)
+        return state
+
+    async def _push_pull(self, addr: str, join: bool) -> None:
+        self.stats.push_pulls += 1
+        try:
+            answer = await self.transport.exchange(addr, self._state_bytes(join), PUSH_PULL_TIMEOUT_S)
+        except TransportError:
+            self.stats.push_pull_failures += 1
+            raise
+        if self._merge_bytes(answer) is None:
+            self.stats.push_pull_failures += 1
+            raise TransportError(f"{addr} answered with a state we cannot read (wrong key or version?)")
+
+    async def _push_pull_quietly(self, addr: str) -> None:
+        with contextlib.suppress(TransportError):
+            await self._push_pull(addr, join=False)
+
+    async def _answer_push_pull(self, request: bytes) -> bytes:
+        state = self._merge_bytes(request)
+        if state is None:
+            return b""  # the peer cannot open an empty answer: its join fails, as it should
+        return self._state_bytes(state.join)

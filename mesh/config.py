@@ -1,0 +1,98 @@
+"""Every tunable of the membership protocol, in one frozen object, with presets.
+
+Defaults and formulas (after memberlist's DefaultLANConfig, which Serf and
+Consul run on LANs; n is the number of members):
+
+* probe_interval_s / probe_timeout_s: one member is probed per interval; a
+  direct ping that gets no ack within the timeout triggers indirect probes.
+  Both are multiplied by (awareness + 1) under Lifeguard (see below).
+* indirect_checks: members asked to probe on our behalf (k in SWIM).
+* suspicion timeout (Lifeguard): starts at
+      max = suspicion_max_timeout_mult * min,
+      min = suspicion_mult * max(1, log10(n)) * probe_interval_s
+  and shrinks toward min as k = suspicion_mult - 2 independent confirmations arrive:
+      timeout(c) = max(min, max - (max - min) * log(c + 1) / log(k + 1)).
+  Longer suspicion means fewer false positives; shorter, faster detection.
+* retransmit_mult: each membership change is piggybacked
+      retransmit_mult * ceil(log10(n + 1))  times,
+  enough to reach every member with high probability (epidemic spread).
+* gossip_interval_s / gossip_nodes: besides probes, every interval the queue is
+  sent to this many random members: faster spread for more bytes.
+* push_pull_interval_s: full state exchange over TCP with one random member,
+  which repairs anything gossip lost (scaled up beyond 32 members).
+* gossip_to_the_dead_s: dead members still receive gossip this long, so they
+  learn they were declared dead and can refute.
+* reconnect_interval_s: every interval, push-pull with one random member we
+  hold as dead (not left), as Serf does: after a partition heals, the two
+  sides would otherwise never talk again, each holding the other dead.
+* reap_s: dead and left members are forgotten after this long.
+* awareness_max: Lifeguard's local health multiplier goes from 0 to
+  awareness_max - 1; a node that sees signs of its own slowness (probes it
+  could not complete, missing nacks, having to refute) waits longer before
+  judging others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    probe_interval_s: float = 1.0
+    probe_timeout_s: float = 0.5
+    indirect_checks: int = 3
+    suspicion_mult: int = 4
+    suspicion_max_timeout_mult: int = 6
+    retransmit_mult: int = 4
+    gossip_interval_s: float = 0.2
+    gossip_nodes: int = 3
+    push_pull_interval_s: float = 30.0
+    gossip_to_the_dead_s: float = 30.0
+    reconnect_interval_s: float = 30.0
+    reap_s: float = 300.0
+    awareness_max: int = 8
+    # Lifeguard as a whole (awareness, nacks, dynamic suspicion); off = plain SWIM
+    # (fixed suspicion timeout = the minimum, no slowness awareness), for comparison.
+    lifeguard: bool = True
+    # Compound packets stay under a typical MTU (1,500) minus IP/UDP and seal overhead.
+    udp_packet_bytes_max: int = 1400
+    # A push-pull state larger than this is refused (10,000 members x ~600 bytes).
+    tcp_state_bytes_max: int = 8 * 1024 * 1024
+    members_max: int = 10_000
+
+    @classmethod
+    def lan(cls, **overrides) -> "MeshConfig":
+        """memberlist's LAN defaults: a crash is detected and spread in ~5-6 s typical."""
+        return cls(**overrides)
+
+    @classmethod
+    def local(cls, **overrides) -> "MeshConfig":
+        """One machine (loopback): 5x faster timers, for tests and demos."""
+        values = dict(probe_interval_s=0.2, probe_timeout_s=0.1, gossip_interval_s=0.05,
+                      push_pull_interval_s=10.0, gossip_to_the_dead_s=6.0, reconnect_interval_s=6.0, reap_s=60.0)
+        values.update(overrides)
+        return cls(**values)
+
+    def retransmit_limit(self, n: int) -> int:
+        return self.retransmit_mult * max(1, math.ceil(math.log10(n + 1)))
+
+    def suspicion_min_s(self, n: int) -> float:
+        return self.suspicion_mult * max(1.0, math.log10(max(1, n))) * self.probe_interval_s
+
+    def suspicion_timeout_s(self, n: int, confirmations: int) -> float:
+        lo = self.suspicion_min_s(n)
+        if not self.lifeguard:
+            return lo
+        hi = self.suspicion_max_timeout_mult * lo
+        k = max(1, self.suspicion_mult - 2)
+        frac = math.log(confirmations + 1) / math.log(k + 1)
+        return max(lo, hi - (hi - lo) * frac)
+
+    def push_pull_interval_for(self, n: int) -> float:
+        # memberlist's pushPullScale: past 32 members, stretch the interval so the
+        # cluster-wide TCP load stays roughly constant.
+        if n <= 32:
+            return self.push_pull_interval_s
+        return self.push_pull_interval_s * math.ceil(math.log2(n) - math.log2(32) + 1)

@@ -1,0 +1,131 @@
+"""Transports: best-effort packets and reliable request/response streams.
+
+``Transport`` is the seam between the agent and the network. ``UdpTcpTransport``
+is the real one (UDP datagrams for gossip, TCP for push-pull); ``SimNetwork``
+(in ``mesh.simnet``) implements the same interface in memory, with seeded
+faults, for the deterministic tests.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import trio
+
+FRAME_HEADER_BYTES = 4
+UDP_RECEIVE_BYTES_MAX = 65536
+
+StreamHandler = Callable[[bytes], Awaitable[bytes]]
+
+
+class TransportError(Exception):
+    """A stream exchange failed (refused, timed out, cut)."""
+
+
+class Transport(Protocol):
+    addr: str  # "host:port" other members reach us at
+
+    def send_packet_nowait(self, addr: str, data: bytes) -> bool:
+        """Best effort; False when it was not sent (the caller counts it)."""
+
+    async def receive_packet(self) -> tuple[str, bytes]:
+        """The next datagram and its sender's address."""
+
+    async def exchange(self, addr: str, data: bytes, timeout_s: float) -> bytes:
+        """Send one frame over a stream, return the peer's one-frame answer. Raises TransportError."""
+
+    async def serve_streams(self, handler: StreamHandler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Answer stream exchanges with ``handler`` until cancelled."""
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class UdpTcpTransport:
+    """Gossip over UDP on ``bind`` and push-pull over TCP on the same port number."""
+
+    def __init__(self, bind: str, advertise: str | None = None, frame_bytes_max: int = 8 * 1024 * 1024) -> None:
+        host, port = split_addr(bind)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._udp = socket.socket(family, socket.SOCK_DGRAM)
+        self._udp.setblocking(False)
+        self._udp.bind((host, port))
+        bound_port = self._udp.getsockname()[1]
+        self._tcp_bind = (host, bound_port)
+        self._family = family
+        self.addr = advertise or f"{host}:{bound_port}"
+        self.frame_bytes_max = frame_bytes_max
+
+    def send_packet_nowait(self, addr: str, data: bytes) -> bool:
+        try:
+            self._udp.sendto(data, split_addr(addr))
+            return True
+        except (BlockingIOError, InterruptedError):
+            return False  # the kernel buffer is full: gossip is best effort
+        except OSError as e:
+            if e.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EINVAL):
+                return False
+            raise
+
+    async def receive_packet(self) -> tuple[str, bytes]:
+        while True:
+            await trio.lowlevel.wait_readable(self._udp)
+            try:
+                data, addr = self._udp.recvfrom(UDP_RECEIVE_BYTES_MAX)
+            except (BlockingIOError, InterruptedError, ConnectionRefusedError):
+                continue
+            host, port = addr[0], addr[1]
+            return (f"[{host}]:{port}" if ":" in host else f"{host}:{port}"), data
+
+    async def exchange(self, addr: str, data: bytes, timeout_s: float) -> bytes:
+        host, port = split_addr(addr)
+        try:
+            with trio.fail_after(timeout_s):
+                stream = await trio.open_tcp_stream(host, port)
+                async with stream:
+                    await stream.send_all(len(data).to_bytes(FRAME_HEADER_BYTES, "big") + data)
+                    return await self._read_frame(stream)
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+            raise TransportError(f"stream to {addr} failed: {type(e).__name__}: {e}") from None
+
+    async def _read_frame(self, stream: trio.SocketStream) -> bytes:
+        header = await self._read_exactly(stream, FRAME_HEADER_BYTES)
+        size = int.from_bytes(header, "big")
+        if size > self.frame_bytes_max:
+            raise TransportError(f"frame of {size} bytes is over the limit")
+        return await self._read_exactly(stream, size)
+
+    @staticmethod
+    async def _read_exactly(stream: trio.SocketStream, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = await stream.receive_some(min(65536, n - len(buf)))
+            if not chunk:
+                raise TransportError("stream closed early")
+            buf += chunk
+        return bytes(buf)
+
+    async def serve_streams(self, handler: StreamHandler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(self._tcp_bind[1], host=self._tcp_bind[0])
+
+        async def serve_one(stream: trio.SocketStream) -> None:
+            try:
+                with trio.fail_after(10):
+                    request = await self._read_frame(stream)
+                    answer = await handler(request)
+                    await stream.send_all(len(answer).to_bytes(FRAME_HEADER_BYTES, "big") + answer)
+            except (TransportError, trio.TooSlowError, trio.BrokenResourceError, OSError):
+                pass  # a peer that breaks the exchange gets nothing; it will retry later
+            finally:
+                await stream.aclose()
+
+        task_status.started()
+        await trio.serve_listeners(serve_one, listeners)
+
+    def close(self) -> None:
+        self._udp.close()

@@ -1,0 +1,56 @@
+"""N mesh agents over the simulated network, on trio's virtual clock."""
+
+from __future__ import annotations
+
+import random
+
+import trio
+
+from mesh.agent import MeshAgent
+from mesh.config import MeshConfig
+from mesh.crypto import Keyring
+from mesh.members import MemberStatus
+from mesh.simnet import SimNetwork
+
+# Fixed keys so tests are reproducible; never use these outside tests.
+KEY_A = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+KEY_B = "ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8="
+
+
+def addr(i: int) -> str:
+    return f"10.0.{i // 250}.{i % 250 + 1}:7946"
+
+
+async def start_agent(nursery: trio.Nursery, net: SimNetwork, i: int, config: MeshConfig, seed: int,
+                      keys: "list[str] | None" = None) -> MeshAgent:
+    agent = MeshAgent(config, f"node-{i}", net.transport(addr(i)), Keyring(keys if keys is not None else [KEY_A]),
+                      tags={"role": "gateway"}, rng=random.Random(seed * 1000 + i))
+    await nursery.start(agent.run)
+    return agent
+
+
+async def start_cluster(nursery: trio.Nursery, net: SimNetwork, n: int, config: MeshConfig,
+                        seed: int) -> list[MeshAgent]:
+    net.nursery = nursery
+    agents = [await start_agent(nursery, net, i, config, seed) for i in range(n)]
+    for agent in agents[1:]:
+        await agent.join([agents[0].transport.addr])
+    return agents
+
+
+def view(agent: MeshAgent) -> dict[str, MemberStatus]:
+    return {m.name: m.status for m in agent.members()}
+
+
+def agree(agents: "list[MeshAgent]", expected: dict[str, MemberStatus]) -> bool:
+    return all(all(view(a).get(name) is status for name, status in expected.items()) for a in agents)
+
+
+async def wait_until(predicate, timeout_s: float, step_s: float = 0.05) -> float:
+    """Virtual seconds until predicate() holds; AssertionError after timeout_s."""
+    start = trio.current_time()
+    while not predicate():
+        if trio.current_time() - start > timeout_s:
+            raise AssertionError(f"not reached within {timeout_s} virtual seconds")
+        await trio.sleep(step_s)
+    return trio.current_time() - start

@@ -1,0 +1,119 @@
+"""Whole clusters over the simulated network, on virtual time (MockClock, autojump)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from mesh.agent import JoinError
+from mesh.config import MeshConfig
+from mesh.members import MemberStatus
+from mesh.simnet import LinkFaults, SimNetwork
+
+from .harness import KEY_B, agree, start_agent, start_cluster, view, wait_until
+
+ALIVE, DEAD, LEFT = MemberStatus.ALIVE, MemberStatus.DEAD, MemberStatus.LEFT
+
+
+async def test_ten_nodes_join_through_one_seed(autojump_clock):
+    net = SimNetwork(seed=1)
+    async with trio.open_nursery() as nursery:
+        agents = await start_cluster(nursery, net, 10, MeshConfig.lan(), seed=1)
+        took = await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(10)}), 30)
+        assert took < 10
+        assert all(m.tags == {"role": "gateway"} for m in agents[3].members())
+        nursery.cancel_scope.cancel()
+
+
+async def test_crashed_node_is_declared_dead_by_everyone(autojump_clock):
+    net = SimNetwork(seed=2)
+    async with trio.open_nursery() as nursery:
+        agents = await start_cluster(nursery, net, 5, MeshConfig.lan(), seed=2)
+        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
+        crashed_at = trio.current_time()
+        net.crashed.add(agents[4].transport.addr)
+        agents[4].stop()
+        took = await wait_until(lambda: agree(agents[:4], {"node-4": DEAD}), 60)
+        # memberlist's LAN defaults: ~5-6 s typical, ~25 s worst (DESIGN.md section 6).
+        assert took < 25, f"detection took {took}s"
+        assert trio.current_time() - crashed_at == took
+        nursery.cancel_scope.cancel()
+
+
+async def test_graceful_leave_is_left_not_dead(autojump_clock):
+    net = SimNetwork(seed=3)
+    async with trio.open_nursery() as nursery:
+        agents = await start_cluster(nursery, net, 5, MeshConfig.lan(), seed=3)
+        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
+        await agents[2].leave()
+        rest = [a for i, a in enumerate(agents) if i != 2]
+        took = await wait_until(lambda: agree(rest, {"node-2": LEFT}), 30)
+        assert took < 5
+        await trio.sleep(30)
+        assert agree(rest, {"node-2": LEFT})  # not turned into dead later
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_dead_node_that_restarts_rejoins_with_a_higher_incarnation(autojump_clock):
+    net = SimNetwork(seed=4)
+    config = MeshConfig.lan()
+    async with trio.open_nursery() as nursery:
+        agents = await start_cluster(nursery, net, 4, config, seed=4)
+        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(4)}), 30)
+        net.crashed.add(agents[3].transport.addr)
+        agents[3].stop()
+        await wait_until(lambda: agree(agents[:3], {"node-3": DEAD}), 60)
+        dead_incarnation = next(m.incarnation for m in agents[0].members() if m.name == "node-3")
+        net.crashed.discard(agents[3].transport.addr)
+        reborn = await start_agent(nursery, net, 3, config, seed=99)
+        await reborn.join([agents[0].transport.addr])
+        await wait_until(lambda: agree(agents[:3] + [reborn], {f"node-{i}": ALIVE for i in range(4)}), 30)
+        assert next(m.incarnation for m in agents[0].members() if m.name == "node-3") > dead_incarnation
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_node_without_the_key_cannot_join(autojump_clock):
+    net = SimNetwork(seed=5)
+    async with trio.open_nursery() as nursery:
+        agents = await start_cluster(nursery, net, 3, MeshConfig.lan(), seed=5)
+        stranger = await start_agent(nursery, net, 9, MeshConfig.lan(), seed=5, keys=[KEY_B])
+        with pytest.raises(JoinError):
+            await stranger.join([agents[0].transport.addr])
+        await trio.sleep(10)
+        assert "node-9" not in view(agents[0]) and "node-9" not in view(agents[1])
+        assert agents[0].stats.dropped["decrypt"] >= 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_tag_changes_propagate(autojump_clock):
+    net = SimNetwork(seed=6)
+    async with trio.open_nursery() as nursery:
+        agents = await start_cluster(nursery, net, 6, MeshConfig.lan(), seed=6)
+        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(6)}), 30)
+        agents[1].set_tags({"role": "gateway", "zone": "b"})
+
+        def seen() -> bool:
+            return all(next(m for m in a.members() if m.name == "node-1").tags.get("zone") == "b" for a in agents)
+
+        assert await wait_until(seen, 10) < 3
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+async def test_partition_then_heal_converges(autojump_clock, seed):
+    net = SimNetwork(seed=seed, faults=LinkFaults(drop=0.05, duplicate=0.02, delay_s=0.002, jitter_s=0.01))
+    config = MeshConfig.lan()
+    async with trio.open_nursery() as nursery:
+        agents = await start_cluster(nursery, net, 8, config, seed=seed)
+        everyone = {f"node-{i}": ALIVE for i in range(8)}
+        await wait_until(lambda: agree(agents, everyone), 60)
+        left, right = [a.transport.addr for a in agents[:4]], [a.transport.addr for a in agents[4:]]
+        net.partition(left, right)
+        await trio.sleep(60)  # each side declares the other dead
+        assert agree(agents[:4], {f"node-{i}": DEAD for i in range(4, 8)}), f"seed={seed}"
+        net.heal()
+        # Dead members are still gossiped to for a while and push-pull repairs the rest:
+        # within a stated bound everyone is alive again in every view.
+        took = await wait_until(lambda: agree(agents, everyone), 120)
+        assert took < 120, f"seed={seed}"
+        nursery.cancel_scope.cancel()
