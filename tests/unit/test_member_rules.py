@@ -1,0 +1,151 @@
+"""The member state machine, one test per rule (see mesh/members.py), time passed in."""
+
+import random
+
+from mesh.config import MeshConfig
+from mesh.members import MemberStatus, MemberTable
+from mesh.swim import MemberChanged, PacketIn, SendPacket, Swim, Tick
+from mesh.wire import Ack, Alive, Dead, Ping, Suspect, decode_packet, encode_packet
+
+A, S, D, L = MemberStatus.ALIVE, MemberStatus.SUSPECT, MemberStatus.DEAD, MemberStatus.LEFT
+
+
+def table_with(status=A, inc=5) -> MemberTable:
+    t = MemberTable("me", 100)
+    t.apply_alive(Alive(inc, "x", "10.0.0.2:1", ()), 0)
+    if status is S:
+        t.apply_suspect(Suspect(inc, "x", "y"), 0)
+    elif status in (D, L):
+        t.apply_dead(Dead(inc, "x", "x" if status is L else "y"), 0)
+    return t
+
+
+def test_unknown_alive_is_added():
+    t = MemberTable("me", 100)
+    assert t.apply_alive(Alive(1, "x", "a:1", (("k", "v"),)), 3).reason == "added"
+    assert t.get("x").status is A and t.get("x").changed_at == 3
+
+
+def test_old_incarnations_are_ignored():
+    t = table_with(A, 5)
+    assert t.apply_alive(Alive(5, "x", "10.0.0.2:1", ()), 1).reason == "stale"
+    assert t.apply_suspect(Suspect(4, "x", "y"), 1).reason == "stale"
+    assert t.apply_dead(Dead(4, "x", "y"), 1).reason == "stale"
+    assert t.get("x").status is A
+
+
+def test_suspect_refuted_by_higher_incarnation():
+    t = table_with(S, 5)
+    v = t.apply_alive(Alive(6, "x", "10.0.0.2:1", ()), 1)
+    assert v.changed and v.previous is S and t.get("x").status is A
+
+
+def test_suspect_with_same_incarnation_is_a_confirmation():
+    assert table_with(S, 5).apply_suspect(Suspect(5, "x", "z"), 1).reason == "confirmation"
+
+
+def test_dead_is_final_for_that_incarnation():
+    t = table_with(D, 5)
+    assert t.apply_suspect(Suspect(5, "x", "y"), 1).reason == "final"
+    assert t.apply_dead(Dead(9, "x", "y"), 1).reason == "final"
+    assert t.apply_alive(Alive(5, "x", "10.0.0.2:1", ()), 1).reason == "stale"
+    assert t.apply_alive(Alive(6, "x", "10.0.0.2:1", ()), 1).changed  # a rejoin needs a higher incarnation
+
+
+def test_leave_is_not_a_failure():
+    t = table_with(A, 5)
+    assert t.apply_dead(Dead(5, "x", "x"), 1).reason == "left" and t.get("x").status is L
+
+
+def test_two_processes_claiming_one_name_do_not_flap():
+    t = table_with(A, 5)
+    assert t.apply_alive(Alive(6, "x", "10.9.9.9:1", ()), 1).reason == "addr_conflict"
+    assert t.get("x").addr == "10.0.0.2:1"
+
+
+def test_unknown_member_suspicion_and_death_are_ignored():
+    t = MemberTable("me", 100)
+    assert t.apply_suspect(Suspect(1, "ghost", "y"), 0).reason == "unknown"
+    assert t.apply_dead(Dead(1, "ghost", "y"), 0).reason == "unknown"
+
+
+def test_the_table_is_bounded():
+    t = MemberTable("me", 2)
+    t.apply_alive(Alive(1, "a", "a:1", ()), 0)
+    t.apply_alive(Alive(1, "b", "b:1", ()), 0)
+    assert t.apply_alive(Alive(1, "c", "c:1", ()), 0).reason == "table_full"
+
+
+def test_reap_forgets_dead_and_left_after_reap_time():
+    t = table_with(D, 5)
+    assert t.reap(10, reap_s=20) == [] and t.reap(21, reap_s=20)[0].name == "x" and t.get("x") is None
+
+
+def swim(name="me", **cfg) -> Swim:
+    return Swim(MeshConfig.lan(**cfg), name, f"{name}:1", {}, random.Random(0), 0.0)
+
+
+def test_suspicion_about_self_is_refuted_with_a_higher_incarnation():
+    s = swim()
+    s.handle(PacketIn("x:1", [Suspect(1, "me", "x")]), 1.0)
+    assert s.incarnation == 2 and s.stats["refutations"] == 1 and s.awareness == 1
+    assert s.table.get("me").status is A
+
+
+def test_dead_about_self_while_leaving_is_accepted():
+    from mesh.swim import Leave
+    s = swim()
+    s.handle(Leave(), 1.0)
+    s.handle(PacketIn("x:1", [Dead(9, "me", "x")]), 1.0)
+    assert s.stats["refutations"] == 0
+
+
+def test_ping_gets_an_ack_and_wrong_target_does_not():
+    s = swim()
+    out = s.handle(PacketIn("x:1", [Ping(7, "me", "x", "x:1")]), 1.0)
+    messages, _ = decode_packet(encode_packet(list(out[0].messages)), 2000)
+    assert out[0].addr == "x:1" and Ack(7, "me") in messages
+    assert s.handle(PacketIn("x:1", [Ping(8, "someone-else", "x", "x:1")]), 1.0) == []
+
+
+def test_unanswered_probe_leads_to_suspicion_then_death():
+    s = swim(probe_interval_s=1.0, probe_timeout_s=0.5, suspicion_mult=4)
+    s.handle(PacketIn("x:1", [Alive(1, "x", "x:1", ())]), 0.0)
+    changes = []
+    t = 0.0
+    while t < 40:
+        t = max(t + 0.001, s.next_deadline())
+        changes += [a for a in s.handle(Tick(), t) if isinstance(a, MemberChanged)]
+    statuses = [c.member.status for c in changes if c.member.name == "x"]
+    assert statuses == [S, D]
+    # n = 2 members: min suspicion = 4 * 1 * 1 s; Lifeguard starts at 6x that with no confirmations.
+    assert s.stats["suspicions_raised"] == 1
+
+
+def test_buddy_system_puts_the_suspicion_in_the_probe():
+    s = swim()
+    s.handle(PacketIn("x:1", [Alive(1, "x", "x:1", ())]), 0.0)
+    s.handle(PacketIn("y:1", [Suspect(1, "x", "y")]), 0.0)
+    t, packet = 0.0, None
+    while packet is None:
+        t = s.next_deadline()
+        for a in s.handle(Tick(), t):
+            if isinstance(a, SendPacket) and a.addr == "x:1":
+                msgs, _ = decode_packet(encode_packet(list(a.messages)), 2000)
+                if any(isinstance(m, Ping) for m in msgs):
+                    packet = msgs
+    assert isinstance(packet[0], Suspect) and packet[0].node == "x" and isinstance(packet[1], Ping)
+
+
+def test_confirmations_shorten_the_suspicion_timeout():
+    cfg = MeshConfig.lan()
+    n = 10
+    assert cfg.suspicion_timeout_s(n, 0) == 6 * cfg.suspicion_min_s(n)
+    assert cfg.suspicion_timeout_s(n, 1) < cfg.suspicion_timeout_s(n, 0)
+    assert cfg.suspicion_timeout_s(n, 2) == cfg.suspicion_min_s(n)
+    assert MeshConfig.lan(lifeguard=False).suspicion_timeout_s(n, 0) == cfg.suspicion_min_s(n)
+
+
+def test_retransmit_limit_grows_with_log_of_cluster_size():
+    cfg = MeshConfig.lan()
+    assert [cfg.retransmit_limit(n) for n in (1, 9, 10, 99, 100, 1000)] == [4, 4, 8, 8, 12, 16]
