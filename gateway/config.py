@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mesh.options import MeshOptions, is_loopback, parse_tags
+
 from .api.admission import AdmissionConfig
 from .routing.breaker import BreakerConfig
 from .routing.policies import POLICIES, PolicyConfig
@@ -61,6 +63,7 @@ class GatewayConfig:
     breaker: BreakerConfig = BreakerConfig()
     health: HealthConfig = HealthConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
+    mesh: MeshOptions = MeshOptions()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +125,23 @@ _OPTIONS: list[_Option] = [
     _Option("--tokenizer-cache-l0-entries", "tokenizer.l0_entries_max", int, "exact-text cache entries"),
     _Option("--tokenizer-cache-l1-bytes", "tokenizer.l1_bytes_max", int, "prefix cache size in bytes"),
     _Option("--sim-engines", "sim_engines", int, "demo: start this many simulated engines and use them"),
+    _Option("--mesh-bind", "mesh.bind", str, "gossip (UDP) and push-pull (TCP) address, e.g. 0.0.0.0:7946"),
+    _Option("--mesh-advertise", "mesh.advertise", str, "address other members reach this one at"),
+    _Option("--join", "mesh.join", "list", "seeds host:port or dns:NAME:PORT, retried until one answers"),
+    _Option("--retry-join", "mesh.retry_join_max", int, "join rounds before giving up (0: forever)"),
+    _Option("--retry-join-interval-secs", "mesh.retry_join_interval_s", float, "first wait between join rounds"),
+    _Option("--node-name", "mesh.node_name", str, "this member's name (default: host-port)"),
+    _Option("--encrypt", "mesh.keys", "list", "gossip keys (base64 AES-256, first encrypts)"),
+    _Option("--tag", "mesh.tags", "list", "member tags key=value (zone, role...)"),
+    _Option("--mesh-preset", "mesh.preset", str, "protocol timers: lan (default) or local (one machine)"),
+    _Option("--rpc-addr", "mesh.rpc_addr", str, "admin endpoint for the CLI (default 127.0.0.1:7373)"),
+    _Option("--rpc-token", "mesh.rpc_token", str, "bearer token the admin endpoint requires"),
+    # smg's mesh flags, accepted so its users can switch.
+    _Option("--enable-mesh", "_enable_mesh", "bool", "smg alias: run the mesh (on 0.0.0.0:7946 by default)"),
+    _Option("--mesh-host", "_mesh_host", str, "smg alias: host part of --mesh-bind"),
+    _Option("--mesh-port", "_mesh_port", int, "smg alias: port part of --mesh-bind"),
+    _Option("--mesh-advertise-host", "_mesh_advertise_host", str, "smg alias: host part of --mesh-advertise"),
+    _Option("--mesh-peer-urls", "mesh.join", "list", "smg alias of --join"),
     _Option("--sim-engine-args", "sim_engine_args", "list", "extra flags for the simulated engines"),
 ]
 
@@ -187,12 +207,32 @@ def build_config(args: argparse.Namespace, environ: "dict[str, str] | None" = No
             sections.setdefault(section, {})[field] = value
         else:
             top[opt.path] = value
+    _smg_mesh_aliases(top, sections.setdefault("mesh", {}))
     base = GatewayConfig()
     for section, values in sections.items():
         top[section] = dataclasses.replace(getattr(base, section), **values)
     config = dataclasses.replace(base, **top)
     validate(config)
     return config
+
+
+def _smg_mesh_aliases(top: dict[str, Any], mesh: dict[str, Any]) -> None:
+    """Fold smg's --enable-mesh/--mesh-host/--mesh-port/--mesh-advertise-host into our options."""
+    enable, host, port = top.pop("_enable_mesh", False), top.pop("_mesh_host", None), top.pop("_mesh_port", None)
+    advertise_host = top.pop("_mesh_advertise_host", None)
+    if "bind" not in mesh and (enable or host or port or mesh.get("join")):
+        mesh["bind"] = f"{host or '0.0.0.0'}:{port or 7946}"
+    if advertise_host and "advertise" not in mesh:
+        mesh["advertise"] = f"{advertise_host}:{mesh['bind'].rpartition(':')[2] if 'bind' in mesh else 7946}"
+    if "tags" in mesh:
+        try:
+            mesh["tags"] = parse_tags(mesh["tags"])
+        except ValueError as e:
+            raise ConfigError(f"--tag: {e}") from None
+    for seed in mesh.get("join", ()):
+        body = seed[4:] if seed.startswith("dns:") else seed
+        if not body.rpartition(":")[2].isdigit():
+            raise ConfigError(f"--join: a seed is host:port or dns:NAME:PORT, got {seed!r}")
 
 
 def validate(config: GatewayConfig) -> None:
@@ -213,3 +253,16 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError(f"--chat-template {config.chat_template} is not a file")
     if config.sim_engines < 0:
         raise ConfigError("--sim-engines must not be negative")
+    mesh = config.mesh
+    if mesh.enabled:
+        if mesh.preset not in ("lan", "local"):
+            raise ConfigError("--mesh-preset must be lan or local")
+        if not is_loopback(mesh.rpc_addr) and not mesh.rpc_token:
+            raise ConfigError("--rpc-addr off loopback needs --rpc-token: the admin endpoint can make the node "
+                              "leave the cluster")
+        from mesh.crypto import KeyringError, decode_key
+        try:
+            for key in mesh.keys:
+                decode_key(key)
+        except KeyringError as e:
+            raise ConfigError(f"--encrypt: {e}") from None

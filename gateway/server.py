@@ -23,6 +23,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from .api.admission import Admission
 from .api.app import GatewayApp
+from .api.http import answer_lifespan
 from .api.state import GatewayState
 from .config import GatewayConfig
 from .engine.bridge import GrpcBridge
@@ -170,6 +171,9 @@ async def serve_gateway(config: GatewayConfig, *, task_status=trio.TASK_STATUS_I
 async def _serve_metrics_only(config: GatewayConfig, metrics: GatewayMetrics) -> None:
     """A second listener with only /metrics, for scrapers kept off the API port."""
     async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await answer_lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         if scope["path"] != "/metrics":
@@ -198,17 +202,31 @@ def run_gateway(config: GatewayConfig) -> int:
                 nursery.cancel_scope.cancel()  # drained: stop listening for signals too
 
             running: RunningGateway = await nursery.start(serve_then_stop)
+            mesh = None
+            if config.mesh.enabled:
+                from mesh.service import serve_mesh
+
+                async def mesh_then_stop(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                    await serve_mesh(config.mesh, {"http": running.url, "proto": "1"}, task_status=task_status)
+                    running.state.shutting_down = True
+                    running.shutdown.set()  # the node left the cluster (smg-node leave): it goes too
+
+                mesh = await nursery.start(mesh_then_stop)
             # One line on stdout, whatever the log level: scripts and supervisors wait for it.
             print(f"READY {running.url}", flush=True)
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for signum in signals:
-                    if running.shutdown.is_set():
+                    if running.shutdown.is_set() or running.state.shutting_down:
                         log.warning("second signal: exiting now")
                         nursery.cancel_scope.cancel()
                         return
-                    log.info("signal %s: draining for up to %.0fs", signal.Signals(signum).name,
+                    log.info("signal %s: leaving and draining for up to %.0fs", signal.Signals(signum).name,
                              config.shutdown_grace_period_s)
-                    running.shutdown.set()
+                    running.state.shutting_down = True  # readiness fails at once: load balancers drain us
+                    if mesh is not None:
+                        nursery.start_soon(mesh.agent.leave)  # when it is done, the gateway drains
+                    else:
+                        running.shutdown.set()
 
     trio.run(main)
     return 0

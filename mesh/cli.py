@@ -1,7 +1,15 @@
 """The ``smg-node`` command.
 
-    smg-node serve [options]        run a node: the tokenizing gateway (see --help)
+    smg-node serve [options]        run a node: the tokenizing gateway and its mesh agent (see --help)
+    smg-node join SEED...           tell the local node to join a cluster through seeds
+    smg-node leave                  make the local node leave gracefully (it then exits)
+    smg-node members [--json]       the cluster as the local node sees it
+    smg-node keygen                 a new gossip encryption key
+    smg-node keyring list|install|use|remove [KEY]
     smg-node sim-engine --port P    run a simulated SGLang/vLLM gRPC engine
+
+join, leave, members and keyring talk to the local node's admin endpoint
+(--rpc-addr, default 127.0.0.1:7373, as in Serf).
 """
 
 from __future__ import annotations
@@ -23,6 +31,20 @@ def build_parser() -> argparse.ArgumentParser:
     sim = commands.add_parser("sim-engine", help="run a simulated engine",
                               description="A gRPC server speaking the SGLang and vLLM services of smg-grpc-proto.")
     add_sim_engine_arguments(sim)
+    for name, text in (("join", "join a cluster through seeds"), ("leave", "leave the cluster gracefully"),
+                       ("members", "list the members"), ("keyring", "list, install, use or remove gossip keys")):
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("--rpc-addr", default=None, help="admin endpoint (default: $SMG_NODE_RPC_ADDR or "
+                                                          "127.0.0.1:7373)")
+        sub.add_argument("--rpc-token", default=None, help="bearer token (default: $SMG_NODE_RPC_TOKEN)")
+        if name == "join":
+            sub.add_argument("seeds", nargs="+")
+        elif name == "members":
+            sub.add_argument("--json", action="store_true", help="a JSON list instead of a table")
+        elif name == "keyring":
+            sub.add_argument("action", choices=("list", "install", "use", "remove"))
+            sub.add_argument("key", nargs="?")
+    commands.add_parser("keygen", help="print a new gossip encryption key")
     return parser
 
 
@@ -40,7 +62,12 @@ def main(argv: "list[str] | None" = None) -> int:
     if args.command == "sim-engine":
         from chaos.sim_engine.server import run
         return run(args)
-    return 2
+    if args.command == "keygen":
+        from mesh.crypto import generate_key
+        print(generate_key())
+        return 0
+    from mesh.admin_client import run_admin_command
+    return run_admin_command(args)
 
 
 if __name__ == "__main__":

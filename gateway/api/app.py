@@ -18,7 +18,7 @@ import trio
 
 from . import admin, native, openai
 from .errors import ApiError, MethodNotAllowed, NotFound
-from .http import ClientGone, Request
+from .http import ClientGone, Request, answer_lifespan
 
 log = logging.getLogger("gateway.api")
 access_log = logging.getLogger("gateway.access")
@@ -51,7 +51,7 @@ class GatewayApp:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await answer_lifespan(receive, send)
             return
         if scope["type"] != "http":
             return  # websockets are not served
@@ -107,12 +107,3 @@ class GatewayApp:
         if request.response_started or request.disconnected:
             return  # the head is out (or nobody listens): nothing more can be said in HTTP terms
         await request.send_bytes(status, body, [(b"content-type", b"application/json"), *headers])
-
-    async def _lifespan(self, receive: Any, send: Any) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return

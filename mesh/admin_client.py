@@ -1,0 +1,62 @@
+"""The client side of ``smg-node join|leave|members|keyring``: calls to the local admin endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import httpx2
+
+ADMIN_TIMEOUT_S = 30.0
+
+
+def _call(args: argparse.Namespace, method: str, path: str, body: "dict[str, Any] | None" = None) -> Any:
+    addr = args.rpc_addr or os.environ.get("SMG_NODE_RPC_ADDR", "127.0.0.1:7373")
+    token = args.rpc_token or os.environ.get("SMG_NODE_RPC_TOKEN")
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    try:
+        r = httpx2.request(method, f"http://{addr}{path}", json=body, headers=headers, timeout=ADMIN_TIMEOUT_S)
+    except httpx2.HTTPError as e:
+        raise SystemExit(f"smg-node: cannot reach the node's admin endpoint at {addr}: {e}") from None
+    try:
+        value = r.json()
+    except ValueError:
+        raise SystemExit(f"smg-node: {addr} did not answer JSON (status {r.status_code})") from None
+    if r.status_code >= 400:
+        raise SystemExit(f"smg-node: {value.get('error', r.status_code)}")
+    return value
+
+
+def _table(members: "list[dict[str, Any]]") -> str:
+    rows = [("NAME", "ADDRESS", "STATE", "INCARNATION", "TAGS", "LAST CHANGE")]
+    for m in sorted(members, key=lambda m: m["name"]):
+        tags = ",".join(f"{k}={v}" for k, v in sorted(m["tags"].items()))
+        rows.append((m["name"], m["address"], m["state"], str(m["incarnation"]), tags, m["last_change"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def run_admin_command(args: argparse.Namespace) -> int:
+    if args.command == "members":
+        members = _call(args, "GET", "/v1/members")["members"]
+        print(json.dumps(members, indent=2) if args.json else _table(members))
+    elif args.command == "join":
+        print(f"joined through {_call(args, 'POST', '/v1/join', {'seeds': args.seeds})['joined']} seed(s)")
+    elif args.command == "leave":
+        _call(args, "POST", "/v1/leave")
+        print("leaving: the node announces it and stops")
+    elif args.command == "keyring":
+        if args.action == "list":
+            result = _call(args, "GET", "/v1/keyring")
+        else:
+            if not args.key:
+                print(f"smg-node keyring {args.action}: a KEY is required", file=sys.stderr)
+                return 2
+            result = _call(args, "POST", f"/v1/keyring/{args.action}", {"key": args.key})
+        for i, key in enumerate(result["keys"]):
+            print(f"{key}{'  (primary)' if i == 0 else ''}")
+    return 0
+

@@ -1,0 +1,62 @@
+"""What ``smg-node serve`` needs to run the mesh: addresses, seeds, keys, admin endpoint.
+
+The protocol's timers live in ``MeshConfig`` (presets ``lan`` and ``local``);
+these are the per-node facts and choices around it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import socket
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshOptions:
+    # Gossip (UDP) and push-pull (TCP) on this address; None: no mesh (a lone node).
+    bind: str | None = None
+    # Address other members reach us at, when it differs from bind (NAT, 0.0.0.0).
+    advertise: str | None = None
+    # Seeds: host:port, or dns:NAME:PORT resolved to every address of NAME (a
+    # Kubernetes headless service). Retried with backoff until one answers.
+    join: tuple[str, ...] = ()
+    # How many rounds of join attempts before giving up; 0 = keep trying forever.
+    retry_join_max: int = 0
+    retry_join_interval_s: float = 5.0
+    node_name: str | None = None
+    # Base64 AES-256 keys; the first encrypts. Empty: gossip in the clear (a warning is logged).
+    keys: tuple[str, ...] = ()
+    tags: tuple[tuple[str, str], ...] = ()
+    preset: str = "lan"
+    # The local admin endpoint the CLI talks to (Serf's default port). It serves only
+    # loopback unless a token is set: commands can make the node leave the cluster.
+    rpc_addr: str = "127.0.0.1:7373"
+    rpc_token: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.bind is not None
+
+
+def is_loopback(addr: str) -> bool:
+    host = addr.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def default_node_name(bind: str) -> str:
+    return f"{socket.gethostname()}-{bind.rpartition(':')[2]}"
+
+
+def parse_tags(items: "tuple[str, ...] | list[str]") -> tuple[tuple[str, str], ...]:
+    tags = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"a tag is key=value, got {item!r}")
+        tags.append((key, value))
+    return tuple(sorted(tags))

@@ -1,0 +1,214 @@
+"""Running a node's mesh: transport, agent, joining seeds, and the local admin endpoint.
+
+``serve_mesh`` runs until cancelled; ``task_status.started`` hands back the
+``MeshService`` (agent and admin address). The admin endpoint is a small JSON
+API the ``smg-node join|leave|members|keyring`` commands call:
+
+    GET  /v1/members              the member list
+    POST /v1/join  {"seeds": []}  join through seeds
+    POST /v1/leave                leave gracefully, then stop gossiping
+    GET  /v1/keyring              installed keys (primary first)
+    POST /v1/keyring/{install,use,remove}  {"key": "..."}
+    POST /v1/tags  {"tags": {}}   replace this node's tags
+
+It listens on loopback by default; on any other address it requires the
+bearer token set with --rpc-token (it can make the node leave the cluster).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hmac
+import logging
+import random
+import time
+from typing import Any
+
+import orjson
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from gateway.api.http import answer_lifespan
+
+from .agent import JoinError, MeshAgent
+from .config import MeshConfig
+from .crypto import Keyring, KeyringError
+from .members import MemberSnapshot
+from .options import MeshOptions, default_node_name
+from .transport import UdpTcpTransport
+
+log = logging.getLogger("mesh.service")
+
+ADMIN_BODY_BYTES_MAX = 64 * 1024
+JOIN_BACKOFF_MAX_S = 60.0
+
+
+@dataclasses.dataclass
+class MeshService:
+    agent: MeshAgent
+    keyring: Keyring
+    admin_url: str
+    left: trio.Event
+
+
+def member_json(m: MemberSnapshot) -> dict[str, Any]:
+    # The core keeps trio's monotonic time; people want the wall-clock time of the change.
+    changed = time.time() - (trio.current_time() - m.changed_at)
+    return {"name": m.name, "address": m.addr, "state": m.status.name.lower(), "incarnation": m.incarnation,
+            "tags": m.tags, "last_change": datetime.datetime.fromtimestamp(changed, datetime.timezone.utc)
+            .isoformat(timespec="seconds")}
+
+
+async def resolve_seeds(seeds: "tuple[str, ...] | list[str]") -> list[str]:
+    """host:port as given; dns:NAME:PORT becomes every address NAME resolves to."""
+    out: list[str] = []
+    for seed in seeds:
+        if seed.startswith("dns:"):
+            name, _, port = seed[4:].rpartition(":")
+            try:
+                infos = await trio.socket.getaddrinfo(name, int(port), type=trio.socket.SOCK_DGRAM)
+            except (OSError, ValueError) as e:
+                log.warning("seed %s does not resolve: %s", seed, e)
+                continue
+            for info in infos:
+                host = info[4][0]
+                out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        else:
+            out.append(seed)
+    return list(dict.fromkeys(out))
+
+
+async def join_with_retry(agent: MeshAgent, options: MeshOptions) -> bool:
+    """Try the seeds until one answers, backing off between rounds (--retry-join)."""
+    delay = options.retry_join_interval_s
+    attempt = 0
+    while True:
+        attempt += 1
+        seeds = [s for s in await resolve_seeds(options.join) if s != agent.transport.addr]
+        if not seeds:
+            return True  # we are the only seed: the cluster starts with us
+        try:
+            answered = await agent.join(seeds)
+            log.info("joined the cluster through %d of %d seeds", answered, len(seeds))
+            return True
+        except JoinError as e:
+            if options.retry_join_max and attempt >= options.retry_join_max:
+                log.error("giving up joining after %d attempts: %s", attempt, e)
+                return False
+            log.warning("join attempt %d failed (%s); retrying in %.0fs", attempt, e, delay)
+        await trio.sleep(delay * (0.8 + 0.4 * random.random()))
+        delay = min(delay * 2, JOIN_BACKOFF_MAX_S)
+
+
+class _AdminApp:
+    def __init__(self, service: MeshService, token: str | None, nursery: trio.Nursery) -> None:
+        self.service = service
+        self.token = token
+        self.nursery = nursery
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await answer_lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        status, body = await self._route(scope, receive)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": orjson.dumps(body)})
+
+    async def _body(self, receive) -> dict[str, Any]:
+        data = b""
+        while True:
+            message = await receive()
+            data += message.get("body", b"")
+            if len(data) > ADMIN_BODY_BYTES_MAX:
+                raise ValueError("body too large")
+            if not message.get("more_body"):
+                break
+        value = orjson.loads(data) if data else {}
+        if not isinstance(value, dict):
+            raise ValueError("body must be a JSON object")
+        return value
+
+    async def _route(self, scope, receive) -> tuple[int, Any]:
+        if self.token is not None:
+            auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            if not hmac.compare_digest(auth, f"Bearer {self.token}"):
+                return 401, {"error": "missing or wrong bearer token"}
+        agent, method, path = self.service.agent, scope["method"], scope["path"]
+        try:
+            if method == "GET" and path == "/v1/members":
+                return 200, {"members": [member_json(m) for m in agent.members()], "self": agent.name}
+            if method == "GET" and path == "/v1/keyring":
+                return 200, {"keys": self.service.keyring.list(), "primary": self.service.keyring.primary()}
+            body = await self._body(receive) if method == "POST" else {}
+            if method == "POST" and path == "/v1/join":
+                seeds = body.get("seeds")
+                if not isinstance(seeds, list) or not seeds or not all(isinstance(s, str) for s in seeds):
+                    return 400, {"error": "'seeds' must be a non-empty list of host:port"}
+                answered = await agent.join(await resolve_seeds(seeds))
+                return 200, {"joined": answered}
+            if method == "POST" and path == "/v1/leave":
+                self.nursery.start_soon(self._leave)
+                return 202, {"leaving": True}
+            if method == "POST" and path.startswith("/v1/keyring/"):
+                key = body.get("key")
+                if not isinstance(key, str):
+                    return 400, {"error": "'key' is required"}
+                action = path.rsplit("/", 1)[1]
+                ops = {"install": self.service.keyring.install, "use": self.service.keyring.use,
+                       "remove": self.service.keyring.remove}
+                if action not in ops:
+                    return 404, {"error": f"no keyring action {action}"}
+                ops[action](key)
+                return 200, {"keys": self.service.keyring.list()}
+            if method == "POST" and path == "/v1/tags":
+                tags = body.get("tags")
+                if not isinstance(tags, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                         for k, v in tags.items()):
+                    return 400, {"error": "'tags' must be an object of strings"}
+                agent.set_tags(tags)
+                return 200, {"tags": tags}
+        except (ValueError, orjson.JSONDecodeError) as e:
+            return 400, {"error": str(e)}
+        except (KeyringError, JoinError) as e:
+            return 409, {"error": str(e)}
+        return 404, {"error": f"no route {method} {path}"}
+
+    async def _leave(self) -> None:
+        await self.service.agent.leave()
+        self.service.left.set()
+
+
+async def serve_mesh(options: MeshOptions, extra_tags: "dict[str, str]", *,
+                     task_status=trio.TASK_STATUS_IGNORED) -> None:
+    config = MeshConfig.local() if options.preset == "local" else MeshConfig.lan()
+    transport = UdpTcpTransport(options.bind, options.advertise, config.tcp_state_bytes_max)
+    keyring = Keyring(list(options.keys))
+    if not keyring.enabled:
+        log.warning("gossip is not encrypted: pass --encrypt KEY (smg-node keygen makes one)")
+    name = options.node_name or default_node_name(transport.addr)
+    tags = {**dict(options.tags), **extra_tags}
+    agent = MeshAgent(config, name, transport, keyring, tags)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(agent.run)
+            service = MeshService(agent, keyring, "", trio.Event())
+            hc = HypercornConfig()
+            hc.bind = [options.rpc_addr]
+            hc.accesslog = None
+            hc.errorlog = logging.getLogger("mesh.admin")
+            binds = await nursery.start(lambda task_status: hypercorn_serve(
+                _AdminApp(service, options.rpc_token, nursery), hc, task_status=task_status))
+            service.admin_url = binds[0]
+            log.info("mesh member %s at %s (admin %s)", name, transport.addr, service.admin_url)
+            task_status.started(service)
+            if options.join:
+                nursery.start_soon(join_with_retry, agent, options)
+            await agent.stopped.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        transport.close()

@@ -1,0 +1,118 @@
+"""Real smg-node processes forming a mesh on 127.0.0.1 (the `local` preset's timers)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from chaos.processes import NodeProcess
+from mesh.crypto import generate_key
+
+KEY = generate_key()
+BASE_PORT = 27946
+
+
+def node_args(i: int, key: str = KEY, seed: int = 0) -> list[str]:
+    return ["--mesh-bind", f"127.0.0.1:{BASE_PORT + i}", "--join", f"127.0.0.1:{BASE_PORT + seed}",
+            "--node-name", f"n{i}", "--encrypt", key, "--mesh-preset", "local",
+            "--rpc-addr", f"127.0.0.1:{BASE_PORT + 100 + i}", "--retry-join-interval-secs", "0.5"]
+
+
+def cli(i: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mesh.cli", *args, "--rpc-addr", f"127.0.0.1:{BASE_PORT + 100 + i}"],
+                          capture_output=True, text=True, timeout=30)
+
+
+def view(i: int) -> dict[str, str]:
+    r = cli(i, "members", "--json")
+    assert r.returncode == 0, r.stderr
+    return {m["name"]: m["state"] for m in json.loads(r.stdout)}
+
+
+def eventually(predicate, timeout_s: float) -> float:
+    """Poll other processes' views (nothing to await across processes)."""
+    start = time.monotonic()
+    while True:
+        try:
+            if predicate():
+                return time.monotonic() - start
+        except AssertionError:
+            pass
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"not within {timeout_s}s")
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def cluster(log_dir):
+    nodes = {i: NodeProcess(node_args(i), log_dir, f"mesh-n{i}") for i in range(5)}
+    yield nodes
+    for n in nodes.values():
+        n.kill()
+
+
+def test_five_nodes_kill_restart_leave_and_wrong_key(cluster, log_dir):
+    names = {f"n{i}" for i in range(5)}
+    eventually(lambda: all(view(i) == {n: "alive" for n in names} for i in range(5)), 30)
+    members = json.loads(cli(0, "members", "--json").stdout)
+    assert all({"name", "address", "state", "incarnation", "tags", "last_change"} <= set(m) for m in members)
+    assert all(m["tags"]["http"].startswith("http://127.0.0.1:") for m in members)
+
+    cluster[3].kill()  # SIGKILL: no goodbye
+    took = eventually(lambda: all(view(i)["n3"] == "dead" for i in (0, 1, 2, 4)), 30)
+    assert took < 20
+
+    cluster[3] = NodeProcess(node_args(3), log_dir, "mesh-n3-again")  # same name and address
+    eventually(lambda: all(view(i)["n3"] == "alive" for i in range(5)), 30)
+
+    assert cli(2, "leave").returncode == 0
+    eventually(lambda: all(view(i)["n2"] == "left" for i in (0, 1, 3, 4)), 15)
+    assert cluster[2].process.wait(15) == 0  # the node exits after leaving
+    time.sleep(3)
+    assert all(view(i)["n2"] == "left" for i in (0, 1, 3, 4))  # left, never turned dead
+
+    stranger = NodeProcess(node_args(7, key=generate_key()), log_dir, "mesh-stranger")
+    try:
+        time.sleep(3)
+        assert "n7" not in view(0)
+        assert set(view(7)) == {"n7"}
+    finally:
+        stranger.kill()
+
+
+def test_sigterm_leaves_gracefully(log_dir):
+    a = NodeProcess(node_args(10, seed=10), log_dir, "mesh-a")
+    b = NodeProcess(node_args(11, seed=10), log_dir, "mesh-b")
+    try:
+        eventually(lambda: view(10) == {"n10": "alive", "n11": "alive"}, 20)
+        b.signal(signal.SIGTERM)
+        assert b.process.wait(20) == 0
+        eventually(lambda: view(10)["n11"] == "left", 10)
+    finally:
+        a.kill()
+        b.kill()
+
+
+def test_keyring_rotation_through_the_cli(log_dir):
+    a = NodeProcess(node_args(20, seed=20), log_dir, "mesh-key")
+    try:
+        new = generate_key()
+        assert cli(20, "keyring", "install", new).returncode == 0
+        assert cli(20, "keyring", "use", new).returncode == 0
+        listed = cli(20, "keyring", "list").stdout.split("\n")
+        assert listed[0] == f"{new}  (primary)" and listed[1] == KEY
+        assert cli(20, "keyring", "remove", KEY).returncode == 0
+        assert "cannot remove the primary" in cli(20, "keyring", "remove", new).stderr
+    finally:
+        a.kill()
+
+
+def test_keygen_prints_a_usable_key():
+    r = subprocess.run([sys.executable, "-m", "mesh.cli", "keygen"], capture_output=True, text=True, timeout=30)
+    from mesh.crypto import decode_key
+    assert len(decode_key(r.stdout.strip())) == 32
