@@ -212,6 +212,8 @@ def run_gateway(config: GatewayConfig) -> int:
                     running.shutdown.set()  # the node left the cluster (smg-node leave): it goes too
 
                 mesh = await nursery.start(mesh_then_stop)
+                from mesh.metrics import mesh_metric_families
+                running.state.metrics.add_state_source(lambda: mesh_metric_families(mesh.agent))
             # One line on stdout, whatever the log level: scripts and supervisors wait for it.
             print(f"READY {running.url}", flush=True)
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

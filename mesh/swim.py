@@ -170,7 +170,7 @@ class _Suspicion:
     incarnation: int
     started_at: float
     deadline: float
-    confirmations: set[str]
+    confirmations: set[str]  # members that suspect it, the first accuser included
 
 
 class Swim:
@@ -343,8 +343,10 @@ class Swim:
             missing = probe.expected_nacks - probe.nacks if probe.expected_nacks else 1
             self._adjust_awareness(max(0, missing))
         member = self.table.get(probe.target)
-        if member is not None and member.status is MemberStatus.ALIVE:
-            self.stats["suspicions_raised"] += 1
+        if member is not None and member.status in (MemberStatus.ALIVE, MemberStatus.SUSPECT):
+            # Already suspected by someone else: our failed probe is an independent confirmation.
+            if member.status is MemberStatus.ALIVE:
+                self.stats["suspicions_raised"] += 1
             self._apply(Suspect(member.incarnation, member.name, self.name), now, out)
 
     def _probe_succeeded(self) -> None:
@@ -422,7 +424,8 @@ class Swim:
         if isinstance(message, Suspect):
             n = self._n()
             self._suspicions[member.name] = _Suspicion(member.incarnation, now,
-                                                       now + self.config.suspicion_timeout_s(n, 0), set())
+                                                       now + self.config.suspicion_timeout_s(n, 0),
+                                                       {message.source})
         else:
             suspicion = self._suspicions.pop(member.name, None)
             if suspicion is not None and isinstance(message, Alive):
@@ -433,11 +436,11 @@ class Swim:
     def _confirm(self, message: Suspect, now: float, out: list[Action]) -> None:
         """Another member independently suspects the same member: shorten the timeout (Lifeguard)."""
         suspicion = self._suspicions.get(message.node)
-        if suspicion is None or message.source in suspicion.confirmations or message.source == self.name:
-            return
+        if suspicion is None or message.source in suspicion.confirmations:
+            return  # the accuser itself, or a confirmation already counted
         suspicion.confirmations.add(message.source)
         suspicion.deadline = suspicion.started_at + self.config.suspicion_timeout_s(
-            self._n(), len(suspicion.confirmations))
+            self._n(), len(suspicion.confirmations) - 1)
         self._queue_message(message, message.node)  # pass the confirmation on
 
     def _about_self(self, message: "Alive | Suspect | Dead", now: float, out: list[Action]) -> None:

@@ -108,6 +108,10 @@ def test_keyring_rotation_through_the_cli(log_dir):
         assert listed[0] == f"{new}  (primary)" and listed[1] == KEY
         assert cli(20, "keyring", "remove", KEY).returncode == 0
         assert "cannot remove the primary" in cli(20, "keyring", "remove", new).stderr
+        metrics = __import__("httpx2").get(a.url + "/metrics").text
+        for name in ("smg_mesh_members{state=\"alive\"} 1.0", "smg_mesh_health_score", "smg_mesh_probes_total",
+                     "smg_mesh_bytes_total", "smg_mesh_suspicions_raised_total", "smg_mesh_refutations_total"):
+            assert name in metrics, name
     finally:
         a.kill()
 

@@ -1,0 +1,36 @@
+"""Prometheus metric families of the mesh agent, read at scrape time from its counters."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from gateway.metrics import counter, gauge
+
+from .agent import MeshAgent
+from .members import MemberStatus
+
+
+def mesh_metric_families(agent: MeshAgent) -> Iterator[Any]:
+    table, stats, swim = agent.swim.table, agent.stats, agent.swim.stats
+    yield gauge("smg_mesh_members", "Members by state, as this node sees them", ["state"],
+                [([s.name.lower()], float(table.count(s))) for s in MemberStatus])
+    yield gauge("smg_mesh_health_score", "Lifeguard local health (awareness): 0 is healthy; it stretches "
+                "this node's probe interval and timeout", [], [([], float(agent.swim.awareness))])
+    yield counter("smg_mesh_probes", "Probes by outcome", ["outcome"],
+                  [(["ack"], swim["probe_acks"]), (["failed"], swim["probe_failures"])])
+    yield counter("smg_mesh_indirect_probes", "Indirect probe requests sent", [], [([], swim["indirect_probes"])])
+    yield counter("smg_mesh_suspicions_raised", "Members this node started suspecting", [],
+                  [([], swim["suspicions_raised"])])
+    yield counter("smg_mesh_suspicions_refuted", "Suspected members that proved alive", [],
+                  [([], swim["suspicions_refuted"])])
+    yield counter("smg_mesh_refutations", "False alarms about this node that it refuted", [],
+                  [([], swim["refutations"])])
+    yield counter("smg_mesh_packets", "Gossip packets", ["direction"],
+                  [(["sent"], stats.packets_sent), (["received"], stats.packets_received)])
+    yield counter("smg_mesh_bytes", "Gossip bytes", ["direction"],
+                  [(["sent"], stats.bytes_sent), (["received"], stats.bytes_received)])
+    yield counter("smg_mesh_dropped_packets", "Packets dropped, by reason", ["reason"],
+                  [([reason], n) for reason, n in sorted(stats.dropped.items())])
+    yield counter("smg_mesh_push_pulls", "Push-pull state exchanges started, and failed", ["outcome"],
+                  [(["started"], stats.push_pulls), (["failed"], stats.push_pull_failures)])
