@@ -119,7 +119,8 @@ class MemberTable:
             member.status, member.changed_at = MemberStatus.ALIVE, now
         return Verdict(True, "alive", previous)
 
-    def apply_suspect(self, msg: Suspect, now: float) -> Verdict:
+    def _accusable(self, msg: "Suspect | Dead") -> "Member | Verdict":
+        """The member a suspicion or death is about, or why the message is ignored (rules shared by both)."""
         member = self.members.get(msg.node)
         if member is None:
             return _IGNORED["unknown"]
@@ -129,6 +130,12 @@ class MemberTable:
             return _IGNORED["final"]
         if msg.node == self.local_name:
             return _IGNORED["about_self"]
+        return member
+
+    def apply_suspect(self, msg: Suspect, now: float) -> Verdict:
+        member = self._accusable(msg)
+        if isinstance(member, Verdict):
+            return member
         if member.status is MemberStatus.SUSPECT and msg.incarnation == member.incarnation:
             return _IGNORED["confirmation"]
         previous = member.status
@@ -136,15 +143,9 @@ class MemberTable:
         return Verdict(True, "suspect", previous)
 
     def apply_dead(self, msg: Dead, now: float) -> Verdict:
-        member = self.members.get(msg.node)
-        if member is None:
-            return _IGNORED["unknown"]
-        if msg.incarnation < member.incarnation:
-            return _IGNORED["stale"]
-        if member.status in (MemberStatus.DEAD, MemberStatus.LEFT):
-            return _IGNORED["final"]
-        if msg.node == self.local_name:
-            return _IGNORED["about_self"]
+        member = self._accusable(msg)
+        if isinstance(member, Verdict):
+            return member
         previous = member.status
         member.incarnation = msg.incarnation
         member.status = MemberStatus.LEFT if msg.source == msg.node else MemberStatus.DEAD
