@@ -48,6 +48,14 @@ def run_admin_command(args: argparse.Namespace) -> int:
     elif args.command == "leave":
         _call(args, "POST", "/v1/leave")
         print("leaving: the node announces it and stops")
+    elif args.command == "tags":
+        from .options import parse_tags
+        try:
+            tags = dict(parse_tags(args.tags))
+        except ValueError as e:
+            print(f"smg-node tags: {e}", file=sys.stderr)
+            return 2
+        print(json.dumps(_call(args, "POST", "/v1/tags", {"tags": tags})["tags"]))
     elif args.command == "keyring":
         if args.action == "list":
             result = _call(args, "GET", "/v1/keyring")

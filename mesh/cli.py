@@ -4,6 +4,7 @@
     smg-node join SEED...           tell the local node to join a cluster through seeds
     smg-node leave                  make the local node leave gracefully (it then exits)
     smg-node members [--json]       the cluster as the local node sees it
+    smg-node tags KEY=VALUE...      replace the local node's tags (the change propagates)
     smg-node keygen                 a new gossip encryption key
     smg-node keyring list|install|use|remove [KEY]
     smg-node sim-engine --port P    run a simulated SGLang/vLLM gRPC engine
@@ -32,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                               description="A gRPC server speaking the SGLang and vLLM services of smg-grpc-proto.")
     add_sim_engine_arguments(sim)
     for name, text in (("join", "join a cluster through seeds"), ("leave", "leave the cluster gracefully"),
-                       ("members", "list the members"), ("keyring", "list, install, use or remove gossip keys")):
+                       ("members", "list the members"), ("keyring", "list, install, use or remove gossip keys"),
+                       ("tags", "replace the local node's tags")):
         sub = commands.add_parser(name, help=text)
         sub.add_argument("--rpc-addr", default=None, help="admin endpoint (default: $SMG_NODE_RPC_ADDR or "
                                                           "127.0.0.1:7373)")
@@ -41,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("seeds", nargs="+")
         elif name == "members":
             sub.add_argument("--json", action="store_true", help="a JSON list instead of a table")
+        elif name == "tags":
+            sub.add_argument("tags", nargs="*", metavar="KEY=VALUE")
         elif name == "keyring":
             sub.add_argument("action", choices=("list", "install", "use", "remove"))
             sub.add_argument("key", nargs="?")

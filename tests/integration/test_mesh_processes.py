@@ -70,6 +70,10 @@ def test_five_nodes_kill_restart_leave_and_wrong_key(cluster, log_dir):
     cluster[3] = NodeProcess(node_args(3), log_dir, "mesh-n3-again")  # same name and address
     eventually(lambda: all(view(i)["n3"] == "alive" for i in range(5)), 30)
 
+    assert cli(1, "tags", "zone=b", "role=gateway").returncode == 0
+    eventually(lambda: all(next(m for m in json.loads(cli(i, "members", "--json").stdout) if m["name"] == "n1")
+                           ["tags"].get("zone") == "b" for i in (0, 4)), 15)
+
     assert cli(2, "leave").returncode == 0
     eventually(lambda: all(view(i)["n2"] == "left" for i in (0, 1, 3, 4)), 15)
     assert cluster[2].process.wait(15) == 0  # the node exits after leaving
