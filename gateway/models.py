@@ -79,7 +79,3 @@ class ModelCatalog:
                               status=502) from None
         log.info("tokenizer for %s fetched from %s", ",".join(worker.models), worker.url)
         return service
-
-    def forget_unserved(self, served: set[str]) -> None:
-        for name in [n for n in self._models if n not in served]:
-            del self._models[name]

@@ -8,6 +8,7 @@ The gRPC services in ``services.py`` are thin translations onto this core.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import time
@@ -18,6 +19,8 @@ from .kv_cache import PrefixCache
 from .output import derive_seed, output_token_ids
 
 log = logging.getLogger("chaos.sim_engine")
+
+THROUGHPUT_WINDOW_S = 5.0  # GetLoads' gen_throughput: tokens per second over this window
 
 
 class EngineOverloaded(Exception):
@@ -64,7 +67,8 @@ class SimEngine:
         self.last_receive_timestamp = 0.0
         self.generated_tokens_total = 0
         self.aborted_total = 0
-        self._throughput_window: list[tuple[float, int]] = []
+        # Token timestamps of the last THROUGHPUT_WINDOW_S seconds, trimmed as tokens are added.
+        self._token_times: collections.deque[float] = collections.deque()
 
     def abort(self, request_ids: "list[str]") -> None:
         for rid in request_ids:
@@ -76,10 +80,17 @@ class SimEngine:
     def active_requests(self) -> int:
         return self.running + self.waiting
 
+    def _count_token(self) -> None:
+        now = time.monotonic()
+        self._token_times.append(now)
+        while self._token_times and now - self._token_times[0] > THROUGHPUT_WINDOW_S:
+            self._token_times.popleft()
+
     def gen_throughput(self) -> float:
         now = time.monotonic()
-        self._throughput_window = [(t, n) for t, n in self._throughput_window if now - t < 5.0]
-        return sum(n for _, n in self._throughput_window) / 5.0
+        while self._token_times and now - self._token_times[0] > THROUGHPUT_WINDOW_S:
+            self._token_times.popleft()
+        return len(self._token_times) / THROUGHPUT_WINDOW_S
 
     async def generate(self, params: GenerateParams) -> AsyncIterator[Step]:
         cfg = self.config
@@ -128,7 +139,7 @@ class SimEngine:
                         continue
                 produced += 1
                 self.generated_tokens_total += 1
-                self._throughput_window.append((time.monotonic(), 1))
+                self._count_token()
                 stop_hit = token in params.stop_token_ids or (token == self.eos_token_id and not params.ignore_eos)
                 if stop_hit:
                     yield Step([token], len(params.prompt_ids), produced, hit.cached_tokens, "stop",

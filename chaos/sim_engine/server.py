@@ -23,7 +23,7 @@ from gateway.tokenizer.bundled import default_tokenizer_dir
 from .config import SimEngineConfig
 from .core import SimEngine
 from .output import word_token_ids
-from .services import SglangService, VllmService, _Shared
+from .services import SglangService, VllmService, SharedEngineState
 
 log = logging.getLogger("chaos.sim_engine")
 
@@ -49,7 +49,7 @@ def build_server(config: SimEngineConfig, services: str = "both") -> tuple[grpc.
     tokenizer_dir = config.tokenizer_dir or default_tokenizer_dir()
     eos, vocab_size = _eos_token_id(tokenizer_dir)
     engine = SimEngine(config, word_token_ids(tokenizer_dir / "tokenizer.json"), eos)
-    shared = _Shared(engine, tokenizer_dir, vocab_size)
+    shared = SharedEngineState(engine, tokenizer_dir, vocab_size)
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
         ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),

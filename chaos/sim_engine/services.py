@@ -47,7 +47,7 @@ def build_tokenizer_bundle(tokenizer_dir: Path) -> tuple[bytes, str]:
     return data, hashlib.sha256(data).hexdigest()
 
 
-class _Shared:
+class SharedEngineState:
     """What both services answer from: the engine, its model facts, its bundle."""
 
     def __init__(self, engine: SimEngine, tokenizer_dir: Path, vocab_size: int) -> None:
@@ -142,7 +142,7 @@ class _Shared:
 
 
 class SglangService(sg_grpc.SglangSchedulerServicer):
-    def __init__(self, shared: _Shared) -> None:
+    def __init__(self, shared: SharedEngineState) -> None:
         self.s = shared
 
     async def Generate(self, request: sg.GenerateRequest, context):
@@ -204,7 +204,7 @@ class SglangService(sg_grpc.SglangSchedulerServicer):
 
 
 class VllmService(vl_grpc.VllmEngineServicer):
-    def __init__(self, shared: _Shared) -> None:
+    def __init__(self, shared: SharedEngineState) -> None:
         self.s = shared
 
     async def Generate(self, request: vl.GenerateRequest, context):

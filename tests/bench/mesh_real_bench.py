@@ -56,7 +56,7 @@ def wait(predicate, timeout_s: float, step_s: float = 0.05) -> float:
 
 
 def pct(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
 def start_many(n: int, key: str, log_dir: Path) -> dict[int, NodeProcess]:
