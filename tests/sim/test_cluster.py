@@ -176,3 +176,53 @@ async def test_state_hooks_ride_on_push_pull_and_gossip(autojump_clock):
         agents[1].broadcast(b"queued", key="k")  # or it hands them to the mesh's retransmit queue
         await wait_until(lambda: all("queued" in h.items for h in hooks if h is not hooks[1]), 10)
         nursery.cancel_scope.cancel()
+
+
+async def test_join_retries_until_a_seed_appears(autojump_clock):
+    from mesh.options import MeshOptions
+    from mesh.service import join_with_retry
+
+    from .harness import addr
+
+    net = SimNetwork(seed=9)
+    async with trio.open_nursery() as nursery:
+        net.nursery = nursery
+        late = await start_agent(nursery, net, 1, MeshConfig.lan(), seed=9)
+        options = MeshOptions(bind=addr(1), join=(addr(0),), retry_join_interval_s=1.0)
+        joined = trio.Event()
+
+        async def join():
+            assert await join_with_retry(late, options)
+            joined.set()
+
+        nursery.start_soon(join)
+        await trio.sleep(30)  # the seed is not there yet: attempts fail and back off
+        assert not joined.is_set()
+        seed = await start_agent(nursery, net, 0, MeshConfig.lan(), seed=9)
+        await joined.wait()
+        assert agree([late, seed], {"node-0": ALIVE, "node-1": ALIVE})
+        assert trio.current_time() < 30 + 60  # backoff is capped at 60 s
+        nursery.cancel_scope.cancel()
+
+
+async def test_join_gives_up_after_retry_join_rounds(autojump_clock):
+    from mesh.options import MeshOptions
+    from mesh.service import join_with_retry
+
+    from .harness import addr
+
+    net = SimNetwork(seed=10)
+    async with trio.open_nursery() as nursery:
+        net.nursery = nursery
+        lonely = await start_agent(nursery, net, 1, MeshConfig.lan(), seed=10)
+        options = MeshOptions(bind=addr(1), join=(addr(0),), retry_join_max=3, retry_join_interval_s=1.0)
+        assert not await join_with_retry(lonely, options)
+        nursery.cancel_scope.cancel()
+
+
+async def test_dns_seeds_resolve_to_every_address():
+    from mesh.service import resolve_seeds
+
+    seeds = await resolve_seeds(["dns:localhost:7946", "10.0.0.1:7946", "dns:no-such-host.invalid:1"])
+    assert "127.0.0.1:7946" in seeds and "10.0.0.1:7946" in seeds
+    assert not any("no-such-host" in s for s in seeds)
