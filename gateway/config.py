@@ -56,6 +56,9 @@ class GatewayConfig:
     shutdown_grace_period_s: float = 180.0
     # Demo mode: start this many simulated engines as child processes and use them.
     sim_engines: int = 0
+    # Follow every gRPC engine's SubscribeKvEvents into the KV index cache_aware routes by.
+    kv_events: bool = True
+    kv_index_blocks_max: int = 4_000_000
     sim_engine_args: tuple[str, ...] = ()
     policy: PolicyConfig = PolicyConfig()
     admission: AdmissionConfig = AdmissionConfig()
@@ -122,6 +125,8 @@ _OPTIONS: list[_Option] = [
     _Option("--health-check-interval-secs", "health.interval_s", float, "time between checks"),
     _Option("--health-check-endpoint", "health.endpoint", str, "health path of HTTP workers"),
     _Option("--disable-health-check", "health.enabled", "disable", "no background health checks"),
+    _Option("--disable-kv-events", "kv_events", "disable", "do not follow the engines' KV events"),
+    _Option("--kv-index-blocks-max", "kv_index_blocks_max", int, "KV index size in blocks (LRU beyond)"),
     _Option("--tokenizer-cache-l0-entries", "tokenizer.l0_entries_max", int, "exact-text cache entries"),
     _Option("--tokenizer-cache-l1-bytes", "tokenizer.l1_bytes_max", int, "prefix cache size in bytes"),
     _Option("--sim-engines", "sim_engines", int, "demo: start this many simulated engines and use them"),

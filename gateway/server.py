@@ -32,6 +32,7 @@ from .logs import setup_logging
 from .metrics import GatewayMetrics, counter, gauge
 from .models import ModelCatalog
 from .proxy import HttpProxy
+from .routing.kv_index import KvIndex
 from .routing.policies import make_policy
 from .routing.router import Router
 from .workers import WorkerError, WorkerRegistry
@@ -79,6 +80,12 @@ def _state_metrics(state: GatewayState) -> Iterator[Any]:
             misses.append(([name, level], stats[f"{level}_misses"]))
     yield counter("smg_tokenizer_cache_hits", "Tokenizer cache hits by level", ["model", "level"], hits)
     yield counter("smg_tokenizer_cache_misses", "Tokenizer cache misses by level", ["model", "level"], misses)
+    kv = state.registry.kv_index
+    if kv is not None:
+        yield gauge("smg_kv_index_blocks", "Blocks the KV index holds per engine", ["worker"],
+                    [([w.id], float(kv.block_count(w.id))) for w in workers])
+        yield counter("smg_kv_index_block_events", "KV index block changes", ["kind"],
+                      [(["inserted"], kv.inserted), (["removed"], kv.removed), (["evicted"], kv.evicted)])
 
 
 async def _register_initial(state: GatewayState, url: str, model: str | None) -> None:
@@ -127,9 +134,10 @@ async def serve_gateway(config: GatewayConfig, *, task_status=trio.TASK_STATUS_I
                     engine = await start_sim_engine(nursery, demo_args)
                     urls.append(engine.url)
                     log.info("started simulated engine at %s", engine.url)
-            registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery)
+            kv_index = KvIndex(config.kv_index_blocks_max) if config.kv_events else None
+            registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery, kv_index)
             catalog = ModelCatalog(config.tokenizer, config.tokenizer_path, config.chat_template)
-            router = Router(registry, make_policy(config.policy))
+            router = Router(registry, make_policy(config.policy, kv_index))
             generator = Generator(router, config.retry, metrics, nursery, random.Random())
             admission = Admission(config.admission)
             proxy = HttpProxy(generator, admission, config.admission.request_timeout_s)

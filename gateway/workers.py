@@ -27,7 +27,9 @@ from .engine.bridge import GrpcBridge
 from .engine.errors import EngineCallError
 from .engine.grpc_engine import EngineLoad, GrpcEngineClient
 from .engine.http_worker import HttpWorkerClient
+from .kv_events import follow_kv_events
 from .routing.breaker import BreakerConfig, CircuitBreaker
+from .routing.kv_index import KvIndex
 
 log = logging.getLogger("gateway.workers")
 
@@ -97,7 +99,8 @@ class Worker:
         self.registered_at = time.time()
         self.idle = trio.Event()  # set whenever in_flight is 0
         self.idle.set()
-        self.cancel_scope: trio.CancelScope | None = None
+        self.cancel_scope: trio.CancelScope | None = None  # the health task
+        self.kv_scope: trio.CancelScope | None = None  # the KV event task
 
     def load_score(self) -> int:
         if self.engine_load is None:
@@ -134,13 +137,15 @@ class Worker:
 
 class WorkerRegistry:
     def __init__(self, bridge: GrpcBridge, http_client: httpx2.AsyncClient, health: HealthConfig,
-                 breaker: BreakerConfig, nursery: trio.Nursery) -> None:
+                 breaker: BreakerConfig, nursery: trio.Nursery, kv_index: KvIndex | None = None) -> None:
         self._bridge = bridge
         self._http = http_client
         self.health_config = health
         self.breaker_config = breaker
         self._nursery = nursery
         self._workers: dict[str, Worker] = {}
+        # When set, every gRPC engine's KV events are followed into it (cache_aware reads it).
+        self.kv_index = kv_index
         self.on_removed: list[Any] = []  # callbacks(worker_id): policies forget what they learnt
         self.changed = trio.Event()
 
@@ -195,6 +200,8 @@ class WorkerRegistry:
         self._workers[wid] = worker
         if self.health_config.enabled:
             self._nursery.start_soon(self._watch, worker)
+        if self.kv_index is not None and kind == "grpc":
+            self._nursery.start_soon(self._follow_kv_events, worker)
         log.info("worker %s added: %s %s models=%s", wid, kind, url, ",".join(models))
         self._notify()
         return worker
@@ -209,11 +216,19 @@ class WorkerRegistry:
         self._nursery.start_soon(self._drain, worker, drain_timeout_s)
         return worker
 
+    async def _follow_kv_events(self, worker: Worker) -> None:
+        with trio.CancelScope() as scope:
+            worker.kv_scope = scope
+            await follow_kv_events(worker, self.kv_index)
+
     async def _drain(self, worker: Worker, timeout_s: float) -> None:
         with trio.move_on_after(timeout_s):
             await worker.idle.wait()
-        if worker.cancel_scope is not None:
-            worker.cancel_scope.cancel()
+        for scope in (worker.cancel_scope, worker.kv_scope):
+            if scope is not None:
+                scope.cancel()
+        if self.kv_index is not None:
+            self.kv_index.remove_engine(worker.id)
         if self._workers.get(worker.id) is worker:
             del self._workers[worker.id]
         for callback in self.on_removed:

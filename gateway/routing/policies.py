@@ -21,6 +21,7 @@ import random
 from collections.abc import Sequence
 from typing import Protocol
 
+from .kv_index import KvIndex, prompt_block_hashes
 from .prefix_index import ApproxPrefixIndex, chained_block_hashes
 
 
@@ -54,6 +55,14 @@ class PolicyConfig:
     balance_rel_threshold: float = 1.5
     block_size: int = 16
     tree_blocks_max_per_worker: int = 1 << 18  # 4 M tokens of prefix per engine
+    # cache_aware with KV events (every candidate publishes them): choose the lowest
+    #   cost = kv_overlap_weight * blocks to prefill + kv_blocks_per_request * load,
+    # in the spirit of Dynamo's overlap_weight * prefill_blocks + decode_blocks: a block
+    # the engine already holds is free; each request already running or queued there
+    # costs about kv_blocks_per_request blocks of work (8 x 16 tokens by default).
+    # The load-imbalance override above still applies first.
+    kv_overlap_weight: float = 1.0
+    kv_blocks_per_request: float = 8.0
     # prefix_hash: how many leading tokens pick the worker.
     prefix_token_count: int = 256
     # manual: sessions remembered (LRU).
@@ -180,15 +189,26 @@ class Manual(Policy):
 
 
 class CacheAware(Policy):
+    """Route to the engine that already holds the prompt's prefix, balanced against load.
+
+    With KV events for every candidate (``kv_index``), what engines really hold
+    decides; otherwise an approximate tree of what this node sent where.
+    """
+
     name = "cache_aware"
 
-    def __init__(self, config: PolicyConfig) -> None:
+    def __init__(self, config: PolicyConfig, kv_index: KvIndex | None = None) -> None:
         super().__init__(config)
         self.index = ApproxPrefixIndex(config.block_size, config.tree_blocks_max_per_worker)
+        self.kv_index = kv_index
 
     def choose(self, candidates, request):
         c = self.config
         units = request.units()
+        kv = self.kv_index
+        if kv is not None and not isinstance(units, str) and len(candidates) > 1 and all(
+                kv.block_size(w.id) for w in candidates):
+            return self._choose_by_events(candidates, units, kv)
         # Text (HTTP workers) gets bigger blocks: ~4 characters per token.
         block_size = c.block_size if not isinstance(units, str) else 4 * c.block_size
         hashes = chained_block_hashes(units, block_size, c.tree_blocks_max_per_worker)
@@ -216,6 +236,26 @@ class CacheAware(Policy):
         roomy = [w for w in candidates if self.index.size(w.id) == smallest]
         return self.least_loaded(roomy)
 
+    def _choose_by_events(self, candidates: "Sequence[RoutableWorker]", units: "Sequence[int]",
+                          kv: KvIndex) -> RoutableWorker:
+        c = self.config
+        loads = [w.load_score() for w in candidates]
+        lo, hi = min(loads), max(loads)
+        if hi - lo > c.balance_abs_threshold and hi > c.balance_rel_threshold * lo:
+            return self.least_loaded(candidates)
+        hashes_by_size: dict[int, list[int]] = {}
+        best, best_cost = None, None
+        for w, load in zip(candidates, loads):
+            size = kv.block_size(w.id)
+            hashes = hashes_by_size.get(size)
+            if hashes is None:
+                hashes = hashes_by_size[size] = prompt_block_hashes(units, size)
+            prefill_blocks = len(hashes) - kv.matched_blocks(w.id, hashes)
+            cost = c.kv_overlap_weight * prefill_blocks + c.kv_blocks_per_request * load
+            if best_cost is None or cost < best_cost:
+                best, best_cost = w, cost
+        return best
+
     def forget(self, worker_id):
         self.index.remove_worker(worker_id)
 
@@ -226,8 +266,8 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 
-def make_policy(config: PolicyConfig) -> Policy:
-    try:
-        return POLICIES[config.name](config)
-    except KeyError:
-        raise ValueError(f"unknown policy {config.name!r}; choose one of {', '.join(sorted(POLICIES))}") from None
+def make_policy(config: PolicyConfig, kv_index: KvIndex | None = None) -> Policy:
+    cls = POLICIES.get(config.name)
+    if cls is None:
+        raise ValueError(f"unknown policy {config.name!r}; choose one of {', '.join(sorted(POLICIES))}")
+    return cls(config, kv_index) if cls is CacheAware else cls(config)

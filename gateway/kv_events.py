@@ -1,0 +1,77 @@
+"""Following an engine's ``SubscribeKvEvents`` stream into the KV index.
+
+One task per gRPC engine. It subscribes from the index's next sequence number
+for that engine (0 the first time, which asks the engine for a snapshot of its
+current blocks), applies each batch in order, and resubscribes after a gap, an
+error or a closed stream, with backoff. An engine that restarted numbers its
+batches from 1 again: a first batch below the cursor we asked for is taken as
+that, and the engine's blocks are rebuilt from scratch.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from .engine.errors import EngineCallError
+from .routing.kv_index import BatchOutcome, Cleared, KvEvent, KvIndex, RemovedBlocks, StoredBlocks
+
+log = logging.getLogger("gateway.kv_events")
+
+RESUBSCRIBE_BACKOFF_S = (0.1, 5.0)  # first wait, longest wait
+
+
+def decode_batch(batch: Any) -> tuple[list[KvEvent], bool]:
+    """A ``KvEventBatch`` as index events, and whether it is a snapshot chunk."""
+    events: list[KvEvent] = []
+    for event in batch.events:
+        kind = event.WhichOneof("data")
+        if kind == "stored":
+            stored = event.stored
+            if stored.HasField("locality") and stored.locality == 2:  # remote: a shared pool, not this engine's
+                continue
+            parent = stored.parent_block_hash if stored.HasField("parent_block_hash") else None
+            events.append(StoredBlocks(parent, tuple((b.block_hash, tuple(b.token_ids)) for b in stored.blocks)))
+        elif kind == "removed":
+            events.append(RemovedBlocks(tuple(event.removed.block_hashes)))
+        elif kind == "cleared":
+            events.append(Cleared())
+    return events, batch.HasField("snapshot")
+
+
+class _Resubscribe(Exception):
+    pass
+
+
+async def follow_kv_events(worker: Any, index: KvIndex) -> None:
+    """Keep ``index`` in step with one engine's KV events until cancelled."""
+    delay = RESUBSCRIBE_BACKOFF_S[0]
+    while True:
+        start = index.next_sequence(worker.id)
+        first = True
+        try:
+            async with worker.client.subscribe_kv_events(start) as stream:
+                async for batches in stream:
+                    for batch in batches:
+                        events, snapshot = decode_batch(batch)
+                        if first and start and not snapshot and batch.sequence_number < start:
+                            log.info("engine %s restarted (sequence %d < %d): rebuilding its index", worker.id,
+                                     batch.sequence_number, start)
+                            index.remove_engine(worker.id)
+                            snapshot = True
+                        first = False
+                        outcome = index.apply_batch(worker.id, batch.sequence_number, events, snapshot)
+                        if outcome is BatchOutcome.GAP:
+                            raise _Resubscribe
+                    delay = RESUBSCRIBE_BACKOFF_S[0]
+        except _Resubscribe:
+            log.info("gap in the KV events of %s: resubscribing from %d", worker.id, index.next_sequence(worker.id))
+        except EngineCallError as e:
+            if e.code == "UNIMPLEMENTED":
+                log.info("engine %s publishes no KV events: approximate routing only", worker.id)
+                return
+            log.debug("KV event stream of %s ended: %s", worker.id, e)
+        await trio.sleep(delay)
+        delay = min(delay * 2, RESUBSCRIBE_BACKOFF_S[1])

@@ -1,0 +1,195 @@
+"""The KV-cache index: which engine holds which prompt prefix, built from the engines' KV events.
+
+No I/O: ``apply_batch`` takes an engine's ``KvEventBatch`` messages (decoded to
+plain values by the subscriber), ``matched_blocks`` answers routing queries.
+
+Keys. Engines name blocks with their own hashes (vLLM's differ from SGLang's
+and from our simulator's), which we cannot compute from a prompt. Stored
+events carry each block's token ids, so the index names every block with its
+own hash, chained like the engines' (``hash((parent, tokens))``: position
+aware, one hash stands for the whole prefix), and keeps the engine's hash only
+to apply later ``removed`` events. A prompt's blocks are hashed the same way at
+query time. Hashes of int tuples do not depend on PYTHONHASHSEED, so every node
+computes the same ones.
+
+Order. Each engine's batches carry sequence numbers: a batch is applied once,
+in order. A duplicate (two owners relaying the same stream) is ignored; a gap
+is reported so the caller resubscribes or asks a peer from the first missing
+number. A snapshot chunk (cursor 0, or a cursor the engine no longer has)
+replaces the engine's state.
+
+Memory. At most ``blocks_max`` blocks over all engines; beyond that the least
+recently used are forgotten (a query hit or a store makes a block recent).
+Forgetting only makes the index underestimate what an engine holds.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+from collections.abc import Sequence
+
+
+class BatchOutcome(enum.Enum):
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"  # already applied: ignored
+    GAP = "gap"  # a batch is missing: resubscribe from next_sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredBlocks:
+    parent_engine_hash: int | None
+    blocks: "tuple[tuple[int, tuple[int, ...]], ...]"  # (engine block hash, token ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class RemovedBlocks:
+    engine_hashes: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Cleared:
+    pass
+
+
+KvEvent = StoredBlocks | RemovedBlocks | Cleared
+
+
+def prompt_block_hashes(token_ids: "Sequence[int]", block_size: int) -> list[int]:
+    """The index's hash of every full block of a prompt, chained from the start."""
+    hashes = []
+    parent = 0
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash((parent, tuple(token_ids[start:start + block_size])))
+        hashes.append(parent)
+    return hashes
+
+
+class _Engine:
+    __slots__ = ("block_size", "blocks", "by_engine_hash", "next_sequence", "orphans")
+
+    def __init__(self) -> None:
+        self.block_size = 0  # learned from the first stored event
+        self.blocks: dict[int, int] = {}  # our hash -> engine hash
+        self.by_engine_hash: dict[int, int] = {}  # engine hash -> our hash
+        self.next_sequence = 0  # 0: nothing applied yet (the first batch sets it)
+        self.orphans = 0  # stored blocks whose parent we did not know
+
+
+class KvIndex:
+    def __init__(self, blocks_max: int = 4_000_000) -> None:
+        self.blocks_max = blocks_max
+        self._engines: dict[str, _Engine] = {}
+        self._lru: "collections.OrderedDict[tuple[str, int], None]" = collections.OrderedDict()
+        self.inserted = 0
+        self.removed = 0
+        self.evicted = 0
+
+    # -- queries --------------------------------------------------------
+
+    def has_engine(self, engine_id: str) -> bool:
+        return engine_id in self._engines
+
+    def block_size(self, engine_id: str) -> int:
+        engine = self._engines.get(engine_id)
+        return engine.block_size if engine is not None else 0
+
+    def next_sequence(self, engine_id: str) -> int:
+        engine = self._engines.get(engine_id)
+        return engine.next_sequence if engine is not None else 0
+
+    def block_count(self, engine_id: str | None = None) -> int:
+        if engine_id is None:
+            return len(self._lru)
+        engine = self._engines.get(engine_id)
+        return len(engine.blocks) if engine is not None else 0
+
+    def matched_blocks(self, engine_id: str, hashes: "list[int]") -> int:
+        """How many leading blocks of the prompt (hashed for this engine's block size) it holds."""
+        engine = self._engines.get(engine_id)
+        if engine is None:
+            return 0
+        blocks = engine.blocks
+        n = 0
+        for h in hashes:
+            if h not in blocks:
+                break
+            n += 1
+        for h in hashes[:n]:
+            self._lru.move_to_end((engine_id, h))
+        return n
+
+    def fingerprint(self, engine_id: str) -> int:
+        """A hash of the engine's block set: equal on two nodes iff their views agree."""
+        engine = self._engines.get(engine_id)
+        return hash(frozenset(engine.blocks)) if engine is not None else 0
+
+    # -- updates --------------------------------------------------------
+
+    def apply_batch(self, engine_id: str, sequence: int, events: "Sequence[KvEvent]",
+                    snapshot: bool = False) -> BatchOutcome:
+        engine = self._engines.get(engine_id)
+        if engine is None:
+            engine = self._engines[engine_id] = _Engine()
+        if not snapshot and engine.next_sequence:
+            if sequence < engine.next_sequence:
+                return BatchOutcome.DUPLICATE
+            if sequence > engine.next_sequence:
+                return BatchOutcome.GAP
+        for event in events:
+            if isinstance(event, StoredBlocks):
+                self._store(engine_id, engine, event)
+            elif isinstance(event, RemovedBlocks):
+                for engine_hash in event.engine_hashes:
+                    ours = engine.by_engine_hash.pop(engine_hash, None)
+                    if ours is not None and engine.blocks.pop(ours, None) is not None:
+                        self._lru.pop((engine_id, ours), None)
+                        self.removed += 1
+            else:
+                self._clear(engine_id, engine)
+        engine.next_sequence = sequence + 1
+        self._evict()
+        return BatchOutcome.APPLIED
+
+    def remove_engine(self, engine_id: str) -> None:
+        engine = self._engines.pop(engine_id, None)
+        if engine is not None:
+            for ours in engine.blocks:
+                self._lru.pop((engine_id, ours), None)
+
+    def _store(self, engine_id: str, engine: _Engine, event: StoredBlocks) -> None:
+        if event.parent_engine_hash is None:
+            parent = 0
+        else:
+            parent = engine.by_engine_hash.get(event.parent_engine_hash)
+            if parent is None:
+                engine.orphans += len(event.blocks)  # its prefix is unknown here: cannot be matched
+                return
+        blocks, by_engine_hash, lru = engine.blocks, engine.by_engine_hash, self._lru
+        for engine_hash, tokens in event.blocks:
+            if not engine.block_size:
+                engine.block_size = len(tokens)
+            parent = hash((parent, tokens))
+            if parent not in blocks:
+                self.inserted += 1
+            blocks[parent] = engine_hash
+            by_engine_hash[engine_hash] = parent
+            key = (engine_id, parent)
+            lru[key] = None
+            lru.move_to_end(key)
+
+    def _clear(self, engine_id: str, engine: _Engine) -> None:
+        for ours in engine.blocks:
+            self._lru.pop((engine_id, ours), None)
+        engine.blocks.clear()
+        engine.by_engine_hash.clear()
+
+    def _evict(self) -> None:
+        while len(self._lru) > self.blocks_max:
+            (engine_id, ours), _ = self._lru.popitem(last=False)
+            engine = self._engines[engine_id]
+            engine_hash = engine.blocks.pop(ours, None)
+            if engine_hash is not None:
+                engine.by_engine_hash.pop(engine_hash, None)
+            self.evicted += 1

@@ -1,0 +1,115 @@
+"""The KV index built from engine events, and cache_aware routing on it."""
+
+import dataclasses
+
+from chaos.sim_engine.kv_cache import PrefixCache
+from gateway.kv_events import decode_batch
+from gateway.routing.kv_index import (
+    BatchOutcome,
+    Cleared,
+    KvIndex,
+    RemovedBlocks,
+    StoredBlocks,
+    prompt_block_hashes,
+)
+from gateway.routing.policies import PolicyConfig, RoutingRequest, make_policy
+
+
+def feed(index: KvIndex, engine_id: str, cache: PrefixCache, since: int) -> int:
+    """Apply the simulated engine's real event batches; return the next cursor."""
+    for batch in cache.batches_since(since) or []:
+        events, snapshot = decode_batch(batch)
+        assert index.apply_batch(engine_id, batch.sequence_number, events, snapshot) is BatchOutcome.APPLIED
+        since = batch.sequence_number + 1
+    return since
+
+
+def test_index_matches_what_the_engine_cached():
+    cache = PrefixCache(block_size=4, capacity_blocks=100, replay_batches_max=100)
+    index = KvIndex()
+    prompt = list(range(100, 120))  # 5 blocks
+    cache.release(cache.acquire(prompt, 0), 0)
+    feed(index, "e1", cache, 1)
+    assert index.block_size("e1") == 4
+    assert index.matched_blocks("e1", prompt_block_hashes(prompt, 4)) == 5
+    assert index.matched_blocks("e1", prompt_block_hashes(prompt[:8] + [0] * 12, 4)) == 2
+    assert index.matched_blocks("e2", prompt_block_hashes(prompt, 4)) == 0
+
+
+def test_removed_and_cleared_events_forget_blocks():
+    cache = PrefixCache(block_size=2, capacity_blocks=2, replay_batches_max=100)
+    index = KvIndex()
+    cache.release(cache.acquire([1, 2, 3, 4], 0), 0)
+    cache.release(cache.acquire([5, 6, 7, 8], 0), 0)  # evicts [1,2,3,4]'s blocks
+    feed(index, "e", cache, 1)
+    assert index.matched_blocks("e", prompt_block_hashes([1, 2, 3, 4], 2)) == 0
+    assert index.matched_blocks("e", prompt_block_hashes([5, 6, 7, 8], 2)) == 2
+    cache.clear(0)
+    feed(index, "e", cache, cache.sequence_number)
+    assert index.block_count("e") == 0
+
+
+def test_batches_apply_once_in_order_and_gaps_are_reported():
+    index = KvIndex()
+    stored = StoredBlocks(None, ((11, (1, 2)),))
+    assert index.apply_batch("e", 1, [stored]) is BatchOutcome.APPLIED
+    assert index.apply_batch("e", 1, [stored]) is BatchOutcome.DUPLICATE
+    assert index.apply_batch("e", 3, [RemovedBlocks((11,))]) is BatchOutcome.GAP
+    assert index.block_count("e") == 1 and index.next_sequence("e") == 2
+
+
+def test_snapshot_replaces_the_state():
+    index = KvIndex()
+    index.apply_batch("e", 1, [StoredBlocks(None, ((11, (1, 2)),))])
+    index.apply_batch("e", 7, [Cleared(), StoredBlocks(None, ((12, (3, 4)),))], snapshot=True)
+    assert index.matched_blocks("e", prompt_block_hashes([1, 2], 2)) == 0
+    assert index.matched_blocks("e", prompt_block_hashes([3, 4], 2)) == 1 and index.next_sequence("e") == 8
+
+
+def test_blocks_with_an_unknown_parent_are_not_matched():
+    index = KvIndex()
+    index.apply_batch("e", 1, [StoredBlocks(999, ((12, (3, 4)),))])
+    assert index.block_count("e") == 0
+
+
+def test_memory_is_bounded_least_recently_used_first():
+    index = KvIndex(blocks_max=4)
+    index.apply_batch("a", 1, [StoredBlocks(None, ((1, (1, 1)), (2, (2, 2))))])
+    index.apply_batch("b", 1, [StoredBlocks(None, ((3, (3, 3)), (4, (4, 4))))])
+    index.matched_blocks("a", prompt_block_hashes([1, 1, 2, 2], 2))  # a's prefix is now recent
+    index.apply_batch("b", 2, [StoredBlocks(None, ((5, (5, 5)),))])
+    assert index.block_count() == 4 and index.evicted == 1
+    assert index.matched_blocks("a", prompt_block_hashes([1, 1, 2, 2], 2)) == 2
+
+
+def test_the_same_events_give_the_same_fingerprint():
+    a, b = KvIndex(), KvIndex()
+    for index in (a, b):
+        index.apply_batch("e", 1, [StoredBlocks(None, ((1, (1, 1)), (2, (2, 2))))])
+    assert a.fingerprint("e") == b.fingerprint("e") != 0
+
+
+@dataclasses.dataclass
+class W:
+    id: str
+    load: int = 0
+
+    def load_score(self):
+        return self.load
+
+
+def test_cache_aware_follows_the_engine_that_holds_the_prefix():
+    index = KvIndex()
+    prompt = list(range(64))
+    index.apply_batch("holder", 1, [StoredBlocks(None, tuple((i, tuple(prompt[i * 16:(i + 1) * 16]))
+                                                            for i in range(4)))])
+    index.apply_batch("other", 1, [StoredBlocks(None, ((99, tuple(range(500, 516))),))])
+    policy = make_policy(PolicyConfig(name="cache_aware"), index)
+    workers = [W("other"), W("holder")]
+    assert policy.choose(workers, RoutingRequest(input_ids=prompt + [7] * 10)).id == "holder"
+    # A little load does not outweigh 4 cached blocks; a lot does (cost: blocks to prefill + 8 per request).
+    workers[1].load = 0
+    workers[0].load = 0
+    assert policy.choose(workers, RoutingRequest(input_ids=prompt)).id == "holder"
+    workers[1].load = 1
+    assert policy.choose(workers, RoutingRequest(input_ids=prompt)).id == "other"
