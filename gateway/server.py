@@ -25,6 +25,7 @@ from .api.admission import Admission
 from .api.app import GatewayApp
 from .api.http import answer_lifespan
 from .api.state import GatewayState
+from .cluster import ClusterState
 from .config import GatewayConfig
 from .engine.bridge import GrpcBridge
 from .generation import Generator
@@ -117,7 +118,8 @@ def _hypercorn_config(config: GatewayConfig) -> HypercornConfig:
     return hc
 
 
-async def serve_gateway(config: GatewayConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve_gateway(config: GatewayConfig, cluster: ClusterState | None = None, *,
+                        task_status=trio.TASK_STATUS_IGNORED) -> None:
     metrics = GatewayMetrics()
     bridge = GrpcBridge()
     try:
@@ -135,8 +137,9 @@ async def serve_gateway(config: GatewayConfig, *, task_status=trio.TASK_STATUS_I
                     urls.append(engine.url)
                     log.info("started simulated engine at %s", engine.url)
             kv_index = KvIndex(config.kv_index_blocks_max) if config.kv_events else None
-            registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery, kv_index)
+            registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery, kv_index, cluster)
             catalog = ModelCatalog(config.tokenizer, config.tokenizer_path, config.chat_template)
+            registry.on_added.append(lambda worker: catalog.ensure(worker, int(worker.registered_at)))
             router = Router(registry, make_policy(config.policy, kv_index))
             generator = Generator(router, config.retry, metrics, nursery, random.Random())
             admission = Admission(config.admission)
@@ -153,6 +156,8 @@ async def serve_gateway(config: GatewayConfig, *, task_status=trio.TASK_STATUS_I
                     nursery.start_soon(_register_initial, state, url, config.model_path)
             if not urls:
                 state.ready = True  # no engines configured: ready is decided by workers added later
+            if cluster is not None:
+                nursery.start_soon(registry.reconcile_with_cluster)
 
             shutdown = trio.Event()
             hc = _hypercorn_config(config)
@@ -205,17 +210,22 @@ def run_gateway(config: GatewayConfig) -> int:
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            async def serve_then_stop(task_status=trio.TASK_STATUS_IGNORED) -> None:
-                await serve_gateway(config, task_status=task_status)
+            async def serve_then_stop(cluster, task_status=trio.TASK_STATUS_IGNORED) -> None:
+                await serve_gateway(config, cluster, task_status=task_status)
                 nursery.cancel_scope.cancel()  # drained: stop listening for signals too
 
-            running: RunningGateway = await nursery.start(serve_then_stop)
-            mesh = None
+            cluster = mesh = None
             if config.mesh.enabled:
+                from mesh.options import default_node_name
+                cluster = ClusterState(config.mesh.node_name or default_node_name(
+                    config.mesh.advertise or config.mesh.bind))
+            running: RunningGateway = await nursery.start(serve_then_stop, cluster)
+            if cluster is not None:
                 from mesh.service import serve_mesh
 
                 async def mesh_then_stop(task_status=trio.TASK_STATUS_IGNORED) -> None:
-                    await serve_mesh(config.mesh, {"http": running.url, "proto": "1"}, task_status=task_status)
+                    await serve_mesh(config.mesh, {"http": running.url, "proto": "1"}, cluster, cluster.node_name,
+                                     cluster.attach, task_status=task_status)
                     running.state.shutting_down = True
                     running.shutdown.set()  # the node left the cluster (smg-node leave): it goes too
 

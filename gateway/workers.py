@@ -18,7 +18,7 @@ import hashlib
 import logging
 import time
 import urllib.parse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 import trio
@@ -30,6 +30,9 @@ from .engine.http_worker import HttpWorkerClient
 from .kv_events import follow_kv_events
 from .routing.breaker import BreakerConfig, CircuitBreaker
 from .routing.kv_index import KvIndex
+
+if TYPE_CHECKING:
+    from .cluster import ClusterState
 
 log = logging.getLogger("gateway.workers")
 
@@ -101,6 +104,7 @@ class Worker:
         self.idle.set()
         self.cancel_scope: trio.CancelScope | None = None  # the health task
         self.kv_scope: trio.CancelScope | None = None  # the KV event task
+        self.checked_by: str | None = None  # the node whose health checks decide (cluster mode)
 
     def load_score(self) -> int:
         if self.engine_load is None:
@@ -131,13 +135,14 @@ class Worker:
             "healthy": self.healthy, "draining": self.draining, "in_flight": self.in_flight,
             "circuit_state": self.breaker.current_state(now).name.lower(),
             "load": dataclasses.asdict(self.engine_load) if self.engine_load else None,
-            "labels": self.labels, "max_context_tokens": self.max_context_tokens,
+            "labels": self.labels, "max_context_tokens": self.max_context_tokens, "checked_by": self.checked_by,
         }
 
 
 class WorkerRegistry:
     def __init__(self, bridge: GrpcBridge, http_client: httpx2.AsyncClient, health: HealthConfig,
-                 breaker: BreakerConfig, nursery: trio.Nursery, kv_index: KvIndex | None = None) -> None:
+                 breaker: BreakerConfig, nursery: trio.Nursery, kv_index: KvIndex | None = None,
+                 cluster: "ClusterState | None" = None) -> None:
         self._bridge = bridge
         self._http = http_client
         self.health_config = health
@@ -146,7 +151,10 @@ class WorkerRegistry:
         self._workers: dict[str, Worker] = {}
         # When set, every gRPC engine's KV events are followed into it (cache_aware reads it).
         self.kv_index = kv_index
+        # When set, registrations replicate to every node and health checks go to ring owners.
+        self.cluster = cluster
         self.on_removed: list[Any] = []  # callbacks(worker_id): policies forget what they learnt
+        self.on_added: list[Any] = []  # async callbacks(worker) for workers added from the cluster
         self.changed = trio.Event()
 
     def __len__(self) -> int:
@@ -175,7 +183,9 @@ class WorkerRegistry:
         self.changed.set()
         self.changed = trio.Event()
 
-    async def add(self, url: str, labels: dict[str, str] | None = None, model: str | None = None) -> Worker:
+    async def add(self, url: str, labels: dict[str, str] | None = None, model: str | None = None,
+                  replicate: bool = True) -> Worker:
+        """Connect to a worker and route to it; with a cluster, every node then does the same."""
         kind, target = parse_worker_url(url)
         wid = worker_id_for(url)
         if wid in self._workers and not self._workers[wid].draining:
@@ -203,14 +213,18 @@ class WorkerRegistry:
         if self.kv_index is not None and kind == "grpc":
             self._nursery.start_soon(self._follow_kv_events, worker)
         log.info("worker %s added: %s %s models=%s", wid, kind, url, ",".join(models))
+        if self.cluster is not None and replicate:
+            self.cluster.register(wid, {"url": url, "labels": labels or {}, "model": model})
         self._notify()
         return worker
 
-    async def remove(self, worker_id: str, drain_timeout_s: float = 300.0) -> Worker:
+    async def remove(self, worker_id: str, drain_timeout_s: float = 300.0, replicate: bool = True) -> Worker:
         """Take the worker out of routing now; forget it once its requests finished."""
         worker = self._workers.get(worker_id)
         if worker is None or worker.draining:
             raise WorkerError(f"no worker {worker_id}", status=404)
+        if self.cluster is not None and replicate:
+            self.cluster.remove(worker_id)
         worker.draining = True
         self._notify()
         self._nursery.start_soon(self._drain, worker, drain_timeout_s)
@@ -260,8 +274,42 @@ class WorkerRegistry:
                 else:
                     await trio.sleep_until(next_health)
 
+    async def reconcile_with_cluster(self) -> None:
+        """Follow the cluster's worker document: add what it lists, drain what it removed."""
+        cluster = self.cluster
+        while True:
+            changed = cluster.changed
+            listed = cluster.doc.workers()
+            for wid, spec in listed.items():
+                current = self._workers.get(wid)
+                if current is None or current.draining:
+                    try:
+                        await self.add(spec["url"], spec.get("labels") or {}, spec.get("model"), replicate=False)
+                        for callback in self.on_added:
+                            await callback(self._workers[wid])
+                    except WorkerError as e:
+                        log.warning("cluster worker %s not usable from here yet: %s", spec.get("url"), e)
+            for wid, worker in list(self._workers.items()):
+                if wid not in listed and not worker.draining:
+                    log.info("worker %s was removed on another node: draining it here", wid)
+                    await self.remove(wid, replicate=False)
+            with trio.move_on_after(self.health_config.interval_s):  # also retry workers that failed
+                await changed.wait()
+
     async def _check_health(self, worker: Worker) -> None:
         cfg = self.health_config
+        cluster = self.cluster
+        if cluster is not None and not cluster.owns(worker.id):
+            # Another node owns this worker's health checks: take its verdict.
+            verdict = cluster.health_of(worker.id)
+            if verdict is not None:
+                worker.checked_by = verdict.get("by")
+            if verdict is not None and verdict.get("healthy") != worker.healthy:
+                worker.healthy = bool(verdict.get("healthy"))
+                log.info("worker %s is %s (checked by %s)", worker.id,
+                         "healthy" if worker.healthy else "unhealthy", verdict.get("by"))
+                self._notify()
+            return
         try:
             if worker.kind == "grpc":
                 ok = await worker.client.health(cfg.timeout_s)
@@ -284,3 +332,7 @@ class WorkerRegistry:
                 worker.healthy = False
                 log.warning("worker %s is unhealthy after %d failed checks", worker.id, worker.health_failures)
                 self._notify()
+        if cluster is not None:
+            worker.checked_by = cluster.node_name
+            cluster.set_health(worker.id, {"healthy": worker.healthy,
+                                           "circuit": worker.breaker.current_state(trio.current_time()).name.lower()})

@@ -23,6 +23,7 @@ import hmac
 import logging
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -32,7 +33,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from gateway.api.http import answer_lifespan
 
-from .agent import JoinError, MeshAgent
+from .agent import JoinError, MeshAgent, StateHooks
 from .config import MeshConfig
 from .crypto import Keyring, KeyringError
 from .members import MemberSnapshot
@@ -183,16 +184,23 @@ class _AdminApp:
         self.service.left.set()
 
 
-async def serve_mesh(options: MeshOptions, extra_tags: "dict[str, str]", *,
+async def serve_mesh(options: MeshOptions, extra_tags: "dict[str, str]", hooks: StateHooks | None = None,
+                     name: str | None = None, on_agent: "Callable[[MeshAgent], None] | None" = None, *,
                      task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run this node's mesh member until it leaves or is cancelled.
+
+    ``on_agent`` sees the agent before it joins anyone, so listeners miss no change.
+    """
     config = MeshConfig.local() if options.preset == "local" else MeshConfig.lan()
     transport = UdpTcpTransport(options.bind, options.advertise, config.tcp_state_bytes_max)
     keyring = Keyring(list(options.keys))
     if not keyring.enabled:
         log.warning("gossip is not encrypted: pass --encrypt KEY (smg-node keygen makes one)")
-    name = options.node_name or default_node_name(transport.addr)
+    name = name or options.node_name or default_node_name(transport.addr)
     tags = {**dict(options.tags), **extra_tags}
-    agent = MeshAgent(config, name, transport, keyring, tags)
+    agent = MeshAgent(config, name, transport, keyring, tags, hooks)
+    if on_agent is not None:
+        on_agent(agent)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(agent.run)

@@ -91,9 +91,12 @@ class WorkerDoc:
         return self._write("workers", worker_id, {"removed": True})
 
     def set_health(self, worker_id: str, health: dict[str, Any]) -> bytes | None:
-        """Write the owner's health verdict; None when nothing changed (no history spent)."""
+        """Write the owner's health verdict; None when nothing changed (no history spent).
+
+        A new owner writes once even if the verdict is the same, so everyone sees who checks."""
         current = self.get("health", worker_id)
-        if current is not None and {k: v for k, v in current.items() if k not in ("t", "by")} == health:
+        if current is not None and current.get("by") == self.node and \
+                {k: v for k, v in current.items() if k not in ("t", "by")} == health:
             return None
         return self._write("health", worker_id, dict(health))
 

@@ -1,0 +1,124 @@
+"""Where the gateway meets the mesh: the replicated worker registry and ring ownership.
+
+``ClusterState`` plugs into the mesh agent as its ``StateHooks`` (the worker
+document rides on push-pull, and its updates on the gossip queue) and into the
+gateway's ``WorkerRegistry`` (which workers exist, and who health-checks them):
+
+* a worker registered or removed on any node is written to the ``WorkerDoc``;
+  every node reconciles its local registry with the document (connects to new
+  workers, drains removed ones), so behind a load balancer all nodes use all
+  workers;
+* each worker is health-checked by its owner on the consistent-hash ring of
+  the alive members; the owner writes the verdict to the document, the other
+  nodes read it. When the owner dies, the ring changes and the next owner
+  checks at its next interval.
+
+A lone node (no mesh) has no ``ClusterState``: it owns every worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from mesh.members import MemberSnapshot, MemberStatus
+from mesh.ring import HashRing
+from mesh.wire import USER_PAYLOAD_BYTES_MAX
+from mesh.worker_doc import DocError, WorkerDoc
+
+log = logging.getLogger("gateway.cluster")
+
+# Gossip packets hold ~1,400 bytes: bigger updates travel by push-pull only.
+GOSSIP_UPDATE_BYTES_MAX = 1200
+
+
+class ClusterState:
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+        self.doc = WorkerDoc(node_name)
+        self.ring = HashRing.build([node_name])
+        self.agent: Any = None  # the MeshAgent, set once it runs
+        self.changed = trio.Event()  # the worker set in the document changed: reconcile
+        self.dropped_updates = 0
+
+    def attach(self, agent: Any) -> None:
+        """Called with the mesh agent before it joins: follow its membership from the start."""
+        self.agent = agent
+        agent.listeners.append(self.on_member_change)
+
+    # -- ownership --------------------------------------------------------
+
+    def owns(self, worker_id: str) -> bool:
+        return self.ring.owner(worker_id) in (None, self.node_name)
+
+    def on_member_change(self, member: MemberSnapshot, previous: MemberStatus | None) -> None:
+        """Rebuild the ring from the alive members and swap it in whole."""
+        if self.agent is None:
+            return
+        alive = [m.name for m in self.agent.members() if m.status is MemberStatus.ALIVE]
+        ring = HashRing.build(alive or [self.node_name])
+        if ring.members != self.ring.members:
+            self.ring = ring
+            log.info("ring: %d members", len(ring))
+
+    # -- writes from this node -------------------------------------------
+
+    def publish(self, update: bytes | None) -> None:
+        if update is None:
+            return
+        if self.agent is not None and len(update) <= GOSSIP_UPDATE_BYTES_MAX:
+            self.agent.broadcast(update)
+        # Larger updates reach the others at the next push-pull.
+        compacted = self.doc.maybe_compact()
+        if compacted is not None and self.agent is not None and len(compacted) <= GOSSIP_UPDATE_BYTES_MAX:
+            self.agent.broadcast(compacted)
+
+    def register(self, worker_id: str, spec: dict[str, Any]) -> None:
+        self.publish(self.doc.register(worker_id, spec))
+        self._notify()
+
+    def remove(self, worker_id: str) -> None:
+        self.publish(self.doc.remove(worker_id))
+        self._notify()
+
+    def set_health(self, worker_id: str, health: dict[str, Any]) -> None:
+        self.publish(self.doc.set_health(worker_id, health))
+
+    def health_of(self, worker_id: str) -> dict[str, Any] | None:
+        return self.doc.get("health", worker_id)
+
+    # -- StateHooks (called by the mesh agent) ---------------------------
+
+    def local_state(self, join: bool) -> bytes:
+        return self.doc.state()
+
+    def merge_remote_state(self, data: bytes, join: bool) -> None:
+        self._merge(data)
+
+    def broadcasts(self, budget_bytes: int) -> list[bytes]:
+        return []  # updates go through the agent's retransmit queue (publish)
+
+    def notify(self, payload: bytes) -> None:
+        self._merge(payload)
+
+    def _merge(self, payload: bytes) -> None:
+        if len(payload) > USER_PAYLOAD_BYTES_MAX:
+            self.dropped_updates += 1
+            return
+        before = self.doc.workers()
+        try:
+            extras = self.doc.merge(payload)
+        except DocError as e:
+            self.dropped_updates += 1
+            log.debug("dropped a worker document update: %s", e)
+            return
+        for extra in extras:
+            self.publish(extra)
+        if self.doc.workers() != before:
+            self._notify()
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
