@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import msgpack
 import trio
 
 from mesh.members import MemberSnapshot, MemberStatus
@@ -41,7 +42,9 @@ class ClusterState:
         self.ring = HashRing.build([node_name])
         self.agent: Any = None  # the MeshAgent, set once it runs
         self.changed = trio.Event()  # the worker set in the document changed: reconcile
+        self.ring_changed = trio.Event()  # set (and replaced) on every ring change
         self.dropped_updates = 0
+        self.kv: Any = None  # the KvSharing, when the KV index is shared
 
     def attach(self, agent: Any) -> None:
         """Called with the mesh agent before it joins: follow its membership from the start."""
@@ -62,6 +65,8 @@ class ClusterState:
         if ring.members != self.ring.members:
             self.ring = ring
             log.info("ring: %d members", len(ring))
+            self.ring_changed.set()
+            self.ring_changed = trio.Event()
 
     # -- writes from this node -------------------------------------------
 
@@ -102,6 +107,16 @@ class ClusterState:
 
     def notify(self, payload: bytes) -> None:
         self._merge(payload)
+
+    async def on_request(self, payload: bytes) -> bytes:
+        """A peer's request over the mesh streams (today: the shared KV index)."""
+        try:
+            message = msgpack.unpackb(payload)
+        except (ValueError, msgpack.UnpackException):
+            return msgpack.packb(["bad_request"])
+        if self.kv is None or not isinstance(message, list):
+            return msgpack.packb(["unknown"])
+        return await self.kv.on_request(message)
 
     def _merge(self, payload: bytes) -> None:
         if len(payload) > USER_PAYLOAD_BYTES_MAX:

@@ -11,6 +11,7 @@ that, and the engine's blocks are rebuilt from scratch.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -45,8 +46,12 @@ class _Resubscribe(Exception):
     pass
 
 
-async def follow_kv_events(worker: Any, index: KvIndex) -> None:
-    """Keep ``index`` in step with one engine's KV events until cancelled."""
+async def follow_kv_events(worker: Any, index: KvIndex, on_applied: Callable[..., None] | None = None) -> None:
+    """Keep ``index`` in step with one engine's KV events until cancelled.
+
+    ``on_applied(engine_id, sequence, ops, snapshot, block_size)`` sees every applied batch as
+    resolved ops (for the other nodes of the cluster).
+    """
     delay = RESUBSCRIBE_BACKOFF_S[0]
     while True:
         start = index.next_sequence(worker.id)
@@ -62,9 +67,12 @@ async def follow_kv_events(worker: Any, index: KvIndex) -> None:
                             index.remove_engine(worker.id)
                             snapshot = True
                         first = False
-                        outcome = index.apply_batch(worker.id, batch.sequence_number, events, snapshot)
+                        ops: list | None = [] if on_applied is not None else None
+                        outcome = index.apply_batch(worker.id, batch.sequence_number, events, snapshot, ops)
                         if outcome is BatchOutcome.GAP:
                             raise _Resubscribe
+                        if outcome is BatchOutcome.APPLIED and on_applied is not None:
+                            on_applied(worker.id, batch.sequence_number, ops, snapshot, index.block_size(worker.id))
                     delay = RESUBSCRIBE_BACKOFF_S[0]
         except _Resubscribe:
             log.info("gap in the KV events of %s: resubscribing from %d", worker.id, index.next_sequence(worker.id))

@@ -26,6 +26,7 @@ from .api.app import GatewayApp
 from .api.http import answer_lifespan
 from .api.state import GatewayState
 from .cluster import ClusterState
+from .kv_sharing import KvSharing
 from .config import GatewayConfig
 from .engine.bridge import GrpcBridge
 from .generation import Generator
@@ -140,6 +141,9 @@ async def serve_gateway(config: GatewayConfig, cluster: ClusterState | None = No
             registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery, kv_index, cluster)
             catalog = ModelCatalog(config.tokenizer, config.tokenizer_path, config.chat_template)
             registry.on_added.append(lambda worker: catalog.ensure(worker, int(worker.registered_at)))
+            if cluster is not None and kv_index is not None:
+                # Before any worker registers: its KV stream is then followed by its ring owners only.
+                await nursery.start(KvSharing(cluster, kv_index).run)
             router = Router(registry, make_policy(config.policy, kv_index))
             generator = Generator(router, config.retry, metrics, nursery, random.Random())
             admission = Admission(config.admission)

@@ -105,6 +105,7 @@ class Worker:
         self.cancel_scope: trio.CancelScope | None = None  # the health task
         self.kv_scope: trio.CancelScope | None = None  # the KV event task
         self.checked_by: str | None = None  # the node whose health checks decide (cluster mode)
+        self.kv_following = False  # this node subscribes to the engine's KV events
 
     def load_score(self) -> int:
         if self.engine_load is None:
@@ -179,6 +180,15 @@ class WorkerRegistry:
                 out.setdefault(m, []).append(w)
         return out
 
+    def describe(self, worker: Worker, now: float) -> dict[str, Any]:
+        out = worker.describe(now)
+        if self.kv_index is not None and worker.kind == "grpc":
+            out["kv_index"] = {"blocks": self.kv_index.block_count(worker.id),
+                               "next_sequence": self.kv_index.next_sequence(worker.id),
+                               "fingerprint": self.kv_index.fingerprint(worker.id),
+                               "following": worker.kv_following}
+        return out
+
     def _notify(self) -> None:
         self.changed.set()
         self.changed = trio.Event()
@@ -233,7 +243,24 @@ class WorkerRegistry:
     async def _follow_kv_events(self, worker: Worker) -> None:
         with trio.CancelScope() as scope:
             worker.kv_scope = scope
-            await follow_kv_events(worker, self.kv_index)
+            sharing = self.cluster.kv if self.cluster is not None else None
+            if sharing is None:
+                worker.kv_following = True
+                await follow_kv_events(worker, self.kv_index)
+                return
+            # In a cluster only the engine's ring owners follow its stream (and forward it).
+            while True:
+                changed = self.cluster.ring_changed
+                if sharing.is_owner(worker.id):
+                    worker.kv_following = True
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(follow_kv_events, worker, self.kv_index, sharing.published)
+                        await changed.wait()
+                        if not sharing.is_owner(worker.id):
+                            nursery.cancel_scope.cancel()
+                            worker.kv_following = False
+                else:
+                    await changed.wait()
 
     async def _drain(self, worker: Worker, timeout_s: float) -> None:
         with trio.move_on_after(timeout_s):

@@ -60,6 +60,12 @@ class StateHooks(Protocol):
     def merge_remote_state(self, data: bytes, join: bool) -> None: ...
     def broadcasts(self, budget_bytes: int) -> list[bytes]: ...
     def notify(self, payload: bytes) -> None: ...
+    async def on_request(self, payload: bytes) -> bytes: ...
+
+
+# A stream's plaintext starts with this byte when it carries another subsystem's
+# request (MeshAgent.request) rather than push-pull state (a msgpack array, 0x9x).
+USER_STREAM_MARK = b"U"
 
 
 @dataclasses.dataclass
@@ -108,7 +114,7 @@ class MeshAgent:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                await nursery.start(self.transport.serve_streams, self._answer_push_pull)
+                await nursery.start(self.transport.serve_streams, self._answer_stream)
                 nursery.start_soon(self._receive_loop)
                 nursery.start_soon(self._timer_loop)
                 task_status.started()
@@ -240,7 +246,25 @@ class MeshAgent:
         with contextlib.suppress(TransportError):
             await self._push_pull(addr, join=False)
 
-    async def _answer_push_pull(self, request: bytes) -> bytes:
+    async def request(self, addr: str, payload: bytes, timeout_s: float = PUSH_PULL_TIMEOUT_S) -> bytes:
+        """Another subsystem's request to a peer over the (sealed) stream transport; its answer.
+
+        Raises TransportError when the peer cannot be reached or answers with nothing we can open.
+        """
+        answer = await self.transport.exchange(addr, self.keyring.seal(USER_STREAM_MARK + payload, TCP_LABEL),
+                                               timeout_s)
+        data = self.keyring.open(answer, TCP_LABEL)
+        if data is None or not data.startswith(USER_STREAM_MARK):
+            raise TransportError(f"{addr} gave no readable answer")
+        return data[1:]
+
+    async def _answer_stream(self, request: bytes) -> bytes:
+        data = self.keyring.open(request, TCP_LABEL)
+        if data is not None and data.startswith(USER_STREAM_MARK):
+            if self.hooks is None:
+                return b""
+            answer = await self.hooks.on_request(data[1:])
+            return self.keyring.seal(USER_STREAM_MARK + answer, TCP_LABEL)
         state = self._merge_bytes(request)
         if state is None:
             return b""  # the peer cannot open an empty answer: its join fails, as it should

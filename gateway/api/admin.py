@@ -62,14 +62,14 @@ async def metrics(state, request: Request) -> None:
 
 async def list_workers(state, request: Request) -> None:
     now = trio.current_time()
-    await request.send_json(200, {"workers": [w.describe(now) for w in state.registry.all()]})
+    await request.send_json(200, {"workers": [state.registry.describe(w, now) for w in state.registry.all()]})
 
 
 async def get_worker(state, request: Request) -> None:
     worker = state.registry.get(request.path_params["worker_id"])
     if worker is None:
         raise NotFound(f"no worker {request.path_params['worker_id']}", code="worker_not_found")
-    await request.send_json(200, worker.describe(trio.current_time()))
+    await request.send_json(200, state.registry.describe(worker, trio.current_time()))
 
 
 def _labels(body: dict[str, Any]) -> dict[str, str]:

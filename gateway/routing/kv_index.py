@@ -55,6 +55,10 @@ class Cleared:
 
 KvEvent = StoredBlocks | RemovedBlocks | Cleared
 
+# Resolved ops, what nodes send each other: (OP_STORE, [(our hash, engine hash), ...]),
+# (OP_REMOVE, [engine hash, ...]), (OP_CLEAR,). Append-only values.
+OP_STORE, OP_REMOVE, OP_CLEAR = 0, 1, 2
+
 
 def prompt_block_hashes(token_ids: "Sequence[int]", block_size: int) -> list[int]:
     """The index's hash of every full block of a prompt, chained from the start."""
@@ -127,30 +131,69 @@ class KvIndex:
 
     # -- updates --------------------------------------------------------
 
-    def apply_batch(self, engine_id: str, sequence: int, events: "Sequence[KvEvent]",
-                    snapshot: bool = False) -> BatchOutcome:
+    def _admit(self, engine_id: str, sequence: int, snapshot: bool) -> "tuple[_Engine, BatchOutcome | None]":
         engine = self._engines.get(engine_id)
         if engine is None:
             engine = self._engines[engine_id] = _Engine()
         if not snapshot and engine.next_sequence:
             if sequence < engine.next_sequence:
-                return BatchOutcome.DUPLICATE
+                return engine, BatchOutcome.DUPLICATE
             if sequence > engine.next_sequence:
-                return BatchOutcome.GAP
+                return engine, BatchOutcome.GAP
+        return engine, None
+
+    def apply_batch(self, engine_id: str, sequence: int, events: "Sequence[KvEvent]",
+                    snapshot: bool = False, ops_out: "list | None" = None) -> BatchOutcome:
+        """Apply an engine's batch. ``ops_out`` collects it as resolved ops for peers (see apply_ops)."""
+        engine, refused = self._admit(engine_id, sequence, snapshot)
+        if refused is not None:
+            return refused
         for event in events:
             if isinstance(event, StoredBlocks):
-                self._store(engine_id, engine, event)
+                self._store(engine_id, engine, event, ops_out)
             elif isinstance(event, RemovedBlocks):
                 for engine_hash in event.engine_hashes:
-                    ours = engine.by_engine_hash.pop(engine_hash, None)
-                    if ours is not None and engine.blocks.pop(ours, None) is not None:
-                        self._lru.pop((engine_id, ours), None)
-                        self.removed += 1
+                    self._remove(engine_id, engine, engine_hash)
+                if ops_out is not None:
+                    ops_out.append((OP_REMOVE, list(event.engine_hashes)))
             else:
+                self._clear(engine_id, engine)
+                if ops_out is not None:
+                    ops_out.append((OP_CLEAR,))
+        engine.next_sequence = sequence + 1
+        self._evict()
+        return BatchOutcome.APPLIED
+
+    def apply_ops(self, engine_id: str, sequence: int, ops: "Sequence[tuple]", snapshot: bool = False,
+                  block_size: int = 0) -> BatchOutcome:
+        """Apply a batch another node resolved (our hashes computed once, no token ids to ship)."""
+        engine, refused = self._admit(engine_id, sequence, snapshot)
+        if refused is not None:
+            return refused
+        if block_size and not engine.block_size:
+            engine.block_size = block_size
+        for op in ops:
+            if op[0] == OP_STORE:
+                for ours, engine_hash in op[1]:
+                    self._put(engine_id, engine, ours, engine_hash)
+            elif op[0] == OP_REMOVE:
+                for engine_hash in op[1]:
+                    self._remove(engine_id, engine, engine_hash)
+            elif op[0] == OP_CLEAR:
                 self._clear(engine_id, engine)
         engine.next_sequence = sequence + 1
         self._evict()
         return BatchOutcome.APPLIED
+
+    def export_ops(self, engine_id: str) -> "tuple[int, int, list[tuple]]":
+        """(block size, next sequence, ops that rebuild this engine's state from nothing)."""
+        engine = self._engines.get(engine_id)
+        if engine is None:
+            return 0, 0, [(OP_CLEAR,)]
+        return engine.block_size, engine.next_sequence, [(OP_CLEAR,), (OP_STORE, list(engine.blocks.items()))]
+
+    def engines(self) -> list[str]:
+        return list(self._engines)
 
     def remove_engine(self, engine_id: str) -> None:
         engine = self._engines.pop(engine_id, None)
@@ -158,7 +201,7 @@ class KvIndex:
             for ours in engine.blocks:
                 self._lru.pop((engine_id, ours), None)
 
-    def _store(self, engine_id: str, engine: _Engine, event: StoredBlocks) -> None:
+    def _store(self, engine_id: str, engine: _Engine, event: StoredBlocks, ops_out: "list | None") -> None:
         if event.parent_engine_hash is None:
             parent = 0
         else:
@@ -166,18 +209,31 @@ class KvIndex:
             if parent is None:
                 engine.orphans += len(event.blocks)  # its prefix is unknown here: cannot be matched
                 return
-        blocks, by_engine_hash, lru = engine.blocks, engine.by_engine_hash, self._lru
+        resolved = [] if ops_out is not None else None
         for engine_hash, tokens in event.blocks:
             if not engine.block_size:
                 engine.block_size = len(tokens)
             parent = hash((parent, tokens))
-            if parent not in blocks:
-                self.inserted += 1
-            blocks[parent] = engine_hash
-            by_engine_hash[engine_hash] = parent
-            key = (engine_id, parent)
-            lru[key] = None
-            lru.move_to_end(key)
+            self._put(engine_id, engine, parent, engine_hash)
+            if resolved is not None:
+                resolved.append((parent, engine_hash))
+        if ops_out is not None:
+            ops_out.append((OP_STORE, resolved))
+
+    def _put(self, engine_id: str, engine: _Engine, ours: int, engine_hash: int) -> None:
+        if ours not in engine.blocks:
+            self.inserted += 1
+        engine.blocks[ours] = engine_hash
+        engine.by_engine_hash[engine_hash] = ours
+        key = (engine_id, ours)
+        self._lru[key] = None
+        self._lru.move_to_end(key)
+
+    def _remove(self, engine_id: str, engine: _Engine, engine_hash: int) -> None:
+        ours = engine.by_engine_hash.pop(engine_hash, None)
+        if ours is not None and engine.blocks.pop(ours, None) is not None:
+            self._lru.pop((engine_id, ours), None)
+            self.removed += 1
 
     def _clear(self, engine_id: str, engine: _Engine) -> None:
         for ours in engine.blocks:

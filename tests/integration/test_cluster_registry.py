@@ -16,8 +16,8 @@ BASE = 28946
 KEY = generate_key()
 
 
-def node_args(i: int, *extra: str) -> list[str]:
-    return ["--mesh-bind", f"127.0.0.1:{BASE + i}", "--join", f"127.0.0.1:{BASE}", "--node-name", f"c{i}",
+def node_args(i: int, *extra: str, seed: int = 0) -> list[str]:
+    return ["--mesh-bind", f"127.0.0.1:{BASE + i}", "--join", f"127.0.0.1:{BASE + seed}", "--node-name", f"c{i}",
             "--encrypt", KEY, "--mesh-preset", "local", "--rpc-addr", f"127.0.0.1:{BASE + 100 + i}",
             "--retry-join-interval-secs", "0.5", "--health-check-interval-secs", "0.5",
             "--health-failure-threshold", "2", *extra]
@@ -68,3 +68,37 @@ def test_registry_is_shared_and_survives_its_registering_node(cluster):
     # The engine dies: its owner notices, and the other node learns the verdict from the document.
     e0.kill()
     eventually(lambda: not any(workers(n)[e0.url]["healthy"] for n in (b, c)), 30)
+
+
+def kv_views(nodes, engine_url):
+    out = []
+    for n in nodes:
+        w = workers(n).get(engine_url)
+        out.append(None if w is None else (w["kv_index"]["next_sequence"], w["kv_index"]["fingerprint"]))
+    return out
+
+
+def test_kv_index_is_the_same_on_every_node_and_rebuilt_after_a_restart(log_dir):
+    engine = EngineProcess(["--zero-cost", "--block-size", "16"], log_dir, "kv-share-engine")
+    nodes = [NodeProcess(node_args(10, "--worker-urls", engine.url, seed=10), log_dir, "kv-c0")]
+    nodes += [NodeProcess(node_args(10 + i, seed=10), log_dir, f"kv-c{i}") for i in (1, 2)]
+    try:
+        eventually(lambda: all(engine.url in workers(n) for n in nodes), 30)
+        client = openai.OpenAI(base_url=nodes[1].url + "/v1", api_key="x", max_retries=0)
+        system = "You are a meticulous assistant who answers in full sentences. " * 20
+        for i in range(6):
+            client.chat.completions.create(model=MODEL, max_tokens=2, messages=[
+                {"role": "system", "content": system}, {"role": "user", "content": f"question {i}"}])
+        # Only two nodes follow the engine's stream; all three hold the same index.
+        eventually(lambda: len(set(kv_views(nodes, engine.url))) == 1 and kv_views(nodes, engine.url)[0][0] > 1, 20)
+        # Once every node sees all three members, exactly the engine's two ring owners follow it.
+        eventually(lambda: sum(workers(n)[engine.url]["kv_index"]["following"] for n in nodes) == 2, 20)
+        # A node that restarts rebuilds the index from its peers.
+        nodes[2].kill()
+        nodes[2] = NodeProcess(node_args(12, seed=10), log_dir, "kv-c2-again")
+        eventually(lambda: len(set(kv_views(nodes, engine.url))) == 1, 30)
+        assert workers(nodes[2])[engine.url]["kv_index"]["blocks"] >= 14  # the shared system prompt's blocks
+    finally:
+        for n in nodes:
+            n.kill()
+        engine.kill()

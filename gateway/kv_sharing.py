@@ -1,0 +1,188 @@
+"""One KV index for the whole cluster: each engine's events are followed by its two ring owners
+and forwarded, resolved, to every other node.
+
+Owner side: ``follow_kv_events`` applies an engine's batch to the local index
+and hands the resolved ops (our block hashes, computed once) to ``published``;
+they are kept in a bounded log and sent to every other alive member in small
+coalesced requests over the mesh's sealed stream transport. Both owners send:
+the second copy of a batch is a duplicate, ignored by its sequence number.
+
+Receiver side: batches are applied in each engine's order, exactly once. A
+gap (a lost request, a node that was away) asks the sender to replay from the
+first missing sequence number; an owner whose log no longer reaches back
+answers with a snapshot of its index for that engine instead. A node that
+starts (or restarts) asks an owner for every engine it knows nothing about:
+it rebuilds the whole index from its peers, and the engines replay nothing.
+
+When an owner dies, the ring changes; the new owner starts following the
+engine from the last sequence number its own index applied.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Any
+
+import msgpack
+import trio
+
+from mesh.transport import TransportError
+
+from .routing.kv_index import BatchOutcome, KvIndex
+
+log = logging.getLogger("gateway.kv_sharing")
+
+KV_OWNERS = 2
+LOG_BATCHES_MAX = 4096  # per engine: how far back a peer can ask for a replay
+FLUSH_INTERVAL_S = 0.02
+REQUEST_BATCHES_MAX = 256
+CATCH_UP_INTERVAL_S = 2.0
+REQUEST_TIMEOUT_S = 5.0
+
+
+class KvSharing:
+    def __init__(self, cluster: Any, index: KvIndex) -> None:
+        self.cluster = cluster
+        self.index = index
+        self._log: dict[str, collections.deque] = {}
+        self._outbox: dict[str, list] = collections.defaultdict(list)  # peer name -> pending items
+        self._sending: set[str] = set()
+        self._replaying: set[tuple[str, str]] = set()
+        self._nursery: trio.Nursery | None = None
+        self.forwarded = 0
+        self.received = 0
+        self.replays = 0
+        cluster.kv = self
+
+    # -- ownership --------------------------------------------------------
+
+    def owners(self, engine_id: str) -> list[str]:
+        return self.cluster.ring.owners(engine_id, KV_OWNERS)
+
+    def is_owner(self, engine_id: str) -> bool:
+        owners = self.owners(engine_id)
+        return not owners or self.cluster.node_name in owners
+
+    def _addr(self, name: str) -> str | None:
+        agent = self.cluster.agent
+        if agent is None:
+            return None
+        member = agent.swim.table.get(name)
+        return member.addr if member is not None else None
+
+    def _peers(self) -> list[str]:
+        return [n for n in self.cluster.ring.members if n != self.cluster.node_name]
+
+    # -- owner side -----------------------------------------------------
+
+    def published(self, engine_id: str, sequence: int, ops: list, snapshot: bool, block_size: int) -> None:
+        item = [engine_id, sequence, snapshot, block_size, ops]
+        log_ = self._log.get(engine_id)
+        if log_ is None:
+            log_ = self._log[engine_id] = collections.deque(maxlen=LOG_BATCHES_MAX)
+        log_.append(item)
+        for peer in self._peers():
+            self._outbox[peer].append(item)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            next_catch_up = trio.current_time()
+            while True:
+                for peer, items in list(self._outbox.items()):
+                    if items and peer not in self._sending:
+                        self._outbox[peer] = []
+                        self._sending.add(peer)
+                        nursery.start_soon(self._send, peer, items)
+                if trio.current_time() >= next_catch_up:
+                    next_catch_up = trio.current_time() + CATCH_UP_INTERVAL_S
+                    self._catch_up()
+                await trio.sleep(FLUSH_INTERVAL_S)
+
+    async def _send(self, peer: str, items: list) -> None:
+        try:
+            addr = self._addr(peer)
+            if addr is None:
+                return
+            for start in range(0, len(items), REQUEST_BATCHES_MAX):
+                chunk = items[start:start + REQUEST_BATCHES_MAX]
+                request = msgpack.packb(["kv_batches", self.cluster.node_name, chunk])
+                await self.cluster.agent.request(addr, request, REQUEST_TIMEOUT_S)
+                self.forwarded += len(chunk)
+        except TransportError as e:
+            log.debug("KV batches to %s not delivered (%s): it will ask for a replay", peer, e)
+        finally:
+            self._sending.discard(peer)
+
+    # -- receiver side --------------------------------------------------
+
+    async def on_request(self, message: list) -> bytes:
+        kind = message[0] if message else None
+        if kind == "kv_batches" and len(message) == 3:
+            sender, items = message[1], message[2]
+            for item in items:
+                self._apply(item, sender)
+            return msgpack.packb(["ok"])
+        if kind == "kv_replay" and len(message) == 3:
+            return msgpack.packb(["kv_items", self._replay_items(str(message[1]), int(message[2]))])
+        return msgpack.packb(["unknown"])
+
+    def _apply(self, item: list, sender: str) -> None:
+        try:
+            engine_id, sequence, snapshot, block_size, ops = item
+            outcome = self.index.apply_ops(engine_id, sequence, ops, snapshot, block_size)
+        except (ValueError, TypeError) as e:
+            log.debug("dropped a malformed KV item from %s: %s", sender, e)
+            return
+        self.received += 1
+        if outcome is BatchOutcome.GAP:
+            self._ask_replay(engine_id, sender)
+
+    def _replay_items(self, engine_id: str, from_sequence: int) -> list:
+        log_ = self._log.get(engine_id)
+        if from_sequence > 0 and log_ and log_[0][1] <= from_sequence:
+            return [item for item in log_ if item[1] >= from_sequence]
+        block_size, next_sequence, ops = self.index.export_ops(engine_id)
+        if not next_sequence:
+            return []
+        return [[engine_id, next_sequence - 1, True, block_size, ops]]
+
+    def _ask_replay(self, engine_id: str, owner: str) -> None:
+        key = (engine_id, owner)
+        if key in self._replaying or self._nursery is None:
+            return
+        self._replaying.add(key)
+        self._nursery.start_soon(self._replay, engine_id, owner)
+
+    async def _replay(self, engine_id: str, owner: str) -> None:
+        try:
+            addr = self._addr(owner)
+            if addr is None:
+                return
+            self.replays += 1
+            request = msgpack.packb(["kv_replay", engine_id, self.index.next_sequence(engine_id)])
+            answer = msgpack.unpackb(await self.cluster.agent.request(addr, request, REQUEST_TIMEOUT_S))
+            if isinstance(answer, list) and len(answer) == 2 and answer[0] == "kv_items":
+                for item in answer[1]:
+                    self._apply_replayed(item, owner)
+        except (TransportError, ValueError, msgpack.UnpackException) as e:
+            log.debug("replay of %s from %s failed: %s", engine_id, owner, e)
+        finally:
+            self._replaying.discard((engine_id, owner))
+
+    def _apply_replayed(self, item: list, owner: str) -> None:
+        try:
+            engine_id, sequence, snapshot, block_size, ops = item
+            self.index.apply_ops(engine_id, sequence, ops, snapshot, block_size)
+        except (ValueError, TypeError) as e:
+            log.debug("dropped a malformed replayed item from %s: %s", owner, e)
+
+    def _catch_up(self) -> None:
+        """Engines we do not follow and know nothing of yet: ask an owner for everything."""
+        for engine_id in self.cluster.doc.workers():
+            if not self.is_owner(engine_id) and self.index.next_sequence(engine_id) == 0:
+                owners = [o for o in self.owners(engine_id) if o != self.cluster.node_name]
+                if owners:
+                    self._ask_replay(engine_id, owners[0])
