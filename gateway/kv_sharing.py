@@ -50,6 +50,7 @@ class KvSharing:
         self._sending: set[str] = set()
         self._replaying: set[tuple[str, str]] = set()
         self._nursery: trio.Nursery | None = None
+        self._pending = trio.Event()  # set when the outbox has something to send
         self.forwarded = 0
         self.received = 0
         self.replays = 0
@@ -84,6 +85,7 @@ class KvSharing:
         log_.append(item)
         for peer in self._peers():
             self._outbox[peer].append(item)
+        self._pending.set()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -91,15 +93,20 @@ class KvSharing:
             task_status.started()
             next_catch_up = trio.current_time()
             while True:
+                with trio.move_on_at(next_catch_up):
+                    await self._pending.wait()
+                    await trio.sleep(FLUSH_INTERVAL_S)  # let batches that arrive together travel together
+                self._pending = trio.Event()
                 for peer, items in list(self._outbox.items()):
                     if items and peer not in self._sending:
                         self._outbox[peer] = []
                         self._sending.add(peer)
                         nursery.start_soon(self._send, peer, items)
+                    elif items:
+                        self._pending.set()  # a send to this peer is in flight: next round
                 if trio.current_time() >= next_catch_up:
                     next_catch_up = trio.current_time() + CATCH_UP_INTERVAL_S
                     self._catch_up()
-                await trio.sleep(FLUSH_INTERVAL_S)
 
     async def _send(self, peer: str, items: list) -> None:
         try:

@@ -249,18 +249,19 @@ class WorkerRegistry:
                 await follow_kv_events(worker, self.kv_index)
                 return
             # In a cluster only the engine's ring owners follow its stream (and forward it).
+            # (No checkpoint between an ownership check and the wait on the next ring change,
+            # so no change can slip between them.)
             while True:
-                changed = self.cluster.ring_changed
                 if sharing.is_owner(worker.id):
                     worker.kv_following = True
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(follow_kv_events, worker, self.kv_index, sharing.published)
-                        await changed.wait()
-                        if not sharing.is_owner(worker.id):
-                            nursery.cancel_scope.cancel()
-                            worker.kv_following = False
+                        while sharing.is_owner(worker.id):
+                            await self.cluster.ring_changed.wait()
+                        nursery.cancel_scope.cancel()
+                    worker.kv_following = False
                 else:
-                    await changed.wait()
+                    await self.cluster.ring_changed.wait()
 
     async def _drain(self, worker: Worker, timeout_s: float) -> None:
         with trio.move_on_after(timeout_s):

@@ -34,7 +34,7 @@ def view(i: int) -> dict[str, str]:
     return {m["name"]: m["state"] for m in json.loads(r.stdout)}
 
 
-def eventually(predicate, timeout_s: float) -> float:
+def eventually(predicate, timeout_s: float, describe=None) -> float:
     """Poll other processes' views (nothing to await across processes)."""
     start = time.monotonic()
     while True:
@@ -44,7 +44,7 @@ def eventually(predicate, timeout_s: float) -> float:
         except AssertionError:
             pass
         if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"not within {timeout_s}s")
+            raise AssertionError(f"not within {timeout_s}s" + (f": {describe()}" if describe else ""))
         time.sleep(0.2)
 
 
