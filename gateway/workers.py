@@ -140,6 +140,18 @@ class Worker:
         }
 
 
+def load_bucket(worker: Worker) -> str:
+    """A coarse load summary for the shared document: it changes rarely, so it costs little history.
+
+    Routing uses each node's own fresh GetLoads polls; this is for people and dashboards.
+    """
+    load = worker.load_score()
+    for bound, label in ((0, "idle"), (4, "light"), (32, "busy")):
+        if load <= bound:
+            return label
+    return "saturated"
+
+
 class WorkerRegistry:
     def __init__(self, bridge: GrpcBridge, http_client: httpx2.AsyncClient, health: HealthConfig,
                  breaker: BreakerConfig, nursery: trio.Nursery, kv_index: KvIndex | None = None,
@@ -363,4 +375,5 @@ class WorkerRegistry:
         if cluster is not None:
             worker.checked_by = cluster.node_name
             cluster.set_health(worker.id, {"healthy": worker.healthy,
-                                           "circuit": worker.breaker.current_state(trio.current_time()).name.lower()})
+                                           "circuit": worker.breaker.current_state(trio.current_time()).name.lower(),
+                                           "load": load_bucket(worker)})
