@@ -57,10 +57,14 @@ class ClusterState:
         return self.ring.owner(worker_id) in (None, self.node_name)
 
     def on_member_change(self, member: MemberSnapshot, previous: MemberStatus | None) -> None:
-        """Rebuild the ring from the alive members and swap it in whole."""
+        """Rebuild the ring from the live members and swap it in whole.
+
+        Suspected members stay on the ring: a suspicion is often refuted, and moving every
+        key it owns back and forth would restart health checks and KV streams for nothing.
+        """
         if self.agent is None:
             return
-        alive = [m.name for m in self.agent.members() if m.status is MemberStatus.ALIVE]
+        alive = [m.name for m in self.agent.members() if m.status in (MemberStatus.ALIVE, MemberStatus.SUSPECT)]
         ring = HashRing.build(alive or [self.node_name])
         if ring.members != self.ring.members:
             self.ring = ring

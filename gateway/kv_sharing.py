@@ -188,7 +188,9 @@ class KvSharing:
 
     def _catch_up(self) -> None:
         """Engines we do not follow and know nothing of yet: ask an owner for everything."""
-        for engine_id in self.cluster.doc.workers():
+        for engine_id, spec in self.cluster.doc.workers().items():
+            if not str(spec.get("url", "")).startswith("grpc://"):
+                continue  # HTTP workers publish no KV events
             if not self.is_owner(engine_id) and self.index.next_sequence(engine_id) == 0:
                 owners = [o for o in self.owners(engine_id) if o != self.cluster.node_name]
                 if owners:
