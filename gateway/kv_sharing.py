@@ -127,20 +127,22 @@ class KvSharing:
 
     async def on_request(self, message: list) -> bytes:
         kind = message[0] if message else None
-        if kind == "kv_batches" and len(message) == 3:
-            sender, items = message[1], message[2]
-            for item in items:
+        if kind == "kv_batches" and len(message) == 3 and isinstance(message[2], list):
+            sender = str(message[1])
+            for item in message[2]:
                 self._apply(item, sender)
             return msgpack.packb(["ok"])
-        if kind == "kv_replay" and len(message) == 3:
-            return msgpack.packb(["kv_items", self._replay_items(str(message[1]), int(message[2]))])
+        if kind == "kv_replay" and len(message) == 3 and isinstance(message[2], int):
+            return msgpack.packb(["kv_items", self._replay_items(str(message[1]), message[2])])
         return msgpack.packb(["unknown"])
 
     def _apply(self, item: list, sender: str) -> None:
         try:
             engine_id, sequence, snapshot, block_size, ops = item
-            outcome = self.index.apply_ops(engine_id, sequence, ops, snapshot, block_size)
-        except (ValueError, TypeError) as e:
+            if not isinstance(engine_id, str) or not isinstance(sequence, int) or not isinstance(ops, list):
+                raise TypeError("bad item shape")
+            outcome = self.index.apply_ops(engine_id, sequence, ops, bool(snapshot), int(block_size))
+        except (ValueError, TypeError, IndexError) as e:
             log.debug("dropped a malformed KV item from %s: %s", sender, e)
             return
         self.received += 1
@@ -182,8 +184,8 @@ class KvSharing:
     def _apply_replayed(self, item: list, owner: str) -> None:
         try:
             engine_id, sequence, snapshot, block_size, ops = item
-            self.index.apply_ops(engine_id, sequence, ops, snapshot, block_size)
-        except (ValueError, TypeError) as e:
+            self.index.apply_ops(str(engine_id), int(sequence), ops, bool(snapshot), int(block_size))
+        except (ValueError, TypeError, IndexError) as e:
             log.debug("dropped a malformed replayed item from %s: %s", owner, e)
 
     def _catch_up(self) -> None:

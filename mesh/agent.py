@@ -263,7 +263,12 @@ class MeshAgent:
         if data is not None and data.startswith(USER_STREAM_MARK):
             if self.hooks is None:
                 return b""
-            answer = await self.hooks.on_request(data[1:])
+            try:
+                answer = await self.hooks.on_request(data[1:])
+            except Exception:  # a peer's bad request must not take the stream server down
+                self.stats.dropped["bad_request"] += 1
+                log.exception("a subsystem failed on a peer's request")
+                return b""
             return self.keyring.seal(USER_STREAM_MARK + answer, TCP_LABEL)
         state = self._merge_bytes(request)
         if state is None:

@@ -73,7 +73,13 @@ class WorkerDoc:
 
     def get(self, map_name: str, key: str) -> dict[str, Any] | None:
         raw = self._maps[map_name].get(key)
-        return orjson.loads(raw) if raw is not None else None
+        if raw is None:
+            return None
+        try:
+            value = orjson.loads(raw)
+        except (orjson.JSONDecodeError, TypeError):
+            return None  # a value a peer wrote that we cannot read counts as absent
+        return value if isinstance(value, dict) else None
 
     def size_bytes(self) -> int:
         return len(self._doc.get_update())
@@ -163,9 +169,11 @@ class WorkerDoc:
     def _items(self, map_name: str):
         for k, raw in self._maps[map_name].items():
             try:
-                yield k, orjson.loads(raw)
+                value = orjson.loads(raw)
             except (orjson.JSONDecodeError, TypeError):
                 continue  # a value we cannot read is skipped, not fatal
+            if isinstance(value, dict):
+                yield k, value
 
     def _apply(self, update: bytes) -> None:
         try:
@@ -174,7 +182,9 @@ class WorkerDoc:
             raise DocError(f"bad worker document update: {e}") from None
         for name in MAPS:
             for _, v in self._items(name):
-                self._tick(int(v.get("t", 0)))
+                stamp = v.get("t", 0)
+                if isinstance(stamp, int):
+                    self._tick(stamp)
 
     @staticmethod
     def _stamp(value: dict[str, Any]) -> tuple[int, str]:

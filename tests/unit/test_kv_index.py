@@ -113,3 +113,26 @@ def test_cache_aware_follows_the_engine_that_holds_the_prefix():
     assert policy.choose(workers, RoutingRequest(input_ids=prompt)).id == "holder"
     workers[1].load = 1
     assert policy.choose(workers, RoutingRequest(input_ids=prompt)).id == "other"
+
+
+async def test_kv_sharing_drops_malformed_peer_items():
+    import msgpack
+
+    from gateway.kv_sharing import KvSharing
+
+    class FakeCluster:
+        node_name = "me"
+        ring = __import__("mesh.ring", fromlist=["HashRing"]).HashRing.build(["me", "peer"])
+        agent = None
+        doc = None
+        kv = None
+
+    index = KvIndex()
+    sharing = KvSharing(FakeCluster(), index)
+    for message in (["kv_batches", "peer", [["e", "x", 0, 16, []]]], ["kv_batches", "peer", [[1, 2]]],
+                    ["kv_batches", "peer", "nope"], ["kv_replay", "e", "x"], [], ["other"]):
+        answer = msgpack.unpackb(await sharing.on_request(message))
+        assert answer[0] in ("ok", "unknown")
+    assert index.block_count() == 0
+    ok = msgpack.unpackb(await sharing.on_request(["kv_batches", "peer", [["e", 1, False, 2, [[0, [[5, 9]]]]]]]))
+    assert ok == ["ok"] and index.block_count("e") == 1 and index.block_size("e") == 2

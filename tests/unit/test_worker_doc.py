@@ -155,3 +155,17 @@ def test_random_delivery_converges(seed):
 def test_garbage_is_refused():
     with pytest.raises(DocError):
         WorkerDoc("a").merge(b"\x00garbage")
+
+
+def test_unreadable_values_from_a_peer_count_as_absent():
+    import msgpack
+    import pycrdt
+    bad = pycrdt.Doc()
+    m = bad.get("workers", type=pycrdt.Map)
+    with bad.transaction():
+        m["w1"] = "{not json"
+        m["w2"] = "[1, 2]"
+    doc = WorkerDoc("a", clock=Clock())
+    doc.merge(msgpack.packb([0, bad.get_update()]))
+    assert doc.workers() == {} and doc.get("workers", "w1") is None
+    assert doc.register("w1", {"url": "u"})  # and writing over them works
