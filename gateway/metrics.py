@@ -13,6 +13,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from .loop_lag import LAG_BUCKETS_S
+
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TOKEN_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)
 
@@ -37,6 +39,8 @@ class GatewayMetrics:
                                      ["worker", "code"], registry=r)
         self.aborts = Counter("smg_engine_aborts", "Generations aborted on the engine, by reason", ["reason"],
                               registry=r)
+        self.loop_lag = Histogram("smg_event_loop_lag_seconds", "How late the event loop woke a sleeping task "
+                                  "(anything holding the loop shows here)", buckets=LAG_BUCKETS_S, registry=r)
         self._state_sources: list[Callable[[], Iterator[Any]]] = []
         self.registry.register(_StateCollector(self._state_sources))
 

@@ -49,11 +49,12 @@ class ModelCatalog:
     def names(self) -> list[str]:
         return list(self._models)
 
-    def local_tokenizer(self) -> TokenizerService | None:
-        """The tokenizer given on the command line, loaded once."""
+    async def local_tokenizer(self) -> TokenizerService | None:
+        """The tokenizer given on the command line, loaded once (in a thread: it takes ~1 s)."""
         if self._tokenizer_path is not None and self._local_tokenizer is None:
-            self._local_tokenizer = TokenizerService.from_directory(self._tokenizer_path, self._tokenizer_config,
-                                                                    self._chat_template_path)
+            self._local_tokenizer = await trio.to_thread.run_sync(
+                TokenizerService.from_directory, self._tokenizer_path, self._tokenizer_config,
+                self._chat_template_path)
         return self._local_tokenizer
 
     async def ensure(self, worker: Worker, created: int) -> None:
@@ -67,13 +68,14 @@ class ModelCatalog:
             if worker.kind == "grpc" and entry.tokenizer is None:
                 async with self._locks.setdefault(name, trio.Lock()):
                     if entry.tokenizer is None:
-                        entry.tokenizer = self.local_tokenizer() or await self._fetch(worker)
+                        entry.tokenizer = await self.local_tokenizer() or await self._fetch(worker)
 
     async def _fetch(self, worker: Worker) -> TokenizerService:
         try:
             bundle = await worker.client.fetch_tokenizer_bundle(TOKENIZER_FETCH_TIMEOUT_S)
-            service = TokenizerService.from_bundle(bundle, f"{worker.url} (GetTokenizer)", self._tokenizer_config,
-                                                   self._chat_template_path)
+            service = await trio.to_thread.run_sync(
+                TokenizerService.from_bundle, bundle, f"{worker.url} (GetTokenizer)", self._tokenizer_config,
+                self._chat_template_path)
         except (EngineCallError, TokenizerLoadError) as e:
             raise WorkerError(f"no --tokenizer-path and {worker.url} did not provide its tokenizer: {e}",
                               status=502) from None

@@ -31,6 +31,7 @@ from .config import GatewayConfig
 from .engine.bridge import GrpcBridge
 from .generation import Generator
 from .logs import setup_logging
+from .loop_lag import LoopLagMonitor
 from .metrics import GatewayMetrics, counter, gauge
 from .models import ModelCatalog
 from .proxy import HttpProxy
@@ -150,6 +151,11 @@ async def serve_gateway(config: GatewayConfig, cluster: ClusterState | None = No
             proxy = HttpProxy(generator, admission, config.admission.request_timeout_s)
             state = GatewayState(config, registry, catalog, router, generator, admission, metrics, proxy)
             metrics.add_state_source(lambda: _state_metrics(state))
+            lag = LoopLagMonitor(metrics.loop_lag)
+            nursery.start_soon(lag.run)
+            metrics.add_state_source(lambda: iter([gauge(
+                "smg_event_loop_lag_ms", "Event-loop lag over the last minute", ["quantile"],
+                [([k.removesuffix("_ms")], v) for k, v in lag.statistics().items()])]))
             # Register the configured workers before serving when they answer; keep trying those that don't.
             with trio.move_on_after(config.health.timeout_s * 2):
                 async with trio.open_nursery() as first:

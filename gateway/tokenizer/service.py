@@ -118,8 +118,10 @@ class TokenizerService:
         self._l1 = SegmentCache(config.l1_bytes_max)
         self._boundary = self._boundary_pattern()
         self._l1_with_special = self._special_tokens_only_prepended()
-        threads = config.encode_threads or max(1, len(os.sched_getaffinity(0)))
-        self._limiter = trio.CapacityLimiter(threads)
+        self._threads = config.encode_threads or max(1, len(os.sched_getaffinity(0)))
+        # Made on first use, on the trio thread: a service may be built in a worker thread
+        # (parsing a tokenizer.json of tens of MB would hold the event loop for a second).
+        self._limiter: trio.CapacityLimiter | None = None
         self.encoded_chars = 0
 
     # -- loading ----------------------------------------------------------
@@ -203,6 +205,8 @@ class TokenizerService:
     async def _encode_off_loop(self, text: str, add_special_tokens: bool) -> tokenizers.Encoding:
         if len(text) < self.config.inline_chars_max:
             return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        if self._limiter is None:
+            self._limiter = trio.CapacityLimiter(self._threads)
         return await trio.to_thread.run_sync(self._encode_raw, text, add_special_tokens, limiter=self._limiter)
 
     async def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:

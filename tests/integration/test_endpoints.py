@@ -44,13 +44,15 @@ def test_health_endpoints(http):
 
 
 def test_metrics_cover_requests_tokens_caches_and_engines(http, client):
-    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "m"}], max_tokens=3,
-                                   stream=True).close()
+    list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "m"}], max_tokens=3,
+                                        stream=True))
     text = http.get("/metrics").text
     for name in ("smg_http_requests_total", "smg_http_request_duration_seconds_bucket",
                  "smg_time_to_first_token_seconds_bucket", "smg_time_per_output_token_seconds_bucket",
                  'smg_tokens_total{kind="prompt"', "smg_tokenizer_cache_hits_total", "smg_worker_healthy",
-                 "smg_circuit_breaker_state", "smg_retries_total", "smg_requests_running"):
+                 "smg_circuit_breaker_state", "smg_retries_total", "smg_requests_running",
+                 "smg_event_loop_lag_seconds_bucket", 'smg_event_loop_lag_ms{quantile="p99"}',
+                 "smg_kv_index_blocks"):
         assert name.split("{")[0] in text, name
 
 
