@@ -1,0 +1,111 @@
+"""A cluster on one machine: N smg-node processes, simulated engines, and a real nginx in front.
+
+    python deploy/local_cluster.py --nodes 3 --engines 2 [--port 8080]
+
+Everything listens on 127.0.0.1; Ctrl-C stops it all. The nodes form a mesh
+(``local`` preset), share their workers (the engines are registered on the
+first node only and reach the others through the mesh) and sit behind nginx
+(``deploy/nginx/smg-node.conf.template``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from chaos.processes import EngineProcess, NodeProcess  # noqa: E402
+from mesh.crypto import generate_key  # noqa: E402
+
+TEMPLATE = Path(__file__).parent / "nginx" / "smg-node.conf.template"
+
+
+class LocalCluster:
+    def __init__(self, nodes: int, engines: int, port: int, mesh_base_port: int = 47946,
+                 log_dir: Path | None = None, engine_args: "list[str] | None" = None) -> None:
+        if shutil.which("nginx") is None:
+            raise RuntimeError("nginx is not installed (Debian: apt-get install nginx)")
+        self.dir = log_dir or Path(tempfile.mkdtemp(prefix="smg-local-cluster-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.engines: list[EngineProcess] = []
+        self.nodes: list[NodeProcess] = []
+        self.nginx: subprocess.Popen | None = None
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        try:
+            self._start(nodes, engines, mesh_base_port, engine_args or [])
+        except BaseException:
+            self.stop()  # nothing half-started is left behind
+            raise
+
+    def _start(self, nodes: int, engines: int, mesh_base_port: int, engine_args: "list[str]") -> None:
+        self.engines = [EngineProcess(engine_args, self.dir, f"engine{i}") for i in range(engines)]
+        key = generate_key()
+        for i in range(nodes):
+            args = ["--mesh-bind", f"127.0.0.1:{mesh_base_port + i}", "--join", f"127.0.0.1:{mesh_base_port}",
+                    "--node-name", f"node{i}", "--encrypt", key, "--mesh-preset", "local",
+                    "--rpc-addr", f"127.0.0.1:{mesh_base_port + 100 + i}", "--retry-join-interval-secs", "0.5"]
+            if i == 0:
+                args += ["--worker-urls", *[e.url for e in self.engines]]
+            self.nodes.append(NodeProcess(args, self.dir, f"node{i}"))
+        self.nginx = self._start_nginx()
+
+    def _start_nginx(self) -> subprocess.Popen:
+        prefix = self.dir / "nginx"
+        prefix.mkdir(exist_ok=True)
+        servers = "\n".join(f"        server {n.url.removeprefix('http://')} max_fails=1 fail_timeout=5s;"
+                            for n in self.nodes)
+        conf = prefix / "nginx.conf"
+        conf.write_text(TEMPLATE.read_text().format(listen=f"127.0.0.1:{self.port}", upstream_servers=servers,
+                                                    prefix=prefix))
+        process = subprocess.Popen(["nginx", "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        import socket
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"nginx exited: {process.stderr.read().decode()}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return process
+            time.sleep(0.05)  # nginx prints nothing when ready: wait for its port
+        raise RuntimeError("nginx did not listen in time")
+
+    def stop(self) -> None:
+        if self.nginx is not None and self.nginx.poll() is None:
+            self.nginx.send_signal(signal.SIGQUIT)
+            try:
+                self.nginx.wait(10)
+            except subprocess.TimeoutExpired:
+                self.nginx.kill()
+        for n in self.nodes:
+            n.stop()
+        for e in self.engines:
+            e.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--engines", type=int, default=2)
+    parser.add_argument("--port", type=int, default=8080)
+    args = parser.parse_args()
+    cluster = LocalCluster(args.nodes, args.engines, args.port, engine_args=["--eos-after-tokens", "64"])
+    print(f"READY {cluster.url}  (nodes: {', '.join(n.url for n in cluster.nodes)}; logs: {cluster.dir})",
+          flush=True)
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""deploy/: three nodes behind a real nginx; losing a node loses no request that had not started."""
+
+from __future__ import annotations
+
+import shutil
+
+import httpx2
+import openai
+import pytest
+
+from .conftest import MODEL
+from .test_mesh_processes import eventually
+
+pytestmark = pytest.mark.skipif(shutil.which("nginx") is None,
+                                reason="nginx not installed (.ci/run installs it: apt-get install nginx)")
+
+
+@pytest.fixture
+def local_cluster(log_dir):
+    from deploy.local_cluster import LocalCluster
+    cluster = LocalCluster(nodes=3, engines=2, port=48080, mesh_base_port=48946, log_dir=log_dir / "nginx-cluster",
+                           engine_args=["--itl-base-s", "0.001"])
+    yield cluster
+    cluster.stop()
+
+
+def test_nodes_behind_nginx_survive_a_killed_node(local_cluster):
+    # Engines registered on node0 reach every node through the mesh.
+    eventually(lambda: all(len(httpx2.get(n.url + "/workers").json()["workers"]) == 2
+                           for n in local_cluster.nodes), 30)
+    client = openai.OpenAI(base_url=local_cluster.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    messages = [{"role": "user", "content": "through nginx"}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5)
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=5, stream=True) if c.choices)
+    assert streamed == first.choices[0].message.content  # SSE passes through unbuffered and whole
+
+    local_cluster.nodes[1].kill()
+    # Every request still succeeds: nginx retries the connection refused by the dead node.
+    for i in range(12):
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"q{i}"}], max_tokens=2)
+        assert r.usage.completion_tokens == 2
