@@ -172,7 +172,7 @@ async def serve_gateway(config: GatewayConfig, cluster: ClusterState | None = No
             shutdown = trio.Event()
             hc = _hypercorn_config(config)
             if config.prometheus_port is not None:
-                nursery.start_soon(_serve_metrics_only, config, metrics)
+                await nursery.start(_serve_metrics_only, config, metrics)
             app = GatewayApp(state, nursery)
             binds = await nursery.start(lambda task_status: hypercorn_serve(
                 app, hc, shutdown_trigger=shutdown.wait, task_status=task_status))
@@ -191,7 +191,8 @@ async def serve_gateway(config: GatewayConfig, cluster: ClusterState | None = No
         await trio.to_thread.run_sync(bridge.close)
 
 
-async def _serve_metrics_only(config: GatewayConfig, metrics: GatewayMetrics) -> None:
+async def _serve_metrics_only(config: GatewayConfig, metrics: GatewayMetrics, *,
+                              task_status=trio.TASK_STATUS_IGNORED) -> None:
     """A second listener with only /metrics, for scrapers kept off the API port."""
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
@@ -211,7 +212,7 @@ async def _serve_metrics_only(config: GatewayConfig, metrics: GatewayMetrics) ->
     hc = HypercornConfig()
     hc.bind = [f"{config.prometheus_host}:{config.prometheus_port}"]
     hc.accesslog = None
-    await hypercorn_serve(app, hc)
+    await hypercorn_serve(app, hc, task_status=task_status)
 
 
 def run_gateway(config: GatewayConfig) -> int:

@@ -116,3 +116,23 @@ def test_json_logs_carry_the_request_id(log_dir):
     entries = [json_module.loads(line) for line in node.log_text().splitlines() if line.startswith("{")]
     access = [e for e in entries if e.get("request_id") == "trace-me-7"]
     assert access and access[0]["logger"] == "gateway.access" and access[0]["level"] == "info"
+
+
+def test_separate_prometheus_listener(log_dir):
+    import socket
+
+    from chaos.processes import EngineProcess, NodeProcess
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    engine = EngineProcess(["--zero-cost"], log_dir, "prom-engine")
+    node = NodeProcess(["--worker-urls", engine.url, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(port)],
+                       log_dir, "prom-node")
+    try:
+        import httpx2
+        r = httpx2.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert r.status_code == 200 and "smg_worker_healthy" in r.text
+        assert httpx2.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 404  # metrics only
+    finally:
+        node.stop()
+        engine.stop()
