@@ -11,7 +11,12 @@ to first token (streaming) and the node process's CPU time per request (from
 Every prompt is unique (a counter leads it), so tokenizer caches do not hide
 the encode cost: this is the uncached worst case.
 
-    python tests/bench/gateway_bench.py [--seconds 5] [--concurrency 1 16 64 256] [--markdown]
+    python tests/bench/gateway_bench.py [--seconds 5] [--concurrency 1 16 64 256]
+    python tests/bench/gateway_bench.py --mixed [--seconds 20]   # event-loop lag under mixed load
+
+``--mixed`` sends long non-streaming prompts (4 clients) and short streaming
+chats (16 clients) at the same time and reports the node's event-loop lag
+(its ``smg_event_loop_lag_ms`` gauge: p50, p99, max over the last minute).
 """
 
 from __future__ import annotations
@@ -149,8 +154,32 @@ def fmt(v) -> str:
     return f"{v:.2f}" if isinstance(v, float) else str(v)
 
 
+async def run_mixed(host: str, port: int, seconds: float, node_pid: int) -> tuple[dict, dict]:
+    results = {}
+
+    async def cell(kind: str, stream: bool, concurrency: int) -> None:
+        results[kind] = await run_cell(host, port, kind, stream, concurrency, seconds, node_pid)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cell, "long", False, 4)
+        nursery.start_soon(cell, "short", True, 16)
+    return results["long"], results["short"]
+
+
+def loop_lag(url: str) -> dict[str, float]:
+    import httpx2
+    text = httpx2.get(url + "/metrics", timeout=10).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("smg_event_loop_lag_ms{"):
+            q = line.split('quantile="')[1].split('"')[0]
+            out[q] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mixed", action="store_true", help="long and short streaming at once; report loop lag")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--kinds", nargs="+", default=["short", "long"])
@@ -162,6 +191,21 @@ def main() -> None:
     node = NodeProcess(["--worker-urls", engine.url, "--log-level", "warning", *args.node_args], log_dir)
     host, port = node.url.removeprefix("http://").rsplit(":", 1)
     rows = []
+    if args.mixed:
+        try:
+            # A minute of idle first, so the lag window holds only the mixed load (not the start).
+            time.sleep(61)
+            long_row, short_row = trio.run(run_mixed, host, int(port), args.seconds, node.process.pid)
+            lag = loop_lag(node.url)
+        finally:
+            node.stop()
+            engine.stop()
+        print(f"Mixed load for {args.seconds:.0f} s on {platform.machine()}, {os.cpu_count()} cores, "
+              f"{time.strftime('%Y-%m-%d')}: long non-streaming x4 at {long_row['rps']:.1f} req/s and short "
+              f"streaming x16 at {short_row['rps']:.1f} req/s; event-loop lag over the last minute: "
+              f"p50 {lag.get('p50', float('nan')):.2f} ms, p99 {lag.get('p99', float('nan')):.2f} ms, "
+              f"max {lag.get('max', float('nan')):.2f} ms")
+        return
     try:
         for kind in args.kinds:
             for stream in (False, True):
