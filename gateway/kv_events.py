@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
+from smg_grpc_proto.generated import common_pb2
 
 from .engine.errors import EngineCallError
 from .routing.kv_index import BatchOutcome, Cleared, KvEvent, KvIndex, RemovedBlocks, StoredBlocks
@@ -31,7 +32,8 @@ def decode_batch(batch: Any) -> tuple[list[KvEvent], bool]:
         kind = event.WhichOneof("data")
         if kind == "stored":
             stored = event.stored
-            if stored.HasField("locality") and stored.locality == 2:  # remote: a shared pool, not this engine's
+            if stored.HasField("locality") and stored.locality == common_pb2.KV_CACHE_LOCALITY_REMOTE:
+                # A shared pool's blocks, not this engine's: they do not belong in its prefix index.
                 continue
             parent = stored.parent_block_hash if stored.HasField("parent_block_hash") else None
             events.append(StoredBlocks(parent, tuple((b.block_hash, tuple(b.token_ids)) for b in stored.blocks)))

@@ -137,6 +137,7 @@ class KvSharing:
         return msgpack.packb(["unknown"])
 
     def _apply(self, item: list, sender: str) -> None:
+        """Apply one forwarded or replayed item; a gap asks the sender for a replay."""
         try:
             engine_id, sequence, snapshot, block_size, ops = item
             if not isinstance(engine_id, str) or not isinstance(sequence, int) or not isinstance(ops, list):
@@ -147,7 +148,7 @@ class KvSharing:
             return
         self.received += 1
         if outcome is BatchOutcome.GAP:
-            self._ask_replay(engine_id, sender)
+            self._ask_replay(engine_id, sender)  # no-op while a replay from that sender is running
 
     def _replay_items(self, engine_id: str, from_sequence: int) -> list:
         log_ = self._log.get(engine_id)
@@ -175,18 +176,11 @@ class KvSharing:
             answer = msgpack.unpackb(await self.cluster.agent.request(addr, request, REQUEST_TIMEOUT_S))
             if isinstance(answer, list) and len(answer) == 2 and answer[0] == "kv_items":
                 for item in answer[1]:
-                    self._apply_replayed(item, owner)
+                    self._apply(item, owner)
         except (TransportError, ValueError, msgpack.UnpackException) as e:
             log.debug("replay of %s from %s failed: %s", engine_id, owner, e)
         finally:
             self._replaying.discard((engine_id, owner))
-
-    def _apply_replayed(self, item: list, owner: str) -> None:
-        try:
-            engine_id, sequence, snapshot, block_size, ops = item
-            self.index.apply_ops(str(engine_id), int(sequence), ops, bool(snapshot), int(block_size))
-        except (ValueError, TypeError, IndexError) as e:
-            log.debug("dropped a malformed replayed item from %s: %s", owner, e)
 
     def _catch_up(self) -> None:
         """Engines we do not follow and know nothing of yet: ask an owner for everything."""

@@ -141,9 +141,24 @@ class SharedEngineState:
         )
 
 
-class SglangService(sg_grpc.SglangSchedulerServicer):
+class _CommonRpcs:
+    """RPCs both services answer identically (their messages come from common.proto)."""
+
+    s: SharedEngineState
+
     def __init__(self, shared: SharedEngineState) -> None:
         self.s = shared
+
+    async def GetTokenizer(self, request, context):
+        async for chunk in self.s.tokenizer_chunks():
+            yield chunk
+
+    async def SubscribeKvEvents(self, request, context):
+        async for batch in self.s.kv_events(request, context):
+            yield batch
+
+
+class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
 
     async def Generate(self, request: sg.GenerateRequest, context):
         sp = request.sampling_params
@@ -194,18 +209,8 @@ class SglangService(sg_grpc.SglangSchedulerServicer):
         return sg.GetLoadsResponse(timestamp=str(time.time()), version="sim", dp_rank_count=1,
                                    loads=[sg.SchedulerLoad(dp_rank=0, **self.s.load_numbers())])
 
-    async def GetTokenizer(self, request, context):
-        async for chunk in self.s.tokenizer_chunks():
-            yield chunk
 
-    async def SubscribeKvEvents(self, request, context):
-        async for batch in self.s.kv_events(request, context):
-            yield batch
-
-
-class VllmService(vl_grpc.VllmEngineServicer):
-    def __init__(self, shared: SharedEngineState) -> None:
-        self.s = shared
+class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
 
     async def Generate(self, request: vl.GenerateRequest, context):
         sp = request.sampling_params
@@ -257,11 +262,3 @@ class VllmService(vl_grpc.VllmEngineServicer):
     async def GetLoads(self, request, context):
         return vl.GetLoadsResponse(timestamp=str(time.time()), version="sim", dp_rank_count=1,
                                    loads=[vl.SchedulerLoad(dp_rank=0, **self.s.load_numbers())])
-
-    async def GetTokenizer(self, request, context):
-        async for chunk in self.s.tokenizer_chunks():
-            yield chunk
-
-    async def SubscribeKvEvents(self, request, context):
-        async for batch in self.s.kv_events(request, context):
-            yield batch

@@ -255,7 +255,7 @@ class TokenizerService:
         return out
 
     def encode_uncached(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Plain encode without caches: for tests and the /v1/tokenize reference path."""
+        """Plain encode without caches: the reference the cached path must equal (tests, benchmarks)."""
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     # -- decoding ---------------------------------------------------------
