@@ -13,6 +13,11 @@ gateway's ``WorkerRegistry`` (which workers exist, and who health-checks them):
   nodes read it. When the owner dies, the ring changes and the next owner
   checks at its next interval.
 
+Cluster-wide settings changed at run time (the rate limits) live in the same
+document; ``on_setting`` callbacks run when a peer's change arrives. Peer
+requests over the mesh streams are routed here: rate-limit frames (``R``) to
+the ``RateLimiter``, the rest (msgpack) to the shared KV index.
+
 A lone node (no mesh) has no ``ClusterState``: it owns every worker.
 """
 
@@ -45,6 +50,8 @@ class ClusterState:
         self.ring_changed = trio.Event()  # set (and replaced) on every ring change
         self.dropped_updates = 0
         self.kv: Any = None  # the KvSharing, when the KV index is shared
+        self.ratelimit: Any = None  # the RateLimiter, when rate limits are on
+        self.on_setting: list[Any] = []  # callables (name, value) for settings changed by peers
 
     def attach(self, agent: Any) -> None:
         """Called with the mesh agent before it joins: follow its membership from the start."""
@@ -72,6 +79,24 @@ class ClusterState:
             self.ring_changed.set()
             self.ring_changed = trio.Event()
 
+    def member_counts(self) -> tuple[int, int]:
+        """(visible, known): members on the ring, and those plus the failed ones (dead, not left).
+
+        A failed member may be partitioned away rather than crashed, still serving clients:
+        rate limits share their allowance by ``known`` until it is reaped."""
+        visible = len(self.ring)
+        if self.agent is None:
+            return visible, visible
+        failed = sum(1 for m in self.agent.members() if m.status is MemberStatus.DEAD)
+        return visible, visible + failed
+
+    async def request_peer(self, name: str, payload: bytes, timeout_s: float) -> bytes:
+        """A request to the member ``name`` over the sealed mesh streams (TransportError, LookupError)."""
+        member = self.agent.swim.table.get(name) if self.agent is not None else None
+        if member is None:
+            raise LookupError(f"no member {name}")
+        return await self.agent.request(member.addr, payload, timeout_s)
+
     # -- writes from this node -------------------------------------------
 
     def publish(self, update: bytes | None) -> None:
@@ -91,6 +116,12 @@ class ClusterState:
     def remove(self, worker_id: str) -> None:
         self.publish(self.doc.remove(worker_id))
         self._notify()
+
+    def set_setting(self, name: str, value: Any) -> None:
+        update = self.doc.set_setting(name, value)
+        self.publish(update)
+        if len(update) > GOSSIP_UPDATE_BYTES_MAX and self.agent is not None:
+            self.agent.sync_with_all()  # too big for a gossip packet: push it to everyone now
 
     def set_health(self, worker_id: str, health: dict[str, Any]) -> None:
         self.publish(self.doc.set_health(worker_id, health))
@@ -113,7 +144,9 @@ class ClusterState:
         self._merge(payload)
 
     async def on_request(self, payload: bytes) -> bytes:
-        """A peer's request over the mesh streams (today: the shared KV index)."""
+        """A peer's request over the mesh streams: rate limits or the shared KV index."""
+        if payload[:1] == b"R":
+            return await self.ratelimit.on_peer_request(payload[1:]) if self.ratelimit is not None else b""
         try:
             message = msgpack.unpackb(payload)
         except (ValueError, msgpack.UnpackException):
@@ -127,6 +160,7 @@ class ClusterState:
             self.dropped_updates += 1
             return
         before = self.doc.workers()
+        settings_before = self.doc.settings()
         try:
             extras = self.doc.merge(payload)
         except DocError as e:
@@ -137,6 +171,10 @@ class ClusterState:
             self.publish(extra)
         if self.doc.workers() != before:
             self._notify()
+        for name, entry in self.doc.settings().items():
+            if settings_before.get(name, {}).get("t") != entry.get("t"):
+                for callback in self.on_setting:
+                    callback(name, entry.get("value"))
 
     def _notify(self) -> None:
         self.changed.set()

@@ -8,7 +8,8 @@ flag names with underscores, e.g. ``max_concurrent_requests = 64``), defaults.
 Flag names follow smg (and sgl-router) wherever the concept is the same, so
 their users need not relearn them. Each subsystem's defaults are explained in
 its own config class: ``AdmissionConfig``, ``PolicyConfig``, ``RetryConfig``,
-``BreakerConfig``, ``HealthConfig``, ``TokenizerConfig``.
+``BreakerConfig``, ``HealthConfig``, ``TokenizerConfig``, ``RateLimitConfig``
+(the limits themselves are a ``LimitSet``: see ``gateway/ratelimit/limits.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any
 from mesh.options import MeshOptions, is_loopback, parse_tags
 
 from .api.admission import AdmissionConfig
+from .ratelimit.limiter import RateLimitConfig
+from .ratelimit.limits import FailurePolicy, LimitConfigError, LimitSet, parse_limit_set
 from .routing.breaker import BreakerConfig
 from .routing.policies import POLICIES, PolicyConfig
 from .routing.retry import RetryConfig
@@ -67,6 +70,32 @@ class GatewayConfig:
     health: HealthConfig = HealthConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
     mesh: MeshOptions = MeshOptions()
+    # Rate limits: a TOML file of [[limits]] (gateway/ratelimit/limits.py), plus the shortcut
+    # --global-rate-limit N (requests per second for the whole cluster) and a policy override.
+    rate_limits_file: Path | None = None
+    global_rate_limit: float | None = None
+    rate_limit_policy: str | None = None
+    rate_limit: RateLimitConfig = RateLimitConfig()
+
+    def limit_set(self) -> LimitSet:
+        """The limits this node starts with (ConfigError when the file or flags are wrong)."""
+        limits = LimitSet()
+        if self.rate_limits_file is not None:
+            try:
+                with open(self.rate_limits_file, "rb") as f:
+                    limits = parse_limit_set(tomllib.load(f))
+            except (OSError, tomllib.TOMLDecodeError, LimitConfigError) as e:
+                raise ConfigError(f"--rate-limits {self.rate_limits_file}: {e}") from None
+        if self.global_rate_limit is not None:
+            if not self.global_rate_limit > 0:
+                raise ConfigError("--global-rate-limit must be a positive number of requests per second")
+            limits = limits.with_global_limit(self.global_rate_limit)
+        if self.rate_limit_policy is not None:
+            try:
+                limits = dataclasses.replace(limits, failure_policy=FailurePolicy(self.rate_limit_policy))
+            except ValueError:
+                raise ConfigError("--rate-limit-policy must be proportional, open or closed") from None
+        return limits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +158,17 @@ _OPTIONS: list[_Option] = [
     _Option("--kv-index-blocks-max", "kv_index_blocks_max", int, "KV index size in blocks (LRU beyond)"),
     _Option("--tokenizer-cache-l0-entries", "tokenizer.l0_entries_max", int, "exact-text cache entries"),
     _Option("--tokenizer-cache-l1-bytes", "tokenizer.l1_bytes_max", int, "prefix cache size in bytes"),
+    _Option("--rate-limits", "rate_limits_file", Path, "TOML file of rate limits ([[limits]]; see README)"),
+    _Option("--global-rate-limit", "global_rate_limit", float, "requests per second for the whole cluster"),
+    _Option("--rate-limit-policy", "rate_limit_policy", str, "when a key's owner is unreachable: proportional "
+                                                             "(default), open or closed"),
+    _Option("--rate-limit-batch-wait-ms", "rate_limit.batch_wait_s", _secs_ms, "wait to coalesce forwarded "
+                                                                               "decisions (default 0.5)"),
+    _Option("--rate-limit-batch-max", "rate_limit.batch_items_max", int, "decisions per forwarded batch"),
+    _Option("--rate-limit-sync-interval-ms", "rate_limit.sync_interval_s", _secs_ms, "replication round"),
+    _Option("--rate-limit-forward-timeout-ms", "rate_limit.forward_timeout_s", _secs_ms,
+            "owner silence before the failure policy decides"),
+    _Option("--tenant-header", "rate_limit.tenant_header", str, "header naming the tenant (rate limits)"),
     _Option("--sim-engines", "sim_engines", int, "demo: start this many simulated engines and use them"),
     _Option("--mesh-bind", "mesh.bind", str, "gossip (UDP) and push-pull (TCP) address, e.g. 0.0.0.0:7946"),
     _Option("--mesh-advertise", "mesh.advertise", str, "address other members reach this one at"),
@@ -258,6 +298,11 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError(f"--chat-template {config.chat_template} is not a file")
     if config.sim_engines < 0:
         raise ConfigError("--sim-engines must not be negative")
+    config.limit_set()  # raises ConfigError on a bad file or flag
+    rl = config.rate_limit
+    if rl.batch_wait_s < 0 or rl.batch_items_max < 1 or rl.sync_interval_s <= 0 or rl.forward_timeout_s <= 0:
+        raise ConfigError("--rate-limit-batch-wait-ms must be >= 0, --rate-limit-batch-max >= 1, and the sync "
+                          "interval and forward timeout positive")
     mesh = config.mesh
     if mesh.enabled:
         if mesh.preset not in ("lan", "local"):

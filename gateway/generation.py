@@ -45,6 +45,17 @@ TextSink = Callable[[str], Awaitable[None]]
 T = TypeVar("T")
 
 
+@dataclasses.dataclass
+class UsageTally:
+    """Tokens a generation has used so far, kept up to date while it runs (read when it ends, aborted or not)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def total(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerationPlan:
     request_id: str
@@ -57,6 +68,7 @@ class GenerationPlan:
     stream: bool  # the client streams: text goes to the sink as it is decided
     routing: RoutingRequest
     timeout_s: float | None
+    usage: UsageTally = dataclasses.field(default_factory=UsageTally, compare=False)
 
 
 @dataclasses.dataclass
@@ -150,6 +162,7 @@ class Generator:
                     if new_ids and first_token_at is None:
                         first_token_at = trio.current_time()
                     output_ids.extend(new_ids)
+                    plan.usage.completion_tokens += len(new_ids)  # every attempt's tokens were generated
                     decided = matcher.feed(decoder.step(new_ids))
                     text = decided.text
                     done = decided.matched is not None or last.finish_reason is not None

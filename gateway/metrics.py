@@ -16,6 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from .loop_lag import LAG_BUCKETS_S
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_DECISION_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5)
+_BATCH_ITEMS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 _TOKEN_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)
 
 
@@ -41,6 +43,16 @@ class GatewayMetrics:
                               registry=r)
         self.loop_lag = Histogram("smg_event_loop_lag_seconds", "How late the event loop woke a sleeping task "
                                   "(anything holding the loop shows here)", buckets=LAG_BUCKETS_S, registry=r)
+        self.rate_limit_decisions = Counter(
+            "smg_rate_limit_decisions", "Rate-limit decisions by limit and outcome (allowed, denied; fallback_* when "
+            "the key's owner could not be reached and the failure policy decided)", ["limit", "outcome"], registry=r)
+        self.rate_limit_decision_duration = Histogram(
+            "smg_rate_limit_decision_seconds", "Time to a rate-limit decision, by path: local (this node owns the "
+            "key or a local-first share), forwarded (asked the owner), fallback", ["path"],
+            buckets=_DECISION_BUCKETS_S, registry=r)
+        self.rate_limit_batch_items = Histogram(
+            "smg_rate_limit_forwarded_batch_items", "Items per batch forwarded to a key's owner",
+            buckets=_BATCH_ITEMS_BUCKETS, registry=r)
         self._state_sources: list[Callable[[], Iterator[Any]]] = []
         self.registry.register(_StateCollector(self._state_sources))
 

@@ -12,8 +12,9 @@ import trio
 
 from .api.errors import UpstreamError, UpstreamTimeout, from_engine_error
 from .api.http import Request, sse_event
+from .api.ratelimits import rate_limited
 from .engine.errors import EngineCallError
-from .generation import AttemptFailed, Generator
+from .generation import AttemptFailed, Generator, UsageTally
 from .routing.policies import RoutingRequest
 from .workers import Worker
 
@@ -26,6 +27,7 @@ class HttpProxy:
         self._generator = generator
         self._admission = admission
         self._timeout_s = request_timeout_s
+        self.rate_limiter = None  # set by the server when rate limits run
 
     async def forward(self, request: Request, body: bytes, model: str, path: str, stream: bool,
                       routing: RoutingRequest) -> None:
@@ -63,7 +65,11 @@ class HttpProxy:
                 worker.end_request()
             worker.breaker.record_success(trio.current_time())
 
-        async with self._admission.slot():
+        # The body is not tokenized here: token limits reserve ~1 token per 4 bytes (OpenAI's rule of
+        # thumb) and keep that reservation, since the worker's usage is not parsed out of its answer.
+        estimate = max(1, len(body) // 4)
+        async with rate_limited(self.rate_limiter, request, model, UsageTally(prompt_tokens=estimate), estimate), \
+                self._admission.slot():
             async with request.cancel_on_disconnect():
                 with trio.move_on_after(self._timeout_s) as timeout:
                     await self._generator.with_retries(request.request_id, model, routing, "http", attempt)

@@ -35,6 +35,8 @@ from .loop_lag import LoopLagMonitor
 from .metrics import GatewayMetrics, counter, gauge
 from .models import ModelCatalog
 from .proxy import HttpProxy
+from .ratelimit.limiter import RateLimiter
+from .ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
 from .routing.kv_index import KvIndex
 from .routing.policies import make_policy
 from .routing.router import Router
@@ -89,6 +91,50 @@ def _state_metrics(state: GatewayState) -> Iterator[Any]:
                     [([w.id], float(kv.block_count(w.id))) for w in workers])
         yield counter("smg_kv_index_block_events", "KV index block changes", ["kind"],
                       [(["inserted"], kv.inserted), (["removed"], kv.removed), (["evicted"], kv.evicted)])
+
+
+async def _start_rate_limiter(config: GatewayConfig, cluster: ClusterState | None, metrics: GatewayMetrics,
+                              nursery: trio.Nursery) -> RateLimiter:
+    """Always running (limits can be set at run time); it costs nothing while no limit is set."""
+    limiter = RateLimiter(config.rate_limit, config.limit_set(), cluster=cluster, metrics=metrics)
+    if cluster is not None:
+        cluster.ratelimit = limiter
+
+        def on_setting(name: str, value: Any) -> None:
+            if name != RATE_LIMITS_SETTING:
+                return
+            try:
+                limiter.set_limits(parse_limit_set(value))
+                log.info("rate limits changed by a peer: %d limits", len(limiter.limits.limits))
+            except LimitConfigError as e:
+                log.warning("ignored rate limits from a peer: %s", e)
+
+        cluster.on_setting.append(on_setting)
+        shared = cluster.doc.setting(RATE_LIMITS_SETTING)
+        if shared is not None:
+            on_setting(RATE_LIMITS_SETTING, shared)
+    await nursery.start(limiter.run)
+    metrics.add_state_source(lambda: _rate_limit_metrics(limiter))
+    return limiter
+
+
+def _rate_limit_metrics(limiter: RateLimiter) -> Iterator[Any]:
+    stats = limiter.statistics()
+    yield gauge("smg_rate_limit_keys_owned", "Rate-limit keys this node owns on the ring", [],
+                [([], float(stats["keys_owned"]))])
+    yield gauge("smg_rate_limit_keys_held", "Rate-limit keys this node holds (owned and replicated)", [],
+                [([], float(stats["keys_held"]))])
+    yield counter("smg_rate_limit_forwarded_batches", "Batches of decisions forwarded to owners, by result",
+                  ["result"], [(["sent"], stats["batches"]), (["failed"], stats["failed_batches"])])
+    yield counter("smg_rate_limit_fallback_units", "Units admitted by the failure policy without the owner's "
+                  "decision: what an overshoot is made of", [], [([], stats["fallback_units"])])
+    detection_s = 0.0
+    if limiter.cluster is not None and getattr(limiter.cluster, "agent", None) is not None:
+        mesh = limiter.cluster.agent.config
+        detection_s = mesh.probe_interval_s + mesh.suspicion_timeout_s(max(1, len(limiter.cluster.ring)), 0)
+    yield gauge("smg_rate_limit_overshoot_bound", "Documented worst-case overshoot (units) of one owner crash or "
+                "partition, for each limit, with this node's current view", ["limit"],
+                [([spec.name], limiter.overshoot_bound(spec, detection_s)) for spec in limiter.limits.limits])
 
 
 async def _register_initial(state: GatewayState, url: str, model: str | None) -> None:
@@ -150,6 +196,8 @@ async def serve_gateway(config: GatewayConfig, cluster: ClusterState | None = No
             admission = Admission(config.admission)
             proxy = HttpProxy(generator, admission, config.admission.request_timeout_s)
             state = GatewayState(config, registry, catalog, router, generator, admission, metrics, proxy)
+            state.cluster = cluster
+            state.rate_limiter = proxy.rate_limiter = await _start_rate_limiter(config, cluster, metrics, nursery)
             metrics.add_state_source(lambda: _state_metrics(state))
             lag = LoopLagMonitor(metrics.loop_lag)
             nursery.start_soon(lag.run)

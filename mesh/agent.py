@@ -156,6 +156,14 @@ class MeshAgent:
     def broadcast(self, payload: bytes, key: str | None = None) -> None:
         self._handle(QueueUser(payload, key))
 
+    def sync_with_all(self) -> None:
+        """Push-pull with every alive member now: a state change too big for gossip reaches all at once."""
+        if self._nursery is None:
+            return
+        for member in self.alive_members():
+            if member.name != self.name:
+                self._nursery.start_soon(self._push_pull_quietly, member.addr)
+
     # -- loops --------------------------------------------------------------
 
     async def _receive_loop(self) -> None:

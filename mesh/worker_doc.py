@@ -1,8 +1,9 @@
 """The cluster's worker registry as a pycrdt document, with its history kept bounded. No I/O.
 
-Two maps: ``workers`` (worker id -> spec: url, kind, model, labels) and
+Three maps: ``workers`` (worker id -> spec: url, kind, model, labels),
 ``health`` (worker id -> healthy, circuit state, load summary, written only
-by the worker's owner on the ring). Every value is a JSON object stamped with
+by the worker's owner on the ring) and ``settings`` (cluster-wide settings
+changed at run time, such as the rate limits: name -> {"value": ...}). Every value is a JSON object stamped with
 ``t`` (a hybrid logical clock: wall milliseconds, ticked past anything seen)
 and ``by`` (the writing node). A removal is a tombstone value, not a deleted
 key, so "removed at t" can win against "registered at an earlier t" wherever
@@ -36,7 +37,7 @@ import pycrdt
 
 COMPACT_BYTES_DEFAULT = 64 * 1024
 TOMBSTONE_S_DEFAULT = 3600.0  # a removal is remembered this long, then forgotten at a compaction
-MAPS = ("workers", "health")
+MAPS = ("workers", "health", "settings")
 
 
 class DocError(Exception):
@@ -105,6 +106,17 @@ class WorkerDoc:
                 {k: v for k, v in current.items() if k not in ("t", "by")} == health:
             return None
         return self._write("health", worker_id, dict(health))
+
+    def set_setting(self, name: str, value: Any) -> bytes:
+        return self._write("settings", name, {"value": value})
+
+    def settings(self) -> dict[str, dict[str, Any]]:
+        """name -> the stamped entry ({"value": ..., "t": ..., "by": ...})."""
+        return dict(self._items("settings"))
+
+    def setting(self, name: str) -> Any:
+        entry = self.get("settings", name)
+        return entry.get("value") if entry is not None else None
 
     def _tick(self, seen: int = 0) -> int:
         self._hlc = max(self._hlc + 1, int(self._clock() * 1000), seen)

@@ -1,4 +1,4 @@
-"""GET /v1/models, health endpoints, /metrics, and worker management (/workers)."""
+"""GET /v1/models, health endpoints, /metrics, worker management (/workers), rate limits (/admin/rate-limits)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import Any
 
 import trio
 
+from ..ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
 from ..workers import WorkerError
 from .errors import ApiError, BadRequest, NotFound, Unavailable
 from .http import Request
@@ -102,3 +103,25 @@ async def remove_worker(state, request: Request) -> None:
     except WorkerError as e:
         raise WorkerRequestError(e) from None
     await request.send_json(202, {"id": worker.id, "status": "draining", "in_flight": worker.in_flight})
+
+
+async def get_rate_limits(state, request: Request) -> None:
+    limiter = state.rate_limiter
+    if limiter is None:
+        raise NotFound("rate limits are not available on this node", code="not_found")
+    await request.send_json(200, {**limiter.limits.to_dict(), "node": limiter.statistics()})
+
+
+async def put_rate_limits(state, request: Request) -> None:
+    """Replace the limits in force; in a cluster the change reaches every node through the shared document."""
+    limiter = state.rate_limiter
+    if limiter is None:
+        raise NotFound("rate limits are not available on this node", code="not_found")
+    try:
+        limits = parse_limit_set(parse_json_body(await request.body()))
+    except LimitConfigError as e:
+        raise BadRequest(f"rate limits: {e}", code="invalid_rate_limits") from None
+    limiter.set_limits(limits)
+    if state.cluster is not None:
+        state.cluster.set_setting(RATE_LIMITS_SETTING, limits.to_dict())
+    await request.send_json(200, limits.to_dict())

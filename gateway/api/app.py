@@ -37,6 +37,7 @@ _ROUTES: dict[str, dict[str, Handler]] = {
     "/readiness": {"GET": admin.readiness},
     "/metrics": {"GET": admin.metrics},
     "/workers": {"GET": admin.list_workers, "POST": admin.add_worker},
+    "/admin/rate-limits": {"GET": admin.get_rate_limits, "PUT": admin.put_rate_limits},
 }
 _WORKER_ROUTE = re.compile(r"^/workers/(?P<worker_id>[A-Za-z0-9._-]{1,128})$")
 _WORKER_METHODS: dict[str, Handler] = {"GET": admin.get_worker, "DELETE": admin.remove_worker}

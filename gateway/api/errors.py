@@ -5,7 +5,7 @@
         ContextLengthExceeded 400 code=context_length_exceeded
       NotFound                404 code=model_not_found / not_found
       PayloadTooLarge         413
-      TooManyRequests         429 + Retry-After           queue full
+      TooManyRequests         429 + Retry-After           queue full, rate limit reached
       Unavailable             503 + Retry-After           no healthy engine, queue wait timed out
       UpstreamError           502                         the engine failed after retries
       UpstreamTimeout         504                         the engine did not answer in time

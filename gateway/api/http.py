@@ -36,6 +36,8 @@ class Request:
         self.path_params: dict[str, str] = {}
         self.disconnected = False
         self._background = background
+        # Added to every response head (the rate-limit headers, decided before the answer is).
+        self.extra_headers: list[tuple[bytes, bytes]] = []
 
     def header(self, name: str) -> str | None:
         value = self.headers.get(name.lower().encode("latin-1"))
@@ -66,7 +68,7 @@ class Request:
                 return b"".join(parts) if len(parts) != 1 else parts[0]
 
     def _base_headers(self, headers: "list[tuple[bytes, bytes]]") -> list[tuple[bytes, bytes]]:
-        return [*headers, (b"x-request-id", self.request_id.encode("latin-1"))]
+        return [*headers, *self.extra_headers, (b"x-request-id", self.request_id.encode("latin-1"))]
 
     async def send_bytes(self, status: int, body: bytes, headers: "list[tuple[bytes, bytes]]") -> None:
         self.response_started = True

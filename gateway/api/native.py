@@ -9,7 +9,7 @@ from .errors import BadRequest
 from .http import Request, sse_event
 from .openai import check_vocab, model_entry, plan_generation
 from .protocol import parse_chat, parse_generate, parse_json_body, token_ids
-from .respond import run_streamed, run_unary
+from .respond import admitted, run_streamed, run_unary
 
 TOKENIZE_MESSAGES_MAX = 10_000
 
@@ -36,7 +36,7 @@ async def generate(state, request: Request) -> None:
     else:
         input_ids = await tokenizer.encode(gen.text, add_special_tokens=True)
     plan = plan_generation(state, request, entry, input_ids, gen.sampling, gen.stream, "text")
-    async with state.admission.slot():
+    async with admitted(state, request, plan):
         if not gen.stream:
             result = await run_unary(state, request, plan, tokenizer)
             if result is not None:

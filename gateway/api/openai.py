@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..generation import GenerationPlan, GenerationResult
+from ..generation import GenerationPlan, GenerationResult, UsageTally
 from ..models import ModelEntry
 from ..routing.policies import RoutingRequest
 from ..tokenizer.chat_template import TemplateError
@@ -18,7 +18,7 @@ from ..tokenizer.service import TokenizerService
 from .errors import BadRequest, ContextLengthExceeded, NotFound
 from .http import Request, sse_event
 from .protocol import SamplingRequest, parse_chat, parse_completion, parse_json_body
-from .respond import run_streamed, run_unary
+from .respond import admitted, run_streamed, run_unary
 from .state import GatewayState
 
 
@@ -67,6 +67,7 @@ def plan_generation(state: GatewayState, request: Request, entry: ModelEntry, in
         stream=stream,
         routing=RoutingRequest(input_ids=input_ids, routing_key=request.header(state.config.routing_key_header)),
         timeout_s=state.config.admission.request_timeout_s,
+        usage=UsageTally(prompt_tokens=n),
     )
 
 
@@ -118,7 +119,7 @@ class _OpenAIShape:
 async def _respond(state: GatewayState, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,
                    shape: _OpenAIShape, include_usage: bool, prefix_text: str = "") -> None:
     """Run the generation and answer: one JSON body, or SSE events as text is decided."""
-    async with state.admission.slot():
+    async with admitted(state, request, plan):
         if not plan.stream:
             result = await run_unary(state, request, plan, tokenizer)
             if result is not None:

@@ -11,7 +11,8 @@ error status. After that, failures become an error event followed by
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
 import trio
 
@@ -19,6 +20,16 @@ from ..generation import GenerationPlan, GenerationResult, MidStreamError
 from ..tokenizer.service import TokenizerService
 from .errors import ApiError, UpstreamTimeout
 from .http import SSE_DONE, SSE_HEADERS, Request, sse_event
+from .ratelimits import rate_limited
+
+
+@contextlib.asynccontextmanager
+async def admitted(state, request: Request, plan: GenerationPlan) -> AsyncIterator[None]:
+    """Rate limits first (a denied request never queues), then a slot of the admission queue."""
+    estimated_tokens = len(plan.input_ids) + plan.sampling.max_new_tokens
+    async with rate_limited(state.rate_limiter, request, plan.model, plan.usage, estimated_tokens), \
+            state.admission.slot():
+        yield
 
 
 def _timeout_error() -> UpstreamTimeout:

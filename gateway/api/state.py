@@ -19,6 +19,8 @@ from .protocol import SamplingRequest
 if TYPE_CHECKING:
     from ..config import GatewayConfig
     from ..proxy import HttpProxy
+    from ..cluster import ClusterState
+    from ..ratelimit.limiter import RateLimiter
 
 
 @dataclasses.dataclass
@@ -33,6 +35,8 @@ class GatewayState:
     proxy: "HttpProxy"
     ready: bool = False
     shutting_down: bool = False
+    rate_limiter: "RateLimiter | None" = None
+    cluster: "ClusterState | None" = None
 
     def __post_init__(self) -> None:
         # Engine request ids must be unique per engine; clients' ids need not be.

@@ -1,0 +1,483 @@
+"""Cluster-wide rate limits: each key decided by its owner on the ring, replicated to the next owners.
+
+Paths of a decision (``RateLimiter.check``):
+
+* **owned** — this node is the key's ring owner: the decision is local (µs);
+* **forwarded** — another node owns it: the item joins that owner's next
+  batch (``peer.Batcher``) and the caller waits for its result;
+* **local-first** (a limit with ``local_first = true``) — answered at once
+  from this node's share (limit / known nodes); the hits are sent to the owner
+  every ``sync_interval_s`` so its count stays the cluster's;
+* **fallback** — the owner did not answer within ``forward_timeout_s``: the
+  failure policy decides, and the owner is not asked again for
+  ``unreachable_hold_s``. Admitted hits are kept as a debt and delivered to
+  the key's owner (the same or a successor) when one answers.
+
+Replication: every ``sync_interval_s`` the owner sends the state of the keys
+it changed to their next ``replicas`` owners; a replica takes the owner's
+state as is. After a ring change every node sends the keys it holds to their
+new owners, where it is merged as a max (nothing is counted twice, nothing
+lost). When an owner dies its successor is one of its replicas and continues
+from the replicated state.
+
+Membership seen by the owner changes the rate it applies (the ``failure
+policy``, cluster-wide): let ``known`` be the members on the ring plus those
+that failed (dead, not left; a failed member may be partitioned away and still
+serving) and ``visible`` those on the ring.
+
+* ``proportional`` (default): an owner applies ``limit * visible / known``;
+  a node that cannot reach the owner admits up to ``limit / known``.
+* ``open``: an owner applies the full limit; an unreachable owner's keys are
+  admitted without a decision.
+* ``closed``: an owner applies the full limit while it sees a majority of
+  ``known``, and denies everything otherwise; an unreachable owner means deny.
+
+Worst-case overshoot over a run (L = limit per second, B = burst, N = known
+nodes, S = sync_interval_s, D = failure-detection time: probe interval plus
+suspicion timeout, F = forward_timeout_s, P = partition duration):
+
+* owner crash: ``proportional`` and ``closed``: L*S + B (the hits decided
+  after the last replication are lost; a successor that was not a replica
+  starts full); ``open``: L*D + L*S + B (every node admits freely until the
+  crash is detected).
+* partition in a side of k nodes without the owner, a side of N-k with it:
+  ``proportional``: (k/N)*L*(D + F) + B — before detection the far side admits
+  its share on top of the owner's full limit; after it, shares sum to L;
+  ``open``: L*P + B (each side admits a full limit); ``closed``: B (the
+  minority side denies, before and after detection).
+* local-first keys: shares sum to the limit, so only B (plus L*S when nodes
+  join or leave and shares are recomputed).
+
+``overshoot_bound`` evaluates these; the integration and simulation tests
+check admitted counts against them.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import trio
+
+from proto import ratelimit_pb2 as pb
+
+from .algorithms import Decision, Mode, Rate
+from .limits import FailurePolicy, Identity, LimitSet, LimitSpec, Unit
+from .peer import (METHOD_DECIDE, METHOD_REPLICATE, RATE_LIMIT_MARK, BadRequest, Batcher, ItemError,
+                   PeerUnreachable, PendingItem, check_item, decision_to_pb, parse_request, rate_from_pb,
+                   state_from_pb, state_to_pb)
+from .store import KeyStore
+
+log = logging.getLogger("gateway.ratelimit")
+
+
+@dataclasses.dataclass(frozen=True)
+class RateLimitConfig:
+    # gubernator's BatchWait (500 µs): long enough for a burst of concurrent requests to share one
+    # round trip, short next to a generation. 0 sends at the next scheduler tick.
+    batch_wait_s: float = 0.0005
+    # gubernator's BatchLimit: a batch this full is sent at once.
+    batch_items_max: int = 1000
+    # Beyond this the owner counts as unreachable and the failure policy decides. A loopback or LAN
+    # answer takes ~1 ms; this caps what a dead or partitioned owner adds to a request.
+    forward_timeout_s: float = 0.25
+    # After a failed forward, go straight to the policy for this long instead of paying the timeout
+    # on every request until the mesh declares the owner dead.
+    unreachable_hold_s: float = 1.0
+    # Replication and debt delivery round. Overshoot on an owner crash is limit * this (see above).
+    sync_interval_s: float = 0.05
+    # Copies beyond the owner. 2 survives two simultaneous failures among a key's owners.
+    replicas: int = 2
+    # Per node, owned plus replicated keys; the least recently used beyond it is forgotten.
+    keys_max: int = 100_000
+    # Idle keys (full allowance) are forgotten this often: they would restart exactly where they are.
+    forget_idle_interval_s: float = 10.0
+    # Headers carrying the tenant; the API key comes from Authorization.
+    tenant_header: str = "x-smg-tenant"
+
+
+class ClusterView(Protocol):
+    """What the limiter needs from the mesh (``gateway.cluster.ClusterState`` provides it)."""
+
+    node_name: str
+    ring: Any  # mesh.ring.HashRing
+
+    def member_counts(self) -> tuple[int, int]: ...  # (visible, known)
+    async def request_peer(self, name: str, payload: bytes, timeout_s: float) -> bytes: ...
+
+
+@dataclasses.dataclass
+class KeyOutcome:
+    spec: LimitSpec
+    key: str
+    hits: float
+    decision: Decision
+    path: str  # owned, forwarded, local_first, fallback
+
+
+@dataclasses.dataclass
+class Verdict:
+    """The outcome of ``check``: allowed or not, and what to settle when the request ends."""
+
+    allowed: bool
+    outcomes: list[KeyOutcome]
+    denied_by: KeyOutcome | None = None
+    owner_unreachable: bool = False  # denied by the closed policy, not by the count
+
+    def reserved_tokens(self) -> list[KeyOutcome]:
+        return [o for o in self.outcomes if o.spec.unit is Unit.TOKENS and o.decision.allowed]
+
+
+class RateLimiter:
+    def __init__(self, config: RateLimitConfig, limits: LimitSet, node_name: str = "local",
+                 cluster: ClusterView | None = None, metrics: Any = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.limits = limits
+        self.node_name = cluster.node_name if cluster is not None else node_name
+        self.cluster = cluster
+        self.metrics = metrics
+        self.clock = clock
+        self.store = KeyStore(config.keys_max)  # owned and replicated keys
+        self.shares = KeyStore(config.keys_max)  # local-first and fallback shares
+        self._debts: dict[str, tuple[Rate, float]] = {}
+        self._unreachable_until: dict[str, float] = {}
+        self.batcher = Batcher(self.node_name, self._send_decide, config.batch_wait_s, config.batch_items_max,
+                               self._observe_batch)
+        self._nursery: trio.Nursery | None = None
+        self._ring_seen: Any = None
+        self.fallback_units = 0.0  # admitted without an owner's decision (the overshoot's raw material)
+        self.replicated = 0
+        self.absorbed = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.limits.limits)
+
+    def set_limits(self, limits: LimitSet) -> None:
+        self.limits = limits
+
+    # -- the request path -------------------------------------------------
+
+    def identity(self, authorization: str | None, tenant: str | None, model: str | None) -> Identity:
+        return Identity(Identity.hash_api_key(authorization), tenant[:256] if tenant else None, model)
+
+    async def check(self, identity: Identity, estimated_tokens: int) -> Verdict:
+        """Decide every limit that applies; when one denies, give back what the others took."""
+        wanted = []
+        for spec in self.limits.limits:
+            key = spec.key_for(identity)
+            if key is not None:
+                wanted.append((spec, key, 1.0 if spec.unit is Unit.REQUESTS else float(estimated_tokens)))
+        if not wanted:
+            return Verdict(True, [])
+        outcomes: list[KeyOutcome | None] = [None] * len(wanted)
+        waits = []
+        for i, (spec, key, hits) in enumerate(wanted):
+            started = time.perf_counter()
+            outcome = self._decide_now(spec, key, hits)
+            if outcome is not None:
+                outcomes[i] = outcome
+                self._observe(spec, outcome, time.perf_counter() - started)
+            else:
+                owner = self._owner(key)
+                batch, index = self.batcher.submit(owner, PendingItem(key, spec.rate, hits, Mode.DECIDE))
+                waits.append((i, owner, batch, index, started))
+        for i, owner, batch, index, started in waits:
+            spec, key, hits = wanted[i]
+            await batch.done.wait()
+            result = batch.results[index]
+            if isinstance(result, Decision):
+                outcome = KeyOutcome(spec, key, hits, result, "forwarded")
+            elif isinstance(result, ItemError):
+                # Our own item was refused (a peer running another version?): the policy decides.
+                log.warning("the owner refused rate-limit key %s: %s", key, result)
+                outcome = self._fallback(spec, key, hits)
+            else:
+                self._unreachable_until[owner] = trio.current_time() + self.config.unreachable_hold_s
+                outcome = self._fallback(spec, key, hits)
+            outcomes[i] = outcome
+            self._observe(spec, outcome, time.perf_counter() - started)
+        done = [o for o in outcomes if o is not None]
+        denied = next((o for o in done if not o.decision.allowed), None)
+        if denied is None:
+            return Verdict(True, done)
+        for outcome in done:
+            if outcome.decision.allowed:
+                self._adjust(outcome, -outcome.hits)
+        return Verdict(False, done, denied, owner_unreachable=denied.path == "fallback" and
+                       self.limits.failure_policy is FailurePolicy.CLOSED)
+
+    def settle(self, verdict: Verdict, actual_tokens: int) -> None:
+        """The request ended (finished, failed or aborted): replace token reservations by real usage."""
+        for outcome in verdict.reserved_tokens():
+            delta = float(actual_tokens) - outcome.hits
+            if abs(delta) >= 1e-9:
+                self._adjust(outcome, delta)
+
+    def _decide_now(self, spec: LimitSpec, key: str, hits: float) -> KeyOutcome | None:
+        """A decision that needs no peer, or None (ask the owner)."""
+        if hits > spec.rate.capacity:
+            decision = Decision(False, spec.rate.limit, 0, 0, math.inf)  # no amount of waiting admits it
+            return KeyOutcome(spec, key, hits, decision, "owned")
+        if spec.local_first:
+            decision = self.shares.decide(key, self._share_rate(spec.rate), self.clock(), hits, Mode.DECIDE)
+            if decision.allowed:
+                self._add_debt(key, spec.rate, hits)
+            return KeyOutcome(spec, key, hits, decision, "local_first")
+        owner = self._owner(key)
+        if owner == self.node_name:
+            return KeyOutcome(spec, key, hits, self.decide_owned(key, spec.rate, hits, Mode.DECIDE), "owned")
+        if self._unreachable_until.get(owner, -math.inf) > trio.current_time():
+            return self._fallback(spec, key, hits)
+        return None
+
+    def _fallback(self, spec: LimitSpec, key: str, hits: float) -> KeyOutcome:
+        policy = self.limits.failure_policy
+        if policy is FailurePolicy.CLOSED:
+            decision = Decision(False, spec.rate.limit, 0, 0, self.config.unreachable_hold_s)
+        elif policy is FailurePolicy.OPEN:
+            decision = Decision(True, spec.rate.limit, 0, 0, 0)
+        else:
+            decision = self.shares.decide(key, self._share_rate(spec.rate), self.clock(), hits, Mode.DECIDE)
+        if decision.allowed:
+            self.fallback_units += hits
+            self._add_debt(key, spec.rate, hits)
+        return KeyOutcome(spec, key, hits, decision, "fallback")
+
+    def _adjust(self, outcome: KeyOutcome, delta: float) -> None:
+        """Count ``delta`` more (or give back ``-delta``) on the key, wherever it was decided."""
+        mode, amount = (Mode.FORCE, delta) if delta > 0 else (Mode.REFUND, -delta)
+        key, rate = outcome.key, outcome.spec.rate
+        if outcome.path in ("local_first", "fallback"):
+            if outcome.path == "local_first" or self.limits.failure_policy is FailurePolicy.PROPORTIONAL:
+                self.shares.decide(key, self._share_rate(rate), self.clock(), amount, mode)
+            self._add_debt(key, rate, delta)
+            return
+        owner = self._owner(key)
+        if owner == self.node_name:
+            self.decide_owned(key, rate, amount, mode)
+        elif self._nursery is not None:
+            self.batcher.submit(owner, PendingItem(key, rate, amount, mode))  # fire and forget
+
+    def _add_debt(self, key: str, rate: Rate, hits: float) -> None:
+        _, owed = self._debts.get(key, (rate, 0.0))
+        self._debts[key] = (rate, owed + hits)
+
+    # -- ownership and membership ------------------------------------------
+
+    def _owner(self, key: str) -> str:
+        if self.cluster is None:
+            return self.node_name
+        return self.cluster.ring.owner(key) or self.node_name
+
+    def _counts(self) -> tuple[int, int]:
+        if self.cluster is None:
+            return 1, 1
+        visible, known = self.cluster.member_counts()
+        return max(1, visible), max(1, known, visible)
+
+    def _share_rate(self, rate: Rate) -> Rate:
+        _, known = self._counts()
+        return dataclasses.replace(rate, limit=rate.limit / known, burst=max(1.0, rate.burst / known))
+
+    def _owner_rate(self, rate: Rate) -> Rate | None:
+        """The rate an owner applies given what it sees of the cluster; None = deny everything."""
+        visible, known = self._counts()
+        policy = self.limits.failure_policy
+        if visible >= known or policy is FailurePolicy.OPEN:
+            return rate
+        if policy is FailurePolicy.CLOSED:
+            return rate if 2 * visible > known else None
+        fraction = visible / known
+        return dataclasses.replace(rate, limit=rate.limit * fraction, burst=max(1.0, rate.burst * fraction))
+
+    def decide_owned(self, key: str, rate: Rate, hits: float, mode: Mode) -> Decision:
+        """A decision as the key's owner (also for items forwarded by peers)."""
+        effective = self._owner_rate(rate)
+        if effective is None:
+            if mode is Mode.DECIDE:
+                return Decision(False, rate.limit, 0, 0, self.config.unreachable_hold_s)
+            effective = rate  # counting and refunds still apply
+        return self.store.decide(key, effective, self.clock(), hits, mode)
+
+    # -- serving peers ----------------------------------------------------
+
+    async def on_peer_request(self, payload: bytes) -> bytes:
+        """A peer's frame (after the ``R`` mark); the serialized answer."""
+        try:
+            method, request = parse_request(payload)
+        except BadRequest as e:
+            log.debug("dropped a peer's rate-limit request: %s", e)
+            return b""
+        if method == METHOD_DECIDE:
+            return self._answer_decide(request).SerializeToString()
+        return self._answer_replicate(request).SerializeToString()
+
+    def _answer_decide(self, request: pb.DecideRequest) -> pb.DecideResponse:
+        results = []
+        for item in request.items:
+            try:
+                mode = check_item(item.key, item.hits, item.mode)
+                decision = self.decide_owned(item.key, rate_from_pb(item.spec), item.hits, mode)
+                results.append(decision_to_pb(decision))
+            except ItemError as e:
+                results.append(pb.DecideResult(outcome=pb.OUTCOME_ERROR, error=str(e)))
+        return pb.DecideResponse(results=results)
+
+    def _answer_replicate(self, request: pb.ReplicateRequest) -> pb.ReplicateResponse:
+        accepted = 0
+        now = self.clock()
+        for message in request.states:
+            try:
+                key, rate, state = state_from_pb(message)
+            except ItemError:
+                continue
+            authoritative = request.sender == self._owner(key) and request.sender != self.node_name
+            self.store.absorb(key, rate, state, now, authoritative)
+            accepted += 1
+        self.absorbed += accepted
+        return pb.ReplicateResponse(accepted=accepted)
+
+    async def _send_decide(self, owner: str, request: pb.DecideRequest) -> pb.DecideResponse:
+        answer = await self._request(owner, METHOD_DECIDE + request.SerializeToString())
+        response = pb.DecideResponse()
+        try:
+            response.ParseFromString(answer)
+        except Exception as e:  # protobuf's DecodeError
+            raise PeerUnreachable(f"{owner} answered something unreadable: {e}") from None
+        return response
+
+    async def _request(self, name: str, payload: bytes) -> bytes:
+        if self.cluster is None:
+            raise PeerUnreachable("no cluster")
+        from mesh.transport import TransportError
+        try:
+            with trio.fail_after(self.config.forward_timeout_s):
+                answer = await self.cluster.request_peer(name, RATE_LIMIT_MARK + payload,
+                                                         self.config.forward_timeout_s)
+        except (TransportError, trio.TooSlowError, LookupError) as e:
+            raise PeerUnreachable(f"{name}: {e}") from None
+        if not answer:
+            raise PeerUnreachable(f"{name} refused the request")
+        return answer
+
+    # -- background: batches, replication, debts --------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self.batcher.run)
+            task_status.started()
+            next_forget = trio.current_time() + self.config.forget_idle_interval_s
+            while True:
+                await trio.sleep(self.config.sync_interval_s)
+                self.sync_once(nursery)
+                if trio.current_time() >= next_forget:
+                    next_forget = trio.current_time() + self.config.forget_idle_interval_s
+                    now = self.clock()
+                    self.store.forget_idle(now)
+                    self.shares.forget_idle(now)
+
+    def sync_once(self, nursery: trio.Nursery) -> None:
+        """One round: replicate changed keys, hand keys over after a ring change, deliver debts."""
+        if self.cluster is None:
+            self._settle_debts_locally()
+            return
+        ring = self.cluster.ring
+        if ring is not self._ring_seen:
+            self._ring_seen = ring
+            self.store.mark_all_dirty()
+        outgoing: dict[str, list[pb.KeyState]] = collections.defaultdict(list)
+        for key, entry in self.store.take_dirty():
+            message = state_to_pb(key, entry.rate, entry.state)
+            for name in ring.owners(key, 1 + self.config.replicas):
+                if name != self.node_name:
+                    outgoing[name].append(message)
+        for name, states in outgoing.items():
+            nursery.start_soon(self._replicate, name, states)
+        debts_by_owner: dict[str, list[PendingItem]] = collections.defaultdict(list)
+        now_trio = trio.current_time()
+        for key, (rate, hits) in list(self._debts.items()):
+            owner = self._owner(key)
+            if owner == self.node_name:
+                self._apply_debt(key, rate, hits)
+                del self._debts[key]
+            elif self._unreachable_until.get(owner, -math.inf) <= now_trio:
+                debts_by_owner[owner].append(PendingItem(key, rate, abs(hits), Mode.FORCE if hits > 0 else
+                                                         Mode.REFUND))
+                del self._debts[key]
+        for owner, items in debts_by_owner.items():
+            nursery.start_soon(self._deliver_debts, owner, items)
+
+    def _settle_debts_locally(self) -> None:
+        for key, (rate, hits) in self._debts.items():
+            self._apply_debt(key, rate, hits)
+        self._debts.clear()
+
+    def _apply_debt(self, key: str, rate: Rate, hits: float) -> None:
+        if hits > 0:
+            self.decide_owned(key, rate, hits, Mode.FORCE)
+        elif hits < 0:
+            self.decide_owned(key, rate, -hits, Mode.REFUND)
+
+    async def _replicate(self, name: str, states: list[pb.KeyState]) -> None:
+        request = pb.ReplicateRequest(sender=self.node_name, states=states)
+        try:
+            await self._request(name, METHOD_REPLICATE + request.SerializeToString())
+            self.replicated += len(states)
+        except PeerUnreachable as e:
+            log.debug("replication of %d keys to %s failed: %s", len(states), name, e)
+
+    async def _deliver_debts(self, owner: str, items: list[PendingItem]) -> None:
+        batches = [self.batcher.submit(owner, item) for item in items]
+        for item, (batch, index) in zip(items, batches):
+            await batch.done.wait()
+            if isinstance(batch.results[index], PeerUnreachable):
+                self._add_debt(item.key, item.rate, item.hits if item.mode is Mode.FORCE else -item.hits)
+
+    # -- observability ----------------------------------------------------
+
+    def _observe(self, spec: LimitSpec, outcome: KeyOutcome, elapsed_s: float) -> None:
+        if self.metrics is None:
+            return
+        allowed = "allowed" if outcome.decision.allowed else "denied"
+        label = f"fallback_{allowed}" if outcome.path == "fallback" else allowed
+        self.metrics.rate_limit_decisions.labels(spec.name, label).inc()
+        path = "forwarded" if outcome.path == "forwarded" else ("fallback" if outcome.path == "fallback" else "local")
+        self.metrics.rate_limit_decision_duration.labels(path).observe(elapsed_s)
+
+    def _observe_batch(self, size: int) -> None:
+        if self.metrics is not None:
+            self.metrics.rate_limit_batch_items.observe(size)
+
+    def keys_owned(self) -> int:
+        return sum(1 for key in self.store.keys() if self._owner(key) == self.node_name)
+
+    def overshoot_bound(self, spec: LimitSpec, detection_s: float) -> float:
+        """The documented worst case (units) of one owner crash or partition for ``spec``."""
+        rate = spec.rate
+        per_s = rate.limit / rate.window_s
+        s, f = self.config.sync_interval_s, self.config.forward_timeout_s
+        _, known = self._counts()
+        policy = self.limits.failure_policy
+        if spec.local_first:
+            return rate.burst + per_s * s
+        if policy is FailurePolicy.OPEN:
+            return per_s * (detection_s + s) + rate.burst
+        if policy is FailurePolicy.CLOSED:
+            return per_s * s + rate.burst
+        far_side = (known - 1) / known  # the largest side without the owner
+        return max(per_s * s, far_side * per_s * (detection_s + f)) + rate.burst
+
+    def statistics(self) -> dict[str, float]:
+        return {"keys_owned": self.keys_owned(), "keys_held": len(self.store), "shares_held": len(self.shares),
+                "debts": len(self._debts), "fallback_units": self.fallback_units,
+                "batches": self.batcher.stats.batches, "batched_items": self.batcher.stats.items,
+                "failed_batches": self.batcher.stats.failed_batches, "replicated": self.replicated,
+                "absorbed": self.absorbed, "evicted_busy": self.store.evicted_busy}

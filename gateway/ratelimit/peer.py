@@ -1,0 +1,231 @@
+"""The peer protocol of proto/ratelimit.proto: framing, conversions, and batching per owner.
+
+A frame over the mesh's sealed stream transport is ``b"R"`` (a rate-limit
+request, so the cluster's request hook can route it), one byte for the method,
+then the protobuf request; the answer is the protobuf response.
+
+``Batcher`` coalesces the decisions a node needs from one owner: the first
+item opens a batch that is sent after ``batch_wait_s`` or as soon as it holds
+``batch_items_max`` items, whichever comes first (gubernator's BatchWait and
+BatchLimit). Each caller waits for its own item's result. A batch that cannot
+be delivered fails every item in it with ``PeerUnreachable``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from proto import ratelimit_pb2 as pb
+
+from .algorithms import Algorithm, Decision, KeyState, Mode, Rate
+
+RATE_LIMIT_MARK = b"R"
+METHOD_DECIDE = b"D"
+METHOD_REPLICATE = b"P"
+
+ITEMS_PER_REQUEST_MAX = 10_000  # a peer's batch beyond this is refused whole
+KEY_CHARS_MAX = 512
+HITS_MAX = 1e12
+
+_ALGORITHM_TO_PB = {Algorithm.TOKEN_BUCKET: pb.ALGORITHM_TOKEN_BUCKET,
+                    Algorithm.SLIDING_WINDOW: pb.ALGORITHM_SLIDING_WINDOW}
+_ALGORITHM_FROM_PB = {v: k for k, v in _ALGORITHM_TO_PB.items()}
+
+
+class PeerUnreachable(Exception):
+    """The owner did not answer (refused, timed out, unreadable answer)."""
+
+
+class ItemError(Exception):
+    """The owner refused one item of a batch; the message says why."""
+
+
+class BadRequest(Exception):
+    """A peer's whole request is malformed (not one bad item: the frame itself)."""
+
+
+def rate_to_pb(rate: Rate) -> pb.LimitSpec:
+    return pb.LimitSpec(algorithm=_ALGORITHM_TO_PB[rate.algorithm], limit=rate.limit, window_s=rate.window_s,
+                        burst=rate.burst)
+
+
+def rate_from_pb(spec: pb.LimitSpec) -> Rate:
+    algorithm = _ALGORITHM_FROM_PB.get(spec.algorithm)
+    if algorithm is None:
+        raise ItemError(f"unknown algorithm {spec.algorithm}")
+    rate = Rate(algorithm, spec.limit, spec.window_s, spec.burst)
+    problem = rate.problem()
+    if problem is not None:
+        raise ItemError(problem)
+    return rate
+
+
+def check_item(key: str, hits: float, mode: int) -> Mode:
+    if not key or len(key) > KEY_CHARS_MAX:
+        raise ItemError(f"the key must be 1 to {KEY_CHARS_MAX} characters")
+    if not math.isfinite(hits) or hits < 0 or hits > HITS_MAX:
+        raise ItemError(f"hits must be a number from 0 to {HITS_MAX:g}, not {hits!r}")
+    try:
+        return Mode(mode)
+    except ValueError:
+        raise ItemError(f"unknown mode {mode}") from None
+
+
+def decision_to_pb(decision: Decision) -> pb.DecideResult:
+    retry = decision.retry_after_s
+    return pb.DecideResult(outcome=pb.OUTCOME_ALLOWED if decision.allowed else pb.OUTCOME_DENIED,
+                           limit=decision.limit, remaining=decision.remaining,
+                           reset_after_s=decision.reset_after_s, retry_after_s=retry if math.isfinite(retry) else -1.0)
+
+
+def decision_from_pb(result: pb.DecideResult) -> Decision:
+    if result.outcome == pb.OUTCOME_ERROR:
+        raise ItemError(result.error or "the owner refused the item")
+    retry = result.retry_after_s
+    return Decision(result.outcome == pb.OUTCOME_ALLOWED, result.limit, result.remaining, result.reset_after_s,
+                    retry if retry >= 0 else math.inf)
+
+
+def state_to_pb(key: str, rate: Rate, state: KeyState) -> pb.KeyState:
+    return pb.KeyState(key=key, spec=rate_to_pb(rate), tat_s=state.tat_s, window_index=state.window_index,
+                       current_count=state.current, previous_count=state.previous)
+
+
+def state_from_pb(message: pb.KeyState) -> tuple[str, Rate, KeyState]:
+    key = message.key
+    if not key or len(key) > KEY_CHARS_MAX:
+        raise ItemError("bad key")
+    values = (message.tat_s, message.current_count, message.previous_count)
+    if not all(math.isfinite(v) for v in values) or message.current_count < 0 or message.previous_count < 0:
+        raise ItemError("bad state values")
+    return key, rate_from_pb(message.spec), KeyState(message.tat_s, message.window_index, message.current_count,
+                                                     message.previous_count)
+
+
+def parse_request(payload: bytes) -> tuple[bytes, pb.DecideRequest | pb.ReplicateRequest]:
+    """(method, request) from a frame after the ``R`` mark; BadRequest when it is not one of ours."""
+    method, body = payload[:1], payload[1:]
+    kind = {METHOD_DECIDE: pb.DecideRequest, METHOD_REPLICATE: pb.ReplicateRequest}.get(method)
+    if kind is None:
+        raise BadRequest(f"unknown method {method!r}")
+    message = kind()
+    try:
+        message.ParseFromString(body)
+    except Exception as e:  # protobuf's DecodeError and friends
+        raise BadRequest(f"unreadable {kind.__name__}: {e}") from None
+    items = message.items if method == METHOD_DECIDE else message.states
+    if len(items) > ITEMS_PER_REQUEST_MAX:
+        raise BadRequest(f"{len(items)} items in one request; at most {ITEMS_PER_REQUEST_MAX}")
+    return method, message
+
+
+@dataclasses.dataclass(frozen=True)
+class PendingItem:
+    key: str
+    rate: Rate
+    hits: float
+    mode: Mode
+
+
+class _Batch:
+    def __init__(self) -> None:
+        self.items: list[PendingItem] = []
+        self.results: list[Decision | Exception] = []
+        self.done = trio.Event()
+
+
+# send(owner, request) -> response; raises PeerUnreachable.
+SendFn = Callable[[str, pb.DecideRequest], Awaitable[pb.DecideResponse]]
+
+
+@dataclasses.dataclass
+class BatcherStats:
+    batches: int = 0
+    items: int = 0
+    failed_batches: int = 0
+
+
+class Batcher:
+    """Coalesces decide items per owner; ``await decide(owner, item)`` returns its Decision."""
+
+    def __init__(self, sender: str, send: SendFn, batch_wait_s: float, batch_items_max: int,
+                 on_batch: Callable[[int], None] | None = None) -> None:
+        self.sender = sender
+        self._send = send
+        self.batch_wait_s = batch_wait_s
+        self.batch_items_max = batch_items_max
+        self._open: dict[str, _Batch] = {}
+        self._nursery: trio.Nursery | None = None
+        self._on_batch = on_batch
+        self.stats = BatcherStats()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def submit(self, owner: str, item: PendingItem) -> tuple[_Batch, int]:
+        """Queue ``item`` for ``owner``; the caller waits on ``batch.done`` then reads ``results[index]``."""
+        batch = self._open.get(owner)
+        if batch is None:
+            batch = self._open[owner] = _Batch()
+            assert self._nursery is not None, "Batcher.run must be started first"
+            self._nursery.start_soon(self._flush_after_wait, owner, batch)
+        batch.items.append(item)
+        index = len(batch.items) - 1
+        if len(batch.items) >= self.batch_items_max:
+            self._close(owner, batch)
+        return batch, index
+
+    async def decide(self, owner: str, item: PendingItem) -> Decision:
+        batch, index = self.submit(owner, item)
+        await batch.done.wait()
+        result = batch.results[index]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def _close(self, owner: str, batch: _Batch) -> None:
+        if self._open.get(owner) is batch:
+            del self._open[owner]
+            assert self._nursery is not None
+            self._nursery.start_soon(self._deliver, owner, batch)
+
+    async def _flush_after_wait(self, owner: str, batch: _Batch) -> None:
+        if self.batch_wait_s > 0:
+            await trio.sleep(self.batch_wait_s)
+        else:
+            await trio.lowlevel.checkpoint()  # still lets callers in the same tick join
+        self._close(owner, batch)
+
+    async def _deliver(self, owner: str, batch: _Batch) -> None:
+        request = pb.DecideRequest(sender=self.sender, items=[
+            pb.DecideItem(key=i.key, spec=rate_to_pb(i.rate), hits=i.hits, mode=int(i.mode)) for i in batch.items])
+        self.stats.batches += 1
+        self.stats.items += len(batch.items)
+        if self._on_batch is not None:
+            self._on_batch(len(batch.items))
+        try:
+            response = await self._send(owner, request)
+            if len(response.results) != len(batch.items):
+                raise PeerUnreachable(f"{owner} answered {len(response.results)} results for "
+                                      f"{len(batch.items)} items")
+            results: list[Decision | Exception] = []
+            for result in response.results:
+                try:
+                    results.append(decision_from_pb(result))
+                except ItemError as e:
+                    results.append(e)
+            batch.results = results
+        except PeerUnreachable as e:
+            self.stats.failed_batches += 1
+            batch.results = [e] * len(batch.items)
+        finally:
+            if not batch.results:  # cancelled: nobody must wait forever
+                batch.results = [PeerUnreachable("cancelled")] * len(batch.items)
+            batch.done.set()
