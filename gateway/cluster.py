@@ -80,15 +80,18 @@ class ClusterState:
             self.ring_changed = trio.Event()
 
     def member_counts(self) -> tuple[int, int]:
-        """(visible, known): members on the ring, and those plus the failed ones (dead, not left).
+        """(visible, known): alive members, and those plus the suspected and failed ones (not left).
 
-        A failed member may be partitioned away rather than crashed, still serving clients:
-        rate limits share their allowance by ``known`` until it is reaped."""
-        visible = len(self.ring)
+        A suspected or failed member may be partitioned away rather than crashed, still serving
+        clients: rate limits share their allowance by ``known`` until it is reaped, and count
+        only alive members as ``visible`` so a side cut off shrinks its share at the first
+        suspicion instead of after the suspicion timeout."""
         if self.agent is None:
-            return visible, visible
-        failed = sum(1 for m in self.agent.members() if m.status is MemberStatus.DEAD)
-        return visible, visible + failed
+            return 1, 1
+        statuses = [m.status for m in self.agent.members()]
+        visible = sum(1 for s in statuses if s is MemberStatus.ALIVE)
+        known = sum(1 for s in statuses if s is not MemberStatus.LEFT)
+        return max(1, visible), max(1, known)
 
     async def request_peer(self, name: str, payload: bytes, timeout_s: float) -> bytes:
         """A request to the member ``name`` over the sealed mesh streams (TransportError, LookupError)."""
@@ -141,7 +144,13 @@ class ClusterState:
         return []  # updates go through the agent's retransmit queue (publish)
 
     def notify(self, payload: bytes) -> None:
+        # The mesh does not re-gossip another subsystem's broadcasts (memberlist's rule): a sender
+        # retransmits a few times to random members and may miss one. So a node that learns
+        # something new from an update passes it on; nodes that had it already stay quiet.
+        seen = self.doc.state_vector()
         self._merge(payload)
+        if self.agent is not None and self.doc.state_vector() != seen and len(payload) <= GOSSIP_UPDATE_BYTES_MAX:
+            self.agent.broadcast(payload)
 
     async def on_request(self, payload: bytes) -> bytes:
         """A peer's request over the mesh streams: rate limits or the shared KV index."""

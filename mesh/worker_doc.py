@@ -85,6 +85,10 @@ class WorkerDoc:
     def size_bytes(self) -> int:
         return len(self._doc.get_update())
 
+    def state_vector(self) -> bytes:
+        """What this document has seen (changes whenever a new update is applied)."""
+        return msgpack.packb([self.epoch, self._doc.get_state()])
+
     def state(self) -> bytes:
         """The whole document, for push-pull."""
         return msgpack.packb([self.epoch, self._doc.get_update()])

@@ -21,9 +21,9 @@ lost). When an owner dies its successor is one of its replicas and continues
 from the replicated state.
 
 Membership seen by the owner changes the rate it applies (the ``failure
-policy``, cluster-wide): let ``known`` be the members on the ring plus those
-that failed (dead, not left; a failed member may be partitioned away and still
-serving) and ``visible`` those on the ring.
+policy``, cluster-wide): let ``known`` be the members not left (alive,
+suspected or dead: a failed member may be partitioned away and still serving)
+and ``visible`` the alive ones.
 
 * ``proportional`` (default): an owner applies ``limit * visible / known``;
   a node that cannot reach the owner admits up to ``limit / known``.
@@ -43,8 +43,11 @@ suspicion timeout, F = forward_timeout_s, P = partition duration):
 * partition in a side of k nodes without the owner, a side of N-k with it:
   ``proportional``: (k/N)*L*(D + F) + B — before detection the far side admits
   its share on top of the owner's full limit; after it, shares sum to L;
-  ``open``: L*P + B (each side admits a full limit); ``closed``: B (the
-  minority side denies, before and after detection).
+  ``open``: O*D + L*P + B, O the load offered to the far side (it admits
+  everything until detection, then each side admits a full limit);
+  ``closed``: L*M + B, M the time until the minority side suspects enough
+  members to know it lost its majority (at most D; the majority denies until
+  it has a ring of its own, then admits the full limit).
 * local-first keys: shares sum to the limit, so only B (plus L*S when nodes
   join or leave and shares are recomputed).
 
@@ -204,9 +207,10 @@ class RateLimiter:
             outcomes[i] = outcome
             self._observe(spec, outcome, time.perf_counter() - started)
         done = [o for o in outcomes if o is not None]
-        denied = next((o for o in done if not o.decision.allowed), None)
-        if denied is None:
+        refusals = [o for o in done if not o.decision.allowed]
+        if not refusals:
             return Verdict(True, done)
+        denied = max(refusals, key=lambda o: o.decision.retry_after_s)  # the wait that matters is the longest
         for outcome in done:
             if outcome.decision.allowed:
                 self._adjust(outcome, -outcome.hits)
@@ -471,7 +475,7 @@ class RateLimiter:
         if policy is FailurePolicy.OPEN:
             return per_s * (detection_s + s) + rate.burst
         if policy is FailurePolicy.CLOSED:
-            return per_s * s + rate.burst
+            return per_s * max(s, detection_s) + rate.burst
         far_side = (known - 1) / known  # the largest side without the owner
         return max(per_s * s, far_side * per_s * (detection_s + f)) + rate.burst
 
