@@ -162,8 +162,8 @@ _OPTIONS: list[_Option] = [
     _Option("--global-rate-limit", "global_rate_limit", float, "requests per second for the whole cluster"),
     _Option("--rate-limit-policy", "rate_limit_policy", str, "when a key's owner is unreachable: proportional "
                                                              "(default), open or closed"),
-    _Option("--rate-limit-batch-wait-ms", "rate_limit.batch_wait_s", _secs_ms, "wait to coalesce forwarded "
-                                                                               "decisions (default 0.5)"),
+    _Option("--rate-limit-batch-wait-ms", "rate_limit.batch_wait_s", _secs_ms, "extra wait to coalesce "
+                                                                               "forwarded decisions (default 0)"),
     _Option("--rate-limit-batch-max", "rate_limit.batch_items_max", int, "decisions per forwarded batch"),
     _Option("--rate-limit-sync-interval-ms", "rate_limit.sync_interval_s", _secs_ms, "replication round"),
     _Option("--rate-limit-forward-timeout-ms", "rate_limit.forward_timeout_s", _secs_ms,

@@ -16,6 +16,13 @@ from typing import Protocol
 import trio
 
 FRAME_HEADER_BYTES = 4
+# Connections are kept for the next exchange with the same peer. The server forgets an idle one
+# after STREAM_IDLE_SERVER_S; clients stop reusing theirs well before (STREAM_IDLE_CLIENT_S) so
+# they rarely pick one the server is closing. Up to STREAMS_IDLE_PER_PEER_MAX idle per peer.
+STREAM_IDLE_SERVER_S = 60.0
+STREAM_IDLE_CLIENT_S = 30.0
+STREAMS_IDLE_PER_PEER_MAX = 16
+STREAM_EXCHANGE_S = 10.0  # a request's frames, the handler and the answer
 UDP_RECEIVE_BYTES_MAX = 65536
 
 StreamHandler = Callable[[bytes], Awaitable[bytes]]
@@ -46,6 +53,29 @@ def split_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+class _StreamPool:
+    """Idle client connections per peer address, newest first."""
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list[tuple[float, trio.SocketStream]]] = {}
+
+    def take(self, addr: str, now: float) -> trio.SocketStream | None:
+        idle = self._idle.get(addr)
+        while idle:
+            used_at, stream = idle.pop()
+            if now - used_at < STREAM_IDLE_CLIENT_S:
+                return stream
+            stream.socket.close()  # too old to trust: the server may be closing it
+        return None
+
+    def put(self, addr: str, stream: trio.SocketStream, now: float) -> None:
+        idle = self._idle.setdefault(addr, [])
+        if len(idle) >= STREAMS_IDLE_PER_PEER_MAX:
+            stream.socket.close()
+            return
+        idle.append((now, stream))
+
+
 class UdpTcpTransport:
     """Gossip over UDP on ``bind`` and push-pull over TCP on the same port number."""
 
@@ -60,6 +90,7 @@ class UdpTcpTransport:
         self._family = family
         self.addr = advertise or f"{host}:{bound_port}"
         self.frame_bytes_max = frame_bytes_max
+        self._pool = _StreamPool()
 
     def send_packet_nowait(self, addr: str, data: bytes) -> bool:
         try:
@@ -83,15 +114,38 @@ class UdpTcpTransport:
             return (f"[{host}]:{port}" if ":" in host else f"{host}:{port}"), data
 
     async def exchange(self, addr: str, data: bytes, timeout_s: float) -> bytes:
+        """One request frame, one answer frame, over a kept-alive connection when one is idle.
+
+        A pooled connection the peer has closed meanwhile fails at once (EOF); the exchange
+        then runs once more on a fresh connection. A connection that saw any error or a
+        timeout is closed, never reused: its framing can no longer be trusted."""
         host, port = split_addr(addr)
+        frame = len(data).to_bytes(FRAME_HEADER_BYTES, "big") + data
         try:
             with trio.fail_after(timeout_s):
+                stream = self._pool.take(addr, trio.current_time())
+                if stream is not None:
+                    try:
+                        answer = await self._round_trip(stream, frame)
+                    except (TransportError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                        stream = None  # closed by the peer while idle: use a fresh one
+                    if stream is not None:
+                        self._pool.put(addr, stream, trio.current_time())
+                        return answer
                 stream = await trio.open_tcp_stream(host, port)
-                async with stream:
-                    await stream.send_all(len(data).to_bytes(FRAME_HEADER_BYTES, "big") + data)
-                    return await self._read_frame(stream)
+                answer = await self._round_trip(stream, frame)
+                self._pool.put(addr, stream, trio.current_time())
+                return answer
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
             raise TransportError(f"stream to {addr} failed: {type(e).__name__}: {e}") from None
+
+    async def _round_trip(self, stream: trio.SocketStream, frame: bytes) -> bytes:
+        try:
+            await stream.send_all(frame)
+            return await self._read_frame(stream)
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
 
     async def _read_frame(self, stream: trio.SocketStream) -> bytes:
         header = await self._read_exactly(stream, FRAME_HEADER_BYTES)
@@ -115,10 +169,20 @@ class UdpTcpTransport:
 
         async def serve_one(stream: trio.SocketStream) -> None:
             try:
-                with trio.fail_after(10):
-                    request = await self._read_frame(stream)
-                    answer = await handler(request)
-                    await stream.send_all(len(answer).to_bytes(FRAME_HEADER_BYTES, "big") + answer)
+                while True:  # a peer keeps its connection for its next exchanges
+                    with trio.move_on_after(STREAM_IDLE_SERVER_S):
+                        header = await stream.receive_some(FRAME_HEADER_BYTES)
+                    if not header:
+                        return  # closed by the peer, or idle too long
+                    with trio.fail_after(STREAM_EXCHANGE_S):
+                        if len(header) < FRAME_HEADER_BYTES:
+                            header += await self._read_exactly(stream, FRAME_HEADER_BYTES - len(header))
+                        size = int.from_bytes(header, "big")
+                        if size > self.frame_bytes_max:
+                            return
+                        request = await self._read_exactly(stream, size)
+                        answer = await handler(request)
+                        await stream.send_all(len(answer).to_bytes(FRAME_HEADER_BYTES, "big") + answer)
             except (TransportError, trio.TooSlowError, trio.BrokenResourceError, OSError):
                 pass  # a peer that breaks the exchange gets nothing; it will retry later
             finally:

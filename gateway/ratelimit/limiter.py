@@ -72,7 +72,7 @@ from proto import ratelimit_pb2 as pb
 from .algorithms import Decision, Mode, Rate
 from .limits import FailurePolicy, Identity, LimitSet, LimitSpec, Unit
 from .peer import (METHOD_DECIDE, METHOD_REPLICATE, RATE_LIMIT_MARK, BadRequest, Batcher, ItemError,
-                   PeerUnreachable, PendingItem, check_item, decision_to_pb, parse_request, rate_from_pb,
+                   PeerUnreachable, PendingItem, add_decision, check_item, parse_request, rate_from_pb,
                    state_from_pb, state_to_pb)
 from .store import KeyStore
 
@@ -81,9 +81,12 @@ log = logging.getLogger("gateway.ratelimit")
 
 @dataclasses.dataclass(frozen=True)
 class RateLimitConfig:
-    # gubernator's BatchWait (500 µs): long enough for a burst of concurrent requests to share one
-    # round trip, short next to a generation. 0 sends at the next scheduler tick.
-    batch_wait_s: float = 0.0005
+    # Extra wait before a batch leaves (gubernator's BatchWait is 500 µs). 0 sends at the next
+    # scheduler tick: under load items gather anyway while the previous batch to the same owner
+    # travels (at most batches_in_flight_max at once), and any timer costs at least 1 ms here
+    # (the event loop's epoll timeout has millisecond resolution): measured, 0.8 ms vs 2.3 ms p50.
+    batch_wait_s: float = 0.0
+    batches_in_flight_max: int = 2
     # gubernator's BatchLimit: a batch this full is sent at once.
     batch_items_max: int = 1000
     # Beyond this the owner counts as unreachable and the failure policy decides. A loopback or LAN
@@ -151,7 +154,7 @@ class RateLimiter:
         self._debts: dict[str, tuple[Rate, float]] = {}
         self._unreachable_until: dict[str, float] = {}
         self.batcher = Batcher(self.node_name, self._send_decide, config.batch_wait_s, config.batch_items_max,
-                               self._observe_batch)
+                               self._observe_batch, config.batches_in_flight_max)
         self._nursery: trio.Nursery | None = None
         self._ring_seen: Any = None
         self.fallback_units = 0.0  # admitted without an owner's decision (the overshoot's raw material)
@@ -183,12 +186,12 @@ class RateLimiter:
         waits = []
         for i, (spec, key, hits) in enumerate(wanted):
             started = time.perf_counter()
-            outcome = self._decide_now(spec, key, hits)
+            owner = self._owner(key)
+            outcome = self._decide_now(spec, key, hits, owner)
             if outcome is not None:
                 outcomes[i] = outcome
                 self._observe(spec, outcome, time.perf_counter() - started)
             else:
-                owner = self._owner(key)
                 batch, index = self.batcher.submit(owner, PendingItem(key, spec.rate, hits, Mode.DECIDE))
                 waits.append((i, owner, batch, index, started))
         for i, owner, batch, index, started in waits:
@@ -224,7 +227,7 @@ class RateLimiter:
             if abs(delta) >= 1e-9:
                 self._adjust(outcome, delta)
 
-    def _decide_now(self, spec: LimitSpec, key: str, hits: float) -> KeyOutcome | None:
+    def _decide_now(self, spec: LimitSpec, key: str, hits: float, owner: str) -> KeyOutcome | None:
         """A decision that needs no peer, or None (ask the owner)."""
         if hits > spec.rate.capacity:
             decision = Decision(False, spec.rate.limit, 0, 0, math.inf)  # no amount of waiting admits it
@@ -234,7 +237,6 @@ class RateLimiter:
             if decision.allowed:
                 self._add_debt(key, spec.rate, hits)
             return KeyOutcome(spec, key, hits, decision, "local_first")
-        owner = self._owner(key)
         if owner == self.node_name:
             return KeyOutcome(spec, key, hits, self.decide_owned(key, spec.rate, hits, Mode.DECIDE), "owned")
         if self._unreachable_until.get(owner, -math.inf) > trio.current_time():
@@ -290,20 +292,24 @@ class RateLimiter:
         _, known = self._counts()
         return dataclasses.replace(rate, limit=rate.limit / known, burst=max(1.0, rate.burst / known))
 
-    def _owner_rate(self, rate: Rate) -> Rate | None:
-        """The rate an owner applies given what it sees of the cluster; None = deny everything."""
+    def owner_fraction(self) -> float:
+        """The share of each limit an owner applies given what it sees of the cluster (0: deny all)."""
         visible, known = self._counts()
         policy = self.limits.failure_policy
         if visible >= known or policy is FailurePolicy.OPEN:
-            return rate
+            return 1.0
         if policy is FailurePolicy.CLOSED:
-            return rate if 2 * visible > known else None
-        fraction = visible / known
-        return dataclasses.replace(rate, limit=rate.limit * fraction, burst=max(1.0, rate.burst * fraction))
+            return 1.0 if 2 * visible > known else 0.0
+        return visible / known
 
-    def decide_owned(self, key: str, rate: Rate, hits: float, mode: Mode) -> Decision:
-        """A decision as the key's owner (also for items forwarded by peers)."""
-        effective = self._owner_rate(rate)
+    def decide_owned(self, key: str, rate: Rate, hits: float, mode: Mode, fraction: float | None = None) -> Decision:
+        """A decision as the key's owner (also for items forwarded by peers).
+
+        ``fraction``: ``owner_fraction()``, when the caller decides many items at once."""
+        if fraction is None:
+            fraction = self.owner_fraction()
+        effective = rate if fraction == 1.0 else (None if fraction == 0.0 else dataclasses.replace(
+            rate, limit=rate.limit * fraction, burst=max(1.0, rate.burst * fraction)))
         if effective is None:
             if mode is Mode.DECIDE:
                 return Decision(False, rate.limit, 0, 0, self.config.unreachable_hold_s)
@@ -324,15 +330,16 @@ class RateLimiter:
         return self._answer_replicate(request).SerializeToString()
 
     def _answer_decide(self, request: pb.DecideRequest) -> pb.DecideResponse:
-        results = []
+        response = pb.DecideResponse()
+        fraction = self.owner_fraction()
         for item in request.items:
             try:
                 mode = check_item(item.key, item.hits, item.mode)
-                decision = self.decide_owned(item.key, rate_from_pb(item.spec), item.hits, mode)
-                results.append(decision_to_pb(decision))
+                add_decision(response, self.decide_owned(item.key, rate_from_pb(item.spec), item.hits, mode,
+                                                         fraction))
             except ItemError as e:
-                results.append(pb.DecideResult(outcome=pb.OUTCOME_ERROR, error=str(e)))
-        return pb.DecideResponse(results=results)
+                response.results.add(outcome=pb.OUTCOME_ERROR, error=str(e))
+        return response
 
     def _answer_replicate(self, request: pb.ReplicateRequest) -> pb.ReplicateResponse:
         accepted = 0
@@ -463,12 +470,14 @@ class RateLimiter:
     def keys_owned(self) -> int:
         return sum(1 for key in self.store.keys() if self._owner(key) == self.node_name)
 
-    def overshoot_bound(self, spec: LimitSpec, detection_s: float) -> float:
-        """The documented worst case (units) of one owner crash or partition for ``spec``."""
+    def overshoot_bound(self, spec: LimitSpec, detection_s: float, known: int | None = None) -> float:
+        """The documented worst case (units) of one owner crash or partition for ``spec``.
+
+        ``known`` defaults to this node's current view of the cluster."""
         rate = spec.rate
         per_s = rate.limit / rate.window_s
         s, f = self.config.sync_interval_s, self.config.forward_timeout_s
-        _, known = self._counts()
+        known = known if known is not None else self._counts()[1]
         policy = self.limits.failure_policy
         if spec.local_first:
             return rate.burst + per_s * s

@@ -4,15 +4,16 @@ A frame over the mesh's sealed stream transport is ``b"R"`` (a rate-limit
 request, so the cluster's request hook can route it), one byte for the method,
 then the protobuf request; the answer is the protobuf response.
 
-``Batcher`` coalesces the decisions a node needs from one owner: the first
-item opens a batch that is sent after ``batch_wait_s`` or as soon as it holds
-``batch_items_max`` items, whichever comes first (gubernator's BatchWait and
-BatchLimit). Each caller waits for its own item's result. A batch that cannot
-be delivered fails every item in it with ``PeerUnreachable``.
+``Batcher`` coalesces the decisions a node needs from one owner (see its
+docstring: gubernator's BatchWait and BatchLimit, plus a limit on batches in
+flight so that batches grow with the load). Each caller waits for its own
+item's result. A batch that cannot be delivered fails every item in it with
+``PeerUnreachable``.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Awaitable, Callable
@@ -53,7 +54,17 @@ def rate_to_pb(rate: Rate) -> pb.LimitSpec:
                         burst=rate.burst)
 
 
+# The few distinct specs a cluster uses, parsed and checked once: a batch repeats them per item.
+_RATES_CACHED_MAX = 4096
+_rates: dict[tuple[int, float, float, float], Rate] = {}
+_MODES = {int(m): m for m in Mode}
+
+
 def rate_from_pb(spec: pb.LimitSpec) -> Rate:
+    fields = (spec.algorithm, spec.limit, spec.window_s, spec.burst)
+    rate = _rates.get(fields)
+    if rate is not None:
+        return rate
     algorithm = _ALGORITHM_FROM_PB.get(spec.algorithm)
     if algorithm is None:
         raise ItemError(f"unknown algorithm {spec.algorithm}")
@@ -61,25 +72,28 @@ def rate_from_pb(spec: pb.LimitSpec) -> Rate:
     problem = rate.problem()
     if problem is not None:
         raise ItemError(problem)
+    if len(_rates) >= _RATES_CACHED_MAX:
+        _rates.clear()
+    _rates[fields] = rate
     return rate
 
 
 def check_item(key: str, hits: float, mode: int) -> Mode:
     if not key or len(key) > KEY_CHARS_MAX:
         raise ItemError(f"the key must be 1 to {KEY_CHARS_MAX} characters")
-    if not math.isfinite(hits) or hits < 0 or hits > HITS_MAX:
+    if not 0 <= hits <= HITS_MAX:  # also false for NaN
         raise ItemError(f"hits must be a number from 0 to {HITS_MAX:g}, not {hits!r}")
-    try:
-        return Mode(mode)
-    except ValueError:
-        raise ItemError(f"unknown mode {mode}") from None
+    known = _MODES.get(mode)
+    if known is None:
+        raise ItemError(f"unknown mode {mode}")
+    return known
 
 
-def decision_to_pb(decision: Decision) -> pb.DecideResult:
+def add_decision(response: pb.DecideResponse, decision: Decision) -> None:
     retry = decision.retry_after_s
-    return pb.DecideResult(outcome=pb.OUTCOME_ALLOWED if decision.allowed else pb.OUTCOME_DENIED,
-                           limit=decision.limit, remaining=decision.remaining,
-                           reset_after_s=decision.reset_after_s, retry_after_s=retry if math.isfinite(retry) else -1.0)
+    response.results.add(outcome=pb.OUTCOME_ALLOWED if decision.allowed else pb.OUTCOME_DENIED,
+                         limit=decision.limit, remaining=decision.remaining, reset_after_s=decision.reset_after_s,
+                         retry_after_s=retry if retry != math.inf else -1.0)
 
 
 def decision_from_pb(result: pb.DecideResult) -> Decision:
@@ -138,6 +152,16 @@ class _Batch:
         self.done = trio.Event()
 
 
+class _Lane:
+    """The batches of one owner: the one filling up, those waiting to go, how many are out."""
+
+    def __init__(self) -> None:
+        self.filling: _Batch | None = None
+        self.waiting: collections.deque[_Batch] = collections.deque()
+        self.in_flight = 0
+        self.timer_set = False
+
+
 # send(owner, request) -> response; raises PeerUnreachable.
 SendFn = Callable[[str, pb.DecideRequest], Awaitable[pb.DecideResponse]]
 
@@ -150,15 +174,23 @@ class BatcherStats:
 
 
 class Batcher:
-    """Coalesces decide items per owner; ``await decide(owner, item)`` returns its Decision."""
+    """Coalesces decide items per owner; ``await decide(owner, item)`` returns its Decision.
+
+    A batch goes out ``batch_wait_s`` after its first item (0: at the next scheduler tick, so
+    callers of the same tick share it), or at once when it holds ``batch_items_max`` items,
+    but never more than ``in_flight_max`` to one owner at a time: under load, items gather
+    while the previous batch travels and leave together the moment it returns. Low load
+    pays one round trip; high load pays one round trip per batch instead of per item.
+    """
 
     def __init__(self, sender: str, send: SendFn, batch_wait_s: float, batch_items_max: int,
-                 on_batch: Callable[[int], None] | None = None) -> None:
+                 on_batch: Callable[[int], None] | None = None, in_flight_max: int = 2) -> None:
         self.sender = sender
         self._send = send
         self.batch_wait_s = batch_wait_s
         self.batch_items_max = batch_items_max
-        self._open: dict[str, _Batch] = {}
+        self.in_flight_max = in_flight_max
+        self._lanes: dict[str, _Lane] = {}
         self._nursery: trio.Nursery | None = None
         self._on_batch = on_batch
         self.stats = BatcherStats()
@@ -171,15 +203,20 @@ class Batcher:
 
     def submit(self, owner: str, item: PendingItem) -> tuple[_Batch, int]:
         """Queue ``item`` for ``owner``; the caller waits on ``batch.done`` then reads ``results[index]``."""
-        batch = self._open.get(owner)
+        assert self._nursery is not None, "Batcher.run must be started first"
+        lane = self._lanes.get(owner)
+        if lane is None:
+            lane = self._lanes[owner] = _Lane()
+        batch = lane.filling
         if batch is None:
-            batch = self._open[owner] = _Batch()
-            assert self._nursery is not None, "Batcher.run must be started first"
-            self._nursery.start_soon(self._flush_after_wait, owner, batch)
+            batch = lane.filling = _Batch()
         batch.items.append(item)
         index = len(batch.items) - 1
         if len(batch.items) >= self.batch_items_max:
-            self._close(owner, batch)
+            self._close(owner, lane)
+        elif not lane.timer_set and lane.in_flight < self.in_flight_max:
+            lane.timer_set = True
+            self._nursery.start_soon(self._flush_after_wait, owner, lane)
         return batch, index
 
     async def decide(self, owner: str, item: PendingItem) -> Decision:
@@ -190,22 +227,41 @@ class Batcher:
             raise result
         return result
 
-    def _close(self, owner: str, batch: _Batch) -> None:
-        if self._open.get(owner) is batch:
-            del self._open[owner]
+    def _close(self, owner: str, lane: _Lane) -> None:
+        if lane.filling is not None:
+            lane.waiting.append(lane.filling)
+            lane.filling = None
+        while lane.waiting and lane.in_flight < self.in_flight_max:
+            lane.in_flight += 1
             assert self._nursery is not None
-            self._nursery.start_soon(self._deliver, owner, batch)
+            self._nursery.start_soon(self._deliver, owner, lane, lane.waiting.popleft())
 
-    async def _flush_after_wait(self, owner: str, batch: _Batch) -> None:
+    async def _flush_after_wait(self, owner: str, lane: _Lane) -> None:
         if self.batch_wait_s > 0:
             await trio.sleep(self.batch_wait_s)
         else:
             await trio.lowlevel.checkpoint()  # still lets callers in the same tick join
-        self._close(owner, batch)
+        lane.timer_set = False
+        self._close(owner, lane)
 
-    async def _deliver(self, owner: str, batch: _Batch) -> None:
-        request = pb.DecideRequest(sender=self.sender, items=[
-            pb.DecideItem(key=i.key, spec=rate_to_pb(i.rate), hits=i.hits, mode=int(i.mode)) for i in batch.items])
+    async def _deliver(self, owner: str, lane: _Lane, batch: _Batch) -> None:
+        try:
+            await self._deliver_one(owner, batch)
+        finally:
+            lane.in_flight -= 1
+            if not lane.timer_set:
+                self._close(owner, lane)  # what gathered meanwhile leaves now
+            if lane.filling is None and not lane.waiting and not lane.in_flight and not lane.timer_set:
+                self._lanes.pop(owner, None)
+
+    async def _deliver_one(self, owner: str, batch: _Batch) -> None:
+        request = pb.DecideRequest(sender=self.sender)
+        specs: dict[Rate, pb.LimitSpec] = {}
+        for i in batch.items:
+            spec = specs.get(i.rate)
+            if spec is None:
+                spec = specs[i.rate] = rate_to_pb(i.rate)
+            request.items.add(key=i.key, spec=spec, hits=i.hits, mode=i.mode)
         self.stats.batches += 1
         self.stats.items += len(batch.items)
         if self._on_batch is not None:

@@ -47,7 +47,7 @@ class KeyStore:
             self._bound(now)
         else:
             self._entries.move_to_end(key)
-            if entry.rate != rate:
+            if entry.rate is not rate and entry.rate != rate:
                 if entry.rate.algorithm is not rate.algorithm:
                     entry.state = KeyState(tat_s=now)  # the other algorithm's state means nothing here
                 entry.rate = rate  # a changed limit keeps the count so far

@@ -51,7 +51,7 @@ async def test_concurrent_decisions_for_one_owner_share_a_batch(autojump_clock):
         return pb.DecideResponse(results=[pb.DecideResult(outcome=pb.OUTCOME_ALLOWED, limit=10, remaining=i)
                                           for i in range(len(request.items))])
 
-    batcher = Batcher("me", send, batch_wait_s=0.0005, batch_items_max=4)
+    batcher = Batcher("me", send, batch_wait_s=0.0005, batch_items_max=4, in_flight_max=1)
     results = {}
     async with trio.open_nursery() as nursery:
         await nursery.start(batcher.run)
@@ -63,7 +63,7 @@ async def test_concurrent_decisions_for_one_owner_share_a_batch(autojump_clock):
             for i in range(6):
                 callers.start_soon(one, i)
         nursery.cancel_scope.cancel()
-    assert sent == [4, 2]  # full at 4: sent at once; the rest after the wait
+    assert sent == [4, 2]  # full at 4: sent at once; the rest when it returned (one in flight)
     assert sorted(r.remaining for r in results.values()) == [0, 0, 1, 1, 2, 3]
 
 

@@ -1,0 +1,130 @@
+"""Rate-limit decision figures: not a test, it prints figures.
+
+    python tests/bench/ratelimit_bench.py [--seconds 5] [--concurrency 1,16,256]
+
+Two mesh members on 127.0.0.1: a real ``smg-node serve`` process (the owner of
+half the keys) and this driver, which runs its own MeshAgent, ClusterState and
+RateLimiter (the same objects a node runs) and joins it. Gossip is sealed with
+AES-256-GCM, as in production. For each path and concurrency the driver's tasks
+call ``RateLimiter.check`` back to back for keys that
+
+* the driver owns (``local``: decided in-process), or
+* the other process owns (``forwarded``: coalesced per batch window, sent over
+  the mesh's sealed TCP streams, decided there),
+
+and report decisions per second, the latency p50/p99 of one decision, and for
+the forwarded path the batch size and the time per forwarded item (wall time /
+items). Limits are high so every decision is an admit (the cost is the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from chaos.processes import NodeProcess, default_log_dir  # noqa: E402
+from gateway.cluster import ClusterState  # noqa: E402
+from gateway.ratelimit import RateLimitConfig, RateLimiter, parse_limit_set  # noqa: E402
+from mesh.agent import MeshAgent  # noqa: E402
+from mesh.config import MeshConfig  # noqa: E402
+from mesh.crypto import Keyring, generate_key  # noqa: E402
+from mesh.transport import UdpTcpTransport  # noqa: E402
+
+OWNER_PORT = 38946
+DRIVER_PORT = 38947
+LIMITS = {"limits": [{"name": "per-key", "scope": "api_key", "limit": 1e9, "burst": 1e9}]}
+
+
+def keys_owned_by(cluster: ClusterState, limiter: RateLimiter, owner: str, n: int) -> list:
+    out = []
+    i = 0
+    spec = limiter.limits.limits[0]
+    while len(out) < n:
+        identity = limiter.identity(f"Bearer key-{i}", None, "m")
+        if cluster.ring.owner(spec.key_for(identity)) == owner:
+            out.append(identity)
+        i += 1
+    return out
+
+
+async def measure(limiter: RateLimiter, identities: list, concurrency: int, seconds: float) -> dict:
+    latencies: list[float] = []
+    batches_before = limiter.batcher.stats.batches
+    items_before = limiter.batcher.stats.items
+    end = time.perf_counter() + seconds
+
+    async def worker(k: int) -> None:
+        j = k
+        while time.perf_counter() < end:
+            identity = identities[j % len(identities)]
+            j += concurrency
+            started = time.perf_counter()
+            verdict = await limiter.check(identity, 1)
+            latencies.append(time.perf_counter() - started)
+            assert verdict.allowed and verdict.outcomes[0].path != "fallback", verdict
+
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for k in range(concurrency):
+            nursery.start_soon(worker, k)
+    wall = time.perf_counter() - started
+    latencies.sort()
+    batches = limiter.batcher.stats.batches - batches_before
+    items = limiter.batcher.stats.items - items_before
+    return {"decisions_per_s": len(latencies) / wall, "p50_ms": 1000 * statistics.median(latencies),
+            "p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))],
+            "batch_items": items / batches if batches else 0.0,
+            "us_per_forwarded_item": 1e6 * wall / items if items else 0.0}
+
+
+async def main(args: argparse.Namespace) -> None:
+    key = generate_key()
+    limits_file = Path(tempfile.mkdtemp()) / "limits.toml"
+    limits_file.write_text('[[limits]]\nname = "per-key"\nscope = "api_key"\nlimit = 1e9\nburst = 1e9\n')
+    owner = NodeProcess(["--mesh-bind", f"127.0.0.1:{OWNER_PORT}", "--node-name", "owner", "--encrypt", key,
+                         "--mesh-preset", "local", "--rpc-addr", "127.0.0.1:38980", "--rate-limits", str(limits_file),
+                         "--log-level", "warning"], default_log_dir(), "bench-owner")
+    try:
+        cluster = ClusterState("driver")
+        agent = MeshAgent(MeshConfig.local(), "driver", UdpTcpTransport(f"127.0.0.1:{DRIVER_PORT}"), Keyring([key]),
+                          hooks=cluster)
+        cluster.attach(agent)
+        limiter = RateLimiter(RateLimitConfig(batch_wait_s=args.batch_wait_us / 1e6), parse_limit_set(LIMITS), cluster=cluster)
+        cluster.ratelimit = limiter
+        async with trio.open_nursery() as nursery:
+            await nursery.start(agent.run)
+            await agent.join([f"127.0.0.1:{OWNER_PORT}"])
+            await nursery.start(limiter.run)
+            while len(cluster.ring) < 2:
+                await trio.sleep(0.05)
+            local = keys_owned_by(cluster, limiter, "driver", 1000)
+            remote = keys_owned_by(cluster, limiter, "owner", 1000)
+            print(f"# {time.strftime('%Y-%m-%d')}, {args.seconds}s per row, sealed mesh streams, batch wait "
+                  f"{limiter.config.batch_wait_s * 1e6:.0f} us")
+            print("| path | concurrency | decisions/s | p50 ms | p99 ms | items/batch | us per forwarded item |")
+            print("|---|---|---|---|---|---|---|")
+            for path, identities in (("local", local), ("forwarded", remote)):
+                for concurrency in args.concurrency:
+                    r = await measure(limiter, identities, concurrency, args.seconds)
+                    print(f"| {path} | {concurrency} | {r['decisions_per_s']:,.0f} | {r['p50_ms']:.3f} | "
+                          f"{r['p99_ms']:.3f} | {r['batch_items']:.1f} | {r['us_per_forwarded_item']:.1f} |",
+                          flush=True)
+            nursery.cancel_scope.cancel()
+    finally:
+        owner.kill()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--batch-wait-us", type=float, default=RateLimitConfig().batch_wait_s * 1e6)
+    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 256])
+    trio.run(main, parser.parse_args())
