@@ -64,13 +64,16 @@ class Client:
                 await trio.sleep_until(start + i * interval)
 
     async def _one(self, http: httpx2.AsyncClient, url: str) -> None:
+        # Counted at the time it was sent: the owner decides within milliseconds of that, while the
+        # answer may come back much later on a busy machine (and fall into the next window).
+        sent = time.monotonic()
         try:
             r = await http.post(url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1})
         except httpx2.HTTPError:
             self.other.append(-1)
             return
         if r.status_code == 200:
-            self.admitted.append(time.monotonic())
+            self.admitted.append(sent)
         elif r.status_code == 429:
             assert r.json()["error"]["code"] == "rate_limit_exceeded"
             self.refused += 1
@@ -98,6 +101,16 @@ async def test_five_nodes_hold_one_limit_under_ten_times_the_load_and_an_owner_k
         eventually(ready, 60)
         eventually(lambda: all(httpx2.get(u + "/admin/rate-limits", timeout=5).json()["limits"]
                                for u in urls.values()), 10)
+        # A change made on one node reaches every node (here: the policy, then back).
+        original = httpx2.get(urls["r3"] + "/admin/rate-limits", timeout=5).json()
+        original.pop("node")
+        for policy in ("closed", "proportional"):
+            r = httpx2.put(urls["r3"] + "/admin/rate-limits", json={**original, "failure_policy": policy}, timeout=5)
+            assert r.status_code == 200, r.text
+            eventually(lambda: all(httpx2.get(u + "/admin/rate-limits", timeout=5).json()["failure_policy"] == policy
+                                   for u in urls.values()), 10)
+        bad = httpx2.put(urls["r1"] + "/admin/rate-limits", json={"limits": [{"name": "x", "limit": -1}]}, timeout=5)
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_rate_limits"
         time.sleep(2)  # every node has every other on its ring (local preset: well under a second)
 
         client = Client(urls)
@@ -118,6 +131,8 @@ async def test_five_nodes_hold_one_limit_under_ten_times_the_load_and_an_owner_k
             killed = time.monotonic()
             await client.offer(http, 20)
         after = client.count(killed, killed + 20)
+        print(f"admitted per 10 s window: {steady} (limit {10 * LIMIT_PER_S:.0f}); after the owner's kill: "
+              f"{after} in 20 s")
         mesh = MeshConfig.local()
         detection_s = mesh.probe_interval_s * 2 + mesh.suspicion_timeout_s(5, 0)
         spec = parse_limit_set({"limits": [{"name": "hot", "limit": LIMIT_PER_S, "burst": BURST}]}).limits[0]
@@ -130,3 +145,79 @@ async def test_five_nodes_hold_one_limit_under_ten_times_the_load_and_an_owner_k
             n.kill()
         engine.kill()
 
+
+
+SINGLE_NODE_LIMITS = """
+[[limits]]
+name = "tokens"
+unit = "tokens"
+limit = 100000
+window_s = 3600
+algorithm = "sliding_window"   # no refill within the window: remaining counts are exact
+
+[[limits]]
+name = "per-key"
+scope = "api_key"
+limit = 3
+window_s = 3600
+algorithm = "sliding_window"
+"""
+
+
+def test_tokens_are_reserved_then_settled_with_real_usage_even_when_the_client_goes_away(log_dir, tmp_path):
+    import openai
+
+    from .conftest import ENGINE_ARGS
+
+    limits_file = tmp_path / "limits.toml"
+    limits_file.write_text(SINGLE_NODE_LIMITS)
+    engine = EngineProcess(ENGINE_ARGS, log_dir, "rl-tok-engine")
+    node = NodeProcess(["--worker-urls", engine.url, "--rate-limits", str(limits_file)], log_dir, "rl-tok-node")
+    try:
+        body = {"model": MODEL, "prompt": "count the tokens", "max_tokens": 5}
+        headers = {"authorization": "Bearer k1"}
+        r1 = httpx2.post(node.url + "/v1/completions", json=body, headers=headers, timeout=30)
+        assert r1.status_code == 200
+        p = r1.json()["usage"]["prompt_tokens"]
+        remaining1 = int(r1.headers["x-ratelimit-remaining-tokens"])
+        assert remaining1 == 100000 - (p + 5)  # the reservation: prompt + max_tokens
+        assert r1.headers["x-ratelimit-limit-tokens"] == "100000"
+        assert r1.headers["x-ratelimit-remaining-requests"] == "2"
+
+        # A stream reserving 5,000 tokens, abandoned after a few chunks.
+        with httpx2.stream("POST", node.url + "/v1/completions", json={**body, "max_tokens": 5000, "stream": True},
+                           headers=headers, timeout=30) as r2:
+            assert int(r2.headers["x-ratelimit-remaining-tokens"]) == remaining1 - (p + 5000)
+            for i, _ in enumerate(r2.iter_lines()):
+                if i >= 6:
+                    break
+
+        def settled() -> bool:
+            # The request counter moves when the handler has unwound, settlement included.
+            metrics = httpx2.get(node.url + "/metrics", timeout=5).text
+            return 'smg_http_requests_total{route="/v1/completions",status="200"} 2.0' in metrics
+
+        eventually(settled, 15)
+        r3 = httpx2.post(node.url + "/v1/completions", json={**body, "max_tokens": 1}, headers=headers, timeout=30)
+        assert r3.status_code == 200
+        remaining3 = int(r3.headers["x-ratelimit-remaining-tokens"])
+        generated = remaining1 - remaining3 - 2 * p - 1  # what the abandoned stream really used
+        assert 1 <= generated < 1000, (remaining1, remaining3, p)
+
+        # The fourth request of key k1 is refused, through the official SDK.
+        client = openai.OpenAI(base_url=node.url + "/v1", api_key="k1", max_retries=0)
+        try:
+            client.completions.create(model=MODEL, prompt="one more", max_tokens=1)
+            raise AssertionError("the fourth request of k1 was admitted")
+        except openai.RateLimitError as e:
+            assert e.code == "rate_limit_exceeded"
+            assert e.response.headers["x-ratelimit-remaining-requests"] == "0"
+            assert int(e.response.headers["retry-after"]) > 0
+        # Another key has its own count.
+        other = openai.OpenAI(base_url=node.url + "/v1", api_key="k2", max_retries=0)
+        assert other.completions.create(model=MODEL, prompt="hi", max_tokens=1).usage.completion_tokens == 1
+        metrics = httpx2.get(node.url + "/metrics", timeout=5).text
+        assert 'smg_rate_limit_decisions_total{limit="per-key",outcome="denied"} 1.0' in metrics
+    finally:
+        node.kill()
+        engine.kill()

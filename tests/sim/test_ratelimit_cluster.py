@@ -8,6 +8,7 @@ node, and checked against the bounds documented in gateway/ratelimit/limiter.py.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import random
 
@@ -15,7 +16,7 @@ import pytest
 import trio
 
 from gateway.cluster import ClusterState
-from gateway.ratelimit import FailurePolicy, LimitSet, RateLimitConfig, RateLimiter, parse_limit_set
+from gateway.ratelimit import FailurePolicy, Mode, LimitSet, RateLimitConfig, RateLimiter, parse_limit_set
 from gateway.ratelimit.limits import RATE_LIMITS_SETTING
 from mesh.agent import MeshAgent
 from mesh.config import MeshConfig
@@ -87,6 +88,7 @@ class Load:
         self.nodes = nodes
         self.admitted: list[tuple[float, str]] = []  # (virtual time, node)
         self.denied = 0
+        self.paths: collections.Counter = collections.Counter()  # how each decision was made
 
     async def run(self, duration_s: float) -> None:
         interval = 1.0 / OFFERED_PER_S
@@ -101,6 +103,7 @@ class Load:
 
     async def _one(self, node: Node) -> None:
         verdict = await node.limiter.check(node.limiter.identity(None, None, "m"), 1)
+        self.paths[verdict.outcomes[0].path] += 1
         if verdict.allowed:
             self.admitted.append((trio.current_time(), node.name))
         else:
@@ -237,4 +240,29 @@ async def test_a_limit_change_on_one_node_reaches_every_node(autojump_clock):
         nodes[2].cluster.set_setting(RATE_LIMITS_SETTING, new.to_dict())
         await wait_until(lambda: all(n.limiter.limits == new for n in nodes), 10)
         assert all(n.limiter.limits.failure_policy is FailurePolicy.CLOSED for n in nodes)
+        nursery.cancel_scope.cancel()
+
+
+async def test_local_first_answers_from_shares_and_the_owner_keeps_the_count(autojump_clock):
+    net = SimNetwork(seed=11)
+    hot = parse_limit_set({"limits": [{"name": "hot", "scope": "global", "limit": LIMIT_PER_S,
+                                       "burst": LIMIT_PER_S / 10 * 5, "local_first": True}]})
+    async with trio.open_nursery() as nursery:
+        nodes = await start_cluster(nursery, net, 5, hot, seed=11)
+        load = Load(nodes)
+        start = trio.current_time()
+        await load.run(30)
+        # No request waited for the owner: every decision was local.
+        assert set(load.paths) == {"local_first"}
+        admitted = load.count(start, start + 30)
+        burst = LIMIT_PER_S / 10 * 5
+        assert admitted <= LIMIT_PER_S * 30 + burst  # the shares sum to the limit
+        assert admitted >= 0.98 * LIMIT_PER_S * 30  # round-robin spreads evenly: no share sits idle
+        # The hits reached the owner (two sync rounds later): its bucket is drained like the shares
+        # together; a bucket nobody reported to would be full, with nothing to reset.
+        await trio.sleep(0.1)
+        owner = owner_of_hot(nodes)
+        rate = owner.limiter.limits.limits[0].rate
+        assert owner.limiter.store.decide("hot:*", rate, trio.current_time(), 0, Mode.PEEK).reset_after_s > 0
+        assert all(not n.limiter._debts for n in nodes)
         nursery.cancel_scope.cancel()
