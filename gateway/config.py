@@ -76,6 +76,8 @@ class GatewayConfig:
     global_rate_limit: float | None = None
     rate_limit_policy: str | None = None
     rate_limit: RateLimitConfig = RateLimitConfig()
+    # When set, POST/DELETE /workers and PUT /admin/rate-limits need "Authorization: Bearer <it>".
+    admin_token: str | None = None
 
     def limit_set(self) -> LimitSet:
         """The limits this node starts with (ConfigError when the file or flags are wrong)."""
@@ -168,6 +170,7 @@ _OPTIONS: list[_Option] = [
     _Option("--rate-limit-sync-interval-ms", "rate_limit.sync_interval_s", _secs_ms, "replication round"),
     _Option("--rate-limit-forward-timeout-ms", "rate_limit.forward_timeout_s", _secs_ms,
             "owner silence before the failure policy decides"),
+    _Option("--admin-token", "admin_token", str, "bearer token required to change workers and rate limits"),
     _Option("--tenant-header", "rate_limit.tenant_header", str, "header naming the tenant (rate limits)"),
     _Option("--sim-engines", "sim_engines", int, "demo: start this many simulated engines and use them"),
     _Option("--mesh-bind", "mesh.bind", str, "gossip (UDP) and push-pull (TCP) address, e.g. 0.0.0.0:7946"),

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 import trio
 
 from ..ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
 from ..workers import WorkerError
-from .errors import ApiError, BadRequest, NotFound, Unavailable
+from .errors import ApiError, BadRequest, NotFound, Unauthorized, Unavailable
 from .http import Request
 from .protocol import parse_json_body
 
@@ -81,7 +82,20 @@ def _labels(body: dict[str, Any]) -> dict[str, str]:
     return labels
 
 
+def require_admin(state, request: Request) -> None:
+    """Changes to workers and limits need ``--admin-token`` when one is set (clients must not lift
+    their own rate limits); without one they are open, as smg's are."""
+    token = state.config.admin_token
+    if token is None:
+        return
+    given = request.header("authorization") or ""
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        raise Unauthorized("this endpoint needs the node's admin token (Authorization: Bearer ...)",
+                           code="invalid_admin_token")
+
+
 async def add_worker(state, request: Request) -> None:
+    require_admin(state, request)
     body = parse_json_body(await request.body())
     url = body.get("url")
     if not isinstance(url, str) or not url or len(url) > 2048:
@@ -98,6 +112,7 @@ async def add_worker(state, request: Request) -> None:
 
 
 async def remove_worker(state, request: Request) -> None:
+    require_admin(state, request)
     try:
         worker = await state.registry.remove(request.path_params["worker_id"])
     except WorkerError as e:
@@ -114,6 +129,7 @@ async def get_rate_limits(state, request: Request) -> None:
 
 async def put_rate_limits(state, request: Request) -> None:
     """Replace the limits in force; in a cluster the change reaches every node through the shared document."""
+    require_admin(state, request)
     limiter = state.rate_limiter
     if limiter is None:
         raise NotFound("rate limits are not available on this node", code="not_found")

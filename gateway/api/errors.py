@@ -3,6 +3,7 @@
     ApiError(status, message, type, code, param)      -> {"error": {...}} with that status
       BadRequest              400 invalid_request_error   malformed JSON, wrong types, bad values
         ContextLengthExceeded 400 code=context_length_exceeded
+      Unauthorized            401 code=invalid_admin_token    admin endpoint without the --admin-token
       NotFound                404 code=model_not_found / not_found
       PayloadTooLarge         413
       TooManyRequests         429 + Retry-After           queue full, rate limit reached
@@ -64,6 +65,11 @@ class NotFound(ApiError):
 
 class MethodNotAllowed(ApiError):
     status = 405
+    error_type = "invalid_request_error"
+
+
+class Unauthorized(ApiError):
+    status = 401
     error_type = "invalid_request_error"
 
 

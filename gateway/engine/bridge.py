@@ -26,7 +26,6 @@ status code's name; mapping to HTTP happens at the API boundary, not here.
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import threading

@@ -70,7 +70,7 @@ import trio
 from proto import ratelimit_pb2 as pb
 
 from .algorithms import Decision, Mode, Rate
-from .limits import FailurePolicy, Identity, LimitSet, LimitSpec, Unit
+from .limits import IDENTITY_CHARS_MAX, FailurePolicy, Identity, LimitSet, LimitSpec, Unit
 from .peer import (METHOD_DECIDE, METHOD_REPLICATE, RATE_LIMIT_MARK, BadRequest, Batcher, ItemError,
                    PeerUnreachable, PendingItem, add_decision, check_item, parse_request, rate_from_pb,
                    state_from_pb, state_to_pb)
@@ -158,6 +158,7 @@ class RateLimiter:
         self._nursery: trio.Nursery | None = None
         self._ring_seen: Any = None
         self.fallback_units = 0.0  # admitted without an owner's decision (the overshoot's raw material)
+        self.debts_dropped = 0
         self.replicated = 0
         self.absorbed = 0
 
@@ -171,7 +172,7 @@ class RateLimiter:
     # -- the request path -------------------------------------------------
 
     def identity(self, authorization: str | None, tenant: str | None, model: str | None) -> Identity:
-        return Identity(Identity.hash_api_key(authorization), tenant[:256] if tenant else None, model)
+        return Identity(Identity.hash_api_key(authorization), tenant[:IDENTITY_CHARS_MAX] if tenant else None, model)
 
     async def check(self, identity: Identity, estimated_tokens: int) -> Verdict:
         """Decide every limit that applies; when one denies, give back what the others took."""
@@ -272,8 +273,11 @@ class RateLimiter:
             self.batcher.submit(owner, PendingItem(key, rate, amount, mode))  # fire and forget
 
     def _add_debt(self, key: str, rate: Rate, hits: float) -> None:
-        _, owed = self._debts.get(key, (rate, 0.0))
-        self._debts[key] = (rate, owed + hits)
+        debt = self._debts.get(key)
+        if debt is None and len(self._debts) >= self.config.keys_max:
+            self.debts_dropped += 1  # bounded like the stores: a long outage with many keys loses the excess
+            return
+        self._debts[key] = (rate, (debt[1] if debt is not None else 0.0) + hits)
 
     # -- ownership and membership ------------------------------------------
 
@@ -490,7 +494,7 @@ class RateLimiter:
 
     def statistics(self) -> dict[str, float]:
         return {"keys_owned": self.keys_owned(), "keys_held": len(self.store), "shares_held": len(self.shares),
-                "debts": len(self._debts), "fallback_units": self.fallback_units,
+                "debts": len(self._debts), "debts_dropped": self.debts_dropped, "fallback_units": self.fallback_units,
                 "batches": self.batcher.stats.batches, "batched_items": self.batcher.stats.items,
                 "failed_batches": self.batcher.stats.failed_batches, "replicated": self.replicated,
                 "absorbed": self.absorbed, "evicted_busy": self.store.evicted_busy}

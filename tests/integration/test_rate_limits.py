@@ -172,7 +172,8 @@ def test_tokens_are_reserved_then_settled_with_real_usage_even_when_the_client_g
     limits_file = tmp_path / "limits.toml"
     limits_file.write_text(SINGLE_NODE_LIMITS)
     engine = EngineProcess(ENGINE_ARGS, log_dir, "rl-tok-engine")
-    node = NodeProcess(["--worker-urls", engine.url, "--rate-limits", str(limits_file)], log_dir, "rl-tok-node")
+    node = NodeProcess(["--worker-urls", engine.url, "--rate-limits", str(limits_file), "--admin-token", "s3cret"],
+                       log_dir, "rl-tok-node")
     try:
         body = {"model": MODEL, "prompt": "count the tokens", "max_tokens": 5}
         headers = {"authorization": "Bearer k1"}
@@ -218,6 +219,14 @@ def test_tokens_are_reserved_then_settled_with_real_usage_even_when_the_client_g
         assert other.completions.create(model=MODEL, prompt="hi", max_tokens=1).usage.completion_tokens == 1
         metrics = httpx2.get(node.url + "/metrics", timeout=5).text
         assert 'smg_rate_limit_decisions_total{limit="per-key",outcome="denied"} 1.0' in metrics
+
+        # Clients cannot lift their own limits: changes need the admin token.
+        current = httpx2.get(node.url + "/admin/rate-limits", timeout=5).json()
+        current.pop("node")
+        refused = httpx2.put(node.url + "/admin/rate-limits", json=current, headers=headers, timeout=5)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_admin_token"
+        assert httpx2.put(node.url + "/admin/rate-limits", json=current, timeout=5,
+                          headers={"authorization": "Bearer s3cret"}).status_code == 200
     finally:
         node.kill()
         engine.kill()

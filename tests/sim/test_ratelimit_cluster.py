@@ -21,7 +21,6 @@ from gateway.ratelimit.limits import RATE_LIMITS_SETTING
 from mesh.agent import MeshAgent
 from mesh.config import MeshConfig
 from mesh.crypto import Keyring
-from mesh.members import MemberStatus
 from mesh.simnet import SimNetwork
 
 from .harness import KEY_A, addr, wait_until
