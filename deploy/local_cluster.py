@@ -1,11 +1,12 @@
-"""A cluster on one machine: N smg-node processes, simulated engines, and a real nginx in front.
+"""A cluster on one machine: N smg-node processes, simulated engines, and a real load balancer in front.
 
-    python deploy/local_cluster.py --nodes 3 --engines 2 [--port 8080]
+    python deploy/local_cluster.py --nodes 3 --engines 2 [--port 8080] [--lb nginx|haproxy]
 
 Everything listens on 127.0.0.1; Ctrl-C stops it all. The nodes form a mesh
 (``local`` preset), share their workers (the engines are registered on the
 first node only and reach the others through the mesh) and sit behind nginx
-(``deploy/nginx/smg-node.conf.template``).
+(``deploy/nginx/smg-node.conf.template``) or HAProxy
+(``deploy/haproxy/smg-node.cfg.template``), both Debian packages.
 """
 
 from __future__ import annotations
@@ -24,19 +25,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from chaos.processes import EngineProcess, NodeProcess  # noqa: E402
 from mesh.crypto import generate_key  # noqa: E402
 
-TEMPLATE = Path(__file__).parent / "nginx" / "smg-node.conf.template"
+NGINX_TEMPLATE = Path(__file__).parent / "nginx" / "smg-node.conf.template"
+HAPROXY_TEMPLATE = Path(__file__).parent / "haproxy" / "smg-node.cfg.template"
+LOAD_BALANCERS = ("nginx", "haproxy")
 
 
 class LocalCluster:
     def __init__(self, nodes: int, engines: int, port: int, mesh_base_port: int = 47946,
-                 log_dir: Path | None = None, engine_args: "list[str] | None" = None) -> None:
-        if shutil.which("nginx") is None:
-            raise RuntimeError("nginx is not installed (Debian: apt-get install nginx)")
+                 log_dir: Path | None = None, engine_args: "list[str] | None" = None, lb: str = "nginx") -> None:
+        if lb not in LOAD_BALANCERS:
+            raise ValueError(f"lb must be one of {', '.join(LOAD_BALANCERS)}")
+        if shutil.which(lb) is None:
+            raise RuntimeError(f"{lb} is not installed (Debian: apt-get install {lb})")
+        self.lb = lb
         self.dir = log_dir or Path(tempfile.mkdtemp(prefix="smg-local-cluster-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.engines: list[EngineProcess] = []
         self.nodes: list[NodeProcess] = []
-        self.nginx: subprocess.Popen | None = None
+        self.balancer: subprocess.Popen | None = None
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         try:
@@ -55,36 +61,49 @@ class LocalCluster:
             if i == 0:
                 args += ["--worker-urls", *[e.url for e in self.engines]]
             self.nodes.append(NodeProcess(args, self.dir, f"node{i}"))
-        self.nginx = self._start_nginx()
+        self.balancer = self._start_balancer()
 
-    def _start_nginx(self) -> subprocess.Popen:
-        prefix = self.dir / "nginx"
+    def _balancer_argv(self) -> list[str]:
+        prefix = self.dir / self.lb
         prefix.mkdir(exist_ok=True)
-        servers = "\n".join(f"        server {n.url.removeprefix('http://')} max_fails=1 fail_timeout=5s;"
-                            for n in self.nodes)
-        conf = prefix / "nginx.conf"
-        conf.write_text(TEMPLATE.read_text().format(listen=f"127.0.0.1:{self.port}", upstream_servers=servers,
-                                                    prefix=prefix))
-        process = subprocess.Popen(["nginx", "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        listen = f"127.0.0.1:{self.port}"
+        addrs = [n.url.removeprefix("http://") for n in self.nodes]
+        if self.lb == "nginx":
+            servers = "\n".join(f"        server {a} max_fails=1 fail_timeout=5s;" for a in addrs)
+            conf = prefix / "nginx.conf"
+            conf.write_text(NGINX_TEMPLATE.read_text().format(listen=listen, upstream_servers=servers, prefix=prefix))
+            return ["nginx", "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"]
+        servers = "\n".join(f"    server node{i} {a}" for i, a in enumerate(addrs))
+        conf = prefix / "haproxy.cfg"
+        conf.write_text(HAPROXY_TEMPLATE.read_text().format(listen=listen, servers=servers, prefix=prefix))
+        check = subprocess.run(["haproxy", "-c", "-f", str(conf)], capture_output=True, text=True)
+        if check.returncode != 0:
+            raise RuntimeError(f"haproxy refused its config: {check.stdout}{check.stderr}")
+        return ["haproxy", "-db", "-f", str(conf)]  # -db: foreground
+
+    def _start_balancer(self) -> subprocess.Popen:
+        process = subprocess.Popen(self._balancer_argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE)
         deadline = time.monotonic() + 10
         import socket
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise RuntimeError(f"nginx exited: {process.stderr.read().decode()}")
+                raise RuntimeError(f"{self.lb} exited: {process.stderr.read().decode()}")
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", self.port)) == 0:
                     return process
-            time.sleep(0.05)  # nginx prints nothing when ready: wait for its port
-        raise RuntimeError("nginx did not listen in time")
+            time.sleep(0.05)  # neither prints anything when ready: wait for its port
+        process.kill()
+        raise RuntimeError(f"{self.lb} did not listen in time")
 
     def stop(self) -> None:
-        if self.nginx is not None and self.nginx.poll() is None:
-            self.nginx.send_signal(signal.SIGQUIT)
+        if self.balancer is not None and self.balancer.poll() is None:
+            # nginx finishes what it serves on SIGQUIT; HAProxy stops at once on SIGTERM.
+            self.balancer.send_signal(signal.SIGQUIT if self.lb == "nginx" else signal.SIGTERM)
             try:
-                self.nginx.wait(10)
+                self.balancer.wait(10)
             except subprocess.TimeoutExpired:
-                self.nginx.kill()
+                self.balancer.kill()
         for n in self.nodes:
             n.stop()
         for e in self.engines:
@@ -96,8 +115,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--engines", type=int, default=2)
     parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--lb", choices=LOAD_BALANCERS, default="nginx")
     args = parser.parse_args()
-    cluster = LocalCluster(args.nodes, args.engines, args.port, engine_args=["--eos-after-tokens", "64"])
+    cluster = LocalCluster(args.nodes, args.engines, args.port, engine_args=["--eos-after-tokens", "64"], lb=args.lb)
     print(f"READY {cluster.url}  (nodes: {', '.join(n.url for n in cluster.nodes)}; logs: {cluster.dir})",
           flush=True)
     try:

@@ -52,6 +52,9 @@ class ClusterState:
         self.kv: Any = None  # the KvSharing, when the KV index is shared
         self.ratelimit: Any = None  # the RateLimiter, when rate limits are on
         self.on_setting: list[Any] = []  # callables (name, value) for settings changed by peers
+        # True once a peer's whole document arrived (or there was nobody to join): until then the
+        # node does not know the cluster's workers and limits, so it is not ready.
+        self.registry_received = False
 
     def attach(self, agent: Any) -> None:
         """Called with the mesh agent before it joins: follow its membership from the start."""
@@ -139,6 +142,10 @@ class ClusterState:
 
     def merge_remote_state(self, data: bytes, join: bool) -> None:
         self._merge(data)
+        self.registry_received = True
+
+    def mark_joined(self) -> None:
+        self.registry_received = True
 
     def broadcasts(self, budget_bytes: int) -> list[bytes]:
         return []  # updates go through the agent's retransmit queue (publish)

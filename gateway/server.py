@@ -284,7 +284,7 @@ def run_gateway(config: GatewayConfig) -> int:
 
                 async def mesh_then_stop(task_status=trio.TASK_STATUS_IGNORED) -> None:
                     await serve_mesh(config.mesh, {"http": running.url, "proto": "1"}, cluster, cluster.node_name,
-                                     cluster.attach, task_status=task_status)
+                                     cluster.attach, cluster.mark_joined, task_status=task_status)
                     running.state.shutting_down = True
                     running.shutdown.set()  # the node left the cluster (smg-node leave): it goes too
 
@@ -294,11 +294,18 @@ def run_gateway(config: GatewayConfig) -> int:
             # One line on stdout, whatever the log level: scripts and supervisors wait for it.
             print(f"READY {running.url}", flush=True)
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                signals_seen = 0
                 async for signum in signals:
-                    if running.shutdown.is_set() or running.state.shutting_down:
+                    signals_seen += 1
+                    if signals_seen > 1:
                         log.warning("second signal: exiting now")
                         nursery.cancel_scope.cancel()
                         return
+                    if running.shutdown.is_set() or running.state.shutting_down:
+                        # Already leaving (`smg-node leave`, e.g. from a Kubernetes preStop hook, then the
+                        # kubelet's SIGTERM): keep draining; only a second signal cuts it short.
+                        log.info("signal %s: already leaving; draining goes on", signal.Signals(signum).name)
+                        continue
                     log.info("signal %s: leaving and draining for up to %.0fs", signal.Signals(signum).name,
                              config.shutdown_grace_period_s)
                     running.state.shutting_down = True  # readiness fails at once: load balancers drain us

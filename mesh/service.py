@@ -185,11 +185,13 @@ class _AdminApp:
 
 
 async def serve_mesh(options: MeshOptions, extra_tags: "dict[str, str]", hooks: StateHooks | None = None,
-                     name: str | None = None, on_agent: "Callable[[MeshAgent], None] | None" = None, *,
+                     name: str | None = None, on_agent: "Callable[[MeshAgent], None] | None" = None,
+                     on_joined: "Callable[[], None] | None" = None, *,
                      task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Run this node's mesh member until it leaves or is cancelled.
 
-    ``on_agent`` sees the agent before it joins anyone, so listeners miss no change.
+    ``on_agent`` sees the agent before it joins anyone, so listeners miss no change;
+    ``on_joined`` runs once the join succeeded (at once when there is nobody to join).
     """
     config = MeshConfig.local() if options.preset == "local" else MeshConfig.lan()
     transport = UdpTcpTransport(options.bind, options.advertise, config.tcp_state_bytes_max)
@@ -215,7 +217,13 @@ async def serve_mesh(options: MeshOptions, extra_tags: "dict[str, str]", hooks: 
             log.info("mesh member %s at %s (admin %s)", name, transport.addr, service.admin_url)
             task_status.started(service)
             if options.join:
-                nursery.start_soon(join_with_retry, agent, options)
+                async def join_then_report() -> None:
+                    if await join_with_retry(agent, options) and on_joined is not None:
+                        on_joined()
+
+                nursery.start_soon(join_then_report)
+            elif on_joined is not None:
+                on_joined()
             await agent.stopped.wait()
             nursery.cancel_scope.cancel()
     finally:

@@ -40,11 +40,18 @@ async def liveness(state, request: Request) -> None:
 
 
 async def readiness(state, request: Request) -> None:
-    """Ready: not shutting down and at least one healthy worker to send requests to."""
+    """Ready: not shutting down, joined the mesh with the cluster's registry received (or running
+    alone), and at least one healthy worker to send requests to."""
     now = trio.current_time()
     healthy = sum(1 for w in state.registry.all() if w.available(now))
-    if state.shutting_down or not state.ready or healthy == 0:
-        reason = "shutting down" if state.shutting_down else "no healthy worker"
+    reason = None
+    if state.shutting_down:
+        reason = "shutting down"
+    elif state.cluster is not None and not state.cluster.registry_received:
+        reason = "not joined to the cluster yet (no worker registry received)"
+    elif not state.ready or healthy == 0:
+        reason = "no healthy worker"
+    if reason is not None:
         raise Unavailable(f"not ready: {reason}", code="not_ready", retry_after_s=1)
     await request.send_json(200, {"status": "ready", "healthy_workers": healthy})
 

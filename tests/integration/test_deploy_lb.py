@@ -1,4 +1,4 @@
-"""deploy/: three nodes behind a real nginx; losing a node loses no request that had not started."""
+"""deploy/: three nodes behind a real nginx, then a real HAProxy; losing a node loses no request that had not started."""
 
 from __future__ import annotations
 
@@ -11,20 +11,20 @@ import pytest
 from .conftest import MODEL
 from .test_mesh_processes import eventually
 
-pytestmark = pytest.mark.skipif(shutil.which("nginx") is None,
-                                reason="nginx not installed (.ci/run installs it: apt-get install nginx)")
 
-
-@pytest.fixture
-def local_cluster(log_dir):
+@pytest.fixture(params=["nginx", "haproxy"])
+def local_cluster(request, log_dir):
+    lb = request.param
+    if shutil.which(lb) is None:
+        pytest.skip(f"{lb} not installed (.ci/run installs it: apt-get install {lb})")
     from deploy.local_cluster import LocalCluster
-    cluster = LocalCluster(nodes=3, engines=2, port=48080, mesh_base_port=48946, log_dir=log_dir / "nginx-cluster",
-                           engine_args=["--itl-base-s", "0.001"])
+    cluster = LocalCluster(nodes=3, engines=2, port=48080, mesh_base_port=48946, log_dir=log_dir / f"{lb}-cluster",
+                           engine_args=["--itl-base-s", "0.001"], lb=lb)
     yield cluster
     cluster.stop()
 
 
-def test_nodes_behind_nginx_survive_a_killed_node(local_cluster):
+def test_nodes_behind_a_load_balancer_survive_a_killed_node(local_cluster):
     # Engines registered on node0 reach every node through the mesh.
     eventually(lambda: all(len(httpx2.get(n.url + "/workers").json()["workers"]) == 2
                            for n in local_cluster.nodes), 30)
@@ -36,7 +36,7 @@ def test_nodes_behind_nginx_survive_a_killed_node(local_cluster):
     assert streamed == first.choices[0].message.content  # SSE passes through unbuffered and whole
 
     local_cluster.nodes[1].kill()
-    # Every request still succeeds: nginx retries the connection refused by the dead node.
+    # Every request still succeeds: the balancer retries the connection refused by the dead node.
     for i in range(12):
         r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"q{i}"}], max_tokens=2)
         assert r.usage.completion_tokens == 2

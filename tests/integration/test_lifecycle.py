@@ -1,0 +1,77 @@
+"""A node's lifecycle: ready only once joined with the registry, SIGTERM drains, a second one stops at once."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx2
+
+from chaos.processes import EngineProcess, NodeProcess
+
+from .conftest import ENGINE_ARGS, MODEL
+from .test_cluster_registry import node_args
+from .test_mesh_processes import eventually
+
+
+def readiness(node: NodeProcess) -> tuple[int, str]:
+    """(status, error message); (0, ...) when the node no longer accepts connections (also not ready)."""
+    try:
+        r = httpx2.get(node.url + "/readiness", timeout=5)
+    except httpx2.TransportError as e:
+        return 0, f"not ready: shutting down ({type(e).__name__})"
+    return r.status_code, (r.json().get("error", {}).get("message", "") if r.status_code != 200 else "")
+
+
+def test_ready_only_once_joined_and_the_registry_received(log_dir):
+    engine = EngineProcess(["--zero-cost"], log_dir, "life-engine")
+    # b has a healthy engine of its own, but its seed (a) is not up yet: not ready.
+    b = NodeProcess(node_args(41, "--worker-urls", engine.url, seed=40), log_dir, "life-b")
+    a = None
+    try:
+        eventually(lambda: b.alive and readiness(b)[1].startswith("not ready: not joined"), 15)
+        time.sleep(1)
+        assert readiness(b)[0] == 503
+        a = NodeProcess(node_args(40, seed=40), log_dir, "life-a")  # the seed: ready with what b brings
+        eventually(lambda: readiness(b)[0] == 200, 20)
+        eventually(lambda: readiness(a)[0] == 200, 20)  # a got b's engine through the registry
+    finally:
+        for n in (a, b):
+            if n is not None:
+                n.kill()
+        engine.kill()
+
+
+def test_sigterm_drains_and_a_second_sigterm_stops_at_once(log_dir):
+    engine = EngineProcess(ENGINE_ARGS, log_dir, "life-slow-engine")  # ~2 ms per token
+    node = NodeProcess(["--worker-urls", engine.url, "--shutdown-grace-period-secs", "60"], log_dir, "life-node")
+    try:
+        eventually(lambda: readiness(node)[0] == 200, 15)
+        answers: list[int] = []
+
+        def long_request() -> None:
+            try:
+                r = httpx2.post(node.url + "/v1/completions", timeout=60,
+                                json={"model": MODEL, "prompt": "go on", "max_tokens": 20000, "ignore_eos": True})
+                answers.append(r.status_code)
+            except httpx2.HTTPError:
+                answers.append(-1)
+
+        worker = threading.Thread(target=long_request)
+        worker.start()
+        time.sleep(1)  # the generation is running (it takes ~40 s)
+        node.signal(signal.SIGTERM)
+        eventually(lambda: readiness(node)[0] in (0, 503), 5)  # load balancers stop sending at once
+        assert "shutting down" in readiness(node)[1]
+        time.sleep(1)
+        assert node.alive  # still draining the in-flight request
+        node.signal(signal.SIGTERM)
+        started = time.monotonic()
+        node.process.wait(10)
+        assert time.monotonic() - started < 5  # the second signal does not wait for the drain
+        worker.join(10)
+        assert answers and answers[0] != 200  # cut short, not finished
+    finally:
+        node.kill()
+        engine.kill()

@@ -1,0 +1,207 @@
+"""deploy/ files that no container engine or init system runs here: parsed, schema-checked, and
+kept in step with the CLI (every smg-node command line in them goes through smg-node's own parser)."""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import pathlib
+import re
+import shlex
+import shutil
+import subprocess
+import tomllib
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from gateway.config import build_config
+from mesh.cli import build_parser
+from mesh.crypto import generate_key
+
+DEPLOY = pathlib.Path(__file__).resolve().parents[2] / "deploy"
+K8S_MODELS = {("v1", "ConfigMap"): "V1ConfigMap", ("v1", "Service"): "V1Service",
+              ("apps/v1", "StatefulSet"): "V1StatefulSet", ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget"}
+ENV = {"SMG_NODE_ENCRYPT": generate_key()}
+
+
+def parse_cli(argv: list[str]) -> argparse.Namespace:
+    try:
+        return build_parser().parse_args(argv)
+    except SystemExit:
+        raise AssertionError(f"smg-node does not accept: {shlex.join(argv)}") from None
+
+
+def serve_config(argv: list[str], config_text: str | None, tmp_path: pathlib.Path):
+    """The GatewayConfig a `smg-node serve` command line (and its --config file) would run with."""
+    if config_text is not None:
+        path = tmp_path / "smg-node.toml"
+        path.write_text(config_text)
+        argv = [path.as_posix() if i and argv[i - 1] == "--config" else a for i, a in enumerate(argv)]
+    args = parse_cli(argv)
+    assert args.command == "serve"
+    return build_config(args, ENV)
+
+
+# -- Kubernetes ------------------------------------------------------------
+
+def check_against_model(value, type_name: str, where: str) -> None:
+    """Every key known to the official client's model, every scalar of the declared type."""
+    if type_name.startswith("List["):
+        assert isinstance(value, list), f"{where}: expected a list"
+        for i, item in enumerate(value):
+            check_against_model(item, type_name[5:-1], f"{where}[{i}]")
+        return
+    if type_name.startswith("Dict["):
+        assert isinstance(value, dict), f"{where}: expected a mapping"
+        inner = type_name[5:-1].split(", ", 1)[1]
+        for k, v in value.items():
+            check_against_model(v, inner, f"{where}.{k}")
+        return
+    scalars = {"str": str, "int": int, "bool": bool, "float": (int, float)}
+    if type_name in scalars:
+        assert isinstance(value, scalars[type_name]) and not (type_name == "int" and isinstance(value, bool)), \
+            f"{where}: expected {type_name}, got {value!r}"
+        return
+    if type_name == "object":  # int-or-string and free-form fields
+        return
+    model = getattr(k8s, type_name)
+    assert isinstance(value, dict), f"{where}: expected an object ({type_name})"
+    by_json = {json_name: attr for attr, json_name in model.attribute_map.items()}
+    for key, item in value.items():
+        assert key in by_json, f"{where}: {type_name} has no field {key!r}"
+        check_against_model(item, model.openapi_types[by_json[key]], f"{where}.{key}")
+
+
+def k8s_objects() -> list[dict]:
+    return [d for d in yaml.safe_load_all((DEPLOY / "kubernetes" / "smg-node.yaml").read_text()) if d]
+
+
+def test_kubernetes_manifests_match_the_official_schema():
+    objects = k8s_objects()
+    assert {(o["apiVersion"], o["kind"]) for o in objects} == set(K8S_MODELS)
+    api = k8s.ApiClient()
+    for obj in objects:
+        model = K8S_MODELS[(obj["apiVersion"], obj["kind"])]
+        check_against_model(obj, model, f"{obj['kind']}/{obj['metadata']['name']}")
+        api._ApiClient__deserialize(obj, model)  # required fields: the models raise when one is missing
+
+
+def test_kubernetes_manifests_agree_with_each_other_and_with_the_cli(tmp_path):
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in k8s_objects()}
+    sts = objects[("StatefulSet", "smg-node")]
+    headless = objects[("Service", sts["spec"]["serviceName"])]
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+    pod = sts["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    for kind, name in objects:
+        selector = objects[(kind, name)].get("spec", {}).get("selector")
+        if selector is not None:
+            wanted = selector.get("matchLabels", selector)
+            assert wanted.items() <= labels.items(), f"{kind}/{name} selects no pod"
+    (container,) = pod["spec"]["containers"]
+    args = [re.sub(r"\$\((POD_IP)\)", "10.1.2.3", re.sub(r"\$\((POD_NAME)\)", "smg-node-0", a))
+            for a in container["args"]]
+    config_text = objects[("ConfigMap", "smg-node-config")]["data"]["smg-node.toml"]
+    config = serve_config(args, config_text, tmp_path)
+    # The join goes through the headless Service's DNS name, on the gossip port.
+    (seed,) = config.mesh.join
+    assert seed == f"dns:{headless['metadata']['name']}.default.svc.cluster.local:7946"
+    assert {p["port"] for p in headless["spec"]["ports"]} == {int(config.mesh.bind.rpartition(":")[2])}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["http"] == config.port and ports["metrics"] == config.prometheus_port
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/liveness"
+    assert pod["spec"]["terminationGracePeriodSeconds"] > config.shutdown_grace_period_s
+    env = {e["name"] for e in container["env"]}
+    assert "SMG_NODE_ENCRYPT" in env  # the gossip key comes from a Secret, never from the manifest
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "smg-node" and parse_cli(pre_stop[1:]).command == "leave"
+    assert config.mesh.rpc_addr == parse_cli(pre_stop[1:]).rpc_addr
+    assert config.limit_set().limits  # the example's global limit parses
+
+
+# -- compose ---------------------------------------------------------------
+
+def test_compose_file_structure_and_command_lines(tmp_path):
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
+    services = compose["services"]
+    nodes = {n: s for n, s in services.items() if s.get("command", [None])[0] == "serve"}
+    engines = {n: s for n, s in services.items() if s.get("command", [None])[0] == "sim-engine"}
+    assert len(nodes) == 3 and len(engines) == 2
+    names = set(services)
+    for name, service in {**nodes, **engines}.items():
+        assert service["image"] == "smg-node:0.1.0"
+        for dependency in service.get("depends_on", []):
+            assert dependency in names, f"{name} depends on a service that does not exist: {dependency}"
+    for name, engine in engines.items():
+        assert parse_cli(engine["command"]).command == "sim-engine"
+    registered = set()
+    for name, node in nodes.items():
+        config = serve_config(node["command"], None, tmp_path)
+        assert config.mesh.node_name == name and config.mesh.advertise == f"{name}:7946"
+        assert all(seed.partition(":")[0] in nodes for seed in config.mesh.join)
+        registered |= {url.removeprefix("grpc://").partition(":")[0] for url in config.worker_urls}
+        assert "/readiness" in " ".join(node["healthcheck"]["test"])
+        assert float(node["stop_grace_period"].rstrip("s")) > config.shutdown_grace_period_s
+        assert "SMG_NODE_ENCRYPT" in node["environment"]
+    assert registered == set(engines)  # every engine is used
+    nginx = (DEPLOY / "compose" / "nginx.conf").read_text()
+    upstreams = set(re.findall(r"server (\w+):30000", nginx))
+    assert upstreams == set(nodes)
+    assert "./nginx.conf:/etc/nginx/nginx.conf:ro" in services["nginx"]["volumes"]
+
+
+def test_dockerfile_installs_every_package_the_project_ships():
+    dockerfile = (DEPLOY / "compose" / "Dockerfile").read_text()
+    pyproject = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())
+    packages = {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+    copied = set(re.findall(r"^COPY (\w+) \1$", dockerfile, re.M))
+    assert copied == packages
+    assert re.search(r'^ENTRYPOINT \["smg-node"\]$', dockerfile, re.M)
+
+
+# -- systemd ---------------------------------------------------------------
+
+def test_systemd_unit_runs_a_valid_command_and_waits_for_the_drain(tmp_path):
+    unit = configparser.ConfigParser(interpolation=None, strict=False)
+    unit.optionxform = str  # systemd keys are case-sensitive
+    unit.read(DEPLOY / "systemd" / "smg-node.service")
+    assert set(unit.sections()) == {"Unit", "Service", "Install"}
+    service = unit["Service"]
+    argv = shlex.split(service["ExecStart"])
+    assert argv[0].endswith("/smg-node")
+    config = serve_config(argv[1:], (DEPLOY / "systemd" / "smg-node.toml").read_text(), tmp_path)
+    assert config.mesh.enabled and config.worker_urls
+    stop_s = float(service["TimeoutStopSec"])
+    assert service["KillSignal"] == "SIGTERM" and stop_s > config.shutdown_grace_period_s
+    assert unit["Install"]["WantedBy"] == "multi-user.target"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_analyze_verifies_the_unit():
+    result = subprocess.run(["systemd-analyze", "verify", str(DEPLOY / "systemd" / "smg-node.service")],
+                            capture_output=True, text=True)
+    # The binary and the user exist only on a real install; anything else is a real problem.
+    problems = [line for line in result.stderr.splitlines()
+                if line and "/opt/smg-node/bin/smg-node" not in line and "smg-node.service" in line]
+    assert not problems, result.stderr
+
+
+def test_the_schema_check_catches_misspelt_fields_wrong_types_and_missing_ones():
+    import copy
+    sts = next(o for o in k8s_objects() if o["kind"] == "StatefulSet")
+    misspelt = copy.deepcopy(sts)
+    container = misspelt["spec"]["template"]["spec"]["containers"][0]
+    container["readynessProbe"] = container.pop("readinessProbe")
+    with pytest.raises(AssertionError, match="V1Container has no field 'readynessProbe'"):
+        check_against_model(misspelt, "V1StatefulSet", "sts")
+    wrong_type = copy.deepcopy(sts)
+    wrong_type["spec"]["replicas"] = "3"
+    with pytest.raises(AssertionError, match="expected int"):
+        check_against_model(wrong_type, "V1StatefulSet", "sts")
+    missing = copy.deepcopy(sts)
+    del missing["spec"]["template"]["spec"]["containers"]
+    with pytest.raises(ValueError, match="containers"):
+        k8s.ApiClient()._ApiClient__deserialize(missing, "V1StatefulSet")
