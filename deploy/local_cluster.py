@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -63,51 +64,63 @@ class LocalCluster:
             self.nodes.append(NodeProcess(args, self.dir, f"node{i}"))
         self.balancer = self._start_balancer()
 
-    def _balancer_argv(self) -> list[str]:
-        prefix = self.dir / self.lb
-        prefix.mkdir(exist_ok=True)
-        listen = f"127.0.0.1:{self.port}"
-        addrs = [n.url.removeprefix("http://") for n in self.nodes]
-        if self.lb == "nginx":
-            servers = "\n".join(f"        server {a} max_fails=1 fail_timeout=5s;" for a in addrs)
-            conf = prefix / "nginx.conf"
-            conf.write_text(NGINX_TEMPLATE.read_text().format(listen=listen, upstream_servers=servers, prefix=prefix))
-            return ["nginx", "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"]
-        servers = "\n".join(f"    server node{i} {a}" for i, a in enumerate(addrs))
-        conf = prefix / "haproxy.cfg"
-        conf.write_text(HAPROXY_TEMPLATE.read_text().format(listen=listen, servers=servers, prefix=prefix))
-        check = subprocess.run(["haproxy", "-c", "-f", str(conf)], capture_output=True, text=True)
-        if check.returncode != 0:
-            raise RuntimeError(f"haproxy refused its config: {check.stdout}{check.stderr}")
-        return ["haproxy", "-db", "-f", str(conf)]  # -db: foreground
-
     def _start_balancer(self) -> subprocess.Popen:
-        process = subprocess.Popen(self._balancer_argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 10
-        import socket
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"{self.lb} exited: {process.stderr.read().decode()}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return process
-            time.sleep(0.05)  # neither prints anything when ready: wait for its port
-        process.kill()
-        raise RuntimeError(f"{self.lb} did not listen in time")
+        addrs = [n.url.removeprefix("http://") for n in self.nodes]
+        return start_balancer(self.lb, self.dir / self.lb, self.port, addrs)
 
     def stop(self) -> None:
-        if self.balancer is not None and self.balancer.poll() is None:
-            # nginx finishes what it serves on SIGQUIT; HAProxy stops at once on SIGTERM.
-            self.balancer.send_signal(signal.SIGQUIT if self.lb == "nginx" else signal.SIGTERM)
-            try:
-                self.balancer.wait(10)
-            except subprocess.TimeoutExpired:
-                self.balancer.kill()
+        if self.balancer is not None:
+            stop_balancer(self.lb, self.balancer)
         for n in self.nodes:
             n.stop()
         for e in self.engines:
             e.stop()
+
+
+def balancer_argv(lb: str, prefix: Path, port: int, node_addrs: "list[str]") -> list[str]:
+    """The command line of nginx or HAProxy in front of ``node_addrs`` (host:port), its config in ``prefix``."""
+    prefix.mkdir(parents=True, exist_ok=True)
+    listen = f"127.0.0.1:{port}"
+    if lb == "nginx":
+        servers = "\n".join(f"        server {a} max_fails=1 fail_timeout=5s;" for a in node_addrs)
+        conf = prefix / "nginx.conf"
+        conf.write_text(NGINX_TEMPLATE.read_text().format(listen=listen, upstream_servers=servers, prefix=prefix))
+        return ["nginx", "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"]
+    servers = "\n".join(f"    server node{i} {a}" for i, a in enumerate(node_addrs))
+    conf = prefix / "haproxy.cfg"
+    conf.write_text(HAPROXY_TEMPLATE.read_text().format(listen=listen, servers=servers, prefix=prefix))
+    check = subprocess.run(["haproxy", "-c", "-f", str(conf)], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise RuntimeError(f"haproxy refused its config: {check.stdout}{check.stderr}")
+    return ["haproxy", "-db", "-f", str(conf)]  # -db: foreground
+
+
+def start_balancer(lb: str, prefix: Path, port: int, node_addrs: "list[str]") -> subprocess.Popen:
+    """Start nginx or HAProxy and return once it listens on 127.0.0.1:``port``."""
+    if shutil.which(lb) is None:
+        raise RuntimeError(f"{lb} is not installed (Debian: apt-get install {lb})")
+    process = subprocess.Popen(balancer_argv(lb, prefix, port, node_addrs), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{lb} exited: {process.stderr.read().decode()}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return process
+        time.sleep(0.05)  # neither prints anything when ready: wait for its port
+    process.kill()
+    raise RuntimeError(f"{lb} did not listen in time")
+
+
+def stop_balancer(lb: str, process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        # nginx finishes what it serves on SIGQUIT; HAProxy stops at once on SIGTERM.
+        process.send_signal(signal.SIGQUIT if lb == "nginx" else signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ from gateway.api.http import answer_lifespan
 from .agent import JoinError, MeshAgent, StateHooks
 from .config import MeshConfig
 from .crypto import Keyring, KeyringError
+from .faults import maybe_faulty
 from .members import MemberSnapshot
 from .options import MeshOptions, default_node_name
 from .transport import UdpTcpTransport
@@ -199,6 +200,7 @@ async def serve_mesh(options: MeshOptions, extra_tags: "dict[str, str]", hooks: 
     if not keyring.enabled:
         log.warning("gossip is not encrypted: pass --encrypt KEY (smg-node keygen makes one)")
     name = name or options.node_name or default_node_name(transport.addr)
+    transport = maybe_faulty(transport, name)  # the chaos harness's network faults; inert otherwise
     tags = {**dict(options.tags), **extra_tags}
     agent = MeshAgent(config, name, transport, keyring, tags, hooks)
     if on_agent is not None:

@@ -1,0 +1,38 @@
+"""Requests lost: only requests in flight on a process that was killed, stopped or restarted may
+fail, and they must fail fast; no request may hang. Network faults between nodes excuse nothing:
+clients never see the nodes' own network."""
+
+from __future__ import annotations
+
+from . import CheckResult
+
+NAME = "requests lost"
+FAIL_FAST_S = 5.0  # a request cut by a process fault fails within this after the fault
+IN_FLIGHT_SLACK_S = 0.5  # clocks of the harness threads: a request ending just before a fault counts
+
+
+def check(run) -> CheckResult:
+    faults = [e.t for e in run.events if e.kind == "process"]
+    hang_bound_s = 10.0 + run.plan.pause_s
+    unexcused, slow_failures, hangs = [], [], []
+    for r in run.records:
+        if r.duration_s > hang_bound_s:
+            hangs.append(r)
+        if r.outcome != "error":
+            continue
+        struck = [t for t in faults if r.start - IN_FLIGHT_SLACK_S <= t <= r.end + IN_FLIGHT_SLACK_S]
+        if not struck:
+            unexcused.append(r)
+        elif min(r.end - t for t in struck) > FAIL_FAST_S + run.plan.pause_s:
+            slow_failures.append(r)
+    errors = sum(1 for r in run.records if r.outcome == "error")
+    passed = not unexcused and not slow_failures and not hangs
+    summary = (f"{len(run.records)} requests, {errors} failed (all in flight on a faulted process, failing within "
+               f"{FAIL_FAST_S + run.plan.pause_s:.0f} s); none over {hang_bound_s:.0f} s" if passed else
+               f"{len(unexcused)} failures no process fault explains, {len(slow_failures)} slow failures, "
+               f"{len(hangs)} requests over {hang_bound_s:.0f} s")
+    sample = [dict(kind=r.kind, start_s=round(r.start - run.t0, 2), duration_s=round(r.duration_s, 2), error=r.error)
+              for r in (unexcused + slow_failures + hangs)[:20]]
+    return CheckResult(NAME, passed, summary, {"failed": errors, "unexcused": len(unexcused),
+                                               "slow_failures": len(slow_failures), "hangs": len(hangs),
+                                               "examples": sample})

@@ -1,0 +1,192 @@
+"""The supervisor: real smg-node processes, simulated engines and a load balancer on 127.0.0.1.
+
+Every node has fixed ports (HTTP, gossip, admin) so that a restarted node comes
+back with the same name and address, and the load balancer's config stays
+valid. Process faults are signals: SIGKILL, SIGSTOP/SIGCONT, restart. Network
+faults are rules files, one per node, read by the node's mesh transport
+(``mesh/faults.py``): the supervisor writes both sides of every cut link.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+from chaos.processes import EngineProcess, NodeProcess
+from deploy.local_cluster import start_balancer, stop_balancer
+from mesh.crypto import generate_key
+from mesh.faults import FAULTS_ENV, SEED_ENV
+
+LIMITS_TOML = """
+failure_policy = "proportional"
+
+[[limits]]
+name = "per-key"
+scope = "api_key"
+limit = {per_key_limit}
+burst = {per_key_burst}
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    nodes: int = 5
+    engines: int = 2
+    seed: int = 42
+    base_port: int = 52000  # node i: HTTP base+i, gossip base+100+i, admin base+200+i; LB base+300
+    lb: str = "nginx"
+    per_key_limit: float = 20.0  # requests per second per API key, cluster-wide
+    per_key_burst: float = 5.0
+    # Engines: a few milliseconds per token, so requests are in flight when faults strike.
+    engine_args: tuple[str, ...] = ("--itl-base-s", "0.002", "--itl-per-running-s", "0", "--eos-after-tokens", "64",
+                                    "--block-size", "16")
+
+
+class ChaosCluster:
+    def __init__(self, spec: ClusterSpec, run_dir: Path) -> None:
+        self.spec = spec
+        self.dir = run_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.key = generate_key()
+        self.engines: list[EngineProcess | None] = []
+        self.engine_ports: list[int] = []
+        self.nodes: list[NodeProcess | None] = [None] * spec.nodes
+        self.paused: set[int] = set()
+        self.balancer: subprocess.Popen | None = None
+        self.limits_file = self.dir / "limits.toml"
+        self.limits_file.write_text(LIMITS_TOML.format(per_key_limit=spec.per_key_limit,
+                                                       per_key_burst=spec.per_key_burst))
+        self._cut: set[frozenset[int]] = set()
+        self._loss = 0.0
+        self.restarts = 0
+
+    # -- addresses --------------------------------------------------------
+
+    def name(self, i: int) -> str:
+        return f"node{i}"
+
+    def http_port(self, i: int) -> int:
+        return self.spec.base_port + i
+
+    def gossip_addr(self, i: int) -> str:
+        return f"127.0.0.1:{self.spec.base_port + 100 + i}"
+
+    def admin_addr(self, i: int) -> str:
+        return f"127.0.0.1:{self.spec.base_port + 200 + i}"
+
+    def node_url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.http_port(i)}"
+
+    @property
+    def lb_url(self) -> str:
+        return f"http://127.0.0.1:{self.spec.base_port + 300}"
+
+    def rules_path(self, i: int) -> Path:
+        return self.dir / f"faults-node{i}.json"
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def start(self) -> None:
+        try:
+            for j in range(self.spec.engines):
+                self.engines.append(EngineProcess(list(self.spec.engine_args), self.dir, f"engine{j}"))
+                self.engine_ports.append(int(self.engines[j].url.rpartition(":")[2]))
+            self._write_rules()
+            for i in range(self.spec.nodes):
+                self.start_node(i)
+            addrs = [f"127.0.0.1:{self.http_port(i)}" for i in range(self.spec.nodes)]
+            self.balancer = start_balancer(self.spec.lb, self.dir / self.spec.lb, self.spec.base_port + 300, addrs)
+        except BaseException:
+            self.stop()
+            raise
+
+    def start_node(self, i: int) -> None:
+        args = ["--port", str(self.http_port(i)), "--node-name", self.name(i), "--mesh-bind", self.gossip_addr(i),
+                "--join", self.gossip_addr(0), self.gossip_addr(1 % self.spec.nodes), "--encrypt", self.key,
+                "--mesh-preset", "local", "--rpc-addr", self.admin_addr(i), "--retry-join-interval-secs", "0.5",
+                "--rate-limits", str(self.limits_file), "--health-check-interval-secs", "0.5",
+                "--health-failure-threshold", "2", "--log-level", "warning", "--shutdown-grace-period-secs", "10"]
+        if i == 0:  # engines are registered on one node; the others get them through the mesh
+            args += ["--worker-urls", *[f"grpc://127.0.0.1:{p}" for p in self.engine_ports]]
+        env = {FAULTS_ENV: str(self.rules_path(i)), SEED_ENV: str(self.spec.seed)}
+        self.nodes[i] = NodeProcess(args, self.dir, f"{self.name(i)}", env=env)
+
+    def stop(self) -> None:
+        for i in list(self.paused):
+            self.resume(i)
+        if self.balancer is not None:
+            stop_balancer(self.spec.lb, self.balancer)
+        for node in self.nodes:
+            if node is not None:
+                node.kill()
+        for engine in self.engines:
+            if engine is not None:
+                engine.kill()
+
+    # -- process faults -----------------------------------------------------
+
+    def kill(self, i: int) -> None:
+        node = self.nodes[i]
+        if node is not None:
+            node.kill()
+
+    def pause(self, i: int) -> None:
+        node = self.nodes[i]
+        if node is not None and node.alive:
+            node.signal(signal.SIGSTOP)
+            self.paused.add(i)
+
+    def resume(self, i: int) -> None:
+        node = self.nodes[i]
+        if node is not None and i in self.paused:
+            node.signal(signal.SIGCONT)
+            self.paused.discard(i)
+
+    def restart(self, i: int, graceful: bool = True) -> None:
+        node = self.nodes[i]
+        if node is not None:
+            if graceful:
+                node.stop(15)
+            else:
+                node.kill()
+        self.restarts += 1
+        self.start_node(i)
+
+    def restart_engine(self, j: int) -> None:
+        engine = self.engines[j]
+        if engine is not None:
+            engine.kill()
+        args = [*self.spec.engine_args, "--port", str(self.engine_ports[j])]
+        self.engines[j] = EngineProcess(args, self.dir, f"engine{j}")
+
+    def running(self) -> list[int]:
+        return [i for i, n in enumerate(self.nodes) if n is not None and n.alive]
+
+    # -- network faults -----------------------------------------------------
+
+    def partition(self, *groups: "list[int]") -> None:
+        for a, group in enumerate(groups):
+            for other in groups[a + 1:]:
+                self._cut |= {frozenset((x, y)) for x in group for y in other}
+        self._write_rules()
+
+    def set_loss(self, drop: float) -> None:
+        self._loss = drop
+        self._write_rules()
+
+    def heal(self) -> None:
+        self._cut.clear()
+        self._loss = 0.0
+        self._write_rules()
+
+    def _write_rules(self) -> None:
+        for i in range(self.spec.nodes):
+            peers = {self.gossip_addr(j): {"drop": 1.0} for j in range(self.spec.nodes)
+                     if frozenset((i, j)) in self._cut}
+            rules = {"default": {"drop": self._loss}, "peers": peers}
+            tmp = self.rules_path(i).with_suffix(".tmp")
+            tmp.write_text(json.dumps(rules))
+            tmp.replace(self.rules_path(i))  # atomic: a node never reads half a file

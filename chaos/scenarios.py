@@ -1,0 +1,126 @@
+"""The named scenarios: when each fault strikes and when it heals, seeded and replayable.
+
+A scenario turns (cluster, seeded rng, duration) into timed ``Event``s. Faults
+start a quarter into the run and heal by about 60 % of it, so the rest of the
+run shows the cluster converging under load. ``kind`` tells the checkers what a
+fault may excuse: ``process`` faults (kill, pause, restart) may fail requests
+that were in flight on that process; ``network`` faults between nodes may not
+fail any request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable
+
+from gateway.ratelimit.limits import Identity
+from mesh.ring import HashRing
+
+from .cluster import ChaosCluster
+
+HOT_API_KEY = "chaos-hot"  # the workload's rate-limited key
+
+
+@dataclasses.dataclass
+class Event:
+    at_s: float
+    label: str
+    kind: str  # process, network, heal
+    action: Callable[[], None]
+    nodes: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass
+class Plan:
+    events: list[Event]
+    heal_at_s: float  # everything is back by then (the membership checker starts here)
+    faults: int  # how many faults strike the rate limiter's owners (for its overshoot bound)
+    pause_s: float = 0.0  # the longest a process is stopped (requests on it wait that long)
+
+
+def hot_key_owner(cluster: ChaosCluster) -> int:
+    names = [cluster.name(i) for i in range(cluster.spec.nodes)]
+    key = f"per-key:{Identity.hash_api_key('Bearer ' + HOT_API_KEY)}"
+    return names.index(HashRing.build(names).owner(key))
+
+
+def kill_one(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
+    victim = rng.randrange(cluster.spec.nodes)
+    start, back = 0.25 * duration_s, 0.55 * duration_s
+    return Plan([Event(start, f"SIGKILL {cluster.name(victim)}", "process", lambda: cluster.kill(victim), (victim,)),
+                 Event(back, f"restart {cluster.name(victim)}", "heal",
+                       lambda: cluster.restart(victim, graceful=False), (victim,))], back, 1)
+
+
+def kill_owner(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
+    owner = hot_key_owner(cluster)
+    start, back = 0.25 * duration_s, 0.55 * duration_s
+    return Plan([Event(start, f"SIGKILL {cluster.name(owner)} (owns the hot rate-limit key)", "process",
+                       lambda: cluster.kill(owner), (owner,)),
+                 Event(back, f"restart {cluster.name(owner)}", "heal",
+                       lambda: cluster.restart(owner, graceful=False), (owner,))], back, 1)
+
+
+def pause_one(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
+    victim = rng.randrange(cluster.spec.nodes)
+    start = 0.25 * duration_s
+    return Plan([Event(start, f"SIGSTOP {cluster.name(victim)}", "process", lambda: cluster.pause(victim), (victim,)),
+                 Event(start + 10, f"SIGCONT {cluster.name(victim)}", "heal", lambda: cluster.resume(victim),
+                       (victim,))], start + 10, 1, pause_s=10.0)
+
+
+def partition_halves(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
+    order = list(range(cluster.spec.nodes))
+    rng.shuffle(order)
+    half = len(order) // 2
+    a, b = sorted(order[:half]), sorted(order[half:])
+    start, heal = 0.25 * duration_s, 0.55 * duration_s
+    label = f"partition {[cluster.name(i) for i in a]} | {[cluster.name(i) for i in b]}"
+    return Plan([Event(start, label, "network", lambda: cluster.partition(a, b), tuple(order)),
+                 Event(heal, "heal the partition", "heal", cluster.heal)], heal, 1)
+
+
+def isolate_one(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
+    victim = rng.randrange(cluster.spec.nodes)
+    rest = [i for i in range(cluster.spec.nodes) if i != victim]
+    start, heal = 0.25 * duration_s, 0.55 * duration_s
+    return Plan([Event(start, f"isolate {cluster.name(victim)}", "network", lambda: cluster.partition([victim], rest),
+                       (victim,)),
+                 Event(heal, "heal the partition", "heal", cluster.heal)], heal, 1)
+
+
+def lossy_network(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
+    start, heal = 0.25 * duration_s, 0.6 * duration_s
+    return Plan([Event(start, "10% packet loss between all nodes", "network", lambda: cluster.set_loss(0.10)),
+                 Event(heal, "loss back to 0", "heal", cluster.heal)], heal, 1)
+
+
+def rolling_restart(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
+    n = cluster.spec.nodes
+    first, last = 0.15 * duration_s, 0.6 * duration_s
+    step = (last - first) / max(1, n - 1)
+    events = [Event(first + k * step, f"restart {cluster.name(i)} (SIGTERM, drain, start)", "process",
+                    lambda i=i: cluster.restart(i, graceful=True), (i,)) for k, i in enumerate(range(n))]
+    return Plan(events, last + 5, n)
+
+
+def restart_engines(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
+    m = cluster.spec.engines
+    first, last = 0.25 * duration_s, 0.55 * duration_s
+    step = (last - first) / max(1, m - 1)
+    events = [Event(first + k * step, f"restart engine{j}", "process", lambda j=j: cluster.restart_engine(j))
+              for k, j in enumerate(range(m))]
+    return Plan(events, last + 2, 0)
+
+
+SCENARIOS: dict[str, tuple[Callable[[ChaosCluster, random.Random, float], Plan], str]] = {
+    "kill-one": (kill_one, "SIGKILL one node under load, restart it later"),
+    "kill-owner": (kill_owner, "SIGKILL the owner of the hot rate-limit key, restart it later"),
+    "pause-one": (pause_one, "SIGSTOP one node for 10 s, then SIGCONT"),
+    "partition-halves": (partition_halves, "split the nodes in two halves, then heal"),
+    "isolate-one": (isolate_one, "cut one node off from the others, then heal"),
+    "lossy-network": (lossy_network, "10% packet loss between nodes, then none"),
+    "rolling-restart": (rolling_restart, "restart every node in turn (SIGTERM, drain, start)"),
+    "restart-engines": (restart_engines, "restart every engine in turn"),
+}

@@ -1,0 +1,112 @@
+"""The workload: OpenAI SDK clients through the load balancer, recording every request's fate.
+
+Threads, each with its own seeded RNG and API key, send chat requests in a
+closed loop: non-streaming, streaming, and three-turn conversations (each turn
+carries the whole conversation so far, as chat clients do). One key, the hot
+key, is sent by several threads at once, above its per-key limit, so rate
+limiting works throughout the run; the others stay under theirs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import threading
+import time
+
+import openai
+
+from .scenarios import HOT_API_KEY
+
+MODEL = "qwen3-sim"
+REQUEST_TIMEOUT_S = 60.0
+
+
+@dataclasses.dataclass
+class RequestRecord:
+    kind: str  # chat, stream, turn
+    api_key: str
+    start: float  # time.monotonic()
+    end: float
+    outcome: str  # ok, rate_limited, error
+    error: str = ""
+
+    @property
+    def duration_s(self) -> float:
+        return self.end - self.start
+
+
+class Workload:
+    def __init__(self, base_url: str, seed: int, hot_threads: int = 3, other_threads: int = 4) -> None:
+        self.base_url = base_url
+        self.seed = seed
+        self.records: list[RequestRecord] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        keys = [HOT_API_KEY] * hot_threads + [f"chaos-user-{i}" for i in range(other_threads)]
+        self._threads = [threading.Thread(target=self._loop, args=(i, key), daemon=True, name=f"workload-{i}")
+                         for i, key in enumerate(keys)]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(REQUEST_TIMEOUT_S + 5)
+
+    def snapshot(self) -> list[RequestRecord]:
+        with self._lock:
+            return list(self.records)
+
+    def _record(self, record: RequestRecord) -> None:
+        with self._lock:
+            self.records.append(record)
+
+    def _loop(self, index: int, api_key: str) -> None:
+        rng = random.Random(self.seed * 1000 + index)
+        client = openai.OpenAI(base_url=self.base_url + "/v1", api_key=api_key, max_retries=0,
+                               timeout=REQUEST_TIMEOUT_S)
+        hot = api_key == HOT_API_KEY
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            roll = rng.random()
+            topic = f"thread {index} request {n} about {rng.choice(['rivers', 'engines', 'maps', 'tea'])}"
+            if roll < 0.5:
+                self._one(client, api_key, "chat", [{"role": "user", "content": topic}], stream=False)
+            elif roll < 0.8:
+                self._one(client, api_key, "stream", [{"role": "user", "content": topic}], stream=True)
+            else:
+                messages = [{"role": "system", "content": "You are a terse assistant shared by every thread."}]
+                for turn in range(3):
+                    messages.append({"role": "user", "content": f"{topic}, turn {turn}"})
+                    answer = self._one(client, api_key, "turn", messages, stream=False)
+                    if answer is None:
+                        break
+                    messages.append({"role": "assistant", "content": answer})
+            if not hot:
+                self._stop.wait(0.05 + 0.1 * rng.random())
+
+    def _one(self, client: openai.OpenAI, api_key: str, kind: str, messages: list, stream: bool) -> str | None:
+        start = time.monotonic()
+        try:
+            if stream:
+                parts = []
+                for chunk in client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16,
+                                                            stream=True):
+                    if chunk.choices:
+                        parts.append(chunk.choices[0].delta.content or "")
+                text = "".join(parts)
+            else:
+                text = client.chat.completions.create(model=MODEL, messages=messages,
+                                                      max_tokens=16).choices[0].message.content
+            self._record(RequestRecord(kind, api_key, start, time.monotonic(), "ok"))
+            return text
+        except openai.RateLimitError:
+            self._record(RequestRecord(kind, api_key, start, time.monotonic(), "rate_limited"))
+        except openai.APIError as e:
+            self._record(RequestRecord(kind, api_key, start, time.monotonic(), "error",
+                                       f"{type(e).__name__}: {str(e)[:200]}"))
+        return None
