@@ -31,7 +31,7 @@ def main(argv: "list[str] | None" = None) -> int:
     run.add_argument("--duration", type=float, default=60.0, help="seconds of load")
     run.add_argument("--lb", choices=("nginx", "haproxy"), default="nginx")
     run.add_argument("--out", type=Path, default=DEFAULT_OUT, help="reports go to OUT/SCENARIO/")
-    run.add_argument("--base-port", type=int, default=52000)
+    run.add_argument("--base-port", type=int, default=21000, help="fixed ports from here (below 32768)")
     args = parser.parse_args(argv)
     if args.command == "list":
         for name, (_, text) in SCENARIOS.items():

@@ -10,6 +10,7 @@ faults are rules files, one per node, read by the node's mesh transport
 from __future__ import annotations
 
 import dataclasses
+import os
 import json
 import signal
 import subprocess
@@ -36,7 +37,9 @@ class ClusterSpec:
     nodes: int = 5
     engines: int = 2
     seed: int = 42
-    base_port: int = 52000  # node i: HTTP base+i, gossip base+100+i, admin base+200+i; LB base+300
+    # node i: HTTP base+i, gossip base+100+i, admin base+200+i; LB base+300. Below 32768: the kernel
+    # hands out ports above it to outgoing connections, which could take a fixed port first.
+    base_port: int = 21000
     lb: str = "nginx"
     per_key_limit: float = 20.0  # requests per second per API key, cluster-wide
     per_key_burst: float = 5.0
@@ -48,7 +51,7 @@ class ClusterSpec:
 class ChaosCluster:
     def __init__(self, spec: ClusterSpec, run_dir: Path) -> None:
         self.spec = spec
-        self.dir = run_dir
+        self.dir = run_dir.resolve()  # nginx -p wants absolute paths
         self.dir.mkdir(parents=True, exist_ok=True)
         self.key = generate_key()
         self.engines: list[EngineProcess | None] = []
@@ -108,7 +111,8 @@ class ChaosCluster:
                 "--join", self.gossip_addr(0), self.gossip_addr(1 % self.spec.nodes), "--encrypt", self.key,
                 "--mesh-preset", "local", "--rpc-addr", self.admin_addr(i), "--retry-join-interval-secs", "0.5",
                 "--rate-limits", str(self.limits_file), "--health-check-interval-secs", "0.5",
-                "--health-failure-threshold", "2", "--log-level", "warning", "--shutdown-grace-period-secs", "10"]
+                "--health-failure-threshold", "2", "--log-level", os.environ.get("SMG_CHAOS_NODE_LOG_LEVEL", "warning"),
+                "--shutdown-grace-period-secs", "10"]
         if i == 0:  # engines are registered on one node; the others get them through the mesh
             args += ["--worker-urls", *[f"grpc://127.0.0.1:{p}" for p in self.engine_ports]]
         env = {FAULTS_ENV: str(self.rules_path(i)), SEED_ENV: str(self.spec.seed)}

@@ -114,7 +114,7 @@ def _final_snapshots(cluster: ChaosCluster, run: RunData) -> None:
 
 
 def run_scenario(name: str, nodes: int, seed: int, duration_s: float, out_dir: Path, lb: str = "nginx",
-                 base_port: int = 52000, progress: Callable[[str], None] = print) -> RunData:
+                 base_port: int = 21000, progress: Callable[[str], None] = print) -> RunData:
     scenario, _ = SCENARIOS[name]
     spec = ClusterSpec(nodes=nodes, seed=seed, lb=lb, base_port=base_port)
     cluster = ChaosCluster(spec, out_dir / "logs")

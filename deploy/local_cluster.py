@@ -32,7 +32,7 @@ LOAD_BALANCERS = ("nginx", "haproxy")
 
 
 class LocalCluster:
-    def __init__(self, nodes: int, engines: int, port: int, mesh_base_port: int = 47946,
+    def __init__(self, nodes: int, engines: int, port: int, mesh_base_port: int = 17946,
                  log_dir: Path | None = None, engine_args: "list[str] | None" = None, lb: str = "nginx") -> None:
         if lb not in LOAD_BALANCERS:
             raise ValueError(f"lb must be one of {', '.join(LOAD_BALANCERS)}")

@@ -58,6 +58,7 @@ async def follow_kv_events(worker: Any, index: KvIndex, on_applied: Callable[...
     while True:
         start = index.next_sequence(worker.id)
         first = True
+        log.info("following the KV events of %s from %d", worker.id, start)
         try:
             async with worker.client.subscribe_kv_events(start) as stream:
                 async for batches in stream:

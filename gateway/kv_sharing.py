@@ -147,6 +147,9 @@ class KvSharing:
             log.debug("dropped a malformed KV item from %s: %s", sender, e)
             return
         self.received += 1
+        if snapshot and outcome is BatchOutcome.APPLIED:
+            log.info("KV snapshot of %s at %d from %s applied (%d blocks now)", engine_id, sequence, sender,
+                     self.index.block_count(engine_id))
         if outcome is BatchOutcome.GAP:
             self._ask_replay(engine_id, sender)  # no-op while a replay from that sender is running
 

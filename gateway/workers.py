@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.workers")
 
+# A worker missing from the cluster document (no tombstone) is drained only after this long.
+ABSENT_WORKER_GRACE_S = 30.0
+
 
 @dataclasses.dataclass(frozen=True)
 class HealthConfig:
@@ -198,6 +201,7 @@ class WorkerRegistry:
             out["kv_index"] = {"blocks": self.kv_index.block_count(worker.id),
                                "next_sequence": self.kv_index.next_sequence(worker.id),
                                "fingerprint": self.kv_index.fingerprint(worker.id),
+                               "orphans": self.kv_index.orphans(worker.id),
                                "following": worker.kv_following}
         return out
 
@@ -281,10 +285,14 @@ class WorkerRegistry:
         for scope in (worker.cancel_scope, worker.kv_scope):
             if scope is not None:
                 scope.cancel()
+        replaced = self._workers.get(worker.id) not in (None, worker)
+        if replaced:
+            # Registered again while it drained: the new one owns the id, its KV index and its channel.
+            log.info("worker %s drained; it was registered again meanwhile", worker.id)
+            return
         if self.kv_index is not None:
             self.kv_index.remove_engine(worker.id)
-        if self._workers.get(worker.id) is worker:
-            del self._workers[worker.id]
+        self._workers.pop(worker.id, None)
         for callback in self.on_removed:
             callback(worker.id)
         if worker.kind == "grpc":
@@ -317,6 +325,7 @@ class WorkerRegistry:
     async def reconcile_with_cluster(self) -> None:
         """Follow the cluster's worker document: add what it lists, drain what it removed."""
         cluster = self.cluster
+        absent_since: dict[str, float] = {}
         while True:
             changed = cluster.changed
             listed = cluster.doc.workers()
@@ -329,8 +338,23 @@ class WorkerRegistry:
                             await callback(self._workers[wid])
                     except WorkerError as e:
                         log.warning("cluster worker %s not usable from here yet: %s", spec.get("url"), e)
+            now = trio.current_time()
             for wid, worker in list(self._workers.items()):
-                if wid not in listed and not worker.draining:
+                if wid in listed or worker.draining:
+                    absent_since.pop(wid, None)
+                    continue
+                # Drained on a removal someone wrote (a tombstone), or after a long absence: an entry
+                # can be missing for a moment while documents merge (seen after a node restarts
+                # under its old name), and draining for that would reset the worker everywhere.
+                # (pycrdt applies an overwrite's deletion at once but holds the new value back until the
+                # updates it depends on arrive.)
+                entry = cluster.doc.get("workers", wid)
+                if wid not in absent_since and not (entry is not None and entry.get("removed")):
+                    log.info("worker %s is missing from the cluster document: kept for up to %.0f s", wid,
+                             ABSENT_WORKER_GRACE_S)
+                first_missed = absent_since.setdefault(wid, now)
+                if (entry is not None and entry.get("removed")) or now - first_missed >= ABSENT_WORKER_GRACE_S:
+                    absent_since.pop(wid, None)
                     log.info("worker %s was removed on another node: draining it here", wid)
                     await self.remove(wid, replicate=False)
             with trio.move_on_after(self.health_config.interval_s):  # also retry workers that failed

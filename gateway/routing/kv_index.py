@@ -124,6 +124,11 @@ class KvIndex:
             self._lru.move_to_end((engine_id, h))
         return n
 
+    def orphans(self, engine_id: str) -> int:
+        """Stored blocks dropped because their parent was unknown here (a sign of a missed batch)."""
+        engine = self._engines.get(engine_id)
+        return engine.orphans if engine is not None else 0
+
     def fingerprint(self, engine_id: str) -> int:
         """A hash of the engine's block set: equal on two nodes iff their views agree."""
         engine = self._engines.get(engine_id)

@@ -38,8 +38,8 @@ from mesh.config import MeshConfig  # noqa: E402
 from mesh.crypto import Keyring, generate_key  # noqa: E402
 from mesh.transport import UdpTcpTransport  # noqa: E402
 
-OWNER_PORT = 38946
-DRIVER_PORT = 38947
+OWNER_PORT = 18946
+DRIVER_PORT = 18947
 LIMITS = {"limits": [{"name": "per-key", "scope": "api_key", "limit": 1e9, "burst": 1e9}]}
 
 
@@ -94,7 +94,7 @@ async def main(args: argparse.Namespace) -> None:
     limits_file = Path(tempfile.mkdtemp()) / "limits.toml"
     limits_file.write_text('[[limits]]\nname = "per-key"\nscope = "api_key"\nlimit = 1e9\nburst = 1e9\n')
     owner = NodeProcess(["--mesh-bind", f"127.0.0.1:{OWNER_PORT}", "--node-name", "owner", "--encrypt", key,
-                         "--mesh-preset", "local", "--rpc-addr", "127.0.0.1:38980", "--rate-limits", str(limits_file),
+                         "--mesh-preset", "local", "--rpc-addr", "127.0.0.1:18980", "--rate-limits", str(limits_file),
                          "--log-level", "warning"], default_log_dir(), "bench-owner")
     try:
         cluster = ClusterState("driver")

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx not
 def test_isolate_one_scenario_passes_every_check(tmp_path):
     # isolate-one: a network fault (one node cut off, then healed) under load, through nginx.
     result = subprocess.run([sys.executable, "-m", "chaos", "run", "isolate-one", "--nodes", "3", "--duration", "20",
-                             "--seed", "7", "--out", str(tmp_path), "--base-port", "56000"],
+                             "--seed", "7", "--out", str(tmp_path), "--base-port", "25000"],
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     report = json.loads((tmp_path / "isolate-one" / "report.json").read_text())
