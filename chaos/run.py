@@ -85,8 +85,9 @@ def _kv_views(cluster: ChaosCluster, client: httpx2.Client) -> dict[int, dict[st
     views = {}
     for i in cluster.running():
         workers = client.get(cluster.node_url(i) + "/workers").json()["workers"]
-        views[i] = {w["id"]: [w["kv_index"]["next_sequence"], w["kv_index"]["blocks"], w["kv_index"]["fingerprint"]]
-                    for w in workers if "kv_index" in w}
+        # next sequence, blocks, fingerprint, and orphans (stores dropped for an unknown parent: a diagnosis)
+        views[i] = {w["id"]: [w["kv_index"]["next_sequence"], w["kv_index"]["blocks"], w["kv_index"]["fingerprint"],
+                              w["kv_index"].get("orphans", 0)] for w in workers if "kv_index" in w}
     return views
 
 
@@ -98,7 +99,7 @@ def _final_snapshots(cluster: ChaosCluster, run: RunData) -> None:
                 views = _kv_views(cluster, client)
             except (httpx2.HTTPError, ValueError, KeyError):
                 views = {}
-            settled = views and len({repr(sorted(v.items())) for v in views.values()}) == 1
+            settled = views and len({repr(sorted((e, x[:3]) for e, x in v.items())) for v in views.values()}) == 1
             if settled or time.monotonic() - started > KV_SETTLE_TIMEOUT_S:
                 break
             time.sleep(0.5)

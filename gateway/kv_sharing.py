@@ -142,6 +142,12 @@ class KvSharing:
             engine_id, sequence, snapshot, block_size, ops = item
             if not isinstance(engine_id, str) or not isinstance(sequence, int) or not isinstance(ops, list):
                 raise TypeError("bad item shape")
+            if not snapshot and self.index.next_sequence(engine_id) == 0:
+                # We know nothing of this engine yet (a node that just started or restarted): a batch
+                # would only add to nothing, and the index would stay a fragment for good. Start from
+                # the sender's whole view instead.
+                self._ask_replay(engine_id, sender)
+                return
             outcome = self.index.apply_ops(engine_id, sequence, ops, bool(snapshot), int(block_size))
         except (ValueError, TypeError, IndexError) as e:
             log.debug("dropped a malformed KV item from %s: %s", sender, e)

@@ -10,7 +10,8 @@ NAME = "KV index equal"
 
 def check(run) -> CheckResult:
     views = {run.node_names[i]: kv for i, kv in run.final_kv.items()}
-    distinct = {repr(sorted(kv.items())) for kv in views.values()}
+    # Equal means the same sequence, blocks and fingerprint (the orphan count is each node's own history).
+    distinct = {repr(sorted((e, v[:3]) for e, v in kv.items())) for kv in views.values()}
     engines = {e for kv in views.values() for e in kv}
     passed = len(distinct) == 1 and len(engines) == run.engines
     summary = (f"{len(views)} nodes hold the same index of {len(engines)} engines "

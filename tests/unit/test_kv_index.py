@@ -134,5 +134,13 @@ async def test_kv_sharing_drops_malformed_peer_items():
         answer = msgpack.unpackb(await sharing.on_request(message))
         assert answer[0] in ("ok", "unknown")
     assert index.block_count() == 0
+    # A node that knows nothing of an engine does not start from a batch (it would hold a fragment
+    # forever): it waits for a whole view (a snapshot item, what a replay answers), then batches in order.
     ok = msgpack.unpackb(await sharing.on_request(["kv_batches", "peer", [["e", 1, False, 2, [[0, [[5, 9]]]]]]]))
-    assert ok == ["ok"] and index.block_count("e") == 1 and index.block_size("e") == 2
+    assert ok == ["ok"] and index.next_sequence("e") == 0 and index.block_count("e") == 0
+    snapshot = ["e", 1, True, 2, [[2], [0, [[5, 9], [6, 10]]]]]
+    assert msgpack.unpackb(await sharing.on_request(["kv_batches", "peer", [snapshot]])) == ["ok"]
+    assert index.next_sequence("e") == 2 and index.block_count("e") == 2 and index.block_size("e") == 2
+    batch = ["e", 2, False, 2, [[0, [[7, 11]]]]]
+    assert msgpack.unpackb(await sharing.on_request(["kv_batches", "peer", [batch]])) == ["ok"]
+    assert index.next_sequence("e") == 3 and index.block_count("e") == 3
