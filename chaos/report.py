@@ -27,8 +27,31 @@ def _outcomes(run: RunData) -> dict[str, int]:
     return {o: sum(1 for r in run.records if r.outcome == o) for o in ("ok", "rate_limited", "error")}
 
 
+def compact(report: dict[str, Any]) -> dict[str, Any]:
+    """Keep the JSON small enough to live in the repository: requests as per-second counts plus every
+    failure in full, and each view sample as (t, node, members alive, ready, members not alive)."""
+    detail = report.pop("requests_detail", None)
+    if detail is not None:
+        seconds = int(max((r["start_s"] + r["duration_s"] for r in detail), default=0)) + 1
+        series = {o: [0] * seconds for o in ("ok", "rate_limited", "error")}
+        for r in detail:
+            k = int(r["start_s"] + r["duration_s"])
+            if 0 <= k < seconds:
+                series[r["outcome"]][k] += 1
+        report["requests_per_second"] = series
+        report["failures"] = [r for r in detail if r["outcome"] == "error"]
+    views = report.get("views")
+    if views and isinstance(views[0], dict):
+        report["views"] = [[v["t_s"], v["node"], None if v["members"] is None else
+                            sum(1 for st in v["members"].values() if st == "alive"), v["ready"],
+                            None if v["members"] is None else
+                            {n: st for n, st in v["members"].items() if st != "alive"}] for v in views]
+        report["views_columns"] = ["t_s", "node", "alive_seen", "ready", "not_alive"]
+    return report
+
+
 def to_json(run: RunData, command: str) -> dict[str, Any]:
-    return {
+    return compact({
         "scenario": run.scenario, "seed": run.seed, "nodes": run.nodes, "engines": run.engines,
         "duration_s": run.duration_s, "command": command, "passed": run.passed,
         "events": [{"t_s": round(e.t - run.t0, 3), "planned_s": e.at_s, "label": e.label, "kind": e.kind}
@@ -42,7 +65,7 @@ def to_json(run: RunData, command: str) -> dict[str, Any]:
                             for r in run.records],
         "views": [{"t_s": round(s.t - run.t0, 3), "node": run.node_names[s.node], "members": s.members,
                    "ready": s.ready} for s in run.samples],
-    }
+    })
 
 
 def to_markdown(run: RunData, command: str, png_name: str) -> str:

@@ -22,6 +22,7 @@ def test_isolate_one_scenario_passes_every_check(tmp_path):
     assert report["passed"] and {c["name"] for c in report["checks"]} == {
         "requests lost", "membership converged", "replicated state equal", "KV index equal", "rate limits held"}
     assert report["requests"]["ok"] > 100 and report["requests"]["rate_limited"] > 0
+    assert sum(report["requests_per_second"]["ok"]) == report["requests"]["ok"] and report["failures"] == []
     assert (tmp_path / "isolate-one" / "timeline.png").stat().st_size > 10_000
     assert "t=" in result.stdout  # progress was shown while it ran
     assert "report: " in result.stdout
