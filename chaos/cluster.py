@@ -64,7 +64,6 @@ class ChaosCluster:
                                                        per_key_burst=spec.per_key_burst))
         self._cut: set[frozenset[int]] = set()
         self._loss = 0.0
-        self.restarts = 0
 
     # -- addresses --------------------------------------------------------
 
@@ -156,7 +155,6 @@ class ChaosCluster:
                 node.stop(15)
             else:
                 node.kill()
-        self.restarts += 1
         self.start_node(i)
 
     def restart_engine(self, j: int) -> None:

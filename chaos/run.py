@@ -17,6 +17,7 @@ from typing import Any
 import httpx2
 
 from .checkers import CheckResult, all_checkers
+from .checkers.kv_index import signature as kv_signature
 from .checkers.membership import CONVERGE_BOUND_S, converged_at
 from .cluster import ChaosCluster, ClusterSpec
 from .observer import Observer, ViewSample
@@ -99,7 +100,7 @@ def _final_snapshots(cluster: ChaosCluster, run: RunData) -> None:
                 views = _kv_views(cluster, client)
             except (httpx2.HTTPError, ValueError, KeyError):
                 views = {}
-            settled = views and len({repr(sorted((e, x[:3]) for e, x in v.items())) for v in views.values()}) == 1
+            settled = views and len({kv_signature(v) for v in views.values()}) == 1
             if settled or time.monotonic() - started > KV_SETTLE_TIMEOUT_S:
                 break
             time.sleep(0.5)

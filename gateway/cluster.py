@@ -55,11 +55,13 @@ class ClusterState:
         # True once a peer's whole document arrived (or there was nobody to join): until then the
         # node does not know the cluster's workers and limits, so it is not ready.
         self.registry_received = False
+        self._member_counts = (1, 1)  # (visible, known): see member_counts
 
     def attach(self, agent: Any) -> None:
         """Called with the mesh agent before it joins: follow its membership from the start."""
         self.agent = agent
         agent.listeners.append(self.on_member_change)
+        agent.reap_listeners.append(lambda name: self._count_members())
 
     # -- ownership --------------------------------------------------------
 
@@ -74,6 +76,7 @@ class ClusterState:
         """
         if self.agent is None:
             return
+        self._count_members()
         alive = [m.name for m in self.agent.members() if m.status in (MemberStatus.ALIVE, MemberStatus.SUSPECT)]
         ring = HashRing.build(alive or [self.node_name])
         if ring.members != self.ring.members:
@@ -89,12 +92,14 @@ class ClusterState:
         clients: rate limits share their allowance by ``known`` until it is reaped, and count
         only alive members as ``visible`` so a side cut off shrinks its share at the first
         suspicion instead of after the suspicion timeout."""
-        if self.agent is None:
-            return 1, 1
+        return self._member_counts
+
+    def _count_members(self) -> None:
+        """Kept up to date on every membership change and reap: rate-limit decisions read it per request."""
         statuses = [m.status for m in self.agent.members()]
         visible = sum(1 for s in statuses if s is MemberStatus.ALIVE)
         known = sum(1 for s in statuses if s is not MemberStatus.LEFT)
-        return max(1, visible), max(1, known)
+        self._member_counts = (max(1, visible), max(1, known))
 
     async def request_peer(self, name: str, payload: bytes, timeout_s: float) -> bytes:
         """A request to the member ``name`` over the sealed mesh streams (TransportError, LookupError)."""

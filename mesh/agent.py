@@ -98,6 +98,7 @@ class MeshAgent:
                          hooks.broadcasts if hooks is not None else None)
         self.stats = AgentStats()
         self.listeners: list[Callable[[MemberSnapshot, MemberStatus | None], None]] = []
+        self.reap_listeners: list[Callable[[str], None]] = []  # a dead or left member was forgotten
         self._wake = trio.Event()
         self._nursery: trio.Nursery | None = None
         self.stopped = trio.Event()
@@ -215,6 +216,8 @@ class MeshAgent:
                 listener(action.member, action.previous)
         elif isinstance(action, MemberReaped):
             log.debug("member %s reaped", action.name)
+            for reap_listener in self.reap_listeners:
+                reap_listener(action.name)
         elif isinstance(action, DeliverUser):
             if self.hooks is not None:
                 self.hooks.notify(action.payload)

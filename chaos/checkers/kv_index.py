@@ -8,10 +8,15 @@ from . import CheckResult
 NAME = "KV index equal"
 
 
+def signature(view: dict) -> str:
+    """One node's index, comparable across nodes: per engine the sequence, blocks and fingerprint
+    (the orphan count, last in each row, is that node's own history, not its state)."""
+    return repr(sorted((engine, row[:3]) for engine, row in view.items()))
+
+
 def check(run) -> CheckResult:
     views = {run.node_names[i]: kv for i, kv in run.final_kv.items()}
-    # Equal means the same sequence, blocks and fingerprint (the orphan count is each node's own history).
-    distinct = {repr(sorted((e, v[:3]) for e, v in kv.items())) for kv in views.values()}
+    distinct = {signature(kv) for kv in views.values()}
     engines = {e for kv in views.values() for e in kv}
     passed = len(distinct) == 1 and len(engines) == run.engines
     summary = (f"{len(views)} nodes hold the same index of {len(engines)} engines "

@@ -67,6 +67,7 @@ from typing import Any, Protocol
 
 import trio
 
+from mesh.transport import TransportError
 from proto import ratelimit_pb2 as pb
 
 from .algorithms import Decision, Mode, Rate
@@ -371,7 +372,6 @@ class RateLimiter:
     async def _request(self, name: str, payload: bytes) -> bytes:
         if self.cluster is None:
             raise PeerUnreachable("no cluster")
-        from mesh.transport import TransportError
         try:
             with trio.fail_after(self.config.forward_timeout_s):
                 answer = await self.cluster.request_peer(name, RATE_LIMIT_MARK + payload,
