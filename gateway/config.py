@@ -78,6 +78,15 @@ class GatewayConfig:
     rate_limit: RateLimitConfig = RateLimitConfig()
     # When set, POST/DELETE /workers and PUT /admin/rate-limits need "Authorization: Bearer <it>".
     admin_token: str | None = None
+    # "native": the gateway's own HTTP/1.1 server (gateway/api/h1server.py, ~20x less CPU per request
+    # than hypercorn on trio, BENCHMARKS.md); "hypercorn": hypercorn's, which also speaks HTTP/2.
+    http_server: str = "native"
+    # Gateway processes serving the HTTP port (SO_REUSEPORT); 0 = one per core this process may use.
+    workers: int = 1
+    # Bind the HTTP port with SO_REUSEPORT (set for each process of --workers N).
+    http_reuse_port: bool = False
+    # Which process of --workers N this is (0 for a single process); offsets its own ports.
+    worker_index: int = 0
 
     def limit_set(self) -> LimitSet:
         """The limits this node starts with (ConfigError when the file or flags are wrong)."""
@@ -158,6 +167,8 @@ _OPTIONS: list[_Option] = [
     _Option("--disable-health-check", "health.enabled", "disable", "no background health checks"),
     _Option("--disable-kv-events", "kv_events", "disable", "do not follow the engines' KV events"),
     _Option("--kv-index-blocks-max", "kv_index_blocks_max", int, "KV index size in blocks (LRU beyond)"),
+    _Option("--disable-fast-tokenizer", "tokenizer.fast_bpe", "disable", "always encode with tokenizers, even "
+                                                                         "where tiktoken's BPE is identical"),
     _Option("--tokenizer-cache-l0-entries", "tokenizer.l0_entries_max", int, "exact-text cache entries"),
     _Option("--tokenizer-cache-l1-bytes", "tokenizer.l1_bytes_max", int, "prefix cache size in bytes"),
     _Option("--rate-limits", "rate_limits_file", Path, "TOML file of rate limits ([[limits]]; see README)"),
@@ -170,6 +181,10 @@ _OPTIONS: list[_Option] = [
     _Option("--rate-limit-sync-interval-ms", "rate_limit.sync_interval_s", _secs_ms, "replication round"),
     _Option("--rate-limit-forward-timeout-ms", "rate_limit.forward_timeout_s", _secs_ms,
             "owner silence before the failure policy decides"),
+    _Option("--http-server", "http_server", str, "native (default, HTTP/1.1) or hypercorn (HTTP/1.1 and h2)"),
+    _Option("--workers", "workers", int, "gateway processes on the HTTP port (0: one per available core)"),
+    _Option("--worker-index", "worker_index", int, "which process of --workers N this is (set by the node)"),
+    _Option("--http-reuse-port", "http_reuse_port", "bool", "bind the HTTP port with SO_REUSEPORT (--workers)"),
     _Option("--admin-token", "admin_token", str, "bearer token required to change workers and rate limits"),
     _Option("--tenant-header", "rate_limit.tenant_header", str, "header naming the tenant (rate limits)"),
     _Option("--sim-engines", "sim_engines", int, "demo: start this many simulated engines and use them"),
@@ -299,6 +314,12 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError(f"--tokenizer-path {config.tokenizer_path} has no tokenizer.json")
     if config.chat_template is not None and not config.chat_template.is_file():
         raise ConfigError(f"--chat-template {config.chat_template} is not a file")
+    if config.http_server not in ("native", "hypercorn"):
+        raise ConfigError("--http-server must be native or hypercorn")
+    if config.http_server == "hypercorn" and config.workers != 1:
+        raise ConfigError("--http-server hypercorn serves one process: use --workers 1")
+    if config.workers < 0:
+        raise ConfigError("--workers must not be negative (0: one per available core)")
     if config.sim_engines < 0:
         raise ConfigError("--sim-engines must not be negative")
     config.limit_set()  # raises ConfigError on a bad file or flag

@@ -23,6 +23,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from .api.admission import Admission
 from .api.app import GatewayApp
+from .api.h1server import H1Config, H1Server
 from .api.http import answer_lifespan
 from .api.state import GatewayState
 from .cluster import ClusterState
@@ -153,6 +154,24 @@ async def _register_initial(state: GatewayState, url: str, model: str | None) ->
         delay = min(delay * 2, WORKER_RETRY_BACKOFF_MAX_S)
 
 
+async def _serve_http(config: GatewayConfig, app: Any, shutdown: trio.Event, *,
+                      task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve the API until ``shutdown``, then drain in-flight requests for up to the grace period."""
+    if config.http_server == "hypercorn":
+        hc = _hypercorn_config(config)
+
+        async def run_hypercorn(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            await hypercorn_serve(app, hc, shutdown_trigger=shutdown.wait, task_status=task_status)
+
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(run_hypercorn)
+            task_status.started(binds[0])
+        return
+    server = H1Server(app, H1Config(graceful_timeout_s=config.shutdown_grace_period_s,
+                                    reuse_port=config.http_reuse_port))
+    await server.serve(config.host, config.port, shutdown, task_status=task_status)
+
+
 def _hypercorn_config(config: GatewayConfig) -> HypercornConfig:
     hc = HypercornConfig()
     host = f"[{config.host}]" if ":" in config.host else config.host
@@ -218,13 +237,10 @@ async def serve_gateway(config: GatewayConfig, cluster: ClusterState | None = No
                 nursery.start_soon(registry.reconcile_with_cluster)
 
             shutdown = trio.Event()
-            hc = _hypercorn_config(config)
             if config.prometheus_port is not None:
                 await nursery.start(_serve_metrics_only, config, metrics)
             app = GatewayApp(state, nursery)
-            binds = await nursery.start(lambda task_status: hypercorn_serve(
-                app, hc, shutdown_trigger=shutdown.wait, task_status=task_status))
-            url = binds[0]
+            url = await nursery.start(_serve_http, config, app, shutdown)
             log.info("smg-node gateway serving on %s (%d workers, policy %s)", url, len(registry),
                      config.policy.name)
             task_status.started(RunningGateway(url, state, shutdown))
@@ -257,10 +273,8 @@ async def _serve_metrics_only(config: GatewayConfig, metrics: GatewayMetrics, *,
                     "headers": [(b"content-type", b"text/plain; version=0.0.4")]})
         await send({"type": "http.response.body", "body": body})
 
-    hc = HypercornConfig()
-    hc.bind = [f"{config.prometheus_host}:{config.prometheus_port}"]
-    hc.accesslog = None
-    await hypercorn_serve(app, hc, task_status=task_status)
+    port = config.prometheus_port + config.worker_index  # each process of --workers N has its own
+    await H1Server(app, H1Config()).serve(config.prometheus_host, port, trio.Event(), task_status=task_status)
 
 
 def run_gateway(config: GatewayConfig) -> int:

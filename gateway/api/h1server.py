@@ -1,0 +1,553 @@
+"""A lean HTTP/1.1 server for the gateway's ASGI app: trio sockets, httptools (llhttp) parsing.
+
+Why not hypercorn (which stays available as ``--http-server hypercorn``): on this
+machine hypercorn's per-request machinery on trio costs ~870 µs of CPU for a
+trivial JSON answer and ~2,200 µs for 16 SSE events, while a bare trio server
+parsing with httptools costs ~42 µs (DESIGN.md section 6). The gateway's whole
+budget per short request is ~1 ms (smg 1.13.0), so the server has to be small:
+one task per connection reading and parsing, the ASGI app run in the
+connection's own task, the head written together with the first body bytes,
+every body chunk one ``send_all``.
+
+What it serves: HTTP/1.0 and 1.1, keep-alive, pipelined requests (answered in
+order), chunked request bodies, ``Expect: 100-continue``, HEAD. Responses
+without a content-length stream as chunked (1.1) or until close (1.0). No
+HTTP/2, no websockets: load balancers speak HTTP/1.1 to their upstreams.
+
+Limits on what comes from outside (``H1Config``): request-line and header
+bytes (431/414), body read-ahead before the app consumes it (reading the
+socket pauses: TCP pushes back on the client), pipelined requests queued, and
+timeouts for a request being read, and for an idle keep-alive connection.
+A parse error is answered 400 and the connection closed.
+
+Disconnects: the connection keeps reading while the app answers, so a client
+that goes away is seen at once: ``receive()`` returns ``http.disconnect``
+(the app's cancel-on-disconnect watcher is built on it), and later sends are
+dropped.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import email.utils
+import errno
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import unquote
+
+import httptools
+import orjson
+import trio
+
+log = logging.getLogger("gateway.http")
+
+App = Callable[[dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+
+_REASONS = {100: b"Continue", 200: b"OK", 201: b"Created", 202: b"Accepted", 204: b"No Content",
+            400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found",
+            405: b"Method Not Allowed", 408: b"Request Timeout", 409: b"Conflict", 413: b"Payload Too Large",
+            414: b"URI Too Long", 422: b"Unprocessable Entity", 429: b"Too Many Requests",
+            431: b"Request Header Fields Too Large", 499: b"Client Closed Request",
+            500: b"Internal Server Error", 501: b"Not Implemented", 502: b"Bad Gateway",
+            503: b"Service Unavailable", 504: b"Gateway Timeout"}
+_STATUS_LINES: dict[int, bytes] = {}
+
+
+def _status_line(status: int) -> bytes:
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        line = b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Status"))
+        if 100 <= status < 600:
+            _STATUS_LINES[status] = line
+    return line
+
+
+@dataclasses.dataclass
+class H1Config:
+    """Limits and timeouts of the HTTP/1.1 server; the defaults suit a gateway behind nginx/HAProxy."""
+
+    # Longer than nginx's and HAProxy's upstream keep-alive defaults (60 s / 50 s), so the
+    # balancer closes idle connections first and never sends on one we are closing.
+    keep_alive_timeout_s: float = 75.0
+    # A request (head and body) must arrive within this once it has begun: slow-loris guard.
+    request_read_timeout_s: float = 60.0
+    # Request line plus headers; real clients send < 8 KiB, an API key included.
+    header_bytes_max: int = 64 * 1024
+    url_bytes_max: int = 16 * 1024
+    # Body bytes read ahead of the app; beyond this the socket is not read until the app consumes.
+    body_read_ahead_bytes_max: int = 1024 * 1024
+    # Pipelined requests parsed ahead of the one being answered.
+    pipeline_depth_max: int = 16
+    backlog: int = 2048
+    # In-flight requests get this long to finish after shutdown begins; idle connections close at once.
+    graceful_timeout_s: float = 30.0
+    # SO_REUSEPORT: several worker processes bind the same port and the kernel spreads connections.
+    reuse_port: bool = False
+
+
+class _HttpDate:
+    """The Date header, formatted once per second rather than per response."""
+
+    def __init__(self) -> None:
+        self._second = 0
+        self._header = b""
+
+    def header(self) -> bytes:
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self._header = b"date: " + email.utils.formatdate(now, usegmt=True).encode() + b"\r\n"
+        return self._header
+
+
+_DATE = _HttpDate()
+
+
+class _Cycle:
+    """One request and its response."""
+
+    __slots__ = ("scope", "chunks", "buffered_bytes", "body_complete", "body_delivered", "response_started",
+                 "response_complete", "keep_alive", "head_only", "chunked", "expect_continue", "continue_sent",
+                 "status", "headers", "error_status", "error_message", "wakeup", "connection")
+
+    def __init__(self, connection: "_Connection", scope: dict[str, Any], keep_alive: bool, expect_continue: bool) -> None:
+        self.connection = connection
+        self.scope = scope
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.buffered_bytes = 0
+        self.body_complete = False
+        self.body_delivered = False
+        self.response_started = False  # the head is on the wire
+        self.response_complete = False
+        self.keep_alive = keep_alive
+        self.head_only = scope["method"] == "HEAD"
+        self.chunked = False
+        self.expect_continue = expect_continue
+        self.continue_sent = False
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] | None = None  # from http.response.start, until written
+        self.error_status = 0
+        self.error_message = ""
+        self.wakeup = trio.lowlevel.ParkingLot()
+
+    # -- ASGI receive ------------------------------------------------------
+
+    async def receive(self) -> dict[str, Any]:
+        connection = self.connection
+        while True:
+            if not self.body_delivered:
+                if self.body_complete:
+                    self.body_delivered = True
+                    body = b"".join(self.chunks) if len(self.chunks) != 1 else self.chunks[0]
+                    self.chunks.clear()
+                    self.buffered_bytes = 0
+                    connection.reading_allowed()
+                    return {"type": "http.request", "body": body, "more_body": False}
+                if self.chunks:
+                    body = b"".join(self.chunks)
+                    self.chunks.clear()
+                    self.buffered_bytes = 0
+                    connection.reading_allowed()
+                    return {"type": "http.request", "body": body, "more_body": True}
+                if self.expect_continue and not self.continue_sent and not connection.closed:
+                    self.continue_sent = True
+                    await connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    continue
+            if self.response_complete or connection.closed:
+                return {"type": "http.disconnect"}
+            await self.wakeup.park()
+
+    # -- ASGI send ---------------------------------------------------------
+
+    async def send(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            if self.headers is not None or self.response_started:
+                raise RuntimeError("http.response.start sent twice")
+            self.status = message["status"]
+            self.headers = list(message.get("headers", ()))
+            return
+        if kind != "http.response.body":
+            raise RuntimeError(f"unexpected ASGI message {kind!r}")
+        if self.response_complete:
+            raise RuntimeError("http.response.body after the response ended")
+        body = message.get("body", b"")
+        more_body = message.get("more_body", False)
+        out = b""
+        if not self.response_started:
+            if self.headers is None:
+                raise RuntimeError("http.response.body before http.response.start")
+            out = self._head(body, more_body)
+            self.response_started = True
+        if not more_body:
+            self.response_complete = True
+        if not self.head_only:
+            if self.chunked:
+                if body:
+                    out += b"%x\r\n%s\r\n" % (len(body), body)
+                if not more_body:
+                    out += b"0\r\n\r\n"
+            else:
+                out += body
+        if out:
+            await self.connection.write(out)
+        if not more_body:
+            # Only now (the bytes are out): a receive() waiting for the end returns http.disconnect,
+            # and an app watching for disconnects must not cancel its own last write.
+            self.wakeup.unpark_all()
+
+    def _head(self, body: bytes, more_body: bool) -> bytes:
+        connection = self.connection
+        if connection.server.shutting_down:
+            self.keep_alive = False
+        has_length = False
+        parts = [_status_line(self.status)]
+        for name, value in self.headers:
+            lname = name.lower()
+            if lname == b"content-length":
+                has_length = True
+            elif lname == b"connection":
+                if value.lower() == b"close":
+                    self.keep_alive = False
+                continue
+            elif lname == b"transfer-encoding":
+                continue  # framing is ours to decide
+            parts.append(b"%s: %s\r\n" % (name, value))
+        if not has_length:
+            if not more_body:
+                parts.append(b"content-length: %d\r\n" % len(body))
+            elif self.scope["http_version"] == "1.1":
+                self.chunked = True
+                parts.append(b"transfer-encoding: chunked\r\n")
+            else:
+                self.keep_alive = False  # HTTP/1.0 without a length: the end of the body is the close
+        if not self.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(_DATE.header())
+        parts.append(b"\r\n")
+        self.headers = None
+        return b"".join(parts)
+
+
+class _Connection:
+    """One client connection: a reader that parses, and the requests answered in order."""
+
+    def __init__(self, server: "H1Server", stream: trio.SocketStream) -> None:
+        self.server = server
+        self.stream = stream
+        self.closed = False
+        self._parser = httptools.HttpRequestParser(self)
+        self._cycles: collections.deque[_Cycle] = collections.deque()
+        self._parsing: _Cycle | None = None  # the request whose body the parser is reading
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._header_bytes = 0
+        self._in_message = False
+        self._head_error = 0
+        self._upgraded = False
+        self._cycles_changed = trio.lowlevel.ParkingLot()
+        self._read_allowed = trio.lowlevel.ParkingLot()
+        self._send_lock = trio.StrictFIFOLock()
+        self._read_scope: trio.CancelScope | None = None
+        self._message_deadline = float("inf")
+        try:
+            sock = stream.socket
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._client = _address(sock.getpeername())
+            self._server_address = _address(sock.getsockname())
+        except OSError:
+            self._client = self._server_address = None
+
+    # -- httptools callbacks (called inside feed_data) ------------------------
+
+    def on_message_begin(self) -> None:
+        self._in_message = True
+        # Fixed when the request begins: trickling a byte at a time does not extend it (slow loris).
+        self._message_deadline = trio.current_time() + self.server.config.request_read_timeout_s
+        self._url = b""
+        self._headers = []
+        self._header_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        if len(self._url) > self.server.config.url_bytes_max:
+            self._head_error = 414
+            raise _HeadTooLarge()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value) + 4
+        if self._header_bytes > self.server.config.header_bytes_max:
+            self._head_error = 431
+            raise _HeadTooLarge()
+        self._headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        url = self._url
+        path, _, query = url.partition(b"?")
+        raw_path = path
+        path_text = path.decode("latin-1")
+        if "%" in path_text:
+            path_text = unquote(path_text, encoding="utf-8", errors="replace")
+        http_version = parser.get_http_version()
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": http_version,
+                 "method": parser.get_method().decode("ascii"), "scheme": "http", "path": path_text,
+                 "raw_path": raw_path, "query_string": query, "root_path": "", "headers": self._headers,
+                 "client": self._client, "server": self._server_address}
+        expect_continue = False
+        if http_version == "1.1":
+            for name, value in self._headers:
+                if name == b"expect" and value.lower() == b"100-continue":
+                    expect_continue = True
+        cycle = _Cycle(self, scope, parser.should_keep_alive(), expect_continue)
+        self._parsing = cycle
+        self._cycles.append(cycle)
+        self._cycles_changed.unpark_all()
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self._parsing
+        if cycle is None or cycle.body_delivered or cycle.response_complete:
+            return  # the app is done with this request: unread body bytes are dropped
+        cycle.chunks.append(body)
+        cycle.buffered_bytes += len(body)
+        cycle.wakeup.unpark_all()
+
+    def on_message_complete(self) -> None:
+        self._in_message = False
+        cycle = self._parsing
+        self._parsing = None
+        if cycle is not None:
+            cycle.body_complete = True
+            cycle.wakeup.unpark_all()
+
+    # -- reading ---------------------------------------------------------------
+
+    def reading_allowed(self) -> None:
+        self._read_allowed.unpark_all()
+
+    def _must_pause(self) -> bool:
+        parsing = self._parsing
+        if parsing is not None and parsing.buffered_bytes >= self.server.config.body_read_ahead_bytes_max:
+            return True
+        return len(self._cycles) > self.server.config.pipeline_depth_max
+
+    async def _read_loop(self) -> None:
+        while not self.closed and not self._upgraded:
+            while self._must_pause() and not self.closed:
+                await self._read_allowed.park()
+            data = b""
+            with trio.CancelScope(deadline=self._read_deadline()) as self._read_scope:
+                try:
+                    data = await self.stream.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    data = b""
+            self._read_scope = None
+            if not data:
+                self._lost()
+                return
+            try:
+                self._parser.feed_data(data)
+            except _HeadTooLarge:
+                await self._refuse(self._head_error, "request head too large" if self._head_error == 431
+                                   else "request URL too long")
+                return
+            except httptools.HttpParserUpgrade:
+                # No upgrades (h2c, websocket): answer the request as plain HTTP/1.1, then close.
+                self._upgraded = True
+                if self._cycles:
+                    self._cycles[-1].keep_alive = False
+                else:
+                    await self._refuse(400, "protocol upgrades are not supported")
+                return
+            except httptools.HttpParserError as e:
+                if self._head_error:
+                    await self._refuse(self._head_error, "request head too large")
+                else:
+                    await self._refuse(400, f"malformed HTTP request: {e}")
+                return
+
+    def _read_deadline(self) -> float:
+        """Idle between requests: the keep-alive timeout; mid-request: the read timeout; else none."""
+        config = self.server.config
+        if self._in_message:
+            return self._message_deadline
+        if not self._cycles:
+            return trio.current_time() + config.keep_alive_timeout_s
+        return float("inf")  # a request is being answered: we only read to see the client go
+
+    def _lost(self) -> None:
+        """The client closed (or timed out idle): every request of the connection sees a disconnect."""
+        self.closed = True
+        for cycle in self._cycles:
+            cycle.wakeup.unpark_all()
+        if self._parsing is not None:
+            self._parsing.wakeup.unpark_all()
+        self._cycles_changed.unpark_all()
+
+    async def _refuse(self, status: int, message: str) -> None:
+        """Queue an error answer after the requests already parsed, then stop reading."""
+        cycle = _Cycle(self, {"method": "GET", "http_version": "1.1"}, False, False)
+        cycle.error_status = status
+        cycle.error_message = message
+        self._cycles.append(cycle)
+        self._cycles_changed.unpark_all()
+        self.server.refused += 1
+
+    # -- answering ---------------------------------------------------------------
+
+    async def write(self, data: bytes) -> None:
+        if self.closed:
+            return  # the client went away: what the app still sends goes nowhere
+        try:
+            async with self._send_lock:
+                await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            self._lost()
+
+    async def _answer_loop(self) -> None:
+        server = self.server
+        while True:
+            while not self._cycles:
+                if self.closed or server.shutting_down or self._upgraded:
+                    return
+                await self._cycles_changed.park()
+            cycle = self._cycles[0]
+            if cycle.error_status:
+                body = orjson.dumps({"error": {"message": cycle.error_message, "type": "invalid_request_error",
+                                               "param": None, "code": "bad_http_request"}})
+                await cycle.send({"type": "http.response.start", "status": cycle.error_status,
+                                  "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+                await cycle.send({"type": "http.response.body", "body": body})
+                return
+            if self.closed and not cycle.body_complete:
+                return
+            server.in_flight += 1
+            try:
+                await server.app(cycle.scope, cycle.receive, cycle.send)
+            except Exception:
+                log.exception("ASGI app failed on %s %s", cycle.scope["method"], cycle.scope["path"])
+            finally:
+                server.in_flight -= 1
+                if server.in_flight == 0:
+                    server.idle.unpark_all()
+            if not cycle.response_started and not self.closed:
+                body = b'{"error":{"message":"internal error","type":"server_error","param":null,"code":null}}'
+                cycle.keep_alive = False
+                await cycle.send({"type": "http.response.start", "status": 500,
+                                  "headers": [(b"content-type", b"application/json")]})
+                await cycle.send({"type": "http.response.body", "body": body})
+            elif not cycle.response_complete:
+                return  # the app stopped mid-body: the only honest end is to close
+            cycle.response_complete = True
+            cycle.wakeup.unpark_all()
+            self._cycles.popleft()
+            self._read_allowed.unpark_all()
+            if self._read_scope is not None:
+                self._read_scope.deadline = self._read_deadline()  # idle again: the keep-alive clock runs
+            if not cycle.keep_alive or self.closed:
+                return
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_loop)
+                await self._answer_loop()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.closed = True
+            with trio.move_on_after(1) as cleanup:
+                cleanup.shield = True
+                try:
+                    await self.stream.aclose()
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pass
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+def _address(value: Any) -> tuple[str, int] | None:
+    if isinstance(value, tuple) and len(value) >= 2:
+        return (value[0], value[1])
+    return None
+
+
+class H1Server:
+    """Serves one ASGI app on one or more listeners until ``shutdown`` is set, then drains."""
+
+    def __init__(self, app: App, config: H1Config) -> None:
+        self.app = app
+        self.config = config
+        self.shutting_down = False
+        self.in_flight = 0
+        self.refused = 0  # requests answered 4xx by the server itself (malformed or too large)
+        self.idle = trio.lowlevel.ParkingLot()
+        self._connections: set[_Connection] = set()
+
+    async def serve(self, host: str, port: int, shutdown: trio.Event, *,
+                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on host:port (0: any free port) and serve until ``shutdown`` is set and drained.
+
+        ``task_status.started`` gets the bound URL.
+        """
+        listener = await open_listener(host, port, self.config.backlog, self.config.reuse_port)
+        bound = listener.getsockname()
+        url = f"http://[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"http://{bound[0]}:{bound[1]}"
+        listeners = [trio.SocketListener(listener)]
+        async with trio.open_nursery() as connections:
+            async with trio.open_nursery() as accepting:
+                accepting.start_soon(self._accept_loop, listeners[0], connections)
+                task_status.started(url)
+                await shutdown.wait()
+                accepting.cancel_scope.cancel()
+            for listener_obj in listeners:
+                await listener_obj.aclose()
+            self.shutting_down = True
+            for connection in list(self._connections):
+                connection._cycles_changed.unpark_all()  # idle connections close now
+            with trio.move_on_after(self.config.graceful_timeout_s):
+                while self.in_flight:
+                    await self.idle.park()
+            connections.cancel_scope.cancel()
+
+    async def _accept_loop(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.error("accept failed (%s): pausing 100 ms", e)
+                    await trio.sleep(0.1)
+                    continue
+                raise
+            connections.start_soon(self._serve_connection, stream)
+
+    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        connection = _Connection(self, stream)
+        self._connections.add(connection)
+        try:
+            await connection.run()
+        finally:
+            self._connections.discard(connection)
+
+
+async def open_listener(host: str, port: int, backlog: int, reuse_port: bool) -> trio.socket.SocketType:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        await sock.bind((host, port))
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

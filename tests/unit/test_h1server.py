@@ -1,0 +1,227 @@
+"""The HTTP/1.1 server on real loopback sockets, with a small ASGI app: framing, limits, disconnects."""
+
+from __future__ import annotations
+
+import socket
+
+import orjson
+import pytest
+import trio
+
+from gateway.api.h1server import H1Config, H1Server
+
+
+async def echo_app(scope, receive, send):
+    """Answers with what it saw; /stream sends three chunks; /hang waits for the client to go."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if scope["path"] == "/stream":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        for part in (b"one ", b"two ", b"three"):
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return
+    if scope["path"] == "/hang":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"started", "more_body": True})
+        message = await receive()
+        HANG_SEEN.append(message["type"])
+        return
+    if scope["path"] == "/fail":
+        raise RuntimeError("boom")
+    answer = orjson.dumps({"method": scope["method"], "path": scope["path"], "query": scope["query_string"].decode(),
+                           "body": body.decode(), "version": scope["http_version"]})
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": answer})
+
+
+HANG_SEEN: list[str] = []
+
+
+@pytest.fixture
+async def server(nursery):
+    shutdown = trio.Event()
+    h1 = H1Server(echo_app, H1Config(header_bytes_max=4096, url_bytes_max=1024, keep_alive_timeout_s=5,
+                                     request_read_timeout_s=5, graceful_timeout_s=5))
+    url = await nursery.start(h1.serve, "127.0.0.1", 0, shutdown)
+    port = int(url.rsplit(":", 1)[1])
+    yield h1, port, shutdown
+    shutdown.set()
+
+
+async def connect(port: int) -> trio.SocketStream:
+    return await trio.open_tcp_stream("127.0.0.1", port)
+
+
+async def read_response(stream: trio.SocketStream) -> tuple[int, dict[str, str], bytes, bytes]:
+    """One response (status, headers, body); returns leftover bytes of the next one too."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some(65536)
+        assert chunk, f"connection closed before a response head: {data!r}"
+        data += chunk
+    head, rest = data.split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    if "content-length" in headers:
+        length = int(headers["content-length"])
+        while len(rest) < length:
+            rest += await stream.receive_some(65536)
+        return status, headers, rest[:length], rest[length:]
+    assert headers.get("transfer-encoding") == "chunked"
+    body = b""
+    while True:
+        while b"\r\n" not in rest:
+            rest += await stream.receive_some(65536)
+        size_line, rest = rest.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        while len(rest) < size + 2:
+            rest += await stream.receive_some(65536)
+        body += rest[:size]
+        rest = rest[size + 2:]
+        if size == 0:
+            return status, headers, body, rest
+
+
+async def read_until_closed(stream: trio.SocketStream) -> bytes:
+    data = b""
+    while chunk := await stream.receive_some(65536):
+        data += chunk
+    return data
+
+
+async def test_keep_alive_and_pipelined_requests_answered_in_order(server):
+    _, port, _ = server
+    stream = await connect(port)
+    requests = b"".join(b"POST /echo?n=%d HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\nab%d" % (i, i)
+                        for i in range(5))
+    await stream.send_all(requests)
+    leftover = b""
+    for i in range(5):
+        status, headers, body, leftover = await _read_with(stream, leftover)
+        assert status == 200 and orjson.loads(body) == {"method": "POST", "path": "/echo", "query": f"n={i}",
+                                                        "body": f"ab{i}", "version": "1.1"}
+        assert "date" in headers and "connection" not in headers
+    await stream.aclose()
+
+
+async def _read_with(stream, leftover: bytes):
+    class Prefixed:
+        def __init__(self):
+            self.buffer = leftover
+
+        async def receive_some(self, n):
+            if self.buffer:
+                out, self.buffer = self.buffer, b""
+                return out
+            return await stream.receive_some(n)
+    return await read_response(Prefixed())
+
+
+async def test_chunked_request_body_and_streamed_chunked_response(server):
+    _, port, _ = server
+    stream = await connect(port)
+    await stream.send_all(b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+                          b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+    status, _, body, _ = await read_response(stream)
+    assert orjson.loads(body)["body"] == "hello world"
+    await stream.send_all(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+    status, headers, body, _ = await read_response(stream)
+    assert status == 200 and headers["transfer-encoding"] == "chunked" and body == b"one two three"
+
+
+async def test_http_1_0_closes_after_the_answer(server):
+    _, port, _ = server
+    stream = await connect(port)
+    await stream.send_all(b"GET /stream HTTP/1.0\r\n\r\n")
+    data = await read_until_closed(stream)
+    assert data.startswith(b"HTTP/1.1 200") and b"connection: close" in data and data.endswith(b"one two three")
+
+
+async def test_head_has_no_body_and_expect_continue_is_answered(server):
+    _, port, _ = server
+    stream = await connect(port)
+    await stream.send_all(b"HEAD /echo HTTP/1.1\r\nhost: x\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += await stream.receive_some(65536)
+    assert data.startswith(b"HTTP/1.1 200") and data.endswith(b"\r\n\r\n")  # a length, but no body
+    await stream.send_all(b"POST /echo HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n")
+    interim = await stream.receive_some(65536)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    await stream.send_all(b"ok")
+    status, _, body, _ = await read_response(stream)
+    assert orjson.loads(body)["body"] == "ok"
+
+
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"NOT HTTP AT ALL\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nhost: x\r\ncontent-length: nope\r\n\r\n", 400),
+    (b"GET /" + b"a" * 2000 + b" HTTP/1.1\r\nhost: x\r\n\r\n", 414),
+    (b"GET / HTTP/1.1\r\n" + b"".join(b"x-h%d: %s\r\n" % (i, b"v" * 100) for i in range(60)) + b"\r\n", 431),
+])
+async def test_bad_requests_get_an_error_and_the_connection_closes(server, request_bytes, status):
+    h1, port, _ = server
+    stream = await connect(port)
+    await stream.send_all(request_bytes)
+    data = await read_until_closed(stream)
+    assert data.startswith(b"HTTP/1.1 %d" % status), data[:80]
+    body = data.split(b"\r\n\r\n", 1)[1]
+    assert orjson.loads(body)["error"]["code"] == "bad_http_request"
+    assert h1.refused >= 1
+
+
+async def test_app_failure_is_a_500_and_missing_answer_too(server):
+    _, port, _ = server
+    stream = await connect(port)
+    await stream.send_all(b"GET /fail HTTP/1.1\r\nhost: x\r\n\r\n")
+    status, headers, body, _ = await read_response(stream)
+    assert status == 500 and headers["connection"] == "close"
+
+
+async def test_client_disconnect_reaches_the_app(server):
+    _, port, _ = server
+    HANG_SEEN.clear()
+    stream = await connect(port)
+    await stream.send_all(b"GET /hang HTTP/1.1\r\nhost: x\r\n\r\n")
+    data = b""
+    while b"started" not in data:
+        data += await stream.receive_some(65536)
+    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    await stream.aclose()
+    with trio.fail_after(5):
+        while not HANG_SEEN:
+            await trio.sleep(0.01)
+    assert HANG_SEEN == ["http.disconnect"]
+
+
+async def test_idle_keep_alive_connection_is_closed_after_the_timeout(nursery):
+    shutdown = trio.Event()
+    h1 = H1Server(echo_app, H1Config(keep_alive_timeout_s=0.2))
+    url = await nursery.start(h1.serve, "127.0.0.1", 0, shutdown)
+    stream = await connect(int(url.rsplit(":", 1)[1]))
+    await stream.send_all(b"GET /echo HTTP/1.1\r\nhost: x\r\n\r\n")
+    await read_response(stream)
+    with trio.fail_after(5):  # the server closes it, after 0.2 s idle
+        assert await read_until_closed(stream) == b""
+    shutdown.set()
+
+
+async def test_shutdown_closes_idle_connections_and_lets_requests_finish(nursery):
+    shutdown = trio.Event()
+    h1 = H1Server(echo_app, H1Config(graceful_timeout_s=5))
+    url = await nursery.start(h1.serve, "127.0.0.1", 0, shutdown)
+    port = int(url.rsplit(":", 1)[1])
+    idle = await connect(port)
+    await idle.send_all(b"GET /echo HTTP/1.1\r\nhost: x\r\n\r\n")
+    await read_response(idle)
+    shutdown.set()
+    with trio.fail_after(5):
+        assert await read_until_closed(idle) == b""
+    with pytest.raises(OSError):
+        await connect(port)
