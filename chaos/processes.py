@@ -91,8 +91,11 @@ class EngineProcess(ManagedProcess):
 class NodeProcess(ManagedProcess):
     def __init__(self, args: "list[str]", log_dir: Path, name: str = "node",
                  env: "dict[str, str] | None" = None) -> None:
+        # One gateway process per node unless the caller asks for more: tests and the chaos harness run
+        # many nodes on two cores.
+        workers = [] if "--workers" in args else ["--workers", "1"]
         super().__init__(name, [sys.executable, "-m", "mesh.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-                                *args], log_dir, _NODE_READY, env)
+                                *workers, *args], log_dir, _NODE_READY, env)
         self.url = self.ready_match.group(1)
 
 

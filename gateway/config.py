@@ -81,8 +81,9 @@ class GatewayConfig:
     # "native": the gateway's own HTTP/1.1 server (gateway/api/h1server.py, ~20x less CPU per request
     # than hypercorn on trio, BENCHMARKS.md); "hypercorn": hypercorn's, which also speaks HTTP/2.
     http_server: str = "native"
-    # Gateway processes serving the HTTP port (SO_REUSEPORT); 0 = one per core this process may use.
-    workers: int = 1
+    # Gateway processes serving the HTTP port (SO_REUSEPORT; gateway/supervisor.py says how they share
+    # the node's state); 0 = one per core this process may use (CPU affinity and cgroup quota).
+    workers: int = 0
     # Bind the HTTP port with SO_REUSEPORT (set for each process of --workers N).
     http_reuse_port: bool = False
     # Which process of --workers N this is (0 for a single process); offsets its own ports.

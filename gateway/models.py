@@ -30,6 +30,10 @@ class ModelEntry:
     tokenizer: TokenizerService | None
     max_context_tokens: int | None
     created: int
+    # A gRPC engine serves it, so it needs a tokenizer; until that is loaded (a fetch and a parse, up
+    # to seconds), requests wait for it rather than being taken for an HTTP-proxied model.
+    tokenizer_wanted: bool = False
+    tokenizer_loaded: trio.Event = dataclasses.field(default_factory=trio.Event)
 
 
 class ModelCatalog:
@@ -66,9 +70,11 @@ class ModelCatalog:
             if worker.max_context_tokens and not entry.max_context_tokens:
                 entry.max_context_tokens = worker.max_context_tokens
             if worker.kind == "grpc" and entry.tokenizer is None:
+                entry.tokenizer_wanted = True
                 async with self._locks.setdefault(name, trio.Lock()):
                     if entry.tokenizer is None:
                         entry.tokenizer = await self.local_tokenizer() or await self._fetch(worker)
+                        entry.tokenizer_loaded.set()
 
     async def _fetch(self, worker: Worker) -> TokenizerService:
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
 import signal
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ from .ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit
 from .routing.kv_index import KvIndex
 from .routing.policies import make_policy
 from .routing.router import Router
+from .supervisor import SUPERVISED_ENV, exit_when_supervisor_dies
 from .workers import WorkerError, WorkerRegistry
 
 log = logging.getLogger("gateway.server")
@@ -283,6 +285,8 @@ def run_gateway(config: GatewayConfig) -> int:
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
+            if os.environ.get(SUPERVISED_ENV):
+                nursery.start_soon(exit_when_supervisor_dies, nursery.cancel_scope)
             async def serve_then_stop(cluster, task_status=trio.TASK_STATUS_IGNORED) -> None:
                 await serve_gateway(config, cluster, task_status=task_status)
                 nursery.cancel_scope.cancel()  # drained: stop listening for signals too

@@ -57,11 +57,15 @@ def main(argv: "list[str] | None" = None) -> int:
     if args.command == "serve":
         from gateway.config import ConfigError, build_config
         from gateway.server import run_gateway
+        from gateway.supervisor import run_supervisor, worker_count
         try:
             config = build_config(args)
         except ConfigError as e:
             print(f"smg-node serve: {e}", file=sys.stderr)
             return 2
+        if worker_count(config) > 1:
+            serve_argv = list(sys.argv[1:] if argv is None else argv)
+            return run_supervisor(config, serve_argv[serve_argv.index("serve") + 1:])
         return run_gateway(config)
     if args.command == "sim-engine":
         from chaos.sim_engine.server import run

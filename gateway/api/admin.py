@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import os
 from typing import Any
 
 import trio
@@ -62,7 +63,9 @@ async def health(state, request: Request) -> None:
     healthy = sum(1 for w in workers if w.available(now))
     status = 200 if healthy and not state.shutting_down else 503
     await request.send_json(status, {"status": "ok" if status == 200 else "degraded", "workers": len(workers),
-                                     "healthy_workers": healthy})
+                                     "healthy_workers": healthy,
+                                     # Which process of the node answered (--workers N share the port).
+                                     "process": {"pid": os.getpid(), "index": state.config.worker_index}})
 
 
 async def metrics(state, request: Request) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 from ..generation import GenerationResult
 from .errors import BadRequest
 from .http import Request, sse_event
-from .openai import check_vocab, model_entry, plan_generation
+from .openai import check_vocab, plan_generation, ready_model_entry
 from .protocol import parse_chat, parse_generate, parse_json_body, token_ids
 from .respond import admitted, run_streamed, run_unary
 
@@ -25,7 +25,7 @@ def _meta(request: Request, result: GenerationResult) -> dict[str, Any]:
 async def generate(state, request: Request) -> None:
     """Token-level generation. Streaming events carry the cumulative text, as SGLang's do."""
     gen = parse_generate(parse_json_body(await request.body()))
-    entry = model_entry(state, gen.model)
+    entry = await ready_model_entry(state, gen.model)
     tokenizer = entry.tokenizer
     if tokenizer is None:
         raise BadRequest(f"the model '{entry.name}' is served by HTTP workers only; /generate needs a gRPC engine",
@@ -58,7 +58,7 @@ async def generate(state, request: Request) -> None:
 
 async def tokenize(state, request: Request) -> None:
     body = parse_json_body(await request.body())
-    entry = model_entry(state, body.get("model") if isinstance(body.get("model"), str) else None)
+    entry = await ready_model_entry(state, body.get("model") if isinstance(body.get("model"), str) else None)
     tokenizer = entry.tokenizer
     if tokenizer is None:
         raise BadRequest(f"the model '{entry.name}' has no tokenizer on this node", code="unsupported_model")
@@ -85,7 +85,7 @@ async def tokenize(state, request: Request) -> None:
 
 async def detokenize(state, request: Request) -> None:
     body = parse_json_body(await request.body())
-    entry = model_entry(state, body.get("model") if isinstance(body.get("model"), str) else None)
+    entry = await ready_model_entry(state, body.get("model") if isinstance(body.get("model"), str) else None)
     tokenizer = entry.tokenizer
     if tokenizer is None:
         raise BadRequest(f"the model '{entry.name}' has no tokenizer on this node", code="unsupported_model")

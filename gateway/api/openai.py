@@ -10,12 +10,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import trio
+
 from ..generation import GenerationPlan, GenerationResult, UsageTally
 from ..models import ModelEntry
 from ..routing.policies import RoutingRequest
 from ..tokenizer.chat_template import TemplateError
 from ..tokenizer.service import TokenizerService
-from .errors import BadRequest, ContextLengthExceeded, NotFound
+from .errors import BadRequest, ContextLengthExceeded, NotFound, Unavailable
 from .http import Request, sse_event
 from .protocol import SamplingRequest, parse_chat, parse_completion, parse_json_body
 from .respond import admitted, run_streamed, run_unary
@@ -31,6 +33,22 @@ def model_entry(state: GatewayState, model: str | None) -> ModelEntry:
     entry = state.catalog.get(model)
     if entry is None:
         raise NotFound(f"The model '{model}' does not exist", param="model", code="model_not_found")
+    return entry
+
+
+# How long a request waits for its model's tokenizer when a gRPC engine just registered.
+TOKENIZER_WAIT_S = 30.0
+
+
+async def ready_model_entry(state: GatewayState, model: str | None) -> ModelEntry:
+    """The model's entry, once the tokenizer it needs (if any) is loaded."""
+    entry = model_entry(state, model)
+    if entry.tokenizer is None and entry.tokenizer_wanted:
+        with trio.move_on_after(TOKENIZER_WAIT_S):
+            await entry.tokenizer_loaded.wait()
+        if entry.tokenizer is None:
+            raise Unavailable(f"the tokenizer of model '{entry.name}' is still loading", code="tokenizer_loading",
+                              retry_after_s=1)
     return entry
 
 
@@ -139,7 +157,7 @@ async def _respond(state: GatewayState, request: Request, plan: GenerationPlan, 
 async def chat_completions(state: GatewayState, request: Request) -> None:
     raw = await request.body()
     chat = parse_chat(parse_json_body(raw))
-    entry = model_entry(state, chat.model)
+    entry = await ready_model_entry(state, chat.model)
     if entry.tokenizer is None:
         await state.proxy.forward(request, raw, entry.name, "/v1/chat/completions", chat.stream,
                                   RoutingRequest(text=_routing_text(chat.messages),
@@ -163,7 +181,7 @@ async def chat_completions(state: GatewayState, request: Request) -> None:
 async def completions(state: GatewayState, request: Request) -> None:
     raw = await request.body()
     comp = parse_completion(parse_json_body(raw))
-    entry = model_entry(state, comp.model)
+    entry = await ready_model_entry(state, comp.model)
     if entry.tokenizer is None:
         await state.proxy.forward(request, raw, entry.name, "/v1/completions", comp.stream,
                                   RoutingRequest(text=comp.prompt_text or "",

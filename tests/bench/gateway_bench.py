@@ -98,54 +98,69 @@ class Connection:
                 raise ConnectionError("server closed the connection")
 
 
-async def run_cell(host: str, port: int, kind: str, stream: bool, concurrency: int, seconds: float,
-                   node_pid: int) -> dict:
-    path = "/v1/chat/completions" if kind == "short" else "/v1/completions"
-    counter = _PROMPT_NUMBERS
+async def drive(host: str, port: int, path: str, new_bodies, stream: bool, concurrency: int, seconds: float,
+                cpu_fn) -> dict:
+    """``concurrency`` keep-alive clients send requests for ``seconds``; latency, TTFT and CPU per request.
+
+    ``new_bodies()`` gives each client its own iterator of request bodies; ``cpu_fn()`` reads the CPU
+    seconds of whatever is measured (the node process, a process tree).
+    """
     latencies: list[float] = []
     ttfts: list[float] = []
     errors = 0
     deadline = 0.0
 
-    async def worker() -> None:
+    async def client() -> None:
         nonlocal errors
         conn = Connection(await trio.open_tcp_stream(host, port), f"{host}:{port}")
+        bodies = new_bodies()
         while time.perf_counter() < deadline:
-            body = make_body(kind, stream, next(counter))
             t0 = time.perf_counter()
-            status, first = await conn.request(path, body)
+            status, first = await conn.request(path, next(bodies))
             if status != 200:
                 errors += 1
                 continue
             latencies.append(time.perf_counter() - t0)
             if stream and first is not None:
                 ttfts.append(first)
+        await conn.stream.aclose()
 
-    # Warm up the connections and caches of the code path (not of prompts: each is unique).
+    # Warm up the connections and the code path (not the prompts: each is unique).
     deadline = time.perf_counter() + 0.5
     async with trio.open_nursery() as nursery:
         for _ in range(min(concurrency, 16)):
-            nursery.start_soon(worker)
+            nursery.start_soon(client)
     latencies.clear()
     ttfts.clear()
-    cpu0, wall0 = cpu_seconds(node_pid), time.perf_counter()
+    errors = 0
+    cpu0, wall0 = cpu_fn(), time.perf_counter()
     deadline = wall0 + seconds
     async with trio.open_nursery() as nursery:
         for _ in range(concurrency):
-            nursery.start_soon(worker)
+            nursery.start_soon(client)
     wall = time.perf_counter() - wall0
-    cpu = cpu_seconds(node_pid) - cpu0
+    cpu = cpu_fn() - cpu0
     n = len(latencies)
 
-    def pct(values: list[float], q: float) -> float:
+    def pct(values: list[float], q: int) -> float:
         return statistics.quantiles(values, n=100)[q - 1] * 1000 if len(values) >= 2 else float("nan")
 
-    return {
-        "kind": kind, "stream": stream, "concurrency": concurrency, "requests": n, "errors": errors,
-        "rps": n / wall, "p50_ms": pct(latencies, 50), "p99_ms": pct(latencies, 99),
-        "ttft_p50_ms": pct(ttfts, 50) if stream else None, "ttft_p99_ms": pct(ttfts, 99) if stream else None,
-        "cpu_ms_per_request": cpu / n * 1000 if n else float("nan"),
-    }
+    return {"requests": n, "errors": errors, "rps": n / wall, "p50_ms": pct(latencies, 50),
+            "p99_ms": pct(latencies, 99), "ttft_p50_ms": pct(ttfts, 50) if stream else None,
+            "ttft_p99_ms": pct(ttfts, 99) if stream else None,
+            "cpu_ms_per_request": cpu / n * 1000 if n else float("nan")}
+
+
+async def run_cell(host: str, port: int, kind: str, stream: bool, concurrency: int, seconds: float,
+                   node_pid: int) -> dict:
+    path = "/v1/chat/completions" if kind == "short" else "/v1/completions"
+
+    def new_bodies():
+        while True:
+            yield make_body(kind, stream, next(_PROMPT_NUMBERS))
+
+    row = await drive(host, port, path, new_bodies, stream, concurrency, seconds, lambda: cpu_seconds(node_pid))
+    return {"kind": kind, "stream": stream, "concurrency": concurrency, **row}
 
 
 def fmt(v) -> str:

@@ -41,8 +41,9 @@ def cluster(log_dir):
 
 def test_registry_is_shared_and_survives_its_registering_node(cluster):
     (e0, e1), (a, b, c) = cluster
-    # A worker configured on node a serves through node c.
-    eventually(lambda: all(e0.url in workers(n) for n in (a, b, c)), 30)
+    # A worker configured on node a serves through node c, once c has both the registration and a health
+    # verdict (they travel separately: the owner's first check may land after the entry).
+    eventually(lambda: all(workers(n).get(e0.url, {}).get("healthy") for n in (a, b, c)), 30)
     client = openai.OpenAI(base_url=c.url + "/v1", api_key="x", max_retries=0)
     assert client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                           max_tokens=3).usage.completion_tokens == 3

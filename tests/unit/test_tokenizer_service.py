@@ -139,3 +139,49 @@ def test_bad_bundles_are_refused():
         TokenizerService.from_bundle(b"not a zip", "x")
     with pytest.raises(TokenizerLoadError):
         TokenizerService({"tokenizer.json": b"{}"}, "x")
+
+
+async def test_requests_wait_for_a_tokenizer_that_is_loading_instead_of_failing():
+    """A gRPC worker registered, its tokenizer still being fetched: a request waits for it (it used to be
+    taken for an HTTP-proxied model and answered 503 'no healthy worker')."""
+    import io
+    import types
+    import zipfile
+
+    import trio
+    import trio.testing
+
+    from gateway.api.openai import ready_model_entry
+    from gateway.models import ModelCatalog
+    from gateway.tokenizer.bundled import default_tokenizer_dir
+    from gateway.tokenizer.service import TokenizerConfig
+
+    release = trio.Event()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        for path in default_tokenizer_dir().iterdir():
+            if path.name in ("tokenizer.json", "tokenizer_config.json"):
+                zf.write(path, path.name)
+
+    async def fetch_tokenizer_bundle(timeout_s):
+        await release.wait()
+        return buffer.getvalue()
+
+    worker = types.SimpleNamespace(models=("m",), max_context_tokens=4096, kind="grpc", url="grpc://slow",
+                                   client=types.SimpleNamespace(fetch_tokenizer_bundle=fetch_tokenizer_bundle))
+    catalog = ModelCatalog(TokenizerConfig(), None, None)
+    state = types.SimpleNamespace(catalog=catalog)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(catalog.ensure, worker, 0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert catalog.get("m").tokenizer is None
+        got = []
+
+        async def request():
+            got.append(await ready_model_entry(state, "m"))
+
+        nursery.start_soon(request)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not got  # waiting, not failing
+        release.set()
+    assert got[0].tokenizer is not None
