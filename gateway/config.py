@@ -81,6 +81,9 @@ class GatewayConfig:
     # "native": the gateway's own HTTP/1.1 server (gateway/api/h1server.py, ~20x less CPU per request
     # than hypercorn on trio, BENCHMARKS.md); "hypercorn": hypercorn's, which also speaks HTTP/2.
     http_server: str = "native"
+    # "h2": gRPC to engines from the event loop over h2 (gateway/engine/h2grpc.py, several times less
+    # CPU per call); "grpcio": through grpcio's asyncio API on a thread of its own (engine/bridge.py).
+    grpc_client: str = "h2"
     # Gateway processes serving the HTTP port (SO_REUSEPORT; gateway/supervisor.py says how they share
     # the node's state); 0 = one per core this process may use (CPU affinity and cgroup quota).
     workers: int = 0
@@ -183,6 +186,7 @@ _OPTIONS: list[_Option] = [
     _Option("--rate-limit-forward-timeout-ms", "rate_limit.forward_timeout_s", _secs_ms,
             "owner silence before the failure policy decides"),
     _Option("--http-server", "http_server", str, "native (default, HTTP/1.1) or hypercorn (HTTP/1.1 and h2)"),
+    _Option("--grpc-client", "grpc_client", str, "h2 (default: from the event loop) or grpcio (on a thread)"),
     _Option("--workers", "workers", int, "gateway processes on the HTTP port (0: one per available core)"),
     _Option("--worker-index", "worker_index", int, "which process of --workers N this is (set by the node)"),
     _Option("--http-reuse-port", "http_reuse_port", "bool", "bind the HTTP port with SO_REUSEPORT (--workers)"),
@@ -317,6 +321,8 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError(f"--chat-template {config.chat_template} is not a file")
     if config.http_server not in ("native", "hypercorn"):
         raise ConfigError("--http-server must be native or hypercorn")
+    if config.grpc_client not in ("h2", "grpcio"):
+        raise ConfigError("--grpc-client must be h2 or grpcio")
     if config.http_server == "hypercorn" and config.workers != 1:
         raise ConfigError("--http-server hypercorn serves one process: use --workers 1")
     if config.workers < 0:

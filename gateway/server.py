@@ -31,6 +31,7 @@ from .cluster import ClusterState
 from .kv_sharing import KvSharing
 from .config import GatewayConfig
 from .engine.bridge import GrpcBridge
+from .engine.h2grpc import H2GrpcClient
 from .generation import Generator
 from .logs import setup_logging
 from .loop_lag import LoopLagMonitor
@@ -190,71 +191,80 @@ def _hypercorn_config(config: GatewayConfig) -> HypercornConfig:
 async def serve_gateway(config: GatewayConfig, cluster: ClusterState | None = None, *,
                         task_status=trio.TASK_STATUS_IGNORED) -> None:
     metrics = GatewayMetrics()
-    bridge = GrpcBridge()
-    try:
-        limits = httpx2.Limits(max_connections=1024, max_keepalive_connections=256)
-        async with httpx2.AsyncClient(limits=limits, timeout=None) as http_client, \
-                trio.open_nursery() as nursery:
-            urls = list(config.worker_urls)
-            if config.sim_engines:
-                from chaos.sim_engine.launcher import start_sim_engine  # demo mode only
-                # Demo engines end answers with EOS after 64 tokens (like a model that finishes its
-                # sentence) unless --sim-engine-args says otherwise: later flags win.
-                demo_args = ["--eos-after-tokens", "64", *config.sim_engine_args]
-                for _ in range(config.sim_engines):
-                    engine = await start_sim_engine(nursery, demo_args)
-                    urls.append(engine.url)
-                    log.info("started simulated engine at %s", engine.url)
-            kv_index = KvIndex(config.kv_index_blocks_max) if config.kv_events else None
-            registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery, kv_index, cluster)
-            catalog = ModelCatalog(config.tokenizer, config.tokenizer_path, config.chat_template)
-            registry.on_added.append(lambda worker: catalog.ensure(worker, int(worker.registered_at)))
-            if cluster is not None and kv_index is not None:
-                # Before any worker registers: its KV stream is then followed by its ring owners only.
-                await nursery.start(KvSharing(cluster, kv_index).run)
-            router = Router(registry, make_policy(config.policy, kv_index))
-            generator = Generator(router, config.retry, metrics, nursery, random.Random())
-            admission = Admission(config.admission)
-            proxy = HttpProxy(generator, admission, config.admission.request_timeout_s)
-            state = GatewayState(config, registry, catalog, router, generator, admission, metrics, proxy)
-            state.cluster = cluster
-            state.rate_limiter = proxy.rate_limiter = await _start_rate_limiter(config, cluster, metrics, nursery)
-            metrics.add_state_source(lambda: _state_metrics(state))
-            lag = LoopLagMonitor(metrics.loop_lag)
-            nursery.start_soon(lag.run)
-            metrics.add_state_source(lambda: iter([gauge(
-                "smg_event_loop_lag_ms", "Event-loop lag over the last minute", ["quantile"],
-                [([k.removesuffix("_ms")], v) for k, v in lag.statistics().items()])]))
-            # Register the configured workers before serving when they answer; keep trying those that don't.
-            with trio.move_on_after(config.health.timeout_s * 2):
-                async with trio.open_nursery() as first:
-                    for url in urls:
-                        first.start_soon(_register_initial, state, url, config.model_path)
-            for url in urls:
-                if not any(w.url == url for w in registry.all()):
-                    nursery.start_soon(_register_initial, state, url, config.model_path)
-            if not urls:
-                state.ready = True  # no engines configured: ready is decided by workers added later
-            if cluster is not None:
-                nursery.start_soon(registry.reconcile_with_cluster)
+    limits = httpx2.Limits(max_connections=1024, max_keepalive_connections=256)
+    async with httpx2.AsyncClient(limits=limits, timeout=None) as http_client, trio.open_nursery() as outer:
+        # The gRPC client's connections are read by tasks of their own, outside the nursery that is
+        # cancelled at shutdown, so closing it stays orderly.
+        bridge = H2GrpcClient(outer) if config.grpc_client == "h2" else GrpcBridge()
+        try:
+            await _serve_with(config, cluster, metrics, http_client, bridge, task_status)
+        finally:
+            with trio.CancelScope(shield=True):
+                await bridge.aclose()
+            outer.cancel_scope.cancel()
 
-            shutdown = trio.Event()
-            if config.prometheus_port is not None:
-                await nursery.start(_serve_metrics_only, config, metrics)
-            app = GatewayApp(state, nursery)
-            url = await nursery.start(_serve_http, config, app, shutdown)
-            log.info("smg-node gateway serving on %s (%d workers, policy %s)", url, len(registry),
-                     config.policy.name)
-            task_status.started(RunningGateway(url, state, shutdown))
-            await shutdown.wait()
-            state.shutting_down = True
-            # hypercorn drains its connections for up to graceful_timeout after the trigger;
-            # then everything else (health tasks, engines) is cancelled.
-            with trio.move_on_after(config.shutdown_grace_period_s + 1):
-                await admission.wait_idle()
-            nursery.cancel_scope.cancel()
-    finally:
-        await trio.to_thread.run_sync(bridge.close)
+
+async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metrics: GatewayMetrics,
+                      http_client: httpx2.AsyncClient, bridge: Any, task_status) -> None:
+    async with trio.open_nursery() as nursery:
+        urls = list(config.worker_urls)
+        if config.sim_engines:
+            from chaos.sim_engine.launcher import start_sim_engine  # demo mode only
+            # Demo engines end answers with EOS after 64 tokens (like a model that finishes its
+            # sentence) unless --sim-engine-args says otherwise: later flags win.
+            demo_args = ["--eos-after-tokens", "64", *config.sim_engine_args]
+            for _ in range(config.sim_engines):
+                engine = await start_sim_engine(nursery, demo_args)
+                urls.append(engine.url)
+                log.info("started simulated engine at %s", engine.url)
+        kv_index = KvIndex(config.kv_index_blocks_max) if config.kv_events else None
+        registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery, kv_index, cluster)
+        catalog = ModelCatalog(config.tokenizer, config.tokenizer_path, config.chat_template)
+        registry.on_added.append(lambda worker: catalog.ensure(worker, int(worker.registered_at)))
+        if cluster is not None and kv_index is not None:
+            # Before any worker registers: its KV stream is then followed by its ring owners only.
+            await nursery.start(KvSharing(cluster, kv_index).run)
+        router = Router(registry, make_policy(config.policy, kv_index))
+        generator = Generator(router, config.retry, metrics, nursery, random.Random())
+        admission = Admission(config.admission)
+        proxy = HttpProxy(generator, admission, config.admission.request_timeout_s)
+        state = GatewayState(config, registry, catalog, router, generator, admission, metrics, proxy)
+        state.cluster = cluster
+        state.rate_limiter = proxy.rate_limiter = await _start_rate_limiter(config, cluster, metrics, nursery)
+        metrics.add_state_source(lambda: _state_metrics(state))
+        lag = LoopLagMonitor(metrics.loop_lag)
+        nursery.start_soon(lag.run)
+        metrics.add_state_source(lambda: iter([gauge(
+            "smg_event_loop_lag_ms", "Event-loop lag over the last minute", ["quantile"],
+            [([k.removesuffix("_ms")], v) for k, v in lag.statistics().items()])]))
+        # Register the configured workers before serving when they answer; keep trying those that don't.
+        with trio.move_on_after(config.health.timeout_s * 2):
+            async with trio.open_nursery() as first:
+                for url in urls:
+                    first.start_soon(_register_initial, state, url, config.model_path)
+        for url in urls:
+            if not any(w.url == url for w in registry.all()):
+                nursery.start_soon(_register_initial, state, url, config.model_path)
+        if not urls:
+            state.ready = True  # no engines configured: ready is decided by workers added later
+        if cluster is not None:
+            nursery.start_soon(registry.reconcile_with_cluster)
+
+        shutdown = trio.Event()
+        if config.prometheus_port is not None:
+            await nursery.start(_serve_metrics_only, config, metrics)
+        app = GatewayApp(state, nursery)
+        url = await nursery.start(_serve_http, config, app, shutdown)
+        log.info("smg-node gateway serving on %s (%d workers, policy %s)", url, len(registry),
+                 config.policy.name)
+        task_status.started(RunningGateway(url, state, shutdown))
+        await shutdown.wait()
+        state.shutting_down = True
+        # hypercorn drains its connections for up to graceful_timeout after the trigger;
+        # then everything else (health tasks, engines) is cancelled.
+        with trio.move_on_after(config.shutdown_grace_period_s + 1):
+            await admission.wait_idle()
+        nursery.cancel_scope.cancel()
 
 
 async def _serve_metrics_only(config: GatewayConfig, metrics: GatewayMetrics, *,

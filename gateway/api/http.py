@@ -88,8 +88,8 @@ class Request:
     async def send_chunk(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
-    async def end_stream(self) -> None:
-        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+    async def end_stream(self, data: bytes = b"") -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
     @contextlib.asynccontextmanager
     async def cancel_on_disconnect(self) -> AsyncIterator[trio.CancelScope]:

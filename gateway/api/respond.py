@@ -89,5 +89,4 @@ async def run_streamed(state, request: Request, plan: GenerationPlan, tokenizer:
         else:
             state.count_tokens(plan.model, result)
             tail += final_events(result)
-        await request.send_chunk(tail + SSE_DONE)
-        await request.end_stream()
+        await request.end_stream(tail + SSE_DONE)  # the last events and the end: one write

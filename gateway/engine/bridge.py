@@ -158,6 +158,9 @@ class GrpcBridge:
         """Drop the connection to an engine that was removed."""
         await self._await_on_loop(lambda: self._close_channel(target))
 
+    async def aclose(self) -> None:
+        await trio.to_thread.run_sync(self.close)
+
     def close(self) -> None:
         """Close every channel and stop the loop thread. Blocking; call once at shutdown."""
         if not self._thread.is_alive():

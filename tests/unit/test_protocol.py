@@ -71,3 +71,12 @@ def test_generate_needs_exactly_one_input():
     for bad in ({}, {"text": "x", "input_ids": [1]}, {"text": ""}, {"input_ids": ["a"]}):
         with pytest.raises(BadRequest):
             parse_generate(bad)
+
+
+def test_spliced_text_chunk_events_equal_the_rendered_ones():
+    from gateway.api.http import sse_event
+    from gateway.api.openai import _OpenAIShape
+    for chat in (True, False):
+        shape = _OpenAIShape(chat, "chatcmpl-abc", 'model "quoted"')
+        for text in ["hi", "", 'é "q" \n\u2028 \\', "\x00text\x00", "🎉" * 3]:
+            assert shape.text_chunk_event(text) == sse_event(shape.chunk(text, None)), text
