@@ -10,7 +10,9 @@ benchmarks.
 from __future__ import annotations
 
 import collections
+import gc
 import statistics
+import time
 
 import trio
 from prometheus_client import Histogram
@@ -21,21 +23,66 @@ LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class LoopLagMonitor:
-    def __init__(self, histogram: Histogram, interval_s: float = INTERVAL_S) -> None:
+    def __init__(self, histogram: Histogram, interval_s: float = INTERVAL_S,
+                 gc_pauses: Histogram | None = None) -> None:
         self.histogram = histogram
         self.interval_s = interval_s
         self.samples: collections.deque[float] = collections.deque(maxlen=WINDOW)
+        # The cyclic garbage collector stops every thread: its pauses are lag the loop cannot avoid.
+        self.gc_pauses = gc_pauses
+        self.gc_pause_max_s = 0.0
+        self._gc_started = 0.0
+        if gc_pauses is not None:
+            gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._gc_started
+        self.gc_pause_max_s = max(self.gc_pause_max_s, pause)
+        self.gc_pauses.labels(str(info.get("generation", "?"))).observe(pause)
+
+    def close(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
 
     async def run(self) -> None:
-        while True:
-            expected = trio.current_time() + self.interval_s
-            await trio.sleep_until(expected)
-            lag = max(0.0, trio.current_time() - expected)
-            self.samples.append(lag)
-            self.histogram.observe(lag)
+        try:
+            while True:
+                expected = trio.current_time() + self.interval_s
+                await trio.sleep_until(expected)
+                lag = max(0.0, trio.current_time() - expected)
+                self.samples.append(lag)
+                self.histogram.observe(lag)
+        finally:
+            self.close()
 
     def statistics(self) -> dict[str, float]:
         if len(self.samples) < 2:
-            return {"p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+            return {"p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0, "gc_pause_max_ms": self.gc_pause_max_s * 1000}
         q = statistics.quantiles(self.samples, n=100, method="inclusive")
-        return {"p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "max_ms": max(self.samples) * 1000}
+        return {"p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "max_ms": max(self.samples) * 1000,
+                "gc_pause_max_ms": self.gc_pause_max_s * 1000}
+
+
+class SlowStepLog(trio.abc.Instrument):
+    """Logs every task step that held the loop longer than a threshold, with where the task stood.
+
+    For finding what makes the lag: set SMG_NODE_SLOW_STEP_MS (off by default; the check costs two
+    clock reads per task step).
+    """
+
+    def __init__(self, threshold_s: float, logger) -> None:
+        self.threshold_s = threshold_s
+        self.log = logger
+        self._started = 0.0
+
+    def before_task_step(self, task) -> None:
+        self._started = time.perf_counter()
+
+    def after_task_step(self, task) -> None:
+        held = time.perf_counter() - self._started
+        if held >= self.threshold_s:
+            where = " <- ".join(f"{frame.f_code.co_name}:{lineno}" for frame, lineno in task.iter_await_frames())
+            self.log.warning("task %s held the loop %.1f ms (now at %s)", task.name, held * 1000, where)

@@ -43,6 +43,8 @@ class GatewayMetrics:
                               registry=r)
         self.loop_lag = Histogram("smg_event_loop_lag_seconds", "How late the event loop woke a sleeping task "
                                   "(anything holding the loop shows here)", buckets=LAG_BUCKETS_S, registry=r)
+        self.gc_pauses = Histogram("smg_gc_pause_seconds", "Pauses of Python's cyclic garbage collector, by "
+                                   "generation (every thread stops)", ["generation"], buckets=LAG_BUCKETS_S, registry=r)
         self.rate_limit_decisions = Counter(
             "smg_rate_limit_decisions", "Rate-limit decisions by limit and outcome (allowed, denied; fallback_* when "
             "the key's owner could not be reached and the failure policy decided)", ["limit", "outcome"], registry=r)

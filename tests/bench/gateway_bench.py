@@ -12,7 +12,7 @@ Every prompt is unique (a counter leads it), so tokenizer caches do not hide
 the encode cost: this is the uncached worst case.
 
     python tests/bench/gateway_bench.py [--seconds 5] [--concurrency 1 16 64 256]
-    python tests/bench/gateway_bench.py --mixed [--seconds 20]   # event-loop lag under mixed load
+    python tests/bench/gateway_bench.py --mixed [--seconds 20] [--pin]   # event-loop lag under mixed load
 
 ``--mixed`` sends long non-streaming prompts (4 clients) and short streaming
 chats (16 clients) at the same time and reports the node's event-loop lag
@@ -26,6 +26,7 @@ import itertools
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -181,6 +182,11 @@ async def run_mixed(host: str, port: int, seconds: float, node_pid: int) -> tupl
     return results["long"], results["short"]
 
 
+def gc_counts(lag: dict[str, float], generation: int) -> str:
+    count = lag.get(f"gc{generation}_count", 0.0)
+    return f"{generation}: {count:.0f} ({count - lag.get(f'gc{generation}_under_5ms', 0.0):.0f})"
+
+
 def loop_lag(url: str) -> dict[str, float]:
     import httpx2
     text = httpx2.get(url + "/metrics", timeout=10).text
@@ -189,6 +195,14 @@ def loop_lag(url: str) -> dict[str, float]:
         if line.startswith("smg_event_loop_lag_ms{"):
             q = line.split('quantile="')[1].split('"')[0]
             out[q] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("smg_gc_pause_max_ms"):
+            out["gc_pause_max"] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("smg_gc_pause_seconds_bucket") and 'le="0.005"' in line:
+            generation = line.split('generation="')[1].split('"')[0]
+            out[f"gc{generation}_under_5ms"] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("smg_gc_pause_seconds_count"):
+            generation = line.split('generation="')[1].split('"')[0]
+            out[f"gc{generation}_count"] = float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -198,12 +212,22 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--kinds", nargs="+", default=["short", "long"])
+    parser.add_argument("--pin", action="store_true", help="the node alone on the last core (taskset)")
     parser.add_argument("--node-args", nargs=argparse.REMAINDER, default=[])
     args = parser.parse_args()
 
     log_dir = default_log_dir()
     engine = EngineProcess(["--zero-cost", "--batch-size-max", "1024", "--queue-size-max", "4096"], log_dir)
     node = NodeProcess(["--worker-urls", engine.url, "--log-level", "warning", *args.node_args], log_dir)
+    if args.pin:
+        # The node alone on the last core, the engine and this client on the others: the node's figures
+        # without the load generator's share of its core (as when clients are other machines).
+        cores = sorted(os.sched_getaffinity(0))
+        subprocess.run(["taskset", "-apc", str(cores[-1]), str(node.process.pid)], check=True,
+                       stdout=subprocess.DEVNULL)
+        for pid in (engine.process.pid, os.getpid()):
+            subprocess.run(["taskset", "-apc", ",".join(map(str, cores[:-1])), str(pid)], check=True,
+                           stdout=subprocess.DEVNULL)
     host, port = node.url.removeprefix("http://").rsplit(":", 1)
     rows = []
     if args.mixed:
@@ -219,7 +243,9 @@ def main() -> None:
               f"{time.strftime('%Y-%m-%d')}: long non-streaming x4 at {long_row['rps']:.1f} req/s and short "
               f"streaming x16 at {short_row['rps']:.1f} req/s; event-loop lag over the last minute: "
               f"p50 {lag.get('p50', float('nan')):.2f} ms, p99 {lag.get('p99', float('nan')):.2f} ms, "
-              f"max {lag.get('max', float('nan')):.2f} ms")
+              f"max {lag.get('max', float('nan')):.2f} ms; longest garbage-collector pause "
+              f"{lag.get('gc_pause_max', float('nan')):.2f} ms; collections (5 ms or longer) by generation: "
+              + ", ".join(gc_counts(lag, g) for g in range(3)))
         return
     try:
         for kind in args.kinds:
