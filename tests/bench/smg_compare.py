@@ -16,8 +16,9 @@ Not a test: it prints figures. What it does:
    times, alternating) with a lean HTTP/1.1 keep-alive client for
    ``--seconds``, and reports the median of the repeats: requests/s, latency
    p50/p99, time to first token p50/p99 (streaming), and the gateway's CPU
-   time per request (user+system of its whole process tree, from /proc: the
-   client and the engine are not counted).
+   time per request (user+system of its whole process tree, from /proc, less
+   what the gateway burns idle, measured for 5 s before the cells: the client
+   and the engine are not counted).
 
 Scenarios (16 output tokens each, ``ignore_eos``):
 
@@ -66,6 +67,7 @@ _SENTENCE = ("The gateway tokenizes every prompt before it reaches the engine, s
 _LONG_TEXT = _SENTENCE * 279  # ~7,800 tokens with the Qwen3 tokenizer
 _SYSTEM_PROMPT = ("You are a careful assistant for a company's internal documentation. " + _SENTENCE * 70)
 TURNS = 4
+IDLE_MEASURE_S = 5.0
 _NUMBERS = itertools.count()
 
 
@@ -101,6 +103,9 @@ class Gateway:
     process: "NodeProcess | SmgProcess"
     host: str
     port: int
+    # CPU seconds per second it burns with no request (health checks, load polls, gossip): taken out
+    # of the cells' figures, so a cell with few requests is not charged for the gateway's idling.
+    idle_cpu_per_s: float = 0.0
 
 
 class SmgProcess:
@@ -157,6 +162,13 @@ def start_gateways(names: list[str], engine_url: str, smg: Path, log_dir: Path) 
             out.append(Gateway(name, process, "127.0.0.1", port))
     for gateway in out:
         wait_serving(gateway)
+    time.sleep(2)
+    for gateway in out:
+        pid = gateway.process.process.pid
+        cpu0, wall0 = tree_cpu_seconds(pid), time.perf_counter()
+        time.sleep(IDLE_MEASURE_S)
+        gateway.idle_cpu_per_s = (tree_cpu_seconds(pid) - cpu0) / (time.perf_counter() - wall0)
+        print(f"{gateway.name}: idle CPU {gateway.idle_cpu_per_s * 1000:.1f} ms/s", file=sys.stderr, flush=True)
     return out
 
 
@@ -208,9 +220,10 @@ def conversation_bodies(scenario: str, stream: bool):
 
 async def run_cell(gateway: Gateway, scenario: str, stream: bool, concurrency: int, seconds: float) -> dict:
     pid = gateway.process.process.pid
+    idle = gateway.idle_cpu_per_s
     return await drive(gateway.host, gateway.port, "/v1/chat/completions",
                        lambda: conversation_bodies(scenario, stream), stream, concurrency, seconds,
-                       lambda: tree_cpu_seconds(pid))
+                       lambda: tree_cpu_seconds(pid) - idle * time.perf_counter())
 
 
 def median_row(rows: list[dict]) -> dict:
