@@ -133,10 +133,12 @@ def _with_port(addr: str, offset: int) -> str:
     return f"{host_text}:{port + offset}"
 
 
-def worker_arguments(config: GatewayConfig, count: int, http_port: int) -> list[list[str]]:
-    """The flags each process adds to the supervisor's own command line (later flags win)."""
+def worker_arguments(config: GatewayConfig, count: int, http_port: int) -> tuple[list[list[str]], dict[str, str]]:
+    """The flags each process adds to the supervisor's own command line (later flags win), and what
+    their environment gains (a private mesh's key: not on command lines, which every local user sees)."""
     mesh = config.mesh
     shared: list[str] = []
+    env: dict[str, str] = {}
     if mesh.enabled:
         bind_host, bind_port = split_addr(mesh.bind)
         base_name = mesh.node_name or default_node_name(mesh.advertise or mesh.bind)
@@ -153,7 +155,8 @@ def worker_arguments(config: GatewayConfig, count: int, http_port: int) -> list[
         advertises = [None] * count
         base_name = f"{socket.gethostname()}-{http_port}"
         rpc_addr = "127.0.0.1:0"
-        shared += ["--encrypt", generate_key(), "--mesh-preset", "local"]
+        shared += ["--mesh-preset", "local"]
+        env["SMG_NODE_ENCRYPT"] = generate_key()
     first_address = advertises[0] or binds[0]
     out = []
     for i in range(count):
@@ -168,7 +171,7 @@ def worker_arguments(config: GatewayConfig, count: int, http_port: int) -> list[
         if i > 0:
             args += ["--retry-join-interval-secs", "0.5"]  # process 0 may still be starting
         out.append(args)
-    return out
+    return out, env
 
 
 class _Worker:
@@ -189,6 +192,7 @@ class Supervisor:
         self._stopping = False
         self._url = ""
         self._workers: list[_Worker] = []
+        self._env: dict[str, str] = {}
         self.exit_code = 0
 
     async def run(self) -> None:
@@ -200,9 +204,10 @@ class Supervisor:
         try:
             async with trio.open_nursery() as outer:
                 engines = await self._start_sim_engines(outer)
+                per_process, self._env = worker_arguments(self.config, self.count, http_port)
                 self._workers = [_Worker(i, [sys.executable, "-m", "mesh.cli", "serve", *self._serve_argv, *engines,
                                              *extra])
-                                 for i, extra in enumerate(worker_arguments(self.config, self.count, http_port))]
+                                 for i, extra in enumerate(per_process)]
                 outer.start_soon(self._relay_signals)
                 outer.start_soon(self._announce_ready, self._workers)
                 async with trio.open_nursery() as running:
@@ -237,7 +242,7 @@ class Supervisor:
             # reads end-of-file and exits (PR_SET_PDEATHSIG would fire when the spawning *thread* exits,
             # and trio spawns from its worker threads).
             process = await trio.lowlevel.open_process(worker.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                       env={**os.environ, SUPERVISED_ENV: "1"})
+                                                       env={**os.environ, **self._env, SUPERVISED_ENV: "1"})
             worker.process = process
             async with trio.open_nursery() as relay:
                 relay.start_soon(self._relay_output, worker, process)

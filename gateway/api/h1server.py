@@ -114,7 +114,8 @@ class _Cycle:
                  "response_complete", "keep_alive", "head_only", "chunked", "expect_continue", "continue_sent",
                  "status", "headers", "error_status", "error_message", "wakeup", "connection")
 
-    def __init__(self, connection: "_Connection", scope: dict[str, Any], keep_alive: bool, expect_continue: bool) -> None:
+    def __init__(self, connection: "_Connection", scope: dict[str, Any], keep_alive: bool,
+                 expect_continue: bool) -> None:
         self.connection = connection
         self.scope = scope
         self.chunks: collections.deque[bytes] = collections.deque()

@@ -196,7 +196,8 @@ def _check_normalizer(normalizer: Any) -> bool:
 
 
 def _check_byte_level(step: dict[str, Any], use_regex: bool) -> None:
-    if step.get("type") != "ByteLevel" or step.get("add_prefix_space") or bool(step.get("use_regex", True)) != use_regex:
+    if (step.get("type") != "ByteLevel" or step.get("add_prefix_space")
+            or bool(step.get("use_regex", True)) != use_regex):
         raise NotEquivalent("pre-tokenizer is not byte-level as expected")
 
 

@@ -275,7 +275,8 @@ def main() -> None:
                             row = trio.run(run_cell, gateway, scenario, stream, concurrency, args.seconds)
                             per_gateway[gateway.name].append(row)
                             print(f"{scenario:9} stream={stream!s:5} c={concurrency:<3} {gateway.name:12} "
-                                  f"rps={row['rps']:.0f} p50={fmt(row['p50_ms'])} cpu_ms={fmt(row['cpu_ms_per_request'])} "
+                                  f"rps={row['rps']:.0f} p50={fmt(row['p50_ms'])} "
+                                  f"cpu_ms={fmt(row['cpu_ms_per_request'])} "
                                   f"errors={row['errors']}", file=sys.stderr, flush=True)
                     for name, rows in per_gateway.items():
                         results[(scenario, stream, concurrency, name)] = median_row(rows)
