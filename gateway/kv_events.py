@@ -11,7 +11,7 @@ that, and the engine's blocks are rebuilt from scratch.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import trio
@@ -30,9 +30,8 @@ RESUBSCRIBE_BACKOFF_S = (0.1, 5.0)  # first wait, longest wait
 DECODE_BLOCKS_PER_STEP = 64
 
 
-def _decode_in_steps(batch: Any) -> Generator[None, None, tuple[list[KvEvent], bool]]:
-    """Decodes a batch, pausing (a bare ``yield``) every DECODE_BLOCKS_PER_STEP blocks."""
-    events: list[KvEvent] = []
+def _decode_in_steps(batch: Any, events: "list[KvEvent]") -> Iterator[None]:
+    """Decodes a batch into ``events``, pausing (a bare ``yield``) every DECODE_BLOCKS_PER_STEP blocks."""
     for event in batch.events:
         kind = event.WhichOneof("data")
         if kind == "stored":
@@ -50,28 +49,22 @@ def _decode_in_steps(batch: Any) -> Generator[None, None, tuple[list[KvEvent], b
             events.append(RemovedBlocks(tuple(event.removed.block_hashes)))
         elif kind == "cleared":
             events.append(Cleared())
-    return events, batch.HasField("snapshot")
 
 
 def decode_batch(batch: Any) -> tuple[list[KvEvent], bool]:
     """A ``KvEventBatch`` as index events, and whether it is a snapshot chunk."""
-    steps = _decode_in_steps(batch)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
+    events: list[KvEvent] = []
+    for _ in _decode_in_steps(batch, events):
+        pass
+    return events, batch.HasField("snapshot")
 
 
 async def decode_batch_in_steps(batch: Any) -> tuple[list[KvEvent], bool]:
     """``decode_batch`` with a checkpoint every DECODE_BLOCKS_PER_STEP blocks (the loop stays free)."""
-    steps = _decode_in_steps(batch)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
+    events: list[KvEvent] = []
+    for _ in _decode_in_steps(batch, events):
         await trio.lowlevel.checkpoint()
+    return events, batch.HasField("snapshot")
 
 
 class _Resubscribe(Exception):

@@ -76,7 +76,8 @@ class SlowStepLog(trio.abc.Instrument):
     def __init__(self, threshold_s: float, logger) -> None:
         self.threshold_s = threshold_s
         self.log = logger
-        self._started = 0.0
+        # Added from inside a running task: that task's step ends without having begun under us.
+        self._started = time.perf_counter()
 
     def before_task_step(self, task) -> None:
         self._started = time.perf_counter()

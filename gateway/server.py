@@ -100,6 +100,14 @@ def _state_metrics(state: GatewayState) -> Iterator[Any]:
                       [(["inserted"], kv.inserted), (["removed"], kv.removed), (["evicted"], kv.evicted)])
 
 
+def _lag_metrics(lag: LoopLagMonitor) -> Iterator[Any]:
+    stats = lag.statistics()  # quantiles of the last minute's samples: computed once per scrape
+    yield gauge("smg_event_loop_lag_ms", "Event-loop lag over the last minute", ["quantile"],
+                [([k.removesuffix("_ms")], v) for k, v in stats.items() if not k.startswith("gc_")])
+    yield gauge("smg_gc_pause_max_ms", "Longest garbage-collector pause since start", [],
+                [([], stats["gc_pause_max_ms"])])
+
+
 async def _start_rate_limiter(config: GatewayConfig, cluster: ClusterState | None, metrics: GatewayMetrics,
                               nursery: trio.Nursery) -> RateLimiter:
     """Always running (limits can be set at run time); it costs nothing while no limit is set."""
@@ -237,11 +245,7 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         metrics.add_state_source(lambda: _state_metrics(state))
         lag = LoopLagMonitor(metrics.loop_lag, gc_pauses=metrics.gc_pauses)
         nursery.start_soon(lag.run)
-        metrics.add_state_source(lambda: iter([gauge(
-            "smg_event_loop_lag_ms", "Event-loop lag over the last minute", ["quantile"],
-            [([k.removesuffix("_ms")], v) for k, v in lag.statistics().items() if not k.startswith("gc_")]),
-            gauge("smg_gc_pause_max_ms", "Longest garbage-collector pause since start", [],
-                  [([], lag.statistics()["gc_pause_max_ms"])])]))
+        metrics.add_state_source(lambda: _lag_metrics(lag))
         # Register the configured workers before serving when they answer; keep trying those that don't.
         with trio.move_on_after(config.health.timeout_s * 2):
             async with trio.open_nursery() as first:

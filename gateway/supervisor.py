@@ -193,7 +193,6 @@ class Supervisor:
         self._url = ""
         self._workers: list[_Worker] = []
         self._env: dict[str, str] = {}
-        self.exit_code = 0
 
     async def run(self) -> None:
         host = self.config.host
@@ -294,6 +293,5 @@ class Supervisor:
 def run_supervisor(config: GatewayConfig, serve_argv: list[str]) -> int:
     """Blocking entry point of ``smg-node serve --workers N`` (N > 1)."""
     setup_logging(config.log_level, config.log_json)
-    supervisor = Supervisor(config, serve_argv)
-    trio.run(supervisor.run)
-    return supervisor.exit_code
+    trio.run(Supervisor(config, serve_argv).run)
+    return 0

@@ -352,23 +352,21 @@ class _Connection:
                 return
             try:
                 self._parser.feed_data(data)
-            except _HeadTooLarge:
-                await self._refuse(self._head_error, "request head too large" if self._head_error == 431
-                                   else "request URL too long")
-                return
             except httptools.HttpParserUpgrade:
                 # No upgrades (h2c, websocket): answer the request as plain HTTP/1.1, then close.
                 self._upgraded = True
                 if self._cycles:
                     self._cycles[-1].keep_alive = False
                 else:
-                    await self._refuse(400, "protocol upgrades are not supported")
+                    self._refuse(400, "protocol upgrades are not supported")
                 return
             except httptools.HttpParserError as e:
+                # A limit our callbacks enforce surfaces here too (httptools wraps what they raise).
                 if self._head_error:
-                    await self._refuse(self._head_error, "request head too large")
+                    self._refuse(self._head_error, "request head too large" if self._head_error == 431
+                                 else "request URL too long")
                 else:
-                    await self._refuse(400, f"malformed HTTP request: {e}")
+                    self._refuse(400, f"malformed HTTP request: {e}")
                 return
 
     def _read_deadline(self) -> float:
@@ -389,7 +387,7 @@ class _Connection:
             self._parsing.wakeup.unpark_all()
         self._cycles_changed.unpark_all()
 
-    async def _refuse(self, status: int, message: str) -> None:
+    def _refuse(self, status: int, message: str) -> None:
         """Queue an error answer after the requests already parsed, then stop reading."""
         cycle = _Cycle(self, {"method": "GET", "http_version": "1.1"}, False, False)
         cycle.error_status = status

@@ -33,7 +33,6 @@ not know which one it talks through.
 from __future__ import annotations
 
 import contextlib
-import logging
 import struct
 from collections.abc import AsyncIterator
 from typing import Any
@@ -48,8 +47,6 @@ import h2.settings
 import trio
 
 from .errors import EngineCallError
-
-log = logging.getLogger("gateway.engine.h2grpc")
 
 # Same bound as the bridge: any real context fits, an engine cannot make us hold more.
 GRPC_MESSAGE_BYTES_MAX = 64 * 1024 * 1024

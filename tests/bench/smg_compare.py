@@ -56,12 +56,11 @@ sys.path.insert(0, str(ROOT))
 
 from chaos.processes import EngineProcess, NodeProcess, default_log_dir  # noqa: E402
 from gateway.tokenizer.bundled import default_tokenizer_dir  # noqa: E402
-from tests.bench.gateway_bench import Connection, drive  # noqa: E402
+from tests.bench.gateway_bench import Connection, cpu_seconds, drive  # noqa: E402
 
 SMG_VERSION = "1.13.0"
 MODEL = "sim-model"
 OUTPUT_TOKENS = 16
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 _SENTENCE = ("The gateway tokenizes every prompt before it reaches the engine, so the engine only ever sees "
              "token ids and spends its time on the model. ")
 _LONG_TEXT = _SENTENCE * 279  # ~7,800 tokens with the Qwen3 tokenizer
@@ -78,19 +77,18 @@ def tree_cpu_seconds(pid: int) -> float:
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except OSError:
             continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
+        children.setdefault(parent, []).append(int(entry.name))
     total = 0.0
     todo = [pid]
     while todo:
         current = todo.pop()
         try:
-            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += cpu_seconds(current)
         except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / _CLK_TCK
+            continue  # it exited meanwhile
         todo += children.get(current, [])
     return total
 
