@@ -81,8 +81,9 @@ class GatewayConfig:
     # "native": the gateway's own HTTP/1.1 server (gateway/api/h1server.py, ~20x less CPU per request
     # than hypercorn on trio, BENCHMARKS.md); "hypercorn": hypercorn's, which also speaks HTTP/2.
     http_server: str = "native"
-    # "h2": gRPC to engines from the event loop over h2 (gateway/engine/h2grpc.py, several times less
-    # CPU per call); "grpcio": through grpcio's asyncio API on a thread of its own (engine/bridge.py).
+    # "h2": gRPC to engines over HTTP/2 from the event loop with our own framing
+    # (gateway/engine/h2grpc.py, several times less CPU per call); "grpcio": through grpcio's asyncio
+    # API on a thread of its own (engine/bridge.py).
     grpc_client: str = "h2"
     # Gateway processes serving the HTTP port (SO_REUSEPORT; gateway/supervisor.py says how they share
     # the node's state); 0 = one per core this process may use (CPU affinity and cgroup quota).

@@ -1,29 +1,33 @@
-"""gRPC calls to engines straight from trio: HTTP/2 with ``h2``, no grpcio, no thread.
+"""gRPC calls to engines straight from trio: our own HTTP/2 client framing, no grpcio, no thread.
 
 Why: through grpcio's asyncio API on its own thread (``bridge.py``) a call
 cost ~850-1,250 µs of CPU and a 16-token stream ~2,900-4,800 µs on this
 machine (``python tests/bench/bridge_bench.py``), more than smg's whole
 request: every call crosses two threads (self-pipe writes, trio wake-ups,
 GIL hand-offs) and runs grpcio's Python layers. Here a call is a few HTTP/2
-frames on a connection the node's own event loop reads; the same benchmark
-gives the figures in BENCHMARKS.md.
+frames on a connection the node's own event loop reads. The frames are ours
+(``http2_frames.py`` says why not the ``h2`` library); HPACK is ``hpack``'s.
 
 What it implements of gRPC over HTTP/2 (the client side of the spec in
-grpc/doc/PROTOCOL-HTTP2.md): unary-request calls answered by one or many
-messages; the 5-byte message framing; ``grpc-timeout`` and a local deadline;
-``grpc-status``/``grpc-message`` from trailers or a trailers-only answer; the
-HTTP-status mapping for non-gRPC answers; RST_STREAM(CANCEL) when the caller
-leaves; GOAWAY (calls opened after the server's last stream fail as
-UNAVAILABLE and new calls use a new connection); flow control in both
-directions, with the window of a stream re-opened only as its reader
-consumes (so a slow consumer pushes back on the engine, like the bridge's
-window). No compression (we never ask for it; a compressed message is an
-INTERNAL error), no TLS (engines are reached in the clear, as before).
+grpc/doc/PROTOCOL-HTTP2.md, on RFC 9113): unary-request calls answered by one
+or many messages; the 5-byte message framing; ``grpc-timeout`` and a local
+deadline; ``grpc-status``/``grpc-message`` from trailers or a trailers-only
+answer; the HTTP-status mapping for non-gRPC answers; RST_STREAM(CANCEL) when
+the caller leaves; GOAWAY (calls opened after the server's last stream fail as
+UNAVAILABLE and new calls use a new connection); SETTINGS, PING, CONTINUATION,
+padding; flow control in both directions: our sends wait for the engine's
+windows, and a stream's receive window is re-opened only as its reader
+consumes (so a slow consumer pushes back on the engine). The connection's
+receive window is given back as calls consume or end. No compression (we
+never ask for it; a compressed message is an INTERNAL error), no TLS
+(engines are reached in the clear, as before).
 
 One connection per engine target, opened on first use and again after it
 fails; calls multiplex on it up to the server's MAX_CONCURRENT_STREAMS.
 A connection that answers nothing while a call times out is dropped (a
-half-open TCP connection would otherwise hold every later call).
+half-open TCP connection would otherwise hold every later call). A peer that
+breaks the protocol gets GOAWAY with the error and its calls fail as
+UNAVAILABLE (retryable).
 
 Interface: the same as ``GrpcBridge`` (``unary``, ``open_stream`` giving
 lists of messages, ``close_channel``, ``aclose``), so ``grpc_engine.py`` does
@@ -38,22 +42,26 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import unquote
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
 import trio
 
+from . import http2_frames as h2f
 from .errors import EngineCallError
 
 # Same bound as the bridge: any real context fits, an engine cannot make us hold more.
 GRPC_MESSAGE_BYTES_MAX = 64 * 1024 * 1024
 CONNECT_TIMEOUT_S = 10.0
-# Receive windows: large, so a stream of tokens rarely waits for a WINDOW_UPDATE.
+WRITE_TIMEOUT_S = 10.0
+# Receive windows: large, so a stream of tokens rarely waits for a WINDOW_UPDATE. Credit goes
+# back once a quarter of a window is consumed: short calls end before that and cost no update.
 STREAM_WINDOW_BYTES = 4 * 1024 * 1024
 CONNECTION_WINDOW_BYTES = 32 * 1024 * 1024
+STREAM_CREDIT_BYTES = STREAM_WINDOW_BYTES // 4
+CONNECTION_CREDIT_BYTES = CONNECTION_WINDOW_BYTES // 4
+# Frames up to 1 MiB from the engine (fewer frames for large answers; RFC 9113 allows 16 MiB).
+RECEIVE_FRAME_BYTES = 1024 * 1024
+HEADER_LIST_BYTES_MAX = 64 * 1024
+# A header block (HEADERS + CONTINUATIONs) compressed beyond this is refused before decoding.
+HEADER_BLOCK_BYTES_MAX = 256 * 1024
 _READ_BYTES = 256 * 1024
 
 _STATUS_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
@@ -62,10 +70,13 @@ _STATUS_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXC
 # gRPC's mapping of HTTP statuses of answers that are not gRPC (a proxy's error page, say).
 _HTTP_STATUS_CODES = {400: "INTERNAL", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "UNIMPLEMENTED",
                       429: "UNAVAILABLE", 502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "UNAVAILABLE"}
-_RESET_CODES = {h2.errors.ErrorCodes.CANCEL: "CANCELLED", h2.errors.ErrorCodes.REFUSED_STREAM: "UNAVAILABLE",
-                h2.errors.ErrorCodes.ENHANCE_YOUR_CALM: "RESOURCE_EXHAUSTED",
-                h2.errors.ErrorCodes.INADEQUATE_SECURITY: "PERMISSION_DENIED"}
+# gRPC's mapping of RST_STREAM codes.
+_RESET_CODES = {h2f.CANCEL: "CANCELLED", h2f.REFUSED_STREAM: "UNAVAILABLE", h2f.ENHANCE_YOUR_CALM: "RESOURCE_EXHAUSTED",
+                h2f.INADEQUATE_SECURITY: "PERMISSION_DENIED"}
 _FRAME = struct.Struct(">BI")
+_OUR_SETTINGS = {h2f.ENABLE_PUSH: 0, h2f.INITIAL_WINDOW_SIZE: STREAM_WINDOW_BYTES,
+                 h2f.MAX_FRAME_SIZE: RECEIVE_FRAME_BYTES, h2f.MAX_HEADER_LIST_SIZE: HEADER_LIST_BYTES_MAX}
+_BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
 def _grpc_timeout(timeout_s: float) -> bytes:
@@ -77,20 +88,22 @@ def _grpc_timeout(timeout_s: float) -> bytes:
 class _Call:
     """One call's received state, written by the connection's reader, read by the caller."""
 
-    __slots__ = ("stream_id", "buffer", "messages", "message_bytes", "status", "headers", "error", "finished",
-                 "changed", "unacked_bytes")
+    __slots__ = ("stream_id", "buffer", "messages", "status", "headers", "got_headers", "error", "finished",
+                 "changed", "unacked_bytes", "connection_debt_bytes", "send_window_bytes")
 
     def __init__(self) -> None:
         self.stream_id = 0
         self.buffer = bytearray()  # bytes of a message not complete yet
         self.messages: list[bytes] = []
-        self.message_bytes = 0
         self.status = 0
         self.headers: dict[bytes, bytes] = {}
+        self.got_headers = False
         self.error: EngineCallError | None = None
         self.finished = False
         self.changed = trio.Event()
-        self.unacked_bytes = 0  # received, flow-controlled, not yet given back to the engine
+        self.unacked_bytes = 0  # received on the stream, not yet credited back to the engine
+        self.connection_debt_bytes = 0  # the same, for the connection's window
+        self.send_window_bytes = 0  # what the engine lets us send on this stream
 
     def wake(self) -> None:
         self.changed.set()
@@ -145,41 +158,73 @@ class _Call:
         self.wake()
 
 
+def _renewed(event: trio.Event) -> trio.Event:
+    """The event to wait on: the same one while unset, so every waiter is woken by one ``set``."""
+    return trio.Event() if event.is_set() else event
+
+
 class _Connection:
-    """One HTTP/2 connection to an engine and the calls open on it."""
+    """One HTTP/2 connection to an engine and the calls open on it.
+
+    State is changed synchronously (frames to send go to ``_outbox``) and written by
+    ``flush`` under a lock, so frames leave in the order they were made: stream ids
+    increase on the wire and a header block's frames stay together.
+    """
 
     def __init__(self, target: str, stream: trio.SocketStream) -> None:
         self.target = target
         self.stream = stream
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None, validate_outbound_headers=False,
-                                           normalize_outbound_headers=False)
-        self.h2 = h2.connection.H2Connection(config)
         self.calls: dict[int, _Call] = {}
         self.alive = True
         self.accepting = True  # False after GOAWAY: running calls finish, new ones go elsewhere
         self.received_bytes = 0
+        self._reader = h2f.FrameReader(RECEIVE_FRAME_BYTES)
+        self._header_decoder = h2f.HeaderBlockDecoder(HEADER_LIST_BYTES_MAX)
+        self._outbox = bytearray()
         self._send_lock = trio.StrictFIFOLock()
         self._window_opened = trio.Event()
         self._stream_closed = trio.Event()
+        self._next_stream_id = 1
+        self._request_header_prefixes: dict[str, bytes] = {}
+        # The engine's settings; RFC 9113's defaults until its SETTINGS frame arrives.
+        self._peer_max_streams = 2**31
+        self._peer_initial_window_bytes = h2f.DEFAULT_WINDOW_BYTES
+        self._peer_max_frame_bytes = h2f.DEFAULT_FRAME_BYTES
+        self._send_window_bytes = h2f.DEFAULT_WINDOW_BYTES  # the connection's, for our DATA
+        self._received_uncredited_bytes = 0  # the connection's receive window in use
+        self._credit_pending_bytes = 0  # consumed, not yet sent back in a WINDOW_UPDATE
+        # A header block arriving in HEADERS + CONTINUATION frames.
+        self._block_stream_id = 0
+        self._block_flags = 0
+        self._block = bytearray()
 
     async def start(self) -> None:
-        self.h2.local_settings = h2.settings.Settings(client=True, initial_values={
-            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW_BYTES,
-            h2.settings.SettingCodes.ENABLE_PUSH: 0,
-            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 64 * 1024,
-        })
-        self.h2.initiate_connection()
-        self.h2.increment_flow_control_window(CONNECTION_WINDOW_BYTES - 65_535)
+        self._outbox += h2f.PREFACE + h2f.settings_frame(_OUR_SETTINGS)
+        self._outbox += h2f.window_update_frame(0, CONNECTION_WINDOW_BYTES - h2f.DEFAULT_WINDOW_BYTES)
         await self.flush()
 
     async def flush(self) -> None:
         async with self._send_lock:
-            data = self.h2.data_to_send()
-            if data:
-                try:
-                    await self.stream.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-                    self.lost(f"write failed: {e}")
+            await self._write_outbox()
+
+    async def _write_outbox(self) -> None:
+        """Send what is queued (the caller holds the send lock).
+
+        Shielded: a caller leaving (a client gone, a deadline) must not cut a write short, since
+        half a frame would corrupt every call on the connection. A write the engine does not take
+        within WRITE_TIMEOUT_S ends the connection instead.
+        """
+        if not self._outbox or not self.alive:
+            return
+        data = bytes(self._outbox)
+        self._outbox.clear()
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_TIMEOUT_S) as scope:
+            try:
+                await self.stream.send_all(data)
+            except _BROKEN as e:
+                self.lost(f"write failed: {e}")
+        if scope.cancelled_caught:
+            self.lost(f"a write stalled for {WRITE_TIMEOUT_S}s")
 
     # -- reading (one task per connection) ------------------------------------
 
@@ -192,64 +237,217 @@ class _Connection:
                     break
                 self.received_bytes += len(data)
                 try:
-                    events = self.h2.receive_data(data)
-                except h2.exceptions.ProtocolError as e:
+                    for kind, flags, stream_id, payload in self._reader.feed(data):
+                        self._on_frame(kind, flags, stream_id, payload)
+                except h2f.ConnectionFailure as e:
                     reason = f"HTTP/2 protocol error: {e}"
+                    self._outbox += h2f.goaway_frame(0, e.code, str(e).encode()[:256])
+                    await self.flush()
                     break
-                for event in events:
-                    self._handle(event)
-                await self.flush()  # settings and ping acknowledgements, window updates
+                await self.flush()  # settings and ping acknowledgements, window updates, resets
                 if not self.accepting and not self.calls:
                     reason = "drained after GOAWAY"
                     break
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+        except _BROKEN as e:
             reason = f"read failed: {e}"
         self.lost(reason)
         with trio.CancelScope(shield=True):
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            with contextlib.suppress(*_BROKEN):
                 await self.stream.aclose()
 
-    def _handle(self, event: Any) -> None:
-        if isinstance(event, h2.events.DataReceived):
-            call = self.calls.get(event.stream_id)
-            if call is None:
-                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                return
-            call.unacked_bytes += event.flow_controlled_length
-            call.feed(event.data)
+    def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._block_stream_id and kind != h2f.CONTINUATION:
+            raise h2f.ConnectionFailure(h2f.PROTOCOL_ERROR, "a header block interrupted by another frame")
+        if kind == h2f.DATA:
+            self._on_data(flags, stream_id, payload)
+        elif kind == h2f.HEADERS:
+            self._on_headers(flags, stream_id, payload)
+        elif kind == h2f.CONTINUATION:
+            self._on_continuation(flags, stream_id, payload)
+        elif kind == h2f.WINDOW_UPDATE:
+            self._on_window_update(stream_id, payload)
+        elif kind == h2f.SETTINGS:
+            self._on_settings(flags, stream_id, payload)
+        elif kind == h2f.PING:
+            if stream_id:
+                raise h2f.ConnectionFailure(h2f.PROTOCOL_ERROR, "PING on a stream")
+            if len(payload) != 8:
+                raise h2f.ConnectionFailure(h2f.FRAME_SIZE_ERROR, "a PING frame not of 8 bytes")
+            if not flags & h2f.ACK:
+                self._outbox += h2f.frame(h2f.PING, h2f.ACK, 0, payload)
+        elif kind == h2f.RST_STREAM:
+            self._on_reset(stream_id, payload)
+        elif kind == h2f.GOAWAY:
+            self._on_goaway(stream_id, payload)
+        elif kind == h2f.PUSH_PROMISE:
+            raise h2f.ConnectionFailure(h2f.PROTOCOL_ERROR, "PUSH_PROMISE, though push was disabled")
+        # PRIORITY and frame types we do not know are ignored (RFC 9113 5.5).
+
+    def _call_of(self, stream_id: int, what: str) -> _Call | None:
+        """The call of a stream the engine sends on; None for one we already left."""
+        if stream_id == 0:
+            raise h2f.ConnectionFailure(h2f.PROTOCOL_ERROR, f"{what} on stream 0")
+        call = self.calls.get(stream_id)
+        if call is None and (stream_id % 2 == 0 or stream_id >= self._next_stream_id):
+            raise h2f.ConnectionFailure(h2f.PROTOCOL_ERROR, f"{what} on stream {stream_id}, which we never opened")
+        return call
+
+    def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        call = self._call_of(stream_id, "DATA")
+        size = len(payload)  # padding included: it counts against the windows
+        self._received_uncredited_bytes += size
+        if self._received_uncredited_bytes > CONNECTION_WINDOW_BYTES:
+            raise h2f.ConnectionFailure(h2f.FLOW_CONTROL_ERROR, "the engine sent beyond the connection's window")
+        data = h2f.unpad(flags, payload)
+        if call is None:
+            self._credit_connection(size)
+            return
+        call.unacked_bytes += size
+        call.connection_debt_bytes += size
+        if call.unacked_bytes > STREAM_WINDOW_BYTES:
+            self._reset(call, h2f.FLOW_CONTROL_ERROR, "INTERNAL", "the engine sent beyond the stream's window")
+            return
+        if not call.got_headers:
+            self._reset(call, h2f.PROTOCOL_ERROR, "INTERNAL", "the engine sent DATA before HEADERS")
+            return
+        if data:
+            call.feed(data)
             call.wake()
-        elif isinstance(event, h2.events.ResponseReceived):
-            call = self.calls.get(event.stream_id)
-            if call is not None:
-                call.headers = dict(event.headers)
-                try:
-                    call.status = int(call.headers.get(b":status", b"0"))
-                except ValueError:
-                    call.status = 0
-        elif isinstance(event, h2.events.TrailersReceived):
-            call = self.calls.get(event.stream_id)
-            if call is not None:
-                call.end(dict(event.headers))
-        elif isinstance(event, h2.events.StreamEnded):
-            call = self.calls.pop(event.stream_id, None)
-            if call is not None:
-                call.end({})
-            self._stream_closed.set()
-        elif isinstance(event, h2.events.StreamReset):
-            call = self.calls.pop(event.stream_id, None)
-            if call is not None:
-                call.fail(EngineCallError(_RESET_CODES.get(event.error_code, "INTERNAL"),
-                                          f"the engine reset the call ({event.error_code!s})"))
-            self._stream_closed.set()
-        elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
-            self._window_opened.set()
-        elif isinstance(event, h2.events.ConnectionTerminated):
-            self.accepting = False
-            last = event.last_stream_id if event.last_stream_id is not None else 0
-            for stream_id in [s for s in self.calls if s > last]:
-                self.calls.pop(stream_id).fail(EngineCallError("UNAVAILABLE", "the engine is going away (GOAWAY)"))
-            if event.error_code != h2.errors.ErrorCodes.NO_ERROR:
-                self.lost(f"GOAWAY {event.error_code!s}")
+        if flags & h2f.END_STREAM:
+            self._finish(call, {})
+
+    def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id == 0:
+            raise h2f.ConnectionFailure(h2f.PROTOCOL_ERROR, "HEADERS on stream 0")
+        fragment = h2f.unpad(flags, payload)
+        if flags & h2f.END_HEADERS:
+            self._on_header_block(flags, stream_id, fragment)
+        else:
+            self._block_stream_id, self._block_flags, self._block = stream_id, flags, bytearray(fragment)
+
+    def _on_continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if not self._block_stream_id or stream_id != self._block_stream_id:
+            raise h2f.ConnectionFailure(h2f.PROTOCOL_ERROR, "CONTINUATION not following HEADERS of its stream")
+        self._block += payload
+        if len(self._block) > HEADER_BLOCK_BYTES_MAX:
+            raise h2f.ConnectionFailure(h2f.ENHANCE_YOUR_CALM, f"a header block over {HEADER_BLOCK_BYTES_MAX} bytes")
+        if flags & h2f.END_HEADERS:
+            block, self._block = bytes(self._block), bytearray()
+            self._block_stream_id = 0
+            self._on_header_block(self._block_flags, stream_id, block)
+
+    def _on_header_block(self, flags: int, stream_id: int, block: bytes) -> None:
+        fields = self._header_decoder.decode(block)  # always: HPACK state is shared by every stream
+        call = self._call_of(stream_id, "HEADERS")
+        if call is None:
+            return
+        if call.got_headers:
+            if not flags & h2f.END_STREAM:
+                self._reset(call, h2f.PROTOCOL_ERROR, "INTERNAL", "the engine sent trailers that do not end the call")
+                return
+            self._finish(call, dict(fields))
+            return
+        headers = dict(fields)
+        try:
+            status = int(headers.get(b":status", b"0"))
+        except ValueError:
+            status = 0
+        if 100 <= status < 200 and not flags & h2f.END_STREAM:
+            return  # an informational answer: the real one follows
+        call.got_headers = True
+        call.headers = headers
+        call.status = status
+        if flags & h2f.END_STREAM:
+            self._finish(call, {})  # trailers-only: the status is in these headers
+
+    def _on_window_update(self, stream_id: int, payload: bytes) -> None:
+        increment = h2f.parse_u32(payload, "WINDOW_UPDATE") & h2f.WINDOW_BYTES_LIMIT
+        if stream_id == 0:
+            if increment == 0:
+                raise h2f.ConnectionFailure(h2f.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0 for the connection")
+            self._send_window_bytes += increment
+            if self._send_window_bytes > h2f.WINDOW_BYTES_LIMIT:
+                raise h2f.ConnectionFailure(h2f.FLOW_CONTROL_ERROR, "the connection's window beyond 2^31-1")
+        else:
+            call = self._call_of(stream_id, "WINDOW_UPDATE")
+            if call is None:
+                return
+            if increment == 0:
+                self._reset(call, h2f.PROTOCOL_ERROR, "INTERNAL", "a WINDOW_UPDATE of 0 for the call")
+                return
+            call.send_window_bytes += increment
+            if call.send_window_bytes > h2f.WINDOW_BYTES_LIMIT:
+                self._reset(call, h2f.FLOW_CONTROL_ERROR, "INTERNAL", "the call's window beyond 2^31-1")
+                return
+        self._window_opened.set()
+
+    def _on_settings(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id:
+            raise h2f.ConnectionFailure(h2f.PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & h2f.ACK:
+            if payload:
+                raise h2f.ConnectionFailure(h2f.FRAME_SIZE_ERROR, "a SETTINGS acknowledgement with a payload")
+            return
+        for key, value in h2f.parse_settings(payload):
+            if key == h2f.MAX_CONCURRENT_STREAMS:
+                self._peer_max_streams = value
+            elif key == h2f.INITIAL_WINDOW_SIZE:
+                change = value - self._peer_initial_window_bytes
+                self._peer_initial_window_bytes = value
+                for call in self.calls.values():
+                    call.send_window_bytes += change
+                    if call.send_window_bytes > h2f.WINDOW_BYTES_LIMIT:
+                        raise h2f.ConnectionFailure(h2f.FLOW_CONTROL_ERROR, "a call's window beyond 2^31-1")
+            elif key == h2f.MAX_FRAME_SIZE:
+                self._peer_max_frame_bytes = value
+        self._outbox += h2f.frame(h2f.SETTINGS, h2f.ACK, 0)
+        self._window_opened.set()
+        self._stream_closed.set()  # more streams may be allowed now
+
+    def _on_reset(self, stream_id: int, payload: bytes) -> None:
+        code = h2f.parse_u32(payload, "RST_STREAM")
+        call = self._call_of(stream_id, "RST_STREAM")
+        if call is not None:
+            self._remove(call)
+            call.fail(EngineCallError(_RESET_CODES.get(code, "INTERNAL"),
+                                      f"the engine reset the call ({h2f.error_name(code)})"))
+
+    def _on_goaway(self, stream_id: int, payload: bytes) -> None:
+        if stream_id:
+            raise h2f.ConnectionFailure(h2f.PROTOCOL_ERROR, "GOAWAY on a stream")
+        last_stream_id, code, debug = h2f.parse_goaway(payload)
+        self.accepting = False
+        for call in [call for stream_id, call in self.calls.items() if stream_id > last_stream_id]:
+            self._remove(call)
+            call.fail(EngineCallError("UNAVAILABLE", "the engine is going away (GOAWAY)"))
+        if code != h2f.NO_ERROR:
+            self.lost(f"GOAWAY {h2f.error_name(code)} {debug[:256].decode('utf-8', 'replace')}")
+
+    # -- stream and window bookkeeping ---------------------------------------------
+
+    def _remove(self, call: _Call) -> None:
+        """The call's stream is closed: its share of the connection's window goes back."""
+        self.calls.pop(call.stream_id, None)
+        self._credit_connection(call.connection_debt_bytes)
+        call.connection_debt_bytes = 0
+        self._stream_closed.set()
+
+    def _finish(self, call: _Call, trailers: dict[bytes, bytes]) -> None:
+        self._remove(call)
+        call.end(trailers)
+
+    def _reset(self, call: _Call, code: int, grpc_code: str, message: str) -> None:
+        """A stream error (RFC 9113 5.4.2): the stream is reset, the call fails, the connection lives on."""
+        self._remove(call)
+        self._outbox += h2f.rst_stream_frame(call.stream_id, code)
+        call.fail(EngineCallError(grpc_code, message))
+
+    def _credit_connection(self, size: int) -> None:
+        self._credit_pending_bytes += size
+        if self._credit_pending_bytes >= CONNECTION_CREDIT_BYTES:
+            self._outbox += h2f.window_update_frame(0, self._credit_pending_bytes)
+            self._received_uncredited_bytes -= self._credit_pending_bytes
+            self._credit_pending_bytes = 0
 
     def lost(self, reason: str) -> None:
         """The connection is unusable: every open call fails as UNAVAILABLE (retryable)."""
@@ -265,71 +463,100 @@ class _Connection:
 
     # -- calls -------------------------------------------------------------------
 
+    def _request_headers(self, path: str, timeout_s: float | None) -> bytes:
+        prefix = self._request_header_prefixes.get(path)
+        if prefix is None:
+            prefix = b"".join((h2f.METHOD_POST, h2f.SCHEME_HTTP, h2f.literal_field(b":path", path.encode("ascii")),
+                               h2f.literal_field(b":authority", self.target.encode("ascii")),
+                               h2f.literal_field(b"content-type", b"application/grpc"),
+                               h2f.literal_field(b"te", b"trailers"), h2f.literal_field(b"user-agent", b"smg-node")))
+            self._request_header_prefixes[path] = prefix
+        if timeout_s is None:
+            return prefix
+        return prefix + h2f.literal_field(b"grpc-timeout", _grpc_timeout(timeout_s))
+
+    def _queue_headers(self, stream_id: int, block: bytes) -> None:
+        size = self._peer_max_frame_bytes
+        if len(block) <= size:
+            self._outbox += h2f.frame(h2f.HEADERS, h2f.END_HEADERS, stream_id, block)
+            return
+        self._outbox += h2f.frame(h2f.HEADERS, 0, stream_id, block[:size])
+        for at in range(size, len(block), size):
+            last = at + size >= len(block)
+            self._outbox += h2f.frame(h2f.CONTINUATION, h2f.END_HEADERS if last else 0, stream_id, block[at:at + size])
+
     async def start_call(self, path: str, payload: bytes, timeout_s: float | None) -> _Call:
+        """Open a stream and send the request: HEADERS and as much DATA as the windows allow, one write."""
         call = _Call()
-        headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode("ascii")),
-                   (b":authority", self.target.encode("ascii")), (b"content-type", b"application/grpc"),
-                   (b"te", b"trailers"), (b"user-agent", b"smg-node")]
-        if timeout_s is not None:
-            headers.append((b"grpc-timeout", _grpc_timeout(timeout_s)))
-        body = _FRAME.pack(0, len(payload)) + payload
+        block = self._request_headers(path, timeout_s)
+        body = memoryview(_FRAME.pack(0, len(payload)) + payload)
         while True:
             if not self.alive:
                 raise EngineCallError("UNAVAILABLE", f"connection to {self.target} lost")
             async with self._send_lock:
                 # At most the engine's MAX_CONCURRENT_STREAMS at once: later calls wait for a stream to end.
-                if self.h2.open_outbound_streams < self.h2.remote_settings.max_concurrent_streams:
-                    stream_id = self.h2.get_next_available_stream_id()
-                    call.stream_id = stream_id
-                    self.calls[stream_id] = call
-                    self.h2.send_headers(stream_id, headers)
+                if len(self.calls) < self._peer_max_streams:
+                    if self._next_stream_id > h2f.STREAM_ID_LIMIT:
+                        self.accepting = False  # ids used up: the next call opens a new connection
+                        raise EngineCallError("UNAVAILABLE", f"stream ids to {self.target} used up")
+                    call.stream_id = self._next_stream_id
+                    self._next_stream_id += 2
+                    call.send_window_bytes = self._peer_initial_window_bytes
+                    self.calls[call.stream_id] = call
+                    self._queue_headers(call.stream_id, block)
+                    body = self._queue_body(call, body)
+                    window_opened = self._window_opened  # taken now: the reader sets this one
+                    await self._write_outbox()
                     break
-                self._stream_closed = trio.Event()
-            await self._stream_closed.wait()
-        await self._send_body(stream_id, body)
+                self._stream_closed = stream_closed = _renewed(self._stream_closed)
+            await stream_closed.wait()
+        try:
+            while body:  # the rest waits for WINDOW_UPDATEs (the lock is released while waiting)
+                await window_opened.wait()
+                async with self._send_lock:
+                    if not self.alive:
+                        raise EngineCallError("UNAVAILABLE", f"connection to {self.target} lost")
+                    if call.stream_id not in self.calls:
+                        raise call.error or EngineCallError("CANCELLED", "the engine closed the call before its "
+                                                            "request")
+                    body = self._queue_body(call, body)
+                    window_opened = self._window_opened
+                    await self._write_outbox()
+        except BaseException:  # the caller left (or the call failed) half-way: the stream must not stay open
+            with trio.CancelScope(shield=True):
+                await self.cancel(call)
+            raise
         return call
 
-    async def _send_body(self, stream_id: int, body: bytes) -> None:
-        """The request message, as fast as the engine's windows allow (the lock is released while waiting)."""
-        view = memoryview(body)
-        while True:
-            async with self._send_lock:
-                if not self.alive:
-                    raise EngineCallError("UNAVAILABLE", f"connection to {self.target} lost")
-                try:
-                    while view:
-                        window = self.h2.local_flow_control_window(stream_id)
-                        if window <= 0:
-                            break
-                        size = min(window, self.h2.max_outbound_frame_size, len(view))
-                        chunk, view = view[:size], view[size:]
-                        self.h2.send_data(stream_id, chunk.tobytes(), end_stream=not view)
-                except h2.exceptions.StreamClosedError:
-                    raise EngineCallError("CANCELLED", "the engine closed the call before its request") from None
-                if view:
-                    self._window_opened = trio.Event()  # set by the reader on the next WINDOW_UPDATE
-                try:
-                    await self.stream.send_all(self.h2.data_to_send())
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-                    self.lost(f"write failed: {e}")
-                    raise EngineCallError("UNAVAILABLE", f"connection to {self.target} lost: {e}") from None
-                if not view:
-                    return
-            await self._window_opened.wait()
+    def _queue_body(self, call: _Call, body: memoryview) -> memoryview:
+        """DATA frames for as much of the body as the windows allow; the rest is returned."""
+        while body:
+            size = min(self._send_window_bytes, call.send_window_bytes, self._peer_max_frame_bytes, len(body))
+            if size <= 0:
+                self._window_opened = _renewed(self._window_opened)  # set by the reader's next WINDOW_UPDATE
+                return body
+            self._send_window_bytes -= size
+            call.send_window_bytes -= size
+            self._outbox += h2f.frame(h2f.DATA, 0 if size < len(body) else h2f.END_STREAM, call.stream_id,
+                                      body[:size])
+            body = body[size:]
+        return body
 
     async def consumed(self, call: _Call) -> None:
         """Give the engine back the window of what the caller took (back-pressure follows the reader)."""
-        if call.unacked_bytes and self.alive and call.stream_id in self.calls:
-            with contextlib.suppress(h2.exceptions.StreamClosedError, KeyError):
-                self.h2.acknowledge_received_data(call.unacked_bytes, call.stream_id)
+        if call.connection_debt_bytes:
+            self._credit_connection(call.connection_debt_bytes)
+            call.connection_debt_bytes = 0
+        if call.unacked_bytes >= STREAM_CREDIT_BYTES and call.stream_id in self.calls:
+            self._outbox += h2f.window_update_frame(call.stream_id, call.unacked_bytes)
             call.unacked_bytes = 0
+        if self._outbox:
             await self.flush()
 
     async def cancel(self, call: _Call) -> None:
         if call.stream_id in self.calls and self.alive:
-            del self.calls[call.stream_id]
-            with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-                self.h2.reset_stream(call.stream_id, h2.errors.ErrorCodes.CANCEL)
+            self._remove(call)
+            self._outbox += h2f.rst_stream_frame(call.stream_id, h2f.CANCEL)
             await self.flush()
 
 

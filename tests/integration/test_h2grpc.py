@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+import h2.stream
 import pytest
 import trio
+import trio.testing
 from smg_grpc_proto.generated import common_pb2, sglang_scheduler_pb2 as sg
 
 from chaos.processes import EngineProcess
+from gateway.engine import h2grpc, http2_frames as h2f
 from gateway.engine.errors import EngineCallError
 from gateway.engine.grpc_engine import GrpcEngineClient, SamplingOptions
 from gateway.engine.h2grpc import H2GrpcClient
@@ -107,3 +116,228 @@ async def test_refused_and_silent_peers(nursery):
     assert not client._connections[target].alive
     await client.aclose()
     await listener.aclose()
+
+
+async def test_the_connection_window_is_given_back_for_every_call(engine, nursery, monkeypatch):
+    """Regression: bytes of a call's last frames and of unary answers were never credited back, so
+    the connection's receive window ran dry after ~1,700 calls here (~800,000 with the 32 MiB
+    window) and every later call waited for its deadline."""
+    monkeypatch.setattr(h2grpc, "CONNECTION_WINDOW_BYTES", 70_000)
+    monkeypatch.setattr(h2grpc, "CONNECTION_CREDIT_BYTES", 17_500)
+    client = H2GrpcClient(nursery)
+    engine_client = GrpcEngineClient(client, engine.target, "sglang")
+    for i in range(2500):
+        async with engine_client.generate(f"w{i}", [1, 2, 3], SamplingOptions(max_new_tokens=4, ignore_eos=True),
+                                          i % 2 == 0, 5) as batches:
+            async for _ in batches:
+                pass
+        if i % 100 == 0:
+            await engine_client.model_info(5)
+    connection = client._connections[engine.target]
+    assert connection.alive and connection._received_uncredited_bytes <= 17_500
+    await client.aclose()
+
+
+async def test_two_large_prompts_waiting_for_the_same_window_both_go_through(engine, nursery):
+    client = H2GrpcClient(nursery)
+    engine_client = GrpcEngineClient(client, engine.target, "sglang")
+    done = []
+
+    async def large(name):
+        async with engine_client.generate(name, list(range(1000, 31000)), SamplingOptions(max_new_tokens=2), False,
+                                          20) as batches:
+            async for batch in batches:
+                done.append((name, batch[-1].prompt_tokens))
+
+    async with trio.open_nursery() as inner:
+        for name in ("a", "b", "c"):
+            inner.start_soon(large, name)
+    assert sorted(done) == [("a", 30000), ("b", 30000), ("c", 30000)]
+    await client.aclose()
+
+
+# -- peers that are not grpcio: an independent HTTP/2 server (the h2 library) told how to answer -------------
+
+def _grpc_message(message) -> bytes:
+    data = message.SerializeToString()
+    return b"\x00" + len(data).to_bytes(4, "big") + data
+
+
+class ScriptedServer:
+    """An HTTP/2 server written with h2 (not our framing) that answers each gRPC call with ``answer``.
+
+    ``answer(connection, stream_id, serial)`` queues frames on the h2 connection and may return raw
+    bytes to send after them (frames h2 would never make). ``serial`` counts calls across connections.
+    """
+
+    def __init__(self, answer, settings=None):
+        self.answer = answer
+        self.settings = settings or {}
+        self.connections = 0
+        self.calls = 0
+        self.open_streams_max = 0
+        self.received_errors: list[int] = []  # GOAWAY codes we were sent
+        self.pings_answered: list[bytes] = []
+
+    async def serve(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+        connection.initiate_connection()
+        if self.settings:
+            connection.update_settings(self.settings)
+        await stream.send_all(connection.data_to_send())
+        open_streams: set[int] = set()
+        try:
+            while data := await stream.receive_some(65536):
+                raw = b""
+                for event in connection.receive_data(data):
+                    if isinstance(event, h2.events.RequestReceived):
+                        open_streams.add(event.stream_id)
+                        self.open_streams_max = max(self.open_streams_max, len(open_streams))
+                    elif isinstance(event, h2.events.DataReceived):
+                        connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                    elif isinstance(event, h2.events.StreamEnded):
+                        self.calls += 1
+                        raw += self.answer(connection, event.stream_id, self.calls) or b""
+                        open_streams.discard(event.stream_id)
+                    elif isinstance(event, h2.events.StreamReset):
+                        open_streams.discard(event.stream_id)
+                    elif isinstance(event, h2.events.PingAckReceived):
+                        self.pings_answered.append(event.ping_data)
+                    elif isinstance(event, h2.events.ConnectionTerminated):
+                        self.received_errors.append(event.error_code)
+                await stream.send_all(connection.data_to_send() + raw)
+        except (h2.exceptions.ProtocolError, trio.BrokenResourceError):
+            pass
+
+    async def __aenter__(self):
+        self._listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.target = f"127.0.0.1:{self._listeners[0].socket.getsockname()[1]}"
+        self._nursery_manager = trio.open_nursery()
+        nursery = await self._nursery_manager.__aenter__()
+        nursery.start_soon(trio.serve_listeners, self.serve, self._listeners)
+        self._nursery = nursery
+        return self
+
+    async def __aexit__(self, *exc):
+        self._nursery.cancel_scope.cancel()
+        return await self._nursery_manager.__aexit__(*exc)
+
+
+def _ok(connection, stream_id, message, pad=0, raw_trailers=False) -> bytes:
+    connection.send_headers(stream_id, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+    connection.send_data(stream_id, _grpc_message(message), pad_length=pad or None)
+    if not raw_trailers:
+        connection.send_headers(stream_id, [(b"grpc-status", b"0")], end_stream=True)
+        return b""
+    # Trailers in HEADERS + CONTINUATION (literal fields: h2's encoder table is left as it was).
+    block = h2f.literal_field(b"grpc-status", b"0") + h2f.literal_field(b"x-note", b"n" * 40)
+    connection._get_stream_by_id(stream_id).state_machine.process_input(h2.stream.StreamInputs.SEND_END_STREAM)
+    return (h2f.frame(h2f.HEADERS, h2f.END_STREAM, stream_id, block[:10])  # END_STREAM rides on HEADERS
+            + h2f.frame(h2f.CONTINUATION, 0, stream_id, block[10:30])
+            + h2f.frame(h2f.CONTINUATION, h2f.END_HEADERS, stream_id, block[30:]))
+
+
+INFO = sg.GetModelInfoResponse(served_model_name="scripted")
+
+
+async def _info(client, target, timeout_s=5):
+    return await client.unary(target, SERVICE + "/GetModelInfo", sg.GetModelInfoRequest(), sg.GetModelInfoResponse,
+                              timeout_s)
+
+
+async def test_what_other_servers_may_send_is_understood(nursery):
+    """One stream at a time, a 100-byte window for our requests, pings, padding, split trailers."""
+    def answer(connection, stream_id, serial):
+        connection.ping(b"%08d" % serial)
+        return _ok(connection, stream_id, INFO, pad=serial % 3 * 50, raw_trailers=serial % 2 == 0)
+
+    settings = {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1, h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 100}
+    async with ScriptedServer(answer, settings) as server:
+        client = H2GrpcClient(nursery)
+        engine_client = GrpcEngineClient(client, server.target, "sglang")
+        names = []
+
+        async def one(i):
+            if i % 2:
+                names.append((await _info(client, server.target)).served_model_name)
+            else:  # a request of ~4 KB through the 100-byte window (the server parses it as an empty request)
+                request = engine_client.runtime.generate_request(f"r{i}", list(range(2000)), SamplingOptions(1),
+                                                                 False)
+                assert request.ByteSize() > 3000
+                response = await client.unary(server.target, SERVICE + "/GetModelInfo", request,
+                                              sg.GetModelInfoResponse, 5)
+                names.append(response.served_model_name)
+
+        async with trio.open_nursery() as inner:
+            for i in range(6):
+                inner.start_soon(one, i)
+        assert names == ["scripted"] * 6
+        assert server.open_streams_max == 1 and server.connections == 1
+        await trio.testing.wait_all_tasks_blocked()  # the last acknowledgement may still be on its way
+        assert sorted(server.pings_answered) == [b"%08d" % serial for serial in range(1, 7)]
+        await client.aclose()
+
+
+async def test_goaway_and_refused_streams_fail_calls_as_retryable(nursery):
+    def answer(connection, stream_id, serial):
+        if serial == 1:
+            connection.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+        elif serial == 2:
+            _ok(connection, stream_id, INFO)
+        elif serial == 3:
+            connection.close_connection(last_stream_id=stream_id - 2)  # this call was not taken
+        else:
+            _ok(connection, stream_id, INFO)
+
+    async with ScriptedServer(answer) as server:
+        client = H2GrpcClient(nursery)
+        for expected in ("UNAVAILABLE", None, "UNAVAILABLE", None):
+            try:
+                await _info(client, server.target)
+                code = None
+            except EngineCallError as e:
+                code = e.code
+                assert e.retryable
+            assert code == expected
+        assert server.connections == 2  # after GOAWAY, a new connection
+        await client.aclose()
+
+
+@pytest.mark.parametrize("violation", ["data on stream 0", "headers on a stream never opened", "oversized frame",
+                                       "push promise", "not http/2"])
+async def test_a_peer_breaking_the_protocol_gets_goaway_and_calls_fail_as_unavailable(nursery, violation):
+    def answer(connection, stream_id, serial):
+        if violation == "data on stream 0":
+            return h2f.frame(h2f.DATA, 0, 0, b"x")
+        if violation == "headers on a stream never opened":
+            return h2f.frame(h2f.HEADERS, h2f.END_HEADERS, stream_id + 2, h2f.literal_field(b":status", b"200"))
+        if violation == "oversized frame":
+            return h2f.frame(h2f.DATA, 0, stream_id, b"x" * (h2grpc.RECEIVE_FRAME_BYTES + 1))
+        return h2f.frame(h2f.PUSH_PROMISE, h2f.END_HEADERS, stream_id, b"\x00\x00\x00\x02\x82")
+
+    if violation == "not http/2":
+        listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+
+        async def http1(stream):
+            await stream.receive_some(65536)
+            await stream.send_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+            while await stream.receive_some(65536):  # open until the client leaves, as a server would be
+                pass
+
+        nursery.start_soon(trio.serve_listeners, http1, [listener])
+        target = f"127.0.0.1:{listener.socket.getsockname()[1]}"
+        client = H2GrpcClient(nursery)
+        with pytest.raises(EngineCallError) as error:
+            await _info(client, target)
+        assert error.value.code == "UNAVAILABLE" and "HTTP/2" in str(error.value)
+        return
+    async with ScriptedServer(answer) as server:
+        client = H2GrpcClient(nursery)
+        with pytest.raises(EngineCallError) as error:
+            await _info(client, server.target)
+        assert error.value.code == "UNAVAILABLE"
+        await trio.testing.wait_all_tasks_blocked()
+        if violation != "oversized frame":  # (that server is still writing its frame when we close)
+            assert server.received_errors and server.received_errors[0] != 0
+        await client.aclose()
