@@ -25,28 +25,35 @@ log = logging.getLogger("gateway.kv_events")
 RESUBSCRIBE_BACKOFF_S = (0.1, 5.0)  # first wait, longest wait
 
 
-# Blocks decoded between checkpoints: decoding a block costs ~7 us (protobuf access, a tuple of its
-# token ids), so a 7,800-token prompt's 487 blocks would hold the loop ~3.5 ms in one step.
-DECODE_BLOCKS_PER_STEP = 64
+# Blocks decoded between checkpoints: decoding a block costs ~2 us (parse, protobuf access, a tuple
+# of its token ids), so a 7,800-token prompt's 487 blocks would hold the loop ~1 ms in one step.
+DECODE_BLOCKS_PER_STEP = 128
 
 
 def _decode_in_steps(batch: Any, events: "list[KvEvent]") -> Iterator[None]:
-    """Decodes a batch into ``events``, pausing (a bare ``yield``) every DECODE_BLOCKS_PER_STEP blocks."""
+    """Decodes a batch into ``events``, pausing (a bare ``yield``) every DECODE_BLOCKS_PER_STEP blocks.
+
+    Repeated fields are read by slicing (``field[:]``, one C call giving a list) rather than by
+    iterating them element by element: a 487-block batch decodes in ~1.0 ms instead of ~1.4 ms
+    (timeit, parse included).
+    """
     for event in batch.events:
         kind = event.WhichOneof("data")
         if kind == "stored":
             stored = event.stored
             if stored.HasField("locality") and stored.locality == common_pb2.KV_CACHE_LOCALITY_REMOTE:
                 continue  # a shared pool's blocks, not this engine's: not in its prefix index
+            field = stored.blocks
             blocks: list[tuple[int, tuple[int, ...]]] = []
-            for block in stored.blocks:
-                blocks.append((block.block_hash, tuple(block.token_ids)))
-                if len(blocks) % DECODE_BLOCKS_PER_STEP == 0:
+            for start in range(0, len(field), DECODE_BLOCKS_PER_STEP):
+                if start:
                     yield
+                blocks += [(block.block_hash, tuple(block.token_ids[:]))
+                           for block in field[start:start + DECODE_BLOCKS_PER_STEP]]
             parent = stored.parent_block_hash if stored.HasField("parent_block_hash") else None
             events.append(StoredBlocks(parent, tuple(blocks)))
         elif kind == "removed":
-            events.append(RemovedBlocks(tuple(event.removed.block_hashes)))
+            events.append(RemovedBlocks(tuple(event.removed.block_hashes[:])))
         elif kind == "cleared":
             events.append(Cleared())
 

@@ -9,14 +9,16 @@ lookup counts how many leading blocks of a request an engine holds; an insert
 records the request's blocks for the engine it was sent to.
 
 Memory is bounded per engine (``blocks_max``) with least-recently-used
-eviction: an engine evicts old prefixes too, so forgetting them is also the
-better guess. The hashes are Python's own (per process): this index is local.
+eviction (``int_lru.py``: in an order the garbage collector never scans): an
+engine evicts old prefixes too, so forgetting them is also the better guess.
+The hashes are Python's own (per process): this index is local.
 """
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Sequence
+
+from .int_lru import IntLru
 
 
 def chained_block_hashes(units: "Sequence[int] | str", block_size: int, blocks_max: int | None = None) -> list[int]:
@@ -37,7 +39,7 @@ class ApproxPrefixIndex:
     def __init__(self, block_size: int = 16, blocks_max_per_worker: int = 1 << 18) -> None:
         self.block_size = block_size
         self.blocks_max_per_worker = blocks_max_per_worker
-        self._trees: dict[str, "collections.OrderedDict[int, None]"] = {}
+        self._trees: dict[str, IntLru] = {}
 
     def matched_blocks(self, worker_id: str, hashes: "list[int]") -> int:
         """Leading blocks of the request that this worker was sent before."""
@@ -57,12 +59,12 @@ class ApproxPrefixIndex:
         return lo
 
     def insert(self, worker_id: str, hashes: "list[int]") -> None:
-        tree = self._trees.setdefault(worker_id, collections.OrderedDict())
+        tree = self._trees.get(worker_id)
+        if tree is None:
+            tree = self._trees[worker_id] = IntLru()
         for h in reversed(hashes):  # leaf first: parents end most recent, evicted last
-            tree[h] = None
-            tree.move_to_end(h)
-        while len(tree) > self.blocks_max_per_worker:
-            tree.popitem(last=False)
+            tree.put(h)
+        tree.evict_over(self.blocks_max_per_worker)
 
     def size(self, worker_id: str) -> int:
         return len(self._trees.get(worker_id, ()))

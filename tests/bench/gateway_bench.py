@@ -16,7 +16,10 @@ the encode cost: this is the uncached worst case.
 
 ``--mixed`` sends long non-streaming prompts (4 clients) and short streaming
 chats (16 clients) at the same time and reports the node's event-loop lag
-(its ``smg_event_loop_lag_ms`` gauge: p50, p99, max over the last minute).
+during that load only: from its ``smg_event_loop_lag_seconds`` histogram read
+before and after, the share of samples over 5 ms and over 10 ms ("p99 under
+5 ms" means under 1 % over 5 ms) and p50/p99 as the bucket they fall in; and
+the longest lag of the last minute (its ``smg_event_loop_lag_ms`` gauge).
 """
 
 from __future__ import annotations
@@ -170,15 +173,16 @@ def fmt(v) -> str:
     return f"{v:.2f}" if isinstance(v, float) else str(v)
 
 
-async def run_mixed(host: str, port: int, seconds: float, node_pid: int) -> tuple[dict, dict]:
+async def run_mixed(host: str, port: int, seconds: float, node_pid: int, long_clients: int,
+                    short_clients: int) -> tuple[dict, dict]:
     results = {}
 
     async def cell(kind: str, stream: bool, concurrency: int) -> None:
         results[kind] = await run_cell(host, port, kind, stream, concurrency, seconds, node_pid)
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(cell, "long", False, 4)
-        nursery.start_soon(cell, "short", True, 16)
+        nursery.start_soon(cell, "long", False, long_clients)
+        nursery.start_soon(cell, "short", True, short_clients)
     return results["long"], results["short"]
 
 
@@ -192,7 +196,9 @@ def loop_lag(url: str) -> dict[str, float]:
     text = httpx2.get(url + "/metrics", timeout=10).text
     out = {}
     for line in text.splitlines():
-        if line.startswith("smg_event_loop_lag_ms{"):
+        if line.startswith("smg_event_loop_lag_seconds_bucket"):
+            out["le " + line.split('le="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("smg_event_loop_lag_ms{"):
             q = line.split('quantile="')[1].split('"')[0]
             out[q] = float(line.rsplit(" ", 1)[1])
         elif line.startswith("smg_gc_pause_max_ms"):
@@ -206,6 +212,21 @@ def loop_lag(url: str) -> dict[str, float]:
     return out
 
 
+def lag_during(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Lag samples taken between two readings of the histogram: shares over 5 and 10 ms, p50/p99 buckets."""
+    bounds = sorted((float(key[3:]), after[key] - before.get(key, 0.0)) for key in after
+                    if key.startswith("le ") and key != "le +Inf")
+    total = after["le +Inf"] - before.get("le +Inf", 0.0)
+    out = {"samples": total}
+    for limit_s, name in ((0.005, "over_5ms"), (0.01, "over_10ms")):
+        at_most = next(count for bound, count in bounds if bound >= limit_s)
+        out[name] = (total - at_most) / total * 100 if total else float("nan")
+    for q in (50, 99):
+        out[f"p{q}_bucket_ms"] = next((bound * 1000 for bound, count in bounds if count >= total * q / 100),
+                                      float("inf"))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mixed", action="store_true", help="long and short streaming at once; report loop lag")
@@ -213,6 +234,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--kinds", nargs="+", default=["short", "long"])
     parser.add_argument("--pin", action="store_true", help="the node alone on the last core (taskset)")
+    parser.add_argument("--mixed-clients", type=int, nargs=2, default=[4, 16], metavar=("LONG", "SHORT"),
+                        help="clients sending long prompts and short streaming chats (default 4 16: the node "
+                        "saturated; fewer leave it headroom)")
     parser.add_argument("--node-args", nargs=argparse.REMAINDER, default=[])
     args = parser.parse_args()
 
@@ -232,20 +256,25 @@ def main() -> None:
     rows = []
     if args.mixed:
         try:
-            # A minute of idle first, so the lag window holds only the mixed load (not the start).
-            time.sleep(61)
-            long_row, short_row = trio.run(run_mixed, host, int(port), args.seconds, node.process.pid)
+            before = loop_lag(node.url)
+            cpu0, wall0 = cpu_seconds(node.process.pid), time.perf_counter()
+            long_row, short_row = trio.run(run_mixed, host, int(port), args.seconds, node.process.pid,
+                                           *args.mixed_clients)
+            node_cpu_share = (cpu_seconds(node.process.pid) - cpu0) / (time.perf_counter() - wall0) * 100
             lag = loop_lag(node.url)
         finally:
             node.stop()
             engine.stop()
+        during = lag_during(before, lag)
         print(f"Mixed load for {args.seconds:.0f} s on {platform.machine()}, {os.cpu_count()} cores, "
-              f"{time.strftime('%Y-%m-%d')}: long non-streaming x4 at {long_row['rps']:.1f} req/s and short "
-              f"streaming x16 at {short_row['rps']:.1f} req/s; event-loop lag over the last minute: "
-              f"p50 {lag.get('p50', float('nan')):.2f} ms, p99 {lag.get('p99', float('nan')):.2f} ms, "
-              f"max {lag.get('max', float('nan')):.2f} ms; longest garbage-collector pause "
-              f"{lag.get('gc_pause_max', float('nan')):.2f} ms; collections (5 ms or longer) by generation: "
-              + ", ".join(gc_counts(lag, g) for g in range(3)))
+              f"{time.strftime('%Y-%m-%d')}: long non-streaming x{args.mixed_clients[0]} at {long_row['rps']:.1f} "
+              f"req/s and short streaming x{args.mixed_clients[1]} at {short_row['rps']:.1f} req/s, node CPU "
+              f"{node_cpu_share:.0f} % of a core; event-loop lag during the load "
+              f"({during['samples']:.0f} samples): {during['over_5ms']:.2f} % over 5 ms, "
+              f"{during['over_10ms']:.2f} % over 10 ms, p50 <= {during['p50_bucket_ms']:g} ms, "
+              f"p99 <= {during['p99_bucket_ms']:g} ms; longest in the last minute (start-up included under 60 s) "
+              f"{lag.get('max', float('nan')):.2f} ms; garbage-collector pauses since start, longest {lag.get('gc_pause_max', float('nan')):.2f} ms; "
+              "collections (5 ms or longer) by generation: " + ", ".join(gc_counts(lag, g) for g in range(3)))
         return
     try:
         for kind in args.kinds:

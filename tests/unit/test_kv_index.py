@@ -1,6 +1,7 @@
 """The KV index built from engine events, and cache_aware routing on it."""
 
 import dataclasses
+import gc
 
 from chaos.sim_engine.kv_cache import PrefixCache
 from gateway.kv_events import decode_batch
@@ -80,6 +81,29 @@ def test_memory_is_bounded_least_recently_used_first():
     index.apply_batch("b", 2, [StoredBlocks(None, ((5, (5, 5)),))])
     assert index.block_count() == 4 and index.evicted == 1
     assert index.matched_blocks("a", prompt_block_hashes([1, 1, 2, 2], 2)) == 2
+
+
+def test_eviction_at_scale_goes_a_64th_below_the_limit_and_keeps_engines_apart():
+    index = KvIndex(blocks_max=6400)
+    for engine in ("a", "b"):
+        for sequence in range(1, 41):  # 40 batches of 100 chained blocks per engine: 8,000 in all
+            first = sequence * 1000
+            parent = None if sequence == 1 else (sequence - 1) * 1000 + 99
+            blocks = tuple((first + i, (sequence, i)) for i in range(100))
+            index.apply_batch(engine, sequence, [StoredBlocks(parent, blocks)])
+    assert index.evicted == 8000 - index.block_count() and 6300 <= index.block_count() <= 6400
+    assert index.block_count("a") + index.block_count("b") == index.block_count()
+    index.remove_engine("a")
+    assert index.block_count() == index.block_count("b") and not index.has_engine("a")
+
+
+def test_the_index_gives_the_garbage_collector_nothing_to_scan():
+    """Its maps hold only ints: CPython never tracks such dicts, whatever their size."""
+    index = KvIndex()
+    index.apply_batch("e", 1, [StoredBlocks(None, tuple((i, (i, i)) for i in range(1, 2000)))])
+    index.matched_blocks("e", prompt_block_hashes([1, 1, 2, 2], 2))
+    engine = index._engines["e"]
+    assert not any(gc.is_tracked(d) for d in (index._lru._order, engine.blocks, engine.by_engine_hash))
 
 
 def test_the_same_events_give_the_same_fingerprint():
