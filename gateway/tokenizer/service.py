@@ -30,7 +30,6 @@ import tokenizers
 import trio
 from tokenizers.decoders import DecodeStream
 
-from ..thread_priority import in_background
 from .cache import ExactCache, SegmentCache
 from .chat_template import ChatTemplate
 from .fast_bpe import FastBpe, NotEquivalent
@@ -240,8 +239,7 @@ class TokenizerService:
             return self._encode_pieces(pieces, add_special_tokens)
         if self._limiter is None:
             self._limiter = trio.CapacityLimiter(self._threads)
-        return await trio.to_thread.run_sync(in_background, self._encode_pieces, pieces, add_special_tokens,
-                                             limiter=self._limiter)
+        return await trio.to_thread.run_sync(self._encode_pieces, pieces, add_special_tokens, limiter=self._limiter)
 
     async def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``, through L0 then L1; identical to an uncached encode."""
