@@ -246,7 +246,8 @@ class GrpcEngineClient:
         request = self.runtime.generate_request(request_id, input_ids, sampling, stream)
         async with self.bridge.open_stream(self.target, self.runtime.method("Generate"), request,
                                            pb.GenerateResponse, timeout_s) as messages:
-            yield _events(messages, stream)
+            async with contextlib.aclosing(_events(messages, stream)) as events:  # (see h2grpc.open_stream)
+                yield events
 
     @contextlib.asynccontextmanager
     async def subscribe_kv_events(self, start_sequence_number: int) -> AsyncIterator[AsyncIterator[list[Any]]]:

@@ -629,7 +629,10 @@ class H2GrpcClient:
         Leaving the block before the stream ends cancels the call.
         """
         async with self._call(target, method, request, timeout_s) as (connection, call):
-            yield _batches(connection, call, response_type)
+            # Closed here, not left to the garbage collector: trio finalizes an abandoned async
+            # generator by starting a task for it, two per streamed request (this one and grpc_engine's).
+            async with contextlib.aclosing(_batches(connection, call, response_type)) as batches:
+                yield batches
 
     async def close_channel(self, target: str) -> None:
         connection = self._connections.pop(target, None)

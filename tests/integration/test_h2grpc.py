@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import h2.config
 import h2.connection
 import h2.errors
@@ -341,3 +343,32 @@ async def test_a_peer_breaking_the_protocol_gets_goaway_and_calls_fail_as_unavai
         if violation != "oversized frame":  # (that server is still writing its frame when we close)
             assert server.received_errors and server.received_errors[0] != 0
         await client.aclose()
+
+
+class _SpawnedTasks(trio.abc.Instrument):
+    def __init__(self):
+        self.names: list[str] = []
+
+    def task_spawned(self, task):
+        self.names.append(task.name)
+
+
+async def test_leaving_a_stream_early_closes_its_generators_without_finalizer_tasks(engine, nursery):
+    """trio finalizes an abandoned async generator by spawning a task: that cost two per streamed request."""
+    client = H2GrpcClient(nursery)
+    engine_client = GrpcEngineClient(client, engine.target, "sglang")
+    await engine_client.model_info(5)  # the connection and its reader exist before we count
+    spawned = _SpawnedTasks()
+    trio.lowlevel.add_instrument(spawned)
+    try:
+        for i in range(5):
+            async with engine_client.generate(f"e{i}", [1, 2, 3], SamplingOptions(max_new_tokens=50, ignore_eos=True),
+                                              True, 10) as batches:
+                async for _ in batches:
+                    break  # as a request that matched a stop string does
+        gc.collect()
+        await trio.testing.wait_all_tasks_blocked()
+    finally:
+        trio.lowlevel.remove_instrument(spawned)
+    assert not [name for name in spawned.names if "asyncgen" in name], spawned.names
+    await client.aclose()
