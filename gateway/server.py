@@ -100,6 +100,11 @@ def _state_metrics(state: GatewayState) -> Iterator[Any]:
                       [(["inserted"], kv.inserted), (["removed"], kv.removed), (["evicted"], kv.evicted)])
 
 
+def _http_server_metrics(server: H1Server) -> Iterator[Any]:
+    yield counter("smg_http_refused", "Requests the HTTP server answered itself, before the API saw them "
+                  "(400 malformed, 414 URL or 431 head over its limit)", [], [([], server.refused)])
+
+
 def _lag_metrics(lag: LoopLagMonitor) -> Iterator[Any]:
     stats = lag.statistics()  # quantiles of the last minute's samples: computed once per scrape
     yield gauge("smg_event_loop_lag_ms", "Event-loop lag over the last minute", ["quantile"],
@@ -168,7 +173,7 @@ async def _register_initial(state: GatewayState, url: str, model: str | None) ->
         delay = min(delay * 2, WORKER_RETRY_BACKOFF_MAX_S)
 
 
-async def _serve_http(config: GatewayConfig, app: Any, shutdown: trio.Event, *,
+async def _serve_http(config: GatewayConfig, app: Any, shutdown: trio.Event, metrics: GatewayMetrics, *,
                       task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve the API until ``shutdown``, then drain in-flight requests for up to the grace period."""
     if config.http_server == "hypercorn":
@@ -183,6 +188,7 @@ async def _serve_http(config: GatewayConfig, app: Any, shutdown: trio.Event, *,
         return
     server = H1Server(app, H1Config(graceful_timeout_s=config.shutdown_grace_period_s,
                                     reuse_port=config.http_reuse_port))
+    metrics.add_state_source(lambda: _http_server_metrics(server))
     await server.serve(config.host, config.port, shutdown, task_status=task_status)
 
 
@@ -267,7 +273,7 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         if config.prometheus_port is not None:
             await nursery.start(_serve_metrics_only, config, metrics)
         app = GatewayApp(state, nursery)
-        url = await nursery.start(_serve_http, config, app, shutdown)
+        url = await nursery.start(_serve_http, config, app, shutdown, metrics)
         log.info("smg-node gateway serving on %s (%d workers, policy %s)", url, len(registry),
                  config.policy.name)
         task_status.started(RunningGateway(url, state, shutdown))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import openai
 import pytest
 
@@ -71,6 +73,27 @@ def test_unknown_route_and_method(http):
     assert http.get("/v2/nothing").status_code == 404
     r = http.get("/v1/chat/completions")
     assert r.status_code == 405 and error_of(r)["code"] == "method_not_allowed"
+
+
+def _refused_count(http) -> float:
+    line = next(line for line in http.get("/metrics").text.splitlines() if line.startswith("smg_http_refused_total"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_a_head_over_the_limit_is_431_and_counted(node, http):
+    before = _refused_count(http)
+    host, port = node.url.removeprefix("http://").rsplit(":", 1)
+    head = b"GET /health HTTP/1.1\r\nhost: x\r\n" + b"".join(b"x-h%d: %s\r\n" % (i, b"v" * 1000)
+                                                             for i in range(100)) + b"\r\n"
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        raw.sendall(head)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = raw.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    assert _refused_count(http) == before + 1
 
 
 def test_node_still_serves_after_all_that(client):
