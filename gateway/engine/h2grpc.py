@@ -244,7 +244,8 @@ class _Connection:
                     self._outbox += h2f.goaway_frame(0, e.code, str(e).encode()[:256])
                     await self.flush()
                     break
-                await self.flush()  # settings and ping acknowledgements, window updates, resets
+                if self._outbox:  # settings and ping acknowledgements, window updates, resets
+                    await self.flush()  # (not for every read: taking the send lock is a trip through the scheduler)
                 if not self.accepting and not self.calls:
                     reason = "drained after GOAWAY"
                     break
@@ -638,7 +639,7 @@ class H2GrpcClient:
         connection = self._connections.pop(target, None)
         if connection is not None:
             connection.lost("closed")
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            with contextlib.suppress(*_BROKEN):
                 await connection.stream.aclose()
 
     async def aclose(self) -> None:

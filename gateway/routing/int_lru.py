@@ -53,9 +53,6 @@ class IntLru:
     def discard(self, key: int) -> None:
         self._order.pop(key, None)
 
-    def clear(self) -> None:
-        self._order.clear()
-
     def evict_over(self, limit: int) -> list[tuple[int, int | None]]:
         """If over ``limit`` keys, remove the oldest down to ``limit - limit // 64``; returns them."""
         excess = len(self._order) - limit
