@@ -7,7 +7,8 @@ Not a test: it prints figures. What it does:
 2. Starts one zero-cost simulated engine (no prefill or decode delay; model
    name ``sim-model``, so neither gateway runs a reasoning parser) and, all at
    once, the gateways under comparison, each on its own port and all pointed
-   at that engine with the same Qwen3 tokenizer files:
+   at that engine with the same Qwen3 tokenizer files, laid out as a model
+   directory (tokenizer files plus a ``config.json``; see ``model_dir``):
    ``smg-node --workers 1``, ``smg-node --workers 0`` (one per core), ``smg``
    with its defaults (tokenizer caches off) and ``smg`` with its L0 and L1
    tokenizer caches on.
@@ -139,8 +140,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_gateways(names: list[str], engine_url: str, smg: Path, log_dir: Path) -> list[Gateway]:
-    tokenizer = str(default_tokenizer_dir())
+# A text-only Qwen3 model's config.json, as a model directory holds it. smg 1.13.0 reads the model's
+# config.json from the tokenizer path the engine reports on every chat request (its multimodal check);
+# without one it asks huggingface.co for it, resolving the name each time. Here, where DNS gets no
+# answer, about one lookup in 30 waited for the resolver's 5 s retry: smg held that request 5 s
+# (diagnosed with strace, 2026-11-22). A real engine reports a real model directory, so the benchmark
+# gives both gateways one.
+_MODEL_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
+                 "bos_token_id": 151643, "eos_token_id": 151645, "max_position_embeddings": 40960,
+                 "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
+
+def model_dir(log_dir: Path) -> Path:
+    """The bundled tokenizer's files (linked) plus a config.json: what a served model's directory holds."""
+    path = log_dir / "model"
+    path.mkdir(exist_ok=True)
+    for source in default_tokenizer_dir().iterdir():
+        link = path / source.name
+        if not link.exists():
+            link.symlink_to(source)
+    (path / "config.json").write_bytes(orjson.dumps(_MODEL_CONFIG, option=orjson.OPT_INDENT_2))
+    return path
+
+
+def start_gateways(names: list[str], engine_url: str, smg: Path, log_dir: Path, model: Path) -> list[Gateway]:
+    tokenizer = str(model)
     out = []
     for name in names:
         if name.startswith("smg-node"):
@@ -253,14 +277,15 @@ def main() -> None:
 
     smg = ensure_smg(args.smg_venv)
     log_dir = default_log_dir()
-    engine = EngineProcess(["--zero-cost", "--model-name", MODEL, "--batch-size-max", "4096", "--queue-size-max",
-                            "16384"], log_dir)
+    model = model_dir(log_dir)
+    engine = EngineProcess(["--zero-cost", "--model-name", MODEL, "--tokenizer-path", str(model), "--batch-size-max",
+                            "4096", "--queue-size-max", "16384"], log_dir)
     gateways: list[Gateway] = []
     results: dict[tuple, dict] = {}
     streams = {"both": [False, True], "yes": [True], "no": [False]}[args.stream]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     try:
-        gateways = start_gateways(args.gateways, engine.url, smg, log_dir)
+        gateways = start_gateways(args.gateways, engine.url, smg, log_dir, model)
         rotation = 0
         for scenario in args.scenarios:
             for stream in streams:
