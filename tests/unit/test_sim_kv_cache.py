@@ -55,6 +55,22 @@ def test_pinned_blocks_are_not_evicted():
     assert cache.used_blocks == 1
 
 
+def test_one_eviction_pass_takes_a_chain_leaf_first_and_skips_pinned_blocks():
+    cache = PrefixCache(block_size=2, capacity_blocks=4, replay_batches_max=100)
+    cache.release(cache.acquire([1, 2, 3, 4, 5, 6], 0), 0)  # a chain of 3 blocks, now the LRU ones
+    held = cache.acquire([7, 8], 0)  # pinned
+    cache.acquire([9, 10, 11, 12, 13, 14], 0)  # 3 more, pinned: 7 blocks, 3 over capacity
+    root = chain_block_hash(None, [1, 2])
+    middle = chain_block_hash(root, [3, 4])
+    leaf = chain_block_hash(middle, [5, 6])
+    removed = [e.removed for e in cache.batches_since(cache.sequence_number)[0].events
+               if e.WhichOneof("data") == "removed"]
+    assert [list(r.block_hashes) for r in removed] == [[leaf, middle, root]]
+    assert cache.used_blocks == 4
+    cache.release(held, 0)
+    assert cache.used_blocks == 4  # [7, 8] is unpinned but the cache is at capacity, not over it
+
+
 def test_replay_from_a_sequence_number_and_too_old_cursor():
     cache = PrefixCache(block_size=2, capacity_blocks=100, replay_batches_max=2)
     for i in range(4):
