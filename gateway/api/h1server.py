@@ -21,9 +21,12 @@ timeouts for a request being read, and for an idle keep-alive connection.
 A parse error is answered 400 and the connection closed.
 
 Disconnects: the connection keeps reading while the app answers, so a client
-that goes away is seen at once: ``receive()`` returns ``http.disconnect``
-(the app's cancel-on-disconnect watcher is built on it), and later sends are
-dropped.
+that goes away is seen at once: ``receive()`` returns ``http.disconnect``, and
+later sends are dropped. The scope's ``extensions`` carry DISCONNECT_EXTENSION:
+the request's cycle, whose ``watch_disconnect(cancel_scope)`` has the
+connection cancel that scope when the client goes. The app uses it instead of
+a task per request waiting on ``receive()`` (a task start, a cancel and two
+trips through the scheduler per request, ~9 % of a short request's CPU).
 """
 
 from __future__ import annotations
@@ -43,7 +46,11 @@ import httptools
 import orjson
 import trio
 
+from ..fast_send import send_now
+
 log = logging.getLogger("gateway.http")
+
+DISCONNECT_EXTENSION = "smg.disconnect"
 
 App = Callable[[dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
@@ -112,7 +119,7 @@ class _Cycle:
 
     __slots__ = ("scope", "chunks", "buffered_bytes", "body_complete", "body_delivered", "response_started",
                  "response_complete", "keep_alive", "head_only", "chunked", "expect_continue", "continue_sent",
-                 "status", "headers", "error_status", "error_message", "wakeup", "connection")
+                 "status", "headers", "error_status", "error_message", "wakeup", "connection", "disconnect_scopes")
 
     def __init__(self, connection: "_Connection", scope: dict[str, Any], keep_alive: bool,
                  expect_continue: bool) -> None:
@@ -134,6 +141,24 @@ class _Cycle:
         self.error_status = 0
         self.error_message = ""
         self.wakeup = trio.lowlevel.ParkingLot()
+        self.disconnect_scopes: list[trio.CancelScope] = []
+
+    # -- the disconnect extension (scope["extensions"][DISCONNECT_EXTENSION]) ----
+
+    @property
+    def client_gone(self) -> bool:
+        return self.connection.closed
+
+    def watch_disconnect(self, scope: trio.CancelScope) -> None:
+        """Cancel ``scope`` when the client goes away (now, if it already has)."""
+        if self.connection.closed:
+            scope.cancel()
+        else:
+            self.disconnect_scopes.append(scope)
+
+    def unwatch_disconnect(self, scope: trio.CancelScope) -> None:
+        if scope in self.disconnect_scopes:
+            self.disconnect_scopes.remove(scope)
 
     # -- ASGI receive ------------------------------------------------------
 
@@ -305,6 +330,7 @@ class _Connection:
                 if name == b"expect" and value.lower() == b"100-continue":
                     expect_continue = True
         cycle = _Cycle(self, scope, parser.should_keep_alive(), expect_continue)
+        scope["extensions"] = {DISCONNECT_EXTENSION: cycle}
         self._parsing = cycle
         self._cycles.append(cycle)
         self._cycles_changed.unpark_all()
@@ -383,6 +409,8 @@ class _Connection:
         self.closed = True
         for cycle in self._cycles:
             cycle.wakeup.unpark_all()
+            for scope in cycle.disconnect_scopes:
+                scope.cancel()
         if self._parsing is not None:
             self._parsing.wakeup.unpark_all()
         self._cycles_changed.unpark_all()
@@ -402,7 +430,12 @@ class _Connection:
         if self.closed:
             return  # the client went away: what the app still sends goes nowhere
         try:
-            async with self._send_lock:
+            if not self._send_lock.locked():  # no write in progress: try it synchronously (fast_send)
+                sent = send_now(self.stream, data)
+                if sent == len(data):
+                    return
+                data = data[sent:]
+            async with self._send_lock:  # (acquired before any yield: nothing can write in between)
                 await self.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             self._lost()

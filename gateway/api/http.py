@@ -13,6 +13,7 @@ import orjson
 import trio
 
 from .errors import BadRequest, PayloadTooLarge
+from .h1server import DISCONNECT_EXTENSION
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
@@ -96,11 +97,23 @@ class Request:
         """Run the block; if the client disconnects meanwhile, cancel it.
 
         Used around generations, so a client that goes away aborts its work on
-        the engine. The watcher runs in the node's background nursery rather
-        than a nursery of our own, so exceptions of the block propagate as they
-        are (not wrapped in an exception group).
+        the engine. The native server cancels the scope itself when the
+        connection is lost (DISCONNECT_EXTENSION). Under other ASGI servers a
+        watcher task waits for ``http.disconnect``; it runs in the node's
+        background nursery rather than a nursery of our own, so exceptions of
+        the block propagate as they are (not wrapped in an exception group).
         """
+        native = self.scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
         with trio.CancelScope() as scope:
+            if native is not None:
+                native.watch_disconnect(scope)
+                try:
+                    yield scope
+                finally:
+                    native.unwatch_disconnect(scope)
+                    if native.client_gone:
+                        self.disconnected = True
+                return
             watcher = trio.CancelScope()
             self._background.start_soon(self._watch_disconnect, scope, watcher)
             try:

@@ -44,6 +44,7 @@ from urllib.parse import unquote
 
 import trio
 
+from ..fast_send import send_now
 from . import http2_frames as h2f
 from .errors import EngineCallError
 
@@ -204,8 +205,31 @@ class _Connection:
         await self.flush()
 
     async def flush(self) -> None:
-        async with self._send_lock:
-            await self._write_outbox()
+        """Send what is queued, in queue order.
+
+        With no write in progress the kernel usually takes it all at once, without a trip through
+        the scheduler (fast_send). What it does not take stays at the head of the queue for the
+        send lock's holder; waiting for the lock is shielded, since a frame may already be half
+        on the wire and must be finished (the holder's write is bounded by WRITE_TIMEOUT_S).
+        """
+        if not self._send_lock.locked():
+            self._write_now()
+            if not self._outbox:
+                return
+        with trio.CancelScope(shield=True):
+            async with self._send_lock:
+                await self._write_outbox()
+
+    def _write_now(self) -> None:
+        """Write as much of the queue as the kernel takes now; the rest stays queued."""
+        if not self._outbox or not self.alive:
+            return
+        try:
+            sent = send_now(self.stream, self._outbox)
+        except _BROKEN as e:
+            self.lost(f"write failed: {e}")
+            return
+        del self._outbox[:sent]
 
     async def _write_outbox(self) -> None:
         """Send what is queued (the caller holds the send lock).
@@ -214,6 +238,7 @@ class _Connection:
         half a frame would corrupt every call on the connection. A write the engine does not take
         within WRITE_TIMEOUT_S ends the connection instead.
         """
+        self._write_now()
         if not self._outbox or not self.alive:
             return
         data = bytes(self._outbox)
@@ -245,7 +270,7 @@ class _Connection:
                     await self.flush()
                     break
                 if self._outbox:  # settings and ping acknowledgements, window updates, resets
-                    await self.flush()  # (not for every read: taking the send lock is a trip through the scheduler)
+                    await self.flush()
                 if not self.accepting and not self.calls:
                     reason = "drained after GOAWAY"
                     break
@@ -494,35 +519,35 @@ class _Connection:
         while True:
             if not self.alive:
                 raise EngineCallError("UNAVAILABLE", f"connection to {self.target} lost")
-            async with self._send_lock:
-                # At most the engine's MAX_CONCURRENT_STREAMS at once: later calls wait for a stream to end.
-                if len(self.calls) < self._peer_max_streams:
-                    if self._next_stream_id > h2f.STREAM_ID_LIMIT:
-                        self.accepting = False  # ids used up: the next call opens a new connection
-                        raise EngineCallError("UNAVAILABLE", f"stream ids to {self.target} used up")
-                    call.stream_id = self._next_stream_id
-                    self._next_stream_id += 2
-                    call.send_window_bytes = self._peer_initial_window_bytes
-                    self.calls[call.stream_id] = call
-                    self._queue_headers(call.stream_id, block)
-                    body = self._queue_body(call, body)
-                    window_opened = self._window_opened  # taken now: the reader sets this one
-                    await self._write_outbox()
-                    break
-                self._stream_closed = stream_closed = _renewed(self._stream_closed)
+            # At most the engine's MAX_CONCURRENT_STREAMS at once: later calls wait for a stream to end.
+            if len(self.calls) < self._peer_max_streams:
+                if self._next_stream_id > h2f.STREAM_ID_LIMIT:
+                    self.accepting = False  # ids used up: the next call opens a new connection
+                    raise EngineCallError("UNAVAILABLE", f"stream ids to {self.target} used up")
+                # Ids are taken and frames queued with no await in between, and the queue is written
+                # in order: streams open on the wire in the order of their ids, as HTTP/2 requires.
+                call.stream_id = self._next_stream_id
+                self._next_stream_id += 2
+                call.send_window_bytes = self._peer_initial_window_bytes
+                self.calls[call.stream_id] = call
+                self._queue_headers(call.stream_id, block)
+                body = self._queue_body(call, body)
+                window_opened = self._window_opened  # taken now: the reader sets this one
+                await self.flush()
+                break
+            self._stream_closed = stream_closed = _renewed(self._stream_closed)
             await stream_closed.wait()
         try:
-            while body:  # the rest waits for WINDOW_UPDATEs (the lock is released while waiting)
+            while body:  # the rest waits for WINDOW_UPDATEs
                 await window_opened.wait()
-                async with self._send_lock:
-                    if not self.alive:
-                        raise EngineCallError("UNAVAILABLE", f"connection to {self.target} lost")
-                    if call.stream_id not in self.calls:
-                        raise call.error or EngineCallError("CANCELLED", "the engine closed the call before its "
-                                                            "request")
-                    body = self._queue_body(call, body)
-                    window_opened = self._window_opened
-                    await self._write_outbox()
+                if not self.alive:
+                    raise EngineCallError("UNAVAILABLE", f"connection to {self.target} lost")
+                if call.stream_id not in self.calls:
+                    raise call.error or EngineCallError("CANCELLED", "the engine closed the call before its "
+                                                        "request")
+                body = self._queue_body(call, body)
+                window_opened = self._window_opened
+                await self.flush()
         except BaseException:  # the caller left (or the call failed) half-way: the stream must not stay open
             with trio.CancelScope(shield=True):
                 await self.cancel(call)

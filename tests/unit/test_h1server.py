@@ -8,7 +8,7 @@ import orjson
 import pytest
 import trio
 
-from gateway.api.h1server import H1Config, H1Server
+from gateway.api.h1server import DISCONNECT_EXTENSION, H1Config, H1Server
 
 
 async def echo_app(scope, receive, send):
@@ -31,6 +31,17 @@ async def echo_app(scope, receive, send):
         message = await receive()
         HANG_SEEN.append(message["type"])
         return
+    if scope["path"] == "/watch":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"started", "more_body": True})
+        cycle = scope["extensions"][DISCONNECT_EXTENSION]
+        with trio.CancelScope() as cancel_scope:
+            cycle.watch_disconnect(cancel_scope)
+            await trio.sleep_forever()
+        cycle.unwatch_disconnect(cancel_scope)
+        WATCH_SEEN.append((cancel_scope.cancelled_caught, cycle.client_gone))
+        WATCH_DONE.set()
+        return
     if scope["path"] == "/fail":
         raise RuntimeError("boom")
     answer = orjson.dumps({"method": scope["method"], "path": scope["path"], "query": scope["query_string"].decode(),
@@ -40,6 +51,8 @@ async def echo_app(scope, receive, send):
 
 
 HANG_SEEN: list[str] = []
+WATCH_SEEN: list[tuple[bool, bool]] = []
+WATCH_DONE = trio.Event()
 
 
 @pytest.fixture
@@ -198,6 +211,22 @@ async def test_client_disconnect_reaches_the_app(server):
         while not HANG_SEEN:
             await trio.sleep(0.01)
     assert HANG_SEEN == ["http.disconnect"]
+
+
+async def test_the_disconnect_extension_cancels_a_watched_scope_without_a_task(server):
+    global WATCH_DONE
+    _, port, _ = server
+    WATCH_SEEN.clear()
+    WATCH_DONE = trio.Event()
+    stream = await connect(port)
+    await stream.send_all(b"GET /watch HTTP/1.1\r\nhost: x\r\n\r\n")
+    data = b""
+    while b"started" not in data:
+        data += await stream.receive_some(65536)
+    await stream.aclose()
+    with trio.fail_after(5):
+        await WATCH_DONE.wait()
+    assert WATCH_SEEN == [(True, True)]
 
 
 async def test_idle_keep_alive_connection_is_closed_after_the_timeout(nursery):
