@@ -8,9 +8,9 @@ request that fails after its response started can only be cut short.
 from __future__ import annotations
 
 import logging
+import random
 import re
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -101,7 +101,9 @@ class GatewayApp:
                 if _REQUEST_ID.match(text):
                     return text
                 break
-        return uuid.uuid4().hex
+        # 128 random bits as hex, like uuid4().hex but from the random module (3.2 -> 0.6 µs; no system call
+        # per request); random reseeds itself in forked children, so worker processes do not repeat ids.
+        return f"{random.getrandbits(128):032x}"
 
     @staticmethod
     async def _fail(request: Request, status: int, body: bytes, headers: "list[tuple[bytes, bytes]]") -> None:

@@ -123,6 +123,33 @@ def test_template_sandbox_refuses_mutation_and_reports_raise_exception():
             [{"role": "user", "content": "x"}])
 
 
+def test_remembered_attribute_verdicts_equal_the_sandbox_s_own():
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from gateway.tokenizer.chat_template import _Sandbox
+
+    ours, reference = _Sandbox(), ImmutableSandboxedEnvironment()
+    objects = [{"a": 1}, [1], "text", 3, (1,), {1}, len, str.upper, "x".upper, type, ours.getattr]
+    names = ["append", "update", "pop", "clear", "add", "startswith", "split", "items", "keys", "__class__",
+             "_private", "mro", "__globals__", "func_code", "gi_frame", "__self__", "real", "upper"]
+    for _ in range(2):  # the second pass answers from what the first remembered
+        for obj in objects:
+            for name in names:
+                value = getattr(obj, name, None)
+                assert ours.is_safe_attribute(obj, name, value) == reference.is_safe_attribute(obj, name, value), \
+                    (obj, name)
+    assert ours._verdicts
+
+
+def test_remembered_verdicts_are_bounded():
+    from gateway.tokenizer.chat_template import _Sandbox
+
+    sandbox = _Sandbox()
+    for i in range(_Sandbox.VERDICTS_MAX + 100):
+        sandbox.is_safe_attribute("x", f"name{i}", None)
+    assert len(sandbox._verdicts) == _Sandbox.VERDICTS_MAX
+
+
 def test_bundle_loading_matches_directory_loading(qwen_dir, tmp_path):
     from chaos.sim_engine.services import build_tokenizer_bundle
     bundle, _ = build_tokenizer_bundle(qwen_dir)
