@@ -165,9 +165,25 @@ class KvIndex:
     def apply_batch(self, engine_id: str, sequence: int, events: "Sequence[KvEvent]",
                     snapshot: bool = False, ops_out: "list | None" = None) -> BatchOutcome:
         """Apply an engine's batch. ``ops_out`` collects it as resolved ops for peers (see apply_ops)."""
-        engine, refused = self._admit(engine_id, sequence, snapshot)
+        refused = self.begin_batch(engine_id, sequence, snapshot)
         if refused is not None:
             return refused
+        self.apply_events(engine_id, events, ops_out)
+        self.end_batch(engine_id, sequence)
+        return BatchOutcome.APPLIED
+
+    # apply_batch in three steps, for a caller that lets the event loop run between parts of a long
+    # batch: begin_batch, then apply_events on consecutive parts of its events, then end_batch. Until
+    # end_batch the engine's next sequence number stays where it was.
+
+    def begin_batch(self, engine_id: str, sequence: int, snapshot: bool = False) -> BatchOutcome | None:
+        """None when the batch is to be applied; else why not (a duplicate, or a gap before it)."""
+        return self._admit(engine_id, sequence, snapshot)[1]
+
+    def apply_events(self, engine_id: str, events: "Sequence[KvEvent]", ops_out: "list | None" = None) -> None:
+        engine = self._engines.get(engine_id)
+        if engine is None:
+            return  # removed since begin_batch
         for event in events:
             if isinstance(event, StoredBlocks):
                 self._store(engine_id, engine, event, ops_out)
@@ -180,9 +196,12 @@ class KvIndex:
                 self._clear(engine_id, engine)
                 if ops_out is not None:
                     ops_out.append((OP_CLEAR,))
-        engine.next_sequence = sequence + 1
+
+    def end_batch(self, engine_id: str, sequence: int) -> None:
+        engine = self._engines.get(engine_id)
+        if engine is not None:
+            engine.next_sequence = sequence + 1
         self._evict()
-        return BatchOutcome.APPLIED
 
     def apply_ops(self, engine_id: str, sequence: int, ops: "Sequence[tuple]", snapshot: bool = False,
                   block_size: int = 0) -> BatchOutcome:

@@ -4,7 +4,7 @@ import dataclasses
 import gc
 
 from chaos.sim_engine.kv_cache import PrefixCache
-from gateway.kv_events import decode_batch
+from gateway.kv_events import DECODE_BLOCKS_PER_STEP, apply_batch_in_steps, decode_batch
 from gateway.routing.kv_index import (
     BatchOutcome,
     Cleared,
@@ -48,6 +48,47 @@ def test_removed_and_cleared_events_forget_blocks():
     cache.clear(0)
     feed(index, "e", cache, cache.sequence_number)
     assert index.block_count("e") == 0
+
+
+async def test_long_batches_are_decoded_and_applied_in_parts_with_the_same_result():
+    block_size = 2
+    cache = PrefixCache(block_size=block_size, capacity_blocks=400, replay_batches_max=100)
+    first = list(range(2 * 300))  # 300 blocks
+    cache.release(cache.acquire(first, 0), 0)
+    cache.release(cache.acquire([7] * (2 * 300), 0), 0)  # 300 more: 200 of the first prompt's evicted
+    stepped, whole, peer = KvIndex(), KvIndex(), KvIndex()
+    for batch in cache.batches_since(1):
+        events, snapshot = decode_batch(batch)
+        assert all(len(getattr(e, "blocks", getattr(e, "engine_hashes", ()))) <= DECODE_BLOCKS_PER_STEP
+                   for e in events)
+        ops: list = []
+        outcome = await apply_batch_in_steps(stepped, "e", batch.sequence_number, events, snapshot, ops)
+        assert outcome is BatchOutcome.APPLIED
+        assert peer.apply_ops("e", batch.sequence_number, ops, snapshot, block_size) is BatchOutcome.APPLIED
+        # The reference: each engine event in one piece, applied at once.
+        unsplit = []
+        for e in batch.events:
+            if e.WhichOneof("data") == "stored":
+                parent = e.stored.parent_block_hash if e.stored.HasField("parent_block_hash") else None
+                unsplit.append(StoredBlocks(parent, tuple((b.block_hash, tuple(b.token_ids)) for b in e.stored.blocks)))
+            elif e.WhichOneof("data") == "removed":
+                unsplit.append(RemovedBlocks(tuple(e.removed.block_hashes)))
+        assert len(events) > len(unsplit)  # the 300-block events came out in parts
+        whole.apply_batch("e", batch.sequence_number, unsplit, snapshot)
+    assert stepped.block_count("e") == whole.block_count("e") == peer.block_count("e") == 400
+    assert stepped.fingerprint("e") == whole.fingerprint("e") == peer.fingerprint("e")
+    assert stepped.next_sequence("e") == whole.next_sequence("e") == cache.sequence_number + 1
+    assert stepped.matched_blocks("e", prompt_block_hashes([7] * 600, block_size)) == 300
+    assert stepped.orphans("e") == 0
+
+
+async def test_a_refused_batch_is_not_applied_in_steps_either():
+    index = KvIndex()
+    stored = [StoredBlocks(None, ((11, (1, 2)),))]
+    assert await apply_batch_in_steps(index, "e", 1, stored, False, None) is BatchOutcome.APPLIED
+    assert await apply_batch_in_steps(index, "e", 1, stored, False, None) is BatchOutcome.DUPLICATE
+    assert await apply_batch_in_steps(index, "e", 5, [RemovedBlocks((11,))], False, None) is BatchOutcome.GAP
+    assert index.block_count("e") == 1 and index.next_sequence("e") == 2
 
 
 def test_batches_apply_once_in_order_and_gaps_are_reported():
