@@ -34,6 +34,7 @@ import enum
 from collections.abc import Sequence
 
 from .int_lru import IntLru
+from .prefix_index import chained_block_hashes
 
 
 class BatchOutcome(enum.Enum):
@@ -66,13 +67,9 @@ OP_STORE, OP_REMOVE, OP_CLEAR = 0, 1, 2
 
 
 def prompt_block_hashes(token_ids: "Sequence[int]", block_size: int) -> list[int]:
-    """The index's hash of every full block of a prompt, chained from the start."""
-    hashes = []
-    parent = 0
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash((parent, tuple(token_ids[start:start + block_size])))
-        hashes.append(parent)
-    return hashes
+    """The index's hash of every full block of a prompt, chained from the start (the same chain as
+    the approximate prefix index's)."""
+    return chained_block_hashes(token_ids, block_size)
 
 
 _HASH_BITS = 64
