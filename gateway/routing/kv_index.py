@@ -185,8 +185,7 @@ class KvIndex:
             if isinstance(event, StoredBlocks):
                 self._store(engine_id, engine, event, ops_out)
             elif isinstance(event, RemovedBlocks):
-                for engine_hash in event.engine_hashes:
-                    self._remove(engine_id, engine, engine_hash)
+                self._remove_all(engine, event.engine_hashes)
                 if ops_out is not None:
                     ops_out.append((OP_REMOVE, list(event.engine_hashes)))
             else:
@@ -210,11 +209,11 @@ class KvIndex:
             engine.block_size = block_size
         for op in ops:
             if op[0] == OP_STORE:
-                for ours, engine_hash in op[1]:
-                    self._put(engine_id, engine, ours, engine_hash)
+                if op[1]:
+                    ours, engine_hashes = zip(*op[1])
+                    self._put_all(engine, ours, engine_hashes)
             elif op[0] == OP_REMOVE:
-                for engine_hash in op[1]:
-                    self._remove(engine_id, engine, engine_hash)
+                self._remove_all(engine, op[1])
             elif op[0] == OP_CLEAR:
                 self._clear(engine_id, engine)
         engine.next_sequence = sequence + 1
@@ -245,29 +244,42 @@ class KvIndex:
             if parent is None:
                 engine.orphans += len(event.blocks)  # its prefix is unknown here: cannot be matched
                 return
-        resolved = [] if ops_out is not None else None
-        for engine_hash, tokens in event.blocks:
-            if not engine.block_size:
-                engine.block_size = len(tokens)
+        if not event.blocks:
+            return
+        if not engine.block_size:
+            engine.block_size = len(event.blocks[0][1])
+        ours = []
+        for _, tokens in event.blocks:
             parent = hash((parent, tokens))
-            self._put(engine_id, engine, parent, engine_hash)
-            if resolved is not None:
-                resolved.append((parent, engine_hash))
+            ours.append(parent)
+        engine_hashes = [engine_hash for engine_hash, _ in event.blocks]
+        self._put_all(engine, ours, engine_hashes)
         if ops_out is not None:
-            ops_out.append((OP_STORE, resolved))
+            ops_out.append((OP_STORE, list(zip(ours, engine_hashes))))
 
-    def _put(self, engine_id: str, engine: _Engine, ours: int, engine_hash: int) -> None:
-        if ours not in engine.blocks:
-            self.inserted += 1
-        engine.blocks[ours] = engine_hash
-        engine.by_engine_hash[engine_hash] = ours
-        self._lru.put(engine.number | ours & _HASH_MASK)
+    # Blocks are recorded and forgotten a whole event at a time, with the dict work in C loops
+    # (update, map): a 7,800-token prompt stores and evicts ~490 blocks each, and a call per block
+    # cost ~1.8 ms per such batch (this way ~1.0 ms; tests/bench/kv_index_bench.py).
 
-    def _remove(self, engine_id: str, engine: _Engine, engine_hash: int) -> None:
-        ours = engine.by_engine_hash.pop(engine_hash, None)
-        if ours is not None and engine.blocks.pop(ours, None) is not None:
-            self._lru.discard(engine.number | ours & _HASH_MASK)
-            self.removed += 1
+    def _put_all(self, engine: _Engine, ours: "Sequence[int]", engine_hashes: "Sequence[int]") -> None:
+        """Record blocks (our hash, engine hash), in chain order: the last ends most recent."""
+        blocks = engine.blocks
+        before = len(blocks)
+        blocks.update(zip(ours, engine_hashes))
+        self.inserted += len(blocks) - before
+        engine.by_engine_hash.update(zip(engine_hashes, ours))
+        number = engine.number
+        self._lru.put_all([number | h & _HASH_MASK for h in ours])
+
+    def _remove_all(self, engine: _Engine, engine_hashes: "Sequence[int]") -> None:
+        pop_ours, pop_block, number = engine.by_engine_hash.pop, engine.blocks.pop, engine.number
+        gone = []
+        for engine_hash in engine_hashes:
+            ours = pop_ours(engine_hash, None)
+            if ours is not None and pop_block(ours, None) is not None:
+                gone.append(number | ours & _HASH_MASK)
+        self._lru.discard_all(gone)
+        self.removed += len(gone)
 
     def _clear(self, engine_id: str, engine: _Engine) -> None:
         for ours in engine.blocks:
@@ -276,7 +288,7 @@ class KvIndex:
         engine.by_engine_hash.clear()
 
     def _evict(self) -> None:
-        for key, _ in self._lru.evict_over(self.blocks_max):
+        for key in self._lru.evict_over(self.blocks_max):
             engine = self._engines[self._engine_ids[key >> _HASH_BITS]]
             ours = key & _HASH_MASK
             if ours >= 1 << (_HASH_BITS - 1):

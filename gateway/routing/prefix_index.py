@@ -64,8 +64,7 @@ class ApproxPrefixIndex:
         tree = self._trees.get(worker_id)
         if tree is None:
             tree = self._trees[worker_id] = IntLru()
-        for h in reversed(hashes):  # leaf first: parents end most recent, evicted last
-            tree.put(h)
+        tree.put_all(hashes[::-1])  # leaf first: parents end most recent, evicted last
         tree.evict_over(self.blocks_max_per_worker)
 
     def size(self, worker_id: str) -> int:

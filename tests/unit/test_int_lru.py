@@ -28,12 +28,24 @@ def test_eviction_takes_the_oldest_down_a_64th_below_the_limit():
     lru.put(1000)
     lru.touch(0)  # recent now: survives
     victims = lru.evict_over(640)
-    assert [key for key, _ in victims] == list(range(1, 1 + 1001 - 630))
-    assert victims[0] == (1, 2) and len(lru) == 630 and 0 in lru
+    assert victims == list(range(1, 1 + 1001 - 630))
+    assert len(lru) == 630 and 0 in lru and lru.get(1000 - 1) == 1998
     small = IntLru()
     for key in range(5):
         small.put(key)
-    assert [key for key, _ in small.evict_over(4)] == [0]  # under 64 keys: exactly to the limit
+    assert small.evict_over(4) == [0]  # under 64 keys: exactly to the limit
+
+
+def test_put_all_is_a_put_for_each_key_in_order():
+    one_by_one, at_once = IntLru(), IntLru()
+    for lru in (one_by_one, at_once):
+        for key in range(10):
+            lru.put(key)
+    keys = [12, 3, 11, 7, 3, 10]  # new, present, repeated
+    for key in keys:
+        one_by_one.put(key)
+    at_once.put_all(keys)
+    assert list(at_once) == list(one_by_one) == [0, 1, 2, 4, 5, 6, 8, 9, 12, 11, 7, 3, 10]
 
 
 def test_keys_and_values_of_any_size_leave_it_untracked():

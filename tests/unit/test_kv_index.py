@@ -209,3 +209,14 @@ async def test_kv_sharing_drops_malformed_peer_items():
     batch = ["e", 2, False, 2, [[0, [[7, 11]]]]]
     assert msgpack.unpackb(await sharing.on_request(["kv_batches", "peer", [batch]])) == ["ok"]
     assert index.next_sequence("e") == 3 and index.block_count("e") == 3
+
+
+def test_cache_aware_keeps_no_approximate_tree_for_engines_with_events():
+    index = KvIndex()
+    index.apply_batch("evented", 1, [StoredBlocks(None, ((1, tuple(range(16))),))])
+    policy = make_policy(PolicyConfig(name="cache_aware"), index)
+    prompt = RoutingRequest(input_ids=list(range(256)))
+    assert policy.choose([W("evented")], prompt).id == "evented"
+    assert policy.index.size("evented") == 0  # its events say what it holds
+    assert policy.choose([W("blind")], prompt).id == "blind"
+    assert policy.index.size("blind") == 16  # no events: the tree remembers what was sent there
