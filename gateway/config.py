@@ -62,6 +62,12 @@ class GatewayConfig:
     # Follow every gRPC engine's SubscribeKvEvents into the KV index cache_aware routes by.
     kv_events: bool = True
     kv_index_blocks_max: int = 4_000_000
+    # Members that follow each engine's KV event stream (its first ring owners); the others receive the
+    # resolved batches from them (gateway/kv_sharing.py). 2: when a follower dies the other still
+    # publishes while the ring moves. Must be the same on every member. A node's private mesh of
+    # --workers processes uses 1: its processes start and stop with one supervisor, and a second
+    # follower would decode and index every batch twice and send the other a copy it drops.
+    kv_event_followers: int = 2
     sim_engine_args: tuple[str, ...] = ()
     policy: PolicyConfig = PolicyConfig()
     admission: AdmissionConfig = AdmissionConfig()
@@ -172,6 +178,8 @@ _OPTIONS: list[_Option] = [
     _Option("--disable-health-check", "health.enabled", "disable", "no background health checks"),
     _Option("--disable-kv-events", "kv_events", "disable", "do not follow the engines' KV events"),
     _Option("--kv-index-blocks-max", "kv_index_blocks_max", int, "KV index size in blocks (LRU beyond)"),
+    _Option("--kv-event-followers", "kv_event_followers", int, "members following each engine's KV events "
+                                                                 "(same on every member; others receive them)"),
     _Option("--disable-fast-tokenizer", "tokenizer.fast_bpe", "disable", "always encode with tokenizers, even "
                                                                          "where tiktoken's BPE is identical"),
     _Option("--tokenizer-cache-l0-entries", "tokenizer.l0_entries_max", int, "exact-text cache entries"),
@@ -328,6 +336,8 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--http-server hypercorn serves one process: use --workers 1")
     if config.workers < 0:
         raise ConfigError("--workers must not be negative (0: one per available core)")
+    if config.kv_event_followers < 1:
+        raise ConfigError("--kv-event-followers must be at least 1")
     if config.sim_engines < 0:
         raise ConfigError("--sim-engines must not be negative")
     config.limit_set()  # raises ConfigError on a bad file or flag

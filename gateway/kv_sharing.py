@@ -1,11 +1,11 @@
-"""One KV index for the whole cluster: each engine's events are followed by its two ring owners
-and forwarded, resolved, to every other node.
+"""One KV index for the whole cluster: each engine's events are followed by its ring owners (two
+unless configured otherwise) and forwarded, resolved, to every other node.
 
 Owner side: ``follow_kv_events`` applies an engine's batch to the local index
 and hands the resolved ops (our block hashes, computed once) to ``published``;
 they are kept in a bounded log and sent to every other alive member in small
-coalesced requests over the mesh's sealed stream transport. Both owners send:
-the second copy of a batch is a duplicate, ignored by its sequence number.
+coalesced requests over the mesh's sealed stream transport. Every owner sends:
+a second copy of a batch is a duplicate, ignored by its sequence number.
 
 Receiver side: batches are applied in each engine's order, exactly once. A
 gap (a lost request, a node that was away) asks the sender to replay from the
@@ -33,7 +33,6 @@ from .routing.kv_index import BatchOutcome, KvIndex
 
 log = logging.getLogger("gateway.kv_sharing")
 
-KV_OWNERS = 2
 LOG_BATCHES_MAX = 4096  # per engine: how far back a peer can ask for a replay
 FLUSH_INTERVAL_S = 0.02
 REQUEST_BATCHES_MAX = 256
@@ -42,9 +41,10 @@ REQUEST_TIMEOUT_S = 5.0
 
 
 class KvSharing:
-    def __init__(self, cluster: Any, index: KvIndex) -> None:
+    def __init__(self, cluster: Any, index: KvIndex, followers: int = 2) -> None:
         self.cluster = cluster
         self.index = index
+        self.followers = followers  # ring owners per engine (GatewayConfig.kv_event_followers)
         self._log: dict[str, collections.deque] = {}
         self._outbox: dict[str, list] = collections.defaultdict(list)  # peer name -> pending items
         self._sending: set[str] = set()
@@ -59,7 +59,7 @@ class KvSharing:
     # -- ownership --------------------------------------------------------
 
     def owners(self, engine_id: str) -> list[str]:
-        return self.cluster.ring.owners(engine_id, KV_OWNERS)
+        return self.cluster.ring.owners(engine_id, self.followers)
 
     def is_owner(self, engine_id: str) -> bool:
         owners = self.owners(engine_id)

@@ -240,7 +240,7 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         registry.on_added.append(lambda worker: catalog.ensure(worker, int(worker.registered_at)))
         if cluster is not None and kv_index is not None:
             # Before any worker registers: its KV stream is then followed by its ring owners only.
-            await nursery.start(KvSharing(cluster, kv_index).run)
+            await nursery.start(KvSharing(cluster, kv_index, config.kv_event_followers).run)
         router = Router(registry, make_policy(config.policy, kv_index))
         generator = Generator(router, config.retry, metrics, nursery, random.Random())
         admission = Admission(config.admission)

@@ -18,7 +18,11 @@ its own right, not a client of one agent per node:
 * Rate limits stay exact cluster-wide: a key has one owner among all
   processes of all nodes.
 * A KV event stream is followed by its ring owners only, whatever the number
-  of processes; the others receive the forwarded batches.
+  of processes; the others receive the forwarded batches. In a node's private
+  mesh one process follows each engine (``--kv-event-followers 1``): with two
+  followers two processes both decoded and indexed every batch and sent each
+  other copies to drop, which made a long request cost 2.3x the CPU of one
+  process (tests/bench/workers_scaling.py).
 
 What it costs: members = nodes x processes (gossip and push-pull grow with it;
 a 5-node cluster of 8-core machines is 40 members, well within SWIM's reach),
@@ -155,7 +159,7 @@ def worker_arguments(config: GatewayConfig, count: int, http_port: int) -> tuple
         advertises = [None] * count
         base_name = f"{socket.gethostname()}-{http_port}"
         rpc_addr = "127.0.0.1:0"
-        shared += ["--mesh-preset", "local"]
+        shared += ["--mesh-preset", "local", "--kv-event-followers", "1"]
         env["SMG_NODE_ENCRYPT"] = generate_key()
     first_address = advertises[0] or binds[0]
     out = []

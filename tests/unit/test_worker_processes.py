@@ -1,0 +1,61 @@
+"""What the supervisor tells each of its --workers processes, and who follows an engine's KV events."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from gateway.config import ConfigError, GatewayConfig, add_serve_arguments, build_config
+from gateway.kv_sharing import KvSharing
+from gateway.routing.kv_index import KvIndex
+from gateway.supervisor import worker_arguments
+from mesh.options import MeshOptions
+from mesh.ring import HashRing
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The last value given for a flag (later flags win)."""
+    values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
+    return values[-1] if values else None
+
+
+def test_a_private_mesh_has_one_kv_follower_per_engine():
+    per_process, env = worker_arguments(GatewayConfig(), 2, 30000)
+    assert [flag_value(args, "--kv-event-followers") for args in per_process] == ["1", "1"]
+    assert [flag_value(args, "--mesh-preset") for args in per_process] == ["local", "local"]
+    assert env["SMG_NODE_ENCRYPT"]  # the private mesh's key, off the command line
+
+
+def test_a_cluster_mesh_keeps_the_configured_followers():
+    config = GatewayConfig(mesh=dataclasses.replace(MeshOptions(), bind="127.0.0.1:7946"))
+    per_process, _ = worker_arguments(config, 2, 30000)
+    assert all(flag_value(args, "--kv-event-followers") is None for args in per_process)
+
+
+def test_followers_are_the_first_ring_owners():
+    class Cluster:
+        ring = HashRing.build(["p0", "p1", "p2"])
+        node_name = "p0"
+        kv = None
+
+    def following(followers: int) -> set[str]:
+        names = set()
+        for name in Cluster.ring.members:
+            Cluster.node_name = name
+            if KvSharing(Cluster(), KvIndex(), followers).is_owner("engine-a"):
+                names.add(name)
+        return names
+
+    assert len(following(1)) == 1
+    assert len(following(2)) == 2 and following(1) < following(2)
+
+
+def test_followers_flag_is_checked():
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    assert build_config(parser.parse_args([]), {}).kv_event_followers == 2
+    assert build_config(parser.parse_args(["--kv-event-followers", "1"]), {}).kv_event_followers == 1
+    with pytest.raises(ConfigError, match="at least 1"):
+        build_config(parser.parse_args(["--kv-event-followers", "0"]), {})
