@@ -27,6 +27,7 @@ to stderr.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import platform
 import re
@@ -56,10 +57,12 @@ SCENARIOS = {
     "chat-long": ("/v1/chat/completions", f'"max_tokens":{OUTPUT_TOKENS},"ignore_eos":true', LONG_REPEATS),
 }
 
-# Every request unique (a counter leads the text, so no tokenizer cache or prefix cache holds any of
-# it); the body is built in wrk's Lua, a few microseconds per request.
+# Every request unique, across runs too (a counter and the run's id lead the text, so no tokenizer
+# cache or prefix cache holds any of it); the body is built in wrk's Lua, a few microseconds each.
 _LUA = """
 local counter = 0
+local run = "?"
+init = function(args) run = args[1] end
 local path = "%(path)s"
 local tail = [[%(tail)s]]
 wrk.method = "POST"
@@ -67,7 +70,7 @@ wrk.headers["Content-Type"] = "application/json"
 request = function()
   counter = counter + 1
   local body = '{"model":"%(model)s","messages":[{"role":"user","content":"Request ' .. counter ..
-    ' of this run. ' .. tail .. '"}],%(fields)s}'
+    ' of run ' .. run .. '. ' .. tail .. '"}],%(fields)s}'
   return wrk.format(nil, path, nil, body)
 end
 """
@@ -81,10 +84,13 @@ def lua_script(scenario: str, directory: Path) -> Path:
     return script
 
 
+_RUN_IDS = (f"{os.getpid()}-{n}" for n in itertools.count())
+
+
 def run_wrk(url: str, script: Path, connections: int, seconds: int) -> dict:
     """wrk's figures plus its own CPU seconds (from wait4, so nothing is missed when it exits)."""
     process = subprocess.Popen(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "30s", "-s",
-                                str(script), url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                str(script), url, "--", next(_RUN_IDS)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     output = process.stdout.read().decode()
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
