@@ -186,9 +186,12 @@ async def run_mixed(host: str, port: int, seconds: float, node_pid: int, long_cl
     return results["long"], results["short"]
 
 
-def gc_counts(lag: dict[str, float], generation: int) -> str:
-    count = lag.get(f"gc{generation}_count", 0.0)
-    return f"{generation}: {count:.0f} ({count - lag.get(f'gc{generation}_under_5ms', 0.0):.0f})"
+def gc_counts(lag: dict[str, float], generation: int, before: "dict[str, float] | None" = None) -> str:
+    """'generation: collections (of which 5 ms or longer)', since start or, given ``before``, since then."""
+    before = before or {}
+    count = lag.get(f"gc{generation}_count", 0.0) - before.get(f"gc{generation}_count", 0.0)
+    under = lag.get(f"gc{generation}_under_5ms", 0.0) - before.get(f"gc{generation}_under_5ms", 0.0)
+    return f"{generation}: {count:.0f} ({count - under:.0f})"
 
 
 def loop_lag(url: str) -> dict[str, float]:
@@ -273,8 +276,10 @@ def main() -> None:
               f"({during['samples']:.0f} samples): {during['over_5ms']:.2f} % over 5 ms, "
               f"{during['over_10ms']:.2f} % over 10 ms, p50 <= {during['p50_bucket_ms']:g} ms, "
               f"p99 <= {during['p99_bucket_ms']:g} ms; longest in the last minute (start-up included under 60 s) "
-              f"{lag.get('max', float('nan')):.2f} ms; garbage-collector pauses since start, longest {lag.get('gc_pause_max', float('nan')):.2f} ms; "
-              "collections (5 ms or longer) by generation: " + ", ".join(gc_counts(lag, g) for g in range(3)))
+              f"{lag.get('max', float('nan')):.2f} ms; garbage collections during the load (5 ms or longer) by "
+              "generation: " + ", ".join(gc_counts(lag, g, before) for g in range(3)) + "; since start (the "
+              f"start-up's full collections are the longest) {', '.join(gc_counts(lag, g) for g in range(3))}, "
+              f"longest {lag.get('gc_pause_max', float('nan')):.2f} ms")
         return
     try:
         for kind in args.kinds:
