@@ -3,6 +3,8 @@
 import dataclasses
 import gc
 
+import pytest
+
 from chaos.sim_engine.kv_cache import PrefixCache
 from gateway.kv_events import DECODE_BLOCKS_PER_STEP, apply_batch_in_steps, decode_batch
 from gateway.routing.kv_index import (
@@ -220,3 +222,14 @@ def test_cache_aware_keeps_no_approximate_tree_for_engines_with_events():
     assert policy.index.size("evented") == 0  # its events say what it holds
     assert policy.choose([W("blind")], prompt).id == "blind"
     assert policy.index.size("blind") == 16  # no events: the tree remembers what was sent there
+
+
+def test_malformed_peer_ops_are_refused_before_they_change_anything():
+    index = KvIndex()
+    assert index.apply_ops("e", 1, [(0, [(5, 9), (6, 10)])], snapshot=True, block_size=2) is BatchOutcome.APPLIED
+    fingerprint, count = index.fingerprint("e"), index.block_count()
+    for ops in ([(0, [(7, 11), (8, 12, 13)])], [(0, [(7, 11), (8,)])], [(0, [("x", 11)])]):
+        with pytest.raises((ValueError, TypeError)):
+            index.apply_ops("e", 2, ops)
+        assert index.fingerprint("e") == fingerprint and index.block_count() == count
+        assert index.next_sequence("e") == 2
