@@ -89,8 +89,9 @@ _RUN_IDS = (f"{os.getpid()}-{n}" for n in itertools.count())
 
 def run_wrk(url: str, script: Path, connections: int, seconds: int) -> dict:
     """wrk's figures plus its own CPU seconds (from wait4, so nothing is missed when it exits)."""
-    process = subprocess.Popen(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "30s", "-s",
-                                str(script), url, "--", next(_RUN_IDS)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    argv = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "30s", "-s", str(script), url,
+            "--", next(_RUN_IDS)]  # after "--": the Lua script's init(args)
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     output = process.stdout.read().decode()
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
@@ -106,7 +107,7 @@ def run_wrk(url: str, script: Path, connections: int, seconds: int) -> dict:
 
 def measure(node: NodeProcess, engine: EngineProcess, script: Path, connections: int, seconds: int) -> dict:
     url = node.url
-    run_wrk(url, script, connections, 1)  # warm-up: connections, caches of the process, the engine
+    run_wrk(url, script, connections, 1)  # warm-up: connections open, the node's and engine's lazy state built
     node_pid, engine_pid = node.process.pid, engine.process.pid
     node_cpu0, engine_cpu0, wall0 = tree_cpu_seconds(node_pid), cpu_seconds(engine_pid), time.perf_counter()
     result = run_wrk(url, script, connections, seconds)
@@ -173,7 +174,8 @@ def print_report(args, rows: dict[tuple[str, int], list[dict]], started: str) ->
           f"`python tests/bench/workers_scaling.py --workers {' '.join(map(str, args.workers))} --seconds "
           f"{args.seconds} --repeats {args.repeats} --connections {args.connections}`; medians of "
           f"{args.repeats}.\n")
-    print("| scenario | workers | req/s | vs workers=%d | node CPU ms/req | cores: node / engine / wrk | errors |" % base)
+    print(f"| scenario | workers | req/s | vs workers={base} | node CPU ms/req | cores: node / engine / wrk "
+          "| errors |")
     print("|---|---|---|---|---|---|---|")
     for scenario in args.scenarios:
         for count in args.workers:
