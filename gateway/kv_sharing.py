@@ -41,7 +41,7 @@ REQUEST_TIMEOUT_S = 5.0
 
 
 class KvSharing:
-    def __init__(self, cluster: Any, index: KvIndex, followers: int = 2) -> None:
+    def __init__(self, cluster: Any, index: KvIndex, followers: int) -> None:
         self.cluster = cluster
         self.index = index
         self.followers = followers  # ring owners per engine (GatewayConfig.kv_event_followers)

@@ -195,7 +195,7 @@ async def test_kv_sharing_drops_malformed_peer_items():
         kv = None
 
     index = KvIndex()
-    sharing = KvSharing(FakeCluster(), index)
+    sharing = KvSharing(FakeCluster(), index, followers=2)
     for message in (["kv_batches", "peer", [["e", "x", 0, 16, []]]], ["kv_batches", "peer", [[1, 2]]],
                     ["kv_batches", "peer", "nope"], ["kv_replay", "e", "x"], [], ["other"]):
         answer = msgpack.unpackb(await sharing.on_request(message))
