@@ -235,7 +235,8 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
                 urls.append(engine.url)
                 log.info("started simulated engine at %s", engine.url)
         kv_index = KvIndex(config.kv_index_blocks_max) if config.kv_events else None
-        registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery, kv_index, cluster)
+        registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery, kv_index, cluster,
+                                  config.kv_events_always)
         catalog = ModelCatalog(config.tokenizer, config.tokenizer_path, config.chat_template)
         registry.on_added.append(lambda worker: catalog.ensure(worker, int(worker.registered_at)))
         if cluster is not None and kv_index is not None:

@@ -26,6 +26,9 @@ from .prefix_index import ApproxPrefixIndex, chained_block_hashes
 
 
 class RoutableWorker(Protocol):
+    """What a policy reads of a worker. cache_aware also reads ``kv_events_unsupported`` where a worker
+    has it (an engine that answered SubscribeKvEvents with UNIMPLEMENTED)."""
+
     id: str
 
     def load_score(self) -> int: ...
@@ -207,11 +210,16 @@ class CacheAware(Policy):
         c = self.config
         units = request.units()
         kv = self.kv_index
-        if kv is not None and not isinstance(units, str) and all(kv.block_size(w.id) for w in candidates):
-            # What these engines hold is known from their events: the approximate tree is neither read
-            # nor kept for them (with one candidate there is no choice, and hashing a 7,800-token prompt
-            # and recording it would cost ~0.7 ms for nothing).
-            return candidates[0] if len(candidates) == 1 else self._choose_by_events(candidates, units, kv)
+        if kv is not None and not isinstance(units, str):
+            if len(candidates) == 1 and not getattr(candidates[0], "kv_events_unsupported", False):
+                # No choice, and the engine's events say what it holds whenever there is one (they are
+                # followed from when a second engine serves the model): hashing a 7,800-token prompt
+                # into the approximate tree would cost ~0.7 ms for nothing.
+                return candidates[0]
+            if all(kv.block_size(w.id) for w in candidates):
+                # What these engines hold is known from their events: the approximate tree is neither
+                # read nor kept for them.
+                return self._choose_by_events(candidates, units, kv)
         # Text (HTTP workers) gets bigger blocks: ~4 characters per token.
         block_size = c.block_size if not isinstance(units, str) else 4 * c.block_size
         hashes = chained_block_hashes(units, block_size, c.tree_blocks_max_per_worker)

@@ -25,8 +25,10 @@ def test_shared_index_reaches_the_hit_rate_of_a_single_gateway(log_dir):
 
 def test_killing_a_stream_owner_keeps_the_index_advancing(log_dir):
     engine = EngineProcess(["--zero-cost", "--block-size", "16"], log_dir, "owner-kill-engine")
-    nodes = [NodeProcess(node_args(20, "--worker-urls", engine.url, seed=20), log_dir, "ok-c0")]
-    nodes += [NodeProcess(node_args(20 + i, seed=20), log_dir, f"ok-c{i}") for i in (1, 2)]
+    # One engine: its events are followed only with --kv-events-always (no routing choice otherwise).
+    always = "--kv-events-always"
+    nodes = [NodeProcess(node_args(20, "--worker-urls", engine.url, always, seed=20), log_dir, "ok-c0")]
+    nodes += [NodeProcess(node_args(20 + i, always, seed=20), log_dir, f"ok-c{i}") for i in (1, 2)]
     try:
         eventually(lambda: all(engine.url in workers(n) for n in nodes), 30)
         eventually(lambda: sum(workers(n)[engine.url]["kv_index"]["following"] for n in nodes) == 2, 20)

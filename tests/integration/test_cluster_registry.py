@@ -80,9 +80,10 @@ def kv_views(nodes, engine_url):
 
 
 def test_kv_index_is_the_same_on_every_node_and_rebuilt_after_a_restart(log_dir):
+    # One engine: its events are followed only with --kv-events-always (no routing choice otherwise).
     engine = EngineProcess(["--zero-cost", "--block-size", "16"], log_dir, "kv-share-engine")
-    nodes = [NodeProcess(node_args(10, "--worker-urls", engine.url, seed=10), log_dir, "kv-c0")]
-    nodes += [NodeProcess(node_args(10 + i, seed=10), log_dir, f"kv-c{i}") for i in (1, 2)]
+    nodes = [NodeProcess(node_args(10, "--worker-urls", engine.url, "--kv-events-always", seed=10), log_dir, "kv-c0")]
+    nodes += [NodeProcess(node_args(10 + i, "--kv-events-always", seed=10), log_dir, f"kv-c{i}") for i in (1, 2)]
     try:
         eventually(lambda: all(engine.url in workers(n) for n in nodes), 30)
         client = openai.OpenAI(base_url=nodes[1].url + "/v1", api_key="x", max_retries=0)
@@ -98,7 +99,7 @@ def test_kv_index_is_the_same_on_every_node_and_rebuilt_after_a_restart(log_dir)
                    lambda: [workers(n)[engine.url]["kv_index"] for n in nodes])
         # A node that restarts rebuilds the index from its peers.
         nodes[2].kill()
-        nodes[2] = NodeProcess(node_args(12, seed=10), log_dir, "kv-c2-again")
+        nodes[2] = NodeProcess(node_args(12, "--kv-events-always", seed=10), log_dir, "kv-c2-again")
         eventually(lambda: len(set(kv_views(nodes, engine.url))) == 1, 30, lambda: kv_views(nodes, engine.url))
         assert workers(nodes[2])[engine.url]["kv_index"]["blocks"] >= 14  # the shared system prompt's blocks
     finally:

@@ -220,8 +220,17 @@ def test_cache_aware_keeps_no_approximate_tree_for_engines_with_events():
     prompt = RoutingRequest(input_ids=list(range(256)))
     assert policy.choose([W("evented")], prompt).id == "evented"
     assert policy.index.size("evented") == 0  # its events say what it holds
-    assert policy.choose([W("blind")], prompt).id == "blind"
+    # Alone, an engine whose events are not followed (nothing to choose between) is not recorded either:
+    # its events are followed from when a second engine serves the model.
+    assert policy.choose([W("lone")], prompt).id == "lone"
+    assert policy.index.size("lone") == 0
+    unsupported = W("blind")
+    unsupported.kv_events_unsupported = True  # answered SubscribeKvEvents with UNIMPLEMENTED
+    assert policy.choose([unsupported], prompt).id == "blind"
     assert policy.index.size("blind") == 16  # no events: the tree remembers what was sent there
+    # Beside an engine without events, the tree decides for both and records the choice.
+    chosen = policy.choose([W("evented"), W("quiet")], prompt).id
+    assert policy.index.size(chosen) == 16
 
 
 def test_malformed_peer_ops_are_refused_before_they_change_anything():
