@@ -12,14 +12,16 @@ Every prompt is unique (a counter leads it), so tokenizer caches do not hide
 the encode cost: this is the uncached worst case.
 
     python tests/bench/gateway_bench.py [--seconds 5] [--concurrency 1 16 64 256]
-    python tests/bench/gateway_bench.py --mixed [--seconds 20] [--pin]   # event-loop lag under mixed load
+    python tests/bench/gateway_bench.py --mixed [--seconds 20] [--pin | --nice-others]   # event-loop lag
 
 ``--mixed`` sends long non-streaming prompts (4 clients) and short streaming
 chats (16 clients) at the same time and reports the node's event-loop lag
 during that load only: from its ``smg_event_loop_lag_seconds`` histogram read
 before and after, the share of samples over 5 ms and over 10 ms ("p99 under
 5 ms" means under 1 % over 5 ms) and p50/p99 as the bucket they fall in; and
-the longest lag of the last minute (its ``smg_event_loop_lag_ms`` gauge).
+the longest lag of the last minute (its ``smg_event_loop_lag_ms`` gauge). ``--pin`` puts the node
+alone on the last core; ``--nice-others`` runs the engine and the client at nice 19 instead, so the
+lag shows the node's own steps more than the two shared cores.
 """
 
 from __future__ import annotations
