@@ -63,7 +63,7 @@ class GatewayConfig:
     kv_events: bool = True
     kv_index_blocks_max: int = 4_000_000
     # Follow an engine's KV events even while no other engine serves its models. Off: routing has no
-    # choice then, and following costs ~3.5 ms of CPU per 7,800-token prompt; the index catches up
+    # choice then, and following costs ~3 ms of CPU per 7,800-token prompt; the index catches up
     # (replay or snapshot) when a second engine joins. On: the status and smg_kv_index_blocks always
     # show what each engine holds. Must be the same on every member.
     kv_events_always: bool = False

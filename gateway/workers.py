@@ -214,7 +214,7 @@ class WorkerRegistry:
         """Whether routing reads this engine's KV events: another gRPC engine serves one of its models.
 
         An engine alone with its models leaves routing no choice, and following its events would cost
-        ~3.5 ms of CPU per 7,800-token prompt (decoding and indexing ~490 stored blocks and as many
+        ~3 ms of CPU per 7,800-token prompt (decoding and indexing ~490 stored blocks and as many
         evicted ones) for nothing. When a second engine joins, the subscription resumes from the index's
         cursor and the engine replays what it kept or sends a snapshot of what it holds
         (SubscribeKvEvents), so the index is whole again before it matters.
