@@ -137,12 +137,17 @@ async def follow_kv_events(worker: Any, index: KvIndex, on_applied: Callable[...
                             snapshot = True
                         first = False
                         ops: list | None = [] if on_applied is not None else None
-                        outcome = await apply_batch_in_steps(index, worker.id, batch.sequence_number, events,
-                                                             snapshot, ops)
+                        # A batch goes in whole, and out to the other nodes, or not at all: a follower
+                        # stopped between its steps (no longer needed, no longer a ring owner) would
+                        # keep part of it that its peers never get. Bounded: only checkpoints inside.
+                        with trio.CancelScope(shield=True):
+                            outcome = await apply_batch_in_steps(index, worker.id, batch.sequence_number, events,
+                                                                 snapshot, ops)
+                            if outcome is BatchOutcome.APPLIED and on_applied is not None:
+                                on_applied(worker.id, batch.sequence_number, ops, snapshot,
+                                           index.block_size(worker.id))
                         if outcome is BatchOutcome.GAP:
                             raise _Resubscribe
-                        if outcome is BatchOutcome.APPLIED and on_applied is not None:
-                            on_applied(worker.id, batch.sequence_number, ops, snapshot, index.block_size(worker.id))
                     delay = RESUBSCRIBE_BACKOFF_S[0]
         except _Resubscribe:
             log.info("gap in the KV events of %s: resubscribing from %d", worker.id, index.next_sequence(worker.id))

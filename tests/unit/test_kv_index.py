@@ -1,12 +1,14 @@
 """The KV index built from engine events, and cache_aware routing on it."""
 
+import contextlib
 import dataclasses
 import gc
 
 import pytest
+import trio
 
 from chaos.sim_engine.kv_cache import PrefixCache
-from gateway.kv_events import DECODE_BLOCKS_PER_STEP, apply_batch_in_steps, decode_batch
+from gateway.kv_events import DECODE_BLOCKS_PER_STEP, apply_batch_in_steps, decode_batch, follow_kv_events
 from gateway.routing.kv_index import (
     BatchOutcome,
     Cleared,
@@ -82,6 +84,42 @@ async def test_long_batches_are_decoded_and_applied_in_parts_with_the_same_resul
     assert stepped.next_sequence("e") == whole.next_sequence("e") == cache.sequence_number + 1
     assert stepped.matched_blocks("e", prompt_block_hashes([7] * 600, block_size)) == 300
     assert stepped.orphans("e") == 0
+
+
+async def test_a_follower_stopped_inside_a_batch_applies_and_publishes_all_of_it():
+    # A 300-block batch is applied in three steps; the follower is cancelled during the first (its
+    # ring ownership moved, or a second engine left). Without the shield it would keep 128 blocks its
+    # peers never get.
+    cache = PrefixCache(block_size=2, capacity_blocks=400, replay_batches_max=100)
+    cache.release(cache.acquire(list(range(600)), 0), 0)
+    batches = cache.batches_since(1)
+    assert len(batches) == 1 and len(batches[0].events[0].stored.blocks) == 300
+
+    class Engine:
+        @contextlib.asynccontextmanager
+        async def subscribe_kv_events(self, start):
+            async def stream():
+                yield batches
+                await trio.sleep_forever()
+            yield stream()
+
+    class Worker:
+        id = "e"
+        client = Engine()
+
+    class CancelledInsideTheBatch(KvIndex):
+        def apply_events(self, engine_id, events, ops_out=None):
+            super().apply_events(engine_id, events, ops_out)
+            scope.cancel()
+
+    index, published = CancelledInsideTheBatch(), []
+    with trio.CancelScope() as scope:
+        await follow_kv_events(Worker(), index, lambda *batch: published.append(batch))
+    assert index.block_count("e") == 300 and index.next_sequence("e") == batches[0].sequence_number + 1
+    peer = KvIndex()
+    (engine_id, sequence, ops, snapshot, block_size), = published
+    assert peer.apply_ops(engine_id, sequence, ops, snapshot, block_size) is BatchOutcome.APPLIED
+    assert peer.fingerprint("e") == index.fingerprint("e")
 
 
 async def test_a_refused_batch_is_not_applied_in_steps_either():
