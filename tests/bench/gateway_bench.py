@@ -169,6 +169,14 @@ async def run_cell(host: str, port: int, kind: str, stream: bool, concurrency: i
     return {"kind": kind, "stream": stream, "concurrency": concurrency, **row}
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(steal, total) clock ticks of all CPUs so far, from /proc/stat: the share of time the
+    hypervisor ran something else on our virtual CPUs. A step of ours stalls then too."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    steal = fields[7] if len(fields) > 7 else 0
+    return steal, sum(fields[:8])
+
+
 def lower_priority(pid: int, niceness: int) -> None:
     """Every thread of ``pid`` at ``niceness`` (Linux keeps a niceness per thread; threads started later
     inherit their creator's)."""
@@ -275,10 +283,13 @@ def main() -> None:
     if args.mixed:
         try:
             before = loop_lag(node.url)
+            steal0, total0 = machine_ticks()
             cpu0, wall0 = cpu_seconds(node.process.pid), time.perf_counter()
             long_row, short_row = trio.run(run_mixed, host, int(port), args.seconds, node.process.pid,
                                            *args.mixed_clients)
             node_cpu_share = (cpu_seconds(node.process.pid) - cpu0) / (time.perf_counter() - wall0) * 100
+            steal1, total1 = machine_ticks()
+            steal_share = (steal1 - steal0) / max(1, total1 - total0) * 100
             lag = loop_lag(node.url)
         finally:
             node.stop()
@@ -287,7 +298,8 @@ def main() -> None:
         print(f"Mixed load for {args.seconds:.0f} s on {platform.machine()}, {os.cpu_count()} cores, "
               f"{time.strftime('%Y-%m-%d')}: long non-streaming x{args.mixed_clients[0]} at {long_row['rps']:.1f} "
               f"req/s and short streaming x{args.mixed_clients[1]} at {short_row['rps']:.1f} req/s, node CPU "
-              f"{node_cpu_share:.0f} % of a core; event-loop lag during the load "
+              f"{node_cpu_share:.0f} % of a core, steal {steal_share:.0f} % of the machine's CPU time (the "
+              f"hypervisor's); event-loop lag during the load "
               f"({during['samples']:.0f} samples): {during['over_5ms']:.2f} % over 5 ms, "
               f"{during['over_10ms']:.2f} % over 10 ms, p50 <= {during['p50_bucket_ms']:g} ms, "
               f"p99 <= {during['p99_bucket_ms']:g} ms; longest in the last minute (start-up included under 60 s) "
