@@ -189,6 +189,8 @@ _OPTIONS: list[_Option] = [
                                                                  "(same on every member; others receive them)"),
     _Option("--disable-fast-tokenizer", "tokenizer.fast_bpe", "disable", "always encode with tokenizers, even "
                                                                          "where tiktoken's BPE is identical"),
+    _Option("--disable-fast-chat-template", "tokenizer.fast_chat_template", "disable", "always render chat "
+            "templates with Jinja2, even where MiniJinja renders them identically"),
     _Option("--tokenizer-cache-l0-entries", "tokenizer.l0_entries_max", int, "exact-text cache entries"),
     _Option("--tokenizer-cache-l1-bytes", "tokenizer.l1_bytes_max", int, "prefix cache size in bytes"),
     _Option("--rate-limits", "rate_limits_file", Path, "TOML file of rate limits ([[limits]]; see README)"),

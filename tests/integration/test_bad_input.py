@@ -96,5 +96,15 @@ def test_a_head_over_the_limit_is_431_and_counted(node, http):
     assert _refused_count(http) == before + 1
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/tokenize"])
+def test_messages_the_chat_template_fails_on_are_400(http, path):
+    # Qwen3's template iterates tool_calls: MiniJinja fails, hands over to Jinja2, whose error is the answer.
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": 5}]
+    r = http.post(path, json={"model": MODEL, "messages": messages})
+    error = error_of(r)
+    assert r.status_code == 400 and error["code"] == "chat_template_error" and error["param"] == "messages"
+    assert error["message"] == "chat template failed on these messages: 'int' object is not iterable"
+
+
 def test_node_still_serves_after_all_that(client):
     assert client.chat.completions.create(model=MODEL, messages=USER, max_tokens=2).choices[0].message.content
