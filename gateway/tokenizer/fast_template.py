@@ -7,9 +7,9 @@ SMG itself renders templates with) does the same in ~9-11 and ~21-28 us
 Jinja2 by design, not at all costs, so ``FastTemplate.build`` accepts a template only after
 rendering a battery of conversations with both engines: plain chats, multi-turn, reasoning,
 tool calls and tool results, with and without tools, with and without the generation
-prompt, and with ``enable_thinking`` off. Every case must give the same text, or make both engines fail.
-Otherwise it raises ``NotEquivalent`` with the first disagreement, and the template stays
-on Jinja2.
+prompt, and with ``enable_thinking`` off. Every case must give the same text, or make both
+engines fail. Otherwise it raises ``NotEquivalent`` with the first disagreement, and the
+template stays on Jinja2.
 
 At request time a MiniJinja success is the answer; any failure is handed back to Jinja2,
 whose result or error is the one the client gets (so error messages are Jinja2's, and a
@@ -23,10 +23,11 @@ context holds only the request's messages, tools and template arguments (JSON va
 parsed for this request alone) and the helpers of template_globals.py. Unlike Jinja2's
 immutable sandbox it lets a template call public methods of those dicts and lists (``pop``,
 ``append``): that can change only the request's own copy, which nothing reads after
-rendering, and a template that does so on any battery case is refused (Jinja2 raises there). Every render
-runs on a fuel budget (MiniJinja counts instructions), so a template cannot hold the
-event loop with an endless loop; Jinja2 has no such bound, so running out of fuel is the
-request's error rather than a reason to try Jinja2.
+rendering but Jinja2 when MiniJinja then fails, and a template that does so on any battery
+case is refused (Jinja2 raises there). Every render runs on a fuel budget (MiniJinja counts
+instructions), so a template cannot hold the event loop with an endless loop; Jinja2 has no
+such bound, so running out of fuel is the request's error rather than a reason to try
+Jinja2.
 
 What the battery does not prove: that no conversation outside it takes a branch where the
 engines differ and both succeed (``none is iterable`` is true in MiniJinja, so a template
@@ -116,7 +117,7 @@ class FastTemplate:
         # Jinja2 as Hugging Face configures it: trim_blocks, lstrip_blocks, no trailing newline kept;
         # no autoescaping (the template's name has no .html); debug off (it keeps sources for errors).
         env = minijinja.Environment(trim_blocks=True, lstrip_blocks=True, debug=False, pycompat=True,
-                                      fuel=FUEL if fuel is None else fuel)
+                                    fuel=FUEL if fuel is None else fuel)
         env.add_filter("tojson", tojson)
         env.add_function("raise_exception", raise_exception)
         env.add_function("strftime_now", strftime_now)
