@@ -52,6 +52,12 @@ class TokenizerConfig:
     # L1: prefixes at special-token boundaries, bounded by an estimate of bytes.
     # 64 MiB holds ~2 M cached tokens of prefix.
     l1_bytes_max: int = 64 * 1024 * 1024
+    # Texts shorter than this skip L1 (no lookup, no insert) when the fast encoder is in use: a one-line
+    # chat (~90 characters) encodes in ~19 us whole, while cutting it into segments, looking them up
+    # and inserting the new ones costs ~46 us in all; from ~500 characters on (a system prompt to
+    # reuse) L1 is ahead (BENCHMARKS.md, sixth pass). The Hugging Face encoder is ~5x slower per
+    # character, so it always uses L1.
+    l1_text_chars_min: int = 256
     # Texts shorter than this are encoded on the event loop: ~30 us for 40
     # characters, ~1.5 ms for 2,000; longer ones go to a worker thread.
     inline_chars_max: int = 2048
@@ -252,7 +258,8 @@ class TokenizerService:
             return list(cached)
         self.encoded_chars += len(text)
         use_l1 = self._boundary is not None and self._l1.bytes_max > 0 and (
-            not add_special_tokens or self._l1_with_special)
+            not add_special_tokens or self._l1_with_special) and (
+            self.fast is None or len(text) >= self.config.l1_text_chars_min)
         if not use_l1:
             ids = (await self._encode_off_loop([text], add_special_tokens))[0]
         else:

@@ -31,7 +31,8 @@ EOS_APPEND = {**BOS_PREPEND, "single": [{"Sequence": {"id": "A", "type_id": 0}},
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 async def test_cached_ids_equal_uncached_on_growing_transcripts(qwen_dir, seed):
-    svc = load(qwen_dir, inline_chars_max=512)  # long texts also take the worker-thread path
+    # Long texts also take the worker-thread path; short ones take L1 too (by default they skip it).
+    svc = load(qwen_dir, inline_chars_max=512, l1_text_chars_min=0)
     for messages in transcripts(seed, count=4):
         for turn in range(1, len(messages) + 1):
             text = svc.chat_template.render(messages[:turn], add_generation_prompt=True)
@@ -59,6 +60,24 @@ async def test_appending_post_processor_disables_l1_for_special_tokens(qwen_dir)
     text = svc.chat_template.render([{"role": "user", "content": "x"}], add_generation_prompt=True)
     assert await svc.encode(text, add_special_tokens=True) == svc.encode_uncached(text, add_special_tokens=True)
     assert await svc.encode(text + "y", add_special_tokens=True) == svc.encode_uncached(text + "y", True)
+
+
+async def test_short_texts_skip_l1_with_the_fast_encoder_and_keep_their_ids(qwen_dir):
+    svc = load(qwen_dir, l1_text_chars_min=256)
+    assert svc.fast is not None
+    short = svc.chat_template.render([{"role": "user", "content": "What is the capital of France?"}])
+    assert len(short) < 256
+    assert await svc.encode(short) == svc.encode_uncached(short)
+    assert svc.statistics()["l1_nodes"] == 0
+    long = svc.chat_template.render([{"role": "system", "content": "Be brief. " * 30},
+                                     {"role": "user", "content": "What is the capital of France?"}])
+    assert len(long) >= 256
+    assert await svc.encode(long) == svc.encode_uncached(long)
+    assert svc.statistics()["l1_nodes"] > 0
+    # The Hugging Face encoder costs ~5x more per character: it keeps L1 for every text.
+    slow = load(qwen_dir, l1_text_chars_min=256, fast_bpe=False)
+    assert await slow.encode(short) == slow.encode_uncached(short)
+    assert slow.statistics()["l1_nodes"] > 0
 
 
 async def test_l0_returns_the_same_ids_and_is_bounded_by_entries(qwen_dir):
