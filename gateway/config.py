@@ -191,6 +191,8 @@ _OPTIONS: list[_Option] = [
                                                                          "where tiktoken's BPE is identical"),
     _Option("--disable-fast-chat-template", "tokenizer.fast_chat_template", "disable", "always render chat "
             "templates with Jinja2, even where MiniJinja renders them identically"),
+    _Option("--chat-template-fuel", "tokenizer.chat_template_fuel", int, "instructions one MiniJinja render "
+            "may run before the request fails (default 10,000,000)"),
     _Option("--tokenizer-cache-l0-entries", "tokenizer.l0_entries_max", int, "exact-text cache entries"),
     _Option("--tokenizer-cache-l1-bytes", "tokenizer.l1_bytes_max", int, "prefix cache size in bytes"),
     _Option("--rate-limits", "rate_limits_file", Path, "TOML file of rate limits ([[limits]]; see README)"),
@@ -347,6 +349,8 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--workers must not be negative (0: one per available core)")
     if config.kv_event_followers < 1:
         raise ConfigError("--kv-event-followers must be at least 1")
+    if config.tokenizer.chat_template_fuel < 1:
+        raise ConfigError("--chat-template-fuel must be at least 1")
     if config.sim_engines < 0:
         raise ConfigError("--sim-engines must not be negative")
     config.limit_set()  # raises ConfigError on a bad file or flag

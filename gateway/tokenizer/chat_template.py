@@ -66,7 +66,8 @@ def _compile(source: str) -> jinja2.Template:
 
 
 class ChatTemplate:
-    def __init__(self, source: str, special_tokens: dict[str, str | None], fast: bool = True) -> None:
+    def __init__(self, source: str, special_tokens: dict[str, str | None], fast: bool = True,
+                 fuel: int | None = None) -> None:
         try:
             self._template = _compile(source)
         except jinja2.TemplateSyntaxError as e:
@@ -79,7 +80,7 @@ class ChatTemplate:
         self.fast_failures = 0  # renders MiniJinja handed back to Jinja2
         if fast:
             try:
-                self.fast = FastTemplate.build(source, special_tokens, self._render_jinja)
+                self.fast = FastTemplate.build(source, special_tokens, self._render_jinja, fuel)
                 self.fast_refusal = ""
             except NotEquivalent as e:
                 self.fast_refusal = str(e)

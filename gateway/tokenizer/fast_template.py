@@ -49,9 +49,12 @@ except ImportError:  # optional: without it every template renders with Jinja2
     minijinja = None
 
 
-# Instructions one render may run. Qwen3's template uses ~67 per message, so the largest
-# conversation the API accepts (10,000 messages) needs ~0.7 M; a render out of fuel has held
-# the loop for well under a second (~50-80 ns an instruction here).
+# Instructions one render may run (TokenizerConfig.chat_template_fuel, --chat-template-fuel).
+# Qwen3's template uses ~67 per message. Templates that rescan the conversation for every message
+# grow quadratically (in llama.cpp's corpus Solar, Cohere2, Gemma 4, gpt-oss: ~500 per message at
+# 100 messages, ~3,000-4,600 at 1,000, ~9,000-13,600 at 3,000), so the default renders ~1,500
+# messages on those and the 10,000 the API accepts on Qwen3. An instruction costs ~50-120 ns here:
+# a render out of fuel has held the loop for ~0.5-1 s.
 FUEL = 10_000_000
 
 
@@ -129,7 +132,8 @@ class FastTemplate:
         self._special = special_tokens
 
     @classmethod
-    def build(cls, source: str, special_tokens: dict[str, str | None], reference) -> "FastTemplate":
+    def build(cls, source: str, special_tokens: dict[str, str | None], reference,
+              fuel: int | None = None) -> "FastTemplate":
         """A FastTemplate that renders every battery case as ``reference`` does, or NotEquivalent.
 
         ``reference(messages, add_generation_prompt=..., tools=..., **kwargs)`` is the Jinja2
@@ -138,7 +142,7 @@ class FastTemplate:
         long as it likes under Jinja2, so it is kept on MiniJinja (and its requests fail) without
         asking Jinja2.
         """
-        fast = cls(source, special_tokens)
+        fast = cls(source, special_tokens, fuel)
         for name, messages in BATTERY.items():
             for tools, add_generation_prompt, kwargs in VARIANTS:
                 got = _outcome(fast.render, _copy(messages), add_generation_prompt, _copy(tools), kwargs)

@@ -33,6 +33,7 @@ from tokenizers.decoders import DecodeStream
 from .cache import ExactCache, SegmentCache
 from .chat_template import ChatTemplate
 from .fast_bpe import FastBpe, NotEquivalent
+from .fast_template import FUEL
 
 log = logging.getLogger("gateway.tokenizer")
 
@@ -70,6 +71,10 @@ class TokenizerConfig:
     # Render chat templates with MiniJinja where it renders a battery of conversations exactly as
     # Jinja2 does (fast_template.py: 2-5x faster); Jinja2 renders the others and every failure.
     fast_chat_template: bool = True
+    # Instructions one MiniJinja render may run before the request fails (fast_template.py: the
+    # default fits ~1,500 messages on templates that rescan the conversation per message, and holds
+    # the event loop ~0.5-1 s at most). Templates on Jinja2 have no such bound.
+    chat_template_fuel: int = FUEL
 
 
 class TokenizerLoadError(Exception):
@@ -140,8 +145,8 @@ class TokenizerService:
             if t.special)
 
         template_source = chat_template_override or self._template_source(tokenizer_config, files)
-        self.chat_template = ChatTemplate(template_source, special, fast=config.fast_chat_template) \
-            if template_source else None
+        self.chat_template = ChatTemplate(template_source, special, fast=config.fast_chat_template,
+                                          fuel=config.chat_template_fuel) if template_source else None
 
         self._l0 = ExactCache(config.l0_entries_max)
         self._l1 = SegmentCache(config.l1_bytes_max)

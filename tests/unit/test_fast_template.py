@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.config import ConfigError
 from gateway.tokenizer import fast_template
 from gateway.tokenizer.chat_template import ChatTemplate, TemplateError
 
@@ -99,6 +100,9 @@ def test_qwen3_renders_with_minijinja_exactly_as_with_jinja2(qwen_dir):
 def test_disabled_renders_with_jinja2_only(qwen_dir):
     tokenizer_config = parse(["--disable-fast-chat-template"]).tokenizer
     assert tokenizer_config.fast_chat_template is False
+    assert parse(["--chat-template-fuel", "5000"]).tokenizer.chat_template_fuel == 5000
+    with pytest.raises(ConfigError, match="chat-template-fuel"):
+        parse(["--chat-template-fuel", "0"])
     service = load(qwen_dir, fast_chat_template=False)
     assert service.chat_template.fast is None
     assert "disable-fast-chat-template" in service.chat_template.fast_refusal
@@ -137,6 +141,15 @@ def test_failures_outside_the_battery_get_jinja2_s_text_or_error():
     assert template.fast_failures == 1
     with pytest.raises(TemplateError, match="^at most 3 messages$"):
         template.render([{"role": "user", "content": "x"}] * 4)
+
+
+def test_a_conversation_past_the_fuel_budget_is_refused_with_a_clear_error(qwen_dir):
+    # Qwen3 uses ~67 instructions a message: 100 messages fit 20,000, 400 do not.
+    service = load(qwen_dir, chat_template_fuel=20_000)
+    turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    assert service.chat_template.render(turns * 50)
+    with pytest.raises(TemplateError, match="more than 20,000 instructions"):
+        service.chat_template.render(turns * 200)
 
 
 def test_a_template_that_never_ends_fails_on_fuel_without_jinja2(monkeypatch):
