@@ -86,17 +86,27 @@ class SlowStepLog(trio.abc.Instrument):
         # Added from inside a running task: that task's step ends without having begun under us.
         self._started = time.perf_counter()
         self._started_cpu = time.thread_time()
+        self._collections = 0  # garbage collections so far, counted by gc.callbacks
+        self._started_collections = 0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "stop":
+            self._collections += 1
 
     def before_task_step(self, task) -> None:
         self._started = time.perf_counter()
         self._started_cpu = time.thread_time()
+        self._started_collections = self._collections
 
     def after_task_step(self, task) -> None:
         held = time.perf_counter() - self._started
         if held >= self.threshold_s:
             # The loop thread's own CPU in the step: much less than the wall time means it waited
-            # (for the GIL, or for a core), not that the step's code was slow.
+            # (for the GIL, or for a core), not that the step's code was slow. A collection inside the
+            # step is charged to whatever the step was doing.
             cpu = time.thread_time() - self._started_cpu
             where = " <- ".join(f"{frame.f_code.co_name}:{lineno}" for frame, lineno in task.iter_await_frames())
-            self.log.warning("task %s held the loop %.1f ms, %.1f ms of it on the CPU (now at %s)", task.name,
-                             held * 1000, cpu * 1000, where)
+            self.log.warning("task %s held the loop %.1f ms, %.1f ms of it on the CPU, %d garbage collections "
+                             "(now at %s)", task.name, held * 1000, cpu * 1000,
+                             self._collections - self._started_collections, where)
