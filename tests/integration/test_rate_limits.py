@@ -1,10 +1,13 @@
 """Cluster rate limits on real processes: 5 nodes, one limit, 10x the load, then the owner killed.
 
 The client spreads its requests round-robin over the nodes, as a load balancer
-would, and offers ten times the limit for 60 s: the admitted rate must stay
-within 2% of the limit in every 10 s window, whichever node received the
-requests. Then the node owning the key is SIGKILLed: the admitted count of the
-next 20 s must stay within the bound documented in gateway/ratelimit/limiter.py.
+would, and offers ten times the limit for 60 s: the admitted count may exceed the
+limit by at most 2% in any 10 s window, whichever node received the requests, and
+falls short of it by at most 2% over the whole minute (10% in any one window: a
+bucket with a burst of 2 cannot bank what a stall of this shared machine leaves
+unused, and a 0.75 s stall of the client or of the key's owner loses 15
+admissions). Then the node owning the key is SIGKILLed: the admitted count of
+the next 20 s must stay within the bound documented in gateway/ratelimit/limiter.py.
 """
 
 from __future__ import annotations
@@ -120,8 +123,11 @@ async def test_five_nodes_hold_one_limit_under_ten_times_the_load_and_an_owner_k
             await client.offer(http, 60)
             steady = [client.count(start + 10 * w, start + 10 * (w + 1)) for w in range(6)]
             assert client.other == [], f"unexpected answers: {client.other[:10]}"
+            window_limit = 10 * LIMIT_PER_S
             for w, got in enumerate(steady):
-                assert abs(got - 10 * LIMIT_PER_S) <= 0.02 * 10 * LIMIT_PER_S, f"window {w}: {steady}"
+                assert got <= 1.02 * window_limit, f"window {w} admitted over the limit: {steady}"
+                assert got >= 0.90 * window_limit, f"window {w} admitted far under the limit: {steady}"
+            assert sum(steady) >= 0.98 * 6 * window_limit, f"the minute admitted under the limit: {steady}"
             assert client.refused > 0.85 * OFFERED_PER_S * 60
 
             # Kill the key's owner; a load balancer stops sending to it (its requests would fail fast).
