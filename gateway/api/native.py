@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..generation import GenerationResult
-from ..tokenizer.chat_template import TemplateError
 from .errors import BadRequest
 from .http import Request, sse_event
-from .openai import check_vocab, plan_generation, ready_model_entry
+from .openai import check_vocab, plan_generation, ready_model_entry, render_prompt
 from .protocol import parse_chat, parse_generate, parse_json_body, token_ids
 from .respond import admitted, run_streamed, run_unary
 
@@ -74,10 +73,7 @@ async def tokenize(state, request: Request) -> None:
         if tokenizer.chat_template is None:
             raise BadRequest("this model has no chat template", code="no_chat_template")
         add_generation_prompt = body.get("add_generation_prompt", True)
-        try:
-            text = tokenizer.chat_template.render(chat.messages, add_generation_prompt=bool(add_generation_prompt))
-        except TemplateError as e:
-            raise BadRequest(str(e), param="messages", code="chat_template_error") from None
+        text = render_prompt(tokenizer, chat.messages, add_generation_prompt=bool(add_generation_prompt))
         add_special = False
     else:
         text = body.get("prompt")

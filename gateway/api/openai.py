@@ -179,11 +179,8 @@ async def chat_completions(state: GatewayState, request: Request) -> None:
     if tokenizer.chat_template is None:
         raise BadRequest(f"the model '{entry.name}' has no chat template; use /v1/completions or pass "
                          f"--chat-template", code="no_chat_template")
-    try:
-        prompt = tokenizer.chat_template.render(chat.messages, add_generation_prompt=True, tools=chat.tools,
-                                                **chat.template_kwargs)
-    except TemplateError as e:
-        raise BadRequest(str(e), param="messages", code="chat_template_error") from None
+    prompt = render_prompt(tokenizer, chat.messages, add_generation_prompt=True, tools=chat.tools,
+                           **chat.template_kwargs)
     input_ids = await tokenizer.encode(prompt, add_special_tokens=False)
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "messages")
     shape = _OpenAIShape(True, "chatcmpl-" + request.request_id, entry.name)
@@ -211,6 +208,14 @@ async def completions(state: GatewayState, request: Request) -> None:
     shape = _OpenAIShape(False, "cmpl-" + request.request_id, entry.name)
     await _respond(state, request, plan, tokenizer, shape, comp.include_usage,
                    prefix_text=prompt_text if comp.echo else "")
+
+
+def render_prompt(tokenizer: TokenizerService, messages: "list[dict[str, Any]]", **options: Any) -> str:
+    """The chat template on these messages; a template that fails on them is the request's 400."""
+    try:
+        return tokenizer.chat_template.render(messages, **options)
+    except TemplateError as e:
+        raise BadRequest(str(e), param="messages", code="chat_template_error") from None
 
 
 def check_vocab(ids: "tuple[int, ...] | list[int]", tokenizer: TokenizerService) -> None:

@@ -39,6 +39,7 @@ battery to one case lets that test catch two templates that differ.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from .template_globals import raise_exception, strftime_now, tojson
@@ -102,15 +103,6 @@ VARIANTS: tuple[tuple[Any, bool, dict[str, Any]], ...] = (
 )
 
 
-def _copy(value: Any) -> Any:
-    """A fresh copy of JSON data: each engine gets its own, whatever the template does to it."""
-    if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copy(v) for v in value]
-    return value
-
-
 class FastTemplate:
     """One chat template compiled by MiniJinja, with Jinja2's options and helpers."""
 
@@ -137,18 +129,19 @@ class FastTemplate:
         """A FastTemplate that renders every battery case as ``reference`` does, or NotEquivalent.
 
         ``reference(messages, add_generation_prompt=..., tools=..., **kwargs)`` is the Jinja2
-        rendering (ChatTemplate's own); each engine renders a fresh copy of each case. MiniJinja
-        goes first: a template that runs out of fuel on a battery case would hold the loop for as
-        long as it likes under Jinja2, so it is kept on MiniJinja (and its requests fail) without
-        asking Jinja2.
+        rendering (ChatTemplate's own); each engine renders its own deep copy of each case (a
+        template may change what it is given). MiniJinja goes first: a template that runs out of
+        fuel on a battery case would hold the loop for as long as it likes under Jinja2, so it is
+        kept on MiniJinja (and its requests fail) without asking Jinja2.
         """
         fast = cls(source, special_tokens, fuel)
         for name, messages in BATTERY.items():
             for tools, add_generation_prompt, kwargs in VARIANTS:
-                got = _outcome(fast.render, _copy(messages), add_generation_prompt, _copy(tools), kwargs)
+                case_args = (add_generation_prompt, kwargs)
+                got = _outcome(fast.render, copy.deepcopy(messages), copy.deepcopy(tools), *case_args)
                 if got[0] == "out of fuel":
                     return fast
-                expected = _outcome(reference, _copy(messages), add_generation_prompt, _copy(tools), kwargs)
+                expected = _outcome(reference, copy.deepcopy(messages), copy.deepcopy(tools), *case_args)
                 if expected != got:
                     case = f"{name}, tools={'yes' if tools else 'no'}, add_generation_prompt={add_generation_prompt}"
                     case += f", {kwargs}" if kwargs else ""
@@ -168,7 +161,7 @@ class FastTemplate:
             raise
 
 
-def _outcome(render, messages, add_generation_prompt: bool, tools, kwargs: dict[str, Any]) -> tuple[str, str]:
+def _outcome(render, messages, tools, add_generation_prompt: bool, kwargs: dict[str, Any]) -> tuple[str, str]:
     """("ok", text), ("out of fuel", "") or ("error", "") (which error does not matter: Jinja2's is
     always the one the client gets)."""
     try:
@@ -181,7 +174,8 @@ def _outcome(render, messages, add_generation_prompt: bool, tools, kwargs: dict[
 
 def _difference(expected: tuple[str, str], got: tuple[str, str]) -> str:
     if expected[0] != got[0]:
-        return f"Jinja2 {'renders' if expected[0] == 'ok' else 'fails'}, MiniJinja {'renders' if got[0] == 'ok' else 'fails'}"
+        verb = {"ok": "renders"}
+        return f"Jinja2 {verb.get(expected[0], 'fails')}, MiniJinja {verb.get(got[0], 'fails')}"
     a, b = expected[1], got[1]
     at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     return f"at character {at}: Jinja2 {a[at:at + 40]!r}, MiniJinja {b[at:at + 40]!r}"

@@ -7,6 +7,7 @@ acceptance battery never saw, and requires the same text or the same error as Ji
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import subprocess
@@ -69,8 +70,8 @@ def random_conversation(rng: random.Random) -> tuple[list[dict], list[dict] | No
 
 def outcome(template: ChatTemplate, messages, tools, add_generation_prompt: bool, kwargs: dict) -> tuple[str, str]:
     try:
-        return "ok", template.render(fast_template._copy(messages), add_generation_prompt=add_generation_prompt,
-                                     tools=fast_template._copy(tools), **kwargs)
+        return "ok", template.render(copy.deepcopy(messages), add_generation_prompt=add_generation_prompt,
+                                     tools=copy.deepcopy(tools), **kwargs)
     except TemplateError as e:
         return "error", str(e)
 
