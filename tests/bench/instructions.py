@@ -1,0 +1,196 @@
+"""Instructions per request, counted by valgrind's callgrind: smg-node against smg 1.13.0.
+
+Not a test: it prints figures. CPU seconds on this shared VM move by 10-30 % from one
+minute to the next with the hypervisor's steal; an instruction count does not. Each
+gateway runs under ``valgrind --tool=callgrind --instr-atstart=no`` (full speed to start,
+uninstrumented), in front of the same zero-cost simulated engine and tokenizer files as
+``smg_compare.py``; after ``--warmup`` requests, instrumentation is switched on
+(``callgrind_control -i on``), one keep-alive client sends ``--requests`` requests one
+after the other, and the count is dumped; then the gateway is counted idle for 5 s. Its
+timers (health checks, load polls, gossip, the loop-lag probe) run by the wall clock, which
+valgrind's ~50x slowdown stretches, so their share (idle instructions per second times the
+seconds the requests took) is taken out, as ``smg_compare.py`` takes out idle CPU.
+
+What it counts: user-space instructions of every thread of the gateway's process (the
+kernel's share of socket calls is not in it, nor are cache misses: a figure of work done,
+not of seconds). What it leaves out: ``--workers 0``'s second process (one process is
+measured; ``smg_compare.py`` has the scaling), and concurrency (requests are sequential,
+so batching across requests never happens here; the per-request cost at 16 clients is
+lower for both gateways).
+
+    python tests/bench/instructions.py [--requests 200] [--scenarios short long multiturn]
+        [--stream both|yes|no] [--gateways smg-node smg smg-cache] [--smg-venv DIR]
+        [--node-args ARG...]
+
+Needs valgrind (Debian's ``valgrind`` package) and makes smg's venv like smg_compare.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from chaos.processes import EngineProcess, default_log_dir  # noqa: E402
+from tests.bench.gateway_bench import Connection  # noqa: E402
+from tests.bench.smg_compare import MODEL, SMG_VERSION, conversation_bodies, ensure_smg, free_port, model_dir  # noqa: E402
+
+START_TIMEOUT_S = 600.0  # valgrind's uninstrumented start is ~5x slower than a plain one
+IDLE_MEASURE_S = 5.0
+
+
+def gateway_argv(name: str, port: int, engine_url: str, model: Path, smg: Path, node_args: list[str]) -> list[str]:
+    if name == "smg-node":
+        return [sys.executable, "-m", "mesh.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+                "--workers", "1", "--worker-urls", engine_url, "--tokenizer-path", str(model),
+                "--log-level", "warning", "--max-concurrent-requests", "0", *node_args]
+    argv = [str(smg), "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", engine_url,
+            "--tokenizer-path", str(model), "--log-level", "warn", "--prometheus-port", str(free_port()),
+            "--prometheus-host", "127.0.0.1"]
+    if name == "smg-cache":
+        argv += ["--tokenizer-cache-enable-l0", "--tokenizer-cache-enable-l1"]
+    return argv
+
+
+async def send_requests(port: int, bodies, count: int) -> None:
+    connection = Connection(await trio.open_tcp_stream("127.0.0.1", port), "127.0.0.1")
+    try:
+        for _ in range(count):
+            status, _ = await connection.request("/v1/chat/completions", next(bodies))
+            if status != 200:
+                raise RuntimeError(f"the gateway answered {status}")
+    finally:
+        await connection.stream.aclose()
+
+
+def wait_serving(port: int, bodies, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the gateway exited; see {log}")
+        try:
+            trio.run(send_requests, port, bodies, 1)
+            return
+        except (OSError, RuntimeError):
+            time.sleep(1)
+    raise RuntimeError(f"the gateway did not serve within {START_TIMEOUT_S:.0f} s; see {log}")
+
+
+def callgrind_control(*args: str) -> None:
+    subprocess.run(["callgrind_control", *args], check=True, capture_output=True, timeout=120)
+
+
+def count_instructions(name: str, scenario: str, stream: bool, args, engine_url: str, model: Path, smg: Path,
+                       log_dir: Path) -> float:
+    """Instructions per request of one gateway on one scenario (a fresh process each time)."""
+    port = free_port()
+    tag = f"{name}-{scenario}-{'stream' if stream else 'unary'}"
+    out_prefix = log_dir / f"callgrind.{tag}"
+    log = log_dir / f"{tag}.log"
+    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_prefix}.%p",
+            *gateway_argv(name, port, engine_url, model, smg, args.node_args)]
+    with open(log, "ab") as log_file:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, cwd=ROOT)
+    bodies = conversation_bodies(scenario, stream)
+    try:
+        wait_serving(port, bodies, process, log)
+        trio.run(send_requests, port, bodies, args.warmup)
+        callgrind_control("-i", "on", str(process.pid))
+        started = time.perf_counter()
+        trio.run(send_requests, port, bodies, args.requests)
+        requests_s = time.perf_counter() - started
+        callgrind_control("-d", str(process.pid))  # dump 1: the requests
+        started = time.perf_counter()
+        time.sleep(IDLE_MEASURE_S)
+        callgrind_control("-d", str(process.pid))  # dump 2: the same gateway idle
+        idle_s = time.perf_counter() - started
+        callgrind_control("-i", "off", str(process.pid))
+    finally:
+        process.terminate()
+        try:
+            process.wait(120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(30)
+    dumps = {}
+    for path in log_dir.glob(f"callgrind.{tag}.*"):
+        part = path.name.rsplit(".", 1)[1]
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith("totals:"):
+                dumps[part] = int(line.split()[1])
+    busy, idle = dumps.get("1", 0), dumps.get("2", 0)
+    if busy == 0:
+        raise RuntimeError(f"callgrind counted nothing for {tag}; see {log}")
+    # Timers (health checks, load polls, gossip, the loop-lag probe) run by the wall clock, and
+    # under valgrind the requests take ~50x longer: their share is taken out as smg_compare.py
+    # takes out idle CPU.
+    idle_per_s = idle / idle_s
+    print(f"  {tag}: {busy / args.requests / 1e6:.3f} M/request with timers, idle {idle_per_s / 1e6:.2f} M/s "
+          f"over {requests_s:.1f} s of requests", file=sys.stderr, flush=True)
+    return (busy - idle_per_s * requests_s) / args.requests
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--scenarios", nargs="+", default=["short", "long", "multiturn"])
+    parser.add_argument("--stream", choices=("both", "yes", "no"), default="both")
+    parser.add_argument("--gateways", nargs="+", default=["smg-node", "smg", "smg-cache"])
+    parser.add_argument("--smg-venv", type=Path, default=ROOT / ".bench" / "smg-venv")
+    parser.add_argument("--node-args", nargs=argparse.REMAINDER, default=[],
+                        help="extra smg-node serve arguments (last on the line)")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        sys.exit("needs valgrind (apt-get install valgrind)")
+    smg = ensure_smg(args.smg_venv) if any(g.startswith("smg") and g != "smg-node" for g in args.gateways) \
+        else Path("smg")
+    log_dir = default_log_dir()
+    model = model_dir(log_dir)
+    engine = EngineProcess(["--zero-cost", "--model-name", MODEL, "--tokenizer-path", str(model)], log_dir)
+    streams = {"both": [False, True], "yes": [True], "no": [False]}[args.stream]
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    results: dict[tuple[str, bool, str], float] = {}
+    try:
+        for scenario in args.scenarios:
+            for stream in streams:
+                for name in args.gateways:
+                    per_request = count_instructions(name, scenario, stream, args, engine.url, model, smg, log_dir)
+                    results[(scenario, stream, name)] = per_request
+                    print(f"{scenario:9} stream={stream!s:5} {name:10} {per_request / 1e6:.3f} M instructions/request",
+                          file=sys.stderr, flush=True)
+    finally:
+        engine.stop()
+    print(f"\nInstructions per request (callgrind), {platform.machine()}, Python {platform.python_version()}, "
+          f"smg {SMG_VERSION}, started {started}; {args.requests} sequential requests after {args.warmup} warm-up "
+          f"ones, one keep-alive client; smg-node --workers 1{' ' + ' '.join(args.node_args) if args.node_args else ''}"
+          f". Logs: {log_dir}\n")
+    names = args.gateways
+    print("| scenario | stream | " + " | ".join(f"{n} M instr/req" for n in names)
+          + (" | smg-node / smg |" if "smg-node" in names and "smg" in names else " |"))
+    print("|---|---|" + "---|" * len(names) + ("---|" if "smg-node" in names and "smg" in names else ""))
+    for scenario in args.scenarios:
+        for stream in streams:
+            cells = [f"{results[(scenario, stream, n)] / 1e6:.3f}" for n in names]
+            ratio = ""
+            if "smg-node" in names and "smg" in names:
+                ratio = f" {results[(scenario, stream, 'smg-node')] / results[(scenario, stream, 'smg')]:.2f}x |"
+            print(f"| {scenario} | {'yes' if stream else 'no'} | " + " | ".join(cells) + " |" + ratio)
+
+
+if __name__ == "__main__":
+    if os.environ.get("PYTHONHASHSEED") is None:
+        # Python randomizes str hashes per process: dict and set layouts, and with them a few
+        # instructions, differ from run to run. The gateway inherits a fixed seed from here.
+        os.environ["PYTHONHASHSEED"] = "0"
+    main()
