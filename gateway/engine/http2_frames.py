@@ -11,7 +11,8 @@ HPACK is not ours to write: header blocks are decoded by ``hpack`` (the library 
 uses), except blocks made only of one-byte indexed fields, which are looked up in
 its table directly (that is what a gRPC server sends once its dynamic table holds
 its usual headers, so most answers take this path; such blocks never change the
-table). Request headers are encoded as literals that the server does not index
+table) and blocks seen before that did not change the table either (see
+``HeaderBlockDecoder``). Request headers are encoded as literals that the server does not index
 (RFC 7541 6.2.2), so we keep no encoder state the server could disagree with.
 
 Errors the peer causes raise ``ConnectionFailure`` with the HTTP/2 error code to
@@ -202,14 +203,37 @@ SCHEME_HTTP = indexed_field(6)
 
 
 class HeaderBlockDecoder:
-    """Header blocks to lists of (name, value) bytes; one per connection (HPACK state is per connection)."""
+    """Header blocks to lists of (name, value) bytes; one per connection (HPACK state is per connection).
+
+    A block that leaves the dynamic table as it was decodes to the same fields for as long as the
+    table stays so: such blocks are remembered by their bytes until the next block changes the table.
+    A gRPC server's answers are two such blocks again and again once its headers are indexed (grpcio
+    sends the trailers' empty ``grpc-message`` as a literal it never indexes, which ``hpack`` would
+    parse anew, debug logs and all, on every call). Callers must not change the lists returned.
+    """
+
+    # Few and small: the blocks a server repeats. A peer sending ever-new ones only churns this.
+    STABLE_BLOCKS_MAX = 32
+    STABLE_BLOCK_BYTES_MAX = 256
 
     def __init__(self, max_header_list_bytes: int) -> None:
         self.max_header_list_bytes = max_header_list_bytes
         self._decoder = hpack.Decoder(max_header_list_size=max_header_list_bytes)
         self._table = self._decoder.header_table
+        self._table_changes = 0
+        add = self._table.add
+
+        def counted_add(name: bytes, value: bytes) -> None:  # the only way an entry enters the table
+            self._table_changes += 1
+            add(name, value)
+
+        self._table.add = counted_add
+        self._stable_blocks: dict[bytes, list[tuple[bytes, bytes]]] = {}
 
     def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        fields = self._stable_blocks.get(block)
+        if fields is not None:
+            return fields
         try:
             if block and min(block) >= 0x81 and 0xFF not in block:
                 # Only one-byte indexed fields (1iiiiiii, index 1-126): table lookups, no table change.
@@ -217,6 +241,14 @@ class HeaderBlockDecoder:
                 if sum(len(name) + len(value) + 32 for name, value in fields) > self.max_header_list_bytes:
                     raise hpack.OversizedHeaderListError("the header list exceeds its limit")
                 return fields
-            return [(bytes(name), bytes(value)) for name, value in self._decoder.decode(block, raw=True)]
+            before = (self._table_changes, self._table.maxsize)
+            fields = [(bytes(name), bytes(value)) for name, value in self._decoder.decode(block, raw=True)]
+            if (self._table_changes, self._table.maxsize) != before:
+                self._stable_blocks.clear()  # decoded against the old table
+            elif len(block) <= self.STABLE_BLOCK_BYTES_MAX:
+                if len(self._stable_blocks) >= self.STABLE_BLOCKS_MAX:
+                    self._stable_blocks.clear()
+                self._stable_blocks[block] = fields
+            return fields
         except hpack.HPACKError as e:
             raise ConnectionFailure(COMPRESSION_ERROR, f"cannot decode a header block: {e}") from None

@@ -125,3 +125,54 @@ def test_header_lists_beyond_the_limit_are_refused_on_both_paths():
     assert failure.value.code == h2f.COMPRESSION_ERROR
     with pytest.raises(h2f.ConnectionFailure):
         h2f.HeaderBlockDecoder(1000).decode(hpack.Encoder().encode([(b"x-big", b"y" * 2000)]))
+
+
+def _counting_hpack_calls(decoder: h2f.HeaderBlockDecoder) -> list[int]:
+    calls = [0]
+    decode = decoder._decoder.decode
+
+    def counted(block, raw=False):
+        calls[0] += 1
+        return decode(block, raw=raw)
+
+    decoder._decoder.decode = counted
+    return calls
+
+
+def test_a_remembered_block_is_forgotten_when_the_table_changes():
+    """The same bytes mean other fields once the table has moved: the remembered answer must go."""
+    ours = h2f.HeaderBlockDecoder(64 * 1024)
+    reference = hpack.Decoder()
+    calls = _counting_hpack_calls(ours)
+    index_x = b"\x40\x01x\x01a"  # literal with incremental indexing: x: a enters the table at index 62
+    repeat = b"\xbe\x00\x01m\x00"  # index 62 (whatever it holds now), then m: "" not indexed
+    index_y = b"\x40\x01y\x01b"  # y: b enters at 62, x: a moves to 63
+    blocks = [index_x, repeat, repeat, repeat, index_y, repeat, repeat]
+    answers = [ours.decode(block) for block in blocks]
+    assert answers == [[tuple(f) for f in reference.decode(block, raw=True)] for block in blocks]
+    assert answers[1] == [(b"x", b"a"), (b"m", b"")] and answers[5] == [(b"y", b"b"), (b"m", b"")]
+    assert calls[0] == 4  # index_x, repeat once, index_y, repeat once: the others were remembered
+
+
+def test_header_blocks_decode_as_hpack_does_under_a_changing_table(seed=None):
+    """Random answers from a small pool, indexed, never indexed, resized tables, evictions: same fields."""
+    seed = seed if seed is not None else random.randrange(2**32)
+    rng = random.Random(seed)
+    encoder = hpack.Encoder()
+    encoder.header_table_size = 256  # evictions come soon
+    ours = h2f.HeaderBlockDecoder(64 * 1024)
+    reference = hpack.Decoder()
+    calls = _counting_hpack_calls(ours)
+    pool = [(b"grpc-status", b"0"), (b"grpc-status", b"13"), (b"content-type", b"application/grpc"),
+            (b"x-load", b"7"), (b"x-load", b"8"), (b"x-server", b"engine-" + b"a" * 40)]
+    blocks = 0
+    for step in range(400):
+        if rng.random() < 0.03:
+            encoder.header_table_size = rng.choice([0, 64, 128, 256, 4096])  # a size update leads the next block
+        fields = [hpack.NeverIndexedHeaderTuple(*f) if rng.random() < 0.3 else f
+                  for f in rng.sample(pool, rng.randint(1, 3))]
+        block = encoder.encode(fields)
+        blocks += 1
+        expected = [tuple(f) for f in reference.decode(block, raw=True)]
+        assert ours.decode(block) == expected, f"seed {seed}, step {step}"
+    assert calls[0] < blocks, f"seed {seed}: no block was remembered"
