@@ -363,16 +363,26 @@ class _Connection:
         return len(self._cycles) > self.server.config.pipeline_depth_max
 
     async def _read_loop(self) -> None:
+        # One scope for the connection's life, its deadline moved before each read (and by the
+        # answer loop when a request is done): a scope per read cost ~30 calls per request.
+        with trio.CancelScope() as scope:
+            self._read_scope = scope
+            await self._read_until_done(scope)
+        self._read_scope = None
+        if scope.cancelled_caught:  # a read timed out
+            self._lost()
+
+    async def _read_until_done(self, scope: trio.CancelScope) -> None:
         while not self.closed and not self._upgraded:
-            while self._must_pause() and not self.closed:
-                await self._read_allowed.park()
-            data = b""
-            with trio.CancelScope(deadline=self._read_deadline()) as self._read_scope:
-                try:
-                    data = await self.stream.receive_some(65536)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    data = b""
-            self._read_scope = None
+            if self._must_pause():
+                scope.deadline = float("inf")  # paused by us, not idle: no timeout runs
+                while self._must_pause() and not self.closed:
+                    await self._read_allowed.park()
+            scope.deadline = self._read_deadline()
+            try:
+                data = await self.stream.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                data = b""
             if not data:
                 self._lost()
                 return
@@ -478,7 +488,7 @@ class _Connection:
             cycle.wakeup.unpark_all()
             self._cycles.popleft()
             self._read_allowed.unpark_all()
-            if self._read_scope is not None:
+            if self._read_scope is not None and not self._must_pause():
                 self._read_scope.deadline = self._read_deadline()  # idle again: the keep-alive clock runs
             if not cycle.keep_alive or self.closed:
                 return

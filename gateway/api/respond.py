@@ -32,6 +32,10 @@ async def admitted(state, request: Request, plan: GenerationPlan) -> AsyncIterat
         yield
 
 
+def _deadline(plan: GenerationPlan) -> float:
+    return trio.current_time() + plan.timeout_s if plan.timeout_s else float("inf")
+
+
 def _timeout_error() -> UpstreamTimeout:
     return UpstreamTimeout("the request took longer than the gateway's request timeout", code="request_timeout")
 
@@ -39,12 +43,12 @@ def _timeout_error() -> UpstreamTimeout:
 async def run_unary(state, request: Request, plan: GenerationPlan,
                     tokenizer: TokenizerService) -> GenerationResult | None:
     """The whole result, or None when the client went away (nothing to answer then)."""
-    async with request.cancel_on_disconnect():
-        with trio.move_on_after(plan.timeout_s or float("inf")) as timeout:
-            result = await state.generator.run(plan, tokenizer, None)
+    async with request.cancel_on_disconnect() as scope:
+        scope.deadline = _deadline(plan)  # one scope for both ends: the client's and the clock's
+        result = await state.generator.run(plan, tokenizer, None)
     if request.disconnected:
         return None
-    if timeout.cancelled_caught:
+    if scope.cancelled_caught:
         raise _timeout_error()
     state.count_tokens(plan.model, result)
     return result
@@ -68,7 +72,9 @@ async def run_streamed(state, request: Request, plan: GenerationPlan, tokenizer:
     result: GenerationResult | None = None
     error: ApiError | None = None
     async with request.cancel_on_disconnect():
-        with trio.move_on_after(plan.timeout_s or float("inf")) as timeout:
+        # Two scopes here, unlike run_unary: the last events are written after the deadline has
+        # cancelled the generation, still under the watch for the client going away.
+        with trio.CancelScope(deadline=_deadline(plan)) as timeout:
             try:
                 result = await state.generator.run(plan, tokenizer, sink)
             except MidStreamError as e:
