@@ -189,6 +189,8 @@ _OPTIONS: list[_Option] = [
                                                                  "(same on every member; others receive them)"),
     _Option("--disable-fast-tokenizer", "tokenizer.fast_bpe", "disable", "always encode with tokenizers, even "
                                                                          "where tiktoken's BPE is identical"),
+    _Option("--disable-fast-detokenizer", "tokenizer.fast_decode", "disable", "always detokenize with "
+            "tokenizers' DecodeStream, even where the byte table decodes identically"),
     _Option("--disable-fast-chat-template", "tokenizer.fast_chat_template", "disable", "always render chat "
             "templates with Jinja2, even where MiniJinja renders them identically"),
     _Option("--chat-template-fuel", "tokenizer.chat_template_fuel", int, "instructions one MiniJinja render "

@@ -116,11 +116,15 @@ class FastBpe:
         self._suffix_ids = suffix_ids
 
     @classmethod
-    def build(cls, tokenizer_json: str, reference: tokenizers.Tokenizer) -> "FastBpe":
-        """A FastBpe identical to ``reference`` on every check, or NotEquivalent with the reason."""
+    def build(cls, tokenizer_json: str, reference: tokenizers.Tokenizer,
+              spec: "dict[str, Any] | None" = None) -> "FastBpe":
+        """A FastBpe identical to ``reference`` on every check, or NotEquivalent with the reason.
+
+        ``spec`` is ``tokenizer_json`` parsed, when the caller has it (parsing takes ~0.1 s).
+        """
         if tiktoken is None:
             raise NotEquivalent("tiktoken is not installed")
-        spec = json.loads(tokenizer_json)
+        spec = json.loads(tokenizer_json) if spec is None else spec
         model = spec.get("model") or {}
         _check_model(model)
         nfc = _check_normalizer(spec.get("normalizer"))
@@ -136,9 +140,9 @@ class FastBpe:
         fast = cls(encoding, nfc, added, prefix_ids, suffix_ids)
         if not model.get("ignore_merges", False):
             digest = hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest()
-            if not _reachability_known(digest):
+            if not known_verdict(digest, "reachable"):
                 _check_whole_tokens_reachable(model, ranks)
-                _remember_reachability(digest)
+                remember_verdict(digest, "reachable", "every token is what the merges make of its bytes\n")
         for add_special in (False, True):
             expected = reference.encode(SELF_CHECK_TEXT, add_special_tokens=add_special).ids
             if fast.encode(SELF_CHECK_TEXT, add_special) != expected:
@@ -303,36 +307,40 @@ def _ranks(model: dict[str, Any]) -> dict[bytes, int]:
     return ranks
 
 
-def _verdict_path(digest: str) -> Path:
+def _verdict_path(digest: str, kind: str) -> Path:
     root = os.environ.get("SMG_NODE_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "smg-node")
-    return Path(root) / "fast-bpe" / f"{digest}.reachable"
+    return Path(root) / "fast-bpe" / f"{digest}.{kind}"
 
 
-_REACHABLE_IN_PROCESS: set[str] = set()
+_VERDICTS_IN_PROCESS: set[tuple[str, str]] = set()
 
 
-def _reachability_known(digest: str) -> bool:
-    """Check 4 costs ~2 s per vocabulary; its verdict is kept per file content (in memory and on disk)."""
-    if digest in _REACHABLE_IN_PROCESS:
+def known_verdict(digest: str, kind: str) -> bool:
+    """Whether a slow check (``kind``) passed on this tokenizer.json before (in memory or on disk).
+
+    Check 4 here costs ~2 s per vocabulary, the decoder's check of every token ~0.2 s; a
+    verdict is kept per file content, so a node's later starts (and its other workers) skip it.
+    """
+    if (digest, kind) in _VERDICTS_IN_PROCESS:
         return True
     try:
-        known = _verdict_path(digest).is_file()
+        known = _verdict_path(digest, kind).is_file()
     except OSError:
         known = False
     if known:
-        _REACHABLE_IN_PROCESS.add(digest)
+        _VERDICTS_IN_PROCESS.add((digest, kind))
     return known
 
 
-def _remember_reachability(digest: str) -> None:
-    _REACHABLE_IN_PROCESS.add(digest)
-    path = _verdict_path(digest)
+def remember_verdict(digest: str, kind: str, text: str) -> None:
+    _VERDICTS_IN_PROCESS.add((digest, kind))
+    path = _verdict_path(digest, kind)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("every token is what the merges make of its bytes\n", encoding="utf-8")
+        path.write_text(text, encoding="utf-8")
     except OSError as e:  # a read-only home: the check simply runs again next time
-        log.debug("cannot keep the fast-BPE verdict at %s: %s", path, e)
+        log.debug("cannot keep the %s verdict at %s: %s", kind, path, e)
 
 
 def _check_whole_tokens_reachable(model: dict[str, Any], ranks: dict[bytes, int]) -> None:

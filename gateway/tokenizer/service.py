@@ -26,6 +26,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import orjson
 import tokenizers
 import trio
 from tokenizers.decoders import DecodeStream
@@ -33,6 +34,7 @@ from tokenizers.decoders import DecodeStream
 from .cache import ExactCache, SegmentCache
 from .chat_template import ChatTemplate
 from .fast_bpe import FastBpe, NotEquivalent
+from .fast_decode import ByteLevelDecoder, ByteLevelStream
 from .fast_template import FUEL
 
 log = logging.getLogger("gateway.tokenizer")
@@ -68,6 +70,9 @@ class TokenizerConfig:
     # Encode with tiktoken's core where it gives the same ids as tokenizers (fast_bpe.py: ~4-6x
     # faster); tokenizers it cannot reproduce keep the Hugging Face encoder.
     fast_bpe: bool = True
+    # Detokenize byte-level BPE tokenizers from a table of token bytes where it gives DecodeStream's
+    # pieces (fast_decode.py: no window re-decoded per step); others keep DecodeStream.
+    fast_decode: bool = True
     # Render chat templates with MiniJinja where it renders a battery of conversations exactly as
     # Jinja2 does (fast_template.py: 2-5x faster); Jinja2 renders the others and every failure.
     fast_chat_template: bool = True
@@ -121,17 +126,32 @@ class TokenizerService:
             self.tokenizer = tokenizers.Tokenizer.from_str(tokenizer_json)
         except Exception as e:  # the Rust side raises plain Exception on a malformed file
             raise TokenizerLoadError(f"cannot load tokenizer.json from {source}: {e}") from e
+        # Parsed once for both fast paths' checks; orjson refuses a few things json takes (unpaired
+        # surrogate escapes): then each parses on its own, and refuses what it cannot read.
+        try:
+            spec = orjson.loads(tokenizer_json) if config.fast_bpe or config.fast_decode else None
+        except orjson.JSONDecodeError:
+            spec = None
         self.fast: FastBpe | None = None
         self.fast_refusal = "disabled (--disable-fast-tokenizer)"
         if config.fast_bpe:
             try:
-                self.fast = FastBpe.build(tokenizer_json, self.tokenizer)
+                self.fast = FastBpe.build(tokenizer_json, self.tokenizer, spec)
                 self.fast_refusal = ""
                 log.info("tokenizer %s: encoding with tiktoken's BPE (identical ids: every check passed)", source)
             except (NotEquivalent, KeyError, TypeError, ValueError, AttributeError) as e:
                 # An unexpected shape of tokenizer.json is a refusal too: the reference encoder stays.
                 self.fast_refusal = str(e) or type(e).__name__
                 log.info("tokenizer %s: encoding with tokenizers (fast BPE not identical: %s)", source, e)
+        self.fast_decoder: ByteLevelDecoder | None = None
+        self.fast_decode_refusal = "disabled (--disable-fast-detokenizer)"
+        if config.fast_decode:
+            try:
+                self.fast_decoder = ByteLevelDecoder.build(tokenizer_json, self.tokenizer, spec)
+                self.fast_decode_refusal = ""
+            except (NotEquivalent, KeyError, TypeError, ValueError, AttributeError) as e:
+                self.fast_decode_refusal = str(e) or type(e).__name__
+                log.info("tokenizer %s: detokenizing with DecodeStream (byte table not identical: %s)", source, e)
         tokenizer_config: dict[str, Any] = {}
         if "tokenizer_config.json" in files:
             tokenizer_config = json.loads(files["tokenizer_config.json"])
@@ -311,7 +331,9 @@ class TokenizerService:
     def decode(self, ids: "list[int]", skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def new_decode_stream(self, skip_special_tokens: bool = True) -> "IncrementalDecoder":
+    def new_decode_stream(self, skip_special_tokens: bool = True) -> "IncrementalDecoder | ByteLevelStream":
+        if self.fast_decoder is not None:
+            return self.fast_decoder.new_stream(skip_special_tokens)
         return IncrementalDecoder(self.tokenizer, skip_special_tokens)
 
     def id_to_token(self, token_id: int) -> str | None:
