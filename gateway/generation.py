@@ -209,10 +209,10 @@ class Generator:
                 self._nursery.start_soon(self._abort, worker, plan.request_id)
         worker.breaker.record_success(trio.current_time())
         if first_token_at is not None and engine_stream:
-            model = plan.model
-            self.metrics.ttft.labels(model).observe(first_token_at - started_at)
+            metrics, model = self.metrics, plan.model
+            metrics.child(metrics.ttft, model).observe(first_token_at - started_at)
             if result.completion_tokens > 1:
-                self.metrics.tpot.labels(model).observe(
+                metrics.child(metrics.tpot, model).observe(
                     (trio.current_time() - first_token_at) / (result.completion_tokens - 1))
         return result
 

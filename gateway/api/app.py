@@ -72,9 +72,10 @@ class GatewayApp:
             await self._fail(request, 500, body, [])
         finally:
             status = request.status if request.response_started else 499  # 499: client closed first
-            self.state.metrics.requests.labels(route, str(status)).inc()
+            metrics = self.state.metrics
+            metrics.child(metrics.requests, route, str(status)).inc()
             elapsed = time.perf_counter() - started
-            self.state.metrics.request_duration.labels(route).observe(elapsed)
+            metrics.child(metrics.request_duration, route).observe(elapsed)
             if access_log.isEnabledFor(logging.INFO):
                 access_log.info("%s %s %d %.1fms", request.method, request.path, status, elapsed * 1000,
                                 extra={"request_id": request.request_id})

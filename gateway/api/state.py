@@ -56,8 +56,8 @@ class GatewayState:
             min_new_tokens=sampling.min_tokens)
 
     def count_tokens(self, model: str, result: GenerationResult) -> None:
-        tokens = self.metrics.tokens
-        tokens.labels(model, "prompt").inc(result.prompt_tokens)
-        tokens.labels(model, "completion").inc(result.completion_tokens)
+        metrics = self.metrics
+        metrics.child(metrics.tokens, model, "prompt").inc(result.prompt_tokens)
+        metrics.child(metrics.tokens, model, "completion").inc(result.completion_tokens)
         if result.cached_tokens:
-            tokens.labels(model, "cached").inc(result.cached_tokens)
+            metrics.child(metrics.tokens, model, "cached").inc(result.cached_tokens)
