@@ -141,11 +141,12 @@ class GrpcBridge:
 
     @contextlib.asynccontextmanager
     async def open_stream(self, target: str, method: str, request: Any, response_type: Any,
-                          timeout_s: float | None,
-                          window_messages: int = STREAM_WINDOW_MESSAGES) -> AsyncIterator["ServerStream"]:
+                          timeout_s: float | None, window_messages: int = STREAM_WINDOW_MESSAGES,
+                          last_message: "Callable[[Any], bool] | None" = None) -> AsyncIterator["ServerStream"]:
         """A server stream whose batches are read with ``async for batch in stream``.
 
-        Leaving the block before the stream ends cancels the call.
+        Leaving the block before the stream ends cancels the call (``last_message`` is accepted for
+        the H2 client's interface; grpcio decides itself what leaving a call sends).
         """
         stream = ServerStream(self, window_messages)
         stream._start(target, method, request, response_type, timeout_s)

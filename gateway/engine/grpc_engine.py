@@ -249,7 +249,7 @@ class GrpcEngineClient:
         pb = self.runtime.pb
         request = self.runtime.generate_request(request_id, input_ids, sampling, stream)
         async with self.bridge.open_stream(self.target, self.runtime.method("Generate"), request,
-                                           pb.GenerateResponse, timeout_s) as messages:
+                                           pb.GenerateResponse, timeout_s, last_message=_is_complete) as messages:
             async with contextlib.aclosing(_events(messages, stream)) as events:  # (see h2grpc.open_stream)
                 yield events
 
@@ -260,6 +260,11 @@ class GrpcEngineClient:
         async with self.bridge.open_stream(self.target, self.runtime.method("SubscribeKvEvents"), request,
                                            common_pb2.KvEventBatch, None) as stream:
             yield stream
+
+
+def _is_complete(message: Any) -> bool:
+    """A generation's last message (n=1): after it the engine only ends the call."""
+    return message.WhichOneof("response") == "complete"
 
 
 async def _events(messages: AsyncIterator[list[Any]], stream: bool) -> AsyncIterator[list[GenerateEvent]]:

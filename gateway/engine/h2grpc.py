@@ -13,7 +13,11 @@ grpc/doc/PROTOCOL-HTTP2.md, on RFC 9113): unary-request calls answered by one
 or many messages; the 5-byte message framing; ``grpc-timeout`` and a local
 deadline; ``grpc-status``/``grpc-message`` from trailers or a trailers-only
 answer; the HTTP-status mapping for non-gRPC answers; RST_STREAM(CANCEL) when
-the caller leaves; GOAWAY (calls opened after the server's last stream fail as
+the caller leaves, unless it has read the call's last message (``open_stream``'s
+``last_message``): then the engine ends the stream itself, as it was about to
+(a reset there would make a grpcio server run its cancellation path, SGLang's an
+abort of a request already done), and one it does not end within
+``LEFT_CALL_GRACE_S`` is reset then; GOAWAY (calls opened after the server's last stream fail as
 UNAVAILABLE and new calls use a new connection); SETTINGS, PING, CONTINUATION,
 padding; flow control in both directions: our sends wait for the engine's
 windows, and a stream's receive window is re-opened only as its reader
@@ -36,9 +40,10 @@ not know which one it talks through.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -64,6 +69,8 @@ HEADER_LIST_BYTES_MAX = 64 * 1024
 # A header block (HEADERS + CONTINUATIONs) compressed beyond this is refused before decoding.
 HEADER_BLOCK_BYTES_MAX = 256 * 1024
 _READ_BYTES = 256 * 1024
+# A call left after its last message whose stream the engine has not ended by then is reset.
+LEFT_CALL_GRACE_S = 5.0
 
 _STATUS_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
                  "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
@@ -90,7 +97,7 @@ class _Call:
     """One call's received state, written by the connection's reader, read by the caller."""
 
     __slots__ = ("stream_id", "buffer", "messages", "status", "headers", "got_headers", "error", "finished",
-                 "changed", "unacked_bytes", "connection_debt_bytes", "send_window_bytes")
+                 "changed", "unacked_bytes", "connection_debt_bytes", "send_window_bytes", "last_read", "left_at")
 
     def __init__(self) -> None:
         self.stream_id = 0
@@ -105,6 +112,8 @@ class _Call:
         self.unacked_bytes = 0  # received on the stream, not yet credited back to the engine
         self.connection_debt_bytes = 0  # the same, for the connection's window
         self.send_window_bytes = 0  # what the engine lets us send on this stream
+        self.last_read = False  # the caller has read the call's last message: only the end is due
+        self.left_at: float | None = None  # when the caller left it, its end still due
 
     def wake(self) -> None:
         self.changed.set()
@@ -185,6 +194,7 @@ class _Connection:
         self._send_lock = trio.StrictFIFOLock()
         self._window_opened = trio.Event()
         self._stream_closed = trio.Event()
+        self._left: collections.deque[_Call] = collections.deque()  # calls left, their end still due
         self._next_stream_id = 1
         self._request_header_prefixes: dict[str, bytes] = {}
         # The engine's settings; RFC 9113's defaults until its SETTINGS frame arrives.
@@ -327,6 +337,11 @@ class _Connection:
         data = h2f.unpad(flags, payload)
         if call is None:
             self._credit_connection(size)
+            return
+        if call.left_at is not None:  # nobody reads it any more: only its end matters
+            self._credit_connection(size)
+            if flags & h2f.END_STREAM:
+                self._remove(call)
             return
         call.unacked_bytes += size
         call.connection_debt_bytes += size
@@ -513,6 +528,8 @@ class _Connection:
 
     async def start_call(self, path: str, payload: bytes, timeout_s: float | None) -> _Call:
         """Open a stream and send the request: HEADERS and as much DATA as the windows allow, one write."""
+        if self._left:
+            self._reset_overdue_left_calls()
         call = _Call()
         block = self._request_headers(path, timeout_s)
         body = memoryview(_FRAME.pack(0, len(payload)) + payload)
@@ -579,6 +596,24 @@ class _Connection:
         if self._outbox:
             await self.flush()
 
+    def leave(self, call: _Call) -> None:
+        """The caller is done with a call whose last message it read: the engine's end is all that is due."""
+        if call.stream_id in self.calls:
+            call.left_at = trio.current_time()
+            self._left.append(call)
+
+    def _reset_overdue_left_calls(self) -> None:
+        """Calls left that the engine ended are forgotten; one not ended within the grace is reset."""
+        left = self._left
+        while left:
+            call = left[0]
+            if self.calls.get(call.stream_id) is call:
+                if trio.current_time() - call.left_at < LEFT_CALL_GRACE_S:
+                    return
+                self._remove(call)
+                self._outbox += h2f.rst_stream_frame(call.stream_id, h2f.CANCEL)  # sent with the next call
+            left.popleft()
+
     async def cancel(self, call: _Call) -> None:
         if call.stream_id in self.calls and self.alive:
             self._remove(call)
@@ -631,8 +666,11 @@ class H2GrpcClient:
                 raise EngineCallError("DEADLINE_EXCEEDED", f"no answer from {target} within {timeout_s}s")
         finally:
             if call is not None and not call.finished:
-                with trio.CancelScope(shield=True):
-                    await connection.cancel(call)
+                if call.last_read:
+                    connection.leave(call)
+                else:
+                    with trio.CancelScope(shield=True):
+                        await connection.cancel(call)
 
     async def unary(self, target: str, method: str, request: Any, response_type: Any,
                     timeout_s: float | None) -> Any:
@@ -649,15 +687,17 @@ class H2GrpcClient:
 
     @contextlib.asynccontextmanager
     async def open_stream(self, target: str, method: str, request: Any, response_type: Any,
-                          timeout_s: float | None, window_messages: int = 0) -> AsyncIterator[AsyncIterator[list]]:
+                          timeout_s: float | None, window_messages: int = 0,
+                          last_message: "Callable[[Any], bool] | None" = None) -> AsyncIterator[AsyncIterator[list]]:
         """A server stream read as ``async for batch in stream`` (lists of messages that arrived together).
 
-        Leaving the block before the stream ends cancels the call.
+        Leaving the block before the stream ends cancels the call, unless the message read last
+        is one ``last_message`` says ends the call: then the engine's own end is awaited.
         """
         async with self._call(target, method, request, timeout_s) as (connection, call):
             # Closed here, not left to the garbage collector: trio finalizes an abandoned async
             # generator by starting a task for it, two per streamed request (this one and grpc_engine's).
-            async with contextlib.aclosing(_batches(connection, call, response_type)) as batches:
+            async with contextlib.aclosing(_batches(connection, call, response_type, last_message)) as batches:
                 yield batches
 
     async def close_channel(self, target: str) -> None:
@@ -679,12 +719,16 @@ def _parse(response_type: Any, data: bytes) -> Any:
         raise EngineCallError("INTERNAL", f"cannot parse the engine's message: {e}") from None
 
 
-async def _batches(connection: _Connection, call: _Call, response_type: Any) -> AsyncIterator[list]:
+async def _batches(connection: _Connection, call: _Call, response_type: Any,
+                   last_message: "Callable[[Any], bool] | None") -> AsyncIterator[list]:
     while True:
         if call.messages:
             raw, call.messages = call.messages, []
             await connection.consumed(call)
-            yield [_parse(response_type, data) for data in raw]
+            batch = [_parse(response_type, data) for data in raw]
+            if last_message is not None and last_message(batch[-1]):
+                call.last_read = True
+            yield batch
             continue
         if call.finished:
             if call.error is not None:

@@ -179,6 +179,7 @@ class ScriptedServer:
         self.calls = 0
         self.open_streams_max = 0
         self.received_errors: list[int] = []  # GOAWAY codes we were sent
+        self.resets: list[tuple[int, int]] = []  # (stream id, error code) of each RST_STREAM we were sent
         self.pings_answered: list[bytes] = []
 
     async def serve(self, stream: trio.SocketStream) -> None:
@@ -204,6 +205,7 @@ class ScriptedServer:
                         open_streams.discard(event.stream_id)
                     elif isinstance(event, h2.events.StreamReset):
                         open_streams.discard(event.stream_id)
+                        self.resets.append((event.stream_id, event.error_code))
                     elif isinstance(event, h2.events.PingAckReceived):
                         self.pings_answered.append(event.ping_data)
                     elif isinstance(event, h2.events.ConnectionTerminated):
@@ -372,3 +374,79 @@ async def test_leaving_a_stream_early_closes_its_generators_without_finalizer_ta
         trio.lowlevel.remove_instrument(spawned)
     assert not [name for name in spawned.names if "asyncgen" in name], spawned.names
     await client.aclose()
+
+
+COMPLETE = sg.GenerateResponse(complete=sg.GenerateComplete(output_ids=[5, 6], finish_reason="stop"))
+
+
+def _last_message_then(trailers_when):
+    """Generate calls get their last message at once and their trailers when ``trailers_when(serial)``
+    says so, at a later call's arrival (a pending end is sent before that call's answer), or never."""
+    pending: list[int] = []
+
+    def answer(connection, stream_id, serial):
+        for waiting in [w for w in pending if trailers_when(serial)]:
+            connection.send_headers(waiting, [(b"grpc-status", b"0")], end_stream=True)
+            pending.remove(waiting)
+        if serial % 2:  # odd calls are generations
+            connection.send_headers(stream_id, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+            connection.send_data(stream_id, _grpc_message(COMPLETE))
+            pending.append(stream_id)
+        else:
+            _ok(connection, stream_id, INFO)
+
+    return answer
+
+
+async def _generate_and_leave(engine_client, name):
+    async with engine_client.generate(name, [1, 2, 3], SamplingOptions(max_new_tokens=2), False, 10) as batches:
+        async for events in batches:
+            assert events[-1].finish_reason == "stop"
+            break  # as the gateway does once the last event is in
+
+
+async def test_a_call_left_after_its_last_message_is_ended_by_the_engine_not_reset(nursery):
+    """A reset after the answer is complete would run a real engine's cancellation path for nothing."""
+    async with ScriptedServer(_last_message_then(lambda serial: True)) as server:
+        client = H2GrpcClient(nursery)
+        engine_client = GrpcEngineClient(client, server.target, "sglang")
+        for i in range(3):
+            await _generate_and_leave(engine_client, f"g{i}")  # its trailers are held back...
+            connection = client._connections[server.target]
+            assert len(connection.calls) == 1  # ...so the stream is still open, left
+            assert (await _info(client, server.target)).served_model_name == "scripted"  # ...until now
+            await trio.testing.wait_all_tasks_blocked()
+            assert not connection.calls
+        assert server.resets == []
+        await client.aclose()
+
+
+async def test_a_left_call_the_engine_never_ends_is_reset_after_the_grace(nursery, monkeypatch):
+    monkeypatch.setattr(h2grpc, "LEFT_CALL_GRACE_S", 0.0)
+    async with ScriptedServer(_last_message_then(lambda serial: False)) as server:
+        client = H2GrpcClient(nursery)
+        engine_client = GrpcEngineClient(client, server.target, "sglang")
+        await _generate_and_leave(engine_client, "g")
+        assert server.resets == []
+        assert (await _info(client, server.target)).served_model_name == "scripted"  # the next call resets it
+        await trio.testing.wait_all_tasks_blocked()
+        assert server.resets == [(1, h2.errors.ErrorCodes.CANCEL)]
+        assert not client._connections[server.target].calls
+        await client.aclose()
+
+
+async def test_a_call_left_before_its_last_message_is_reset_at_once(nursery):
+    def answer(connection, stream_id, serial):
+        connection.send_headers(stream_id, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+        chunk = sg.GenerateResponse(chunk=sg.GenerateStreamChunk(token_ids=[5]))
+        connection.send_data(stream_id, _grpc_message(chunk))  # more would follow: the engine is generating
+
+    async with ScriptedServer(answer) as server:
+        client = H2GrpcClient(nursery)
+        engine_client = GrpcEngineClient(client, server.target, "sglang")
+        async with engine_client.generate("g", [1, 2, 3], SamplingOptions(max_new_tokens=50), True, 10) as batches:
+            async for _ in batches:
+                break  # as a request that matched a stop string does
+        await trio.testing.wait_all_tasks_blocked()  # the reset was written as the block was left
+        assert server.resets == [(1, h2.errors.ErrorCodes.CANCEL)]
+        await client.aclose()
