@@ -26,9 +26,13 @@ from .ratelimits import rate_limited
 @contextlib.asynccontextmanager
 async def admitted(state, request: Request, plan: GenerationPlan) -> AsyncIterator[None]:
     """Rate limits first (a denied request never queues), then a slot of the admission queue."""
+    limiter = state.rate_limiter
+    if limiter is None or not limiter.active:  # no limits: one context manager fewer on every request
+        async with state.admission.slot():
+            yield
+        return
     estimated_tokens = len(plan.input_ids) + plan.sampling.max_new_tokens
-    async with rate_limited(state.rate_limiter, request, plan.model, plan.usage, estimated_tokens), \
-            state.admission.slot():
+    async with rate_limited(limiter, request, plan.model, plan.usage, estimated_tokens), state.admission.slot():
         yield
 
 
