@@ -150,8 +150,9 @@ class RateLimiter:
         self.cluster = cluster
         self.metrics = metrics
         self.clock = clock
-        self.store = KeyStore(config.keys_max)  # owned and replicated keys
-        self.shares = KeyStore(config.keys_max)  # local-first and fallback shares
+        self._work_arrived = trio.Event()  # see run(): set when a store or the debts stop being empty
+        self.store = KeyStore(config.keys_max, self._work_arrived_now)  # owned and replicated keys
+        self.shares = KeyStore(config.keys_max, self._work_arrived_now)  # local-first and fallback shares
         self._debts: dict[str, tuple[Rate, float]] = {}
         self._unreachable_until: dict[str, float] = {}
         self.batcher = Batcher(self.node_name, self._send_decide, config.batch_wait_s, config.batch_items_max,
@@ -278,6 +279,8 @@ class RateLimiter:
         if debt is None and len(self._debts) >= self.config.keys_max:
             self.debts_dropped += 1  # bounded like the stores: a long outage with many keys loses the excess
             return
+        if not self._debts:
+            self._work_arrived_now()
         self._debts[key] = (rate, (debt[1] if debt is not None else 0.0) + hits)
 
     # -- ownership and membership ------------------------------------------
@@ -391,6 +394,13 @@ class RateLimiter:
             task_status.started()
             next_forget = trio.current_time() + self.config.forget_idle_interval_s
             while True:
+                if self._holds_nothing():
+                    # Nothing to replicate, hand over or deliver (no limits set, or no traffic
+                    # since the keys were forgotten): sleep until there is, rather than waking
+                    # every sync_interval_s on an idle node. A ring change meanwhile is seen at
+                    # the next round; with nothing held there was nothing to hand over.
+                    self._work_arrived = trio.Event()
+                    await self._work_arrived.wait()
                 await trio.sleep(self.config.sync_interval_s)
                 self.sync_once(nursery)
                 if trio.current_time() >= next_forget:
@@ -399,10 +409,20 @@ class RateLimiter:
                     self.store.forget_idle(now)
                     self.shares.forget_idle(now)
 
+    def _work_arrived_now(self) -> None:
+        self._work_arrived.set()
+
+    def _holds_nothing(self) -> bool:
+        return not (len(self.store) or len(self.shares) or self._debts)
+
     def sync_once(self, nursery: trio.Nursery) -> None:
         """One round: replicate changed keys, hand keys over after a ring change, deliver debts."""
+        # Shares are this node's own and never sent, and without a cluster there is nobody to
+        # send the store's keys to: clearing their marks lets forget_idle drop the idle ones.
+        self.shares.take_dirty()
         if self.cluster is None:
             self._settle_debts_locally()
+            self.store.take_dirty()
             return
         ring = self.cluster.ring
         if ring is not self._ring_seen:

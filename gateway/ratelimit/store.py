@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Callable
 
 from .algorithms import Decision, KeyState, Mode, Rate, decide, is_idle, merge_max
 
@@ -25,8 +26,11 @@ class Entry:
 
 
 class KeyStore:
-    def __init__(self, keys_max: int) -> None:
+    def __init__(self, keys_max: int, on_first_entry: Callable[[], None] | None = None) -> None:
         self.keys_max = keys_max
+        # Called when an empty store gets an entry: the limiter's background loop sleeps
+        # while every store is empty and is woken by it.
+        self.on_first_entry = on_first_entry
         self._entries: collections.OrderedDict[str, Entry] = collections.OrderedDict()
         self.evicted_idle = 0
         self.evicted_busy = 0
@@ -43,6 +47,8 @@ class KeyStore:
     def _entry(self, key: str, rate: Rate, now: float) -> Entry:
         entry = self._entries.get(key)
         if entry is None:
+            if not self._entries and self.on_first_entry is not None:
+                self.on_first_entry()
             entry = self._entries[key] = Entry(rate, KeyState(tat_s=now))
             self._bound(now)
         else:

@@ -152,3 +152,25 @@ async def test_no_limits_means_no_work(autojump_clock):
     assert not limiter.active
     verdict = await limiter.check(limiter.identity(None, None, None), 10)
     assert verdict.allowed and verdict.outcomes == []
+
+
+async def test_the_background_loop_sleeps_while_nothing_is_held(autojump_clock):
+    limiter = _limiter({"limits": [{"name": "req", "limit": 10, "window_s": 1}]})
+    rounds = []
+    sync_once = limiter.sync_once
+    limiter.sync_once = lambda nursery: (rounds.append(trio.current_time()), sync_once(nursery))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(limiter.run)
+        await trio.sleep(60)
+        assert rounds == []  # nothing held: not one round in a minute
+        assert (await limiter.check(limiter.identity(None, None, "m"), 1)).allowed
+        await trio.sleep(1)
+        assert rounds  # a key is held: rounds run
+        # Back to its full allowance after the 1 s window, the key is forgotten at the next
+        # forget_idle_interval_s, and the loop sleeps again.
+        await trio.sleep(2 * limiter.config.forget_idle_interval_s)
+        assert len(limiter.store) == 0 and len(limiter.shares) == 0
+        held_rounds = len(rounds)
+        await trio.sleep(60)
+        assert len(rounds) == held_rounds
+        nursery.cancel_scope.cancel()
