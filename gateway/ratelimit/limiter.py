@@ -151,8 +151,10 @@ class RateLimiter:
         self.metrics = metrics
         self.clock = clock
         self._work_arrived = trio.Event()  # see run(): set when a store or the debts stop being empty
-        self.store = KeyStore(config.keys_max, self._work_arrived_now)  # owned and replicated keys
-        self.shares = KeyStore(config.keys_max, self._work_arrived_now)  # local-first and fallback shares
+        # owned and replicated keys
+        self.store = KeyStore(config.keys_max, self._work_arrived_now, replicated=cluster is not None)
+        # local-first and fallback shares: this node's own, never sent
+        self.shares = KeyStore(config.keys_max, self._work_arrived_now, replicated=False)
         self._debts: dict[str, tuple[Rate, float]] = {}
         self._unreachable_until: dict[str, float] = {}
         self.batcher = Batcher(self.node_name, self._send_decide, config.batch_wait_s, config.batch_items_max,
@@ -417,12 +419,8 @@ class RateLimiter:
 
     def sync_once(self, nursery: trio.Nursery) -> None:
         """One round: replicate changed keys, hand keys over after a ring change, deliver debts."""
-        # Shares are this node's own and never sent, and without a cluster there is nobody to
-        # send the store's keys to: clearing their marks lets forget_idle drop the idle ones.
-        self.shares.take_dirty()
         if self.cluster is None:
             self._settle_debts_locally()
-            self.store.take_dirty()
             return
         ring = self.cluster.ring
         if ring is not self._ring_seen:

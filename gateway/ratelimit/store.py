@@ -26,8 +26,13 @@ class Entry:
 
 
 class KeyStore:
-    def __init__(self, keys_max: int, on_first_entry: Callable[[], None] | None = None) -> None:
+    def __init__(self, keys_max: int, on_first_entry: Callable[[], None] | None = None,
+                 replicated: bool = True) -> None:
         self.keys_max = keys_max
+        # A store whose keys are never sent to peers (a node's own shares, a node without a
+        # cluster) marks nothing dirty: a mark nobody takes would keep forget_idle from
+        # dropping the key.
+        self.replicated = replicated
         # Called when an empty store gets an entry: the limiter's background loop sleeps
         # while every store is empty and is woken by it.
         self.on_first_entry = on_first_entry
@@ -62,7 +67,7 @@ class KeyStore:
     def decide(self, key: str, rate: Rate, now: float, hits: float, mode: Mode) -> Decision:
         entry = self._entry(key, rate, now)
         decision = decide(rate, entry.state, now, hits, mode)
-        if mode is not Mode.PEEK:
+        if mode is not Mode.PEEK and self.replicated:
             entry.dirty = True
         return decision
 
