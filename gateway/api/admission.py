@@ -8,9 +8,8 @@ Retry-After). A limit of 0 means unlimited.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from typing import Any
 
 import trio
 
@@ -41,6 +40,7 @@ class Admission:
         self.rejected_queue_timeout = 0
         self._idle = trio.Event()  # set while nothing runs or waits
         self._idle.set()
+        self._slot = _Slot(self)
 
     def _enter(self) -> None:
         self.running += 1
@@ -56,15 +56,17 @@ class Admission:
         """Return once no request runs or waits (for the drain at shutdown)."""
         await self._idle.wait()
 
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
+    def slot(self) -> "_Slot":
+        """``async with admission.slot():`` runs the block holding one of the running slots.
+
+        Raises TooManyRequests (the queue is full) or Unavailable (waited too long) instead.
+        """
+        return self._slot
+
+    async def _acquire(self) -> None:
         sem = self._semaphore
         if sem is None:
             self._enter()
-            try:
-                yield
-            finally:
-                self._leave()
             return
         try:
             sem.acquire_nowait()
@@ -88,8 +90,28 @@ class Admission:
                 raise Unavailable("timed out waiting for a free slot; retry later", code="queue_timeout",
                                   retry_after_s=max(1, int(self.config.queue_timeout_s // 10))) from None
         self._enter()
-        try:
-            yield
-        finally:
-            self._leave()
-            sem.release()
+
+    def _release(self) -> None:
+        self._leave()
+        if self._semaphore is not None:
+            self._semaphore.release()
+
+
+class _Slot:
+    """The context manager of ``Admission.slot``: holds no state of its own, so one serves every request.
+
+    A class rather than an ``asynccontextmanager`` generator: it is on every request's path,
+    where a generator-based manager costs a generator, its wrapper and trio's async-generator
+    hooks per use.
+    """
+
+    __slots__ = ("_admission",)
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+
+    async def __aenter__(self) -> None:
+        await self._admission._acquire()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, traceback: Any) -> None:
+        self._admission._release()

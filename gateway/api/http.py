@@ -5,8 +5,6 @@ No framework: the request path is short and every step is ours to measure.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -92,9 +90,9 @@ class Request:
     async def end_stream(self, data: bytes = b"") -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
-    @contextlib.asynccontextmanager
-    async def cancel_on_disconnect(self) -> AsyncIterator[trio.CancelScope]:
-        """Run the block; if the client disconnects meanwhile, cancel it.
+    def cancel_on_disconnect(self) -> "_CancelOnDisconnect":
+        """``async with request.cancel_on_disconnect() as scope:`` runs the block; if the client
+        disconnects meanwhile, the scope is cancelled.
 
         Used around generations, so a client that goes away aborts its work on
         the engine. The native server cancels the scope itself when the
@@ -103,23 +101,7 @@ class Request:
         background nursery rather than a nursery of our own, so exceptions of
         the block propagate as they are (not wrapped in an exception group).
         """
-        native = self.scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
-        with trio.CancelScope() as scope:
-            if native is not None:
-                native.watch_disconnect(scope)
-                try:
-                    yield scope
-                finally:
-                    native.unwatch_disconnect(scope)
-                    if native.client_gone:
-                        self.disconnected = True
-                return
-            watcher = trio.CancelScope()
-            self._background.start_soon(self._watch_disconnect, scope, watcher)
-            try:
-                yield scope
-            finally:
-                watcher.cancel()
+        return _CancelOnDisconnect(self)
 
     async def _watch_disconnect(self, scope: trio.CancelScope, watcher: trio.CancelScope) -> None:
         with watcher:
@@ -129,6 +111,47 @@ class Request:
                     self.disconnected = True
                     scope.cancel()
                     return
+
+
+class _CancelOnDisconnect:
+    """The context manager of ``Request.cancel_on_disconnect``.
+
+    A class rather than an ``asynccontextmanager`` generator: it is on every generation's
+    path, where a generator-based manager costs a generator, its wrapper and trio's
+    async-generator hooks per use. The cancel scope is entered and exited by hand, in the
+    request's task, around the caller's block, as a ``with`` would.
+    """
+
+    __slots__ = ("_request", "_native", "_scope", "_watcher")
+
+    def __init__(self, request: Request) -> None:
+        self._request = request
+
+    async def __aenter__(self) -> trio.CancelScope:
+        request = self._request
+        self._native = native = request.scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
+        scope = self._scope = trio.CancelScope()
+        if native is not None:
+            native.watch_disconnect(scope)
+        else:
+            self._watcher = trio.CancelScope()
+            request._background.start_soon(request._watch_disconnect, scope, self._watcher)
+        scope.__enter__()  # last: nothing above can leave it open by raising
+        return scope
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, traceback: Any) -> bool:
+        native, scope = self._native, self._scope
+        try:
+            if native is not None:
+                native.unwatch_disconnect(scope)
+                if native.client_gone:
+                    self._request.disconnected = True
+            else:
+                self._watcher.cancel()
+        except BaseException:
+            scope.__exit__(exc_type, exc, traceback)  # closed whatever happens (a bug above)
+            raise
+        return scope.__exit__(exc_type, exc, traceback)
 
 
 class ClientGone(Exception):

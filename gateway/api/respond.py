@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import trio
 
@@ -23,14 +24,17 @@ from .http import SSE_DONE, SSE_HEADERS, Request, sse_event
 from .ratelimits import rate_limited
 
 
-@contextlib.asynccontextmanager
-async def admitted(state, request: Request, plan: GenerationPlan) -> AsyncIterator[None]:
-    """Rate limits first (a denied request never queues), then a slot of the admission queue."""
+def admitted(state, request: Request, plan: GenerationPlan) -> Any:
+    """``async with admitted(...)``: rate limits first (a denied request never queues), then a slot
+    of the admission queue."""
     limiter = state.rate_limiter
-    if limiter is None or not limiter.active:  # no limits: one context manager fewer on every request
-        async with state.admission.slot():
-            yield
-        return
+    if limiter is None or not limiter.active:  # no limits: the slot alone, no manager around it
+        return state.admission.slot()
+    return _rate_limited_then_admitted(state, request, plan, limiter)
+
+
+@contextlib.asynccontextmanager
+async def _rate_limited_then_admitted(state, request: Request, plan: GenerationPlan, limiter) -> AsyncIterator[None]:
     estimated_tokens = len(plan.input_ids) + plan.sampling.max_new_tokens
     async with rate_limited(limiter, request, plan.model, plan.usage, estimated_tokens), state.admission.slot():
         yield

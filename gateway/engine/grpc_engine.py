@@ -8,10 +8,8 @@ a protobuf message. All calls go through the shared ``GrpcBridge``.
 from __future__ import annotations
 
 import abc
-import contextlib
 import dataclasses
 import hashlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 from smg_grpc_proto.generated import (
@@ -237,29 +235,60 @@ class GrpcEngineClient:
             raise EngineCallError("DATA_LOSS", "tokenizer bundle sha256 mismatch")
         return data
 
-    @contextlib.asynccontextmanager
-    async def generate(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions, stream: bool,
-                       timeout_s: float | None) -> AsyncIterator[AsyncIterator[list[GenerateEvent]]]:
-        """Open a generation; iterate the result for lists of events (batched across the bridge).
+    def generate(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions, stream: bool,
+                 timeout_s: float | None) -> "Generation":
+        """Open a generation: ``async with client.generate(...) as g: async for events in g``.
 
-        Streaming mode: chunks carry deltas; the closing ``complete`` repeats
-        the last delta (vLLM DELTA mode), so its ids are dropped. Non-streaming:
-        one ``complete`` with every id.
+        Events come in lists (those that crossed the bridge together). Streaming mode: chunks
+        carry deltas; the closing ``complete`` repeats the last delta (vLLM DELTA mode), so its
+        ids are dropped. Non-streaming: one ``complete`` with every id.
         """
-        pb = self.runtime.pb
         request = self.runtime.generate_request(request_id, input_ids, sampling, stream)
-        async with self.bridge.open_stream(self.target, self.runtime.method("Generate"), request,
-                                           pb.GenerateResponse, timeout_s, last_message=_is_complete) as messages:
-            async with contextlib.aclosing(_events(messages, stream)) as events:  # (see h2grpc.open_stream)
-                yield events
+        messages = self.bridge.open_stream(self.target, self.runtime.method("Generate"), request,
+                                           self.runtime.pb.GenerateResponse, timeout_s, last_message=_is_complete)
+        return Generation(messages, stream)
 
-    @contextlib.asynccontextmanager
-    async def subscribe_kv_events(self, start_sequence_number: int) -> AsyncIterator[AsyncIterator[list[Any]]]:
-        """The engine's KV event batches (``common_pb2.KvEventBatch``), from a sequence number."""
+    def subscribe_kv_events(self, start_sequence_number: int) -> Any:
+        """The engine's KV event batches (``common_pb2.KvEventBatch``), from a sequence number.
+
+        ``async with client.subscribe_kv_events(n) as stream: async for batch in stream``.
+        """
         request = common_pb2.SubscribeKvEventsRequest(start_sequence_number=start_sequence_number)
-        async with self.bridge.open_stream(self.target, self.runtime.method("SubscribeKvEvents"), request,
-                                           common_pb2.KvEventBatch, None) as stream:
-            yield stream
+        return self.bridge.open_stream(self.target, self.runtime.method("SubscribeKvEvents"), request,
+                                       common_pb2.KvEventBatch, None)
+
+
+class Generation:
+    """An open Generate call: entered with ``async with``, then iterated for lists of events.
+
+    A class rather than async generators wrapped in an ``asynccontextmanager``: it is on every
+    request's path, where each generator costs its object, a wrapper and trio's
+    async-generator hooks, and must be closed explicitly (trio would finalize an abandoned
+    one by starting a task for it).
+    """
+
+    __slots__ = ("_opened", "_messages", "_stream")
+
+    def __init__(self, opened: Any, stream: bool) -> None:
+        self._opened = opened  # the bridge's server stream (an async context manager)
+        self._messages: Any = None
+        self._stream = stream
+
+    async def __aenter__(self) -> "Generation":
+        self._messages = await self._opened.__aenter__()
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, traceback: Any) -> bool | None:
+        return await self._opened.__aexit__(exc_type, exc, traceback)
+
+    def __aiter__(self) -> "Generation":
+        return self
+
+    async def __anext__(self) -> list[GenerateEvent]:
+        while True:
+            events = _events(await self._messages.__anext__(), self._stream)  # StopAsyncIteration ends it
+            if events:
+                return events
 
 
 def _is_complete(message: Any) -> bool:
@@ -267,24 +296,23 @@ def _is_complete(message: Any) -> bool:
     return message.WhichOneof("response") == "complete"
 
 
-async def _events(messages: AsyncIterator[list[Any]], stream: bool) -> AsyncIterator[list[GenerateEvent]]:
-    async for batch in messages:
-        events: list[GenerateEvent] = []
-        for message in batch:
-            kind = message.WhichOneof("response")
-            if kind == "chunk":
-                c = message.chunk
-                if c.index != 0:
-                    continue  # n=1 only
-                events.append(GenerateEvent(tuple(c.token_ids), c.prompt_tokens, c.completion_tokens,
-                                            c.cached_tokens))
-            elif kind == "complete":
-                c = message.complete
-                if c.index != 0:
-                    continue
-                matched = c.matched_token_id if c.WhichOneof("matched_stop") == "matched_token_id" else None
-                events.append(GenerateEvent(
-                    () if stream else tuple(c.output_ids), c.prompt_tokens, c.completion_tokens,
-                    c.cached_tokens, finish_reason=c.finish_reason or "stop", matched_token_id=matched))
-        if events:
-            yield events
+def _events(batch: list[Any], stream: bool) -> list[GenerateEvent]:
+    """The events of one batch of GenerateResponse messages (n=1: other indexes are skipped)."""
+    events: list[GenerateEvent] = []
+    for message in batch:
+        kind = message.WhichOneof("response")
+        if kind == "chunk":
+            c = message.chunk
+            if c.index != 0:
+                continue  # n=1 only
+            events.append(GenerateEvent(tuple(c.token_ids), c.prompt_tokens, c.completion_tokens,
+                                        c.cached_tokens))
+        elif kind == "complete":
+            c = message.complete
+            if c.index != 0:
+                continue
+            matched = c.matched_token_id if c.WhichOneof("matched_stop") == "matched_token_id" else None
+            events.append(GenerateEvent(
+                () if stream else tuple(c.output_ids), c.prompt_tokens, c.completion_tokens,
+                c.cached_tokens, finish_reason=c.finish_reason or "stop", matched_token_id=matched))
+    return events

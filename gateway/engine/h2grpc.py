@@ -43,7 +43,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import struct
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -649,33 +649,11 @@ class H2GrpcClient:
             self._connections[target] = connection
             return connection
 
-    @contextlib.asynccontextmanager
-    async def _call(self, target: str, method: str, request: Any,
-                    timeout_s: float | None) -> AsyncIterator[tuple[_Connection, _Call]]:
-        deadline = trio.current_time() + timeout_s if timeout_s is not None else float("inf")
-        connection = await self._connection(target)
-        received_at_start = connection.received_bytes
-        call: _Call | None = None
-        try:
-            with trio.CancelScope(deadline=deadline) as scope:
-                call = await connection.start_call(method, request.SerializeToString(), timeout_s)
-                yield connection, call
-            if scope.cancelled_caught:
-                if connection.received_bytes == received_at_start:
-                    connection.lost("no answer at all before a call's deadline")  # half-open: start over
-                raise EngineCallError("DEADLINE_EXCEEDED", f"no answer from {target} within {timeout_s}s")
-        finally:
-            if call is not None and not call.finished:
-                if call.last_read:
-                    connection.leave(call)
-                else:
-                    with trio.CancelScope(shield=True):
-                        await connection.cancel(call)
-
     async def unary(self, target: str, method: str, request: Any, response_type: Any,
                     timeout_s: float | None) -> Any:
         """One request, one response. Raises EngineCallError."""
-        async with self._call(target, method, request, timeout_s) as (connection, call):
+        async with _OpenCall(self, target, method, request, timeout_s) as opened:
+            call = opened.call
             while not call.finished:
                 await call.changed.wait()
                 call.changed = trio.Event()
@@ -685,20 +663,16 @@ class H2GrpcClient:
             raise EngineCallError("INTERNAL", f"a unary call answered {len(call.messages)} messages")
         return _parse(response_type, call.messages[0])
 
-    @contextlib.asynccontextmanager
-    async def open_stream(self, target: str, method: str, request: Any, response_type: Any,
-                          timeout_s: float | None, window_messages: int = 0,
-                          last_message: "Callable[[Any], bool] | None" = None) -> AsyncIterator[AsyncIterator[list]]:
-        """A server stream read as ``async for batch in stream`` (lists of messages that arrived together).
+    def open_stream(self, target: str, method: str, request: Any, response_type: Any,
+                    timeout_s: float | None, window_messages: int = 0,
+                    last_message: "Callable[[Any], bool] | None" = None) -> "ServerStream":
+        """A server stream: ``async with client.open_stream(...) as stream: async for batch in stream``.
 
-        Leaving the block before the stream ends cancels the call, unless the message read last
-        is one ``last_message`` says ends the call: then the engine's own end is awaited.
+        Batches are lists of messages that arrived together. Leaving the block before the stream
+        ends cancels the call, unless the message read last is one ``last_message`` says ends
+        the call: then the engine's own end is awaited.
         """
-        async with self._call(target, method, request, timeout_s) as (connection, call):
-            # Closed here, not left to the garbage collector: trio finalizes an abandoned async
-            # generator by starting a task for it, two per streamed request (this one and grpc_engine's).
-            async with contextlib.aclosing(_batches(connection, call, response_type, last_message)) as batches:
-                yield batches
+        return ServerStream(self, target, method, request, timeout_s, response_type, last_message)
 
     async def close_channel(self, target: str) -> None:
         connection = self._connections.pop(target, None)
@@ -719,20 +693,97 @@ def _parse(response_type: Any, data: bytes) -> Any:
         raise EngineCallError("INTERNAL", f"cannot parse the engine's message: {e}") from None
 
 
-async def _batches(connection: _Connection, call: _Call, response_type: Any,
-                   last_message: "Callable[[Any], bool] | None") -> AsyncIterator[list]:
-    while True:
-        if call.messages:
-            raw, call.messages = call.messages, []
-            await connection.consumed(call)
-            batch = [_parse(response_type, data) for data in raw]
-            if last_message is not None and last_message(batch[-1]):
-                call.last_read = True
-            yield batch
-            continue
-        if call.finished:
-            if call.error is not None:
-                raise call.error
-            return
-        await call.changed.wait()
-        call.changed = trio.Event()
+class _OpenCall:
+    """One call from its start to its end, as ``async with``: the block runs under the call's deadline.
+
+    Leaving the block before the call ended cancels it (RST_STREAM) unless its last message
+    was read (then it is left to end). The deadline surfaces as DEADLINE_EXCEEDED, and a
+    connection that received nothing at all before it is dropped (half-open).
+
+    A class rather than an ``asynccontextmanager`` generator: this is on every request's
+    path, and a generator-based manager costs a generator, its wrapper and trio's
+    async-generator hooks per use.
+    """
+
+    __slots__ = ("_client", "_target", "_method", "_request", "_timeout_s", "connection", "call", "_scope",
+                 "_received_at_start")
+
+    def __init__(self, client: H2GrpcClient, target: str, method: str, request: Any,
+                 timeout_s: float | None) -> None:
+        self._client = client
+        self._target = target
+        self._method = method
+        self._request = request
+        self._timeout_s = timeout_s
+        self.call: _Call | None = None
+
+    async def __aenter__(self) -> "_OpenCall":
+        timeout_s = self._timeout_s
+        deadline = trio.current_time() + timeout_s if timeout_s is not None else float("inf")
+        connection = self.connection = await self._client._connection(self._target)
+        self._received_at_start = connection.received_bytes
+        # Entered by hand and closed in __aexit__, in this same task, as a ``with`` around the
+        # caller's block would.
+        self._scope = trio.CancelScope(deadline=deadline)
+        self._scope.__enter__()
+        try:
+            self.call = await connection.start_call(self._method, self._request.SerializeToString(), timeout_s)
+        except BaseException as exc:
+            await self.__aexit__(type(exc), exc, exc.__traceback__)  # raises DEADLINE_EXCEEDED if it is that
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, traceback: Any) -> bool:
+        call, connection = self.call, self.connection
+        try:
+            swallowed = self._scope.__exit__(exc_type, exc, traceback)
+            if self._scope.cancelled_caught:
+                if connection.received_bytes == self._received_at_start:
+                    connection.lost("no answer at all before a call's deadline")  # half-open: start over
+                raise EngineCallError("DEADLINE_EXCEEDED",
+                                      f"no answer from {self._target} within {self._timeout_s}s") from None
+            return swallowed
+        finally:
+            if call is not None and not call.finished:
+                if call.last_read:
+                    connection.leave(call)
+                else:
+                    with trio.CancelScope(shield=True):
+                        await connection.cancel(call)
+
+
+class ServerStream(_OpenCall):
+    """A call answered by a stream of messages, read as lists of those that arrived together."""
+
+    __slots__ = ("_response_type", "_last_message")
+
+    def __init__(self, client: H2GrpcClient, target: str, method: str, request: Any, timeout_s: float | None,
+                 response_type: Any, last_message: "Callable[[Any], bool] | None") -> None:
+        super().__init__(client, target, method, request, timeout_s)
+        self._response_type = response_type
+        self._last_message = last_message
+
+    async def __aenter__(self) -> "ServerStream":
+        await super().__aenter__()
+        return self
+
+    def __aiter__(self) -> "ServerStream":
+        return self
+
+    async def __anext__(self) -> list:
+        call = self.call
+        while True:
+            if call.messages:
+                raw, call.messages = call.messages, []
+                await self.connection.consumed(call)
+                response_type = self._response_type
+                batch = [_parse(response_type, data) for data in raw]
+                if self._last_message is not None and self._last_message(batch[-1]):
+                    call.last_read = True
+                return batch
+            if call.finished:
+                if call.error is not None:
+                    raise call.error
+                raise StopAsyncIteration
+            await call.changed.wait()
+            call.changed = trio.Event()

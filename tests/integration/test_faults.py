@@ -60,6 +60,23 @@ def test_client_disconnect_aborts_the_generation_on_the_engine(slow_setup):
         assert http.get("/workers").json()["workers"][0]["in_flight"] == 0
 
 
+def test_client_disconnect_under_hypercorn_aborts_too(slow_setup, log_dir):
+    # hypercorn has no native disconnect hook: a watcher task waits for http.disconnect instead.
+    engine, _ = slow_setup
+    node = NodeProcess(["--worker-urls", engine.url, "--http-server", "hypercorn", "--workers", "1"], log_dir,
+                       "hypercorn-node")
+    try:
+        with httpx2.Client(base_url=node.url, timeout=30) as http:
+            with http.stream("POST", "/v1/chat/completions", json=LONG) as r:
+                lines = r.iter_lines()  # kept: a dropped iterator closes the response
+                assert next(lines).startswith("data: ")
+                assert engine_running(engine) == 1
+            wait_for(lambda: engine_running(engine) == 0, timeout_s=5)
+            assert 'smg_engine_aborts_total{reason="cancelled_or_failed"} 1.0' in http.get("/metrics").text
+    finally:
+        node.stop()
+
+
 def test_non_streaming_client_disconnect_aborts_too(slow_setup):
     engine, node = slow_setup
     with httpx2.Client(base_url=node.url, timeout=0.5) as http:
