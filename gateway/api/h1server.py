@@ -46,6 +46,7 @@ import httptools
 import orjson
 import trio
 
+from ..fast_receive import receive_some
 from ..fast_send import send_now
 
 log = logging.getLogger("gateway.http")
@@ -380,7 +381,7 @@ class _Connection:
                     await self._read_allowed.park()
             scope.deadline = self._read_deadline()
             try:
-                data = await self.stream.receive_some(65536)
+                data = await receive_some(self.stream, 65536)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 data = b""
             if not data:

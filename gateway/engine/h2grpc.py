@@ -49,6 +49,7 @@ from urllib.parse import unquote
 
 import trio
 
+from ..fast_receive import receive_some
 from ..fast_send import send_now
 from . import http2_frames as h2f
 from .errors import EngineCallError
@@ -267,7 +268,7 @@ class _Connection:
         reason = "the engine closed the connection"
         try:
             while self.alive:
-                data = await self.stream.receive_some(_READ_BYTES)
+                data = await receive_some(self.stream, _READ_BYTES)
                 if not data:
                     break
                 self.received_bytes += len(data)
