@@ -196,6 +196,7 @@ _OPTIONS: list[_Option] = [
     _Option("--chat-template-fuel", "tokenizer.chat_template_fuel", int, "instructions one MiniJinja render "
             "may run before the request fails (default 10,000,000)"),
     _Option("--tokenizer-cache-l0-entries", "tokenizer.l0_entries_max", int, "exact-text cache entries"),
+    _Option("--tokenizer-cache-l0-bytes", "tokenizer.l0_bytes_max", int, "exact-text cache size in bytes"),
     _Option("--tokenizer-cache-l1-bytes", "tokenizer.l1_bytes_max", int, "prefix cache size in bytes"),
     _Option("--rate-limits", "rate_limits_file", Path, "TOML file of rate limits ([[limits]]; see README)"),
     _Option("--global-rate-limit", "global_rate_limit", float, "requests per second for the whole cluster"),

@@ -81,7 +81,7 @@ def _state_metrics(state: GatewayState) -> Iterator[Any]:
     yield counter("smg_requests_rejected", "Requests refused by admission", ["reason"],
                   [(["queue_full"], state.admission.rejected_queue_full),
                    (["queue_timeout"], state.admission.rejected_queue_timeout)])
-    hits, misses = [], []
+    hits, misses, sizes = [], [], []
     for name in state.catalog.names():
         tokenizer = state.catalog.get(name).tokenizer
         if tokenizer is None:
@@ -90,8 +90,11 @@ def _state_metrics(state: GatewayState) -> Iterator[Any]:
         for level in ("l0", "l1"):
             hits.append(([name, level], stats[f"{level}_hits"]))
             misses.append(([name, level], stats[f"{level}_misses"]))
+            sizes.append(([name, level], float(stats[f"{level}_bytes"])))
     yield counter("smg_tokenizer_cache_hits", "Tokenizer cache hits by level", ["model", "level"], hits)
     yield counter("smg_tokenizer_cache_misses", "Tokenizer cache misses by level", ["model", "level"], misses)
+    yield gauge("smg_tokenizer_cache_bytes", "Tokenizer cache size by level (an estimate, as bounded)",
+                ["model", "level"], sizes)
     kv = state.registry.kv_index
     if kv is not None:
         yield gauge("smg_kv_index_blocks", "Blocks the KV index holds per engine", ["worker"],

@@ -1,8 +1,11 @@
 """The two tokenizer caches. Pure data structures: no tokenizer, no I/O, no threads.
 
-L0 (``ExactCache``): whole texts to their ids, an LRU bounded by entries. Hits
-when the same text comes again (retries, benchmarks, a fixed system prompt sent
-alone).
+L0 (``ExactCache``): whole texts to their ids, an LRU bounded by entries and by an
+estimate of its bytes. Hits when the same text comes again (retries, benchmarks, a
+fixed system prompt sent alone). The byte bound matters for long prompts: an entry
+holds the text, a tuple of the ids and an int object per id (~40 bytes an id), so
+4,096 entries of 7,800-token prompts held ~1.1 GB, and the heap growing to it cost
+more CPU in page faults than the cache saved (BENCHMARKS.md, eighth pass).
 
 L1 (``SegmentCache``): prefixes that end right after a special token (such as
 ``<|im_end|>``). A tokenizer splits its input at added tokens before anything
@@ -27,12 +30,24 @@ from array import array
 _NODE_OVERHEAD_BYTES = 200
 
 
+# An id in a cached tuple: the tuple's pointer and the int object (ids above 256 are not shared).
+_L0_ID_BYTES = 40
+# The dict entry, the key tuple, the str and tuple headers.
+_L0_ENTRY_OVERHEAD_BYTES = 250
+
+
 class ExactCache:
-    def __init__(self, entries_max: int) -> None:
+    def __init__(self, entries_max: int, bytes_max: int) -> None:
         self.entries_max = entries_max
+        self.bytes_max = bytes_max
         self._entries: "collections.OrderedDict[tuple[str, bool], tuple[int, ...]]" = collections.OrderedDict()
+        self.size_bytes = 0
         self.hits = 0
         self.misses = 0
+
+    @staticmethod
+    def _entry_bytes(text: str, ids: "tuple[int, ...]") -> int:
+        return len(text) + _L0_ID_BYTES * len(ids) + _L0_ENTRY_OVERHEAD_BYTES
 
     def get(self, text: str, add_special_tokens: bool) -> "tuple[int, ...] | None":
         if self.entries_max <= 0:
@@ -49,10 +64,18 @@ class ExactCache:
     def put(self, text: str, add_special_tokens: bool, ids: "tuple[int, ...]") -> None:
         if self.entries_max <= 0:
             return
-        self._entries[(text, add_special_tokens)] = ids
-        self._entries.move_to_end((text, add_special_tokens))
-        while len(self._entries) > self.entries_max:
-            self._entries.popitem(last=False)
+        size = self._entry_bytes(text, ids)
+        if size > self.bytes_max:
+            return  # larger than the whole cache: kept nowhere rather than emptying it
+        key = (text, add_special_tokens)
+        previous = self._entries.pop(key, None)
+        if previous is not None:
+            self.size_bytes -= self._entry_bytes(text, previous)
+        self._entries[key] = ids
+        self.size_bytes += size
+        while len(self._entries) > self.entries_max or self.size_bytes > self.bytes_max:
+            (old_text, _), old_ids = self._entries.popitem(last=False)
+            self.size_bytes -= self._entry_bytes(old_text, old_ids)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -48,10 +48,11 @@ BUNDLE_FILE_BYTES_MAX = 128 * 1024 * 1024
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerConfig:
-    # L0: exact texts. SMG's default is 10,000 entries; each entry holds its text
-    # and ids, so the worst case is entries x (longest prompt): 4,096 x 32k-token
-    # prompts would be ~1 GB, typical chat traffic a few MB.
+    # L0: exact texts, bounded by entries (SMG's default is 10,000) and by an estimate of
+    # bytes (the text plus ~40 bytes an id). 64 MiB hold 4,096 short chats (~1 KB each)
+    # or ~200 prompts of 7,800 tokens; without the byte bound 4,096 of those held ~1.1 GB.
     l0_entries_max: int = 4096
+    l0_bytes_max: int = 64 * 1024 * 1024
     # L1: prefixes at special-token boundaries, bounded by an estimate of bytes.
     # 64 MiB holds ~2 M cached tokens of prefix.
     l1_bytes_max: int = 64 * 1024 * 1024
@@ -168,7 +169,7 @@ class TokenizerService:
         self.chat_template = ChatTemplate(template_source, special, fast=config.fast_chat_template,
                                           fuel=config.chat_template_fuel) if template_source else None
 
-        self._l0 = ExactCache(config.l0_entries_max)
+        self._l0 = ExactCache(config.l0_entries_max, config.l0_bytes_max)
         self._l1 = SegmentCache(config.l1_bytes_max)
         self._boundary = self._boundary_pattern()
         self._l1_with_special = self._special_tokens_only_prepended()
@@ -344,6 +345,7 @@ class TokenizerService:
     def statistics(self) -> dict[str, int]:
         return {
             "l0_hits": self._l0.hits, "l0_misses": self._l0.misses, "l0_entries": len(self._l0),
+            "l0_bytes": self._l0.size_bytes,
             "l1_hits": self._l1.hits, "l1_misses": self._l1.misses, "l1_nodes": len(self._l1),
             "l1_bytes": self._l1.size_bytes, "l1_hit_chars": self._l1.hit_chars, "encoded_chars": self.encoded_chars,
         }

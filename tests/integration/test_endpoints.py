@@ -54,6 +54,9 @@ def test_metrics_cover_requests_tokens_caches_and_engines(http, client):
                  "smg_event_loop_lag_seconds_bucket", 'smg_event_loop_lag_ms{quantile="p99"}',
                  "smg_kv_index_blocks"):
         assert name.split("{")[0] in text, name
+    l0_bytes = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith("smg_tokenizer_cache_bytes{") and 'level="l0"' in line]
+    assert l0_bytes and max(l0_bytes) > 0  # the prompt above is cached
 
 
 def test_worker_management_add_get_delete(http, log_dir):

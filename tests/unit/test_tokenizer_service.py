@@ -90,6 +90,26 @@ async def test_l0_returns_the_same_ids_and_is_bounded_by_entries(qwen_dir):
     assert svc.statistics()["l0_hits"] == 1
 
 
+async def test_l0_is_bounded_by_bytes_too(qwen_dir):
+    # Long prompts: an entry is the text plus ~40 bytes an id, so a few fill 100 KB.
+    svc = load(qwen_dir, l0_bytes_max=100_000, l1_bytes_max=0)
+    texts = [f"prompt {i}: " + " ".join(real_texts())[:6_000] for i in range(8)]
+    for text in texts:
+        assert await svc.encode(text) == svc.encode_uncached(text)
+        stats = svc.statistics()
+        assert 0 < stats["l0_bytes"] <= 100_000
+    assert 1 <= stats["l0_entries"] < len(texts)
+    assert await svc.encode(texts[-1]) == svc.encode_uncached(texts[-1])  # the newest stays
+    assert svc.statistics()["l0_hits"] == 1
+    assert await svc.encode(texts[0]) == svc.encode_uncached(texts[0])  # the oldest went first
+    assert svc.statistics()["l0_hits"] == 1
+    # A text larger than the whole cache is not kept (and does not empty it).
+    entries = svc.statistics()["l0_entries"]
+    huge = " ".join(real_texts())  # ~190,000 characters
+    await svc.encode(huge)
+    assert svc.statistics()["l0_entries"] == entries
+
+
 async def test_l1_is_bounded_by_bytes(qwen_dir):
     svc = load(qwen_dir, l1_bytes_max=20_000)
     for messages in transcripts(11, count=5):
