@@ -3,12 +3,12 @@
 Loads ``tokenizer.json`` plus ``tokenizer_config.json`` from a directory, or
 from the zip bundle an engine streams with ``GetTokenizer``.
 
-Encoding stays off the trio event loop for anything but short texts:
-``Tokenizer.encode`` holds the GIL for the whole call (a 7,800-token prompt
-freezes the loop for ~30-45 ms), ``encode_batch([text])`` releases it, so long
-texts go to a worker thread through ``encode_batch``. Texts under
-``inline_chars_max`` characters cost tens of microseconds, less than the
-thread hand-off, and are encoded inline.
+Encoding stays off the trio event loop for anything but short texts: a
+7,800-token prompt takes ~0.9 ms with the fast encoder (tiktoken's core) and
+~7 ms with ``tokenizers`` (whose ``Tokenizer.encode`` holds the GIL throughout;
+``encode_batch([text])`` releases it). Texts of ``inline_chars_max`` characters
+or more go to the encoder threads (``encoder_threads.py``), each with a fast
+encoder of its own; shorter ones cost less than the hand-off and are encoded inline.
 
 Both caches are consulted on the event loop thread only (they are plain
 dicts); only the encode itself runs in the worker thread.
@@ -28,11 +28,11 @@ from typing import Any
 
 import orjson
 import tokenizers
-import trio
 from tokenizers.decoders import DecodeStream
 
 from .cache import ExactCache, SegmentCache
 from .chat_template import ChatTemplate
+from .encoder_threads import EncoderThreads
 from .fast_bpe import FastBpe, NotEquivalent
 from .fast_decode import ByteLevelDecoder, ByteLevelStream
 from .fast_template import FUEL
@@ -62,11 +62,11 @@ class TokenizerConfig:
     # reuse) L1 is ahead (BENCHMARKS.md, sixth pass). The Hugging Face encoder is ~5x slower per
     # character, so it always uses L1.
     l1_text_chars_min: int = 256
-    # Texts shorter than this are encoded on the event loop: ~30 us for 40
-    # characters, ~1.5 ms for 2,000; longer ones go to a worker thread.
+    # Texts shorter than this are encoded on the event loop: ~50 us for 2,000 characters
+    # with the fast encoder, ~0.4 ms with tokenizers; longer ones go to an encoder thread.
     inline_chars_max: int = 2048
-    # Worker threads encoding at once (encode_batch releases the GIL, so these
-    # run truly in parallel). 0 means one per core.
+    # Encoder threads (both encoders release the GIL, so these run truly in parallel), each
+    # with its own fast encoder (~12 MB, ~60 ms to build at load). 0 means one per core.
     encode_threads: int = 0
     # Encode with tiktoken's core where it gives the same ids as tokenizers (fast_bpe.py: ~4-6x
     # faster); tokenizers it cannot reproduce keep the Hugging Face encoder.
@@ -137,7 +137,9 @@ class TokenizerService:
         self.fast_refusal = "disabled (--disable-fast-tokenizer)"
         if config.fast_bpe:
             try:
-                self.fast = FastBpe.build(tokenizer_json, self.tokenizer, spec)
+                # The checked encoder's regex pools now belong to the thread that checked it (this
+                # may be a loading thread): the event loop encodes with a fork (FastBpe.fork).
+                self.fast = FastBpe.build(tokenizer_json, self.tokenizer, spec).fork()
                 self.fast_refusal = ""
                 log.info("tokenizer %s: encoding with tiktoken's BPE (identical ids: every check passed)", source)
             except (NotEquivalent, KeyError, TypeError, ValueError, AttributeError) as e:
@@ -173,10 +175,11 @@ class TokenizerService:
         self._l1 = SegmentCache(config.l1_bytes_max)
         self._boundary = self._boundary_pattern()
         self._l1_with_special = self._special_tokens_only_prepended()
-        self._threads = config.encode_threads or max(1, len(os.sched_getaffinity(0)))
-        # Made on first use, on the trio thread: a service may be built in a worker thread
-        # (parsing a tokenizer.json of tens of MB would hold the event loop for a second).
-        self._limiter: trio.CapacityLimiter | None = None
+        threads = config.encode_threads or max(1, len(os.sched_getaffinity(0)))
+        # Long texts: each thread with its own fork of the fast encoder (encoder_threads.py says
+        # why), or the shared Hugging Face tokenizer (encode_batch releases the GIL).
+        self._encoders = EncoderThreads([self.fast.fork() if self.fast is not None else None
+                                         for _ in range(threads)])
         self.encoded_chars = 0
 
     # -- loading ----------------------------------------------------------
@@ -254,15 +257,16 @@ class TokenizerService:
         pieces.append(text[start:])
         return pieces
 
-    def _encode_pieces(self, pieces: "list[str]", add_special_tokens: bool) -> list[list[int]]:
+    def _encode_pieces(self, pieces: "list[str]", add_special_tokens: bool,
+                       fast: "FastBpe | None") -> list[list[int]]:
         """The ids of each piece, as encoding their concatenation gives them.
 
         Pieces are cut right after added tokens, which both encoders split the text at before anything
         else, so each piece encodes on its own to its share of the whole (fast encoder); the Hugging
         Face encoder encodes the whole once and shares the ids out by character offsets.
         """
-        if self.fast is not None:
-            return [self.fast.encode(piece, add_special_tokens and i == 0) for i, piece in enumerate(pieces)]
+        if fast is not None:
+            return [fast.encode(piece, add_special_tokens and i == 0) for i, piece in enumerate(pieces)]
         text = "".join(pieces)
         encoding = self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0]
         if len(pieces) == 1:
@@ -270,12 +274,10 @@ class TokenizerService:
         return self._split_ids(encoding.ids, encoding.offsets, pieces)
 
     async def _encode_off_loop(self, pieces: "list[str]", add_special_tokens: bool) -> list[list[int]]:
-        """Short texts inline (cheaper than the hand-off); long ones in a worker thread, GIL released."""
+        """Short texts inline (cheaper than the hand-off); long ones in an encoder thread, GIL released."""
         if sum(map(len, pieces)) < self.config.inline_chars_max:
-            return self._encode_pieces(pieces, add_special_tokens)
-        if self._limiter is None:
-            self._limiter = trio.CapacityLimiter(self._threads)
-        return await trio.to_thread.run_sync(self._encode_pieces, pieces, add_special_tokens, limiter=self._limiter)
+            return self._encode_pieces(pieces, add_special_tokens, self.fast)
+        return await self._encoders.run(lambda fast: self._encode_pieces(pieces, add_special_tokens, fast))
 
     async def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``, through L0 then L1; identical to an uncached encode."""
