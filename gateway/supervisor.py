@@ -50,11 +50,13 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import trio
 
@@ -116,11 +118,31 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _free_udp_tcp_port(host: str) -> int:
-    """A port free for both UDP (gossip) and TCP (push-pull) on host, as the mesh transport needs."""
-    for _ in range(50):
+def ephemeral_port_low() -> int:
+    """The first port of the kernel's range for outgoing connections (Linux default 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _free_udp_tcp_port(host: str, rng: random.Random | None = None) -> int:
+    """A port free for both UDP (gossip) and TCP (push-pull) on host, as the mesh transport needs.
+
+    Picked below the kernel's range for outgoing connections: a port from that range (what binding
+    port 0 gives) is free for any outgoing connection while its process is being restarted, and one
+    taking it made the restarted process fail to bind its mesh port (EADDRINUSE) and die again.
+    """
+    rng = rng or random.Random()
+    high = ephemeral_port_low()
+    low = max(1024, high - 16384)
+    candidates = [rng.randrange(low, high) for _ in range(200)] if high - low >= 1024 else []
+    for port in candidates + [0] * 50:  # port 0 (the kernel's pick) only if nothing below is free
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-            udp.bind((host, 0))
+            try:
+                udp.bind((host, port))
+            except OSError:
+                continue
             port = udp.getsockname()[1]
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
                 try:

@@ -28,6 +28,12 @@ def answering_processes(url: str, attempts: int = 40) -> dict[int, dict]:
     return seen
 
 
+def process_gone(pid: int) -> bool:
+    """Reaped by its parent (the supervisor). Not "a zombie": the main thread becomes one while the
+    process's other threads are still exiting, and its sockets close only when the last one is done."""
+    return not os.path.exists(f"/proc/{pid}")
+
+
 def wait_for(predicate, what: str):
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
@@ -63,6 +69,10 @@ def test_two_processes_share_the_port_the_registry_and_survive_a_crash(log_dir):
         # One process dies: the other keeps answering, the supervisor starts a new one.
         victim = next(pid for pid, p in processes.items() if p["process"]["index"] == 1)
         os.kill(victim, signal.SIGKILL)
+        # Until a killed process's last thread is gone its listening socket stays in the port's
+        # SO_REUSEPORT group, and connections the kernel hands it are reset when it closes: no
+        # server can answer those (a load balancer retries them). Wait for the teardown to end.
+        wait_for(lambda: process_gone(victim), "the killed process's teardown")
         for _ in range(6):
             with httpx2.Client(base_url=node.url, timeout=10) as fresh:
                 assert fresh.get("/health").status_code == 200

@@ -10,7 +10,7 @@ import pytest
 from gateway.config import ConfigError, GatewayConfig, add_serve_arguments, build_config
 from gateway.kv_sharing import KvSharing
 from gateway.routing.kv_index import KvIndex
-from gateway.supervisor import worker_arguments
+from gateway.supervisor import ephemeral_port_low, worker_arguments
 from mesh.options import MeshOptions
 from mesh.ring import HashRing
 
@@ -26,6 +26,14 @@ def test_a_private_mesh_has_one_kv_follower_per_engine():
     assert [flag_value(args, "--kv-event-followers") for args in per_process] == ["1", "1"]
     assert [flag_value(args, "--mesh-preset") for args in per_process] == ["local", "local"]
     assert env["SMG_NODE_ENCRYPT"]  # the private mesh's key, off the command line
+
+
+def test_private_mesh_ports_are_below_the_outgoing_connection_range():
+    # An outgoing connection can take a port of that range while its process restarts (EADDRINUSE).
+    for _ in range(5):  # random picks: a few of them
+        per_process, _ = worker_arguments(GatewayConfig(), 2, 30000)
+        ports = [int(flag_value(args, "--mesh-bind").rsplit(":", 1)[1]) for args in per_process]
+        assert all(1024 <= port < ephemeral_port_low() for port in ports), ports
 
 
 def test_a_cluster_mesh_keeps_the_configured_followers():
