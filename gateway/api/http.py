@@ -140,18 +140,14 @@ class _CancelOnDisconnect:
         return scope
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, traceback: Any) -> bool:
-        native, scope = self._native, self._scope
-        try:
-            if native is not None:
-                native.unwatch_disconnect(scope)
-                if native.client_gone:
-                    self._request.disconnected = True
-            else:
-                self._watcher.cancel()
-        except BaseException:
-            scope.__exit__(exc_type, exc, traceback)  # closed whatever happens (a bug above)
-            raise
-        return scope.__exit__(exc_type, exc, traceback)
+        native = self._native
+        if native is not None:
+            native.unwatch_disconnect(self._scope)
+            if native.client_gone:
+                self._request.disconnected = True
+        else:
+            self._watcher.cancel()
+        return self._scope.__exit__(exc_type, exc, traceback)
 
 
 class ClientGone(Exception):

@@ -764,10 +764,6 @@ class ServerStream(_OpenCall):
         self._response_type = response_type
         self._last_message = last_message
 
-    async def __aenter__(self) -> "ServerStream":
-        await super().__aenter__()
-        return self
-
     def __aiter__(self) -> "ServerStream":
         return self
 

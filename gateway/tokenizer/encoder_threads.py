@@ -41,24 +41,17 @@ class EncoderThreads(Generic[E]):
         self._name = name
         self._jobs: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
         # Stops the threads when this object is collected: they hold the queue, not this object.
         self._finalizer = weakref.finalize(self, _stop_all, self._jobs, len(self._encoders))
 
-    @property
-    def count(self) -> int:
-        return len(self._encoders)
-
     def _start(self) -> None:
-        with self._lock:
-            if self._threads:
-                return
-            for i, encoder in enumerate(self._encoders):
-                thread = threading.Thread(target=_serve, args=(self._jobs, encoder), daemon=True,
-                                          name=f"{self._name}-{i}")
-                thread.start()
-                self._threads.append(thread)
-            self._encoders = []  # each thread holds its own from now on
+        # Called from run() on the event loop's thread, with no await before the threads exist.
+        for i, encoder in enumerate(self._encoders):
+            thread = threading.Thread(target=_serve, args=(self._jobs, encoder), daemon=True,
+                                      name=f"{self._name}-{i}")
+            thread.start()
+            self._threads.append(thread)
+        self._encoders = []  # each thread holds its own from now on
 
     async def run(self, job: Callable[[E], T]) -> T:
         """``job(encoder)`` on one of the threads; its result, or what it raised."""

@@ -11,7 +11,7 @@ or more go to the encoder threads (``encoder_threads.py``), each with a fast
 encoder of its own; shorter ones cost less than the hand-off and are encoded inline.
 
 Both caches are consulted on the event loop thread only (they are plain
-dicts); only the encode itself runs in the worker thread.
+dicts); only the encode itself runs in an encoder thread.
 """
 
 from __future__ import annotations
