@@ -15,12 +15,13 @@ import time
 from collections.abc import AsyncIterator
 
 from .config import SimEngineConfig
-from .kv_cache import PrefixCache
+from .kv_cache import CacheHit, PrefixCache
 from .output import derive_seed, output_token_ids
 
 log = logging.getLogger("chaos.sim_engine")
 
 THROUGHPUT_WINDOW_S = 5.0  # GetLoads' gen_throughput: tokens per second over this window
+NO_CACHE_HIT = CacheHit(cached_tokens=0, block_hashes=())  # every request's hit with prefix caching off
 
 
 class EngineOverloaded(Exception):
@@ -115,7 +116,7 @@ class SimEngine:
             raise
         self.waiting -= 1
         self.running += 1
-        hit = self.cache.acquire(params.prompt_ids, time.time())
+        hit = self.cache.acquire(params.prompt_ids, time.time()) if cfg.prefix_caching else NO_CACHE_HIT
         try:
             seed = derive_seed(params.prompt_ids, params.seed)
             planned = output_token_ids(self.words, seed, max_tokens)
@@ -155,7 +156,8 @@ class SimEngine:
             self.running -= 1
             self._slots.release()
             self._aborts.pop(params.request_id, None)
-            self.cache.release(hit, time.time())
+            if cfg.prefix_caching:
+                self.cache.release(hit, time.time())
 
     @staticmethod
     async def _sleep_or_abort(delay_s: float, aborted: asyncio.Event) -> None:

@@ -89,6 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-context-tokens", type=int, default=d.max_context_tokens)
     parser.add_argument("--block-size", type=int, default=d.block_size)
     parser.add_argument("--kv-capacity-blocks", type=int, default=d.kv_capacity_blocks)
+    parser.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                        help="no prefix cache and no KV events (vLLM's --no-enable-prefix-caching)")
     parser.add_argument("--batch-size-max", type=int, default=d.batch_size_max)
     parser.add_argument("--queue-size-max", type=int, default=d.queue_size_max)
     parser.add_argument("--prefill-s-per-token", type=float, default=d.prefill_s_per_token)
@@ -102,7 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
     values = dict(
         model_name=args.model_name, tokenizer_dir=args.tokenizer_path, max_context_tokens=args.max_context_tokens,
-        block_size=args.block_size, kv_capacity_blocks=args.kv_capacity_blocks, batch_size_max=args.batch_size_max,
+        block_size=args.block_size, kv_capacity_blocks=args.kv_capacity_blocks,
+        prefix_caching=args.prefix_caching, batch_size_max=args.batch_size_max,
         queue_size_max=args.queue_size_max, prefill_s_per_token=args.prefill_s_per_token,
         itl_base_s=args.itl_base_s, itl_per_running_s=args.itl_per_running_s,
         eos_after_tokens=args.eos_after_tokens, default_max_tokens=args.default_max_tokens)

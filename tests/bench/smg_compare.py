@@ -62,10 +62,10 @@ from tests.bench.gateway_bench import Connection, cpu_seconds, drive  # noqa: E4
 SMG_VERSION = "1.13.0"
 MODEL = "sim-model"
 OUTPUT_TOKENS = 16
-_SENTENCE = ("The gateway tokenizes every prompt before it reaches the engine, so the engine only ever sees "
-             "token ids and spends its time on the model. ")
-_LONG_TEXT = _SENTENCE * 279  # ~7,800 tokens with the Qwen3 tokenizer
-_SYSTEM_PROMPT = ("You are a careful assistant for a company's internal documentation. " + _SENTENCE * 70)
+SENTENCE = ("The gateway tokenizes every prompt before it reaches the engine, so the engine only ever sees "
+            "token ids and spends its time on the model. ")
+LONG_TEXT = SENTENCE * 279  # ~7,800 tokens with the Qwen3 tokenizer
+SYSTEM_PROMPT = ("You are a careful assistant for a company's internal documentation. " + SENTENCE * 70)
 TURNS = 4
 IDLE_MEASURE_S = 5.0
 _NUMBERS = itertools.count()
@@ -168,7 +168,7 @@ def start_gateways(names: list[str], engine_url: str, smg: Path, log_dir: Path, 
     out = []
     for name in names:
         if name.startswith("smg-node"):
-            workers = "1" if name == "smg-node-w1" else "0"
+            workers = "0" if name == "smg-node-all" else name.removeprefix("smg-node-w")  # smg-node-w<N>
             node = NodeProcess(["--workers", workers, "--worker-urls", engine_url, "--tokenizer-path", tokenizer,
                                 "--log-level", "warning", "--max-concurrent-requests", "0"], log_dir, name)
             host, port = node.url.removeprefix("http://").rsplit(":", 1)
@@ -229,9 +229,9 @@ def conversation_bodies(scenario: str, stream: bool):
         if scenario == "short":
             yield chat_body([{"role": "user", "content": f"{n} What is the capital of France?"}], stream)
         elif scenario == "long":
-            yield chat_body([{"role": "user", "content": f"{n} {_LONG_TEXT}"}], stream)
+            yield chat_body([{"role": "user", "content": f"{n} {LONG_TEXT}"}], stream)
         else:
-            messages = [{"role": "system", "content": _SYSTEM_PROMPT}]
+            messages = [{"role": "system", "content": SYSTEM_PROMPT}]
             for turn in range(TURNS):
                 messages.append({"role": "user", "content": f"Conversation {n}, question {turn}: what does the "
                                                             f"gateway do with prompt number {turn * 7 + n}?"})

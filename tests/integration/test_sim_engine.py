@@ -58,6 +58,34 @@ def test_kv_events_stream_and_replay_from_a_sequence_number(kv_engine):
         replay.cancel()
 
 
+def cached_tokens_of_repeats(engine, prompt, times=2):
+    with grpc.insecure_channel(engine.target) as channel:
+        stub = sg_grpc.SglangSchedulerStub(channel)
+        out = []
+        for n in range(times):
+            request = sg.GenerateRequest(request_id=f"repeat-{n}-{engine.target}",
+                                         tokenized=sg.TokenizedInput(input_ids=prompt),
+                                         sampling_params=sg.SamplingParams(max_new_tokens=1))
+            out.append([m.complete.cached_tokens for m in stub.Generate(request, timeout=10)][-1])
+        snapshot = next(stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest(start_sequence_number=0),
+                                               timeout=10))
+    return out, snapshot
+
+
+def test_no_prefix_caching_means_no_hits_and_no_kv_events(kv_engine, log_dir):
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19]
+    cached, snapshot = cached_tokens_of_repeats(kv_engine, prompt)
+    assert cached == [0, 8] and snapshot.snapshot.blocks > 0  # the default: the repeat hits its 2 full blocks
+    e = EngineProcess(["--zero-cost", "--block-size", "4", "--no-prefix-caching"], log_dir, "no-cache-engine")
+    try:
+        cached, snapshot = cached_tokens_of_repeats(e, prompt)
+    finally:
+        e.stop()
+    assert cached == [0, 0]
+    assert snapshot.sequence_number == 0 and snapshot.snapshot.blocks == 0  # nothing was ever published
+    assert [ev.WhichOneof("data") for ev in snapshot.events] == ["cleared"]
+
+
 def test_get_tokenizer_streams_a_zip_with_sha256_on_the_last_chunk(kv_engine):
     with grpc.insecure_channel(kv_engine.target) as channel:
         chunks = list(vl_grpc.VllmEngineStub(channel).GetTokenizer(common_pb2.GetTokenizerRequest(), timeout=30))
