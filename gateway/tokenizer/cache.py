@@ -2,10 +2,13 @@
 
 L0 (``ExactCache``): whole texts to their ids, an LRU bounded by entries and by an
 estimate of its bytes. Hits when the same text comes again (retries, benchmarks, a
-fixed system prompt sent alone). The byte bound matters for long prompts: an entry
-holds the text, a tuple of the ids and an int object per id (~40 bytes an id), so
-4,096 entries of 7,800-token prompts held ~1.1 GB, and the heap growing to it cost
-more CPU in page faults than the cache saved (BENCHMARKS.md, eighth pass).
+fixed system prompt sent alone). The byte bound matters for long prompts: 4,096
+entries of 7,800-token prompts held ~1.1 GB when the ids were tuples of int objects
+(~40 bytes an id), and the heap growing to it cost more CPU in page faults than the
+cache saved (BENCHMARKS.md, eighth pass). The ids are kept as ``array("I")`` (4 bytes
+an id), as L1's are: ten times the prompts in the same bytes, and nothing for the
+garbage collector to walk (a tuple of 7,800 ids is 7,800 visits in every collection
+that sees it).
 
 L1 (``SegmentCache``): prefixes that end right after a special token (such as
 ``<|im_end|>``). A tokenizer splits its input at added tokens before anything
@@ -30,26 +33,24 @@ from array import array
 _NODE_OVERHEAD_BYTES = 200
 
 
-# An id in a cached tuple: the tuple's pointer and the int object (ids above 256 are not shared).
-_L0_ID_BYTES = 40
-# The dict entry, the key tuple, the str and tuple headers.
-_L0_ENTRY_OVERHEAD_BYTES = 250
+# The dict entry, the key tuple, the array's header (the text is counted by sys.getsizeof).
+_L0_ENTRY_OVERHEAD_BYTES = 200
 
 
 class ExactCache:
     def __init__(self, entries_max: int, bytes_max: int) -> None:
         self.entries_max = entries_max
         self.bytes_max = bytes_max
-        self._entries: "collections.OrderedDict[tuple[str, bool], tuple[int, ...]]" = collections.OrderedDict()
+        self._entries: "collections.OrderedDict[tuple[str, bool], array]" = collections.OrderedDict()
         self.size_bytes = 0
         self.hits = 0
         self.misses = 0
 
     @staticmethod
-    def _entry_bytes(text: str, ids: "tuple[int, ...]") -> int:
-        return len(text) + _L0_ID_BYTES * len(ids) + _L0_ENTRY_OVERHEAD_BYTES
+    def _entry_bytes(text: str, ids: array) -> int:
+        return sys.getsizeof(text) + ids.itemsize * len(ids) + _L0_ENTRY_OVERHEAD_BYTES
 
-    def get(self, text: str, add_special_tokens: bool) -> "tuple[int, ...] | None":
+    def get(self, text: str, add_special_tokens: bool) -> "list[int] | None":
         if self.entries_max <= 0:
             return None
         key = (text, add_special_tokens)
@@ -59,11 +60,12 @@ class ExactCache:
             return None
         self._entries.move_to_end(key)
         self.hits += 1
-        return ids
+        return ids.tolist()  # a new list each time: the caller owns what it gets
 
-    def put(self, text: str, add_special_tokens: bool, ids: "tuple[int, ...]") -> None:
+    def put(self, text: str, add_special_tokens: bool, token_ids: "list[int]") -> None:
         if self.entries_max <= 0:
             return
+        ids = array("I", token_ids)
         size = self._entry_bytes(text, ids)
         if size > self.bytes_max:
             return  # larger than the whole cache: kept nowhere rather than emptying it

@@ -90,14 +90,26 @@ async def test_l0_returns_the_same_ids_and_is_bounded_by_entries(qwen_dir):
     assert svc.statistics()["l0_hits"] == 1
 
 
+async def test_l0_hands_out_a_new_list_on_every_hit(qwen_dir):
+    svc = load(qwen_dir, l1_bytes_max=0)
+    text = "a text encoded twice, then changed by its caller"
+    first = await svc.encode(text)
+    first.append(-1)  # a caller extends what it got (as a prompt's assembly does)
+    second = await svc.encode(text)
+    assert svc.statistics()["l0_hits"] == 1
+    assert second == svc.encode_uncached(text) and second is not first
+    second.clear()
+    assert await svc.encode(text) == svc.encode_uncached(text)
+
+
 async def test_l0_is_bounded_by_bytes_too(qwen_dir):
-    # Long prompts: an entry is the text plus ~40 bytes an id, so a few fill 100 KB.
-    svc = load(qwen_dir, l0_bytes_max=100_000, l1_bytes_max=0)
+    # Long prompts: an entry is the text plus 4 bytes an id (~13 KB each here), so a few fill 40 KB.
+    svc = load(qwen_dir, l0_bytes_max=40_000, l1_bytes_max=0)
     texts = [f"prompt {i}: " + " ".join(real_texts())[:6_000] for i in range(8)]
     for text in texts:
         assert await svc.encode(text) == svc.encode_uncached(text)
         stats = svc.statistics()
-        assert 0 < stats["l0_bytes"] <= 100_000
+        assert 0 < stats["l0_bytes"] <= 40_000
     assert 1 <= stats["l0_entries"] < len(texts)
     assert await svc.encode(texts[-1]) == svc.encode_uncached(texts[-1])  # the newest stays
     assert svc.statistics()["l0_hits"] == 1
