@@ -93,7 +93,7 @@ class _Segment:
 @dataclasses.dataclass(frozen=True)
 class SegmentMatch:
     chars: int  # how many leading characters of the text the cached ids cover
-    ids: list[int]
+    ids: list[int]  # a new list for each match: the caller may extend it
     segments: int
     parent_node_id: int  # node to attach further segments to
 

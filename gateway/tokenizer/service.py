@@ -280,32 +280,42 @@ class TokenizerService:
         return await self._encoders.run(lambda fast: self._encode_pieces(pieces, add_special_tokens, fast))
 
     async def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of ``text``, through L0 then L1; identical to an uncached encode."""
+        """Token ids of ``text``, through L1 or L0; identical to an uncached encode.
+
+        A text with a complete segment (a chat: every message ends with a boundary token) is
+        cached in L1 only: its ids are its cached segments' plus its tail's, and an L0 entry
+        would hold the same ids again (for a 7,800-token prompt, ~31 KB and an array built per
+        request). L0 holds what L1 cannot: short texts, texts without a boundary token.
+        """
+        if self._l1_applies(text, add_special_tokens):
+            segments = self._segments(text)
+            if len(segments) > 1:
+                return await self._encode_with_segments(segments, add_special_tokens)
         cached = self._l0.get(text, add_special_tokens)
         if cached is not None:
             return cached
         self.encoded_chars += len(text)
-        use_l1 = self._boundary is not None and self._l1.bytes_max > 0 and (
-            not add_special_tokens or self._l1_with_special) and (
-            self.fast is None or len(text) >= self.config.l1_text_chars_min)
-        if not use_l1:
-            ids = (await self._encode_off_loop([text], add_special_tokens))[0]
-        else:
-            ids = await self._encode_with_segments(text, add_special_tokens)
+        ids = (await self._encode_off_loop([text], add_special_tokens))[0]
         self._l0.put(text, add_special_tokens, ids)
         return ids
 
-    async def _encode_with_segments(self, text: str, add_special_tokens: bool) -> list[int]:
-        segments = self._segments(text)
+    def _l1_applies(self, text: str, add_special_tokens: bool) -> bool:
+        return self._boundary is not None and self._l1.bytes_max > 0 and (
+            not add_special_tokens or self._l1_with_special) and (
+            self.fast is None or len(text) >= self.config.l1_text_chars_min)
+
+    async def _encode_with_segments(self, segments: "list[str]", add_special_tokens: bool) -> list[int]:
         complete = segments[:-1]  # each ends with a boundary token; the tail may still grow
         match = self._l1.longest_prefix(complete, add_special_tokens)
         new_segments = complete[match.segments:]
         # Special tokens (a BOS) belong to the start of the text, already in the cached ids.
         rest_special = add_special_tokens and match.chars == 0
-        pieces = await self._encode_off_loop([*new_segments, segments[-1]], rest_special)
+        rest = [*new_segments, segments[-1]]
+        self.encoded_chars += sum(map(len, rest))
+        pieces = await self._encode_off_loop(rest, rest_special)
         if new_segments:
             self._l1.insert(match.parent_node_id, new_segments, pieces[:-1])
-        ids = list(match.ids)
+        ids = match.ids  # a new list, ours to extend
         for piece in pieces:
             ids += piece
         return ids

@@ -122,6 +122,24 @@ async def test_l0_is_bounded_by_bytes_too(qwen_dir):
     assert svc.statistics()["l0_entries"] == entries
 
 
+async def test_a_chat_is_cached_once_in_l1_and_a_plain_text_in_l0(qwen_dir):
+    svc = load(qwen_dir)
+    chat = svc.chat_template.render([{"role": "system", "content": " ".join(real_texts())[:2_000]},
+                                     {"role": "user", "content": "What does this say?"}], add_generation_prompt=True)
+    tail = "assistant\n"  # after the last boundary (every added token is one: <|im_start|> too)
+    assert await svc.encode(chat) == svc.encode_uncached(chat)
+    stats = svc.statistics()
+    assert stats["l0_entries"] == 0 and stats["l1_nodes"] > 0  # in L1, and not a second copy in L0
+    assert await svc.encode(chat) == svc.encode_uncached(chat)
+    again = svc.statistics()
+    assert again["l1_hit_chars"] == len(chat) - len(tail)
+    assert again["encoded_chars"] - stats["encoded_chars"] == len(tail)  # only the tail was encoded again
+    plain = "no boundary token in here, " * 20
+    assert await svc.encode(plain) == svc.encode_uncached(plain)
+    assert await svc.encode(plain) == svc.encode_uncached(plain)
+    assert svc.statistics()["l0_entries"] == 1 and svc.statistics()["l0_hits"] == 1
+
+
 async def test_l1_is_bounded_by_bytes(qwen_dir):
     svc = load(qwen_dir, l1_bytes_max=20_000)
     for messages in transcripts(11, count=5):
