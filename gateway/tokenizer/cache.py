@@ -5,10 +5,15 @@ estimate of its bytes. Hits when the same text comes again (retries, benchmarks,
 fixed system prompt sent alone). The byte bound matters for long prompts: 4,096
 entries of 7,800-token prompts held ~1.1 GB when the ids were tuples of int objects
 (~40 bytes an id), and the heap growing to it cost more CPU in page faults than the
-cache saved (BENCHMARKS.md, eighth pass). The ids are kept as ``array("I")`` (4 bytes
-an id), as L1's are: ten times the prompts in the same bytes, and nothing for the
-garbage collector to walk (a tuple of 7,800 ids is 7,800 visits in every collection
-that sees it).
+cache saved (BENCHMARKS.md, eighth pass).
+
+Both caches keep ids packed in ``bytes`` (4 bytes an id, ``pack_ids``): ten times the
+prompts of a tuple of ints in the same memory, and nothing for the garbage collector.
+bytes are not tracked by it; int tuples are walked in every collection that sees them
+(7,800 visits for a long prompt), and ``array`` objects are tracked (heap types, since
+Python 3.10), so a full L1 of ~190,000 arrays made every full collection take 115-250 ms
+(BENCHMARKS.md, ninth pass). An entry is a plain tuple of ints, strs and bytes, which the
+collector untracks the first time it sees it (not a tuple subclass: those it never does).
 
 L1 (``SegmentCache``): prefixes that end right after a special token (such as
 ``<|im_end|>``). A tokenizer splits its input at added tokens before anything
@@ -33,39 +38,48 @@ from array import array
 _NODE_OVERHEAD_BYTES = 200
 
 
-# The dict entry, the key tuple, the array's header (the text is counted by sys.getsizeof).
+# The dict entry, the key tuple, the bytes' header (the text is counted by sys.getsizeof).
 _L0_ENTRY_OVERHEAD_BYTES = 200
+
+
+def pack_ids(ids: "list[int]") -> bytes:
+    """Token ids as 4 bytes each (native order: they never leave the process)."""
+    return array("I", ids).tobytes()
+
+
+def unpack_ids(packed: bytes) -> list[int]:
+    return memoryview(packed).cast("I").tolist()
 
 
 class ExactCache:
     def __init__(self, entries_max: int, bytes_max: int) -> None:
         self.entries_max = entries_max
         self.bytes_max = bytes_max
-        self._entries: "collections.OrderedDict[tuple[str, bool], array]" = collections.OrderedDict()
+        self._entries: "collections.OrderedDict[tuple[str, bool], bytes]" = collections.OrderedDict()
         self.size_bytes = 0
         self.hits = 0
         self.misses = 0
 
     @staticmethod
-    def _entry_bytes(text: str, ids: array) -> int:
-        return sys.getsizeof(text) + ids.itemsize * len(ids) + _L0_ENTRY_OVERHEAD_BYTES
+    def _entry_bytes(text: str, packed_ids: bytes) -> int:
+        return sys.getsizeof(text) + len(packed_ids) + _L0_ENTRY_OVERHEAD_BYTES
 
     def get(self, text: str, add_special_tokens: bool) -> "list[int] | None":
         if self.entries_max <= 0:
             return None
         key = (text, add_special_tokens)
-        ids = self._entries.get(key)
-        if ids is None:
+        packed_ids = self._entries.get(key)
+        if packed_ids is None:
             self.misses += 1
             return None
         self._entries.move_to_end(key)
         self.hits += 1
-        return ids.tolist()  # a new list each time: the caller owns what it gets
+        return unpack_ids(packed_ids)  # a new list each time: the caller owns what it gets
 
     def put(self, text: str, add_special_tokens: bool, token_ids: "list[int]") -> None:
         if self.entries_max <= 0:
             return
-        ids = array("I", token_ids)
+        ids = pack_ids(token_ids)
         size = self._entry_bytes(text, ids)
         if size > self.bytes_max:
             return  # larger than the whole cache: kept nowhere rather than emptying it
@@ -83,11 +97,9 @@ class ExactCache:
         return len(self._entries)
 
 
-@dataclasses.dataclass
-class _Segment:
-    node_id: int
-    ids: array
-    size_bytes: int
+# A cached segment: (node id, packed ids, size in bytes); a plain tuple, for the collector (above).
+_SegmentNode = "tuple[int, bytes, int]"
+_NODE_ID, _IDS, _SIZE_BYTES = 0, 1, 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +118,7 @@ class SegmentCache:
 
     def __init__(self, bytes_max: int) -> None:
         self.bytes_max = bytes_max
-        self._nodes: "collections.OrderedDict[tuple[int, str], _Segment]" = collections.OrderedDict()
+        self._nodes: "collections.OrderedDict[tuple[int, str], _SegmentNode]" = collections.OrderedDict()
         self._next_node_id = 1
         self.size_bytes = 0
         self.hits = 0
@@ -127,10 +139,10 @@ class SegmentCache:
             node = self._nodes.get(key)
             if node is None:
                 break
-            ids.extend(node.ids)
+            ids += unpack_ids(node[_IDS])
             chars += len(segment)
             path.append(key)
-            parent = node.node_id
+            parent = node[_NODE_ID]
         for key in reversed(path):  # leaf first, so ancestors end up most recent
             self._nodes.move_to_end(key)
         if path:
@@ -151,17 +163,17 @@ class SegmentCache:
             node = self._nodes.get(key)
             if node is None:
                 size = _NODE_OVERHEAD_BYTES + sys.getsizeof(segment) + 4 * len(ids)
-                node = _Segment(self._next_node_id, array("I", ids), size)
+                node = (self._next_node_id, pack_ids(ids), size)
                 self._next_node_id += 1
                 self._nodes[key] = node
                 self.size_bytes += size
             keys.append(key)
-            parent = node.node_id
+            parent = node[_NODE_ID]
         for key in reversed(keys):
             self._nodes.move_to_end(key)
         while self.size_bytes > self.bytes_max and self._nodes:
             _, evicted = self._nodes.popitem(last=False)
-            self.size_bytes -= evicted.size_bytes
+            self.size_bytes -= evicted[_SIZE_BYTES]
 
     def __len__(self) -> int:
         return len(self._nodes)
