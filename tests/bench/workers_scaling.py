@@ -8,6 +8,7 @@ Not a test: it prints figures. ``smg_compare.py``'s Python client takes most of 
   tokenizer, the gateway's own CPU work; no engine in the path; smg-node only);
 * ``chat-short`` and ``chat-long``: ``POST /v1/chat/completions`` of a unique ~18- or
   ~7,800-token chat through one zero-cost simulated engine (16 output tokens, not streamed);
+  ``chat-short-stream``: the short one streamed (wrk reads the SSE body to its end);
 * ``chat-multiturn``: 4-turn conversations under one shared ~2,000-token system prompt, as
   ``smg_compare.py``'s multi-turn (each request one more turn of a conversation).
 
@@ -25,7 +26,8 @@ smg, and the CPU the gateway (its whole process tree, less what it burns idle), 
 used meanwhile (from /proc and wait4).
 
     python tests/bench/workers_scaling.py [--gateways smg-node-w1 smg-node-w2 smg] [--seconds 10]
-        [--repeats 3] [--connections 32] [--scenarios tokenize-long chat-short chat-long chat-multiturn]
+        [--repeats 3] [--connections 32] [--scenarios tokenize-long chat-short chat-long chat-short-stream
+        chat-multiturn]
         [--smg-venv DIR] [--engine-prefix-caching]
 
 Needs ``wrk`` (Debian: ``apt-get install wrk``); makes smg's venv like smg_compare.py when a smg
@@ -96,6 +98,8 @@ SCENARIOS = {
                       _ONE_MESSAGE % {"text": lua_json_text(LONG_TEXT)}),
     "chat-short": ("/v1/chat/completions", _CHAT_FIELDS, _ONE_MESSAGE % {"text": lua_json_text(_SHORT_TEXT)}),
     "chat-long": ("/v1/chat/completions", _CHAT_FIELDS, _ONE_MESSAGE % {"text": lua_json_text(LONG_TEXT)}),
+    "chat-short-stream": ("/v1/chat/completions", _CHAT_FIELDS + ',"stream":true',
+                          _ONE_MESSAGE % {"text": lua_json_text(_SHORT_TEXT)}),
     "chat-multiturn": ("/v1/chat/completions", _CHAT_FIELDS,
                        _CONVERSATION % {"turns": TURNS, "system": lua_json_text(SYSTEM_PROMPT)}),
 }
