@@ -54,10 +54,11 @@ def split_addr(addr: str) -> tuple[str, int]:
 
 
 class _StreamPool:
-    """Idle client connections per peer address, newest first."""
+    """Idle client connections per peer address, oldest first (taken from the newest end)."""
 
     def __init__(self) -> None:
         self._idle: dict[str, list[tuple[float, trio.SocketStream]]] = {}
+        self._swept_at = 0.0
 
     def take(self, addr: str, now: float) -> trio.SocketStream | None:
         idle = self._idle.get(addr)
@@ -69,11 +70,28 @@ class _StreamPool:
         return None
 
     def put(self, addr: str, stream: trio.SocketStream, now: float) -> None:
+        if now - self._swept_at >= STREAM_IDLE_CLIENT_S:
+            self._sweep(now)
         idle = self._idle.setdefault(addr, [])
         if len(idle) >= STREAMS_IDLE_PER_PEER_MAX:
             stream.socket.close()
             return
         idle.append((now, stream))
+
+    def _sweep(self, now: float) -> None:
+        """Close what is too old to reuse, for every peer: a peer that died or left is never asked
+        again, and its connections would stay open (in CLOSE-WAIT once it is gone) for good."""
+        self._swept_at = now
+        for addr in list(self._idle):
+            idle = self._idle[addr]
+            fresh = [(used_at, stream) for used_at, stream in idle if now - used_at < STREAM_IDLE_CLIENT_S]
+            for used_at, stream in idle:
+                if now - used_at >= STREAM_IDLE_CLIENT_S:
+                    stream.socket.close()
+            if fresh:
+                self._idle[addr] = fresh
+            else:
+                del self._idle[addr]
 
 
 class UdpTcpTransport:

@@ -284,7 +284,7 @@ class TokenizerService:
 
         A text with a complete segment (a chat: every message ends with a boundary token) is
         cached in L1 only: its ids are its cached segments' plus its tail's, and an L0 entry
-        would hold the same ids again (for a 7,800-token prompt, ~31 KB and an array built per
+        would hold the same ids again (for a 7,800-token prompt, ~31 KB, packed on every
         request). L0 holds what L1 cannot: short texts, texts without a boundary token.
         """
         if self._l1_applies(text, add_special_tokens):
