@@ -195,9 +195,11 @@ _OPTIONS: list[_Option] = [
             "templates with Jinja2, even where MiniJinja renders them identically"),
     _Option("--chat-template-fuel", "tokenizer.chat_template_fuel", int, "instructions one MiniJinja render "
             "may run before the request fails (default 10,000,000)"),
-    _Option("--tokenizer-cache-l0-entries", "tokenizer.l0_entries_max", int, "exact-text cache entries"),
-    _Option("--tokenizer-cache-l0-bytes", "tokenizer.l0_bytes_max", int, "exact-text cache size in bytes"),
-    _Option("--tokenizer-cache-l1-bytes", "tokenizer.l1_bytes_max", int, "prefix cache size in bytes"),
+    _Option("--tokenizer-cache-l0-entries", "tokenizer.l0_entries_max", int,
+            "exact-text cache (L0, texts L1 cannot hold): entries; 0 turns it off"),
+    _Option("--tokenizer-cache-l0-bytes", "tokenizer.l0_bytes_max", int, "exact-text cache (L0): size in bytes"),
+    _Option("--tokenizer-cache-l1-bytes", "tokenizer.l1_bytes_max", int,
+            "prefix cache (L1, prefixes ending at a special token): size in bytes; 0 turns it off"),
     _Option("--rate-limits", "rate_limits_file", Path, "TOML file of rate limits ([[limits]]; see README)"),
     _Option("--global-rate-limit", "global_rate_limit", float, "requests per second for the whole cluster"),
     _Option("--rate-limit-policy", "rate_limit_policy", str, "when a key's owner is unreachable: proportional "
