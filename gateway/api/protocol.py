@@ -97,7 +97,7 @@ def token_ids(value: Any, name: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)
 class SamplingRequest:
     """Sampling and stopping, common to every generation endpoint."""
 
@@ -164,7 +164,7 @@ def _unsupported(body: dict[str, Any], *names: str) -> None:
             raise BadRequest(f"'{name}' is not supported by this gateway yet", param=name, code="unsupported_parameter")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)
 class ChatRequest:
     model: str
     messages: list[dict[str, Any]]
@@ -232,7 +232,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         tools=tools or None, template_kwargs=template_kwargs)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)
 class CompletionRequest:
     model: str
     prompt_text: str | None
@@ -276,7 +276,7 @@ def parse_completion(body: dict[str, Any]) -> CompletionRequest:
                              echo=_field(body, "echo", bool, False))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)
 class GenerateRequest:
     """SGLang's native /generate: text or input_ids, sampling_params, token-level output."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
-from typing import Any
+from typing import Any, NamedTuple
 
 from smg_grpc_proto.generated import (
     common_pb2,
@@ -41,7 +41,7 @@ class EngineLoad:
     max_running: int
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)
 class SamplingOptions:
     max_new_tokens: int
     temperature: float | None = None
@@ -57,9 +57,13 @@ class SamplingOptions:
     min_new_tokens: int = 0
 
 
-@dataclasses.dataclass(frozen=True)
-class GenerateEvent:
-    """New tokens of one generation; the last event has ``finish_reason`` set."""
+class GenerateEvent(NamedTuple):
+    """New tokens of one generation; the last event has ``finish_reason`` set.
+
+    A NamedTuple, made once per engine message (per token when streaming): ~0.17 us to
+    build against ~0.56 us for a frozen dataclass, whose __init__ sets each field through
+    object.__setattr__.
+    """
 
     token_ids: tuple[int, ...]
     prompt_tokens: int

@@ -34,7 +34,7 @@ class RoutableWorker(Protocol):
     def load_score(self) -> int: ...
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)
 class RoutingRequest:
     input_ids: "Sequence[int] | None" = None  # token ids (gRPC engines)
     text: str | None = None  # the text, for HTTP workers that get no ids

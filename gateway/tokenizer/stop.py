@@ -8,11 +8,12 @@ piece settles it (or the generation ends, and it is flushed).
 
 from __future__ import annotations
 
-import dataclasses
+from typing import NamedTuple
 
 
-@dataclasses.dataclass(frozen=True)
-class StopResult:
+class StopResult(NamedTuple):
+    """What one piece of text decided (a NamedTuple: one is made per streamed token)."""
+
     text: str  # safe to emit now
     matched: str | None = None  # the stop string that ended the generation, if any
 
