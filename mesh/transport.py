@@ -82,15 +82,13 @@ class _StreamPool:
         """Close what is too old to reuse, for every peer: a peer that died or left is never asked
         again, and its connections would stay open (in CLOSE-WAIT once it is gone) for good."""
         self._swept_at = now
-        for addr in list(self._idle):
-            idle = self._idle[addr]
-            fresh = [(used_at, stream) for used_at, stream in idle if now - used_at < STREAM_IDLE_CLIENT_S]
-            for used_at, stream in idle:
-                if now - used_at >= STREAM_IDLE_CLIENT_S:
-                    stream.socket.close()
-            if fresh:
-                self._idle[addr] = fresh
-            else:
+        for addr, idle in list(self._idle.items()):
+            stale = 0  # oldest first: the stale ones lead
+            while stale < len(idle) and now - idle[stale][0] >= STREAM_IDLE_CLIENT_S:
+                idle[stale][1].socket.close()
+                stale += 1
+            del idle[:stale]
+            if not idle:
                 del self._idle[addr]
 
 

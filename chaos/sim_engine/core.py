@@ -156,8 +156,7 @@ class SimEngine:
             self.running -= 1
             self._slots.release()
             self._aborts.pop(params.request_id, None)
-            if cfg.prefix_caching:
-                self.cache.release(hit, time.time())
+            self.cache.release(hit, time.time())  # NO_CACHE_HIT pins nothing: releasing it changes nothing
 
     @staticmethod
     async def _sleep_or_abort(delay_s: float, aborted: asyncio.Event) -> None:

@@ -79,15 +79,15 @@ class ExactCache:
     def put(self, text: str, add_special_tokens: bool, token_ids: "list[int]") -> None:
         if self.entries_max <= 0:
             return
-        ids = pack_ids(token_ids)
-        size = self._entry_bytes(text, ids)
+        packed_ids = pack_ids(token_ids)
+        size = self._entry_bytes(text, packed_ids)
         if size > self.bytes_max:
             return  # larger than the whole cache: kept nowhere rather than emptying it
         key = (text, add_special_tokens)
         previous = self._entries.pop(key, None)
         if previous is not None:
             self.size_bytes -= self._entry_bytes(text, previous)
-        self._entries[key] = ids
+        self._entries[key] = packed_ids
         self.size_bytes += size
         while len(self._entries) > self.entries_max or self.size_bytes > self.bytes_max:
             (old_text, _), old_ids = self._entries.popitem(last=False)
@@ -162,8 +162,9 @@ class SegmentCache:
             key = (parent, segment)
             node = self._nodes.get(key)
             if node is None:
-                size = _NODE_OVERHEAD_BYTES + sys.getsizeof(segment) + 4 * len(ids)
-                node = (self._next_node_id, pack_ids(ids), size)
+                packed_ids = pack_ids(ids)
+                size = _NODE_OVERHEAD_BYTES + sys.getsizeof(segment) + len(packed_ids)
+                node = (self._next_node_id, packed_ids, size)
                 self._next_node_id += 1
                 self._nodes[key] = node
                 self.size_bytes += size

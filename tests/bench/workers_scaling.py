@@ -86,6 +86,7 @@ _CONVERSATION = """
   return table.concat(parts)
 """
 
+
 def lua_json_text(text: str) -> str:
     """A Lua literal of ``text`` as it goes inside a JSON string (long brackets: quotes stay as they are)."""
     assert "]==]" not in text
