@@ -193,6 +193,8 @@ _OPTIONS: list[_Option] = [
             "tokenizers' DecodeStream, even where the byte table decodes identically"),
     _Option("--disable-fast-chat-template", "tokenizer.fast_chat_template", "disable", "always render chat "
             "templates with Jinja2, even where MiniJinja renders them identically"),
+    _Option("--encode-threads", "tokenizer.encode_threads", int, "threads encoding long texts, each with "
+            "its own ~56 MB encoder (0: one per core, divided among the --workers processes)"),
     _Option("--chat-template-fuel", "tokenizer.chat_template_fuel", int, "instructions one MiniJinja render "
             "may run before the request fails (default 10,000,000)"),
     _Option("--tokenizer-cache-l0-entries", "tokenizer.l0_entries_max", int,
@@ -354,6 +356,8 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--workers must not be negative (0: one per available core)")
     if config.kv_event_followers < 1:
         raise ConfigError("--kv-event-followers must be at least 1")
+    if config.tokenizer.encode_threads < 0:
+        raise ConfigError("--encode-threads must not be negative (0: one per core)")
     if config.tokenizer.chat_template_fuel < 1:
         raise ConfigError("--chat-template-fuel must be at least 1")
     if config.sim_engines < 0:

@@ -183,6 +183,10 @@ def worker_arguments(config: GatewayConfig, count: int, http_port: int) -> tuple
         rpc_addr = "127.0.0.1:0"
         shared += ["--mesh-preset", "local", "--kv-event-followers", "1"]
         env["SMG_NODE_ENCRYPT"] = generate_key()
+    if config.tokenizer.encode_threads == 0:
+        # Each process's share of the cores: one encoder thread per core in every process would
+        # build N x cores encoders (~56 MB each) for cores that are already N processes' loops.
+        shared += ["--encode-threads", str(math.ceil(available_cores() / count))]
     first_address = advertises[0] or binds[0]
     out = []
     for i in range(count):

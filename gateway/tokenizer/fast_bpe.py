@@ -59,6 +59,8 @@ try:
 except ImportError:  # optional: without it every tokenizer uses ``tokenizers``
     tiktoken = None
 
+from .lookahead_free import splits_alike, without_lookahead
+
 log = logging.getLogger("gateway.tokenizer")
 
 # ByteLevel's own split (GPT-2), used when the ByteLevel pre-tokenizer has use_regex=true.
@@ -105,11 +107,16 @@ class FastBpe:
     """Encodes text like the given ``tokenizers.Tokenizer``, with tiktoken's core."""
 
     def __init__(self, pattern: str, ranks: dict[bytes, int], nfc: bool, added: list[_AddedToken],
-                 prefix_ids: list[int], suffix_ids: list[int]) -> None:
+                 prefix_ids: list[int], suffix_ids: list[int], lookahead_free: bool = True) -> None:
         self._pattern = pattern
         self._ranks = ranks
         self._encoding = tiktoken.Encoding("smg-node-fast-bpe", pat_str=pattern, mergeable_ranks=ranks,
                                            special_tokens={})
+        # A second core whose pattern has no lookahead, for the texts it splits alike
+        # (lookahead_free.py): ~30 % faster on a long English prompt, ~28 MB and ~60 ms more.
+        dfa_pattern = without_lookahead(pattern) if lookahead_free else None
+        self._dfa_encoding = None if dfa_pattern is None else tiktoken.Encoding(
+            "smg-node-fast-bpe-dfa", pat_str=dfa_pattern, mergeable_ranks=ranks, special_tokens={})
         self._nfc = nfc
         self._added = {t.content: t.token_id for t in added}
         # Longest first: at one position the longer added token wins, as in tokenizers' matcher.
@@ -148,10 +155,22 @@ class FastBpe:
             expected = reference.encode(SELF_CHECK_TEXT, add_special_tokens=add_special).ids
             if fast.encode(SELF_CHECK_TEXT, add_special) != expected:
                 raise NotEquivalent("the self-check text encodes differently")
+        # Line by line too: most lines have no run of spaces, so they take the lookahead-free core.
+        lines = SELF_CHECK_TEXT.splitlines(keepends=True)
+        expected_lines = reference.encode_batch(lines, add_special_tokens=False)
+        if any(fast.encode(line) != encoding.ids for line, encoding in zip(lines, expected_lines)):
+            raise NotEquivalent("a line of the self-check text encodes differently")
         return fast
 
-    def fork(self) -> "FastBpe":
-        """The same encoder on a new tiktoken core (~60 ms and ~12 MB for a 150k vocabulary).
+    @property
+    def has_lookahead_free_core(self) -> bool:
+        return self._dfa_encoding is not None
+
+    def fork(self, lookahead_free: bool = True) -> "FastBpe":
+        """The same encoder on new tiktoken cores (~60 ms and ~28 MB each for a 150k vocabulary).
+
+        ``lookahead_free=False`` leaves out the second core (lookahead_free.py), for an encoder
+        that only sees short texts, where it saves microseconds.
 
         For a thread of its own: the regex engine's scratch pools behind tiktoken's core belong
         to the first thread that uses them, and every other thread takes a mutex-guarded path
@@ -161,18 +180,20 @@ class FastBpe:
         """
         return FastBpe(self._pattern, self._ranks, self._nfc,
                        [_AddedToken(content, token_id) for content, token_id in self._added.items()],
-                       self._prefix_ids, self._suffix_ids)
+                       self._prefix_ids, self._suffix_ids, lookahead_free)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         ids: list[int] = list(self._prefix_ids) if add_special_tokens else []
         encode_ordinary = self._encoding.encode_ordinary
+        dfa = self._dfa_encoding
+        encode_dfa = encode_ordinary if dfa is None else dfa.encode_ordinary
         for piece, added_id in self._split_added(text):
             if added_id is not None:
                 ids.append(added_id)
                 continue
             if self._nfc and not piece.isascii():
                 piece = unicodedata.normalize("NFC", piece)
-            ids.extend(encode_ordinary(piece))
+            ids.extend(encode_dfa(piece) if dfa is not None and splits_alike(piece) else encode_ordinary(piece))
         if add_special_tokens:
             ids.extend(self._suffix_ids)
         return ids

@@ -66,7 +66,8 @@ class TokenizerConfig:
     # with the fast encoder, ~0.4 ms with tokenizers; longer ones go to an encoder thread.
     inline_chars_max: int = 2048
     # Encoder threads (both encoders release the GIL, so these run truly in parallel), each
-    # with its own fast encoder (~12 MB, ~60 ms to build at load). 0 means one per core.
+    # with its own fast encoder (two tiktoken cores: ~56 MB, ~120 ms to build at load). 0 means
+    # one per core; ``serve --workers N`` gives each of its N processes its share of the cores.
     encode_threads: int = 0
     # Encode with tiktoken's core where it gives the same ids as tokenizers (fast_bpe.py: ~4-6x
     # faster); tokenizers it cannot reproduce keep the Hugging Face encoder.
@@ -138,8 +139,9 @@ class TokenizerService:
         if config.fast_bpe:
             try:
                 # The checked encoder's regex pools now belong to the thread that checked it (this
-                # may be a loading thread): the event loop encodes with a fork (FastBpe.fork).
-                self.fast = FastBpe.build(tokenizer_json, self.tokenizer, spec).fork()
+                # may be a loading thread): the event loop encodes with a fork (FastBpe.fork). Texts
+                # on the loop are short (inline_chars_max): no lookahead-free core for them.
+                self.fast = FastBpe.build(tokenizer_json, self.tokenizer, spec).fork(lookahead_free=False)
                 self.fast_refusal = ""
                 log.info("tokenizer %s: encoding with tiktoken's BPE (identical ids: every check passed)", source)
             except (NotEquivalent, KeyError, TypeError, ValueError, AttributeError) as e:

@@ -13,6 +13,7 @@ import tokenizers
 
 from gateway.tokenizer.bundled import default_tokenizer_dir
 from gateway.tokenizer.fast_bpe import FastBpe, NotEquivalent
+from gateway.tokenizer.lookahead_free import splits_alike
 from gateway.tokenizer.service import TokenizerConfig, TokenizerService
 
 CORPUS_SEED = 20261122
@@ -78,6 +79,50 @@ def test_identical_ids_on_a_large_corpus(qwen):
             got = fast.encode(text, add_special)
             assert got == encoding.ids, (f"text {i} differs (corpus seed {CORPUS_SEED}, add_special={add_special}): "
                                          f"{text[:200]!r}")
+
+
+def test_lines_of_the_corpus_mostly_take_the_lookahead_free_core_and_stay_identical(qwen):
+    """Whole corpus texts nearly all hold a run of spaces somewhere; many of their lines do not (code is
+    indented: ~40,000 of ~155,000 lines take the lookahead-free core)."""
+    raw, reference = qwen
+    fast = FastBpe.build(raw, reference)
+    assert fast.has_lookahead_free_core
+    lines = [line for text in corpus() for line in text.splitlines(keepends=True)]
+    alike = sum(map(splits_alike, lines))
+    assert alike > len(lines) // 5, (alike, len(lines))
+    expected = reference.encode_batch(lines, add_special_tokens=False)
+    for i, (line, encoding) in enumerate(zip(lines, expected)):
+        assert fast.encode(line) == encoding.ids, f"line {i} (corpus seed {CORPUS_SEED}): {line[:200]!r}"
+
+
+def _bmp_characters() -> list[str]:
+    return [chr(c) for c in range(0x10000) if not 0xD800 <= c <= 0xDFFF]
+
+
+@pytest.mark.parametrize("shape", ["a{c}{c}b", "a{c}b", "a {c}b", "a{c}{c}", "{c}{c}.", "x\n{c}{c}y",
+                                   "a{c}\n b", "1{c}{c}2"])
+def test_every_character_in_whitespace_runs(qwen, shape):
+    """Wherever the lookahead-free core is used it must agree: every BMP character, placed where a
+    whitespace run would be, so a White_Space character missing from splits_alike's list shows up."""
+    raw, reference = qwen
+    fast = FastBpe.build(raw, reference)
+    texts = [shape.format(c=c) for c in _bmp_characters()]
+    expected = reference.encode_batch(texts, add_special_tokens=False)
+    taken = 0
+    for text, encoding in zip(texts, expected):
+        taken += splits_alike(text)
+        assert fast.encode(text) == encoding.ids, f"{text!r} (U+{ord(text[1]):04X})"
+    assert taken > len(texts) // 2
+
+
+def test_the_lookahead_free_core_is_what_differs_without_the_check(qwen):
+    """The check is needed: on a run of spaces before a word the lookahead-free core splits otherwise."""
+    raw, reference = qwen
+    fast = FastBpe.build(raw, reference)
+    text = "a   b"
+    assert not splits_alike(text)
+    assert fast._dfa_encoding.encode_ordinary(text) != reference.encode(text, add_special_tokens=False).ids
+    assert fast.encode(text) == reference.encode(text, add_special_tokens=False).ids
 
 
 def test_edge_texts(qwen):
@@ -186,8 +231,10 @@ def test_llama3_is_refused_as_shipped_and_identical_with_ignore_merges():
     lenient = _modified(raw, _set(["model", "ignore_merges"], True))
     reference = tokenizers.Tokenizer.from_str(lenient)
     fast = FastBpe.build(lenient, reference)
+    assert fast.has_lookahead_free_core
     rng = random.Random(CORPUS_SEED)
     texts = [random_text(rng, 3000) for _ in range(100)] + corpus()[:60]
+    texts += [line for text in texts[100:] for line in text.splitlines(keepends=True)]
     for add_special in (False, True):
         expected = reference.encode_batch(texts, add_special_tokens=add_special)
         for i, (text, encoding) in enumerate(zip(texts, expected)):

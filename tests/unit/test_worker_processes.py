@@ -67,3 +67,23 @@ def test_followers_flag_is_checked():
     assert build_config(parser.parse_args(["--kv-event-followers", "1"]), {}).kv_event_followers == 1
     with pytest.raises(ConfigError, match="at least 1"):
         build_config(parser.parse_args(["--kv-event-followers", "0"]), {})
+
+
+def test_each_process_gets_its_share_of_encoder_threads(monkeypatch):
+    """N processes with one encoder thread per core each would build N x cores encoders (~56 MB each)."""
+    monkeypatch.setattr("gateway.supervisor.available_cores", lambda: 8)
+    per_process, _ = worker_arguments(GatewayConfig(), 8, 30000)
+    assert [flag_value(args, "--encode-threads") for args in per_process] == ["1"] * 8
+    per_process, _ = worker_arguments(GatewayConfig(), 3, 30000)
+    assert [flag_value(args, "--encode-threads") for args in per_process] == ["3"] * 3
+    chosen = GatewayConfig(tokenizer=dataclasses.replace(GatewayConfig().tokenizer, encode_threads=5))
+    per_process, _ = worker_arguments(chosen, 8, 30000)
+    assert all(flag_value(args, "--encode-threads") is None for args in per_process)  # the user's own stays
+
+
+def test_encode_threads_flag_is_checked():
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    assert build_config(parser.parse_args(["--encode-threads", "2"]), {}).tokenizer.encode_threads == 2
+    with pytest.raises(ConfigError, match="must not be negative"):
+        build_config(parser.parse_args(["--encode-threads", "-1"]), {})
