@@ -19,8 +19,8 @@ take the same). Reaching that alternative at a whitespace position means every e
 failed, ``\\s*[\\r\\n]+`` included, so the run from there holds no newline: it is 2 or more
 NNWS characters followed by a non-space. A text with no two adjacent NNWS characters has no
 such place, and both patterns give it the same pieces, hence (the BPE works piece by piece)
-the same ids. ``splits_alike`` checks that conservatively and cheaply (``str.__contains__``
-per character, ~30 us for 40 KB); other texts keep the original pattern.
+the same ids. ``splits_alike`` checks that conservatively and cheaply (a literal search and
+``str.__contains__`` per character, ~13 us for 40 KB of English); other texts keep the original pattern.
 
 Only the exact patterns above qualify: the argument needs every alternative before
 ``\\s*[\\r\\n]+`` to end in a non-space or a newline, which an arbitrary pattern need not.
@@ -30,6 +30,8 @@ Plane in whitespace runs, and on a large corpus.
 
 from __future__ import annotations
 
+import re
+
 _LOOKAHEAD_TAIL = r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 _NO_LOOKAHEAD_TAIL = r"|\s*[\r\n]+|\s+"
 _HEAD = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|"
@@ -38,6 +40,9 @@ _KNOWN_PATTERNS = {
     _HEAD + r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*" + _LOOKAHEAD_TAIL,  # Llama 3, cl100k
 }
 
+# SRE finds a literal with a memchr-driven scan: ~12 us for 40 KB against ~29 us for `"  " in text`
+# (str's two-character search restarts at every single space).
+_DOUBLE_SPACE = re.compile("  ")
 # Unicode White_Space without \r and \n: ASCII ones first, then the rest.
 _ASCII_NNWS = ("\t", "\x0b", "\x0c")
 _NON_ASCII_NNWS = ("\x85", "\xa0", "\u1680", *map(chr, range(0x2000, 0x200B)), "\u2028", "\u2029", "\u202f",
@@ -56,7 +61,7 @@ def splits_alike(text: str) -> bool:
 
     Conservative: the tabs and non-ASCII spaces it refuses on sight need not be adjacent.
     """
-    if "  " in text:
+    if _DOUBLE_SPACE.search(text) is not None:
         return False
     for char in _ASCII_NNWS:
         if char in text:
