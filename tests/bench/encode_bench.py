@@ -6,7 +6,9 @@ Qwen3 tokenizer files:
 1. One fast encoder (tiktoken's core) timed on the thread that used it first, then on another
    thread, then a fork (``FastBpe.fork``) on a thread that used it first: the regex engine's
    scratch pools belong to their first user, and other threads take a slower path
-   (``gateway/tokenizer/encoder_threads.py`` says why that matters).
+   (``gateway/tokenizer/encoder_threads.py`` says why that matters). Then, on its owner thread,
+   the original pre-tokenizer against the lookahead-free one (``lookahead_free.py``), which the
+   encoder threads use for texts like this one.
 2. ``TokenizerService.encode`` of unique long texts (a counter leads each, so no cache
    holds any) from ``--concurrency`` trio tasks: process CPU and wall time per text.
 
@@ -31,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from chaos.processes import default_log_dir  # noqa: E402
+from gateway.tokenizer.lookahead_free import splits_alike  # noqa: E402
 from gateway.tokenizer.service import TokenizerService  # noqa: E402
 from tests.bench.smg_compare import conversation_bodies, model_dir  # noqa: E402
 
@@ -57,10 +60,21 @@ def by_thread(service: TokenizerService, text: str) -> None:
     owner = median_us(lambda: fast.encode(text))  # this thread used it first (the service's fork)
     with concurrent.futures.ThreadPoolExecutor(1) as other:
         another = median_us(lambda: other.submit(fast.encode, text).result())
-        fork = fast.fork()
+        fork = fast.fork(lookahead_free=False)  # the same pre-tokenizer as `fast`
         forked = median_us(lambda: other.submit(fork.encode, text).result())
     print(f"one {len(text):,}-character text: owner thread {owner:.0f} us, another thread {another:.0f} us, "
           f"a fork on that other thread {forked:.0f} us (includes the hand-off)")
+    original, dual = fast.fork(lookahead_free=False), fast.fork(lookahead_free=True)
+    if not dual.has_lookahead_free_core or not splits_alike(text):
+        print("the lookahead-free pre-tokenizer does not apply to this tokenizer or text")
+        return
+    assert dual.encode(text) == original.encode(text)
+    by_core = {}
+    for _ in range(3):  # alternating, medians of medians: the host's speed drifts
+        by_core.setdefault("original", []).append(median_us(lambda: original.encode(text)))
+        by_core.setdefault("lookahead-free", []).append(median_us(lambda: dual.encode(text)))
+    print("the same text on its owner thread: " + ", ".join(
+        f"{name} pre-tokenizer {statistics.median(times):.0f} us" for name, times in by_core.items()))
 
 
 async def concurrent_encodes(service: TokenizerService, text: str, concurrency: int, texts: int,
