@@ -24,13 +24,13 @@ _NODE_READY = re.compile(r"^READY (http://\S+)")
 
 class ManagedProcess:
     def __init__(self, name: str, argv: "list[str]", log_dir: Path, ready_pattern: "re.Pattern[str]",
-                 env: "dict[str, str] | None" = None) -> None:
+                 env: "dict[str, str] | None" = None, cwd: "Path | None" = None) -> None:
         self.name = name
         self.argv = argv
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "ab", buffering=0)
         self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._log,
-                                        env={**os.environ, **(env or {})})
+                                        env={**os.environ, **(env or {})}, cwd=cwd)
         stream = self.process.stdout
         self.ready_match = self._wait_ready(stream, ready_pattern)
         threading.Thread(target=self._copy, args=(stream,), daemon=True).start()
@@ -90,12 +90,12 @@ class EngineProcess(ManagedProcess):
 
 class NodeProcess(ManagedProcess):
     def __init__(self, args: "list[str]", log_dir: Path, name: str = "node",
-                 env: "dict[str, str] | None" = None) -> None:
+                 env: "dict[str, str] | None" = None, cwd: "Path | None" = None, python: str = sys.executable) -> None:
         # One gateway process per node unless the caller asks for more: tests and the chaos harness run
         # many nodes on two cores.
         workers = [] if "--workers" in args else ["--workers", "1"]
-        super().__init__(name, [sys.executable, "-m", "mesh.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-                                *workers, *args], log_dir, _NODE_READY, env)
+        super().__init__(name, [python, "-m", "mesh.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+                                *workers, *args], log_dir, _NODE_READY, env, cwd)
         self.url = self.ready_match.group(1)
 
 

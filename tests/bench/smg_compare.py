@@ -168,9 +168,15 @@ def start_gateways(names: list[str], engine_url: str, smg: Path, log_dir: Path, 
     out = []
     for name in names:
         if name.startswith("smg-node"):
-            workers = "0" if name == "smg-node-all" else name.removeprefix("smg-node-w")  # smg-node-w<N>
+            # smg-node-w<N>[@PATH], PATH a checkout (its code) or a Python (that interpreter with its
+            # packages): the variants of one change measured in one run.
+            kind, _, variant = name.partition("@")
+            workers = "0" if kind == "smg-node-all" else kind.removeprefix("smg-node-w")
+            path = Path(variant) if variant else ROOT
             node = NodeProcess(["--workers", workers, "--worker-urls", engine_url, "--tokenizer-path", tokenizer,
-                                "--log-level", "warning", "--max-concurrent-requests", "0"], log_dir, name)
+                                "--log-level", "warning", "--max-concurrent-requests", "0"], log_dir,
+                               name.replace("/", "_"), cwd=path if path.is_dir() else ROOT,
+                               python=str(path) if path.is_file() else sys.executable)
             host, port = node.url.removeprefix("http://").rsplit(":", 1)
             out.append(Gateway(name, node, host, int(port)))
         else:

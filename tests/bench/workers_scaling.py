@@ -18,8 +18,11 @@ hashes every 16-token block of a prompt and builds KV events in Python, ~3.7 ms 
 scenario; no gateway here follows the events of a single engine anyway.
 
 Gateways (``--gateways``): ``smg-node-w<N>`` (``serve --workers N``), ``smg-node-all``
-(``--workers 0``: one process per core), ``smg`` (``smg launch``, its defaults: tokenizer caches
-off) and ``smg-cache`` (its L0 and L1 caches on). All start at once in front of the one engine;
+(``--workers 0``: one process per core), either with ``@PATH`` for the code of the checkout at
+PATH (``smg-node-w1@/tmp/base``: a change against its parent) or for the Python interpreter at
+PATH (``smg-node-w1@/work/venv-deb/bin/python``: another CPython build), in the same run;
+``smg`` (``smg launch``, its defaults: tokenizer caches off) and ``smg-cache`` (its L0 and L1
+caches on). All start at once in front of the one engine;
 each cell drives each gateway in turn (order alternating, ``--repeats`` times) for ``--seconds``
 after a 1 s warm-up, and reports the median requests/s, its ratio to the first gateway and to
 smg, and the CPU the gateway (its whole process tree, less what it burns idle), the engine and wrk
