@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -41,8 +41,23 @@ log = logging.getLogger("gateway.generation")
 
 ABORT_TIMEOUT_S = 5.0
 
-TextSink = Callable[[str], Awaitable[None]]
 T = TypeVar("T")
+
+
+class TextSink(Protocol):
+    """Where a streamed generation's decided text goes (``respond.SseSink``)."""
+
+    async def __call__(self, text: str) -> None:
+        """Send ``text``, in the request's task."""
+
+    def ready_now(self) -> bool:
+        """``send_now`` may be called: nothing is being written, the bytes would keep their order."""
+
+    def send_now(self, text: str) -> bool:
+        """Send ``text`` without awaiting, from any task; False when ``flush`` must follow."""
+
+    async def flush(self) -> None:
+        """Finish what ``send_now`` left, in the request's task."""
 
 
 @dataclasses.dataclass
@@ -143,55 +158,33 @@ class Generator:
 
     async def _attempt(self, worker: Worker, plan: GenerationPlan, tokenizer: TokenizerService,
                        sink: TextSink | None) -> GenerationResult:
-        decoder = tokenizer.new_decode_stream(plan.skip_special_tokens)
-        matcher = StopMatcher(plan.stop, plan.include_stop_str)
+        progress = _Progress(plan, tokenizer, worker.id, sink)
         # Stream from the engine when the client streams, and when stop strings may end it early.
         engine_stream = plan.stream or bool(plan.stop)
-        output_ids: list[int] = []
-        text_parts: list[str] = []
-        delivered = False
-        finished = False
-        result: GenerationResult | None = None
-        first_token_at: float | None = None
         started_at = trio.current_time()
-        last = None
         worker.begin_request()
         try:
             async with worker.client.generate(plan.request_id, plan.input_ids, plan.sampling, engine_stream,
                                               plan.timeout_s) as batches:
+                progress.generation = batches
+                if sink is not None:
+                    batches.listen(progress.on_arrival)
+                # With a listener, a batch here is what it left: [] when it only needs this task
+                # to finish its work (a flush, the end, its failure).
                 async for events in batches:
-                    new_ids: list[int] = []
-                    for event in events:
-                        new_ids.extend(event.token_ids)
-                        last = event
-                    if new_ids and first_token_at is None:
-                        first_token_at = trio.current_time()
-                    output_ids.extend(new_ids)
-                    plan.usage.completion_tokens += len(new_ids)  # every attempt's tokens were generated
-                    decided = matcher.feed(decoder.step(new_ids))
-                    text = decided.text
-                    done = decided.matched is not None or last.finish_reason is not None
-                    if last.finish_reason is not None and decided.matched is None:
-                        if last.finish_reason == "abort":
-                            raise EngineCallError("ABORTED", "the engine aborted the generation")
-                        text += matcher.flush()
-                    if text:
-                        text_parts.append(text)
-                        if sink is not None:
+                    if progress.failure is not None:
+                        raise progress.failure
+                    if progress.flush_due:
+                        progress.flush_due = False
+                        await sink.flush()
+                    if events and progress.result is None:
+                        text = progress.step(events)
+                        if text and sink is not None:
                             await sink(text)
-                            delivered = True
-                    if done:
-                        finished = last.finish_reason is not None
-                        if decided.matched is not None:
-                            reason, matched = "stop", decided.matched
-                        else:
-                            reason, matched = last.finish_reason, last.matched_token_id
-                        result = GenerationResult(
-                            text="".join(text_parts), output_ids=output_ids, finish_reason=reason,
-                            matched_stop=matched, prompt_tokens=last.prompt_tokens or len(plan.input_ids),
-                            completion_tokens=len(output_ids), cached_tokens=last.cached_tokens,
-                            worker_id=worker.id)
+                            progress.delivered = True
+                    if progress.result is not None:
                         break
+            result = progress.result
             if result is None:
                 raise EngineCallError("UNAVAILABLE", "the engine closed the stream without finishing")
         except EngineCallError as e:
@@ -200,7 +193,7 @@ class Generator:
                 worker.breaker.record_failure(trio.current_time())
             else:
                 worker.breaker.release_probe()
-            if delivered:
+            if progress.delivered:
                 raise MidStreamError(from_engine_error(e)) from None
             raise AttemptFailed(e) from None
         except BaseException:
@@ -208,11 +201,12 @@ class Generator:
             raise
         finally:
             worker.end_request()
-            if not finished:
-                reason = "stop_string" if result is not None else "cancelled_or_failed"
+            if not progress.finished:
+                reason = "stop_string" if progress.result is not None else "cancelled_or_failed"
                 self.metrics.aborts.labels(reason).inc()
                 self._nursery.start_soon(self._abort, worker, plan.request_id)
         worker.breaker.record_success(trio.current_time())
+        first_token_at = progress.first_token_at
         if first_token_at is not None and engine_stream:
             metrics, model = self.metrics, plan.model
             metrics.child(metrics.ttft, model).observe(first_token_at - started_at)
@@ -227,3 +221,100 @@ class Generator:
                 await worker.client.abort(request_id, ABORT_TIMEOUT_S)
         except EngineCallError as e:
             log.debug("abort of %s on %s failed: %s", request_id, worker.id, e)
+
+
+class _Progress:
+    """One attempt's way through the engine's events: ids to text, stop strings, the result.
+
+    Stepped by the request's task, and on a streamed response also by ``on_arrival``, which
+    the engine connection's reading task calls when events arrive while the request's task
+    waits for them: it decodes them and writes their text itself, so a token costs no trip
+    through the scheduler to wake the request's task (~15 % of a streamed request's CPU).
+    What it cannot finish (the first text, which carries the response head; the engine's
+    last message; a write the socket did not take whole; the end by a stop string; a
+    failure) it leaves to the request's task, in order: it steps nothing while something of
+    its own is left for that task.
+    """
+
+    __slots__ = ("plan", "worker_id", "sink", "generation", "decoder", "matcher", "output_ids", "text_parts",
+                 "first_token_at", "result", "finished", "delivered", "flush_due", "failure")
+
+    def __init__(self, plan: GenerationPlan, tokenizer: TokenizerService, worker_id: str,
+                 sink: TextSink | None) -> None:
+        self.plan = plan
+        self.worker_id = worker_id
+        self.sink = sink
+        self.generation: Any = None  # the engine call, once on_arrival listens to it
+        self.decoder = tokenizer.new_decode_stream(plan.skip_special_tokens)
+        self.matcher = StopMatcher(plan.stop, plan.include_stop_str)
+        self.output_ids: list[int] = []
+        self.text_parts: list[str] = []
+        self.first_token_at: float | None = None
+        self.result: GenerationResult | None = None
+        self.finished = False  # the engine finished the generation (no abort due)
+        self.delivered = False  # text reached the sink: no retry from here on
+        self.flush_due = False  # send_now left bytes for the request's task to write
+        self.failure: BaseException | None = None  # raised in on_arrival, for the request's task
+
+    def step(self, events: list) -> str:
+        """Take a batch of events; the text they decide (maybe ""). Sets ``result`` at the end."""
+        new_ids: list[int] = []
+        for event in events:
+            new_ids.extend(event.token_ids)
+        last = events[-1]
+        if new_ids and self.first_token_at is None:
+            self.first_token_at = trio.current_time()
+        self.output_ids.extend(new_ids)
+        plan = self.plan
+        plan.usage.completion_tokens += len(new_ids)  # every attempt's tokens were generated
+        matcher = self.matcher
+        decided = matcher.feed(self.decoder.step(new_ids))
+        text = decided.text
+        finish_reason = last.finish_reason
+        if finish_reason is not None and decided.matched is None:
+            if finish_reason == "abort":
+                raise EngineCallError("ABORTED", "the engine aborted the generation")
+            text += matcher.flush()
+        if text:
+            self.text_parts.append(text)
+        if decided.matched is not None or finish_reason is not None:
+            self.finished = finish_reason is not None
+            if decided.matched is not None:
+                reason, matched = "stop", decided.matched
+            else:
+                reason, matched = finish_reason, last.matched_token_id
+            output_ids = self.output_ids
+            self.result = GenerationResult(
+                text="".join(self.text_parts), output_ids=output_ids, finish_reason=reason, matched_stop=matched,
+                prompt_tokens=last.prompt_tokens or len(plan.input_ids), completion_tokens=len(output_ids),
+                cached_tokens=last.cached_tokens, worker_id=self.worker_id)
+        return text
+
+    def on_arrival(self) -> bool:
+        """Events arrived while the request's task waits: True when they were handled here entirely.
+
+        False leaves the rest to the request's task, which is woken: the events themselves (taken
+        only when they can be handled here), or a flush, the end, or a failure recorded here.
+        """
+        if self.flush_due or self.failure is not None or self.result is not None:
+            return False
+        sink = self.sink
+        try:
+            if not sink.ready_now():
+                return False
+            events = self.generation.take_now()
+            if events is None:
+                return False
+            if not events:
+                return True
+            text = self.step(events)
+            if text:
+                self.delivered = True
+                self.flush_due = not sink.send_now(text)
+        except Exception as e:
+            # Raised again in the request's task, as if it had stepped these events itself: an
+            # aborted generation stays the engine's error, anything else is the gateway's (never
+            # let out into the engine connection, which would fail the call as the engine's fault).
+            self.failure = e
+            return False
+        return self.result is None and not self.flush_due

@@ -27,6 +27,10 @@ the request's cycle, whose ``watch_disconnect(cancel_scope)`` has the
 connection cancel that scope when the client goes. The app uses it instead of
 a task per request waiting on ``receive()`` (a task start, a cancel and two
 trips through the scheduler per request, ~9 % of a short request's CPU).
+The same cycle writes body chunks synchronously from any task
+(``can_send_body_now``, ``send_body_now``, ``flush``): a streamed generation's
+tokens are written by the task that reads them from the engine, without a
+wake-up of the request's own task per token.
 """
 
 from __future__ import annotations
@@ -220,12 +224,33 @@ class _Cycle:
                     out += b"0\r\n\r\n"
             else:
                 out += body
-        if out:
+        if out or not more_body:  # the end writes even with nothing new: send_body_now may have left bytes
             await self.connection.write(out)
         if not more_body:
             # Only now (the bytes are out): a receive() waiting for the end returns http.disconnect,
             # and an app watching for disconnects must not cancel its own last write.
             self.wakeup.unpark_all()
+
+    # -- body chunks written without awaiting (the extension's other use) -------
+
+    def can_send_body_now(self) -> bool:
+        """``send_body_now`` may be called: the head is out, the body goes on, no write is pending."""
+        return self.response_started and not self.response_complete and self.connection.can_write_now()
+
+    def send_body_now(self, body: bytes) -> bool:
+        """Write one more chunk of the body synchronously, from any task (``can_send_body_now`` first).
+
+        False when the kernel did not take all of it: ``flush()`` must follow (the rest waits for it).
+        """
+        if self.head_only or not body:
+            return True
+        if self.chunked:
+            body = b"%x\r\n%s\r\n" % (len(body), body)
+        return self.connection.write_now(body)
+
+    async def flush(self) -> None:
+        """Write what ``send_body_now`` left, waiting until the client's socket takes it."""
+        await self.connection.write(b"")
 
     def _head(self, body: bytes, more_body: bool) -> bytes:
         connection = self.connection
@@ -279,6 +304,7 @@ class _Connection:
         self._cycles_changed = trio.lowlevel.ParkingLot()
         self._read_allowed = trio.lowlevel.ParkingLot()
         self._send_lock = trio.StrictFIFOLock()
+        self._backlog = b""  # what write_now could not write: the next write's first bytes
         self._read_scope: trio.CancelScope | None = None
         self._message_deadline = float("inf")
         try:
@@ -437,9 +463,36 @@ class _Connection:
 
     # -- answering ---------------------------------------------------------------
 
+    def can_write_now(self) -> bool:
+        """A synchronous ``write_now`` would keep the order: no write in progress, none left over."""
+        return not self._backlog and not self._send_lock.locked()
+
+    def write_now(self, data: bytes) -> bool:
+        """Write from any task without awaiting (after ``can_write_now``); False when some bytes wait.
+
+        What the kernel does not take now is kept and goes first with the next ``write``, which
+        the caller must make soon (``write(b"")`` flushes it): the order of the bytes holds because
+        ``can_write_now`` is false meanwhile.
+        """
+        if self.closed:
+            return True  # the client went away: nowhere to write, nothing to wait for
+        try:
+            sent = send_now(self.stream, data)
+        except OSError:
+            self._lost()
+            return True
+        if sent == len(data):
+            return True
+        self._backlog = data[sent:]
+        return False
+
     async def write(self, data: bytes) -> None:
         if self.closed:
             return  # the client went away: what the app still sends goes nowhere
+        if self._backlog:  # left by write_now: it goes first
+            data, self._backlog = self._backlog + data, b""
+        if not data:
+            return
         try:
             if not self._send_lock.locked():  # no write in progress: try it synchronously (fast_send)
                 sent = send_now(self.stream, data)

@@ -37,6 +37,8 @@ class Request:
         self._background = background
         # Added to every response head (the rate-limit headers, decided before the answer is).
         self.extra_headers: list[tuple[bytes, bytes]] = []
+        # The native server's request cycle (h1server): None under another ASGI server.
+        self._native = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
 
     def header(self, name: str) -> str | None:
         value = self.headers.get(name.lower().encode("latin-1"))
@@ -87,6 +89,19 @@ class Request:
     async def send_chunk(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
+    def can_send_chunk_now(self) -> bool:
+        """``send_chunk_now`` may be called: the native server, a started stream, no write pending."""
+        native = self._native
+        return native is not None and native.can_send_body_now()
+
+    def send_chunk_now(self, data: bytes) -> bool:
+        """``send_chunk`` without awaiting, from any task; False when ``flush()`` must follow."""
+        return self._native.send_body_now(data)
+
+    async def flush(self) -> None:
+        """Write what ``send_chunk_now`` left, once the client's socket takes it."""
+        await self._native.flush()
+
     async def end_stream(self, data: bytes = b"") -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
@@ -129,7 +144,7 @@ class _CancelOnDisconnect:
 
     async def __aenter__(self) -> trio.CancelScope:
         request = self._request
-        self._native = native = request.scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
+        self._native = native = request._native
         scope = self._scope = trio.CancelScope()
         if native is not None:
             native.watch_disconnect(scope)

@@ -66,17 +66,7 @@ async def run_streamed(state, request: Request, plan: GenerationPlan, tokenizer:
                        text_event: Callable[[str, bool], bytes],
                        final_events: Callable[[GenerationResult], bytes]) -> None:
     """Stream SSE: ``text_event(text, first)`` per decided piece, ``final_events(result)`` then [DONE]."""
-    started = False
-
-    async def sink(text: str) -> None:
-        nonlocal started
-        if not started:
-            started = True
-            await request.start_stream(200, SSE_HEADERS)
-            await request.send_chunk(text_event(text, True))
-        else:
-            await request.send_chunk(text_event(text, False))
-
+    sink = SseSink(request, text_event)
     result: GenerationResult | None = None
     error: ApiError | None = None
     async with request.cancel_on_disconnect():
@@ -88,14 +78,14 @@ async def run_streamed(state, request: Request, plan: GenerationPlan, tokenizer:
             except MidStreamError as e:
                 error = e.error
         if timeout.cancelled_caught:
-            if not started:
+            if not sink.started:
                 raise _timeout_error()
             error = _timeout_error()
         if request.disconnected:
             return
         # The last write carries the head too when no text came at all (an empty answer).
         tail = b""
-        if not started:
+        if not sink.started:
             await request.start_stream(200, SSE_HEADERS)
             tail = text_event("", True)
         if error is not None:
@@ -104,3 +94,36 @@ async def run_streamed(state, request: Request, plan: GenerationPlan, tokenizer:
             state.count_tokens(plan.model, result)
             tail += final_events(result)
         await request.end_stream(tail + SSE_DONE)  # the last events and the end: one write
+
+
+class SseSink:
+    """Where a streamed generation's text goes: one SSE event per piece, the response head with the first.
+
+    Awaited by the request's task; once the stream has started, also written synchronously
+    (``ready_now``, ``send_now``, ``flush``: ``generation.TextSink``) by the task that reads the
+    engine, so a token costs no wake-up of the request's task.
+    """
+
+    __slots__ = ("_request", "_text_event", "started")
+
+    def __init__(self, request: Request, text_event: Callable[[str, bool], bytes]) -> None:
+        self._request = request
+        self._text_event = text_event
+        self.started = False
+
+    async def __call__(self, text: str) -> None:
+        if not self.started:
+            self.started = True
+            await self._request.start_stream(200, SSE_HEADERS)
+            await self._request.send_chunk(self._text_event(text, True))
+        else:
+            await self._request.send_chunk(self._text_event(text, False))
+
+    def ready_now(self) -> bool:
+        return self.started and self._request.can_send_chunk_now()
+
+    def send_now(self, text: str) -> bool:
+        return self._request.send_chunk_now(self._text_event(text, False))
+
+    async def flush(self) -> None:
+        await self._request.flush()

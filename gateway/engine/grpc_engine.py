@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from smg_grpc_proto.generated import (
@@ -290,9 +291,26 @@ class Generation:
 
     async def __anext__(self) -> list[GenerateEvent]:
         while True:
-            events = _events(await self._messages.__anext__(), self._stream)  # StopAsyncIteration ends it
+            batch = await self._messages.__anext__()  # StopAsyncIteration ends it
+            if not batch:
+                return []  # woken by the listener (listen): it left something to the reader
+            events = _events(batch, self._stream)
             if events:
                 return events
+
+    def listen(self, listener: "Callable[[], bool]") -> bool:
+        """Have ``listener`` take events as they arrive while the reader awaits (h2grpc's
+        ``ServerStream.listen``); False when the client has no such thing (the grpcio bridge)."""
+        listen = getattr(self._messages, "listen", None)
+        if listen is None:
+            return False
+        listen(listener)
+        return True
+
+    def take_now(self) -> "list[GenerateEvent] | None":
+        """The events waiting, for the listener; None for those it must leave to the reader."""
+        batch = self._messages.take_now()
+        return None if batch is None else _events(batch, self._stream)
 
 
 def _is_complete(message: Any) -> bool:

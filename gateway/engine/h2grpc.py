@@ -26,6 +26,13 @@ receive window is given back as calls consume or end. No compression (we
 never ask for it; a compressed message is an INTERNAL error), no TLS
 (engines are reached in the clear, as before).
 
+A streaming caller may also ``listen``: the connection's reading task then
+hands messages that arrive while the caller awaits them to a listener, which
+takes them synchronously (``take_now``) instead of waking the caller's task:
+a streamed token costs no trip through the scheduler. The caller's own reads
+keep the call's order and its end; the listener only ever gets messages the
+caller was waiting for.
+
 One connection per engine target, opened on first use and again after it
 fails; calls multiplex on it up to the server's MAX_CONCURRENT_STREAMS.
 A connection that answers nothing while a call times out is dropped (a
@@ -42,6 +49,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -87,6 +95,8 @@ _OUR_SETTINGS = {h2f.ENABLE_PUSH: 0, h2f.INITIAL_WINDOW_SIZE: STREAM_WINDOW_BYTE
                  h2f.MAX_FRAME_SIZE: RECEIVE_FRAME_BYTES, h2f.MAX_HEADER_LIST_SIZE: HEADER_LIST_BYTES_MAX}
 _BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
+log = logging.getLogger("gateway.engine")
+
 
 def _grpc_timeout(timeout_s: float) -> bytes:
     # At most 8 digits (the spec): milliseconds up to ~27 hours, then seconds.
@@ -98,7 +108,8 @@ class _Call:
     """One call's received state, written by the connection's reader, read by the caller."""
 
     __slots__ = ("stream_id", "buffer", "messages", "status", "headers", "got_headers", "error", "finished",
-                 "changed", "unacked_bytes", "connection_debt_bytes", "send_window_bytes", "last_read", "left_at")
+                 "changed", "unacked_bytes", "connection_debt_bytes", "send_window_bytes", "last_read", "left_at",
+                 "listener", "listener_due", "reader_waiting", "nudged")
 
     def __init__(self) -> None:
         self.stream_id = 0
@@ -115,6 +126,13 @@ class _Call:
         self.send_window_bytes = 0  # what the engine lets us send on this stream
         self.last_read = False  # the caller has read the call's last message: only the end is due
         self.left_at: float | None = None  # when the caller left it, its end still due
+        # ServerStream.listen: called by the connection's reader with messages that arrived while
+        # the caller awaits them (reader_waiting); True when it took care of them, else the caller
+        # is woken, nudged (its next read returns [] if no message is left for it).
+        self.listener: Callable[[], bool] | None = None
+        self.listener_due = False  # in the connection's list of calls to hand to their listeners
+        self.reader_waiting = False
+        self.nudged = False
 
     def wake(self) -> None:
         self.changed.set()
@@ -196,6 +214,7 @@ class _Connection:
         self._window_opened = trio.Event()
         self._stream_closed = trio.Event()
         self._left: collections.deque[_Call] = collections.deque()  # calls left, their end still due
+        self._arrived: list[_Call] = []  # calls with listeners and new messages, in the read being parsed
         self._next_stream_id = 1
         self._request_header_prefixes: dict[str, bytes] = {}
         # The engine's settings; RFC 9113's defaults until its SETTINGS frame arrives.
@@ -280,6 +299,8 @@ class _Connection:
                     self._outbox += h2f.goaway_frame(0, e.code, str(e).encode()[:256])
                     await self.flush()
                     break
+                if self._arrived:
+                    self._hand_to_listeners()
                 if self._outbox:  # settings and ping acknowledgements, window updates, resets
                     await self.flush()
                 if not self.accepting and not self.calls:
@@ -320,6 +341,23 @@ class _Connection:
             raise h2f.ConnectionFailure(h2f.PROTOCOL_ERROR, "PUSH_PROMISE, though push was disabled")
         # PRIORITY and frame types we do not know are ignored (RFC 9113 5.5).
 
+    def _hand_to_listeners(self) -> None:
+        """Calls whose messages arrived in the last read: to their listeners, or their readers woken."""
+        arrived, self._arrived = self._arrived, []
+        for call in arrived:
+            call.listener_due = False
+            listener = call.listener
+            if listener is not None and call.reader_waiting and call.messages:
+                try:
+                    if listener():
+                        continue
+                except Exception:  # the caller's bug: its call fails, the connection's others go on
+                    log.exception("a listener of stream %d failed", call.stream_id)
+                    call.listener = None
+                    call.fail(EngineCallError("INTERNAL", "the gateway failed handling the engine's messages"))
+                call.nudged = True
+            call.wake()
+
     def _call_of(self, stream_id: int, what: str) -> _Call | None:
         """The call of a stream the engine sends on; None for one we already left."""
         if stream_id == 0:
@@ -354,7 +392,11 @@ class _Connection:
             return
         if data:
             call.feed(data)
-            call.wake()
+            if call.listener is None or not call.messages:
+                call.wake()
+            elif not call.listener_due:  # handed over once the whole read is parsed: batches stay whole
+                call.listener_due = True
+                self._arrived.append(call)
         if flags & h2f.END_STREAM:
             self._finish(call, {})
 
@@ -588,14 +630,18 @@ class _Connection:
 
     async def consumed(self, call: _Call) -> None:
         """Give the engine back the window of what the caller took (back-pressure follows the reader)."""
+        self.consumed_now(call)
+        if self._outbox:
+            await self.flush()
+
+    def consumed_now(self, call: _Call) -> None:
+        """``consumed`` without the write: the window updates wait in the queue for the next flush."""
         if call.connection_debt_bytes:
             self._credit_connection(call.connection_debt_bytes)
             call.connection_debt_bytes = 0
         if call.unacked_bytes >= STREAM_CREDIT_BYTES and call.stream_id in self.calls:
             self._outbox += h2f.window_update_frame(call.stream_id, call.unacked_bytes)
             call.unacked_bytes = 0
-        if self._outbox:
-            await self.flush()
 
     def leave(self, call: _Call) -> None:
         """The caller is done with a call whose last message it read: the engine's end is all that is due."""
@@ -745,6 +791,8 @@ class _OpenCall:
                                       f"no answer from {self._target} within {self._timeout_s}s") from None
             return swallowed
         finally:
+            if call is not None:
+                call.listener = None  # the caller is gone: nothing of the call is handed over any more
             if call is not None and not call.finished:
                 if call.last_read:
                     connection.leave(call)
@@ -771,6 +819,7 @@ class ServerStream(_OpenCall):
         call = self.call
         while True:
             if call.messages:
+                call.nudged = False
                 raw, call.messages = call.messages, []
                 await self.connection.consumed(call)
                 response_type = self._response_type
@@ -778,9 +827,42 @@ class ServerStream(_OpenCall):
                 if self._last_message is not None and self._last_message(batch[-1]):
                     call.last_read = True
                 return batch
+            if call.nudged:
+                call.nudged = False
+                return []
             if call.finished:
                 if call.error is not None:
                     raise call.error
                 raise StopAsyncIteration
-            await call.changed.wait()
+            call.reader_waiting = True
+            try:
+                await call.changed.wait()
+            finally:
+                call.reader_waiting = False
             call.changed = trio.Event()
+
+    def listen(self, listener: Callable[[], bool]) -> None:
+        """Have the connection's reading task call ``listener()`` when messages arrive while this
+        stream's reader awaits them (and only then: never while the reader is busy, so nothing
+        overtakes it). The listener takes them with ``take_now`` and returns True when it handled
+        everything; on False the reader is woken, and its next batch is [] if no message is left.
+        It runs in the connection's task: it must not block, and what it raises fails its call only.
+        """
+        self.call.listener = listener
+
+    def take_now(self) -> list | None:
+        """The messages waiting, parsed, for the listener; None (they stay for the reader) when one
+        cannot be parsed or the last one ends the call: the reader's errors and end are its own."""
+        call = self.call
+        raw = call.messages
+        if not raw:
+            return None
+        try:
+            batch = [self._response_type.FromString(data) for data in raw]
+        except Exception:  # the reader parses it again and fails the call
+            return None
+        if self._last_message is not None and self._last_message(batch[-1]):
+            return None
+        call.messages = []
+        self.connection.consumed_now(call)  # the reading task flushes the queue after its listeners
+        return batch

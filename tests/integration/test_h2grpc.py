@@ -87,6 +87,88 @@ async def test_engine_dying_mid_stream_fails_the_call_as_unavailable(engine, nur
     await client.aclose()
 
 
+@pytest.fixture
+def paced_engine(log_dir):
+    """An engine that sends a token every 2 ms: its messages arrive while the caller waits for them."""
+    process = EngineProcess(["--itl-base-s", "0.002", "--itl-per-running-s", "0"], log_dir, "h2-paced-engine")
+    yield process
+    process.stop()
+
+
+async def _stream_tokens(engine_client, request_id, on_batch=None, listener_for=None):
+    """Every token of a 60-token generation, in order, each with who handed it over; the last batch too."""
+    seen: list[tuple[str, int]] = []
+    last_batch = None
+    async with engine_client.generate(request_id, [1, 2, 3], SamplingOptions(max_new_tokens=60, ignore_eos=True),
+                                      True, 30) as batches:
+        if listener_for is not None:
+            assert batches.listen(listener_for(batches, seen))
+        async for batch in batches:
+            if on_batch is not None:
+                on_batch(batch)
+            seen += [("caller", token) for event in batch for token in event.token_ids]
+            last_batch = batch or last_batch
+    return seen, last_batch
+
+
+def _taking_listener(answer=True):
+    def make(batches, seen):
+        def listener():
+            events = batches.take_now()
+            if events is None:
+                return False
+            seen.extend(("listener", token) for event in events for token in event.token_ids)
+            return answer
+        return listener
+    return make
+
+
+async def test_a_listener_takes_what_arrives_while_the_caller_waits_and_leaves_it_the_end(paced_engine, nursery):
+    client = H2GrpcClient(nursery)
+    engine_client = GrpcEngineClient(client, paced_engine.target, "sglang")
+    reference, _ = await _stream_tokens(engine_client, "plain")
+    seen, last_batch = await _stream_tokens(engine_client, "heard", listener_for=_taking_listener())
+    assert [token for _, token in seen] == [token for _, token in reference]  # the same tokens, in order
+    # The first token arrives while the caller waits for it: the listener's, as are most after it.
+    assert seen[0][0] == "listener"
+    # The call's last message (its finish) is never the listener's: the caller reads the end itself.
+    assert last_batch[-1].finish_reason == "length"
+    connection = client._connections[paced_engine.target]
+    assert not connection.calls and connection.alive
+    await client.aclose()
+
+
+async def test_a_listener_that_needs_the_caller_wakes_it_with_an_empty_batch(paced_engine, nursery):
+    """Returning False after taking messages: the caller's next batch is [] (nothing left for it to
+    read), then the call goes on as before."""
+    client = H2GrpcClient(nursery)
+    engine_client = GrpcEngineClient(client, paced_engine.target, "sglang")
+    reference, _ = await _stream_tokens(engine_client, "plain")
+    empty_batches = []
+    seen, _ = await _stream_tokens(engine_client, "nudging", on_batch=lambda b: empty_batches.append(not b),
+                                   listener_for=_taking_listener(answer=False))
+    assert [token for _, token in seen] == [token for _, token in reference]
+    assert any(empty_batches) and any(who == "listener" for who, _ in seen)
+    await client.aclose()
+
+
+async def test_a_failing_listener_fails_only_its_own_call(paced_engine, nursery):
+    client = H2GrpcClient(nursery)
+    engine_client = GrpcEngineClient(client, paced_engine.target, "sglang")
+
+    def broken(batches, seen):
+        def listener():
+            raise RuntimeError("a bug in the caller's listener")
+        return listener
+
+    with pytest.raises(EngineCallError) as error:
+        await _stream_tokens(engine_client, "broken", listener_for=broken)
+    assert error.value.code == "INTERNAL"
+    seen, last_batch = await _stream_tokens(engine_client, "after")  # the connection serves on
+    assert len(seen) == 60 and last_batch[-1].finish_reason == "length"
+    await client.aclose()
+
+
 async def test_refused_and_silent_peers(nursery):
     client = H2GrpcClient(nursery)
     listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]

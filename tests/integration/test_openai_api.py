@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+import time
+from urllib.parse import urlsplit
+
+import orjson
 import pytest
 
 from .conftest import MODEL, prompt_ids
@@ -35,6 +40,40 @@ def test_streaming_chat_equals_non_streaming(client, http, predict):
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+
+
+def test_a_client_reading_slowly_gets_every_streamed_token_in_order(node, http, predict):
+    """Tokens are written as they arrive by the task reading the engine; when the client's socket
+    is full the rest waits for the request's own task. A client that reads nothing for a while
+    (a small receive buffer, ~100 KB of events produced meanwhile) must still get all of them."""
+    messages = [{"role": "user", "content": "A long answer, read slowly."}]
+    body = orjson.dumps({"model": MODEL, "messages": messages, "max_tokens": 1200, "stream": True})
+    url = urlsplit(node.url)
+    with socket.create_connection((url.hostname, url.port), timeout=60) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(1.5)  # the slow client: the engine makes ~2 tokens a millisecond meanwhile
+        data = b""
+        while not data.endswith(b"0\r\n\r\n"):
+            chunk = sock.recv(65536)
+            assert chunk, f"the connection closed before the end: {data[-300:]!r}"
+            data += chunk
+    head, chunked = data.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head
+    events = b""
+    while True:
+        size_line, chunked = chunked.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        events, chunked = events + chunked[:size], chunked[size + 2:]
+    payloads = [line[6:] for line in events.split(b"\n") if line.startswith(b"data: ")]
+    assert payloads[-1] == b"[DONE]"
+    chunks = [orjson.loads(p) for p in payloads[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == predict(prompt_ids(http, messages), 1200)
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
 
 
 def test_max_completion_tokens_and_seed(client, http, predict):

@@ -42,12 +42,45 @@ async def echo_app(scope, receive, send):
         WATCH_SEEN.append((cancel_scope.cancelled_caught, cycle.client_gone))
         WATCH_DONE.set()
         return
+    if scope["path"] == "/now":
+        await send_body_now_until_the_kernel_is_full(scope, send)
+        return
     if scope["path"] == "/fail":
         raise RuntimeError("boom")
     answer = orjson.dumps({"method": scope["method"], "path": scope["path"], "query": scope["query_string"].decode(),
                            "body": body.decode(), "version": scope["http_version"]})
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": answer})
+
+
+NOW_CHUNK = b"x" * 16_000
+NOW_CHUNKS_MAX = 4_000  # 64 MB: far more than any socket buffer of a client that does not read
+NOW_SENT: list[bytes] = []
+NOW_FULL = trio.Event()
+
+
+async def send_body_now_until_the_kernel_is_full(scope, send):
+    """The extension's synchronous writes: until one is left partly unsent, then flush and end."""
+    cycle = scope["extensions"][DISCONNECT_EXTENSION]
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    assert not cycle.can_send_body_now()  # the head is not out yet: only send() writes it
+    await send({"type": "http.response.body", "body": b"head;", "more_body": True})
+    for i in range(NOW_CHUNKS_MAX):
+        assert cycle.can_send_body_now()
+        chunk = b"%06d%s;" % (i, NOW_CHUNK)
+        NOW_SENT.append(chunk)
+        if not cycle.send_body_now(chunk):
+            break
+    else:
+        raise AssertionError("the kernel took every chunk of a client that reads nothing")
+    assert not cycle.can_send_body_now()  # what is left must go first: no one may write past it
+    NOW_FULL.set()
+    await cycle.flush()
+    assert cycle.can_send_body_now()
+    NOW_SENT.append(b"after;")
+    if not cycle.send_body_now(b"after;"):
+        await cycle.flush()
+    await send({"type": "http.response.body", "body": b"tail", "more_body": False})
 
 
 HANG_SEEN: list[str] = []
@@ -254,3 +287,23 @@ async def test_shutdown_closes_idle_connections_and_lets_requests_finish(nursery
         assert await read_until_closed(idle) == b""
     with pytest.raises(OSError):
         await connect(port)
+
+
+async def test_chunks_written_without_awaiting_keep_their_order_when_the_socket_fills(server):
+    """``send_body_now`` writes what the kernel takes and keeps the rest for ``flush``; meanwhile
+    ``can_send_body_now`` is false, so nothing overtakes the bytes left behind."""
+    global NOW_FULL
+    _, port, _ = server
+    NOW_SENT.clear()
+    NOW_FULL = trio.Event()
+    sock = trio.socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client that reads nothing fills up soon
+    await sock.connect(("127.0.0.1", port))
+    stream = trio.SocketStream(sock)
+    await stream.send_all(b"GET /now HTTP/1.1\r\nhost: x\r\n\r\n")
+    with trio.fail_after(30):
+        await NOW_FULL.wait()  # the app saw a partial write before we read a byte
+        status, headers, body, rest = await read_response(stream)
+    assert status == 200 and headers["transfer-encoding"] == "chunked" and rest == b""
+    assert body == b"head;" + b"".join(NOW_SENT) + b"tail"
+    assert len(NOW_SENT) > 2
