@@ -19,7 +19,7 @@ so batching across requests never happens here; the per-request cost at 16 clien
 lower for both gateways).
 
     python tests/bench/instructions.py [--requests 200] [--scenarios short long multiturn]
-        [--stream both|yes|no] [--gateways smg-node smg smg-cache] [--smg-venv DIR]
+        [--stream both|yes|no] [--gateways smg-node smg smg-cache] [--smg-venv DIR] [--token-interval-s S]
         [--node-args ARG...]
 
 Needs valgrind (Debian's ``valgrind`` package) and makes smg's venv like smg_compare.py.
@@ -148,6 +148,10 @@ def main() -> None:
     parser.add_argument("--stream", choices=("both", "yes", "no"), default="both")
     parser.add_argument("--gateways", nargs="+", default=["smg-node", "smg", "smg-cache"])
     parser.add_argument("--smg-venv", type=Path, default=ROOT / ".bench" / "smg-venv")
+    parser.add_argument("--token-interval-s", type=float, default=0.0,
+                        help="the engine sends a token every this many seconds (0: as fast as it can, so a "
+                             "stream's tokens reach a gateway slowed ~50x by valgrind in one or two reads; "
+                             "a real engine's decode step, ~10-50 ms, hands each token over alone)")
     parser.add_argument("--node-args", nargs=argparse.REMAINDER, default=[],
                         help="extra smg-node serve arguments (last on the line)")
     args = parser.parse_args()
@@ -157,7 +161,9 @@ def main() -> None:
         else Path("smg")
     log_dir = default_log_dir()
     model = model_dir(log_dir)
-    engine = EngineProcess(["--zero-cost", "--model-name", MODEL, "--tokenizer-path", str(model)], log_dir)
+    pacing = (["--itl-base-s", str(args.token_interval_s), "--itl-per-running-s", "0", "--prefill-s-per-token", "0"]
+              if args.token_interval_s else ["--zero-cost"])
+    engine = EngineProcess([*pacing, "--model-name", MODEL, "--tokenizer-path", str(model)], log_dir)
     streams = {"both": [False, True], "yes": [True], "no": [False]}[args.stream]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results: dict[tuple[str, bool, str], float] = {}
@@ -173,7 +179,8 @@ def main() -> None:
         engine.stop()
     print(f"\nInstructions per request (callgrind), {platform.machine()}, Python {platform.python_version()}, "
           f"smg {SMG_VERSION}, started {started}; {args.requests} sequential requests after {args.warmup} warm-up "
-          f"ones, one keep-alive client; smg-node --workers 1{' ' + ' '.join(args.node_args) if args.node_args else ''}"
+          f"ones, one keep-alive client; engine token interval {args.token_interval_s * 1000:g} ms; "
+          f"smg-node --workers 1{' ' + ' '.join(args.node_args) if args.node_args else ''}"
           f". Logs: {log_dir}\n")
     names = args.gateways
     print("| scenario | stream | " + " | ".join(f"{n} M instr/req" for n in names)

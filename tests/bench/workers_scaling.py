@@ -31,7 +31,7 @@ used meanwhile (from /proc and wait4).
     python tests/bench/workers_scaling.py [--gateways smg-node-w1 smg-node-w2 smg] [--seconds 10]
         [--repeats 3] [--connections 32] [--scenarios tokenize-long chat-short chat-long chat-short-stream
         chat-multiturn]
-        [--smg-venv DIR] [--engine-prefix-caching]
+        [--smg-venv DIR] [--engine-prefix-caching] [--token-interval-s S]
 
 Needs ``wrk`` (Debian: ``apt-get install wrk``); makes smg's venv like smg_compare.py when a smg
 gateway is asked for. Markdown to stdout, progress to stderr.
@@ -193,6 +193,10 @@ def main() -> None:
     parser.add_argument("--smg-venv", type=Path, default=ROOT / ".bench" / "smg-venv")
     parser.add_argument("--engine-prefix-caching", action="store_true",
                         help="keep the engine's prefix cache and KV events (its most expensive work)")
+    parser.add_argument("--token-interval-s", type=float, default=0.0,
+                        help="the engine sends each stream a token every this many seconds, as a real engine's "
+                             "decode step does (0: as fast as it can, so a stream's tokens reach the gateway "
+                             "in bursts); give --connections enough streams to keep the gateway busy")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (Debian: apt-get install wrk)")
@@ -205,7 +209,9 @@ def main() -> None:
     model = model_dir(log_dir)
     scripts = Path(tempfile.mkdtemp(prefix="wrk-"))
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    engine_args = ["--zero-cost", "--model-name", MODEL, "--tokenizer-path", str(model), "--batch-size-max", "4096",
+    pacing = (["--itl-base-s", str(args.token_interval_s), "--itl-per-running-s", "0", "--prefill-s-per-token", "0"]
+              if args.token_interval_s else ["--zero-cost"])
+    engine_args = [*pacing, "--model-name", MODEL, "--tokenizer-path", str(model), "--batch-size-max", "4096",
                    "--queue-size-max", "16384"]
     if not args.engine_prefix_caching:
         engine_args.append("--no-prefix-caching")
@@ -239,7 +245,9 @@ def print_report(args, rows: dict[tuple[str, str], list[dict]], started: str) ->
     print(f"Run {started}, {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
           f"`python tests/bench/workers_scaling.py --gateways {' '.join(args.gateways)} --seconds {args.seconds} "
           f"--repeats {args.repeats} --connections {args.connections}"
-          f"{' --engine-prefix-caching' if args.engine_prefix_caching else ''}`; medians of {args.repeats}.\n")
+          f"{' --engine-prefix-caching' if args.engine_prefix_caching else ''}"
+          f"{f' --token-interval-s {args.token_interval_s:g}' if args.token_interval_s else ''}`; "
+          f"medians of {args.repeats}.\n")
     print(f"| scenario | gateway | req/s | vs {base} | vs smg | p50 / p99 ms | CPU ms/req "
           "| cores: gateway / engine / wrk | errors |")
     print("|---|---|---|---|---|---|---|---|---|")
