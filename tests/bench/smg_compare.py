@@ -317,6 +317,10 @@ def main() -> None:
 
 
 def print_report(args, results: dict[tuple, dict], started: str) -> None:
+    # Each kind's first gateway on the command line (smg-node-w1@/some/python counts as smg-node-w1).
+    first_of_kind: dict[str, str] = {}
+    for name in args.gateways:
+        first_of_kind.setdefault(name.partition("@")[0], name)
     print(f"\nsmg-node vs smg {SMG_VERSION}: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, started {started}; {OUTPUT_TOKENS} output tokens; {args.seconds:.0f} s per "
           f"cell, median of {args.repeats} alternating runs; client, engine and gateways share the machine.\n")
@@ -328,14 +332,15 @@ def print_report(args, results: dict[tuple, dict], started: str) -> None:
               f"{fmt(r['p50_ms'])} | {fmt(r['p99_ms'])} | {fmt(r['ttft_p50_ms'])} | {fmt(r['ttft_p99_ms'])} | "
               f"{fmt(r['cpu_ms_per_request'])} | {r['errors']:.0f} |")
     print("\nRatios smg-node / smg (default settings) per cell: throughput (higher is better) and CPU per request "
-          "(lower is better).\n")
+          f"(lower is better); w1 = {first_of_kind.get('smg-node-w1', '-')}, all = "
+          f"{first_of_kind.get('smg-node-all', '-')}.\n")
     print("| scenario | stream | conc. | req/s w1 / smg | req/s all / smg | CPU/req w1 / smg | CPU/req all / smg "
           "| req/s all / w1 |")
     print("|---|---|---|---|---|---|---|---|")
     keys = sorted({k[:3] for k in results}, key=lambda k: (args.scenarios.index(k[0]), k[1], k[2]))
     for scenario, stream, concurrency in keys:
-        def get(name: str, field: str):
-            row = results.get((scenario, stream, concurrency, name))
+        def get(kind: str, field: str):
+            row = results.get((scenario, stream, concurrency, first_of_kind.get(kind)))
             return row[field] if row else None
 
         def ratio(a, b):
