@@ -6,6 +6,8 @@ Not a test: it prints figures. ``smg_compare.py``'s Python client takes most of 
 
 * ``tokenize-long``: ``POST /v1/tokenize`` of a unique ~7,800-token chat (chat template +
   tokenizer, the gateway's own CPU work; no engine in the path; smg-node only);
+  ``tokenize-short`` the same for a unique ~18-token chat (encoded on the event loop, so one
+  process uses at most one core: how a node's own work scales with ``--workers``);
 * ``chat-short`` and ``chat-long``: ``POST /v1/chat/completions`` of a unique ~18- or
   ~7,800-token chat through one zero-cost simulated engine (16 output tokens, not streamed);
   ``chat-short-stream``: the short one streamed (wrk reads the SSE body to its end);
@@ -100,6 +102,8 @@ SCENARIOS = {
     # name: (path, request body fields other than the messages, Lua for the messages)
     "tokenize-long": ("/v1/tokenize", '"add_generation_prompt":true',
                       _ONE_MESSAGE % {"text": lua_json_text(LONG_TEXT)}),
+    "tokenize-short": ("/v1/tokenize", '"add_generation_prompt":true',
+                       _ONE_MESSAGE % {"text": lua_json_text(_SHORT_TEXT)}),
     "chat-short": ("/v1/chat/completions", _CHAT_FIELDS, _ONE_MESSAGE % {"text": lua_json_text(_SHORT_TEXT)}),
     "chat-long": ("/v1/chat/completions", _CHAT_FIELDS, _ONE_MESSAGE % {"text": lua_json_text(LONG_TEXT)}),
     "chat-short-stream": ("/v1/chat/completions", _CHAT_FIELDS + ',"stream":true',
@@ -107,7 +111,7 @@ SCENARIOS = {
     "chat-multiturn": ("/v1/chat/completions", _CHAT_FIELDS,
                        _CONVERSATION % {"turns": TURNS, "system": lua_json_text(SYSTEM_PROMPT)}),
 }
-NODE_ONLY = {"tokenize-long"}  # smg's /v1/tokenize takes another body: smg-node only
+NODE_ONLY = {"tokenize-long", "tokenize-short"}  # smg's /v1/tokenize takes another body: smg-node only
 
 _LUA = """
 local counter = 0
