@@ -4,7 +4,10 @@ Flow of an attempt: the router picks a worker (its circuit admits the
 attempt); the engine streams token ids; ids become text through the
 incremental decoder, text passes the stop matcher, and what is decided goes to
 the sink (the SSE writer) or into the result. Tokens that arrive together
-(batched by the gRPC bridge) are decoded and written together.
+(batched by the gRPC bridge) are decoded and written together. On a streamed
+response, tokens that arrive while the request's task waits for them are
+stepped and written by the task reading the engine connection (``_Progress``);
+everything else, and anything that must await, stays with the request's task.
 
 Retries: a failure before anything reached the client is retried on another
 worker when the error is retryable, after an exponential backoff with jitter.
