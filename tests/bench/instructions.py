@@ -43,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 from chaos.processes import EngineProcess, default_log_dir  # noqa: E402
 from tests.bench.gateway_bench import Connection  # noqa: E402
-from tests.bench.smg_compare import MODEL, SMG_VERSION, conversation_bodies, ensure_smg, free_port, model_dir  # noqa: E402
+from tests.bench.smg_compare import (  # noqa: E402
+    MODEL, SMG_VERSION, conversation_bodies, engine_pacing_args, ensure_smg, free_port, model_dir)
 
 START_TIMEOUT_S = 600.0  # valgrind's uninstrumented start is ~5x slower than a plain one
 IDLE_MEASURE_S = 5.0
@@ -161,9 +162,8 @@ def main() -> None:
         else Path("smg")
     log_dir = default_log_dir()
     model = model_dir(log_dir)
-    pacing = (["--itl-base-s", str(args.token_interval_s), "--itl-per-running-s", "0", "--prefill-s-per-token", "0"]
-              if args.token_interval_s else ["--zero-cost"])
-    engine = EngineProcess([*pacing, "--model-name", MODEL, "--tokenizer-path", str(model)], log_dir)
+    engine = EngineProcess([*engine_pacing_args(args.token_interval_s), "--model-name", MODEL, "--tokenizer-path",
+                            str(model)], log_dir)
     streams = {"both": [False, True], "yes": [True], "no": [False]}[args.stream]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results: dict[tuple[str, bool, str], float] = {}

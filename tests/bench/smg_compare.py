@@ -151,6 +151,14 @@ _MODEL_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "
                  "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
 
 
+def engine_pacing_args(token_interval_s: float) -> list[str]:
+    """The simulated engine's timing: a token every ``token_interval_s`` per stream, as a real engine's
+    decode step hands them over, or (0) as fast as it can (``--zero-cost``: a stream's tokens in bursts)."""
+    if not token_interval_s:
+        return ["--zero-cost"]
+    return ["--itl-base-s", str(token_interval_s), "--itl-per-running-s", "0", "--prefill-s-per-token", "0"]
+
+
 def model_dir(log_dir: Path) -> Path:
     """The bundled tokenizer's files (linked) plus a config.json: what a served model's directory holds."""
     path = log_dir / "model"

@@ -31,8 +31,8 @@ smg, and the CPU the gateway (its whole process tree, less what it burns idle), 
 used meanwhile (from /proc and wait4).
 
     python tests/bench/workers_scaling.py [--gateways smg-node-w1 smg-node-w2 smg] [--seconds 10]
-        [--repeats 3] [--connections 32] [--scenarios tokenize-long chat-short chat-long chat-short-stream
-        chat-multiturn]
+        [--repeats 3] [--connections 32] [--scenarios tokenize-long tokenize-short chat-short chat-long
+        chat-short-stream chat-multiturn]
         [--smg-venv DIR] [--engine-prefix-caching] [--token-interval-s S]
 
 Needs ``wrk`` (Debian: ``apt-get install wrk``); makes smg's venv like smg_compare.py when a smg
@@ -62,8 +62,8 @@ sys.path.insert(0, str(ROOT))
 from chaos.processes import EngineProcess, default_log_dir  # noqa: E402
 from tests.bench.gateway_bench import cpu_seconds  # noqa: E402
 from tests.bench.smg_compare import (  # noqa: E402
-    LONG_TEXT, MODEL, OUTPUT_TOKENS, SYSTEM_PROMPT, TURNS, Gateway, ensure_smg, model_dir, start_gateways,
-    tree_cpu_seconds)
+    LONG_TEXT, MODEL, OUTPUT_TOKENS, SYSTEM_PROMPT, TURNS, Gateway, engine_pacing_args, ensure_smg, model_dir,
+    start_gateways, tree_cpu_seconds)
 
 _SHORT_TEXT = "Say something short about gateways."
 _CHAT_FIELDS = f'"max_tokens":{OUTPUT_TOKENS},"ignore_eos":true'
@@ -213,10 +213,8 @@ def main() -> None:
     model = model_dir(log_dir)
     scripts = Path(tempfile.mkdtemp(prefix="wrk-"))
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    pacing = (["--itl-base-s", str(args.token_interval_s), "--itl-per-running-s", "0", "--prefill-s-per-token", "0"]
-              if args.token_interval_s else ["--zero-cost"])
-    engine_args = [*pacing, "--model-name", MODEL, "--tokenizer-path", str(model), "--batch-size-max", "4096",
-                   "--queue-size-max", "16384"]
+    engine_args = [*engine_pacing_args(args.token_interval_s), "--model-name", MODEL, "--tokenizer-path", str(model),
+                   "--batch-size-max", "4096", "--queue-size-max", "16384"]
     if not args.engine_prefix_caching:
         engine_args.append("--no-prefix-caching")
     engine = EngineProcess(engine_args, log_dir)
