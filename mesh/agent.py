@@ -12,7 +12,11 @@ full state rides on push-pull, their broadcasts on gossip packets. Membership
 itself knows nothing about what they carry.
 
 Dropped packets are counted by reason: ``decrypt`` (no installed key opens it:
-a node without our key cannot join), ``bad_version``, ``malformed``, ...
+a node without our key cannot join), ``replay`` and ``stale`` (a captured
+packet played again: ``mesh.crypto``), ``bad_version``, ``malformed``,
+``bad_incarnation``, ... and ``handler_error``: a packet whose handling raised
+(a bug of ours or of a subsystem) is dropped and logged; nothing a peer sends
+can end the agent or the process.
 """
 
 from __future__ import annotations
@@ -22,13 +26,14 @@ import contextlib
 import dataclasses
 import logging
 import random
+import time
 from collections.abc import Callable
 from typing import Protocol
 
 import trio
 
 from .config import MeshConfig
-from .crypto import Keyring
+from .crypto import Keyring, Sealer
 from .members import MemberSnapshot, MemberStatus
 from .swim import (
     Action,
@@ -52,6 +57,7 @@ log = logging.getLogger("mesh.agent")
 
 UDP_LABEL = b"smg-node/gossip"
 TCP_LABEL = b"smg-node/push-pull"
+HELLO_LABEL = b"smg-node/stream-hello"
 PUSH_PULL_TIMEOUT_S = 10.0
 
 
@@ -87,11 +93,15 @@ class JoinError(Exception):
 class MeshAgent:
     def __init__(self, config: MeshConfig, name: str, transport: Transport, keyring: Keyring | None = None,
                  tags: "dict[str, str] | None" = None, hooks: StateHooks | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, wall_clock: Callable[[], float] = time.time) -> None:
+        """``wall_clock``: seconds shared by all members (replay protection compares frame times
+        across nodes); the simulations pass trio's virtual clock."""
         self.config = config
         self.name = name
         self.transport = transport
         self.keyring = keyring or Keyring([])
+        self.sealer = Sealer(self.keyring)
+        self._wall_clock = wall_clock
         self.hooks = hooks
         self.rng = rng or random.Random()
         self.swim = Swim(config, name, transport.addr, tags or {}, self.rng, trio.current_time(),
@@ -115,7 +125,7 @@ class MeshAgent:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                await nursery.start(self.transport.serve_streams, self._answer_stream)
+                await nursery.start(self.transport.serve_streams, self._answer_stream, self._check_hello)
                 nursery.start_soon(self._receive_loop)
                 nursery.start_soon(self._timer_loop)
                 task_status.started()
@@ -173,22 +183,23 @@ class MeshAgent:
             from_addr, sealed = await self.transport.receive_packet()
             self.stats.packets_received += 1
             self.stats.bytes_received += len(sealed)
-            data = self.keyring.open(sealed, UDP_LABEL)
+            data, reason = self.sealer.open(sealed, UDP_LABEL, self._wall_clock())
             if data is None:
-                self.stats.dropped["decrypt"] += 1
+                self.stats.dropped[reason] += 1
                 continue
             messages, reason = decode_packet(data, max_bytes)
             if reason is not None:
                 self.stats.dropped[reason] += 1
                 continue
-            self._handle(PacketIn(from_addr, messages))
+            self._handle_safely(PacketIn(from_addr, messages))
 
     async def _timer_loop(self) -> None:
         while True:
             self._wake = trio.Event()
             with trio.move_on_at(self.swim.next_deadline()):
                 await self._wake.wait()
-            self._handle(Tick())
+            if not self._handle_safely(Tick()):
+                await trio.sleep(self.config.gossip_interval_s)  # a failing tick must not spin the loop
 
     def _handle(self, event) -> None:
         actions = self.swim.handle(event, trio.current_time())
@@ -196,9 +207,20 @@ class MeshAgent:
             self._execute(action)
         self._wake.set()  # deadlines may have moved
 
+    def _handle_safely(self, event) -> bool:
+        """``_handle`` for what comes from the network and the timers: a failure is a dropped,
+        counted and logged event, never the end of the agent. False when it failed."""
+        try:
+            self._handle(event)
+            return True
+        except Exception:
+            self.stats.dropped["handler_error"] += 1
+            log.exception("dropped a %s whose handling failed", type(event).__name__)
+            return False
+
     def _execute(self, action: Action) -> None:
         if isinstance(action, SendPacket):
-            data = self.keyring.seal(encode_packet(list(action.messages)), UDP_LABEL)
+            data = self.sealer.seal(encode_packet(list(action.messages)), UDP_LABEL, self._wall_clock())
             if self.transport.send_packet_nowait(action.addr, data):
                 self.stats.packets_sent += 1
                 self.stats.bytes_sent += len(data)
@@ -220,32 +242,57 @@ class MeshAgent:
                 reap_listener(action.name)
         elif isinstance(action, DeliverUser):
             if self.hooks is not None:
-                self.hooks.notify(action.payload)
+                try:
+                    self.hooks.notify(action.payload)
+                except Exception:  # a subsystem's failure on one broadcast drops that broadcast only
+                    self.stats.dropped["handler_error"] += 1
+                    log.exception("a subsystem failed on a broadcast")
 
     # -- push-pull ----------------------------------------------------------
 
     def _state_bytes(self, join: bool) -> bytes:
         user = self.hooks.local_state(join) if self.hooks is not None else b""
-        return self.keyring.seal(encode_push_pull(PushPull(join, self.swim.local_state(), user)), TCP_LABEL)
+        return self.sealer.seal(encode_push_pull(PushPull(join, self.swim.local_state(), user)), TCP_LABEL,
+                                self._wall_clock())
 
     def _merge_bytes(self, sealed: bytes) -> PushPull | None:
-        data = self.keyring.open(sealed, TCP_LABEL)
+        data, reason = self.sealer.open(sealed, TCP_LABEL, self._wall_clock())
         if data is None:
-            self.stats.dropped["decrypt"] += 1
+            self.stats.dropped[reason] += 1
             return None
+        return self._merge_opened(data)
+
+    def _merge_opened(self, data: bytes) -> PushPull | None:
         state, reason = decode_push_pull(data, self.config.tcp_state_bytes_max)
         if state is None:
             self.stats.dropped[reason] += 1
             return None
-        self._handle(RemoteState(state))
+        if not self._handle_safely(RemoteState(state)):
+            return None
         if self.hooks is not None and state.user_state:
-            self.hooks.merge_remote_state(state.user_state, state.join)
+            try:
+                self.hooks.merge_remote_state(state.user_state, state.join)
+            except Exception:
+                self.stats.dropped["handler_error"] += 1
+                log.exception("a subsystem failed to merge a peer's state")
         return state
+
+    def _make_hello(self) -> bytes:
+        """The first frame of every stream connection we open: proof that we hold a key."""
+        return self.sealer.seal(b"", HELLO_LABEL, self._wall_clock())
+
+    def _check_hello(self, hello: bytes) -> bool:
+        data, reason = self.sealer.open(hello, HELLO_LABEL, self._wall_clock())
+        if data is None:
+            self.stats.dropped[f"hello_{reason}"] += 1
+            return False
+        return True
 
     async def _push_pull(self, addr: str, join: bool) -> None:
         self.stats.push_pulls += 1
         try:
-            answer = await self.transport.exchange(addr, self._state_bytes(join), PUSH_PULL_TIMEOUT_S)
+            answer = await self.transport.exchange(addr, self._state_bytes(join), PUSH_PULL_TIMEOUT_S,
+                                                   self._make_hello)
         except TransportError:
             self.stats.push_pull_failures += 1
             raise
@@ -262,16 +309,19 @@ class MeshAgent:
 
         Raises TransportError when the peer cannot be reached or answers with nothing we can open.
         """
-        answer = await self.transport.exchange(addr, self.keyring.seal(USER_STREAM_MARK + payload, TCP_LABEL),
-                                               timeout_s)
-        data = self.keyring.open(answer, TCP_LABEL)
+        request = self.sealer.seal(USER_STREAM_MARK + payload, TCP_LABEL, self._wall_clock())
+        answer = await self.transport.exchange(addr, request, timeout_s, self._make_hello)
+        data, reason = self.sealer.open(answer, TCP_LABEL, self._wall_clock())
         if data is None or not data.startswith(USER_STREAM_MARK):
             raise TransportError(f"{addr} gave no readable answer")
         return data[1:]
 
     async def _answer_stream(self, request: bytes) -> bytes:
-        data = self.keyring.open(request, TCP_LABEL)
-        if data is not None and data.startswith(USER_STREAM_MARK):
+        data, reason = self.sealer.open(request, TCP_LABEL, self._wall_clock())
+        if data is None:
+            self.stats.dropped[reason] += 1
+            return b""
+        if data.startswith(USER_STREAM_MARK):
             if self.hooks is None:
                 return b""
             try:
@@ -280,8 +330,8 @@ class MeshAgent:
                 self.stats.dropped["bad_request"] += 1
                 log.exception("a subsystem failed on a peer's request")
                 return b""
-            return self.keyring.seal(USER_STREAM_MARK + answer, TCP_LABEL)
-        state = self._merge_bytes(request)
+            return self.sealer.seal(USER_STREAM_MARK + answer, TCP_LABEL, self._wall_clock())
+        state = self._merge_opened(data)
         if state is None:
             return b""  # the peer cannot open an empty answer: its join fails, as it should
         return self._state_bytes(state.join)

@@ -1,20 +1,49 @@
-"""Gossip encryption: AES-256-GCM under a keyring. No I/O.
+"""Gossip encryption: AES-256-GCM under a keyring, with replay protection. No I/O, no clock.
 
 One primary key encrypts what we send; every installed key is tried to
 decrypt what we receive, so keys rotate without downtime:
 install the new key everywhere, make it primary everywhere, remove the old.
 
-Sealed packet: ``SEAL_VERSION (1 byte) | nonce (12 bytes) | ciphertext+tag``.
-The version byte and a label are bound in as associated data, so a packet
-cannot be replayed into another protocol that shares the key. A packet that
-fails to open with every key is dropped (and counted) by the caller; a node
-without a key we hold therefore cannot join.
+``Keyring`` seals bytes; ``Sealer`` (what the agent uses) adds, inside the
+authenticated plaintext, who sent it and when, so that a recorded packet or
+stream frame cannot be played again:
+
+    sealed    = SEAL_VERSION (1) | nonce (12) | AES-GCM(plaintext) incl. tag (16)
+    plaintext = sender (8 random bytes per process) | counter (8) | time_ms (8) | payload
+    AAD       = SEAL_VERSION | label
+
+A frame is accepted once (``ReplayGuard``): its time must be within
+``replay_window_s`` of ours (so old captures are refused outright) and its
+counter new for its sender and label (a sliding bitmap of the last
+``REPLAY_COUNTERS_WINDOW`` counters, as IPsec's and WireGuard's receive
+windows: packets may arrive out of order, never twice). A sender's state is
+kept as long as any of its frames could still pass the time check, so
+forgetting it never reopens the door. A restarted process draws a new sender
+id, so its counter may start again at 0.
+
+What encryption makes impossible, and why (the attacker sees and can send any
+packet, but holds no key):
+  * forging any message (membership, worker document, rate-limit counts,
+    KV batches, settings): AES-GCM's tag fails without the key;
+  * replaying a captured packet or frame, to the same or another node: its
+    (sender, label, counter) was seen, or its time is outside the window;
+  * moving a message between protocols (gossip into a stream, a request into
+    an answer position of another protocol): the label is authenticated;
+  * making a node read a large frame: stream connections must open with a
+    sealed hello before any frame over ``mesh.transport.HELLO_BYTES_MAX``.
+What it does not stop: dropping, delaying (up to the window) or reordering
+packets, which SWIM tolerates by design; a holder of the key (a member) can
+say anything a member can. Clocks of members must agree within the window
+(NTP does far better than the default of 120 s).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
+import hashlib
 import os
+import struct
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -22,9 +51,23 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 KEY_BYTES = 32  # AES-256
 NONCE_BYTES = 12
 TAG_BYTES = 16
-SEAL_VERSION = 1
-SEAL_OVERHEAD_BYTES = 1 + NONCE_BYTES + TAG_BYTES
+# Version history: 1 had no sender, counter or time (replayable); 2 adds them. Nodes on 1 and 2
+# cannot read each other: upgrade a cluster with a new key (a rolling restart with --encrypt).
+SEAL_VERSION = 2
+REPLAY_HEADER_BYTES = 24  # sender, counter, time_ms
+AEAD_OVERHEAD_BYTES = 1 + NONCE_BYTES + TAG_BYTES
+SEAL_OVERHEAD_BYTES = AEAD_OVERHEAD_BYTES + REPLAY_HEADER_BYTES  # what Sealer adds to a payload
 KEYS_MAX = 16
+# Frames whose time is further than this from ours are refused: the longest a capture can be
+# replayed if the counter check did not exist, and the clock skew members may have.
+REPLAY_WINDOW_S = 120.0
+# Counters remembered per sender below its highest one: reordering deeper than this (packets
+# overtaken by 4,096 newer ones of the same sender and label) drops the late packet.
+REPLAY_COUNTERS_WINDOW = 4096
+# Senders remembered at most. Only key holders can create entries, and an entry lives
+# 2 x REPLAY_WINDOW_S, so this bounds memory (~200 bytes each) against a buggy peer, not an attacker.
+REPLAY_SENDERS_MAX = 65_536
+_REPLAY_HEADER = struct.Struct(">8sQQ")
 
 
 class KeyringError(Exception):
@@ -80,11 +123,9 @@ class Keyring:
         if key in self._keys:
             self._keys.remove(key)
 
-    def list(self) -> list[str]:
-        return [base64.b64encode(k).decode() for k in self._keys]
-
-    def primary(self) -> str | None:
-        return base64.b64encode(self._keys[0]).decode() if self._keys else None
+    def fingerprints(self) -> list[str]:
+        """What may be shown of the keys (primary first): never the keys themselves."""
+        return [key_fingerprint(k) for k in self._keys]
 
     def seal(self, plaintext: bytes, label: bytes) -> bytes:
         if not self._keys:
@@ -97,7 +138,7 @@ class Keyring:
         """The plaintext, or None if no installed key opens it (or it is malformed)."""
         if not self._keys:
             return sealed
-        if len(sealed) < SEAL_OVERHEAD_BYTES or sealed[0] != SEAL_VERSION:
+        if len(sealed) < AEAD_OVERHEAD_BYTES or sealed[0] != SEAL_VERSION:
             return None
         header, nonce, body = sealed[:1], sealed[1:1 + NONCE_BYTES], sealed[1 + NONCE_BYTES:]
         for key in self._keys:
@@ -106,3 +147,106 @@ class Keyring:
             except InvalidTag:
                 continue
         return None
+
+
+def key_fingerprint(key: bytes) -> str:
+    """A short public name for a key: the first 16 hex digits of SHA-256 over a label and the key."""
+    return hashlib.sha256(b"smg-node key fingerprint\0" + key).hexdigest()[:16]
+
+
+def fingerprint_of(text: str) -> str:
+    return key_fingerprint(decode_key(text))
+
+
+@dataclasses.dataclass
+class _SenderWindow:
+    highest: int
+    seen: int  # bit i set: counter (highest - i) was accepted
+    last_time_s: float
+
+
+class ReplayGuard:
+    """Accepts each (sender, label, counter) once, and only with a time near ours. No clock inside."""
+
+    def __init__(self, window_s: float = REPLAY_WINDOW_S, senders_max: int = REPLAY_SENDERS_MAX) -> None:
+        self.window_s = window_s
+        self.senders_max = senders_max
+        self._senders: dict[tuple[bytes, bytes], _SenderWindow] = {}
+        self._swept_at = 0.0
+
+    def __len__(self) -> int:
+        return len(self._senders)
+
+    def check(self, sender: bytes, label: bytes, counter: int, sent_s: float, now_s: float) -> str | None:
+        """None when the frame is new (and now remembered), else the reason to drop it."""
+        if abs(now_s - sent_s) > self.window_s:
+            return "stale"  # too old (or from too far in the future): no state could tell a replay
+        if now_s - self._swept_at > self.window_s:
+            self._sweep(now_s)
+        key = (sender, label)
+        window = self._senders.get(key)
+        if window is None:
+            if len(self._senders) >= self.senders_max:
+                self._sweep(now_s)
+                if len(self._senders) >= self.senders_max:
+                    return "replay_table_full"
+            self._senders[key] = _SenderWindow(counter, 1, now_s)
+            return None
+        if counter > window.highest:
+            shift = counter - window.highest
+            window.seen = ((window.seen << shift) | 1) & ((1 << REPLAY_COUNTERS_WINDOW) - 1) \
+                if shift < REPLAY_COUNTERS_WINDOW else 1
+            window.highest = counter
+        else:
+            age = window.highest - counter
+            if age >= REPLAY_COUNTERS_WINDOW:
+                return "replay_too_old"
+            bit = 1 << age
+            if window.seen & bit:
+                return "replay"
+            window.seen |= bit
+        window.last_time_s = now_s
+        return None
+
+    def _sweep(self, now_s: float) -> None:
+        """Forget senders silent for 2 windows: any frame of theirs would now fail the time check."""
+        self._swept_at = now_s
+        horizon = now_s - 2 * self.window_s
+        for key in [k for k, w in self._senders.items() if w.last_time_s < horizon]:
+            del self._senders[key]
+
+
+class Sealer:
+    """Seals and opens the mesh's packets and frames under a keyring, refusing replays.
+
+    Without keys (a mesh run in the clear, on loopback or with --mesh-insecure) payloads pass
+    as they are: nothing can be authenticated then, so nothing is checked.
+    """
+
+    def __init__(self, keyring: Keyring, guard: ReplayGuard | None = None, sender: bytes | None = None) -> None:
+        self.keyring = keyring
+        self.guard = guard or ReplayGuard()
+        self.sender = sender if sender is not None else os.urandom(8)
+        self._counter = 0
+
+    def seal(self, payload: bytes, label: bytes, now_s: float) -> bytes:
+        if not self.keyring.enabled:
+            return payload
+        self._counter += 1
+        header = _REPLAY_HEADER.pack(self.sender, self._counter, max(0, int(now_s * 1000)))
+        return self.keyring.seal(header + payload, label)
+
+    def open(self, sealed: bytes, label: bytes, now_s: float) -> tuple[bytes | None, str | None]:
+        """(payload, None), or (None, reason): "decrypt", "malformed", "stale", "replay", ..."""
+        if not self.keyring.enabled:
+            return sealed, None
+        plain = self.keyring.open(sealed, label)
+        if plain is None:
+            return None, "decrypt"
+        if len(plain) < REPLAY_HEADER_BYTES:
+            return None, "malformed"
+        sender, counter, time_ms = _REPLAY_HEADER.unpack_from(plain)
+        reason = self.guard.check(sender, label, counter, time_ms / 1000, now_s)
+        if reason is not None:
+            return None, reason
+        return plain[REPLAY_HEADER_BYTES:], None

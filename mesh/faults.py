@@ -33,7 +33,7 @@ from pathlib import Path
 
 import trio
 
-from .transport import StreamHandler, Transport, TransportError
+from .transport import HelloCheck, HelloMaker, StreamHandler, Transport, TransportError
 
 log = logging.getLogger("mesh.faults")
 
@@ -114,7 +114,7 @@ class FaultyTransport:
             if not self._lost(self._rule(addr)):
                 return addr, data
 
-    async def exchange(self, addr: str, data: bytes, timeout_s: float) -> bytes:
+    async def exchange(self, addr: str, data: bytes, timeout_s: float, hello: HelloMaker | None = None) -> bytes:
         rule = self._rule(addr)
         if rule.drop >= 1.0:
             await trio.sleep(timeout_s)
@@ -123,10 +123,11 @@ class FaultyTransport:
             await trio.sleep(min(TCP_RETRANSMIT_S, timeout_s))
         if rule.delay_s > 0:
             await trio.sleep(rule.delay_s)
-        return await self.inner.exchange(addr, data, timeout_s)
+        return await self.inner.exchange(addr, data, timeout_s, hello)
 
-    async def serve_streams(self, handler: StreamHandler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await self.inner.serve_streams(handler, task_status=task_status)
+    async def serve_streams(self, handler: StreamHandler, check_hello: HelloCheck | None = None, *,
+                            task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await self.inner.serve_streams(handler, check_hello, task_status=task_status)
 
     def close(self) -> None:
         self.inner.close()

@@ -17,7 +17,7 @@ import random
 
 import trio
 
-from .transport import StreamHandler, TransportError
+from .transport import HelloCheck, HelloMaker, StreamHandler, TransportError
 
 PACKETS_QUEUED_MAX = 10_000
 
@@ -119,10 +119,13 @@ class SimTransport:
     async def receive_packet(self) -> tuple[str, bytes]:
         return await self.inbox.receive()
 
-    async def exchange(self, addr: str, data: bytes, timeout_s: float) -> bytes:
+    async def exchange(self, addr: str, data: bytes, timeout_s: float, hello: HelloMaker | None = None) -> bytes:
+        # A simulated stream is one exchange on a connection of its own, and no stranger can reach
+        # it: the hello that guards real connections (mesh.transport) has nothing to guard here.
         return await self.network.exchange(self.addr, addr, data, timeout_s)
 
-    async def serve_streams(self, handler: StreamHandler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def serve_streams(self, handler: StreamHandler, check_hello: HelloCheck | None = None, *,
+                            task_status=trio.TASK_STATUS_IGNORED) -> None:
         self.handler = handler
         task_status.started()
         try:

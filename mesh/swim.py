@@ -46,6 +46,7 @@ from .config import MeshConfig
 from .crypto import SEAL_OVERHEAD_BYTES
 from .members import MemberSnapshot, MemberStatus, MemberTable, Verdict
 from .wire import (
+    INCARNATION_MAX,
     PACKET_OVERHEAD_BYTES,
     Ack,
     Alive,
@@ -456,10 +457,18 @@ class Swim:
         # Someone believes something else about us: refute with a higher incarnation.
         self.stats["refutations"] += 1
         self._adjust_awareness(1)
-        self.incarnation = max(self.incarnation, message.incarnation) + 1
+        self._raise_incarnation(message.incarnation)
         me = self.table.get(self.name)
         me.incarnation, me.status, me.addr, me.tags = self.incarnation, MemberStatus.ALIVE, self.addr, self.tags
         self._queue_message(Alive(self.incarnation, self.name, self.addr, self.tags), self.name)
+
+    def _raise_incarnation(self, at_least: int) -> None:
+        """Past ``at_least``, but never past what the wire carries. At the bound (reachable only by
+        2^32 refutations, or by a key holder's forged claim) the node can no longer refute: its
+        peers may declare it dead, which a restart with a new name repairs; it never crashes."""
+        if at_least >= INCARNATION_MAX:
+            self.stats["incarnation_exhausted"] += 1
+        self.incarnation = min(INCARNATION_MAX, max(self.incarnation, at_least) + 1)
 
     # -- push-pull ------------------------------------------------------
 
@@ -485,7 +494,7 @@ class Swim:
         if self.leaving:
             return
         self.leaving = True
-        self.incarnation += 1
+        self._raise_incarnation(self.incarnation)
         me = self.table.get(self.name)
         me.incarnation, me.status, me.changed_at = self.incarnation, MemberStatus.LEFT, now
         self._queue_message(Dead(self.incarnation, self.name, self.name), self.name)
@@ -493,7 +502,7 @@ class Swim:
 
     def _set_tags(self, tags: "dict[str, str]", now: float, out: list[Action]) -> None:
         self.tags = tuple(sorted(tags.items()))
-        self.incarnation += 1
+        self._raise_incarnation(self.incarnation)
         me = self.table.get(self.name)
         me.incarnation, me.tags = self.incarnation, self.tags
         self._queue_message(Alive(self.incarnation, self.name, self.addr, self.tags), self.name)

@@ -4,6 +4,13 @@
 is the real one (UDP datagrams for gossip, TCP for push-pull); ``SimNetwork``
 (in ``mesh.simnet``) implements the same interface in memory, with seeded
 faults, for the deterministic tests.
+
+A TCP connection opens with a hello frame the agent makes and checks (a sealed,
+replay-protected empty message: ``MeshAgent._make_hello``): until it passed, the
+server reads no frame larger than HELLO_BYTES_MAX, so a stranger cannot make a
+node buffer megabytes, and it must arrive within HELLO_TIMEOUT_S. At most
+STREAM_CONNECTIONS_MAX connections are served at once; more are closed at once
+(and counted), so connections alone cannot exhaust descriptors or tasks.
 """
 
 from __future__ import annotations
@@ -24,8 +31,17 @@ STREAM_IDLE_CLIENT_S = 30.0
 STREAMS_IDLE_PER_PEER_MAX = 16
 STREAM_EXCHANGE_S = 10.0  # a request's frames, the handler and the answer
 UDP_RECEIVE_BYTES_MAX = 65536
+HELLO_BYTES_MAX = 256  # a sealed empty message is 53 bytes
+HELLO_TIMEOUT_S = 5.0
+# Inbound stream connections served at once. A member keeps up to STREAMS_IDLE_PER_PEER_MAX idle
+# connections to each peer but uses one or two: 256 serves ~100 peers with room to spare.
+STREAM_CONNECTIONS_MAX = 256
+STREAM_BACKLOG = 128
+BIND_ATTEMPTS_MAX = 16
 
 StreamHandler = Callable[[bytes], Awaitable[bytes]]
+HelloMaker = Callable[[], bytes]
+HelloCheck = Callable[[bytes], bool]
 
 
 class TransportError(Exception):
@@ -41,11 +57,18 @@ class Transport(Protocol):
     async def receive_packet(self) -> tuple[str, bytes]:
         """The next datagram and its sender's address."""
 
-    async def exchange(self, addr: str, data: bytes, timeout_s: float) -> bytes:
-        """Send one frame over a stream, return the peer's one-frame answer. Raises TransportError."""
+    async def exchange(self, addr: str, data: bytes, timeout_s: float, hello: HelloMaker | None = None) -> bytes:
+        """Send one frame over a stream, return the peer's one-frame answer. Raises TransportError.
+        A new connection first carries ``hello()``."""
 
-    async def serve_streams(self, handler: StreamHandler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Answer stream exchanges with ``handler`` until cancelled."""
+    async def serve_streams(self, handler: StreamHandler, check_hello: HelloCheck | None = None, *,
+                            task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Answer stream exchanges with ``handler`` until cancelled; a connection whose first frame
+        fails ``check_hello`` is closed."""
+
+
+def _frame(data: bytes) -> bytes:
+    return len(data).to_bytes(FRAME_HEADER_BYTES, "big") + data
 
 
 def split_addr(addr: str) -> tuple[str, int]:
@@ -98,15 +121,30 @@ class UdpTcpTransport:
     def __init__(self, bind: str, advertise: str | None = None, frame_bytes_max: int = 8 * 1024 * 1024) -> None:
         host, port = split_addr(bind)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._udp = socket.socket(family, socket.SOCK_DGRAM)
-        self._udp.setblocking(False)
-        self._udp.bind((host, port))
-        bound_port = self._udp.getsockname()[1]
-        self._tcp_bind = (host, bound_port)
+        # UDP and TCP share the port number. With port 0 the kernel picks a free UDP port whose TCP
+        # twin may be taken (by any outgoing connection's ephemeral port): try again with another.
+        for attempt in range(BIND_ATTEMPTS_MAX if port == 0 else 1):
+            self._udp = socket.socket(family, socket.SOCK_DGRAM)
+            self._udp.setblocking(False)
+            self._udp.bind((host, port))
+            bound_port = self._udp.getsockname()[1]
+            self._tcp = socket.socket(family, socket.SOCK_STREAM)
+            self._tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                self._tcp.bind((host, bound_port))
+                break
+            except OSError as e:
+                self._tcp.close()
+                self._udp.close()
+                if e.errno != errno.EADDRINUSE or port != 0 or attempt == BIND_ATTEMPTS_MAX - 1:
+                    raise
         self._family = family
-        self.addr = advertise or f"{host}:{bound_port}"
+        self.addr = advertise or (f"[{host}]:{bound_port}" if ":" in host else f"{host}:{bound_port}")
         self.frame_bytes_max = frame_bytes_max
         self._pool = _StreamPool()
+        self.connections = 0
+        self.connections_refused = 0  # over STREAM_CONNECTIONS_MAX
+        self.hellos_refused = 0  # first frame too large, late, or not a valid hello
 
     def send_packet_nowait(self, addr: str, data: bytes) -> bool:
         try:
@@ -129,14 +167,14 @@ class UdpTcpTransport:
             host, port = addr[0], addr[1]
             return (f"[{host}]:{port}" if ":" in host else f"{host}:{port}"), data
 
-    async def exchange(self, addr: str, data: bytes, timeout_s: float) -> bytes:
+    async def exchange(self, addr: str, data: bytes, timeout_s: float, hello: HelloMaker | None = None) -> bytes:
         """One request frame, one answer frame, over a kept-alive connection when one is idle.
 
         A pooled connection the peer has closed meanwhile fails at once (EOF); the exchange
         then runs once more on a fresh connection. A connection that saw any error or a
         timeout is closed, never reused: its framing can no longer be trusted."""
         host, port = split_addr(addr)
-        frame = len(data).to_bytes(FRAME_HEADER_BYTES, "big") + data
+        frame = _frame(data)
         try:
             with trio.fail_after(timeout_s):
                 stream = self._pool.take(addr, trio.current_time())
@@ -149,7 +187,8 @@ class UdpTcpTransport:
                         self._pool.put(addr, stream, trio.current_time())
                         return answer
                 stream = await trio.open_tcp_stream(host, port)
-                answer = await self._round_trip(stream, frame)
+                opening = hello() if hello is not None else b""
+                answer = await self._round_trip(stream, _frame(opening) + frame)
                 self._pool.put(addr, stream, trio.current_time())
                 return answer
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
@@ -180,11 +219,32 @@ class UdpTcpTransport:
             buf += chunk
         return bytes(buf)
 
-    async def serve_streams(self, handler: StreamHandler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(self._tcp_bind[1], host=self._tcp_bind[0])
+    async def _passes_hello(self, stream: trio.SocketStream, check_hello: HelloCheck | None) -> bool:
+        try:
+            with trio.fail_after(HELLO_TIMEOUT_S):
+                size = int.from_bytes(await self._read_exactly(stream, FRAME_HEADER_BYTES), "big")
+                if size > HELLO_BYTES_MAX:
+                    return False
+                hello = await self._read_exactly(stream, size)
+        except (TransportError, trio.TooSlowError, trio.BrokenResourceError, OSError):
+            return False
+        return check_hello is None or check_hello(hello)
+
+    async def serve_streams(self, handler: StreamHandler, check_hello: HelloCheck | None = None, *,
+                            task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self._tcp.listen(STREAM_BACKLOG)
+        listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(self._tcp))]
 
         async def serve_one(stream: trio.SocketStream) -> None:
+            if self.connections >= STREAM_CONNECTIONS_MAX:
+                self.connections_refused += 1
+                await trio.aclose_forcefully(stream)
+                return
+            self.connections += 1
             try:
+                if not await self._passes_hello(stream, check_hello):
+                    self.hellos_refused += 1
+                    return
                 while True:  # a peer keeps its connection for its next exchanges
                     with trio.move_on_after(STREAM_IDLE_SERVER_S):
                         header = await stream.receive_some(FRAME_HEADER_BYTES)
@@ -202,10 +262,12 @@ class UdpTcpTransport:
             except (TransportError, trio.TooSlowError, trio.BrokenResourceError, OSError):
                 pass  # a peer that breaks the exchange gets nothing; it will retry later
             finally:
-                await stream.aclose()
+                self.connections -= 1
+                await trio.aclose_forcefully(stream)
 
         task_status.started()
         await trio.serve_listeners(serve_one, listeners)
 
     def close(self) -> None:
         self._udp.close()
+        self._tcp.close()

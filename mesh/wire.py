@@ -29,6 +29,11 @@ TAG_BYTES_MAX = 512
 MESSAGES_PER_PACKET_MAX = 256
 STATE_MEMBERS_MAX = 10_000
 USER_PAYLOAD_BYTES_MAX = 16 * 1024 * 1024
+# Incarnations are memberlist's uint32. The bound is checked at decode so that no arithmetic on a
+# received value can leave what we encode: a refutation computes max(ours, theirs) + 1, and with
+# theirs = 2^64 - 1 that was 2^64, which msgpack cannot encode (the process died on one packet).
+# ``Swim`` never raises its own incarnation past INCARNATION_MAX.
+INCARNATION_MAX = 2 ** 32 - 1
 
 
 class MessageType(enum.IntEnum):
@@ -145,6 +150,13 @@ def _uint(value: Any) -> int:
     return value
 
 
+def _incarnation(value: Any) -> int:
+    value = _uint(value)
+    if value > INCARNATION_MAX:
+        raise DecodeError("bad_incarnation")
+    return value
+
+
 def _tags(value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, dict) or len(value) > TAGS_MAX:
         raise DecodeError("bad_tags")
@@ -203,13 +215,13 @@ def _decode_message(raw: Any) -> Message:
         return Nack(_uint(seq), _name(source))
     if kind == MessageType.SUSPECT:
         inc, node, source = _fields(raw, 3)
-        return Suspect(_uint(inc), _name(node), _name(source))
+        return Suspect(_incarnation(inc), _name(node), _name(source))
     if kind == MessageType.ALIVE:
         inc, node, addr, tags = _fields(raw, 4)
-        return Alive(_uint(inc), _name(node), _addr(addr), _tags(tags))
+        return Alive(_incarnation(inc), _name(node), _addr(addr), _tags(tags))
     if kind == MessageType.DEAD:
         inc, node, source = _fields(raw, 3)
-        return Dead(_uint(inc), _name(node), _name(source))
+        return Dead(_incarnation(inc), _name(node), _name(source))
     if kind == MessageType.USER:
         (payload,) = _fields(raw, 1)
         if not isinstance(payload, bytes) or len(payload) > USER_PAYLOAD_BYTES_MAX:
@@ -295,7 +307,7 @@ def decode_push_pull(data: bytes, max_bytes: int) -> tuple[PushPull | None, str 
             state = _uint(m[3])
             if state > 3:
                 raise DecodeError("bad_state")
-            out.append(MemberState(_name(m[0]), _addr(m[1]), _uint(m[2]), state, _tags(m[4])))
+            out.append(MemberState(_name(m[0]), _addr(m[1]), _incarnation(m[2]), state, _tags(m[4])))
         return PushPull(join, tuple(out), user_state), None
     except DecodeError as e:
         return None, str(e)

@@ -1,0 +1,138 @@
+"""Attacks on the mesh over real UDP and TCP sockets on 127.0.0.1: agents in this process, packets
+from a raw socket, as an attacker on the network would send them."""
+
+from __future__ import annotations
+
+import socket
+
+import msgpack
+import trio
+
+from mesh.agent import UDP_LABEL, MeshAgent
+from mesh.config import MeshConfig
+from mesh.crypto import Keyring, Sealer, generate_key
+from mesh.members import MemberStatus
+from mesh.transport import FRAME_HEADER_BYTES, STREAM_CONNECTIONS_MAX, UdpTcpTransport
+from mesh.wire import INCARNATION_MAX, PROTOCOL_VERSION, MessageType
+
+KEY = generate_key()
+WAIT_S = 10.0
+
+
+def packet(*messages: list) -> bytes:
+    return msgpack.packb([PROTOCOL_VERSION, list(messages)], use_bin_type=True)
+
+
+def udp_send(addr: str, data: bytes) -> None:
+    host, port = addr.rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.sendto(data, (host, int(port)))
+
+
+async def poll(predicate, what: str) -> None:
+    """Packets cross real sockets: wait for their effect, bounded."""
+    with trio.fail_after(WAIT_S):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
+async def start_pair(nursery, keys: "list[str]"):
+    agents = []
+    for i in range(2):
+        transport = UdpTcpTransport("127.0.0.1:0")
+        agent = MeshAgent(MeshConfig.local(), f"n{i}", transport, Keyring(keys))
+        await nursery.start(agent.run)
+        agents.append(agent)
+    await agents[1].join([agents[0].transport.addr])
+    await poll(lambda: len(agents[0].alive_members()) == 2, "joined")
+    return agents
+
+
+async def test_poisoned_incarnation_is_dropped_and_no_agent_dies():
+    async with trio.open_nursery() as nursery:
+        a, b = await start_pair(nursery, [])  # in the clear: the packet needs no key
+        for kind in (MessageType.SUSPECT, MessageType.DEAD):
+            udp_send(a.transport.addr, packet([kind, 2 ** 64 - 1, "n0", "attacker"]))
+        await poll(lambda: a.stats.dropped["bad_incarnation"] == 2, "dropped")
+        # At the bound itself: refuted without ever encoding a number past it.
+        udp_send(a.transport.addr, packet([MessageType.SUSPECT, INCARNATION_MAX, "n0", "attacker"]))
+        await poll(lambda: a.swim.stats["incarnation_exhausted"] == 1, "refuted at the bound")
+        assert a.swim.incarnation == INCARNATION_MAX
+        await trio.sleep(0.5)  # gossip carries the refutation to b, which must decode and keep it
+        assert not a.stopped.is_set() and not b.stopped.is_set()
+        assert {m.name: m.incarnation for m in b.members()}["n0"] == INCARNATION_MAX
+        nursery.cancel_scope.cancel()
+
+
+async def test_forged_gossip_cannot_move_an_encrypted_mesh():
+    async with trio.open_nursery() as nursery:
+        a, b = await start_pair(nursery, [KEY])
+        # Plain forgeries: a fake member, a dead verdict on a live one, a leave.
+        udp_send(a.transport.addr, packet([MessageType.ALIVE, 1, "intruder", "127.0.0.1:1", {}]))
+        udp_send(a.transport.addr, packet([MessageType.DEAD, 99, "n1", "attacker"]))
+        udp_send(a.transport.addr, packet([MessageType.DEAD, 99, "n1", "n1"]))
+        # Sealed with a key the cluster does not hold.
+        udp_send(a.transport.addr, Sealer(Keyring([generate_key()])).seal(
+            packet([MessageType.ALIVE, 1, "intruder", "127.0.0.1:1", {}]), UDP_LABEL, trio.current_time()))
+        await poll(lambda: a.stats.dropped["decrypt"] >= 4, "dropped")
+        assert {m.name: m.status for m in a.members()} == {"n0": MemberStatus.ALIVE, "n1": MemberStatus.ALIVE}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_captured_packet_replayed_is_refused():
+    import time
+    async with trio.open_nursery() as nursery:
+        a, b = await start_pair(nursery, [KEY])
+        # A packet exactly as a member sends it (its key, its sender id), captured once...
+        member = Sealer(Keyring([KEY]))
+        captured = member.seal(packet([MessageType.USER, b"settings"]), UDP_LABEL, time.time())
+        before = a.stats.dropped["replay"]
+        for _ in range(10):  # ...and sent ten times
+            udp_send(a.transport.addr, captured)
+        await poll(lambda: a.stats.dropped["replay"] == before + 9, "replays refused")
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_stranger_cannot_make_the_stream_server_buffer_a_large_frame():
+    async with trio.open_nursery() as nursery:
+        a, b = await start_pair(nursery, [KEY])
+        host, port = a.transport.addr.rsplit(":", 1)
+        baseline = a.transport.connections  # b's pooled connection from its join
+        streams = []
+        for _ in range(40):  # 40 connections announcing 8 MiB frames (without the fix: ~336 MiB held)
+            stream = await trio.open_tcp_stream(host, int(port))
+            await stream.send_all((8 * 1024 * 1024).to_bytes(FRAME_HEADER_BYTES, "big") + b"x" * 65536)
+            streams.append(stream)
+        for stream in streams:  # each is closed at once: the first frame must be a small sealed hello
+            with trio.fail_after(WAIT_S):
+                try:
+                    while await stream.receive_some(65536):
+                        pass
+                except trio.BrokenResourceError:
+                    pass  # reset: our unread bytes were discarded
+            await stream.aclose()
+        assert a.transport.hellos_refused == 40
+        await poll(lambda: a.transport.connections == baseline, "connections released")
+        # Members still talk over streams (push-pull, peer requests).
+        await b.join([a.transport.addr])
+        nursery.cancel_scope.cancel()
+
+
+async def test_stream_connections_beyond_the_cap_are_closed_at_once():
+    async with trio.open_nursery() as nursery:
+        a, _ = await start_pair(nursery, [KEY])
+        host, port = a.transport.addr.rsplit(":", 1)
+        baseline = a.transport.connections
+        held = [await trio.open_tcp_stream(host, int(port)) for _ in range(STREAM_CONNECTIONS_MAX - baseline)]
+        await poll(lambda: a.transport.connections == STREAM_CONNECTIONS_MAX, "held")
+        extra = await trio.open_tcp_stream(host, int(port))
+        with trio.fail_after(WAIT_S):
+            try:
+                assert await extra.receive_some(1) == b""
+            except trio.BrokenResourceError:
+                pass
+        assert a.transport.connections_refused >= 1
+        for s in [extra, *held]:
+            await s.aclose()
+        await poll(lambda: a.transport.connections == baseline, "released")
+        nursery.cancel_scope.cancel()
