@@ -64,6 +64,9 @@ class ChaosCluster:
                                                        per_key_burst=spec.per_key_burst))
         self._cut: set[frozenset[int]] = set()
         self._loss = 0.0
+        # The nodes' shared admin token (set when the first node starts): for /workers, /admin/...
+        # and the mesh's admin endpoint.
+        self.admin_headers: dict[str, str] = {}
 
     # -- addresses --------------------------------------------------------
 
@@ -116,6 +119,7 @@ class ChaosCluster:
             args += ["--worker-urls", *[f"grpc://127.0.0.1:{p}" for p in self.engine_ports]]
         env = {FAULTS_ENV: str(self.rules_path(i)), SEED_ENV: str(self.spec.seed)}
         self.nodes[i] = NodeProcess(args, self.dir, f"{self.name(i)}", env=env)
+        self.admin_headers = self.nodes[i].admin_headers
 
     def stop(self) -> None:
         for i in list(self.paused):

@@ -54,7 +54,7 @@ class Observer:
         return out
 
     def _loop(self) -> None:
-        with httpx2.Client(timeout=0.4) as client:
+        with httpx2.Client(timeout=0.4, headers=self.cluster.admin_headers) as client:
             while not self._stop.is_set():
                 started = time.monotonic()
                 for sample in self._pool.map(lambda i: self.sample(client, i), range(self.cluster.spec.nodes)):

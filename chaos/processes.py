@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+from mesh.admin_token import FILE_ENV, TOKEN_ENV, read_token
+
 START_TIMEOUT_S = 60.0
 _NODE_READY = re.compile(r"^READY (http://\S+)")
 
@@ -94,9 +96,19 @@ class NodeProcess(ManagedProcess):
         # One gateway process per node unless the caller asks for more: tests and the chaos harness run
         # many nodes on two cores.
         workers = [] if "--workers" in args else ["--workers", "1"]
+        # Nodes started together share one admin token file (theirs, not the user's): the control plane
+        # is never open, and whoever started them finds the token there.
+        env = dict(env or {})
+        token_file = env.get(FILE_ENV) or os.environ.get(FILE_ENV) or str(log_dir / "admin-token")
+        env[FILE_ENV] = token_file
         super().__init__(name, [python, "-m", "mesh.cli", "serve", "--host", "127.0.0.1", "--port", "0",
                                 *workers, *args], log_dir, _NODE_READY, env, cwd)
         self.url = self.ready_match.group(1)
+        self.admin_token = args[args.index("--admin-token") + 1] if "--admin-token" in args else \
+            read_token(Path(token_file))
+        # For calls to the control plane (/workers, /admin/...) and the CLI (SMG_NODE_ADMIN_TOKEN).
+        self.admin_headers = {"authorization": f"Bearer {self.admin_token}"}
+        self.admin_env = {TOKEN_ENV: self.admin_token or ""}
 
 
 def default_log_dir() -> Path:

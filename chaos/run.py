@@ -68,7 +68,7 @@ class RunData:
 
 def _wait_ready(cluster: ChaosCluster) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
-    with httpx2.Client(timeout=2) as client:
+    with httpx2.Client(timeout=2, headers=cluster.admin_headers) as client:
         while time.monotonic() < deadline:
             try:
                 if all(client.get(cluster.node_url(i) + "/readiness").status_code == 200
@@ -93,7 +93,7 @@ def _kv_views(cluster: ChaosCluster, client: httpx2.Client) -> dict[int, dict[st
 
 
 def _final_snapshots(cluster: ChaosCluster, run: RunData) -> None:
-    with httpx2.Client(timeout=5) as client:
+    with httpx2.Client(timeout=5, headers=cluster.admin_headers) as client:
         started = time.monotonic()
         while True:  # the last KV batches and replays settle once the load is gone
             try:

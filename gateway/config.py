@@ -23,11 +23,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mesh.admin_token import AdminTokenError, default_token_path, load_or_create_token
+from mesh.crypto import KeyringError, decode_key
 from mesh.options import MeshOptions, is_loopback, parse_tags
 
 from .api.admission import AdmissionConfig
+from .auth import AuthConfig, Authenticator
+from .auth.authenticator import AuthConfigError
 from .ratelimit.limiter import RateLimitConfig
 from .ratelimit.limits import FailurePolicy, LimitConfigError, LimitSet, parse_limit_set
+from .worker_origin import WorkerAllowlist
 from .routing.breaker import BreakerConfig
 from .routing.policies import POLICIES, PolicyConfig
 from .routing.retry import RetryConfig
@@ -42,6 +47,13 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 30000
     worker_urls: tuple[str, ...] = ()
+    # The key --worker-urls' OpenAI-compatible HTTP workers expect (sent as a bearer token).
+    worker_api_key: str | None = None
+    # Client text spelling a special token (<|im_start|>...) is tokenized as plain text unless this is set
+    # (gateway/tokenizer/literal_spans.py); admin callers may ask for it per request instead.
+    allow_special_tokens_in_content: bool = False
+    # Hosts (names, or networks such as 10.0.0.0/8) workers may be registered at; empty: any.
+    worker_allowed_hosts: tuple[str, ...] = ()
     # Overrides the model name the engines report (smg: --model-path).
     model_path: str | None = None
     tokenizer_path: Path | None = None
@@ -87,8 +99,8 @@ class GatewayConfig:
     global_rate_limit: float | None = None
     rate_limit_policy: str | None = None
     rate_limit: RateLimitConfig = RateLimitConfig()
-    # When set, POST/DELETE /workers and PUT /admin/rate-limits need "Authorization: Bearer <it>".
-    admin_token: str | None = None
+    # API keys, roles, the admin credential and the audit log (gateway/auth/authenticator.py).
+    auth: AuthConfig = AuthConfig()
     # "native": the gateway's own HTTP/1.1 server (gateway/api/h1server.py, ~20x less CPU per request
     # than hypercorn on trio, BENCHMARKS.md); "hypercorn": hypercorn's, which also speaks HTTP/2.
     http_server: str = "native"
@@ -142,6 +154,12 @@ _OPTIONS: list[_Option] = [
     _Option("--port", "port", int, "HTTP port"),
     _Option("--worker-urls", "worker_urls", "list", "engines: grpc://host:port (SGLang/vLLM gRPC) or "
                                                       "http://host:port (OpenAI-compatible, proxied as is)"),
+    _Option("--allow-special-tokens-in-content", "allow_special_tokens_in_content", "bool", "tokenize special "
+            "tokens spelled in messages as control tokens (default: as plain text, so no client forges a turn)"),
+    _Option("--worker-api-key", "worker_api_key", str, "the key of the HTTP workers in --worker-urls (clients' "
+            "keys are never forwarded)"),
+    _Option("--worker-allowed-hosts", "worker_allowed_hosts", "list", "hosts (names or networks like "
+            "10.0.0.0/8) where workers may be registered; default: any"),
     _Option("--policy", "policy.name", str, f"routing policy: {', '.join(sorted(POLICIES))}"),
     _Option("--model-path", "model_path", str, "model name to serve (default: what the engines report)"),
     _Option("--tokenizer-path", "tokenizer_path", Path, "directory with tokenizer.json (default: fetched from "
@@ -217,7 +235,18 @@ _OPTIONS: list[_Option] = [
     _Option("--workers", "workers", int, "gateway processes on the HTTP port (0: one per available core)"),
     _Option("--worker-index", "worker_index", int, "which process of --workers N this is (set by the node)"),
     _Option("--http-reuse-port", "http_reuse_port", "bool", "bind the HTTP port with SO_REUSEPORT (--workers)"),
-    _Option("--admin-token", "admin_token", str, "bearer token required to change workers and rate limits"),
+    _Option("--admin-token", "auth.admin_token", str, "the node's admin credential (role admin; default: read "
+            "from, or made into, --admin-token-file)"),
+    _Option("--admin-token-file", "auth.admin_token_file", Path, "file holding the admin token when none is "
+            "given (default ~/.local/state/smg-node/admin-token, mode 0600; the CLI reads it)"),
+    _Option("--api-key", "auth.api_key", str, "one shared key for inference (role user); with any user key "
+                                                "set, inference needs a key"),
+    _Option("--tenant-api-key", "auth.tenant_api_keys", "list", "TENANT:KEY, a user key of that tenant "
+                                                                  "(repeatable)"),
+    _Option("--control-plane-api-keys", "auth.control_plane_api_keys", "list", "ID:NAME:ROLE:KEY keys, role "
+            "admin (control plane and inference) or user (inference)"),
+    _Option("--control-plane-audit-enabled", "auth.audit", "bool", "log every control-plane change as a JSON "
+                                                                     "line (logger gateway.audit)"),
     _Option("--tenant-header", "rate_limit.tenant_header", str, "header naming the tenant (rate limits)"),
     _Option("--sim-engines", "sim_engines", int, "demo: start this many simulated engines and use them"),
     _Option("--mesh-bind", "mesh.bind", str, "gossip (UDP) and push-pull (TCP) address, e.g. 0.0.0.0:7946"),
@@ -230,7 +259,10 @@ _OPTIONS: list[_Option] = [
     _Option("--tag", "mesh.tags", "list", "member tags key=value (zone, role...)"),
     _Option("--mesh-preset", "mesh.preset", str, "protocol timers: lan (default) or local (one machine)"),
     _Option("--rpc-addr", "mesh.rpc_addr", str, "admin endpoint for the CLI (default 127.0.0.1:7373)"),
-    _Option("--rpc-token", "mesh.rpc_token", str, "bearer token the admin endpoint requires"),
+    _Option("--rpc-token", "mesh.rpc_token", str, "bearer token the admin endpoint requires (default: the "
+                                                    "admin token)"),
+    _Option("--mesh-insecure", "mesh.insecure", "bool", "allow an unencrypted mesh off loopback (anyone who can "
+                                                          "send it a packet can then change the cluster)"),
     # smg's mesh flags, accepted so its users can switch.
     _Option("--enable-mesh", "_enable_mesh", "bool", "smg alias: run the mesh (on 0.0.0.0:7946 by default)"),
     _Option("--mesh-host", "_mesh_host", str, "smg alias: host part of --mesh-bind"),
@@ -371,12 +403,40 @@ def validate(config: GatewayConfig) -> None:
     if mesh.enabled:
         if mesh.preset not in ("lan", "local"):
             raise ConfigError("--mesh-preset must be lan or local")
-        if not is_loopback(mesh.rpc_addr) and not mesh.rpc_token:
-            raise ConfigError("--rpc-addr off loopback needs --rpc-token: the admin endpoint can make the node "
-                              "leave the cluster")
-        from mesh.crypto import KeyringError, decode_key
         try:
             for key in mesh.keys:
                 decode_key(key)
         except KeyringError as e:
             raise ConfigError(f"--encrypt: {e}") from None
+        if not mesh.keys and not mesh.insecure and not (is_loopback(mesh.bind) and is_loopback(
+                mesh.advertise or mesh.bind)):
+            raise ConfigError(f"--mesh-bind {mesh.bind} is reachable from the network: pass --encrypt KEY "
+                              "(smg-node keygen makes one), or --mesh-insecure to run it in the clear")
+    try:
+        Authenticator(config.auth)
+        WorkerAllowlist(config.worker_allowed_hosts)
+    except (AuthConfigError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def with_admin_credentials(config: GatewayConfig) -> GatewayConfig:
+    """The config with the admin token and the admin endpoint's token resolved.
+
+    Without any admin credential, the admin token comes from --admin-token-file (made there
+    if need be: mesh/admin_token.py). The mesh's admin endpoint takes --rpc-token, else the
+    admin token, else the file's: it is never open, not even on loopback, because the gateway
+    itself can be made to send requests to loopback addresses.
+    """
+    auth, mesh = config.auth, config.mesh
+    path = auth.admin_token_file or default_token_path()
+    file_token = None
+    if not auth.has_admin_credential() or (mesh.enabled and not mesh.rpc_token and not auth.admin_token):
+        try:
+            file_token, _ = load_or_create_token(path)
+        except (AdminTokenError, OSError) as e:
+            raise ConfigError(f"--admin-token-file: {e}") from None
+    if not auth.has_admin_credential():
+        auth = dataclasses.replace(auth, admin_token=file_token, admin_token_file=path)
+    if mesh.enabled and not mesh.rpc_token:
+        mesh = dataclasses.replace(mesh, rpc_token=auth.admin_token or file_token)
+    return dataclasses.replace(config, auth=auth, mesh=mesh)

@@ -18,8 +18,10 @@ from .generation import AttemptFailed, Generator, UsageTally
 from .routing.policies import RoutingRequest
 from .workers import Worker
 
-# Request headers a worker should see; everything else (cookies, our own routing headers) stays here.
-_FORWARD_HEADERS = (b"content-type", b"authorization", b"accept", b"openai-organization", b"openai-project")
+# Request headers a worker should see. Everything else stays here: the client's credentials above
+# all (Authorization, x-api-key, cookies), which are the gateway's to check, never a worker's to
+# receive; a worker that wants a key of its own is given one by the operator, not by our clients.
+_FORWARD_HEADERS = (b"content-type", b"accept", b"openai-organization", b"openai-project")
 
 
 class HttpProxy:

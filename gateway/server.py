@@ -24,6 +24,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from .auth import Authenticator
 from .api.admission import Admission
 from .api.app import GatewayApp
 from .api.h1server import H1Config, H1Server
@@ -46,6 +47,7 @@ from .routing.kv_index import KvIndex
 from .routing.policies import make_policy
 from .routing.router import Router
 from .supervisor import SUPERVISED_ENV, exit_when_supervisor_dies
+from .worker_origin import WorkerAllowlist
 from .workers import WorkerError, WorkerRegistry
 
 log = logging.getLogger("gateway.server")
@@ -164,7 +166,7 @@ async def _register_initial(state: GatewayState, url: str, model: str | None) ->
     delay = 0.5
     while True:
         try:
-            worker = await state.registry.add(url, model=model)
+            worker = await state.registry.add(url, model=model, api_key=state.config.worker_api_key)
             await state.catalog.ensure(worker, int(worker.registered_at))
             state.ready = True
             return
@@ -239,7 +241,7 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
                 log.info("started simulated engine at %s", engine.url)
         kv_index = KvIndex(config.kv_index_blocks_max) if config.kv_events else None
         registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery, kv_index, cluster,
-                                  config.kv_events_always)
+                                  config.kv_events_always, WorkerAllowlist(config.worker_allowed_hosts))
         catalog = ModelCatalog(config.tokenizer, config.tokenizer_path, config.chat_template)
         registry.on_added.append(lambda worker: catalog.ensure(worker, int(worker.registered_at)))
         if cluster is not None and kv_index is not None:
@@ -276,7 +278,7 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         shutdown = trio.Event()
         if config.prometheus_port is not None:
             await nursery.start(_serve_metrics_only, config, metrics)
-        app = GatewayApp(state, nursery)
+        app = GatewayApp(state, nursery, Authenticator(config.auth))
         url = await nursery.start(_serve_http, config, app, shutdown, metrics)
         log.info("smg-node gateway serving on %s (%d workers, policy %s)", url, len(registry),
                  config.policy.name)

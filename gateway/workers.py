@@ -17,7 +17,6 @@ import dataclasses
 import hashlib
 import logging
 import time
-import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 import httpx2
@@ -30,6 +29,7 @@ from .engine.http_worker import HttpWorkerClient
 from .kv_events import follow_kv_events
 from .routing.breaker import BreakerConfig, CircuitBreaker
 from .routing.kv_index import KvIndex
+from .worker_origin import WorkerAllowlist, WorkerNotAllowed, WorkerUrlError, parse_worker_origin
 
 if TYPE_CHECKING:
     from .cluster import ClusterState
@@ -68,19 +68,21 @@ def worker_id_for(url: str) -> str:
     return "w-" + hashlib.blake2b(url.encode(), digest_size=6).hexdigest()
 
 
-def parse_worker_url(url: str) -> tuple[str, str]:
-    """(kind, target): ("grpc", "host:port") or ("http", "http://host:port")."""
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme == "grpc":
-        if not parsed.hostname or not parsed.port:
-            raise WorkerError(f"gRPC worker URL needs host and port: {url!r}")
-        host = f"[{parsed.hostname}]" if ":" in parsed.hostname else parsed.hostname
-        return "grpc", f"{host}:{parsed.port}"
-    if parsed.scheme in ("http", "https"):
-        if not parsed.hostname:
-            raise WorkerError(f"HTTP worker URL needs a host: {url!r}")
-        return "http", url.rstrip("/")
-    raise WorkerError(f"worker URL must start with grpc://, http:// or https://: {url!r}")
+def parse_worker_url(url: str, allowlist: WorkerAllowlist | None = None) -> tuple[str, str, str]:
+    """(kind, target, canonical URL): ("grpc", "host:port", ...) or ("http", "http://host:port", ...).
+
+    Only origins (gateway/worker_origin.py); a host outside the allowlist is a 403.
+    """
+    try:
+        origin = parse_worker_origin(url)
+        if allowlist is not None:
+            allowlist.check(origin)
+    except WorkerUrlError as e:
+        raise WorkerError(f"worker URL {url!r}: {e}") from None
+    except WorkerNotAllowed as e:
+        raise WorkerError(str(e), status=403) from None
+    target = origin.netloc if origin.kind == "grpc" else origin.url
+    return origin.kind, target, origin.url
 
 
 class Worker:
@@ -159,8 +161,10 @@ def load_bucket(worker: Worker) -> str:
 class WorkerRegistry:
     def __init__(self, bridge: GrpcBridge, http_client: httpx2.AsyncClient, health: HealthConfig,
                  breaker: BreakerConfig, nursery: trio.Nursery, kv_index: KvIndex | None = None,
-                 cluster: "ClusterState | None" = None, kv_events_always: bool = False) -> None:
+                 cluster: "ClusterState | None" = None, kv_events_always: bool = False,
+                 allowlist: WorkerAllowlist | None = None) -> None:
         self._bridge = bridge
+        self._allowlist = allowlist
         self._http = http_client
         self.health_config = health
         self.breaker_config = breaker
@@ -231,9 +235,10 @@ class WorkerRegistry:
         self.changed = trio.Event()
 
     async def add(self, url: str, labels: dict[str, str] | None = None, model: str | None = None,
-                  replicate: bool = True) -> Worker:
-        """Connect to a worker and route to it; with a cluster, every node then does the same."""
-        kind, target = parse_worker_url(url)
+                  replicate: bool = True, api_key: str | None = None) -> Worker:
+        """Connect to a worker and route to it once a health check passed; with a cluster, every node
+        then does the same."""
+        kind, target, url = parse_worker_url(url, self._allowlist)
         wid = worker_id_for(url)
         if wid in self._workers and not self._workers[wid].draining:
             raise WorkerError(f"worker {url} is already registered as {wid}", status=409)
@@ -245,7 +250,7 @@ class WorkerRegistry:
                 models = (model or info.served_model_name,)
                 context = info.max_context_tokens or None
             else:
-                client = HttpWorkerClient(target, self._http)
+                client = HttpWorkerClient(target, self._http, api_key)
                 models = (model,) if model else tuple(await client.models(timeout_s))
                 context = None
         except EngineCallError as e:
@@ -254,6 +259,11 @@ class WorkerRegistry:
         if not models:
             raise WorkerError(f"worker {url} serves no model", status=400)
         worker = Worker(url, kind, client, models, context, CircuitBreaker(self.breaker_config), labels or {})
+        # Not healthy until a health check passed: answering GetModelInfo (or /v1/models) is not the
+        # engine saying it can serve. With checks off, what answered is taken as healthy.
+        worker.healthy = await self._passes_check(worker) if self.health_config.enabled else True
+        if wid in self._workers and not self._workers[wid].draining:  # added meanwhile (the check awaited)
+            raise WorkerError(f"worker {url} is already registered as {wid}", status=409)
         self._workers[wid] = worker
         if self.health_config.enabled:
             self._nursery.start_soon(self._watch, worker)
@@ -261,7 +271,10 @@ class WorkerRegistry:
             self._nursery.start_soon(self._follow_kv_events, worker)
         log.info("worker %s added: %s %s models=%s", wid, kind, url, ",".join(models))
         if self.cluster is not None and replicate:
-            self.cluster.register(wid, {"url": url, "labels": labels or {}, "model": model})
+            # The worker's key goes to the other nodes (the mesh's sealed document) so that they can use
+            # it; it is never shown (describe) nor logged.
+            self.cluster.register(wid, {"url": url, "labels": labels or {}, "model": model,
+                                        **({"api_key": api_key} if api_key else {})})
         self._notify()
         return worker
 
@@ -370,7 +383,8 @@ class WorkerRegistry:
                 current = self._workers.get(wid)
                 if current is None or current.draining:
                     try:
-                        await self.add(spec["url"], spec.get("labels") or {}, spec.get("model"), replicate=False)
+                        await self.add(spec["url"], spec.get("labels") or {}, spec.get("model"), replicate=False,
+                                       api_key=spec.get("api_key"))
                         for callback in self.on_added:
                             await callback(self._workers[wid])
                     except WorkerError as e:
@@ -397,6 +411,16 @@ class WorkerRegistry:
             with trio.move_on_after(self.health_config.interval_s):  # also retry workers that failed
                 await changed.wait()
 
+    async def _passes_check(self, worker: Worker) -> bool:
+        cfg = self.health_config
+        try:
+            if worker.kind == "grpc":
+                return await worker.client.health(cfg.timeout_s)
+            return await worker.client.health(cfg.timeout_s, cfg.endpoint)
+        except EngineCallError as e:
+            log.debug("health check of %s failed: %s", worker.id, e)
+            return False
+
     async def _check_health(self, worker: Worker) -> None:
         cfg = self.health_config
         cluster = self.cluster
@@ -411,14 +435,7 @@ class WorkerRegistry:
                          "healthy" if worker.healthy else "unhealthy", verdict.get("by"))
                 self._notify()
             return
-        try:
-            if worker.kind == "grpc":
-                ok = await worker.client.health(cfg.timeout_s)
-            else:
-                ok = await worker.client.health(cfg.timeout_s, cfg.endpoint)
-        except EngineCallError as e:
-            ok = False
-            log.debug("health check of %s failed: %s", worker.id, e)
+        ok = await self._passes_check(worker)
         if ok:
             worker.health_failures = 0
             worker.health_successes += 1

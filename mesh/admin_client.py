@@ -10,12 +10,14 @@ from typing import Any
 
 import httpx2
 
+from .admin_token import client_token
+
 ADMIN_TIMEOUT_S = 30.0
 
 
 def _call(args: argparse.Namespace, method: str, path: str, body: "dict[str, Any] | None" = None) -> Any:
     addr = args.rpc_addr or os.environ.get("SMG_NODE_RPC_ADDR", "127.0.0.1:7373")
-    token = args.rpc_token or os.environ.get("SMG_NODE_RPC_TOKEN")
+    token = client_token(args.rpc_token)
     headers = {"authorization": f"Bearer {token}"} if token else {}
     try:
         r = httpx2.request(method, f"http://{addr}{path}", json=body, headers=headers, timeout=ADMIN_TIMEOUT_S)
@@ -64,7 +66,7 @@ def run_admin_command(args: argparse.Namespace) -> int:
                 print(f"smg-node keyring {args.action}: a KEY is required", file=sys.stderr)
                 return 2
             result = _call(args, "POST", f"/v1/keyring/{args.action}", {"key": args.key})
-        for i, key in enumerate(result["keys"]):
-            print(f"{key}{'  (primary)' if i == 0 else ''}")
+        for i, fingerprint in enumerate(result["keys"]):  # fingerprints: keys never leave the node
+            print(f"{fingerprint}{'  (primary)' if i == 0 else ''}")
     return 0
 

@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=text)
         sub.add_argument("--rpc-addr", default=None, help="admin endpoint (default: $SMG_NODE_RPC_ADDR or "
                                                           "127.0.0.1:7373)")
-        sub.add_argument("--rpc-token", default=None, help="bearer token (default: $SMG_NODE_RPC_TOKEN)")
+        sub.add_argument("--rpc-token", default=None, help="bearer token (default: $SMG_NODE_RPC_TOKEN, "
+                                                           "$SMG_NODE_ADMIN_TOKEN, else the admin token file)")
         if name == "join":
             sub.add_argument("seeds", nargs="+")
         elif name == "members":
@@ -55,11 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: "list[str] | None" = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        from gateway.config import ConfigError, build_config
+        from gateway.config import ConfigError, build_config, with_admin_credentials
         from gateway.server import run_gateway
         from gateway.supervisor import run_supervisor, worker_count
         try:
-            config = build_config(args)
+            config = with_admin_credentials(build_config(args))
         except ConfigError as e:
             print(f"smg-node serve: {e}", file=sys.stderr)
             return 2

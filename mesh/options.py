@@ -28,10 +28,12 @@ class MeshOptions:
     keys: tuple[str, ...] = ()
     tags: tuple[tuple[str, str], ...] = ()
     preset: str = "lan"
-    # The local admin endpoint the CLI talks to (Serf's default port). It serves only
-    # loopback unless a token is set: commands can make the node leave the cluster.
+    # The local admin endpoint the CLI talks to (Serf's default port); it always needs the token.
     rpc_addr: str = "127.0.0.1:7373"
+    # Always set when the node runs (gateway.config.with_admin_credentials): the admin token by default.
     rpc_token: str | None = None
+    # A mesh reachable off loopback must be encrypted unless this says otherwise (--mesh-insecure).
+    insecure: bool = False
 
     @property
     def enabled(self) -> bool:

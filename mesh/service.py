@@ -7,12 +7,15 @@ API the ``smg-node join|leave|members|keyring`` commands call:
     GET  /v1/members              the member list
     POST /v1/join  {"seeds": []}  join through seeds
     POST /v1/leave                leave gracefully, then stop gossiping
-    GET  /v1/keyring              installed keys (primary first)
+    GET  /v1/keyring              fingerprints of the installed keys (primary first), never the keys
     POST /v1/keyring/{install,use,remove}  {"key": "..."}
     POST /v1/tags  {"tags": {}}   replace this node's tags
 
-It listens on loopback by default; on any other address it requires the
-bearer token set with --rpc-token (it can make the node leave the cluster).
+Every call needs ``Authorization: Bearer <token>`` (the node's admin token
+unless --rpc-token says otherwise), on loopback too: the gateway can be made
+to send requests to loopback addresses (a worker URL, say), and these calls
+can make the node leave the cluster or change its keys. A node started
+without a token (``rpc_token`` None) refuses every call.
 """
 
 from __future__ import annotations
@@ -136,16 +139,16 @@ class _AdminApp:
         return value
 
     async def _route(self, scope, receive) -> tuple[int, Any]:
-        if self.token is not None:
-            auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            if not hmac.compare_digest(auth, f"Bearer {self.token}"):
-                return 401, {"error": "missing or wrong bearer token"}
+        auth = dict(scope["headers"]).get(b"authorization", b"")
+        if self.token is None or not hmac.compare_digest(auth, b"Bearer " + self.token.encode()):
+            return 401, {"error": "missing or wrong bearer token (the node's admin token: smg-node finds it in "
+                                  "its token file, or pass --rpc-token)"}
         agent, method, path = self.service.agent, scope["method"], scope["path"]
         try:
             if method == "GET" and path == "/v1/members":
                 return 200, {"members": [member_json(m) for m in agent.members()], "self": agent.name}
             if method == "GET" and path == "/v1/keyring":
-                return 200, {"keys": self.service.keyring.list(), "primary": self.service.keyring.primary()}
+                return 200, {"keys": self.service.keyring.fingerprints()}
             body = await self._body(receive) if method == "POST" else {}
             if method == "POST" and path == "/v1/join":
                 seeds = body.get("seeds")
@@ -166,7 +169,7 @@ class _AdminApp:
                 if action not in ops:
                     return 404, {"error": f"no keyring action {action}"}
                 ops[action](key)
-                return 200, {"keys": self.service.keyring.list()}
+                return 200, {"keys": self.service.keyring.fingerprints()}
             if method == "POST" and path == "/v1/tags":
                 tags = body.get("tags")
                 if not isinstance(tags, dict) or not all(isinstance(k, str) and isinstance(v, str)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import os
 from typing import Any
 
@@ -10,7 +9,7 @@ import trio
 
 from ..ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
 from ..workers import WorkerError
-from .errors import ApiError, BadRequest, NotFound, Unauthorized, Unavailable
+from .errors import ApiError, BadRequest, NotFound, Unavailable
 from .http import Request
 from .protocol import parse_json_body
 
@@ -30,6 +29,8 @@ class WorkerRequestError(ApiError):
 async def list_models(state, request: Request) -> None:
     data = []
     for name in state.catalog.names():
+        if not request.principal.may_use(name):
+            continue  # a key limited to some models sees only those
         entry = state.catalog.get(name)
         data.append({"id": name, "object": "model", "created": entry.created, "owned_by": "smg-node",
                      "max_model_len": entry.max_context_tokens})
@@ -92,29 +93,20 @@ def _labels(body: dict[str, Any]) -> dict[str, str]:
     return labels
 
 
-def require_admin(state, request: Request) -> None:
-    """Changes to workers and limits need ``--admin-token`` when one is set (clients must not lift
-    their own rate limits); without one they are open, as smg's are."""
-    token = state.config.admin_token
-    if token is None:
-        return
-    given = request.header("authorization") or ""
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-        raise Unauthorized("this endpoint needs the node's admin token (Authorization: Bearer ...)",
-                           code="invalid_admin_token")
-
-
 async def add_worker(state, request: Request) -> None:
-    require_admin(state, request)
     body = parse_json_body(await request.body())
     url = body.get("url")
     if not isinstance(url, str) or not url or len(url) > 2048:
-        raise BadRequest("'url' (grpc://host:port or http://host:port) is required", param="url")
+        raise BadRequest("'url' (grpc://host:port, http://host:port or https://host:port) is required",
+                         param="url")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string", param="model")
+    api_key = body.get("api_key")  # the worker's own key (OpenAI-compatible HTTP workers); never shown
+    if api_key is not None and (not isinstance(api_key, str) or not 0 < len(api_key) <= 4096):
+        raise BadRequest("'api_key' must be a non-empty string", param="api_key")
     try:
-        worker = await state.registry.add(url, _labels(body), model)
+        worker = await state.registry.add(url, _labels(body), model, api_key=api_key)
         await state.catalog.ensure(worker, int(worker.registered_at))
     except WorkerError as e:
         raise WorkerRequestError(e) from None
@@ -122,7 +114,6 @@ async def add_worker(state, request: Request) -> None:
 
 
 async def remove_worker(state, request: Request) -> None:
-    require_admin(state, request)
     try:
         worker = await state.registry.remove(request.path_params["worker_id"])
     except WorkerError as e:
@@ -139,7 +130,6 @@ async def get_rate_limits(state, request: Request) -> None:
 
 async def put_rate_limits(state, request: Request) -> None:
     """Replace the limits in force; in a cluster the change reaches every node through the shared document."""
-    require_admin(state, request)
     limiter = state.rate_limiter
     if limiter is None:
         raise NotFound("rate limits are not available on this node", code="not_found")

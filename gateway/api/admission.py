@@ -18,13 +18,19 @@ from .errors import TooManyRequests, Unavailable
 
 @dataclasses.dataclass(frozen=True)
 class AdmissionConfig:
-    # 0 = unlimited (smg's default). With a limit, excess requests queue.
-    max_concurrent_requests: int = 0
+    # Generations running at once per gateway process; excess requests queue (0 = unlimited, smg's
+    # default). Finite by default: each running request holds its prompt's ids, its stream and a
+    # connection, so an unbounded number is an unbounded amount of memory. 256 is above what an engine
+    # batches (SGLang and vLLM default to 256 running sequences) and far above what wrk at 64
+    # connections needs.
+    max_concurrent_requests: int = 256
     queue_size: int = 100
     queue_timeout_s: float = 60.0
-    # Bodies above this are refused with 413 before being parsed. 32 MiB holds
-    # a full 128k-token context of text with room for JSON escaping.
-    body_bytes_max: int = 32 * 1024 * 1024
+    # Bodies above this are refused with 413 before being read. 8 MiB holds a 128k-token context of
+    # ordinary text (~4 characters per token, ~0.5-2 MB) four times over with JSON escaping; raise it
+    # for larger contexts. What a request may cost beyond its body is bounded by its model's context
+    # (gateway.api.openai.check_prompt_chars); BENCHMARKS.md measures the ceiling.
+    body_bytes_max: int = 8 * 1024 * 1024
     # The whole request, queue wait included; smg's default is 30 minutes.
     request_timeout_s: float = 1800.0
 

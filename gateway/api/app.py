@@ -14,41 +14,52 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 import trio
 
+from ..auth import Access, AuthError, Authenticator
 from . import admin, native, openai
-from .errors import ApiError, MethodNotAllowed, NotFound
+from .errors import ApiError, MethodNotAllowed, NotFound, from_auth_error
 from .http import ClientGone, Request, answer_lifespan
 
 log = logging.getLogger("gateway.api")
 access_log = logging.getLogger("gateway.access")
+audit_log = logging.getLogger("gateway.audit")
 
 Handler = Callable[[Any, Request], Awaitable[None]]
+Route = tuple[Handler, Access]
 
-_ROUTES: dict[str, dict[str, Handler]] = {
-    "/v1/chat/completions": {"POST": openai.chat_completions},
-    "/v1/completions": {"POST": openai.completions},
-    "/generate": {"POST": native.generate},
-    "/v1/tokenize": {"POST": native.tokenize},
-    "/v1/detokenize": {"POST": native.detokenize},
-    "/v1/models": {"GET": admin.list_models},
-    "/health": {"GET": admin.health},
-    "/liveness": {"GET": admin.liveness},
-    "/readiness": {"GET": admin.readiness},
-    "/metrics": {"GET": admin.metrics},
-    "/workers": {"GET": admin.list_workers, "POST": admin.add_worker},
-    "/admin/rate-limits": {"GET": admin.get_rate_limits, "PUT": admin.put_rate_limits},
+PUBLIC, DATA, ADMIN = Access.PUBLIC, Access.DATA, Access.ADMIN
+# Every route says who may call it (gateway/auth/authenticator.py): the control plane (workers,
+# rate limits) is ADMIN, reads included, since worker URLs and limits are the cluster's layout.
+_ROUTES: dict[str, dict[str, Route]] = {
+    "/v1/chat/completions": {"POST": (openai.chat_completions, DATA)},
+    "/v1/completions": {"POST": (openai.completions, DATA)},
+    "/generate": {"POST": (native.generate, DATA)},
+    "/v1/tokenize": {"POST": (native.tokenize, DATA)},
+    "/v1/detokenize": {"POST": (native.detokenize, DATA)},
+    "/v1/models": {"GET": (admin.list_models, DATA)},
+    "/health": {"GET": (admin.health, PUBLIC)},
+    "/liveness": {"GET": (admin.liveness, PUBLIC)},
+    "/readiness": {"GET": (admin.readiness, PUBLIC)},
+    "/metrics": {"GET": (admin.metrics, PUBLIC)},
+    "/workers": {"GET": (admin.list_workers, ADMIN), "POST": (admin.add_worker, ADMIN)},
+    "/admin/rate-limits": {"GET": (admin.get_rate_limits, ADMIN), "PUT": (admin.put_rate_limits, ADMIN)},
 }
 _WORKER_ROUTE = re.compile(r"^/workers/(?P<worker_id>[A-Za-z0-9._-]{1,128})$")
-_WORKER_METHODS: dict[str, Handler] = {"GET": admin.get_worker, "DELETE": admin.remove_worker}
+_WORKER_METHODS: dict[str, Route] = {"GET": (admin.get_worker, ADMIN), "DELETE": (admin.remove_worker, ADMIN)}
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
+# The access log escapes what a client chose (path, method) so it cannot forge log lines.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\\\"]")
 
 
 class GatewayApp:
-    def __init__(self, state: Any, background: trio.Nursery) -> None:
+    def __init__(self, state: Any, background: trio.Nursery, authenticator: Authenticator) -> None:
         self.state = state
         self._background = background
         self._body_bytes_max = state.config.admission.body_bytes_max
+        self._auth = authenticator
+        self._audit = state.config.auth.audit
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -59,9 +70,14 @@ class GatewayApp:
         request = Request(scope, receive, send, self._request_id(scope), self._body_bytes_max, self._background)
         started = time.perf_counter()
         route = "unmatched"
+        access = PUBLIC
         try:
-            route, handler = self._resolve(request)
+            route, handler, access = self._resolve(request)
+            request.principal = self._auth.authenticate(request.headers, access)
             await handler(self.state, request)
+        except AuthError as e:
+            error = from_auth_error(e)
+            await self._fail(request, error.status, error.body_bytes(), error.headers())
         except ApiError as e:
             await self._fail(request, e.status, e.body_bytes(), e.headers())
         except ClientGone:
@@ -77,22 +93,37 @@ class GatewayApp:
             elapsed = time.perf_counter() - started
             metrics.child(metrics.request_duration, route).observe(elapsed)
             if access_log.isEnabledFor(logging.INFO):
-                access_log.info("%s %s %d %.1fms", request.method, request.path, status, elapsed * 1000,
-                                extra={"request_id": request.request_id})
+                access_log.info("%s %s %d %.1fms", _printable(request.method), _printable(request.path), status,
+                                elapsed * 1000, extra={"request_id": request.request_id})
+            if self._audit and access is ADMIN and request.method not in ("GET", "HEAD"):
+                self._audit_entry(request, status)
 
-    def _resolve(self, request: Request) -> tuple[str, Handler]:
+    def _resolve(self, request: Request) -> tuple[str, Handler, Access]:
         methods = _ROUTES.get(request.path)
         route = request.path
         if methods is None:
             match = _WORKER_ROUTE.match(request.path)
             if match is None:
-                raise NotFound(f"no route {request.path}", code="not_found")
+                raise NotFound(f"no route {_printable(request.path)}", code="not_found")
             request.path_params = match.groupdict()
             methods, route = _WORKER_METHODS, "/workers/{id}"
-        handler = methods.get(request.method)
-        if handler is None:
-            raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}", code="method_not_allowed")
-        return route, handler
+        entry = methods.get(request.method)
+        if entry is None:
+            raise MethodNotAllowed(f"{_printable(request.method)} is not allowed on {_printable(request.path)}",
+                                   code="method_not_allowed")
+        return route, entry[0], entry[1]
+
+    @staticmethod
+    def _audit_entry(request: Request, status: int) -> None:
+        """A control-plane change attempted: who, what, when, from where, and how it ended."""
+        principal = request.principal
+        client = request.scope.get("client")
+        audit_log.info(orjson.dumps({
+            "time": time.time(), "request_id": request.request_id,
+            "who": principal.key_id if principal is not None else None,
+            "name": principal.name if principal is not None else None,
+            "action": f"{request.method} {request.path}", "from": f"{client[0]}:{client[1]}" if client else None,
+            "status": status, "outcome": "done" if 200 <= status < 300 else "refused"}).decode())
 
     @staticmethod
     def _request_id(scope: dict[str, Any]) -> str:
@@ -111,3 +142,10 @@ class GatewayApp:
         if request.response_started or request.disconnected:
             return  # the head is out (or nobody listens): nothing more can be said in HTTP terms
         await request.send_bytes(status, body, [(b"content-type", b"application/json"), *headers])
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters, quotes and backslashes escaped (log injection)."""
+    if _UNPRINTABLE.search(text) is None:
+        return text
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", text)

@@ -3,7 +3,8 @@
     ApiError(status, message, type, code, param)      -> {"error": {...}} with that status
       BadRequest              400 invalid_request_error   malformed JSON, wrong types, bad values
         ContextLengthExceeded 400 code=context_length_exceeded
-      Unauthorized            401 code=invalid_admin_token    admin endpoint without the --admin-token
+      Unauthorized            401 + WWW-Authenticate     no API key, or one we do not know
+      Forbidden               403                         a key without the role or the model
       NotFound                404 code=model_not_found / not_found
       PayloadTooLarge         413
       TooManyRequests         429 + Retry-After           queue full, rate limit reached
@@ -21,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from ..auth import AuthError, Unauthenticated
 from ..engine.errors import EngineCallError
 
 
@@ -72,6 +74,20 @@ class Unauthorized(ApiError):
     status = 401
     error_type = "invalid_request_error"
 
+    def __init__(self, message: str, *, code: str | None = None, credential_given: bool = False) -> None:
+        super().__init__(message, code=code)
+        self.credential_given = credential_given
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        # RFC 6750: the scheme, and error="invalid_token" when a token was sent and refused.
+        challenge = b'Bearer realm="smg-node"' + (b', error="invalid_token"' if self.credential_given else b"")
+        return [(b"www-authenticate", challenge)]
+
+
+class Forbidden(ApiError):
+    status = 403
+    error_type = "invalid_request_error"
+
 
 class PayloadTooLarge(ApiError):
     status = 413
@@ -111,3 +127,9 @@ def from_engine_error(e: EngineCallError) -> ApiError:
     if code == "NOT_FOUND":
         return NotFound(f"the engine does not know this: {e.details}", code="not_found")
     return UpstreamError(f"engine error {code}: {e.details}", code="engine_error")
+
+
+def from_auth_error(e: AuthError) -> ApiError:
+    if isinstance(e, Unauthenticated):
+        return Unauthorized(e.message, code=e.code, credential_given=e.credential_given)
+    return Forbidden(e.message, code=e.code)

@@ -16,9 +16,23 @@ HTTP/2, no websockets: load balancers speak HTTP/1.1 to their upstreams.
 
 Limits on what comes from outside (``H1Config``): request-line and header
 bytes (431/414), body read-ahead before the app consumes it (reading the
-socket pauses: TCP pushes back on the client), pipelined requests queued, and
-timeouts for a request being read, and for an idle keep-alive connection.
-A parse error is answered 400 and the connection closed.
+socket pauses: TCP pushes back on the client), pipelined requests queued,
+connections (``max_connections``: more are answered 503 at once and closed),
+timeouts for a request being read, for an idle keep-alive connection, and for
+a write the client does not take (``write_timeout_s``: a client that stops
+reading cannot hold the request's admission slot).
+
+Framing errors are the client's, answered and closed (h11's rules):
+a parse error anywhere, head or body, is a 400 (the app of a request whose body
+breaks is cancelled and the 400 sent in its place if nothing was answered yet);
+a ``Transfer-Encoding`` other than exactly ``chunked`` is a 501, and one together
+with a ``Content-Length`` a 400 (request smuggling); HTTP/1.1 without exactly one
+``Host`` is a 400; absolute-form targets (``GET http://h/p``) are served by their
+path; a response sent before its request's body was read to the end (a 413, say)
+closes the connection, since the rest of that body cannot be told from a next
+request. Closing then lingers: our side is shut for writing, and what the
+client still sends is read and dropped for up to LINGER_S, so the answer is not
+lost to a reset.
 
 Disconnects: the connection keeps reading while the app answers, so a client
 that goes away is seen at once: ``receive()`` returns ``http.disconnect``, and
@@ -67,6 +81,13 @@ _REASONS = {100: b"Continue", 200: b"OK", 201: b"Created", 202: b"Accepted", 204
             500: b"Internal Server Error", 501: b"Not Implemented", 502: b"Bad Gateway",
             503: b"Service Unavailable", 504: b"Gateway Timeout"}
 _STATUS_LINES: dict[int, bytes] = {}
+# After an answer sent before its request body ended: drop what the client still sends this long
+# (and at most this much) before closing, so that the answer is read rather than lost to a TCP reset.
+LINGER_S = 2.0
+LINGER_BYTES_MAX = 4 * 1024 * 1024
+_BUSY_BODY = b'{"error":{"message":"too many connections","type":"service_unavailable","param":null,"code":"busy"}}'
+_BUSY_ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                b"retry-after: 1\r\ncontent-length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
 
 
 def _status_line(status: int) -> bytes:
@@ -97,6 +118,12 @@ class H1Config:
     backlog: int = 2048
     # In-flight requests get this long to finish after shutdown begins; idle connections close at once.
     graceful_timeout_s: float = 30.0
+    # A write the client's socket does not take within this ends the connection (and cancels its
+    # request): a reader that stalls on purpose cannot hold a slot. Long enough for any real client.
+    write_timeout_s: float = 60.0
+    # Connections served at once; past it, a new one gets a 503 and is closed without reading it.
+    # Each costs a descriptor and ~10 KB; 8,192 stays below common descriptor limits with room to spare.
+    max_connections: int = 8192
     # SO_REUSEPORT: several worker processes bind the same port and the kernel spreads connections.
     reuse_port: bool = False
 
@@ -124,7 +151,8 @@ class _Cycle:
 
     __slots__ = ("scope", "chunks", "buffered_bytes", "body_complete", "body_delivered", "response_started",
                  "response_complete", "keep_alive", "head_only", "chunked", "expect_continue", "continue_sent",
-                 "status", "headers", "error_status", "error_message", "wakeup", "connection", "disconnect_scopes")
+                 "status", "headers", "error_status", "error_message", "wakeup", "connection", "disconnect_scopes",
+                 "app_scope")
 
     def __init__(self, connection: "_Connection", scope: dict[str, Any], keep_alive: bool,
                  expect_continue: bool) -> None:
@@ -147,6 +175,7 @@ class _Cycle:
         self.error_message = ""
         self.wakeup = trio.lowlevel.ParkingLot()
         self.disconnect_scopes: list[trio.CancelScope] = []
+        self.app_scope: trio.CancelScope | None = None  # the app's run: cancelled if the body cannot be read
 
     # -- the disconnect extension (scope["extensions"][DISCONNECT_EXTENSION]) ----
 
@@ -188,7 +217,7 @@ class _Cycle:
                     self.continue_sent = True
                     await connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                     continue
-            if self.response_complete or connection.closed:
+            if self.response_complete or connection.closed or self.error_status:
                 return {"type": "http.disconnect"}
             await self.wakeup.park()
 
@@ -254,7 +283,9 @@ class _Cycle:
 
     def _head(self, body: bytes, more_body: bool) -> bytes:
         connection = self.connection
-        if connection.server.shutting_down:
+        if connection.server.shutting_down or not self.body_complete:
+            # Answered before the body ended (a 413, an early error): the rest of that body cannot be
+            # told from a next request, so this connection serves no other.
             self.keep_alive = False
         has_length = False
         parts = [_status_line(self.status)]
@@ -300,7 +331,9 @@ class _Connection:
         self._header_bytes = 0
         self._in_message = False
         self._head_error = 0
+        self._head_message = ""
         self._upgraded = False
+        self._unread_input = False  # a request body was cut short: linger before closing
         self._cycles_changed = trio.lowlevel.ParkingLot()
         self._read_allowed = trio.lowlevel.ParkingLot()
         self._send_lock = trio.StrictFIFOLock()
@@ -336,17 +369,54 @@ class _Connection:
         if self._header_bytes > self.server.config.header_bytes_max:
             self._head_error = 431
             raise _HeadTooLarge()
-        self._headers.append((name.lower(), value))
+        name = name.lower()
+        if name == b"transfer-encoding" and value.strip().lower() != b"chunked":
+            # Decided here, before llhttp judges the value (it would say 400): h11's 501 for codings we lack.
+            self._head_refused(501, "Transfer-Encoding other than chunked is not supported")
+        self._headers.append((name, value))
+
+    def _check_framing(self, http_version: str) -> None:
+        """h11's rules for the head, before the request reaches the app (raises _HeadRefused)."""
+        hosts = 0
+        transfer_encoding = content_length = None
+        for name, value in self._headers:
+            if name == b"host":
+                hosts += 1
+            elif name == b"transfer-encoding":
+                if transfer_encoding is not None:
+                    self._head_refused(501, "only one Transfer-Encoding: chunked is supported")
+                transfer_encoding = value
+            elif name == b"content-length":
+                content_length = value
+        if transfer_encoding is not None:
+            if transfer_encoding.strip().lower() != b"chunked":
+                self._head_refused(501, "Transfer-Encoding other than chunked is not supported")
+            if content_length is not None:
+                self._head_refused(400, "Transfer-Encoding and Content-Length together")
+        if http_version == "1.1" and hosts != 1:
+            self._head_refused(400, "an HTTP/1.1 request needs exactly one Host header")
+
+    def _head_refused(self, status: int, message: str) -> None:
+        self._head_error = status
+        self._head_message = message
+        raise _HeadTooLarge()
 
     def on_headers_complete(self) -> None:
         parser = self._parser
+        http_version = parser.get_http_version()
+        self._check_framing(http_version)
         url = self._url
+        if not url.startswith(b"/"):
+            # Absolute form (RFC 9112 3.2.2) is served by its path; "*" and authority form are not ours.
+            scheme, sep, rest = url.partition(b"://")
+            if not sep or scheme.lower() not in (b"http", b"https"):
+                self._head_refused(400, "the request target must be a path or an absolute http URL")
+            url = b"/" + rest.partition(b"/")[2]
         path, _, query = url.partition(b"?")
         raw_path = path
         path_text = path.decode("latin-1")
         if "%" in path_text:
             path_text = unquote(path_text, encoding="utf-8", errors="replace")
-        http_version = parser.get_http_version()
         scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": http_version,
                  "method": parser.get_method().decode("ascii"), "scheme": "http", "path": path_text,
                  "raw_path": raw_path, "query_string": query, "root_path": "", "headers": self._headers,
@@ -426,8 +496,10 @@ class _Connection:
             except httptools.HttpParserError as e:
                 # A limit our callbacks enforce surfaces here too (httptools wraps what they raise).
                 if self._head_error:
-                    self._refuse(self._head_error, "request head too large" if self._head_error == 431
-                                 else "request URL too long")
+                    self._refuse(self._head_error, self._head_message or (
+                        "request head too large" if self._head_error == 431 else "request URL too long"))
+                elif self._parsing is not None:
+                    self._body_broken(self._parsing, f"malformed HTTP request body: {e}")
                 else:
                     self._refuse(400, f"malformed HTTP request: {e}")
                 return
@@ -450,6 +522,20 @@ class _Connection:
                 scope.cancel()
         if self._parsing is not None:
             self._parsing.wakeup.unpark_all()
+        self._cycles_changed.unpark_all()
+
+    def _body_broken(self, cycle: _Cycle, message: str) -> None:
+        """The body of a request already handed to the app cannot be parsed: the app is cancelled and
+        the 400 goes in its place (the answer loop sends it), then the connection closes."""
+        self._parsing = None
+        self._unread_input = True
+        cycle.error_status = 400
+        cycle.error_message = message
+        cycle.keep_alive = False
+        self.server.refused += 1
+        if cycle.app_scope is not None:
+            cycle.app_scope.cancel()
+        cycle.wakeup.unpark_all()
         self._cycles_changed.unpark_all()
 
     def _refuse(self, status: int, message: str) -> None:
@@ -500,7 +586,12 @@ class _Connection:
                     return
                 data = data[sent:]
             async with self._send_lock:  # (acquired before any yield: nothing can write in between)
-                await self.stream.send_all(data)
+                with trio.move_on_after(self.server.config.write_timeout_s) as deadline:
+                    await self.stream.send_all(data)
+                if deadline.cancelled_caught:
+                    log.info("a client took no bytes for %.0fs: closing its connection",
+                             self.server.config.write_timeout_s)
+                    self._lost()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             self._lost()
 
@@ -513,23 +604,25 @@ class _Connection:
                 await self._cycles_changed.park()
             cycle = self._cycles[0]
             if cycle.error_status:
-                body = orjson.dumps({"error": {"message": cycle.error_message, "type": "invalid_request_error",
-                                               "param": None, "code": "bad_http_request"}})
-                await cycle.send({"type": "http.response.start", "status": cycle.error_status,
-                                  "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
-                await cycle.send({"type": "http.response.body", "body": body})
+                await self._answer_error(cycle)
                 return
             if self.closed and not cycle.body_complete:
                 return
             server.in_flight += 1
             try:
-                await server.app(cycle.scope, cycle.receive, cycle.send)
+                with trio.CancelScope() as cycle.app_scope:
+                    await server.app(cycle.scope, cycle.receive, cycle.send)
             except Exception:
                 log.exception("ASGI app failed on %s %s", cycle.scope["method"], cycle.scope["path"])
             finally:
+                cycle.app_scope = None
                 server.in_flight -= 1
                 if server.in_flight == 0:
                     server.idle.unpark_all()
+            if cycle.error_status:  # its body broke while the app ran: the 400 (if nothing went out yet)
+                if not cycle.response_started and not self.closed:
+                    await self._answer_error(cycle)
+                return
             if not cycle.response_started and not self.closed:
                 body = b'{"error":{"message":"internal error","type":"server_error","param":null,"code":null}}'
                 cycle.keep_alive = False
@@ -547,12 +640,37 @@ class _Connection:
             if not cycle.keep_alive or self.closed:
                 return
 
+    async def _answer_error(self, cycle: _Cycle) -> None:
+        body = orjson.dumps({"error": {"message": cycle.error_message, "type": "invalid_request_error",
+                                       "param": None, "code": "bad_http_request"}})
+        cycle.headers = None
+        await cycle.send({"type": "http.response.start", "status": cycle.error_status,
+                          "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+        await cycle.send({"type": "http.response.body", "body": body})
+
+    async def _linger(self) -> None:
+        """Shut our side, then read and drop what the client still sends, bounded in time and bytes."""
+        with trio.move_on_after(LINGER_S):
+            try:
+                await self.stream.send_eof()
+                dropped = 0
+                while dropped < LINGER_BYTES_MAX:
+                    data = await self.stream.receive_some(65536)
+                    if not data:
+                        return
+                    dropped += len(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError, OSError):
+                return
+
     async def run(self) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_loop)
                 await self._answer_loop()
                 nursery.cancel_scope.cancel()
+            if not self.closed and (self._unread_input or any(not c.body_complete for c in self._cycles)
+                                    or self._in_message):
+                await self._linger()
         finally:
             self.closed = True
             with trio.move_on_after(1) as cleanup:
@@ -582,6 +700,7 @@ class H1Server:
         self.shutting_down = False
         self.in_flight = 0
         self.refused = 0  # requests answered 4xx by the server itself (malformed or too large)
+        self.refused_connections = 0  # over max_connections
         self.idle = trio.lowlevel.ParkingLot()
         self._connections: set[_Connection] = set()
 
@@ -621,7 +740,20 @@ class H1Server:
                     await trio.sleep(0.1)
                     continue
                 raise
+            if len(self._connections) >= self.config.max_connections:
+                self.refused_connections += 1
+                connections.start_soon(self._refuse_connection, stream)
+                continue
             connections.start_soon(self._serve_connection, stream)
+
+    @staticmethod
+    async def _refuse_connection(stream: trio.SocketStream) -> None:
+        """Over max_connections: a 503 without reading anything, then close (no linger: bounded work)."""
+        try:
+            send_now(stream, _BUSY_ANSWER)
+        except OSError:
+            pass
+        await trio.aclose_forcefully(stream)
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
         connection = _Connection(self, stream)

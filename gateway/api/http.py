@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 import trio
 
+from ..auth import ANONYMOUS, Principal
 from .errors import BadRequest, PayloadTooLarge
 from .h1server import DISCONNECT_EXTENSION
 
@@ -33,6 +34,7 @@ class Request:
         self.response_started = False
         self.status = 0
         self.path_params: dict[str, str] = {}
+        self.principal: Principal = ANONYMOUS  # set by the app once the route's access is checked
         self.disconnected = False
         self._background = background
         # Added to every response head (the rate-limit headers, decided before the answer is).

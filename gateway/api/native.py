@@ -7,7 +7,7 @@ from typing import Any
 from ..generation import GenerationResult
 from .errors import BadRequest
 from .http import Request, sse_event
-from .openai import check_vocab, plan_generation, ready_model_entry, render_prompt
+from .openai import check_prompt_chars, check_vocab, encode_chat, plan_generation, ready_model_entry
 from .protocol import parse_chat, parse_generate, parse_json_body, token_ids
 from .respond import admitted, run_streamed, run_unary
 
@@ -25,7 +25,7 @@ def _meta(request: Request, result: GenerationResult) -> dict[str, Any]:
 async def generate(state, request: Request) -> None:
     """Token-level generation. Streaming events carry the cumulative text, as SGLang's do."""
     gen = parse_generate(parse_json_body(await request.body()))
-    entry = await ready_model_entry(state, gen.model)
+    entry = await ready_model_entry(state, gen.model, request.principal)
     tokenizer = entry.tokenizer
     if tokenizer is None:
         raise BadRequest(f"the model '{entry.name}' is served by HTTP workers only; /generate needs a gRPC engine",
@@ -34,6 +34,7 @@ async def generate(state, request: Request) -> None:
         check_vocab(gen.input_ids, tokenizer)
         input_ids = list(gen.input_ids)
     else:
+        check_prompt_chars(entry, tokenizer, gen.text, "text")
         input_ids = await tokenizer.encode(gen.text, add_special_tokens=True)
     plan = plan_generation(state, request, entry, input_ids, gen.sampling, gen.stream, "text")
     async with admitted(state, request, plan):
@@ -58,7 +59,8 @@ async def generate(state, request: Request) -> None:
 
 async def tokenize(state, request: Request) -> None:
     body = parse_json_body(await request.body())
-    entry = await ready_model_entry(state, body.get("model") if isinstance(body.get("model"), str) else None)
+    entry = await ready_model_entry(state, body.get("model") if isinstance(body.get("model"), str) else None,
+                                    request.principal)
     tokenizer = entry.tokenizer
     if tokenizer is None:
         raise BadRequest(f"the model '{entry.name}' has no tokenizer on this node", code="unsupported_model")
@@ -69,23 +71,25 @@ async def tokenize(state, request: Request) -> None:
         messages = body["messages"]
         if not isinstance(messages, list) or not messages or len(messages) > TOKENIZE_MESSAGES_MAX:
             raise BadRequest("'messages' must be a non-empty array", param="messages")
-        chat = parse_chat({"model": entry.name, "messages": messages})
+        chat = parse_chat({"model": entry.name, "messages": messages,
+                           "special_tokens_in_content": body.get("special_tokens_in_content", False)})
         if tokenizer.chat_template is None:
             raise BadRequest("this model has no chat template", code="no_chat_template")
         add_generation_prompt = body.get("add_generation_prompt", True)
-        text = render_prompt(tokenizer, chat.messages, add_generation_prompt=bool(add_generation_prompt))
-        add_special = False
+        ids = await encode_chat(state, request, entry, tokenizer, chat, bool(add_generation_prompt))
     else:
         text = body.get("prompt")
         if not isinstance(text, str):
             raise BadRequest("'prompt' (a string) or 'messages' is required", param="prompt")
-    ids = await tokenizer.encode(text, add_special_tokens=add_special)
+        check_prompt_chars(entry, tokenizer, text, "prompt")
+        ids = await tokenizer.encode(text, add_special_tokens=add_special)
     await request.send_json(200, {"tokens": ids, "count": len(ids), "max_model_len": entry.max_context_tokens})
 
 
 async def detokenize(state, request: Request) -> None:
     body = parse_json_body(await request.body())
-    entry = await ready_model_entry(state, body.get("model") if isinstance(body.get("model"), str) else None)
+    entry = await ready_model_entry(state, body.get("model") if isinstance(body.get("model"), str) else None,
+                                    request.principal)
     tokenizer = entry.tokenizer
     if tokenizer is None:
         raise BadRequest(f"the model '{entry.name}' has no tokenizer on this node", code="unsupported_model")

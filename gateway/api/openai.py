@@ -13,27 +13,31 @@ from typing import Any
 import orjson
 import trio
 
+from ..auth import Authenticator, Principal
 from ..generation import GenerationPlan, GenerationResult, UsageTally
 from ..models import ModelEntry
 from ..routing.policies import RoutingRequest
 from ..tokenizer.chat_template import TemplateError
 from ..tokenizer.service import TokenizerService
-from .errors import BadRequest, ContextLengthExceeded, NotFound, Unavailable
+from .errors import BadRequest, ContextLengthExceeded, Forbidden, NotFound, Unavailable
 from .http import Request, sse_event
-from .protocol import SamplingRequest, parse_chat, parse_completion, parse_json_body
+from .protocol import ChatRequest, SamplingRequest, parse_chat, parse_completion, parse_json_body
 from .respond import admitted, run_streamed, run_unary
 from .state import GatewayState
 
 
-def model_entry(state: GatewayState, model: str | None) -> ModelEntry:
+def model_entry(state: GatewayState, model: str | None, principal: Principal) -> ModelEntry:
     if model is None:
         names = state.catalog.names()
         if len(names) == 1:
-            return state.catalog.get(names[0])
-        raise BadRequest("'model' is required when the node serves several models", param="model")
+            model = names[0]
+        else:
+            raise BadRequest("'model' is required when the node serves several models", param="model")
     entry = state.catalog.get(model)
     if entry is None:
         raise NotFound(f"The model '{model}' does not exist", param="model", code="model_not_found")
+    if principal.models is not None:
+        Authenticator.check_model(principal, entry.name)
     return entry
 
 
@@ -41,9 +45,9 @@ def model_entry(state: GatewayState, model: str | None) -> ModelEntry:
 TOKENIZER_WAIT_S = 30.0
 
 
-async def ready_model_entry(state: GatewayState, model: str | None) -> ModelEntry:
-    """The model's entry, once the tokenizer it needs (if any) is loaded."""
-    entry = model_entry(state, model)
+async def ready_model_entry(state: GatewayState, model: str | None, principal: Principal) -> ModelEntry:
+    """The model's entry (if the caller may use it), once the tokenizer it needs (if any) is loaded."""
+    entry = model_entry(state, model, principal)
     if entry.tokenizer is None and entry.tokenizer_wanted:
         with trio.move_on_after(TOKENIZER_WAIT_S):
             await entry.tokenizer_loaded.wait()
@@ -169,7 +173,7 @@ async def _respond(state: GatewayState, request: Request, plan: GenerationPlan, 
 async def chat_completions(state: GatewayState, request: Request) -> None:
     raw = await request.body()
     chat = parse_chat(parse_json_body(raw))
-    entry = await ready_model_entry(state, chat.model)
+    entry = await ready_model_entry(state, chat.model, request.principal)
     if entry.tokenizer is None:
         await state.proxy.forward(request, raw, entry.name, "/v1/chat/completions", chat.stream,
                                   RoutingRequest(text=_routing_text(chat.messages),
@@ -179,9 +183,7 @@ async def chat_completions(state: GatewayState, request: Request) -> None:
     if tokenizer.chat_template is None:
         raise BadRequest(f"the model '{entry.name}' has no chat template; use /v1/completions or pass "
                          f"--chat-template", code="no_chat_template")
-    prompt = render_prompt(tokenizer, chat.messages, add_generation_prompt=True, tools=chat.tools,
-                           **chat.template_kwargs)
-    input_ids = await tokenizer.encode(prompt, add_special_tokens=False)
+    input_ids = await encode_chat(state, request, entry, tokenizer, chat, True)
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "messages")
     shape = _OpenAIShape(True, "chatcmpl-" + request.request_id, entry.name)
     await _respond(state, request, plan, tokenizer, shape, chat.include_usage)
@@ -190,7 +192,7 @@ async def chat_completions(state: GatewayState, request: Request) -> None:
 async def completions(state: GatewayState, request: Request) -> None:
     raw = await request.body()
     comp = parse_completion(parse_json_body(raw))
-    entry = await ready_model_entry(state, comp.model)
+    entry = await ready_model_entry(state, comp.model, request.principal)
     if entry.tokenizer is None:
         await state.proxy.forward(request, raw, entry.name, "/v1/completions", comp.stream,
                                   RoutingRequest(text=comp.prompt_text or "",
@@ -202,6 +204,7 @@ async def completions(state: GatewayState, request: Request) -> None:
         input_ids = list(comp.prompt_ids)
         prompt_text = tokenizer.decode(input_ids, skip_special_tokens=False) if comp.echo else ""
     else:
+        check_prompt_chars(entry, tokenizer, comp.prompt_text, "prompt")
         input_ids = await tokenizer.encode(comp.prompt_text, add_special_tokens=True)
         prompt_text = comp.prompt_text
     plan = plan_generation(state, request, entry, input_ids, comp.sampling, comp.stream, "prompt")
@@ -210,12 +213,40 @@ async def completions(state: GatewayState, request: Request) -> None:
                    prefix_text=prompt_text if comp.echo else "")
 
 
+async def encode_chat(state: GatewayState, request: Request, entry: ModelEntry, tokenizer: TokenizerService,
+                      chat: ChatRequest, add_generation_prompt: bool) -> list[int]:
+    """The chat's prompt ids. Client text that spells a special token is encoded as plain text
+    (gateway/tokenizer/literal_spans.py) unless the node trusts it (--allow-special-tokens-in-content)
+    or an admin key asks for it (``"special_tokens_in_content": true``)."""
+    messages, tools, spans = chat.messages, chat.tools, []
+    if chat.special_tokens_in_content and not request.principal.is_admin:
+        raise Forbidden("'special_tokens_in_content' needs an admin key", code="insufficient_role")
+    if not (state.config.allow_special_tokens_in_content or chat.special_tokens_in_content):
+        messages, tools, spans = tokenizer.literal_spans.protect(messages, tools)
+    prompt = render_prompt(tokenizer, messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                           **chat.template_kwargs)
+    check_prompt_chars(entry, tokenizer, prompt, "messages")
+    if spans:
+        return await tokenizer.encode_with_literals(tokenizer.literal_spans.split(prompt, spans))
+    return await tokenizer.encode(prompt, add_special_tokens=False)
+
+
 def render_prompt(tokenizer: TokenizerService, messages: "list[dict[str, Any]]", **options: Any) -> str:
     """The chat template on these messages; a template that fails on them is the request's 400."""
     try:
         return tokenizer.chat_template.render(messages, **options)
     except TemplateError as e:
         raise BadRequest(str(e), param="messages", code="chat_template_error") from None
+
+
+def check_prompt_chars(entry: ModelEntry, tokenizer: TokenizerService, text: str, param: str) -> None:
+    """Refuse, before encoding it, a text that cannot fit the context whatever its tokens: encoding
+    a 30 MB prompt to find out took 1.4 GiB and seconds of a core."""
+    context = entry.max_context_tokens
+    if context and len(text) > context * tokenizer.token_chars_max:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {context} tokens, and your prompt has {len(text)} characters: "
+            f"more than that many tokens can hold. Please reduce the length of the prompt.", param=param)
 
 
 def check_vocab(ids: "tuple[int, ...] | list[int]", tokenizer: TokenizerService) -> None:

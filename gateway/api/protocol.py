@@ -18,6 +18,15 @@ STOP_STRINGS_MAX = 16
 STOP_STRING_CHARS_MAX = 1024
 REQUEST_ID_CHARS_MAX = 128
 MESSAGES_MAX = 10_000
+# Integers go into the engines' protobuf fields, the narrowest of which (smg-grpc-proto: top_k and
+# vLLM's seed are int32; max/min tokens, stop token ids are uint32) bound what we accept, so a
+# client's 2^63 - 1 is a 400 here rather than a ValueError (a 500) in the engine client.
+INT32_MAX = 2 ** 31 - 1
+UINT32_MAX = 2 ** 32 - 1
+# Keys of chat_template_kwargs the gateway itself passes to templates: a client must not replace the
+# conversation, the tools, or the special tokens the template wraps turns in.
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "documents",
+                                      "continue_final_message", "raise_exception", "strftime_now"})
 _MISSING = object()
 
 
@@ -67,10 +76,12 @@ def _number(body: dict[str, Any], name: str, lo: float, hi: float, default: Any 
     return float(value)
 
 
-def _positive_int(body: dict[str, Any], name: str, default: Any = None, minimum: int = 1) -> int | None:
+def _positive_int(body: dict[str, Any], name: str, default: Any = None, minimum: int = 1,
+                  maximum: int = INT32_MAX) -> int | None:
     value = _field(body, name, int, default)
-    if value is not None and value < minimum:
-        raise BadRequest(f"'{name}' must be at least {minimum}, got {value}", param=name, code="invalid_value")
+    if value is not None and not minimum <= value <= maximum:
+        raise BadRequest(f"'{name}' must be between {minimum} and {maximum}, got {value}", param=name,
+                         code="invalid_value")
     return value
 
 
@@ -91,9 +102,10 @@ def _stop(body: dict[str, Any], name: str = "stop") -> tuple[str, ...]:
 
 
 def token_ids(value: Any, name: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= UINT32_MAX
                                               for t in value):
-        raise BadRequest(f"'{name}' must be an array of non-negative integers", param=name, code="invalid_type")
+        raise BadRequest(f"'{name}' must be an array of token ids (integers from 0)", param=name,
+                         code="invalid_type")
     return tuple(value)
 
 
@@ -129,15 +141,17 @@ def parse_sampling(body: dict[str, Any], max_tokens_names: "tuple[str, ...]") ->
     if n != 1:
         raise BadRequest("only n=1 is supported", param="n", code="unsupported_value")
     top_k = _field(body, "top_k", int, None)
-    if top_k is not None and top_k != -1 and top_k < 1:
-        raise BadRequest("'top_k' must be -1 (off) or at least 1", param="top_k", code="invalid_value")
+    if top_k is not None and top_k != -1 and not 1 <= top_k <= INT32_MAX:
+        raise BadRequest(f"'top_k' must be -1 (off) or between 1 and {INT32_MAX}", param="top_k",
+                         code="invalid_value")
     stop_token_ids = token_ids(body["stop_token_ids"], "stop_token_ids") if body.get("stop_token_ids") else ()
     top_p = _number(body, "top_p", 0.0, 1.0)
     if top_p is not None and top_p == 0:
         raise BadRequest("'top_p' must be greater than 0", param="top_p", code="invalid_value")
     seed = _field(body, "seed", int, None)
-    if seed is not None and not -(2 ** 63) <= seed < 2 ** 63:
-        raise BadRequest("'seed' is out of range", param="seed", code="invalid_value")
+    if seed is not None and not -INT32_MAX - 1 <= seed <= INT32_MAX:
+        raise BadRequest(f"'seed' must be a 32-bit integer (between {-INT32_MAX - 1} and {INT32_MAX})", param="seed",
+                         code="invalid_value")
     return SamplingRequest(
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", 0.0, 2.0),
@@ -173,6 +187,8 @@ class ChatRequest:
     include_usage: bool
     tools: list[dict[str, Any]] | None
     template_kwargs: dict[str, Any]
+    # Asks for special-token spellings in messages to be tokenized as control tokens (admin keys only).
+    special_tokens_in_content: bool = False
 
 
 def _message_content(message: dict[str, Any], index: int) -> str:
@@ -225,11 +241,16 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     stream_options = _field(body, "stream_options", dict, {})
     tools = _field(body, "tools", list, None)
     template_kwargs = dict(_field(body, "chat_template_kwargs", dict, {}))
+    for key in template_kwargs:
+        if key in RESERVED_TEMPLATE_KWARGS or key.endswith("_token") or key.startswith("_") or not key.isidentifier():
+            raise BadRequest(f"chat_template_kwargs may not set {key!r}: the gateway passes it",
+                             param="chat_template_kwargs", code="invalid_value")
     return ChatRequest(
         model=model, messages=messages,
         sampling=parse_sampling(body, ("max_completion_tokens", "max_tokens")),
         stream=stream, include_usage=bool(stream_options.get("include_usage")) if stream else False,
-        tools=tools or None, template_kwargs=template_kwargs)
+        tools=tools or None, template_kwargs=template_kwargs,
+        special_tokens_in_content=_field(body, "special_tokens_in_content", bool, False))
 
 
 @dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)

@@ -86,8 +86,12 @@ async def rate_limited(limiter: RateLimiter | None, request: Request, model: str
     if limiter is None or not limiter.active:
         yield
         return
-    identity = limiter.identity(request.header("authorization"), request.header(limiter.config.tenant_header),
-                                model)
+    principal = request.principal
+    if principal.authenticated:  # keyed by the credential, never by headers the client picks
+        identity = limiter.principal_identity(principal.key_id, principal.tenant, model)
+    else:
+        identity = limiter.identity(request.header("authorization"), request.header(limiter.config.tenant_header),
+                                    model)
     verdict = await limiter.check(identity, estimated_tokens)
     request.extra_headers = rate_limit_headers(verdict)
     if not verdict.allowed:

@@ -51,20 +51,23 @@ class HttpUpstreamResponse:
 
 
 class HttpWorkerClient:
-    def __init__(self, base_url: str, client: httpx2.AsyncClient) -> None:
+    def __init__(self, base_url: str, client: httpx2.AsyncClient, api_key: str | None = None) -> None:
+        """``api_key``: the worker's own key, configured by the operator (the clients' keys are the
+        gateway's and never reach a worker: gateway/proxy.py)."""
         self.base_url = base_url.rstrip("/")
         self._client = client
+        self._auth = [("authorization", f"Bearer {api_key}")] if api_key else []
 
     async def health(self, timeout_s: float, endpoint: str = "/health") -> bool:
         try:
-            r = await self._client.get(self.base_url + endpoint, timeout=timeout_s)
+            r = await self._client.get(self.base_url + endpoint, timeout=timeout_s, headers=self._auth)
         except httpx2.HTTPError as e:
             raise _call_error(e) from None
         return r.status_code < 400
 
     async def models(self, timeout_s: float) -> list[str]:
         try:
-            r = await self._client.get(self.base_url + "/v1/models", timeout=timeout_s)
+            r = await self._client.get(self.base_url + "/v1/models", timeout=timeout_s, headers=self._auth)
             r.raise_for_status()
             return [m["id"] for m in r.json().get("data", []) if isinstance(m, dict) and "id" in m]
         except httpx2.HTTPStatusError as e:
@@ -79,7 +82,7 @@ class HttpWorkerClient:
                       timeout_s: float | None) -> AsyncIterator[HttpUpstreamResponse]:
         """Send the request; a retryable status raises (nothing was relayed yet)."""
         send_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers
-                        if k.decode("latin-1").lower() not in _DROP_HEADERS]
+                        if k.decode("latin-1").lower() not in _DROP_HEADERS] + self._auth
         request = self._client.build_request("POST", self.base_url + path, content=body, headers=send_headers,
                                              timeout=timeout_s)
         try:

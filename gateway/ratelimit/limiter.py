@@ -176,7 +176,13 @@ class RateLimiter:
     # -- the request path -------------------------------------------------
 
     def identity(self, authorization: str | None, tenant: str | None, model: str | None) -> Identity:
+        """Without authentication: the presented bearer key (hashed) and the tenant header."""
         return Identity(Identity.hash_api_key(authorization), tenant[:IDENTITY_CHARS_MAX] if tenant else None, model)
+
+    @staticmethod
+    def principal_identity(key_id: str, tenant: str | None, model: str | None) -> Identity:
+        """With authentication: the key's stable id (hashed as the others are) and its tenant."""
+        return Identity(Identity.hash_api_key(key_id), tenant, model)
 
     async def check(self, identity: Identity, estimated_tokens: int) -> Verdict:
         """Decide every limit that applies; when one denies, give back what the others took."""

@@ -35,6 +35,7 @@ from .chat_template import ChatTemplate
 from .encoder_threads import EncoderThreads
 from .fast_bpe import FastBpe, NotEquivalent
 from .fast_decode import ByteLevelDecoder, ByteLevelStream
+from .literal_spans import LiteralSpans
 from .fast_template import FUEL
 
 log = logging.getLogger("gateway.tokenizer")
@@ -161,6 +162,10 @@ class TokenizerService:
         if "tokenizer_config.json" in files:
             tokenizer_config = json.loads(files["tokenizer_config.json"])
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        # No token stands for more characters than its own text has (byte-level: one character per
+        # byte; a text character is at least a byte), so a text longer than context x this cannot fit
+        # and is refused before it is encoded (gateway.api.openai.check_prompt_chars).
+        self.token_chars_max = max(map(len, self.tokenizer.get_vocab(with_added_tokens=True)), default=1)
 
         special = {name: _token_text(tokenizer_config.get(name))
                    for name in ("bos_token", "eos_token", "pad_token", "unk_token")}
@@ -168,6 +173,9 @@ class TokenizerService:
         self.special_token_ids = frozenset(
             i for i, t in self.tokenizer.get_added_tokens_decoder().items()
             if t.special)
+        # Client text spelling any added token is encoded as plain text (literal_spans.py).
+        self.literal_spans = LiteralSpans([t.content for t in self.tokenizer.get_added_tokens_decoder().values()])
+        self._plain_tokenizer: tokenizers.Tokenizer | None = None  # made on first use: rare, ~tens of MB
 
         template_source = chat_template_override or self._template_source(tokenizer_config, files)
         self.chat_template = ChatTemplate(template_source, special, fast=config.fast_chat_template,
@@ -300,6 +308,21 @@ class TokenizerService:
         ids = (await self._encode_off_loop([text], add_special_tokens))[0]
         self._l0.put(text, add_special_tokens, ids)
         return ids
+
+    async def encode_with_literals(self, parts: "list[tuple[str, bool]]") -> list[int]:
+        """Ids of a rendered prompt cut by ``LiteralSpans.split``: its text as ``encode`` gives it,
+        the client's spans with special tokens encoded as plain text."""
+        ids: list[int] = []
+        for text, literal in parts:
+            ids += self.encode_plain(text) if literal else await self.encode(text, add_special_tokens=False)
+        return ids
+
+    def encode_plain(self, text: str) -> list[int]:
+        """``text`` with no special token recognised in it (short spans only: on the event loop)."""
+        if self._plain_tokenizer is None:
+            self._plain_tokenizer = tokenizers.Tokenizer.from_str(self.tokenizer.to_str())
+            self._plain_tokenizer.encode_special_tokens = True
+        return self._plain_tokenizer.encode(text, add_special_tokens=False).ids
 
     def _l1_applies(self, text: str, add_special_tokens: bool) -> bool:
         return self._boundary is not None and self._l1.bytes_max > 0 and (

@@ -61,7 +61,7 @@ def client(node):
 
 @pytest.fixture(scope="session")
 def http(node):
-    with httpx2.Client(base_url=node.url, timeout=60) as c:
+    with httpx2.Client(base_url=node.url, timeout=60, headers=node.admin_headers) as c:
         yield c
 
 

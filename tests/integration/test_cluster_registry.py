@@ -24,7 +24,7 @@ def node_args(i: int, *extra: str, seed: int = 0) -> list[str]:
 
 
 def workers(node: NodeProcess) -> dict[str, dict]:
-    return {w["url"]: w for w in httpx2.get(node.url + "/workers", timeout=10).json()["workers"]}
+    return {w["url"]: w for w in httpx2.get(node.url + "/workers", timeout=10, headers=node.admin_headers).json()["workers"]}
 
 
 @pytest.fixture
@@ -49,10 +49,10 @@ def test_registry_is_shared_and_survives_its_registering_node(cluster):
                                           max_tokens=3).usage.completion_tokens == 3
 
     # Registration and removal through any node reach every node.
-    assert httpx2.post(b.url + "/workers", json={"url": e1.url}, timeout=30).status_code == 201
+    assert httpx2.post(b.url + "/workers", json={"url": e1.url}, timeout=30, headers=b.admin_headers).status_code == 201
     eventually(lambda: all(e1.url in workers(n) for n in (a, b, c)), 15)
     wid = workers(b)[e1.url]["id"]
-    assert httpx2.delete(f"{c.url}/workers/{wid}", timeout=30).status_code == 202
+    assert httpx2.delete(f"{c.url}/workers/{wid}", timeout=30, headers=c.admin_headers).status_code == 202
     eventually(lambda: all(e1.url not in workers(n) for n in (a, b, c)), 15)
 
     # Once the nodes agree on the members, exactly one checks e0; the others show its verdict.

@@ -26,8 +26,12 @@ def local_cluster(request, log_dir):
 
 def test_nodes_behind_a_load_balancer_survive_a_killed_node(local_cluster):
     # Engines registered on node0 reach every node through the mesh.
-    eventually(lambda: all(len(httpx2.get(n.url + "/workers").json()["workers"]) == 2
+    eventually(lambda: all(len(httpx2.get(n.url + "/workers", headers=n.admin_headers).json()["workers"]) == 2
                            for n in local_cluster.nodes), 30)
+    # The control plane and /metrics are not served through the balancer, even with the admin key.
+    admin = local_cluster.nodes[0].admin_headers
+    for path in ("/workers", "/admin/rate-limits", "/metrics"):
+        assert httpx2.get(local_cluster.url + path, headers=admin).status_code == 403, path
     client = openai.OpenAI(base_url=local_cluster.url + "/v1", api_key="x", max_retries=0, timeout=30)
     messages = [{"role": "user", "content": "through nginx"}]
     first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5)

@@ -86,7 +86,7 @@ def test_removed_worker_drains_its_running_stream(log_dir):
     node = NodeProcess(["--worker-urls", engine.url], log_dir, "drain-node")
     try:
         import httpx2
-        with httpx2.Client(base_url=node.url, timeout=30) as http:
+        with httpx2.Client(base_url=node.url, timeout=30, headers=node.admin_headers) as http:
             wid = http.get("/workers").json()["workers"][0]["id"]
             body = {"model": MODEL, "messages": [{"role": "user", "content": "d"}], "max_tokens": 60, "stream": True}
             with http.stream("POST", "/v1/chat/completions", json=body) as r:

@@ -47,7 +47,7 @@ def slow_setup(log_dir):
 
 def test_client_disconnect_aborts_the_generation_on_the_engine(slow_setup):
     engine, node = slow_setup
-    with httpx2.Client(base_url=node.url, timeout=30) as http:
+    with httpx2.Client(base_url=node.url, timeout=30, headers=node.admin_headers) as http:
         with http.stream("POST", "/v1/chat/completions", json=LONG) as r:
             lines = r.iter_lines()
             assert next(lines).startswith("data: ")
@@ -66,7 +66,7 @@ def test_client_disconnect_under_hypercorn_aborts_too(slow_setup, log_dir):
     node = NodeProcess(["--worker-urls", engine.url, "--http-server", "hypercorn", "--workers", "1"], log_dir,
                        "hypercorn-node")
     try:
-        with httpx2.Client(base_url=node.url, timeout=30) as http:
+        with httpx2.Client(base_url=node.url, timeout=30, headers=node.admin_headers) as http:
             with http.stream("POST", "/v1/chat/completions", json=LONG) as r:
                 lines = r.iter_lines()  # kept: a dropped iterator closes the response
                 assert next(lines).startswith("data: ")
@@ -103,7 +103,7 @@ def test_engine_dying_mid_stream_gives_an_error_event_not_a_hang(slow_setup):
 def test_no_healthy_engine_is_503_with_retry_after(slow_setup):
     engine, node = slow_setup
     engine.kill()
-    with httpx2.Client(base_url=node.url, timeout=30) as http:
+    with httpx2.Client(base_url=node.url, timeout=30, headers=node.admin_headers) as http:
         r = http.post("/v1/chat/completions", json={**LONG, "stream": False, "max_tokens": 1})
         assert r.status_code == 503 and "retry-after" in r.headers
         assert r.json()["error"]["code"] in ("engine_unavailable", "no_healthy_worker")

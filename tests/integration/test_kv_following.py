@@ -24,7 +24,7 @@ def test_events_are_followed_only_while_a_second_engine_shares_the_model(log_dir
     node = NodeProcess(["--worker-urls", first.url, "--health-check-interval-secs", "1"], log_dir, "lazy-kv-node")
     try:
         client = openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0, timeout=30)
-        with httpx2.Client(base_url=node.url, timeout=30) as http:
+        with httpx2.Client(base_url=node.url, timeout=30, headers=node.admin_headers) as http:
             # Alone: nothing to choose between, so its stream is not followed and its blocks not indexed.
             full_blocks = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1).usage.prompt_tokens // 16
             alone = kv_state(http, first.url)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from chaos.processes import NodeProcess
-from mesh.crypto import generate_key
+from mesh.crypto import fingerprint_of, generate_key
 
 KEY = generate_key()
 BASE_PORT = 27946
@@ -109,9 +109,14 @@ def test_keyring_rotation_through_the_cli(log_dir):
         assert cli(20, "keyring", "install", new).returncode == 0
         assert cli(20, "keyring", "use", new).returncode == 0
         listed = cli(20, "keyring", "list").stdout.split("\n")
-        assert listed[0] == f"{new}  (primary)" and listed[1] == KEY
+        # Fingerprints only: key material never leaves the node.
+        assert listed[0] == f"{fingerprint_of(new)}  (primary)" and listed[1] == fingerprint_of(KEY)
+        assert KEY not in cli(20, "keyring", "list").stdout
         assert cli(20, "keyring", "remove", KEY).returncode == 0
         assert "cannot remove the primary" in cli(20, "keyring", "remove", new).stderr
+        # Without the token (on loopback too) the admin endpoint refuses everything.
+        r = __import__("httpx2").get(f"http://127.0.0.1:{BASE_PORT + 120}/v1/keyring")
+        assert r.status_code == 401 and "keys" not in r.json()
         metrics = __import__("httpx2").get(a.url + "/metrics").text
         for name in ("smg_mesh_members{state=\"alive\"} 1.0", "smg_mesh_health_score", "smg_mesh_probes_total",
                      "smg_mesh_bytes_total", "smg_mesh_suspicions_raised_total", "smg_mesh_refutations_total"):

@@ -97,22 +97,25 @@ async def test_five_nodes_hold_one_limit_under_ten_times_the_load_and_an_owner_k
             extra = ["--worker-urls", engine.url] if i == 0 else []
             nodes[f"r{i}"] = NodeProcess([*node_args(i, str(limits_file)), *extra], log_dir, f"rl-r{i}")
         urls = {name: n.url for name, n in nodes.items()}
+        admin = nodes["r0"].admin_headers  # the nodes share one admin token file
 
         def ready() -> bool:
             return all(httpx2.get(u + "/readiness", timeout=5).status_code == 200 for u in urls.values())
 
         eventually(ready, 60)
-        eventually(lambda: all(httpx2.get(u + "/admin/rate-limits", timeout=5).json()["limits"]
+        eventually(lambda: all(httpx2.get(u + "/admin/rate-limits", timeout=5, headers=admin).json()["limits"]
                                for u in urls.values()), 10)
         # A change made on one node reaches every node (here: the policy, then back).
-        original = httpx2.get(urls["r3"] + "/admin/rate-limits", timeout=5).json()
+        original = httpx2.get(urls["r3"] + "/admin/rate-limits", timeout=5, headers=admin).json()
         original.pop("node")
         for policy in ("closed", "proportional"):
-            r = httpx2.put(urls["r3"] + "/admin/rate-limits", json={**original, "failure_policy": policy}, timeout=5)
+            r = httpx2.put(urls["r3"] + "/admin/rate-limits", json={**original, "failure_policy": policy}, timeout=5,
+                           headers=admin)
             assert r.status_code == 200, r.text
-            eventually(lambda: all(httpx2.get(u + "/admin/rate-limits", timeout=5).json()["failure_policy"] == policy
+            eventually(lambda: all(httpx2.get(u + "/admin/rate-limits", timeout=5, headers=admin).json()["failure_policy"] == policy
                                    for u in urls.values()), 10)
-        bad = httpx2.put(urls["r1"] + "/admin/rate-limits", json={"limits": [{"name": "x", "limit": -1}]}, timeout=5)
+        bad = httpx2.put(urls["r1"] + "/admin/rate-limits", json={"limits": [{"name": "x", "limit": -1}]}, timeout=5,
+                         headers=admin)
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_rate_limits"
         time.sleep(2)  # every node has every other on its ring (local preset: well under a second)
 
@@ -178,7 +181,7 @@ def test_tokens_are_reserved_then_settled_with_real_usage_even_when_the_client_g
     limits_file = tmp_path / "limits.toml"
     limits_file.write_text(SINGLE_NODE_LIMITS)
     engine = EngineProcess(ENGINE_ARGS, log_dir, "rl-tok-engine")
-    node = NodeProcess(["--worker-urls", engine.url, "--rate-limits", str(limits_file), "--admin-token", "s3cret"],
+    node = NodeProcess(["--worker-urls", engine.url, "--rate-limits", str(limits_file), "--admin-token", "s3cret-admin"],
                        log_dir, "rl-tok-node")
     try:
         body = {"model": MODEL, "prompt": "count the tokens", "max_tokens": 5}
@@ -227,12 +230,13 @@ def test_tokens_are_reserved_then_settled_with_real_usage_even_when_the_client_g
         assert 'smg_rate_limit_decisions_total{limit="per-key",outcome="denied"} 1.0' in metrics
 
         # Clients cannot lift their own limits: changes need the admin token.
-        current = httpx2.get(node.url + "/admin/rate-limits", timeout=5).json()
+        admin = {"authorization": "Bearer s3cret-admin"}
+        current = httpx2.get(node.url + "/admin/rate-limits", timeout=5, headers=admin).json()
         current.pop("node")
         refused = httpx2.put(node.url + "/admin/rate-limits", json=current, headers=headers, timeout=5)
-        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_admin_token"
-        assert httpx2.put(node.url + "/admin/rate-limits", json=current, timeout=5,
-                          headers={"authorization": "Bearer s3cret"}).status_code == 200
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+        assert refused.headers["www-authenticate"] == 'Bearer realm="smg-node", error="invalid_token"'
+        assert httpx2.put(node.url + "/admin/rate-limits", json=current, timeout=5, headers=admin).status_code == 200
     finally:
         node.kill()
         engine.kill()

@@ -133,7 +133,7 @@ def test_node_drives_a_vllm_service_engine(log_dir):
             model=MODEL, messages=[{"role": "user", "content": "v"}], max_tokens=4, seed=5, stream=True) if c.choices)
         assert streamed == r.choices[0].message.content
         import httpx2
-        assert httpx2.get(node.url + "/workers").json()["workers"][0]["runtime"] == "vllm"
+        assert httpx2.get(node.url + "/workers", headers=node.admin_headers).json()["workers"][0]["runtime"] == "vllm"
     finally:
         node.stop()
         e.stop()

@@ -61,7 +61,7 @@ def test_two_processes_share_the_port_the_registry_and_survive_a_crash(log_dir):
             assert out.usage.completion_tokens == 3
 
         # A worker added through one process reaches the other (the node's private mesh).
-        with httpx2.Client(base_url=node.url, timeout=10) as http:
+        with httpx2.Client(base_url=node.url, timeout=10, headers=node.admin_headers) as http:
             assert http.post("/workers", json={"url": second.url}).status_code in (200, 201, 202)
         wait_for(lambda: all(p["workers"] == 2 for p in answering_processes(node.url).values())
                  and len(answering_processes(node.url)) == 2, "the added worker on both processes")
@@ -74,7 +74,7 @@ def test_two_processes_share_the_port_the_registry_and_survive_a_crash(log_dir):
         # server can answer those (a load balancer retries them). Wait for the teardown to end.
         wait_for(lambda: process_gone(victim), "the killed process's teardown")
         for _ in range(6):
-            with httpx2.Client(base_url=node.url, timeout=10) as fresh:
+            with httpx2.Client(base_url=node.url, timeout=10, headers=node.admin_headers) as fresh:
                 assert fresh.get("/health").status_code == 200
         replaced = wait_for(lambda: (lambda seen: seen if len(seen) == 2 and victim not in seen else None)(
             answering_processes(node.url)), "a new process 1")

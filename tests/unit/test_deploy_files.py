@@ -116,6 +116,7 @@ def test_kubernetes_manifests_agree_with_each_other_and_with_the_cli(tmp_path):
     assert pod["spec"]["terminationGracePeriodSeconds"] > config.shutdown_grace_period_s
     env = {e["name"] for e in container["env"]}
     assert "SMG_NODE_ENCRYPT" in env  # the gossip key comes from a Secret, never from the manifest
+    assert "SMG_NODE_ADMIN_TOKEN" in env  # so does the admin credential
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "smg-node" and parse_cli(pre_stop[1:]).command == "leave"
     assert config.mesh.rpc_addr == parse_cli(pre_stop[1:]).rpc_addr
@@ -145,9 +146,10 @@ def test_compose_file_structure_and_command_lines(tmp_path):
         registered |= {url.removeprefix("grpc://").partition(":")[0] for url in config.worker_urls}
         assert "/readiness" in " ".join(node["healthcheck"]["test"])
         assert float(node["stop_grace_period"].rstrip("s")) > config.shutdown_grace_period_s
-        assert "SMG_NODE_ENCRYPT" in node["environment"]
+        assert "SMG_NODE_ENCRYPT" in node["environment"] and "SMG_NODE_ADMIN_TOKEN" in node["environment"]
     assert registered == set(engines)  # every engine is used
     nginx = (DEPLOY / "compose" / "nginx.conf").read_text()
+    assert "location ~ ^/(workers|admin)(/|$) { return 403; }" in nginx  # the control plane stays inside
     upstreams = set(re.findall(r"server (\w+):30000", nginx))
     assert upstreams == set(nodes)
     assert "./nginx.conf:/etc/nginx/nginx.conf:ro" in services["nginx"]["volumes"]

@@ -13,6 +13,17 @@ from gateway.api.h1server import DISCONNECT_EXTENSION, H1Config, H1Server
 
 async def echo_app(scope, receive, send):
     """Answers with what it saw; /stream sends three chunks; /hang waits for the client to go."""
+    if scope["path"] == "/limit":  # refuses a large body before reading it, as the gateway's 413 does
+        await send({"type": "http.response.start", "status": 413, "headers": []})
+        await send({"type": "http.response.body", "body": b"too large"})
+        return
+    if scope["path"] == "/slow-body":  # waits for a body that never completes
+        BODY_WAITERS.append(scope)
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"unreachable"})
+        return
     body = b""
     while True:
         message = await receive()
@@ -84,6 +95,7 @@ async def send_body_now_until_the_kernel_is_full(scope, send):
 
 
 HANG_SEEN: list[str] = []
+BODY_WAITERS: list[dict] = []
 WATCH_SEEN: list[tuple[bool, bool]] = []
 WATCH_DONE = trio.Event()
 
@@ -207,6 +219,18 @@ async def test_head_has_no_body_and_expect_continue_is_answered(server):
 
 @pytest.mark.parametrize("request_bytes, status", [
     (b"NOT HTTP AT ALL\r\n\r\n", 400),
+    # Framing attacks (h11's rules): refused before any app sees them.
+    (b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\n\r\nabc", 501),
+    # (llhttp refuses a coding list or a repeated header itself as malformed: 400 rather than h11's 501.)
+    (b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked, identity\r\n\r\n3\r\nabc\r\n0\r\n\r\n", 400),
+    (b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n", 400),
+    (b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\nabc", 400),
+    (b"GET / HTTP/1.1\r\n\r\n", 400),  # no Host
+    (b"GET / HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n", 400),
+    (b"OPTIONS * HTTP/1.1\r\nhost: x\r\n\r\n", 400),
+    (b"CONNECT evil:443 HTTP/1.1\r\nhost: evil\r\n\r\n", 400),
+    # A body that breaks after the head was accepted: the app waiting for it gets nothing, the client a 400.
+    (b"POST /slow-body HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nabc", 400),
     (b"GET / HTTP/1.1\r\nhost: x\r\ncontent-length: nope\r\n\r\n", 400),
     (b"GET /" + b"a" * 2000 + b" HTTP/1.1\r\nhost: x\r\n\r\n", 414),
     (b"GET / HTTP/1.1\r\n" + b"".join(b"x-h%d: %s\r\n" % (i, b"v" * 100) for i in range(60)) + b"\r\n", 431),
@@ -220,6 +244,88 @@ async def test_bad_requests_get_an_error_and_the_connection_closes(server, reque
     body = data.split(b"\r\n\r\n", 1)[1]
     assert orjson.loads(body)["error"]["code"] == "bad_http_request"
     assert h1.refused >= 1
+    await stream.aclose()
+    with trio.fail_after(5):  # nothing is left behind: no connection, no request in the app
+        while h1._connections or h1.in_flight:
+            await trio.sleep(0.01)
+
+
+async def test_malformed_bodies_leak_no_connection(server):
+    """300 broken chunked bodies: each answered 400 and closed; the server holds nothing afterwards."""
+    h1, port, _ = server
+    for i in range(300):
+        stream = await connect(port)
+        await stream.send_all(b"POST /slow-body HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+                              b"5\r\nhello\r\nnot-hex\r\n")
+        data = await read_until_closed(stream)
+        assert data.startswith(b"HTTP/1.1 400"), (i, data[:60])
+        await stream.aclose()
+    with trio.fail_after(5):
+        while h1._connections or h1.in_flight:
+            await trio.sleep(0.01)
+
+
+async def test_absolute_form_targets_are_served_by_their_path(server):
+    _, port, _ = server
+    stream = await connect(port)
+    await stream.send_all(b"GET http://example.test/echo?q=1 HTTP/1.1\r\nhost: example.test\r\n\r\n")
+    status, _, body, _ = await read_response(stream)
+    answer = orjson.loads(body)
+    assert status == 200 and answer["path"] == "/echo" and answer["query"] == "q=1"
+
+
+async def test_an_answer_before_the_body_ended_closes_and_swallows_no_next_request(server):
+    """A 413 before a large body is read: the connection closes, so bytes sent after it are never taken
+    for a request (nor a request for body bytes), and the client reads the 413 without a reset."""
+    h1, port, _ = server
+    stream = await connect(port)
+    await stream.send_all(b"POST /limit HTTP/1.1\r\nhost: x\r\ncontent-length: 100000000\r\n\r\n" + b"a" * 65536)
+    status, headers, body, _ = await read_response(stream)
+    assert status == 413 and headers["connection"] == "close"
+    try:  # what follows on this connection is never answered as a request
+        await stream.send_all(b"GET /echo HTTP/1.1\r\nhost: x\r\n\r\n")
+    except trio.BrokenResourceError:
+        pass
+    rest = b""
+    with trio.fail_after(10):
+        try:
+            rest = await read_until_closed(stream)
+        except trio.BrokenResourceError:
+            pass
+    assert b"HTTP/1.1" not in rest
+    await stream.aclose()
+    with trio.fail_after(5):
+        while h1._connections:
+            await trio.sleep(0.01)
+
+
+async def test_a_client_that_stops_reading_is_cut_off_after_the_write_timeout(nursery):
+    h1 = H1Server(echo_app, H1Config(write_timeout_s=0.5))
+    port = int((await nursery.start(h1.serve, "127.0.0.1", 0, trio.Event())).rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.sendall(b"GET /now HTTP/1.1\r\nhost: x\r\n\r\n")  # the app writes until the kernel is full
+    with trio.fail_after(20):
+        while not h1._connections:
+            await trio.sleep(0.01)
+        while h1._connections or h1.in_flight:  # ends although the client never reads
+            await trio.sleep(0.05)
+    sock.close()
+
+
+async def test_connections_over_the_limit_get_a_fast_503(nursery):
+    h1 = H1Server(echo_app, H1Config(max_connections=2))
+    port = int((await nursery.start(h1.serve, "127.0.0.1", 0, trio.Event())).rsplit(":", 1)[1])
+    held = [await connect(port) for _ in range(2)]
+    with trio.fail_after(5):
+        while len(h1._connections) < 2:
+            await trio.sleep(0.01)
+    extra = await connect(port)
+    data = await read_until_closed(extra)
+    assert data.startswith(b"HTTP/1.1 503") and orjson.loads(data.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "busy"
+    assert h1.refused_connections == 1
+    for s in held:
+        await s.aclose()
 
 
 async def test_app_failure_is_a_500_and_missing_answer_too(server):

@@ -5,6 +5,7 @@ import random
 
 import pytest
 
+from gateway.auth import ANONYMOUS
 from gateway.tokenizer.chat_template import ChatTemplate, TemplateError
 from gateway.tokenizer.service import TokenizerConfig, TokenizerService
 
@@ -274,7 +275,7 @@ async def test_requests_wait_for_a_tokenizer_that_is_loading_instead_of_failing(
         got = []
 
         async def request():
-            got.append(await ready_model_entry(state, "m"))
+            got.append(await ready_model_entry(state, "m", ANONYMOUS))
 
         nursery.start_soon(request)
         await trio.testing.wait_all_tasks_blocked()

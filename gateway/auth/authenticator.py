@@ -1,0 +1,161 @@
+"""Credential in, ``Principal`` out. No I/O on the request path: keys are compared by their hashes.
+
+Credentials: ``Authorization: Bearer <key>`` or ``x-api-key: <key>`` (Anthropic's
+header; the same keys). Keys are kept only as SHA-256 digests; a lookup hashes
+the presented key (~1 us) and finds its digest in a dict, so no comparison of
+secrets takes time that depends on how much of a guess was right.
+
+Where keys come from (smg's flag names):
+  --api-key KEY                         one shared key for inference (role user), as vLLM's
+  --tenant-api-key TENANT:KEY           repeatable; each key resolves to its tenant (role user)
+  --control-plane-api-keys ID:NAME:ROLE:KEY   repeatable; role admin or user
+  --admin-token TOKEN                   the node's admin credential; without any admin credential
+                                        the node makes one (mesh/admin_token.py)
+
+Access by route (``Access``):
+  PUBLIC   health, liveness, readiness, metrics: no credential
+  DATA     inference, models, tokenize: open while no user credential is configured (then a
+           presented credential that matches no key is ignored: the openai SDK always sends one);
+           otherwise a known key of any role, and the model must be in its allowlist
+  ADMIN    workers, rate limits, API keys: an admin key, always (never open by default)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+from pathlib import Path
+
+from .errors import Forbidden, Unauthenticated
+from .principal import ANONYMOUS, Principal, Role
+
+CREDENTIAL_BYTES_MAX = 4096  # a JWT with many claims fits; anything longer is not a credential of ours
+
+
+class Access(enum.Enum):
+    PUBLIC = "public"
+    DATA = "data"
+    ADMIN = "admin"
+
+
+class AuthConfigError(ValueError):
+    """A key flag that cannot be used (caught by the config as a ConfigError)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AuthConfig:
+    api_key: str | None = None
+    tenant_api_keys: tuple[str, ...] = ()  # "TENANT:KEY"
+    control_plane_api_keys: tuple[str, ...] = ()  # "ID:NAME:ROLE:KEY"
+    # The node's admin credential. None at start: taken from (or made into) admin_token_file.
+    admin_token: str | None = None
+    admin_token_file: Path | None = None
+    # One JSON line per control-plane change on the gateway.audit logger (who, what, when, from where).
+    audit: bool = False
+
+    def has_admin_credential(self) -> bool:
+        return self.admin_token is not None or any(
+            _control_plane_key(spec)[2] is Role.ADMIN for spec in self.control_plane_api_keys)
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
+
+
+def _control_plane_key(spec: str) -> tuple[str, str, Role, str]:
+    parts = spec.split(":", 3)
+    if len(parts) != 4 or not all(parts):
+        raise AuthConfigError("--control-plane-api-keys takes ID:NAME:ROLE:KEY")
+    key_id, name, role, key = parts
+    try:
+        return key_id, name, Role(role), key
+    except ValueError:
+        raise AuthConfigError(f"--control-plane-api-keys: role must be admin or user, got {role!r}") from None
+
+
+def _tenant_key(spec: str) -> tuple[str, str]:
+    tenant, sep, key = spec.partition(":")
+    if not sep or not tenant or not key:
+        raise AuthConfigError("--tenant-api-key takes TENANT:KEY")
+    return tenant, key
+
+
+class Authenticator:
+    def __init__(self, config: AuthConfig) -> None:
+        self.config = config
+        self._keys: dict[bytes, Principal] = {}
+        user_keys = 0
+        if config.api_key:
+            self._add(config.api_key, Principal("key:api-key", "api-key", Role.USER))
+            user_keys += 1
+        for spec in config.tenant_api_keys:
+            tenant, key = _tenant_key(spec)
+            self._add(key, Principal(f"tenant:{tenant}", f"tenant {tenant}", Role.USER, tenant=tenant))
+            user_keys += 1
+        for spec in config.control_plane_api_keys:
+            key_id, name, role, key = _control_plane_key(spec)
+            self._add(key, Principal(f"key:{key_id}", name, role))
+            user_keys += role is Role.USER
+        if config.admin_token:
+            self._add(config.admin_token, Principal("key:admin-token", "admin token", Role.ADMIN))
+        # The data plane is open only while nobody configured a credential for it.
+        self.data_plane_open = user_keys == 0
+
+    def _add(self, key: str, principal: Principal) -> None:
+        if len(key) < 8:
+            raise AuthConfigError(f"the key of {principal.name} is shorter than 8 characters")
+        digest = _digest(key)
+        if digest in self._keys:
+            raise AuthConfigError(f"the key of {principal.name} is also the key of {self._keys[digest].name}")
+        self._keys[digest] = principal
+
+    @staticmethod
+    def credential(headers: "dict[bytes, bytes]") -> str | None:
+        """The presented key: a Bearer token or x-api-key; None when neither is sent."""
+        value = headers.get(b"authorization")
+        if value is not None:
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() != b"bearer":
+                return "" if value else None  # another scheme (Basic...): a credential we cannot accept
+            value = token.strip()
+        else:
+            value = headers.get(b"x-api-key")
+            if value is None:
+                return None
+        if len(value) > CREDENTIAL_BYTES_MAX:
+            return ""
+        return value.decode("latin-1")
+
+    def lookup(self, credential: str) -> Principal | None:
+        return self._keys.get(_digest(credential)) if credential else None
+
+    def authenticate(self, headers: "dict[bytes, bytes]", access: Access) -> Principal:
+        """The caller of a route with this access level; raises Unauthenticated or Forbidden."""
+        if access is Access.PUBLIC:
+            return ANONYMOUS
+        credential = self.credential(headers)
+        principal = self.lookup(credential) if credential is not None else None
+        if access is Access.DATA:
+            if principal is not None:
+                return principal
+            if self.data_plane_open:
+                return ANONYMOUS  # whatever was presented: an open data plane has no keys to match
+            raise self._unauthenticated(credential)
+        if principal is None:
+            raise self._unauthenticated(credential, "this endpoint needs an admin API key")
+        if not principal.is_admin:
+            raise Forbidden(f"the key '{principal.name}' has the role user; this endpoint needs the role admin",
+                            "insufficient_role")
+        return principal
+
+    @staticmethod
+    def _unauthenticated(credential: str | None, missing: str = "an API key is required") -> Unauthenticated:
+        if credential is None:
+            return Unauthenticated(f"{missing} (Authorization: Bearer KEY, or x-api-key: KEY)", "missing_api_key")
+        return Unauthenticated("the API key is not valid", "invalid_api_key", credential_given=True)
+
+    @staticmethod
+    def check_model(principal: Principal, model: str) -> None:
+        if not principal.may_use(model):
+            raise Forbidden(f"the key '{principal.name}' may not use the model '{model}'", "model_not_allowed")

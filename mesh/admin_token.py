@@ -1,0 +1,95 @@
+"""The node's admin token when none is configured: made once, kept in a file only its user can read.
+
+As Jupyter and Docker do, a node started without an admin credential
+(``--admin-token``, ``--control-plane-api-keys``) is not left open: it takes
+the token from ``--admin-token-file`` (default below), creating the file with
+a new random token (32 bytes, URL-safe) if it does not exist. Every node and
+process of the same user on the machine therefore shares one token, and the
+``smg-node`` CLI reads the same file, so the quick start stays one command and
+the commands need no flag.
+
+The file is created with O_EXCL and mode 0600 in a directory of mode 0700; a
+file others can read or write is refused rather than trusted (someone else may
+have planted or read it).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+import time
+from pathlib import Path
+
+FILE_ENV = "SMG_NODE_ADMIN_TOKEN_FILE"
+TOKEN_ENV = "SMG_NODE_ADMIN_TOKEN"
+TOKEN_BYTES = 32
+# A process that lost the O_EXCL race reads what the winner writes: it waits at most this long.
+WRITE_RACE_WAIT_S = 2.0
+
+
+class AdminTokenError(Exception):
+    """The token file cannot be used (unsafe permissions, unreadable, empty)."""
+
+
+def default_token_path() -> Path:
+    if os.environ.get(FILE_ENV):
+        return Path(os.environ[FILE_ENV])
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "smg-node" / "admin-token"
+
+
+def read_token(path: Path) -> str | None:
+    """The token in ``path``; None when there is no file. Raises AdminTokenError when it is unsafe."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise AdminTokenError(f"cannot read the admin token file {path}: {e}") from None
+    try:
+        info = os.fstat(fd)
+        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise AdminTokenError(f"the admin token file {path} is open to other users "
+                                  f"(mode {stat.S_IMODE(info.st_mode):o}); chmod 600 it or remove it")
+        if info.st_uid != os.getuid():
+            raise AdminTokenError(f"the admin token file {path} belongs to another user")
+        token = os.read(fd, 4096).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+    return token or None
+
+
+def load_or_create_token(path: Path) -> tuple[str, bool]:
+    """(token, created): the file's token, or a new one written to a new file."""
+    token = read_token(path)
+    if token is not None:
+        return token, False
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(TOKEN_BYTES)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:  # another process of the node won the race: use its token
+        deadline = time.monotonic() + WRITE_RACE_WAIT_S
+        while time.monotonic() < deadline:
+            token = read_token(path)
+            if token is not None:
+                return token, False
+            time.sleep(0.01)
+        raise AdminTokenError(f"the admin token file {path} stayed empty") from None
+    try:
+        os.write(fd, token.encode() + b"\n")
+    finally:
+        os.close(fd)
+    return token, True
+
+
+def client_token(explicit: str | None = None) -> str | None:
+    """What the CLI sends: a token given on its command line or in the environment, else the file's."""
+    for candidate in (explicit, os.environ.get("SMG_NODE_RPC_TOKEN"), os.environ.get(TOKEN_ENV)):
+        if candidate:
+            return candidate
+    try:
+        return read_token(default_token_path())
+    except AdminTokenError:
+        return None

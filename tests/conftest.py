@@ -1,0 +1,23 @@
+"""Settings for the whole suite."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mesh.admin_token import FILE_ENV
+
+
+@pytest.fixture(autouse=True, scope="session")
+def admin_token_file(tmp_path_factory):
+    """Nodes and CLI calls of the suite keep their admin token in a file of the suite's own, never the
+    user's ~/.local/state/smg-node/admin-token."""
+    path = tmp_path_factory.mktemp("admin") / "admin-token"
+    previous = os.environ.get(FILE_ENV)
+    os.environ[FILE_ENV] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop(FILE_ENV, None)
+    else:
+        os.environ[FILE_ENV] = previous
