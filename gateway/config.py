@@ -245,6 +245,16 @@ _OPTIONS: list[_Option] = [
                                                                   "(repeatable)"),
     _Option("--control-plane-api-keys", "auth.control_plane_api_keys", "list", "ID:NAME:ROLE:KEY keys, role "
             "admin (control plane and inference) or user (inference)"),
+    _Option("--jwt-issuer", "jwt.issuer", str, "accept JWTs from this OIDC issuer (its keys from "
+            "/.well-known/openid-configuration unless --jwt-jwks-uri)"),
+    _Option("--jwt-audience", "jwt.audience", str, "the audience JWTs must name"),
+    _Option("--jwt-jwks-uri", "jwt.jwks_uri", str, "where the issuer's keys are (default: discovered)"),
+    _Option("--jwt-role-mapping", "jwt.role_mapping", "list", "IDP_ROLE=GATEWAY_ROLE (admin or user) pairs "
+                                                              "for the roles claim; unmapped tokens are user"),
+    _Option("--jwt-tenant-claim", "jwt.tenant_claim", str, "the claim naming the tenant (default tenant)"),
+    _Option("--jwt-role-claim", "jwt.role_claim", str, "the claim listing roles (default roles)"),
+    _Option("--jwt-keys-refresh-min-secs", "jwt.refresh_interval_min_s", float, "least time between two fetches "
+            "of the issuer's keys for unknown kids (default 10)"),
     _Option("--control-plane-audit-enabled", "auth.audit", "bool", "log every control-plane change as a JSON "
                                                                      "line (logger gateway.audit)"),
     _Option("--tenant-header", "rate_limit.tenant_header", str, "header naming the tenant (rate limits)"),
@@ -336,6 +346,9 @@ def build_config(args: argparse.Namespace, environ: "dict[str, str] | None" = No
             top[opt.path] = value
     _smg_mesh_aliases(top, sections.setdefault("mesh", {}))
     base = GatewayConfig()
+    jwt_values = sections.pop("jwt", None)
+    if jwt_values:  # a section of a section: auth.jwt
+        sections.setdefault("auth", {})["jwt"] = dataclasses.replace(base.auth.jwt, **jwt_values)
     for section, values in sections.items():
         top[section] = dataclasses.replace(getattr(base, section), **values)
     config = dataclasses.replace(base, **top)

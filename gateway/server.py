@@ -278,7 +278,10 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         shutdown = trio.Event()
         if config.prometheus_port is not None:
             await nursery.start(_serve_metrics_only, config, metrics)
-        app = GatewayApp(state, nursery, Authenticator(config.auth))
+        authenticator = Authenticator(config.auth, _json_fetcher(http_client))
+        if authenticator.jwt is not None:
+            nursery.start_soon(_first_key_fetch, authenticator)
+        app = GatewayApp(state, nursery, authenticator)
         url = await nursery.start(_serve_http, config, app, shutdown, metrics)
         log.info("smg-node gateway serving on %s (%d workers, policy %s)", url, len(registry),
                  config.policy.name)
@@ -290,6 +293,32 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         with trio.move_on_after(config.shutdown_grace_period_s + 1):
             await admission.wait_idle()
         nursery.cancel_scope.cancel()
+
+
+JWKS_BYTES_MAX = 1024 * 1024
+JWKS_FETCH_TIMEOUT_S = 5.0
+
+
+def _json_fetcher(http_client: httpx2.AsyncClient):
+    """How the authenticator fetches an issuer's discovery document and keys: bounded in time and size."""
+    async def fetch_json(url: str) -> Any:
+        response = await http_client.get(url, timeout=JWKS_FETCH_TIMEOUT_S)
+        response.raise_for_status()
+        if len(response.content) > JWKS_BYTES_MAX:
+            raise ValueError(f"{url} answered more than {JWKS_BYTES_MAX} bytes")
+        return response.json()
+    return fetch_json
+
+
+async def _first_key_fetch(authenticator: Authenticator) -> None:
+    """The issuer's keys before the first token needs them; an issuer down at start is tried again
+    when a token arrives."""
+    try:
+        await authenticator.jwt.refresh(force=True)
+        log.info("JWT issuer %s: %d signing keys", authenticator.config.jwt.issuer, authenticator.jwt.key_count)
+    except (httpx2.HTTPError, ValueError) as e:
+        log.warning("JWT issuer %s: keys not fetched yet (%s); tried again on the first token",
+                    authenticator.config.jwt.issuer, e)
 
 
 async def _serve_metrics_only(config: GatewayConfig, metrics: GatewayMetrics, *,

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import trio
 
-from ..auth import Access, AuthError, Authenticator
+from ..auth import Access, AuthError, Authenticator, KeysMissing, Unauthenticated
 from . import admin, native, openai
 from .errors import ApiError, MethodNotAllowed, NotFound, from_auth_error
 from .http import ClientGone, Request, answer_lifespan
@@ -73,7 +73,15 @@ class GatewayApp:
         access = PUBLIC
         try:
             route, handler, access = self._resolve(request)
-            request.principal = self._auth.authenticate(request.headers, access)
+            try:
+                request.principal = self._auth.authenticate(request.headers, access)
+            except KeysMissing:  # a JWT signed with a key we do not hold yet: the issuer rotated
+                await self._auth.refresh_keys()
+                try:
+                    request.principal = self._auth.authenticate(request.headers, access)
+                except KeysMissing:
+                    raise Unauthenticated("the token's signing key is not among the issuer's keys",
+                                          credential_given=True) from None
             await handler(self.state, request)
         except AuthError as e:
             error = from_auth_error(e)

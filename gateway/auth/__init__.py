@@ -1,13 +1,15 @@
 """Who is calling, and what they may do: API keys (hashed), roles, per-key model allowlists.
 
 What other packages use: ``Authenticator`` (credential -> ``Principal``),
-``AuthConfig``, ``Role``, ``Access`` and the errors ``Unauthenticated`` and
-``Forbidden`` (mapped to 401 and 403 by ``gateway.api``, never here).
+``AuthConfig`` and ``JwtConfig``, ``Role``, ``Access``, the errors
+``Unauthenticated`` and ``Forbidden`` (mapped to 401 and 403 by ``gateway.api``,
+never here) and ``KeysMissing`` (await ``Authenticator.refresh_keys``, then retry).
 """
 
 from .authenticator import Access, Authenticator, AuthConfig
 from .errors import AuthError, Forbidden, Unauthenticated
+from .jwt_verifier import JwtConfig, KeysMissing
 from .principal import ANONYMOUS, Principal, Role
 
-__all__ = ["ANONYMOUS", "Access", "AuthConfig", "AuthError", "Authenticator", "Forbidden", "Principal", "Role",
-           "Unauthenticated"]
+__all__ = ["ANONYMOUS", "Access", "AuthConfig", "AuthError", "Authenticator", "Forbidden", "JwtConfig", "KeysMissing",
+           "Principal", "Role", "Unauthenticated"]

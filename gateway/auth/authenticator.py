@@ -11,6 +11,9 @@ Where keys come from (smg's flag names):
   --control-plane-api-keys ID:NAME:ROLE:KEY   repeatable; role admin or user
   --admin-token TOKEN                   the node's admin credential; without any admin credential
                                         the node makes one (mesh/admin_token.py)
+  --jwt-issuer ISS (--jwt-audience, --jwt-jwks-uri, --jwt-role-mapping ...)
+                                        JWTs from an OIDC issuer (jwt_verifier.py); a credential that
+                                        is not one of the keys above and looks like a JWT is verified
 
 Access by route (``Access``):
   PUBLIC   health, liveness, readiness, metrics: no credential
@@ -25,10 +28,20 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from .errors import Forbidden, Unauthenticated
+from .jwt_verifier import JwtConfig, JwtVerifier, looks_like_jwt
 from .principal import ANONYMOUS, Principal, Role
+
+
+async def _no_fetch(url: str) -> Any:
+    raise ValueError("no HTTP client to fetch the issuer's keys")
+
+log = logging.getLogger("gateway.auth")
 
 CREDENTIAL_BYTES_MAX = 4096  # a JWT with many claims fits; anything longer is not a credential of ours
 
@@ -53,6 +66,7 @@ class AuthConfig:
     admin_token_file: Path | None = None
     # One JSON line per control-plane change on the gateway.audit logger (who, what, when, from where).
     audit: bool = False
+    jwt: JwtConfig = JwtConfig()
 
     def has_admin_credential(self) -> bool:
         return self.admin_token is not None or any(
@@ -82,9 +96,14 @@ def _tenant_key(spec: str) -> tuple[str, str]:
 
 
 class Authenticator:
-    def __init__(self, config: AuthConfig) -> None:
+    def __init__(self, config: AuthConfig, fetch_json: "Callable[[str], Awaitable[Any]] | None" = None) -> None:
+        """``fetch_json(url)``: how JWKS and discovery documents are fetched (the server's HTTP client)."""
         self.config = config
         self._keys: dict[bytes, Principal] = {}
+        try:
+            self.jwt = JwtVerifier(config.jwt, fetch_json or _no_fetch) if config.jwt.enabled else None
+        except ValueError as e:  # a role mapping that cannot be used
+            raise AuthConfigError(str(e)) from None
         user_keys = 0
         if config.api_key:
             self._add(config.api_key, Principal("key:api-key", "api-key", Role.USER))
@@ -100,7 +119,7 @@ class Authenticator:
         if config.admin_token:
             self._add(config.admin_token, Principal("key:admin-token", "admin token", Role.ADMIN))
         # The data plane is open only while nobody configured a credential for it.
-        self.data_plane_open = user_keys == 0
+        self.data_plane_open = user_keys == 0 and self.jwt is None
 
     def _add(self, key: str, principal: Principal) -> None:
         if len(key) < 8:
@@ -128,7 +147,22 @@ class Authenticator:
         return value.decode("latin-1")
 
     def lookup(self, credential: str) -> Principal | None:
-        return self._keys.get(_digest(credential)) if credential else None
+        """The credential's principal: a key, or a verified JWT (Unauthenticated when it is a bad one;
+        jwt_verifier.KeysMissing when its key must be fetched first); None when it is neither."""
+        if not credential:
+            return None
+        principal = self._keys.get(_digest(credential))
+        if principal is None and self.jwt is not None and looks_like_jwt(credential):
+            return self.jwt.verify(credential)
+        return principal
+
+    async def refresh_keys(self) -> None:
+        """Fetch the issuer's keys again (rate-limited by the verifier): a token named a new kid."""
+        if self.jwt is not None:
+            try:
+                await self.jwt.refresh()
+            except Exception as e:  # whatever the fetch's failure (network, HTTP, JSON), no new keys: a 401
+                log.warning("JWT issuer keys not fetched: %s", e)
 
     def authenticate(self, headers: "dict[bytes, bytes]", access: Access) -> Principal:
         """The caller of a route with this access level; raises Unauthenticated or Forbidden."""
