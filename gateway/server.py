@@ -25,6 +25,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from .auth import Authenticator
+from .auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX, KeyStore, KeyStoreError, StoredKey
 from .api.admission import Admission
 from .api.app import GatewayApp
 from .api.h1server import H1Config, H1Server
@@ -162,6 +163,26 @@ def _rate_limit_metrics(limiter: RateLimiter) -> Iterator[Any]:
                 [([spec.name], limiter.overshoot_bound(spec, detection_s)) for spec in limiter.limits.limits])
 
 
+def _start_key_store(cluster: ClusterState | None) -> KeyStore:
+    """The keys made at run time, and their replication through the cluster's shared document."""
+    store = KeyStore()
+    if cluster is None:
+        return store
+
+    def on_setting(name: str, value: Any) -> None:
+        if not name.startswith(KEY_SETTING_PREFIX):
+            return
+        try:
+            store.apply(StoredKey.from_record(value))
+        except KeyStoreError as e:
+            log.warning("ignored an API key record from a peer: %s", e)
+
+    cluster.on_setting.append(on_setting)
+    for name, entry in cluster.doc.settings().items():
+        on_setting(name, entry.get("value"))
+    return store
+
+
 async def _register_initial(state: GatewayState, url: str, model: str | None) -> None:
     delay = 0.5
     while True:
@@ -253,6 +274,7 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         proxy = HttpProxy(generator, admission, config.admission.request_timeout_s)
         state = GatewayState(config, registry, catalog, router, generator, admission, metrics, proxy)
         state.cluster = cluster
+        state.key_store = _start_key_store(cluster)
         state.rate_limiter = proxy.rate_limiter = await _start_rate_limiter(config, cluster, metrics, nursery)
         metrics.add_state_source(lambda: _state_metrics(state))
         lag = LoopLagMonitor(metrics.loop_lag, gc_pauses=metrics.gc_pauses)
@@ -278,7 +300,7 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         shutdown = trio.Event()
         if config.prometheus_port is not None:
             await nursery.start(_serve_metrics_only, config, metrics)
-        authenticator = Authenticator(config.auth, _json_fetcher(http_client))
+        authenticator = Authenticator(config.auth, _json_fetcher(http_client), state.key_store)
         if authenticator.jwt is not None:
             nursery.start_soon(_first_key_fetch, authenticator)
         app = GatewayApp(state, nursery, authenticator)

@@ -6,6 +6,7 @@
     smg-node members [--json]       the cluster as the local node sees it
     smg-node tags KEY=VALUE...      replace the local node's tags (the change propagates)
     smg-node keygen                 a new gossip encryption key
+    smg-node keys create|list|revoke   API keys through a node's control plane
     smg-node keyring list|install|use|remove [KEY]
     smg-node sim-engine --port P    run a simulated SGLang/vLLM gRPC engine
 
@@ -50,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("action", choices=("list", "install", "use", "remove"))
             sub.add_argument("key", nargs="?")
     commands.add_parser("keygen", help="print a new gossip encryption key")
+    from gateway.keys_client import add_arguments as add_keys_arguments
+    add_keys_arguments(commands.add_parser("keys", help="create, list or revoke API keys"))
     return parser
 
 
@@ -71,6 +74,9 @@ def main(argv: "list[str] | None" = None) -> int:
     if args.command == "sim-engine":
         from chaos.sim_engine.server import run
         return run(args)
+    if args.command == "keys":
+        from gateway.keys_client import run as run_keys
+        return run_keys(args)
     if args.command == "keygen":
         from mesh.crypto import generate_key
         print(generate_key())

@@ -1,12 +1,16 @@
-"""GET /v1/models, health endpoints, /metrics, worker management (/workers), rate limits (/admin/rate-limits)."""
+"""GET /v1/models, health endpoints, /metrics, worker management (/workers), rate limits (/admin/rate-limits),
+API keys (/admin/api-keys)."""
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import trio
 
+from ..auth import Role
+from ..auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX, KeyStoreError
 from ..ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
 from ..workers import WorkerError
 from .errors import ApiError, BadRequest, NotFound, Unavailable
@@ -141,3 +145,43 @@ async def put_rate_limits(state, request: Request) -> None:
     if state.cluster is not None:
         state.cluster.set_setting(RATE_LIMITS_SETTING, limits.to_dict())
     await request.send_json(200, limits.to_dict())
+
+
+async def create_api_key(state, request: Request) -> None:
+    """A new key; its secret is in this answer only. In a cluster every node knows it within the bound
+    of gateway/auth/key_store.py."""
+    body = parse_json_body(await request.body())
+    name, tenant, models, expires = body.get("name"), body.get("tenant"), body.get("models"), body.get("expires_in_s")
+    try:
+        role = Role(body.get("role", "user"))
+    except ValueError:
+        raise BadRequest("'role' must be admin or user", param="role") from None
+    if not isinstance(name, str) or (tenant is not None and not isinstance(tenant, str)) or (
+            models is not None and not isinstance(models, list)) or (
+            expires is not None and (isinstance(expires, bool) or not isinstance(expires, (int, float)))):
+        raise BadRequest("'name' (a string) is required; 'tenant' is a string, 'models' a list of names, "
+                         "'expires_in_s' a number", param="name")
+    try:
+        key, secret = state.key_store.create(name, role, time.time(), tenant, models,
+                                             float(expires) if expires is not None else None)
+    except KeyStoreError as e:
+        raise BadRequest(str(e), code="invalid_api_key_request") from None
+    if state.cluster is not None:
+        state.cluster.set_setting(KEY_SETTING_PREFIX + key.id, key.to_record())
+    await request.send_json(201, {**key.public(time.time()), "key": secret})
+
+
+async def list_api_keys(state, request: Request) -> None:
+    now = time.time()
+    await request.send_json(200, {"keys": [k.public(now) for k in state.key_store.all()]})
+
+
+async def revoke_api_key(state, request: Request) -> None:
+    key_id = request.path_params["key_id"]
+    try:
+        key = state.key_store.revoke(key_id)
+    except KeyError:
+        raise NotFound(f"no API key {key_id}", code="api_key_not_found") from None
+    if state.cluster is not None:
+        state.cluster.set_setting(KEY_SETTING_PREFIX + key.id, key.to_record())
+    await request.send_json(200, key.public(time.time()))

@@ -45,9 +45,12 @@ _ROUTES: dict[str, dict[str, Route]] = {
     "/metrics": {"GET": (admin.metrics, PUBLIC)},
     "/workers": {"GET": (admin.list_workers, ADMIN), "POST": (admin.add_worker, ADMIN)},
     "/admin/rate-limits": {"GET": (admin.get_rate_limits, ADMIN), "PUT": (admin.put_rate_limits, ADMIN)},
+    "/admin/api-keys": {"GET": (admin.list_api_keys, ADMIN), "POST": (admin.create_api_key, ADMIN)},
 }
 _WORKER_ROUTE = re.compile(r"^/workers/(?P<worker_id>[A-Za-z0-9._-]{1,128})$")
 _WORKER_METHODS: dict[str, Route] = {"GET": (admin.get_worker, ADMIN), "DELETE": (admin.remove_worker, ADMIN)}
+_KEY_ROUTE = re.compile(r"^/admin/api-keys/(?P<key_id>[0-9a-f]{1,64})$")
+_KEY_METHODS: dict[str, Route] = {"DELETE": (admin.revoke_api_key, ADMIN)}
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 # The access log escapes what a client chose (path, method) so it cannot forge log lines.
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\\\"]")
@@ -111,10 +114,13 @@ class GatewayApp:
         route = request.path
         if methods is None:
             match = _WORKER_ROUTE.match(request.path)
+            methods, route = _WORKER_METHODS, "/workers/{id}"
+            if match is None:
+                match = _KEY_ROUTE.match(request.path)
+                methods, route = _KEY_METHODS, "/admin/api-keys/{id}"
             if match is None:
                 raise NotFound(f"no route {_printable(request.path)}", code="not_found")
             request.path_params = match.groupdict()
-            methods, route = _WORKER_METHODS, "/workers/{id}"
         entry = methods.get(request.method)
         if entry is None:
             raise MethodNotAllowed(f"{_printable(request.method)} is not allowed on {_printable(request.path)}",

@@ -17,6 +17,7 @@ from .admission import Admission
 from .protocol import SamplingRequest
 
 if TYPE_CHECKING:
+    from ..auth.key_store import KeyStore
     from ..config import GatewayConfig
     from ..proxy import HttpProxy
     from ..cluster import ClusterState
@@ -37,6 +38,7 @@ class GatewayState:
     shutting_down: bool = False
     rate_limiter: "RateLimiter | None" = None
     cluster: "ClusterState | None" = None
+    key_store: "KeyStore | None" = None
 
     def __post_init__(self) -> None:
         # Engine request ids must be unique per engine; clients' ids need not be.

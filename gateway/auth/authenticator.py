@@ -29,12 +29,14 @@ import dataclasses
 import enum
 import hashlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from .errors import Forbidden, Unauthenticated
 from .jwt_verifier import JwtConfig, JwtVerifier, looks_like_jwt
+from .key_store import KeyStore
 from .principal import ANONYMOUS, Principal, Role
 
 
@@ -96,9 +98,13 @@ def _tenant_key(spec: str) -> tuple[str, str]:
 
 
 class Authenticator:
-    def __init__(self, config: AuthConfig, fetch_json: "Callable[[str], Awaitable[Any]] | None" = None) -> None:
-        """``fetch_json(url)``: how JWKS and discovery documents are fetched (the server's HTTP client)."""
+    def __init__(self, config: AuthConfig, fetch_json: "Callable[[str], Awaitable[Any]] | None" = None,
+                 store: KeyStore | None = None, clock: Callable[[], float] = time.time) -> None:
+        """``fetch_json(url)``: how JWKS and discovery documents are fetched (the server's HTTP client);
+        ``store``: the keys made at run time (key_store.py), replicated by the cluster."""
         self.config = config
+        self.store = store if store is not None else KeyStore()
+        self._clock = clock
         self._keys: dict[bytes, Principal] = {}
         try:
             self.jwt = JwtVerifier(config.jwt, fetch_json or _no_fetch) if config.jwt.enabled else None
@@ -118,8 +124,12 @@ class Authenticator:
             user_keys += role is Role.USER
         if config.admin_token:
             self._add(config.admin_token, Principal("key:admin-token", "admin token", Role.ADMIN))
-        # The data plane is open only while nobody configured a credential for it.
-        self.data_plane_open = user_keys == 0 and self.jwt is None
+        self._static_user_keys = user_keys
+
+    @property
+    def data_plane_open(self) -> bool:
+        """Inference needs no key only while nobody configured one for it (flags, JWT, or the store)."""
+        return self._static_user_keys == 0 and self.jwt is None and self.store.user_keys == 0
 
     def _add(self, key: str, principal: Principal) -> None:
         if len(key) < 8:
@@ -151,7 +161,10 @@ class Authenticator:
         jwt_verifier.KeysMissing when its key must be fetched first); None when it is neither."""
         if not credential:
             return None
-        principal = self._keys.get(_digest(credential))
+        digest = _digest(credential)
+        principal = self._keys.get(digest)
+        if principal is None and len(self.store):
+            principal = self.store.lookup(digest, self._clock())
         if principal is None and self.jwt is not None and looks_like_jwt(credential):
             return self.jwt.verify(credential)
         return principal

@@ -1,0 +1,67 @@
+"""``smg-node keys create|list|revoke``: API keys through a node's control plane (/admin/api-keys).
+
+The node is ``--url`` (default ``$SMG_NODE_URL`` or http://127.0.0.1:30000); the
+admin credential is ``--admin-token``, ``$SMG_NODE_ADMIN_TOKEN``, or the token file
+the node made (mesh/admin_token.py), as for the other commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+import httpx2
+
+from mesh.admin_token import client_token
+
+TIMEOUT_S = 30.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=None, help="the node (default: $SMG_NODE_URL or http://127.0.0.1:30000)")
+    parser.add_argument("--admin-token", default=None, help="admin credential (default: $SMG_NODE_ADMIN_TOKEN, "
+                                                            "else the admin token file)")
+    actions = parser.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="make a key; its secret is printed once")
+    create.add_argument("name")
+    create.add_argument("--role", choices=("user", "admin"), default="user")
+    create.add_argument("--tenant", default=None)
+    create.add_argument("--models", nargs="+", default=None, help="the only models the key may use")
+    create.add_argument("--expires-in-secs", type=float, default=None)
+    actions.add_parser("list", help="the keys (never their secrets)")
+    revoke = actions.add_parser("revoke", help="revoke a key on every node")
+    revoke.add_argument("id")
+
+
+def _call(args: argparse.Namespace, method: str, path: str, body: "dict[str, Any] | None" = None) -> Any:
+    url = (args.url or os.environ.get("SMG_NODE_URL") or "http://127.0.0.1:30000").rstrip("/")
+    token = args.admin_token or client_token()
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    try:
+        r = httpx2.request(method, url + path, json=body, headers=headers, timeout=TIMEOUT_S)
+    except httpx2.HTTPError as e:
+        raise SystemExit(f"smg-node keys: cannot reach {url}: {e}") from None
+    try:
+        value = r.json()
+    except ValueError:
+        raise SystemExit(f"smg-node keys: {url} did not answer JSON (status {r.status_code})") from None
+    if r.status_code >= 400:
+        raise SystemExit(f"smg-node keys: {value.get('error', {}).get('message', r.status_code)}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "create":
+        body = {"name": args.name, "role": args.role, "tenant": args.tenant, "models": args.models,
+                "expires_in_s": args.expires_in_secs}
+        print(json.dumps(_call(args, "POST", "/admin/api-keys", body), indent=2))
+    elif args.action == "list":
+        for key in _call(args, "GET", "/admin/api-keys")["keys"]:
+            state = "active" if key["active"] else ("revoked" if key["revoked"] else "expired")
+            print(f"{key['id']}  {key['name']}  {key['role']}  {key['tenant'] or '-'}  {state}")
+    else:
+        _call(args, "DELETE", f"/admin/api-keys/{args.id}")
+        print(f"revoked {args.id}")
+    return 0
