@@ -40,8 +40,8 @@ def within(predicate, bound_s: float) -> float:
 
 
 def test_a_key_created_and_revoked_on_one_node_holds_on_every_node(engines, log_dir):
-    nodes = [NodeProcess(node_args(40, "--worker-urls", engines[0].url, seed=40), log_dir, "keys-c0")]
-    nodes += [NodeProcess(node_args(40 + i, seed=40), log_dir, f"keys-c{i}") for i in (1, 2)]
+    nodes = [NodeProcess(node_args(50, "--worker-urls", engines[0].url, seed=50), log_dir, "keys-c0")]
+    nodes += [NodeProcess(node_args(50 + i, seed=50), log_dir, f"keys-c{i}") for i in (1, 2)]
     try:
         a, b, c = nodes
         within(lambda: all(httpx2.get(n.url + "/readiness").status_code == 200 for n in nodes), 30)
