@@ -21,7 +21,7 @@ from pathlib import Path
 from mesh.admin_token import FILE_ENV, TOKEN_ENV, read_token
 
 START_TIMEOUT_S = 60.0
-_NODE_READY = re.compile(r"^READY (http://\S+)")
+_NODE_READY = re.compile(r"^READY (https?://\S+)")
 
 
 class ManagedProcess:

@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import os
 import shlex
+import ssl
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -32,8 +33,9 @@ from .auth import AuthConfig, Authenticator
 from .auth.authenticator import AuthConfigError
 from .ratelimit.limiter import RateLimitConfig
 from .ratelimit.limits import FailurePolicy, LimitConfigError, LimitSet, parse_limit_set
-from .worker_origin import WorkerAllowlist
 from .routing.breaker import BreakerConfig
+from .tls import ServerTls, TlsConfig
+from .worker_origin import WorkerAllowlist
 from .routing.policies import POLICIES, PolicyConfig
 from .routing.retry import RetryConfig
 from .tokenizer.service import TokenizerConfig
@@ -101,6 +103,8 @@ class GatewayConfig:
     rate_limit: RateLimitConfig = RateLimitConfig()
     # API keys, roles, the admin credential and the audit log (gateway/auth/authenticator.py).
     auth: AuthConfig = AuthConfig()
+    # TLS for clients (gateway/tls.py): off unless a certificate is given.
+    tls: TlsConfig = TlsConfig()
     # "native": the gateway's own HTTP/1.1 server (gateway/api/h1server.py, ~20x less CPU per request
     # than hypercorn on trio, BENCHMARKS.md); "hypercorn": hypercorn's, which also speaks HTTP/2.
     http_server: str = "native"
@@ -156,6 +160,13 @@ _OPTIONS: list[_Option] = [
                                                       "http://host:port (OpenAI-compatible, proxied as is)"),
     _Option("--allow-special-tokens-in-content", "allow_special_tokens_in_content", "bool", "tokenize special "
             "tokens spelled in messages as control tokens (default: as plain text, so no client forges a turn)"),
+    _Option("--tls-cert-path", "tls.cert_path", Path, "serve HTTPS with this certificate chain (PEM); reloaded "
+            "when the file changes"),
+    _Option("--tls-key-path", "tls.key_path", Path, "the certificate's private key (PEM)"),
+    _Option("--tls-client-ca-path", "tls.client_ca_path", Path, "require client certificates signed by this CA "
+            "(mutual TLS)"),
+    _Option("--tls-reload-interval-secs", "tls.reload_interval_s", float, "how often the certificate files are "
+            "checked for a renewal (default 10)"),
     _Option("--worker-api-key", "worker_api_key", str, "the key of the HTTP workers in --worker-urls (clients' "
             "keys are never forwarded)"),
     _Option("--worker-allowed-hosts", "worker_allowed_hosts", "list", "hosts (names or networks like "
@@ -430,6 +441,11 @@ def validate(config: GatewayConfig) -> None:
         WorkerAllowlist(config.worker_allowed_hosts)
     except (AuthConfigError, ValueError) as e:
         raise ConfigError(str(e)) from None
+    if config.tls.enabled or config.tls.key_path is not None:
+        try:
+            ServerTls(config.tls)  # the files load, and the key matches the certificate
+        except (ValueError, OSError, ssl.SSLError) as e:
+            raise ConfigError(f"--tls-cert-path/--tls-key-path: {e}") from None
 
 
 def with_admin_credentials(config: GatewayConfig) -> GatewayConfig:

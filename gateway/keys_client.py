@@ -12,11 +12,8 @@ import json
 import os
 from typing import Any
 
-import httpx2
-
+from mesh.admin_client import call_json
 from mesh.admin_token import client_token
-
-TIMEOUT_S = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,19 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _call(args: argparse.Namespace, method: str, path: str, body: "dict[str, Any] | None" = None) -> Any:
     url = (args.url or os.environ.get("SMG_NODE_URL") or "http://127.0.0.1:30000").rstrip("/")
-    token = args.admin_token or client_token()
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    try:
-        r = httpx2.request(method, url + path, json=body, headers=headers, timeout=TIMEOUT_S)
-    except httpx2.HTTPError as e:
-        raise SystemExit(f"smg-node keys: cannot reach {url}: {e}") from None
-    try:
-        value = r.json()
-    except ValueError:
-        raise SystemExit(f"smg-node keys: {url} did not answer JSON (status {r.status_code})") from None
-    if r.status_code >= 400:
-        raise SystemExit(f"smg-node keys: {value.get('error', {}).get('message', r.status_code)}")
-    return value
+    return call_json(method, url + path, args.admin_token or client_token(), body)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ import logging
 import os
 import random
 import signal
+import ssl
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -48,6 +49,7 @@ from .routing.kv_index import KvIndex
 from .routing.policies import make_policy
 from .routing.router import Router
 from .supervisor import SUPERVISED_ENV, exit_when_supervisor_dies
+from .tls import ServerTls
 from .worker_origin import WorkerAllowlist
 from .workers import WorkerError, WorkerRegistry
 
@@ -202,6 +204,7 @@ async def _register_initial(state: GatewayState, url: str, model: str | None) ->
 async def _serve_http(config: GatewayConfig, app: Any, shutdown: trio.Event, metrics: GatewayMetrics, *,
                       task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve the API until ``shutdown``, then drain in-flight requests for up to the grace period."""
+    tls = ServerTls(config.tls) if config.tls.enabled else None
     if config.http_server == "hypercorn":
         hc = _hypercorn_config(config)
 
@@ -213,9 +216,15 @@ async def _serve_http(config: GatewayConfig, app: Any, shutdown: trio.Event, met
             task_status.started(binds[0])
         return
     server = H1Server(app, H1Config(graceful_timeout_s=config.shutdown_grace_period_s,
-                                    reuse_port=config.http_reuse_port))
+                                    reuse_port=config.http_reuse_port,
+                                    ssl_context=tls.context if tls is not None else None,
+                                    tls_handshake_timeout_s=config.tls.handshake_timeout_s))
     metrics.add_state_source(lambda: _http_server_metrics(server))
-    await server.serve(config.host, config.port, shutdown, task_status=task_status)
+    async with trio.open_nursery() as nursery:
+        if tls is not None:
+            nursery.start_soon(tls.serve_reloads)  # a renewed certificate is used without a restart
+        await server.serve(config.host, config.port, shutdown, task_status=task_status)
+        nursery.cancel_scope.cancel()
 
 
 def _hypercorn_config(config: GatewayConfig) -> HypercornConfig:
@@ -226,6 +235,11 @@ def _hypercorn_config(config: GatewayConfig) -> HypercornConfig:
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
     hc.keep_alive_timeout = 75.0  # longer than nginx's and HAProxy's upstream keep-alive defaults
+    if config.tls.enabled:  # hypercorn builds its own context: no reload there (the native server has it)
+        hc.certfile, hc.keyfile = str(config.tls.cert_path), str(config.tls.key_path)
+        if config.tls.client_ca_path is not None:
+            hc.ca_certs = str(config.tls.client_ca_path)
+            hc.verify_mode = ssl.CERT_REQUIRED
     hc.backlog = 2048
     hc.include_server_header = False
     return hc

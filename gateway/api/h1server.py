@@ -55,6 +55,7 @@ import email.utils
 import errno
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -121,6 +122,9 @@ class H1Config:
     # A write the client's socket does not take within this ends the connection (and cancels its
     # request): a reader that stalls on purpose cannot hold a slot. Long enough for any real client.
     write_timeout_s: float = 60.0
+    # TLS (gateway/tls.py): every connection is wrapped in this context; None serves plain HTTP.
+    ssl_context: ssl.SSLContext | None = None
+    tls_handshake_timeout_s: float = 10.0
     # Connections served at once; past it, a new one gets a 503 and is closed without reading it.
     # Each costs a descriptor and ~10 KB; 8,192 stays below common descriptor limits with room to spare.
     max_connections: int = 8192
@@ -151,8 +155,7 @@ class _Cycle:
 
     __slots__ = ("scope", "chunks", "buffered_bytes", "body_complete", "body_delivered", "response_started",
                  "response_complete", "keep_alive", "head_only", "chunked", "expect_continue", "continue_sent",
-                 "status", "headers", "error_status", "error_message", "wakeup", "connection", "disconnect_scopes",
-                 "app_scope")
+                 "status", "headers", "error_status", "error_message", "wakeup", "connection", "disconnect_scopes")
 
     def __init__(self, connection: "_Connection", scope: dict[str, Any], keep_alive: bool,
                  expect_continue: bool) -> None:
@@ -175,7 +178,6 @@ class _Cycle:
         self.error_message = ""
         self.wakeup = trio.lowlevel.ParkingLot()
         self.disconnect_scopes: list[trio.CancelScope] = []
-        self.app_scope: trio.CancelScope | None = None  # the app's run: cancelled if the body cannot be read
 
     # -- the disconnect extension (scope["extensions"][DISCONNECT_EXTENSION]) ----
 
@@ -319,9 +321,11 @@ class _Cycle:
 class _Connection:
     """One client connection: a reader that parses, and the requests answered in order."""
 
-    def __init__(self, server: "H1Server", stream: trio.SocketStream) -> None:
+    def __init__(self, server: "H1Server", stream: "trio.SocketStream | trio.SSLStream") -> None:
         self.server = server
         self.stream = stream
+        # Over TLS the bytes go through the SSL object: no direct socket reads and writes (fast paths).
+        self.tls = isinstance(stream, trio.SSLStream)
         self.closed = False
         self._parser = httptools.HttpRequestParser(self)
         self._cycles: collections.deque[_Cycle] = collections.deque()
@@ -341,7 +345,7 @@ class _Connection:
         self._read_scope: trio.CancelScope | None = None
         self._message_deadline = float("inf")
         try:
-            sock = stream.socket
+            sock = stream.transport_stream.socket if self.tls else stream.socket
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._client = _address(sock.getpeername())
             self._server_address = _address(sock.getsockname())
@@ -357,6 +361,8 @@ class _Connection:
         self._url = b""
         self._headers = []
         self._header_bytes = 0
+        self._hosts = 0
+        self._framing = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -370,31 +376,16 @@ class _Connection:
             self._head_error = 431
             raise _HeadTooLarge()
         name = name.lower()
-        if name == b"transfer-encoding" and value.strip().lower() != b"chunked":
-            # Decided here, before llhttp judges the value (it would say 400): h11's 501 for codings we lack.
-            self._head_refused(501, "Transfer-Encoding other than chunked is not supported")
-        self._headers.append((name, value))
-
-    def _check_framing(self, http_version: str) -> None:
-        """h11's rules for the head, before the request reaches the app (raises _HeadRefused)."""
-        hosts = 0
-        transfer_encoding = content_length = None
-        for name, value in self._headers:
-            if name == b"host":
-                hosts += 1
-            elif name == b"transfer-encoding":
-                if transfer_encoding is not None:
-                    self._head_refused(501, "only one Transfer-Encoding: chunked is supported")
-                transfer_encoding = value
-            elif name == b"content-length":
-                content_length = value
-        if transfer_encoding is not None:
-            if transfer_encoding.strip().lower() != b"chunked":
+        if name == b"host":
+            self._hosts += 1
+        elif name == b"transfer-encoding":
+            if value.strip().lower() != b"chunked":
+                # Decided here, before llhttp judges the value (it would say 400): h11's 501 for codings we lack.
                 self._head_refused(501, "Transfer-Encoding other than chunked is not supported")
-            if content_length is not None:
-                self._head_refused(400, "Transfer-Encoding and Content-Length together")
-        if http_version == "1.1" and hosts != 1:
-            self._head_refused(400, "an HTTP/1.1 request needs exactly one Host header")
+            self._framing |= _TRANSFER_ENCODING
+        elif name == b"content-length":
+            self._framing |= _CONTENT_LENGTH
+        self._headers.append((name, value))
 
     def _head_refused(self, status: int, message: str) -> None:
         self._head_error = status
@@ -404,7 +395,12 @@ class _Connection:
     def on_headers_complete(self) -> None:
         parser = self._parser
         http_version = parser.get_http_version()
-        self._check_framing(http_version)
+        # h11's rules for the head, before the request reaches the app; the headers were counted as
+        # they came (on_header), so no second pass over them.
+        if self._framing == _TRANSFER_ENCODING | _CONTENT_LENGTH:
+            self._head_refused(400, "Transfer-Encoding and Content-Length together")
+        if self._hosts != 1 and http_version == "1.1":
+            self._head_refused(400, "an HTTP/1.1 request needs exactly one Host header")
         url = self._url
         if not url.startswith(b"/"):
             # Absolute form (RFC 9112 3.2.2) is served by its path; "*" and authority form are not ours.
@@ -477,7 +473,7 @@ class _Connection:
                     await self._read_allowed.park()
             scope.deadline = self._read_deadline()
             try:
-                data = await receive_some(self.stream, 65536)
+                data = await (self.stream.receive_some(65536) if self.tls else receive_some(self.stream, 65536))
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 data = b""
             if not data:
@@ -525,16 +521,16 @@ class _Connection:
         self._cycles_changed.unpark_all()
 
     def _body_broken(self, cycle: _Cycle, message: str) -> None:
-        """The body of a request already handed to the app cannot be parsed: the app is cancelled and
-        the 400 goes in its place (the answer loop sends it), then the connection closes."""
+        """The body of a request already handed to the app cannot be parsed: the app, waiting for it in
+        ``receive()``, is told the client is gone (it stops without answering), and the 400 goes in its
+        place (the answer loop sends it); then the connection closes. A watched generation cannot be
+        running: it starts only once the whole body was read."""
         self._parsing = None
         self._unread_input = True
         cycle.error_status = 400
         cycle.error_message = message
         cycle.keep_alive = False
         self.server.refused += 1
-        if cycle.app_scope is not None:
-            cycle.app_scope.cancel()
         cycle.wakeup.unpark_all()
         self._cycles_changed.unpark_all()
 
@@ -550,8 +546,9 @@ class _Connection:
     # -- answering ---------------------------------------------------------------
 
     def can_write_now(self) -> bool:
-        """A synchronous ``write_now`` would keep the order: no write in progress, none left over."""
-        return not self._backlog and not self._send_lock.locked()
+        """A synchronous ``write_now`` would keep the order: no write in progress, none left over
+        (never over TLS: its writes go through the SSL object, awaited)."""
+        return not self.tls and not self._backlog and not self._send_lock.locked()
 
     def write_now(self, data: bytes) -> bool:
         """Write from any task without awaiting (after ``can_write_now``); False when some bytes wait.
@@ -580,7 +577,7 @@ class _Connection:
         if not data:
             return
         try:
-            if not self._send_lock.locked():  # no write in progress: try it synchronously (fast_send)
+            if not self.tls and not self._send_lock.locked():  # no write in progress: try it synchronously
                 sent = send_now(self.stream, data)
                 if sent == len(data):
                     return
@@ -610,16 +607,14 @@ class _Connection:
                 return
             server.in_flight += 1
             try:
-                with trio.CancelScope() as cycle.app_scope:
-                    await server.app(cycle.scope, cycle.receive, cycle.send)
+                await server.app(cycle.scope, cycle.receive, cycle.send)
             except Exception:
                 log.exception("ASGI app failed on %s %s", cycle.scope["method"], cycle.scope["path"])
             finally:
-                cycle.app_scope = None
                 server.in_flight -= 1
                 if server.in_flight == 0:
                     server.idle.unpark_all()
-            if cycle.error_status:  # its body broke while the app ran: the 400 (if nothing went out yet)
+            if cycle.error_status:  # its body broke while the app waited for it: the 400, if nothing went out
                 if not cycle.response_started and not self.closed:
                     await self._answer_error(cycle)
                 return
@@ -650,6 +645,8 @@ class _Connection:
 
     async def _linger(self) -> None:
         """Shut our side, then read and drop what the client still sends, bounded in time and bytes."""
+        if self.tls:
+            return  # TLS has no half-close: its close_notify ends both directions
         with trio.move_on_after(LINGER_S):
             try:
                 await self.stream.send_eof()
@@ -681,6 +678,9 @@ class _Connection:
                     pass
 
 
+_TRANSFER_ENCODING, _CONTENT_LENGTH = 1, 2  # bits of _Connection._framing
+
+
 class _HeadTooLarge(Exception):
     pass
 
@@ -701,6 +701,8 @@ class H1Server:
         self.in_flight = 0
         self.refused = 0  # requests answered 4xx by the server itself (malformed or too large)
         self.refused_connections = 0  # over max_connections
+        self.tls_refused = 0  # failed or slow TLS handshakes (no certificate of the client CA, say)
+        self._handshaking = 0
         self.idle = trio.lowlevel.ParkingLot()
         self._connections: set[_Connection] = set()
 
@@ -712,7 +714,8 @@ class H1Server:
         """
         listener = await open_listener(host, port, self.config.backlog, self.config.reuse_port)
         bound = listener.getsockname()
-        url = f"http://[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"http://{bound[0]}:{bound[1]}"
+        scheme = "https" if self.config.ssl_context is not None else "http"
+        url = f"{scheme}://[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"{scheme}://{bound[0]}:{bound[1]}"
         listeners = [trio.SocketListener(listener)]
         async with trio.open_nursery() as connections:
             async with trio.open_nursery() as accepting:
@@ -740,22 +743,45 @@ class H1Server:
                     await trio.sleep(0.1)
                     continue
                 raise
-            if len(self._connections) >= self.config.max_connections:
+            if len(self._connections) + self._handshaking >= self.config.max_connections:
                 self.refused_connections += 1
-                connections.start_soon(self._refuse_connection, stream)
+                connections.start_soon(self._refuse_connection, stream, self.config.ssl_context is None)
                 continue
             connections.start_soon(self._serve_connection, stream)
 
+    async def _handshake(self, stream: trio.SocketStream) -> trio.SSLStream | None:
+        """The TLS handshake, bounded in time; None (and the connection closed) when it fails."""
+        tls = trio.SSLStream(stream, self.config.ssl_context, server_side=True, https_compatible=True)
+        with trio.move_on_after(self.config.tls_handshake_timeout_s):
+            try:
+                await tls.do_handshake()
+                return tls
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+                self.tls_refused += 1
+                log.debug("TLS handshake failed: %s", e)
+        await trio.aclose_forcefully(stream)
+        return None
+
     @staticmethod
-    async def _refuse_connection(stream: trio.SocketStream) -> None:
-        """Over max_connections: a 503 without reading anything, then close (no linger: bounded work)."""
+    async def _refuse_connection(stream: trio.SocketStream, plain: bool) -> None:
+        """Over max_connections: a 503 without reading anything (over TLS: no handshake, just the
+        close), then close (no linger: bounded work)."""
         try:
-            send_now(stream, _BUSY_ANSWER)
+            if plain:
+                send_now(stream, _BUSY_ANSWER)
         except OSError:
             pass
         await trio.aclose_forcefully(stream)
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        if self.config.ssl_context is not None:
+            self._handshaking += 1
+            try:
+                stream = await self._handshake(stream)
+            finally:
+                self._handshaking -= 1
+            if stream is None:
+                return
         connection = _Connection(self, stream)
         self._connections.add(connection)
         try:

@@ -73,16 +73,18 @@ def make_body(kind: str, stream: bool, n: int) -> bytes:
 
 
 class Connection:
-    def __init__(self, stream: trio.SocketStream, host: str) -> None:
+    def __init__(self, stream: trio.SocketStream, host: str, headers: "list[tuple[str, str]] | None" = None) -> None:
         self.stream = stream
         self.host = host
         self.conn = h11.Connection(h11.CLIENT)
+        self.extra_headers = headers or []  # e.g. the Authorization a keyed node needs
 
     async def request(self, path: str, body: bytes) -> tuple[int, float | None]:
         """Send one request; return (status, seconds to the first body byte)."""
         if self.conn.our_state is h11.DONE:
             self.conn.start_next_cycle()
-        headers = [("host", self.host), ("content-type", "application/json"), ("content-length", str(len(body)))]
+        headers = [("host", self.host), ("content-type", "application/json"), ("content-length", str(len(body))),
+                   *self.extra_headers]
         data = self.conn.send(h11.Request(method="POST", target=path, headers=headers))
         data += self.conn.send(h11.Data(data=body)) + self.conn.send(h11.EndOfMessage())
         start = time.perf_counter()

@@ -20,7 +20,7 @@ lower for both gateways).
 
     python tests/bench/instructions.py [--requests 200] [--scenarios short long multiturn]
         [--stream both|yes|no] [--gateways smg-node smg smg-cache] [--smg-venv DIR] [--token-interval-s S]
-        [--node-args ARG...]
+        [--auth none|api-key|jwt] [--node-args ARG...]
 
 Needs valgrind (Debian's ``valgrind`` package) and makes smg's venv like smg_compare.py.
 """
@@ -46,6 +46,41 @@ from tests.bench.gateway_bench import Connection  # noqa: E402
 from tests.bench.smg_compare import (  # noqa: E402
     MODEL, SMG_VERSION, conversation_bodies, engine_pacing_args, ensure_smg, free_port, model_dir)
 
+BENCH_API_KEY = "bench-key-0123456789"
+
+
+def start_jwt_issuer() -> tuple[str, str]:
+    """A local OIDC issuer (discovery and JWKS over HTTP, a thread of this process) and a token of it."""
+    import http.server
+    import json
+    import threading
+
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from jwt.algorithms import RSAAlgorithm
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    jwks = {"keys": [{**json.loads(RSAAlgorithm.to_jwk(key.public_key())), "kid": "bench", "alg": "RS256"}]}
+
+    class Issuer(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = json.dumps({"issuer": base, "jwks_uri": base + "/jwks"} if "openid" in self.path else jwks).encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Issuer)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    token = jwt.encode({"iss": base, "sub": "bench", "aud": "bench", "exp": time.time() + 86400}, key,
+                       algorithm="RS256", headers={"kid": "bench"})
+    return base, token
+
+
 START_TIMEOUT_S = 600.0  # valgrind's uninstrumented start is ~5x slower than a plain one
 IDLE_MEASURE_S = 5.0
 
@@ -63,8 +98,8 @@ def gateway_argv(name: str, port: int, engine_url: str, model: Path, smg: Path, 
     return argv
 
 
-async def send_requests(port: int, bodies, count: int) -> None:
-    connection = Connection(await trio.open_tcp_stream("127.0.0.1", port), "127.0.0.1")
+async def send_requests(port: int, bodies, count: int, headers: "list[tuple[str, str]]") -> None:
+    connection = Connection(await trio.open_tcp_stream("127.0.0.1", port), "127.0.0.1", headers)
     try:
         for _ in range(count):
             status, _ = await connection.request("/v1/chat/completions", next(bodies))
@@ -74,13 +109,13 @@ async def send_requests(port: int, bodies, count: int) -> None:
         await connection.stream.aclose()
 
 
-def wait_serving(port: int, bodies, process: subprocess.Popen, log: Path) -> None:
+def wait_serving(port: int, bodies, process: subprocess.Popen, log: Path, headers: "list[tuple[str, str]]") -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"the gateway exited; see {log}")
         try:
-            trio.run(send_requests, port, bodies, 1)
+            trio.run(send_requests, port, bodies, 1, headers)
             return
         except (OSError, RuntimeError):
             time.sleep(1)
@@ -104,11 +139,12 @@ def count_instructions(name: str, scenario: str, stream: bool, args, engine_url:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, cwd=ROOT)
     bodies = conversation_bodies(scenario, stream)
     try:
-        wait_serving(port, bodies, process, log)
-        trio.run(send_requests, port, bodies, args.warmup)
+        headers = args.client_headers if name == "smg-node" else []
+        wait_serving(port, bodies, process, log, headers)
+        trio.run(send_requests, port, bodies, args.warmup, headers)
         callgrind_control("-i", "on", str(process.pid))
         started = time.perf_counter()
-        trio.run(send_requests, port, bodies, args.requests)
+        trio.run(send_requests, port, bodies, args.requests, headers)
         requests_s = time.perf_counter() - started
         callgrind_control("-d", str(process.pid))  # dump 1: the requests
         started = time.perf_counter()
@@ -153,6 +189,9 @@ def main() -> None:
                         help="the engine sends a token every this many seconds (0: as fast as it can, so a "
                              "stream's tokens reach a gateway slowed ~50x by valgrind in one or two reads; "
                              "a real engine's decode step, ~10-50 ms, hands each token over alone)")
+    parser.add_argument("--auth", choices=("none", "api-key", "jwt"), default="none",
+                        help="smg-node with --api-key (the client sends it), or with --jwt-issuer (a local issuer "
+                             "this script serves; the client sends one token, which the node caches)")
     parser.add_argument("--node-args", nargs=argparse.REMAINDER, default=[],
                         help="extra smg-node serve arguments (last on the line)")
     args = parser.parse_args()
@@ -162,6 +201,14 @@ def main() -> None:
         else Path("smg")
     log_dir = default_log_dir()
     model = model_dir(log_dir)
+    args.client_headers = []
+    if args.auth == "api-key":
+        args.node_args = ["--api-key", BENCH_API_KEY, *args.node_args]
+        args.client_headers = [("authorization", f"Bearer {BENCH_API_KEY}")]
+    elif args.auth == "jwt":
+        issuer_url, token = start_jwt_issuer()
+        args.node_args = ["--jwt-issuer", issuer_url, "--jwt-audience", "bench", *args.node_args]
+        args.client_headers = [("authorization", f"Bearer {token}")]
     engine = EngineProcess([*engine_pacing_args(args.token_interval_s), "--model-name", MODEL, "--tokenizer-path",
                             str(model)], log_dir)
     streams = {"both": [False, True], "yes": [True], "no": [False]}[args.stream]
