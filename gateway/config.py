@@ -33,6 +33,7 @@ from .auth import AuthConfig, Authenticator
 from .auth.authenticator import AuthConfigError
 from .ratelimit.limiter import RateLimitConfig
 from .ratelimit.limits import FailurePolicy, LimitConfigError, LimitSet, parse_limit_set
+from .engine.engine_tls import EngineTlsConfig
 from .routing.breaker import BreakerConfig
 from .tls import ServerTls, TlsConfig
 from .worker_origin import WorkerAllowlist
@@ -105,6 +106,8 @@ class GatewayConfig:
     auth: AuthConfig = AuthConfig()
     # TLS for clients (gateway/tls.py): off unless a certificate is given.
     tls: TlsConfig = TlsConfig()
+    # TLS to engines (grpcs://, https://): the CA to trust and our client certificate (engine_tls.py).
+    engine_tls: EngineTlsConfig = EngineTlsConfig()
     # "native": the gateway's own HTTP/1.1 server (gateway/api/h1server.py, ~20x less CPU per request
     # than hypercorn on trio, BENCHMARKS.md); "hypercorn": hypercorn's, which also speaks HTTP/2.
     http_server: str = "native"
@@ -167,6 +170,11 @@ _OPTIONS: list[_Option] = [
             "(mutual TLS)"),
     _Option("--tls-reload-interval-secs", "tls.reload_interval_s", float, "how often the certificate files are "
             "checked for a renewal (default 10)"),
+    _Option("--engine-tls-ca-path", "engine_tls.ca_path", Path, "CA that signs grpcs:// and https:// workers' "
+            "certificates (default: the system's)"),
+    _Option("--engine-tls-cert-path", "engine_tls.cert_path", Path, "client certificate presented to engines "
+            "(mutual TLS)"),
+    _Option("--engine-tls-key-path", "engine_tls.key_path", Path, "its private key"),
     _Option("--worker-api-key", "worker_api_key", str, "the key of the HTTP workers in --worker-urls (clients' "
             "keys are never forwarded)"),
     _Option("--worker-allowed-hosts", "worker_allowed_hosts", "list", "hosts (names or networks like "

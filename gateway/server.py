@@ -36,6 +36,7 @@ from .cluster import ClusterState
 from .kv_sharing import KvSharing
 from .config import GatewayConfig
 from .engine.bridge import GrpcBridge
+from .engine.engine_tls import client_context
 from .engine.h2grpc import H2GrpcClient
 from .generation import Generator
 from .logs import setup_logging
@@ -249,10 +250,14 @@ async def serve_gateway(config: GatewayConfig, cluster: ClusterState | None = No
                         task_status=trio.TASK_STATUS_IGNORED) -> None:
     metrics = GatewayMetrics()
     limits = httpx2.Limits(max_connections=1024, max_keepalive_connections=256)
-    async with httpx2.AsyncClient(limits=limits, timeout=None) as http_client, trio.open_nursery() as outer:
+    # https:// workers are verified with the engines' CA (else the system's) and see our client certificate.
+    tls = config.engine_tls
+    verify = client_context(tls) if tls.ca_path or tls.cert_path else True
+    async with httpx2.AsyncClient(limits=limits, timeout=None, verify=verify) as http_client, \
+            trio.open_nursery() as outer:
         # The gRPC client's connections are read by tasks of their own, outside the nursery that is
         # cancelled at shutdown, so closing it stays orderly.
-        bridge = H2GrpcClient(outer) if config.grpc_client == "h2" else GrpcBridge()
+        bridge = H2GrpcClient(outer, tls) if config.grpc_client == "h2" else GrpcBridge(tls)
         try:
             await _serve_with(config, cluster, metrics, http_client, bridge, task_status)
         finally:

@@ -8,11 +8,9 @@ is reached only at the paths the gateway chooses. User info
 operator's to configure, never part of an identifier that is shown and replicated.
 
     grpc://host:port    SGLang / vLLM gRPC (port required)
+    grpcs://host:port   the same over TLS (gateway/engine/engine_tls.py)
     http://host[:port]  OpenAI-compatible HTTP (80 by default)
     https://host[:port] the same over TLS (443 by default)
-
-``grpcs://`` (gRPC over TLS) is recognised and refused until the engine clients
-speak TLS, so that no URL silently falls back to plain text.
 
 The canonical form (lower-case scheme and host, explicit port, no trailing
 slash) names the worker: its id is derived from it, so ``http://H`` and
@@ -31,8 +29,7 @@ import dataclasses
 import ipaddress
 import urllib.parse
 
-SCHEMES = {"grpc": None, "http": 80, "https": 443}  # scheme -> default port (None: required)
-NOT_YET_SUPPORTED = {"grpcs": "gRPC over TLS is not supported yet: use grpc:// on a trusted network"}
+SCHEMES = {"grpc": None, "grpcs": None, "http": 80, "https": 443}  # scheme -> default port (None: required)
 
 
 class WorkerUrlError(ValueError):
@@ -51,7 +48,12 @@ class WorkerOrigin:
 
     @property
     def kind(self) -> str:
-        return "grpc" if self.scheme == "grpc" else "http"
+        return "grpc" if self.scheme in ("grpc", "grpcs") else "http"
+
+    @property
+    def grpc_target(self) -> str:
+        """What the gRPC clients connect to: host:port, or grpcs://host:port over TLS."""
+        return self.url if self.scheme == "grpcs" else self.netloc
 
     @property
     def netloc(self) -> str:
@@ -69,10 +71,8 @@ def parse_worker_origin(url: str) -> WorkerOrigin:
     except ValueError as e:
         raise WorkerUrlError(f"not a URL: {e}") from None
     scheme = parsed.scheme.lower()
-    if scheme in NOT_YET_SUPPORTED:
-        raise WorkerUrlError(NOT_YET_SUPPORTED[scheme])
     if scheme not in SCHEMES:
-        raise WorkerUrlError("a worker URL starts with grpc://, http:// or https://")
+        raise WorkerUrlError("a worker URL starts with grpc://, grpcs://, http:// or https://")
     if parsed.username is not None or parsed.password is not None:
         raise WorkerUrlError("a worker URL carries no user or password")
     if parsed.path not in ("", "/") or parsed.query or parsed.fragment or "?" in url or "#" in url:
@@ -83,7 +83,7 @@ def parse_worker_origin(url: str) -> WorkerOrigin:
     if port is None:
         port = SCHEMES[scheme]
         if port is None:
-            raise WorkerUrlError("a grpc:// worker URL needs a port")
+            raise WorkerUrlError(f"a {scheme}:// worker URL needs a port")
     if not 0 < port < 65536:
         raise WorkerUrlError("the port must be between 1 and 65535")
     return WorkerOrigin(scheme, host, port)

@@ -81,7 +81,7 @@ def parse_worker_url(url: str, allowlist: WorkerAllowlist | None = None) -> tupl
         raise WorkerError(f"worker URL {url!r}: {e}") from None
     except WorkerNotAllowed as e:
         raise WorkerError(str(e), status=403) from None
-    target = origin.netloc if origin.kind == "grpc" else origin.url
+    target = origin.grpc_target if origin.kind == "grpc" else origin.url
     return origin.kind, target, origin.url
 
 

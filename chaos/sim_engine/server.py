@@ -62,9 +62,14 @@ def build_server(config: SimEngineConfig, services: str = "both") -> tuple[grpc.
     return server, engine
 
 
-async def serve_sim_engine(config: SimEngineConfig, host: str, port: int, services: str = "both") -> None:
+async def serve_sim_engine(config: SimEngineConfig, host: str, port: int, services: str = "both",
+                           tls: "tuple[Path, Path] | None" = None) -> None:
     server, _ = build_server(config, services)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if tls is not None:  # (certificate chain, key): serve gRPC over TLS, as an engine behind grpcs:// does
+        credentials = grpc.ssl_server_credentials([(tls[1].read_bytes(), tls[0].read_bytes())])
+        bound = server.add_secure_port(f"{host}:{port}", credentials)
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise SystemExit(f"sim-engine: cannot listen on {host}:{port}")
     await server.start()
@@ -99,6 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eos-after-tokens", type=int, default=None)
     parser.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
     parser.add_argument("--zero-cost", action="store_true", help="no delays: benchmark the gateway, not the engine")
+    parser.add_argument("--tls-cert-path", type=Path, default=None, help="serve gRPC over TLS with this certificate "
+                                                                          "chain (PEM); reach it as grpcs://")
+    parser.add_argument("--tls-key-path", type=Path, default=None, help="the certificate's private key (PEM)")
 
 
 def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
@@ -117,7 +125,10 @@ def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    asyncio.run(serve_sim_engine(config_from_args(args), args.host, args.port, args.services))
+    if (args.tls_cert_path is None) != (args.tls_key_path is None):
+        raise SystemExit("sim-engine: --tls-cert-path and --tls-key-path go together")
+    tls = (args.tls_cert_path, args.tls_key_path) if args.tls_cert_path is not None else None
+    asyncio.run(serve_sim_engine(config_from_args(args), args.host, args.port, args.services, tls))
     return 0
 
 

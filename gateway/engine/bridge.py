@@ -35,6 +35,7 @@ from typing import Any
 import grpc
 import trio
 
+from .engine_tls import EngineTlsConfig, grpc_credentials, split_target
 from .errors import EngineCallError
 
 # Prompts travel as token ids (4-5 bytes each on the wire): 64 MiB allows any
@@ -67,7 +68,8 @@ def _to_call_error(exc: BaseException) -> EngineCallError:
 class GrpcBridge:
     """One asyncio loop thread holding the gRPC channels of every engine."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: EngineTlsConfig = EngineTlsConfig()) -> None:
+        self._tls = tls
         self._loop = asyncio.new_event_loop()
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._callables: dict[tuple[str, str, str], Any] = {}
@@ -83,7 +85,10 @@ class GrpcBridge:
     def _channel(self, target: str) -> grpc.aio.Channel:
         channel = self._channels.get(target)
         if channel is None:
-            channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            host, port, tls = split_target(target)
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            channel = grpc.aio.secure_channel(address, grpc_credentials(self._tls), options=_CHANNEL_OPTIONS) \
+                if tls else grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
             self._channels[target] = channel
         return channel
 

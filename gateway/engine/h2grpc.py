@@ -50,6 +50,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import ssl
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -60,6 +61,7 @@ import trio
 from ..fast_receive import receive_some
 from ..fast_send import send_now
 from . import http2_frames as h2f
+from .engine_tls import EngineTlsConfig, client_context, split_target
 from .errors import EngineCallError
 
 # Same bound as the bridge: any real context fits, an engine cannot make us hold more.
@@ -200,9 +202,11 @@ class _Connection:
     increase on the wire and a header block's frames stay together.
     """
 
-    def __init__(self, target: str, stream: trio.SocketStream) -> None:
+    def __init__(self, target: str, stream: "trio.SocketStream | trio.SSLStream") -> None:
         self.target = target
         self.stream = stream
+        # Over TLS (grpcs://) bytes go through the SSL object: the direct socket fast paths step aside.
+        self.tls = isinstance(stream, trio.SSLStream)
         self.calls: dict[int, _Call] = {}
         self.alive = True
         self.accepting = True  # False after GOAWAY: running calls finish, new ones go elsewhere
@@ -251,8 +255,9 @@ class _Connection:
                 await self._write_outbox()
 
     def _write_now(self) -> None:
-        """Write as much of the queue as the kernel takes now; the rest stays queued."""
-        if not self._outbox or not self.alive:
+        """Write as much of the queue as the kernel takes now; the rest stays queued (all of it over
+        TLS, where only the awaited write can encrypt)."""
+        if not self._outbox or not self.alive or self.tls:
             return
         try:
             sent = send_now(self.stream, self._outbox)
@@ -287,7 +292,8 @@ class _Connection:
         reason = "the engine closed the connection"
         try:
             while self.alive:
-                data = await receive_some(self.stream, _READ_BYTES)
+                data = await (self.stream.receive_some(_READ_BYTES) if self.tls
+                              else receive_some(self.stream, _READ_BYTES))
                 if not data:
                     break
                 self.received_bytes += len(data)
@@ -671,10 +677,12 @@ class _Connection:
 class H2GrpcClient:
     """gRPC to every engine target, from trio. Call ``aclose`` when done."""
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: trio.Nursery, tls: EngineTlsConfig = EngineTlsConfig()) -> None:
         self._nursery = nursery
         self._connections: dict[str, _Connection] = {}
         self._connecting: dict[str, trio.Lock] = {}
+        self._tls_config = tls
+        self._tls_context: ssl.SSLContext | None = None  # made for the first grpcs:// target
 
     async def _connection(self, target: str) -> _Connection:
         connection = self._connections.get(target)
@@ -684,17 +692,34 @@ class H2GrpcClient:
             connection = self._connections.get(target)
             if connection is not None and connection.accepting:
                 return connection
-            host, _, port = target.rpartition(":")
+            host, port, tls = split_target(target)
             try:
                 with trio.fail_after(CONNECT_TIMEOUT_S):
-                    stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
-            except (OSError, trio.TooSlowError) as e:
-                raise EngineCallError("UNAVAILABLE", f"cannot connect to {target}: {e}") from None
+                    stream = await trio.open_tcp_stream(host, port)
+                    if tls:
+                        stream = await self._handshake(stream, host)
+            except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as e:
+                detail = str(e) or str(e.__cause__ or "") or type(e).__name__  # trio wraps a handshake's SSLError
+                raise EngineCallError("UNAVAILABLE", f"cannot connect to {target}: {detail}") from None
             connection = _Connection(target, stream)
             await connection.start()
             self._nursery.start_soon(connection.read_loop)
             self._connections[target] = connection
             return connection
+
+    async def _handshake(self, stream: trio.SocketStream, host: str) -> trio.SSLStream:
+        if self._tls_context is None:
+            self._tls_context = client_context(self._tls_config, alpn=["h2"])  # gRPC needs h2 by ALPN
+        tls = trio.SSLStream(stream, self._tls_context, server_hostname=host)
+        try:
+            await tls.do_handshake()
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+        if tls.selected_alpn_protocol() != "h2":
+            await trio.aclose_forcefully(tls)
+            raise OSError(f"the engine did not agree to HTTP/2 by ALPN (got {tls.selected_alpn_protocol()!r})")
+        return tls
 
     async def unary(self, target: str, method: str, request: Any, response_type: Any,
                     timeout_s: float | None) -> Any:

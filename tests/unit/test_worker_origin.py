@@ -14,6 +14,7 @@ from gateway.worker_origin import WorkerAllowlist, WorkerNotAllowed, WorkerUrlEr
     ("http://h:8000/", "http://h:8000"),
     ("https://h", "https://h:443"),
     ("grpc://[::1]:5", "grpc://[::1]:5"),
+    ("grpcs://Engine:443", "grpcs://engine:443"),
 ])
 def test_origins_and_their_canonical_form(url, canonical):
     assert parse_worker_origin(url).url == canonical
@@ -32,7 +33,6 @@ def test_origins_and_their_canonical_form(url, canonical):
     "grpc://h:0",
     "grpc://h:99999",
     "http://:80",
-    "grpcs://h:443",  # TLS to engines: refused until it is supported, never a silent plain-text fallback
     "not a url",
 ])
 def test_anything_but_an_origin_is_refused(url):
