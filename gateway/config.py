@@ -27,6 +27,7 @@ from typing import Any
 from mesh.admin_token import AdminTokenError, default_token_path, load_or_create_token
 from mesh.crypto import KeyringError, decode_key
 from mesh.options import MeshOptions, is_loopback, parse_tags
+from mesh.transport import MeshTls
 
 from .api.admission import AdmissionConfig
 from .auth import AuthConfig, Authenticator
@@ -120,6 +121,9 @@ class GatewayConfig:
     workers: int = 0
     # Bind the HTTP port with SO_REUSEPORT (set for each process of --workers N).
     http_reuse_port: bool = False
+    # Client connections one gateway process serves at once; past it a new one gets a 503 at once
+    # (gateway/api/h1server.py H1Config says why 8,192).
+    max_connections: int = 8192
     # Which process of --workers N this is (0 for a single process); offsets its own ports.
     worker_index: int = 0
 
@@ -249,6 +253,8 @@ _OPTIONS: list[_Option] = [
     _Option("--rate-limit-sync-interval-ms", "rate_limit.sync_interval_s", _secs_ms, "replication round"),
     _Option("--rate-limit-forward-timeout-ms", "rate_limit.forward_timeout_s", _secs_ms,
             "owner silence before the failure policy decides"),
+    _Option("--max-connections", "max_connections", int, "client connections served at once per process; more "
+            "are answered 503 at once (default 8192)"),
     _Option("--http-server", "http_server", str, "native (default, HTTP/1.1) or hypercorn (HTTP/1.1 and h2)"),
     _Option("--grpc-client", "grpc_client", str, "h2 (default: from the event loop) or grpcio (on a thread)"),
     _Option("--workers", "workers", int, "gateway processes on the HTTP port (0: one per available core)"),
@@ -290,6 +296,9 @@ _OPTIONS: list[_Option] = [
     _Option("--rpc-addr", "mesh.rpc_addr", str, "admin endpoint for the CLI (default 127.0.0.1:7373)"),
     _Option("--rpc-token", "mesh.rpc_token", str, "bearer token the admin endpoint requires (default: the "
                                                     "admin token)"),
+    _Option("--mesh-tls-ca-cert", "mesh.tls_ca_cert", str, "mutual TLS between members' streams: the CA"),
+    _Option("--mesh-tls-cert", "mesh.tls_cert", str, "this member's certificate (signed by the mesh CA)"),
+    _Option("--mesh-tls-key", "mesh.tls_key", str, "its private key"),
     _Option("--mesh-insecure", "mesh.insecure", "bool", "allow an unencrypted mesh off loopback (anyone who can "
                                                           "send it a packet can then change the cluster)"),
     # smg's mesh flags, accepted so its users can switch.
@@ -416,6 +425,8 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--grpc-client must be h2 or grpcio")
     if config.http_server == "hypercorn" and config.workers != 1:
         raise ConfigError("--http-server hypercorn serves one process: use --workers 1")
+    if config.max_connections < 1:
+        raise ConfigError("--max-connections must be at least 1")
     if config.workers < 0:
         raise ConfigError("--workers must not be negative (0: one per available core)")
     if config.kv_event_followers < 1:
@@ -440,6 +451,14 @@ def validate(config: GatewayConfig) -> None:
                 decode_key(key)
         except KeyringError as e:
             raise ConfigError(f"--encrypt: {e}") from None
+        tls_parts = [mesh.tls_ca_cert, mesh.tls_cert, mesh.tls_key]
+        if any(tls_parts) and not all(tls_parts):
+            raise ConfigError("--mesh-tls-ca-cert, --mesh-tls-cert and --mesh-tls-key go together")
+        if all(tls_parts):
+            try:
+                MeshTls(*tls_parts)
+            except (OSError, ssl.SSLError) as e:
+                raise ConfigError(f"--mesh-tls-*: {e}") from None
         if not mesh.keys and not mesh.insecure and not (is_loopback(mesh.bind) and is_loopback(
                 mesh.advertise or mesh.bind)):
             raise ConfigError(f"--mesh-bind {mesh.bind} is reachable from the network: pass --encrypt KEY "

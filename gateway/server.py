@@ -217,7 +217,7 @@ async def _serve_http(config: GatewayConfig, app: Any, shutdown: trio.Event, met
             task_status.started(binds[0])
         return
     server = H1Server(app, H1Config(graceful_timeout_s=config.shutdown_grace_period_s,
-                                    reuse_port=config.http_reuse_port,
+                                    reuse_port=config.http_reuse_port, max_connections=config.max_connections,
                                     ssl_context=tls.context if tls is not None else None,
                                     tls_handshake_timeout_s=config.tls.handshake_timeout_s))
     metrics.add_state_source(lambda: _http_server_metrics(server))

@@ -15,21 +15,27 @@ from .admin_token import client_token
 ADMIN_TIMEOUT_S = 30.0
 
 
-def _call(args: argparse.Namespace, method: str, path: str, body: "dict[str, Any] | None" = None) -> Any:
-    addr = args.rpc_addr or os.environ.get("SMG_NODE_RPC_ADDR", "127.0.0.1:7373")
-    token = client_token(args.rpc_token)
+def call_json(method: str, url: str, token: str | None, body: "dict[str, Any] | None" = None) -> Any:
+    """One call of a CLI command to a node, with its bearer token; a failure ends the command with a
+    message (SystemExit), whether the node is unreachable or answers an error."""
     headers = {"authorization": f"Bearer {token}"} if token else {}
     try:
-        r = httpx2.request(method, f"http://{addr}{path}", json=body, headers=headers, timeout=ADMIN_TIMEOUT_S)
+        r = httpx2.request(method, url, json=body, headers=headers, timeout=ADMIN_TIMEOUT_S)
     except httpx2.HTTPError as e:
-        raise SystemExit(f"smg-node: cannot reach the node's admin endpoint at {addr}: {e}") from None
+        raise SystemExit(f"smg-node: cannot reach {url}: {e}") from None
     try:
         value = r.json()
     except ValueError:
-        raise SystemExit(f"smg-node: {addr} did not answer JSON (status {r.status_code})") from None
+        raise SystemExit(f"smg-node: {url} did not answer JSON (status {r.status_code})") from None
     if r.status_code >= 400:
-        raise SystemExit(f"smg-node: {value.get('error', r.status_code)}")
+        error = value.get("error", r.status_code)
+        raise SystemExit(f"smg-node: {error.get('message', error) if isinstance(error, dict) else error}")
     return value
+
+
+def _call(args: argparse.Namespace, method: str, path: str, body: "dict[str, Any] | None" = None) -> Any:
+    addr = args.rpc_addr or os.environ.get("SMG_NODE_RPC_ADDR", "127.0.0.1:7373")
+    return call_json(method, f"http://{addr}{path}", client_token(args.rpc_token), body)
 
 
 def _table(members: "list[dict[str, Any]]") -> str:

@@ -34,6 +34,10 @@ class MeshOptions:
     rpc_token: str | None = None
     # A mesh reachable off loopback must be encrypted unless this says otherwise (--mesh-insecure).
     insecure: bool = False
+    # Mutual TLS for the streams between members (mesh/transport.py MeshTls): all three, or none.
+    tls_ca_cert: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     @property
     def enabled(self) -> bool:

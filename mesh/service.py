@@ -42,7 +42,7 @@ from .crypto import Keyring, KeyringError
 from .faults import maybe_faulty
 from .members import MemberSnapshot
 from .options import MeshOptions, default_node_name
-from .transport import UdpTcpTransport
+from .transport import MeshTls, UdpTcpTransport
 
 log = logging.getLogger("mesh.service")
 
@@ -198,7 +198,8 @@ async def serve_mesh(options: MeshOptions, extra_tags: "dict[str, str]", hooks: 
     ``on_joined`` runs once the join succeeded (at once when there is nobody to join).
     """
     config = MeshConfig.local() if options.preset == "local" else MeshConfig.lan()
-    transport = UdpTcpTransport(options.bind, options.advertise, config.tcp_state_bytes_max)
+    tls = MeshTls(options.tls_ca_cert, options.tls_cert, options.tls_key) if options.tls_cert else None
+    transport = UdpTcpTransport(options.bind, options.advertise, config.tcp_state_bytes_max, tls)
     keyring = Keyring(list(options.keys))
     if not keyring.enabled:
         log.warning("gossip is not encrypted: pass --encrypt KEY (smg-node keygen makes one)")

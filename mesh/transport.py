@@ -11,12 +11,20 @@ server reads no frame larger than HELLO_BYTES_MAX, so a stranger cannot make a
 node buffer megabytes, and it must arrive within HELLO_TIMEOUT_S. At most
 STREAM_CONNECTIONS_MAX connections are served at once; more are closed at once
 (and counted), so connections alone cannot exhaust descriptors or tasks.
+
+Optional mutual TLS for the streams (``MeshTls``: --mesh-tls-ca-cert,
+--mesh-tls-cert, --mesh-tls-key, smg's names): both ends present a certificate of
+the mesh's CA, checked in the handshake before any frame. Peers are addressed by
+IP and port, so the chain is verified but not the host name (as Consul's
+``verify_outgoing`` without ``verify_server_hostname``): any certificate of the
+mesh CA is a member. Gossip (UDP) is unchanged: the keyring seals it.
 """
 
 from __future__ import annotations
 
 import errno
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -67,6 +75,26 @@ class Transport(Protocol):
         fails ``check_hello`` is closed."""
 
 
+class MeshTls:
+    """The two TLS contexts of a member's streams: as a server (client certificates required) and
+    as a client (our certificate, the peer's checked against the CA)."""
+
+    def __init__(self, ca_path: str, cert_path: str, key_path: str) -> None:
+        self.server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        for context in (self.server, self.client):
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.load_cert_chain(cert_path, key_path)
+            context.load_verify_locations(cafile=ca_path)
+            context.verify_mode = ssl.CERT_REQUIRED
+        self.client.check_hostname = False  # members are addressed by IP: the chain is what is checked
+
+
+def _close_now(stream: "trio.SocketStream | trio.SSLStream") -> None:
+    raw = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    raw.socket.close()
+
+
 def _frame(data: bytes) -> bytes:
     return len(data).to_bytes(FRAME_HEADER_BYTES, "big") + data
 
@@ -89,7 +117,7 @@ class _StreamPool:
             used_at, stream = idle.pop()
             if now - used_at < STREAM_IDLE_CLIENT_S:
                 return stream
-            stream.socket.close()  # too old to trust: the server may be closing it
+            _close_now(stream)  # too old to trust: the server may be closing it
         return None
 
     def put(self, addr: str, stream: trio.SocketStream, now: float) -> None:
@@ -97,7 +125,7 @@ class _StreamPool:
             self._sweep(now)
         idle = self._idle.setdefault(addr, [])
         if len(idle) >= STREAMS_IDLE_PER_PEER_MAX:
-            stream.socket.close()
+            _close_now(stream)
             return
         idle.append((now, stream))
 
@@ -108,7 +136,7 @@ class _StreamPool:
         for addr, idle in list(self._idle.items()):
             stale = 0  # oldest first: the stale ones lead
             while stale < len(idle) and now - idle[stale][0] >= STREAM_IDLE_CLIENT_S:
-                idle[stale][1].socket.close()
+                _close_now(idle[stale][1])
                 stale += 1
             del idle[:stale]
             if not idle:
@@ -118,7 +146,9 @@ class _StreamPool:
 class UdpTcpTransport:
     """Gossip over UDP on ``bind`` and push-pull over TCP on the same port number."""
 
-    def __init__(self, bind: str, advertise: str | None = None, frame_bytes_max: int = 8 * 1024 * 1024) -> None:
+    def __init__(self, bind: str, advertise: str | None = None, frame_bytes_max: int = 8 * 1024 * 1024,
+                 tls: MeshTls | None = None) -> None:
+        self._tls = tls
         host, port = split_addr(bind)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # UDP and TCP share the port number. With port 0 the kernel picks a free UDP port whose TCP
@@ -187,12 +217,16 @@ class UdpTcpTransport:
                         self._pool.put(addr, stream, trio.current_time())
                         return answer
                 stream = await trio.open_tcp_stream(host, port)
+                if self._tls is not None:
+                    stream = trio.SSLStream(stream, self._tls.client, server_hostname=None)
+                    await stream.do_handshake()
                 opening = hello() if hello is not None else b""
                 answer = await self._round_trip(stream, _frame(opening) + frame)
                 self._pool.put(addr, stream, trio.current_time())
                 return answer
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-            raise TransportError(f"stream to {addr} failed: {type(e).__name__}: {e}") from None
+            detail = str(e) or str(e.__cause__ or "")  # trio wraps a failed handshake's SSLError
+            raise TransportError(f"stream to {addr} failed: {type(e).__name__}: {detail}") from None
 
     async def _round_trip(self, stream: trio.SocketStream, frame: bytes) -> bytes:
         try:
@@ -219,6 +253,17 @@ class UdpTcpTransport:
             buf += chunk
         return bytes(buf)
 
+    async def _tls_handshake(self, stream: trio.SocketStream) -> trio.SSLStream | None:
+        """The server side of mutual TLS, within the hello's time; None when it failed."""
+        tls = trio.SSLStream(stream, self._tls.server, server_side=True)
+        with trio.move_on_after(HELLO_TIMEOUT_S):
+            try:
+                await tls.do_handshake()
+                return tls
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return None
+        return None
+
     async def _passes_hello(self, stream: trio.SocketStream, check_hello: HelloCheck | None) -> bool:
         try:
             with trio.fail_after(HELLO_TIMEOUT_S):
@@ -242,6 +287,12 @@ class UdpTcpTransport:
                 return
             self.connections += 1
             try:
+                if self._tls is not None:
+                    secured = await self._tls_handshake(stream)
+                    if secured is None:
+                        self.hellos_refused += 1
+                        return
+                    stream = secured
                 if not await self._passes_hello(stream, check_hello):
                     self.hellos_refused += 1
                     return

@@ -183,7 +183,7 @@ async def chat_completions(state: GatewayState, request: Request) -> None:
     if tokenizer.chat_template is None:
         raise BadRequest(f"the model '{entry.name}' has no chat template; use /v1/completions or pass "
                          f"--chat-template", code="no_chat_template")
-    input_ids = await encode_chat(state, request, entry, tokenizer, chat, True)
+    input_ids = await encode_chat(state, request, entry, tokenizer, chat, True, raw)
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "messages")
     shape = _OpenAIShape(True, "chatcmpl-" + request.request_id, entry.name)
     await _respond(state, request, plan, tokenizer, shape, chat.include_usage)
@@ -214,20 +214,22 @@ async def completions(state: GatewayState, request: Request) -> None:
 
 
 async def encode_chat(state: GatewayState, request: Request, entry: ModelEntry, tokenizer: TokenizerService,
-                      chat: ChatRequest, add_generation_prompt: bool) -> list[int]:
+                      chat: ChatRequest, add_generation_prompt: bool, raw: bytes | None = None) -> list[int]:
     """The chat's prompt ids. Client text that spells a special token is encoded as plain text
     (gateway/tokenizer/literal_spans.py) unless the node trusts it (--allow-special-tokens-in-content)
     or an admin key asks for it (``"special_tokens_in_content": true``)."""
     messages, tools, spans = chat.messages, chat.tools, []
     if chat.special_tokens_in_content and not request.principal.is_admin:
         raise Forbidden("'special_tokens_in_content' needs an admin key", code="insufficient_role")
-    if not (state.config.allow_special_tokens_in_content or chat.special_tokens_in_content):
-        messages, tools, spans = tokenizer.literal_spans.protect(messages, tools)
+    literal_spans = tokenizer.literal_spans
+    if not (state.config.allow_special_tokens_in_content or chat.special_tokens_in_content) and (
+            raw is None or literal_spans.may_occur_in(raw)):  # ``raw``: the request body, a cheap first look
+        messages, tools, spans = literal_spans.protect(messages, tools)
     prompt = render_prompt(tokenizer, messages, add_generation_prompt=add_generation_prompt, tools=tools,
                            **chat.template_kwargs)
     check_prompt_chars(entry, tokenizer, prompt, "messages")
     if spans:
-        return await tokenizer.encode_with_literals(tokenizer.literal_spans.split(prompt, spans))
+        return await tokenizer.encode_with_literals(literal_spans.split(prompt, spans))
     return await tokenizer.encode(prompt, add_special_tokens=False)
 
 

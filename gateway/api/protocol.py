@@ -250,7 +250,8 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         sampling=parse_sampling(body, ("max_completion_tokens", "max_tokens")),
         stream=stream, include_usage=bool(stream_options.get("include_usage")) if stream else False,
         tools=tools or None, template_kwargs=template_kwargs,
-        special_tokens_in_content=_field(body, "special_tokens_in_content", bool, False))
+        special_tokens_in_content=_field(body, "special_tokens_in_content", bool, False)
+        if "special_tokens_in_content" in body else False)
 
 
 @dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)

@@ -33,6 +33,16 @@ class LiteralSpans:
         # a string without any of them cannot hold one: a scan for a character class (SRE's fast
         # charset search) clears most strings for a fraction of the alternation's cost.
         self._first = re.compile("[" + "".join(sorted({re.escape(t[0]) for t in texts})) + "]")
+        # The same test on a raw JSON body, before anything is parsed out of it: a body without any first
+        # character (in UTF-8) and without a \u escape (which could spell one) holds no special token.
+        self._body_needles = tuple({t[0].encode() for t in texts} | {b"\\u"})
+
+    def may_occur_in(self, body: bytes) -> bool:
+        """False when no string of this JSON body can spell a special token (memchr-speed scans)."""
+        for needle in self._body_needles:
+            if needle in body:
+                return True
+        return False
 
     def protect(self, messages: "list[dict[str, Any]]", tools: "list[dict[str, Any]] | None"
                 ) -> "tuple[list[dict[str, Any]], list[dict[str, Any]] | None, list[str]]":

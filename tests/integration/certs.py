@@ -36,8 +36,10 @@ class CertAuthority:
         self.path = directory / f"{name.replace(' ', '-')}.pem"
         self.path.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, stem: str, common_name: str, server: bool = True) -> tuple[Path, Path, int]:
-        """(certificate path, key path, serial number) of a leaf for 127.0.0.1 and localhost."""
+    def issue(self, stem: str, common_name: str, server: bool = True, client: bool = False
+              ) -> tuple[Path, Path, int]:
+        """(certificate path, key path, serial number) of a leaf for 127.0.0.1 and localhost; a server's,
+        a client's (``server=False``), or both (a mesh member is both)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.timezone.utc)
         serial = x509.random_serial_number()
@@ -45,8 +47,9 @@ class CertAuthority:
                    .public_key(key.public_key()).serial_number(serial)
                    .not_valid_before(now - datetime.timedelta(minutes=5))
                    .not_valid_after(now + datetime.timedelta(days=1))
-                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server
-                                                         else ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
+                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH] * server
+                                                        + [ExtendedKeyUsageOID.CLIENT_AUTH] * (client or not server)),
+                                  critical=False))
         if server:
             builder = builder.add_extension(x509.SubjectAlternativeName(
                 [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)

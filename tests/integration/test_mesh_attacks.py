@@ -6,9 +6,10 @@ from __future__ import annotations
 import socket
 
 import msgpack
+import pytest
 import trio
 
-from mesh.agent import UDP_LABEL, MeshAgent
+from mesh.agent import UDP_LABEL, JoinError, MeshAgent
 from mesh.config import MeshConfig
 from mesh.crypto import Keyring, Sealer, generate_key
 from mesh.members import MemberStatus
@@ -135,4 +136,35 @@ async def test_stream_connections_beyond_the_cap_are_closed_at_once():
         for s in [extra, *held]:
             await s.aclose()
         await poll(lambda: a.transport.connections == baseline, "released")
+        nursery.cancel_scope.cancel()
+
+
+async def test_mesh_streams_over_mutual_tls_admit_only_the_mesh_ca(tmp_path):
+    from mesh.transport import MeshTls
+
+    from .certs import CertAuthority
+
+    ca, other = CertAuthority(tmp_path, "mesh CA"), CertAuthority(tmp_path, "other CA")
+
+    def tls_of(authority, stem):
+        cert, key, _ = authority.issue(stem, stem, server=True, client=True)
+        return MeshTls(str(authority.path), str(cert), str(key))
+
+    async with trio.open_nursery() as nursery:
+        agents = []
+        for i, tls in enumerate((tls_of(ca, "m0"), tls_of(ca, "m1"), tls_of(other, "m2"))):
+            agent = MeshAgent(MeshConfig.local(), f"t{i}", UdpTcpTransport("127.0.0.1:0", tls=tls), Keyring([KEY]))
+            await nursery.start(agent.run)
+            agents.append(agent)
+        a, b, stranger = agents
+        assert await b.join([a.transport.addr]) == 1  # both certificates of the mesh CA
+        await poll(lambda: len(a.alive_members()) == 2, "joined")
+        with pytest.raises(JoinError):  # holds the gossip key, but not a certificate of the mesh CA
+            await stranger.join([a.transport.addr])
+        refused = a.transport.hellos_refused
+        host, port = a.transport.addr.rsplit(":", 1)
+        plain = await trio.open_tcp_stream(host, int(port))  # no TLS at all
+        await plain.send_all((8).to_bytes(FRAME_HEADER_BYTES, "big") + b"12345678")
+        await poll(lambda: a.transport.hellos_refused > refused, "refused")
+        await plain.aclose()
         nursery.cancel_scope.cancel()

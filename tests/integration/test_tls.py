@@ -81,3 +81,17 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_of_the_client_ca(engi
             assert http.get(node.url + "/health", timeout=5).status_code == 200
     finally:
         node.kill()
+
+
+def test_hypercorn_serves_the_same_tls_flags(engines, log_dir, tmp_path):
+    ca = CertAuthority(tmp_path)
+    cert, key, serial = ca.issue("server", "127.0.0.1")
+    node = NodeProcess(["--worker-urls", engines[0].url, "--http-server", "hypercorn", "--tls-cert-path", str(cert),
+                        "--tls-key-path", str(key)], log_dir, "tls-hypercorn-node")
+    try:
+        url = node.url.replace("http://", "https://")  # hypercorn reports its bind as it was given
+        assert served_serial(url, ca.path) == serial
+        with httpx2.Client(verify=ssl.create_default_context(cafile=str(ca.path))) as http:
+            assert http.get(url + "/health", timeout=5).status_code == 200
+    finally:
+        node.kill()
