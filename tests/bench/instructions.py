@@ -20,7 +20,7 @@ lower for both gateways).
 
     python tests/bench/instructions.py [--requests 200] [--scenarios short long multiturn]
         [--stream both|yes|no] [--gateways smg-node smg smg-cache] [--smg-venv DIR] [--token-interval-s S]
-        [--auth none|api-key|jwt] [--node-args ARG...]
+        [--auth none|api-key|jwt] [--tls] [--node-args ARG...]
 
 Needs valgrind (Debian's ``valgrind`` package) and makes smg's venv like smg_compare.py.
 """
@@ -31,6 +31,7 @@ import argparse
 import os
 import platform
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -47,6 +48,14 @@ from tests.bench.smg_compare import (  # noqa: E402
     MODEL, SMG_VERSION, conversation_bodies, engine_pacing_args, ensure_smg, free_port, model_dir)
 
 BENCH_API_KEY = "bench-key-0123456789"
+
+
+def make_certificate(directory: Path) -> "tuple[Path, Path, Path]":
+    """(certificate, key, CA) for 127.0.0.1, made with cryptography as the tests make theirs."""
+    from tests.integration.certs import CertAuthority
+    ca = CertAuthority(directory, "bench CA")
+    cert, key, _ = ca.issue("bench-server", "127.0.0.1")
+    return cert, key, ca.path
 
 
 def start_jwt_issuer() -> tuple[str, str]:
@@ -85,7 +94,8 @@ START_TIMEOUT_S = 600.0  # valgrind's uninstrumented start is ~5x slower than a 
 IDLE_MEASURE_S = 5.0
 
 
-def gateway_argv(name: str, port: int, engine_url: str, model: Path, smg: Path, node_args: list[str]) -> list[str]:
+def gateway_argv(name: str, port: int, engine_url: str, model: Path, smg: Path, node_args: list[str],
+                 smg_args: "list[str]" = ()) -> list[str]:
     if name == "smg-node":
         return [sys.executable, "-m", "mesh.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
                 "--workers", "1", "--worker-urls", engine_url, "--tokenizer-path", str(model),
@@ -95,11 +105,15 @@ def gateway_argv(name: str, port: int, engine_url: str, model: Path, smg: Path, 
             "--prometheus-host", "127.0.0.1"]
     if name == "smg-cache":
         argv += ["--tokenizer-cache-enable-l0", "--tokenizer-cache-enable-l1"]
-    return argv
+    return [*argv, *smg_args]
 
 
-async def send_requests(port: int, bodies, count: int, headers: "list[tuple[str, str]]") -> None:
-    connection = Connection(await trio.open_tcp_stream("127.0.0.1", port), "127.0.0.1", headers)
+async def send_requests(port: int, bodies, count: int, headers: "list[tuple[str, str]]",
+                        tls: "ssl.SSLContext | None" = None) -> None:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    if tls is not None:
+        stream = trio.SSLStream(stream, tls, server_hostname="127.0.0.1")
+    connection = Connection(stream, "127.0.0.1", headers)
     try:
         for _ in range(count):
             status, _ = await connection.request("/v1/chat/completions", next(bodies))
@@ -109,15 +123,16 @@ async def send_requests(port: int, bodies, count: int, headers: "list[tuple[str,
         await connection.stream.aclose()
 
 
-def wait_serving(port: int, bodies, process: subprocess.Popen, log: Path, headers: "list[tuple[str, str]]") -> None:
+def wait_serving(port: int, bodies, process: subprocess.Popen, log: Path, headers: "list[tuple[str, str]]",
+                 tls: "ssl.SSLContext | None") -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"the gateway exited; see {log}")
         try:
-            trio.run(send_requests, port, bodies, 1, headers)
+            trio.run(send_requests, port, bodies, 1, headers, tls)
             return
-        except (OSError, RuntimeError):
+        except (OSError, RuntimeError, trio.BrokenResourceError):
             time.sleep(1)
     raise RuntimeError(f"the gateway did not serve within {START_TIMEOUT_S:.0f} s; see {log}")
 
@@ -134,17 +149,17 @@ def count_instructions(name: str, scenario: str, stream: bool, args, engine_url:
     out_prefix = log_dir / f"callgrind.{tag}"
     log = log_dir / f"{tag}.log"
     argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_prefix}.%p",
-            *gateway_argv(name, port, engine_url, model, smg, args.node_args)]
+            *gateway_argv(name, port, engine_url, model, smg, args.node_args, args.smg_args)]
     with open(log, "ab") as log_file:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, cwd=ROOT)
     bodies = conversation_bodies(scenario, stream)
     try:
-        headers = args.client_headers if name == "smg-node" else []
-        wait_serving(port, bodies, process, log, headers)
-        trio.run(send_requests, port, bodies, args.warmup, headers)
+        headers = args.client_headers if name == "smg-node" or args.auth == "api-key" else []
+        wait_serving(port, bodies, process, log, headers, args.tls_context)
+        trio.run(send_requests, port, bodies, args.warmup, headers, args.tls_context)
         callgrind_control("-i", "on", str(process.pid))
         started = time.perf_counter()
-        trio.run(send_requests, port, bodies, args.requests, headers)
+        trio.run(send_requests, port, bodies, args.requests, headers, args.tls_context)
         requests_s = time.perf_counter() - started
         callgrind_control("-d", str(process.pid))  # dump 1: the requests
         started = time.perf_counter()
@@ -192,6 +207,8 @@ def main() -> None:
     parser.add_argument("--auth", choices=("none", "api-key", "jwt"), default="none",
                         help="smg-node with --api-key (the client sends it), or with --jwt-issuer (a local issuer "
                              "this script serves; the client sends one token, which the node caches)")
+    parser.add_argument("--tls", action="store_true",
+                        help="every gateway serves HTTPS with a certificate this script makes; the client verifies it")
     parser.add_argument("--node-args", nargs=argparse.REMAINDER, default=[],
                         help="extra smg-node serve arguments (last on the line)")
     args = parser.parse_args()
@@ -201,14 +218,21 @@ def main() -> None:
         else Path("smg")
     log_dir = default_log_dir()
     model = model_dir(log_dir)
-    args.client_headers = []
-    if args.auth == "api-key":
+    args.client_headers, args.smg_args, args.tls_context = [], [], None
+    if args.auth == "api-key":  # smg takes the same flag
         args.node_args = ["--api-key", BENCH_API_KEY, *args.node_args]
+        args.smg_args = ["--api-key", BENCH_API_KEY]
         args.client_headers = [("authorization", f"Bearer {BENCH_API_KEY}")]
     elif args.auth == "jwt":
         issuer_url, token = start_jwt_issuer()
         args.node_args = ["--jwt-issuer", issuer_url, "--jwt-audience", "bench", *args.node_args]
         args.client_headers = [("authorization", f"Bearer {token}")]
+    if args.tls:  # smg's flag names are ours
+        cert, key, ca_path = make_certificate(log_dir)
+        tls_args = ["--tls-cert-path", str(cert), "--tls-key-path", str(key)]
+        args.node_args = [*tls_args, *args.node_args]
+        args.smg_args = [*args.smg_args, *tls_args]
+        args.tls_context = ssl.create_default_context(cafile=str(ca_path))
     engine = EngineProcess([*engine_pacing_args(args.token_interval_s), "--model-name", MODEL, "--tokenizer-path",
                             str(model)], log_dir)
     streams = {"both": [False, True], "yes": [True], "no": [False]}[args.stream]
