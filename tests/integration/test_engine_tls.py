@@ -46,3 +46,26 @@ def test_an_engine_whose_certificate_we_do_not_trust_is_not_used(tls_engine, log
     assert r.status_code == 502 and "certificate" in r.json()["error"]["message"].lower(), r.text
     plain = http.post("/workers", json={"url": f"grpc://127.0.0.1:{engine.port}"})  # nor in the clear
     assert plain.status_code in (400, 502), plain.text
+
+
+def test_an_https_worker_is_verified_with_the_engines_ca(engines, log_dir, tmp_path):
+    """An OpenAI-compatible worker over HTTPS (here another node serving TLS): proxied when its CA is
+    given, refused at registration when it is not."""
+    import httpx2
+
+    ca = CertAuthority(tmp_path, "worker CA")
+    cert, key, _ = ca.issue("worker", "127.0.0.1")
+    worker = NodeProcess(["--worker-urls", engines[0].url, "--tls-cert-path", str(cert), "--tls-key-path", str(key)],
+                         log_dir, "https-worker")
+    front = None
+    try:
+        front = NodeProcess(["--worker-urls", worker.url, "--engine-tls-ca-path", str(ca.path)], log_dir, "https-front")
+        client = openai.OpenAI(base_url=front.url + "/v1", api_key="x", max_retries=0, timeout=30)
+        reply = client.chat.completions.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "x"}])
+        assert reply.usage.completion_tokens == 2
+        with httpx2.Client(base_url=front.url, headers=front.admin_headers) as http:
+            assert http.get("/workers").json()["workers"][0]["url"] == worker.url
+    finally:
+        for process in (front, worker):
+            if process is not None:
+                process.kill()
