@@ -10,7 +10,7 @@ from typing import Any
 import trio
 
 from ..auth import Role
-from ..auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX, KeyStoreError
+from ..auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX, KeyStoreError, StoredKey
 from ..ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
 from ..workers import WorkerError
 from .errors import ApiError, BadRequest, NotFound, Unavailable
@@ -166,8 +166,7 @@ async def create_api_key(state, request: Request) -> None:
                                              float(expires) if expires is not None else None)
     except KeyStoreError as e:
         raise BadRequest(str(e), code="invalid_api_key_request") from None
-    if state.cluster is not None:
-        state.cluster.set_setting(KEY_SETTING_PREFIX + key.id, key.to_record())
+    _replicate_key(state, key)
     await request.send_json(201, {**key.public(time.time()), "key": secret})
 
 
@@ -182,6 +181,11 @@ async def revoke_api_key(state, request: Request) -> None:
         key = state.key_store.revoke(key_id)
     except KeyError:
         raise NotFound(f"no API key {key_id}", code="api_key_not_found") from None
+    _replicate_key(state, key)
+    await request.send_json(200, key.public(time.time()))
+
+
+def _replicate_key(state, key: StoredKey) -> None:
+    """Write the record (never the secret) to the cluster's shared document: every node applies it."""
     if state.cluster is not None:
         state.cluster.set_setting(KEY_SETTING_PREFIX + key.id, key.to_record())
-    await request.send_json(200, key.public(time.time()))
