@@ -22,15 +22,14 @@ timeouts for a request being read, for an idle keep-alive connection, and for
 a write the client does not take (``write_timeout_s``: a client that stops
 reading cannot hold the request's admission slot).
 
-Framing errors are the client's, answered and closed (h11's rules):
-a parse error anywhere, head or body, is a 400 (the app of a request whose body
-breaks is cancelled and the 400 sent in its place if nothing was answered yet);
-a ``Transfer-Encoding`` other than exactly ``chunked`` is a 501, and one together
-with a ``Content-Length`` a 400 (request smuggling); HTTP/1.1 without exactly one
-``Host`` is a 400; absolute-form targets (``GET http://h/p``) are served by their
-path; a response sent before its request's body was read to the end (a 413, say)
-closes the connection, since the rest of that body cannot be told from a next
-request. Closing then lingers: our side is shut for writing, and what the
+What the bytes mean, and the rules they must follow, are ``h1_protocol.py``'s
+(sans-I/O: a request reader with an explicit state table, response framing as
+pure functions; tested in memory against h11): this module acts on its verdicts.
+A request refused in its head is answered with the reader's status (400, 414,
+431, 501) and the connection closed; one whose body breaks after the head was
+handed on has its app told the client is gone (``receive()``), and the 400 goes
+in its place. An answer sent before its request's body ended closes the
+connection; closing then lingers: our side is shut for writing, and what the
 client still sends is read and dropped for up to LINGER_S, so the answer is not
 lost to a reset.
 
@@ -59,14 +58,13 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import unquote
 
-import httptools
 import orjson
 import trio
 
 from ..fast_receive import receive_some
 from ..fast_send import send_now
+from .h1_protocol import CHUNK, LAST_CHUNK, UPGRADE, Refusal, RequestReader, response_head
 
 log = logging.getLogger("gateway.http")
 
@@ -74,14 +72,6 @@ DISCONNECT_EXTENSION = "smg.disconnect"
 
 App = Callable[[dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
-_REASONS = {100: b"Continue", 200: b"OK", 201: b"Created", 202: b"Accepted", 204: b"No Content",
-            400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found",
-            405: b"Method Not Allowed", 408: b"Request Timeout", 409: b"Conflict", 413: b"Payload Too Large",
-            414: b"URI Too Long", 422: b"Unprocessable Entity", 429: b"Too Many Requests",
-            431: b"Request Header Fields Too Large", 499: b"Client Closed Request",
-            500: b"Internal Server Error", 501: b"Not Implemented", 502: b"Bad Gateway",
-            503: b"Service Unavailable", 504: b"Gateway Timeout"}
-_STATUS_LINES: dict[int, bytes] = {}
 # After an answer sent before its request body ended: drop what the client still sends this long
 # (and at most this much) before closing, so that the answer is read rather than lost to a TCP reset.
 LINGER_S = 2.0
@@ -89,15 +79,6 @@ LINGER_BYTES_MAX = 4 * 1024 * 1024
 _BUSY_BODY = b'{"error":{"message":"too many connections","type":"service_unavailable","param":null,"code":"busy"}}'
 _BUSY_ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
                 b"retry-after: 1\r\ncontent-length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
-
-
-def _status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        line = b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Status"))
-        if 100 <= status < 600:
-            _STATUS_LINES[status] = line
-    return line
 
 
 @dataclasses.dataclass
@@ -250,9 +231,9 @@ class _Cycle:
         if not self.head_only:
             if self.chunked:
                 if body:
-                    out += b"%x\r\n%s\r\n" % (len(body), body)
+                    out += CHUNK % (len(body), body)
                 if not more_body:
-                    out += b"0\r\n\r\n"
+                    out += LAST_CHUNK
             else:
                 out += body
         if out or not more_body:  # the end writes even with nothing new: send_body_now may have left bytes
@@ -276,7 +257,7 @@ class _Cycle:
         if self.head_only or not body:
             return True
         if self.chunked:
-            body = b"%x\r\n%s\r\n" % (len(body), body)
+            body = CHUNK % (len(body), body)
         return self.connection.write_now(body)
 
     async def flush(self) -> None:
@@ -284,38 +265,12 @@ class _Cycle:
         await self.connection.write(b"")
 
     def _head(self, body: bytes, more_body: bool) -> bytes:
-        connection = self.connection
-        if connection.server.shutting_down or not self.body_complete:
-            # Answered before the body ended (a 413, an early error): the rest of that body cannot be
-            # told from a next request, so this connection serves no other.
-            self.keep_alive = False
-        has_length = False
-        parts = [_status_line(self.status)]
-        for name, value in self.headers:
-            lname = name.lower()
-            if lname == b"content-length":
-                has_length = True
-            elif lname == b"connection":
-                if value.lower() == b"close":
-                    self.keep_alive = False
-                continue
-            elif lname == b"transfer-encoding":
-                continue  # framing is ours to decide
-            parts.append(b"%s: %s\r\n" % (name, value))
-        if not has_length:
-            if not more_body:
-                parts.append(b"content-length: %d\r\n" % len(body))
-            elif self.scope["http_version"] == "1.1":
-                self.chunked = True
-                parts.append(b"transfer-encoding: chunked\r\n")
-            else:
-                self.keep_alive = False  # HTTP/1.0 without a length: the end of the body is the close
-        if not self.keep_alive:
-            parts.append(b"connection: close\r\n")
-        parts.append(_DATE.header())
-        parts.append(b"\r\n")
+        """The response head, framed by h1_protocol.response_head (which decides keep-alive too)."""
+        head, self.chunked, self.keep_alive = response_head(
+            self.status, self.headers, body, more_body, self.scope["http_version"],
+            self.keep_alive and not self.connection.server.shutting_down, self.body_complete, _DATE.header())
         self.headers = None
-        return b"".join(parts)
+        return head
 
 
 class _Connection:
@@ -327,15 +282,10 @@ class _Connection:
         # Over TLS the bytes go through the SSL object: no direct socket reads and writes (fast paths).
         self.tls = isinstance(stream, trio.SSLStream)
         self.closed = False
-        self._parser = httptools.HttpRequestParser(self)
+        config = server.config
+        self._reader = RequestReader(self, config.url_bytes_max, config.header_bytes_max)
         self._cycles: collections.deque[_Cycle] = collections.deque()
-        self._parsing: _Cycle | None = None  # the request whose body the parser is reading
-        self._url = b""
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._header_bytes = 0
-        self._in_message = False
-        self._head_error = 0
-        self._head_message = ""
+        self._parsing: _Cycle | None = None  # the request whose body the reader is reading
         self._upgraded = False
         self._unread_input = False  # a request body was cut short: linger before closing
         self._cycles_changed = trio.lowlevel.ParkingLot()
@@ -343,7 +293,7 @@ class _Connection:
         self._send_lock = trio.StrictFIFOLock()
         self._backlog = b""  # what write_now could not write: the next write's first bytes
         self._read_scope: trio.CancelScope | None = None
-        self._message_deadline = float("inf")
+        self._message_deadline: float | None = None  # when the request being read must have arrived
         try:
             sock = stream.transport_stream.socket if self.tls else stream.socket
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -352,83 +302,22 @@ class _Connection:
         except OSError:
             self._client = self._server_address = None
 
-    # -- httptools callbacks (called inside feed_data) ------------------------
+    # -- the reader's events (h1_protocol.RequestSink), inside feed ----------------
 
-    def on_message_begin(self) -> None:
-        self._in_message = True
-        # Fixed when the request begins: trickling a byte at a time does not extend it (slow loris).
-        self._message_deadline = trio.current_time() + self.server.config.request_read_timeout_s
-        self._url = b""
-        self._headers = []
-        self._header_bytes = 0
-        self._hosts = 0
-        self._framing = 0
-
-    def on_url(self, url: bytes) -> None:
-        self._url += url
-        if len(self._url) > self.server.config.url_bytes_max:
-            self._head_error = 414
-            raise _HeadTooLarge()
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_bytes += len(name) + len(value) + 4
-        if self._header_bytes > self.server.config.header_bytes_max:
-            self._head_error = 431
-            raise _HeadTooLarge()
-        name = name.lower()
-        if name == b"host":
-            self._hosts += 1
-        elif name == b"transfer-encoding":
-            if value.strip().lower() != b"chunked":
-                # Decided here, before llhttp judges the value (it would say 400): h11's 501 for codings we lack.
-                self._head_refused(501, "Transfer-Encoding other than chunked is not supported")
-            self._framing |= _TRANSFER_ENCODING
-        elif name == b"content-length":
-            self._framing |= _CONTENT_LENGTH
-        self._headers.append((name, value))
-
-    def _head_refused(self, status: int, message: str) -> None:
-        self._head_error = status
-        self._head_message = message
-        raise _HeadTooLarge()
-
-    def on_headers_complete(self) -> None:
-        parser = self._parser
-        http_version = parser.get_http_version()
-        # h11's rules for the head, before the request reaches the app; the headers were counted as
-        # they came (on_header), so no second pass over them.
-        if self._framing == _TRANSFER_ENCODING | _CONTENT_LENGTH:
-            self._head_refused(400, "Transfer-Encoding and Content-Length together")
-        if self._hosts != 1 and http_version == "1.1":
-            self._head_refused(400, "an HTTP/1.1 request needs exactly one Host header")
-        url = self._url
-        if not url.startswith(b"/"):
-            # Absolute form (RFC 9112 3.2.2) is served by its path; "*" and authority form are not ours.
-            scheme, sep, rest = url.partition(b"://")
-            if not sep or scheme.lower() not in (b"http", b"https"):
-                self._head_refused(400, "the request target must be a path or an absolute http URL")
-            url = b"/" + rest.partition(b"/")[2]
-        path, _, query = url.partition(b"?")
-        raw_path = path
-        path_text = path.decode("latin-1")
-        if "%" in path_text:
-            path_text = unquote(path_text, encoding="utf-8", errors="replace")
+    def request_head(self, method: str, path: str, raw_path: bytes, query: bytes,
+                     headers: "list[tuple[bytes, bytes]]", http_version: str, keep_alive: bool,
+                     expect_continue: bool) -> None:
         scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": http_version,
-                 "method": parser.get_method().decode("ascii"), "scheme": "http", "path": path_text,
-                 "raw_path": raw_path, "query_string": query, "root_path": "", "headers": self._headers,
-                 "client": self._client, "server": self._server_address}
-        expect_continue = False
-        if http_version == "1.1":
-            for name, value in self._headers:
-                if name == b"expect" and value.lower() == b"100-continue":
-                    expect_continue = True
-        cycle = _Cycle(self, scope, parser.should_keep_alive(), expect_continue)
+                 "method": method, "scheme": "https" if self.tls else "http", "path": path, "raw_path": raw_path,
+                 "query_string": query, "root_path": "", "headers": headers, "client": self._client,
+                 "server": self._server_address}
+        cycle = _Cycle(self, scope, keep_alive, expect_continue)
         scope["extensions"] = {DISCONNECT_EXTENSION: cycle}
         self._parsing = cycle
         self._cycles.append(cycle)
         self._cycles_changed.unpark_all()
 
-    def on_body(self, body: bytes) -> None:
+    def request_body(self, body: bytes) -> None:
         cycle = self._parsing
         if cycle is None or cycle.body_delivered or cycle.response_complete:
             return  # the app is done with this request: unread body bytes are dropped
@@ -436,8 +325,8 @@ class _Connection:
         cycle.buffered_bytes += len(body)
         cycle.wakeup.unpark_all()
 
-    def on_message_complete(self) -> None:
-        self._in_message = False
+    def request_complete(self) -> None:
+        self._message_deadline = None  # the next request's clock starts when it does
         cycle = self._parsing
         self._parsing = None
         if cycle is not None:
@@ -479,31 +368,31 @@ class _Connection:
             if not data:
                 self._lost()
                 return
-            try:
-                self._parser.feed_data(data)
-            except httptools.HttpParserUpgrade:
+            outcome = self._reader.feed(data)
+            if outcome is None:
+                continue
+            if outcome is UPGRADE:
                 # No upgrades (h2c, websocket): answer the request as plain HTTP/1.1, then close.
                 self._upgraded = True
                 if self._cycles:
                     self._cycles[-1].keep_alive = False
                 else:
                     self._refuse(400, "protocol upgrades are not supported")
-                return
-            except httptools.HttpParserError as e:
-                # A limit our callbacks enforce surfaces here too (httptools wraps what they raise).
-                if self._head_error:
-                    self._refuse(self._head_error, self._head_message or (
-                        "request head too large" if self._head_error == 431 else "request URL too long"))
-                elif self._parsing is not None:
-                    self._body_broken(self._parsing, f"malformed HTTP request body: {e}")
+            elif isinstance(outcome, Refusal):
+                if outcome.during_body and self._parsing is not None:
+                    self._body_broken(self._parsing, outcome.message)
                 else:
-                    self._refuse(400, f"malformed HTTP request: {e}")
-                return
+                    self._refuse(outcome.status, outcome.message)
+            return
 
     def _read_deadline(self) -> float:
         """Idle between requests: the keep-alive timeout; mid-request: the read timeout; else none."""
         config = self.server.config
-        if self._in_message:
+        if self._reader.in_message:
+            # Fixed at the first read after the request began (the read that began it): trickling a
+            # byte at a time does not extend it (slow loris).
+            if self._message_deadline is None:
+                self._message_deadline = trio.current_time() + config.request_read_timeout_s
             return self._message_deadline
         if not self._cycles:
             return trio.current_time() + config.keep_alive_timeout_s
@@ -666,7 +555,7 @@ class _Connection:
                 await self._answer_loop()
                 nursery.cancel_scope.cancel()
             if not self.closed and (self._unread_input or any(not c.body_complete for c in self._cycles)
-                                    or self._in_message):
+                                    or self._reader.in_message):
                 await self._linger()
         finally:
             self.closed = True
@@ -676,13 +565,6 @@ class _Connection:
                     await self.stream.aclose()
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     pass
-
-
-_TRANSFER_ENCODING, _CONTENT_LENGTH = 1, 2  # bits of _Connection._framing
-
-
-class _HeadTooLarge(Exception):
-    pass
 
 
 def _address(value: Any) -> tuple[str, int] | None:

@@ -125,6 +125,7 @@ class Authenticator:
         if config.admin_token:
             self._add(config.admin_token, Principal("key:admin-token", "admin token", Role.ADMIN))
         self._static_user_keys = user_keys
+        self._open_unless_stored = user_keys == 0 and self.jwt is None
 
     @property
     def data_plane_open(self) -> bool:
@@ -190,9 +191,9 @@ class Authenticator:
         """The caller of a route with this access level; raises Unauthenticated or Forbidden."""
         if access is Access.PUBLIC:
             return ANONYMOUS
-        if access is Access.DATA and b"authorization" not in headers and b"x-api-key" not in headers \
-                and self.data_plane_open:
-            return ANONYMOUS  # the open data plane's usual request: nothing to look up
+        if access is Access.DATA and self._open_unless_stored and not self.store.user_keys \
+                and b"authorization" not in headers and b"x-api-key" not in headers:
+            return ANONYMOUS  # the open data plane's usual request: nothing to look up (data_plane_open, inlined)
         credential = self.credential(headers)
         principal = self.lookup(credential) if credential is not None else None
         if access is Access.DATA:
