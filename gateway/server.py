@@ -50,7 +50,7 @@ from .routing.kv_index import KvIndex
 from .routing.policies import make_policy
 from .routing.router import Router
 from .supervisor import SUPERVISED_ENV, exit_when_supervisor_dies
-from .tls import ServerTls
+from .tls import ServerTls, TlsConfig
 from .worker_origin import WorkerAllowlist
 from .workers import WorkerError, WorkerRegistry
 
@@ -205,17 +205,19 @@ async def _register_initial(state: GatewayState, url: str, model: str | None) ->
 async def _serve_http(config: GatewayConfig, app: Any, shutdown: trio.Event, metrics: GatewayMetrics, *,
                       task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve the API until ``shutdown``, then drain in-flight requests for up to the grace period."""
-    tls = ServerTls(config.tls) if config.tls.enabled else None
     if config.http_server == "hypercorn":
         hc = _hypercorn_config(config)
-
-        async def run_hypercorn(task_status=trio.TASK_STATUS_IGNORED) -> None:
-            await hypercorn_serve(app, hc, shutdown_trigger=shutdown.wait, task_status=task_status)
-
         async with trio.open_nursery() as nursery:
+            async def run_hypercorn(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                await hypercorn_serve(app, hc, shutdown_trigger=shutdown.wait, task_status=task_status)
+                nursery.cancel_scope.cancel()  # served and drained: the certificate watch stops too
+
             binds = await nursery.start(run_hypercorn)
+            if hc.reloader is not None:  # hypercorn made its context at start: reload its chain in place
+                nursery.start_soon(hc.reloader.serve_reloads)
             task_status.started(binds[0])
         return
+    tls = ServerTls(config.tls) if config.tls.enabled else None
     server = H1Server(app, H1Config(graceful_timeout_s=config.shutdown_grace_period_s,
                                     reuse_port=config.http_reuse_port, max_connections=config.max_connections,
                                     ssl_context=tls.context if tls is not None else None,
@@ -228,15 +230,30 @@ async def _serve_http(config: GatewayConfig, app: Any, shutdown: trio.Event, met
         nursery.cancel_scope.cancel()
 
 
+class _ReloadingHypercornConfig(HypercornConfig):
+    """hypercorn's config, keeping the TLS context hypercorn makes so that a renewed certificate can be
+    loaded into it (gateway/tls.py), as the native server does."""
+
+    tls_config: TlsConfig | None = None
+    reloader: ServerTls | None = None
+
+    def create_ssl_context(self):
+        context = super().create_ssl_context()
+        if context is not None and self.tls_config is not None:
+            self.reloader = ServerTls(self.tls_config, context)
+        return context
+
+
 def _hypercorn_config(config: GatewayConfig) -> HypercornConfig:
-    hc = HypercornConfig()
+    hc = _ReloadingHypercornConfig()
     host = f"[{config.host}]" if ":" in config.host else config.host
     hc.bind = [f"{host}:{config.port}"]
     hc.graceful_timeout = config.shutdown_grace_period_s
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
     hc.keep_alive_timeout = 75.0  # longer than nginx's and HAProxy's upstream keep-alive defaults
-    if config.tls.enabled:  # hypercorn builds its own context: no reload there (the native server has it)
+    if config.tls.enabled:  # hypercorn builds its own context (its ALPN, h2 included); we reload its chain
+        hc.tls_config = config.tls
         hc.certfile, hc.keyfile = str(config.tls.cert_path), str(config.tls.key_path)
         if config.tls.client_ca_path is not None:
             hc.ca_certs = str(config.tls.client_ca_path)

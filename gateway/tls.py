@@ -44,19 +44,24 @@ class TlsConfig:
 
 
 class ServerTls:
-    def __init__(self, config: TlsConfig) -> None:
+    def __init__(self, config: TlsConfig, context: ssl.SSLContext | None = None) -> None:
+        """``context``: one made elsewhere (hypercorn makes its own, with its ALPN and ciphers) whose
+        chain this object reloads; None: ours, for the native server."""
         if config.cert_path is None or config.key_path is None:
             raise ValueError("TLS needs both --tls-cert-path and --tls-key-path")
         self.config = config
+        self._stamps = self._mtimes()
+        self.reloads = 0
+        if context is not None:
+            self.context = context
+            return
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self.context.set_alpn_protocols(["http/1.1"])
         if config.client_ca_path is not None:
             self.context.verify_mode = ssl.CERT_REQUIRED
             self.context.load_verify_locations(cafile=str(config.client_ca_path))
-        self._stamps = self._mtimes()
         self.context.load_cert_chain(str(config.cert_path), str(config.key_path))
-        self.reloads = 0
 
     def _mtimes(self) -> tuple[float, ...]:
         paths = [self.config.cert_path, self.config.key_path, self.config.client_ca_path]

@@ -83,15 +83,22 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_of_the_client_ca(engi
         node.kill()
 
 
-def test_hypercorn_serves_the_same_tls_flags(engines, log_dir, tmp_path):
+def test_hypercorn_serves_the_same_tls_flags_and_reloads_too(engines, log_dir, tmp_path):
     ca = CertAuthority(tmp_path)
     cert, key, serial = ca.issue("server", "127.0.0.1")
     node = NodeProcess(["--worker-urls", engines[0].url, "--http-server", "hypercorn", "--tls-cert-path", str(cert),
-                        "--tls-key-path", str(key)], log_dir, "tls-hypercorn-node")
+                        "--tls-key-path", str(key), "--tls-reload-interval-secs", "0.2"], log_dir, "tls-hypercorn-node")
     try:
         url = node.url.replace("http://", "https://")  # hypercorn reports its bind as it was given
         assert served_serial(url, ca.path) == serial
         with httpx2.Client(verify=ssl.create_default_context(cafile=str(ca.path))) as http:
             assert http.get(url + "/health", timeout=5).status_code == 200
+        new_cert, new_key, new_serial = ca.issue("renewed", "127.0.0.1")
+        shutil.move(new_key, key)
+        shutil.move(new_cert, cert)
+        deadline = time.monotonic() + 10
+        while served_serial(url, ca.path) != new_serial:
+            assert time.monotonic() < deadline, "hypercorn did not pick up the renewed certificate"
+            time.sleep(0.1)
     finally:
         node.kill()
