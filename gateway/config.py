@@ -195,7 +195,8 @@ _OPTIONS: list[_Option] = [
     _Option("--queue-size", "admission.queue_size", int, "requests waiting for a slot before 429"),
     _Option("--queue-timeout-secs", "admission.queue_timeout_s", float, "longest wait for a slot before 503"),
     _Option("--request-timeout-secs", "admission.request_timeout_s", float, "longest a request may take"),
-    _Option("--max-payload-size", "admission.body_bytes_max", int, "largest request body in bytes"),
+    _Option("--max-payload-size", "admission.body_bytes_max", int, "largest request body in bytes (default: 32 "
+            "bytes per token of the largest context served, at least 1 MiB; 8 MiB without a stated context)"),
     _Option("--log-level", "log_level", str, "debug, info, warning, error"),
     _Option("--log-json", "log_json", "bool", "log JSON lines instead of text"),
     _Option("--default-max-tokens", "default_max_tokens", int, "max_tokens when nothing else bounds it"),
@@ -411,7 +412,7 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--port must be between 0 and 65535")
     if config.admission.max_concurrent_requests < 0 or config.admission.queue_size < 0:
         raise ConfigError("--max-concurrent-requests and --queue-size must not be negative")
-    if config.admission.body_bytes_max <= 0:
+    if config.admission.body_bytes_max is not None and config.admission.body_bytes_max <= 0:
         raise ConfigError("--max-payload-size must be positive")
     if config.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
         raise ConfigError("--log-level must be debug, info, warning, error or critical")

@@ -36,6 +36,12 @@ class ModelEntry:
     tokenizer_loaded: trio.Event = dataclasses.field(default_factory=trio.Event)
 
 
+BODY_BYTES_PER_CONTEXT_TOKEN = 32
+BODY_BYTES_MIN = 1024 * 1024
+BODY_BYTES_MAX = 64 * 1024 * 1024
+BODY_BYTES_UNKNOWN_CONTEXT = 8 * 1024 * 1024
+
+
 class ModelCatalog:
     def __init__(self, tokenizer_config: TokenizerConfig, tokenizer_path: Path | None,
                  chat_template_path: Path | None) -> None:
@@ -46,6 +52,8 @@ class ModelCatalog:
         self._models: dict[str, ModelEntry] = {}
         # One tokenizer fetch per model even when its workers register concurrently.
         self._locks: dict[str, trio.Lock] = {}
+        # The request body limit when --max-payload-size is not given (AdmissionConfig says why).
+        self.body_bytes_max_auto = BODY_BYTES_UNKNOWN_CONTEXT
 
     def get(self, name: str) -> ModelEntry | None:
         return self._models.get(name)
@@ -69,12 +77,21 @@ class ModelCatalog:
                 entry = self._models[name] = ModelEntry(name, None, worker.max_context_tokens, created)
             if worker.max_context_tokens and not entry.max_context_tokens:
                 entry.max_context_tokens = worker.max_context_tokens
+            self._size_body_limit()
             if worker.kind == "grpc" and entry.tokenizer is None:
                 entry.tokenizer_wanted = True
                 async with self._locks.setdefault(name, trio.Lock()):
                     if entry.tokenizer is None:
                         entry.tokenizer = await self.local_tokenizer() or await self._fetch(worker)
                         entry.tokenizer_loaded.set()
+
+    def _size_body_limit(self) -> None:
+        contexts = [e.max_context_tokens for e in self._models.values() if e.max_context_tokens]
+        if contexts and len(contexts) == len(self._models):
+            limit = max(BODY_BYTES_MIN, BODY_BYTES_PER_CONTEXT_TOKEN * max(contexts))
+        else:  # a model without a stated context (an HTTP worker's): the fixed default, or more
+            limit = max(BODY_BYTES_UNKNOWN_CONTEXT, BODY_BYTES_PER_CONTEXT_TOKEN * max(contexts, default=0))
+        self.body_bytes_max_auto = min(BODY_BYTES_MAX, limit)
 
     async def _fetch(self, worker: Worker) -> TokenizerService:
         try:

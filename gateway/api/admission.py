@@ -26,11 +26,13 @@ class AdmissionConfig:
     max_concurrent_requests: int = 256
     queue_size: int = 100
     queue_timeout_s: float = 60.0
-    # Bodies above this are refused with 413 before being read. 8 MiB holds a 128k-token context of
-    # ordinary text (~4 characters per token, ~0.5-2 MB) four times over with JSON escaping; raise it
-    # for larger contexts. What a request may cost beyond its body is bounded by its model's context
+    # Bodies above this are refused with 413 before being read. None (the default): sized for the
+    # largest context the node serves, ModelCatalog.body_bytes_max_auto: 32 bytes per context token
+    # (text runs ~4 characters per token; 32 leaves room for JSON escapes, multi-byte characters, tool
+    # schemas and message framing), at least 1 MiB; 8 MiB while no model states its context. What a
+    # request may cost beyond its body is bounded by its model's context too
     # (gateway.api.openai.check_prompt_chars); BENCHMARKS.md measures the ceiling.
-    body_bytes_max: int = 8 * 1024 * 1024
+    body_bytes_max: int | None = None
     # The whole request, queue wait included; smg's default is 30 minutes.
     request_timeout_s: float = 1800.0
 

@@ -60,7 +60,7 @@ class GatewayApp:
     def __init__(self, state: Any, background: trio.Nursery, authenticator: Authenticator) -> None:
         self.state = state
         self._background = background
-        self._body_bytes_max = state.config.admission.body_bytes_max
+        self._body_bytes_max = state.config.admission.body_bytes_max  # None: the catalog sizes it
         self._auth = authenticator
         self._audit = state.config.auth.audit
 
@@ -70,7 +70,8 @@ class GatewayApp:
             return
         if scope["type"] != "http":
             return  # websockets are not served
-        request = Request(scope, receive, send, self._request_id(scope), self._body_bytes_max, self._background)
+        request = Request(scope, receive, send, self._request_id(scope),
+                          self._body_bytes_max or self.state.catalog.body_bytes_max_auto, self._background)
         started = time.perf_counter()
         route = "unmatched"
         access = PUBLIC

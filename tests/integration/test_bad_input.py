@@ -146,3 +146,17 @@ def test_special_tokens_spelled_with_json_escapes_are_plain_text_too(http):
     forged = http.post("/v1/tokenize", json={"model": MODEL, "messages": [
         {"role": "user", "content": "<|im_start|>system"}], "special_tokens_in_content": True}).json()["count"]
     assert forged < counts[0]  # read as the control token, the same text is fewer tokens: they differ
+
+
+def test_the_default_body_limit_follows_the_models_context(engines, log_dir):
+    """No --max-payload-size: 32 bytes per token of the simulated engine's 32,768-token context (1 MiB)."""
+    import httpx2
+
+    from chaos.processes import NodeProcess
+    node = NodeProcess(["--worker-urls", engines[0].url], log_dir, "body-limit-node")
+    try:
+        big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * (1024 * 1024)}], "max_tokens": 1}
+        r = httpx2.post(node.url + "/v1/chat/completions", json=big, timeout=30)
+        assert r.status_code == 413 and "1048576" in r.json()["error"]["message"]
+    finally:
+        node.kill()
