@@ -124,13 +124,13 @@ class Authenticator:
             user_keys += role is Role.USER
         if config.admin_token:
             self._add(config.admin_token, Principal("key:admin-token", "admin token", Role.ADMIN))
-        self._static_user_keys = user_keys
+        # No key for inference in the flags and no JWT issuer: open, until the store holds a user key.
         self._open_unless_stored = user_keys == 0 and self.jwt is None
 
     @property
     def data_plane_open(self) -> bool:
         """Inference needs no key only while nobody configured one for it (flags, JWT, or the store)."""
-        return self._static_user_keys == 0 and self.jwt is None and self.store.user_keys == 0
+        return self._open_unless_stored and not self.store.user_keys
 
     def _add(self, key: str, principal: Principal) -> None:
         if len(key) < 8:
