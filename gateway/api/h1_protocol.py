@@ -32,7 +32,9 @@ Rules of the head (h11's, checked before a request is handed on):
 A body that breaks (a bad chunk size) is a 400 too, with ``during_body`` set. Trailers of a chunked
 body count against the head's limit and are dropped: the head the app saw cannot change after it.
 
-Response side: ``response_head`` decides the framing (a length, chunked, or
+Response side: ``ResponseState`` and its table say in which order an app's
+messages may come (IDLE -start-> STARTED -body-> BODY ... -end-> DONE;
+``response_move``); ``response_head`` decides the framing (a length, chunked, or
 until close for HTTP/1.0) and whether the connection stays open; ``chunk`` and
 ``LAST_CHUNK`` frame a chunked body. A response sent before its request's body
 ended closes the connection: the rest of that body cannot be told from a next
@@ -227,6 +229,37 @@ class RequestReader:
 
 
 # -- response side ----------------------------------------------------------------
+
+
+class ResponseState(enum.Enum):
+    """One response, as the app sends it (ASGI's http.response.start and http.response.body)."""
+
+    IDLE = "idle"  # nothing from the app yet
+    STARTED = "started"  # the status and headers are known; the head waits for the first body bytes
+    BODY = "body"  # the head is on the wire, more body to come
+    DONE = "done"  # the whole response is out
+
+
+# (state, input) -> next state. "body" is a body message with more to come, "end" the last one;
+# "discard" drops a head that never went out, so the server can answer in the app's place (a 500 when
+# the app failed after http.response.start and before any body).
+RESPONSE_MOVES: dict[tuple[ResponseState, str], ResponseState] = {
+    (ResponseState.IDLE, "start"): ResponseState.STARTED,
+    (ResponseState.STARTED, "body"): ResponseState.BODY,
+    (ResponseState.STARTED, "end"): ResponseState.DONE,
+    (ResponseState.BODY, "body"): ResponseState.BODY,
+    (ResponseState.BODY, "end"): ResponseState.DONE,
+    (ResponseState.STARTED, "discard"): ResponseState.IDLE,
+}
+
+
+def response_move(state: ResponseState, move: str) -> ResponseState:
+    """The next state; LocalProtocolError for a move the table does not have (the app broke ASGI's order,
+    or we did)."""
+    try:
+        return RESPONSE_MOVES[state, move]
+    except KeyError:
+        raise LocalProtocolError(f"response {move} in state {state.name}") from None
 
 _REASONS = {100: b"Continue", 200: b"OK", 201: b"Created", 202: b"Accepted", 204: b"No Content",
             400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found",

@@ -64,7 +64,12 @@ import trio
 
 from ..fast_receive import receive_some
 from ..fast_send import send_now
-from .h1_protocol import CHUNK, LAST_CHUNK, UPGRADE, Refusal, RequestReader, response_head
+from .h1_protocol import (CHUNK, LAST_CHUNK, UPGRADE, Refusal, RequestReader, ResponseState, response_head,
+                          response_move)
+
+# The response states bound once: they are compared on every send.
+_R_IDLE, _R_STARTED, _R_BODY, _R_DONE = (ResponseState.IDLE, ResponseState.STARTED, ResponseState.BODY,
+                                         ResponseState.DONE)
 
 log = logging.getLogger("gateway.http")
 
@@ -134,8 +139,7 @@ _DATE = _HttpDate()
 class _Cycle:
     """One request and its response."""
 
-    __slots__ = ("scope", "chunks", "buffered_bytes", "body_complete", "body_delivered", "response_started",
-                 "response_complete", "keep_alive", "head_only", "chunked", "expect_continue", "continue_sent",
+    __slots__ = ("scope", "chunks", "buffered_bytes", "body_complete", "body_delivered", "response", "keep_alive", "head_only", "chunked", "expect_continue", "continue_sent",
                  "status", "headers", "error_status", "error_message", "wakeup", "connection", "disconnect_scopes")
 
     def __init__(self, connection: "_Connection", scope: dict[str, Any], keep_alive: bool,
@@ -146,8 +150,7 @@ class _Cycle:
         self.buffered_bytes = 0
         self.body_complete = False
         self.body_delivered = False
-        self.response_started = False  # the head is on the wire
-        self.response_complete = False
+        self.response = _R_IDLE  # where the app's response stands (h1_protocol.RESPONSE_MOVES)
         self.keep_alive = keep_alive
         self.head_only = scope["method"] == "HEAD"
         self.chunked = False
@@ -200,7 +203,7 @@ class _Cycle:
                     self.continue_sent = True
                     await connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                     continue
-            if self.response_complete or connection.closed or self.error_status:
+            if self.response is _R_DONE or connection.closed or self.error_status:
                 return {"type": "http.disconnect"}
             await self.wakeup.park()
 
@@ -209,25 +212,21 @@ class _Cycle:
     async def send(self, message: dict[str, Any]) -> None:
         kind = message["type"]
         if kind == "http.response.start":
-            if self.headers is not None or self.response_started:
-                raise RuntimeError("http.response.start sent twice")
+            self.response = response_move(self.response, "start")
             self.status = message["status"]
             self.headers = list(message.get("headers", ()))
             return
         if kind != "http.response.body":
             raise RuntimeError(f"unexpected ASGI message {kind!r}")
-        if self.response_complete:
-            raise RuntimeError("http.response.body after the response ended")
         body = message.get("body", b"")
         more_body = message.get("more_body", False)
+        state = self.response
+        if state is not _R_BODY and state is not _R_STARTED:
+            response_move(state, "body")  # raises: a body before the start, or after the end
         out = b""
-        if not self.response_started:
-            if self.headers is None:
-                raise RuntimeError("http.response.body before http.response.start")
+        if state is _R_STARTED:
             out = self._head(body, more_body)
-            self.response_started = True
-        if not more_body:
-            self.response_complete = True
+        self.response = _R_BODY if more_body else _R_DONE  # the table's moves from STARTED and BODY
         if not self.head_only:
             if self.chunked:
                 if body:
@@ -247,7 +246,7 @@ class _Cycle:
 
     def can_send_body_now(self) -> bool:
         """``send_body_now`` may be called: the head is out, the body goes on, no write is pending."""
-        return self.response_started and not self.response_complete and self.connection.can_write_now()
+        return self.response is _R_BODY and self.connection.can_write_now()
 
     def send_body_now(self, body: bytes) -> bool:
         """Write one more chunk of the body synchronously, from any task (``can_send_body_now`` first).
@@ -319,7 +318,7 @@ class _Connection:
 
     def request_body(self, body: bytes) -> None:
         cycle = self._parsing
-        if cycle is None or cycle.body_delivered or cycle.response_complete:
+        if cycle is None or cycle.body_delivered or cycle.response is _R_DONE:
             return  # the app is done with this request: unread body bytes are dropped
         cycle.chunks.append(body)
         cycle.buffered_bytes += len(body)
@@ -503,19 +502,22 @@ class _Connection:
                 server.in_flight -= 1
                 if server.in_flight == 0:
                     server.idle.unpark_all()
+            nothing_out = cycle.response is _R_IDLE or cycle.response is _R_STARTED
+            if nothing_out and cycle.response is _R_STARTED:
+                cycle.response = response_move(cycle.response, "discard")  # its head never went out: ours goes
+                cycle.headers = None
             if cycle.error_status:  # its body broke while the app waited for it: the 400, if nothing went out
-                if not cycle.response_started and not self.closed:
+                if nothing_out and not self.closed:
                     await self._answer_error(cycle)
                 return
-            if not cycle.response_started and not self.closed:
+            if nothing_out and not self.closed:
                 body = b'{"error":{"message":"internal error","type":"server_error","param":null,"code":null}}'
                 cycle.keep_alive = False
                 await cycle.send({"type": "http.response.start", "status": 500,
                                   "headers": [(b"content-type", b"application/json")]})
                 await cycle.send({"type": "http.response.body", "body": body})
-            elif not cycle.response_complete:
-                return  # the app stopped mid-body: the only honest end is to close
-            cycle.response_complete = True
+            elif cycle.response is not _R_DONE:
+                return  # the app stopped mid-body (or the client went): the only honest end is to close
             cycle.wakeup.unpark_all()
             self._cycles.popleft()
             self._read_allowed.unpark_all()
@@ -527,7 +529,6 @@ class _Connection:
     async def _answer_error(self, cycle: _Cycle) -> None:
         body = orjson.dumps({"error": {"message": cycle.error_message, "type": "invalid_request_error",
                                        "param": None, "code": "bad_http_request"}})
-        cycle.headers = None
         await cycle.send({"type": "http.response.start", "status": cycle.error_status,
                           "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
         await cycle.send({"type": "http.response.body", "body": body})

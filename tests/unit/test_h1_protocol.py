@@ -10,8 +10,8 @@ from urllib.parse import urlsplit
 import h11
 import pytest
 
-from gateway.api.h1_protocol import (LAST_CHUNK, UPGRADE, LocalProtocolError, ReadState, Refusal, RequestReader,
-                                     chunk, response_head)
+from gateway.api.h1_protocol import (LAST_CHUNK, RESPONSE_MOVES, UPGRADE, LocalProtocolError, ReadState, Refusal,
+                                     RequestReader, ResponseState, chunk, response_head, response_move)
 
 DATE = b"date: Wed, 25 Nov 2026 15:00:00 GMT\r\n"
 
@@ -245,3 +245,13 @@ def test_responses_read_back_through_h11_as_framed(body, more, version, keep_ali
     assert (framing is None) or framing in got_headers
     assert got_headers.get(b"transfer-encoding", b"chunked") == b"chunked"  # the app's gzip is not ours to send
     assert stays == (verdict is h11.DONE) and verdict is state
+
+
+@pytest.mark.parametrize("state", list(ResponseState))
+@pytest.mark.parametrize("move", ["start", "body", "end", "discard"])
+def test_response_moves_are_the_table_and_nothing_else(state, move):
+    if (state, move) in RESPONSE_MOVES:
+        assert response_move(state, move) is RESPONSE_MOVES[state, move]
+    else:  # e.g. a second start, a body before the start or after the end: the app broke ASGI's order
+        with pytest.raises(LocalProtocolError):
+            response_move(state, move)

@@ -58,6 +58,9 @@ async def echo_app(scope, receive, send):
         return
     if scope["path"] == "/fail":
         raise RuntimeError("boom")
+    if scope["path"] == "/start-then-fail":  # the head is given but never goes out
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        raise RuntimeError("boom after the start")
     answer = orjson.dumps({"method": scope["method"], "path": scope["path"], "query": scope["query_string"].decode(),
                            "body": body.decode(), "version": scope["http_version"]})
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
@@ -334,6 +337,19 @@ async def test_app_failure_is_a_500_and_missing_answer_too(server):
     await stream.send_all(b"GET /fail HTTP/1.1\r\nhost: x\r\n\r\n")
     status, headers, body, _ = await read_response(stream)
     assert status == 500 and headers["connection"] == "close"
+
+
+async def test_an_app_failing_after_its_start_gets_a_500_in_its_place_and_the_server_goes_on(server):
+    """The head the app gave never went out, so the server can still answer 500 (before, sending the
+    500's start raised "sent twice" out of the connection task and ended the whole server)."""
+    _, port, _ = server
+    stream = await connect(port)
+    await stream.send_all(b"GET /start-then-fail HTTP/1.1\r\nhost: x\r\n\r\n")
+    status, headers, _, _ = await read_response(stream)
+    assert status == 500 and headers["connection"] == "close"
+    again = await connect(port)
+    await again.send_all(b"GET /echo HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert (await read_response(again))[0] == 200
 
 
 async def test_client_disconnect_reaches_the_app(server):
