@@ -212,7 +212,9 @@ class _Cycle:
     async def send(self, message: dict[str, Any]) -> None:
         kind = message["type"]
         if kind == "http.response.start":
-            self.response = response_move(self.response, "start")
+            if self.response is not _R_IDLE:
+                response_move(self.response, "start")  # raises: a second start
+            self.response = _R_STARTED  # the table's move from IDLE, written out: it runs for every response
             self.status = message["status"]
             self.headers = list(message.get("headers", ()))
             return
@@ -502,9 +504,10 @@ class _Connection:
                 server.in_flight -= 1
                 if server.in_flight == 0:
                     server.idle.unpark_all()
-            nothing_out = cycle.response is _R_IDLE or cycle.response is _R_STARTED
-            if nothing_out and cycle.response is _R_STARTED:
-                cycle.response = response_move(cycle.response, "discard")  # its head never went out: ours goes
+            response = cycle.response
+            nothing_out = response is _R_IDLE or response is _R_STARTED
+            if response is _R_STARTED:
+                cycle.response = response_move(response, "discard")  # its head never went out: ours goes
                 cycle.headers = None
             if cycle.error_status:  # its body broke while the app waited for it: the 400, if nothing went out
                 if nothing_out and not self.closed:

@@ -7,7 +7,8 @@ from typing import Any
 from ..generation import GenerationResult
 from .errors import BadRequest
 from .http import Request, sse_event
-from .openai import check_prompt_chars, check_vocab, encode_chat, plan_generation, ready_model_entry
+from .openai import (PROMPT_CHARS_PRECHECK_MIN, check_prompt_chars, check_vocab, encode_chat, plan_generation,
+                     ready_model_entry)
 from .protocol import parse_chat, parse_generate, parse_json_body, token_ids
 from .respond import admitted, run_streamed, run_unary
 
@@ -34,7 +35,8 @@ async def generate(state, request: Request) -> None:
         check_vocab(gen.input_ids, tokenizer)
         input_ids = list(gen.input_ids)
     else:
-        check_prompt_chars(entry, tokenizer, gen.text, "text")
+        if len(gen.text) > PROMPT_CHARS_PRECHECK_MIN:
+            check_prompt_chars(entry, tokenizer, gen.text, "text")
         input_ids = await tokenizer.encode(gen.text, add_special_tokens=True)
     plan = plan_generation(state, request, entry, input_ids, gen.sampling, gen.stream, "text")
     async with admitted(state, request, plan):
@@ -81,7 +83,8 @@ async def tokenize(state, request: Request) -> None:
         text = body.get("prompt")
         if not isinstance(text, str):
             raise BadRequest("'prompt' (a string) or 'messages' is required", param="prompt")
-        check_prompt_chars(entry, tokenizer, text, "prompt")
+        if len(text) > PROMPT_CHARS_PRECHECK_MIN:
+            check_prompt_chars(entry, tokenizer, text, "prompt")
         ids = await tokenizer.encode(text, add_special_tokens=add_special)
     await request.send_json(200, {"tokens": ids, "count": len(ids), "max_model_len": entry.max_context_tokens})
 

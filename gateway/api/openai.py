@@ -204,7 +204,8 @@ async def completions(state: GatewayState, request: Request) -> None:
         input_ids = list(comp.prompt_ids)
         prompt_text = tokenizer.decode(input_ids, skip_special_tokens=False) if comp.echo else ""
     else:
-        check_prompt_chars(entry, tokenizer, comp.prompt_text, "prompt")
+        if len(comp.prompt_text) > PROMPT_CHARS_PRECHECK_MIN:
+            check_prompt_chars(entry, tokenizer, comp.prompt_text, "prompt")
         input_ids = await tokenizer.encode(comp.prompt_text, add_special_tokens=True)
         prompt_text = comp.prompt_text
     plan = plan_generation(state, request, entry, input_ids, comp.sampling, comp.stream, "prompt")
@@ -227,7 +228,8 @@ async def encode_chat(state: GatewayState, request: Request, entry: ModelEntry, 
         messages, tools, spans = literal_spans.protect(messages, tools)
     prompt = render_prompt(tokenizer, messages, add_generation_prompt=add_generation_prompt, tools=tools,
                            **chat.template_kwargs)
-    check_prompt_chars(entry, tokenizer, prompt, "messages")
+    if len(prompt) > PROMPT_CHARS_PRECHECK_MIN:
+        check_prompt_chars(entry, tokenizer, prompt, "messages")
     if spans:
         return await tokenizer.encode_with_literals(literal_spans.split(prompt, spans))
     return await tokenizer.encode(prompt, add_special_tokens=False)
@@ -239,6 +241,11 @@ def render_prompt(tokenizer: TokenizerService, messages: "list[dict[str, Any]]",
         return tokenizer.chat_template.render(messages, **options)
     except TemplateError as e:
         raise BadRequest(str(e), param="messages", code="chat_template_error") from None
+
+
+# Shorter texts skip the check (a call saved per request): no model's context x longest token is this
+# small, and a short text that does not fit is refused after its (cheap) encoding by plan_generation.
+PROMPT_CHARS_PRECHECK_MIN = 64 * 1024
 
 
 def check_prompt_chars(entry: ModelEntry, tokenizer: TokenizerService, text: str, param: str) -> None:
