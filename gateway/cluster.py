@@ -134,6 +134,13 @@ class ClusterState:
         if len(update) > GOSSIP_UPDATE_BYTES_MAX and self.agent is not None:
             self.agent.sync_with_all()  # too big for a gossip packet: push it to everyone now
 
+    def follow_settings(self, callback: Any) -> None:
+        """Call ``callback(name, value)`` for every setting the document holds now, and for each one a
+        peer changes from now on: a subsystem sees the cluster's value whether it came first or later."""
+        self.on_setting.append(callback)
+        for name, entry in self.doc.settings().items():
+            callback(name, entry.get("value"))
+
     def set_health(self, worker_id: str, health: dict[str, Any]) -> None:
         self.publish(self.doc.set_health(worker_id, health))
 

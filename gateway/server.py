@@ -138,10 +138,7 @@ async def _start_rate_limiter(config: GatewayConfig, cluster: ClusterState | Non
             except LimitConfigError as e:
                 log.warning("ignored rate limits from a peer: %s", e)
 
-        cluster.on_setting.append(on_setting)
-        shared = cluster.doc.setting(RATE_LIMITS_SETTING)
-        if shared is not None:
-            on_setting(RATE_LIMITS_SETTING, shared)
+        cluster.follow_settings(on_setting)
     await nursery.start(limiter.run)
     metrics.add_state_source(lambda: _rate_limit_metrics(limiter))
     return limiter
@@ -180,9 +177,7 @@ def _start_key_store(cluster: ClusterState | None) -> KeyStore:
         except KeyStoreError as e:
             log.warning("ignored an API key record from a peer: %s", e)
 
-    cluster.on_setting.append(on_setting)
-    for name, entry in cluster.doc.settings().items():
-        on_setting(name, entry.get("value"))
+    cluster.follow_settings(on_setting)
     return store
 
 

@@ -139,7 +139,8 @@ _DATE = _HttpDate()
 class _Cycle:
     """One request and its response."""
 
-    __slots__ = ("scope", "chunks", "buffered_bytes", "body_complete", "body_delivered", "response", "keep_alive", "head_only", "chunked", "expect_continue", "continue_sent",
+    __slots__ = ("scope", "chunks", "buffered_bytes", "body_complete", "body_delivered", "response", "keep_alive",
+                 "head_only", "chunked", "expect_continue", "continue_sent",
                  "status", "headers", "error_status", "error_message", "wakeup", "connection", "disconnect_scopes")
 
     def __init__(self, connection: "_Connection", scope: dict[str, Any], keep_alive: bool,

@@ -243,8 +243,8 @@ def render_prompt(tokenizer: TokenizerService, messages: "list[dict[str, Any]]",
         raise BadRequest(str(e), param="messages", code="chat_template_error") from None
 
 
-# Shorter texts skip the check (a call saved per request): no model's context x longest token is this
-# small, and a short text that does not fit is refused after its (cheap) encoding by plan_generation.
+# Shorter texts skip the check (a call saved per request): encoding one costs little, and one that does
+# not fit is refused after it by plan_generation's count.
 PROMPT_CHARS_PRECHECK_MIN = 64 * 1024
 
 

@@ -24,7 +24,8 @@ def node_args(i: int, *extra: str, seed: int = 0) -> list[str]:
 
 
 def workers(node: NodeProcess) -> dict[str, dict]:
-    return {w["url"]: w for w in httpx2.get(node.url + "/workers", timeout=10, headers=node.admin_headers).json()["workers"]}
+    answer = httpx2.get(node.url + "/workers", timeout=10, headers=node.admin_headers)
+    return {w["url"]: w for w in answer.json()["workers"]}
 
 
 @pytest.fixture

@@ -112,7 +112,8 @@ async def test_five_nodes_hold_one_limit_under_ten_times_the_load_and_an_owner_k
             r = httpx2.put(urls["r3"] + "/admin/rate-limits", json={**original, "failure_policy": policy}, timeout=5,
                            headers=admin)
             assert r.status_code == 200, r.text
-            eventually(lambda: all(httpx2.get(u + "/admin/rate-limits", timeout=5, headers=admin).json()["failure_policy"] == policy
+            eventually(lambda: all(httpx2.get(u + "/admin/rate-limits", timeout=5, headers=admin)
+                                   .json()["failure_policy"] == policy
                                    for u in urls.values()), 10)
         bad = httpx2.put(urls["r1"] + "/admin/rate-limits", json={"limits": [{"name": "x", "limit": -1}]}, timeout=5,
                          headers=admin)
@@ -181,7 +182,8 @@ def test_tokens_are_reserved_then_settled_with_real_usage_even_when_the_client_g
     limits_file = tmp_path / "limits.toml"
     limits_file.write_text(SINGLE_NODE_LIMITS)
     engine = EngineProcess(ENGINE_ARGS, log_dir, "rl-tok-engine")
-    node = NodeProcess(["--worker-urls", engine.url, "--rate-limits", str(limits_file), "--admin-token", "s3cret-admin"],
+    node = NodeProcess(["--worker-urls", engine.url, "--rate-limits", str(limits_file),
+                        "--admin-token", "s3cret-admin"],
                        log_dir, "rl-tok-node")
     try:
         body = {"model": MODEL, "prompt": "count the tokens", "max_tokens": 5}
