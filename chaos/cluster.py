@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 from chaos.processes import EngineProcess, NodeProcess
-from deploy.local_cluster import start_balancer, stop_balancer
+from deploy.balancer import start_balancer, stop_balancer
 from mesh.crypto import generate_key
 from mesh.faults import FAULTS_ENV, SEED_ENV
 

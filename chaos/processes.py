@@ -101,7 +101,7 @@ class NodeProcess(ManagedProcess):
         env = dict(env or {})
         token_file = env.get(FILE_ENV) or os.environ.get(FILE_ENV) or str(log_dir / "admin-token")
         env[FILE_ENV] = token_file
-        super().__init__(name, [python, "-m", "mesh.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+        super().__init__(name, [python, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", "0",
                                 *workers, *args], log_dir, _NODE_READY, env, cwd)
         self.url = self.ready_match.group(1)
         self.admin_token = args[args.index("--admin-token") + 1] if "--admin-token" in args else \

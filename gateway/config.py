@@ -29,7 +29,7 @@ from mesh.crypto import KeyringError, decode_key
 from mesh.options import MeshOptions, is_loopback, parse_tags
 from mesh.transport import MeshTls
 
-from .api.admission import AdmissionConfig
+from .admission import AdmissionConfig
 from .auth import AuthConfig, Authenticator
 from .auth.authenticator import AuthConfigError
 from .ratelimit.limiter import RateLimitConfig
@@ -312,16 +312,88 @@ _OPTIONS: list[_Option] = [
 ]
 
 
+# How ``serve --help`` presents the options: sections in this order, each flag in exactly one
+# (tests/unit/test_cli.py checks), except those only the node sets for itself.
+HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("HTTP: the OpenAI-compatible front", (
+        "--host", "--port", "--max-connections", "--max-payload-size", "--request-timeout-secs",
+        "--default-max-tokens", "--shutdown-grace-period-secs", "--http-server", "--prometheus-host",
+        "--prometheus-port", "--log-level", "--log-json")),
+    ("engines: where generations run", (
+        "--worker-urls", "--model-path", "--tokenizer-path", "--chat-template", "--worker-api-key",
+        "--engine-tls-ca-path", "--engine-tls-cert-path", "--engine-tls-key-path", "--health-failure-threshold",
+        "--health-success-threshold", "--health-check-timeout-secs", "--health-check-interval-secs",
+        "--health-check-endpoint", "--disable-health-check", "--sim-engines", "--sim-engine-args")),
+    ("routing: which engine takes a request, admission, retries, circuits", (
+        "--policy", "--cache-threshold", "--balance-abs-threshold", "--balance-rel-threshold",
+        "--prefix-token-count", "--routing-key-header", "--disable-kv-events", "--kv-events-always",
+        "--kv-index-blocks-max", "--kv-event-followers", "--max-concurrent-requests", "--queue-size",
+        "--queue-timeout-secs", "--retry-max-retries", "--retry-initial-backoff-ms", "--retry-max-backoff-ms",
+        "--retry-backoff-multiplier", "--retry-jitter-factor", "--disable-retries", "--cb-failure-threshold",
+        "--cb-success-threshold", "--cb-timeout-duration-secs", "--cb-window-duration-secs",
+        "--disable-circuit-breaker")),
+    ("cluster: the mesh of nodes", (
+        "--mesh-bind", "--mesh-advertise", "--join", "--retry-join", "--retry-join-interval-secs", "--node-name",
+        "--encrypt", "--tag", "--mesh-preset", "--rpc-addr", "--rpc-token", "--mesh-tls-ca-cert", "--mesh-tls-cert",
+        "--mesh-tls-key", "--mesh-insecure", "--enable-mesh", "--mesh-host", "--mesh-port", "--mesh-advertise-host",
+        "--mesh-peer-urls")),
+    ("rate limits: cluster-wide, per key, tenant or model", (
+        "--rate-limits", "--global-rate-limit", "--rate-limit-policy", "--tenant-header", "--rate-limit-batch-wait-ms",
+        "--rate-limit-batch-max", "--rate-limit-sync-interval-ms", "--rate-limit-forward-timeout-ms")),
+    ("security: credentials, TLS, what clients may send", (
+        "--api-key", "--tenant-api-key", "--control-plane-api-keys", "--admin-token", "--admin-token-file",
+        "--jwt-issuer", "--jwt-audience", "--jwt-jwks-uri", "--jwt-role-mapping", "--jwt-tenant-claim",
+        "--jwt-role-claim", "--jwt-keys-refresh-min-secs", "--control-plane-audit-enabled", "--tls-cert-path",
+        "--tls-key-path", "--tls-client-ca-path", "--tls-reload-interval-secs", "--worker-allowed-hosts",
+        "--allow-special-tokens-in-content")),
+    ("performance: processes, threads, caches, fast paths", (
+        "--workers", "--grpc-client", "--encode-threads", "--disable-fast-tokenizer", "--disable-fast-detokenizer",
+        "--disable-fast-chat-template", "--chat-template-fuel", "--tokenizer-cache-l0-entries",
+        "--tokenizer-cache-l0-bytes", "--tokenizer-cache-l1-bytes")),
+)
+# Set by the node for the processes of --workers N, not by people.
+INTERNAL_FLAGS = frozenset({"--worker-index", "--http-reuse-port"})
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, default=None, help="TOML file with the same options")
-    for opt in _OPTIONS:
-        dest = opt.flag[2:].replace("-", "_")
-        if opt.kind in ("bool", "disable"):
-            parser.add_argument(opt.flag, dest=dest, action="store_const", const=True, default=None, help=opt.help)
-        elif opt.kind == "list":
-            parser.add_argument(opt.flag, dest=dest, nargs="+", default=None, help=opt.help)
-        else:
-            parser.add_argument(opt.flag, dest=dest, default=None, help=opt.help)
+    by_flag = {opt.flag: opt for opt in _OPTIONS}
+    parser.add_argument("--config", type=Path, default=None, help="TOML file with the same options (keys: flag "
+                        "names with underscores)")
+    for title, flags in HELP_SECTIONS:
+        group = parser.add_argument_group(title)
+        for flag in flags:
+            _add_option(group, by_flag[flag], _help_with_default(by_flag[flag]))
+    for flag in sorted(INTERNAL_FLAGS):
+        _add_option(parser, by_flag[flag], argparse.SUPPRESS)
+
+
+def _add_option(parser: Any, opt: _Option, help_text: str) -> None:
+    dest = opt.flag[2:].replace("-", "_")
+    if opt.kind in ("bool", "disable"):
+        parser.add_argument(opt.flag, dest=dest, action="store_const", const=True, default=None, help=help_text)
+    elif opt.kind == "list":
+        parser.add_argument(opt.flag, dest=dest, nargs="+", default=None, help=help_text)
+    else:
+        parser.add_argument(opt.flag, dest=dest, default=None, help=help_text)
+
+
+def _help_with_default(opt: _Option) -> str:
+    """The option's help with its default, read from the config classes (the one source of defaults).
+
+    Switches (on or off) and options whose absence means "none" say so in their help instead.
+    """
+    if opt.kind in ("bool", "disable") or "default" in opt.help:
+        return opt.help
+    value: Any = GatewayConfig()
+    for part in opt.path.split("."):
+        value = getattr(value, part, None)
+    if value is None or value == ():
+        return opt.help
+    if opt.kind is _secs_ms:
+        value = round(value * 1000, 3)
+    elif isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"{opt.help} (default: {value})".replace("%", "%%")
 
 
 class ConfigError(Exception):

@@ -29,7 +29,6 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from .api.errors import ApiError, from_engine_error
 from .engine.errors import EngineCallError
 from .engine.grpc_engine import SamplingOptions
 from .metrics import GatewayMetrics
@@ -109,8 +108,8 @@ class GenerationResult:
 class MidStreamError(Exception):
     """The engine failed after text reached the client: the stream must end with an error event."""
 
-    def __init__(self, error: ApiError) -> None:
-        super().__init__(error.message)
+    def __init__(self, error: EngineCallError) -> None:
+        super().__init__(str(error))
         self.error = error
 
 
@@ -139,7 +138,8 @@ class Generator:
                            attempt_fn: Callable[[Worker], Awaitable[T]]) -> T:
         """Run attempt_fn on a chosen worker; retry failures that nothing reached the client of.
 
-        attempt_fn raises AttemptFailed for those; anything else propagates.
+        attempt_fn raises AttemptFailed for those; anything else propagates. The last failure is
+        raised as the engine's ``EngineCallError``; ``NoCapacity`` when no worker can take an attempt.
         """
         tried: set[str] = set()
         attempts = self.retry.attempts_max
@@ -151,7 +151,7 @@ class Generator:
             except AttemptFailed as failed:
                 error = failed.error
                 if not error.retryable or attempt == attempts - 1:
-                    raise from_engine_error(error) from None
+                    raise error from None
                 self.metrics.retries.labels(error.code).inc()
                 delay = backoff_s(self.retry, attempt, self._rng)
                 log.info("request %s: attempt %d on %s failed (%s); retrying in %.3fs", request_id,
@@ -197,7 +197,7 @@ class Generator:
             else:
                 worker.breaker.release_probe()
             if progress.delivered:
-                raise MidStreamError(from_engine_error(e)) from None
+                raise MidStreamError(e) from None
             raise AttemptFailed(e) from None
         except BaseException:
             worker.breaker.release_probe()  # cancelled (client gone, timeout): no verdict on the engine

@@ -17,7 +17,7 @@ import trio
 
 from .engine.errors import EngineCallError
 from .tokenizer.service import TokenizerConfig, TokenizerLoadError, TokenizerService
-from .workers import Worker, WorkerError
+from .workers import Worker, WorkerUnreachable
 
 log = logging.getLogger("gateway.models")
 
@@ -100,7 +100,7 @@ class ModelCatalog:
                 TokenizerService.from_bundle, bundle, f"{worker.url} (GetTokenizer)", self._tokenizer_config,
                 self._chat_template_path)
         except (EngineCallError, TokenizerLoadError) as e:
-            raise WorkerError(f"no --tokenizer-path and {worker.url} did not provide its tokenizer: {e}",
-                              status=502) from None
+            raise WorkerUnreachable(f"no --tokenizer-path and {worker.url} did not provide its tokenizer: {e}") \
+                from None
         log.info("tokenizer for %s fetched from %s", ",".join(worker.models), worker.url)
         return service

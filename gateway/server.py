@@ -25,25 +25,31 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from .auth import Authenticator
-from .auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX, KeyStore, KeyStoreError, StoredKey
-from .api.admission import Admission
+from mesh.asgi import answer_lifespan
+from mesh.options import default_node_name
+from mesh.service import serve_mesh
+
+from .admission import Admission
 from .api.app import GatewayApp
+from .api.errors import transport_error_body
 from .api.h1server import H1Config, H1Server
-from .api.http import answer_lifespan
+from .api.proxy import HttpProxy
 from .api.state import GatewayState
+from .auth import Authenticator
+from .auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX
+from .auth.key_store import KeyStore, KeyStoreError, StoredKey
 from .cluster import ClusterState
-from .kv_sharing import KvSharing
 from .config import GatewayConfig
 from .engine.bridge import GrpcBridge
 from .engine.engine_tls import client_context
 from .engine.h2grpc import H2GrpcClient
 from .generation import Generator
+from .kv_sharing import KvSharing
 from .logs import setup_logging
 from .loop_lag import LoopLagMonitor, SlowStepLog
+from .mesh_metrics import mesh_metric_families
 from .metrics import GatewayMetrics, counter, gauge
 from .models import ModelCatalog
-from .proxy import HttpProxy
 from .ratelimit.limiter import RateLimiter
 from .ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
 from .routing.kv_index import KvIndex
@@ -52,7 +58,7 @@ from .routing.router import Router
 from .supervisor import SUPERVISED_ENV, exit_when_supervisor_dies
 from .tls import ServerTls, TlsConfig
 from .worker_origin import WorkerAllowlist
-from .workers import WorkerError, WorkerRegistry
+from .workers import WorkerError, WorkerExists, WorkerRegistry
 
 log = logging.getLogger("gateway.server")
 
@@ -189,9 +195,9 @@ async def _register_initial(state: GatewayState, url: str, model: str | None) ->
             await state.catalog.ensure(worker, int(worker.registered_at))
             state.ready = True
             return
+        except WorkerExists:
+            return
         except WorkerError as e:
-            if e.status == 409:
-                return
             log.warning("worker %s not registered yet: %s (retrying in %.1fs)", url, e, delay)
         await trio.sleep(delay)
         delay = min(delay * 2, WORKER_RETRY_BACKOFF_MAX_S)
@@ -216,7 +222,8 @@ async def _serve_http(config: GatewayConfig, app: Any, shutdown: trio.Event, met
     server = H1Server(app, H1Config(graceful_timeout_s=config.shutdown_grace_period_s,
                                     reuse_port=config.http_reuse_port, max_connections=config.max_connections,
                                     ssl_context=tls.context if tls is not None else None,
-                                    tls_handshake_timeout_s=config.tls.handshake_timeout_s))
+                                    tls_handshake_timeout_s=config.tls.handshake_timeout_s,
+                                    error_body=transport_error_body))
     metrics.add_state_source(lambda: _http_server_metrics(server))
     async with trio.open_nursery() as nursery:
         if tls is not None:
@@ -282,15 +289,6 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
                       http_client: httpx2.AsyncClient, bridge: Any, task_status) -> None:
     async with trio.open_nursery() as nursery:
         urls = list(config.worker_urls)
-        if config.sim_engines:
-            from chaos.sim_engine.launcher import start_sim_engine  # demo mode only
-            # Demo engines end answers with EOS after 64 tokens (like a model that finishes its
-            # sentence) unless --sim-engine-args says otherwise: later flags win.
-            demo_args = ["--eos-after-tokens", "64", *config.sim_engine_args]
-            for _ in range(config.sim_engines):
-                engine = await start_sim_engine(nursery, demo_args)
-                urls.append(engine.url)
-                log.info("started simulated engine at %s", engine.url)
         kv_index = KvIndex(config.kv_index_blocks_max) if config.kv_events else None
         registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery, kv_index, cluster,
                                   config.kv_events_always, WorkerAllowlist(config.worker_allowed_hosts))
@@ -417,12 +415,10 @@ def run_gateway(config: GatewayConfig) -> int:
 
             cluster = mesh = None
             if config.mesh.enabled:
-                from mesh.options import default_node_name
                 cluster = ClusterState(config.mesh.node_name or default_node_name(
                     config.mesh.advertise or config.mesh.bind))
             running: RunningGateway = await nursery.start(serve_then_stop, cluster)
             if cluster is not None:
-                from mesh.service import serve_mesh
 
                 async def mesh_then_stop(task_status=trio.TASK_STATUS_IGNORED) -> None:
                     await serve_mesh(config.mesh, {"http": running.url, "proto": "1"}, cluster, cluster.node_name,
@@ -431,7 +427,6 @@ def run_gateway(config: GatewayConfig) -> int:
                     running.shutdown.set()  # the node left the cluster (smg-node leave): it goes too
 
                 mesh = await nursery.start(mesh_then_stop)
-                from mesh.metrics import mesh_metric_families
                 running.state.metrics.add_state_source(lambda: mesh_metric_families(mesh.agent))
             # One line on stdout, whatever the log level: scripts and supervisors wait for it.
             print(f"READY {running.url}", flush=True)

@@ -232,9 +232,8 @@ class Supervisor:
         self._url = f"http://{host_text}:{http_port}"
         try:
             async with trio.open_nursery() as outer:
-                engines = await self._start_sim_engines(outer)
                 per_process, self._env = worker_arguments(self.config, self.count, http_port)
-                self._workers = [_Worker(i, [sys.executable, "-m", "mesh.cli", "serve", *self._serve_argv, *engines,
+                self._workers = [_Worker(i, [sys.executable, "-m", "gateway.cli", "serve", *self._serve_argv,
                                              *extra])
                                  for i, extra in enumerate(per_process)]
                 outer.start_soon(self._relay_signals)
@@ -242,20 +241,9 @@ class Supervisor:
                 async with trio.open_nursery() as running:
                     for worker in self._workers:
                         running.start_soon(self._keep_running, worker)
-                outer.cancel_scope.cancel()  # every process is gone: so are the engines we started
+                outer.cancel_scope.cancel()  # every process is gone
         finally:
             reserved.close()
-
-    async def _start_sim_engines(self, nursery: trio.Nursery) -> list[str]:
-        """Demo mode: the node's simulated engines are shared by its processes, so the supervisor runs them."""
-        if not self.config.sim_engines:
-            return []
-        from chaos.sim_engine.launcher import start_sim_engine  # demo mode only
-        urls = list(self.config.worker_urls)
-        for _ in range(self.config.sim_engines):
-            engine = await start_sim_engine(nursery, ["--eos-after-tokens", "64", *self.config.sim_engine_args])
-            urls.append(engine.url)
-        return ["--sim-engines", "0", "--worker-urls", *urls]
 
     async def _announce_ready(self, workers: list[_Worker]) -> None:
         for worker in workers:

@@ -23,6 +23,7 @@ import httpx2
 import trio
 
 from .engine.bridge import GrpcBridge
+from .errors import AlreadyExists, GatewayError, InvalidInput, NotAllowed, NotKnown, Unreachable
 from .engine.errors import EngineCallError
 from .engine.grpc_engine import EngineLoad, GrpcEngineClient
 from .engine.http_worker import HttpWorkerClient
@@ -55,12 +56,28 @@ class HealthConfig:
     load_interval_s: float = 1.0
 
 
-class WorkerError(Exception):
-    """Registration failed: bad URL, duplicate, or the worker could not be reached."""
+class WorkerError(GatewayError):
+    """Registration or removal failed; the subclass says why (and ``gateway.api`` the status)."""
 
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
+
+class WorkerUrlInvalid(WorkerError, InvalidInput):
+    """Not a worker origin, or a worker that serves no model."""
+
+
+class WorkerHostRefused(WorkerError, NotAllowed):
+    """The host is outside --worker-allowed-hosts."""
+
+
+class WorkerExists(WorkerError, AlreadyExists):
+    pass
+
+
+class WorkerUnknown(WorkerError, NotKnown):
+    pass
+
+
+class WorkerUnreachable(WorkerError, Unreachable):
+    """The worker did not answer what registration asks (its model, its tokenizer)."""
 
 
 def worker_id_for(url: str) -> str:
@@ -78,9 +95,9 @@ def parse_worker_url(url: str, allowlist: WorkerAllowlist | None = None) -> tupl
         if allowlist is not None:
             allowlist.check(origin)
     except WorkerUrlError as e:
-        raise WorkerError(f"worker URL {url!r}: {e}") from None
+        raise WorkerUrlInvalid(f"worker URL {url!r}: {e}") from None
     except WorkerNotAllowed as e:
-        raise WorkerError(str(e), status=403) from None
+        raise WorkerHostRefused(str(e)) from None
     target = origin.grpc_target if origin.kind == "grpc" else origin.url
     return origin.kind, target, origin.url
 
@@ -241,7 +258,7 @@ class WorkerRegistry:
         kind, target, url = parse_worker_url(url, self._allowlist)
         wid = worker_id_for(url)
         if wid in self._workers and not self._workers[wid].draining:
-            raise WorkerError(f"worker {url} is already registered as {wid}", status=409)
+            raise WorkerExists(f"worker {url} is already registered as {wid}")
         timeout_s = self.health_config.timeout_s
         try:
             if kind == "grpc":
@@ -254,16 +271,17 @@ class WorkerRegistry:
                 models = (model,) if model else tuple(await client.models(timeout_s))
                 context = None
         except EngineCallError as e:
-            raise WorkerError(f"cannot reach worker {url}: {e}", status=502 if e.code != "UNIMPLEMENTED" else 400) \
-                from None
+            # UNIMPLEMENTED: something answers there, but not an engine's services.
+            error = WorkerUrlInvalid if e.code == "UNIMPLEMENTED" else WorkerUnreachable
+            raise error(f"cannot reach worker {url}: {e}") from None
         if not models:
-            raise WorkerError(f"worker {url} serves no model", status=400)
+            raise WorkerUrlInvalid(f"worker {url} serves no model")
         worker = Worker(url, kind, client, models, context, CircuitBreaker(self.breaker_config), labels or {})
         # Not healthy until a health check passed: answering GetModelInfo (or /v1/models) is not the
         # engine saying it can serve. With checks off, what answered is taken as healthy.
         worker.healthy = await self._passes_check(worker) if self.health_config.enabled else True
         if wid in self._workers and not self._workers[wid].draining:  # added meanwhile (the check awaited)
-            raise WorkerError(f"worker {url} is already registered as {wid}", status=409)
+            raise WorkerExists(f"worker {url} is already registered as {wid}")
         self._workers[wid] = worker
         if self.health_config.enabled:
             self._nursery.start_soon(self._watch, worker)
@@ -282,7 +300,7 @@ class WorkerRegistry:
         """Take the worker out of routing now; forget it once its requests finished."""
         worker = self._workers.get(worker_id)
         if worker is None or worker.draining:
-            raise WorkerError(f"no worker {worker_id}", status=404)
+            raise WorkerUnknown(f"no worker {worker_id}")
         if self.cluster is not None and replicate:
             self.cluster.remove(worker_id)
         worker.draining = True

@@ -34,9 +34,8 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from gateway.api.http import answer_lifespan
-
 from .agent import JoinError, MeshAgent, StateHooks
+from .asgi import answer_lifespan
 from .config import MeshConfig
 from .crypto import Keyring, KeyringError
 from .faults import maybe_faulty

@@ -1,6 +1,6 @@
 """Run the simulated engine: a grpc.aio server with both engine services.
 
-``smg-node sim-engine --port P`` and ``python -m chaos.sim_engine`` land here.
+``python -m chaos.sim_engine`` (and ``smg-node sim-engine``, which runs it) land here.
 Prints ``READY <port>`` on stdout once it listens, so a parent process can
 start it on port 0 and learn the port without polling.
 """
@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -63,7 +64,7 @@ def build_server(config: SimEngineConfig, services: str = "both") -> tuple[grpc.
 
 
 async def serve_sim_engine(config: SimEngineConfig, host: str, port: int, services: str = "both",
-                           tls: "tuple[Path, Path] | None" = None) -> None:
+                           tls: "tuple[Path, Path] | None" = None, stop_with_parent: bool = False) -> None:
     server, _ = build_server(config, services)
     if tls is not None:  # (certificate chain, key): serve gRPC over TLS, as an engine behind grpcs:// does
         credentials = grpc.ssl_server_credentials([(tls[1].read_bytes(), tls[0].read_bytes())])
@@ -80,6 +81,21 @@ async def serve_sim_engine(config: SimEngineConfig, host: str, port: int, servic
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if stop_with_parent:
+        # The parent holds the other end of our stdin and never writes: end-of-file means it is gone,
+        # however it ended (a crash or SIGKILL included), and an engine without its node is litter.
+        stdin_fd = sys.stdin.fileno()
+
+        def on_stdin() -> None:
+            try:
+                data = os.read(stdin_fd, 4096)
+            except OSError:
+                data = b""
+            if not data:
+                loop.remove_reader(stdin_fd)
+                stop.set()
+
+        loop.add_reader(stdin_fd, on_stdin)
     await stop.wait()
     await server.stop(grace=1.0)
 
@@ -107,6 +123,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-cert-path", type=Path, default=None, help="serve gRPC over TLS with this certificate "
                                                                           "chain (PEM); reach it as grpcs://")
     parser.add_argument("--tls-key-path", type=Path, default=None, help="the certificate's private key (PEM)")
+    parser.add_argument("--stop-with-parent", action="store_true",
+                        help="exit when stdin reaches end-of-file (the parent that started us is gone)")
 
 
 def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
@@ -128,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
     if (args.tls_cert_path is None) != (args.tls_key_path is None):
         raise SystemExit("sim-engine: --tls-cert-path and --tls-key-path go together")
     tls = (args.tls_cert_path, args.tls_key_path) if args.tls_cert_path is not None else None
-    asyncio.run(serve_sim_engine(config_from_args(args), args.host, args.port, args.services, tls))
+    asyncio.run(serve_sim_engine(config_from_args(args), args.host, args.port, args.services, tls,
+                                 args.stop_with_parent))
     return 0
 
 

@@ -12,22 +12,11 @@ import trio
 from ..auth import Role
 from ..auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX, KeyStoreError, StoredKey
 from ..ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
-from ..workers import WorkerError
-from .errors import ApiError, BadRequest, NotFound, Unavailable
+from .errors import BadRequest, NotFound, Unavailable
 from .http import Request
 from .protocol import parse_json_body
 
 WORKER_LABELS_MAX = 32
-
-
-class WorkerRequestError(ApiError):
-    """A worker registration problem, with the status the registry chose."""
-
-    error_type = "invalid_request_error"
-
-    def __init__(self, e: WorkerError) -> None:
-        super().__init__(str(e), code="worker_error")
-        self.status = e.status
 
 
 async def list_models(state, request: Request) -> None:
@@ -109,19 +98,13 @@ async def add_worker(state, request: Request) -> None:
     api_key = body.get("api_key")  # the worker's own key (OpenAI-compatible HTTP workers); never shown
     if api_key is not None and (not isinstance(api_key, str) or not 0 < len(api_key) <= 4096):
         raise BadRequest("'api_key' must be a non-empty string", param="api_key")
-    try:
-        worker = await state.registry.add(url, _labels(body), model, api_key=api_key)
-        await state.catalog.ensure(worker, int(worker.registered_at))
-    except WorkerError as e:
-        raise WorkerRequestError(e) from None
+    worker = await state.registry.add(url, _labels(body), model, api_key=api_key)
+    await state.catalog.ensure(worker, int(worker.registered_at))
     await request.send_json(201, worker.describe(trio.current_time()))
 
 
 async def remove_worker(state, request: Request) -> None:
-    try:
-        worker = await state.registry.remove(request.path_params["worker_id"])
-    except WorkerError as e:
-        raise WorkerRequestError(e) from None
+    worker = await state.registry.remove(request.path_params["worker_id"])
     await request.send_json(202, {"id": worker.id, "status": "draining", "in_flight": worker.in_flight})
 
 

@@ -17,10 +17,12 @@ from typing import Any
 import orjson
 import trio
 
-from ..auth import Access, AuthError, Authenticator, KeysMissing, Unauthenticated
+from mesh.asgi import answer_lifespan
+
+from ..auth import Access, Authenticator, KeysMissing, Unauthenticated
 from . import admin, native, openai
-from .errors import ApiError, MethodNotAllowed, NotFound, from_auth_error
-from .http import ClientGone, Request, answer_lifespan
+from .errors import ApiError, MethodNotAllowed, NotFound, to_api_error
+from .http import ClientGone, Request
 
 log = logging.getLogger("gateway.api")
 access_log = logging.getLogger("gateway.access")
@@ -87,17 +89,14 @@ class GatewayApp:
                     raise Unauthenticated("the token's signing key is not among the issuer's keys",
                                           credential_given=True) from None
             await handler(self.state, request)
-        except AuthError as e:
-            error = from_auth_error(e)
-            await self._fail(request, error.status, error.body_bytes(), error.headers())
-        except ApiError as e:
-            await self._fail(request, e.status, e.body_bytes(), e.headers())
         except ClientGone:
             pass
-        except Exception:
-            log.exception("request %s %s %s failed", request.request_id, request.method, request.path)
-            body = ApiError(f"internal error (request id {request.request_id})", code="internal_error").body_bytes()
-            await self._fail(request, 500, body, [])
+        except Exception as e:
+            error = to_api_error(e)
+            if error is None:
+                log.exception("request %s %s %s failed", request.request_id, request.method, request.path)
+                error = ApiError(f"internal error (request id {request.request_id})", code="internal_error")
+            await self._fail(request, error.status, error.body_bytes(), error.headers())
         finally:
             status = request.status if request.response_started else 499  # 499: client closed first
             metrics = self.state.metrics

@@ -6,14 +6,16 @@
       Unauthorized            401 + WWW-Authenticate     no API key, or one we do not know
       Forbidden               403                         a key without the role or the model
       NotFound                404 code=model_not_found / not_found
+      Conflict                409                         a worker registered twice
       PayloadTooLarge         413
       TooManyRequests         429 + Retry-After           queue full, rate limit reached
       Unavailable             503 + Retry-After           no healthy engine, queue wait timed out
       UpstreamError           502                         the engine failed after retries
       UpstreamTimeout         504                         the engine did not answer in time
 
-``from_engine_error`` maps an ``EngineCallError`` (a gRPC status name) to one
-of these at the API boundary.
+The core raises no HTTP: ``to_api_error`` maps what it raises (``gateway.errors``,
+``engine.errors.EngineCallError``, ``auth`` errors) to one of these, here and
+only here, so that a status and its body are decided once.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from typing import Any
 
 import orjson
 
+from .. import errors as core
 from ..auth import AuthError, Unauthenticated
 from ..engine.errors import EngineCallError
+from ..workers import WorkerError
 
 
 class ApiError(Exception):
@@ -48,6 +52,11 @@ class ApiError(Exception):
         if self.retry_after_s is None:
             return []
         return [(b"retry-after", str(self.retry_after_s).encode())]
+
+
+class Conflict(ApiError):
+    status = 409
+    error_type = "invalid_request_error"
 
 
 class BadRequest(ApiError):
@@ -133,3 +142,48 @@ def from_auth_error(e: AuthError) -> ApiError:
     if isinstance(e, Unauthenticated):
         return Unauthorized(e.message, code=e.code, credential_given=e.credential_given)
     return Forbidden(e.message, code=e.code)
+
+
+# Each core failure's answer: (class, default code). A worker registration problem keeps the type
+# it always had (invalid_request_error, code worker_error) whatever its status.
+_CORE_ANSWERS: "tuple[tuple[type[core.GatewayError], type[ApiError]], ...]" = (
+    (core.InvalidInput, BadRequest), (core.NotAllowed, Forbidden), (core.NotKnown, NotFound),
+    (core.AlreadyExists, Conflict), (core.Overloaded, TooManyRequests), (core.NoCapacity, Unavailable),
+    (core.Unreachable, UpstreamError))
+
+
+class _WorkerRequestError(ApiError):
+    error_type = "invalid_request_error"
+
+    def __init__(self, e: WorkerError, status: int) -> None:
+        super().__init__(e.message, code="worker_error")
+        self.status = status
+
+
+def from_core_error(e: core.GatewayError) -> ApiError:
+    for kind, answer in _CORE_ANSWERS:
+        if isinstance(e, kind):
+            if isinstance(e, WorkerError):
+                return _WorkerRequestError(e, answer.status)
+            return answer(e.message, code=e.code, retry_after_s=e.retry_after_s)
+    return ApiError(e.message, code=e.code)
+
+
+def transport_error_body(status: int, message: str, code: str | None) -> tuple[bytes, bytes]:
+    """The body of the answers the HTTP server gives itself (h1server ErrorBody), in the OpenAI shape."""
+    error_type = {500: "server_error", 503: "service_unavailable"}.get(status, "invalid_request_error")
+    return b"application/json", orjson.dumps({"error": {"message": message, "type": error_type, "param": None,
+                                                        "code": code}})
+
+
+def to_api_error(e: Exception) -> ApiError | None:
+    """The answer to what a handler raised; None for what is not a known failure (a bug: 500)."""
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, core.GatewayError):
+        return from_core_error(e)
+    if isinstance(e, EngineCallError):
+        return from_engine_error(e)
+    if isinstance(e, AuthError):
+        return from_auth_error(e)
+    return None

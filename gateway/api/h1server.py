@@ -59,7 +59,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 import trio
 
 from ..fast_receive import receive_some
@@ -81,9 +80,16 @@ App = Callable[[dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], 
 # (and at most this much) before closing, so that the answer is read rather than lost to a TCP reset.
 LINGER_S = 2.0
 LINGER_BYTES_MAX = 4 * 1024 * 1024
-_BUSY_BODY = b'{"error":{"message":"too many connections","type":"service_unavailable","param":null,"code":"busy"}}'
-_BUSY_ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                b"retry-after: 1\r\ncontent-length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
+
+# The answers the server gives itself (a malformed request, too many connections, an app that failed
+# before answering) take their body from the application, which knows its API's error shape:
+# (status, message, code) -> (content type, body).
+ErrorBody = Callable[[int, str, "str | None"], "tuple[bytes, bytes]"]
+
+
+def plain_error_body(status: int, message: str, code: str | None) -> tuple[bytes, bytes]:
+    """The default: the message as text (an app with an error format of its own passes that)."""
+    return b"text/plain; charset=utf-8", message.encode()
 
 
 @dataclasses.dataclass
@@ -116,6 +122,8 @@ class H1Config:
     max_connections: int = 8192
     # SO_REUSEPORT: several worker processes bind the same port and the kernel spreads connections.
     reuse_port: bool = False
+    # The body of the answers the server gives itself (see ErrorBody).
+    error_body: ErrorBody = plain_error_body
 
 
 class _HttpDate:
@@ -515,10 +523,10 @@ class _Connection:
                     await self._answer_error(cycle)
                 return
             if nothing_out and not self.closed:
-                body = b'{"error":{"message":"internal error","type":"server_error","param":null,"code":null}}'
+                content_type, body = self.server.config.error_body(500, "internal error", None)
                 cycle.keep_alive = False
                 await cycle.send({"type": "http.response.start", "status": 500,
-                                  "headers": [(b"content-type", b"application/json")]})
+                                  "headers": [(b"content-type", content_type)]})
                 await cycle.send({"type": "http.response.body", "body": body})
             elif cycle.response is not _R_DONE:
                 return  # the app stopped mid-body (or the client went): the only honest end is to close
@@ -531,10 +539,10 @@ class _Connection:
                 return
 
     async def _answer_error(self, cycle: _Cycle) -> None:
-        body = orjson.dumps({"error": {"message": cycle.error_message, "type": "invalid_request_error",
-                                       "param": None, "code": "bad_http_request"}})
+        content_type, body = self.server.config.error_body(cycle.error_status, cycle.error_message,
+                                                           "bad_http_request")
         await cycle.send({"type": "http.response.start", "status": cycle.error_status,
-                          "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+                          "headers": [(b"content-type", content_type), (b"connection", b"close")]})
         await cycle.send({"type": "http.response.body", "body": body})
 
     async def _linger(self) -> None:
@@ -590,6 +598,9 @@ class H1Server:
         self.refused_connections = 0  # over max_connections
         self.tls_refused = 0  # failed or slow TLS handshakes (no certificate of the client CA, say)
         self._handshaking = 0
+        content_type, body = config.error_body(503, "too many connections", "busy")
+        self._busy_answer = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: %s\r\nconnection: close\r\n"
+                             b"retry-after: 1\r\ncontent-length: %d\r\n\r\n%s" % (content_type, len(body), body))
         self.idle = trio.lowlevel.ParkingLot()
         self._connections: set[_Connection] = set()
 
@@ -649,13 +660,12 @@ class H1Server:
         await trio.aclose_forcefully(stream)
         return None
 
-    @staticmethod
-    async def _refuse_connection(stream: trio.SocketStream, plain: bool) -> None:
+    async def _refuse_connection(self, stream: trio.SocketStream, plain: bool) -> None:
         """Over max_connections: a 503 without reading anything (over TLS: no handshake, just the
         close), then close (no linger: bounded work)."""
         try:
             if plain:
-                send_now(stream, _BUSY_ANSWER)
+                send_now(stream, self._busy_answer)
         except OSError:
             pass
         await trio.aclose_forcefully(stream)

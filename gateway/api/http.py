@@ -171,17 +171,6 @@ class ClientGone(Exception):
     """The client disconnected before the body arrived: nothing to answer."""
 
 
-async def answer_lifespan(receive: Any, send: Any) -> None:
-    """The ASGI lifespan protocol for apps with nothing to set up (hypercorn requires an answer)."""
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-
-
 def sse_event(value: Any) -> bytes:
     return b"data: " + orjson.dumps(value) + b"\n\n"
 

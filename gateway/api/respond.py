@@ -19,7 +19,7 @@ import trio
 
 from ..generation import GenerationPlan, GenerationResult, MidStreamError
 from ..tokenizer.service import TokenizerService
-from .errors import ApiError, UpstreamTimeout
+from .errors import ApiError, UpstreamTimeout, from_engine_error
 from .http import SSE_DONE, SSE_HEADERS, Request, sse_event
 from .ratelimits import rate_limited
 
@@ -76,7 +76,7 @@ async def run_streamed(state, request: Request, plan: GenerationPlan, tokenizer:
             try:
                 result = await state.generator.run(plan, tokenizer, sink)
             except MidStreamError as e:
-                error = e.error
+                error = from_engine_error(e.error)
         if timeout.cancelled_caught:
             if not sink.started:
                 raise _timeout_error()

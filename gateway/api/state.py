@@ -13,13 +13,13 @@ from ..metrics import GatewayMetrics
 from ..models import ModelCatalog
 from ..routing.router import Router
 from ..workers import WorkerRegistry
-from .admission import Admission
+from ..admission import Admission
 from .protocol import SamplingRequest
 
 if TYPE_CHECKING:
     from ..auth.key_store import KeyStore
     from ..config import GatewayConfig
-    from ..proxy import HttpProxy
+    from .proxy import HttpProxy
     from ..cluster import ClusterState
     from ..ratelimit.limiter import RateLimiter
 

@@ -53,7 +53,7 @@ class HttpUpstreamResponse:
 class HttpWorkerClient:
     def __init__(self, base_url: str, client: httpx2.AsyncClient, api_key: str | None = None) -> None:
         """``api_key``: the worker's own key, configured by the operator (the clients' keys are the
-        gateway's and never reach a worker: gateway/proxy.py)."""
+        gateway's and never reach a worker: gateway/api/proxy.py)."""
         self.base_url = base_url.rstrip("/")
         self._client = client
         self._auth = [("authorization", f"Bearer {api_key}")] if api_key else []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from ..api.errors import Unavailable
+from ..errors import NoCapacity
 from ..workers import Worker, WorkerRegistry
 from .policies import Policy, RoutingRequest
 
@@ -19,7 +19,7 @@ class Router:
                kind: str | None = None) -> Worker:
         """A worker (of this kind, if given) whose circuit admitted this attempt.
 
-        Raises Unavailable (503) if none can take it.
+        Raises NoCapacity if none can take it.
         """
         now = trio.current_time()
         candidates = self.registry.candidates(model, now, kind)
@@ -32,5 +32,5 @@ class Router:
             if worker.breaker.acquire(now):
                 return worker
             candidates = [w for w in candidates if w is not worker]
-        raise Unavailable("no healthy worker can serve this model right now", code="no_healthy_worker",
-                          retry_after_s=1)
+        raise NoCapacity("no healthy worker can serve this model right now", code="no_healthy_worker",
+                         retry_after_s=1)

@@ -97,7 +97,7 @@ IDLE_MEASURE_S = 5.0
 def gateway_argv(name: str, port: int, engine_url: str, model: Path, smg: Path, node_args: list[str],
                  smg_args: "list[str]" = ()) -> list[str]:
     if name == "smg-node":
-        return [sys.executable, "-m", "mesh.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+        return [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
                 "--workers", "1", "--worker-urls", engine_url, "--tokenizer-path", str(model),
                 "--log-level", "warning", "--max-concurrent-requests", "0", *node_args]
     argv = [str(smg), "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", engine_url,

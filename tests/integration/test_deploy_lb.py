@@ -17,7 +17,7 @@ def local_cluster(request, log_dir):
     lb = request.param
     if shutil.which(lb) is None:
         pytest.skip(f"{lb} not installed (.ci/run installs it: apt-get install {lb})")
-    from deploy.local_cluster import LocalCluster
+    from chaos.local_cluster import LocalCluster
     cluster = LocalCluster(nodes=3, engines=2, port=18080, mesh_base_port=18946, log_dir=log_dir / f"{lb}-cluster",
                            engine_args=["--itl-base-s", "0.001"], lb=lb)
     yield cluster

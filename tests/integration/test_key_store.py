@@ -20,7 +20,7 @@ BOUND_S = 10.0  # MeshConfig.local().push_pull_interval_s
 
 
 def keys_cli(node: NodeProcess, *args: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "mesh.cli", "keys", "--url", node.url, *args], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "gateway.cli", "keys", "--url", node.url, *args], capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     return r.stdout

@@ -24,7 +24,7 @@ def node_args(i: int, key: str = KEY, seed: int = 0) -> list[str]:
 
 
 def cli(i: int, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mesh.cli", *args, "--rpc-addr", f"127.0.0.1:{BASE_PORT + 100 + i}"],
+    return subprocess.run([sys.executable, "-m", "gateway.cli", *args, "--rpc-addr", f"127.0.0.1:{BASE_PORT + 100 + i}"],
                           capture_output=True, text=True, timeout=30)
 
 
@@ -126,6 +126,6 @@ def test_keyring_rotation_through_the_cli(log_dir):
 
 
 def test_keygen_prints_a_usable_key():
-    r = subprocess.run([sys.executable, "-m", "mesh.cli", "keygen"], capture_output=True, text=True, timeout=30)
+    r = subprocess.run([sys.executable, "-m", "gateway.cli", "keygen"], capture_output=True, text=True, timeout=30)
     from mesh.crypto import decode_key
     assert len(decode_key(r.stdout.strip())) == 32

@@ -5,8 +5,9 @@ import random
 import pytest
 import trio
 
-from gateway.api.admission import Admission, AdmissionConfig
-from gateway.api.errors import TooManyRequests, Unavailable
+from gateway.admission import Admission, AdmissionConfig
+from gateway.api.errors import to_api_error
+from gateway.errors import NoCapacity, Overloaded
 from gateway.routing.retry import RetryConfig, backoff_s
 
 
@@ -55,10 +56,11 @@ async def test_full_queue_is_refused_at_once_with_retry_after(autojump_clock):
         nursery.start_soon(hold)
         nursery.start_soon(hold)  # queued
         await trio.sleep(1)
-        with pytest.raises(TooManyRequests) as e:
+        with pytest.raises(Overloaded) as e:
             async with adm.slot():
                 pass
-        assert e.value.status == 429 and e.value.headers() == [(b"retry-after", b"1")]
+        assert e.value.retry_after_s == 1 and to_api_error(e.value).status == 429
+        assert to_api_error(e.value).headers() == [(b"retry-after", b"1")]
         assert trio.current_time() == 1.0
         nursery.cancel_scope.cancel()
 
@@ -76,10 +78,10 @@ async def test_queue_wait_times_out_with_503(autojump_clock):
     async with trio.open_nursery() as nursery:
         nursery.start_soon(hold)
         await entered.wait()
-        with pytest.raises(Unavailable) as e:
+        with pytest.raises(NoCapacity) as e:
             async with adm.slot():
                 pass
-        assert trio.current_time() == 30.0 and e.value.status == 503
+        assert trio.current_time() == 30.0 and to_api_error(e.value).status == 503
         assert adm.rejected_queue_timeout == 1 and adm.waiting == 0
         nursery.cancel_scope.cancel()
 

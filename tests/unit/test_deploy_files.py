@@ -17,7 +17,8 @@ import yaml
 from kubernetes import client as k8s
 
 from gateway.config import build_config
-from mesh.cli import build_parser
+from chaos.sim_engine.server import add_arguments as add_sim_engine_arguments
+from gateway.cli import build_parser
 from mesh.crypto import generate_key
 
 DEPLOY = pathlib.Path(__file__).resolve().parents[2] / "deploy"
@@ -137,7 +138,10 @@ def test_compose_file_structure_and_command_lines(tmp_path):
         for dependency in service.get("depends_on", []):
             assert dependency in names, f"{name} depends on a service that does not exist: {dependency}"
     for name, engine in engines.items():
-        assert parse_cli(engine["command"]).command == "sim-engine"
+        # `smg-node sim-engine ARGS` runs the simulated engine's own program with ARGS.
+        sim_parser = argparse.ArgumentParser(exit_on_error=False)
+        add_sim_engine_arguments(sim_parser)
+        sim_parser.parse_args(engine["command"][1:])
     registered = set()
     for name, node in nodes.items():
         config = serve_config(node["command"], None, tmp_path)

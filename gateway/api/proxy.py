@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import trio
 
-from .api.errors import UpstreamError, UpstreamTimeout, from_engine_error
-from .api.http import Request, sse_event
-from .api.ratelimits import rate_limited
-from .engine.errors import EngineCallError
-from .generation import AttemptFailed, Generator, UsageTally
-from .routing.policies import RoutingRequest
-from .workers import Worker
+from ..engine.errors import EngineCallError
+from ..generation import AttemptFailed, Generator, UsageTally
+from ..routing.policies import RoutingRequest
+from ..workers import Worker
+from .errors import UpstreamError, UpstreamTimeout, from_engine_error
+from .http import Request, sse_event
+from .ratelimits import rate_limited
 
 # Request headers a worker should see. Everything else stays here: the client's credentials above
 # all (Authorization, x-api-key, cookies), which are the gateway's to check, never a worker's to

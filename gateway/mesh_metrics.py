@@ -1,14 +1,17 @@
-"""Prometheus metric families of the mesh agent, read at scrape time from its counters."""
+"""Prometheus metric families of the node's mesh agent, read at scrape time from its counters.
+
+Here rather than in mesh/: the mesh keeps counters and knows nothing of how the gateway exports them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
 
-from gateway.metrics import counter, gauge
+from mesh.agent import MeshAgent
+from mesh.members import MemberStatus
 
-from .agent import MeshAgent
-from .members import MemberStatus
+from .metrics import counter, gauge
 
 
 def mesh_metric_families(agent: MeshAgent) -> Iterator[Any]:

@@ -1,9 +1,9 @@
 """Admission control: at most ``max_concurrent_requests`` generations at once, a bounded queue.
 
 A request beyond the running limit waits in a FIFO queue; beyond
-``queue_size`` waiting requests it is refused at once (429, Retry-After); a
-request that waited ``queue_timeout_s`` without a slot is refused too (503,
-Retry-After). A limit of 0 means unlimited.
+``queue_size`` waiting requests it is refused at once (``Overloaded``: 429 with
+Retry-After); a request that waited ``queue_timeout_s`` without a slot is
+refused too (``NoCapacity``: 503 with Retry-After). A limit of 0 means unlimited.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from .errors import TooManyRequests, Unavailable
+from .errors import NoCapacity, Overloaded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +81,8 @@ class Admission:
         except trio.WouldBlock:
             if self.waiting >= self.config.queue_size:
                 self.rejected_queue_full += 1
-                raise TooManyRequests("too many requests in flight and the queue is full; retry later",
-                                      code="queue_full", retry_after_s=1) from None
+                raise Overloaded("too many requests in flight and the queue is full; retry later",
+                                 code="queue_full", retry_after_s=1) from None
             self.waiting += 1
             if self._idle.is_set():
                 self._idle = trio.Event()
@@ -95,8 +95,8 @@ class Admission:
                 if self.running == 0 and self.waiting == 0:
                     self._idle.set()
                 self.rejected_queue_timeout += 1
-                raise Unavailable("timed out waiting for a free slot; retry later", code="queue_timeout",
-                                  retry_after_s=max(1, int(self.config.queue_timeout_s // 10))) from None
+                raise NoCapacity("timed out waiting for a free slot; retry later", code="queue_timeout",
+                                 retry_after_s=max(1, int(self.config.queue_timeout_s // 10))) from None
         self._enter()
 
     def _release(self) -> None:

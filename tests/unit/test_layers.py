@@ -1,0 +1,76 @@
+"""Which way imports point: the contracts of pyproject.toml ([tool.importlinter]) hold, and they bite.
+
+The layers (ARCHITECTURE.md): chaos on top, then deploy, then the gateway, then the mesh; inside
+the gateway, the CLI composes, the API answers, and the core knows no HTTP. An import that points
+up fails here, and so does one hidden in a function to dodge a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import tomllib
+
+import grimp
+import pytest
+from importlinter.contracts.forbidden import ForbiddenContract
+from importlinter.contracts.independence import IndependenceContract
+from importlinter.contracts.layers import LayersContract
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SETTINGS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+KINDS = {"layers": LayersContract, "forbidden": ForbiddenContract, "independence": IndependenceContract}
+CONTRACTS = {c["id"]: c for c in SETTINGS["contracts"]}
+
+
+def make_contract(spec: dict):
+    options = {k: v for k, v in spec.items() if k not in ("id", "name", "type")}
+    return KINDS[spec["type"]](name=spec["name"], session_options={"root_packages": SETTINGS["root_packages"]},
+                               contract_options=options)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return grimp.build_graph(*SETTINGS["root_packages"])
+
+
+@pytest.mark.parametrize("contract_id", sorted(CONTRACTS))
+def test_the_contract_is_kept(graph, contract_id):
+    check = make_contract(CONTRACTS[contract_id]).check(graph, verbose=False)
+    assert check.kept, check.metadata
+
+
+@pytest.mark.parametrize("contract_id, importer, imported", [
+    ("top", "mesh.swim", "gateway.server"),
+    ("top", "gateway.server", "chaos.sim_engine.server"),
+    ("top", "deploy.balancer", "chaos.processes"),
+    ("gateway", "gateway.generation", "gateway.api.errors"),
+    ("gateway", "gateway.workers.registry", "gateway.config"),
+    ("gateway", "gateway.api.app", "gateway.server"),
+    ("gateway-core", "gateway.routing.policies", "gateway.workers.worker"),
+])
+def test_an_upward_import_breaks_the_contract(contract_id, importer, imported):
+    graph = grimp.build_graph(*SETTINGS["root_packages"])
+    graph.add_import(importer=importer, imported=imported, line_number=1, line_contents=f"import {imported}")
+    assert not make_contract(CONTRACTS[contract_id]).check(graph, verbose=False).kept
+
+
+def function_local_imports(path: pathlib.Path) -> list[tuple[int, str]]:
+    """(line, module) of imports inside functions that reach another of our top-level packages."""
+    top = path.relative_to(ROOT).parts[0]
+    found = []
+    for function in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            found += [(node.lineno, n) for n in names
+                      if n.split(".")[0] in SETTINGS["root_packages"] and n.split(".")[0] != top]
+    return found
+
+
+def test_no_import_of_another_package_hides_in_a_function():
+    hidden = {str(p.relative_to(ROOT)): found for package in SETTINGS["root_packages"]
+              for p in sorted((ROOT / package).rglob("*.py")) if (found := function_local_imports(p))}
+    assert not hidden, f"imports of another package inside functions (move them to the top): {hidden}"
