@@ -32,16 +32,15 @@ from mesh.transport import MeshTls
 from .admission import AdmissionConfig
 from .auth import AuthConfig, Authenticator
 from .auth.authenticator import AuthConfigError
+from .engine.engine_tls import EngineTlsConfig
 from .ratelimit.limiter import RateLimitConfig
 from .ratelimit.limits import FailurePolicy, LimitConfigError, LimitSet, parse_limit_set
-from .engine.engine_tls import EngineTlsConfig
 from .routing.breaker import BreakerConfig
-from .tls import ServerTls, TlsConfig
-from .worker_origin import WorkerAllowlist
 from .routing.policies import POLICIES, PolicyConfig
 from .routing.retry import RetryConfig
+from .tls import ServerTls, TlsConfig
 from .tokenizer.service import TokenizerConfig
-from .workers import HealthConfig
+from .workers import HealthConfig, WorkerAllowlist
 
 ENV_PREFIX = "SMG_NODE_"
 

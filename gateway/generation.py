@@ -34,10 +34,9 @@ from .engine.grpc_engine import SamplingOptions
 from .metrics import GatewayMetrics
 from .routing.policies import RoutingRequest
 from .routing.retry import RetryConfig, backoff_s
-from .routing.router import Router
 from .tokenizer.service import TokenizerService
 from .tokenizer.stop import StopMatcher
-from .workers import Worker
+from .workers import AttemptFailed, Router, Worker, WorkerAttempt
 
 log = logging.getLogger("gateway.generation")
 
@@ -113,14 +112,6 @@ class MidStreamError(Exception):
         self.error = error
 
 
-class AttemptFailed(Exception):
-    """An attempt failed before anything reached the client; it may be retried."""
-
-    def __init__(self, error: EngineCallError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 class Generator:
     def __init__(self, router: Router, retry: RetryConfig, metrics: GatewayMetrics, nursery: trio.Nursery,
                  rng: random.Random | None = None) -> None:
@@ -165,50 +156,42 @@ class Generator:
         # Stream from the engine when the client streams, and when stop strings may end it early.
         engine_stream = plan.stream or bool(plan.stop)
         started_at = trio.current_time()
-        worker.begin_request()
-        try:
-            async with worker.client.generate(plan.request_id, plan.input_ids, plan.sampling, engine_stream,
-                                              plan.timeout_s) as batches:
-                progress.generation = batches
-                if sink is not None:
-                    batches.listen(progress.on_arrival)
-                # With a listener, a batch here is what it left: [] when it only needs this task
-                # to finish its work (a flush, the end, its failure).
-                async for events in batches:
-                    if progress.failure is not None:
-                        raise progress.failure
-                    if progress.flush_due:
-                        progress.flush_due = False
-                        await sink.flush()
-                    if events and progress.result is None:
-                        text = progress.step(events)
-                        if text and sink is not None:
-                            await sink(text)
-                            progress.delivered = True
-                    if progress.result is not None:
-                        break
-            result = progress.result
-            if result is None:
-                raise EngineCallError("UNAVAILABLE", "the engine closed the stream without finishing")
-        except EngineCallError as e:
-            self.metrics.engine_errors.labels(worker.id, e.code).inc()
-            if e.engine_fault:
-                worker.breaker.record_failure(trio.current_time())
-            else:
-                worker.breaker.release_probe()
-            if progress.delivered:
-                raise MidStreamError(e) from None
-            raise AttemptFailed(e) from None
-        except BaseException:
-            worker.breaker.release_probe()  # cancelled (client gone, timeout): no verdict on the engine
-            raise
-        finally:
-            worker.end_request()
-            if not progress.finished:
-                reason = "stop_string" if progress.result is not None else "cancelled_or_failed"
-                self.metrics.aborts.labels(reason).inc()
-                self._nursery.start_soon(self._abort, worker, plan.request_id)
-        worker.breaker.record_success(trio.current_time())
+        with WorkerAttempt(worker) as attempt:
+            try:
+                async with worker.client.generate(plan.request_id, plan.input_ids, plan.sampling, engine_stream,
+                                                  plan.timeout_s) as batches:
+                    progress.generation = batches
+                    if sink is not None:
+                        batches.listen(progress.on_arrival)
+                    # With a listener, a batch here is what it left: [] when it only needs this task
+                    # to finish its work (a flush, the end, its failure).
+                    async for events in batches:
+                        if progress.failure is not None:
+                            raise progress.failure
+                        if progress.flush_due:
+                            progress.flush_due = False
+                            await sink.flush()
+                        if events and progress.result is None:
+                            text = progress.step(events)
+                            if text and sink is not None:
+                                await sink(text)
+                                progress.delivered = True
+                        if progress.result is not None:
+                            break
+                if progress.result is None:
+                    raise EngineCallError("UNAVAILABLE", "the engine closed the stream without finishing")
+            except EngineCallError as e:
+                self.metrics.engine_errors.labels(worker.id, e.code).inc()
+                attempt.failed(e)
+                if progress.delivered:
+                    raise MidStreamError(e) from None
+                raise AttemptFailed(e) from None
+            finally:
+                if not progress.finished:
+                    reason = "stop_string" if progress.result is not None else "cancelled_or_failed"
+                    self.metrics.aborts.labels(reason).inc()
+                    self._nursery.start_soon(self._abort, worker, plan.request_id)
+        result = progress.result
         first_token_at = progress.first_token_at
         if first_token_at is not None and engine_stream:
             metrics, model = self.metrics, plan.model

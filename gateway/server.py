@@ -54,11 +54,9 @@ from .ratelimit.limiter import RateLimiter
 from .ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
 from .routing.kv_index import KvIndex
 from .routing.policies import make_policy
-from .routing.router import Router
 from .supervisor import SUPERVISED_ENV, exit_when_supervisor_dies
 from .tls import ServerTls, TlsConfig
-from .worker_origin import WorkerAllowlist
-from .workers import WorkerError, WorkerExists, WorkerRegistry
+from .workers import Router, WorkerAllowlist, WorkerError, WorkerExists, WorkerRegistry
 
 log = logging.getLogger("gateway.server")
 

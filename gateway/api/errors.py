@@ -27,7 +27,7 @@ import orjson
 from .. import errors as core
 from ..auth import AuthError, Unauthenticated
 from ..engine.errors import EngineCallError
-from ..workers import WorkerError
+from ..workers.errors import WorkerError
 
 
 class ApiError(Exception):

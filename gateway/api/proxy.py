@@ -11,9 +11,9 @@ from __future__ import annotations
 import trio
 
 from ..engine.errors import EngineCallError
-from ..generation import AttemptFailed, Generator, UsageTally
+from ..generation import Generator, UsageTally
 from ..routing.policies import RoutingRequest
-from ..workers import Worker
+from ..workers import AttemptFailed, Worker, WorkerAttempt
 from .errors import UpstreamError, UpstreamTimeout, from_engine_error
 from .http import Request, sse_event
 from .ratelimits import rate_limited
@@ -37,35 +37,25 @@ class HttpProxy:
         headers.append((b"x-request-id", request.request_id.encode("latin-1")))
 
         async def attempt(worker: Worker) -> None:
-            worker.begin_request()
             relayed = False
-            try:
-                async with worker.client.forward(path, body, headers, self._timeout_s) as upstream:
-                    is_sse = any(k == b"content-type" and v.startswith(b"text/event-stream")
-                                 for k, v in upstream.headers)
-                    try:
-                        await request.start_stream(upstream.status, upstream.headers)
-                        relayed = True
-                        async for chunk in upstream.chunks():
-                            await request.send_chunk(chunk)
-                    except EngineCallError as e:
-                        if is_sse:
-                            await request.send_chunk(sse_event(from_engine_error(e).body()))
-                    await request.end_stream()
-            except EngineCallError as e:
-                if e.engine_fault:
-                    worker.breaker.record_failure(trio.current_time())
-                else:
-                    worker.breaker.release_probe()
-                if relayed:
-                    return
-                raise AttemptFailed(e) from None
-            except BaseException:
-                worker.breaker.release_probe()
-                raise
-            finally:
-                worker.end_request()
-            worker.breaker.record_success(trio.current_time())
+            with WorkerAttempt(worker) as counted:
+                try:
+                    async with worker.client.forward(path, body, headers, self._timeout_s) as upstream:
+                        is_sse = any(k == b"content-type" and v.startswith(b"text/event-stream")
+                                     for k, v in upstream.headers)
+                        try:
+                            await request.start_stream(upstream.status, upstream.headers)
+                            relayed = True
+                            async for chunk in upstream.chunks():
+                                await request.send_chunk(chunk)
+                        except EngineCallError as e:
+                            if is_sse:
+                                await request.send_chunk(sse_event(from_engine_error(e).body()))
+                        await request.end_stream()
+                except EngineCallError as e:
+                    counted.failed(e)
+                    if not relayed:
+                        raise AttemptFailed(e) from None
 
         # The body is not tokenized here: token limits reserve ~1 token per 4 bytes (OpenAI's rule of
         # thumb) and keep that reservation, since the worker's usage is not parsed out of its answer.

@@ -7,21 +7,20 @@ import itertools
 import os
 from typing import TYPE_CHECKING
 
+from ..admission import Admission
 from ..engine.grpc_engine import SamplingOptions
 from ..generation import GenerationResult, Generator
 from ..metrics import GatewayMetrics
 from ..models import ModelCatalog
-from ..routing.router import Router
-from ..workers import WorkerRegistry
-from ..admission import Admission
+from ..workers import Router, WorkerRegistry
 from .protocol import SamplingRequest
 
 if TYPE_CHECKING:
     from ..auth.key_store import KeyStore
-    from ..config import GatewayConfig
-    from .proxy import HttpProxy
     from ..cluster import ClusterState
+    from ..config import GatewayConfig
     from ..ratelimit.limiter import RateLimiter
+    from .proxy import HttpProxy
 
 
 @dataclasses.dataclass

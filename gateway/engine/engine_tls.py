@@ -1,7 +1,7 @@
 """TLS to engines: ``grpcs://`` gRPC targets and ``https://`` OpenAI-compatible workers.
 
 A gRPC target is ``host:port`` in the clear or ``grpcs://host:port`` over TLS (the
-worker's canonical URL, gateway/worker_origin.py). Both gRPC clients take the same
+worker's canonical URL, gateway/workers/origin.py). Both gRPC clients take the same
 ``EngineTlsConfig``: our HTTP/2 client wraps its TCP stream in TLS with ALPN ``h2``
 (gRPC requires it), grpcio gets channel credentials from the same files; HTTP
 workers' client verifies with the same CA. ``--engine-tls-ca-path`` adds a CA to

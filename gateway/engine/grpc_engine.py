@@ -163,12 +163,31 @@ RUNTIMES: dict[str, _Runtime] = {"sglang": _Sglang(), "vllm": _Vllm()}
 
 
 class GrpcEngineClient:
-    """One engine at ``target`` ("host:port"), speaking ``runtime`` ("sglang" or "vllm")."""
+    """One engine at ``target`` ("host:port"), speaking ``runtime`` ("sglang" or "vllm").
+
+    A worker client (``gateway.workers.worker.WorkerClient``): token ids in and out, so the
+    gateway tokenizes for it, and it reports its load and its KV-cache events.
+    """
+
+    kind = "grpc"
+    needs_tokenizer = True
+    publishes_kv_events = True
 
     def __init__(self, bridge: GrpcBridge, target: str, runtime: str) -> None:
         self.bridge = bridge
         self.target = target
         self.runtime = RUNTIMES[runtime]
+
+    @property
+    def runtime_name(self) -> str:
+        return self.runtime.name
+
+    async def aclose(self) -> None:
+        """Release the engine's connection (after the worker drained)."""
+        try:
+            await self.bridge.close_channel(self.target)
+        except EngineCallError:
+            pass  # already closed: nothing left to release
 
     @classmethod
     async def detect(cls, bridge: GrpcBridge, target: str, timeout_s: float) -> "GrpcEngineClient":

@@ -51,19 +51,36 @@ class HttpUpstreamResponse:
 
 
 class HttpWorkerClient:
-    def __init__(self, base_url: str, client: httpx2.AsyncClient, api_key: str | None = None) -> None:
+    """An OpenAI-compatible HTTP worker (``gateway.workers.worker.WorkerClient``): requests are relayed
+    as they are, so it needs no tokenizer here; it reports no load and no KV events."""
+
+    kind = "http"
+    runtime_name = "openai"
+    needs_tokenizer = False
+    publishes_kv_events = False
+
+    def __init__(self, base_url: str, client: httpx2.AsyncClient, api_key: str | None = None,
+                 health_endpoint: str = "/health") -> None:
         """``api_key``: the worker's own key, configured by the operator (the clients' keys are the
         gateway's and never reach a worker: gateway/api/proxy.py)."""
         self.base_url = base_url.rstrip("/")
         self._client = client
         self._auth = [("authorization", f"Bearer {api_key}")] if api_key else []
+        self._health_endpoint = health_endpoint
 
-    async def health(self, timeout_s: float, endpoint: str = "/health") -> bool:
+    async def health(self, timeout_s: float) -> bool:
         try:
-            r = await self._client.get(self.base_url + endpoint, timeout=timeout_s, headers=self._auth)
+            r = await self._client.get(self.base_url + self._health_endpoint, timeout=timeout_s,
+                                       headers=self._auth)
         except httpx2.HTTPError as e:
             raise _call_error(e) from None
         return r.status_code < 400
+
+    async def loads(self, timeout_s: float) -> None:
+        return None  # no load report: policies count this gateway's own requests
+
+    async def aclose(self) -> None:
+        pass  # the HTTP connection pool is shared by every worker and closed with the gateway
 
     async def models(self, timeout_s: float) -> list[str]:
         try:

@@ -19,10 +19,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from chaos.sim_engine.kv_cache import PrefixCache  # noqa: E402
-from gateway.kv_events import decode_batch  # noqa: E402
-from gateway.routing.kv_index import KvIndex, RemovedBlocks, StoredBlocks, prompt_block_hashes  # noqa: E402
 from smg_grpc_proto.generated import common_pb2  # noqa: E402
+
+from chaos.sim_engine.kv_cache import PrefixCache  # noqa: E402
+from gateway.routing.kv_index import (  # noqa: E402
+    KvIndex,
+    RemovedBlocks,
+    StoredBlocks,
+    prompt_block_hashes,
+)
+from gateway.workers.kv_events import decode_batch  # noqa: E402
 
 BLOCK = 16
 CHAIN = 32

@@ -8,7 +8,6 @@ import pytest
 import trio
 
 from chaos.sim_engine.kv_cache import PrefixCache
-from gateway.kv_events import DECODE_BLOCKS_PER_STEP, apply_batch_in_steps, decode_batch, follow_kv_events
 from gateway.routing.kv_index import (
     BatchOutcome,
     Cleared,
@@ -18,6 +17,7 @@ from gateway.routing.kv_index import (
     prompt_block_hashes,
 )
 from gateway.routing.policies import PolicyConfig, RoutingRequest, make_policy
+from gateway.workers.kv_events import DECODE_BLOCKS_PER_STEP, apply_batch_in_steps, decode_batch, follow_kv_events
 
 
 def feed(index: KvIndex, engine_id: str, cache: PrefixCache, since: int) -> int:

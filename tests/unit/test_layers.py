@@ -47,7 +47,8 @@ def test_the_contract_is_kept(graph, contract_id):
     ("gateway", "gateway.generation", "gateway.api.errors"),
     ("gateway", "gateway.workers.registry", "gateway.config"),
     ("gateway", "gateway.api.app", "gateway.server"),
-    ("gateway-core", "gateway.routing.policies", "gateway.workers.worker"),
+    ("gateway", "gateway.routing.policies", "gateway.workers.worker"),
+    ("gateway", "gateway.config", "gateway.api.app"),
 ])
 def test_an_upward_import_breaks_the_contract(contract_id, importer, imported):
     graph = grimp.build_graph(*SETTINGS["root_packages"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.worker_origin import WorkerAllowlist, WorkerNotAllowed, WorkerUrlError, parse_worker_origin
+from gateway.workers.origin import WorkerAllowlist, WorkerNotAllowed, WorkerUrlError, parse_worker_origin
 
 
 @pytest.mark.parametrize("url, canonical", [

@@ -1,11 +1,11 @@
-"""The node's workers (engines): registration, health checking, load polling, draining.
+"""The node's workers (engines): registration, health checking, load polling, draining, and
+following the cluster's worker document.
 
 The registry decides which workers exist and their health; routing policies
 only read ``Worker`` objects through ``candidates()``. Each worker has one
 health task in the registry's nursery: every ``interval_s`` it asks the
 engine's HealthCheck (gRPC) or GET ``endpoint`` (HTTP), and, for gRPC engines,
-GetLoads. ``failure_threshold`` consecutive failed checks mark it unhealthy,
-``success_threshold`` consecutive good ones healthy again.
+GetLoads; ``health.HealthTracker`` turns the checks into verdicts.
 
 Removal drains: the worker leaves routing at once, its running requests
 finish, then its connection is closed.
@@ -13,27 +13,31 @@ finish, then its connection is closed.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 import httpx2
 import trio
 
-from .engine.bridge import GrpcBridge
-from .errors import AlreadyExists, GatewayError, InvalidInput, NotAllowed, NotKnown, Unreachable
-from .engine.errors import EngineCallError
-from .engine.grpc_engine import EngineLoad, GrpcEngineClient
-from .engine.http_worker import HttpWorkerClient
-from .kv_events import follow_kv_events
-from .routing.breaker import BreakerConfig, CircuitBreaker
-from .routing.kv_index import KvIndex
-from .worker_origin import WorkerAllowlist, WorkerNotAllowed, WorkerUrlError, parse_worker_origin
+from ..engine.bridge import GrpcBridge
+from ..engine.errors import EngineCallError
+from ..engine.grpc_engine import GrpcEngineClient
+from ..engine.http_worker import HttpWorkerClient
+from ..routing.breaker import BreakerConfig, CircuitBreaker
+from ..routing.kv_index import KvIndex
+from .errors import WorkerError, WorkerExists, WorkerHostRefused, WorkerUnknown, WorkerUnreachable, WorkerUrlInvalid
+from .health import HealthConfig, HealthTracker, Verdict
+from .kv_following import follow_while_needed
+from .origin import (
+    WorkerAllowlist,
+    WorkerNotAllowed,
+    WorkerUrlError,
+    parse_worker_origin,
+)
+from .worker import Worker, load_bucket, worker_id_for
 
 if TYPE_CHECKING:
-    from .cluster import ClusterState
+    from ..cluster import ClusterState
 
 log = logging.getLogger("gateway.workers")
 
@@ -41,54 +45,10 @@ log = logging.getLogger("gateway.workers")
 ABSENT_WORKER_GRACE_S = 30.0
 
 
-@dataclasses.dataclass(frozen=True)
-class HealthConfig:
-    enabled: bool = True
-    # smg's defaults are 3 / 2 / 5 s / 60 s; we check every 5 s: a dead engine
-    # leaves routing in ~15 s instead of ~3 min, at the cost of one tiny RPC per
-    # engine every 5 s.
-    failure_threshold: int = 3
-    success_threshold: int = 2
-    timeout_s: float = 5.0
-    interval_s: float = 5.0
-    endpoint: str = "/health"  # HTTP workers only
-    # GetLoads poll for the load-aware policies (gRPC engines).
-    load_interval_s: float = 1.0
-
-
-class WorkerError(GatewayError):
-    """Registration or removal failed; the subclass says why (and ``gateway.api`` the status)."""
-
-
-class WorkerUrlInvalid(WorkerError, InvalidInput):
-    """Not a worker origin, or a worker that serves no model."""
-
-
-class WorkerHostRefused(WorkerError, NotAllowed):
-    """The host is outside --worker-allowed-hosts."""
-
-
-class WorkerExists(WorkerError, AlreadyExists):
-    pass
-
-
-class WorkerUnknown(WorkerError, NotKnown):
-    pass
-
-
-class WorkerUnreachable(WorkerError, Unreachable):
-    """The worker did not answer what registration asks (its model, its tokenizer)."""
-
-
-def worker_id_for(url: str) -> str:
-    """A stable id from the URL: the same worker has the same id on every node."""
-    return "w-" + hashlib.blake2b(url.encode(), digest_size=6).hexdigest()
-
-
 def parse_worker_url(url: str, allowlist: WorkerAllowlist | None = None) -> tuple[str, str, str]:
     """(kind, target, canonical URL): ("grpc", "host:port", ...) or ("http", "http://host:port", ...).
 
-    Only origins (gateway/worker_origin.py); a host outside the allowlist is a 403.
+    Only origins (``origin.py``); a host outside the allowlist is ``WorkerHostRefused``.
     """
     try:
         origin = parse_worker_origin(url)
@@ -100,79 +60,6 @@ def parse_worker_url(url: str, allowlist: WorkerAllowlist | None = None) -> tupl
         raise WorkerHostRefused(str(e)) from None
     target = origin.grpc_target if origin.kind == "grpc" else origin.url
     return origin.kind, target, origin.url
-
-
-class Worker:
-    def __init__(self, url: str, kind: str, client: Any, models: "tuple[str, ...]", max_context_tokens: int | None,
-                 breaker: CircuitBreaker, labels: dict[str, str]) -> None:
-        self.id = worker_id_for(url)
-        self.url = url
-        self.kind = kind  # "grpc" or "http"
-        self.client = client  # GrpcEngineClient or HttpWorkerClient
-        self.runtime = client.runtime.name if kind == "grpc" else "openai"
-        self.models = models
-        self.max_context_tokens = max_context_tokens
-        self.breaker = breaker
-        self.labels = labels
-        self.healthy = True
-        self.draining = False
-        self.in_flight = 0
-        self.engine_load: EngineLoad | None = None
-        self._in_flight_at_poll = 0
-        self.health_failures = 0
-        self.health_successes = 0
-        self.registered_at = time.time()
-        self.idle = trio.Event()  # set whenever in_flight is 0
-        self.idle.set()
-        self.cancel_scope: trio.CancelScope | None = None  # the health task
-        self.kv_scope: trio.CancelScope | None = None  # the KV event task
-        self.checked_by: str | None = None  # the node whose health checks decide (cluster mode)
-        self.kv_following = False  # this node subscribes to the engine's KV events
-        self.kv_events_unsupported = False  # the engine answered SubscribeKvEvents with UNIMPLEMENTED
-
-    def load_score(self) -> int:
-        if self.engine_load is None:
-            return self.in_flight
-        started_since_poll = max(0, self.in_flight - self._in_flight_at_poll)
-        return self.engine_load.running + self.engine_load.waiting + started_since_poll
-
-    def set_engine_load(self, load: EngineLoad) -> None:
-        self.engine_load = load
-        self._in_flight_at_poll = self.in_flight
-
-    def begin_request(self) -> None:
-        self.in_flight += 1
-        if self.idle.is_set():
-            self.idle = trio.Event()
-
-    def end_request(self) -> None:
-        self.in_flight -= 1
-        if self.in_flight == 0:
-            self.idle.set()
-
-    def available(self, now: float) -> bool:
-        return self.healthy and not self.draining and self.breaker.allows(now)
-
-    def describe(self, now: float) -> dict[str, Any]:
-        return {
-            "id": self.id, "url": self.url, "kind": self.kind, "runtime": self.runtime, "models": list(self.models),
-            "healthy": self.healthy, "draining": self.draining, "in_flight": self.in_flight,
-            "circuit_state": self.breaker.current_state(now).name.lower(),
-            "load": dataclasses.asdict(self.engine_load) if self.engine_load else None,
-            "labels": self.labels, "max_context_tokens": self.max_context_tokens, "checked_by": self.checked_by,
-        }
-
-
-def load_bucket(worker: Worker) -> str:
-    """A coarse load summary for the shared document: it changes rarely, so it costs little history.
-
-    Routing uses each node's own fresh GetLoads polls; this is for people and dashboards.
-    """
-    load = worker.load_score()
-    for bound, label in ((0, "idle"), (4, "light"), (32, "busy")):
-        if load <= bound:
-            return label
-    return "saturated"
 
 
 class WorkerRegistry:
@@ -221,7 +108,7 @@ class WorkerRegistry:
 
     def describe(self, worker: Worker, now: float) -> dict[str, Any]:
         out = worker.describe(now)
-        if self.kv_index is not None and worker.kind == "grpc":
+        if self.kv_index is not None and worker.client.publishes_kv_events:
             out["kv_index"] = {"blocks": self.kv_index.block_count(worker.id),
                                "next_sequence": self.kv_index.next_sequence(worker.id),
                                "fingerprint": self.kv_index.fingerprint(worker.id),
@@ -244,7 +131,7 @@ class WorkerRegistry:
             return True
         if worker.draining:
             return False
-        return any(other is not worker and other.kind == "grpc" and not other.draining
+        return any(other is not worker and other.client.publishes_kv_events and not other.draining
                    and any(model in other.models for model in worker.models) for other in self._workers.values())
 
     def _notify(self) -> None:
@@ -267,7 +154,7 @@ class WorkerRegistry:
                 models = (model or info.served_model_name,)
                 context = info.max_context_tokens or None
             else:
-                client = HttpWorkerClient(target, self._http, api_key)
+                client = HttpWorkerClient(target, self._http, api_key, self.health_config.endpoint)
                 models = (model,) if model else tuple(await client.models(timeout_s))
                 context = None
         except EngineCallError as e:
@@ -276,16 +163,17 @@ class WorkerRegistry:
             raise error(f"cannot reach worker {url}: {e}") from None
         if not models:
             raise WorkerUrlInvalid(f"worker {url} serves no model")
-        worker = Worker(url, kind, client, models, context, CircuitBreaker(self.breaker_config), labels or {})
         # Not healthy until a health check passed: answering GetModelInfo (or /v1/models) is not the
         # engine saying it can serve. With checks off, what answered is taken as healthy.
-        worker.healthy = await self._passes_check(worker) if self.health_config.enabled else True
+        healthy = await self._passes_check(wid, client) if self.health_config.enabled else True
+        worker = Worker(url, client, models, context, CircuitBreaker(self.breaker_config), labels or {},
+                        HealthTracker(self.health_config, healthy, trio.current_time()))
         if wid in self._workers and not self._workers[wid].draining:  # added meanwhile (the check awaited)
             raise WorkerExists(f"worker {url} is already registered as {wid}")
         self._workers[wid] = worker
         if self.health_config.enabled:
             self._nursery.start_soon(self._watch, worker)
-        if self.kv_index is not None and kind == "grpc":
+        if self.kv_index is not None and client.publishes_kv_events:
             self._nursery.start_soon(self._follow_kv_events, worker)
         log.info("worker %s added: %s %s models=%s", wid, kind, url, ",".join(models))
         if self.cluster is not None and replicate:
@@ -309,43 +197,19 @@ class WorkerRegistry:
         return worker
 
     async def _follow_kv_events(self, worker: Worker) -> None:
-        """Follow the engine's KV events while routing needs them and (in a cluster) we are one of the
-        engine's ring owners, whose followers forward what they apply to the other nodes."""
-        with trio.CancelScope() as scope:
-            worker.kv_scope = scope
-            sharing = self.cluster.kv if self.cluster is not None else None
-            while not worker.kv_events_unsupported:
-                # The events announcing a change are taken before the conditions are read, with no
-                # checkpoint between, so no change can slip between a check and the wait.
-                announcers = self._change_announcers()
-                if not self._should_follow(worker, sharing):
-                    await _first_set(announcers)
-                    continue
-                worker.kv_following = True
-                try:
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(self._follow_until_unsupported, worker, nursery.cancel_scope,
-                                           sharing.published if sharing is not None else None)
-                        while self._should_follow(worker, sharing):
-                            await _first_set(self._change_announcers())
-                        nursery.cancel_scope.cancel()
-                finally:
-                    worker.kv_following = False
+        sharing = self.cluster.kv if self.cluster is not None else None
+
+        def should_follow(w: Worker) -> bool:
+            return self.kv_events_needed(w) and (sharing is None or sharing.is_owner(w.id))
+
+        await follow_while_needed(worker, self.kv_index, should_follow, self._change_announcers,
+                                  sharing.published if sharing is not None else None)
 
     def _change_announcers(self) -> "list[trio.Event]":
         events = [self.changed]
         if self.cluster is not None:
             events.append(self.cluster.ring_changed)
         return events
-
-    def _should_follow(self, worker: Worker, sharing: Any) -> bool:
-        return self.kv_events_needed(worker) and (sharing is None or sharing.is_owner(worker.id))
-
-    async def _follow_until_unsupported(self, worker: Worker, done: trio.CancelScope, on_applied: Any) -> None:
-        await follow_kv_events(worker, self.kv_index, on_applied)
-        # It returns only when the engine answers UNIMPLEMENTED: never ask again.
-        worker.kv_events_unsupported = True
-        done.cancel()
 
     async def _drain(self, worker: Worker, timeout_s: float) -> None:
         with trio.move_on_after(timeout_s):
@@ -363,11 +227,7 @@ class WorkerRegistry:
         self._workers.pop(worker.id, None)
         for callback in self.on_removed:
             callback(worker.id)
-        if worker.kind == "grpc":
-            try:
-                await self._bridge.close_channel(worker.client.target)
-            except EngineCallError:
-                pass  # already closed: nothing left to release
+        await worker.client.aclose()
         log.info("worker %s removed (%d requests still running)", worker.id, worker.in_flight)
         self._notify()
 
@@ -381,11 +241,16 @@ class WorkerRegistry:
                 if now >= next_health:
                     await self._check_health(worker)
                     next_health = now + cfg.interval_s
-                if worker.kind == "grpc" and worker.healthy and cfg.load_interval_s > 0:
+                reports_load = False
+                if worker.healthy and cfg.load_interval_s > 0:
                     try:
-                        worker.set_engine_load(await worker.client.loads(cfg.timeout_s))
+                        load = await worker.client.loads(cfg.timeout_s)
+                        reports_load = load is not None
+                        worker.set_engine_load(load)
                     except EngineCallError:
                         worker.engine_load = None  # unknown: policies fall back to our own count
+                        reports_load = True
+                if reports_load:
                     await trio.sleep(min(cfg.load_interval_s, max(0.0, next_health - trio.current_time())))
                 else:
                     await trio.sleep_until(next_health)
@@ -429,58 +294,36 @@ class WorkerRegistry:
             with trio.move_on_after(self.health_config.interval_s):  # also retry workers that failed
                 await changed.wait()
 
-    async def _passes_check(self, worker: Worker) -> bool:
-        cfg = self.health_config
+    async def _passes_check(self, worker_id: str, client: Any) -> bool:
         try:
-            if worker.kind == "grpc":
-                return await worker.client.health(cfg.timeout_s)
-            return await worker.client.health(cfg.timeout_s, cfg.endpoint)
+            return await client.health(self.health_config.timeout_s)
         except EngineCallError as e:
-            log.debug("health check of %s failed: %s", worker.id, e)
+            log.debug("health check of %s failed: %s", worker_id, e)
             return False
 
     async def _check_health(self, worker: Worker) -> None:
-        cfg = self.health_config
         cluster = self.cluster
         if cluster is not None and not cluster.owns(worker.id):
             # Another node owns this worker's health checks: take its verdict.
-            verdict = cluster.health_of(worker.id)
-            if verdict is not None:
-                worker.checked_by = verdict.get("by")
-            if verdict is not None and verdict.get("healthy") != worker.healthy:
-                worker.healthy = bool(verdict.get("healthy"))
-                log.info("worker %s is %s (checked by %s)", worker.id,
-                         "healthy" if worker.healthy else "unhealthy", verdict.get("by"))
-                self._notify()
+            owners = cluster.health_of(worker.id)
+            if owners is not None:
+                worker.checked_by = owners.get("by")
+                if worker.health.adopt(bool(owners.get("healthy")), trio.current_time()) is not Verdict.UNCHANGED:
+                    log.info("worker %s is %s (checked by %s)", worker.id,
+                             "healthy" if worker.healthy else "unhealthy", owners.get("by"))
+                    self._notify()
             return
-        ok = await self._passes_check(worker)
-        if ok:
-            worker.health_failures = 0
-            worker.health_successes += 1
-            if not worker.healthy and worker.health_successes >= cfg.success_threshold:
-                worker.healthy = True
-                log.info("worker %s is healthy again", worker.id)
-                self._notify()
-        else:
-            worker.health_successes = 0
-            worker.health_failures += 1
-            if worker.healthy and worker.health_failures >= cfg.failure_threshold:
-                worker.healthy = False
-                log.warning("worker %s is unhealthy after %d failed checks", worker.id, worker.health_failures)
-                self._notify()
+        ok = await self._passes_check(worker.id, worker.client)
+        verdict = worker.health.record(ok, trio.current_time())
+        if verdict is Verdict.BECAME_HEALTHY:
+            log.info("worker %s is healthy again", worker.id)
+            self._notify()
+        elif verdict is Verdict.BECAME_UNHEALTHY:
+            log.warning("worker %s is unhealthy after %d failed checks", worker.id, worker.health.failures)
+            self._notify()
         if cluster is not None:
             worker.checked_by = cluster.node_name
             cluster.set_health(worker.id, {"healthy": worker.healthy,
                                            "circuit": worker.breaker.current_state(trio.current_time()).name.lower(),
                                            "load": load_bucket(worker)})
 
-
-async def _first_set(events: "list[trio.Event]") -> None:
-    """Wait until one of ``events`` is set."""
-    async with trio.open_nursery() as nursery:
-        async def wait_then_stop(event: trio.Event) -> None:
-            await event.wait()
-            nursery.cancel_scope.cancel()
-
-        for event in events:
-            nursery.start_soon(wait_then_stop, event)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import trio
 
 from ..errors import NoCapacity
-from ..workers import Worker, WorkerRegistry
-from .policies import Policy, RoutingRequest
+from ..routing.policies import Policy, RoutingRequest
+from .registry import WorkerRegistry
+from .worker import Worker
 
 
 class Router:
