@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from .preflight import missing
 from .scenarios import SCENARIOS
 
 DEFAULT_OUT = Path("chaos-reports")
@@ -39,6 +40,10 @@ def main(argv: "list[str] | None" = None) -> int:
         return 0
     if args.nodes < 3:
         parser.error("--nodes must be at least 3 (a partition needs two sides and a majority)")
+    problems = missing(args.lb)
+    if problems:
+        print("python -m chaos: missing before the run can start:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 2
     from .report import write_report
     from .run import run_scenario
 

@@ -25,6 +25,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from mesh.admin_token import record_endpoint
 from mesh.asgi import answer_lifespan
 from mesh.options import default_node_name
 from mesh.service import serve_mesh
@@ -425,6 +426,8 @@ def run_gateway(config: GatewayConfig) -> int:
                     running.shutdown.set()  # the node left the cluster (smg-node leave): it goes too
 
                 mesh = await nursery.start(mesh_then_stop)
+                if config.worker_index == 0:
+                    record_endpoint(mesh.admin_url.removeprefix("http://"))  # where `smg-node members|join|leave` find this node
                 running.state.metrics.add_state_source(lambda: mesh_metric_families(mesh.agent))
             # One line on stdout, whatever the log level: scripts and supervisors wait for it.
             print(f"READY {running.url}", flush=True)

@@ -187,6 +187,8 @@ def worker_arguments(config: GatewayConfig, count: int, http_port: int) -> tuple
         # Each process's share of the cores: one encoder thread per core in every process would
         # build N x cores encoders (~56 MB each) for cores that are already N processes' loops.
         shared += ["--encode-threads", str(math.ceil(available_cores() / count))]
+    # Every process carries the node's name as a tag: `smg-node members` groups a node's processes.
+    shared += ["--tag", *(f"{k}={v}" for k, v in mesh.tags if k != "node"), f"node={base_name}"]
     first_address = advertises[0] or binds[0]
     out = []
     for i in range(count):

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx2
 
-from .admin_token import client_token
+from .admin_token import client_token, endpoint_path, recorded_endpoint
 
 ADMIN_TIMEOUT_S = 30.0
 
@@ -33,16 +33,41 @@ def call_json(method: str, url: str, token: str | None, body: "dict[str, Any] | 
     return value
 
 
+DEFAULT_ADMIN_ADDR = "127.0.0.1:7373"  # Serf's RPC port
+
+
+def admin_addr(explicit: str | None) -> str:
+    """The local node's admin endpoint: --rpc-addr, $SMG_NODE_RPC_ADDR, what the node recorded, Serf's port."""
+    return explicit or os.environ.get("SMG_NODE_RPC_ADDR") or recorded_endpoint() or DEFAULT_ADMIN_ADDR
+
+
 def _call(args: argparse.Namespace, method: str, path: str, body: "dict[str, Any] | None" = None) -> Any:
-    addr = args.rpc_addr or os.environ.get("SMG_NODE_RPC_ADDR", "127.0.0.1:7373")
-    return call_json(method, f"http://{addr}{path}", client_token(args.rpc_token), body)
+    addr = admin_addr(args.rpc_addr)
+    try:
+        return call_json(method, f"http://{addr}{path}", client_token(args.rpc_token), body)
+    except SystemExit as e:
+        if "cannot reach" in str(e) and not args.rpc_addr:
+            raise SystemExit(f"{e}\nsmg-node: no node answers at {addr}. A node runs an admin endpoint when it has "
+                             f"a mesh (--mesh-bind) or several processes (--workers, one per core by default); "
+                             f"it records where in {endpoint_path()}.") from None
+        raise
+
+
+def node_of(member: "dict[str, Any]") -> str:
+    """The node a member is a process of: its ``node`` tag (the processes of --workers N), else itself."""
+    return member["tags"].get("node") or member["name"]
 
 
 def _table(members: "list[dict[str, Any]]") -> str:
-    rows = [("NAME", "ADDRESS", "STATE", "INCARNATION", "TAGS", "LAST CHANGE")]
-    for m in sorted(members, key=lambda m: m["name"]):
-        tags = ",".join(f"{k}={v}" for k, v in sorted(m["tags"].items()))
-        rows.append((m["name"], m["address"], m["state"], str(m["incarnation"]), tags, m["last_change"]))
+    """One row per member, grouped by node: a node's processes follow one another, the node named once."""
+    rows = [("NODE", "MEMBER", "ADDRESS", "STATE", "INCARNATION", "TAGS", "LAST CHANGE")]
+    previous = None
+    for m in sorted(members, key=lambda m: (node_of(m), m["name"] != node_of(m), m["name"])):
+        node = node_of(m)
+        tags = ",".join(f"{k}={v}" for k, v in sorted(m["tags"].items()) if k != "node")
+        rows.append((node if node != previous else "", m["name"], m["address"], m["state"], str(m["incarnation"]),
+                     tags, m["last_change"]))
+        previous = node
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 

@@ -93,3 +93,37 @@ def client_token(explicit: str | None = None) -> str | None:
         return read_token(default_token_path())
     except AdminTokenError:
         return None
+
+
+# Where the local node's admin endpoint listens, written by the node beside the token file so that
+# `smg-node members|join|leave` find it with no flags (a node of --workers N without --mesh-bind
+# runs its private mesh's endpoint on a port the kernel picks).
+ENDPOINT_FILE_NAME = "admin-endpoint"
+
+
+def endpoint_path() -> Path:
+    return default_token_path().with_name(ENDPOINT_FILE_NAME)
+
+
+def record_endpoint(addr: str) -> None:
+    """Write ``addr`` (host:port) for the CLI; best effort (a node without a state directory still runs)."""
+    path = endpoint_path()
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        temporary = path.with_name(f".{ENDPOINT_FILE_NAME}.{os.getpid()}")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, addr.encode() + b"\n")
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)  # whole or not at all, for a CLI reading it meanwhile
+    except OSError:
+        pass
+
+
+def recorded_endpoint() -> str | None:
+    """The admin endpoint the last local node recorded, or None."""
+    try:
+        return endpoint_path().read_text().strip() or None
+    except OSError:
+        return None

@@ -8,6 +8,7 @@ up fails here, and so does one hidden in a function to dodge a cycle.
 from __future__ import annotations
 
 import ast
+import importlib
 import pathlib
 import tomllib
 
@@ -75,3 +76,27 @@ def test_no_import_of_another_package_hides_in_a_function():
     hidden = {str(p.relative_to(ROOT)): found for package in SETTINGS["root_packages"]
               for p in sorted((ROOT / package).rglob("*.py")) if (found := function_local_imports(p))}
     assert not hidden, f"imports of another package inside functions (move them to the top): {hidden}"
+
+
+def imports_from_outside(path: pathlib.Path) -> "list[tuple[int, str, str]]":
+    """(line, package, name) for each name this module imports from another of our top-level packages."""
+    top = path.relative_to(ROOT).parts[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            package = node.module.split(".")[0]
+            if package in SETTINGS["root_packages"] and package not in (top, "proto"):
+                found += [(node.lineno, package, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name.split(".")[0], a.name) for a in node.names
+                      if a.name.split(".")[0] in SETTINGS["root_packages"] and a.name.split(".")[0] not in (top, "proto")]
+    return found
+
+
+def test_other_packages_use_only_what_a_package_offers():
+    """A package's __init__ lists what the others may use (its __all__); anything else is its own."""
+    offered = {name: set(importlib.import_module(name).__all__) for name in ("mesh", "gateway", "deploy")}
+    outside = [(str(p.relative_to(ROOT)), line, package, name) for top in SETTINGS["root_packages"]
+               for p in sorted((ROOT / top).rglob("*.py")) for line, package, name in imports_from_outside(p)
+               if name not in offered.get(package, set())]
+    assert not outside, f"imports of what a package does not offer (add it to its __init__, or do not use it): {outside}"
