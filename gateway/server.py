@@ -39,13 +39,12 @@ from .api.state import GatewayState
 from .auth import Authenticator
 from .auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX
 from .auth.key_store import KeyStore, KeyStoreError, StoredKey
-from .cluster import ClusterState
+from .cluster import ClusterState, KvSharing, follow_worker_document
 from .config import GatewayConfig
 from .engine.bridge import GrpcBridge
 from .engine.engine_tls import client_context
 from .engine.h2grpc import H2GrpcClient
 from .generation import Generator
-from .kv_sharing import KvSharing
 from .logs import setup_logging
 from .loop_lag import LoopLagMonitor, SlowStepLog
 from .mesh_metrics import mesh_metric_families
@@ -132,8 +131,6 @@ async def _start_rate_limiter(config: GatewayConfig, cluster: ClusterState | Non
     """Always running (limits can be set at run time); it costs nothing while no limit is set."""
     limiter = RateLimiter(config.rate_limit, config.limit_set(), cluster=cluster, metrics=metrics)
     if cluster is not None:
-        cluster.ratelimit = limiter
-
         def on_setting(name: str, value: Any) -> None:
             if name != RATE_LIMITS_SETTING:
                 return
@@ -289,21 +286,21 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
     async with trio.open_nursery() as nursery:
         urls = list(config.worker_urls)
         kv_index = KvIndex(config.kv_index_blocks_max) if config.kv_events else None
-        registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery, kv_index, cluster,
-                                  config.kv_events_always, WorkerAllowlist(config.worker_allowed_hosts))
-        catalog = ModelCatalog(config.tokenizer, config.tokenizer_path, config.chat_template)
-        registry.on_added.append(lambda worker: catalog.ensure(worker, int(worker.registered_at)))
+        kv_sharing = None
         if cluster is not None and kv_index is not None:
             # Before any worker registers: its KV stream is then followed by its ring owners only.
-            await nursery.start(KvSharing(cluster, kv_index, config.kv_event_followers).run)
+            kv_sharing = KvSharing(cluster, kv_index, config.kv_event_followers)
+            await nursery.start(kv_sharing.run)
+        registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery, kv_index, cluster,
+                                  config.kv_events_always, WorkerAllowlist(config.worker_allowed_hosts), kv_sharing)
+        catalog = ModelCatalog(config.tokenizer, config.tokenizer_path, config.chat_template)
         router = Router(registry, make_policy(config.policy, kv_index))
         generator = Generator(router, config.retry, metrics, nursery, random.Random())
         admission = Admission(config.admission)
-        proxy = HttpProxy(generator, admission, config.admission.request_timeout_s)
-        state = GatewayState(config, registry, catalog, router, generator, admission, metrics, proxy)
-        state.cluster = cluster
-        state.key_store = _start_key_store(cluster)
-        state.rate_limiter = proxy.rate_limiter = await _start_rate_limiter(config, cluster, metrics, nursery)
+        rate_limiter = await _start_rate_limiter(config, cluster, metrics, nursery)
+        proxy = HttpProxy(generator, admission, config.admission.request_timeout_s, rate_limiter)
+        state = GatewayState(config, registry, catalog, router, generator, admission, metrics, proxy,
+                             rate_limiter=rate_limiter, cluster=cluster, key_store=_start_key_store(cluster))
         metrics.add_state_source(lambda: _state_metrics(state))
         lag = LoopLagMonitor(metrics.loop_lag, gc_pauses=metrics.gc_pauses)
         nursery.start_soon(lag.run)
@@ -319,7 +316,8 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         if not urls:
             state.ready = True  # no engines configured: ready is decided by workers added later
         if cluster is not None:
-            nursery.start_soon(registry.reconcile_with_cluster)
+            nursery.start_soon(follow_worker_document, registry, cluster,
+                               lambda worker: catalog.ensure(worker, int(worker.registered_at)))
         # What start-up made (modules, templates, tokenizers) lives as long as the process: moved out of
         # the collector's sight, so full collections scan only what serving creates (gc.freeze).
         gc.collect()

@@ -25,11 +25,11 @@ _FORWARD_HEADERS = (b"content-type", b"accept", b"openai-organization", b"openai
 
 
 class HttpProxy:
-    def __init__(self, generator: Generator, admission, request_timeout_s: float) -> None:
+    def __init__(self, generator: Generator, admission, request_timeout_s: float, rate_limiter=None) -> None:
         self._generator = generator
         self._admission = admission
         self._timeout_s = request_timeout_s
-        self.rate_limiter = None  # set by the server when rate limits run
+        self.rate_limiter = rate_limiter
 
     async def forward(self, request: Request, body: bytes, model: str, path: str, stream: bool,
                       routing: RoutingRequest) -> None:

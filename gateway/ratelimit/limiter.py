@@ -116,6 +116,7 @@ class ClusterView(Protocol):
 
     def member_counts(self) -> tuple[int, int]: ...  # (visible, known)
     async def request_peer(self, name: str, payload: bytes, timeout_s: float) -> bytes: ...
+    def serve_requests(self, mark: bytes, handler: Callable[[bytes], Any]) -> None: ...
 
 
 @dataclasses.dataclass
@@ -165,6 +166,8 @@ class RateLimiter:
         self.debts_dropped = 0
         self.replicated = 0
         self.absorbed = 0
+        if cluster is not None:
+            cluster.serve_requests(RATE_LIMIT_MARK, self.on_peer_request)  # peers' R frames come here
 
     @property
     def active(self) -> bool:

@@ -1,5 +1,7 @@
-"""The node's workers (engines): registration, health checking, load polling, draining, and
-following the cluster's worker document.
+"""The node's workers (engines): registration, health checking, load polling, draining.
+
+In a cluster, registrations replicate through ``Replication`` (the cluster's worker document),
+and the document's changes come back through ``gateway.cluster.registry_sync``.
 
 The registry decides which workers exist and their health; routing policies
 only read ``Worker`` objects through ``candidates()``. Each worker has one
@@ -14,7 +16,8 @@ finish, then its connection is closed.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import httpx2
 import trio
@@ -25,7 +28,7 @@ from ..engine.grpc_engine import GrpcEngineClient
 from ..engine.http_worker import HttpWorkerClient
 from ..routing.breaker import BreakerConfig, CircuitBreaker
 from ..routing.kv_index import KvIndex
-from .errors import WorkerError, WorkerExists, WorkerHostRefused, WorkerUnknown, WorkerUnreachable, WorkerUrlInvalid
+from .errors import WorkerExists, WorkerHostRefused, WorkerUnknown, WorkerUnreachable, WorkerUrlInvalid
 from .health import HealthConfig, HealthTracker, Verdict
 from .kv_following import follow_while_needed
 from .origin import (
@@ -36,14 +39,7 @@ from .origin import (
 )
 from .worker import Worker, load_bucket, worker_id_for
 
-if TYPE_CHECKING:
-    from ..cluster import ClusterState
-
 log = logging.getLogger("gateway.workers")
-
-# A worker missing from the cluster document (no tombstone) is drained only after this long.
-ABSENT_WORKER_GRACE_S = 30.0
-
 
 def parse_worker_url(url: str, allowlist: WorkerAllowlist | None = None) -> tuple[str, str, str]:
     """(kind, target, canonical URL): ("grpc", "host:port", ...) or ("http", "http://host:port", ...).
@@ -62,14 +58,51 @@ def parse_worker_url(url: str, allowlist: WorkerAllowlist | None = None) -> tupl
     return origin.kind, target, origin.url
 
 
+class Replication(Protocol):
+    """What the registry asks of the cluster (``gateway.cluster.ClusterState``): replicate registrations,
+    and say who health-checks each worker (its ring owner) and what the owner found."""
+
+    node_name: str
+
+    @property
+    def ring_changed(self) -> trio.Event: ...
+
+    def register(self, worker_id: str, spec: dict[str, Any]) -> None: ...
+
+    def remove(self, worker_id: str) -> None: ...
+
+    def owns(self, worker_id: str) -> bool: ...
+
+    def health_of(self, worker_id: str) -> dict[str, Any] | None: ...
+
+    def set_health(self, worker_id: str, health: dict[str, Any]) -> None: ...
+
+
+class KvFollowers(Protocol):
+    """Who follows an engine's KV events in a cluster (``gateway.cluster.KvSharing``), and where what this
+    node applied goes."""
+
+    def is_owner(self, engine_id: str) -> bool: ...
+
+    def published(self, engine_id: str, sequence: int, ops: list, snapshot: bool, block_size: int) -> None: ...
+
+
+# (kind, target, canonical URL, model override, the worker's own key) -> (client, models, context tokens)
+Connect = Callable[[str, str, str, "str | None", "str | None"], Awaitable[tuple[Any, tuple[str, ...], "int | None"]]]
+
+
 class WorkerRegistry:
     def __init__(self, bridge: GrpcBridge, http_client: httpx2.AsyncClient, health: HealthConfig,
                  breaker: BreakerConfig, nursery: trio.Nursery, kv_index: KvIndex | None = None,
-                 cluster: "ClusterState | None" = None, kv_events_always: bool = False,
-                 allowlist: WorkerAllowlist | None = None) -> None:
+                 cluster: Replication | None = None, kv_events_always: bool = False,
+                 allowlist: WorkerAllowlist | None = None, kv_sharing: KvFollowers | None = None,
+                 connect: Connect | None = None) -> None:
         self._bridge = bridge
         self._allowlist = allowlist
         self._http = http_client
+        # How a worker's client is made; the simulated cluster (tests/sim) passes clients of its own.
+        self._connect = connect or self._connect_for_real
+        self.kv_sharing = kv_sharing
         self.health_config = health
         self.breaker_config = breaker
         self._nursery = nursery
@@ -81,7 +114,6 @@ class WorkerRegistry:
         # When set, registrations replicate to every node and health checks go to ring owners.
         self.cluster = cluster
         self.on_removed: list[Any] = []  # callbacks(worker_id): policies forget what they learnt
-        self.on_added: list[Any] = []  # async callbacks(worker) for workers added from the cluster
         self.changed = trio.Event()
 
     def __len__(self) -> int:
@@ -146,17 +178,8 @@ class WorkerRegistry:
         wid = worker_id_for(url)
         if wid in self._workers and not self._workers[wid].draining:
             raise WorkerExists(f"worker {url} is already registered as {wid}")
-        timeout_s = self.health_config.timeout_s
         try:
-            if kind == "grpc":
-                client: Any = await GrpcEngineClient.detect(self._bridge, target, timeout_s)
-                info = await client.model_info(timeout_s)
-                models = (model or info.served_model_name,)
-                context = info.max_context_tokens or None
-            else:
-                client = HttpWorkerClient(target, self._http, api_key, self.health_config.endpoint)
-                models = (model,) if model else tuple(await client.models(timeout_s))
-                context = None
+            client, models, context = await self._connect(kind, target, url, model, api_key)
         except EngineCallError as e:
             # UNIMPLEMENTED: something answers there, but not an engine's services.
             error = WorkerUrlInvalid if e.code == "UNIMPLEMENTED" else WorkerUnreachable
@@ -184,6 +207,16 @@ class WorkerRegistry:
         self._notify()
         return worker
 
+    async def _connect_for_real(self, kind: str, target: str, url: str, model: str | None,
+                                api_key: str | None) -> tuple[Any, tuple[str, ...], int | None]:
+        timeout_s = self.health_config.timeout_s
+        if kind == "grpc":
+            client: Any = await GrpcEngineClient.detect(self._bridge, target, timeout_s)
+            info = await client.model_info(timeout_s)
+            return client, (model or info.served_model_name,), info.max_context_tokens or None
+        client = HttpWorkerClient(target, self._http, api_key, self.health_config.endpoint)
+        return client, (model,) if model else tuple(await client.models(timeout_s)), None
+
     async def remove(self, worker_id: str, drain_timeout_s: float = 300.0, replicate: bool = True) -> Worker:
         """Take the worker out of routing now; forget it once its requests finished."""
         worker = self._workers.get(worker_id)
@@ -197,7 +230,7 @@ class WorkerRegistry:
         return worker
 
     async def _follow_kv_events(self, worker: Worker) -> None:
-        sharing = self.cluster.kv if self.cluster is not None else None
+        sharing = self.kv_sharing
 
         def should_follow(w: Worker) -> bool:
             return self.kv_events_needed(w) and (sharing is None or sharing.is_owner(w.id))
@@ -254,45 +287,6 @@ class WorkerRegistry:
                     await trio.sleep(min(cfg.load_interval_s, max(0.0, next_health - trio.current_time())))
                 else:
                     await trio.sleep_until(next_health)
-
-    async def reconcile_with_cluster(self) -> None:
-        """Follow the cluster's worker document: add what it lists, drain what it removed."""
-        cluster = self.cluster
-        absent_since: dict[str, float] = {}
-        while True:
-            changed = cluster.changed
-            listed = cluster.doc.workers()
-            for wid, spec in listed.items():
-                current = self._workers.get(wid)
-                if current is None or current.draining:
-                    try:
-                        await self.add(spec["url"], spec.get("labels") or {}, spec.get("model"), replicate=False,
-                                       api_key=spec.get("api_key"))
-                        for callback in self.on_added:
-                            await callback(self._workers[wid])
-                    except WorkerError as e:
-                        log.warning("cluster worker %s not usable from here yet: %s", spec.get("url"), e)
-            now = trio.current_time()
-            for wid, worker in list(self._workers.items()):
-                if wid in listed or worker.draining:
-                    absent_since.pop(wid, None)
-                    continue
-                # Drained on a removal someone wrote (a tombstone), or after a long absence: an entry
-                # can be missing for a moment while documents merge (seen after a node restarts
-                # under its old name), and draining for that would reset the worker everywhere.
-                # (pycrdt applies an overwrite's deletion at once but holds the new value back until the
-                # updates it depends on arrive.)
-                entry = cluster.doc.get("workers", wid)
-                if wid not in absent_since and not (entry is not None and entry.get("removed")):
-                    log.info("worker %s is missing from the cluster document: kept for up to %.0f s", wid,
-                             ABSENT_WORKER_GRACE_S)
-                first_missed = absent_since.setdefault(wid, now)
-                if (entry is not None and entry.get("removed")) or now - first_missed >= ABSENT_WORKER_GRACE_S:
-                    absent_since.pop(wid, None)
-                    log.info("worker %s was removed on another node: draining it here", wid)
-                    await self.remove(wid, replicate=False)
-            with trio.move_on_after(self.health_config.interval_s):  # also retry workers that failed
-                await changed.wait()
 
     async def _passes_check(self, worker_id: str, client: Any) -> bool:
         try:

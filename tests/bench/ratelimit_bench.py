@@ -102,7 +102,6 @@ async def main(args: argparse.Namespace) -> None:
                           hooks=cluster)
         cluster.attach(agent)
         limiter = RateLimiter(RateLimitConfig(batch_wait_s=args.batch_wait_us / 1e6), parse_limit_set(LIMITS), cluster=cluster)
-        cluster.ratelimit = limiter
         async with trio.open_nursery() as nursery:
             await nursery.start(agent.run)
             await agent.join([f"127.0.0.1:{OWNER_PORT}"])

@@ -52,7 +52,6 @@ async def start_node(nursery: trio.Nursery, net: SimNetwork, i: int, limit_set: 
                       rng=random.Random(seed * 1000 + i))
     cluster.attach(agent)
     limiter = RateLimiter(RateLimitConfig(), limit_set, cluster=cluster, clock=trio.current_time)
-    cluster.ratelimit = limiter
 
     async def run(task_status=trio.TASK_STATUS_IGNORED) -> None:
         with trio.CancelScope() as scope:

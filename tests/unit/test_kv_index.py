@@ -223,17 +223,27 @@ def test_cache_aware_follows_the_engine_that_holds_the_prefix():
 async def test_kv_sharing_drops_malformed_peer_items():
     import msgpack
 
-    from gateway.kv_sharing import KvSharing
+    from gateway.cluster import KvSharing
+
+    from gateway.cluster import PeerRequests
 
     class FakeCluster:
         node_name = "me"
         ring = __import__("mesh.ring", fromlist=["HashRing"]).HashRing.build(["me", "peer"])
         agent = None
         doc = None
-        kv = None
+        peer_requests = PeerRequests()
+
+        def serve_requests(self, mark, handler):
+            self.peer_requests.register(mark, handler)
 
     index = KvIndex()
-    sharing = KvSharing(FakeCluster(), index, followers=2)
+    cluster = FakeCluster()
+    sharing = KvSharing(cluster, index, followers=2)
+    # Frames come through the mark KV sharing registered; garbage after it is answered, never raised.
+    assert msgpack.unpackb(await cluster.peer_requests.handle(b"K\xc1\xff")) == ["bad_request"]
+    assert msgpack.unpackb(await cluster.peer_requests.handle(b"K" + msgpack.packb({"a": 1}))) == ["unknown"]
+    assert await cluster.peer_requests.handle(b"Z...") == b"" and cluster.peer_requests.unrouted == 1
     for message in (["kv_batches", "peer", [["e", "x", 0, 16, []]]], ["kv_batches", "peer", [[1, 2]]],
                     ["kv_batches", "peer", "nope"], ["kv_replay", "e", "x"], [], ["other"]):
         answer = msgpack.unpackb(await sharing.on_request(message))

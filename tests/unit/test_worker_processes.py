@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from gateway.config import ConfigError, GatewayConfig, add_serve_arguments, build_config
-from gateway.kv_sharing import KvSharing
+from gateway.cluster import KvSharing
 from gateway.routing.kv_index import KvIndex
 from gateway.supervisor import ephemeral_port_low, worker_arguments
 from mesh.options import MeshOptions
@@ -46,7 +46,9 @@ def test_followers_are_the_first_ring_owners():
     class Cluster:
         ring = HashRing.build(["p0", "p1", "p2"])
         node_name = "p0"
-        kv = None
+
+        def serve_requests(self, mark, handler):
+            pass
 
     def following(followers: int) -> set[str]:
         names = set()

@@ -13,10 +13,10 @@ gateway's ``WorkerRegistry`` (which workers exist, and who health-checks them):
   nodes read it. When the owner dies, the ring changes and the next owner
   checks at its next interval.
 
-Cluster-wide settings changed at run time (the rate limits) live in the same
-document; ``on_setting`` callbacks run when a peer's change arrives. Peer
-requests over the mesh streams are routed here: rate-limit frames (``R``) to
-the ``RateLimiter``, the rest (msgpack) to the shared KV index.
+Cluster-wide settings changed at run time (the rate limits, API keys) live in the
+same document; ``follow_settings`` callbacks run when a peer's change arrives.
+Ownership is the ``RingView``'s (``ring_view.py``); requests from peers over the
+mesh streams go to the subsystem whose mark they carry (``peer_requests.py``).
 
 A lone node (no mesh) has no ``ClusterState``: it owns every worker.
 """
@@ -26,13 +26,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import msgpack
 import trio
 
 from mesh.members import MemberSnapshot, MemberStatus
 from mesh.ring import HashRing
 from mesh.wire import USER_PAYLOAD_BYTES_MAX
 from mesh.worker_doc import DocError, WorkerDoc
+
+from .peer_requests import Handler, PeerRequests
+from .ring_view import RingView
 
 log = logging.getLogger("gateway.cluster")
 
@@ -44,62 +46,48 @@ class ClusterState:
     def __init__(self, node_name: str) -> None:
         self.node_name = node_name
         self.doc = WorkerDoc(node_name)
-        self.ring = HashRing.build([node_name])
+        self.ring_view = RingView(node_name)
+        self.peer_requests = PeerRequests()
         self.agent: Any = None  # the MeshAgent, set once it runs
         self.changed = trio.Event()  # the worker set in the document changed: reconcile
-        self.ring_changed = trio.Event()  # set (and replaced) on every ring change
         self.dropped_updates = 0
-        self.kv: Any = None  # the KvSharing, when the KV index is shared
-        self.ratelimit: Any = None  # the RateLimiter, when rate limits are on
         self.on_setting: list[Any] = []  # callables (name, value) for settings changed by peers
         # True once a peer's whole document arrived (or there was nobody to join): until then the
         # node does not know the cluster's workers and limits, so it is not ready.
         self.registry_received = False
-        self._member_counts = (1, 1)  # (visible, known): see member_counts
 
     def attach(self, agent: Any) -> None:
         """Called with the mesh agent before it joins: follow its membership from the start."""
         self.agent = agent
         agent.listeners.append(self.on_member_change)
-        agent.reap_listeners.append(lambda name: self._count_members())
+        agent.reap_listeners.append(lambda name: self.ring_view.update(agent.members()))
 
-    # -- ownership --------------------------------------------------------
+    # -- ownership (the ring view's) ----------------------------------------
+
+    @property
+    def ring(self) -> HashRing:
+        return self.ring_view.ring
+
+    @property
+    def ring_changed(self) -> trio.Event:
+        """Set, and replaced, on every ring change."""
+        return self.ring_view.changed
 
     def owns(self, worker_id: str) -> bool:
-        return self.ring.owner(worker_id) in (None, self.node_name)
-
-    def on_member_change(self, member: MemberSnapshot, previous: MemberStatus | None) -> None:
-        """Rebuild the ring from the live members and swap it in whole.
-
-        Suspected members stay on the ring: a suspicion is often refuted, and moving every
-        key it owns back and forth would restart health checks and KV streams for nothing.
-        """
-        if self.agent is None:
-            return
-        self._count_members()
-        alive = [m.name for m in self.agent.members() if m.status in (MemberStatus.ALIVE, MemberStatus.SUSPECT)]
-        ring = HashRing.build(alive or [self.node_name])
-        if ring.members != self.ring.members:
-            self.ring = ring
-            log.info("ring: %d members", len(ring))
-            self.ring_changed.set()
-            self.ring_changed = trio.Event()
+        return self.ring_view.owns(worker_id)
 
     def member_counts(self) -> tuple[int, int]:
-        """(visible, known): alive members, and those plus the suspected and failed ones (not left).
+        return self.ring_view.member_counts()
 
-        A suspected or failed member may be partitioned away rather than crashed, still serving
-        clients: rate limits share their allowance by ``known`` until it is reaped, and count
-        only alive members as ``visible`` so a side cut off shrinks its share at the first
-        suspicion instead of after the suspicion timeout."""
-        return self._member_counts
+    def on_member_change(self, member: MemberSnapshot, previous: MemberStatus | None) -> None:
+        if self.agent is not None and self.ring_view.update(self.agent.members()):
+            log.info("ring: %d members", len(self.ring))
 
-    def _count_members(self) -> None:
-        """Kept up to date on every membership change and reap: rate-limit decisions read it per request."""
-        statuses = [m.status for m in self.agent.members()]
-        visible = sum(1 for s in statuses if s is MemberStatus.ALIVE)
-        known = sum(1 for s in statuses if s is not MemberStatus.LEFT)
-        self._member_counts = (max(1, visible), max(1, known))
+    # -- requests between members -----------------------------------------
+
+    def serve_requests(self, mark: bytes, handler: Handler) -> None:
+        """Peers' requests carrying ``mark`` go to ``handler`` (once per subsystem, at its construction)."""
+        self.peer_requests.register(mark, handler)
 
     async def request_peer(self, name: str, payload: bytes, timeout_s: float) -> bytes:
         """A request to the member ``name`` over the sealed mesh streams (TransportError, LookupError)."""
@@ -172,16 +160,8 @@ class ClusterState:
             self.agent.broadcast(payload)
 
     async def on_request(self, payload: bytes) -> bytes:
-        """A peer's request over the mesh streams: rate limits or the shared KV index."""
-        if payload[:1] == b"R":
-            return await self.ratelimit.on_peer_request(payload[1:]) if self.ratelimit is not None else b""
-        try:
-            message = msgpack.unpackb(payload)
-        except (ValueError, msgpack.UnpackException):
-            return msgpack.packb(["bad_request"])
-        if self.kv is None or not isinstance(message, list):
-            return msgpack.packb(["unknown"])
-        return await self.kv.on_request(message)
+        """A peer's request over the mesh streams (StateHooks): to the subsystem of its mark."""
+        return await self.peer_requests.handle(payload)
 
     def _merge(self, payload: bytes) -> None:
         if len(payload) > USER_PAYLOAD_BYTES_MAX:

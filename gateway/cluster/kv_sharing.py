@@ -16,6 +16,8 @@ it rebuilds the whole index from its peers, and the engines replay nothing.
 
 When an owner dies, the ring changes; the new owner starts following the
 engine from the last sequence number its own index applied.
+
+Requests between members are ``K`` then a msgpack list (``peer_requests.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import trio
 
 from mesh.transport import TransportError
 
-from .routing.kv_index import BatchOutcome, KvIndex
+from ..routing.kv_index import BatchOutcome, KvIndex
 
 log = logging.getLogger("gateway.kv_sharing")
 
@@ -38,6 +40,7 @@ FLUSH_INTERVAL_S = 0.02
 REQUEST_BATCHES_MAX = 256
 CATCH_UP_INTERVAL_S = 2.0
 REQUEST_TIMEOUT_S = 5.0
+KV_MARK = b"K"
 
 
 class KvSharing:
@@ -54,7 +57,7 @@ class KvSharing:
         self.forwarded = 0
         self.received = 0
         self.replays = 0
-        cluster.kv = self
+        cluster.serve_requests(KV_MARK, self.on_frame)
 
     # -- ownership --------------------------------------------------------
 
@@ -64,13 +67,6 @@ class KvSharing:
     def is_owner(self, engine_id: str) -> bool:
         owners = self.owners(engine_id)
         return not owners or self.cluster.node_name in owners
-
-    def _addr(self, name: str) -> str | None:
-        agent = self.cluster.agent
-        if agent is None:
-            return None
-        member = agent.swim.table.get(name)
-        return member.addr if member is not None else None
 
     def _peers(self) -> list[str]:
         return [n for n in self.cluster.ring.members if n != self.cluster.node_name]
@@ -110,20 +106,29 @@ class KvSharing:
 
     async def _send(self, peer: str, items: list) -> None:
         try:
-            addr = self._addr(peer)
-            if addr is None:
-                return
             for start in range(0, len(items), REQUEST_BATCHES_MAX):
                 chunk = items[start:start + REQUEST_BATCHES_MAX]
-                request = msgpack.packb(["kv_batches", self.cluster.node_name, chunk])
-                await self.cluster.agent.request(addr, request, REQUEST_TIMEOUT_S)
+                request = KV_MARK + msgpack.packb(["kv_batches", self.cluster.node_name, chunk])
+                await self.cluster.request_peer(peer, request, REQUEST_TIMEOUT_S)
                 self.forwarded += len(chunk)
+        except LookupError:
+            return  # no longer a member
         except TransportError as e:
             log.debug("KV batches to %s not delivered (%s): it will ask for a replay", peer, e)
         finally:
             self._sending.discard(peer)
 
     # -- receiver side --------------------------------------------------
+
+    async def on_frame(self, payload: bytes) -> bytes:
+        """A peer's request (after the mark): a msgpack list."""
+        try:
+            message = msgpack.unpackb(payload)
+        except (ValueError, msgpack.UnpackException):
+            return msgpack.packb(["bad_request"])
+        if not isinstance(message, list):
+            return msgpack.packb(["unknown"])
+        return await self.on_request(message)
 
     async def on_request(self, message: list) -> bytes:
         kind = message[0] if message else None
@@ -177,16 +182,13 @@ class KvSharing:
 
     async def _replay(self, engine_id: str, owner: str) -> None:
         try:
-            addr = self._addr(owner)
-            if addr is None:
-                return
             self.replays += 1
-            request = msgpack.packb(["kv_replay", engine_id, self.index.next_sequence(engine_id)])
-            answer = msgpack.unpackb(await self.cluster.agent.request(addr, request, REQUEST_TIMEOUT_S))
+            request = KV_MARK + msgpack.packb(["kv_replay", engine_id, self.index.next_sequence(engine_id)])
+            answer = msgpack.unpackb(await self.cluster.request_peer(owner, request, REQUEST_TIMEOUT_S))
             if isinstance(answer, list) and len(answer) == 2 and answer[0] == "kv_items":
                 for item in answer[1]:
                     self._apply(item, owner)
-        except (TransportError, ValueError, msgpack.UnpackException) as e:
+        except (TransportError, LookupError, ValueError, msgpack.UnpackException) as e:
             log.debug("replay of %s from %s failed: %s", engine_id, owner, e)
         finally:
             self._replaying.discard((engine_id, owner))
