@@ -54,3 +54,20 @@ async def wait_until(predicate, timeout_s: float, step_s: float = 0.05) -> float
             raise AssertionError(f"not reached within {timeout_s} virtual seconds")
         await trio.sleep(step_s)
     return trio.current_time() - start
+
+
+async def form_cluster(nursery: trio.Nursery, net: SimNetwork, n: int, start_node) -> list:
+    """``n`` nodes made by ``await start_node(i)`` (each with ``.agent`` and ``.cluster``), joined through
+    the first; returns once every node's ring holds them all."""
+    net.nursery = nursery
+    nodes = [await start_node(i) for i in range(n)]
+    for node in nodes[1:]:
+        await node.agent.join([nodes[0].agent.transport.addr])
+    await wait_until(lambda: all(len(node.cluster.ring) == len(nodes) for node in nodes), 30)
+    return nodes
+
+
+def crash_node(net: SimNetwork, node) -> None:
+    """Everything to and from the node is lost, and its tasks stop (``node.scope``)."""
+    net.crashed.add(node.agent.transport.addr)
+    node.scope.cancel()

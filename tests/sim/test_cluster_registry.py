@@ -24,7 +24,7 @@ from mesh.config import MeshConfig
 from mesh.crypto import Keyring
 from mesh.simnet import SimNetwork
 
-from .harness import KEY_A, addr, wait_until
+from .harness import KEY_A, addr, crash_node, form_cluster, wait_until
 
 MESH = MeshConfig.lan()
 HEALTH = HealthConfig(failure_threshold=2, success_threshold=1, interval_s=2.0, timeout_s=1.0)
@@ -101,17 +101,7 @@ async def start_node(nursery: trio.Nursery, net: SimNetwork, i: int, engines: En
 
 
 async def start_cluster(nursery: trio.Nursery, net: SimNetwork, n: int, engines: Engines, seed: int) -> list[Node]:
-    net.nursery = nursery
-    nodes = [await start_node(nursery, net, i, engines, seed) for i in range(n)]
-    for node in nodes[1:]:
-        await node.agent.join([nodes[0].agent.transport.addr])
-    await wait_until(lambda: all(len(n.cluster.ring) == len(nodes) for n in nodes), 30)
-    return nodes
-
-
-def crash(net: SimNetwork, node: Node) -> None:
-    net.crashed.add(node.agent.transport.addr)
-    node.scope.cancel()
+    return await form_cluster(nursery, net, n, lambda i: start_node(nursery, net, i, engines, seed))
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -144,7 +134,7 @@ async def test_health_checks_move_to_the_next_owner_when_the_owner_crashes(autoj
         assert sum(n.cluster.owns(wid) for n in nodes) == 1, f"seed={seed}: one owner"
         await wait_until(lambda: all((n.cluster.health_of(wid) or {}).get("by") == owner.name for n in nodes), 30)
 
-        crash(net, owner)
+        crash_node(net, owner)
         survivors = [n for n in nodes if n is not owner]
         engines.healthy[ENGINE] = False  # only a live owner's checks can find this out
         took = await wait_until(lambda: all(n.registry.get(wid) is not None and not n.registry.get(wid).healthy

@@ -23,7 +23,7 @@ from mesh.config import MeshConfig
 from mesh.crypto import Keyring
 from mesh.simnet import SimNetwork
 
-from .harness import KEY_A, addr, wait_until
+from .harness import KEY_A, addr, crash_node, form_cluster, wait_until
 
 LIMIT_PER_S = 20.0
 OFFERED_PER_S = 10 * LIMIT_PER_S
@@ -65,17 +65,11 @@ async def start_node(nursery: trio.Nursery, net: SimNetwork, i: int, limit_set: 
 
 
 async def start_cluster(nursery, net: SimNetwork, n: int, limit_set: LimitSet, seed: int) -> list[Node]:
-    net.nursery = nursery
-    nodes = [await start_node(nursery, net, i, limit_set, seed) for i in range(n)]
-    for node in nodes[1:]:
-        await node.agent.join([nodes[0].agent.transport.addr])
-    await wait_until(lambda: all(len(n.cluster.ring) == len(nodes) for n in nodes), 30)
-    return nodes
+    return await form_cluster(nursery, net, n, lambda i: start_node(nursery, net, i, limit_set, seed))
 
 
 def crash(net: SimNetwork, node: Node) -> None:
-    net.crashed.add(node.agent.transport.addr)
-    node.scope.cancel()
+    crash_node(net, node)
     node.up = False
 
 
