@@ -83,7 +83,7 @@ class GatewayConfig:
     # show what each engine holds. Must be the same on every member.
     kv_events_always: bool = False
     # Members that follow each engine's KV event stream (its first ring owners); the others receive the
-    # resolved batches from them (gateway/kv_sharing.py). 2: when a follower dies the other still
+    # resolved batches from them (gateway/cluster/kv_sharing.py). 2: when a follower dies the other still
     # publishes while the ring moves. Must be the same on every member. A node's private mesh of
     # --workers processes uses 1: its processes start and stop with one supervisor, and a second
     # follower would decode and index every batch twice and send the other a copy it drops.

@@ -7,7 +7,7 @@ and its secret shown once; every node keeps only its record:
     sha256 (hex digest of the secret), created_at, revoked
 
 Replication rides on the cluster's shared document (settings ``api_key:<id>``,
-``gateway/cluster.py``): a record is written whole, and a revocation writes the
+``gateway/cluster/state.py``): a record is written whole, and a revocation writes the
 record again with ``revoked`` set, a tombstone that keeps the key dead on every
 node whatever order the updates arrive in (ids are random: two nodes never write
 the same record, so the document's last writer is the only writer).

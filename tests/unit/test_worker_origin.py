@@ -1,4 +1,4 @@
-"""Worker URLs are origins (gateway/worker_origin.py): what is accepted, its canonical form, what is refused."""
+"""Worker URLs are origins (gateway/workers/origin.py): what is accepted, its canonical form, what is refused."""
 
 from __future__ import annotations
 
