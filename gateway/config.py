@@ -33,6 +33,7 @@ from .admission import AdmissionConfig
 from .auth import AuthConfig, Authenticator
 from .auth.authenticator import AuthConfigError
 from .engine.engine_tls import EngineTlsConfig
+from .engine.h2grpc import H2Config
 from .ratelimit.limiter import RateLimitConfig
 from .ratelimit.limits import FailurePolicy, LimitConfigError, LimitSet, parse_limit_set
 from .routing.breaker import BreakerConfig
@@ -108,6 +109,8 @@ class GatewayConfig:
     tls: TlsConfig = TlsConfig()
     # TLS to engines (grpcs://, https://): the CA to trust and our client certificate (engine_tls.py).
     engine_tls: EngineTlsConfig = EngineTlsConfig()
+    # The HTTP/2 gRPC client's windows, timeouts and keepalive (gateway/engine/h2grpc.py H2Config).
+    engine_h2: H2Config = H2Config()
     # "native": the gateway's own HTTP/1.1 server (gateway/api/h1server.py, ~20x less CPU per request
     # than hypercorn on trio, BENCHMARKS.md); "hypercorn": hypercorn's, which also speaks HTTP/2.
     http_server: str = "native"
@@ -178,6 +181,10 @@ _OPTIONS: list[_Option] = [
     _Option("--engine-tls-cert-path", "engine_tls.cert_path", Path, "client certificate presented to engines "
             "(mutual TLS)"),
     _Option("--engine-tls-key-path", "engine_tls.key_path", Path, "its private key"),
+    _Option("--engine-keepalive-interval-secs", "engine_h2.keepalive_interval_s", float, "PING an engine "
+            "connection with open calls after this long without a byte from it; 0 turns keepalive off"),
+    _Option("--engine-keepalive-timeout-secs", "engine_h2.keepalive_timeout_s", float, "drop the connection "
+            "(its calls fail as retryable) when nothing answers the PING within this"),
     _Option("--worker-api-key", "worker_api_key", str, "the key of the HTTP workers in --worker-urls (clients' "
             "keys are never forwarded)"),
     _Option("--worker-allowed-hosts", "worker_allowed_hosts", "list", "hosts (names or networks like "
@@ -320,7 +327,8 @@ HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "--prometheus-port", "--log-level", "--log-json")),
     ("engines: where generations run", (
         "--worker-urls", "--model-path", "--tokenizer-path", "--chat-template", "--worker-api-key",
-        "--engine-tls-ca-path", "--engine-tls-cert-path", "--engine-tls-key-path", "--health-failure-threshold",
+        "--engine-tls-ca-path", "--engine-tls-cert-path", "--engine-tls-key-path", "--engine-keepalive-interval-secs",
+        "--engine-keepalive-timeout-secs", "--health-failure-threshold",
         "--health-success-threshold", "--health-check-timeout-secs", "--health-check-interval-secs",
         "--health-check-endpoint", "--disable-health-check", "--sim-engines", "--sim-engine-args")),
     ("routing: which engine takes a request, admission, retries, circuits", (
@@ -481,6 +489,8 @@ def validate(config: GatewayConfig) -> None:
                           f"{', '.join(sorted(POLICIES))}")
     if not 0 <= config.port <= 65535:
         raise ConfigError("--port must be between 0 and 65535")
+    if config.engine_h2.keepalive_interval_s > 0 and not config.engine_h2.keepalive_timeout_s > 0:
+        raise ConfigError("--engine-keepalive-timeout-secs must be positive while keepalive is on")
     if config.admission.max_concurrent_requests < 0 or config.admission.queue_size < 0:
         raise ConfigError("--max-concurrent-requests and --queue-size must not be negative")
     if config.admission.body_bytes_max is not None and config.admission.body_bytes_max <= 0:

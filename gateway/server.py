@@ -272,7 +272,7 @@ async def serve_gateway(config: GatewayConfig, cluster: ClusterState | None = No
             trio.open_nursery() as outer:
         # The gRPC client's connections are read by tasks of their own, outside the nursery that is
         # cancelled at shutdown, so closing it stays orderly.
-        bridge = H2GrpcClient(outer, tls) if config.grpc_client == "h2" else GrpcBridge(tls)
+        bridge = H2GrpcClient(outer, tls, config.engine_h2) if config.grpc_client == "h2" else GrpcBridge(tls)
         try:
             await _serve_with(config, cluster, metrics, http_client, bridge, task_status)
         finally:

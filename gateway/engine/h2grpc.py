@@ -17,14 +17,19 @@ the caller leaves, unless it has read the call's last message (``open_stream``'s
 ``last_message``): then the engine ends the stream itself, as it was about to
 (a reset there would make a grpcio server run its cancellation path, SGLang's an
 abort of a request already done), and one it does not end within
-``LEFT_CALL_GRACE_S`` is reset then; GOAWAY (calls opened after the server's last stream fail as
+``H2Config.left_call_grace_s`` is reset then; GOAWAY (calls opened after the server's last stream fail as
 UNAVAILABLE and new calls use a new connection); SETTINGS, PING, CONTINUATION,
 padding; flow control in both directions: our sends wait for the engine's
 windows, and a stream's receive window is re-opened only as its reader
 consumes (so a slow consumer pushes back on the engine). The connection's
 receive window is given back as calls consume or end. No compression (we
-never ask for it; a compressed message is an INTERNAL error), no TLS
-(engines are reached in the clear, as before).
+never ask for it; a compressed message is an INTERNAL error). TLS for
+``grpcs://`` targets (ALPN h2). Keepalive: a connection with open calls
+that received nothing for an interval is sent a PING and dropped when
+nothing answers it (a half-open connection would otherwise hold a KV-event
+stream forever when health checks are off). Closing a connection sends
+GOAWAY first. The tunables are one frozen ``H2Config``
+(``GatewayConfig.engine_h2``).
 
 A streaming caller may also ``listen``: the connection's reading task then
 hands messages that arrive while the caller awaits them to a listener, which
@@ -49,6 +54,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import ssl
 import struct
@@ -66,22 +72,46 @@ from .errors import EngineCallError
 
 # Same bound as the bridge: any real context fits, an engine cannot make us hold more.
 GRPC_MESSAGE_BYTES_MAX = 64 * 1024 * 1024
-CONNECT_TIMEOUT_S = 10.0
-WRITE_TIMEOUT_S = 10.0
-# Receive windows: large, so a stream of tokens rarely waits for a WINDOW_UPDATE. Credit goes
-# back once a quarter of a window is consumed: short calls end before that and cost no update.
-STREAM_WINDOW_BYTES = 4 * 1024 * 1024
-CONNECTION_WINDOW_BYTES = 32 * 1024 * 1024
-STREAM_CREDIT_BYTES = STREAM_WINDOW_BYTES // 4
-CONNECTION_CREDIT_BYTES = CONNECTION_WINDOW_BYTES // 4
-# Frames up to 1 MiB from the engine (fewer frames for large answers; RFC 9113 allows 16 MiB).
-RECEIVE_FRAME_BYTES = 1024 * 1024
-HEADER_LIST_BYTES_MAX = 64 * 1024
-# A header block (HEADERS + CONTINUATIONs) compressed beyond this is refused before decoding.
-HEADER_BLOCK_BYTES_MAX = 256 * 1024
 _READ_BYTES = 256 * 1024
-# A call left after its last message whose stream the engine has not ended by then is reset.
-LEFT_CALL_GRACE_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class H2Config:
+    """The HTTP/2 client's tunables (``GatewayConfig.engine_h2``)."""
+
+    connect_timeout_s: float = 10.0
+    # A write the engine does not take within this ends the connection (half a frame cannot be left).
+    write_timeout_s: float = 10.0
+    # Receive windows: large, so a stream of tokens rarely waits for a WINDOW_UPDATE. Credit goes
+    # back once a quarter of a window is consumed: short calls end before that and cost no update.
+    stream_window_bytes: int = 4 * 1024 * 1024
+    connection_window_bytes: int = 32 * 1024 * 1024
+    # Frames up to 1 MiB from the engine (fewer frames for large answers; RFC 9113 allows 16 MiB).
+    receive_frame_bytes: int = 1024 * 1024
+    header_list_bytes_max: int = 64 * 1024
+    # A header block (HEADERS + CONTINUATIONs) compressed beyond this is refused before decoding.
+    header_block_bytes_max: int = 256 * 1024
+    # A call left after its last message whose stream the engine has not ended by then is reset.
+    left_call_grace_s: float = 5.0
+    # A connection with open calls that received nothing for this long is sent a PING; one that then
+    # receives nothing for keepalive_timeout_s more is dropped and its calls fail as UNAVAILABLE
+    # (retryable). 30 s: a KV-event stream of an idle engine may be silent that long, and a PING costs
+    # 17 bytes each way. gRPC's own timeout default is 20 s (GRPC_ARG_KEEPALIVE_TIMEOUT_MS). 0: off.
+    keepalive_interval_s: float = 30.0
+    keepalive_timeout_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        if not 2**14 <= self.receive_frame_bytes <= 2**24 - 1:
+            raise ValueError("receive_frame_bytes must be within HTTP/2's 16 KiB - 16 MiB")
+        if not 0 < self.stream_window_bytes <= h2f.WINDOW_BYTES_LIMIT:
+            raise ValueError("stream_window_bytes must be within HTTP/2's 1 - 2^31-1")
+        if not h2f.DEFAULT_WINDOW_BYTES <= self.connection_window_bytes <= h2f.WINDOW_BYTES_LIMIT:
+            raise ValueError("connection_window_bytes must be within 64 KiB - 2^31-1")
+
+    def settings(self) -> dict[int, int]:
+        """Our SETTINGS frame."""
+        return {h2f.ENABLE_PUSH: 0, h2f.INITIAL_WINDOW_SIZE: self.stream_window_bytes,
+                h2f.MAX_FRAME_SIZE: self.receive_frame_bytes, h2f.MAX_HEADER_LIST_SIZE: self.header_list_bytes_max}
 
 _STATUS_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
                  "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
@@ -93,8 +123,6 @@ _HTTP_STATUS_CODES = {400: "INTERNAL", 401: "UNAUTHENTICATED", 403: "PERMISSION_
 _RESET_CODES = {h2f.CANCEL: "CANCELLED", h2f.REFUSED_STREAM: "UNAVAILABLE", h2f.ENHANCE_YOUR_CALM: "RESOURCE_EXHAUSTED",
                 h2f.INADEQUATE_SECURITY: "PERMISSION_DENIED"}
 _FRAME = struct.Struct(">BI")
-_OUR_SETTINGS = {h2f.ENABLE_PUSH: 0, h2f.INITIAL_WINDOW_SIZE: STREAM_WINDOW_BYTES,
-                 h2f.MAX_FRAME_SIZE: RECEIVE_FRAME_BYTES, h2f.MAX_HEADER_LIST_SIZE: HEADER_LIST_BYTES_MAX}
 _BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 log = logging.getLogger("gateway.engine")
@@ -202,17 +230,25 @@ class _Connection:
     increase on the wire and a header block's frames stay together.
     """
 
-    def __init__(self, target: str, stream: "trio.SocketStream | trio.SSLStream") -> None:
+    def __init__(self, target: str, stream: "trio.SocketStream | trio.SSLStream", config: H2Config) -> None:
         self.target = target
         self.stream = stream
+        self.config = config
+        # Read on every frame: plain attributes rather than the config's, one lookup each.
+        self._stream_window_bytes = config.stream_window_bytes
+        self._connection_window_bytes = config.connection_window_bytes
+        self._stream_credit_bytes = config.stream_window_bytes // 4
+        self._connection_credit_bytes = config.connection_window_bytes // 4
+        self._keepalive_scope = trio.CancelScope()
+        self.pings_sent = 0
         # Over TLS (grpcs://) bytes go through the SSL object: the direct socket fast paths step aside.
         self.tls = isinstance(stream, trio.SSLStream)
         self.calls: dict[int, _Call] = {}
         self.alive = True
         self.accepting = True  # False after GOAWAY: running calls finish, new ones go elsewhere
         self.received_bytes = 0
-        self._reader = h2f.FrameReader(RECEIVE_FRAME_BYTES)
-        self._header_decoder = h2f.HeaderBlockDecoder(HEADER_LIST_BYTES_MAX)
+        self._reader = h2f.FrameReader(config.receive_frame_bytes)
+        self._header_decoder = h2f.HeaderBlockDecoder(config.header_list_bytes_max)
         self._outbox = bytearray()
         self._send_lock = trio.StrictFIFOLock()
         self._window_opened = trio.Event()
@@ -234,8 +270,8 @@ class _Connection:
         self._block = bytearray()
 
     async def start(self) -> None:
-        self._outbox += h2f.PREFACE + h2f.settings_frame(_OUR_SETTINGS)
-        self._outbox += h2f.window_update_frame(0, CONNECTION_WINDOW_BYTES - h2f.DEFAULT_WINDOW_BYTES)
+        self._outbox += h2f.PREFACE + h2f.settings_frame(self.config.settings())
+        self._outbox += h2f.window_update_frame(0, self._connection_window_bytes - h2f.DEFAULT_WINDOW_BYTES)
         await self.flush()
 
     async def flush(self) -> None:
@@ -244,7 +280,7 @@ class _Connection:
         With no write in progress the kernel usually takes it all at once, without a trip through
         the scheduler (fast_send). What it does not take stays at the head of the queue for the
         send lock's holder; waiting for the lock is shielded, since a frame may already be half
-        on the wire and must be finished (the holder's write is bounded by WRITE_TIMEOUT_S).
+        on the wire and must be finished (the holder's write is bounded by ``write_timeout_s``).
         """
         if not self._send_lock.locked():
             self._write_now()
@@ -271,20 +307,21 @@ class _Connection:
 
         Shielded: a caller leaving (a client gone, a deadline) must not cut a write short, since
         half a frame would corrupt every call on the connection. A write the engine does not take
-        within WRITE_TIMEOUT_S ends the connection instead.
+        within ``write_timeout_s`` ends the connection instead.
         """
         self._write_now()
         if not self._outbox or not self.alive:
             return
         data = bytes(self._outbox)
         self._outbox.clear()
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_TIMEOUT_S) as scope:
+        write_timeout_s = self.config.write_timeout_s
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + write_timeout_s) as scope:
             try:
                 await self.stream.send_all(data)
             except _BROKEN as e:
                 self.lost(f"write failed: {e}")
         if scope.cancelled_caught:
-            self.lost(f"a write stalled for {WRITE_TIMEOUT_S}s")
+            self.lost(f"a write stalled for {write_timeout_s}s")
 
     # -- reading (one task per connection) ------------------------------------
 
@@ -377,7 +414,7 @@ class _Connection:
         call = self._call_of(stream_id, "DATA")
         size = len(payload)  # padding included: it counts against the windows
         self._received_uncredited_bytes += size
-        if self._received_uncredited_bytes > CONNECTION_WINDOW_BYTES:
+        if self._received_uncredited_bytes > self._connection_window_bytes:
             raise h2f.ConnectionFailure(h2f.FLOW_CONTROL_ERROR, "the engine sent beyond the connection's window")
         data = h2f.unpad(flags, payload)
         if call is None:
@@ -390,7 +427,7 @@ class _Connection:
             return
         call.unacked_bytes += size
         call.connection_debt_bytes += size
-        if call.unacked_bytes > STREAM_WINDOW_BYTES:
+        if call.unacked_bytes > self._stream_window_bytes:
             self._reset(call, h2f.FLOW_CONTROL_ERROR, "INTERNAL", "the engine sent beyond the stream's window")
             return
         if not call.got_headers:
@@ -419,8 +456,9 @@ class _Connection:
         if not self._block_stream_id or stream_id != self._block_stream_id:
             raise h2f.ConnectionFailure(h2f.PROTOCOL_ERROR, "CONTINUATION not following HEADERS of its stream")
         self._block += payload
-        if len(self._block) > HEADER_BLOCK_BYTES_MAX:
-            raise h2f.ConnectionFailure(h2f.ENHANCE_YOUR_CALM, f"a header block over {HEADER_BLOCK_BYTES_MAX} bytes")
+        if len(self._block) > self.config.header_block_bytes_max:
+            raise h2f.ConnectionFailure(h2f.ENHANCE_YOUR_CALM,
+                                        f"a header block over {self.config.header_block_bytes_max} bytes")
         if flags & h2f.END_HEADERS:
             block, self._block = bytes(self._block), bytearray()
             self._block_stream_id = 0
@@ -534,7 +572,7 @@ class _Connection:
 
     def _credit_connection(self, size: int) -> None:
         self._credit_pending_bytes += size
-        if self._credit_pending_bytes >= CONNECTION_CREDIT_BYTES:
+        if self._credit_pending_bytes >= self._connection_credit_bytes:
             self._outbox += h2f.window_update_frame(0, self._credit_pending_bytes)
             self._received_uncredited_bytes -= self._credit_pending_bytes
             self._credit_pending_bytes = 0
@@ -545,11 +583,54 @@ class _Connection:
             return
         self.alive = False
         self.accepting = False
+        self._keepalive_scope.cancel()
         for call in self.calls.values():
             call.fail(EngineCallError("UNAVAILABLE", f"connection to {self.target} lost: {reason}"))
         self.calls.clear()
         self._window_opened.set()
         self._stream_closed.set()
+
+    async def keep_alive(self) -> None:
+        """PING the engine when calls are open and nothing arrived for an interval; drop the connection
+        when nothing arrives for the timeout after it (any frame counts, the PING's ACK among them).
+
+        What this catches: an engine host gone without a FIN or RST (power, a cut link, a NAT or
+        firewall forgetting the connection). Calls with deadlines would end anyway; a KV-event
+        stream has none, and without health checks nothing else would notice. Costs nothing per
+        frame: the read loop only counts bytes.
+        """
+        interval_s, timeout_s = self.config.keepalive_interval_s, self.config.keepalive_timeout_s
+        if interval_s <= 0:
+            return
+        with self._keepalive_scope:
+            seen = self.received_bytes
+            while self.alive:
+                await trio.sleep(interval_s)
+                if not self.calls or self.received_bytes != seen:
+                    seen = self.received_bytes
+                    continue
+                self.pings_sent += 1
+                self._outbox += h2f.frame(h2f.PING, 0, 0, self.pings_sent.to_bytes(8, "big"))
+                await self.flush()
+                await trio.sleep(timeout_s)
+                if self.received_bytes == seen:
+                    self.lost(f"no answer to a keepalive PING within {timeout_s}s")
+                    with trio.CancelScope(shield=True):
+                        with contextlib.suppress(*_BROKEN):
+                            await self.stream.aclose()  # the read loop, blocked on a dead socket, ends too
+                    return
+                seen = self.received_bytes
+
+    async def aclose(self) -> None:
+        """Close: GOAWAY first (no stream of the engine's was accepted: last stream id 0), then the socket."""
+        if self.alive:
+            self._outbox += h2f.goaway_frame(0, h2f.NO_ERROR)
+            with contextlib.suppress(*_BROKEN):
+                await self.flush()
+        self.lost("closed")
+        with trio.CancelScope(shield=True):
+            with contextlib.suppress(*_BROKEN):
+                await self.stream.aclose()
 
     # -- calls -------------------------------------------------------------------
 
@@ -645,7 +726,7 @@ class _Connection:
         if call.connection_debt_bytes:
             self._credit_connection(call.connection_debt_bytes)
             call.connection_debt_bytes = 0
-        if call.unacked_bytes >= STREAM_CREDIT_BYTES and call.stream_id in self.calls:
+        if call.unacked_bytes >= self._stream_credit_bytes and call.stream_id in self.calls:
             self._outbox += h2f.window_update_frame(call.stream_id, call.unacked_bytes)
             call.unacked_bytes = 0
 
@@ -661,7 +742,7 @@ class _Connection:
         while left:
             call = left[0]
             if self.calls.get(call.stream_id) is call:
-                if trio.current_time() - call.left_at < LEFT_CALL_GRACE_S:
+                if trio.current_time() - call.left_at < self.config.left_call_grace_s:
                     return
                 self._remove(call)
                 self._outbox += h2f.rst_stream_frame(call.stream_id, h2f.CANCEL)  # sent with the next call
@@ -677,8 +758,10 @@ class _Connection:
 class H2GrpcClient:
     """gRPC to every engine target, from trio. Call ``aclose`` when done."""
 
-    def __init__(self, nursery: trio.Nursery, tls: EngineTlsConfig = EngineTlsConfig()) -> None:
+    def __init__(self, nursery: trio.Nursery, tls: EngineTlsConfig = EngineTlsConfig(),
+                 config: H2Config = H2Config()) -> None:
         self._nursery = nursery
+        self.config = config
         self._connections: dict[str, _Connection] = {}
         self._connecting: dict[str, trio.Lock] = {}
         self._tls_config = tls
@@ -694,16 +777,17 @@ class H2GrpcClient:
                 return connection
             host, port, tls = split_target(target)
             try:
-                with trio.fail_after(CONNECT_TIMEOUT_S):
+                with trio.fail_after(self.config.connect_timeout_s):
                     stream = await trio.open_tcp_stream(host, port)
                     if tls:
                         stream = await self._handshake(stream, host)
             except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as e:
                 detail = str(e) or str(e.__cause__ or "") or type(e).__name__  # trio wraps a handshake's SSLError
                 raise EngineCallError("UNAVAILABLE", f"cannot connect to {target}: {detail}") from None
-            connection = _Connection(target, stream)
+            connection = _Connection(target, stream, self.config)
             await connection.start()
             self._nursery.start_soon(connection.read_loop)
+            self._nursery.start_soon(connection.keep_alive)
             self._connections[target] = connection
             return connection
 
@@ -749,9 +833,7 @@ class H2GrpcClient:
     async def close_channel(self, target: str) -> None:
         connection = self._connections.pop(target, None)
         if connection is not None:
-            connection.lost("closed")
-            with contextlib.suppress(*_BROKEN):
-                await connection.stream.aclose()
+            await connection.aclose()
 
     async def aclose(self) -> None:
         for target in list(self._connections):

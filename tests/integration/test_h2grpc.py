@@ -17,10 +17,10 @@ import trio.testing
 from smg_grpc_proto.generated import common_pb2, sglang_scheduler_pb2 as sg
 
 from chaos.processes import EngineProcess
-from gateway.engine import h2grpc, http2_frames as h2f
+from gateway.engine import http2_frames as h2f
 from gateway.engine.errors import EngineCallError
 from gateway.engine.grpc_engine import GrpcEngineClient, SamplingOptions
-from gateway.engine.h2grpc import H2GrpcClient
+from gateway.engine.h2grpc import H2Config, H2GrpcClient
 
 SERVICE = "/sglang.grpc.scheduler.SglangScheduler"
 
@@ -202,13 +202,11 @@ async def test_refused_and_silent_peers(nursery):
     await listener.aclose()
 
 
-async def test_the_connection_window_is_given_back_for_every_call(engine, nursery, monkeypatch):
+async def test_the_connection_window_is_given_back_for_every_call(engine, nursery):
     """Regression: bytes of a call's last frames and of unary answers were never credited back, so
     the connection's receive window ran dry after ~1,700 calls here (~800,000 with the 32 MiB
     window) and every later call waited for its deadline."""
-    monkeypatch.setattr(h2grpc, "CONNECTION_WINDOW_BYTES", 70_000)
-    monkeypatch.setattr(h2grpc, "CONNECTION_CREDIT_BYTES", 17_500)
-    client = H2GrpcClient(nursery)
+    client = H2GrpcClient(nursery, config=H2Config(connection_window_bytes=70_000))  # credit: every 17,500 bytes
     engine_client = GrpcEngineClient(client, engine.target, "sglang")
     for i in range(2500):
         async with engine_client.generate(f"w{i}", [1, 2, 3], SamplingOptions(max_new_tokens=4, ignore_eos=True),
@@ -263,6 +261,7 @@ class ScriptedServer:
         self.received_errors: list[int] = []  # GOAWAY codes we were sent
         self.resets: list[tuple[int, int]] = []  # (stream id, error code) of each RST_STREAM we were sent
         self.pings_answered: list[bytes] = []
+        self.pings_received = 0  # PINGs we were sent (h2 acknowledges them itself)
 
     async def serve(self, stream: trio.SocketStream) -> None:
         self.connections += 1
@@ -290,6 +289,8 @@ class ScriptedServer:
                         self.resets.append((event.stream_id, event.error_code))
                     elif isinstance(event, h2.events.PingAckReceived):
                         self.pings_answered.append(event.ping_data)
+                    elif isinstance(event, h2.events.PingReceived):
+                        self.pings_received += 1
                     elif isinstance(event, h2.events.ConnectionTerminated):
                         self.received_errors.append(event.error_code)
                 await stream.send_all(connection.data_to_send() + raw)
@@ -399,7 +400,7 @@ async def test_a_peer_breaking_the_protocol_gets_goaway_and_calls_fail_as_unavai
         if violation == "headers on a stream never opened":
             return h2f.frame(h2f.HEADERS, h2f.END_HEADERS, stream_id + 2, h2f.literal_field(b":status", b"200"))
         if violation == "oversized frame":
-            return h2f.frame(h2f.DATA, 0, stream_id, b"x" * (h2grpc.RECEIVE_FRAME_BYTES + 1))
+            return h2f.frame(h2f.DATA, 0, stream_id, b"x" * (H2Config().receive_frame_bytes + 1))
         return h2f.frame(h2f.PUSH_PROMISE, h2f.END_HEADERS, stream_id, b"\x00\x00\x00\x02\x82")
 
     if violation == "not http/2":
@@ -503,10 +504,9 @@ async def test_a_call_left_after_its_last_message_is_ended_by_the_engine_not_res
         await client.aclose()
 
 
-async def test_a_left_call_the_engine_never_ends_is_reset_after_the_grace(nursery, monkeypatch):
-    monkeypatch.setattr(h2grpc, "LEFT_CALL_GRACE_S", 0.0)
+async def test_a_left_call_the_engine_never_ends_is_reset_after_the_grace(nursery):
     async with ScriptedServer(_last_message_then(lambda serial: False)) as server:
-        client = H2GrpcClient(nursery)
+        client = H2GrpcClient(nursery, config=H2Config(left_call_grace_s=0.0))
         engine_client = GrpcEngineClient(client, server.target, "sglang")
         await _generate_and_leave(engine_client, "g")
         assert server.resets == []
@@ -532,3 +532,70 @@ async def test_a_call_left_before_its_last_message_is_reset_at_once(nursery):
         await trio.testing.wait_all_tasks_blocked()  # the reset was written as the block was left
         assert server.resets == [(1, h2.errors.ErrorCodes.CANCEL)]
         await client.aclose()
+
+
+# -- keepalive and closing -------------------------------------------------------------------------
+
+KEEPALIVE = H2Config(keepalive_interval_s=0.2, keepalive_timeout_s=0.3)
+
+
+async def _open_silent_stream(client, target):
+    """A server stream with no deadline (as SubscribeKvEvents is): it waits for as long as nothing comes."""
+    async with client.open_stream(target, SERVICE + "/SubscribeKvEvents", sg.GetModelInfoRequest(),
+                                  common_pb2.KvEventBatch, None) as stream:
+        async for _ in stream:
+            pass
+
+
+async def test_a_half_open_connection_is_found_by_keepalive_and_its_calls_fail_as_retryable(nursery):
+    """The engine's host vanishes without a FIN or RST: nothing more arrives, not even PING ACKs."""
+    async def black_hole(stream):
+        with trio.CancelScope() as scope:
+            while await stream.receive_some(65536):
+                pass  # read everything, answer nothing
+            scope.cancel()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    nursery.start_soon(trio.serve_listeners, black_hole, listeners)
+    target = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    client = H2GrpcClient(nursery, config=KEEPALIVE)
+    started = trio.current_time()
+    with trio.fail_after(10), pytest.raises(EngineCallError) as error:
+        await _open_silent_stream(client, target)
+    assert error.value.code == "UNAVAILABLE" and error.value.retryable and "keepalive" in error.value.details
+    assert trio.current_time() - started >= KEEPALIVE.keepalive_interval_s + KEEPALIVE.keepalive_timeout_s
+    await client.aclose()
+
+
+async def test_a_silent_but_live_engine_answers_the_pings_and_the_call_stays_open(nursery):
+    def headers_only(connection, stream_id, serial):
+        connection.send_headers(stream_id, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+
+    async with ScriptedServer(headers_only) as server:
+        client = H2GrpcClient(nursery, config=KEEPALIVE)
+        with trio.move_on_after(1.5) as waited:
+            await _open_silent_stream(client, server.target)
+        assert waited.cancelled_caught, "the call stayed open until we left it"
+        assert server.pings_received >= 2
+        assert client._connections[server.target].alive
+        await client.aclose()
+
+
+async def test_no_pings_while_no_call_is_open(nursery):
+    async with ScriptedServer(lambda connection, stream_id, serial: _ok(connection, stream_id, INFO)) as server:
+        client = H2GrpcClient(nursery, config=KEEPALIVE)
+        assert (await _info(client, server.target)).served_model_name == "scripted"
+        await trio.sleep(1.0)
+        assert server.pings_received == 0 and client._connections[server.target].alive
+        await client.aclose()
+
+
+async def test_closing_says_goaway_first(nursery):
+    async with ScriptedServer(lambda connection, stream_id, serial: _ok(connection, stream_id, INFO)) as server:
+        client = H2GrpcClient(nursery)
+        assert (await _info(client, server.target)).served_model_name == "scripted"
+        await client.aclose()
+        with trio.fail_after(5):
+            while not server.received_errors:
+                await trio.sleep(0.01)
+        assert server.received_errors == [h2.errors.ErrorCodes.NO_ERROR]
