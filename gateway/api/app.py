@@ -49,10 +49,16 @@ _ROUTES: dict[str, dict[str, Route]] = {
     "/admin/rate-limits": {"GET": (admin.get_rate_limits, ADMIN), "PUT": (admin.put_rate_limits, ADMIN)},
     "/admin/api-keys": {"GET": (admin.list_api_keys, ADMIN), "POST": (admin.create_api_key, ADMIN)},
 }
-_WORKER_ROUTE = re.compile(r"^/workers/(?P<worker_id>[A-Za-z0-9._-]{1,128})$")
-_WORKER_METHODS: dict[str, Route] = {"GET": (admin.get_worker, ADMIN), "DELETE": (admin.remove_worker, ADMIN)}
-_KEY_ROUTE = re.compile(r"^/admin/api-keys/(?P<key_id>[0-9a-f]{1,64})$")
-_KEY_METHODS: dict[str, Route] = {"DELETE": (admin.revoke_api_key, ADMIN)}
+# Routes with a parameter: (pattern, methods, the route's name in metrics and logs). A model id may hold
+# slashes (Qwen/Qwen3-8B): the SDK's models.retrieve sends it as it is.
+_PARAM_ROUTES: "tuple[tuple[re.Pattern[str], dict[str, Route], str], ...]" = (
+    (re.compile(r"^/v1/models/(?P<model>[^\x00-\x20\x7f]{1,256})$"), {"GET": (admin.retrieve_model, DATA)},
+     "/v1/models/{model}"),
+    (re.compile(r"^/workers/(?P<worker_id>[A-Za-z0-9._-]{1,128})$"),
+     {"GET": (admin.get_worker, ADMIN), "DELETE": (admin.remove_worker, ADMIN)}, "/workers/{id}"),
+    (re.compile(r"^/admin/api-keys/(?P<key_id>[0-9a-f]{1,64})$"), {"DELETE": (admin.revoke_api_key, ADMIN)},
+     "/admin/api-keys/{id}"),
+)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 # The access log escapes what a client chose (path, method) so it cannot forge log lines.
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\\\"]")
@@ -113,14 +119,13 @@ class GatewayApp:
         methods = _ROUTES.get(request.path)
         route = request.path
         if methods is None:
-            match = _WORKER_ROUTE.match(request.path)
-            methods, route = _WORKER_METHODS, "/workers/{id}"
-            if match is None:
-                match = _KEY_ROUTE.match(request.path)
-                methods, route = _KEY_METHODS, "/admin/api-keys/{id}"
-            if match is None:
+            for pattern, methods, route in _PARAM_ROUTES:
+                match = pattern.match(request.path)
+                if match is not None:
+                    request.path_params = match.groupdict()
+                    break
+            else:
                 raise NotFound(f"no route {_printable(request.path)}", code="not_found")
-            request.path_params = match.groupdict()
         entry = methods.get(request.method)
         if entry is None:
             raise MethodNotAllowed(f"{_printable(request.method)} is not allowed on {_printable(request.path)}",

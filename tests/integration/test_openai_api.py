@@ -19,6 +19,16 @@ def test_models_lists_the_engines_model(client):
     assert [m.id for m in models.data] == [MODEL]
 
 
+def test_a_model_is_retrieved_by_id_and_an_unknown_one_is_openais_404(client):
+    import openai
+
+    model = client.models.retrieve(MODEL)
+    assert model.id == MODEL and model.object == "model" and model.owned_by == "smg-node"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("org/no-such-model")  # an id with a slash, as Hugging Face names are
+    assert e.value.body["code"] == "model_not_found" and "org/no-such-model" in e.value.body["message"]
+
+
 def test_chat_completion_text_is_what_the_engine_generated(client, http, predict):
     r = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=12)
     ids = prompt_ids(http, USER)
