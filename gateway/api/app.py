@@ -20,7 +20,7 @@ import trio
 from mesh.asgi import answer_lifespan
 
 from ..auth import Access, Authenticator, KeysMissing, Unauthenticated
-from . import admin, native, openai
+from . import admin, native, openai, parse
 from .errors import ApiError, MethodNotAllowed, NotFound, to_api_error
 from .http import ClientGone, Request
 
@@ -48,6 +48,9 @@ _ROUTES: dict[str, dict[str, Route]] = {
     "/workers": {"GET": (admin.list_workers, ADMIN), "POST": (admin.add_worker, ADMIN)},
     "/admin/rate-limits": {"GET": (admin.get_rate_limits, ADMIN), "PUT": (admin.put_rate_limits, ADMIN)},
     "/admin/api-keys": {"GET": (admin.list_api_keys, ADMIN), "POST": (admin.create_api_key, ADMIN)},
+    # Operators' tools (smg lists them with the control plane): a parser on a text, no engine.
+    "/parse/function_call": {"POST": (parse.parse_function_call, ADMIN)},
+    "/parse/reasoning": {"POST": (parse.parse_reasoning, ADMIN)},
 }
 # Routes with a parameter: (pattern, methods, the route's name in metrics and logs). A model id may hold
 # slashes (Qwen/Qwen3-8B): the SDK's models.retrieve sends it as it is.

@@ -1,0 +1,65 @@
+"""POST /parse/function_call and POST /parse/reasoning: a parser run on a text, no engine involved.
+
+For operators checking what a model's raw output turns into (smg and SGLang have both; the
+shapes are SGLang's):
+
+    /parse/function_call  {"text", "tool_call_parser", "tools"?} -> {"normal_text", "calls": [
+                          {"tool_index", "name", "parameters"}]}  (parameters: JSON text)
+    /parse/reasoning      {"text", "reasoning_parser"} -> {"text", "reasoning_text"}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, reasoning_parser, tool_call_parser
+from .errors import BadRequest
+from .http import Request
+from .protocol import parse_json_body
+
+
+def _text(body: dict[str, Any]) -> str:
+    text = body.get("text")
+    if not isinstance(text, str):
+        raise BadRequest("'text' must be a string", param="text")
+    return text
+
+
+def _parser_name(body: dict[str, Any], field: str, known: "dict[str, Any]") -> str:
+    name = body.get(field)
+    if not isinstance(name, str) or name not in known:
+        raise BadRequest(f"'{field}' must be one of {', '.join(sorted(known))}", param=field, code="unknown_parser")
+    return name
+
+
+def _tool_names(body: dict[str, Any]) -> "list[str] | None":
+    tools = body.get("tools")
+    if tools is None:
+        return None
+    names = []
+    if isinstance(tools, list):
+        for tool in tools:
+            function = tool.get("function") if isinstance(tool, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                break
+            names.append(function["name"])
+        else:
+            return names
+    raise BadRequest("'tools' must be a list of {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                     param="tools")
+
+
+async def parse_function_call(state, request: Request) -> None:
+    body = parse_json_body(await request.body())
+    text, name, names = _text(body), _parser_name(body, "tool_call_parser", TOOL_CALL_PARSERS), _tool_names(body)
+    result = tool_call_parser(name, names).parse(text)
+    calls = [{"tool_index": names.index(c.name) if names is not None else -1, "name": c.name,
+              "parameters": c.arguments} for c in result.calls]
+    await request.send_json(200, {"normal_text": result.content, "calls": calls})
+
+
+async def parse_reasoning(state, request: Request) -> None:
+    body = parse_json_body(await request.body())
+    text, name = _text(body), _parser_name(body, "reasoning_parser", REASONING_PARSERS)
+    result = reasoning_parser(name).parse(text)
+    await request.send_json(200, {"text": result.content, "reasoning_text": result.reasoning})

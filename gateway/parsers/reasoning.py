@@ -1,0 +1,114 @@
+"""Reasoning in a model's output (``<think>`` ... ``</think>``), separated from the answer as the text streams.
+
+Two kinds of model:
+
+* those whose output may open with the start marker (Qwen3 with thinking on, GLM-4.5): text
+  before it, if any, and text after the end marker are the answer; no start marker at the very
+  beginning means no reasoning at all (thinking off);
+* those that start inside the reasoning, their template having opened it in the prompt
+  (DeepSeek-R1, Qwen3-Thinking, Kimi): everything up to the end marker is reasoning; a start
+  marker the model repeats first is dropped; no end marker means the whole output was reasoning
+  (cut short).
+
+The whitespace between the end marker and the answer ("</think>\\n\\n") is not part of the answer.
+Markers never reach either side. What ``feed`` returns for a whole text equals what it returns
+for the same text in any pieces, plus ``finish``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from .markers import held_back
+
+
+@dataclasses.dataclass(slots=True)
+class ReasoningResult:
+    reasoning: str = ""
+    content: str = ""
+
+    def extend(self, other: "ReasoningResult") -> None:
+        self.reasoning += other.reasoning
+        self.content += other.content
+
+
+_START, _REASONING, _AFTER, _CONTENT = range(4)  # where the parser stands
+
+
+class ReasoningParser:
+    def __init__(self, starts_in_reasoning: bool, start: str = "<think>", end: str = "</think>") -> None:
+        self.start, self.end = start, end
+        self._state = _START
+        self._starts_in_reasoning = starts_in_reasoning
+        self._buffer = ""
+
+    def feed(self, text: str) -> ReasoningResult:
+        result = ReasoningResult()
+        buffer = self._buffer + text
+        while True:
+            if self._state == _START:
+                stripped = buffer.lstrip()
+                if stripped.startswith(self.start):
+                    buffer = stripped[len(self.start):]
+                    self._state = _REASONING
+                    continue
+                if self.start.startswith(stripped):
+                    break  # empty, or the start marker still arriving
+                self._state = _REASONING if self._starts_in_reasoning else _CONTENT
+                continue
+            if self._state == _REASONING:
+                at = buffer.find(self.end)
+                if at < 0:
+                    keep = held_back(buffer, self.end)
+                    result.reasoning += buffer[:len(buffer) - keep]
+                    buffer = buffer[len(buffer) - keep:]
+                    break
+                result.reasoning += buffer[:at]
+                buffer = buffer[at + len(self.end):]
+                self._state = _AFTER
+                continue
+            if self._state == _AFTER:  # the whitespace right after the end marker is dropped
+                buffer = buffer.lstrip()
+                if not buffer:
+                    break
+                self._state = _CONTENT
+            result.content += buffer
+            buffer = ""
+            break
+        self._buffer = buffer
+        return result
+
+    def finish(self) -> ReasoningResult:
+        result = ReasoningResult()
+        buffer, self._buffer = self._buffer, ""
+        if self._state == _START:
+            # Only whitespace or a prefix of the start marker came: text of wherever this model starts.
+            if self._starts_in_reasoning:
+                result.reasoning = buffer
+            else:
+                result.content = buffer
+        elif self._state == _REASONING:
+            result.reasoning = buffer  # a partial end marker at the very end was reasoning text
+        elif self._state == _CONTENT:
+            result.content = buffer
+        return result
+
+    def parse(self, text: str) -> ReasoningResult:
+        result = self.feed(text)
+        result.extend(self.finish())
+        return result
+
+
+REASONING_PARSERS: dict[str, Callable[[], ReasoningParser]] = {
+    "qwen3": lambda: ReasoningParser(starts_in_reasoning=False),
+    "glm45": lambda: ReasoningParser(starts_in_reasoning=False),
+    "qwen3_thinking": lambda: ReasoningParser(starts_in_reasoning=True),
+    "deepseek_r1": lambda: ReasoningParser(starts_in_reasoning=True),
+    "kimi": lambda: ReasoningParser(starts_in_reasoning=True, start="◁think▷", end="◁/think▷"),
+}
+
+
+def reasoning_parser(name: str) -> ReasoningParser:
+    """A new parser (one per generation); KeyError for a name we do not know."""
+    return REASONING_PARSERS[name]()
