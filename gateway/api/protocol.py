@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from .errors import BadRequest
+from .tools import parse_tools
 
 STOP_STRINGS_MAX = 16
 STOP_STRING_CHARS_MAX = 1024
@@ -186,6 +187,7 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     tools: list[dict[str, Any]] | None
+    tool_choice: str  # "none" or "auto" (api/tools.py)
     template_kwargs: dict[str, Any]
     # Asks for special-token spellings in messages to be tokenized as control tokens (admin keys only).
     special_tokens_in_content: bool = False
@@ -239,7 +241,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
                          code="unsupported_parameter")
     stream = _field(body, "stream", bool, False)
     stream_options = _field(body, "stream_options", dict, {})
-    tools = _field(body, "tools", list, None)
+    tools = parse_tools(body)
     template_kwargs = dict(_field(body, "chat_template_kwargs", dict, {}))
     for key in template_kwargs:
         if key in RESERVED_TEMPLATE_KWARGS or key.endswith("_token") or key.startswith("_") or not key.isidentifier():
@@ -249,7 +251,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         model=model, messages=messages,
         sampling=parse_sampling(body, ("max_completion_tokens", "max_tokens")),
         stream=stream, include_usage=bool(stream_options.get("include_usage")) if stream else False,
-        tools=tools or None, template_kwargs=template_kwargs,
+        tools=tools.tools, tool_choice=tools.choice, template_kwargs=template_kwargs,
         special_tokens_in_content=_field(body, "special_tokens_in_content", bool, False)
         if "special_tokens_in_content" in body else False)
 

@@ -155,3 +155,15 @@ def test_request_id_is_returned_and_kept(http):
     assert r.json()["id"] == "chatcmpl-my-id-42"
     generated = http.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 1})
     assert len(generated.headers["x-request-id"]) == 32
+
+
+def test_tools_reach_the_template_and_an_impossible_tool_choice_is_a_400(client):
+    import openai
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    r = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=4, tools=tools, tool_choice="auto")
+    assert r.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=USER, max_tokens=4, tools=tools,
+                                       tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert e.value.body["param"] == "tool_choice" and "get_time" in e.value.body["message"]
