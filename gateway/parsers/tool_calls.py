@@ -11,14 +11,25 @@ Formats (the names are smg's; vLLM's and SGLang's are aliases):
 
     qwen, qwen25, hermes   <tool_call>{"name": ..., "arguments": {...}}</tool_call>, several in a row
                            (Hermes 2 Pro, Qwen2.5, Qwen3)
+    llama, llama3_json     {"name": ..., "parameters": {...}} as the whole answer, optionally after
+                           <|python_tag|>, several joined by ";" (Llama 3.1-3.3)
+    mistral                [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...], or the newer
+                           [TOOL_CALLS]name[ARGS]{...} (and [TOOL_CALLS]name{...}) repeated
+    pythonic               [f(a=1, b="x"), g()] as Python literals, optionally between
+                           <|python_start|> and <|python_end|> (Llama 4, Llama 3.2 pythonic)
+    json                   the whole answer a JSON call or array of calls (constrained output)
 
-More families join ``TOOL_CALL_PARSERS`` as they are written.
+Formats whose calls run to the end of the answer (all but the tagged one) stream the text before
+their marker as content and hold the rest until ``finish``, where it is parsed whole: calls when
+it parses, the text itself when it does not.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -138,10 +149,190 @@ class TaggedJsonParser(ToolCallParser):
             result.calls += calls
 
 
+class TrailingCallsParser(ToolCallParser):
+    """Calls that, once they start, run to the end of the answer.
+
+    They start at one of ``markers`` anywhere in the text, or at one of ``openers`` when that is
+    the answer's first non-space text. Text before is content as it streams; from the start on,
+    everything is held and parsed at ``finish`` by ``decode`` (the held text, markers removed) into
+    calls, or kept as the text it was when it is not calls.
+    """
+
+    markers: tuple[str, ...] = ()
+    openers: tuple[str, ...] = ()
+
+    def __init__(self, tool_names: "Iterable[str] | None" = None) -> None:
+        self.tool_names = frozenset(tool_names) if tool_names is not None else None
+        self._buffer = ""
+        self._started = False
+        self._seen_text = False  # something other than whitespace went out as content
+
+    def feed(self, text: str) -> ToolCallResult:
+        if self._started:
+            self._buffer += text
+            return ToolCallResult()
+        buffer = self._buffer + text
+        at = min((i for i in (buffer.find(m) for m in self.markers) if i >= 0), default=-1)
+        if at < 0 and not self._seen_text and self.openers:
+            stripped = buffer.lstrip()
+            if any(stripped.startswith(o) for o in self.openers):
+                at = len(buffer) - len(stripped)
+            elif any(o.startswith(stripped) for o in self.openers):
+                self._buffer = buffer  # only whitespace, or an opener still arriving
+                return ToolCallResult()
+        if at >= 0:
+            self._started = True
+            self._buffer = buffer[at:]
+            return ToolCallResult(content=buffer[:at])
+        keep = max((held_back(buffer, m) for m in self.markers), default=0)
+        content = buffer[:len(buffer) - keep]
+        self._buffer = buffer[len(buffer) - keep:]
+        self._seen_text = self._seen_text or bool(content.strip())
+        return ToolCallResult(content=content)
+
+    def finish(self) -> ToolCallResult:
+        held, self._buffer = self._buffer, ""
+        if not self._started:
+            return ToolCallResult(content=held)
+        calls = self.decode(held)
+        if calls is None or (self.tool_names is not None and any(c.name not in self.tool_names for c in calls)):
+            return ToolCallResult(content=held)
+        return ToolCallResult(calls=calls)
+
+    def decode(self, held: str) -> "list[ToolCall] | None":
+        raise NotImplementedError
+
+
+def _json_calls(text: str) -> "list[ToolCall] | None":
+    try:
+        return calls_from_json(json.loads(text), None)
+    except ValueError:
+        return None
+
+
+class LlamaJsonParser(TrailingCallsParser):
+    markers = ("<|python_tag|>",)
+    openers = ("{",)
+
+    def decode(self, held: str) -> "list[ToolCall] | None":
+        body = held.removeprefix("<|python_tag|>").strip()
+        calls: list[ToolCall] = []
+        for part in _split_top_level(body, ";"):
+            found = _json_calls(part)
+            if found is None:
+                return None
+            calls += found
+        return calls or None
+
+
+class MistralParser(TrailingCallsParser):
+    markers = ("[TOOL_CALLS]",)
+
+    # [TOOL_CALLS]name[ARGS]{...} or [TOOL_CALLS]name{...}: the newer tokenizers' form.
+    _NAMED = re.compile(r"\s*([A-Za-z0-9_.:-]{1,64})\s*(?:\[ARGS\])?\s*(?=[{])")
+
+    def decode(self, held: str) -> "list[ToolCall] | None":
+        parts = [p for p in held.split("[TOOL_CALLS]") if p.strip()]
+        calls: list[ToolCall] = []
+        for part in parts:
+            stripped = part.strip()
+            if stripped.startswith("["):
+                found = _json_calls(stripped)
+            else:
+                found = self._named_calls(stripped)
+            if found is None:
+                return None
+            calls += found
+        return calls or None
+
+    def _named_calls(self, text: str) -> "list[ToolCall] | None":
+        calls = []
+        decoder = json.JSONDecoder()
+        at = 0
+        while at < len(text):
+            match = self._NAMED.match(text, at)
+            if match is None:
+                return None
+            try:
+                arguments, end = decoder.raw_decode(text, match.end())
+            except ValueError:
+                return None
+            if not isinstance(arguments, dict):
+                return None
+            calls.append(ToolCall(match.group(1), json.dumps(arguments, ensure_ascii=False)))
+            at = end
+            while at < len(text) and text[at] in " \n\t,":
+                at += 1
+        return calls or None
+
+
+class PythonicParser(TrailingCallsParser):
+    markers = ("<|python_start|>",)
+    openers = ("[",)
+
+    def decode(self, held: str) -> "list[ToolCall] | None":
+        body = held.removeprefix("<|python_start|>").strip().removesuffix("<|python_end|>").strip()
+        try:
+            tree = ast.parse(body, mode="eval").body
+        except (SyntaxError, ValueError):
+            return None
+        if not isinstance(tree, ast.List) or not tree.elts:
+            return None
+        calls = []
+        for node in tree.elts:
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+                return None
+            try:
+                arguments = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg is not None}
+            except (ValueError, SyntaxError):
+                return None
+            if len(arguments) != len(node.keywords):
+                return None  # **kwargs
+            calls.append(ToolCall(node.func.id, json.dumps(arguments, ensure_ascii=False)))
+        return calls
+
+
+class JsonParser(TrailingCallsParser):
+    openers = ("{", "[")
+
+    def decode(self, held: str) -> "list[ToolCall] | None":
+        return _json_calls(held.strip())
+
+
+def _split_top_level(text: str, separator: str) -> list[str]:
+    """``text`` split at ``separator`` where it is outside strings, objects and arrays."""
+    parts, depth, in_string, escaped, start = [], 0, False, False, 0
+    for i, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+        elif char == separator and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p.strip()]
+
+
 TOOL_CALL_PARSERS: dict[str, Callable[["Iterable[str] | None"], ToolCallParser]] = {
     "qwen": TaggedJsonParser,
     "qwen25": TaggedJsonParser,  # SGLang
     "hermes": TaggedJsonParser,  # vLLM
+    "llama": LlamaJsonParser,
+    "llama3": LlamaJsonParser,  # SGLang
+    "llama3_json": LlamaJsonParser,  # vLLM
+    "mistral": MistralParser,
+    "pythonic": PythonicParser,
+    "json": JsonParser,
 }
 
 

@@ -135,3 +135,41 @@ def test_unknown_parser_names_are_key_errors():
         tool_call_parser("nope")
     with pytest.raises(KeyError):
         reasoning_parser("nope")
+
+
+TRAILING_VECTORS = [
+    ("llama", '{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [call("get_weather", city="Paris")]),
+    ("llama", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "A;B"}}; '
+     '{"name": "get_time", "parameters": {}}', "", [call("get_weather", city="A;B"), call("get_time")]),
+    ("llama", 'Sure.<|python_tag|>{"name": "get_time", "parameters": {}}', "Sure.", [call("get_time")]),
+    ("llama", "Plain text, then {braces} later.", "Plain text, then {braces} later.", []),
+    ("llama", '{"name": "get_weather", "parameters": {"city": ', '{"name": "get_weather", "parameters": {"city": ',
+     []),
+    ("llama", '{"name": "not_offered", "parameters": {}}', '{"name": "not_offered", "parameters": {}}', []),
+    ("mistral", 'Checking. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Lyon"}}, '
+     '{"name": "get_time", "arguments": {}}]', "Checking. ",
+     [call("get_weather", city="Lyon"), call("get_time")]),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Nîmes"}[TOOL_CALLS]get_time[ARGS]{}', "",
+     [call("get_weather", city="Nîmes"), call("get_time")]),
+    ("mistral", '[TOOL_CALLS]get_weather{"city": "Metz"}', "", [call("get_weather", city="Metz")]),
+    ("mistral", "[TOOL_CALLS] not json", "[TOOL_CALLS] not json", []),
+    ("mistral", "No call, and a [TOOL_CA", "No call, and a [TOOL_CA", []),
+    ("pythonic", '[get_weather(city="Oslo", days=3), get_time()]', "",
+     [call("get_weather", city="Oslo", days=3), call("get_time")]),
+    ("pythonic", '<|python_start|>[get_time(tz=None, exact=True)]<|python_end|>', "",
+     [call("get_time", tz=None, exact=True)]),
+    ("pythonic", "[1, 2, 3] is a list", "[1, 2, 3] is a list", []),
+    ("pythonic", '[get_weather(__import__("os"))]', '[get_weather(__import__("os"))]', []),
+    ("json", '[{"name": "get_time", "arguments": {"tz": "UTC"}}]', "", [call("get_time", tz="UTC")]),
+    ("json", '{"name": "get_weather", "arguments": {"city": "Bern"}}', "", [call("get_weather", city="Bern")]),
+    ("json", "just words", "just words", []),
+]
+
+
+@pytest.mark.parametrize("name, text, content, calls", TRAILING_VECTORS,
+                         ids=[f"{v[0]}-{i}" for i, v in enumerate(TRAILING_VECTORS)])
+def test_trailing_call_formats_whole_and_streamed(name, text, content, calls):
+    whole = tool_call_parser(name, WEATHER).parse(text)
+    assert (whole.content, whole.calls) == (content, calls)
+    for seed in SEEDS:
+        assert stream_tool_calls(name, text, seed, WEATHER) == (content, calls), f"seed={seed}"
