@@ -32,27 +32,22 @@ def _parser_name(body: dict[str, Any], field: str, known: "dict[str, Any]") -> s
     return name
 
 
-def _tool_names(body: dict[str, Any]) -> "list[str] | None":
+def _tools(body: dict[str, Any]) -> "list[dict[str, Any]] | None":
     tools = body.get("tools")
     if tools is None:
         return None
-    names = []
-    if isinstance(tools, list):
-        for tool in tools:
-            function = tool.get("function") if isinstance(tool, dict) else None
-            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                break
-            names.append(function["name"])
-        else:
-            return names
+    if isinstance(tools, list) and all(isinstance(t, dict) and isinstance(t.get("function"), dict)
+                                       and isinstance(t["function"].get("name"), str) for t in tools):
+        return tools
     raise BadRequest("'tools' must be a list of {\"type\": \"function\", \"function\": {\"name\": ...}}",
                      param="tools")
 
 
 async def parse_function_call(state, request: Request) -> None:
     body = parse_json_body(await request.body())
-    text, name, names = _text(body), _parser_name(body, "tool_call_parser", TOOL_CALL_PARSERS), _tool_names(body)
-    result = tool_call_parser(name, names).parse(text)
+    text, name, tools = _text(body), _parser_name(body, "tool_call_parser", TOOL_CALL_PARSERS), _tools(body)
+    names = [t["function"]["name"] for t in tools] if tools is not None else None
+    result = tool_call_parser(name, tools).parse(text)  # the tools' schemas type the values some formats write
     calls = [{"tool_index": names.index(c.name) if names is not None else -1, "name": c.name,
               "parameters": c.arguments} for c in result.calls]
     await request.send_json(200, {"normal_text": result.content, "calls": calls})

@@ -18,6 +18,15 @@ Formats (the names are smg's; vLLM's and SGLang's are aliases):
     pythonic               [f(a=1, b="x"), g()] as Python literals, optionally between
                            <|python_start|> and <|python_end|> (Llama 4, Llama 3.2 pythonic)
     json                   the whole answer a JSON call or array of calls (constrained output)
+    qwen_coder, qwen_xml   <tool_call><function=NAME><parameter=K>V</parameter></function></tool_call>
+                           (Qwen3-Coder, Qwen3.5), values typed by the tool's schema
+    deepseek (v3)          <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+                           ```json {...} ```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+    deepseek31             the same section, <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>
+    kimik2, kimi_k2        <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0
+                           <|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>
+    glm45_moe, glm47_moe   <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>,
+                           values typed by the tool's schema
 
 Formats whose calls run to the end of the answer (all but the tagged one) stream the text before
 their marker as content and hold the rest until ``finish``, where it is parsed whole: calls when
@@ -50,6 +59,31 @@ class ToolCallResult:
     def extend(self, other: "ToolCallResult") -> None:
         self.content += other.content
         self.calls += other.calls
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolSet:
+    """The functions a request offers: their names, and each one's parameters schema (for formats whose
+    values come untyped, as text, and are typed by the schema)."""
+
+    names: frozenset[str]
+    schemas: dict[str, dict[str, Any]]
+
+    @classmethod
+    def of(cls, tools: "Iterable[str] | Iterable[dict[str, Any]] | ToolSet | None") -> "ToolSet | None":
+        """From names, or from OpenAI tool objects ({"type": "function", "function": {...}})."""
+        if tools is None or isinstance(tools, ToolSet):
+            return tools
+        names, schemas = set(), {}
+        for tool in tools:
+            if isinstance(tool, str):
+                names.add(tool)
+            else:
+                function = tool.get("function", tool)
+                names.add(function["name"])
+                if isinstance(function.get("parameters"), dict):
+                    schemas[function["name"]] = function["parameters"]
+        return cls(frozenset(names), schemas)
 
 
 class ToolCallParser:
@@ -96,15 +130,24 @@ def calls_from_json(value: Any, tool_names: "frozenset[str] | None") -> list[Too
     return calls or None
 
 
-class TaggedJsonParser(ToolCallParser):
-    """Calls as JSON between a start and an end marker (``<tool_call>`` ... ``</tool_call>``)."""
+class TaggedParser(ToolCallParser):
+    """Calls between a start and an end marker, several in a row; ``decode_body`` reads what is between
+    (JSON here: ``<tool_call>`` {...} ``</tool_call>``)."""
 
-    def __init__(self, tool_names: "Iterable[str] | None" = None, start: str = "<tool_call>",
-                 end: str = "</tool_call>") -> None:
-        self.tool_names = frozenset(tool_names) if tool_names is not None else None
-        self.start, self.end = start, end
+    start = "<tool_call>"
+    end = "</tool_call>"
+
+    def __init__(self, tools: "Iterable[str] | Iterable[dict[str, Any]] | ToolSet | None" = None) -> None:
+        self.tools = ToolSet.of(tools)
+        self.tool_names = self.tools.names if self.tools is not None else None
         self._buffer = ""
         self._inside = False
+
+    def decode_body(self, body: str) -> "list[ToolCall] | None":
+        try:
+            return calls_from_json(json.loads(body), None)
+        except ValueError:
+            return None
 
     def feed(self, text: str) -> ToolCallResult:
         result = ToolCallResult()
@@ -139,9 +182,8 @@ class TaggedJsonParser(ToolCallParser):
 
     def _close(self, body: str, result: ToolCallResult, ended: bool) -> None:
         self._inside = False
-        try:
-            calls = calls_from_json(json.loads(body), self.tool_names)
-        except ValueError:
+        calls = self.decode_body(body)
+        if calls is not None and self.tool_names is not None and any(c.name not in self.tool_names for c in calls):
             calls = None
         if calls is None:  # not a call after all: the text stays what the model wrote
             result.content += self.start + body + (self.end if ended else "")
@@ -161,8 +203,9 @@ class TrailingCallsParser(ToolCallParser):
     markers: tuple[str, ...] = ()
     openers: tuple[str, ...] = ()
 
-    def __init__(self, tool_names: "Iterable[str] | None" = None) -> None:
-        self.tool_names = frozenset(tool_names) if tool_names is not None else None
+    def __init__(self, tools: "Iterable[str] | Iterable[dict[str, Any]] | ToolSet | None" = None) -> None:
+        self.tools = ToolSet.of(tools)
+        self.tool_names = self.tools.names if self.tools is not None else None
         self._buffer = ""
         self._started = False
         self._seen_text = False  # something other than whitespace went out as content
@@ -299,6 +342,143 @@ class JsonParser(TrailingCallsParser):
         return _json_calls(held.strip())
 
 
+def _arguments_json(text: str) -> "str | None":
+    """Arguments given as a JSON object's text: normalized, or None when they are not one."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else None
+
+
+def _typed(value: str, schema: "dict[str, Any] | None") -> Any:
+    """A parameter's value, written as text by the model, typed by its JSON Schema: a string stays the
+    text; numbers, booleans, null, objects and arrays are read as JSON (the text when that fails). With
+    no schema, JSON when it reads as JSON and the text otherwise."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind == "string":
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+class DeepSeekV3Parser(TaggedParser):
+    """<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>
+    ... <｜tool▁calls▁end｜> (DeepSeek V3)."""
+
+    start = "<｜tool▁calls▁begin｜>"
+    end = "<｜tool▁calls▁end｜>"
+    _CALL = re.compile(r"<｜tool▁call▁begin｜>\s*(?:\w+)?\s*<｜tool▁sep｜>\s*(?P<name>[^\n`]+?)\s*\n"
+                       r"```(?:json)?\s*\n?(?P<args>.*?)\s*```\s*<｜tool▁call▁end｜>", re.S)
+
+    def decode_body(self, body: str) -> "list[ToolCall] | None":
+        return _regex_calls(self._CALL, body)
+
+
+class DeepSeekV31Parser(DeepSeekV3Parser):
+    """<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜> in the same section (DeepSeek V3.1, V3.2-Exp)."""
+
+    _CALL = re.compile(r"<｜tool▁call▁begin｜>\s*(?P<name>[^<]+?)\s*<｜tool▁sep｜>\s*(?P<args>.*?)\s*"
+                       r"<｜tool▁call▁end｜>", re.S)
+
+
+class KimiK2Parser(TaggedParser):
+    """<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}
+    <|tool_call_end|>...<|tool_calls_section_end|> (Kimi K2; NAME may hold hyphens and dots)."""
+
+    start = "<|tool_calls_section_begin|>"
+    end = "<|tool_calls_section_end|>"
+    _CALL = re.compile(r"<\|tool_call_begin\|>\s*(?P<id>[^<\s]+?)\s*<\|tool_call_argument_begin\|>\s*"
+                       r"(?P<args>.*?)\s*<\|tool_call_end\|>", re.S)
+
+    def decode_body(self, body: str) -> "list[ToolCall] | None":
+        calls = []
+        for match in self._CALL.finditer(body):
+            call_id = match.group("id")  # functions.get_weather:0
+            name = call_id.rsplit(":", 1)[0].removeprefix("functions.")
+            arguments = _arguments_json(match.group("args"))
+            if not name or arguments is None:
+                return None
+            calls.append(ToolCall(name, arguments))
+        return calls or None
+
+
+class Glm45Parser(TaggedParser):
+    """<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>, with or without
+    newlines between the parts (GLM-4.5, GLM-4.6, GLM-4.7); values typed by the tool's schema."""
+
+    _NAME = re.compile(r"\s*([^<\s]+)\s*")
+    _ARG = re.compile(r"\s*<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?)</arg_value>\s*", re.S)
+
+    def decode_body(self, body: str) -> "list[ToolCall] | None":
+        match = self._NAME.match(body)
+        if match is None:
+            return None
+        name, at, arguments = match.group(1), match.end(), {}
+        properties = self._properties(name)
+        while at < len(body):
+            arg = self._ARG.match(body, at)
+            if arg is None:
+                return None
+            key = arg.group("key").strip()
+            arguments[key] = _typed(arg.group("value"), properties.get(key))
+            at = arg.end()
+        return [ToolCall(name, json.dumps(arguments, ensure_ascii=False))]
+
+    def _properties(self, name: str) -> dict[str, Any]:
+        schema = self.tools.schemas.get(name, {}) if self.tools is not None else {}
+        properties = schema.get("properties")
+        return properties if isinstance(properties, dict) else {}
+
+
+class QwenXmlParser(Glm45Parser):
+    """<tool_call><function=NAME><parameter=K>V</parameter>...</function></tool_call> (Qwen3-Coder, Qwen3.5);
+    values typed by the tool's schema, the newline the model writes around a value not part of it."""
+
+    _FUNCTION = re.compile(r"\s*<function=(?P<name>[^>]+)>(?P<params>.*?)</function>\s*", re.S)
+    _PARAM = re.compile(r"\s*<parameter=(?P<key>[^>]+)>\n?(?P<value>.*?)\n?</parameter>\s*", re.S)
+
+    def decode_body(self, body: str) -> "list[ToolCall] | None":
+        calls, at = [], 0
+        while at < len(body):
+            function = self._FUNCTION.match(body, at)
+            if function is None:
+                return None
+            name, params, arguments = function.group("name").strip(), function.group("params"), {}
+            properties = self._properties(name)
+            inner = 0
+            while inner < len(params):
+                param = self._PARAM.match(params, inner)
+                if param is None:
+                    if params[inner:].strip():
+                        return None
+                    break
+                key = param.group("key").strip()
+                arguments[key] = _typed(param.group("value"), properties.get(key))
+                inner = param.end()
+            calls.append(ToolCall(name, json.dumps(arguments, ensure_ascii=False)))
+            at = function.end()
+        return calls or None
+
+
+def _regex_calls(pattern: "re.Pattern[str]", body: str) -> "list[ToolCall] | None":
+    calls = []
+    at = 0
+    for match in pattern.finditer(body):
+        if body[at:match.start()].strip():
+            return None  # something between the calls that is not a call
+        arguments = _arguments_json(match.group("args"))
+        if arguments is None:
+            return None
+        calls.append(ToolCall(match.group("name").strip(), arguments))
+        at = match.end()
+    if body[at:].strip():
+        return None
+    return calls or None
+
+
 def _split_top_level(text: str, separator: str) -> list[str]:
     """``text`` split at ``separator`` where it is outside strings, objects and arrays."""
     parts, depth, in_string, escaped, start = [], 0, False, False, 0
@@ -323,10 +503,25 @@ def _split_top_level(text: str, separator: str) -> list[str]:
     return [p for p in parts if p.strip()]
 
 
-TOOL_CALL_PARSERS: dict[str, Callable[["Iterable[str] | None"], ToolCallParser]] = {
-    "qwen": TaggedJsonParser,
-    "qwen25": TaggedJsonParser,  # SGLang
-    "hermes": TaggedJsonParser,  # vLLM
+TOOL_CALL_PARSERS: dict[str, Callable[..., ToolCallParser]] = {
+    "qwen": TaggedParser,
+    "qwen25": TaggedParser,  # SGLang
+    "hermes": TaggedParser,  # vLLM
+    "qwen_coder": QwenXmlParser,
+    "qwen_xml": QwenXmlParser,
+    "qwen3_coder": QwenXmlParser,  # vLLM
+    "deepseek": DeepSeekV3Parser,
+    "deepseekv3": DeepSeekV3Parser,  # SGLang
+    "deepseek_v3": DeepSeekV3Parser,  # vLLM
+    "deepseek31": DeepSeekV31Parser,
+    "deepseekv31": DeepSeekV31Parser,  # SGLang
+    "deepseek_v31": DeepSeekV31Parser,  # vLLM
+    "kimik2": KimiK2Parser,
+    "kimi_k2": KimiK2Parser,  # vLLM, SGLang
+    "glm45_moe": Glm45Parser,
+    "glm47_moe": Glm45Parser,
+    "glm45": Glm45Parser,  # vLLM, SGLang
+    "glm": Glm45Parser,  # SGLang
     "llama": LlamaJsonParser,
     "llama3": LlamaJsonParser,  # SGLang
     "llama3_json": LlamaJsonParser,  # vLLM
@@ -336,6 +531,8 @@ TOOL_CALL_PARSERS: dict[str, Callable[["Iterable[str] | None"], ToolCallParser]]
 }
 
 
-def tool_call_parser(name: str, tool_names: "Iterable[str] | None" = None) -> ToolCallParser:
-    """A new parser (one per generation) of the format ``name``; KeyError for a name we do not know."""
-    return TOOL_CALL_PARSERS[name](tool_names)
+def tool_call_parser(name: str, tools: "Iterable[str] | Iterable[dict[str, Any]] | ToolSet | None" = None
+                     ) -> ToolCallParser:
+    """A new parser (one per generation) of the format ``name``, for the functions ``tools`` offers (names or
+    OpenAI tool objects; None: any name); KeyError for a name we do not know."""
+    return TOOL_CALL_PARSERS[name](tools)

@@ -173,3 +173,73 @@ def test_trailing_call_formats_whole_and_streamed(name, text, content, calls):
     assert (whole.content, whole.calls) == (content, calls)
     for seed in SEEDS:
         assert stream_tool_calls(name, text, seed, WEATHER) == (content, calls), f"seed={seed}"
+
+
+SCHEMA_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
+        "zip": {"type": "string"}, "opts": {"type": "object"}}}}},
+    {"type": "function", "function": {"name": "get-time.v2", "parameters": {"type": "object", "properties": {}}}},
+]
+B, S, E, CB, CE = "<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"
+K_B, K_E = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+
+
+def k_call(call_id, args):
+    return f"<|tool_call_begin|>{call_id}<|tool_call_argument_begin|>{args}<|tool_call_end|>"
+
+
+SECTION_VECTORS = [
+    ("qwen_coder", "Let me look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n"
+     "<parameter=days>\n3\n</parameter>\n<parameter=metric>\ntrue\n</parameter>\n<parameter=zip>\n02134\n</parameter>\n"
+     "</function>\n</tool_call>", "Let me look.\n",
+     [call("get_weather", city="San Francisco", days=3, metric=True, zip="02134")]),
+    ("qwen_coder", "<tool_call>\n<function=get_weather>\n<parameter=opts>\n{\"a\": [1, 2]}\n</parameter>\n</function>\n"
+     "</tool_call><tool_call>\n<function=get-time.v2>\n</function>\n</tool_call>", "",
+     [call("get_weather", opts={"a": [1, 2]}), call("get-time.v2")]),
+    ("qwen_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n",
+     "", [call("get_weather", city="Rome")]),  # the end marker never came
+    ("qwen_coder", "<tool_call>\nnot xml\n</tool_call>", "<tool_call>\nnot xml\n</tool_call>", []),
+    ("deepseek", f"Let me help.\n{B}{CB}function{S}get_weather\n```json\n{{\"city\": \"Tokyo\"}}\n```{CE}"
+     f"{CB}function{S}get-time.v2\n```json\n{{}}\n```{CE}{E}\nThe weather:",
+     "Let me help.\n\nThe weather:", [call("get_weather", city="Tokyo"), call("get-time.v2")]),
+    ("deepseek", f"{B}{CB}function{S}get_weather\n```json\n{{\"city\": }}\n```{CE}{E}",
+     f"{B}{CB}function{S}get_weather\n```json\n{{\"city\": }}\n```{CE}{E}", []),
+    ("deepseek31", f"{B}{CB}get_weather{S}{{\"city\": \"Paris\"}}{CE}{CB}get-time.v2{S}{{}}{CE}{E}", "",
+     [call("get_weather", city="Paris"), call("get-time.v2")]),
+    ("deepseek31", f"Before {B}{CB}get_weather{S}{{\"city\": \"Kyoto\"}}{CE}", "Before ",
+     [call("get_weather", city="Kyoto")]),
+    ("kimik2", K_B + k_call("functions.get_weather:0", '{"city": "Lima"}') + k_call("functions.get-time.v2:1", "{}")
+     + K_E, "", [call("get_weather", city="Lima"), call("get-time.v2")]),
+    ("kimik2", "ok " + K_B + k_call("functions.get_weather:0", "oops") + K_E,
+     "ok " + K_B + k_call("functions.get_weather:0", "oops") + K_E, []),
+    ("glm45_moe", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n"
+     "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>", "", [call("get_weather", city="Beijing", days=2)]),
+    ("glm47_moe", "Sure<tool_call>get_weather<arg_key>zip</arg_key><arg_value>00123</arg_value></tool_call>",
+     "Sure", [call("get_weather", zip="00123")]),
+    ("glm45_moe", "<tool_call>get_weather<arg_key>city</tool_call>", "<tool_call>get_weather<arg_key>city</tool_call>",
+     []),
+]
+
+
+@pytest.mark.parametrize("name, text, content, calls", SECTION_VECTORS,
+                         ids=[f"{v[0]}-{i}" for i, v in enumerate(SECTION_VECTORS)])
+def test_section_formats_whole_and_streamed(name, text, content, calls):
+    whole = tool_call_parser(name, SCHEMA_TOOLS).parse(text)
+    assert (whole.content, whole.calls) == (content, calls)
+    for seed in SEEDS:
+        parser = tool_call_parser(name, SCHEMA_TOOLS)
+        got_content, got_calls = "", []
+        for piece in chunked(text, seed):
+            result = parser.feed(piece)
+            got_content += result.content
+            got_calls += result.calls
+        result = parser.finish()
+        assert (got_content + result.content, got_calls + result.calls) == (content, calls), f"seed={seed}"
+
+
+def test_without_schemas_values_are_json_when_they_read_as_json():
+    result = tool_call_parser("glm45_moe").parse(
+        "<tool_call>f<arg_key>n</arg_key><arg_value>7</arg_value><arg_key>z</arg_key><arg_value>007</arg_value>"
+        "<arg_key>s</arg_key><arg_value>x y</arg_value></tool_call>")
+    assert json.loads(result.calls[0].arguments) == {"n": 7, "z": "007", "s": "x y"}  # 007 is not JSON: text
