@@ -228,14 +228,7 @@ def test_section_formats_whole_and_streamed(name, text, content, calls):
     whole = tool_call_parser(name, SCHEMA_TOOLS).parse(text)
     assert (whole.content, whole.calls) == (content, calls)
     for seed in SEEDS:
-        parser = tool_call_parser(name, SCHEMA_TOOLS)
-        got_content, got_calls = "", []
-        for piece in chunked(text, seed):
-            result = parser.feed(piece)
-            got_content += result.content
-            got_calls += result.calls
-        result = parser.finish()
-        assert (got_content + result.content, got_calls + result.calls) == (content, calls), f"seed={seed}"
+        assert stream_tool_calls(name, text, seed, SCHEMA_TOOLS) == (content, calls), f"seed={seed}"
 
 
 def test_without_schemas_values_are_json_when_they_read_as_json():
