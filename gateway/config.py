@@ -34,6 +34,7 @@ from .auth import AuthConfig, Authenticator
 from .auth.authenticator import AuthConfigError
 from .engine.engine_tls import EngineTlsConfig
 from .engine.h2grpc import H2Config
+from .parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from .ratelimit.limiter import RateLimitConfig
 from .ratelimit.limits import FailurePolicy, LimitConfigError, LimitSet, parse_limit_set
 from .routing.breaker import BreakerConfig
@@ -111,6 +112,10 @@ class GatewayConfig:
     engine_tls: EngineTlsConfig = EngineTlsConfig()
     # The HTTP/2 gRPC client's windows, timeouts and keepalive (gateway/engine/h2grpc.py H2Config).
     engine_h2: H2Config = H2Config()
+    # Parsers of chat answers for every model (gateway/parsers/); None: chosen by each model's id
+    # (gateway/parsers/choice.py), "none": off.
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     # "native": the gateway's own HTTP/1.1 server (gateway/api/h1server.py, ~20x less CPU per request
     # than hypercorn on trio, BENCHMARKS.md); "hypercorn": hypercorn's, which also speaks HTTP/2.
     http_server: str = "native"
@@ -185,6 +190,11 @@ _OPTIONS: list[_Option] = [
             "connection with open calls after this long without a byte from it; 0 turns keepalive off"),
     _Option("--engine-keepalive-timeout-secs", "engine_h2.keepalive_timeout_s", float, "drop the connection "
             "(its calls fail as retryable) when nothing answers the PING within this"),
+    _Option("--tool-call-parser", "tool_call_parser", str, "tool-call format of the models' answers (qwen, "
+            "qwen_coder, llama, pythonic, mistral, deepseek, deepseek31, kimik2, glm45_moe, glm47_moe, json; vLLM's "
+            "and SGLang's names too; none: off); default: chosen by the model's id"),
+    _Option("--reasoning-parser", "reasoning_parser", str, "reasoning format (qwen3, qwen3_thinking, deepseek_r1, "
+            "glm45, kimi; none: off); default: chosen by the model's id"),
     _Option("--worker-api-key", "worker_api_key", str, "the key of the HTTP workers in --worker-urls (clients' "
             "keys are never forwarded)"),
     _Option("--worker-allowed-hosts", "worker_allowed_hosts", "list", "hosts (names or networks like "
@@ -328,7 +338,7 @@ HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engines: where generations run", (
         "--worker-urls", "--model-path", "--tokenizer-path", "--chat-template", "--worker-api-key",
         "--engine-tls-ca-path", "--engine-tls-cert-path", "--engine-tls-key-path", "--engine-keepalive-interval-secs",
-        "--engine-keepalive-timeout-secs", "--health-failure-threshold",
+        "--engine-keepalive-timeout-secs", "--tool-call-parser", "--reasoning-parser", "--health-failure-threshold",
         "--health-success-threshold", "--health-check-timeout-secs", "--health-check-interval-secs",
         "--health-check-endpoint", "--disable-health-check", "--sim-engines", "--sim-engine-args")),
     ("routing: which engine takes a request, admission, retries, circuits", (
@@ -489,6 +499,12 @@ def validate(config: GatewayConfig) -> None:
                           f"{', '.join(sorted(POLICIES))}")
     if not 0 <= config.port <= 65535:
         raise ConfigError("--port must be between 0 and 65535")
+    if config.tool_call_parser not in (None, "none") and config.tool_call_parser not in TOOL_CALL_PARSERS:
+        raise ConfigError(f"--tool-call-parser: unknown parser {config.tool_call_parser!r}; choose one of "
+                          f"{', '.join(sorted(TOOL_CALL_PARSERS))} or none")
+    if config.reasoning_parser not in (None, "none") and config.reasoning_parser not in REASONING_PARSERS:
+        raise ConfigError(f"--reasoning-parser: unknown parser {config.reasoning_parser!r}; choose one of "
+                          f"{', '.join(sorted(REASONING_PARSERS))} or none")
     if config.engine_h2.keepalive_interval_s > 0 and not config.engine_h2.keepalive_timeout_s > 0:
         raise ConfigError("--engine-keepalive-timeout-secs must be positive while keepalive is on")
     if config.admission.max_concurrent_requests < 0 or config.admission.queue_size < 0:

@@ -16,6 +16,7 @@ from pathlib import Path
 import trio
 
 from .engine.errors import EngineCallError
+from .parsers.choice import choose
 from .tokenizer.service import TokenizerConfig, TokenizerLoadError, TokenizerService
 from .workers import Worker, WorkerUnreachable
 
@@ -34,6 +35,9 @@ class ModelEntry:
     # to seconds), requests wait for it rather than being taken for an HTTP-proxied model.
     tokenizer_wanted: bool = False
     tokenizer_loaded: trio.Event = dataclasses.field(default_factory=trio.Event)
+    # The parsers its chat answers go through (gateway/parsers/choice.py), None: the text as it is.
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
 
 BODY_BYTES_PER_CONTEXT_TOKEN = 32
@@ -44,8 +48,10 @@ BODY_BYTES_UNKNOWN_CONTEXT = 8 * 1024 * 1024
 
 class ModelCatalog:
     def __init__(self, tokenizer_config: TokenizerConfig, tokenizer_path: Path | None,
-                 chat_template_path: Path | None) -> None:
+                 chat_template_path: Path | None, tool_call_parser: str | None = None,
+                 reasoning_parser: str | None = None) -> None:
         self._tokenizer_config = tokenizer_config
+        self._parsers = (tool_call_parser, reasoning_parser)  # the operator's; None: chosen by model id
         self._tokenizer_path = tokenizer_path
         self._chat_template_path = chat_template_path
         self._local_tokenizer: TokenizerService | None = None
@@ -74,7 +80,11 @@ class ModelCatalog:
         for name in worker.models:
             entry = self._models.get(name)
             if entry is None:
-                entry = self._models[name] = ModelEntry(name, None, worker.max_context_tokens, created)
+                tool, reasoning = choose(name, *self._parsers)
+                entry = self._models[name] = ModelEntry(name, None, worker.max_context_tokens, created,
+                                                        tool_call_parser=tool, reasoning_parser=reasoning)
+                log.info("model %s: tool-call parser %s, reasoning parser %s", name, tool or "none",
+                         reasoning or "none")
             if worker.max_context_tokens and not entry.max_context_tokens:
                 entry.max_context_tokens = worker.max_context_tokens
             self._size_body_limit()

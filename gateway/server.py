@@ -293,7 +293,8 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
             await nursery.start(kv_sharing.run)
         registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery, kv_index, cluster,
                                   config.kv_events_always, WorkerAllowlist(config.worker_allowed_hosts), kv_sharing)
-        catalog = ModelCatalog(config.tokenizer, config.tokenizer_path, config.chat_template)
+        catalog = ModelCatalog(config.tokenizer, config.tokenizer_path, config.chat_template, config.tool_call_parser,
+                               config.reasoning_parser)
         router = Router(registry, make_policy(config.policy, kv_index))
         generator = Generator(router, config.retry, metrics, nursery, random.Random())
         admission = Admission(config.admission)

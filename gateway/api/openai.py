@@ -19,6 +19,7 @@ from ..models import ModelEntry
 from ..routing.policies import RoutingRequest
 from ..tokenizer.chat_template import TemplateError
 from ..tokenizer.service import TokenizerService
+from .chat_output import ChatOutput
 from .errors import BadRequest, ContextLengthExceeded, Forbidden, NotFound, Unavailable
 from .http import Request, sse_event
 from .protocol import ChatRequest, SamplingRequest, parse_chat, parse_completion, parse_json_body
@@ -143,19 +144,32 @@ class _OpenAIShape:
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
 
+    def delta_chunk(self, delta: dict[str, Any]) -> dict[str, Any]:
+        """A chat chunk carrying ``delta`` as it is (reasoning, tool calls: ``chat_output.py``)."""
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+
     def usage_chunk(self, result: GenerationResult) -> dict[str, Any]:
         return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [], "usage": usage_body(result)}
 
 
 async def _respond(state: GatewayState, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,
-                   shape: _OpenAIShape, include_usage: bool, prefix_text: str = "") -> None:
-    """Run the generation and answer: one JSON body, or SSE events as text is decided."""
+                   shape: _OpenAIShape, include_usage: bool, prefix_text: str = "",
+                   output: ChatOutput | None = None) -> None:
+    """Run the generation and answer: one JSON body, or SSE events as text is decided; through the
+    model's parsers when ``output`` is given."""
     async with admitted(state, request, plan):
         if not plan.stream:
             result = await run_unary(state, request, plan, tokenizer)
             if result is not None:
-                await request.send_json(200, shape.full(prefix_text + result.text, result))
+                body = output.full(result.text, result) if output is not None else \
+                    shape.full(prefix_text + result.text, result)
+                await request.send_json(200, body)
+            return
+        if output is not None:
+            await run_streamed(state, request, plan, tokenizer, output.text_event,
+                               lambda result: output.final_events(result, include_usage))
             return
 
         def text_event(text: str, first: bool) -> bytes:
@@ -186,7 +200,8 @@ async def chat_completions(state: GatewayState, request: Request) -> None:
     input_ids = await encode_chat(state, request, entry, tokenizer, chat, True, raw)
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "messages")
     shape = _OpenAIShape(True, "chatcmpl-" + request.request_id, entry.name)
-    await _respond(state, request, plan, tokenizer, shape, chat.include_usage)
+    await _respond(state, request, plan, tokenizer, shape, chat.include_usage,
+                   output=ChatOutput.for_request(shape, entry, chat))
 
 
 async def completions(state: GatewayState, request: Request) -> None:

@@ -189,6 +189,8 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None
     tool_choice: str  # "none" or "auto" (api/tools.py)
     template_kwargs: dict[str, Any]
+    # The model's reasoning apart (reasoning_content) when it has a reasoning parser; false: all content.
+    separate_reasoning: bool = True
     # Asks for special-token spellings in messages to be tokenized as control tokens (admin keys only).
     special_tokens_in_content: bool = False
 
@@ -252,6 +254,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         sampling=parse_sampling(body, ("max_completion_tokens", "max_tokens")),
         stream=stream, include_usage=bool(stream_options.get("include_usage")) if stream else False,
         tools=tools.tools, tool_choice=tools.choice, template_kwargs=template_kwargs,
+        separate_reasoning=_field(body, "separate_reasoning", bool, True) if "separate_reasoning" in body else True,
         special_tokens_in_content=_field(body, "special_tokens_in_content", bool, False)
         if "special_tokens_in_content" in body else False)
 

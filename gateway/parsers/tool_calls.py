@@ -142,6 +142,7 @@ class TaggedParser(ToolCallParser):
         self.tool_names = self.tools.names if self.tools is not None else None
         self._buffer = ""
         self._inside = False
+        self._after_call = False  # only whitespace since the last call: dropped if another call follows
 
     def decode_body(self, body: str) -> "list[ToolCall] | None":
         try:
@@ -153,6 +154,13 @@ class TaggedParser(ToolCallParser):
         result = ToolCallResult()
         buffer = self._buffer + text
         while True:
+            if not self._inside and self._after_call:
+                rest = buffer.lstrip()
+                if rest.startswith(self.start):
+                    buffer = rest  # the whitespace between two calls is layout, not content
+                elif not rest or self.start.startswith(rest):
+                    break  # whitespace, or the next start marker still arriving: wait
+                self._after_call = False
             if not self._inside:
                 at = buffer.find(self.start)
                 if at < 0:
@@ -185,6 +193,7 @@ class TaggedParser(ToolCallParser):
         calls = self.decode_body(body)
         if calls is not None and self.tool_names is not None and any(c.name not in self.tool_names for c in calls):
             calls = None
+        self._after_call = calls is not None
         if calls is None:  # not a call after all: the text stays what the model wrote
             result.content += self.start + body + (self.end if ended else "")
         else:

@@ -10,14 +10,24 @@ import pytest
 from chaos.processes import EngineProcess, NodeProcess
 
 ANSWER = "Paris is sunny, 21 degrees."
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n</tool_call>'
+TWO_CALLS = ('Checking both.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>')
+THOUGHT = "<think>\nThe user asks for 6 x 7.\n</think>\n\nIt is 42."
+THOUGHT_AND_CALL = "<think>\nI need the weather.\n</think>\n\n" + CALL
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}}}}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
 
 
 @pytest.fixture(scope="module")
 def scripted_node(log_dir, tmp_path_factory):
     script = tmp_path_factory.mktemp("script") / "answers.jsonl"
-    script.write_text(json.dumps({"match": "weather in Paris", "output": ANSWER}) + "\n"
-                      + json.dumps({"match": "cut me", "output": "one two three four five", "finish": "length"})
-                      + "\n")
+    rules = [{"match": "weather in Paris", "output": ANSWER},
+             {"match": "cut me", "output": "one two three four five", "finish": "length"},
+             {"match": "weather in Oslo", "output": CALL}, {"match": "Rome and the time", "output": TWO_CALLS},
+             {"match": "six times seven", "output": THOUGHT}, {"match": "think then call", "output": THOUGHT_AND_CALL}]
+    script.write_text("".join(json.dumps(rule) + "\n" for rule in rules))
     engine = EngineProcess(["--zero-cost", "--script", str(script)], log_dir, "scripted-engine")
     node = NodeProcess(["--worker-urls", engine.url], log_dir, "scripted-node")
     yield node
@@ -42,3 +52,85 @@ def test_a_bad_script_is_refused_before_the_engine_listens(log_dir, tmp_path):
     script.write_text('{"match": "(", "output": "x"}\n')
     with pytest.raises(RuntimeError):
         EngineProcess(["--script", str(script)], log_dir, "bad-script-engine")
+
+
+def sdk(node):
+    return openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0)
+
+
+def ask(node, text, stream, **kwargs):
+    return sdk(node).chat.completions.create(model="qwen3-sim", messages=[{"role": "user", "content": text}],
+                                             max_tokens=200, stream=stream, **kwargs)
+
+
+def assembled(chunks):
+    """A stream's deltas put together as the SDK's users do: content, reasoning, calls by index."""
+    content, reasoning, calls, finish = "", "", {}, None
+    for chunk in chunks:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        delta = choice.delta
+        content += delta.content or ""
+        reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        for call in delta.tool_calls or []:
+            entry = calls.setdefault(call.index, {"id": None, "name": "", "arguments": ""})
+            entry["id"] = call.id or entry["id"]
+            if call.function is not None:
+                entry["name"] += call.function.name or ""
+                entry["arguments"] += call.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return content, reasoning, [calls[i] for i in sorted(calls)], finish
+
+
+def test_tool_calls_come_back_parsed_and_the_stream_assembles_to_the_same(scripted_node):
+    reply = ask(scripted_node, "What is the weather in Oslo?", False, tools=TOOLS)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Oslo", "days": 2}
+    content, reasoning, calls, finish = assembled(ask(scripted_node, "What is the weather in Oslo?", True,
+                                                      tools=TOOLS))
+    assert (content, finish) == ("", "tool_calls") and reasoning == ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Oslo", "days": 2})]
+    assert calls[0]["id"].startswith("call_")
+
+
+def test_several_calls_with_text_before_them(scripted_node):
+    reply = ask(scripted_node, "Rome and the time please", False, tools=TOOLS)
+    message = reply.choices[0].message
+    assert message.content == "Checking both.\n"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
+        ("get_weather", {"city": "Rome"}), ("get_time", {"tz": "CET"})]
+    assert len({c.id for c in message.tool_calls}) == 2
+    content, _, calls, finish = assembled(ask(scripted_node, "Rome and the time please", True, tools=TOOLS))
+    assert content == "Checking both.\n" and finish == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Rome"}),
+                                                                        ("get_time", {"tz": "CET"})]
+
+
+def test_without_tools_the_call_text_is_content(scripted_node):
+    reply = ask(scripted_node, "What is the weather in Oslo?", False)
+    assert reply.choices[0].message.content == CALL and reply.choices[0].finish_reason == "stop"
+    assert not reply.choices[0].message.tool_calls
+
+
+def test_reasoning_is_apart_streamed_or_not_unless_the_request_keeps_it(scripted_node):
+    reply = ask(scripted_node, "What is six times seven?", False)
+    message = reply.choices[0].message
+    assert message.content == "It is 42." and message.model_extra["reasoning_content"] == "\nThe user asks for 6 x 7.\n"
+    content, reasoning, calls, finish = assembled(ask(scripted_node, "What is six times seven?", True))
+    assert (content, reasoning, calls, finish) == ("It is 42.", "\nThe user asks for 6 x 7.\n", [], "stop")
+    kept = ask(scripted_node, "What is six times seven?", False, extra_body={"separate_reasoning": False})
+    assert kept.choices[0].message.content == THOUGHT
+
+
+def test_a_call_after_the_reasoning(scripted_node):
+    reply = ask(scripted_node, "think then call", False, tools=TOOLS)
+    message = reply.choices[0].message
+    assert message.model_extra["reasoning_content"] == "\nI need the weather.\n"
+    assert message.content is None and message.tool_calls[0].function.name == "get_weather"
+    content, reasoning, calls, finish = assembled(ask(scripted_node, "think then call", True, tools=TOOLS))
+    assert (content, reasoning, finish) == ("", "\nI need the weather.\n", "tool_calls")
+    assert [c["name"] for c in calls] == ["get_weather"]

@@ -47,7 +47,7 @@ QWEN_VECTORS = [
      "Let me check.\n\nDone.", [call("get_time")]),
     ("several in a row", '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>\n'
      '<tool_call>{"name": "get_time", "arguments": {"tz": "CET"}}</tool_call>',
-     "\n", [call("get_weather", city="Oslo"), call("get_time", tz="CET")]),
+     "", [call("get_weather", city="Oslo"), call("get_time", tz="CET")]),  # the newline between them is layout
     ("missing end marker at the end", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n',
      "", [call("get_weather", city="Rome")]),
     ("invalid JSON is text", '<tool_call>{"name": "get_weather", "arguments": {"city": }</tool_call>',

@@ -1,0 +1,124 @@
+"""A chat answer through its model's parsers: reasoning apart, tool calls out, in OpenAI's shape.
+
+Only when a parser applies to the request (the model has a reasoning parser and the request
+does not turn separation off, or the request offers tools with ``tool_choice`` auto and the
+model has a tool-call parser); otherwise the answer is the text as it is, on the usual path.
+
+Non-streamed: ``message`` with ``content``, ``reasoning_content`` (the name DeepSeek, SGLang and
+vLLM use) and ``tool_calls`` (ids ``call_`` + 24 hex digits, unique per response). Streamed:
+the same as deltas, in order; a call is sent once whole, as two deltas (index, id, type and
+name first, then its arguments). Content that is only whitespace is ``null`` when calls were
+made; streamed, such whitespace is held until other content comes, and dropped if none does,
+so the assembled stream equals the non-streamed answer. ``finish_reason`` is ``tool_calls``
+when calls were made and the engine stopped by itself.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from ..generation import GenerationResult
+from ..parsers import ReasoningParser, ToolCall, ToolCallParser, reasoning_parser, tool_call_parser
+from .http import sse_event
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+class ChatOutput:
+    def __init__(self, shape: Any, tools: ToolCallParser | None, reasoning: ReasoningParser | None) -> None:
+        self.shape = shape
+        self.tools = tools
+        self.reasoning = reasoning
+        self._calls = 0
+        self._content_seen = False  # content other than whitespace went out
+        self._pending_space = ""  # whitespace-only content held (streamed)
+
+    @classmethod
+    def for_request(cls, shape: Any, entry: Any, chat: Any) -> "ChatOutput | None":
+        tools = None
+        if chat.tools and chat.tool_choice == "auto" and entry.tool_call_parser is not None:
+            tools = tool_call_parser(entry.tool_call_parser, chat.tools)
+        reasoning = None
+        if entry.reasoning_parser is not None and chat.separate_reasoning:
+            reasoning = reasoning_parser(entry.reasoning_parser)
+        if tools is None and reasoning is None:
+            return None
+        return cls(shape, tools, reasoning)
+
+    # -- one answer ----------------------------------------------------------------------
+
+    def full(self, text: str, result: GenerationResult) -> dict[str, Any]:
+        reasoning_text = None
+        if self.reasoning is not None:
+            parsed = self.reasoning.parse(text)
+            reasoning_text, text = parsed.reasoning or None, parsed.content
+        calls: list[ToolCall] = []
+        if self.tools is not None:
+            found = self.tools.parse(text)
+            text, calls = found.content, found.calls
+        message: dict[str, Any] = {"role": "assistant", "content": None if calls and not text.strip() else text}
+        if self.reasoning is not None:
+            message["reasoning_content"] = reasoning_text
+        if calls:
+            message["tool_calls"] = [{"id": new_call_id(), "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+        body = self.shape.full(text, result)
+        choice = body["choices"][0]
+        choice["message"] = message
+        choice["finish_reason"] = self._finish_reason(result, bool(calls))
+        return body
+
+    # -- a stream ------------------------------------------------------------------------
+
+    def text_event(self, text: str, first: bool) -> bytes:
+        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}] if first else []
+        self._step(text, deltas, final=False)
+        return self._events(deltas)
+
+    def final_events(self, result: GenerationResult, include_usage: bool) -> bytes:
+        deltas: list[dict[str, Any]] = []
+        self._step("", deltas, final=True)
+        if self._pending_space and (self._content_seen or not self._calls):
+            deltas.append({"content": self._pending_space})
+        self._pending_space = ""
+        out = self._events(deltas) + sse_event(self.shape.chunk(None, self._finish_reason(result, bool(self._calls))))
+        return out + sse_event(self.shape.usage_chunk(result)) if include_usage else out
+
+    def _step(self, text: str, deltas: "list[dict[str, Any]]", final: bool) -> None:
+        content = text
+        if self.reasoning is not None:
+            parsed = self.reasoning.feed(text)
+            if final:
+                parsed.extend(self.reasoning.finish())
+            if parsed.reasoning:
+                deltas.append({"reasoning_content": parsed.reasoning})
+            content = parsed.content
+        calls: list[ToolCall] = []
+        if self.tools is not None:
+            found = self.tools.feed(content)
+            if final:
+                found.extend(self.tools.finish())
+            content, calls = found.content, found.calls
+        if content:
+            if content.strip() or self.tools is None:
+                deltas.append({"content": self._pending_space + content})
+                self._pending_space = ""
+                self._content_seen = True
+            else:
+                self._pending_space += content
+        for call in calls:
+            index = self._calls
+            self._calls += 1
+            deltas.append({"tool_calls": [{"index": index, "id": new_call_id(), "type": "function",
+                                           "function": {"name": call.name, "arguments": ""}}]})
+            deltas.append({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]})
+
+    def _events(self, deltas: "list[dict[str, Any]]") -> bytes:
+        return b"".join(sse_event(self.shape.delta_chunk(delta)) for delta in deltas)
+
+    @staticmethod
+    def _finish_reason(result: GenerationResult, called: bool) -> str:
+        return "tool_calls" if called and result.finish_reason == "stop" else result.finish_reason

@@ -1,0 +1,58 @@
+"""Which parsers a model gets when the operator names none: by its id, the longest matching pattern wins.
+
+Patterns are lower-case substrings of the model id (``Qwen/Qwen3-8B`` -> ``qwen3-8b``). A model no
+pattern matches gets none: its text passes through as content. ``--tool-call-parser`` and
+``--reasoning-parser`` override this for every model; ``none`` turns a kind off.
+"""
+
+from __future__ import annotations
+
+TOOL_CALL_PATTERNS = {
+    "qwen": "qwen",
+    "qwq": "qwen",
+    "hermes": "hermes",
+    "qwen3-coder": "qwen_coder",
+    "qwen3.5": "qwen_coder",
+    "llama-3": "llama",
+    "llama3": "llama",
+    "llama-4": "pythonic",
+    "llama4": "pythonic",
+    "mistral": "mistral",
+    "mixtral": "mistral",
+    "deepseek-v3": "deepseek",
+    "deepseek-r1": "deepseek",
+    "deepseek-v3.1": "deepseek31",
+    "deepseek-v3.2": "deepseek31",
+    "kimi-k2": "kimik2",
+    "glm-4.5": "glm45_moe",
+    "glm-4.6": "glm45_moe",
+    "glm-4.7": "glm47_moe",
+}
+
+REASONING_PATTERNS = {
+    "qwen3": "qwen3",
+    "qwen3-coder": "",  # no thinking mode
+    "thinking": "qwen3_thinking",
+    "qwq": "deepseek_r1",
+    "deepseek-r1": "deepseek_r1",
+    "glm-4.5": "glm45",
+    "glm-4.6": "glm45",
+    "glm-4.7": "glm45",
+    "kimi-k2-thinking": "kimi",
+}
+
+
+def _longest(patterns: dict[str, str], model_id: str) -> str | None:
+    name = model_id.lower()
+    matches = [p for p in patterns if p in name]
+    if not matches:
+        return None
+    return patterns[max(matches, key=len)] or None
+
+
+def choose(model_id: str, tool_call_parser: str | None = None,
+           reasoning_parser: str | None = None) -> tuple[str | None, str | None]:
+    """(tool-call parser, reasoning parser) for a model: the operator's choice, else by the model id."""
+    tool = tool_call_parser if tool_call_parser is not None else _longest(TOOL_CALL_PATTERNS, model_id)
+    reasoning = reasoning_parser if reasoning_parser is not None else _longest(REASONING_PATTERNS, model_id)
+    return (None if tool == "none" else tool), (None if reasoning == "none" else reasoning)
