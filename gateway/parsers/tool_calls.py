@@ -35,6 +35,7 @@ it parses, the text itself when it does not.
 
 from __future__ import annotations
 
+import abc
 import ast
 import dataclasses
 import json
@@ -86,14 +87,16 @@ class ToolSet:
         return cls(frozenset(names), schemas)
 
 
-class ToolCallParser:
+class ToolCallParser(abc.ABC):
     """The streaming interface every format implements."""
 
+    @abc.abstractmethod
     def feed(self, text: str) -> ToolCallResult:
-        raise NotImplementedError
+        """The content and the calls this piece of text completes."""
 
+    @abc.abstractmethod
     def finish(self) -> ToolCallResult:
-        raise NotImplementedError
+        """What was held back, at the end of the answer."""
 
     def parse(self, text: str) -> ToolCallResult:
         """A whole text at once: the same as feeding it in any pieces, then finishing."""
@@ -251,8 +254,9 @@ class TrailingCallsParser(ToolCallParser):
             return ToolCallResult(content=held)
         return ToolCallResult(calls=calls)
 
+    @abc.abstractmethod
     def decode(self, held: str) -> "list[ToolCall] | None":
-        raise NotImplementedError
+        """The calls in the held text (its marker included), or None when it is not calls."""
 
 
 def _json_calls(text: str) -> "list[ToolCall] | None":
