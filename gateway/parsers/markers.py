@@ -10,9 +10,3 @@ def held_back(text: str, marker: str) -> int:
             return size
     return 0
 
-
-def split_before(text: str, markers: "tuple[str, ...]") -> tuple[str, str]:
-    """(text that is surely before any of ``markers``, the rest): the rest starts at a marker's first
-    character or at a tail that may still become one."""
-    keep = max(held_back(text, marker) for marker in markers)
-    return text[:len(text) - keep], text[len(text) - keep:]

@@ -117,9 +117,9 @@ def _arguments_text(arguments: Any) -> str | None:
     return None
 
 
-def calls_from_json(value: Any, tool_names: "frozenset[str] | None") -> list[ToolCall] | None:
+def calls_from_json(value: Any) -> list[ToolCall] | None:
     """Calls from a decoded JSON value: {"name", "arguments"|"parameters"} or a list of those; None when
-    anything in it is not a call (or names a function the request did not offer)."""
+    anything in it is not a call. (Whether the request offered the functions is the parser's check.)"""
     items = value if isinstance(value, list) else [value]
     calls = []
     for item in items:
@@ -127,7 +127,7 @@ def calls_from_json(value: Any, tool_names: "frozenset[str] | None") -> list[Too
             return None
         arguments = item.get("arguments", item.get("parameters", {}))
         text = _arguments_text(arguments)
-        if text is None or (tool_names is not None and item["name"] not in tool_names):
+        if text is None:
             return None
         calls.append(ToolCall(item["name"], text))
     return calls or None
@@ -148,10 +148,7 @@ class TaggedParser(ToolCallParser):
         self._after_call = False  # only whitespace since the last call: dropped if another call follows
 
     def decode_body(self, body: str) -> "list[ToolCall] | None":
-        try:
-            return calls_from_json(json.loads(body), None)
-        except ValueError:
-            return None
+        return _json_calls(body)
 
     def feed(self, text: str) -> ToolCallResult:
         result = ToolCallResult()
@@ -261,7 +258,7 @@ class TrailingCallsParser(ToolCallParser):
 
 def _json_calls(text: str) -> "list[ToolCall] | None":
     try:
-        return calls_from_json(json.loads(text), None)
+        return calls_from_json(json.loads(text))
     except ValueError:
         return None
 
