@@ -113,7 +113,7 @@ class GatewayConfig:
     # The HTTP/2 gRPC client's windows, timeouts and keepalive (gateway/engine/h2grpc.py H2Config).
     engine_h2: H2Config = H2Config()
     # Parsers of chat answers for every model (gateway/parsers/); None: chosen by each model's id
-    # (gateway/parsers/choice.py), "none": off.
+    # (gateway/parsers/choice.py), "none" or "passthrough": off.
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     # "native": the gateway's own HTTP/1.1 server (gateway/api/h1server.py, ~20x less CPU per request
@@ -499,12 +499,13 @@ def validate(config: GatewayConfig) -> None:
                           f"{', '.join(sorted(POLICIES))}")
     if not 0 <= config.port <= 65535:
         raise ConfigError("--port must be between 0 and 65535")
-    if config.tool_call_parser not in (None, "none") and config.tool_call_parser not in TOOL_CALL_PARSERS:
+    parsers_off = (None, "none", "passthrough")
+    if config.tool_call_parser not in parsers_off and config.tool_call_parser not in TOOL_CALL_PARSERS:
         raise ConfigError(f"--tool-call-parser: unknown parser {config.tool_call_parser!r}; choose one of "
-                          f"{', '.join(sorted(TOOL_CALL_PARSERS))} or none")
-    if config.reasoning_parser not in (None, "none") and config.reasoning_parser not in REASONING_PARSERS:
+                          f"{', '.join(sorted(TOOL_CALL_PARSERS))}, passthrough or none")
+    if config.reasoning_parser not in parsers_off and config.reasoning_parser not in REASONING_PARSERS:
         raise ConfigError(f"--reasoning-parser: unknown parser {config.reasoning_parser!r}; choose one of "
-                          f"{', '.join(sorted(REASONING_PARSERS))} or none")
+                          f"{', '.join(sorted(REASONING_PARSERS))}, passthrough or none")
     if config.engine_h2.keepalive_interval_s > 0 and not config.engine_h2.keepalive_timeout_s > 0:
         raise ConfigError("--engine-keepalive-timeout-secs must be positive while keepalive is on")
     if config.admission.max_concurrent_requests < 0 or config.admission.queue_size < 0:

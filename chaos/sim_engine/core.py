@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from .config import SimEngineConfig
+from .constrained import UnsupportedConstraint, constrained_text
 from .kv_cache import CacheHit, PrefixCache
 from .output import derive_seed, output_token_ids
 from .script import Script
@@ -42,6 +44,8 @@ class GenerateParams:
     stop_token_ids: frozenset[int]
     ignore_eos: bool
     seed: int | None
+    # (kind, spec) of the request's constrained decoding (constrained.py), or None
+    constraint: "tuple[str, Any] | None" = None
 
 
 @dataclasses.dataclass
@@ -58,12 +62,12 @@ class Step:
 
 class SimEngine:
     def __init__(self, config: SimEngineConfig, words: tuple[int, ...], eos_token_id: int,
-                 script: Script | None = None, tokenizer: Any = None) -> None:
+                 script: Script | None = None, load_tokenizer: "Callable[[], Any] | None" = None) -> None:
         self.config = config
         self.words = words
         self.eos_token_id = eos_token_id
         self.script = script
-        self.tokenizer = tokenizer  # a tokenizers.Tokenizer: prompts decoded, scripted outputs encoded
+        self._load_tokenizer = load_tokenizer
         self.cache = PrefixCache(config.block_size, config.kv_capacity_blocks, config.kv_replay_batches_max)
         self.running = 0
         self.waiting = 0
@@ -75,6 +79,14 @@ class SimEngine:
         self.aborted_total = 0
         # Token timestamps of the last THROUGHPUT_WINDOW_S seconds, trimmed as tokens are added.
         self._token_times: collections.deque[float] = collections.deque()
+
+    @functools.cached_property
+    def tokenizer(self) -> Any:
+        """A tokenizers.Tokenizer (prompts decoded, scripted and constrained outputs encoded), loaded when
+        first needed: an engine that only says its words never pays for it."""
+        if self._load_tokenizer is None:
+            raise InvalidRequest("this engine has no tokenizer to write text with")
+        return self._load_tokenizer()
 
     def abort(self, request_ids: "list[str]") -> None:
         for rid in request_ids:
@@ -123,7 +135,10 @@ class SimEngine:
         self.running += 1
         hit = self.cache.acquire(params.prompt_ids, time.time()) if cfg.prefix_caching else NO_CACHE_HIT
         try:
-            planned = self._scripted(params, max_tokens) if self.script is not None else None
+            if params.constraint is not None:  # a constrained engine answers within the constraint, script or not
+                planned = self._constrained(params, max_tokens)
+            else:
+                planned = self._scripted(params, max_tokens) if self.script is not None else None
             if planned is None:
                 seed = derive_seed(params.prompt_ids, params.seed)
                 planned = output_token_ids(self.words, seed, max_tokens)
@@ -173,6 +188,17 @@ class SimEngine:
         ids = self.tokenizer.encode(rule.output, add_special_tokens=False).ids
         if rule.finish == "stop" and not params.ignore_eos:
             ids.append(self.eos_token_id)
+        return ids[:max_tokens]
+
+    def _constrained(self, params: GenerateParams, max_tokens: int) -> list[int]:
+        """A valid answer for the request's constraint as token ids, EOS last; max_tokens may cut it short,
+        as it cuts a real engine's constrained answer."""
+        kind, spec = params.constraint
+        try:
+            text = constrained_text(kind, spec, derive_seed(params.prompt_ids, params.seed))
+        except UnsupportedConstraint as e:
+            raise InvalidRequest(str(e)) from None
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids + [self.eos_token_id]
         return ids[:max_tokens]
 
     @staticmethod

@@ -51,11 +51,11 @@ def _eos_token_id(tokenizer_dir: Path) -> tuple[int, int]:
 def build_server(config: SimEngineConfig, services: str = "both") -> tuple[grpc.aio.Server, SimEngine]:
     tokenizer_dir = config.tokenizer_dir or default_tokenizer_dir()
     eos, vocab_size = _eos_token_id(tokenizer_dir)
-    script = tokenizer = None
-    if config.script_path is not None:
-        script = Script.load(config.script_path)
-        tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    engine = SimEngine(config, word_token_ids(tokenizer_dir / "tokenizer.json"), eos, script, tokenizer)
+    script = Script.load(config.script_path) if config.script_path is not None else None
+    engine = SimEngine(config, word_token_ids(tokenizer_dir / "tokenizer.json"), eos, script,
+                       lambda: Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")))
+    if script is not None:
+        engine.tokenizer  # loaded now: a scripted engine decodes every prompt
     shared = SharedEngineState(engine, tokenizer_dir, vocab_size)
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
@@ -176,7 +176,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: "list[str] | None" = None) -> int:
-    parser = argparse.ArgumentParser(prog="sim-engine", description="simulated SGLang/vLLM gRPC engine",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="sim-engine", description="simulated SGLang/vLLM gRPC engine",
+        epilog="Constrained decoding: a request carrying a JSON schema, JSON object, regex or choice constraint "
+               "(the contract's json_schema/json_object/regex/choice fields) is answered with text valid against "
+               "it, deterministic for the prompt or seed, before any --script rule; EBNF grammars and structural "
+               "tags are refused with INVALID_ARGUMENT (chaos/sim_engine/constrained.py).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))

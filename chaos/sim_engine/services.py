@@ -141,6 +141,22 @@ class SharedEngineState:
         )
 
 
+def _sglang_constraint(sp: sg.SamplingParams) -> "tuple[str, object] | None":
+    kind = sp.WhichOneof("constraint")
+    if kind is None:
+        return None
+    return {"ebnf_grammar": "grammar"}.get(kind, kind), getattr(sp, kind)
+
+
+def _vllm_constraint(sp: vl.SamplingParams) -> "tuple[str, object] | None":
+    kind = sp.WhichOneof("constraint")
+    if kind is None:
+        return None
+    if kind == "choice":
+        return "choice", tuple(sp.choice.choices)
+    return kind, getattr(sp, kind)
+
+
 class _CommonRpcs:
     """RPCs both services answer identically (their messages come from common.proto)."""
 
@@ -169,6 +185,7 @@ class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
             stop_token_ids=frozenset(sp.stop_token_ids),
             ignore_eos=sp.ignore_eos,
             seed=None,  # SGLang's SamplingParams carries no seed field
+            constraint=_sglang_constraint(sp),
         )
         async for step, output_ids in self.s.steps_with_output(params, request.stream, context):
             if step.finish_reason is None:
@@ -223,6 +240,7 @@ class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
             stop_token_ids=frozenset(sp.stop_token_ids),
             ignore_eos=sp.ignore_eos,
             seed=sp.seed if sp.HasField("seed") else None,
+            constraint=_vllm_constraint(sp),
         )
         async for step, output_ids in self.s.steps_with_output(params, request.stream, context):
             if step.finish_reason is None:

@@ -1,8 +1,9 @@
 """A chat answer through its model's parsers: reasoning apart, tool calls out, in OpenAI's shape.
 
 Only when a parser applies to the request (the model has a reasoning parser and the request
-does not turn separation off, or the request offers tools with ``tool_choice`` auto and the
-model has a tool-call parser); otherwise the answer is the text as it is, on the usual path.
+does not turn separation off, the request offers tools with ``tool_choice`` auto and the
+model has a tool-call parser, or ``tool_choice`` is ``required`` or a named function, whose
+constrained answer is JSON); otherwise the answer is the text as it is, on the usual path.
 
 Non-streamed: ``message`` with ``content``, ``reasoning_content`` (the name DeepSeek, SGLang and
 vLLM use) and ``tool_calls`` (ids ``call_`` + 24 hex digits, unique per response). Streamed:
@@ -10,7 +11,8 @@ the same as deltas, in order; a call is sent once whole, as two deltas (index, i
 name first, then its arguments). Content that is only whitespace is ``null`` when calls were
 made; streamed, such whitespace is held until other content comes, and dropped if none does,
 so the assembled stream equals the non-streamed answer. ``finish_reason`` is ``tool_calls``
-when calls were made and the engine stopped by itself.
+when calls were made and the engine stopped by itself (``stop`` for a named ``tool_choice``, as
+OpenAI answers a forced function).
 """
 
 from __future__ import annotations
@@ -19,7 +21,15 @@ import secrets
 from typing import Any
 
 from ..generation import GenerationResult
-from ..parsers import ReasoningParser, ToolCall, ToolCallParser, reasoning_parser, tool_call_parser
+from ..parsers import (
+    JsonParser,
+    NamedArgumentsParser,
+    ReasoningParser,
+    ToolCall,
+    ToolCallParser,
+    reasoning_parser,
+    tool_call_parser,
+)
 from .http import sse_event
 
 
@@ -28,25 +38,31 @@ def new_call_id() -> str:
 
 
 class ChatOutput:
-    def __init__(self, shape: Any, tools: ToolCallParser | None, reasoning: ReasoningParser | None) -> None:
+    def __init__(self, shape: Any, tools: ToolCallParser | None, reasoning: ReasoningParser | None,
+                 calls_finish: str = "tool_calls") -> None:
         self.shape = shape
         self.tools = tools
         self.reasoning = reasoning
+        self.calls_finish = calls_finish  # the finish_reason of an answer with calls that stopped by itself
         self._calls = 0
         self._content_seen = False  # content other than whitespace went out
         self._pending_space = ""  # whitespace-only content held (streamed)
 
     @classmethod
     def for_request(cls, shape: Any, entry: Any, chat: Any) -> "ChatOutput | None":
-        tools = None
-        if chat.tools and chat.tool_choice == "auto" and entry.tool_call_parser is not None:
+        tools, calls_finish = None, "tool_calls"
+        if chat.tool_choice == "required":  # constrained to a JSON array of calls (api/structured.py)
+            tools = JsonParser(chat.tools)
+        elif chat.tool_choice == "named":  # constrained to the function's arguments; OpenAI says "stop"
+            tools, calls_finish = NamedArgumentsParser(chat.tool_name), "stop"
+        elif chat.tools and chat.tool_choice == "auto" and entry.tool_call_parser is not None:
             tools = tool_call_parser(entry.tool_call_parser, chat.tools)
         reasoning = None
         if entry.reasoning_parser is not None and chat.separate_reasoning:
             reasoning = reasoning_parser(entry.reasoning_parser)
         if tools is None and reasoning is None:
             return None
-        return cls(shape, tools, reasoning)
+        return cls(shape, tools, reasoning, calls_finish)
 
     # -- one answer ----------------------------------------------------------------------
 
@@ -119,6 +135,5 @@ class ChatOutput:
     def _events(self, deltas: "list[dict[str, Any]]") -> bytes:
         return b"".join(sse_event(self.shape.delta_chunk(delta)) for delta in deltas)
 
-    @staticmethod
-    def _finish_reason(result: GenerationResult, called: bool) -> str:
-        return "tool_calls" if called and result.finish_reason == "stop" else result.finish_reason
+    def _finish_reason(self, result: GenerationResult, called: bool) -> str:
+        return self.calls_finish if called and result.finish_reason == "stop" else result.finish_reason

@@ -80,6 +80,10 @@ def plan_generation(state: GatewayState, request: Request, entry: ModelEntry, in
         max_tokens = state.config.default_max_tokens
     if sampling.min_tokens > max_tokens:
         raise BadRequest("'min_tokens' must not exceed the maximum number of tokens", param="min_tokens")
+    if sampling.logit_bias and entry.tokenizer is not None:
+        check_vocab([token_id for token_id, _ in sampling.logit_bias], entry.tokenizer, "logit_bias")
+    if sampling.stop_token_ids and entry.tokenizer is not None:
+        check_vocab(sampling.stop_token_ids, entry.tokenizer, "stop_token_ids")
     return GenerationPlan(
         request_id=state.new_engine_request_id(),
         model=entry.name,
@@ -273,10 +277,10 @@ def check_prompt_chars(entry: ModelEntry, tokenizer: TokenizerService, text: str
             f"more than that many tokens can hold. Please reduce the length of the prompt.", param=param)
 
 
-def check_vocab(ids: "tuple[int, ...] | list[int]", tokenizer: TokenizerService) -> None:
+def check_vocab(ids: "tuple[int, ...] | list[int]", tokenizer: TokenizerService, param: str = "prompt") -> None:
     bad = next((t for t in ids if t >= tokenizer.vocab_size), None)
     if bad is not None:
-        raise BadRequest(f"token id {bad} is outside the vocabulary (size {tokenizer.vocab_size})", param="prompt",
+        raise BadRequest(f"token id {bad} is outside the vocabulary (size {tokenizer.vocab_size})", param=param,
                          code="invalid_token_id")
 
 

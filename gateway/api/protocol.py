@@ -12,7 +12,9 @@ from typing import Any
 
 import orjson
 
+from ..engine.grpc_engine import Constraint
 from .errors import BadRequest
+from .structured import parse_constraint, tool_call_schema
 from .tools import parse_tools
 
 STOP_STRINGS_MAX = 16
@@ -129,6 +131,38 @@ class SamplingRequest:
     ignore_eos: bool
     skip_special_tokens: bool
     include_stop_str_in_output: bool
+    constraint: Constraint | None = None  # structured output (api/structured.py)
+    constraint_field: str | None = None  # the request field it came from, for errors
+    logit_bias: "tuple[tuple[int, float], ...]" = ()  # ids checked against the vocabulary by plan_generation
+
+
+LOGIT_BIAS_ENTRIES_MAX = 4096
+
+
+def _logit_bias(body: dict[str, Any]) -> "tuple[tuple[int, float], ...]":
+    """OpenAI's logit_bias: token ids (as JSON object keys, so strings) to a bias from -100 to 100."""
+    value = _field(body, "logit_bias", dict, None)
+    if not value:
+        return ()
+    if len(value) > LOGIT_BIAS_ENTRIES_MAX:
+        raise BadRequest(f"'logit_bias' has more than {LOGIT_BIAS_ENTRIES_MAX} entries", param="logit_bias",
+                         code="invalid_value")
+    biases = []
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) <= UINT32_MAX):
+            raise BadRequest(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias",
+                             code="invalid_value")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise BadRequest(f"logit_bias values must be numbers from -100 to 100, got {bias!r} for {key}",
+                             param="logit_bias", code="invalid_value")
+        biases.append((int(key), float(bias)))
+    return tuple(biases)
+
+
+# Fields that constrain the output (api/structured.py): most requests carry none, and one set
+# lookup against the body's keys says so.
+_CONSTRAINT_FIELDS = frozenset({"response_format", "regex", "guided_regex", "ebnf", "grammar", "guided_grammar",
+                                "structural_tag", "choice", "guided_choice", "guided_json", "json_schema"})
 
 
 def parse_sampling(body: dict[str, Any], max_tokens_names: "tuple[str, ...]") -> SamplingRequest:
@@ -153,6 +187,9 @@ def parse_sampling(body: dict[str, Any], max_tokens_names: "tuple[str, ...]") ->
     if seed is not None and not -INT32_MAX - 1 <= seed <= INT32_MAX:
         raise BadRequest(f"'seed' must be a 32-bit integer (between {-INT32_MAX - 1} and {INT32_MAX})", param="seed",
                          code="invalid_value")
+    constraint = constraint_field = None
+    if not _CONSTRAINT_FIELDS.isdisjoint(body):
+        constraint, constraint_field = parse_constraint(body)
     return SamplingRequest(
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", 0.0, 2.0),
@@ -169,6 +206,9 @@ def parse_sampling(body: dict[str, Any], max_tokens_names: "tuple[str, ...]") ->
         ignore_eos=_field(body, "ignore_eos", bool, False),
         skip_special_tokens=_field(body, "skip_special_tokens", bool, True),
         include_stop_str_in_output=_field(body, "include_stop_str_in_output", bool, False),
+        constraint=constraint,
+        constraint_field=constraint_field,
+        logit_bias=_logit_bias(body) if "logit_bias" in body else (),
     )
 
 
@@ -187,12 +227,13 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     tools: list[dict[str, Any]] | None
-    tool_choice: str  # "none" or "auto" (api/tools.py)
+    tool_choice: str  # "none", "auto", "required" or "named" (api/tools.py)
     template_kwargs: dict[str, Any]
     # The model's reasoning apart (reasoning_content) when it has a reasoning parser; false: all content.
     separate_reasoning: bool = True
     # Asks for special-token spellings in messages to be tokenized as control tokens (admin keys only).
     special_tokens_in_content: bool = False
+    tool_name: str | None = None  # the function a named tool_choice calls
 
 
 def _message_content(message: dict[str, Any], index: int) -> str:
@@ -236,11 +277,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         message["role"] = "system" if role == "developer" else role
         message["content"] = _message_content(m, i)
         messages.append(message)
-    _unsupported(body, "logprobs", "top_logprobs", "logit_bias", "audio", "prediction")
-    response_format = body.get("response_format")
-    if response_format not in (None, {"type": "text"}):
-        raise BadRequest("only response_format {\"type\": \"text\"} is supported", param="response_format",
-                         code="unsupported_parameter")
+    _unsupported(body, "logprobs", "top_logprobs", "audio", "prediction")
     stream = _field(body, "stream", bool, False)
     stream_options = _field(body, "stream_options", dict, {})
     tools = parse_tools(body)
@@ -249,14 +286,23 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         if key in RESERVED_TEMPLATE_KWARGS or key.endswith("_token") or key.startswith("_") or not key.isidentifier():
             raise BadRequest(f"chat_template_kwargs may not set {key!r}: the gateway passes it",
                              param="chat_template_kwargs", code="invalid_value")
+    sampling = parse_sampling(body, ("max_completion_tokens", "max_tokens"))
+    if tools.choice == "required" or tools.choice == "named":
+        if sampling.constraint is not None:
+            raise BadRequest(f"tool_choice '{tools.choice if tools.name is None else tools.name}' constrains the "
+                             f"output to tool calls; it cannot be combined with '{sampling.constraint_field}'",
+                             param=sampling.constraint_field, code="conflicting_constraints")
+        sampling.constraint = tool_call_schema(tools.tools, tools.name, tools.parallel)
+        sampling.constraint_field = "tool_choice"
     return ChatRequest(
         model=model, messages=messages,
-        sampling=parse_sampling(body, ("max_completion_tokens", "max_tokens")),
+        sampling=sampling,
         stream=stream, include_usage=bool(stream_options.get("include_usage")) if stream else False,
         tools=tools.tools, tool_choice=tools.choice, template_kwargs=template_kwargs,
         separate_reasoning=_field(body, "separate_reasoning", bool, True) if "separate_reasoning" in body else True,
         special_tokens_in_content=_field(body, "special_tokens_in_content", bool, False)
-        if "special_tokens_in_content" in body else False)
+        if "special_tokens_in_content" in body else False,
+        tool_name=tools.name)
 
 
 @dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)
@@ -289,7 +335,7 @@ def parse_completion(body: dict[str, Any]) -> CompletionRequest:
         raise BadRequest("'prompt' must be a string or an array of token ids", param="prompt", code="invalid_type")
     if text == "" or ids == ():
         raise BadRequest("'prompt' must not be empty", param="prompt", code="invalid_value")
-    _unsupported(body, "logprobs", "suffix", "logit_bias")
+    _unsupported(body, "logprobs", "suffix")
     best_of = body.get("best_of")
     if best_of not in (None, 1):
         raise BadRequest("only best_of=1 is supported", param="best_of", code="unsupported_value")

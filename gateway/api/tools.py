@@ -4,7 +4,7 @@
 What is checked here fails with a 400 naming the field, rather than being ignored with a 200 (which
 is what agent frameworks cannot detect): a malformed tool, duplicate names, a ``tool_choice`` naming
 a function the request does not offer, ``required`` without tools. ``required`` and a named function
-need the engine's constrained decoding, which is not built yet: they are refused as unsupported.
+are enforced by the engine's constrained decoding (``structured.tool_call_schema``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")  # OpenAI: a-z, A-Z, 0-9, undersc
 @dataclasses.dataclass(frozen=True, slots=True)
 class ToolSpec:
     tools: "list[dict[str, Any]] | None"  # as the chat template takes them
-    choice: str  # "none" or "auto"
+    choice: str  # "none", "auto", "required" or "named"
     parallel: bool
+    name: str | None = None  # the function a named tool_choice calls
 
 
 NO_TOOLS = ToolSpec(None, "none", True)
@@ -48,7 +49,8 @@ def parse_tools(body: dict[str, Any]) -> ToolSpec:
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise BadRequest("'parallel_tool_calls' must be a boolean", param="parallel_tool_calls", code="invalid_type")
-    return ToolSpec(checked or None, _check_choice(choice, checked), parallel)
+    choice, name = _check_choice(choice, checked)
+    return ToolSpec(checked or None, choice, parallel, name)
 
 
 def _check_tools(tools: Any) -> list[dict[str, Any]]:
@@ -80,22 +82,20 @@ def _check_tools(tools: Any) -> list[dict[str, Any]]:
     return tools
 
 
-def _check_choice(choice: Any, tools: "list[dict[str, Any]] | None") -> str:
+def _check_choice(choice: Any, tools: "list[dict[str, Any]] | None") -> tuple[str, str | None]:
     if choice is None:
-        return "auto" if tools else "none"
+        return ("auto" if tools else "none"), None
     if choice in ("none", "auto"):
-        return choice
+        return choice, None
     if choice == "required":
         if not tools:
             raise BadRequest("tool_choice 'required' needs 'tools'", param="tool_choice", code="invalid_value")
-        raise BadRequest("tool_choice 'required' is not supported by this gateway yet", param="tool_choice",
-                         code="unsupported_parameter")
+        return "required", None
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         if not any(t["function"]["name"] == name for t in tools or ()):
             raise BadRequest(f"tool_choice names the function {name!r}, which is not in 'tools'",
                              param="tool_choice", code="invalid_value")
-        raise BadRequest("a named tool_choice is not supported by this gateway yet", param="tool_choice",
-                         code="unsupported_parameter")
+        return "named", name
     raise BadRequest("tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": "
                      "{\"name\": ...}}", param="tool_choice", code="invalid_value")

@@ -7,7 +7,15 @@ map smg's parser names (and vLLM's and SGLang's where they differ) to parsers.
 """
 
 from .reasoning import REASONING_PARSERS, ReasoningParser, reasoning_parser
-from .tool_calls import TOOL_CALL_PARSERS, ToolCall, ToolCallParser, ToolCallResult, tool_call_parser
+from .tool_calls import (
+    TOOL_CALL_PARSERS,
+    JsonParser,
+    NamedArgumentsParser,
+    ToolCall,
+    ToolCallParser,
+    ToolCallResult,
+    tool_call_parser,
+)
 
-__all__ = ["REASONING_PARSERS", "TOOL_CALL_PARSERS", "ReasoningParser", "ToolCall", "ToolCallParser",
-           "ToolCallResult", "reasoning_parser", "tool_call_parser"]
+__all__ = ["REASONING_PARSERS", "TOOL_CALL_PARSERS", "JsonParser", "NamedArgumentsParser", "ReasoningParser",
+           "ToolCall", "ToolCallParser", "ToolCallResult", "reasoning_parser", "tool_call_parser"]

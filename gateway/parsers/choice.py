@@ -2,7 +2,8 @@
 
 Patterns are lower-case substrings of the model id (``Qwen/Qwen3-8B`` -> ``qwen3-8b``). A model no
 pattern matches gets none: its text passes through as content. ``--tool-call-parser`` and
-``--reasoning-parser`` override this for every model; ``none`` turns a kind off.
+``--reasoning-parser`` override this for every model; ``none`` (or smg's ``passthrough``) turns a
+kind off.
 """
 
 from __future__ import annotations
@@ -55,4 +56,5 @@ def choose(model_id: str, tool_call_parser: str | None = None,
     """(tool-call parser, reasoning parser) for a model: the operator's choice, else by the model id."""
     tool = tool_call_parser if tool_call_parser is not None else _longest(TOOL_CALL_PATTERNS, model_id)
     reasoning = reasoning_parser if reasoning_parser is not None else _longest(REASONING_PATTERNS, model_id)
-    return (None if tool == "none" else tool), (None if reasoning == "none" else reasoning)
+    off = ("none", "passthrough")
+    return (None if tool in off else tool), (None if reasoning in off else reasoning)

@@ -17,7 +17,9 @@ Formats (the names are smg's; vLLM's and SGLang's are aliases):
                            [TOOL_CALLS]name[ARGS]{...} (and [TOOL_CALLS]name{...}) repeated
     pythonic               [f(a=1, b="x"), g()] as Python literals, optionally between
                            <|python_start|> and <|python_end|> (Llama 4, Llama 3.2 pythonic)
-    json                   the whole answer a JSON call or array of calls (constrained output)
+    json                   the whole answer a JSON call or array of calls (constrained output:
+                           tool_choice "required"; a named tool_choice's answer is its arguments,
+                           ``NamedArgumentsParser``)
     qwen_coder, qwen_xml   <tool_call><function=NAME><parameter=K>V</parameter></function></tool_call>
                            (Qwen3-Coder, Qwen3.5), values typed by the tool's schema
     deepseek (v3)          <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
@@ -350,6 +352,21 @@ class JsonParser(TrailingCallsParser):
 
     def decode(self, held: str) -> "list[ToolCall] | None":
         return _json_calls(held.strip())
+
+
+class NamedArgumentsParser(TrailingCallsParser):
+    """The answer to a named ``tool_choice``: constrained decoding made it the function's arguments
+    object, so the whole answer is one call of that function."""
+
+    openers = ("{",)
+
+    def __init__(self, name: str) -> None:
+        super().__init__([name])
+        self.name = name
+
+    def decode(self, held: str) -> "list[ToolCall] | None":
+        arguments = _arguments_json(held.strip())
+        return None if arguments is None else [ToolCall(self.name, arguments)]
 
 
 def _arguments_json(text: str) -> "str | None":

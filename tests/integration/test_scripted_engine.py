@@ -134,3 +134,91 @@ def test_a_call_after_the_reasoning(scripted_node):
     content, reasoning, calls, finish = assembled(ask(scripted_node, "think then call", True, tools=TOOLS))
     assert (content, reasoning, finish) == ("", "\nI need the weather.\n", "tool_calls")
     assert [c["name"] for c in calls] == ["get_weather"]
+
+
+# -- constrained decoding, through each runtime's contract fields --------------------------------------------
+
+WEATHER_PARAMS = TOOLS[0]["function"]["parameters"] | {"required": ["city", "days"]}
+CONSTRAINED_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_PARAMS}},
+                     TOOLS[1]]
+CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"},
+                                                "coastal": {"type": "boolean"}},
+               "required": ["city", "population", "coastal"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module", params=["sglang", "vllm"])
+def constrained_node(request, log_dir):
+    engine = EngineProcess(["--zero-cost", "--services", request.param], log_dir, f"constrained-{request.param}")
+    node = NodeProcess(["--worker-urls", engine.url], log_dir, f"constrained-node-{request.param}")
+    yield node
+    node.stop()
+    engine.stop()
+
+
+def test_tool_choice_required_gives_valid_calls_streamed_or_not(constrained_node):
+    import jsonschema
+
+    reply = ask(constrained_node, "Plan my trip", False, tools=CONSTRAINED_TOOLS, tool_choice="required")
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None and choice.message.tool_calls
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in CONSTRAINED_TOOLS}
+    for call in choice.message.tool_calls:
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+    assert len({c.id for c in choice.message.tool_calls}) == len(choice.message.tool_calls)
+    content, _, calls, finish = assembled(ask(constrained_node, "Plan my trip", True, tools=CONSTRAINED_TOOLS,
+                                              tool_choice="required"))
+    assert (content, finish) == ("", "tool_calls")
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+
+
+def test_a_named_tool_choice_calls_that_function(constrained_node):
+    import jsonschema
+
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    reply = ask(constrained_node, "Anything", False, tools=CONSTRAINED_TOOLS, tool_choice=named)
+    (call,) = reply.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and reply.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMS)
+    _, _, calls, finish = assembled(ask(constrained_node, "Anything", True, tools=CONSTRAINED_TOOLS,
+                                        tool_choice=named))
+    assert [(c["name"], c["arguments"]) for c in calls] == [("get_weather", call.function.arguments)]
+
+
+def test_json_schema_output_validates_streamed_or_not(constrained_node):
+    import jsonschema
+
+    response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA, "strict": True}}
+    for prompt in ("Describe a city", "Describe another city", "A third"):
+        reply = ask(constrained_node, prompt, False, response_format=response_format)
+        jsonschema.validate(json.loads(reply.choices[0].message.content), CITY_SCHEMA)
+        content, _, _, finish = assembled(ask(constrained_node, prompt, True, response_format=response_format))
+        assert content == reply.choices[0].message.content and finish == "stop"
+    reply = ask(constrained_node, "Any object", False, response_format={"type": "json_object"})
+    assert isinstance(json.loads(reply.choices[0].message.content), dict)
+
+
+def test_regex_and_choice_through_extra_body(constrained_node):
+    import re
+
+    reply = ask(constrained_node, "A phone number", False, extra_body={"regex": r"\+47 [0-9]{8}"})
+    assert re.fullmatch(r"\+47 [0-9]{8}", reply.choices[0].message.content)
+    reply = ask(constrained_node, "Yes or no?", False, extra_body={"guided_choice": ["yes", "no"]})
+    assert reply.choices[0].message.content in ("yes", "no")
+    text = sdk(constrained_node).completions.create(model="qwen3-sim", prompt="The code is", max_tokens=20,
+                                                    extra_body={"regex": "[A-F]{4}"}).choices[0].text
+    assert re.fullmatch("[A-F]{4}", text)
+
+
+def test_what_the_engine_cannot_honour_and_bad_biases_are_400s(constrained_node):
+    client = sdk(constrained_node)
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as e:  # the engine's INVALID_ARGUMENT, as the API's error
+        client.chat.completions.create(model="qwen3-sim", messages=messages, extra_body={"ebnf": 'root ::= "a"'})
+    assert "grammar" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="qwen3-sim", messages=messages, logit_bias={"99999999": 5})
+    assert e.value.body["param"] == "logit_bias"
+    reply = client.chat.completions.create(model="qwen3-sim", messages=messages, max_tokens=4,
+                                           logit_bias={"11": -100, "12": 3.5})
+    assert reply.choices[0].finish_reason in ("stop", "length")

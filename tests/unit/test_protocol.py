@@ -29,7 +29,10 @@ OK = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     ({**OK, "stop": ["a"] * 17}, "stop"),
     ({**OK, "stream": "yes"}, "stream"),
     ({**OK, "logprobs": True}, "logprobs"),
-    ({**OK, "response_format": {"type": "json_object"}}, "response_format"),
+    ({**OK, "response_format": {"type": "xml"}}, "response_format.type"),
+        ({**OK, "response_format": {"type": "json_object"}, "regex": "a+"}, "regex"),
+        ({**OK, "logit_bias": {"x": 1}}, "logit_bias"),
+        ({**OK, "logit_bias": {"5": 101}}, "logit_bias"),
     ({**OK, "seed": 2 ** 64}, "seed"),
 ])
 def test_bad_chat_requests_name_the_parameter(body, param):

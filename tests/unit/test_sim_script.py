@@ -57,7 +57,7 @@ def generate(engine: SimEngine, prompt: str, max_tokens: int | None = None, igno
 def make_engine(tmp_path) -> SimEngine:
     script = write(tmp_path, {"match": "weather", "output": CALL},
                    {"match": "count", "output": "one two three", "finish": "length"})
-    return SimEngine(SimEngineConfig.zero_cost(prefix_caching=False), (1, 2, 3), EOS, script, TOKENIZER)
+    return SimEngine(SimEngineConfig.zero_cost(prefix_caching=False), (1, 2, 3), EOS, script, lambda: TOKENIZER)
 
 
 def test_a_scripted_answer_streams_its_ids_special_tokens_included_then_eos(tmp_path):

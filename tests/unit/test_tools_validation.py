@@ -24,6 +24,15 @@ def test_tools_default_to_auto_and_none_or_auto_are_accepted():
     assert parse_tools({"tools": []}).tools is None
 
 
+def test_required_and_named_choices_are_kept_for_constrained_decoding():
+    spec = parse_tools({"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False})
+    assert (spec.choice, spec.name, spec.parallel) == ("required", None, False)
+    spec = parse_tools({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    assert (spec.choice, spec.name) == ("named", "get_weather")
+    spec = parse_tools({"functions": [WEATHER["function"]], "function_call": {"name": "get_weather"}})
+    assert (spec.choice, spec.name) == ("named", "get_weather")
+
+
 def test_legacy_functions_map_to_tools():
     spec = parse_tools({"functions": [WEATHER["function"]], "function_call": "auto"})
     assert spec.tools == [WEATHER] and spec.choice == "auto"
@@ -41,9 +50,6 @@ def test_legacy_functions_map_to_tools():
      "invalid_value"),
     ({"tool_choice": "required"}, "tool_choice", "invalid_value"),
     ({"tools": [WEATHER], "tool_choice": "always"}, "tool_choice", "invalid_value"),
-    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice", "unsupported_parameter"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
-     "unsupported_parameter"),
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "invalid_type"),
     ({"functions": [WEATHER["function"]], "tools": [WEATHER]}, "functions", "invalid_value"),
     ({"functions": "x"}, "functions", "invalid_type"),
