@@ -90,6 +90,9 @@ class GenerationPlan:
     routing: RoutingRequest
     timeout_s: float | None
     usage: UsageTally = dataclasses.field(default_factory=UsageTally, compare=False)
+    # Special tokens kept in the text although skip_special_tokens is set: the markers the answer's
+    # parsers read (Llama's <|python_tag|>, Mistral's [TOOL_CALLS]), by their spelling.
+    kept_special: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass
@@ -231,7 +234,7 @@ class _Progress:
         self.worker_id = worker_id
         self.sink = sink
         self.generation: Any = None  # the engine call, once on_arrival listens to it
-        self.decoder = tokenizer.new_decode_stream(plan.skip_special_tokens)
+        self.decoder = tokenizer.new_decode_stream(plan.skip_special_tokens, plan.kept_special)
         self.matcher = StopMatcher(plan.stop, plan.include_stop_str)
         self.output_ids: list[int] = []
         self.text_parts: list[str] = []

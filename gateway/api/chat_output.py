@@ -44,6 +44,9 @@ class ChatOutput:
         self.tools = tools
         self.reasoning = reasoning
         self.calls_finish = calls_finish  # the finish_reason of an answer with calls that stopped by itself
+        # The parsers' markers, kept by the detokenizer even where they are special tokens.
+        self.kept_special = frozenset((tools.spellings if tools is not None else ()) +
+                                      (reasoning.spellings if reasoning is not None else ()))
         self._calls = 0
         self._content_seen = False  # content other than whitespace went out
         self._pending_space = ""  # whitespace-only content held (streamed)

@@ -204,8 +204,10 @@ async def chat_completions(state: GatewayState, request: Request) -> None:
     input_ids = await encode_chat(state, request, entry, tokenizer, chat, True, raw)
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "messages")
     shape = _OpenAIShape(True, "chatcmpl-" + request.request_id, entry.name)
-    await _respond(state, request, plan, tokenizer, shape, chat.include_usage,
-                   output=ChatOutput.for_request(shape, entry, chat))
+    output = ChatOutput.for_request(shape, entry, chat)
+    if output is not None:
+        plan.kept_special = output.kept_special
+    await _respond(state, request, plan, tokenizer, shape, chat.include_usage, output=output)
 
 
 async def completions(state: GatewayState, request: Request) -> None:

@@ -39,6 +39,7 @@ _START, _REASONING, _AFTER, _CONTENT = range(4)  # where the parser stands
 class ReasoningParser:
     def __init__(self, starts_in_reasoning: bool, start: str = "<think>", end: str = "</think>") -> None:
         self.start, self.end = start, end
+        self.spellings = (start, end)  # kept in the decoded text if the tokenizer holds them as special tokens
         self._state = _START
         self._starts_in_reasoning = starts_in_reasoning
         self._buffer = ""

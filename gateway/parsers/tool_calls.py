@@ -92,6 +92,10 @@ class ToolSet:
 class ToolCallParser(abc.ABC):
     """The streaming interface every format implements."""
 
+    # The markers the format writes: tokenizers often hold them as special tokens, which the
+    # detokenizer drops unless told to keep these (GenerationPlan.kept_special).
+    spellings: tuple[str, ...] = ()
+
     @abc.abstractmethod
     def feed(self, text: str) -> ToolCallResult:
         """The content and the calls this piece of text completes."""
@@ -141,6 +145,7 @@ class TaggedParser(ToolCallParser):
 
     start = "<tool_call>"
     end = "</tool_call>"
+    spellings = ("<tool_call>", "</tool_call>")
 
     def __init__(self, tools: "Iterable[str] | Iterable[dict[str, Any]] | ToolSet | None" = None) -> None:
         self.tools = ToolSet.of(tools)
@@ -266,7 +271,7 @@ def _json_calls(text: str) -> "list[ToolCall] | None":
 
 
 class LlamaJsonParser(TrailingCallsParser):
-    markers = ("<|python_tag|>",)
+    markers = spellings = ("<|python_tag|>",)
     openers = ("{",)
 
     def decode(self, held: str) -> "list[ToolCall] | None":
@@ -282,6 +287,7 @@ class LlamaJsonParser(TrailingCallsParser):
 
 class MistralParser(TrailingCallsParser):
     markers = ("[TOOL_CALLS]",)
+    spellings = ("[TOOL_CALLS]", "[ARGS]")
 
     # [TOOL_CALLS]name[ARGS]{...} or [TOOL_CALLS]name{...}: the newer tokenizers' form.
     _NAMED = re.compile(r"\s*([A-Za-z0-9_.:-]{1,64})\s*(?:\[ARGS\])?\s*(?=[{])")
@@ -323,6 +329,7 @@ class MistralParser(TrailingCallsParser):
 
 class PythonicParser(TrailingCallsParser):
     markers = ("<|python_start|>",)
+    spellings = ("<|python_start|>", "<|python_end|>")
     openers = ("[",)
 
     def decode(self, held: str) -> "list[ToolCall] | None":
@@ -397,6 +404,7 @@ class DeepSeekV3Parser(TaggedParser):
 
     start = "<｜tool▁calls▁begin｜>"
     end = "<｜tool▁calls▁end｜>"
+    spellings = (start, end, "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>")
     _CALL = re.compile(r"<｜tool▁call▁begin｜>\s*(?:\w+)?\s*<｜tool▁sep｜>\s*(?P<name>[^\n`]+?)\s*\n"
                        r"```(?:json)?\s*\n?(?P<args>.*?)\s*```\s*<｜tool▁call▁end｜>", re.S)
 
@@ -417,6 +425,7 @@ class KimiK2Parser(TaggedParser):
 
     start = "<|tool_calls_section_begin|>"
     end = "<|tool_calls_section_end|>"
+    spellings = (start, end, "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>")
     _CALL = re.compile(r"<\|tool_call_begin\|>\s*(?P<id>[^<\s]+?)\s*<\|tool_call_argument_begin\|>\s*"
                        r"(?P<args>.*?)\s*<\|tool_call_end\|>", re.S)
 
@@ -436,6 +445,7 @@ class Glm45Parser(TaggedParser):
     """<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>, with or without
     newlines between the parts (GLM-4.5, GLM-4.6, GLM-4.7); values typed by the tool's schema."""
 
+    spellings = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
     _NAME = re.compile(r"\s*([^<\s]+)\s*")
     _ARG = re.compile(r"\s*<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?)</arg_value>\s*", re.S)
 
@@ -464,6 +474,7 @@ class QwenXmlParser(Glm45Parser):
     """<tool_call><function=NAME><parameter=K>V</parameter>...</function></tool_call> (Qwen3-Coder, Qwen3.5);
     values typed by the tool's schema, the newline the model writes around a value not part of it."""
 
+    spellings = TaggedParser.spellings
     _FUNCTION = re.compile(r"\s*<function=(?P<name>[^>]+)>(?P<params>.*?)</function>\s*", re.S)
     _PARAM = re.compile(r"\s*<parameter=(?P<key>[^>]+)>\n?(?P<value>.*?)\n?</parameter>\s*", re.S)
 

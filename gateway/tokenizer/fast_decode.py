@@ -79,9 +79,25 @@ class ByteLevelDecoder:
     def __init__(self, token_bytes: "list[bytes]", special_ids: "frozenset[int]") -> None:
         self._with_special = token_bytes
         self._without_special = [b"" if i in special_ids else data for i, data in enumerate(token_bytes)]
+        self._special_ids = special_ids
+        # Tables that skip special tokens but keep some, per set of kept spellings (a parser's markers:
+        # a handful of sets per node, each a table of references built once).
+        self._keeping: dict[frozenset[str], list[bytes]] = {}
 
-    def new_stream(self, skip_special_tokens: bool) -> ByteLevelStream:
-        return ByteLevelStream(self._without_special if skip_special_tokens else self._with_special)
+    def new_stream(self, skip_special_tokens: bool, kept_special: "frozenset[str]" = frozenset()) -> ByteLevelStream:
+        if not skip_special_tokens:
+            return ByteLevelStream(self._with_special)
+        if not kept_special:
+            return ByteLevelStream(self._without_special)
+        table = self._keeping.get(kept_special)
+        if table is None:
+            spelled = {kept.encode("utf-8") for kept in kept_special}
+            table = list(self._without_special)
+            for i in self._special_ids:
+                if self._with_special[i] in spelled:
+                    table[i] = self._with_special[i]
+            self._keeping[kept_special] = table
+        return ByteLevelStream(table)
 
     @classmethod
     def build(cls, tokenizer_json: str, reference: tokenizers.Tokenizer,

