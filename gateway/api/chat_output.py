@@ -6,7 +6,7 @@ model has a tool-call parser, or ``tool_choice`` is ``required`` or a named func
 constrained answer is JSON); otherwise the answer is the text as it is, on the usual path.
 
 Non-streamed: ``message`` with ``content``, ``reasoning_content`` (the name DeepSeek, SGLang and
-vLLM use) and ``tool_calls`` (ids ``call_`` + 24 hex digits, unique per response). Streamed:
+smg use; vLLM's newer ``reasoning`` is not added, which would double every reasoning delta) and ``tool_calls`` (ids ``call_`` + 24 hex digits, unique per response). Streamed:
 the same as deltas, in order; a call is sent once whole, as two deltas (index, id, type and
 name first, then its arguments). Content that is only whitespace is ``null`` when calls were
 made; streamed, such whitespace is held until other content comes, and dropped if none does,
@@ -18,6 +18,7 @@ OpenAI answers a forced function).
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from ..generation import GenerationResult
@@ -39,10 +40,18 @@ def new_call_id() -> str:
 
 class ChatOutput:
     def __init__(self, shape: Any, tools: ToolCallParser | None, reasoning: ReasoningParser | None,
-                 calls_finish: str = "tool_calls") -> None:
+                 calls_finish: str = "tool_calls", stream_reasoning: bool = True,
+                 count_tokens: "Callable[[str], int] | None" = None, reasoning_end_id: int | None = None) -> None:
         self.shape = shape
         self.tools = tools
         self.reasoning = reasoning
+        self.stream_reasoning = stream_reasoning
+        self._held_reasoning = ""  # reasoning not streamed yet (stream_reasoning false)
+        # usage.completion_tokens_details.reasoning_tokens: the output tokens up to the end marker's id
+        # when it is one token, else the reasoning text counted by the tokenizer (kept for that).
+        self.reasoning_end_id = reasoning_end_id
+        self.count_tokens = count_tokens
+        self._reasoning_text: "list[str] | None" = [] if reasoning_end_id is None and count_tokens else None
         self.calls_finish = calls_finish  # the finish_reason of an answer with calls that stopped by itself
         # The parsers' markers, kept by the detokenizer even where they are special tokens.
         self.kept_special = frozenset((tools.spellings if tools is not None else ()) +
@@ -61,11 +70,15 @@ class ChatOutput:
         elif chat.tools and chat.tool_choice == "auto" and entry.tool_call_parser is not None:
             tools = tool_call_parser(entry.tool_call_parser, chat.tools)
         reasoning = None
-        if entry.reasoning_parser is not None and chat.separate_reasoning:
+        if entry.reasoning_parser is not None and chat.separate_reasoning and chat.thinking:
             reasoning = reasoning_parser(entry.reasoning_parser)
         if tools is None and reasoning is None:
             return None
-        return cls(shape, tools, reasoning, calls_finish)
+        count_tokens = end_id = None
+        if reasoning is not None and entry.tokenizer is not None:
+            end_id = entry.tokenizer.token_to_id(reasoning.end)
+            count_tokens = entry.tokenizer.count_tokens
+        return cls(shape, tools, reasoning, calls_finish, chat.stream_reasoning, count_tokens, end_id)
 
     # -- one answer ----------------------------------------------------------------------
 
@@ -85,6 +98,7 @@ class ChatOutput:
             message["tool_calls"] = [{"id": new_call_id(), "type": "function",
                                       "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
         body = self.shape.full(text, result)
+        self._add_reasoning_tokens(body["usage"], result, reasoning_text or "")
         choice = body["choices"][0]
         choice["message"] = message
         choice["finish_reason"] = self._finish_reason(result, bool(calls))
@@ -104,7 +118,11 @@ class ChatOutput:
             deltas.append({"content": self._pending_space})
         self._pending_space = ""
         out = self._events(deltas) + sse_event(self.shape.chunk(None, self._finish_reason(result, bool(self._calls))))
-        return out + sse_event(self.shape.usage_chunk(result)) if include_usage else out
+        if not include_usage:
+            return out
+        usage = self.shape.usage_chunk(result)
+        self._add_reasoning_tokens(usage["usage"], result, "".join(self._reasoning_text or ()))
+        return out + sse_event(usage)
 
     def _step(self, text: str, deltas: "list[dict[str, Any]]", final: bool) -> None:
         content = text
@@ -113,7 +131,15 @@ class ChatOutput:
             if final:
                 parsed.extend(self.reasoning.finish())
             if parsed.reasoning:
-                deltas.append({"reasoning_content": parsed.reasoning})
+                if self._reasoning_text is not None:
+                    self._reasoning_text.append(parsed.reasoning)
+                if self.stream_reasoning:
+                    deltas.append({"reasoning_content": parsed.reasoning})
+                else:
+                    self._held_reasoning += parsed.reasoning
+            if self._held_reasoning and (parsed.content or final):  # the reasoning is over: all of it at once
+                deltas.append({"reasoning_content": self._held_reasoning})
+                self._held_reasoning = ""
             content = parsed.content
         calls: list[ToolCall] = []
         if self.tools is not None:
@@ -134,6 +160,18 @@ class ChatOutput:
             deltas.append({"tool_calls": [{"index": index, "id": new_call_id(), "type": "function",
                                            "function": {"name": call.name, "arguments": ""}}]})
             deltas.append({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]})
+
+    def _add_reasoning_tokens(self, usage: dict[str, Any], result: GenerationResult, reasoning_text: str) -> None:
+        if self.reasoning is None:
+            return
+        count = 0
+        if self.reasoning.reasoned:
+            ids = result.output_ids
+            if self.reasoning_end_id is not None:
+                count = ids.index(self.reasoning_end_id) + 1 if self.reasoning_end_id in ids else len(ids)
+            elif self.count_tokens is not None:
+                count = min(len(ids), self.count_tokens(reasoning_text))
+        usage["completion_tokens_details"] = {"reasoning_tokens": count}
 
     def _events(self, deltas: "list[dict[str, Any]]") -> bytes:
         return b"".join(sse_event(self.shape.delta_chunk(delta)) for delta in deltas)

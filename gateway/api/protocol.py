@@ -234,6 +234,11 @@ class ChatRequest:
     # Asks for special-token spellings in messages to be tokenized as control tokens (admin keys only).
     special_tokens_in_content: bool = False
     tool_name: str | None = None  # the function a named tool_choice calls
+    # Reasoning streamed as it comes (SGLang's stream_reasoning); false: held and sent in one delta.
+    stream_reasoning: bool = True
+    # False when the request turns the model's thinking off (reasoning_effort none/minimal, or
+    # chat_template_kwargs enable_thinking/thinking false): no reasoning parser then.
+    thinking: bool = True
 
 
 def _message_content(message: dict[str, Any], index: int) -> str:
@@ -286,6 +291,10 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         if key in RESERVED_TEMPLATE_KWARGS or key.endswith("_token") or key.startswith("_") or not key.isidentifier():
             raise BadRequest(f"chat_template_kwargs may not set {key!r}: the gateway passes it",
                              param="chat_template_kwargs", code="invalid_value")
+    thinking = not template_kwargs or (template_kwargs.get("enable_thinking") is not False
+                                       and template_kwargs.get("thinking") is not False)
+    if "reasoning_effort" in body:
+        thinking = _reasoning_effort(body, template_kwargs) and thinking
     sampling = parse_sampling(body, ("max_completion_tokens", "max_tokens"))
     if tools.choice == "required" or tools.choice == "named":
         if sampling.constraint is not None:
@@ -302,7 +311,30 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         separate_reasoning=_field(body, "separate_reasoning", bool, True) if "separate_reasoning" in body else True,
         special_tokens_in_content=_field(body, "special_tokens_in_content", bool, False)
         if "special_tokens_in_content" in body else False,
-        tool_name=tools.name)
+        tool_name=tools.name,
+        stream_reasoning=_field(body, "stream_reasoning", bool, True) if "stream_reasoning" in body else True,
+        thinking=thinking)
+
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+
+
+def _reasoning_effort(body: dict[str, Any], template_kwargs: dict[str, Any]) -> bool:
+    """OpenAI's reasoning_effort, for the chat template: ``none`` and ``minimal`` turn thinking off (Qwen3's
+    ``enable_thinking``, DeepSeek V3.1's ``thinking``); any effort goes to templates that read it (gpt-oss).
+    What the client set in chat_template_kwargs wins. Whether thinking stays on."""
+    effort = _field(body, "reasoning_effort", str, None)
+    if effort is None:
+        return True
+    if effort not in REASONING_EFFORTS:
+        raise BadRequest(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}",
+                         param="reasoning_effort", code="invalid_value")
+    template_kwargs.setdefault("reasoning_effort", effort)
+    if effort in ("none", "minimal"):
+        template_kwargs.setdefault("enable_thinking", False)
+        template_kwargs.setdefault("thinking", False)
+        return False
+    return True
 
 
 @dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)

@@ -43,6 +43,7 @@ class ReasoningParser:
         self._state = _START
         self._starts_in_reasoning = starts_in_reasoning
         self._buffer = ""
+        self._left_reasoning = False  # the end marker came
 
     def feed(self, text: str) -> ReasoningResult:
         result = ReasoningResult()
@@ -68,6 +69,7 @@ class ReasoningParser:
                 result.reasoning += buffer[:at]
                 buffer = buffer[at + len(self.end):]
                 self._state = _AFTER
+                self._left_reasoning = True
                 continue
             if self._state == _AFTER:  # the whitespace right after the end marker is dropped
                 buffer = buffer.lstrip()
@@ -79,6 +81,11 @@ class ReasoningParser:
             break
         self._buffer = buffer
         return result
+
+    @property
+    def reasoned(self) -> bool:
+        """Whether the answer had reasoning (entered it, by its start marker or by starting inside)."""
+        return self._state == _REASONING or self._left_reasoning
 
     def finish(self) -> ReasoningResult:
         result = ReasoningResult()

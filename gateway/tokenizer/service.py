@@ -386,6 +386,14 @@ class TokenizerService:
     def id_to_token(self, token_id: int) -> str | None:
         return self.tokenizer.id_to_token(token_id)
 
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a token spelled exactly so (a marker such as ``</think>``), None if it is not one token."""
+        return self.tokenizer.token_to_id(token)
+
+    def count_tokens(self, text: str) -> int:
+        """How many tokens ``text`` encodes to (synchronously, uncached: for short texts off the hot path)."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
     # -- statistics -------------------------------------------------------
 
     def statistics(self) -> dict[str, int]:

@@ -126,6 +126,20 @@ def test_reasoning_is_apart_streamed_or_not_unless_the_request_keeps_it(scripted
     assert kept.choices[0].message.content == THOUGHT
 
 
+def test_reasoning_tokens_and_the_thinking_switch(scripted_node):
+    reply = ask(scripted_node, "What is six times seven?", False)
+    # "<think>", the thought, "</think>": the tokens through the end marker (one token in Qwen3)
+    thought_tokens = len(sdk(scripted_node).post("/tokenize", cast_to=object, body={
+        "model": "qwen3-sim", "prompt": THOUGHT.split("</think>")[0] + "</think>"})["tokens"])
+    assert reply.usage.completion_tokens_details.reasoning_tokens == thought_tokens
+    assert reply.usage.completion_tokens > thought_tokens
+    chunks = list(ask(scripted_node, "What is six times seven?", True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == thought_tokens
+    # thinking turned off: no reasoning parser (a model that thinks anyway says so in its content)
+    off = ask(scripted_node, "What is six times seven?", False, reasoning_effort="none")
+    assert off.choices[0].message.content == THOUGHT and "reasoning_content" not in off.choices[0].message.model_extra
+
+
 def test_a_call_after_the_reasoning(scripted_node):
     reply = ask(scripted_node, "think then call", False, tools=TOOLS)
     message = reply.choices[0].message

@@ -88,3 +88,60 @@ def test_finish_reason_and_null_content():
     assert body["usage"]["completion_tokens"] == 4
     cut = output().full(CALL, result("length"))["choices"][0]
     assert cut["finish_reason"] == "length"  # a call cut short by max_tokens is still reported as cut
+
+
+def test_a_call_inside_the_reasoning_is_not_a_call():
+    text = "<think>\nmaybe " + CALL + "\n</think>\n\nNo call needed."
+    message = output().full(text, result())["choices"][0]["message"]
+    assert "tool_calls" not in message and message["content"] == "No call needed."
+    assert CALL in message["reasoning_content"]
+
+
+def _events(out: ChatOutput, text: str, final_result: GenerationResult, seed: int = 0) -> bytes:
+    rng, at, first, streamed = random.Random(seed), 0, True, b""
+    while at < len(text):
+        size = rng.choice((1, 2, 5))
+        streamed += out.text_event(text[at:at + size], first)
+        first, at = False, at + size
+    return streamed + out.final_events(final_result, include_usage=True)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_reasoning_held_until_it_ends_when_not_streamed_as_it_comes(seed):
+    text = "<think>\nstep one, step two\n</think>\n\nThe answer."
+    out = ChatOutput(_OpenAIShape(True, "chatcmpl-x", "m"), None, reasoning_parser("qwen3"), stream_reasoning=False)
+    streamed = _events(out, text, result(), seed)
+    reasoning_deltas = [orjson.loads(line[6:])["choices"][0]["delta"]["reasoning_content"]
+                        for line in streamed.split(b"\n\n") if b"reasoning_content" in line]
+    assert reasoning_deltas == ["\nstep one, step two\n"], f"seed={seed}"
+    assert assemble(streamed)[1:3] == ("The answer.", "\nstep one, step two\n")
+
+
+END = 99  # the id of </think> in these tests
+
+
+@pytest.mark.parametrize("text, ids, expected", [
+    ("<think>\nab\n</think>\n\nc", [5, 6, END, 7], 3),
+    ("no thinking here", [5, 6, 7], 0),
+    ("<think>\ncut short", [5, 6, 7, 8], 4),
+])
+def test_reasoning_tokens_in_usage_streamed_or_not(text, ids, expected):
+    def make():
+        return ChatOutput(_OpenAIShape(True, "chatcmpl-x", "m"), None, reasoning_parser("qwen3"),
+                          count_tokens=len, reasoning_end_id=END)
+
+    done = GenerationResult(text, ids, "stop", None, 3, len(ids), 0, "w")
+    assert make().full(text, done)["usage"]["completion_tokens_details"] == {"reasoning_tokens": expected}
+    usage = [orjson.loads(line[6:])["usage"] for line in _events(make(), text, done).split(b"\n\n")
+             if b'"usage"' in line]
+    assert usage[-1]["completion_tokens_details"] == {"reasoning_tokens": expected}
+
+
+def test_reasoning_tokens_counted_from_the_text_when_the_end_marker_is_not_one_token():
+    out = ChatOutput(_OpenAIShape(True, "chatcmpl-x", "m"), None, reasoning_parser("kimi"), count_tokens=len)
+    text = "abcd◁/think▷rest"
+    done = GenerationResult(text, list(range(10)), "stop", None, 3, 10, 0, "w")
+    assert out.full(text, done)["usage"]["completion_tokens_details"] == {"reasoning_tokens": 4}
+    streamed = _events(ChatOutput(_OpenAIShape(True, "chatcmpl-x", "m"), None, reasoning_parser("kimi"),
+                                  count_tokens=len), text, done)
+    assert b'"reasoning_tokens":4' in streamed

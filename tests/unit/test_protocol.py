@@ -83,3 +83,29 @@ def test_spliced_text_chunk_events_equal_the_rendered_ones():
         shape = _OpenAIShape(chat, "chatcmpl-abc", 'model "quoted"')
         for text in ["hi", "", 'é "q" \n\u2028 \\', "\x00text\x00", "🎉" * 3]:
             assert shape.text_chunk_event(text) == sse_event(shape.chunk(text, None)), text
+
+
+@pytest.mark.parametrize("extra, thinking, template_kwargs", [
+    ({}, True, {}),
+    ({"reasoning_effort": "none"}, False, {"reasoning_effort": "none", "enable_thinking": False, "thinking": False}),
+    ({"reasoning_effort": "minimal"}, False,
+     {"reasoning_effort": "minimal", "enable_thinking": False, "thinking": False}),
+    ({"reasoning_effort": "high"}, True, {"reasoning_effort": "high"}),
+    ({"chat_template_kwargs": {"enable_thinking": False}}, False, {"enable_thinking": False}),
+    ({"chat_template_kwargs": {"thinking": False}}, False, {"thinking": False}),
+    ({"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}, False,
+     {"reasoning_effort": "none", "enable_thinking": True, "thinking": False}),
+])
+def test_reasoning_effort_and_template_switches_turn_thinking_off(extra, thinking, template_kwargs):
+    chat = parse_chat({**OK, **extra})
+    assert (chat.thinking, chat.template_kwargs) == (thinking, template_kwargs)
+
+
+def test_a_bad_reasoning_effort_and_stream_reasoning_are_400s():
+    with pytest.raises(BadRequest) as e:
+        parse_chat({**OK, "reasoning_effort": "extreme"})
+    assert e.value.param == "reasoning_effort"
+    with pytest.raises(BadRequest) as e:
+        parse_chat({**OK, "stream_reasoning": "no"})
+    assert e.value.param == "stream_reasoning"
+    assert parse_chat({**OK, "stream_reasoning": False}).stream_reasoning is False
