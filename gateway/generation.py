@@ -72,6 +72,30 @@ class UsageTally:
         return self.prompt_tokens + self.completion_tokens
 
 
+class LogprobRecord:
+    """The log probabilities of a generation as they arrive (requests that ask for them).
+
+    ``tokens``: one entry per output token (grpc_engine.TokenLogprob); ``prompt``: the prompt's, when
+    asked; ``sent``: how many entries a stream has already sent. Reset for each attempt.
+    """
+
+    __slots__ = ("tokens", "prompt", "sent")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.tokens: list[Any] = []
+        self.prompt: "tuple[Any, ...] | None" = None
+        self.sent = 0
+
+    def unsent(self) -> list[Any]:
+        """The entries not sent yet, now marked sent."""
+        entries = self.tokens[self.sent:]
+        self.sent = len(self.tokens)
+        return entries
+
+
 # Not frozen, as no dataclass made for every request is (GenerationPlan, SamplingRequest, ChatRequest,
 # SamplingOptions, RoutingRequest, SegmentMatch; GenerateEvent and StopResult, made per token, are
 # NamedTuples): a frozen dataclass's __init__ sets each field through object.__setattr__, and these
@@ -93,6 +117,7 @@ class GenerationPlan:
     # Special tokens kept in the text although skip_special_tokens is set: the markers the answer's
     # parsers read (Llama's <|python_tag|>, Mistral's [TOOL_CALLS]), by their spelling.
     kept_special: frozenset[str] = frozenset()
+    logprobs: LogprobRecord | None = None  # filled as tokens arrive when the request asks for logprobs
 
 
 @dataclasses.dataclass
@@ -244,6 +269,8 @@ class _Progress:
         self.delivered = False  # text reached the sink: no retry from here on
         self.flush_due = False  # send_now left bytes for the request's task to write
         self.failure: BaseException | None = None  # raised in on_arrival, for the request's task
+        if plan.logprobs is not None:
+            plan.logprobs.reset()  # a new attempt: what an earlier one received is not this answer's
 
     def step(self, events: list) -> str:
         """Take a batch of events; the text they decide (maybe ""). Sets ``result`` at the end."""
@@ -251,6 +278,13 @@ class _Progress:
         for event in events:
             new_ids.extend(event.token_ids)
         last = events[-1]
+        record = self.plan.logprobs
+        if record is not None:
+            for event in events:
+                if event.logprobs:
+                    record.tokens.extend(event.logprobs)
+                if event.prompt_logprobs:
+                    record.prompt = event.prompt_logprobs
         if new_ids and self.first_token_at is None:
             self.first_token_at = trio.current_time()
         self.output_ids.extend(new_ids)

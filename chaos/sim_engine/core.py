@@ -46,6 +46,8 @@ class GenerateParams:
     seed: int | None
     # (kind, spec) of the request's constrained decoding (constrained.py), or None
     constraint: "tuple[str, Any] | None" = None
+    logprobs: int | None = None  # report each output token's logprob with this many alternatives
+    prompt_logprobs: bool = False  # and the prompt's
 
 
 @dataclasses.dataclass

@@ -27,6 +27,8 @@ from smg_grpc_proto.generated import (
 )
 
 from .core import EngineOverloaded, GenerateParams, InvalidRequest, SimEngine
+from .logprobs import prompt_logprobs, token_logprobs
+from .output import derive_seed
 
 TOKENIZER_CHUNK_BYTES = 64 * 1024  # as the real servicers chunk the bundle
 # Files of a tokenizer directory that go into the GetTokenizer bundle.
@@ -86,6 +88,29 @@ class SharedEngineState:
                 yield dataclasses.replace(step, finish_reason=None), step.token_ids
             if step.finish_reason is not None:
                 yield step, (step.token_ids if stream else produced)
+
+    def fill_logprobs(self, message, pb, params: GenerateParams, token_ids: "list[int]", produced: int,
+                      first: bool) -> None:
+        """The logprobs of ``token_ids`` (the last of ``produced`` output tokens) into a chunk or complete
+        message, and the prompt's into the first message when asked."""
+        if params.logprobs is None:
+            return
+        seed, k, words = derive_seed(params.prompt_ids, params.seed), params.logprobs, self.engine.words
+        out = message.output_logprobs
+        for token_id, logprob, alternatives in token_logprobs(list(token_ids), produced - len(token_ids), seed, k,
+                                                              words):
+            out.token_ids.append(token_id)
+            out.token_logprobs.append(logprob)
+            out.top_logprobs.append(pb.TopLogProbs(token_ids=[a for a, _ in alternatives],
+                                                   values=[v for _, v in alternatives]))
+        if first and params.prompt_logprobs:
+            into = message.input_logprobs
+            for token_id, logprob, alternatives in prompt_logprobs(params.prompt_ids, seed, k, words):
+                into.token_ids.append(token_id)
+                into.token_logprobs.append(pb.InputTokenLogProb() if logprob is None else
+                                           pb.InputTokenLogProb(value=logprob))
+                into.top_logprobs.append(pb.TopLogProbs(token_ids=[a for a, _ in alternatives],
+                                                        values=[v for _, v in alternatives]))
 
     async def tokenizer_chunks(self):
         data, digest = await asyncio.to_thread(self.bundle)
@@ -186,18 +211,25 @@ class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
             ignore_eos=sp.ignore_eos,
             seed=None,  # SGLang's SamplingParams carries no seed field
             constraint=_sglang_constraint(sp),
+            logprobs=request.top_logprobs_num if request.return_logprob else None,
+            prompt_logprobs=request.return_logprob and request.logprob_start_len >= 0,
         )
+        first = True
         async for step, output_ids in self.s.steps_with_output(params, request.stream, context):
             if step.finish_reason is None:
-                yield sg.GenerateResponse(request_id=request.request_id, chunk=sg.GenerateStreamChunk(
+                chunk = sg.GenerateStreamChunk(
                     token_ids=step.token_ids, prompt_tokens=step.prompt_tokens,
-                    completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens))
+                    completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens)
+                self.s.fill_logprobs(chunk, sg, params, step.token_ids, step.completion_tokens, first)
+                first = False
+                yield sg.GenerateResponse(request_id=request.request_id, chunk=chunk)
                 continue
             complete = sg.GenerateComplete(
                 output_ids=output_ids, finish_reason=step.finish_reason, prompt_tokens=step.prompt_tokens,
                 completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens)
             if step.matched_token_id is not None:
                 complete.matched_token_id = step.matched_token_id
+            self.s.fill_logprobs(complete, sg, params, output_ids, step.completion_tokens, first)
             yield sg.GenerateResponse(request_id=request.request_id, complete=complete)
 
     async def HealthCheck(self, request, context):
@@ -241,18 +273,25 @@ class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
             ignore_eos=sp.ignore_eos,
             seed=sp.seed if sp.HasField("seed") else None,
             constraint=_vllm_constraint(sp),
+            logprobs=sp.logprobs if sp.HasField("logprobs") else None,
+            prompt_logprobs=sp.HasField("prompt_logprobs"),
         )
+        first = True
         async for step, output_ids in self.s.steps_with_output(params, request.stream, context):
             if step.finish_reason is None:
-                yield vl.GenerateResponse(chunk=vl.GenerateStreamChunk(
+                chunk = vl.GenerateStreamChunk(
                     token_ids=step.token_ids, prompt_tokens=step.prompt_tokens,
-                    completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens))
+                    completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens)
+                self.s.fill_logprobs(chunk, vl, params, step.token_ids, step.completion_tokens, first)
+                first = False
+                yield vl.GenerateResponse(chunk=chunk)
                 continue
             complete = vl.GenerateComplete(
                 output_ids=output_ids, finish_reason=step.finish_reason, prompt_tokens=step.prompt_tokens,
                 completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens)
             if step.matched_token_id is not None:
                 complete.matched_token_id = step.matched_token_id
+            self.s.fill_logprobs(complete, vl, params, output_ids, step.completion_tokens, first)
             yield vl.GenerateResponse(complete=complete)
 
     async def HealthCheck(self, request, context):

@@ -14,7 +14,7 @@ import orjson
 import trio
 
 from ..auth import Authenticator, Principal
-from ..generation import GenerationPlan, GenerationResult, UsageTally
+from ..generation import GenerationPlan, GenerationResult, LogprobRecord, UsageTally
 from ..models import ModelEntry
 from ..routing.policies import RoutingRequest
 from ..tokenizer.chat_template import TemplateError
@@ -22,6 +22,7 @@ from ..tokenizer.service import TokenizerService
 from .chat_output import ChatOutput
 from .errors import BadRequest, ContextLengthExceeded, Forbidden, NotFound, Unavailable
 from .http import Request, sse_event
+from .logprobs import LogprobShape
 from .protocol import ChatRequest, SamplingRequest, parse_chat, parse_completion, parse_json_body
 from .respond import admitted, run_streamed, run_unary
 from .state import GatewayState
@@ -158,18 +159,33 @@ class _OpenAIShape:
                 "created": self.created, "model": self.model, "choices": [], "usage": usage_body(result)}
 
 
+def logprob_shape(plan: GenerationPlan, tokenizer: TokenizerService, chat: bool) -> LogprobShape | None:
+    """When the request asks for logprobs: the record the generation fills, and its OpenAI shape."""
+    if plan.sampling.logprobs is None:
+        return None
+    plan.logprobs = LogprobRecord()
+    return LogprobShape(plan.logprobs, tokenizer, chat, plan.sampling.logprobs, plan.skip_special_tokens)
+
+
 async def _respond(state: GatewayState, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,
                    shape: _OpenAIShape, include_usage: bool, prefix_text: str = "",
-                   output: ChatOutput | None = None) -> None:
+                   output: ChatOutput | None = None, logprobs: LogprobShape | None = None,
+                   echo: bool = False) -> None:
     """Run the generation and answer: one JSON body, or SSE events as text is decided; through the
-    model's parsers when ``output`` is given."""
+    model's parsers when ``output`` is given; with each token's log probabilities when ``logprobs`` is."""
     async with admitted(state, request, plan):
         if not plan.stream:
             result = await run_unary(state, request, plan, tokenizer)
             if result is not None:
                 body = output.full(result.text, result) if output is not None else \
                     shape.full(prefix_text + result.text, result)
+                if logprobs is not None:
+                    body["choices"][0]["logprobs"] = logprobs.whole(echo)
                 await request.send_json(200, body)
+            return
+        if logprobs is not None:
+            await _respond_streamed_with_logprobs(state, request, plan, tokenizer, shape, include_usage,
+                                                  prefix_text, output, logprobs, echo)
             return
         if output is not None:
             await run_streamed(state, request, plan, tokenizer, output.text_event,
@@ -186,6 +202,32 @@ async def _respond(state: GatewayState, request: Request, plan: GenerationPlan, 
             return out + sse_event(shape.usage_chunk(result)) if include_usage else out
 
         await run_streamed(state, request, plan, tokenizer, text_event, final_events)
+
+
+async def _respond_streamed_with_logprobs(state: GatewayState, request: Request, plan: GenerationPlan,
+                                          tokenizer: TokenizerService, shape: _OpenAIShape, include_usage: bool,
+                                          prefix_text: str, output: ChatOutput | None, logprobs: LogprobShape,
+                                          echo: bool) -> None:
+    """A stream whose chunks carry the logprobs of the tokens since the last one (apart from the plain
+    stream, whose chunks are spliced from one rendering)."""
+    if output is not None:
+        output.logprobs = logprobs
+        await run_streamed(state, request, plan, tokenizer, output.text_event,
+                           lambda result: output.final_events(result, include_usage))
+        return
+
+    def text_event(text: str, first: bool) -> bytes:
+        chunk = shape.chunk(prefix_text + text if first else text, None, first=first)
+        chunk["choices"][0]["logprobs"] = logprobs.unsent(echo and first)
+        return sse_event(chunk)
+
+    def final_events(result: GenerationResult) -> bytes:
+        chunk = shape.chunk(None, result.finish_reason)
+        chunk["choices"][0]["logprobs"] = logprobs.unsent()
+        out = sse_event(chunk)
+        return out + sse_event(shape.usage_chunk(result)) if include_usage else out
+
+    await run_streamed(state, request, plan, tokenizer, text_event, final_events)
 
 
 async def chat_completions(state: GatewayState, request: Request) -> None:
@@ -207,7 +249,8 @@ async def chat_completions(state: GatewayState, request: Request) -> None:
     output = ChatOutput.for_request(shape, entry, chat)
     if output is not None:
         plan.kept_special = output.kept_special
-    await _respond(state, request, plan, tokenizer, shape, chat.include_usage, output=output)
+    await _respond(state, request, plan, tokenizer, shape, chat.include_usage, output=output,
+                   logprobs=logprob_shape(plan, tokenizer, True))
 
 
 async def completions(state: GatewayState, request: Request) -> None:
@@ -232,7 +275,8 @@ async def completions(state: GatewayState, request: Request) -> None:
     plan = plan_generation(state, request, entry, input_ids, comp.sampling, comp.stream, "prompt")
     shape = _OpenAIShape(False, "cmpl-" + request.request_id, entry.name)
     await _respond(state, request, plan, tokenizer, shape, comp.include_usage,
-                   prefix_text=prompt_text if comp.echo else "")
+                   prefix_text=prompt_text if comp.echo else "", logprobs=logprob_shape(plan, tokenizer, False),
+                   echo=comp.echo)
 
 
 async def encode_chat(state: GatewayState, request: Request, entry: ModelEntry, tokenizer: TokenizerService,

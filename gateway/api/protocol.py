@@ -21,6 +21,7 @@ STOP_STRINGS_MAX = 16
 STOP_STRING_CHARS_MAX = 1024
 REQUEST_ID_CHARS_MAX = 128
 MESSAGES_MAX = 10_000
+TOP_LOGPROBS_MAX = 20  # OpenAI's bound for chat top_logprobs; completions' logprobs gets the same (vLLM's)
 # Integers go into the engines' protobuf fields, the narrowest of which (smg-grpc-proto: top_k and
 # vLLM's seed are int32; max/min tokens, stop token ids are uint32) bound what we accept, so a
 # client's 2^63 - 1 is a 400 here rather than a ValueError (a 500) in the engine client.
@@ -134,6 +135,8 @@ class SamplingRequest:
     constraint: Constraint | None = None  # structured output (api/structured.py)
     constraint_field: str | None = None  # the request field it came from, for errors
     logit_bias: "tuple[tuple[int, float], ...]" = ()  # ids checked against the vocabulary by plan_generation
+    logprobs: int | None = None  # alternatives per output token's logprob; None: no logprobs
+    prompt_logprobs: bool = False  # the prompt's too (completions with echo)
 
 
 LOGIT_BIAS_ENTRIES_MAX = 4096
@@ -282,7 +285,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         message["role"] = "system" if role == "developer" else role
         message["content"] = _message_content(m, i)
         messages.append(message)
-    _unsupported(body, "logprobs", "top_logprobs", "audio", "prediction")
+    _unsupported(body, "audio", "prediction")
     stream = _field(body, "stream", bool, False)
     stream_options = _field(body, "stream_options", dict, {})
     tools = parse_tools(body)
@@ -303,6 +306,12 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
                              param=sampling.constraint_field, code="conflicting_constraints")
         sampling.constraint = tool_call_schema(tools.tools, tools.name, tools.parallel)
         sampling.constraint_field = "tool_choice"
+    if "logprobs" in body or "top_logprobs" in body:
+        top = _positive_int(body, "top_logprobs", None, minimum=0, maximum=TOP_LOGPROBS_MAX)
+        if _field(body, "logprobs", bool, False):
+            sampling.logprobs = top or 0
+        elif top:
+            raise BadRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs", code="invalid_value")
     return ChatRequest(
         model=model, messages=messages,
         sampling=sampling,
@@ -367,7 +376,7 @@ def parse_completion(body: dict[str, Any]) -> CompletionRequest:
         raise BadRequest("'prompt' must be a string or an array of token ids", param="prompt", code="invalid_type")
     if text == "" or ids == ():
         raise BadRequest("'prompt' must not be empty", param="prompt", code="invalid_value")
-    _unsupported(body, "logprobs", "suffix")
+    _unsupported(body, "suffix")
     best_of = body.get("best_of")
     if best_of not in (None, 1):
         raise BadRequest("only best_of=1 is supported", param="best_of", code="unsupported_value")
@@ -376,9 +385,13 @@ def parse_completion(body: dict[str, Any]) -> CompletionRequest:
     sampling = parse_sampling(body, ("max_tokens",))
     if sampling.max_tokens is None and "max_tokens" not in body:
         sampling = dataclasses.replace(sampling, max_tokens=16)  # OpenAI's default for completions
+    echo = _field(body, "echo", bool, False)
+    if "logprobs" in body:
+        sampling.logprobs = _positive_int(body, "logprobs", None, minimum=0, maximum=TOP_LOGPROBS_MAX)
+        sampling.prompt_logprobs = echo and sampling.logprobs is not None
     return CompletionRequest(model=model, prompt_text=text, prompt_ids=ids, sampling=sampling, stream=stream,
                              include_usage=bool(stream_options.get("include_usage")) if stream else False,
-                             echo=_field(body, "echo", bool, False))
+                             echo=echo)
 
 
 @dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)

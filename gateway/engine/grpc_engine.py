@@ -73,6 +73,15 @@ class SamplingOptions:
     min_new_tokens: int = 0
     constraint: Constraint | None = None
     logit_bias: "tuple[tuple[int, float], ...]" = ()  # (token id, bias), ids checked against the vocabulary
+    # Log probabilities of the output tokens with this many alternatives each (None: none); of the
+    # prompt's tokens too when prompt_logprobs (completions' echo).
+    logprobs: int | None = None
+    prompt_logprobs: bool = False
+
+
+# One token's log probability: (token id, logprob, ((alternative id, logprob), ...) most likely first).
+# The prompt's first token has none: its logprob is None.
+TokenLogprob = "tuple[int, float | None, tuple[tuple[int, float], ...]]"
 
 
 class GenerateEvent(NamedTuple):
@@ -89,6 +98,8 @@ class GenerateEvent(NamedTuple):
     cached_tokens: int
     finish_reason: str | None = None
     matched_token_id: int | None = None
+    logprobs: "tuple[TokenLogprob, ...] | None" = None  # of token_ids, when the request asked
+    prompt_logprobs: "tuple[TokenLogprob, ...] | None" = None  # of the prompt, once, when asked
 
 
 class _Runtime(abc.ABC):
@@ -140,6 +151,10 @@ class _Sglang(_Runtime):
             for token_id, bias in sampling.logit_bias:
                 sp.logit_bias[str(token_id)] = bias  # SGLang's map is keyed by the id as text
         request = sg.GenerateRequest(request_id=request_id, sampling_params=sp, stream=stream)
+        if sampling.logprobs is not None:
+            request.return_logprob = True
+            request.top_logprobs_num = sampling.logprobs
+            request.logprob_start_len = 0 if sampling.prompt_logprobs else -1  # -1: output tokens only
         request.tokenized.SetInParent()  # present even for an empty prompt, as before
         request.tokenized.input_ids.extend(input_ids)  # in place: no copy of a 7,800-id message (~0.14 ms)
         return request
@@ -177,6 +192,10 @@ class _Vllm(_Runtime):
         if sampling.logit_bias:
             for token_id, bias in sampling.logit_bias:
                 sp.logit_bias[token_id] = bias
+        if sampling.logprobs is not None:
+            sp.logprobs = sampling.logprobs
+            if sampling.prompt_logprobs:
+                sp.prompt_logprobs = sampling.logprobs
         request = vl.GenerateRequest(request_id=request_id, sampling_params=sp, stream=stream)
         request.tokenized.SetInParent()  # present even for an empty prompt, as before
         request.tokenized.input_ids.extend(input_ids)  # in place: no copy of a 7,800-id message (~0.14 ms)
@@ -319,7 +338,7 @@ class GrpcEngineClient:
         request = self.runtime.generate_request(request_id, input_ids, sampling, stream)
         messages = self.bridge.open_stream(self.target, self.runtime.method("Generate"), request,
                                            self.runtime.pb.GenerateResponse, timeout_s, last_message=_is_complete)
-        return Generation(messages, stream)
+        return Generation(messages, stream, sampling.logprobs is not None)
 
     def subscribe_kv_events(self, start_sequence_number: int) -> Any:
         """The engine's KV event batches (``common_pb2.KvEventBatch``), from a sequence number.
@@ -340,12 +359,13 @@ class Generation:
     one by starting a task for it).
     """
 
-    __slots__ = ("_opened", "_messages", "_stream")
+    __slots__ = ("_opened", "_messages", "_stream", "_logprobs")
 
-    def __init__(self, opened: Any, stream: bool) -> None:
+    def __init__(self, opened: Any, stream: bool, logprobs: bool = False) -> None:
         self._opened = opened  # the bridge's server stream (an async context manager)
         self._messages: Any = None
         self._stream = stream
+        self._logprobs = logprobs
 
     async def __aenter__(self) -> "Generation":
         self._messages = await self._opened.__aenter__()
@@ -362,7 +382,7 @@ class Generation:
             batch = await self._messages.__anext__()  # StopAsyncIteration ends it
             if not batch:
                 return []  # woken by the listener (listen): it left something to the reader
-            events = _events(batch, self._stream)
+            events = _events(batch, self._stream) if not self._logprobs else _events_with_logprobs(batch, self._stream)
             if events:
                 return events
 
@@ -378,7 +398,9 @@ class Generation:
     def take_now(self) -> "list[GenerateEvent] | None":
         """The events waiting, for the listener; None for those it must leave to the reader."""
         batch = self._messages.take_now()
-        return None if batch is None else _events(batch, self._stream)
+        if batch is None:
+            return None
+        return _events(batch, self._stream) if not self._logprobs else _events_with_logprobs(batch, self._stream)
 
 
 def _is_complete(message: Any) -> bool:
@@ -406,3 +428,43 @@ def _events(batch: list[Any], stream: bool) -> list[GenerateEvent]:
                 () if stream else tuple(c.output_ids), c.prompt_tokens, c.completion_tokens,
                 c.cached_tokens, finish_reason=c.finish_reason or "stop", matched_token_id=matched))
     return events
+
+
+def _events_with_logprobs(batch: list[Any], stream: bool) -> list[GenerateEvent]:
+    """``_events`` with each event's log probabilities (a separate function: the plain path never reads them)."""
+    events: list[GenerateEvent] = []
+    for message in batch:
+        kind = message.WhichOneof("response")
+        c = message.chunk if kind == "chunk" else message.complete
+        if c.index != 0:
+            continue
+        prompt = _prompt_logprobs(c.input_logprobs) if c.HasField("input_logprobs") else None
+        if kind == "chunk":
+            events.append(GenerateEvent(tuple(c.token_ids), c.prompt_tokens, c.completion_tokens, c.cached_tokens,
+                                        logprobs=_output_logprobs(c.output_logprobs), prompt_logprobs=prompt))
+        elif kind == "complete":
+            matched = c.matched_token_id if c.WhichOneof("matched_stop") == "matched_token_id" else None
+            events.append(GenerateEvent(
+                () if stream else tuple(c.output_ids), c.prompt_tokens, c.completion_tokens, c.cached_tokens,
+                finish_reason=c.finish_reason or "stop", matched_token_id=matched,
+                logprobs=() if stream else _output_logprobs(c.output_logprobs), prompt_logprobs=prompt))
+    return events
+
+
+def _output_logprobs(lp: Any) -> "tuple[TokenLogprob, ...]":
+    tops = lp.top_logprobs
+    return tuple((token_id, value, tuple(zip(tops[i].token_ids, tops[i].values)) if i < len(tops) else ())
+                 for i, (token_id, value) in enumerate(zip(lp.token_ids, lp.token_logprobs)))
+
+
+def _prompt_logprobs(lp: Any) -> "tuple[TokenLogprob, ...] | None":
+    """The prompt's: its first token has no logprob (nothing came before it)."""
+    if not lp.token_ids:
+        return None
+    tops = lp.top_logprobs
+    out = []
+    for i, token_id in enumerate(lp.token_ids):
+        entry = lp.token_logprobs[i] if i < len(lp.token_logprobs) else None
+        value = entry.value if entry is not None and entry.HasField("value") else None
+        out.append((token_id, value, tuple(zip(tops[i].token_ids, tops[i].values)) if i < len(tops) else ()))
+    return tuple(out)

@@ -84,6 +84,11 @@ class ByteLevelDecoder:
         # a handful of sets per node, each a table of references built once).
         self._keeping: dict[frozenset[str], list[bytes]] = {}
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """A token's bytes (part of a UTF-8 character for some byte-level tokens); b"" for an unknown id."""
+        table = self._with_special
+        return table[token_id] if 0 <= token_id < len(table) else b""
+
     def new_stream(self, skip_special_tokens: bool, kept_special: "frozenset[str]" = frozenset()) -> ByteLevelStream:
         if not skip_special_tokens:
             return ByteLevelStream(self._with_special)

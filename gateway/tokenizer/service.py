@@ -17,6 +17,7 @@ dicts); only the encode itself runs in an encoder thread.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import logging
 import os
@@ -383,8 +384,20 @@ class TokenizerService:
         return frozenset(i for i, token in self.tokenizer.get_added_tokens_decoder().items()
                          if token.special and token.content not in kept_special)
 
+    @functools.cached_property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of special tokens (those skip_special_tokens leaves out of the text)."""
+        return self._special_ids_except(frozenset())
+
     def id_to_token(self, token_id: int) -> str | None:
         return self.tokenizer.id_to_token(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """What one token writes, as bytes: a byte-level token may hold part of a UTF-8 character (from the
+        decoder's table); without that table, its decoding alone (a partial character comes out as U+FFFD)."""
+        if self.fast_decoder is not None:
+            return self.fast_decoder.token_bytes(token_id)
+        return self.tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def token_to_id(self, token: str) -> int | None:
         """The id of a token spelled exactly so (a marker such as ``</think>``), None if it is not one token."""

@@ -283,3 +283,45 @@ def test_a_marker_that_is_a_special_token_reaches_the_parser(llama_node):
     # without tools no parser runs, and special tokens are skipped as the request asks (by default)
     plain = sdk(llama_node).chat.completions.create(model=model, messages=messages, max_tokens=64)
     assert plain.choices[0].message.content == LLAMA_CALL.replace("<|python_tag|>", "")
+
+
+# -- logprobs ------------------------------------------------------------------------------------------------
+
+
+def test_chat_logprobs_streamed_equal_non_streamed_and_carry_bytes(constrained_node):
+    client = sdk(constrained_node)
+    messages = [{"role": "user", "content": "Tell me something"}]
+    reply = client.chat.completions.create(model="qwen3-sim", messages=messages, max_tokens=12, logprobs=True,
+                                           top_logprobs=3, seed=5)
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens - (reply.choices[0].finish_reason == "stop")
+    assert "".join(t.token for t in content) == reply.choices[0].message.content
+    for token in content:
+        assert bytes(token.bytes).decode() == token.token and token.logprob < 0
+        assert len(token.top_logprobs) == 3 and token.top_logprobs[0].token == token.token
+        assert [t.logprob for t in token.top_logprobs] == sorted((t.logprob for t in token.top_logprobs), reverse=True)
+    chunks = list(client.chat.completions.create(model="qwen3-sim", messages=messages, max_tokens=12, logprobs=True,
+                                                 top_logprobs=3, seed=5, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, t.logprob, [a.token for a in t.top_logprobs]) for t in streamed] == [
+        (t.token, t.logprob, [a.token for a in t.top_logprobs]) for t in content]
+    plain = client.chat.completions.create(model="qwen3-sim", messages=messages, max_tokens=12, seed=5)
+    assert plain.choices[0].logprobs is None
+    assert plain.choices[0].message.content == reply.choices[0].message.content  # asking changes no answer
+
+
+def test_completion_logprobs_with_echo(constrained_node):
+    client = sdk(constrained_node)
+    reply = client.completions.create(model="qwen3-sim", prompt="Once upon a time", max_tokens=6, logprobs=2,
+                                      echo=True, seed=3)
+    lp = reply.choices[0].logprobs
+    prompt_tokens = reply.usage.prompt_tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing came before the first token
+    assert all(v is not None for v in lp.token_logprobs[1:])
+    assert "".join(lp.tokens) == reply.choices[0].text and reply.choices[0].text.startswith("Once upon a time")
+    assert len(lp.tokens) == prompt_tokens + 6 and lp.text_offset[prompt_tokens] == len("Once upon a time")
+    assert all(len(top) == 2 for top in lp.top_logprobs[1:])
+    chunks = list(client.completions.create(model="qwen3-sim", prompt="Once upon a time", max_tokens=6, logprobs=2,
+                                            echo=True, seed=3, stream=True))
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert tokens == lp.tokens

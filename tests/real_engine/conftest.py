@@ -4,6 +4,7 @@
     SMG_VLLM_PYTHON=.venv-vllm/bin/python SMG_VLLM_MODEL=.cache/tiny-qwen3 \\
         python -m pytest -m real_engine tests/real_engine     # starts vLLM itself (~2 min)
     SMG_VLLM_URL=grpc://127.0.0.1:18051 python -m pytest -m real_engine tests/real_engine   # or reuse one
+    # (SMG_VLLM_OPENAI_URL=http://127.0.0.1:18061: vLLM's own OpenAI server on the same model, to compare)
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from chaos.processes import default_log_dir
+from chaos.processes import NodeProcess, default_log_dir
 
 VLLM_START_TIMEOUT_S = 600
 
@@ -50,27 +51,87 @@ def _wait_serving(target: str, process: subprocess.Popen, timeout_s: float) -> N
     raise RuntimeError(f"vLLM did not serve within {timeout_s}s")
 
 
+def _start_vllm(entrypoint: str, port: int, extra: "list[str]", log_name: str) -> subprocess.Popen:
+    log_dir = default_log_dir()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+           # Else the servicer opens a ZMQ publisher on 0.0.0.0.
+           "SMG_VLLM_SERVICER_KV_EVENTS": "0", "VLLM_CACHE_ROOT": str(log_dir / f"{log_name}-cache")}
+    # No whitespace between JSON tokens under constraints: random weights would otherwise write
+    # whitespace until max_tokens (the grammar allows it), and no structured answer would end.
+    argv = [os.environ["SMG_VLLM_PYTHON"], "-m", entrypoint, "--model", os.environ["SMG_VLLM_MODEL"],
+            "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "2048",
+            "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}', *extra]
+    with open(log_dir / f"{log_name}.log", "wb") as log:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+@pytest.fixture(scope="session")
+def vllm_openai_url():
+    """vLLM's own OpenAI server on the same model, to compare answers with (SMG_VLLM_OPENAI_URL, or started
+    like the gRPC one; tool_choice required/named needs its --enable-auto-tool-choice)."""
+    if os.environ.get("SMG_VLLM_OPENAI_URL"):
+        yield os.environ["SMG_VLLM_OPENAI_URL"]
+        return
+    if not os.environ.get("SMG_VLLM_PYTHON"):
+        pytest.skip("set SMG_VLLM_OPENAI_URL (or SMG_VLLM_PYTHON and SMG_VLLM_MODEL) to compare with vLLM's server")
+    import httpx2
+    port = 18062
+    process = _start_vllm("vllm.entrypoints.openai.api_server", port,
+                          ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"], "vllm-openai")
+    try:
+        deadline = time.monotonic() + VLLM_START_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"vLLM's OpenAI server exited with {process.returncode}")
+            try:
+                if httpx2.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                    break
+            except httpx2.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("vLLM's OpenAI server did not start")
+            time.sleep(2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop(process)
+
+
 @pytest.fixture(scope="session")
 def vllm_url():
     if os.environ.get("SMG_VLLM_URL"):
         yield os.environ["SMG_VLLM_URL"]
         return
-    log_dir = default_log_dir()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-           # Else the servicer opens a ZMQ publisher on 0.0.0.0.
-           "SMG_VLLM_SERVICER_KV_EVENTS": "0", "VLLM_CACHE_ROOT": str(log_dir / "vllm-cache")}
     port = 18052
-    argv = [os.environ["SMG_VLLM_PYTHON"], "-m", "vllm.entrypoints.launchers.grpc_server",
-            "--model", os.environ["SMG_VLLM_MODEL"], "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", "bfloat16", "--max-model-len", "2048"]
-    with open(log_dir / "vllm.log", "wb") as log:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+    process = _start_vllm("vllm.entrypoints.launchers.grpc_server", port, [], "vllm")
     try:
         _wait_serving(f"127.0.0.1:{port}", process, VLLM_START_TIMEOUT_S)
         yield f"grpc://127.0.0.1:{port}"
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        _stop(process)
+
+
+@pytest.fixture(scope="module")
+def node(vllm_url):
+    # No --tokenizer-path: the node must fetch the tokenizer with GetTokenizer.
+    n = NodeProcess(["--worker-urls", vllm_url, "--health-check-interval-secs", "2"], default_log_dir(), "node-vllm")
+    yield n
+    n.stop()
+
+
+@pytest.fixture(scope="module")
+def client(node):
+    import openai
+    return openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id

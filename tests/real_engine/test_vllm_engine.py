@@ -10,31 +10,11 @@ import time
 
 import grpc
 import httpx2
-import openai
 import pytest
 from smg_grpc_proto.generated import vllm_engine_pb2 as vl, vllm_engine_pb2_grpc as vl_grpc
 
-from chaos.processes import NodeProcess, default_log_dir
 
 pytestmark = pytest.mark.real_engine
-
-
-@pytest.fixture(scope="module")
-def node(vllm_url):
-    # No --tokenizer-path: the node must fetch the tokenizer with GetTokenizer.
-    n = NodeProcess(["--worker-urls", vllm_url, "--health-check-interval-secs", "2"], default_log_dir(), "node-vllm")
-    yield n
-    n.stop()
-
-
-@pytest.fixture(scope="module")
-def client(node):
-    return openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
 
 
 def engine_running(vllm_url: str) -> int:

@@ -1,0 +1,95 @@
+"""Agents' features on a real engine (vLLM on CPU over gRPC) through a node, compared with vLLM's own
+OpenAI server on the same model: tool_choice required and named, response_format json_schema and
+json_object, logprobs. The model has random weights: what it says is gibberish, but constrained
+decoding must still make it valid, and greedy answers must be the same through either front.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+
+pytestmark = pytest.mark.real_engine
+
+# Small closed schemas: a random model would write an open string until max_tokens.
+PARAMS = {"type": "object", "properties": {"unit": {"enum": ["c", "f"]}, "days": {"enum": [1, 2, 3]}},
+          "required": ["unit", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": PARAMS}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {
+             "type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"],
+             "additionalProperties": False}}}]
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["s", "m", "l"]}},
+          "required": ["ok", "size"], "additionalProperties": False}
+MESSAGES = [{"role": "user", "content": "What is the weather like?"}]
+
+
+@pytest.fixture(scope="module")
+def reference(vllm_openai_url):
+    return openai.OpenAI(base_url=vllm_openai_url + "/v1", api_key="x", max_retries=0, timeout=300)
+
+
+def _calls(reply):
+    return [(c.function.name, json.loads(c.function.arguments)) for c in reply.choices[0].message.tool_calls or []]
+
+
+def test_tool_choice_required_gives_valid_calls(client, model):
+    reply = client.chat.completions.create(model=model, messages=MESSAGES, tools=TOOLS, tool_choice="required",
+                                           max_tokens=400, temperature=0)
+    calls = _calls(reply)
+    assert calls and reply.choices[0].finish_reason == "tool_calls", reply.choices[0].message.content
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for name, arguments in calls:
+        jsonschema.validate(arguments, schemas[name])
+
+
+def test_a_named_tool_choice_gives_that_call(client, model):
+    reply = client.chat.completions.create(model=model, messages=MESSAGES, tools=TOOLS, max_tokens=300,
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                           temperature=0)
+    (name, arguments), = _calls(reply)
+    assert name == "get_weather"
+    jsonschema.validate(arguments, PARAMS)
+
+
+def test_json_schema_and_json_object(client, model):
+    reply = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=300, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA, "strict": True}})
+    jsonschema.validate(json.loads(reply.choices[0].message.content), SCHEMA)
+    reply = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=600, temperature=0,
+                                           response_format={"type": "json_object"})
+    if reply.choices[0].finish_reason == "stop":  # an open object may run to max_tokens on random weights
+        assert isinstance(json.loads(reply.choices[0].message.content), dict)
+
+
+def test_logprobs_from_the_engine(client, model):
+    reply = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8, temperature=0,
+                                           logprobs=True, top_logprobs=2)
+    content = reply.choices[0].logprobs.content
+    assert len(content) == 8 and all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in content)
+    assert b"".join(bytes(t.bytes) for t in content).decode("utf-8", "replace") == reply.choices[0].message.content
+
+
+def test_greedy_answers_agree_with_vllms_own_server(client, reference, model):
+    ref_model = reference.models.list().data[0].id
+    for kwargs in (dict(max_tokens=16),
+                   dict(max_tokens=300, response_format={"type": "json_schema", "json_schema": {
+                       "name": "s", "schema": SCHEMA, "strict": True}}),
+                   dict(max_tokens=400, tools=TOOLS, tool_choice="required"),
+                   dict(max_tokens=300, tools=TOOLS,
+                        tool_choice={"type": "function", "function": {"name": "get_weather"}})):
+        ours = client.chat.completions.create(model=model, messages=MESSAGES, temperature=0, **kwargs)
+        theirs = reference.chat.completions.create(model=ref_model, messages=MESSAGES, temperature=0, **kwargs)
+        assert ours.choices[0].message.content == theirs.choices[0].message.content, kwargs
+        assert _calls(ours) == _calls(theirs), kwargs
+    ours = client.chat.completions.create(model=model, messages=MESSAGES, temperature=0, max_tokens=6,
+                                          logprobs=True, top_logprobs=2)
+    theirs = reference.chat.completions.create(model=ref_model, messages=MESSAGES, temperature=0, max_tokens=6,
+                                               logprobs=True, top_logprobs=2)
+    assert [t.token for t in ours.choices[0].logprobs.content] == [t.token for t in theirs.choices[0].logprobs.content]
+    for a, b in zip(ours.choices[0].logprobs.content, theirs.choices[0].logprobs.content):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-3) and a.bytes == b.bytes

@@ -1,0 +1,56 @@
+"""Logprobs in OpenAI's shapes (gateway/api/logprobs.py): bytes exactly as the tokens write them, a token
+holding part of a UTF-8 character spelled as OpenAI does, special tokens left out with the text, and the
+entries of a stream split across chunks adding up to the whole."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.api.logprobs import LogprobShape
+from gateway.generation import LogprobRecord
+from gateway.tokenizer.bundled import default_tokenizer_dir
+from gateway.tokenizer.service import TokenizerService
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return TokenizerService.from_directory(default_tokenizer_dir())
+
+
+def _record(ids, prompt=None):
+    record = LogprobRecord()
+    record.tokens = [(i, -0.5, ((i, -0.5), (0, -2.0))) for i in ids]
+    record.prompt = prompt
+    return record
+
+
+def test_a_character_split_over_tokens_gives_its_bytes(qwen):
+    text = "llama 🦙!"
+    ids = qwen.tokenizer.encode(text, add_special_tokens=False).ids
+    content = LogprobShape(_record(ids), qwen, True, 2).whole()["content"]
+    assert b"".join(bytes(t["bytes"]) for t in content) == text.encode("utf-8")
+    partial = [t for t in content if t["token"].startswith("bytes:")]
+    assert partial, "the emoji spans several byte-level tokens"
+    for t in partial:
+        assert t["token"] == "bytes:" + "".join(f"\\x{b:02x}" for b in t["bytes"])
+    assert all(len(t["top_logprobs"]) == 2 for t in content)
+
+
+def test_special_tokens_are_left_out_unless_the_text_keeps_them(qwen):
+    ids = qwen.tokenizer.encode("hi<|im_end|>", add_special_tokens=False).ids
+    assert [t["token"] for t in LogprobShape(_record(ids), qwen, True, 0).whole()["content"]] == ["hi"]
+    kept = LogprobShape(_record(ids), qwen, True, 0, skip_special_tokens=False).whole()["content"]
+    assert [t["token"] for t in kept] == ["hi", "<|im_end|>"]
+
+
+def test_stream_chunks_add_up_and_completions_offsets(qwen):
+    ids = qwen.tokenizer.encode("one two three four", add_special_tokens=False).ids
+    record = _record([])
+    shape = LogprobShape(record, qwen, False, 1)
+    pieces = []
+    for i in ids:
+        record.tokens.append((i, -0.25, ((i, -0.25),)))
+        pieces.append(shape.unsent())
+    assert sum((p["tokens"] for p in pieces), []) == ["one", " two", " three", " four"]
+    assert sum((p["text_offset"] for p in pieces), []) == [0, 3, 7, 13]
+    assert shape.unsent()["tokens"] == []  # nothing new
