@@ -61,6 +61,23 @@ class TextSink(Protocol):
         """Finish what ``send_now`` left, in the request's task."""
 
 
+class ChoiceSink(Protocol):
+    """Where the streamed text of n > 1 answers goes, each piece with its answer's index."""
+
+    async def __call__(self, index: int, text: str) -> None:
+        """Send ``text`` of answer ``index``, in the request's task."""
+
+
+def _by_index(events: list, n: int) -> "list[tuple[int, list]]":
+    """A batch's events grouped by answer, in order of first appearance; indexes past n are the engine's
+    error (dropped)."""
+    groups: dict[int, list] = {}
+    for event in events:
+        if 0 <= event.index < n:
+            groups.setdefault(event.index, []).append(event)
+    return list(groups.items())
+
+
 @dataclasses.dataclass
 class UsageTally:
     """Tokens a generation has used so far, kept up to date while it runs (read when it ends, aborted or not)."""
@@ -118,6 +135,8 @@ class GenerationPlan:
     # parsers read (Llama's <|python_tag|>, Mistral's [TOOL_CALLS]), by their spelling.
     kept_special: frozenset[str] = frozenset()
     logprobs: LogprobRecord | None = None  # filled as tokens arrive when the request asks for logprobs
+    # n > 1 (sampling.n): one record per answer instead of ``logprobs``
+    choice_logprobs: "list[LogprobRecord] | None" = None
 
 
 @dataclasses.dataclass
@@ -152,6 +171,13 @@ class Generator:
     async def run(self, plan: GenerationPlan, tokenizer: TokenizerService, sink: TextSink | None) -> GenerationResult:
         return await self.with_retries(plan.request_id, plan.model, plan.routing, "grpc",
                                        lambda worker: self._attempt(worker, plan, tokenizer, sink))
+
+    async def run_choices(self, plan: GenerationPlan, tokenizer: TokenizerService,
+                          sink: "ChoiceSink | None") -> list[GenerationResult]:
+        """The engine's ``plan.sampling.n`` answers to one prompt (prefilled once), each through its own
+        decoder and stop strings; streamed text goes to ``sink`` with its answer's index."""
+        return await self.with_retries(plan.request_id, plan.model, plan.routing, "grpc",
+                                       lambda worker: self._attempt_choices(worker, plan, tokenizer, sink))
 
     async def with_retries(self, request_id: str, model: str, routing: RoutingRequest, kind: str,
                            attempt_fn: Callable[[Worker], Awaitable[T]]) -> T:
@@ -229,6 +255,48 @@ class Generator:
                     (trio.current_time() - first_token_at) / (result.completion_tokens - 1))
         return result
 
+    async def _attempt_choices(self, worker: Worker, plan: GenerationPlan, tokenizer: TokenizerService,
+                               sink: "ChoiceSink | None") -> list[GenerationResult]:
+        """``_attempt`` for n > 1: the request's task steps every answer (no listener: the answers share
+        one response, whose writes it orders)."""
+        records = plan.choice_logprobs
+        progresses = [_Progress(plan, tokenizer, worker.id, None, records[i] if records else None)
+                      for i in range(plan.sampling.n)]
+        delivered = False
+        with WorkerAttempt(worker) as attempt:
+            try:
+                async with worker.client.generate(plan.request_id, plan.input_ids, plan.sampling,
+                                                  plan.stream or bool(plan.stop), plan.timeout_s) as batches:
+                    async for events in batches:
+                        for index, own in _by_index(events, len(progresses)):
+                            progress = progresses[index]
+                            if progress.result is not None:
+                                continue
+                            text = progress.step(own)
+                            if text and sink is not None:
+                                await sink(index, text)
+                                delivered = True
+                        if all(p.result is not None for p in progresses):
+                            break
+                if any(p.result is None for p in progresses):
+                    raise EngineCallError("UNAVAILABLE", "the engine closed the stream before every answer finished")
+            except EngineCallError as e:
+                self.metrics.engine_errors.labels(worker.id, e.code).inc()
+                attempt.failed(e)
+                if delivered:
+                    raise MidStreamError(e) from None
+                raise AttemptFailed(e) from None
+            finally:
+                if not all(p.finished for p in progresses):
+                    self.metrics.aborts.labels("stop_string" if all(p.result for p in progresses)
+                                               else "cancelled_or_failed").inc()
+                    self._nursery.start_soon(self._abort, worker, plan.request_id)
+        if records:  # the prompt's logprobs come once, with whichever answer the engine put them
+            prompt = next((record.prompt for record in records if record.prompt), None)
+            for record in records:
+                record.prompt = record.prompt or prompt
+        return [p.result for p in progresses]
+
     async def _abort(self, worker: Worker, request_id: str) -> None:
         try:
             with trio.move_on_after(ABORT_TIMEOUT_S):
@@ -250,12 +318,13 @@ class _Progress:
     its own is left for that task.
     """
 
-    __slots__ = ("plan", "worker_id", "sink", "generation", "decoder", "matcher", "output_ids", "text_parts",
-                 "first_token_at", "result", "finished", "delivered", "flush_due", "failure")
+    __slots__ = ("plan", "logprobs", "worker_id", "sink", "generation", "decoder", "matcher", "output_ids",
+                 "text_parts", "first_token_at", "result", "finished", "delivered", "flush_due", "failure")
 
     def __init__(self, plan: GenerationPlan, tokenizer: TokenizerService, worker_id: str,
-                 sink: TextSink | None) -> None:
+                 sink: TextSink | None, logprobs: LogprobRecord | None = None) -> None:
         self.plan = plan
+        self.logprobs = logprobs if logprobs is not None else plan.logprobs
         self.worker_id = worker_id
         self.sink = sink
         self.generation: Any = None  # the engine call, once on_arrival listens to it
@@ -269,8 +338,8 @@ class _Progress:
         self.delivered = False  # text reached the sink: no retry from here on
         self.flush_due = False  # send_now left bytes for the request's task to write
         self.failure: BaseException | None = None  # raised in on_arrival, for the request's task
-        if plan.logprobs is not None:
-            plan.logprobs.reset()  # a new attempt: what an earlier one received is not this answer's
+        if self.logprobs is not None:
+            self.logprobs.reset()  # a new attempt: what an earlier one received is not this answer's
 
     def step(self, events: list) -> str:
         """Take a batch of events; the text they decide (maybe ""). Sets ``result`` at the end."""
@@ -278,7 +347,7 @@ class _Progress:
         for event in events:
             new_ids.extend(event.token_ids)
         last = events[-1]
-        record = self.plan.logprobs
+        record = self.logprobs
         if record is not None:
             for event in events:
                 if event.logprobs:

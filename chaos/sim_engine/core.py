@@ -91,10 +91,11 @@ class SimEngine:
         return self._load_tokenizer()
 
     def abort(self, request_ids: "list[str]") -> None:
+        """Abort these requests, and every answer of those with n > 1 (generated as ``<id>/<index>``)."""
         for rid in request_ids:
-            event = self._aborts.get(rid)
-            if event is not None:
-                event.set()
+            for key, event in self._aborts.items():
+                if key == rid or key.startswith(rid + "/"):
+                    event.set()
 
     @property
     def active_requests(self) -> int:

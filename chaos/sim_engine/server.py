@@ -181,7 +181,11 @@ def main(argv: "list[str] | None" = None) -> int:
         epilog="Constrained decoding: a request carrying a JSON schema, JSON object, regex or choice constraint "
                "(the contract's json_schema/json_object/regex/choice fields) is answered with text valid against "
                "it, deterministic for the prompt or seed, before any --script rule; EBNF grammars and structural "
-               "tags are refused with INVALID_ARGUMENT (chaos/sim_engine/constrained.py).",
+               "tags are refused with INVALID_ARGUMENT (chaos/sim_engine/constrained.py). Logprobs: asked "
+               "for (SGLang return_logprob/top_logprobs_num, vLLM logprobs/prompt_logprobs), each token gets a "
+               "deterministic logprob and its alternatives (chaos/sim_engine/logprobs.py). n > 1: each answer is "
+               "a generation of its own, seeded by the request's seed (or prompt) plus its index, sent with its "
+               "index.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -89,6 +89,41 @@ class SharedEngineState:
             if step.finish_reason is not None:
                 yield step, (step.token_ids if stream else produced)
 
+    async def indexed_steps(self, params: GenerateParams, n: int, stream: bool, context):
+        """(answer index, step, output ids) of n answers (the engine's n), interleaved as they come: each
+        answer a generation of its own seeded by the request's seed (or prompt) plus its index."""
+        if n <= 1:
+            async for step, output_ids in self.steps_with_output(params, stream, context):
+                yield 0, step, output_ids
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+        base_seed = derive_seed(params.prompt_ids, params.seed)
+
+        async def run(index: int) -> None:
+            own = dataclasses.replace(params, request_id=f"{params.request_id}/{index}", seed=base_seed + index)
+            try:
+                async for step, output_ids in self.steps_with_output(own, stream, context):
+                    await queue.put((index, step, output_ids))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it
+                await queue.put(e)
+                return
+            await queue.put(None)
+
+        tasks = [asyncio.create_task(run(i)) for i in range(n)]
+        try:
+            running = n
+            while running:
+                item = await queue.get()
+                if item is None:
+                    running -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+
     def fill_logprobs(self, message, pb, params: GenerateParams, token_ids: "list[int]", produced: int,
                       first: bool) -> None:
         """The logprobs of ``token_ids`` (the last of ``produced`` output tokens) into a chunk or complete
@@ -166,6 +201,13 @@ class SharedEngineState:
         )
 
 
+def _answer_params(params: GenerateParams, index: int, n: int) -> GenerateParams:
+    """The parameters answer ``index`` of n was generated with (its seed: the request's plus its index)."""
+    if n <= 1:
+        return params
+    return dataclasses.replace(params, seed=derive_seed(params.prompt_ids, params.seed) + index)
+
+
 def _sglang_constraint(sp: sg.SamplingParams) -> "tuple[str, object] | None":
     kind = sp.WhichOneof("constraint")
     if kind is None:
@@ -215,21 +257,23 @@ class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
             prompt_logprobs=request.return_logprob and request.logprob_start_len >= 0,
         )
         first = True
-        async for step, output_ids in self.s.steps_with_output(params, request.stream, context):
+        async for index, step, output_ids in self.s.indexed_steps(params, sp.n, request.stream, context):
+            seeded = _answer_params(params, index, sp.n)
             if step.finish_reason is None:
                 chunk = sg.GenerateStreamChunk(
                     token_ids=step.token_ids, prompt_tokens=step.prompt_tokens,
-                    completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens)
-                self.s.fill_logprobs(chunk, sg, params, step.token_ids, step.completion_tokens, first)
+                    completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens, index=index)
+                self.s.fill_logprobs(chunk, sg, seeded, step.token_ids, step.completion_tokens, first)
                 first = False
                 yield sg.GenerateResponse(request_id=request.request_id, chunk=chunk)
                 continue
             complete = sg.GenerateComplete(
                 output_ids=output_ids, finish_reason=step.finish_reason, prompt_tokens=step.prompt_tokens,
-                completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens)
+                completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens, index=index)
             if step.matched_token_id is not None:
                 complete.matched_token_id = step.matched_token_id
-            self.s.fill_logprobs(complete, sg, params, output_ids, step.completion_tokens, first)
+            self.s.fill_logprobs(complete, sg, seeded, output_ids, step.completion_tokens, first)
+            first = False
             yield sg.GenerateResponse(request_id=request.request_id, complete=complete)
 
     async def HealthCheck(self, request, context):
@@ -277,21 +321,23 @@ class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
             prompt_logprobs=sp.HasField("prompt_logprobs"),
         )
         first = True
-        async for step, output_ids in self.s.steps_with_output(params, request.stream, context):
+        async for index, step, output_ids in self.s.indexed_steps(params, sp.n, request.stream, context):
+            seeded = _answer_params(params, index, sp.n)
             if step.finish_reason is None:
                 chunk = vl.GenerateStreamChunk(
                     token_ids=step.token_ids, prompt_tokens=step.prompt_tokens,
-                    completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens)
-                self.s.fill_logprobs(chunk, vl, params, step.token_ids, step.completion_tokens, first)
+                    completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens, index=index)
+                self.s.fill_logprobs(chunk, vl, seeded, step.token_ids, step.completion_tokens, first)
                 first = False
                 yield vl.GenerateResponse(chunk=chunk)
                 continue
             complete = vl.GenerateComplete(
                 output_ids=output_ids, finish_reason=step.finish_reason, prompt_tokens=step.prompt_tokens,
-                completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens)
+                completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens, index=index)
             if step.matched_token_id is not None:
                 complete.matched_token_id = step.matched_token_id
-            self.s.fill_logprobs(complete, vl, params, output_ids, step.completion_tokens, first)
+            self.s.fill_logprobs(complete, vl, seeded, output_ids, step.completion_tokens, first)
+            first = False
             yield vl.GenerateResponse(complete=complete)
 
     async def HealthCheck(self, request, context):

@@ -53,6 +53,7 @@ class ChatOutput:
         self.count_tokens = count_tokens
         self._reasoning_text: "list[str] | None" = [] if reasoning_end_id is None and count_tokens else None
         self.logprobs: Any = None  # a LogprobShape when the request asks for logprobs (api/logprobs.py)
+        self.index = 0  # which of the request's answers (n > 1)
         self.calls_finish = calls_finish  # the finish_reason of an answer with calls that stopped by itself
         # The parsers' markers, kept by the detokenizer even where they are special tokens.
         self.kept_special = frozenset((tools.spellings if tools is not None else ()) +
@@ -118,7 +119,7 @@ class ChatOutput:
         if self._pending_space and (self._content_seen or not self._calls):
             deltas.append({"content": self._pending_space})
         self._pending_space = ""
-        finish = self.shape.chunk(None, self._finish_reason(result, bool(self._calls)))
+        finish = self.shape.chunk(None, self._finish_reason(result, bool(self._calls)), index=self.index)
         if self.logprobs is not None:
             finish["choices"][0]["logprobs"] = self.logprobs.unsent()
         out = self._events(deltas) + sse_event(finish)
@@ -178,7 +179,7 @@ class ChatOutput:
         usage["completion_tokens_details"] = {"reasoning_tokens": count}
 
     def _events(self, deltas: "list[dict[str, Any]]") -> bytes:
-        chunks = [self.shape.delta_chunk(delta) for delta in deltas]
+        chunks = [self.shape.delta_chunk(delta, self.index) for delta in deltas]
         if chunks and self.logprobs is not None:  # the tokens since the last chunk, with the last of these
             chunks[-1]["choices"][0]["logprobs"] = self.logprobs.unsent()
         return b"".join(sse_event(chunk) for chunk in chunks)

@@ -7,6 +7,7 @@ served only by OpenAI-compatible HTTP workers are proxied untouched.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -24,7 +25,7 @@ from .errors import BadRequest, ContextLengthExceeded, Forbidden, NotFound, Unav
 from .http import Request, sse_event
 from .logprobs import LogprobShape
 from .protocol import ChatRequest, SamplingRequest, parse_chat, parse_completion, parse_json_body
-from .respond import admitted, run_streamed, run_unary
+from .respond import admitted, run_streamed, run_streamed_choices, run_unary, run_unary_choices
 from .state import GatewayState
 
 
@@ -138,21 +139,22 @@ class _OpenAIShape:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice],
                 "usage": usage_body(result)}
 
-    def chunk(self, text: str | None, finish_reason: str | None, first: bool = False) -> dict[str, Any]:
+    def chunk(self, text: str | None, finish_reason: str | None, first: bool = False, index: int = 0
+              ) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if first else (
                 {"content": text} if text is not None else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
 
-    def delta_chunk(self, delta: dict[str, Any]) -> dict[str, Any]:
+    def delta_chunk(self, delta: dict[str, Any], index: int = 0) -> dict[str, Any]:
         """A chat chunk carrying ``delta`` as it is (reasoning, tool calls: ``chat_output.py``)."""
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+                "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]}
 
     def usage_chunk(self, result: GenerationResult) -> dict[str, Any]:
         return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
@@ -165,6 +167,73 @@ def logprob_shape(plan: GenerationPlan, tokenizer: TokenizerService, chat: bool)
         return None
     plan.logprobs = LogprobRecord()
     return LogprobShape(plan.logprobs, tokenizer, chat, plan.sampling.logprobs, plan.skip_special_tokens)
+
+
+def logprob_shapes(plan: GenerationPlan, tokenizer: TokenizerService, chat: bool) -> "list[LogprobShape] | None":
+    """``logprob_shape`` for each of n > 1 answers."""
+    if plan.sampling.logprobs is None:
+        return None
+    plan.choice_logprobs = [LogprobRecord() for _ in range(plan.sampling.n)]
+    return [LogprobShape(record, tokenizer, chat, plan.sampling.logprobs, plan.skip_special_tokens)
+            for record in plan.choice_logprobs]
+
+
+def summed_usage(results: "list[GenerationResult]") -> GenerationResult:
+    """One result whose usage is the answers': the prompt once, every answer's completion tokens."""
+    return dataclasses.replace(results[0], completion_tokens=sum(r.completion_tokens for r in results))
+
+
+async def _respond_choices(state: GatewayState, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,
+                           shape: _OpenAIShape, include_usage: bool, outputs: "list[ChatOutput | None]",
+                           prefix_text: str = "", echo: bool = False) -> None:
+    """``_respond`` for n > 1 answers of the engine's n: ``choices`` by index, usage summed; each answer
+    through its own parsers (``outputs``) and logprobs."""
+    logprobs = logprob_shapes(plan, tokenizer, shape.chat)
+    async with admitted(state, request, plan):
+        if not plan.stream:
+            results = await run_unary_choices(state, request, plan, tokenizer)
+            if results is None:
+                return
+            choices = []
+            for i, (result, output) in enumerate(zip(results, outputs)):
+                body = output.full(result.text, result) if output is not None else \
+                    shape.full(prefix_text + result.text, result)
+                choice = body["choices"][0]
+                choice["index"] = i
+                if logprobs is not None:
+                    choice["logprobs"] = logprobs[i].whole(echo)
+                choices.append(choice)
+            body["choices"] = choices
+            body["usage"] = usage_body(summed_usage(results))
+            await request.send_json(200, body)
+            return
+        for i, output in enumerate(outputs):
+            if output is not None:
+                output.index = i
+                output.logprobs = logprobs[i] if logprobs is not None else None
+
+        def text_event(index: int, text: str, first: bool) -> bytes:
+            output = outputs[index]
+            if output is not None:
+                return output.text_event(text, first)
+            chunk = shape.chunk(prefix_text + text if first else text, None, first=first, index=index)
+            if logprobs is not None:
+                chunk["choices"][0]["logprobs"] = logprobs[index].unsent(echo and first)
+            return sse_event(chunk)
+
+        def final_events(results: "list[GenerationResult]") -> bytes:
+            out = b""
+            for i, (result, output) in enumerate(zip(results, outputs)):
+                if output is not None:
+                    out += output.final_events(result, include_usage=False)
+                    continue
+                chunk = shape.chunk(None, result.finish_reason, index=i)
+                if logprobs is not None:
+                    chunk["choices"][0]["logprobs"] = logprobs[i].unsent()
+                out += sse_event(chunk)
+            return out + sse_event(shape.usage_chunk(summed_usage(results))) if include_usage else out
+
+        await run_streamed_choices(state, request, plan, tokenizer, text_event, final_events)
 
 
 async def _respond(state: GatewayState, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,
@@ -249,6 +318,10 @@ async def chat_completions(state: GatewayState, request: Request) -> None:
     output = ChatOutput.for_request(shape, entry, chat)
     if output is not None:
         plan.kept_special = output.kept_special
+    if chat.sampling.n > 1:
+        outputs = [output] + [ChatOutput.for_request(shape, entry, chat) for _ in range(chat.sampling.n - 1)]
+        await _respond_choices(state, request, plan, tokenizer, shape, chat.include_usage, outputs)
+        return
     await _respond(state, request, plan, tokenizer, shape, chat.include_usage, output=output,
                    logprobs=logprob_shape(plan, tokenizer, True))
 
@@ -274,6 +347,10 @@ async def completions(state: GatewayState, request: Request) -> None:
         prompt_text = comp.prompt_text
     plan = plan_generation(state, request, entry, input_ids, comp.sampling, comp.stream, "prompt")
     shape = _OpenAIShape(False, "cmpl-" + request.request_id, entry.name)
+    if comp.sampling.n > 1:
+        await _respond_choices(state, request, plan, tokenizer, shape, comp.include_usage, [None] * comp.sampling.n,
+                               prefix_text=prompt_text if comp.echo else "", echo=comp.echo)
+        return
     await _respond(state, request, plan, tokenizer, shape, comp.include_usage,
                    prefix_text=prompt_text if comp.echo else "", logprobs=logprob_shape(plan, tokenizer, False),
                    echo=comp.echo)

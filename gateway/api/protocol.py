@@ -21,6 +21,9 @@ STOP_STRINGS_MAX = 16
 STOP_STRING_CHARS_MAX = 1024
 REQUEST_ID_CHARS_MAX = 128
 MESSAGES_MAX = 10_000
+# Answers per request: each is a full generation on the engine (its prefill shared), so a bound well
+# above what clients use (OpenAI allows 128) keeps one request from taking a whole batch.
+N_MAX = 16
 TOP_LOGPROBS_MAX = 20  # OpenAI's bound for chat top_logprobs; completions' logprobs gets the same (vLLM's)
 # Integers go into the engines' protobuf fields, the narrowest of which (smg-grpc-proto: top_k and
 # vLLM's seed are int32; max/min tokens, stop token ids are uint32) bound what we accept, so a
@@ -135,6 +138,7 @@ class SamplingRequest:
     constraint: Constraint | None = None  # structured output (api/structured.py)
     constraint_field: str | None = None  # the request field it came from, for errors
     logit_bias: "tuple[tuple[int, float], ...]" = ()  # ids checked against the vocabulary by plan_generation
+    n: int = 1  # answers to the one prompt (the engine's n)
     logprobs: int | None = None  # alternatives per output token's logprob; None: no logprobs
     prompt_logprobs: bool = False  # the prompt's too (completions with echo)
 
@@ -175,9 +179,7 @@ def parse_sampling(body: dict[str, Any], max_tokens_names: "tuple[str, ...]") ->
         if value is not None:
             max_tokens = value
             break
-    n = _positive_int(body, "n", 1)
-    if n != 1:
-        raise BadRequest("only n=1 is supported", param="n", code="unsupported_value")
+    n = _positive_int(body, "n", 1, maximum=N_MAX) if "n" in body else 1
     top_k = _field(body, "top_k", int, None)
     if top_k is not None and top_k != -1 and not 1 <= top_k <= INT32_MAX:
         raise BadRequest(f"'top_k' must be -1 (off) or between 1 and {INT32_MAX}", param="top_k",
@@ -212,6 +214,7 @@ def parse_sampling(body: dict[str, Any], max_tokens_names: "tuple[str, ...]") ->
         constraint=constraint,
         constraint_field=constraint_field,
         logit_bias=_logit_bias(body) if "logit_bias" in body else (),
+        n=n,
     )
 
 
@@ -417,6 +420,10 @@ def parse_generate(body: dict[str, Any]) -> GenerateRequest:
     rid = _field(body, "rid", str, None)
     if rid is not None and (len(rid) > REQUEST_ID_CHARS_MAX or not rid.isprintable()):
         raise BadRequest("'rid' must be printable and at most 128 characters", param="rid", code="invalid_value")
+    sampling = parse_sampling(params, ("max_new_tokens",))
+    if sampling.n != 1:
+        raise BadRequest("/generate answers one sequence: n must be 1 (use /v1/completions for more)",
+                         param="sampling_params.n", code="unsupported_value")
     return GenerateRequest(model=_field(body, "model", str, None), text=text, input_ids=input_ids,
-                           sampling=parse_sampling(params, ("max_new_tokens",)),
+                           sampling=sampling,
                            stream=_field(body, "stream", bool, False), rid=rid)

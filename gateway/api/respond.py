@@ -12,7 +12,7 @@ error status. After that, failures become an error event followed by
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import trio
@@ -35,7 +35,7 @@ def admitted(state, request: Request, plan: GenerationPlan) -> Any:
 
 @contextlib.asynccontextmanager
 async def _rate_limited_then_admitted(state, request: Request, plan: GenerationPlan, limiter) -> AsyncIterator[None]:
-    estimated_tokens = len(plan.input_ids) + plan.sampling.max_new_tokens
+    estimated_tokens = len(plan.input_ids) + plan.sampling.max_new_tokens * plan.sampling.n
     async with rate_limited(limiter, request, plan.model, plan.usage, estimated_tokens), state.admission.slot():
         yield
 
@@ -51,15 +51,30 @@ def _timeout_error() -> UpstreamTimeout:
 async def run_unary(state, request: Request, plan: GenerationPlan,
                     tokenizer: TokenizerService) -> GenerationResult | None:
     """The whole result, or None when the client went away (nothing to answer then)."""
+    result = await _unary(request, plan, lambda: state.generator.run(plan, tokenizer, None))
+    if result is not None:
+        state.count_tokens(plan.model, result)
+    return result
+
+
+async def run_unary_choices(state, request: Request, plan: GenerationPlan,
+                            tokenizer: TokenizerService) -> "list[GenerationResult] | None":
+    """``run_unary`` for n > 1 answers."""
+    results = await _unary(request, plan, lambda: state.generator.run_choices(plan, tokenizer, None))
+    for result in results or ():
+        state.count_tokens(plan.model, result)
+    return results
+
+
+async def _unary(request: Request, plan: GenerationPlan, generate: Callable[[], Awaitable[Any]]) -> Any:
     async with request.cancel_on_disconnect() as scope:
         scope.deadline = _deadline(plan)  # one scope for both ends: the client's and the clock's
-        result = await state.generator.run(plan, tokenizer, None)
+        outcome = await generate()
     if request.disconnected:
         return None
     if scope.cancelled_caught:
         raise _timeout_error()
-    state.count_tokens(plan.model, result)
-    return result
+    return outcome
 
 
 async def run_streamed(state, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,
@@ -67,14 +82,46 @@ async def run_streamed(state, request: Request, plan: GenerationPlan, tokenizer:
                        final_events: Callable[[GenerationResult], bytes]) -> None:
     """Stream SSE: ``text_event(text, first)`` per decided piece, ``final_events(result)`` then [DONE]."""
     sink = SseSink(request, text_event)
-    result: GenerationResult | None = None
+
+    def tail(result: GenerationResult | None) -> bytes:
+        opening = b"" if sink.started else text_event("", True)  # no text came at all: an empty answer
+        if result is None:
+            return opening
+        state.count_tokens(plan.model, result)
+        return opening + final_events(result)
+
+    await _stream_sse(request, plan, sink, lambda: state.generator.run(plan, tokenizer, sink), tail)
+
+
+async def run_streamed_choices(state, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,
+                               text_event: Callable[[int, str, bool], bytes],
+                               final_events: Callable[[list[GenerationResult]], bytes]) -> None:
+    """``run_streamed`` for n > 1 answers: ``text_event(index, text, first)``, ``final_events(results)``."""
+    sink = ChoicesSseSink(request, text_event)
+
+    def tail(results: "list[GenerationResult] | None") -> bytes:
+        opening = b"".join(text_event(i, "", True) for i in range(plan.sampling.n) if i not in sink.opened)
+        if results is None:
+            return opening
+        for result in results:
+            state.count_tokens(plan.model, result)
+        return opening + final_events(results)
+
+    await _stream_sse(request, plan, sink, lambda: state.generator.run_choices(plan, tokenizer, sink), tail)
+
+
+async def _stream_sse(request: Request, plan: GenerationPlan, sink: Any, generate: Callable[[], Awaitable[Any]],
+                      tail: Callable[[Any], bytes]) -> None:
+    """Run ``generate`` under the request's deadline and the client's presence; its text went out through
+    ``sink``; end with ``tail(outcome)`` (None after a failure: an error event follows) and [DONE]."""
+    outcome: Any = None
     error: ApiError | None = None
     async with request.cancel_on_disconnect():
         # Two scopes here, unlike run_unary: the last events are written after the deadline has
         # cancelled the generation, still under the watch for the client going away.
         with trio.CancelScope(deadline=_deadline(plan)) as timeout:
             try:
-                result = await state.generator.run(plan, tokenizer, sink)
+                outcome = await generate()
             except MidStreamError as e:
                 error = from_engine_error(e.error)
         if timeout.cancelled_caught:
@@ -84,16 +131,12 @@ async def run_streamed(state, request: Request, plan: GenerationPlan, tokenizer:
         if request.disconnected:
             return
         # The last write carries the head too when no text came at all (an empty answer).
-        tail = b""
         if not sink.started:
             await request.start_stream(200, SSE_HEADERS)
-            tail = text_event("", True)
+        end = tail(None if error is not None else outcome)
         if error is not None:
-            tail += sse_event(error.body())
-        else:
-            state.count_tokens(plan.model, result)
-            tail += final_events(result)
-        await request.end_stream(tail + SSE_DONE)  # the last events and the end: one write
+            end += sse_event(error.body())
+        await request.end_stream(end + SSE_DONE)  # the last events and the end: one write
 
 
 class SseSink:
@@ -127,3 +170,24 @@ class SseSink:
 
     async def flush(self) -> None:
         await self._request.flush()
+
+
+class ChoicesSseSink:
+    """``SseSink`` for n > 1 answers in one stream: written only by the request's task (in order), the
+    response head with the first text of any answer, each answer's first piece marked first."""
+
+    __slots__ = ("_request", "_text_event", "started", "opened")
+
+    def __init__(self, request: Request, text_event: Callable[[int, str, bool], bytes]) -> None:
+        self._request = request
+        self._text_event = text_event
+        self.started = False
+        self.opened: set[int] = set()  # answers whose first piece went out
+
+    async def __call__(self, index: int, text: str) -> None:
+        first = index not in self.opened
+        self.opened.add(index)
+        if not self.started:
+            self.started = True
+            await self._request.start_stream(200, SSE_HEADERS)
+        await self._request.send_chunk(self._text_event(index, text, first))

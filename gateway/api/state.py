@@ -55,7 +55,7 @@ class GatewayState:
             presence_penalty=sampling.presence_penalty, repetition_penalty=sampling.repetition_penalty,
             seed=sampling.seed, stop_token_ids=sampling.stop_token_ids, ignore_eos=sampling.ignore_eos,
             min_new_tokens=sampling.min_tokens, constraint=sampling.constraint, logit_bias=sampling.logit_bias,
-            logprobs=sampling.logprobs, prompt_logprobs=sampling.prompt_logprobs)
+            logprobs=sampling.logprobs, prompt_logprobs=sampling.prompt_logprobs, n=sampling.n)
 
     def count_tokens(self, model: str, result: GenerationResult) -> None:
         metrics = self.metrics

@@ -77,6 +77,7 @@ class SamplingOptions:
     # prompt's tokens too when prompt_logprobs (completions' echo).
     logprobs: int | None = None
     prompt_logprobs: bool = False
+    n: int = 1  # answers to sample from the one prompt (the engine's n: its prefill is done once)
 
 
 # One token's log probability: (token id, logprob, ((alternative id, logprob), ...) most likely first).
@@ -100,6 +101,7 @@ class GenerateEvent(NamedTuple):
     matched_token_id: int | None = None
     logprobs: "tuple[TokenLogprob, ...] | None" = None  # of token_ids, when the request asked
     prompt_logprobs: "tuple[TokenLogprob, ...] | None" = None  # of the prompt, once, when asked
+    index: int = 0  # which of the request's n answers (n > 1)
 
 
 class _Runtime(abc.ABC):
@@ -141,6 +143,7 @@ class _Sglang(_Runtime):
             # The gateway detokenizes and matches stop strings itself.
             skip_special_tokens=False,
             no_stop_trim=True,
+            n=sampling.n,
         )
         if sampling.seed is not None:
             # SGLang's SamplingParams has no seed field: it travels as a custom param.
@@ -181,7 +184,7 @@ class _Vllm(_Runtime):
             ignore_eos=sampling.ignore_eos,
             min_tokens=sampling.min_new_tokens,
             skip_special_tokens=False,
-            n=1,
+            n=sampling.n,
         )
         if sampling.temperature is not None:
             sp.temperature = sampling.temperature
@@ -337,8 +340,10 @@ class GrpcEngineClient:
         """
         request = self.runtime.generate_request(request_id, input_ids, sampling, stream)
         messages = self.bridge.open_stream(self.target, self.runtime.method("Generate"), request,
-                                           self.runtime.pb.GenerateResponse, timeout_s, last_message=_is_complete)
-        return Generation(messages, stream, sampling.logprobs is not None)
+                                           self.runtime.pb.GenerateResponse, timeout_s,
+                                           # n > 1: one complete per answer, none of them surely the last
+                                           last_message=_is_complete if sampling.n == 1 else None)
+        return Generation(messages, stream, sampling.logprobs is not None, sampling.n > 1)
 
     def subscribe_kv_events(self, start_sequence_number: int) -> Any:
         """The engine's KV event batches (``common_pb2.KvEventBatch``), from a sequence number.
@@ -359,13 +364,15 @@ class Generation:
     one by starting a task for it).
     """
 
-    __slots__ = ("_opened", "_messages", "_stream", "_logprobs")
+    __slots__ = ("_opened", "_messages", "_stream", "_full", "_logprobs", "_all_indexes")
 
-    def __init__(self, opened: Any, stream: bool, logprobs: bool = False) -> None:
+    def __init__(self, opened: Any, stream: bool, logprobs: bool = False, all_indexes: bool = False) -> None:
         self._opened = opened  # the bridge's server stream (an async context manager)
         self._messages: Any = None
         self._stream = stream
+        self._full = logprobs or all_indexes  # events through _events_full rather than the plain _events
         self._logprobs = logprobs
+        self._all_indexes = all_indexes
 
     async def __aenter__(self) -> "Generation":
         self._messages = await self._opened.__aenter__()
@@ -382,7 +389,7 @@ class Generation:
             batch = await self._messages.__anext__()  # StopAsyncIteration ends it
             if not batch:
                 return []  # woken by the listener (listen): it left something to the reader
-            events = _events(batch, self._stream) if not self._logprobs else _events_with_logprobs(batch, self._stream)
+            events = self._events(batch)
             if events:
                 return events
 
@@ -398,9 +405,12 @@ class Generation:
     def take_now(self) -> "list[GenerateEvent] | None":
         """The events waiting, for the listener; None for those it must leave to the reader."""
         batch = self._messages.take_now()
-        if batch is None:
-            return None
-        return _events(batch, self._stream) if not self._logprobs else _events_with_logprobs(batch, self._stream)
+        return None if batch is None else self._events(batch)
+
+    def _events(self, batch: list[Any]) -> list[GenerateEvent]:
+        if not self._full:
+            return _events(batch, self._stream)
+        return _events_full(batch, self._stream, self._logprobs, self._all_indexes)
 
 
 def _is_complete(message: Any) -> bool:
@@ -430,24 +440,28 @@ def _events(batch: list[Any], stream: bool) -> list[GenerateEvent]:
     return events
 
 
-def _events_with_logprobs(batch: list[Any], stream: bool) -> list[GenerateEvent]:
-    """``_events`` with each event's log probabilities (a separate function: the plain path never reads them)."""
+def _events_full(batch: list[Any], stream: bool, logprobs: bool, all_indexes: bool) -> list[GenerateEvent]:
+    """``_events`` with each event's log probabilities and/or every answer's index (n > 1): a separate
+    function, so the plain path reads nothing more."""
     events: list[GenerateEvent] = []
     for message in batch:
         kind = message.WhichOneof("response")
         c = message.chunk if kind == "chunk" else message.complete
-        if c.index != 0:
+        if c.index != 0 and not all_indexes:
             continue
-        prompt = _prompt_logprobs(c.input_logprobs) if c.HasField("input_logprobs") else None
+        prompt = _prompt_logprobs(c.input_logprobs) if logprobs and c.HasField("input_logprobs") else None
         if kind == "chunk":
-            events.append(GenerateEvent(tuple(c.token_ids), c.prompt_tokens, c.completion_tokens, c.cached_tokens,
-                                        logprobs=_output_logprobs(c.output_logprobs), prompt_logprobs=prompt))
+            events.append(GenerateEvent(
+                tuple(c.token_ids), c.prompt_tokens, c.completion_tokens, c.cached_tokens,
+                logprobs=_output_logprobs(c.output_logprobs) if logprobs else None, prompt_logprobs=prompt,
+                index=c.index))
         elif kind == "complete":
             matched = c.matched_token_id if c.WhichOneof("matched_stop") == "matched_token_id" else None
             events.append(GenerateEvent(
                 () if stream else tuple(c.output_ids), c.prompt_tokens, c.completion_tokens, c.cached_tokens,
                 finish_reason=c.finish_reason or "stop", matched_token_id=matched,
-                logprobs=() if stream else _output_logprobs(c.output_logprobs), prompt_logprobs=prompt))
+                logprobs=(() if stream else _output_logprobs(c.output_logprobs)) if logprobs else None,
+                prompt_logprobs=prompt, index=c.index))
     return events
 
 

@@ -23,11 +23,16 @@ TOOL_CALL_PATTERNS = {
     "deepseek-v3": "deepseek",
     "deepseek-r1": "deepseek",
     "deepseek-v3.1": "deepseek31",
-    "deepseek-v3.2": "deepseek31",
     "kimi-k2": "kimik2",
     "glm-4.5": "glm45_moe",
     "glm-4.6": "glm45_moe",
     "glm-4.7": "glm47_moe",
+    "minimax-m2": "minimax_m2",
+    "step3": "step3",
+    "step-3": "step3",
+    "deepseek-v3.2": "deepseek32",
+    "command-r": "cohere",
+    "command-a": "cohere",
 }
 
 REASONING_PATTERNS = {
@@ -40,6 +45,13 @@ REASONING_PATTERNS = {
     "glm-4.6": "glm45",
     "glm-4.7": "glm45",
     "kimi-k2-thinking": "kimi",
+    "deepseek-v3.1": "deepseek_v31",
+    "nemotron-nano": "nano_v3",
+    "nemotron-3-nano": "nano_v3",
+    "step3": "step3",
+    "step-3": "step3",
+    "minimax-m2": "minimax",
+    "command-a-reasoning": "cohere_cmd",
 }
 
 

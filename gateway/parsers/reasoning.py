@@ -114,6 +114,15 @@ REASONING_PARSERS: dict[str, Callable[[], ReasoningParser]] = {
     "qwen3_thinking": lambda: ReasoningParser(starts_in_reasoning=True),
     "deepseek_r1": lambda: ReasoningParser(starts_in_reasoning=True),
     "kimi": lambda: ReasoningParser(starts_in_reasoning=True, start="◁think▷", end="◁/think▷"),
+    # The template opens the reasoning in the prompt (when thinking is on): the answer starts inside it.
+    "deepseek_v31": lambda: ReasoningParser(starts_in_reasoning=True),
+    "nano_v3": lambda: ReasoningParser(starts_in_reasoning=True),  # Nemotron Nano v3
+    "step3": lambda: ReasoningParser(starts_in_reasoning=True),
+    "minimax": lambda: ReasoningParser(starts_in_reasoning=True),  # MiniMax-M2 (its template opens <think>)
+    "minimax_m2": lambda: ReasoningParser(starts_in_reasoning=True),  # vLLM
+    # Cohere Command A Reasoning: the model opens its reasoning itself.
+    "cohere_cmd": lambda: ReasoningParser(starts_in_reasoning=False, start="<|START_THINKING|>",
+                                          end="<|END_THINKING|>"),
 }
 
 

@@ -29,6 +29,9 @@ Formats (the names are smg's; vLLM's and SGLang's are aliases):
                            <|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>
     glm45_moe, glm47_moe   <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>,
                            values typed by the tool's schema
+    minimax_m2, step3,     <invoke name=NAME><parameter name=K>V</parameter></invoke> in their sections
+    deepseek32             (MiniMax-M2, Step-3, DeepSeek V3.2's DSML), see ``InvokeParser``
+    cohere                 <|START_ACTION|>[{"tool_name": ..., "parameters": {...}}]<|END_ACTION|>
 
 Formats whose calls run to the end of the answer (all but the tagged one) stream the text before
 their marker as content and hold the rest until ``finish``, where it is parsed whole: calls when
@@ -469,6 +472,32 @@ class Glm45Parser(TaggedParser):
         properties = schema.get("properties")
         return properties if isinstance(properties, dict) else {}
 
+    def _xml_calls(self, body: str, function_re: "re.Pattern[str]", param_re: "re.Pattern[str]"
+                   ) -> "list[ToolCall] | None":
+        """Calls written as XML-like elements, one after the other: ``function_re`` matches one (groups
+        name, params), ``param_re`` one parameter in it (groups key, value, and optionally string: "true"
+        for a value that is text as it is, "false" for JSON). Anything else between them: not calls."""
+        calls, at = [], 0
+        while at < len(body):
+            function = function_re.match(body, at)
+            if function is None:
+                return None if body[at:].strip() else calls or None
+            name, params, arguments = function.group("name").strip(), function.group("params"), {}
+            properties = self._properties(name)
+            inner = 0
+            while inner < len(params):
+                param = param_re.match(params, inner)
+                if param is None:
+                    if params[inner:].strip():
+                        return None
+                    break
+                key, value, string = param.group("key").strip(), param.group("value"), param.groupdict().get("string")
+                arguments[key] = value if string == "true" else _typed(value, None if string else properties.get(key))
+                inner = param.end()
+            calls.append(ToolCall(name, json.dumps(arguments, ensure_ascii=False)))
+            at = function.end()
+        return calls or None
+
 
 class QwenXmlParser(Glm45Parser):
     """<tool_call><function=NAME><parameter=K>V</parameter>...</function></tool_call> (Qwen3-Coder, Qwen3.5);
@@ -479,26 +508,81 @@ class QwenXmlParser(Glm45Parser):
     _PARAM = re.compile(r"\s*<parameter=(?P<key>[^>]+)>\n?(?P<value>.*?)\n?</parameter>\s*", re.S)
 
     def decode_body(self, body: str) -> "list[ToolCall] | None":
-        calls, at = [], 0
-        while at < len(body):
-            function = self._FUNCTION.match(body, at)
-            if function is None:
-                return None
-            name, params, arguments = function.group("name").strip(), function.group("params"), {}
-            properties = self._properties(name)
-            inner = 0
-            while inner < len(params):
-                param = self._PARAM.match(params, inner)
-                if param is None:
-                    if params[inner:].strip():
-                        return None
-                    break
-                key = param.group("key").strip()
-                arguments[key] = _typed(param.group("value"), properties.get(key))
-                inner = param.end()
-            calls.append(ToolCall(name, json.dumps(arguments, ensure_ascii=False)))
-            at = function.end()
-        return calls or None
+        return self._xml_calls(body, self._FUNCTION, self._PARAM)
+
+
+class InvokeParser(Glm45Parser):
+    """Calls written as ``<invoke name="NAME"><parameter name="K">V</parameter>...</invoke>`` between a
+    section's markers, several per section; values typed by the tool's schema (``_typed``).
+
+    minimax_m2    <minimax:tool_call><invoke name=..><parameter name=..>V</parameter></invoke>...</minimax:tool_call>
+    step3         <｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=..>
+                  <steptml:parameter name=..>V</steptml:parameter></steptml:invoke><｜tool_call_end｜>...<｜tool_calls_end｜>
+    deepseek32    <｜DSML｜function_calls><｜DSML｜invoke name=..><｜DSML｜parameter name=.. string="true|false">V
+                  </｜DSML｜parameter></｜DSML｜invoke>...</｜DSML｜function_calls> (string="false": V is JSON)
+    """
+
+    start = "<minimax:tool_call>"
+    end = "</minimax:tool_call>"
+    spellings = (start, end)
+    prefix = ""  # of the invoke and parameter tags
+    wrappers: tuple[str, ...] = ()  # per-call markers around an invoke, dropped
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._compile()
+
+    @classmethod
+    def _compile(cls) -> None:
+        p = re.escape(cls.prefix)
+        cls._INVOKE = re.compile(rf'\s*<{p}invoke name="(?P<name>[^"]+)">(?P<params>.*?)</{p}invoke>\s*', re.S)
+        cls._PARAM = re.compile(rf'\s*<{p}parameter name="(?P<key>[^"]+)"(?:\s+string="(?P<string>true|false)")?>'
+                                rf'\n?(?P<value>.*?)\n?</{p}parameter>\s*', re.S)
+
+    def decode_body(self, body: str) -> "list[ToolCall] | None":
+        for wrapper in self.wrappers:
+            body = body.replace(wrapper, "")
+        return self._xml_calls(body, self._INVOKE, self._PARAM)
+
+
+InvokeParser._compile()
+
+
+class Step3Parser(InvokeParser):
+    start = "<｜tool_calls_begin｜>"
+    end = "<｜tool_calls_end｜>"
+    spellings = (start, end, "<｜tool_call_begin｜>", "<｜tool_call_end｜>", "<｜tool_sep｜>")
+    prefix = "steptml:"
+    wrappers = ("<｜tool_call_begin｜>function<｜tool_sep｜>", "<｜tool_call_begin｜>", "<｜tool_call_end｜>")
+
+
+class DeepSeekV32Parser(InvokeParser):
+    start = "<｜DSML｜function_calls>"
+    end = "</｜DSML｜function_calls>"
+    spellings = (start, end)
+    prefix = "｜DSML｜"
+
+
+class CohereParser(TaggedParser):
+    """<|START_ACTION|>[{"tool_call_id": "0", "tool_name": NAME, "parameters": {...}}, ...]<|END_ACTION|>
+    (Cohere Command R7B, Command A)."""
+
+    start = "<|START_ACTION|>"
+    end = "<|END_ACTION|>"
+    spellings = (start, end)
+
+    def decode_body(self, body: str) -> "list[ToolCall] | None":
+        try:
+            items = json.loads(body)
+        except ValueError:
+            return None
+        if isinstance(items, dict):
+            items = [items]
+        if not isinstance(items, list):
+            return None
+        renamed = [{"name": i.get("tool_name"), "arguments": i.get("parameters", {})} if isinstance(i, dict) else i
+                   for i in items]
+        return calls_from_json(renamed)
 
 
 def _regex_calls(pattern: "re.Pattern[str]", body: str) -> "list[ToolCall] | None":
@@ -560,6 +644,13 @@ TOOL_CALL_PARSERS: dict[str, Callable[..., ToolCallParser]] = {
     "glm47_moe": Glm45Parser,
     "glm45": Glm45Parser,  # vLLM, SGLang
     "glm": Glm45Parser,  # SGLang
+    "minimax_m2": InvokeParser,
+    "minimax": InvokeParser,  # SGLang
+    "step3": Step3Parser,
+    "deepseek32": DeepSeekV32Parser,
+    "deepseekv32": DeepSeekV32Parser,  # SGLang
+    "deepseek_v32": DeepSeekV32Parser,  # vLLM
+    "cohere": CohereParser,
     "llama": LlamaJsonParser,
     "llama3": LlamaJsonParser,  # SGLang
     "llama3_json": LlamaJsonParser,  # vLLM

@@ -20,7 +20,10 @@ lower for both gateways).
 
     python tests/bench/instructions.py [--requests 200] [--scenarios short long multiturn]
         [--stream both|yes|no] [--gateways smg-node smg smg-cache] [--smg-venv DIR] [--token-interval-s S]
-        [--auth none|api-key|jwt] [--tls] [--node-args ARG...]
+        [--auth none|api-key|jwt] [--tls] [--parsers off|on] [--node-args ARG...]
+
+The ``agent`` scenario (not in the default set) offers a tool and the engine answers it with a
+Qwen3 reasoning and a tool call: with ``--parsers on`` both gateways parse them, off neither does.
 
 Needs valgrind (Debian's ``valgrind`` package) and makes smg's venv like smg_compare.py.
 """
@@ -45,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 from chaos.processes import EngineProcess, default_log_dir  # noqa: E402
 from tests.bench.gateway_bench import Connection  # noqa: E402
 from tests.bench.smg_compare import (  # noqa: E402
-    MODEL, SMG_VERSION, conversation_bodies, engine_pacing_args, ensure_smg, free_port, model_dir)
+    MODEL, SMG_VERSION, agent_script, conversation_bodies, engine_pacing_args, ensure_smg, free_port, model_dir)
 
 BENCH_API_KEY = "bench-key-0123456789"
 
@@ -209,6 +212,9 @@ def main() -> None:
                              "this script serves; the client sends one token, which the node caches)")
     parser.add_argument("--tls", action="store_true",
                         help="every gateway serves HTTPS with a certificate this script makes; the client verifies it")
+    parser.add_argument("--parsers", choices=("off", "on"), default="off",
+                        help="on: both gateways parse answers with the qwen tool-call and qwen3 reasoning parsers "
+                             "(the 'agent' scenario's answers hold a reasoning and a call); off: neither parses")
     parser.add_argument("--node-args", nargs=argparse.REMAINDER, default=[],
                         help="extra smg-node serve arguments (last on the line)")
     args = parser.parse_args()
@@ -233,8 +239,15 @@ def main() -> None:
         args.node_args = [*tls_args, *args.node_args]
         args.smg_args = [*args.smg_args, *tls_args]
         args.tls_context = ssl.create_default_context(cafile=str(ca_path))
+    if args.parsers == "on":  # smg's flag names are ours
+        parsers = ["--tool-call-parser", "qwen", "--reasoning-parser", "qwen3"]
+        args.node_args = [*parsers, *args.node_args]
+        args.smg_args = [*args.smg_args, *parsers]
+    else:  # the model id (sim-model) picks no parser in either gateway; said explicitly for smg-node
+        args.node_args = ["--tool-call-parser", "none", "--reasoning-parser", "none", *args.node_args]
+    script = ["--script", str(agent_script(log_dir))] if "agent" in args.scenarios else []
     engine = EngineProcess([*engine_pacing_args(args.token_interval_s), "--model-name", MODEL, "--tokenizer-path",
-                            str(model)], log_dir)
+                            str(model), *script], log_dir)
     streams = {"both": [False, True], "yes": [True], "no": [False]}[args.stream]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results: dict[tuple[str, bool, str], float] = {}
@@ -251,7 +264,7 @@ def main() -> None:
     print(f"\nInstructions per request (callgrind), {platform.machine()}, Python {platform.python_version()}, "
           f"smg {SMG_VERSION}, started {started}; {args.requests} sequential requests after {args.warmup} warm-up "
           f"ones, one keep-alive client; engine token interval {args.token_interval_s * 1000:g} ms; "
-          f"smg-node --workers 1{' ' + ' '.join(args.node_args) if args.node_args else ''}"
+          f"smg-node --workers 1{' ' + ' '.join(args.node_args) if args.node_args else ''}; parsers {args.parsers}"
           f". Logs: {log_dir}\n")
     names = args.gateways
     print("| scenario | stream | " + " | ".join(f"{n} M instr/req" for n in names)

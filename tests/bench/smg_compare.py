@@ -231,6 +231,25 @@ def wait_serving(gateway: Gateway) -> None:
 
 # -- load ---------------------------------------------------------------------------
 
+# The "agent" scenario: the engine answers (its --script, agent_script) with Qwen3's reasoning and a
+# tool call, the request offers the tool: what parsers work on, with them on or off.
+AGENT_OUTPUT = ("<think>\nThe user wants the weather in Oslo for the next days. I should call the weather tool "
+                "with the city and the number of days, then summarise.\n</think>\n\n<tool_call>\n"
+                '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 3, "unit": "celsius"}}\n</tool_call>')
+AGENT_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                     "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city"]}}}]
+AGENT_MAX_TOKENS = 256
+
+
+def agent_script(log_dir: Path) -> Path:
+    """The simulated engine's script for the agent scenario (other prompts get its usual words)."""
+    path = log_dir / "agent-script.jsonl"
+    path.write_bytes(orjson.dumps({"match": "agent:", "output": AGENT_OUTPUT}) + b"\n")
+    return path
+
+
 def chat_body(messages: list[dict], stream: bool) -> bytes:
     return orjson.dumps({"model": MODEL, "messages": messages, "max_tokens": OUTPUT_TOKENS, "stream": stream,
                          "ignore_eos": True})
@@ -244,6 +263,10 @@ def conversation_bodies(scenario: str, stream: bool):
             yield chat_body([{"role": "user", "content": f"{n} What is the capital of France?"}], stream)
         elif scenario == "long":
             yield chat_body([{"role": "user", "content": f"{n} {LONG_TEXT}"}], stream)
+        elif scenario == "agent":
+            yield orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": f"{n} agent: the weather "
+                                                                                          f"in Oslo?"}],
+                                "tools": AGENT_TOOLS, "max_tokens": AGENT_MAX_TOKENS, "stream": stream})
         else:
             messages = [{"role": "system", "content": SYSTEM_PROMPT}]
             for turn in range(TURNS):

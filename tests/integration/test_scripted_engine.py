@@ -325,3 +325,44 @@ def test_completion_logprobs_with_echo(constrained_node):
                                             echo=True, seed=3, stream=True))
     tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
     assert tokens == lp.tokens
+
+
+# -- n > 1 ---------------------------------------------------------------------------------------------------
+
+
+def test_n_answers_streamed_or_not(constrained_node):
+    client = sdk(constrained_node)
+    messages = [{"role": "user", "content": "Say something"}]
+    reply = client.chat.completions.create(model="qwen3-sim", messages=messages, max_tokens=10, n=3, seed=11)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    texts = [c.message.content for c in reply.choices]
+    assert len(set(texts)) == 3  # each answer sampled on its own
+    assert reply.usage.completion_tokens == sum(
+        len(client.post("/tokenize", cast_to=object, body={"model": "qwen3-sim", "prompt": t})["tokens"]) +
+        (c.finish_reason == "stop") for t, c in zip(texts, reply.choices))
+    single = client.chat.completions.create(model="qwen3-sim", messages=messages, max_tokens=10, seed=11)
+    assert reply.usage.prompt_tokens == single.usage.prompt_tokens  # the prompt counted once
+    chunks = list(client.chat.completions.create(model="qwen3-sim", messages=messages, max_tokens=10, n=3, seed=11,
+                                                 stream=True, stream_options={"include_usage": True}))
+    streamed, finishes, roles = {}, {}, {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + (choice.delta.content or "")
+            roles.setdefault(choice.index, choice.delta.role)
+            finishes[choice.index] = choice.finish_reason or finishes.get(choice.index)
+    assert [streamed[i] for i in range(3)] == texts and set(roles.values()) == {"assistant"}
+    assert [finishes[i] for i in range(3)] == [c.finish_reason for c in reply.choices]
+    assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+
+
+def test_n_answers_with_tools_logprobs_and_completions(constrained_node):
+    client = sdk(constrained_node)
+    reply = ask(constrained_node, "Plan my trip", False, tools=CONSTRAINED_TOOLS, tool_choice="required", n=2)
+    assert len(reply.choices) == 2 and all(c.message.tool_calls for c in reply.choices)
+    ids = [call.id for c in reply.choices for call in c.message.tool_calls]
+    assert len(set(ids)) == len(ids)
+    comp = client.completions.create(model="qwen3-sim", prompt="Once", max_tokens=5, n=2, logprobs=1, echo=True)
+    for choice in comp.choices:
+        assert "".join(choice.logprobs.tokens) == choice.text and choice.logprobs.token_logprobs[0] is None
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="qwen3-sim", messages=[{"role": "user", "content": "x"}], n=17)

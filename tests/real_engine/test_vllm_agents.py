@@ -37,8 +37,9 @@ def _calls(reply):
 
 
 def test_tool_choice_required_gives_valid_calls(client, model):
+    # One call (parallel_tool_calls false: maxItems 1): random weights would otherwise add calls forever.
     reply = client.chat.completions.create(model=model, messages=MESSAGES, tools=TOOLS, tool_choice="required",
-                                           max_tokens=400, temperature=0)
+                                           parallel_tool_calls=False, max_tokens=400, temperature=0)
     calls = _calls(reply)
     assert calls and reply.choices[0].finish_reason == "tool_calls", reply.choices[0].message.content
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
@@ -74,18 +75,33 @@ def test_logprobs_from_the_engine(client, model):
     assert b"".join(bytes(t.bytes) for t in content).decode("utf-8", "replace") == reply.choices[0].message.content
 
 
+def test_n_answers_from_the_engines_n(client, model):
+    reply = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8, n=2, temperature=1.0,
+                                           seed=7)
+    assert [c.index for c in reply.choices] == [0, 1] and reply.usage.completion_tokens == 16
+    # (vLLM refuses n > 1 with greedy sampling: seeded sampling makes the answers repeatable instead)
+    chunks = list(client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8, n=2, temperature=1.0,
+                                                 seed=7, stream=True))
+    texts = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+    assert texts == {c.index: c.message.content for c in reply.choices}
+
+
 def test_greedy_answers_agree_with_vllms_own_server(client, reference, model):
     ref_model = reference.models.list().data[0].id
     for kwargs in (dict(max_tokens=16),
                    dict(max_tokens=300, response_format={"type": "json_schema", "json_schema": {
                        "name": "s", "schema": SCHEMA, "strict": True}}),
-                   dict(max_tokens=400, tools=TOOLS, tool_choice="required"),
-                   dict(max_tokens=300, tools=TOOLS,
-                        tool_choice={"type": "function", "function": {"name": "get_weather"}})):
+                   # Not tool_choice required or named: vLLM 0.32's own server answered both here with
+                   # arguments 'false' (not an object, so not valid against the parameters; ours are,
+                   # tests above), so its constraint for tools is not the one we send.
+                   ):
         ours = client.chat.completions.create(model=model, messages=MESSAGES, temperature=0, **kwargs)
         theirs = reference.chat.completions.create(model=ref_model, messages=MESSAGES, temperature=0, **kwargs)
-        assert ours.choices[0].message.content == theirs.choices[0].message.content, kwargs
-        assert _calls(ours) == _calls(theirs), kwargs
+        # (content: null beside calls for us, as OpenAI answers; "" for vLLM)
+        assert (ours.choices[0].message.content or "") == (theirs.choices[0].message.content or ""), kwargs
     ours = client.chat.completions.create(model=model, messages=MESSAGES, temperature=0, max_tokens=6,
                                           logprobs=True, top_logprobs=2)
     theirs = reference.chat.completions.create(model=ref_model, messages=MESSAGES, temperature=0, max_tokens=6,
@@ -93,3 +109,7 @@ def test_greedy_answers_agree_with_vllms_own_server(client, reference, model):
     assert [t.token for t in ours.choices[0].logprobs.content] == [t.token for t in theirs.choices[0].logprobs.content]
     for a, b in zip(ours.choices[0].logprobs.content, theirs.choices[0].logprobs.content):
         assert a.logprob == pytest.approx(b.logprob, abs=1e-3) and a.bytes == b.bytes
+    ours = client.chat.completions.create(model=model, messages=MESSAGES, temperature=1.0, seed=3, max_tokens=6, n=2)
+    theirs = reference.chat.completions.create(model=ref_model, messages=MESSAGES, temperature=1.0, seed=3,
+                                               max_tokens=6, n=2)
+    assert [c.message.content for c in ours.choices] == [c.message.content for c in theirs.choices]

@@ -112,6 +112,12 @@ REASONING_VECTORS = [
     ("qwen3_thinking", "a </thi", "a </thi", ""),
     ("kimi", "◁think▷plan◁/think▷done", "plan", "done"),
     ("glm45", "<think>x</think>y", "x", "y"),
+    ("cohere_cmd", "<|START_THINKING|>Look it up.<|END_THINKING|>It is sunny.", "Look it up.", "It is sunny."),
+    ("cohere_cmd", "No thinking today.", "", "No thinking today."),
+    ("nano_v3", "plan it\n</think>\n\nanswer", "plan it\n", "answer"),
+    ("step3", "<think>step</think>out", "step", "out"),
+    ("minimax", "weighing options</think>\nChoice B.", "weighing options", "Choice B."),
+    ("deepseek_v31", "brief</think>Sure.", "brief", "Sure."),
 ]
 
 
@@ -219,6 +225,28 @@ SECTION_VECTORS = [
      "Sure", [call("get_weather", zip="00123")]),
     ("glm45_moe", "<tool_call>get_weather<arg_key>city</tool_call>", "<tool_call>get_weather<arg_key>city</tool_call>",
      []),
+    ("minimax_m2", "Checking.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Cape Town"
+     "</parameter>\n<parameter name=\"days\">4</parameter>\n<parameter name=\"zip\">0800</parameter>\n</invoke>\n"
+     "<invoke name=\"get-time.v2\">\n</invoke>\n</minimax:tool_call>", "Checking.\n",
+     [call("get_weather", city="Cape Town", days=4, zip="0800"), call("get-time.v2")]),
+    ("minimax_m2", "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"opts\">{\"a\": {\"b\": [1]}}"
+     "</parameter>\n</invoke>\n", "", [call("get_weather", opts={"a": {"b": [1]}})]),  # end marker never came
+    ("minimax_m2", "<minimax:tool_call>garbage</minimax:tool_call>", "<minimax:tool_call>garbage</minimax:tool_call>",
+     []),
+    ("step3", "Let me see.<｜tool_calls_begin｜>\n<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke "
+     "name=\"get_weather\">\n<steptml:parameter name=\"city\">Zürich</steptml:parameter>\n<steptml:parameter "
+     "name=\"metric\">false</steptml:parameter>\n</steptml:invoke><｜tool_call_end｜>\n<｜tool_calls_end｜>Done.",
+     "Let me see.Done.", [call("get_weather", city="Zürich", metric=False)]),
+    ("deepseek32", "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"zip\" "
+     "string=\"true\">12</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n"
+     "</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get-time.v2\">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>", "",
+     [call("get_weather", zip="12", days=3), call("get-time.v2")]),
+    ("cohere", "I will look it up.<|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", "
+     "\"parameters\": {\"city\": \"Oslo\"}},\n    {\"tool_call_id\": \"1\", \"tool_name\": \"get-time.v2\", "
+     "\"parameters\": {}}\n]<|END_ACTION|>", "I will look it up.",
+     [call("get_weather", city="Oslo"), call("get-time.v2")]),
+    ("cohere", "<|START_ACTION|>[{\"tool_name\": \"rm\", \"parameters\": {}}]<|END_ACTION|>",
+     "<|START_ACTION|>[{\"tool_name\": \"rm\", \"parameters\": {}}]<|END_ACTION|>", []),  # not offered
 ]
 
 
