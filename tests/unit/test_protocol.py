@@ -24,7 +24,7 @@ OK = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     ({**OK, "temperature": 3}, "temperature"),
     ({**OK, "top_p": 0}, "top_p"),
     ({**OK, "top_k": 0}, "top_k"),
-    ({**OK, "n": 2}, "n"),
+    ({**OK, "n": 17}, "n"),
     ({**OK, "stop": 5}, "stop"),
     ({**OK, "stop": ["a"] * 17}, "stop"),
     ({**OK, "stream": "yes"}, "stream"),
