@@ -34,7 +34,7 @@ from .auth import AuthConfig, Authenticator
 from .auth.authenticator import AuthConfigError
 from .engine.engine_tls import EngineTlsConfig
 from .engine.h2grpc import H2Config
-from .parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+from .parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, HarmonyUnavailable, harmony_encoding, is_harmony
 from .ratelimit.limiter import RateLimitConfig
 from .ratelimit.limits import FailurePolicy, LimitConfigError, LimitSet, parse_limit_set
 from .routing.breaker import BreakerConfig
@@ -506,6 +506,11 @@ def validate(config: GatewayConfig) -> None:
     if config.reasoning_parser not in parsers_off and config.reasoning_parser not in REASONING_PARSERS:
         raise ConfigError(f"--reasoning-parser: unknown parser {config.reasoning_parser!r}; choose one of "
                           f"{', '.join(sorted(REASONING_PARSERS))}, passthrough or none")
+    if is_harmony(config.tool_call_parser) or is_harmony(config.reasoning_parser):
+        try:
+            harmony_encoding()
+        except HarmonyUnavailable as e:
+            raise ConfigError(f"--tool-call-parser/--reasoning-parser gpt_oss: {e}") from None
     if config.engine_h2.keepalive_interval_s > 0 and not config.engine_h2.keepalive_timeout_s > 0:
         raise ConfigError("--engine-keepalive-timeout-secs must be positive while keepalive is on")
     if config.admission.max_concurrent_requests < 0 or config.admission.queue_size < 0:

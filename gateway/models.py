@@ -16,6 +16,7 @@ from pathlib import Path
 import trio
 
 from .engine.errors import EngineCallError
+from .parsers import HarmonyUnavailable, harmony_encoding, is_harmony
 from .parsers.choice import choose
 from .tokenizer.service import TokenizerConfig, TokenizerLoadError, TokenizerService
 from .workers import Worker, WorkerUnreachable
@@ -44,6 +45,18 @@ BODY_BYTES_PER_CONTEXT_TOKEN = 32
 BODY_BYTES_MIN = 1024 * 1024
 BODY_BYTES_MAX = 64 * 1024 * 1024
 BODY_BYTES_UNKNOWN_CONTEXT = 8 * 1024 * 1024
+
+
+def usable_parsers(model: str, tool: str | None, reasoning: str | None) -> tuple[str | None, str | None]:
+    """The parsers as chosen, but harmony's (gpt-oss) only when its encoding loads: without it the model
+    is served with its text as it is, and the log says why and what to do."""
+    if is_harmony(tool) or is_harmony(reasoning):
+        try:
+            harmony_encoding()
+        except HarmonyUnavailable as e:
+            log.error("model %s: no harmony parsing (%s)", model, e)
+            return (None if is_harmony(tool) else tool), (None if is_harmony(reasoning) else reasoning)
+    return tool, reasoning
 
 
 class ModelCatalog:
@@ -80,7 +93,7 @@ class ModelCatalog:
         for name in worker.models:
             entry = self._models.get(name)
             if entry is None:
-                tool, reasoning = choose(name, *self._parsers)
+                tool, reasoning = usable_parsers(name, *choose(name, *self._parsers))
                 entry = self._models[name] = ModelEntry(name, None, worker.max_context_tokens, created,
                                                         tool_call_parser=tool, reasoning_parser=reasoning)
                 log.info("model %s: tool-call parser %s, reasoning parser %s", name, tool or "none",

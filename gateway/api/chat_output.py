@@ -23,11 +23,13 @@ from typing import Any
 
 from ..generation import GenerationResult
 from ..parsers import (
+    HarmonyParser,
     JsonParser,
     NamedArgumentsParser,
     ReasoningParser,
     ToolCall,
     ToolCallParser,
+    is_harmony,
     reasoning_parser,
     tool_call_parser,
 )
@@ -52,6 +54,8 @@ class ChatOutput:
         self.reasoning_end_id = reasoning_end_id
         self.count_tokens = count_tokens
         self._reasoning_text: "list[str] | None" = [] if reasoning_end_id is None and count_tokens else None
+        # The tool-call parser says the reasoning too (harmony): reasoning_content comes from it.
+        self.reasoning_in_tools = tools is not None and tools.handles_reasoning
         self.logprobs: Any = None  # a LogprobShape when the request asks for logprobs (api/logprobs.py)
         self.index = 0  # which of the request's answers (n > 1)
         self.calls_finish = calls_finish  # the finish_reason of an answer with calls that stopped by itself
@@ -69,16 +73,24 @@ class ChatOutput:
             tools = JsonParser(chat.tools)
         elif chat.tool_choice == "named":  # constrained to the function's arguments; OpenAI says "stop"
             tools, calls_finish = NamedArgumentsParser(chat.tool_name), "stop"
+        elif (entry.tool_call_parser or entry.reasoning_parser) and (
+                is_harmony(entry.tool_call_parser) or is_harmony(entry.reasoning_parser)):
+            # gpt-oss: every answer is harmony messages, tools or not; calls only of offered functions
+            tools = HarmonyParser(chat.tools if chat.tool_choice == "auto" and chat.tools else (),
+                                  separate_reasoning=chat.separate_reasoning and chat.thinking)
         elif chat.tools and chat.tool_choice == "auto" and entry.tool_call_parser is not None:
             tools = tool_call_parser(entry.tool_call_parser, chat.tools)
         reasoning = None
-        if entry.reasoning_parser is not None and chat.separate_reasoning and chat.thinking:
+        if (entry.reasoning_parser is not None and chat.separate_reasoning and chat.thinking
+                and not (tools is not None and tools.handles_reasoning)):
             reasoning = reasoning_parser(entry.reasoning_parser)
         if tools is None and reasoning is None:
             return None
         count_tokens = end_id = None
         if reasoning is not None and entry.tokenizer is not None:
             end_id = entry.tokenizer.token_to_id(reasoning.end)
+            count_tokens = entry.tokenizer.count_tokens
+        elif tools is not None and tools.handles_reasoning and entry.tokenizer is not None:
             count_tokens = entry.tokenizer.count_tokens
         return cls(shape, tools, reasoning, calls_finish, chat.stream_reasoning, count_tokens, end_id)
 
@@ -93,8 +105,10 @@ class ChatOutput:
         if self.tools is not None:
             found = self.tools.parse(text)
             text, calls = found.content, found.calls
+            if self.reasoning_in_tools:
+                reasoning_text = found.reasoning or None
         message: dict[str, Any] = {"role": "assistant", "content": None if calls and not text.strip() else text}
-        if self.reasoning is not None:
+        if self.reasoning is not None or self.reasoning_in_tools:
             message["reasoning_content"] = reasoning_text
         if calls:
             message["tool_calls"] = [{"id": new_call_id(), "type": "function",
@@ -135,16 +149,7 @@ class ChatOutput:
             parsed = self.reasoning.feed(text)
             if final:
                 parsed.extend(self.reasoning.finish())
-            if parsed.reasoning:
-                if self._reasoning_text is not None:
-                    self._reasoning_text.append(parsed.reasoning)
-                if self.stream_reasoning:
-                    deltas.append({"reasoning_content": parsed.reasoning})
-                else:
-                    self._held_reasoning += parsed.reasoning
-            if self._held_reasoning and (parsed.content or final):  # the reasoning is over: all of it at once
-                deltas.append({"reasoning_content": self._held_reasoning})
-                self._held_reasoning = ""
+            self._reasoning_delta(parsed.reasoning, parsed.content, final, deltas)
             content = parsed.content
         calls: list[ToolCall] = []
         if self.tools is not None:
@@ -152,6 +157,8 @@ class ChatOutput:
             if final:
                 found.extend(self.tools.finish())
             content, calls = found.content, found.calls
+            if self.reasoning_in_tools:
+                self._reasoning_delta(found.reasoning, content or calls, final, deltas)
         if content:
             if content.strip() or self.tools is None:
                 deltas.append({"content": self._pending_space + content})
@@ -166,7 +173,25 @@ class ChatOutput:
                                            "function": {"name": call.name, "arguments": ""}}]})
             deltas.append({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]})
 
+    def _reasoning_delta(self, reasoning: str, after: Any, final: bool, deltas: "list[dict[str, Any]]") -> None:
+        """Reasoning as it comes, or held (stream_reasoning false) until what comes ``after`` it (content,
+        calls) or the end, then sent whole."""
+        if reasoning:
+            if self._reasoning_text is not None:
+                self._reasoning_text.append(reasoning)
+            if self.stream_reasoning:
+                deltas.append({"reasoning_content": reasoning})
+            else:
+                self._held_reasoning += reasoning
+        if self._held_reasoning and (after or final):
+            deltas.append({"reasoning_content": self._held_reasoning})
+            self._held_reasoning = ""
+
     def _add_reasoning_tokens(self, usage: dict[str, Any], result: GenerationResult, reasoning_text: str) -> None:
+        if self.reasoning_in_tools:
+            count = self.count_tokens(reasoning_text) if self.count_tokens is not None and reasoning_text else 0
+            usage["completion_tokens_details"] = {"reasoning_tokens": min(count, len(result.output_ids))}
+            return
         if self.reasoning is None:
             return
         count = 0

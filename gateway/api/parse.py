@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, reasoning_parser, tool_call_parser
-from .errors import BadRequest
+from ..parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, HarmonyUnavailable, reasoning_parser, tool_call_parser
+from .errors import BadRequest, Unavailable
 from .http import Request
 from .protocol import parse_json_body
 
@@ -47,7 +47,10 @@ async def parse_function_call(state, request: Request) -> None:
     body = parse_json_body(await request.body())
     text, name, tools = _text(body), _parser_name(body, "tool_call_parser", TOOL_CALL_PARSERS), _tools(body)
     names = [t["function"]["name"] for t in tools] if tools is not None else None
-    result = tool_call_parser(name, tools).parse(text)  # the tools' schemas type the values some formats write
+    try:
+        result = tool_call_parser(name, tools).parse(text)  # the tools' schemas type the values some formats write
+    except HarmonyUnavailable as e:
+        raise Unavailable(str(e), code="parser_unavailable") from None
     calls = [{"tool_index": names.index(c.name) if names is not None else -1, "name": c.name,
               "parameters": c.arguments} for c in result.calls]
     await request.send_json(200, {"normal_text": result.content, "calls": calls})
@@ -56,5 +59,8 @@ async def parse_function_call(state, request: Request) -> None:
 async def parse_reasoning(state, request: Request) -> None:
     body = parse_json_body(await request.body())
     text, name = _text(body), _parser_name(body, "reasoning_parser", REASONING_PARSERS)
-    result = reasoning_parser(name).parse(text)
+    try:
+        result = reasoning_parser(name).parse(text)
+    except HarmonyUnavailable as e:
+        raise Unavailable(str(e), code="parser_unavailable") from None
     await request.send_json(200, {"text": result.content, "reasoning_text": result.reasoning})

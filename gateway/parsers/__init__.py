@@ -6,6 +6,7 @@ same text in any chunking. ``tool_calls.TOOL_CALL_PARSERS`` and ``reasoning.REAS
 map smg's parser names (and vLLM's and SGLang's where they differ) to parsers.
 """
 
+from .harmony import HarmonyParser, HarmonyReasoningParser, HarmonyUnavailable, harmony_encoding
 from .reasoning import REASONING_PARSERS, ReasoningParser, reasoning_parser
 from .tool_calls import (
     TOOL_CALL_PARSERS,
@@ -17,5 +18,18 @@ from .tool_calls import (
     tool_call_parser,
 )
 
-__all__ = ["REASONING_PARSERS", "TOOL_CALL_PARSERS", "JsonParser", "NamedArgumentsParser", "ReasoningParser",
-           "ToolCall", "ToolCallParser", "ToolCallResult", "reasoning_parser", "tool_call_parser"]
+# gpt-oss: smg's name, vLLM's ("openai") and SGLang's ("gpt-oss"), for either kind of parser; harmony
+# answers carry both, so chat_output.py runs the one HarmonyParser for them.
+for _name in ("gpt_oss", "openai", "gpt-oss"):
+    TOOL_CALL_PARSERS[_name] = HarmonyParser
+    REASONING_PARSERS[_name] = HarmonyReasoningParser
+
+
+
+def is_harmony(name: str | None) -> bool:
+    """Whether a parser name (tool-call or reasoning) means gpt-oss's harmony format."""
+    return name is not None and TOOL_CALL_PARSERS.get(name) is HarmonyParser
+
+
+__all__ = ["REASONING_PARSERS", "TOOL_CALL_PARSERS", "HarmonyParser", "HarmonyUnavailable", "JsonParser", "NamedArgumentsParser", "ReasoningParser",
+           "ToolCall", "ToolCallParser", "ToolCallResult", "harmony_encoding", "is_harmony", "reasoning_parser", "tool_call_parser"]

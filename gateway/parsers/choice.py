@@ -33,6 +33,7 @@ TOOL_CALL_PATTERNS = {
     "deepseek-v3.2": "deepseek32",
     "command-r": "cohere",
     "command-a": "cohere",
+    "gpt-oss": "gpt_oss",
 }
 
 REASONING_PATTERNS = {
@@ -52,6 +53,7 @@ REASONING_PATTERNS = {
     "step-3": "step3",
     "minimax-m2": "minimax",
     "command-a-reasoning": "cohere_cmd",
+    "gpt-oss": "gpt_oss",
 }
 
 

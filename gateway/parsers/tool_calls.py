@@ -61,10 +61,12 @@ class ToolCall:
 class ToolCallResult:
     content: str = ""
     calls: list[ToolCall] = dataclasses.field(default_factory=list)
+    reasoning: str = ""  # formats that carry the reasoning too (harmony.py)
 
     def extend(self, other: "ToolCallResult") -> None:
         self.content += other.content
         self.calls += other.calls
+        self.reasoning += other.reasoning
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +96,10 @@ class ToolSet:
 
 class ToolCallParser(abc.ABC):
     """The streaming interface every format implements."""
+
+    # True for a format that carries the reasoning too (gpt-oss's harmony): it takes the reasoning
+    # parser's part, and says the reasoning in ToolCallResult.reasoning.
+    handles_reasoning = False
 
     # The markers the format writes: tokenizers often hold them as special tokens, which the
     # detokenizer drops unless told to keep these (GenerationPlan.kept_special).
@@ -658,6 +664,7 @@ TOOL_CALL_PARSERS: dict[str, Callable[..., ToolCallParser]] = {
     "pythonic": PythonicParser,
     "json": JsonParser,
 }
+# gpt-oss's harmony format (harmony.py) is registered by the package, which imports both modules.
 
 
 def tool_call_parser(name: str, tools: "Iterable[str] | Iterable[dict[str, Any]] | ToolSet | None" = None
