@@ -93,7 +93,8 @@ class ModelCatalog:
         for name in worker.models:
             entry = self._models.get(name)
             if entry is None:
-                tool, reasoning = usable_parsers(name, *choose(name, *self._parsers))
+                tool, reasoning = usable_parsers(name, *choose(name, *self._parsers,
+                                                               architectures=worker.client.architectures))
                 entry = self._models[name] = ModelEntry(name, None, worker.max_context_tokens, created,
                                                         tool_call_parser=tool, reasoning_parser=reasoning)
                 log.info("model %s: tool-call parser %s, reasoning parser %s", name, tool or "none",

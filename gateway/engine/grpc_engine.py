@@ -248,6 +248,7 @@ class GrpcEngineClient:
         self.bridge = bridge
         self.target = target
         self.runtime = RUNTIMES[runtime]
+        self.architectures: tuple[str, ...] = ()  # the model's, as GetModelInfo last said (parser choice)
 
     @property
     def runtime_name(self) -> str:
@@ -281,6 +282,7 @@ class GrpcEngineClient:
     async def model_info(self, timeout_s: float) -> ModelInfo:
         pb = self.runtime.pb
         r = await self._unary("GetModelInfo", pb.GetModelInfoRequest(), pb.GetModelInfoResponse, timeout_s)
+        self.architectures = tuple(r.architectures)
         return ModelInfo(
             model_path=r.model_path,
             served_model_name=r.served_model_name or r.model_path,

@@ -63,6 +63,7 @@ class HttpWorkerClient:
                  health_endpoint: str = "/health") -> None:
         """``api_key``: the worker's own key, configured by the operator (the clients' keys are the
         gateway's and never reach a worker: gateway/api/proxy.py)."""
+        self.architectures: tuple[str, ...] = ()  # an OpenAI-compatible server does not say
         self.base_url = base_url.rstrip("/")
         self._client = client
         self._auth = [("authorization", f"Bearer {api_key}")] if api_key else []

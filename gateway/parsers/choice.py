@@ -1,4 +1,5 @@
-"""Which parsers a model gets when the operator names none: by its id, the longest matching pattern wins.
+"""Which parsers a model gets when the operator names none: by its id, the longest matching pattern wins;
+a model whose id no pattern matches, by its architecture.
 
 Patterns are lower-case substrings of the model id (``Qwen/Qwen3-8B`` -> ``qwen3-8b``). A model no
 pattern matches gets none: its text passes through as content. ``--tool-call-parser`` and
@@ -57,6 +58,37 @@ REASONING_PATTERNS = {
 }
 
 
+# When no pattern matches the id (a served name such as "my-model"), the model's architecture, as its
+# engine reports it (GetModelInfo), lower-cased and matched whole.
+TOOL_CALL_ARCHITECTURES = {
+    "qwen2forcausallm": "qwen",
+    "qwen3forcausallm": "qwen",
+    "qwen3moeforcausallm": "qwen",
+    "llamaforcausallm": "llama",
+    "llama4forconditionalgeneration": "pythonic",
+    "mistralforcausallm": "mistral",
+    "deepseekv3forcausallm": "deepseek",
+    "deepseekv32forcausallm": "deepseek32",
+    "glm4moeforcausallm": "glm45_moe",
+    "minimaxm2forcausallm": "minimax_m2",
+    "cohere2forcausallm": "cohere",
+    "step3vlforconditionalgeneration": "step3",
+    "gptossforcausallm": "gpt_oss",
+}
+REASONING_ARCHITECTURES = {
+    "qwen3forcausallm": "qwen3",
+    "qwen3moeforcausallm": "qwen3",
+    "glm4moeforcausallm": "glm45",
+    "minimaxm2forcausallm": "minimax",
+    "step3vlforconditionalgeneration": "step3",
+    "gptossforcausallm": "gpt_oss",
+}
+
+
+def _by_architecture(table: dict[str, str], architectures: "tuple[str, ...]") -> str | None:
+    return next((table[a.lower()] for a in architectures if a.lower() in table), None)
+
+
 def _longest(patterns: dict[str, str], model_id: str) -> str | None:
     name = model_id.lower()
     matches = [p for p in patterns if p in name]
@@ -65,10 +97,21 @@ def _longest(patterns: dict[str, str], model_id: str) -> str | None:
     return patterns[max(matches, key=len)] or None
 
 
-def choose(model_id: str, tool_call_parser: str | None = None,
-           reasoning_parser: str | None = None) -> tuple[str | None, str | None]:
-    """(tool-call parser, reasoning parser) for a model: the operator's choice, else by the model id."""
-    tool = tool_call_parser if tool_call_parser is not None else _longest(TOOL_CALL_PATTERNS, model_id)
-    reasoning = reasoning_parser if reasoning_parser is not None else _longest(REASONING_PATTERNS, model_id)
+def choose(model_id: str, tool_call_parser: str | None = None, reasoning_parser: str | None = None,
+           architectures: "tuple[str, ...]" = ()) -> tuple[str | None, str | None]:
+    """(tool-call parser, reasoning parser) for a model: the operator's choice, else by the model id, else
+    by its architecture."""
+    name = model_id.lower()
+    by_id = any(p in name for p in TOOL_CALL_PATTERNS) or any(p in name for p in REASONING_PATTERNS)
+    if tool_call_parser is not None:
+        tool = tool_call_parser
+    else:
+        tool = _longest(TOOL_CALL_PATTERNS, model_id) if by_id else _by_architecture(TOOL_CALL_ARCHITECTURES,
+                                                                                     architectures)
+    if reasoning_parser is not None:
+        reasoning = reasoning_parser
+    else:
+        reasoning = _longest(REASONING_PATTERNS, model_id) if by_id else _by_architecture(REASONING_ARCHITECTURES,
+                                                                                          architectures)
     off = ("none", "passthrough")
     return (None if tool in off else tool), (None if reasoning in off else reasoning)

@@ -26,6 +26,7 @@ class WorkerClient(Protocol):
     runtime_name: str
     needs_tokenizer: bool
     publishes_kv_events: bool
+    architectures: tuple[str, ...]  # the model's classes (Qwen3ForCausalLM), when the engine says
 
     async def health(self, timeout_s: float) -> bool: ...
 

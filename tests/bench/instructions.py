@@ -243,7 +243,7 @@ def main() -> None:
         parsers = ["--tool-call-parser", "qwen", "--reasoning-parser", "qwen3"]
         args.node_args = [*parsers, *args.node_args]
         args.smg_args = [*args.smg_args, *parsers]
-    else:  # the model id (sim-model) picks no parser in either gateway; said explicitly for smg-node
+    else:  # none: smg-node would pick Qwen3's for the engine's architecture (Qwen3ForCausalLM)
         args.node_args = ["--tool-call-parser", "none", "--reasoning-parser", "none", *args.node_args]
     script = ["--script", str(agent_script(log_dir))] if "agent" in args.scenarios else []
     engine = EngineProcess([*engine_pacing_args(args.token_interval_s), "--model-name", MODEL, "--tokenizer-path",

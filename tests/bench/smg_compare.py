@@ -181,8 +181,11 @@ def start_gateways(names: list[str], engine_url: str, smg: Path, log_dir: Path, 
             kind, _, variant = name.partition("@")
             workers = "0" if kind == "smg-node-all" else kind.removeprefix("smg-node-w")
             path = Path(variant) if variant else ROOT
+            # No parsers: the simulated engine says Qwen3ForCausalLM, which would pick Qwen3's (these
+            # scenarios measure the plain path; instructions.py --scenarios agent measures parsing).
             node = NodeProcess(["--workers", workers, "--worker-urls", engine_url, "--tokenizer-path", tokenizer,
-                                "--log-level", "warning", "--max-concurrent-requests", "0"], log_dir,
+                                "--log-level", "warning", "--max-concurrent-requests", "0",
+                                "--tool-call-parser", "none", "--reasoning-parser", "none"], log_dir,
                                name.replace("/", "_"), cwd=path if path.is_dir() else ROOT,
                                python=str(path) if path.is_file() else sys.executable)
             host, port = node.url.removeprefix("http://").rsplit(":", 1)

@@ -53,6 +53,7 @@ class FakeClient:
     runtime_name = "sglang"
     needs_tokenizer = True
     publishes_kv_events = False
+    architectures = ()
 
     def __init__(self, engines: Engines, node: str, url: str) -> None:
         self.engines, self.node, self.url = engines, node, url

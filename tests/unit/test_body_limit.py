@@ -9,7 +9,8 @@ from gateway.tokenizer.service import TokenizerConfig
 
 
 def worker(model: str, context: int | None):
-    return SimpleNamespace(models=(model,), max_context_tokens=context, kind="http", url="http://w:80")
+    return SimpleNamespace(models=(model,), max_context_tokens=context, kind="http", url="http://w:80",
+                           client=SimpleNamespace(architectures=()))
 
 
 async def test_the_limit_follows_the_largest_context_and_has_a_floor_and_a_ceiling():

@@ -265,7 +265,8 @@ async def test_requests_wait_for_a_tokenizer_that_is_loading_instead_of_failing(
         return buffer.getvalue()
 
     worker = types.SimpleNamespace(models=("m",), max_context_tokens=4096, kind="grpc", url="grpc://slow",
-                                   client=types.SimpleNamespace(fetch_tokenizer_bundle=fetch_tokenizer_bundle))
+                                   client=types.SimpleNamespace(fetch_tokenizer_bundle=fetch_tokenizer_bundle,
+                                                                 architectures=()))
     catalog = ModelCatalog(TokenizerConfig(), None, None)
     state = types.SimpleNamespace(catalog=catalog)
     async with trio.open_nursery() as nursery:
