@@ -20,7 +20,7 @@ import trio
 from mesh.asgi import answer_lifespan
 
 from ..auth import Access, Authenticator, KeysMissing, Unauthenticated
-from . import admin, native, openai, parse
+from . import admin, anthropic, native, openai, parse
 from .errors import ApiError, MethodNotAllowed, NotFound, to_api_error
 from .http import ClientGone, Request
 
@@ -41,6 +41,8 @@ _ROUTES: dict[str, dict[str, Route]] = {
     "/v1/tokenize": {"POST": (native.tokenize, DATA)},
     "/v1/detokenize": {"POST": (native.detokenize, DATA)},
     "/v1/models": {"GET": (admin.list_models, DATA)},
+    "/v1/messages": {"POST": (anthropic.messages, DATA)},
+    "/v1/messages/count_tokens": {"POST": (anthropic.count_tokens, DATA)},
     "/health": {"GET": (admin.health, PUBLIC)},
     "/liveness": {"GET": (admin.liveness, PUBLIC)},
     "/readiness": {"GET": (admin.readiness, PUBLIC)},
@@ -62,6 +64,8 @@ _PARAM_ROUTES: "tuple[tuple[re.Pattern[str], dict[str, Route], str], ...]" = (
     (re.compile(r"^/admin/api-keys/(?P<key_id>[0-9a-f]{1,64})$"), {"DELETE": (admin.revoke_api_key, ADMIN)},
      "/admin/api-keys/{id}"),
 )
+# Routes whose errors are in Anthropic's shape rather than OpenAI's.
+_ANTHROPIC_ROUTES = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 # The access log escapes what a client chose (path, method) so it cannot forge log lines.
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\\\"]")
@@ -105,7 +109,8 @@ class GatewayApp:
             if error is None:
                 log.exception("request %s %s %s failed", request.request_id, request.method, request.path)
                 error = ApiError(f"internal error (request id {request.request_id})", code="internal_error")
-            await self._fail(request, error.status, error.body_bytes(), error.headers())
+            body = anthropic.anthropic_error_body(error) if route in _ANTHROPIC_ROUTES else error.body_bytes()
+            await self._fail(request, error.status, body, error.headers())
         finally:
             status = request.status if request.response_started else 499  # 499: client closed first
             metrics = self.state.metrics

@@ -127,12 +127,19 @@ class ChatOutput:
         self._step(text, deltas, final=False)
         return self._events(deltas)
 
-    def final_events(self, result: GenerationResult, include_usage: bool) -> bytes:
+    def deltas(self, text: str, final: bool) -> "list[dict[str, Any]]":
+        """The chat deltas a piece of text decides (the last piece with ``final``): for shapers of other
+        APIs (anthropic.py), in the order a chat stream would send them."""
         deltas: list[dict[str, Any]] = []
-        self._step("", deltas, final=True)
-        if self._pending_space and (self._content_seen or not self._calls):
-            deltas.append({"content": self._pending_space})
-        self._pending_space = ""
+        self._step(text, deltas, final)
+        if final:
+            if self._pending_space and (self._content_seen or not self._calls):
+                deltas.append({"content": self._pending_space})
+            self._pending_space = ""
+        return deltas
+
+    def final_events(self, result: GenerationResult, include_usage: bool) -> bytes:
+        deltas = self.deltas("", final=True)
         finish = self.shape.chunk(None, self._finish_reason(result, bool(self._calls)), index=self.index)
         if self.logprobs is not None:
             finish["choices"][0]["logprobs"] = self.logprobs.unsent()

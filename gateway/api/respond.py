@@ -93,6 +93,24 @@ async def run_streamed(state, request: Request, plan: GenerationPlan, tokenizer:
     await _stream_sse(request, plan, sink, lambda: state.generator.run(plan, tokenizer, sink), tail)
 
 
+async def run_streamed_events(state, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,
+                              text_event: Callable[[str, bool], bytes],
+                              final_events: Callable[[GenerationResult], bytes],
+                              error_event: Callable[[ApiError], bytes]) -> None:
+    """``run_streamed`` for another API's events (Anthropic's): its own error event, no ``[DONE]``."""
+    sink = SseSink(request, text_event)
+
+    def tail(result: GenerationResult | None) -> bytes:
+        opening = b"" if sink.started else text_event("", True)
+        if result is None:
+            return opening
+        state.count_tokens(plan.model, result)
+        return opening + final_events(result)
+
+    await _stream_sse(request, plan, sink, lambda: state.generator.run(plan, tokenizer, sink), tail,
+                      error_event=error_event, done=b"")
+
+
 async def run_streamed_choices(state, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,
                                text_event: Callable[[int, str, bool], bytes],
                                final_events: Callable[[list[GenerationResult]], bytes]) -> None:
@@ -110,10 +128,15 @@ async def run_streamed_choices(state, request: Request, plan: GenerationPlan, to
     await _stream_sse(request, plan, sink, lambda: state.generator.run_choices(plan, tokenizer, sink), tail)
 
 
+def _openai_error_event(error: ApiError) -> bytes:
+    return sse_event(error.body())
+
+
 async def _stream_sse(request: Request, plan: GenerationPlan, sink: Any, generate: Callable[[], Awaitable[Any]],
-                      tail: Callable[[Any], bytes]) -> None:
+                      tail: Callable[[Any], bytes], error_event: Callable[[ApiError], bytes] = _openai_error_event,
+                      done: bytes = SSE_DONE) -> None:
     """Run ``generate`` under the request's deadline and the client's presence; its text went out through
-    ``sink``; end with ``tail(outcome)`` (None after a failure: an error event follows) and [DONE]."""
+    ``sink``; end with ``tail(outcome)`` (None after a failure: ``error_event`` follows) and ``done``."""
     outcome: Any = None
     error: ApiError | None = None
     async with request.cancel_on_disconnect():
@@ -135,8 +158,8 @@ async def _stream_sse(request: Request, plan: GenerationPlan, sink: Any, generat
             await request.start_stream(200, SSE_HEADERS)
         end = tail(None if error is not None else outcome)
         if error is not None:
-            end += sse_event(error.body())
-        await request.end_stream(end + SSE_DONE)  # the last events and the end: one write
+            end += error_event(error)
+        await request.end_stream(end + done)  # the last events and the end: one write
 
 
 class SseSink:

@@ -1,0 +1,384 @@
+"""POST /v1/messages and POST /v1/messages/count_tokens: Anthropic's Messages API on the chat pipeline.
+
+A Messages request is translated into the chat request it means (``to_chat_body``) and checked by
+the same parser as chat completions, so bounds, tools, tool_choice and the chat template work the
+same; the answer goes through the same parsers (``ChatOutput``) and is shaped as Anthropic's:
+
+    request                                  chat request
+    system (text or text blocks)             a system message first
+    user text / tool_result blocks           a user message / tool messages (tool_call_id)
+    assistant text / tool_use / thinking     content / tool_calls / reasoning_content
+    tools [{name, description, input_schema}]  function tools
+    tool_choice auto / any / tool / none     auto / required / a named function / none
+      (disable_parallel_tool_use)            (parallel_tool_calls false)
+    thinking enabled / disabled              chat_template_kwargs enable_thinking (and thinking) true /
+                                             false; absent: the template's own default
+    stop_sequences, temperature, top_p, top_k, max_tokens, stream
+
+    answer: content blocks thinking, text, tool_use (ids toolu_...); stop_reason end_turn, max_tokens,
+    stop_sequence (with stop_sequence), tool_use; usage input_tokens, output_tokens.
+
+Streamed: ``message_start``, ``ping``, then per block ``content_block_start``, ``content_block_delta``
+(``thinking_delta``, ``text_delta``, ``input_json_delta``), ``content_block_stop``, and
+``message_delta`` (stop_reason, usage) and ``message_stop``; a failure after the start is an
+``error`` event. Errors are Anthropic's shape (``anthropic_error_body``). ``x-api-key``
+authenticates like a bearer key; ``anthropic-version`` is accepted and not required.
+``thinking.budget_tokens`` is checked as Anthropic checks it (at least 1,024, below max_tokens)
+but not enforced: the engine contract has no thinking budget.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import orjson
+
+from ..generation import GenerationResult
+from .chat_output import ChatOutput
+from .errors import ApiError, BadRequest
+from .http import Request
+from .openai import _OpenAIShape, encode_chat, plan_generation, ready_model_entry
+from .protocol import INT32_MAX, parse_chat, parse_json_body
+from .respond import admitted, run_streamed_events, run_unary
+
+THINKING_BUDGET_MIN = 1024  # Anthropic's floor for budget_tokens
+# Chat request fields whose errors are reported under the Messages API's names.
+_PARAM_NAMES = {"stop": "stop_sequences", "tool_choice": "tool_choice", "chat_template_kwargs": "thinking"}
+
+
+def _error_type(status: int) -> str:
+    return {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+            404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+            503: "overloaded_error", 529: "overloaded_error"}.get(status, "api_error")
+
+
+def anthropic_error_body(error: ApiError) -> bytes:
+    """Anthropic's error shape: {"type": "error", "error": {"type", "message"}}."""
+    return orjson.dumps({"type": "error", "error": {"type": _error_type(error.status), "message": error.message}})
+
+
+def _named_event(name: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+# -- the request ---------------------------------------------------------------------------------------------
+
+def _text_of(value: Any, where: str) -> str:
+    """A string, or text blocks joined; anything else is a 400 naming where."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for i, block in enumerate(value):
+            if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+                raise BadRequest(f"{where}[{i}]: only text blocks are supported here", param=where,
+                                 code="unsupported_content")
+            texts.append(block["text"])
+        return "".join(texts)
+    raise BadRequest(f"{where} must be a string or a list of text blocks", param=where, code="invalid_type")
+
+
+def _messages(raw: Any) -> list[dict[str, Any]]:
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("'messages' must be a non-empty list", param="messages", code="invalid_type")
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            raise BadRequest(f"{where}.role must be 'user' or 'assistant'", param=f"{where}.role",
+                             code="invalid_value")
+        content = message.get("content")
+        if isinstance(content, str):
+            out.append({"role": message["role"], "content": content})
+            continue
+        if not isinstance(content, list):
+            raise BadRequest(f"{where}.content must be a string or a list of blocks", param=f"{where}.content",
+                             code="invalid_type")
+        out += _user_blocks(content, where) if message["role"] == "user" else [_assistant_blocks(content, where)]
+    return out
+
+
+def _user_blocks(blocks: list[Any], where: str) -> list[dict[str, Any]]:
+    """Tool results become tool messages (first, as Anthropic orders them), the text a user message."""
+    results, texts = [], []
+    for j, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "tool_result" and isinstance(block.get("tool_use_id"), str):
+            content = _text_of(block.get("content", ""), f"{where}.content[{j}].content")
+            if block.get("is_error"):
+                content = "Error: " + content
+            results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": content})
+        else:
+            raise BadRequest(f"{where}.content[{j}]: a user block must be text or tool_result, got {kind!r}",
+                             param=f"{where}.content[{j}]", code="unsupported_content")
+    return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
+
+
+def _assistant_blocks(blocks: list[Any], where: str) -> dict[str, Any]:
+    texts, thinking, calls = [], [], []
+    for j, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "thinking" and isinstance(block.get("thinking"), str):
+            thinking.append(block["thinking"])
+        elif kind == "redacted_thinking":
+            continue  # nothing the model can read back
+        elif kind == "tool_use" and isinstance(block.get("id"), str) and isinstance(block.get("name"), str) \
+                and isinstance(block.get("input"), dict):
+            calls.append({"id": block["id"], "type": "function",
+                          "function": {"name": block["name"], "arguments": orjson.dumps(block["input"]).decode()}})
+        else:
+            raise BadRequest(f"{where}.content[{j}]: an assistant block must be text, thinking or tool_use, "
+                             f"got {kind!r}", param=f"{where}.content[{j}]", code="unsupported_content")
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if thinking:
+        message["reasoning_content"] = "".join(thinking)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _tools(raw: Any) -> list[dict[str, Any]]:
+    if not isinstance(raw, list):
+        raise BadRequest("'tools' must be a list", param="tools", code="invalid_type")
+    tools = []
+    for i, tool in enumerate(raw):
+        if not isinstance(tool, dict) or tool.get("type") not in (None, "custom"):
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise BadRequest(f"tools[{i}]: only client tools (name, input_schema) are supported, got {kind!r}",
+                             param=f"tools[{i}]", code="unsupported_parameter")
+        function = {"name": tool.get("name"), "parameters": tool.get("input_schema")}
+        if "description" in tool:
+            function["description"] = tool["description"]
+        tools.append({"type": "function", "function": function})
+    return tools
+
+
+def _tool_choice(raw: Any) -> tuple[Any, bool]:
+    """(OpenAI's tool_choice, parallel calls allowed)."""
+    if not isinstance(raw, dict) or raw.get("type") not in ("auto", "any", "tool", "none"):
+        raise BadRequest("tool_choice must be {\"type\": \"auto\"|\"any\"|\"tool\"|\"none\"}", param="tool_choice",
+                         code="invalid_value")
+    parallel = not raw.get("disable_parallel_tool_use", False)
+    kind = raw["type"]
+    if kind == "tool":
+        return {"type": "function", "function": {"name": raw.get("name")}}, parallel
+    return {"auto": "auto", "any": "required", "none": "none"}[kind], parallel
+
+
+def to_chat_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The chat completions request a Messages request means (checked by parse_chat after)."""
+    max_tokens = body.get("max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise BadRequest("'max_tokens' is required: a positive integer", param="max_tokens",
+                         code="missing_required_parameter" if max_tokens is None else "invalid_value")
+    messages = _messages(body.get("messages"))
+    if body.get("system") is not None:
+        messages.insert(0, {"role": "system", "content": _text_of(body["system"], "system")})
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages, "max_tokens": max_tokens,
+                            "stream": body.get("stream", False)}
+    for name in ("temperature", "top_p", "top_k"):
+        if name in body:
+            chat[name] = body[name]
+    if body.get("stop_sequences") is not None:
+        chat["stop"] = body["stop_sequences"]
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise BadRequest("'metadata' must be an object", param="metadata", code="invalid_type")
+    if body.get("tools"):
+        chat["tools"] = _tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"], parallel = _tool_choice(body["tool_choice"])
+        if not parallel:
+            chat["parallel_tool_calls"] = False
+        if chat["tool_choice"] == "none" and "tools" not in chat:
+            del chat["tool_choice"]
+    thinking = body.get("thinking")
+    if thinking is not None:
+        if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled"):
+            raise BadRequest("thinking must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": "
+                             "\"disabled\"}", param="thinking", code="invalid_value")
+        enabled = thinking["type"] == "enabled"
+        if enabled:
+            budget = thinking.get("budget_tokens")
+            if not isinstance(budget, int) or isinstance(budget, bool) or not THINKING_BUDGET_MIN <= budget < max_tokens:
+                raise BadRequest(f"thinking.budget_tokens must be at least {THINKING_BUDGET_MIN} and less than "
+                                 f"max_tokens", param="thinking.budget_tokens", code="invalid_value")
+        chat["chat_template_kwargs"] = {"enable_thinking": enabled, "thinking": enabled}
+    return chat
+
+
+def _parse(body: dict[str, Any]) -> Any:
+    chat_body = to_chat_body(body)
+    try:
+        return parse_chat(chat_body)
+    except BadRequest as e:
+        if e.param in _PARAM_NAMES:
+            e.param = _PARAM_NAMES[e.param]
+        raise
+
+
+# -- the answer ----------------------------------------------------------------------------------------------
+
+def new_message_id() -> str:
+    return "msg_" + secrets.token_hex(12)
+
+
+def _tool_use_id(call_id: str) -> str:
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def stop_reason(result: GenerationResult, called: bool) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) of a finished generation."""
+    if result.finish_reason == "length":
+        return "max_tokens", None
+    if called:
+        return "tool_use", None
+    if isinstance(result.matched_stop, str):
+        return "stop_sequence", result.matched_stop
+    return "end_turn", None
+
+
+def _usage(result: GenerationResult) -> dict[str, int]:
+    return {"input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens,
+            "cache_read_input_tokens": result.cached_tokens}
+
+
+def message_body(message_id: str, model: str, openai_message: dict[str, Any], result: GenerationResult
+                 ) -> dict[str, Any]:
+    """A whole answer: the chat message ChatOutput made, as Anthropic's content blocks."""
+    content: list[dict[str, Any]] = []
+    if openai_message.get("reasoning_content"):
+        content.append({"type": "thinking", "thinking": openai_message["reasoning_content"], "signature": ""})
+    if openai_message.get("content"):
+        content.append({"type": "text", "text": openai_message["content"]})
+    calls = openai_message.get("tool_calls") or []
+    for call in calls:
+        content.append({"type": "tool_use", "id": _tool_use_id(call["id"]), "name": call["function"]["name"],
+                        "input": orjson.loads(call["function"]["arguments"])})
+    reason, sequence = stop_reason(result, bool(calls))
+    return {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": reason, "stop_sequence": sequence, "usage": _usage(result)}
+
+
+class MessageStream:
+    """The stream of one answer as Anthropic's events, from the chat deltas ChatOutput decides."""
+
+    def __init__(self, message_id: str, model: str, output: ChatOutput, prompt_tokens: int) -> None:
+        self.id = message_id
+        self.model = model
+        self.output = output
+        self.prompt_tokens = prompt_tokens
+        self._index = -1  # the open block's index; -1: none open
+        self._kind: str | None = None  # the open block's type
+        self._called = False
+
+    def text_event(self, text: str, first: bool) -> bytes:
+        out = b""
+        if first:
+            out += _named_event("message_start", {"type": "message_start", "message": {
+                "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+                "stop_reason": None, "stop_sequence": None,
+                "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}}})
+            out += _named_event("ping", {"type": "ping"})
+        return out + self._blocks(self.output.deltas(text, final=False))
+
+    def final_events(self, result: GenerationResult) -> bytes:
+        out = self._blocks(self.output.deltas("", final=True))
+        if self._kind is not None:
+            out += self._close()
+        reason, sequence = stop_reason(result, self._called)
+        out += _named_event("message_delta", {"type": "message_delta",
+                                              "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                                              "usage": {"output_tokens": result.completion_tokens}})
+        return out + _named_event("message_stop", {"type": "message_stop"})
+
+    def _blocks(self, deltas: "list[dict[str, Any]]") -> bytes:
+        out = b""
+        for delta in deltas:
+            if delta.get("reasoning_content"):
+                out += self._open("thinking", {"type": "thinking", "thinking": ""})
+                out += self._delta({"type": "thinking_delta", "thinking": delta["reasoning_content"]})
+            elif delta.get("content"):
+                out += self._open("text", {"type": "text", "text": ""})
+                out += self._delta({"type": "text_delta", "text": delta["content"]})
+            elif delta.get("tool_calls"):
+                call = delta["tool_calls"][0]
+                if "id" in call:  # a call's first delta: a block of its own
+                    self._called = True
+                    out += self._open("tool_use", {"type": "tool_use", "id": _tool_use_id(call["id"]),
+                                                   "name": call["function"]["name"], "input": {}}, new=True)
+                elif call["function"].get("arguments"):
+                    out += self._delta({"type": "input_json_delta", "partial_json": call["function"]["arguments"]})
+        return out
+
+    def _open(self, kind: str, block: dict[str, Any], new: bool = False) -> bytes:
+        if self._kind == kind and not new:
+            return b""
+        out = self._close() if self._kind is not None else b""
+        self._index += 1
+        self._kind = kind
+        return out + _named_event("content_block_start", {"type": "content_block_start", "index": self._index,
+                                                          "content_block": block})
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return _named_event("content_block_delta", {"type": "content_block_delta", "index": self._index,
+                                                    "delta": delta})
+
+    def _close(self) -> bytes:
+        out = b""
+        if self._kind == "thinking":  # the SDK's thinking block carries a signature: ours is empty
+            out += self._delta({"type": "signature_delta", "signature": ""})
+        self._kind = None
+        return out + _named_event("content_block_stop", {"type": "content_block_stop", "index": self._index})
+
+
+def _error_event(error: ApiError) -> bytes:
+    return b"event: error\ndata: " + anthropic_error_body(error) + b"\n\n"
+
+
+# -- the endpoints -------------------------------------------------------------------------------------------
+
+async def _prepared(state: Any, request: Request) -> tuple[Any, Any, Any, list[int]]:
+    chat = _parse(parse_json_body(await request.body()))
+    entry = await ready_model_entry(state, chat.model, request.principal)
+    tokenizer = entry.tokenizer
+    if tokenizer is None or tokenizer.chat_template is None:
+        raise BadRequest(f"the model '{entry.name}' has no chat template on this node (the Messages API needs a "
+                         f"gRPC engine's model)", param="model", code="unsupported_model")
+    return chat, entry, tokenizer, await encode_chat(state, request, entry, tokenizer, chat, True)
+
+
+async def messages(state: Any, request: Request) -> None:
+    chat, entry, tokenizer, input_ids = await _prepared(state, request)
+    plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "messages")
+    message_id = new_message_id()
+    shape = _OpenAIShape(True, message_id, entry.name)
+    output = ChatOutput.for_request(shape, entry, chat) or ChatOutput(shape, None, None)
+    plan.kept_special = output.kept_special
+    async with admitted(state, request, plan):
+        if not chat.stream:
+            result = await run_unary(state, request, plan, tokenizer)
+            if result is not None:
+                openai_message = output.full(result.text, result)["choices"][0]["message"]
+                await request.send_json(200, message_body(message_id, entry.name, openai_message, result))
+            return
+        stream = MessageStream(message_id, entry.name, output, len(input_ids))
+        await run_streamed_events(state, request, plan, tokenizer, stream.text_event, stream.final_events,
+                                  _error_event)
+
+
+async def count_tokens(state: Any, request: Request) -> None:
+    body = parse_json_body(await request.body())
+    body = {**body, "max_tokens": body.get("max_tokens") or INT32_MAX}  # not part of a count_tokens request
+    chat = _parse(body)
+    entry = await ready_model_entry(state, chat.model, request.principal)
+    tokenizer = entry.tokenizer
+    if tokenizer is None or tokenizer.chat_template is None:
+        raise BadRequest(f"the model '{entry.name}' has no chat template on this node", param="model",
+                         code="unsupported_model")
+    input_ids = await encode_chat(state, request, entry, tokenizer, chat, True)
+    await request.send_json(200, {"input_tokens": len(input_ids)})

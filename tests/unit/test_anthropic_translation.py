@@ -1,0 +1,79 @@
+"""A Messages request as the chat request it means (gateway/api/anthropic.py to_chat_body), the answer's
+stop reasons, and what it refuses with a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.api.anthropic import stop_reason, to_chat_body
+from gateway.api.errors import BadRequest
+from gateway.generation import GenerationResult
+
+BASE = {"model": "m", "max_tokens": 64}
+
+
+def test_blocks_become_chat_messages():
+    chat = to_chat_body({**BASE, "system": [{"type": "text", "text": "Be brief."}], "messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "call it", "signature": "s"},
+                                          {"type": "text", "text": "Checking."},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "w", "input": {"c": "Oslo"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "12C"},
+                                     {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
+                                      "content": [{"type": "text", "text": "timeout"}]},
+                                     {"type": "text", "text": "And tomorrow?"}]}]})
+    assert chat["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "call it", "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "w", "arguments": json.dumps({"c": "Oslo"},
+                                                                                                    separators=(",", ":"))}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "12C"},
+        {"role": "tool", "tool_call_id": "toolu_2", "content": "Error: timeout"},
+        {"role": "user", "content": "And tomorrow?"}]
+
+
+@pytest.mark.parametrize("choice, expected, parallel", [
+    ({"type": "auto"}, "auto", True), ({"type": "any"}, "required", True),
+    ({"type": "tool", "name": "w", "disable_parallel_tool_use": True}, {"type": "function", "function": {"name": "w"}},
+     False),
+    ({"type": "none"}, "none", True),
+])
+def test_tools_and_tool_choice(choice, expected, parallel):
+    chat = to_chat_body({**BASE, "messages": [{"role": "user", "content": "x"}], "tool_choice": choice,
+                         "tools": [{"name": "w", "description": "d", "input_schema": {"type": "object"}}]})
+    assert chat["tools"] == [{"type": "function", "function": {"name": "w", "parameters": {"type": "object"},
+                                                               "description": "d"}}]
+    assert chat["tool_choice"] == expected and chat.get("parallel_tool_calls", True) is parallel
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"max_tokens": None}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0]"),
+    ({"tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools[0]"),
+    ({"tool_choice": {"type": "sometimes"}}, "tool_choice"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 64}}, "thinking.budget_tokens"),
+    ({"thinking": {"type": "maybe"}}, "thinking"),
+    ({"system": 5}, "system"),
+])
+def test_what_is_refused(extra, param):
+    body = {**BASE, "messages": [{"role": "user", "content": "x"}], **extra}
+    with pytest.raises(BadRequest) as e:
+        to_chat_body(body)
+    assert e.value.param == param, e.value.message
+
+
+def test_thinking_switch_and_stop_reasons():
+    assert to_chat_body({**BASE, "max_tokens": 4096, "messages": [{"role": "user", "content": "x"}],
+                         "thinking": {"type": "enabled", "budget_tokens": 2048}})["chat_template_kwargs"] == \
+        {"enable_thinking": True, "thinking": True}
+
+    def result(finish, matched=None):
+        return GenerationResult("", [], finish, matched, 1, 1, 0, "w")
+    assert stop_reason(result("stop"), False) == ("end_turn", None)
+    assert stop_reason(result("stop", "END"), False) == ("stop_sequence", "END")
+    assert stop_reason(result("stop", 151645), False) == ("end_turn", None)  # the EOS id, not a sequence
+    assert stop_reason(result("stop"), True) == ("tool_use", None)
+    assert stop_reason(result("length"), True) == ("max_tokens", None)
