@@ -40,6 +40,7 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
 import trio
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,15 +112,26 @@ def gateway_argv(name: str, port: int, engine_url: str, model: Path, smg: Path, 
     return [*argv, *smg_args]
 
 
+API_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
+
+
+def messages_bodies(chat_bodies):
+    """The same conversations as Anthropic Messages requests (the chat bodies less what it has no name for)."""
+    for raw in chat_bodies:
+        body = orjson.loads(raw)
+        body.pop("ignore_eos", None)  # the engine plans max_tokens words and no EOS either way
+        yield orjson.dumps(body)
+
+
 async def send_requests(port: int, bodies, count: int, headers: "list[tuple[str, str]]",
-                        tls: "ssl.SSLContext | None" = None) -> None:
+                        tls: "ssl.SSLContext | None" = None, path: str = API_PATHS["chat"]) -> None:
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     if tls is not None:
         stream = trio.SSLStream(stream, tls, server_hostname="127.0.0.1")
     connection = Connection(stream, "127.0.0.1", headers)
     try:
         for _ in range(count):
-            status, _ = await connection.request("/v1/chat/completions", next(bodies))
+            status, _ = await connection.request(path, next(bodies))
             if status != 200:
                 raise RuntimeError(f"the gateway answered {status}")
     finally:
@@ -127,13 +139,13 @@ async def send_requests(port: int, bodies, count: int, headers: "list[tuple[str,
 
 
 def wait_serving(port: int, bodies, process: subprocess.Popen, log: Path, headers: "list[tuple[str, str]]",
-                 tls: "ssl.SSLContext | None") -> None:
+                 tls: "ssl.SSLContext | None", path: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"the gateway exited; see {log}")
         try:
-            trio.run(send_requests, port, bodies, 1, headers, tls)
+            trio.run(send_requests, port, bodies, 1, headers, tls, path)
             return
         except (OSError, RuntimeError, trio.BrokenResourceError):
             time.sleep(1)
@@ -156,13 +168,16 @@ def count_instructions(name: str, scenario: str, stream: bool, args, engine_url:
     with open(log, "ab") as log_file:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, cwd=ROOT)
     bodies = conversation_bodies(scenario, stream)
+    if args.api == "messages":
+        bodies = messages_bodies(bodies)
+    path = API_PATHS[args.api]
     try:
         headers = args.client_headers if name == "smg-node" or args.auth == "api-key" else []
-        wait_serving(port, bodies, process, log, headers, args.tls_context)
-        trio.run(send_requests, port, bodies, args.warmup, headers, args.tls_context)
+        wait_serving(port, bodies, process, log, headers, args.tls_context, path)
+        trio.run(send_requests, port, bodies, args.warmup, headers, args.tls_context, path)
         callgrind_control("-i", "on", str(process.pid))
         started = time.perf_counter()
-        trio.run(send_requests, port, bodies, args.requests, headers, args.tls_context)
+        trio.run(send_requests, port, bodies, args.requests, headers, args.tls_context, path)
         requests_s = time.perf_counter() - started
         callgrind_control("-d", str(process.pid))  # dump 1: the requests
         started = time.perf_counter()
@@ -212,6 +227,9 @@ def main() -> None:
                              "this script serves; the client sends one token, which the node caches)")
     parser.add_argument("--tls", action="store_true",
                         help="every gateway serves HTTPS with a certificate this script makes; the client verifies it")
+    parser.add_argument("--api", choices=tuple(API_PATHS), default="chat",
+                        help="the API the requests use: chat completions, or Anthropic's Messages (the same "
+                             "conversations; smg-node only)")
     parser.add_argument("--parsers", choices=("off", "on"), default="off",
                         help="on: both gateways parse answers with the qwen tool-call and qwen3 reasoning parsers "
                              "(the 'agent' scenario's answers hold a reasoning and a call); off: neither parses")
@@ -264,7 +282,8 @@ def main() -> None:
     print(f"\nInstructions per request (callgrind), {platform.machine()}, Python {platform.python_version()}, "
           f"smg {SMG_VERSION}, started {started}; {args.requests} sequential requests after {args.warmup} warm-up "
           f"ones, one keep-alive client; engine token interval {args.token_interval_s * 1000:g} ms; "
-          f"smg-node --workers 1{' ' + ' '.join(args.node_args) if args.node_args else ''}; parsers {args.parsers}"
+          f"smg-node --workers 1{' ' + ' '.join(args.node_args) if args.node_args else ''}; parsers {args.parsers}; "
+          f"API {args.api}"
           f". Logs: {log_dir}\n")
     names = args.gateways
     print("| scenario | stream | " + " | ".join(f"{n} M instr/req" for n in names)
