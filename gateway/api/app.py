@@ -20,7 +20,7 @@ import trio
 from mesh.asgi import answer_lifespan
 
 from ..auth import Access, Authenticator, KeysMissing, Unauthenticated
-from . import admin, anthropic, native, openai, parse
+from . import admin, anthropic, native, openai, parse, responses
 from .errors import ApiError, MethodNotAllowed, NotFound, to_api_error
 from .http import ClientGone, Request
 
@@ -42,6 +42,7 @@ _ROUTES: dict[str, dict[str, Route]] = {
     "/v1/detokenize": {"POST": (native.detokenize, DATA)},
     "/v1/models": {"GET": (admin.list_models, DATA)},
     "/v1/messages": {"POST": (anthropic.messages, DATA)},
+    "/v1/responses": {"POST": (responses.create, DATA)},
     "/v1/messages/count_tokens": {"POST": (anthropic.count_tokens, DATA)},
     "/health": {"GET": (admin.health, PUBLIC)},
     "/liveness": {"GET": (admin.liveness, PUBLIC)},
@@ -59,6 +60,10 @@ _ROUTES: dict[str, dict[str, Route]] = {
 _PARAM_ROUTES: "tuple[tuple[re.Pattern[str], dict[str, Route], str], ...]" = (
     (re.compile(r"^/v1/models/(?P<model>[^\x00-\x20\x7f]{1,256})$"), {"GET": (admin.retrieve_model, DATA)},
      "/v1/models/{model}"),
+    (re.compile(r"^/v1/responses/(?P<response_id>[A-Za-z0-9_-]{1,128})$"),
+     {"GET": (responses.retrieve, DATA), "DELETE": (responses.delete, DATA)}, "/v1/responses/{id}"),
+    (re.compile(r"^/v1/responses/(?P<response_id>[A-Za-z0-9_-]{1,128})/input_items$"),
+     {"GET": (responses.list_input_items, DATA)}, "/v1/responses/{id}/input_items"),
     (re.compile(r"^/workers/(?P<worker_id>[A-Za-z0-9._-]{1,128})$"),
      {"GET": (admin.get_worker, ADMIN), "DELETE": (admin.remove_worker, ADMIN)}, "/workers/{id}"),
     (re.compile(r"^/admin/api-keys/(?P<key_id>[0-9a-f]{1,64})$"), {"DELETE": (admin.revoke_api_key, ADMIN)},

@@ -58,6 +58,7 @@ class ChatOutput:
         self.reasoning_in_tools = tools is not None and tools.handles_reasoning
         self.logprobs: Any = None  # a LogprobShape when the request asks for logprobs (api/logprobs.py)
         self.index = 0  # which of the request's answers (n > 1)
+        self._last_reasoning = ""  # the reasoning of the last whole answer (reasoning_tokens)
         self.calls_finish = calls_finish  # the finish_reason of an answer with calls that stopped by itself
         # The parsers' markers, kept by the detokenizer even where they are special tokens.
         self.kept_special = frozenset((tools.spellings if tools is not None else ()) +
@@ -114,6 +115,7 @@ class ChatOutput:
             message["tool_calls"] = [{"id": new_call_id(), "type": "function",
                                       "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
         body = self.shape.full(text, result)
+        self._last_reasoning = reasoning_text or ""
         self._add_reasoning_tokens(body["usage"], result, reasoning_text or "")
         choice = body["choices"][0]
         choice["message"] = message
@@ -193,6 +195,13 @@ class ChatOutput:
         if self._held_reasoning and (after or final):
             deltas.append({"reasoning_content": self._held_reasoning})
             self._held_reasoning = ""
+
+    def reasoning_tokens(self, result: GenerationResult) -> int:
+        """The answer's reasoning tokens (0 without a reasoning parser), once it has been parsed whole or streamed."""
+        usage: dict[str, Any] = {}
+        self._add_reasoning_tokens(usage, result, self._last_reasoning if self._reasoning_text is None
+                                   else "".join(self._reasoning_text))
+        return (usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)
 
     def _add_reasoning_tokens(self, usage: dict[str, Any], result: GenerationResult, reasoning_text: str) -> None:
         if self.reasoning_in_tools:

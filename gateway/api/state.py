@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ..admission import Admission
 from ..engine.grpc_engine import SamplingOptions
 from ..generation import GenerationResult, Generator
+from ..history import ResponseStore
 from ..metrics import GatewayMetrics
 from ..models import ModelCatalog
 from ..workers import Router, WorkerRegistry
@@ -38,6 +39,8 @@ class GatewayState:
     rate_limiter: "RateLimiter | None" = None
     cluster: "ClusterState | None" = None
     key_store: "KeyStore | None" = None
+    # Stored responses (Responses API, store: true): node-local for now (gateway/history.py).
+    response_store: ResponseStore = dataclasses.field(default_factory=ResponseStore)
 
     def __post_init__(self) -> None:
         # Engine request ids must be unique per engine; clients' ids need not be.

@@ -1,0 +1,105 @@
+"""OpenAI's Responses API (gateway/api/responses.py) driven by the real openai SDK over a node and a
+scripted engine: text with reasoning, function calls and their outputs sent back with
+previous_response_id, streaming parsed by the SDK's own event types, structured output, GET / DELETE /
+input_items, and stored responses scoped to the tenant that made them."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from chaos.processes import EngineProcess, NodeProcess
+
+MODEL = "qwen3-sim"
+THOUGHT_CALL = ("<think>\nI need the weather.\n</think>\n\n<tool_call>\n"
+                '{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+KEY_A, KEY_B = "sk-tenant-a-0123456789abcdef", "sk-tenant-b-0123456789abcdef"
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "sunny": {"type": "boolean"}},
+          "required": ["city", "sunny"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def node(log_dir, tmp_path_factory):
+    script = tmp_path_factory.mktemp("responses") / "answers.jsonl"
+    # (matched in the whole prompt: the follow-up's rule needs the earlier turns there)
+    rules = [{"match": "(?s)weather in Oslo.*14 degrees.*What did I ask", "output": "You asked about the weather "
+                                                                                     "in Oslo."},
+             {"match": "14 degrees", "output": "It is 14 degrees in Oslo today."},
+             {"match": "weather", "output": THOUGHT_CALL},
+             {"match": "Hello", "output": "<think>\nA greeting.\n</think>\n\nHi! How can I help?"}]
+    script.write_text("".join(json.dumps(r) + "\n" for r in rules))
+    engine = EngineProcess(["--zero-cost", "--script", str(script)], log_dir, "responses-engine")
+    n = NodeProcess(["--worker-urls", engine.url, "--tenant-api-key", f"a:{KEY_A}", f"b:{KEY_B}"],
+                    log_dir, "responses-node")
+    yield n
+    n.stop()
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def client(node):
+    return openai.OpenAI(base_url=node.url + "/v1", api_key=KEY_A, max_retries=0)
+
+
+def test_text_and_reasoning(client):
+    response = client.responses.create(model=MODEL, input="Hello!")
+    assert response.status == "completed" and response.id.startswith("resp_")
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    assert response.output[0].content[0].text == "\nA greeting.\n"
+    assert response.output_text == "Hi! How can I help?"
+    assert response.usage.output_tokens > 0 and response.usage.output_tokens_details.reasoning_tokens > 0
+
+
+def test_a_function_call_its_output_and_a_follow_up_by_previous_response_id(client):
+    first = client.responses.create(model=MODEL, input="What is the weather in Oslo?", tools=TOOLS)
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Oslo"})
+    second = client.responses.create(model=MODEL, previous_response_id=first.id, tools=TOOLS, input=[
+        {"type": "function_call_output", "call_id": call.call_id, "output": "14 degrees and sunny"}])
+    assert second.output_text == "It is 14 degrees in Oslo today." and second.previous_response_id == first.id
+    third = client.responses.create(model=MODEL, previous_response_id=second.id, input="What did I ask?")
+    assert third.output_text == "You asked about the weather in Oslo."  # the whole chain reached the model
+
+
+def test_streaming_with_the_sdks_types(client):
+    with client.responses.stream(model=MODEL, input="What is the weather in Oslo?", tools=TOOLS) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert "response.reasoning_text.delta" in kinds and "response.function_call_arguments.delta" in kinds
+    assert [item.type for item in final.output] == ["reasoning", "function_call"]
+    with client.responses.stream(model=MODEL, input="Hello!") as stream:
+        text = "".join(event.delta for event in stream if event.type == "response.output_text.delta")
+    assert text == "Hi! How can I help?"
+    assert client.responses.retrieve(stream.get_final_response().id).output_text == text  # stored when streamed
+
+
+def test_structured_output(client):
+    response = client.responses.create(model=MODEL, input="A city as JSON", text={"format": {
+        "type": "json_schema", "name": "city", "schema": SCHEMA, "strict": True}})
+    jsonschema.validate(json.loads(response.output_text), SCHEMA)
+
+
+def test_get_delete_input_items_and_tenant_scoping(client, node):
+    response = client.responses.create(model=MODEL, input="Hello!", metadata={"run": "7"})
+    assert client.responses.retrieve(response.id).metadata == {"run": "7"}
+    items = client.responses.input_items.list(response.id)
+    assert [item.type for item in items.data] == ["message"]
+    other = openai.OpenAI(base_url=node.url + "/v1", api_key=KEY_B, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.retrieve(response.id)  # another tenant's: as if it did not exist
+    with pytest.raises(openai.NotFoundError):
+        other.responses.create(model=MODEL, input="hi", previous_response_id=response.id)
+    client.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+    unstored = client.responses.create(model=MODEL, input="Hello!", store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=MODEL, input="hi", tools=[{"type": "web_search"}])
