@@ -112,7 +112,7 @@ def gateway_argv(name: str, port: int, engine_url: str, model: Path, smg: Path, 
     return [*argv, *smg_args]
 
 
-API_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
+API_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
 
 
 def messages_bodies(chat_bodies):
@@ -121,6 +121,14 @@ def messages_bodies(chat_bodies):
         body = orjson.loads(raw)
         body.pop("ignore_eos", None)  # the engine plans max_tokens words and no EOS either way
         yield orjson.dumps(body)
+
+
+def responses_bodies(chat_bodies):
+    """The same conversations as Responses API requests (stored, as the API's default is)."""
+    for raw in chat_bodies:
+        body = orjson.loads(raw)
+        yield orjson.dumps({"model": body["model"], "input": body["messages"], "stream": body["stream"],
+                            "max_output_tokens": body["max_tokens"]})
 
 
 async def send_requests(port: int, bodies, count: int, headers: "list[tuple[str, str]]",
@@ -170,6 +178,8 @@ def count_instructions(name: str, scenario: str, stream: bool, args, engine_url:
     bodies = conversation_bodies(scenario, stream)
     if args.api == "messages":
         bodies = messages_bodies(bodies)
+    elif args.api == "responses":
+        bodies = responses_bodies(bodies)
     path = API_PATHS[args.api]
     try:
         headers = args.client_headers if name == "smg-node" or args.auth == "api-key" else []
@@ -228,8 +238,8 @@ def main() -> None:
     parser.add_argument("--tls", action="store_true",
                         help="every gateway serves HTTPS with a certificate this script makes; the client verifies it")
     parser.add_argument("--api", choices=tuple(API_PATHS), default="chat",
-                        help="the API the requests use: chat completions, or Anthropic's Messages (the same "
-                             "conversations; smg-node only)")
+                        help="the API the requests use: chat completions, Anthropic's Messages or OpenAI's "
+                             "Responses (the same conversations; smg-node only)")
     parser.add_argument("--parsers", choices=("off", "on"), default="off",
                         help="on: both gateways parse answers with the qwen tool-call and qwen3 reasoning parsers "
                              "(the 'agent' scenario's answers hold a reasoning and a call); off: neither parses")
