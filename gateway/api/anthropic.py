@@ -40,7 +40,7 @@ from .errors import ApiError, BadRequest
 from .http import Request
 from .openai import _OpenAIShape, encode_chat, plan_generation, ready_model_entry
 from .protocol import INT32_MAX, parse_chat, parse_json_body
-from .respond import admitted, run_streamed_events, run_unary
+from .respond import admitted, run_streamed, run_unary
 
 THINKING_BUDGET_MIN = 1024  # Anthropic's floor for budget_tokens
 # Chat request fields whose errors are reported under the Messages API's names.
@@ -367,8 +367,8 @@ async def messages(state: Any, request: Request) -> None:
                 await request.send_json(200, message_body(message_id, entry.name, openai_message, result))
             return
         stream = MessageStream(message_id, entry.name, output, len(input_ids))
-        await run_streamed_events(state, request, plan, tokenizer, stream.text_event, stream.final_events,
-                                  _error_event)
+        await run_streamed(state, request, plan, tokenizer, stream.text_event, stream.final_events,
+                           error_event=_error_event, done=b"")
 
 
 async def count_tokens(state: Any, request: Request) -> None:

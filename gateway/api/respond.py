@@ -79,8 +79,11 @@ async def _unary(request: Request, plan: GenerationPlan, generate: Callable[[], 
 
 async def run_streamed(state, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,
                        text_event: Callable[[str, bool], bytes],
-                       final_events: Callable[[GenerationResult], bytes]) -> None:
-    """Stream SSE: ``text_event(text, first)`` per decided piece, ``final_events(result)`` then [DONE]."""
+                       final_events: Callable[[GenerationResult], bytes],
+                       error_event: "Callable[[ApiError], bytes] | None" = None, done: bytes = SSE_DONE) -> None:
+    """Stream SSE: ``text_event(text, first)`` per decided piece, ``final_events(result)`` then ``done``
+    ([DONE]); another API's stream (Anthropic's, the Responses API's) gives its own ``error_event`` and
+    ends without [DONE]."""
     sink = SseSink(request, text_event)
 
     def tail(result: GenerationResult | None) -> bytes:
@@ -90,25 +93,8 @@ async def run_streamed(state, request: Request, plan: GenerationPlan, tokenizer:
         state.count_tokens(plan.model, result)
         return opening + final_events(result)
 
-    await _stream_sse(request, plan, sink, lambda: state.generator.run(plan, tokenizer, sink), tail)
-
-
-async def run_streamed_events(state, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,
-                              text_event: Callable[[str, bool], bytes],
-                              final_events: Callable[[GenerationResult], bytes],
-                              error_event: Callable[[ApiError], bytes]) -> None:
-    """``run_streamed`` for another API's events (Anthropic's): its own error event, no ``[DONE]``."""
-    sink = SseSink(request, text_event)
-
-    def tail(result: GenerationResult | None) -> bytes:
-        opening = b"" if sink.started else text_event("", True)
-        if result is None:
-            return opening
-        state.count_tokens(plan.model, result)
-        return opening + final_events(result)
-
     await _stream_sse(request, plan, sink, lambda: state.generator.run(plan, tokenizer, sink), tail,
-                      error_event=error_event, done=b"")
+                      error_event or _openai_error_event, done)
 
 
 async def run_streamed_choices(state, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,

@@ -37,7 +37,7 @@ from .errors import ApiError, BadRequest, NotFound
 from .http import Request
 from .openai import _OpenAIShape, encode_chat, plan_generation, ready_model_entry
 from .protocol import parse_chat, parse_json_body
-from .respond import admitted, run_streamed_events, run_unary
+from .respond import admitted, run_streamed, run_unary
 
 METADATA_KEYS_MAX = 16  # OpenAI's bounds for metadata
 METADATA_VALUE_CHARS_MAX = 512
@@ -410,7 +410,8 @@ async def create(state: Any, request: Request) -> None:
             failed["error"] = {"code": error.code or "server_error", "message": error.message}
             return shape.close() + shape.event("response.failed", response=failed)
 
-        await run_streamed_events(state, request, plan, tokenizer, text_event, final_events, error_event)
+        await run_streamed(state, request, plan, tokenizer, text_event, final_events, error_event=error_event,
+                           done=b"")
 
 
 def _stored(state: Any, request: Request) -> Any:
