@@ -34,6 +34,7 @@ from .auth import AuthConfig, Authenticator
 from .auth.authenticator import AuthConfigError
 from .engine.engine_tls import EngineTlsConfig
 from .engine.h2grpc import H2Config
+from .history import HistoryConfig
 from .parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, HarmonyUnavailable, harmony_encoding, is_harmony
 from .ratelimit.limiter import RateLimitConfig
 from .ratelimit.limits import FailurePolicy, LimitConfigError, LimitSet, parse_limit_set
@@ -115,6 +116,10 @@ class GatewayConfig:
     # Parsers of chat answers for every model (gateway/parsers/); None: chosen by each model's id
     # (gateway/parsers/choice.py), "none" or "passthrough": off.
     tool_call_parser: str | None = None
+    # Where the Responses API keeps stored responses: "memory" (bounded by ``history``, on the node
+    # that answered) or "none" (nothing stored; previous_response_id refused).
+    history_backend: str = "memory"
+    history: HistoryConfig = HistoryConfig()
     reasoning_parser: str | None = None
     # "native": the gateway's own HTTP/1.1 server (gateway/api/h1server.py, ~20x less CPU per request
     # than hypercorn on trio, BENCHMARKS.md); "hypercorn": hypercorn's, which also speaks HTTP/2.
@@ -191,10 +196,12 @@ _OPTIONS: list[_Option] = [
     _Option("--engine-keepalive-timeout-secs", "engine_h2.keepalive_timeout_s", float, "drop the connection "
             "(its calls fail as retryable) when nothing answers the PING within this"),
     _Option("--tool-call-parser", "tool_call_parser", str, "tool-call format of the models' answers (qwen, "
-            "qwen_coder, llama, pythonic, mistral, deepseek, deepseek31, kimik2, glm45_moe, glm47_moe, json; vLLM's "
-            "and SGLang's names too; none: off); default: chosen by the model's id"),
+            "qwen_coder, llama, pythonic, mistral, deepseek, deepseek31, deepseek32, kimik2, glm45_moe, glm47_moe, "
+            "minimax_m2, step3, cohere, gpt_oss, json; vLLM's and SGLang's names too; none or passthrough: off); "
+            "default: chosen by the model's id, else its architecture"),
     _Option("--reasoning-parser", "reasoning_parser", str, "reasoning format (qwen3, qwen3_thinking, deepseek_r1, "
-            "glm45, kimi; none: off); default: chosen by the model's id"),
+            "deepseek_v31, glm45, kimi, minimax, step3, nano_v3, cohere_cmd, gpt_oss; none or passthrough: off); "
+            "default: chosen by the model's id, else its architecture"),
     _Option("--worker-api-key", "worker_api_key", str, "the key of the HTTP workers in --worker-urls (clients' "
             "keys are never forwarded)"),
     _Option("--worker-allowed-hosts", "worker_allowed_hosts", "list", "hosts (names or networks like "
@@ -213,6 +220,11 @@ _OPTIONS: list[_Option] = [
     _Option("--request-timeout-secs", "admission.request_timeout_s", float, "longest a request may take"),
     _Option("--max-payload-size", "admission.body_bytes_max", int, "largest request body in bytes (default: 32 "
             "bytes per token of the largest context served, at least 1 MiB; 8 MiB without a stated context)"),
+    _Option("--history-backend", "history_backend", str, "where the Responses API stores responses: memory "
+            "(bounded, on the node that answered) or none"),
+    _Option("--history-memory-max-responses", "history.max_responses", int, "stored responses kept in memory "
+            "(least recently used out first)"),
+    _Option("--history-memory-retention-secs", "history.retention_s", float, "how long a stored response is kept"),
     _Option("--log-level", "log_level", str, "debug, info, warning, error"),
     _Option("--log-json", "log_json", "bool", "log JSON lines instead of text"),
     _Option("--default-max-tokens", "default_max_tokens", int, "max_tokens when nothing else bounds it"),
@@ -334,7 +346,8 @@ HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("HTTP: the OpenAI-compatible front", (
         "--host", "--port", "--max-connections", "--max-payload-size", "--request-timeout-secs",
         "--default-max-tokens", "--shutdown-grace-period-secs", "--http-server", "--prometheus-host",
-        "--prometheus-port", "--log-level", "--log-json")),
+        "--prometheus-port", "--history-backend", "--history-memory-max-responses", "--history-memory-retention-secs",
+        "--log-level", "--log-json")),
     ("engines: where generations run", (
         "--worker-urls", "--model-path", "--tokenizer-path", "--chat-template", "--worker-api-key",
         "--engine-tls-ca-path", "--engine-tls-cert-path", "--engine-tls-key-path", "--engine-keepalive-interval-secs",
@@ -493,12 +506,20 @@ def _smg_mesh_aliases(top: dict[str, Any], mesh: dict[str, Any]) -> None:
             raise ConfigError(f"--join: a seed is host:port or dns:NAME:PORT, got {seed!r}")
 
 
+HISTORY_BACKENDS = ("memory", "none")
+
+
 def validate(config: GatewayConfig) -> None:
     if config.policy.name not in POLICIES:
         raise ConfigError(f"--policy: unknown policy {config.policy.name!r}; choose one of "
                           f"{', '.join(sorted(POLICIES))}")
     if not 0 <= config.port <= 65535:
         raise ConfigError("--port must be between 0 and 65535")
+    if config.history_backend not in HISTORY_BACKENDS:
+        raise ConfigError(f"--history-backend: {config.history_backend!r}; choose one of "
+                          f"{', '.join(HISTORY_BACKENDS)} (postgres and redis are not built yet)")
+    if config.history.max_responses < 1 or config.history.retention_s <= 0:
+        raise ConfigError("--history-memory-max-responses and --history-memory-retention-secs must be positive")
     parsers_off = (None, "none", "passthrough")
     if config.tool_call_parser not in parsers_off and config.tool_call_parser not in TOOL_CALL_PARSERS:
         raise ConfigError(f"--tool-call-parser: unknown parser {config.tool_call_parser!r}; choose one of "

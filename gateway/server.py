@@ -36,6 +36,7 @@ from .api.errors import transport_error_body
 from .api.h1server import H1Config, H1Server
 from .api.proxy import HttpProxy
 from .api.state import GatewayState
+from .history import ResponseStore
 from .auth import Authenticator
 from .auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX
 from .auth.key_store import KeyStore, KeyStoreError, StoredKey
@@ -301,7 +302,9 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         rate_limiter = await _start_rate_limiter(config, cluster, metrics, nursery)
         proxy = HttpProxy(generator, admission, config.admission.request_timeout_s, rate_limiter)
         state = GatewayState(config, registry, catalog, router, generator, admission, metrics, proxy,
-                             rate_limiter=rate_limiter, cluster=cluster, key_store=_start_key_store(cluster))
+                             rate_limiter=rate_limiter, cluster=cluster, key_store=_start_key_store(cluster),
+                             response_store=ResponseStore(config.history) if config.history_backend == "memory"
+                             else None)
         metrics.add_state_source(lambda: _state_metrics(state))
         lag = LoopLagMonitor(metrics.loop_lag, gc_pauses=metrics.gc_pauses)
         nursery.start_soon(lag.run)

@@ -358,8 +358,12 @@ async def create(state: Any, request: Request) -> None:
     owner, now = owner_of(request), trio.current_time()
     previous_id = body.get("previous_response_id")
     history: list[dict[str, Any]] = []
+    stored = state.response_store
     if previous_id is not None:
-        previous = state.response_store.get(previous_id, owner, now) if isinstance(previous_id, str) else None
+        if stored is None:
+            raise BadRequest("this node stores no responses (--history-backend none): previous_response_id "
+                             "cannot be followed", param="previous_response_id", code="storage_disabled")
+        previous = stored.get(previous_id, owner, now) if isinstance(previous_id, str) else None
         if previous is None:
             raise NotFound(f"Previous response with id '{previous_id}' not found.", param="previous_response_id",
                            code="previous_response_not_found")
@@ -380,9 +384,9 @@ async def create(state: Any, request: Request) -> None:
     plan.kept_special = output.kept_special
 
     def keep(response: dict[str, Any]) -> None:
-        if store:
+        if store and stored is not None:
             conversation = [*history, *items, *shape.output]
-            state.response_store.put(response_id, owner, response, items, conversation, trio.current_time())
+            stored.put(response_id, owner, response, items, conversation, trio.current_time())
 
     async with admitted(state, request, plan):
         if not chat.stream:
@@ -416,7 +420,8 @@ async def create(state: Any, request: Request) -> None:
 
 def _stored(state: Any, request: Request) -> Any:
     response_id = request.path_params["response_id"]
-    entry = state.response_store.get(response_id, owner_of(request), trio.current_time())
+    store = state.response_store
+    entry = store.get(response_id, owner_of(request), trio.current_time()) if store is not None else None
     if entry is None:
         raise NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="not_found")
     return entry

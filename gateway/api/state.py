@@ -39,8 +39,9 @@ class GatewayState:
     rate_limiter: "RateLimiter | None" = None
     cluster: "ClusterState | None" = None
     key_store: "KeyStore | None" = None
-    # Stored responses (Responses API, store: true): node-local for now (gateway/history.py).
-    response_store: ResponseStore = dataclasses.field(default_factory=ResponseStore)
+    # Stored responses (Responses API, store: true): node-local for now (gateway/history.py); None with
+    # --history-backend none.
+    response_store: "ResponseStore | None" = dataclasses.field(default_factory=ResponseStore)
 
     def __post_init__(self) -> None:
         # Engine request ids must be unique per engine; clients' ids need not be.

@@ -103,3 +103,19 @@ def test_get_delete_input_items_and_tenant_scoping(client, node):
         client.responses.retrieve(unstored.id)
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model=MODEL, input="hi", tools=[{"type": "web_search"}])
+
+
+def test_with_storage_off_nothing_is_kept_and_a_follow_up_is_refused(node, log_dir):
+    engine_url = node.argv[node.argv.index("--worker-urls") + 1]
+    plain = NodeProcess(["--worker-urls", engine_url, "--history-backend", "none"], log_dir, "responses-unstored")
+    try:
+        client = openai.OpenAI(base_url=plain.url + "/v1", api_key="unused", max_retries=0)
+        response = client.responses.create(model=MODEL, input="Hello!")
+        assert response.output_text == "Hi! How can I help?"
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(response.id)
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model=MODEL, input="more", previous_response_id=response.id)
+        assert e.value.code == "storage_disabled"
+    finally:
+        plain.stop()

@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from gateway.config import ConfigError, add_serve_arguments, build_config
+from gateway.config import ConfigError, add_serve_arguments, build_config, validate
 
 
 def parse(argv, environ=None):
@@ -53,3 +53,13 @@ def test_unknown_file_keys_are_refused(tmp_path):
     toml.write_text("prot = 1\n")
     with pytest.raises(ConfigError, match="unknown keys prot"):
         parse(["--config", str(toml)])
+
+
+def test_history_flags():
+    config = parse(["--history-backend", "none", "--history-memory-max-responses", "50",
+                  "--history-memory-retention-secs", "3600"])
+    assert (config.history_backend, config.history.max_responses, config.history.retention_s) == ("none", 50, 3600.0)
+    assert parse([]).history_backend == "memory"
+    for bad in (["--history-backend", "postgres"], ["--history-memory-max-responses", "0"]):
+        with pytest.raises(ConfigError):
+            validate(parse(bad))
