@@ -38,7 +38,7 @@ from ..generation import GenerationResult
 from .chat_output import ChatOutput
 from .errors import ApiError, BadRequest
 from .http import Request
-from .openai import _OpenAIShape, encode_chat, plan_generation, ready_model_entry
+from .openai import _OpenAIShape, chat_prompt, plan_generation
 from .protocol import INT32_MAX, parse_chat, parse_json_body
 from .respond import admitted, run_streamed, run_unary
 
@@ -342,18 +342,9 @@ def _error_event(error: ApiError) -> bytes:
 
 # -- the endpoints -------------------------------------------------------------------------------------------
 
-async def _prepared(state: Any, request: Request) -> tuple[Any, Any, Any, list[int]]:
-    chat = _parse(parse_json_body(await request.body()))
-    entry = await ready_model_entry(state, chat.model, request.principal)
-    tokenizer = entry.tokenizer
-    if tokenizer is None or tokenizer.chat_template is None:
-        raise BadRequest(f"the model '{entry.name}' has no chat template on this node (the Messages API needs a "
-                         f"gRPC engine's model)", param="model", code="unsupported_model")
-    return chat, entry, tokenizer, await encode_chat(state, request, entry, tokenizer, chat, True)
-
-
 async def messages(state: Any, request: Request) -> None:
-    chat, entry, tokenizer, input_ids = await _prepared(state, request)
+    chat = _parse(parse_json_body(await request.body()))
+    entry, tokenizer, input_ids = await chat_prompt(state, request, chat, "Messages API")
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "messages")
     message_id = new_message_id()
     shape = _OpenAIShape(True, message_id, entry.name)
@@ -374,11 +365,5 @@ async def messages(state: Any, request: Request) -> None:
 async def count_tokens(state: Any, request: Request) -> None:
     body = parse_json_body(await request.body())
     body = {**body, "max_tokens": body.get("max_tokens") or INT32_MAX}  # not part of a count_tokens request
-    chat = _parse(body)
-    entry = await ready_model_entry(state, chat.model, request.principal)
-    tokenizer = entry.tokenizer
-    if tokenizer is None or tokenizer.chat_template is None:
-        raise BadRequest(f"the model '{entry.name}' has no chat template on this node", param="model",
-                         code="unsupported_model")
-    input_ids = await encode_chat(state, request, entry, tokenizer, chat, True)
+    _, _, input_ids = await chat_prompt(state, request, _parse(body), "Messages API")
     await request.send_json(200, {"input_tokens": len(input_ids)})

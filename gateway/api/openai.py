@@ -377,6 +377,18 @@ async def encode_chat(state: GatewayState, request: Request, entry: ModelEntry, 
     return await tokenizer.encode(prompt, add_special_tokens=False)
 
 
+async def chat_prompt(state: GatewayState, request: Request, chat: ChatRequest, api: str
+                      ) -> tuple[ModelEntry, TokenizerService, list[int]]:
+    """The model, its tokenizer and the chat's prompt ids, for an API translated into a chat request
+    (Anthropic's Messages, the Responses API): only a gRPC engine's model with a chat template serves it."""
+    entry = await ready_model_entry(state, chat.model, request.principal)
+    tokenizer = entry.tokenizer
+    if tokenizer is None or tokenizer.chat_template is None:
+        raise BadRequest(f"the model '{entry.name}' has no chat template on this node (the {api} needs a gRPC "
+                         f"engine's model)", param="model", code="unsupported_model")
+    return entry, tokenizer, await encode_chat(state, request, entry, tokenizer, chat, True)
+
+
 def render_prompt(tokenizer: TokenizerService, messages: "list[dict[str, Any]]", **options: Any) -> str:
     """The chat template on these messages; a template that fails on them is the request's 400."""
     try:

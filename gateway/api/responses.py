@@ -35,7 +35,7 @@ from ..generation import GenerationResult
 from .chat_output import ChatOutput
 from .errors import ApiError, BadRequest, NotFound
 from .http import Request
-from .openai import _OpenAIShape, encode_chat, plan_generation, ready_model_entry
+from .openai import _OpenAIShape, chat_prompt, plan_generation
 from .protocol import parse_chat, parse_json_body
 from .respond import admitted, run_streamed, run_unary
 
@@ -370,12 +370,7 @@ async def create(state: Any, request: Request) -> None:
         history = list(previous.conversation)
     items = _with_ids(input_items(body.get("input")))
     chat = parse_chat(to_chat_body(body, history))
-    entry = await ready_model_entry(state, chat.model, request.principal)
-    tokenizer = entry.tokenizer
-    if tokenizer is None or tokenizer.chat_template is None:
-        raise BadRequest(f"the model '{entry.name}' has no chat template on this node (the Responses API needs a "
-                         f"gRPC engine's model)", param="model", code="unsupported_model")
-    input_ids = await encode_chat(state, request, entry, tokenizer, chat, True)
+    entry, tokenizer, input_ids = await chat_prompt(state, request, chat, "Responses API")
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "input")
     response_id = _new_id("resp")
     shape = ResponseShape(response_id, entry.name, body, chat, metadata, previous_id, store)
