@@ -116,8 +116,9 @@ class GatewayConfig:
     # Parsers of chat answers for every model (gateway/parsers/); None: chosen by each model's id
     # (gateway/parsers/choice.py), "none" or "passthrough": off.
     tool_call_parser: str | None = None
-    # Where the Responses API keeps stored responses: "memory" (bounded by ``history``, on the node
-    # that answered) or "none" (nothing stored; previous_response_id refused).
+    # Where the Responses and Conversations APIs keep what they store (gateway/history): "memory"
+    # (bounded by ``history``, each record on three nodes of the mesh) or "none" (nothing stored;
+    # previous_response_id and conversations refused).
     history_backend: str = "memory"
     history: HistoryConfig = HistoryConfig()
     reasoning_parser: str | None = None
@@ -220,11 +221,13 @@ _OPTIONS: list[_Option] = [
     _Option("--request-timeout-secs", "admission.request_timeout_s", float, "longest a request may take"),
     _Option("--max-payload-size", "admission.body_bytes_max", int, "largest request body in bytes (default: 32 "
             "bytes per token of the largest context served, at least 1 MiB; 8 MiB without a stated context)"),
-    _Option("--history-backend", "history_backend", str, "where the Responses API stores responses: memory "
-            "(bounded, on the node that answered) or none"),
+    _Option("--history-backend", "history_backend", str, "where stored responses and conversations live: memory "
+            "(replicated on three nodes of the mesh) or none"),
     _Option("--history-memory-max-responses", "history.max_responses", int, "stored responses kept in memory "
-            "(least recently used out first)"),
-    _Option("--history-memory-retention-secs", "history.retention_s", float, "how long a stored response is kept"),
+            "per node (least recently used out first)"),
+    _Option("--history-memory-max-items", "history.max_items", int, "conversation items kept in memory per node"),
+    _Option("--history-memory-retention-secs", "history.retention_s", float, "how long a stored response or "
+            "conversation is kept after its last write"),
     _Option("--log-level", "log_level", str, "debug, info, warning, error"),
     _Option("--log-json", "log_json", "bool", "log JSON lines instead of text"),
     _Option("--default-max-tokens", "default_max_tokens", int, "max_tokens when nothing else bounds it"),
@@ -346,7 +349,8 @@ HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("HTTP: the OpenAI-compatible front", (
         "--host", "--port", "--max-connections", "--max-payload-size", "--request-timeout-secs",
         "--default-max-tokens", "--shutdown-grace-period-secs", "--http-server", "--prometheus-host",
-        "--prometheus-port", "--history-backend", "--history-memory-max-responses", "--history-memory-retention-secs",
+        "--prometheus-port", "--history-backend", "--history-memory-max-responses", "--history-memory-max-items",
+        "--history-memory-retention-secs",
         "--log-level", "--log-json")),
     ("engines: where generations run", (
         "--worker-urls", "--model-path", "--tokenizer-path", "--chat-template", "--worker-api-key",
@@ -518,8 +522,9 @@ def validate(config: GatewayConfig) -> None:
     if config.history_backend not in HISTORY_BACKENDS:
         raise ConfigError(f"--history-backend: {config.history_backend!r}; choose one of "
                           f"{', '.join(HISTORY_BACKENDS)} (postgres and redis are not built yet)")
-    if config.history.max_responses < 1 or config.history.retention_s <= 0:
-        raise ConfigError("--history-memory-max-responses and --history-memory-retention-secs must be positive")
+    if config.history.max_responses < 1 or config.history.max_items < 1 or config.history.retention_s <= 0:
+        raise ConfigError("--history-memory-max-responses, --history-memory-max-items and "
+                          "--history-memory-retention-secs must be positive")
     parsers_off = (None, "none", "passthrough")
     if config.tool_call_parser not in parsers_off and config.tool_call_parser not in TOOL_CALL_PARSERS:
         raise ConfigError(f"--tool-call-parser: unknown parser {config.tool_call_parser!r}; choose one of "

@@ -36,7 +36,7 @@ from .api.errors import transport_error_body
 from .api.h1server import H1Config, H1Server
 from .api.proxy import HttpProxy
 from .api.state import GatewayState
-from .history import ResponseStore
+from .history import HistoryStore, MemoryHistory
 from .auth import Authenticator
 from .auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX
 from .auth.key_store import KeyStore, KeyStoreError, StoredKey
@@ -164,6 +164,16 @@ def _rate_limit_metrics(limiter: RateLimiter) -> Iterator[Any]:
     yield gauge("smg_rate_limit_overshoot_bound", "Documented worst-case overshoot (units) of one owner crash or "
                 "partition, for each limit, with this node's current view", ["limit"],
                 [([spec.name], limiter.overshoot_bound(spec, detection_s)) for spec in limiter.limits.limits])
+
+
+async def _start_history(config: GatewayConfig, cluster: ClusterState | None,
+                         nursery: trio.Nursery) -> HistoryStore | None:
+    """The store --history-backend chose; the memory one replicates over the mesh when there is one."""
+    if config.history_backend == "none":
+        return None
+    history = MemoryHistory(config.history, cluster)
+    await nursery.start(history.run)
+    return history
 
 
 def _start_key_store(cluster: ClusterState | None) -> KeyStore:
@@ -303,8 +313,7 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         proxy = HttpProxy(generator, admission, config.admission.request_timeout_s, rate_limiter)
         state = GatewayState(config, registry, catalog, router, generator, admission, metrics, proxy,
                              rate_limiter=rate_limiter, cluster=cluster, key_store=_start_key_store(cluster),
-                             response_store=ResponseStore(config.history) if config.history_backend == "memory"
-                             else None)
+                             history=await _start_history(config, cluster, nursery))
         metrics.add_state_source(lambda: _state_metrics(state))
         lag = LoopLagMonitor(metrics.loop_lag, gc_pauses=metrics.gc_pauses)
         nursery.start_soon(lag.run)

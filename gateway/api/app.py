@@ -20,7 +20,7 @@ import trio
 from mesh.asgi import answer_lifespan
 
 from ..auth import Access, Authenticator, KeysMissing, Unauthenticated
-from . import admin, anthropic, native, openai, parse, responses
+from . import admin, anthropic, conversations, native, openai, parse, responses
 from .errors import ApiError, MethodNotAllowed, NotFound, to_api_error
 from .http import ClientGone, Request
 
@@ -44,6 +44,7 @@ _ROUTES: dict[str, dict[str, Route]] = {
     "/v1/messages": {"POST": (anthropic.messages, DATA)},
     "/v1/responses": {"POST": (responses.create, DATA)},
     "/v1/messages/count_tokens": {"POST": (anthropic.count_tokens, DATA)},
+    "/v1/conversations": {"POST": (conversations.create, DATA)},
     "/health": {"GET": (admin.health, PUBLIC)},
     "/liveness": {"GET": (admin.liveness, PUBLIC)},
     "/readiness": {"GET": (admin.readiness, PUBLIC)},
@@ -64,6 +65,15 @@ _PARAM_ROUTES: "tuple[tuple[re.Pattern[str], dict[str, Route], str], ...]" = (
      {"GET": (responses.retrieve, DATA), "DELETE": (responses.delete, DATA)}, "/v1/responses/{id}"),
     (re.compile(r"^/v1/responses/(?P<response_id>[A-Za-z0-9_-]{1,128})/input_items$"),
      {"GET": (responses.list_input_items, DATA)}, "/v1/responses/{id}/input_items"),
+    (re.compile(r"^/v1/conversations/(?P<conversation_id>[A-Za-z0-9_-]{1,128})$"),
+     {"GET": (conversations.retrieve, DATA), "POST": (conversations.update, DATA),
+      "DELETE": (conversations.delete, DATA)}, "/v1/conversations/{id}"),
+    (re.compile(r"^/v1/conversations/(?P<conversation_id>[A-Za-z0-9_-]{1,128})/items$"),
+     {"GET": (conversations.list_items, DATA), "POST": (conversations.add_items, DATA)},
+     "/v1/conversations/{id}/items"),
+    (re.compile(r"^/v1/conversations/(?P<conversation_id>[A-Za-z0-9_-]{1,128})/items/(?P<item_id>[A-Za-z0-9_-]{1,128})$"),
+     {"GET": (conversations.retrieve_item, DATA), "DELETE": (conversations.delete_item, DATA)},
+     "/v1/conversations/{id}/items/{item}"),
     (re.compile(r"^/workers/(?P<worker_id>[A-Za-z0-9._-]{1,128})$"),
      {"GET": (admin.get_worker, ADMIN), "DELETE": (admin.remove_worker, ADMIN)}, "/workers/{id}"),
     (re.compile(r"^/admin/api-keys/(?P<key_id>[0-9a-f]{1,64})$"), {"DELETE": (admin.revoke_api_key, ADMIN)},

@@ -5,6 +5,7 @@ No framework: the request path is short and every step is ours to measure.
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Any
 
 import orjson
@@ -41,6 +42,11 @@ class Request:
         self.extra_headers: list[tuple[bytes, bytes]] = []
         # The native server's request cycle (h1server): None under another ASGI server.
         self._native = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
+
+    def query(self) -> dict[str, str]:
+        """The query string's parameters (the last of repeated ones), decoded."""
+        raw = self.scope.get("query_string", b"")
+        return dict(urllib.parse.parse_qsl(raw.decode("latin-1"), keep_blank_values=True)) if raw else {}
 
     def header(self, name: str) -> str | None:
         value = self.headers.get(name.lower().encode("latin-1"))

@@ -19,7 +19,7 @@ import trio
 
 from ..generation import GenerationPlan, GenerationResult, MidStreamError
 from ..tokenizer.service import TokenizerService
-from .errors import ApiError, UpstreamTimeout, from_engine_error
+from .errors import ApiError, UpstreamTimeout, from_engine_error, to_api_error
 from .http import SSE_DONE, SSE_HEADERS, Request, sse_event
 from .ratelimits import rate_limited
 
@@ -80,10 +80,12 @@ async def _unary(request: Request, plan: GenerationPlan, generate: Callable[[], 
 async def run_streamed(state, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,
                        text_event: Callable[[str, bool], bytes],
                        final_events: Callable[[GenerationResult], bytes],
-                       error_event: "Callable[[ApiError], bytes] | None" = None, done: bytes = SSE_DONE) -> None:
+                       error_event: "Callable[[ApiError], bytes] | None" = None, done: bytes = SSE_DONE,
+                       finish: "Callable[[], Awaitable[bytes]] | None" = None) -> None:
     """Stream SSE: ``text_event(text, first)`` per decided piece, ``final_events(result)`` then ``done``
     ([DONE]); another API's stream (Anthropic's, the Responses API's) gives its own ``error_event`` and
-    ends without [DONE]."""
+    ends without [DONE]. ``finish``, when given, runs after a successful generation and before the last
+    write (the Responses API stores the response there); its events come last, or its error's."""
     sink = SseSink(request, text_event)
 
     def tail(result: GenerationResult | None) -> bytes:
@@ -94,7 +96,7 @@ async def run_streamed(state, request: Request, plan: GenerationPlan, tokenizer:
         return opening + final_events(result)
 
     await _stream_sse(request, plan, sink, lambda: state.generator.run(plan, tokenizer, sink), tail,
-                      error_event or _openai_error_event, done)
+                      error_event or _openai_error_event, done, finish)
 
 
 async def run_streamed_choices(state, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,
@@ -120,7 +122,7 @@ def _openai_error_event(error: ApiError) -> bytes:
 
 async def _stream_sse(request: Request, plan: GenerationPlan, sink: Any, generate: Callable[[], Awaitable[Any]],
                       tail: Callable[[Any], bytes], error_event: Callable[[ApiError], bytes] = _openai_error_event,
-                      done: bytes = SSE_DONE) -> None:
+                      done: bytes = SSE_DONE, finish: "Callable[[], Awaitable[bytes]] | None" = None) -> None:
     """Run ``generate`` under the request's deadline and the client's presence; its text went out through
     ``sink``; end with ``tail(outcome)`` (None after a failure: ``error_event`` follows) and ``done``."""
     outcome: Any = None
@@ -143,6 +145,13 @@ async def _stream_sse(request: Request, plan: GenerationPlan, sink: Any, generat
         if not sink.started:
             await request.start_stream(200, SSE_HEADERS)
         end = tail(None if error is not None else outcome)
+        if error is None and finish is not None:
+            try:
+                end += await finish()
+            except Exception as e:
+                error = to_api_error(e)
+                if error is None:
+                    raise
         if error is not None:
             end += error_event(error)
         await request.end_stream(end + done)  # the last events and the end: one write

@@ -18,8 +18,10 @@ The answer's output items: ``reasoning`` (reasoning_text content), ``message`` (
 ``function_call``; status completed, or incomplete (max_output_tokens). Streamed: response.created,
 response.in_progress, then per item output_item.added / content_part.added / *.delta / *.done /
 output_item.done, and response.completed (or response.failed), each with its sequence_number.
-Stored responses are scoped to their creator (gateway/history.py) and, for now, kept on the node
-that answered. Not yet: ``conversation``, ``background``.
+Stored responses are scoped to their creator and kept by the history backend (``gateway/history``):
+with the default memory backend, on three nodes of the cluster, so a follow-up works on any node.
+``conversation`` (an id from /v1/conversations) gives the model the conversation's items before the
+input, and adds the input and output items to it. Not yet: ``background``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import orjson
 import trio
 
 from ..generation import GenerationResult
+from ..history import ID_CHARS_MAX, StoredResponse
 from .chat_output import ChatOutput
 from .errors import ApiError, BadRequest, NotFound
 from .http import Request
@@ -43,7 +46,7 @@ METADATA_KEYS_MAX = 16  # OpenAI's bounds for metadata
 METADATA_VALUE_CHARS_MAX = 512
 
 
-def _new_id(prefix: str) -> str:
+def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
@@ -203,7 +206,7 @@ class ResponseShape:
     """One response object, its output items as they are decided, and its stream's events."""
 
     def __init__(self, response_id: str, model: str, body: dict[str, Any], chat: Any, metadata: dict[str, str],
-                 previous_response_id: str | None, store: bool) -> None:
+                 previous_response_id: str | None, store: bool, conversation_id: str | None = None) -> None:
         self.id = response_id
         self.created_at = int(time.time())
         self.base = {
@@ -215,6 +218,8 @@ class ResponseShape:
             "reasoning": body.get("reasoning"), "text": body.get("text") or {"format": {"type": "text"}},
             "store": store, "truncation": "disabled", "error": None, "incomplete_details": None,
         }
+        if conversation_id is not None:
+            self.base["conversation"] = {"id": conversation_id}
         self.output: list[dict[str, Any]] = []
         self._sequence = 0
         self._open: dict[str, Any] | None = None  # the item being streamed
@@ -237,12 +242,12 @@ class ResponseShape:
 
     def items_from(self, message: dict[str, Any]) -> None:
         if message.get("reasoning_content"):
-            self.output.append({"type": "reasoning", "id": _new_id("rs"), "summary": [],
+            self.output.append({"type": "reasoning", "id": new_id("rs"), "summary": [],
                                 "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}]})
         if message.get("content"):
-            self.output.append(_message_item(_new_id("msg"), message["content"], "completed"))
+            self.output.append(_message_item(new_id("msg"), message["content"], "completed"))
         for call in message.get("tool_calls") or ():
-            self.output.append({"type": "function_call", "id": _new_id("fc"), "call_id": call["id"],
+            self.output.append({"type": "function_call", "id": new_id("fc"), "call_id": call["id"],
                                 "name": call["function"]["name"], "arguments": call["function"]["arguments"],
                                 "status": "completed"})
 
@@ -269,7 +274,7 @@ class ResponseShape:
                 call = delta["tool_calls"][0]
                 if "id" in call:
                     out += self._close() + self._open_item({
-                        "type": "function_call", "id": _new_id("fc"), "call_id": call["id"],
+                        "type": "function_call", "id": new_id("fc"), "call_id": call["id"],
                         "name": call["function"]["name"], "arguments": "", "status": "in_progress"})
                 elif call["function"].get("arguments"):
                     item = self._open
@@ -286,10 +291,10 @@ class ResponseShape:
             return b""
         out = self._close()
         if kind == "reasoning":
-            item = {"type": "reasoning", "id": _new_id("rs"), "summary": [], "content": []}
+            item = {"type": "reasoning", "id": new_id("rs"), "summary": [], "content": []}
             part = {"type": "reasoning_text", "text": ""}
         else:
-            item = _message_item(_new_id("msg"), None, "in_progress")
+            item = _message_item(new_id("msg"), None, "in_progress")
             part = {"type": "output_text", "text": "", "annotations": []}
         out += self._open_item(item)
         self._text = ""
@@ -341,8 +346,63 @@ def _message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]
 
 # -- the endpoints -------------------------------------------------------------------------------------------
 
+def stored_item(item: dict[str, Any]) -> dict[str, Any]:
+    """An input item as it is stored and listed: a message's text as parts, with a status (OpenAI's shape)."""
+    if item["type"] == "message":
+        content = item["content"]
+        if isinstance(content, str):
+            kind = "output_text" if item["role"] == "assistant" else "input_text"
+            content = [{"type": kind, "text": content}]
+        return {"id": item["id"], "type": "message", "status": item.get("status", "completed"),
+                "role": item["role"], "content": content}
+    return item
+
+
 def _with_ids(items: "list[dict[str, Any]]") -> list[dict[str, Any]]:
-    return [item if "id" in item else {**item, "id": _new_id("item")} for item in items]
+    return [stored_item(item if "id" in item else {**item, "id": new_id("item")}) for item in items]
+
+
+def _history_store(state: Any, param: str) -> Any:
+    if state.history is None:
+        raise BadRequest(f"this node stores nothing (--history-backend none): '{param}' cannot be used",
+                         param=param, code="storage_disabled")
+    return state.history
+
+
+def _conversation_id(body: dict[str, Any]) -> str | None:
+    raw = body.get("conversation")
+    if raw is None:
+        return None
+    conversation_id = raw.get("id") if isinstance(raw, dict) else raw
+    if not isinstance(conversation_id, str) or not conversation_id:
+        raise BadRequest("'conversation' must be a conversation id or {\"id\": ...}", param="conversation",
+                         code="invalid_type")
+    if body.get("previous_response_id") is not None:
+        raise BadRequest("'conversation' and 'previous_response_id' cannot be used together",
+                         param="conversation", code="invalid_value")
+    return conversation_id
+
+
+async def _history(state: Any, body: dict[str, Any], owner: str, conversation_id: str | None
+                   ) -> list[dict[str, Any]]:
+    """What the model sees before this input: the previous response's conversation, or the conversation's items."""
+    previous_id = body.get("previous_response_id")
+    if previous_id is not None:
+        store = _history_store(state, "previous_response_id")
+        previous = await store.get_response(previous_id, owner) if isinstance(previous_id, str) and \
+            len(previous_id) <= ID_CHARS_MAX else None
+        if previous is None:
+            raise NotFound(f"Previous response with id '{previous_id}' not found.", param="previous_response_id",
+                           code="previous_response_not_found")
+        return list(previous.history)
+    if conversation_id is not None:
+        store = _history_store(state, "conversation")
+        items = await store.all_items(conversation_id, owner) if len(conversation_id) <= ID_CHARS_MAX else None
+        if items is None:
+            raise NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation",
+                           code="conversation_not_found")
+        return items
+    return []
 
 
 async def create(state: Any, request: Request) -> None:
@@ -350,38 +410,38 @@ async def create(state: Any, request: Request) -> None:
     store = body.get("store", True)
     if not isinstance(store, bool):
         raise BadRequest("'store' must be a boolean", param="store", code="invalid_type")
-    for name in ("background", "conversation"):
-        if body.get(name) not in (None, False):
-            raise BadRequest(f"'{name}' is not supported by this gateway yet", param=name,
-                             code="unsupported_parameter")
+    if body.get("background") not in (None, False):
+        raise BadRequest("'background' is not supported by this gateway yet", param="background",
+                         code="unsupported_parameter")
     metadata = _metadata(body)
-    owner, now = owner_of(request), trio.current_time()
-    previous_id = body.get("previous_response_id")
-    history: list[dict[str, Any]] = []
-    stored = state.response_store
-    if previous_id is not None:
-        if stored is None:
-            raise BadRequest("this node stores no responses (--history-backend none): previous_response_id "
-                             "cannot be followed", param="previous_response_id", code="storage_disabled")
-        previous = stored.get(previous_id, owner, now) if isinstance(previous_id, str) else None
-        if previous is None:
-            raise NotFound(f"Previous response with id '{previous_id}' not found.", param="previous_response_id",
-                           code="previous_response_not_found")
-        history = list(previous.conversation)
+    owner = owner_of(request)
+    conversation_id = _conversation_id(body)
+    history = await _history(state, body, owner, conversation_id)
     items = _with_ids(input_items(body.get("input")))
+    if conversation_id is not None:  # the conversation's items get ids of their own (no clash with older ones)
+        items = [{**item, "id": new_id("item")} for item in items]
     chat = parse_chat(to_chat_body(body, history))
     entry, tokenizer, input_ids = await chat_prompt(state, request, chat, "Responses API")
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "input")
-    response_id = _new_id("resp")
-    shape = ResponseShape(response_id, entry.name, body, chat, metadata, previous_id, store)
+    response_id = new_id("resp")
+    shape = ResponseShape(response_id, entry.name, body, chat, metadata, body.get("previous_response_id"), store,
+                          conversation_id)
     output = ChatOutput.for_request(_OpenAIShape(True, response_id, entry.name), entry, chat) or \
         ChatOutput(_OpenAIShape(True, response_id, entry.name), None, None)
     plan.kept_special = output.kept_special
 
-    def keep(response: dict[str, Any]) -> None:
-        if store and stored is not None:
-            conversation = [*history, *items, *shape.output]
-            stored.put(response_id, owner, response, items, conversation, trio.current_time())
+    async def keep(response: dict[str, Any]) -> None:
+        """Stored before the client hears of it: a follow-up sent at once, to any node, finds it."""
+        if state.history is None or not (store or conversation_id):
+            return
+        with trio.CancelScope(shield=True):  # bounded by the store's own timeouts; a half-kept turn helps nobody
+            if conversation_id is not None and not await state.history.add_items(
+                    conversation_id, owner, [*items, *shape.output]):
+                raise NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation",
+                               code="conversation_not_found")
+            if store:
+                await state.history.put_response(StoredResponse(response_id, owner, response, tuple(items),
+                                                                (*history, *items, *shape.output)))
 
     async with admitted(state, request, plan):
         if not chat.stream:
@@ -391,18 +451,22 @@ async def create(state: Any, request: Request) -> None:
             chat_body = output.full(result.text, result)
             shape.items_from(chat_body["choices"][0]["message"])
             response = shape.response("completed", result, output.reasoning_tokens(result))
-            keep(response)
+            await keep(response)
             await request.send_json(200, response)
             return
+        final: dict[str, Any] = {}
 
         def text_event(text: str, first: bool) -> bytes:
             return (shape.opening() if first else b"") + shape.deltas(output.deltas(text, final=False))
 
         def final_events(result: GenerationResult) -> bytes:
             out = shape.deltas(output.deltas("", final=True)) + shape.close()
-            response = shape.response("completed", result, output.reasoning_tokens(result))
-            keep(response)
-            return out + shape.event("response.completed", response=response)
+            final["response"] = shape.response("completed", result, output.reasoning_tokens(result))
+            return out
+
+        async def finish() -> bytes:
+            await keep(final["response"])
+            return shape.event("response.completed", response=final["response"])
 
         def error_event(error: ApiError) -> bytes:
             failed = shape.response("failed")
@@ -410,29 +474,35 @@ async def create(state: Any, request: Request) -> None:
             return shape.close() + shape.event("response.failed", response=failed)
 
         await run_streamed(state, request, plan, tokenizer, text_event, final_events, error_event=error_event,
-                           done=b"")
+                           done=b"", finish=finish)
 
 
-def _stored(state: Any, request: Request) -> Any:
+async def _stored(state: Any, request: Request) -> StoredResponse:
     response_id = request.path_params["response_id"]
-    store = state.response_store
-    entry = store.get(response_id, owner_of(request), trio.current_time()) if store is not None else None
+    store = state.history
+    entry = await store.get_response(response_id, owner_of(request)) if store is not None else None
     if entry is None:
         raise NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="not_found")
     return entry
 
 
 async def retrieve(state: Any, request: Request) -> None:
-    await request.send_json(200, _stored(state, request).response)
+    await request.send_json(200, (await _stored(state, request)).response)
 
 
 async def delete(state: Any, request: Request) -> None:
-    entry = _stored(state, request)
-    state.response_store.delete(entry.id, entry.owner, trio.current_time())
-    await request.send_json(200, {"id": entry.id, "object": "response", "deleted": True})
+    response_id = request.path_params["response_id"]
+    store = state.history
+    if store is None or not await store.delete_response(response_id, owner_of(request)):
+        raise NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="not_found")
+    await request.send_json(200, {"id": response_id, "object": "response", "deleted": True})
 
 
 async def list_input_items(state: Any, request: Request) -> None:
-    items = list(_stored(state, request).input_items)
-    await request.send_json(200, {"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
-                                  "last_id": items[-1]["id"] if items else None, "has_more": False})
+    items = list((await _stored(state, request)).input_items)
+    await request.send_json(200, list_page(items, False))
+
+
+def list_page(items: "list[dict[str, Any]]", has_more: bool) -> dict[str, Any]:
+    return {"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
+            "last_id": items[-1]["id"] if items else None, "has_more": has_more}

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..admission import Admission
 from ..engine.grpc_engine import SamplingOptions
 from ..generation import GenerationResult, Generator
-from ..history import ResponseStore
+from ..history import HistoryStore, MemoryHistory
 from ..metrics import GatewayMetrics
 from ..models import ModelCatalog
 from ..workers import Router, WorkerRegistry
@@ -39,9 +39,9 @@ class GatewayState:
     rate_limiter: "RateLimiter | None" = None
     cluster: "ClusterState | None" = None
     key_store: "KeyStore | None" = None
-    # Stored responses (Responses API, store: true): node-local for now (gateway/history.py); None with
-    # --history-backend none.
-    response_store: "ResponseStore | None" = dataclasses.field(default_factory=ResponseStore)
+    # Stored responses and conversations (gateway/history): the backend --history-backend chose, None
+    # with "none". The default here (a lone node's memory) is for states built without a server.
+    history: "HistoryStore | None" = dataclasses.field(default_factory=MemoryHistory)
 
     def __post_init__(self) -> None:
         # Engine request ids must be unique per engine; clients' ids need not be.

@@ -119,3 +119,58 @@ def test_with_storage_off_nothing_is_kept_and_a_follow_up_is_refused(node, log_d
         assert e.value.code == "storage_disabled"
     finally:
         plain.stop()
+
+
+def test_conversations_and_their_items(client, node):
+    conversation = client.conversations.create(metadata={"topic": "weather"}, items=[
+        {"type": "message", "role": "user", "content": "Hello!"},
+        {"type": "message", "role": "assistant", "content": "Hi! How can I help?"}])
+    assert conversation.id.startswith("conv_") and conversation.metadata == {"topic": "weather"}
+    assert client.conversations.retrieve(conversation.id).created_at == conversation.created_at
+    assert client.conversations.update(conversation.id, metadata={"topic": "rain"}).metadata == {"topic": "rain"}
+    added = client.conversations.items.create(conversation.id, items=[
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"Note {i}"}]}
+        for i in range(3)])
+    assert len(added.data) == 3 and all(item.id.startswith("item_") for item in added.data)
+    newest_first = client.conversations.items.list(conversation.id, limit=2)
+    assert [i.content[0].text for i in newest_first.data] == ["Note 2", "Note 1"] and newest_first.has_more
+    everything = [i.content[0].text for i in client.conversations.items.list(conversation.id, order="asc", limit=2)]
+    assert everything == ["Hello!", "Hi! How can I help?", "Note 0", "Note 1", "Note 2"]  # the SDK pages on
+    first = added.data[0]
+    assert client.conversations.items.retrieve(first.id, conversation_id=conversation.id).id == first.id
+    assert client.conversations.items.delete(first.id, conversation_id=conversation.id).id == conversation.id
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.items.retrieve(first.id, conversation_id=conversation.id)
+    other = openai.OpenAI(base_url=node.url + "/v1", api_key=KEY_B, max_retries=0)
+    for call in (lambda: other.conversations.retrieve(conversation.id),
+                 lambda: other.conversations.items.list(conversation.id),
+                 lambda: other.conversations.delete(conversation.id)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert client.conversations.delete(conversation.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.retrieve(conversation.id)
+    with pytest.raises(openai.BadRequestError):
+        client.conversations.items.list(conversation.id, limit=500)
+
+
+def test_responses_in_a_conversation(client):
+    conversation = client.conversations.create()
+    first = client.responses.create(model=MODEL, conversation=conversation.id, tools=TOOLS,
+                                    input="What is the weather in Oslo?")
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    with client.responses.stream(model=MODEL, conversation=conversation.id, tools=TOOLS, input=[
+            {"type": "function_call_output", "call_id": call.call_id, "output": "14 degrees and sunny"}]) as stream:
+        for _ in stream:
+            pass
+        second = stream.get_final_response()
+    assert second.output_text == "It is 14 degrees in Oslo today." and second.conversation.id == conversation.id
+    third = client.responses.create(model=MODEL, conversation={"id": conversation.id}, input="What did I ask?")
+    assert third.output_text == "You asked about the weather in Oslo."  # every turn came from the conversation
+    kinds = [item.type for item in client.conversations.items.list(conversation.id, order="asc")]
+    assert kinds == ["message", "reasoning", "function_call", "function_call_output", "message", "message",
+                     "message"]
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=MODEL, conversation=conversation.id, previous_response_id=first.id, input="x")
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=MODEL, conversation="conv_missing", input="Hello!")

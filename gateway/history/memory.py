@@ -1,0 +1,451 @@
+"""The memory backend, replicated across the mesh: a stored response or conversation lives on its owner on
+the hash ring and on the next two members, as rate-limit counts do.
+
+Routing. An operation goes to the first member of the shard's owners (primary first) that answers;
+that member runs it on its own shards (``ops.py``) and, when it writes, sends the change to the
+other owners before answering. A read is answered from this node's own copy when this node is one
+of the owners and holds the shard (with three owners and three nodes, every read is local).
+
+The guarantee. A write is acknowledged (the API answers 200) once it is held by at least two
+members, or by every member when the cluster has fewer than two: a node's death, any node's, loses
+nothing acknowledged before it. When fewer than two can take it, the API answers 503
+(``StoreUnavailable``) and the write may or may not survive. An owner that missed a change is
+repaired in the background until it has it or leaves the ring. Two members dying together before
+repair can lose the changes only they held.
+
+Catching up. When the ring changes, the first surviving old owner of each shard pushes it to the
+owners that are new for it (a replacement for a dead member, a member that joined). A node that
+starts asks every peer for the shards it should hold (``sync``): a process restarted under the same
+name, before the others noticed it was gone, gets its shards back. Until then, a primary asked for
+a shard it lacks fetches it from the other owners before it answers.
+
+A lone node (no mesh) is one member owning everything: the same code, no peers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import orjson
+import trio
+
+from mesh import TransportError
+from mesh.ring import HashRing
+
+from .ops import CREATING, OPERATIONS, HistoryOps
+from .shards import RESPONSE, Change, MemoryShards
+from .store import ConversationFull, HistoryConfig, ItemPage, StoredResponse, StoreUnavailable
+from .wire import (HISTORY_MARK, BadFrame, change_from_wire, change_to_wire, changes_from_wire,
+                   operation_from_wire, pack, unpack)
+
+log = logging.getLogger("gateway.history")
+
+OWNERS = 3  # a shard's primary and two replicas
+SYNC_PAGE_BYTES = 2 * 1024 * 1024  # one answer to "sync": well inside a mesh frame (8 MiB)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicationConfig:
+    # A peer's answer to an operation, replication included (the primary waits for its replicas).
+    operation_timeout_s: float = 2.0
+    # One replica's answer to a change. Shorter than the operation's so a dead replica is given up
+    # on while the caller still waits.
+    replicate_timeout_s: float = 0.75
+    # After a ring change, wait this long before handing shards off: SWIM changes often come in bursts.
+    handoff_settle_s: float = 1.0
+    repair_interval_s: float = 1.0
+    sync_timeout_s: float = 10.0
+
+
+class ClusterView(Protocol):
+    """What the store needs from the mesh (``gateway.cluster.ClusterState`` provides it)."""
+
+    node_name: str
+
+    @property
+    def ring(self) -> HashRing: ...
+    @property
+    def ring_changed(self) -> trio.Event: ...
+    async def request_peer(self, name: str, payload: bytes, timeout_s: float) -> bytes: ...
+    def serve_requests(self, mark: bytes, handler: Callable[[bytes], Any]) -> None: ...
+
+
+class PeerUnreachable(Exception):
+    pass
+
+
+@dataclasses.dataclass
+class ReplicationStats:
+    bad_frames: int = 0
+    replica_failures: int = 0
+    repaired: int = 0
+    handed_off: int = 0
+    synced: int = 0
+    fetched: int = 0
+
+
+class MemoryHistory:
+    def __init__(self, config: HistoryConfig = HistoryConfig(), cluster: ClusterView | None = None,
+                 replication: ReplicationConfig = ReplicationConfig(),
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.shards = MemoryShards(config)
+        self.ops = HistoryOps(self.shards)
+        self.cluster = cluster
+        self.replication = replication
+        self.wall_clock = wall_clock
+        self.name = cluster.node_name if cluster is not None else "local"
+        self.stats = ReplicationStats()
+        self._repairs: set[tuple[str, str]] = set()  # (member, shard id) that missed a change
+        self.synced = trio.Event()  # the start-up sync with the peers is over (tests wait on it)
+        if cluster is not None:
+            cluster.serve_requests(HISTORY_MARK, self._serve)
+
+    # -- HistoryStore -------------------------------------------------------------------------
+
+    async def put_response(self, record: StoredResponse) -> None:
+        await self._run("put_response", record.id, record.owner, [orjson.dumps(record.to_json())])
+
+    async def get_response(self, response_id: str, owner: str) -> StoredResponse | None:
+        head = await self._run("get_response", response_id, owner, [])
+        return StoredResponse.from_json(response_id, owner, orjson.loads(head)) if head is not None else None
+
+    async def delete_response(self, response_id: str, owner: str) -> bool:
+        return bool(await self._run("delete_response", response_id, owner, []))
+
+    async def create_conversation(self, conversation: dict[str, Any], owner: str,
+                                  items: "list[dict[str, Any]]") -> None:
+        await self._run("create_conversation", conversation["id"], owner,
+                        [orjson.dumps(conversation), _encoded(items)])
+
+    async def get_conversation(self, conversation_id: str, owner: str) -> dict[str, Any] | None:
+        head = await self._run("get_conversation", conversation_id, owner, [])
+        return orjson.loads(head) if head is not None else None
+
+    async def update_conversation(self, conversation_id: str, owner: str,
+                                  metadata: dict[str, str]) -> dict[str, Any] | None:
+        head = await self._run("update_conversation", conversation_id, owner, [orjson.dumps(metadata)])
+        return orjson.loads(head) if head is not None else None
+
+    async def delete_conversation(self, conversation_id: str, owner: str) -> bool:
+        return bool(await self._run("delete_conversation", conversation_id, owner, []))
+
+    async def add_items(self, conversation_id: str, owner: str, items: "list[dict[str, Any]]") -> bool:
+        return bool(await self._run("add_items", conversation_id, owner, [_encoded(items)]))
+
+    async def list_items(self, conversation_id: str, owner: str, after: str | None, limit: int,
+                         descending: bool) -> ItemPage | None:
+        page = await self._run("list_items", conversation_id, owner, [after or "", limit, descending])
+        if page is None:
+            return None
+        items, has_more = page
+        return ItemPage([orjson.loads(i) for i in items], bool(has_more))
+
+    async def all_items(self, conversation_id: str, owner: str) -> "list[dict[str, Any]] | None":
+        items = await self._run("all_items", conversation_id, owner, [])
+        return [orjson.loads(i) for i in items] if items is not None else None
+
+    async def get_item(self, conversation_id: str, owner: str, item_id: str
+                       ) -> "tuple[bool, dict[str, Any] | None]":
+        found, item = await self._run("get_item", conversation_id, owner, [item_id])
+        return bool(found), orjson.loads(item) if item is not None else None
+
+    async def delete_item(self, conversation_id: str, owner: str, item_id: str
+                          ) -> "tuple[dict[str, Any] | None, bool]":
+        head, deleted = await self._run("delete_item", conversation_id, owner, [item_id])
+        return (orjson.loads(head) if head is not None else None), bool(deleted)
+
+    # -- routing ------------------------------------------------------------------------------
+
+    def _owners(self, shard_id: str) -> list[str]:
+        if self.cluster is None:
+            return [self.name]
+        return self.cluster.ring.owners(shard_id, OWNERS) or [self.name]
+
+    async def _run(self, name: str, shard_id: str, owner: str, args: list[Any]) -> Any:
+        owners = self._owners(shard_id)
+        if not OPERATIONS[name][1] and self.name in owners and self.shards.peek(shard_id) is not None:
+            return getattr(self.ops, name)(shard_id, owner, *args, self.wall_clock())
+        for member in owners:
+            if member == self.name:
+                return await self.execute(name, shard_id, owner, args)
+            try:
+                answer = await self._request(member, ["op", name, shard_id, owner, args],
+                                             self.replication.operation_timeout_s)
+            except PeerUnreachable as e:
+                log.debug("history: %s did not answer %s: %s", member, name, e)
+                continue
+            return _result(answer)
+        raise StoreUnavailable(f"none of the members holding {shard_id} answered")
+
+    async def execute(self, name: str, shard_id: str, owner: str, args: list[Any]) -> Any:
+        """Runs an operation as the shard's primary: catch up with the shard first, replicate after."""
+        if name not in CREATING and self.shards.peek(shard_id) is None and not self.shards.deleted(shard_id):
+            await self._fetch(shard_id)
+        outcome = getattr(self.ops, name)(shard_id, owner, *args, self.wall_clock())
+        if not OPERATIONS[name][1]:
+            return outcome
+        result, change = outcome
+        if change is not None:
+            await self._replicate(change)
+        return result
+
+    async def _request(self, member: str, frame: list[Any], timeout_s: float) -> Any:
+        if self.cluster is None:
+            raise PeerUnreachable("no cluster")
+        try:
+            with trio.fail_after(timeout_s):
+                answer = await self.cluster.request_peer(member, HISTORY_MARK + pack(frame), timeout_s)
+            reply = unpack(answer)
+        except (TransportError, trio.TooSlowError, LookupError, BadFrame) as e:
+            raise PeerUnreachable(f"{member}: {e}") from None
+        if not isinstance(reply, list) or not reply:
+            raise PeerUnreachable(f"{member}: an unreadable answer")
+        return reply
+
+    # -- replication --------------------------------------------------------------------------
+
+    async def _replicate(self, change: Change) -> None:
+        targets = [m for m in self._owners(change.id) if m != self.name]
+        if not targets:
+            return
+        needed = min(2, len(self.cluster.ring)) - 1 if self.cluster is not None else 0
+        acks = 0
+
+        async def send(member: str) -> None:
+            nonlocal acks
+            if await self._push(member, change):
+                acks += 1
+            else:
+                self.stats.replica_failures += 1
+                self._repairs.add((member, change.id))
+
+        async with trio.open_nursery() as nursery:
+            for member in targets:
+                nursery.start_soon(send, member)
+        if acks < needed:
+            raise StoreUnavailable(f"{change.id} could not be copied to another member: not acknowledged")
+
+    async def _push(self, member: str, change: Change) -> bool:
+        """Sends one change (and the whole shard if the member lacks the delta's base); True when it has it."""
+        try:
+            reply = await self._request(member, ["rep", [change_to_wire(change)]],
+                                        self.replication.replicate_timeout_s)
+            if reply[0] != "ok":
+                return False
+            if reply[1] == [True]:
+                return True
+            whole = self._state_of(change.id)
+            if whole is None:
+                return True  # gone here meanwhile: nothing left to copy
+            reply = await self._request(member, ["rep", [change_to_wire(whole)]],
+                                        self.replication.replicate_timeout_s)
+            return reply[0] == "ok" and reply[1] == [True]
+        except PeerUnreachable:
+            return False
+
+    def _state_of(self, shard_id: str) -> Change | None:
+        shard = self.shards.peek(shard_id)
+        if shard is not None:
+            return shard.whole()
+        version = self.shards.tombstone_version(shard_id)
+        if version is None:
+            return None
+        return Change(shard_id, RESPONSE, "-", version, self.wall_clock(), 0, None, (), (), deleted=True)
+
+    async def _fetch(self, shard_id: str) -> None:
+        for member in self._owners(shard_id):
+            if member == self.name:
+                continue
+            try:
+                reply = await self._request(member, ["fetch", shard_id], self.replication.replicate_timeout_s)
+                change = change_from_wire(reply[1]) if reply[0] == "ok" and reply[1] is not None else None
+            except (PeerUnreachable, BadFrame, IndexError):
+                continue
+            if change is not None:
+                self.shards.apply(change, self.wall_clock())
+                self.stats.fetched += 1
+                return
+
+    # -- background: repairs, handoff, start-up sync -------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        if self.cluster is None:
+            self.synced.set()
+            task_status.started()
+            return
+        async with trio.open_nursery() as nursery:
+            self._ring_since = (self.cluster.ring, self.wall_clock())
+            nursery.start_soon(self._watch_ring)
+            nursery.start_soon(self._repair_loop)
+            nursery.start_soon(self._handoff_loop)
+            task_status.started()
+
+    async def _repair_loop(self) -> None:
+        while True:
+            await trio.sleep(self.replication.repair_interval_s)
+            for member, shard_id in list(self._repairs):
+                if member not in self._owners(shard_id):
+                    self._repairs.discard((member, shard_id))  # it left the ring or the shard moved on
+                    continue
+                change = self._state_of(shard_id)
+                if change is None or await self._push(member, change):
+                    self._repairs.discard((member, shard_id))
+                    self.stats.repaired += 1
+
+    async def _handoff_loop(self) -> None:
+        assert self.cluster is not None
+        previous = self.cluster.ring
+        synced_with: set[str] = set()
+        while True:
+            newcomers = [m for m in self.cluster.ring.members if m != self.name and m not in synced_with]
+            if newcomers:
+                await self._sync_from(newcomers)
+                synced_with.update(newcomers)
+            self.synced.set()
+            if self.cluster.ring is previous:  # rings are swapped whole: a change made meanwhile is not missed
+                await self.cluster.ring_changed.wait()
+            await trio.sleep(self.replication.handoff_settle_s)
+            current, since = self._ring_since
+            await self._hand_off(previous, current, since)
+            previous = current
+
+    async def _watch_ring(self) -> None:
+        """Notes when each ring took effect here: writes after it were replicated to its owners."""
+        assert self.cluster is not None
+        while True:
+            changed = self.cluster.ring_changed
+            if self.cluster.ring is not self._ring_since[0]:
+                self._ring_since = (self.cluster.ring, self.wall_clock())
+            await changed.wait()
+
+    async def _hand_off(self, previous: HashRing, current: HashRing, changed_at_s: float) -> None:
+        """Pushes each shard this node should pass on to the owners that are new for it. Shards written
+        since ``changed_at_s`` were replicated to the new owners already."""
+        alive = set(current.members)
+        pushes: dict[str, list[Change]] = {}
+        for index, shard_id in enumerate(self.shards.ids()):
+            if index % 512 == 511:
+                await trio.lowlevel.checkpoint()  # a large store must not stall requests
+            shard = self.shards.peek(shard_id)
+            if shard is None or shard.written_at_s >= changed_at_s:
+                continue
+            old, new = previous.owners(shard_id, OWNERS), current.owners(shard_id, OWNERS)
+            survivors = [m for m in old if m in alive]
+            pusher = survivors[0] if survivors else self.name
+            if pusher != self.name:
+                continue
+            for member in new:
+                if member != self.name and member not in old:
+                    pushes.setdefault(member, []).append(shard.whole())
+        for member, changes in pushes.items():
+            for batch in _batches(changes):
+                try:
+                    await self._request(member, ["rep", [change_to_wire(c) for c in batch]],
+                                        self.replication.sync_timeout_s)
+                    self.stats.handed_off += len(batch)
+                except PeerUnreachable as e:
+                    log.info("history: handing %d shards to %s failed: %s", len(batch), member, e)
+
+    async def _sync_from(self, members: list[str]) -> None:
+        for member in members:
+            after = ""
+            while True:
+                try:
+                    reply = await self._request(member, ["sync", self.name, after, SYNC_PAGE_BYTES],
+                                                self.replication.sync_timeout_s)
+                    changes = changes_from_wire(reply[1]) if reply[0] == "ok" else []
+                    after = reply[2] if reply[0] == "ok" else None
+                except (PeerUnreachable, BadFrame, IndexError) as e:
+                    log.info("history: catching up from %s failed: %s", member, e)
+                    break
+                now = self.wall_clock()
+                for change in changes:
+                    self.shards.apply(change, now)
+                self.stats.synced += len(changes)
+                if not isinstance(after, str) or not after:
+                    break
+
+    # -- peers' requests ----------------------------------------------------------------------
+
+    async def _serve(self, payload: bytes) -> bytes:
+        try:
+            frame = unpack(payload)
+            if not isinstance(frame, list) or not frame:
+                raise BadFrame("a frame is a non-empty list")
+            return pack(await self._answer(frame))
+        except BadFrame as e:
+            self.stats.bad_frames += 1
+            log.debug("history: a peer's bad frame: %s", e)
+            return pack(["bad", str(e)])
+
+    async def _answer(self, frame: list[Any]) -> list[Any]:
+        kind = frame[0]
+        if kind == "op":
+            name, shard_id, owner, args = operation_from_wire(frame)
+            try:
+                return ["ok", await self.execute(name, shard_id, owner, args)]
+            except ConversationFull as e:
+                return ["err", e.code, e.message]
+            except StoreUnavailable as e:
+                return ["unavailable", e.message]
+        if kind == "rep" and len(frame) == 2:
+            now = self.wall_clock()
+            return ["ok", [self.shards.apply(c, now) for c in changes_from_wire(frame[1])]]
+        if kind == "fetch" and len(frame) == 2 and isinstance(frame[1], str):
+            change = self._state_of(frame[1])
+            return ["ok", change_to_wire(change) if change is not None else None]
+        if kind == "sync" and len(frame) == 4:
+            _, member, after, budget = frame
+            if not (isinstance(member, str) and isinstance(after, str) and isinstance(budget, int)):
+                raise BadFrame("sync: [\"sync\", member, after, budget]")
+            return self._sync_page(member, after, min(max(budget, 1), SYNC_PAGE_BYTES))
+        raise BadFrame(f"unknown request {kind!r}")
+
+    def _sync_page(self, member: str, after: str, budget_bytes: int) -> list[Any]:
+        """The shards ``member`` is an owner of (on this node's ring, with it on it), ids after ``after``."""
+        ring = self.cluster.ring if self.cluster is not None else HashRing.build([self.name])
+        if member not in ring.members:
+            ring = HashRing.build([*ring.members, member])
+        page, size = [], 0
+        for shard_id in sorted(i for i in self.shards.ids() if i > after):
+            if member not in ring.owners(shard_id, OWNERS):
+                continue
+            shard = self.shards.peek(shard_id)
+            if shard is None:
+                continue
+            if page and size + shard.size_bytes > budget_bytes:
+                return ["ok", page, page[-1][0]]
+            page.append(change_to_wire(shard.whole()))
+            size += shard.size_bytes
+        return ["ok", page, None]
+
+
+def _encoded(items: "list[dict[str, Any]]") -> list[list[Any]]:
+    return [[item["id"], orjson.dumps(item)] for item in items]
+
+
+def _result(reply: list[Any]) -> Any:
+    if reply[0] == "ok" and len(reply) == 2:
+        return reply[1]
+    if reply[0] == "err" and len(reply) == 3 and reply[1] == "conversation_full":
+        raise ConversationFull(str(reply[2]))
+    if reply[0] == "unavailable":
+        raise StoreUnavailable(str(reply[1]) if len(reply) > 1 else "a peer could not store it")
+    raise StoreUnavailable(f"a peer answered {reply[0]!r}")
+
+
+def _batches(changes: list[Change]) -> list[list[Change]]:
+    batches: list[list[Change]] = [[]]
+    size = 0
+    for change in changes:
+        weight = len(change.head or b"") + sum(len(v) for _, v in change.added) + 128
+        if batches[-1] and size + weight > SYNC_PAGE_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(change)
+        size += weight
+    return [b for b in batches if b]

@@ -1,0 +1,222 @@
+"""One node's memory of stored responses and conversations: shards, versioned, bounded, without I/O.
+
+A shard is what one ring key owns: a stored response, or a conversation with all its items (so a
+conversation's items live, and move, with it). Every write at a shard's primary gives it a new
+version and yields a ``Change`` for its replicas: the whole shard when it is created (or when a
+replica is behind), else a delta on the version the replica should hold (new head, added and
+removed items), or its deletion. Replicas apply changes in any order: a whole shard or a deletion
+wins when its version is newer, a delta only on the version it was made from (``apply`` answers
+False otherwise, and the primary sends the whole shard).
+
+Versions are ``max(previous + 1, wall clock in ns)``: increasing at one primary, and when two nodes
+briefly both believe they are primary (a ring change in flight) the later write wins everywhere.
+Deletions leave a tombstone (id and version, for the retention time) so that an older copy pushed
+later by a peer that missed the deletion cannot bring the shard back.
+
+Bounds (``HistoryConfig``): response count, conversation items, bytes, least recently used shard
+out first; a shard not written for the retention time is gone (the clock is passed in: wall
+seconds, the same on every node, since shards move between nodes).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from .store import HistoryConfig
+
+RESPONSE = "r"
+CONVERSATION = "c"
+KINDS = (RESPONSE, CONVERSATION)
+
+# Per shard and item, beyond their bytes: ids, version, dict entries. A rough figure; it keeps a flood
+# of tiny items from being counted as free.
+_OVERHEAD_BYTES = 64
+TOMBSTONES_MAX = 100_000
+
+
+def version_after(previous: int, now_s: float) -> int:
+    return max(previous + 1, int(now_s * 1e9))
+
+
+@dataclasses.dataclass(slots=True)
+class Shard:
+    id: str
+    kind: str
+    owner: str
+    version: int
+    written_at_s: float  # wall clock of the last write: retention counts from it
+    head: bytes  # JSON: the stored response, or the conversation object
+    items: dict[str, bytes]  # a conversation's items by id, in conversation order
+    size_bytes: int = 0
+
+    def measure(self) -> None:
+        self.size_bytes = _OVERHEAD_BYTES + len(self.id) + len(self.head) + sum(
+            _OVERHEAD_BYTES + len(k) + len(v) for k, v in self.items.items())
+
+    def whole(self) -> "Change":
+        return Change(self.id, self.kind, self.owner, self.version, self.written_at_s, 0, self.head,
+                      tuple(self.items.items()), ())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Change:
+    """What one write did to a shard, as its replicas receive it (see the module docstring)."""
+
+    id: str
+    kind: str
+    owner: str
+    version: int
+    written_at_s: float
+    base_version: int  # 0: the whole shard; else a delta on this version
+    head: bytes | None  # None: unchanged (a delta)
+    added: tuple[tuple[str, bytes], ...]
+    removed: tuple[str, ...]
+    deleted: bool = False
+
+
+class MemoryShards:
+    def __init__(self, config: HistoryConfig) -> None:
+        self.config = config
+        self._shards: collections.OrderedDict[str, Shard] = collections.OrderedDict()
+        self._tombstones: collections.OrderedDict[str, tuple[int, float]] = collections.OrderedDict()
+        self.bytes = 0
+        self.responses = 0
+        self.items = 0  # conversation items, plus one per conversation
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._shards)
+
+    def ids(self) -> list[str]:
+        return list(self._shards)
+
+    def peek(self, shard_id: str) -> Shard | None:
+        """The shard as held, whatever its owner or age, without touching its recency (handoff, sync)."""
+        return self._shards.get(shard_id)
+
+    def deleted(self, shard_id: str) -> bool:
+        return shard_id in self._tombstones
+
+    def tombstone_version(self, shard_id: str) -> int | None:
+        entry = self._tombstones.get(shard_id)
+        return entry[0] if entry is not None else None
+
+    def find(self, shard_id: str, kind: str, owner: str, now_s: float) -> Shard | None:
+        """The live shard of this kind and owner, marked recently used; None for anything else."""
+        shard = self._shards.get(shard_id)
+        if shard is None or shard.kind != kind or shard.owner != owner:
+            return None
+        if now_s - shard.written_at_s > self.config.retention_s:
+            self._drop(shard_id)
+            return None
+        self._shards.move_to_end(shard_id)
+        return shard
+
+    # -- writes at the primary --------------------------------------------------------------
+
+    def create(self, shard_id: str, kind: str, owner: str, head: bytes, items: "list[tuple[str, bytes]]",
+               now_s: float) -> Change:
+        previous = self._shards.get(shard_id)
+        base = max(previous.version if previous is not None else 0, self._tombstones.get(shard_id, (0, 0.0))[0])
+        self._tombstones.pop(shard_id, None)
+        shard = Shard(shard_id, kind, owner, version_after(base, now_s), now_s, head, dict(items))
+        self._install(shard, now_s)
+        return shard.whole()
+
+    def update(self, shard: Shard, now_s: float, head: bytes | None = None,
+               added: "list[tuple[str, bytes]]" = (), removed: "list[str]" = ()) -> Change:
+        """Changes a held shard (found with ``find``) and returns the delta for its replicas."""
+        base = shard.version
+        self._account(shard, -1)
+        if head is not None:
+            shard.head = head
+        for item_id in removed:
+            shard.items.pop(item_id, None)
+        shard.items.update(added)
+        shard.version = version_after(base, now_s)
+        shard.written_at_s = now_s
+        shard.measure()
+        self._account(shard, +1)
+        self._shards.move_to_end(shard.id)
+        self._evict(now_s)
+        return Change(shard.id, shard.kind, shard.owner, shard.version, now_s, base, head, tuple(added),
+                      tuple(removed))
+
+    def delete(self, shard: Shard, now_s: float) -> Change:
+        version = version_after(shard.version, now_s)
+        self._drop(shard.id)
+        self._bury(shard.id, version, now_s)
+        return Change(shard.id, shard.kind, shard.owner, version, now_s, 0, None, (), (), deleted=True)
+
+    # -- changes from the primary -----------------------------------------------------------
+
+    def apply(self, change: Change, now_s: float) -> bool:
+        """Applies a replica's change; False when it is a delta on a version this node does not hold."""
+        held = self._shards.get(change.id)
+        held_version = max(held.version if held is not None else 0,
+                           self._tombstones.get(change.id, (0, 0.0))[0])
+        if change.version <= held_version:
+            return True  # already as new (or deleted later): nothing to do
+        if now_s - change.written_at_s > self.config.retention_s:
+            return True  # expired on the way (or a stale copy): not worth keeping
+        if change.deleted:
+            if held is not None:
+                self._drop(change.id)
+            self._bury(change.id, change.version, now_s)
+            return True
+        if change.base_version == 0:
+            self._tombstones.pop(change.id, None)
+            self._install(Shard(change.id, change.kind, change.owner, change.version, change.written_at_s,
+                                change.head or b"", dict(change.added)), now_s)
+            return True
+        if held is None or held.version != change.base_version:
+            return False
+        self.update(held, change.written_at_s, change.head, list(change.added), list(change.removed))
+        held.version = change.version
+        return True
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def _install(self, shard: Shard, now_s: float) -> None:
+        self._drop(shard.id)
+        shard.measure()
+        self._shards[shard.id] = shard
+        self._account(shard, +1)
+        self._evict(now_s)
+
+    def _account(self, shard: Shard, sign: int) -> None:
+        self.bytes += sign * shard.size_bytes
+        if shard.kind == RESPONSE:
+            self.responses += sign
+        else:
+            self.items += sign * (1 + len(shard.items))
+
+    def _drop(self, shard_id: str) -> None:
+        shard = self._shards.pop(shard_id, None)
+        if shard is not None:
+            self._account(shard, -1)
+
+    def _bury(self, shard_id: str, version: int, now_s: float) -> None:
+        self._tombstones[shard_id] = (version, now_s)
+        self._tombstones.move_to_end(shard_id)
+        while len(self._tombstones) > TOMBSTONES_MAX:
+            self._tombstones.popitem(last=False)
+
+    def _evict(self, now_s: float) -> None:
+        config = self.config
+        while self._shards and (self.responses > config.max_responses or self.items > config.max_items
+                                or self.bytes > config.max_bytes):
+            self._drop(next(iter(self._shards)))
+            self.evicted += 1
+        retention = config.retention_s
+        while self._shards:  # the least recently used first: expired ones gather there
+            oldest = next(iter(self._shards.values()))
+            if now_s - oldest.written_at_s <= retention:
+                break
+            self._drop(oldest.id)
+        while self._tombstones:
+            _, buried_at = next(iter(self._tombstones.values()))
+            if now_s - buried_at <= retention:
+                break
+            self._tombstones.popitem(last=False)

@@ -1,0 +1,154 @@
+"""The replicated memory history over the simulated network, on virtual time: real MeshAgents,
+ClusterStates and MemoryHistory stores (gateway/history/memory.py), one per node.
+
+The guarantee checked: every write acknowledged (the call returned) is read back on every survivor
+after any one node crashes, and again after a second crash once the ring has settled (the shards
+the first one held were copied to their new owners). A node restarted with an empty memory gets its
+shards back from its peers, whether or not they noticed it was gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import trio
+
+from gateway.cluster import ClusterState
+from gateway.history import HistoryConfig, MemoryHistory, ReplicationConfig, StoredResponse, StoreUnavailable
+from mesh.agent import MeshAgent
+from mesh.config import MeshConfig
+from mesh.crypto import Keyring
+from mesh.simnet import SimNetwork
+
+from .harness import KEY_A, addr, crash_node, form_cluster, wait_until
+
+MESH = MeshConfig.lan()
+EPOCH_S = 1.8e9  # the stores' wall clock: virtual time after a plausible date
+OWNER = "tenant:acme"
+
+
+@dataclasses.dataclass
+class Node:
+    name: str
+    agent: MeshAgent
+    cluster: ClusterState
+    history: MemoryHistory
+    scope: trio.CancelScope
+
+
+async def start_node(nursery: trio.Nursery, net: SimNetwork, i: int, seed: int, incarnation: int = 0) -> Node:
+    name = f"node-{i}"
+    cluster = ClusterState(name)
+    agent = MeshAgent(MESH, name, net.transport(addr(i)), Keyring([KEY_A]), hooks=cluster,
+                      rng=random.Random(seed * 1000 + i * 10 + incarnation))
+    cluster.attach(agent)
+    history = MemoryHistory(HistoryConfig(), cluster, ReplicationConfig(),
+                            wall_clock=lambda: EPOCH_S + trio.current_time())
+
+    async def run(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as inner:
+                await inner.start(agent.run)
+                await inner.start(history.run)
+                task_status.started(scope)
+
+    scope = await nursery.start(run)
+    return Node(name, agent, cluster, history, scope)
+
+
+def record(i: int) -> StoredResponse:
+    rid = f"resp_{i:04d}"
+    return StoredResponse(rid, OWNER, {"id": rid, "n": i}, ({"id": f"in_{i}", "type": "message"},), ())
+
+
+async def write_some(nodes: "list[Node]", rng: random.Random, count: int) -> list[StoredResponse]:
+    written = []
+    for i in range(count):
+        r = record(i)
+        await rng.choice(nodes).history.put_response(r)  # acknowledged once this returns
+        written.append(r)
+    return written
+
+
+async def all_readable(nodes: "list[Node]", written: "list[StoredResponse]") -> None:
+    for node in nodes:
+        for r in written:
+            got = await node.history.get_response(r.id, OWNER)
+            assert got == r, f"{node.name} lost {r.id}"
+
+
+def holders(nodes: "list[Node]", shard_id: str) -> int:
+    return sum(n.history.shards.peek(shard_id) is not None for n in nodes)
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+async def test_acknowledged_writes_survive_one_crash_then_another_after_handoff(autojump_clock, seed):
+    rng = random.Random(seed)
+    async with trio.open_nursery() as nursery:
+        net = SimNetwork(seed)
+        nodes = await form_cluster(nursery, net, 5, lambda i: start_node(nursery, net, i, seed))
+        written = await write_some(nodes, rng, 40)
+        assert all(holders(nodes, r.id) == 3 for r in written), f"seed={seed}: three copies of each"
+        # A conversation too, written through one node and read through the others.
+        await nodes[0].history.create_conversation({"id": "conv_x", "metadata": {}}, OWNER, [{"id": "i0"}])
+        assert await nodes[1].history.add_items("conv_x", OWNER, [{"id": "i1"}])
+
+        first = rng.choice(nodes)
+        crash_node(net, first)
+        survivors = [n for n in nodes if n is not first]
+        await all_readable(survivors, written)  # at once, before anyone noticed the crash
+        await wait_until(lambda: all(len(n.cluster.ring) == 4 for n in survivors), 60)
+        # A turn after the crash, from any survivor.
+        assert await survivors[-1].history.add_items("conv_x", OWNER, [{"id": "i2"}])
+        await wait_until(lambda: all(holders(survivors, r.id) == 3 for r in written), 30)
+
+        second = rng.choice(survivors)
+        crash_node(net, second)
+        left = [n for n in survivors if n is not second]
+        await all_readable(left, written)
+        items = await left[0].history.all_items("conv_x", OWNER)
+        assert [i["id"] for i in items] == ["i0", "i1", "i2"], f"seed={seed}: crashed {first.name}, {second.name}"
+        print(f"seed={seed}: crashed {first.name} then {second.name}; "
+              f"handed off {sum(n.history.stats.handed_off for n in nodes)}")
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("noticed", [True, False], ids=["after-detection", "before-detection"])
+async def test_a_restarted_node_gets_its_shards_back(autojump_clock, noticed):
+    seed = 21
+    async with trio.open_nursery() as nursery:
+        net = SimNetwork(seed)
+        nodes = await form_cluster(nursery, net, 4, lambda i: start_node(nursery, net, i, seed))
+        written = await write_some(nodes, random.Random(seed), 30)
+        victim = nodes[2]
+        should_hold = {r.id for r in written if victim.history.shards.peek(r.id) is not None}
+        assert should_hold
+        crash_node(net, victim)
+        others = [n for n in nodes if n is not victim]
+        if noticed:
+            await wait_until(lambda: all(len(n.cluster.ring) == 3 for n in others), 60)
+        net.crashed.discard(victim.agent.transport.addr)
+        reborn = await start_node(nursery, net, 2, seed, incarnation=1)
+        await reborn.agent.join([nodes[0].agent.transport.addr])
+        await wait_until(lambda: all(reborn.history.shards.peek(rid) is not None for rid in should_hold), 60)
+        await all_readable([reborn, *others], written)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_write_is_refused_when_no_other_owner_can_take_it(autojump_clock):
+    """Two nodes, one crashed and not yet off the ring: nothing can be acknowledged (503), and the
+    survivor still reads what both held."""
+    seed = 31
+    async with trio.open_nursery() as nursery:
+        net = SimNetwork(seed)
+        nodes = await form_cluster(nursery, net, 2, lambda i: start_node(nursery, net, i, seed))
+        written = await write_some(nodes, random.Random(seed), 5)
+        crash_node(net, nodes[1])
+        with pytest.raises(StoreUnavailable):
+            await nodes[0].history.put_response(record(99))
+        await all_readable([nodes[0]], written)
+        await wait_until(lambda: len(nodes[0].cluster.ring) == 1, 60)
+        await nodes[0].history.put_response(record(99))  # alone on the ring: its own copy is all there is
+        nursery.cancel_scope.cancel()
