@@ -37,6 +37,7 @@ class LocalCluster:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.engines: list[EngineProcess] = []
         self.nodes: list[NodeProcess] = []
+        self._node_args: list[list[str]] = []
         self.balancer: subprocess.Popen | None = None
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
@@ -55,8 +56,16 @@ class LocalCluster:
                     "--rpc-addr", f"127.0.0.1:{mesh_base_port + 100 + i}", "--retry-join-interval-secs", "0.5"]
             if i == 0:
                 args += ["--worker-urls", *[e.url for e in self.engines]]
+            self._node_args.append(args)
             self.nodes.append(NodeProcess(args, self.dir, f"node{i}"))
         self.balancer = self._start_balancer()
+
+    def restart(self, i: int) -> NodeProcess:
+        """Node ``i`` again (after a kill): same name and mesh address, a fresh process and memory. Its HTTP
+        port is new, so the balancer does not know it: reach it at ``nodes[i].url``."""
+        self.nodes[i].stop()
+        self.nodes[i] = NodeProcess(self._node_args[i], self.dir, f"node{i}-again")
+        return self.nodes[i]
 
     def _start_balancer(self) -> subprocess.Popen:
         addrs = [n.url.removeprefix("http://") for n in self.nodes]

@@ -166,14 +166,33 @@ def _rate_limit_metrics(limiter: RateLimiter) -> Iterator[Any]:
                 [([spec.name], limiter.overshoot_bound(spec, detection_s)) for spec in limiter.limits.limits])
 
 
-async def _start_history(config: GatewayConfig, cluster: ClusterState | None,
+async def _start_history(config: GatewayConfig, cluster: ClusterState | None, metrics: GatewayMetrics,
                          nursery: trio.Nursery) -> HistoryStore | None:
     """The store --history-backend chose; the memory one replicates over the mesh when there is one."""
     if config.history_backend == "none":
         return None
     history = MemoryHistory(config.history, cluster)
     await nursery.start(history.run)
+    metrics.add_state_source(lambda: _history_metrics(history))
     return history
+
+
+def _history_metrics(history: MemoryHistory) -> Iterator[Any]:
+    shards, stats = history.shards, history.stats
+    yield gauge("smg_history_records", "Stored responses and conversation items this node holds (owned and "
+                "replicated)", ["kind"], [(["response"], float(shards.responses)), (["item"], float(shards.items))])
+    yield gauge("smg_history_bytes", "Bytes of stored responses and conversations this node holds", [],
+                [([], float(shards.bytes))])
+    yield counter("smg_history_evicted", "Records forgotten to stay within the memory bounds", [],
+                  [([], shards.evicted)])
+    yield counter("smg_history_replication", "Replication events: copies a replica missed, repaired later, "
+                  "handed to new owners, received when catching up, fetched by a primary", ["event"],
+                  [(["replica_failed"], stats.replica_failures), (["repaired"], stats.repaired),
+                   (["handed_off"], stats.handed_off), (["synced"], stats.synced), (["fetched"], stats.fetched)])
+    yield counter("smg_history_peers_synced", "Peers this node caught up with when it first saw them", [],
+                  [([], stats.peers_synced)])
+    yield counter("smg_history_bad_frames", "Peers' history requests refused as malformed", [],
+                  [([], stats.bad_frames)])
 
 
 def _start_key_store(cluster: ClusterState | None) -> KeyStore:
@@ -313,7 +332,7 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         proxy = HttpProxy(generator, admission, config.admission.request_timeout_s, rate_limiter)
         state = GatewayState(config, registry, catalog, router, generator, admission, metrics, proxy,
                              rate_limiter=rate_limiter, cluster=cluster, key_store=_start_key_store(cluster),
-                             history=await _start_history(config, cluster, nursery))
+                             history=await _start_history(config, cluster, metrics, nursery))
         metrics.add_state_source(lambda: _state_metrics(state))
         lag = LoopLagMonitor(metrics.loop_lag, gc_pauses=metrics.gc_pauses)
         nursery.start_soon(lag.run)

@@ -84,7 +84,8 @@ class ReplicationStats:
     replica_failures: int = 0
     repaired: int = 0
     handed_off: int = 0
-    synced: int = 0
+    synced: int = 0  # shards received from peers when this node caught up with them
+    peers_synced: int = 0  # peers this node caught up with (once each, when it first sees them)
     fetched: int = 0
 
 
@@ -165,11 +166,17 @@ class MemoryHistory:
             return [self.name]
         return self.cluster.ring.owners(shard_id, OWNERS) or [self.name]
 
+    def _walk(self, shard_id: str) -> list[str]:
+        """The owners, then the other members in ring order: where to look when the owners are down."""
+        if self.cluster is None:
+            return [self.name]
+        ring = self.cluster.ring
+        return ring.owners(shard_id, len(ring)) or [self.name]
+
     async def _run(self, name: str, shard_id: str, owner: str, args: list[Any]) -> Any:
-        owners = self._owners(shard_id)
-        if not OPERATIONS[name][1] and self.name in owners and self.shards.peek(shard_id) is not None:
+        if not OPERATIONS[name][1] and self.name in self._owners(shard_id) and self.shards.peek(shard_id) is not None:
             return getattr(self.ops, name)(shard_id, owner, *args, self.wall_clock())
-        for member in owners:
+        for member in self._walk(shard_id):
             if member == self.name:
                 return await self.execute(name, shard_id, owner, args)
             try:
@@ -209,23 +216,30 @@ class MemoryHistory:
     # -- replication --------------------------------------------------------------------------
 
     async def _replicate(self, change: Change) -> None:
-        targets = [m for m in self._owners(change.id) if m != self.name]
-        if not targets:
+        """Sends the change to the shard's other owners; when too few take it (owners dead but not yet off
+        the ring), to the next members on the ring, which are the ones that become its owners once the
+        dead are gone (Dynamo's sloppy quorum)."""
+        if self.cluster is None:
             return
-        needed = min(2, len(self.cluster.ring)) - 1 if self.cluster is not None else 0
+        ring = self.cluster.ring
+        walk = [m for m in ring.owners(change.id, len(ring)) if m != self.name]
+        targets, spares = walk[:OWNERS - 1], walk[OWNERS - 1:]
+        needed = min(2, len(ring)) - 1  # copies beyond this node's
         acks = 0
 
-        async def send(member: str) -> None:
+        async def send(member: str, repair: bool) -> None:
             nonlocal acks
             if await self._push(member, change):
                 acks += 1
-            else:
+            elif repair:
                 self.stats.replica_failures += 1
                 self._repairs.add((member, change.id))
 
         async with trio.open_nursery() as nursery:
             for member in targets:
-                nursery.start_soon(send, member)
+                nursery.start_soon(send, member, True)
+        while acks < needed and spares:
+            await send(spares.pop(0), False)
         if acks < needed:
             raise StoreUnavailable(f"{change.id} could not be copied to another member: not acknowledged")
 
@@ -257,7 +271,7 @@ class MemoryHistory:
         return Change(shard_id, RESPONSE, "-", version, self.wall_clock(), 0, None, (), (), deleted=True)
 
     async def _fetch(self, shard_id: str) -> None:
-        for member in self._owners(shard_id):
+        for member in self._walk(shard_id)[:OWNERS + 2]:
             if member == self.name:
                 continue
             try:
@@ -367,6 +381,7 @@ class MemoryHistory:
                     self.shards.apply(change, now)
                 self.stats.synced += len(changes)
                 if not isinstance(after, str) or not after:
+                    self.stats.peers_synced += 1
                     break
 
     # -- peers' requests ----------------------------------------------------------------------

@@ -152,3 +152,25 @@ async def test_a_write_is_refused_when_no_other_owner_can_take_it(autojump_clock
         await wait_until(lambda: len(nodes[0].cluster.ring) == 1, 60)
         await nodes[0].history.put_response(record(99))  # alone on the ring: its own copy is all there is
         nursery.cancel_scope.cancel()
+
+
+async def test_a_write_with_two_of_its_owners_down_lands_on_the_next_member(autojump_clock):
+    """Two of a conversation's three owners crash together: the write is still acknowledged, held by the
+    live owner and the next member on the ring (the one that becomes an owner once the dead are gone),
+    and every later reader finds all of it."""
+    seed = 41
+    async with trio.open_nursery() as nursery:
+        net = SimNetwork(seed)
+        nodes = await form_cluster(nursery, net, 5, lambda i: start_node(nursery, net, i, seed))
+        await nodes[0].history.create_conversation({"id": "conv_y", "metadata": {}}, OWNER, [{"id": "i0"}])
+        ring_owners = nodes[0].cluster.ring.owners("conv_y", 3)
+        dead = [n for n in nodes if n.name in ring_owners[:2]]
+        for node in dead:
+            crash_node(net, node)
+        live = [n for n in nodes if n not in dead]
+        assert await live[0].history.add_items("conv_y", OWNER, [{"id": "i1"}])  # before anyone noticed
+        assert holders(live, "conv_y") >= 2
+        await wait_until(lambda: all(len(n.cluster.ring) == 3 for n in live), 60)
+        for node in live:
+            assert [i["id"] for i in await node.history.all_items("conv_y", OWNER)] == ["i0", "i1"]
+        nursery.cancel_scope.cancel()

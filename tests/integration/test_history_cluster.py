@@ -1,0 +1,106 @@
+"""Stored responses and conversations across a cluster behind nginx (the memory backend, replicated on the
+mesh): each turn lands on another node, the node owning what the chain needs is killed between turns,
+and the next turn still works, through the balancer and on the one node that held no copy. A killed
+node restarted with an empty memory gets its copies back from its peers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import httpx2
+import openai
+import pytest
+
+from mesh.ring import HashRing
+
+from .test_mesh_processes import eventually
+
+MODEL = "qwen3-sim"
+NODES = 4  # one more than a shard's owners: one node holds no copy of a given response
+TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+RULES = [{"match": "(?s)weather in Oslo.*14 degrees.*What did I ask", "output": "You asked about the weather in Oslo."},
+         {"match": "14 degrees", "output": "It is 14 degrees in Oslo today."},
+         {"match": "weather", "output": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n'
+                                        '</tool_call>'},
+         {"match": "(?s)my name is Ada.*What is my name", "output": "Your name is Ada."},
+         {"match": "Hello", "output": "Hi! How can I help?"}]
+
+
+@pytest.fixture
+def cluster(log_dir, tmp_path):
+    if shutil.which("nginx") is None:
+        pytest.skip("nginx not installed (.ci/run installs it: apt-get install nginx)")
+    from chaos.local_cluster import LocalCluster
+    script = tmp_path / "answers.jsonl"
+    script.write_text("".join(json.dumps(r) + "\n" for r in RULES))
+    c = LocalCluster(nodes=NODES, engines=1, port=18180, mesh_base_port=19146, log_dir=log_dir / "history-cluster",
+                     engine_args=["--zero-cost", "--script", str(script)], lb="nginx")
+    eventually(lambda: all(len(httpx2.get(n.url + "/workers", headers=n.admin_headers).json()["workers"]) == 1
+                           for n in c.nodes), 30)
+    yield c
+    c.stop()
+
+
+def owners(shard_id: str) -> list[int]:
+    ring = HashRing.build([f"node{i}" for i in range(NODES)])
+    return [int(name.removeprefix("node")) for name in ring.owners(shard_id, 3)]
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx2.get(url + "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=30)
+
+
+def test_chains_and_conversations_continue_after_their_owner_is_killed(cluster):
+    lb = client(cluster.url)
+    first = lb.responses.create(model=MODEL, input="What is the weather in Oslo?", tools=TOOLS)
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    conversation = lb.conversations.create()
+    lb.responses.create(model=MODEL, conversation=conversation.id, input="Hello, my name is Ada.")
+
+    primary, *_ = owners(first.id)
+    cluster.nodes[primary].kill()
+    (outsider,) = set(range(NODES)) - set(owners(first.id))  # holds no copy: must ask the replicas
+    with client(cluster.nodes[outsider].url).responses.stream(
+            model=MODEL, previous_response_id=first.id, tools=TOOLS,
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "14 degrees"}]) as stream:
+        kinds = [event.type for event in stream]
+        second = stream.get_final_response()
+    assert kinds[-1] == "response.completed" and second.output_text == "It is 14 degrees in Oslo today."
+    third = lb.responses.create(model=MODEL, previous_response_id=second.id, input="What did I ask?")
+    assert third.output_text == "You asked about the weather in Oslo."  # the whole chain, through nginx
+    assert lb.responses.retrieve(first.id).id == first.id
+
+    survivors = [i for i in range(NODES) if i != primary]
+    conversation_owner = next(i for i in owners(conversation.id) if i in survivors)
+    cluster.nodes[conversation_owner].kill()  # a second node down: the conversation's first live owner
+    answer = lb.responses.create(model=MODEL, conversation=conversation.id, input="What is my name?")
+    assert answer.output_text == "Your name is Ada."
+    roles = [item.role for item in lb.conversations.items.list(conversation.id, order="asc")]
+    assert roles == ["user", "assistant", "user", "assistant"]
+
+
+def test_a_restarted_node_gets_its_copies_back(cluster):
+    lb = client(cluster.url)
+    ids = [lb.responses.create(model=MODEL, input=f"Hello {i}").id for i in range(12)]
+    victim = 1
+    held = [rid for rid in ids if victim in owners(rid)]
+    cluster.nodes[victim].kill()
+    again = cluster.restart(victim)
+    # Once it caught up with its three peers, the restarted node answers every id it owns from its own
+    # copy: with the others stopped, nothing else could.
+    eventually(lambda: metric(again.url, "smg_history_peers_synced_total") >= NODES - 1, 30)
+    for i in range(NODES):
+        if i != victim:
+            cluster.nodes[i].kill()
+    for rid in held:
+        r = httpx2.get(f"{again.url}/v1/responses/{rid}")
+        assert r.status_code == 200 and r.json()["id"] == rid
