@@ -34,7 +34,7 @@ from .auth import AuthConfig, Authenticator
 from .auth.authenticator import AuthConfigError
 from .engine.engine_tls import EngineTlsConfig
 from .engine.h2grpc import H2Config
-from .history import HistoryConfig
+from .history import HistoryConfig, PostgresConfig, PostgresNames, RedisConfig
 from .parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, HarmonyUnavailable, harmony_encoding, is_harmony
 from .ratelimit.limiter import RateLimitConfig
 from .ratelimit.limits import FailurePolicy, LimitConfigError, LimitSet, parse_limit_set
@@ -121,6 +121,8 @@ class GatewayConfig:
     # previous_response_id and conversations refused).
     history_backend: str = "memory"
     history: HistoryConfig = HistoryConfig()
+    postgres: PostgresConfig = PostgresConfig()  # --history-backend postgres
+    redis: RedisConfig = RedisConfig()  # --history-backend redis
     reasoning_parser: str | None = None
     # "native": the gateway's own HTTP/1.1 server (gateway/api/h1server.py, ~20x less CPU per request
     # than hypercorn on trio, BENCHMARKS.md); "hypercorn": hypercorn's, which also speaks HTTP/2.
@@ -222,12 +224,23 @@ _OPTIONS: list[_Option] = [
     _Option("--max-payload-size", "admission.body_bytes_max", int, "largest request body in bytes (default: 32 "
             "bytes per token of the largest context served, at least 1 MiB; 8 MiB without a stated context)"),
     _Option("--history-backend", "history_backend", str, "where stored responses and conversations live: memory "
-            "(replicated on three nodes of the mesh) or none"),
+            "(replicated on three nodes of the mesh), postgres, redis or none"),
     _Option("--history-memory-max-responses", "history.max_responses", int, "stored responses kept in memory "
             "per node (least recently used out first)"),
     _Option("--history-memory-max-items", "history.max_items", int, "conversation items kept in memory per node"),
     _Option("--history-memory-retention-secs", "history.retention_s", float, "how long a stored response or "
             "conversation is kept after its last write"),
+    _Option("--postgres-db-url", "postgres.url", str, "postgres://user:password@host:port/db?sslmode=... (or "
+            "SMG_POSTGRES_DB_URL, kept out of the process list)"),
+    _Option("--postgres-pool-max-size", "postgres.pool_max_size", int, "connections to PostgreSQL"),
+    _Option("--postgres-names", "postgres.names", "list", "table and column names, NAME=VALUE (responses, "
+            "conversations, items, migrations, id, owner, body, created_at, conversation_id, item_id, position)"),
+    _Option("--redis-url", "redis.url", str, "redis://[:password@]host:port/db, rediss:// for TLS (or "
+            "SMG_REDIS_URL)"),
+    _Option("--redis-pool-max-size", "redis.pool_max_size", int, "connections to Redis"),
+    _Option("--redis-retention-days", "redis.retention_days", float, "how long Redis keeps a record after its "
+            "last write; -1: forever"),
+    _Option("--redis-key-prefix", "redis.key_prefix", str, "prefix of every key written to Redis"),
     _Option("--log-level", "log_level", str, "debug, info, warning, error"),
     _Option("--log-json", "log_json", "bool", "log JSON lines instead of text"),
     _Option("--default-max-tokens", "default_max_tokens", int, "max_tokens when nothing else bounds it"),
@@ -350,7 +363,8 @@ HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "--host", "--port", "--max-connections", "--max-payload-size", "--request-timeout-secs",
         "--default-max-tokens", "--shutdown-grace-period-secs", "--http-server", "--prometheus-host",
         "--prometheus-port", "--history-backend", "--history-memory-max-responses", "--history-memory-max-items",
-        "--history-memory-retention-secs",
+        "--history-memory-retention-secs", "--postgres-db-url", "--postgres-pool-max-size", "--postgres-names",
+        "--redis-url", "--redis-pool-max-size", "--redis-retention-days", "--redis-key-prefix",
         "--log-level", "--log-json")),
     ("engines: where generations run", (
         "--worker-urls", "--model-path", "--tokenizer-path", "--chat-template", "--worker-api-key",
@@ -484,6 +498,12 @@ def build_config(args: argparse.Namespace, environ: "dict[str, str] | None" = No
     jwt_values = sections.pop("jwt", None)
     if jwt_values:  # a section of a section: auth.jwt
         sections.setdefault("auth", {})["jwt"] = dataclasses.replace(base.auth.jwt, **jwt_values)
+    names = sections.get("postgres", {}).get("names")
+    if names is not None:
+        try:
+            sections["postgres"]["names"] = PostgresNames().with_overrides(names)
+        except ValueError as e:
+            raise ConfigError(f"--postgres-names: {e}") from None
     for section, values in sections.items():
         top[section] = dataclasses.replace(getattr(base, section), **values)
     config = dataclasses.replace(base, **top)
@@ -510,7 +530,7 @@ def _smg_mesh_aliases(top: dict[str, Any], mesh: dict[str, Any]) -> None:
             raise ConfigError(f"--join: a seed is host:port or dns:NAME:PORT, got {seed!r}")
 
 
-HISTORY_BACKENDS = ("memory", "none")
+HISTORY_BACKENDS = ("memory", "postgres", "redis", "none")
 
 
 def validate(config: GatewayConfig) -> None:
@@ -521,7 +541,20 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--port must be between 0 and 65535")
     if config.history_backend not in HISTORY_BACKENDS:
         raise ConfigError(f"--history-backend: {config.history_backend!r}; choose one of "
-                          f"{', '.join(HISTORY_BACKENDS)} (postgres and redis are not built yet)")
+                          f"{', '.join(HISTORY_BACKENDS)}")
+    if config.history_backend == "postgres":
+        if not config.postgres.url:
+            raise ConfigError("--history-backend postgres needs --postgres-db-url (or SMG_POSTGRES_DB_URL)")
+        problem = config.postgres.names.problem()
+        if problem is not None:
+            raise ConfigError(f"--postgres-names: {problem}")
+        if config.postgres.pool_max_size < 1:
+            raise ConfigError("--postgres-pool-max-size must be positive")
+    if config.history_backend == "redis":
+        if not config.redis.url:
+            raise ConfigError("--history-backend redis needs --redis-url (or SMG_REDIS_URL)")
+        if config.redis.pool_max_size < 1 or config.redis.retention_days == 0:
+            raise ConfigError("--redis-pool-max-size must be positive and --redis-retention-days not 0")
     if config.history.max_responses < 1 or config.history.max_items < 1 or config.history.retention_s <= 0:
         raise ConfigError("--history-memory-max-responses, --history-memory-max-items and "
                           "--history-memory-retention-secs must be positive")

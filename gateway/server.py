@@ -36,7 +36,7 @@ from .api.errors import transport_error_body
 from .api.h1server import H1Config, H1Server
 from .api.proxy import HttpProxy
 from .api.state import GatewayState
-from .history import HistoryStore, MemoryHistory
+from .history import HistoryStore, MemoryHistory, PostgresHistory, RedisHistory, StoreUnavailable
 from .auth import Authenticator
 from .auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX
 from .auth.key_store import KeyStore, KeyStoreError, StoredKey
@@ -168,9 +168,15 @@ def _rate_limit_metrics(limiter: RateLimiter) -> Iterator[Any]:
 
 async def _start_history(config: GatewayConfig, cluster: ClusterState | None, metrics: GatewayMetrics,
                          nursery: trio.Nursery) -> HistoryStore | None:
-    """The store --history-backend chose; the memory one replicates over the mesh when there is one."""
+    """The store --history-backend chose; the memory one replicates over the mesh when there is one. A
+    durable one is connected (and Postgres migrated) before the node serves."""
     if config.history_backend == "none":
         return None
+    if config.history_backend in ("postgres", "redis"):
+        durable = PostgresHistory(config.postgres) if config.history_backend == "postgres" else \
+            RedisHistory(config.redis)
+        await durable.open()  # a database that cannot be reached stops the start, with its reason
+        return durable
     history = MemoryHistory(config.history, cluster)
     await nursery.start(history.run)
     metrics.add_state_source(lambda: _history_metrics(history))
@@ -482,5 +488,16 @@ def run_gateway(config: GatewayConfig) -> int:
                     else:
                         running.shutdown.set()
 
-    trio.run(main)
+    unavailable: list[BaseException] = []
+    try:
+        trio.run(main)
+    except* StoreUnavailable as failed:  # the history database or Redis cannot be reached at start
+        group: BaseException = failed
+        while isinstance(group, BaseExceptionGroup):
+            group = group.exceptions[0]
+        unavailable.append(group)
+    if unavailable:
+        print(f"smg-node serve: {unavailable[0]}; the node does not start without its history store",
+              file=sys.stderr)
+        return 1
     return 0

@@ -5,7 +5,6 @@ node restarted with an empty memory gets its copies back from its peers."""
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import httpx2
@@ -14,18 +13,10 @@ import pytest
 
 from mesh.ring import HashRing
 
+from .history_script import MODEL, TOOLS, write_script
 from .test_mesh_processes import eventually
 
-MODEL = "qwen3-sim"
 NODES = 4  # one more than a shard's owners: one node holds no copy of a given response
-TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
-RULES = [{"match": "(?s)weather in Oslo.*14 degrees.*What did I ask", "output": "You asked about the weather in Oslo."},
-         {"match": "14 degrees", "output": "It is 14 degrees in Oslo today."},
-         {"match": "weather", "output": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n'
-                                        '</tool_call>'},
-         {"match": "(?s)my name is Ada.*What is my name", "output": "Your name is Ada."},
-         {"match": "Hello", "output": "Hi! How can I help?"}]
 
 
 @pytest.fixture
@@ -33,8 +24,7 @@ def cluster(log_dir, tmp_path):
     if shutil.which("nginx") is None:
         pytest.skip("nginx not installed (.ci/run installs it: apt-get install nginx)")
     from chaos.local_cluster import LocalCluster
-    script = tmp_path / "answers.jsonl"
-    script.write_text("".join(json.dumps(r) + "\n" for r in RULES))
+    script = write_script(tmp_path / "answers.jsonl")
     c = LocalCluster(nodes=NODES, engines=1, port=18180, mesh_base_port=19146, log_dir=log_dir / "history-cluster",
                      engine_args=["--zero-cost", "--script", str(script)], lb="nginx")
     eventually(lambda: all(len(httpx2.get(n.url + "/workers", headers=n.admin_headers).json()["workers"]) == 1

@@ -60,6 +60,18 @@ def test_history_flags():
                   "--history-memory-retention-secs", "3600"])
     assert (config.history_backend, config.history.max_responses, config.history.retention_s) == ("none", 50, 3600.0)
     assert parse([]).history_backend == "memory"
-    for bad in (["--history-backend", "postgres"], ["--history-memory-max-responses", "0"]):
+    pg = parse(["--history-backend", "postgres", "--postgres-db-url", "postgres://u@db/x", "--postgres-pool-max-size",
+                "4", "--postgres-names", "responses=llm_answers", "owner=tenant_id"])
+    assert (pg.postgres.url, pg.postgres.pool_max_size) == ("postgres://u@db/x", 4)
+    assert (pg.postgres.names.responses, pg.postgres.names.owner, pg.postgres.names.body) == \
+        ("llm_answers", "tenant_id", "body")
+    rd = parse(["--history-backend", "redis", "--redis-url", "redis://r:6379/0", "--redis-retention-days", "-1",
+                "--redis-key-prefix", "team:"])
+    assert (rd.redis.url, rd.redis.retention_days, rd.redis.key_prefix) == ("redis://r:6379/0", -1.0, "team:")
+    for bad in (["--history-backend", "postgres"], ["--history-backend", "redis"], ["--history-backend", "oracle"],
+                ["--history-memory-max-responses", "0"], ["--history-memory-max-items", "0"],
+                ["--history-backend", "postgres", "--postgres-db-url", "x", "--postgres-names", "owner=a;drop"],
+                ["--postgres-names", "colour=blue"],
+                ["--history-backend", "redis", "--redis-url", "x", "--redis-retention-days", "0"]):
         with pytest.raises(ConfigError):
             validate(parse(bad))
