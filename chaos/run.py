@@ -22,7 +22,7 @@ from .checkers.membership import CONVERGE_BOUND_S, converged_at
 from .cluster import ChaosCluster, ClusterSpec
 from .observer import Observer, ViewSample
 from .scenarios import SCENARIOS, Plan
-from .workload import RequestRecord, Workload
+from .workload import RequestRecord, StoredRecord, Workload
 
 PROGRESS_INTERVAL_S = 2.0
 START_TIMEOUT_S = 60.0
@@ -60,6 +60,10 @@ class RunData:
     per_key_limit: float = 0.0
     per_key_burst: float = 0.0
     results: list[CheckResult] = dataclasses.field(default_factory=list)
+    # Stored responses the cluster acknowledged, and what reading each back after the run gave: its
+    # output text, or None when it was not found (or could not be read).
+    stored: list[StoredRecord] = dataclasses.field(default_factory=list)
+    stored_read: dict[str, str | None] = dataclasses.field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -113,6 +117,26 @@ def _final_snapshots(cluster: ChaosCluster, run: RunData) -> None:
                 run.final_state[i] = {"workers": workers, "limits": limits}
             except (httpx2.HTTPError, ValueError) as e:
                 run.final_state[i] = {"workers": [], "limits": {"error": str(e)}}
+    _read_stored(cluster, run)
+
+
+def _read_stored(cluster: ChaosCluster, run: RunData) -> None:
+    """Reads back every acknowledged stored response, each from the next running node in turn."""
+    nodes = [i for i in cluster.running() if i not in cluster.paused]
+    with httpx2.Client(timeout=10) as client:
+        for k, record in enumerate(run.stored):
+            url = f"{cluster.node_url(nodes[k % len(nodes)])}/v1/responses/{record.response_id}"
+            try:
+                r = client.get(url, headers={"authorization": f"Bearer {record.api_key}"})
+                body = r.json() if r.status_code == 200 else None
+            except (httpx2.HTTPError, ValueError):
+                body = None
+            run.stored_read[record.response_id] = _output_text(body) if body is not None else None
+
+
+def _output_text(response: dict[str, Any]) -> str:
+    return "".join(part.get("text", "") for item in response.get("output", []) if item.get("type") == "message"
+                   for part in item.get("content", []) if part.get("type") == "output_text")
 
 
 def run_scenario(name: str, nodes: int, seed: int, duration_s: float, out_dir: Path, lb: str = "nginx",
@@ -156,6 +180,7 @@ def run_scenario(name: str, nodes: int, seed: int, duration_s: float, out_dir: P
         run.heal_t = run.t0 + plan.heal_at_s
         run.t_end = time.monotonic()
         workload.stop()
+        run.stored = workload.stored_snapshot()
         run.final_running = [i for i in cluster.running() if i not in cluster.paused]
         # Membership may still be settling if the heal came late in the run: give it its bound.
         deadline = run.heal_t + CONVERGE_BOUND_S

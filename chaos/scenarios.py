@@ -114,6 +114,22 @@ def restart_engines(cluster: ChaosCluster, rng: random.Random, duration_s: float
     return Plan(events, last + 2, 0)
 
 
+def kill_history_owners(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
+    """Two owners of stored responses killed one after the other, each restarted with an empty memory;
+    with three nodes every node owns every response. Responses acknowledged before each kill must
+    survive it, and those only the first victim got back from its peers must survive the second."""
+    first, second = rng.sample(range(cluster.spec.nodes), 2)
+    times = [f * duration_s for f in (0.2, 0.4, 0.5, 0.7)]
+    return Plan([Event(times[0], f"SIGKILL {cluster.name(first)} (owns stored responses)", "process",
+                       lambda: cluster.kill(first), (first,)),
+                 Event(times[1], f"restart {cluster.name(first)} (empty memory)", "heal",
+                       lambda: cluster.restart(first, graceful=False), (first,)),
+                 Event(times[2], f"SIGKILL {cluster.name(second)} (owns stored responses)", "process",
+                       lambda: cluster.kill(second), (second,)),
+                 Event(times[3], f"restart {cluster.name(second)} (empty memory)", "heal",
+                       lambda: cluster.restart(second, graceful=False), (second,))], times[3], 2)
+
+
 SCENARIOS: dict[str, tuple[Callable[[ChaosCluster, random.Random, float], Plan], str]] = {
     "kill-one": (kill_one, "SIGKILL one node under load, restart it later"),
     "kill-owner": (kill_owner, "SIGKILL the owner of the hot rate-limit key, restart it later"),
@@ -123,4 +139,6 @@ SCENARIOS: dict[str, tuple[Callable[[ChaosCluster, random.Random, float], Plan],
     "lossy-network": (lossy_network, "10% packet loss between nodes, then none"),
     "rolling-restart": (rolling_restart, "restart every node in turn (SIGTERM, drain, start)"),
     "restart-engines": (restart_engines, "restart every engine in turn"),
+    "kill-history-owners": (kill_history_owners, "SIGKILL two owners of stored responses in turn, restarting "
+                            "each with an empty memory"),
 }

@@ -1,10 +1,14 @@
 """The workload: OpenAI SDK clients through the load balancer, recording every request's fate.
 
 Threads, each with its own seeded RNG and API key, send chat requests in a
-closed loop: non-streaming, streaming, and three-turn conversations (each turn
-carries the whole conversation so far, as chat clients do). One key, the hot
-key, is sent by several threads at once, above its per-key limit, so rate
-limiting works throughout the run; the others stay under theirs.
+closed loop: non-streaming, streaming, three-turn conversations (each turn
+carries the whole conversation so far, as chat clients do), and two-turn
+Responses API chains (the second turn names the first by previous_response_id,
+so it needs the cluster's stored copy, wherever the balancer sends it). Every
+stored response the cluster acknowledged (a 200) is remembered with its text
+for the stored-responses check. One key, the hot key, is sent by several
+threads at once, above its per-key limit, so rate limiting works throughout the
+run; the others stay under theirs.
 """
 
 from __future__ import annotations
@@ -22,9 +26,19 @@ MODEL = "qwen3-sim"
 REQUEST_TIMEOUT_S = 60.0
 
 
+@dataclasses.dataclass(frozen=True)
+class StoredRecord:
+    """A response the cluster acknowledged storing: it must be found, unchanged, after the run."""
+
+    response_id: str
+    api_key: str
+    text: str
+    acknowledged_at: float  # time.monotonic()
+
+
 @dataclasses.dataclass
 class RequestRecord:
-    kind: str  # chat, stream, turn
+    kind: str  # chat, stream, turn, response
     api_key: str
     start: float  # time.monotonic()
     end: float
@@ -41,6 +55,7 @@ class Workload:
         self.base_url = base_url
         self.seed = seed
         self.records: list[RequestRecord] = []
+        self.stored: list[StoredRecord] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         keys = [HOT_API_KEY] * hot_threads + [f"chaos-user-{i}" for i in range(other_threads)]
@@ -60,6 +75,10 @@ class Workload:
         with self._lock:
             return list(self.records)
 
+    def stored_snapshot(self) -> list[StoredRecord]:
+        with self._lock:
+            return list(self.stored)
+
     def _record(self, record: RequestRecord) -> None:
         with self._lock:
             self.records.append(record)
@@ -74,10 +93,14 @@ class Workload:
             n += 1
             roll = rng.random()
             topic = f"thread {index} request {n} about {rng.choice(['rivers', 'engines', 'maps', 'tea'])}"
-            if roll < 0.5:
+            if roll < 0.45:
                 self._one(client, api_key, "chat", [{"role": "user", "content": topic}], stream=False)
-            elif roll < 0.8:
+            elif roll < 0.7:
                 self._one(client, api_key, "stream", [{"role": "user", "content": topic}], stream=True)
+            elif roll < 0.85:
+                previous = self._response(client, api_key, topic, None)
+                if previous is not None:
+                    self._response(client, api_key, f"{topic}, go on", previous)
             else:
                 messages = [{"role": "system", "content": "You are a terse assistant shared by every thread."}]
                 for turn in range(3):
@@ -88,6 +111,25 @@ class Workload:
                     messages.append({"role": "assistant", "content": answer})
             if not hot:
                 self._stop.wait(0.05 + 0.1 * rng.random())
+
+    def _response(self, client: openai.OpenAI, api_key: str, text: str, previous: str | None) -> str | None:
+        """One stored Responses API turn (after ``previous``); its id once the cluster acknowledged it."""
+        start = time.monotonic()
+        try:
+            response = client.responses.create(model=MODEL, input=text, max_output_tokens=16,
+                                               previous_response_id=previous or openai.omit)
+        except openai.RateLimitError:
+            self._record(RequestRecord("response", api_key, start, time.monotonic(), "rate_limited"))
+            return None
+        except openai.APIError as e:
+            self._record(RequestRecord("response", api_key, start, time.monotonic(), "error",
+                                       f"{type(e).__name__}: {str(e)[:200]}"))
+            return None
+        now = time.monotonic()
+        with self._lock:
+            self.records.append(RequestRecord("response", api_key, start, now, "ok"))
+            self.stored.append(StoredRecord(response.id, api_key, response.output_text, now))
+        return response.id
 
     def _one(self, client: openai.OpenAI, api_key: str, kind: str, messages: list, stream: bool) -> str | None:
         start = time.monotonic()

@@ -63,6 +63,8 @@ _PARAM_ROUTES: "tuple[tuple[re.Pattern[str], dict[str, Route], str], ...]" = (
      "/v1/models/{model}"),
     (re.compile(r"^/v1/responses/(?P<response_id>[A-Za-z0-9_-]{1,128})$"),
      {"GET": (responses.retrieve, DATA), "DELETE": (responses.delete, DATA)}, "/v1/responses/{id}"),
+    (re.compile(r"^/v1/responses/(?P<response_id>[A-Za-z0-9_-]{1,128})/cancel$"),
+     {"POST": (responses.cancel, DATA)}, "/v1/responses/{id}/cancel"),
     (re.compile(r"^/v1/responses/(?P<response_id>[A-Za-z0-9_-]{1,128})/input_items$"),
      {"GET": (responses.list_input_items, DATA)}, "/v1/responses/{id}/input_items"),
     (re.compile(r"^/v1/conversations/(?P<conversation_id>[A-Za-z0-9_-]{1,128})$"),

@@ -20,14 +20,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..history import ID_CHARS_MAX, ITEMS_PER_ADD_MAX, LIST_LIMIT_MAX
+from ..history import ITEMS_PER_ADD_MAX
 from .errors import BadRequest, NotFound
 from .http import Request
 from .protocol import parse_json_body
-from .responses import _metadata, input_items, list_page, new_id, owner_of, stored_item
-
-ITEMS_PAGE_DEFAULT = 20
-
+from .responses import _metadata, input_items, list_page, list_query, new_id, owner_of, stored_item
 
 def _store(state: Any) -> Any:
     if state.history is None:
@@ -90,27 +87,9 @@ async def delete(state: Any, request: Request) -> None:
     await request.send_json(200, {"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
-def _list_query(request: Request) -> tuple[str | None, int, bool]:
-    query = request.query()
-    after = query.get("after") or None
-    if after is not None and len(after) > ID_CHARS_MAX:
-        raise BadRequest("'after' is not an item id", param="after", code="invalid_value")
-    try:
-        limit = int(query.get("limit", ITEMS_PAGE_DEFAULT))
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= LIST_LIMIT_MAX:
-        raise BadRequest(f"'limit' must be an integer from 1 to {LIST_LIMIT_MAX}", param="limit",
-                         code="invalid_value")
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise BadRequest("'order' must be asc or desc", param="order", code="invalid_value")
-    return after, limit, order == "desc"
-
-
 async def list_items(state: Any, request: Request) -> None:
     conversation_id = _conversation_id(request)
-    after, limit, descending = _list_query(request)
+    after, limit, descending = list_query(request)
     page = await _store(state).list_items(conversation_id, owner_of(request), after, limit, descending)
     if page is None:
         raise _missing(conversation_id)

@@ -43,6 +43,11 @@ class Request:
         # The native server's request cycle (h1server): None under another ASGI server.
         self._native = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
 
+    def spawn(self, task: Any, *args: Any) -> None:
+        """Runs ``task(*args)`` in the node's background nursery: it outlives this request (the Responses
+        API's background mode)."""
+        self._background.start_soon(task, *args)
+
     def query(self) -> dict[str, str]:
         """The query string's parameters (the last of repeated ones), decoded."""
         raw = self.scope.get("query_string", b"")

@@ -21,11 +21,16 @@ output_item.done, and response.completed (or response.failed), each with its seq
 Stored responses are scoped to their creator and kept by the history backend (``gateway/history``):
 with the default memory backend, on three nodes of the cluster, so a follow-up works on any node.
 ``conversation`` (an id from /v1/conversations) gives the model the conversation's items before the
-input, and adds the input and output items to it. Not yet: ``background``.
+input, and adds the input and output items to it. ``background: true`` answers at once with the
+response queued and generates on this node, storing each state (queued, in_progress, completed or
+failed); POST /v1/responses/{id}/cancel works from any node (not streamed: poll GET).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import math
 import secrets
 import time
 from typing import Any
@@ -33,17 +38,24 @@ from typing import Any
 import orjson
 import trio
 
+from ..errors import GatewayError
 from ..generation import GenerationResult
-from ..history import ID_CHARS_MAX, StoredResponse
+from ..history import ID_CHARS_MAX, LIST_LIMIT_MAX, StoredResponse
 from .chat_output import ChatOutput
-from .errors import ApiError, BadRequest, NotFound
+from .errors import ApiError, BadRequest, NotFound, UpstreamTimeout, to_api_error
 from .http import Request
-from .openai import _OpenAIShape, chat_prompt, plan_generation
+from .openai import _OpenAIShape, chat_prompt, logprob_shape, plan_generation
 from .protocol import parse_chat, parse_json_body
 from .respond import admitted, run_streamed, run_unary
 
+log = logging.getLogger("gateway.api")
+
 METADATA_KEYS_MAX = 16  # OpenAI's bounds for metadata
 METADATA_VALUE_CHARS_MAX = 512
+# How often a background response looks at the store for a cancel made on another node: the engine
+# keeps generating that long at most after the cancel.
+BACKGROUND_CANCEL_POLL_S = 1.0
+LIST_PAGE_DEFAULT = 20  # items per page of a list endpoint, as OpenAI's
 
 
 def new_id(prefix: str) -> str:
@@ -169,9 +181,13 @@ def to_chat_body(body: dict[str, Any], history: "list[dict[str, Any]]") -> dict[
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages, "stream": body.get("stream", False)}
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
-    for name in ("temperature", "top_p", "parallel_tool_calls", "top_logprobs"):
+    for name in ("temperature", "top_p", "parallel_tool_calls"):
         if body.get(name) is not None:
             chat[name] = body[name]
+    if INCLUDE_LOGPROBS in _include(body):  # top_logprobs alone has nothing to show
+        chat["logprobs"] = True
+        if body.get("top_logprobs") is not None:
+            chat["top_logprobs"] = body["top_logprobs"]
     if body.get("tools"):
         chat["tools"] = _tools(body["tools"])
     choice = body.get("tool_choice")
@@ -186,6 +202,28 @@ def to_chat_body(body: dict[str, Any], history: "list[dict[str, Any]]") -> dict[
     if response_format is not None:
         chat["response_format"] = response_format
     return chat
+
+
+# OpenAI's includable fields. Only the output text's logprobs exist here; the others belong to tools this
+# gateway does not run (file search, web search, code interpreter, computer use, images) or to
+# encrypted reasoning, which it does not make: asked for, they have nothing to add.
+INCLUDE_LOGPROBS = "message.output_text.logprobs"
+INCLUDABLE = frozenset({INCLUDE_LOGPROBS, "reasoning.encrypted_content", "file_search_call.results",
+                        "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
+                        "computer_call_output.output.image_url", "code_interpreter_call.outputs"})
+
+
+def _include(body: dict[str, Any]) -> frozenset[str]:
+    raw = body.get("include")
+    if raw is None:
+        return frozenset()
+    if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
+        raise BadRequest("'include' must be a list of strings", param="include", code="invalid_type")
+    unknown = [v for v in raw if v not in INCLUDABLE]
+    if unknown:
+        raise BadRequest(f"'include': unknown value {unknown[0]!r}; one of {', '.join(sorted(INCLUDABLE))}",
+                         param="include", code="invalid_value")
+    return frozenset(raw)
 
 
 def _metadata(body: dict[str, Any]) -> dict[str, str]:
@@ -206,7 +244,8 @@ class ResponseShape:
     """One response object, its output items as they are decided, and its stream's events."""
 
     def __init__(self, response_id: str, model: str, body: dict[str, Any], chat: Any, metadata: dict[str, str],
-                 previous_response_id: str | None, store: bool, conversation_id: str | None = None) -> None:
+                 previous_response_id: str | None, store: bool, conversation_id: str | None = None,
+                 background: bool = False) -> None:
         self.id = response_id
         self.created_at = int(time.time())
         self.base = {
@@ -217,12 +256,17 @@ class ResponseShape:
             "max_output_tokens": body.get("max_output_tokens"), "previous_response_id": previous_response_id,
             "reasoning": body.get("reasoning"), "text": body.get("text") or {"format": {"type": "text"}},
             "store": store, "truncation": "disabled", "error": None, "incomplete_details": None,
+            "background": background,
         }
         if conversation_id is not None:
             self.base["conversation"] = {"id": conversation_id}
         self.output: list[dict[str, Any]] = []
         self._sequence = 0
         self._open: dict[str, Any] | None = None  # the item being streamed
+        # include message.output_text.logprobs: the tokens' entries not yet sent (they go with the next
+        # output text delta), and the open message's so far.
+        self.pending_logprobs: list[dict[str, Any]] = []
+        self._text_logprobs: list[dict[str, Any]] = []
 
     def response(self, status: str, result: GenerationResult | None = None, usage_details: Any = None
                  ) -> dict[str, Any]:
@@ -240,12 +284,12 @@ class ResponseShape:
 
     # -- whole --
 
-    def items_from(self, message: dict[str, Any]) -> None:
+    def items_from(self, message: dict[str, Any], logprobs: "list[dict[str, Any]] | None" = None) -> None:
         if message.get("reasoning_content"):
             self.output.append({"type": "reasoning", "id": new_id("rs"), "summary": [],
                                 "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}]})
         if message.get("content"):
-            self.output.append(_message_item(new_id("msg"), message["content"], "completed"))
+            self.output.append(_message_item(new_id("msg"), message["content"], "completed", logprobs))
         for call in message.get("tool_calls") or ():
             self.output.append({"type": "function_call", "id": new_id("fc"), "call_id": call["id"],
                                 "name": call["function"]["name"], "arguments": call["function"]["arguments"],
@@ -298,6 +342,7 @@ class ResponseShape:
             part = {"type": "output_text", "text": "", "annotations": []}
         out += self._open_item(item)
         self._text = ""
+        self._text_logprobs = []
         return out + self.event("response.content_part.added", item_id=item["id"], output_index=len(self.output) - 1,
                                 content_index=0, part=part)
 
@@ -308,7 +353,10 @@ class ResponseShape:
 
     def _text_delta(self, kind: str, text: str) -> bytes:
         self._text += text
-        extra = {"logprobs": []} if kind == "response.output_text.delta" else {}
+        extra = {}
+        if kind == "response.output_text.delta":
+            extra["logprobs"], self.pending_logprobs = self.pending_logprobs, []
+            self._text_logprobs += extra["logprobs"]
         return self.event(kind, item_id=self._open["id"], output_index=len(self.output) - 1, content_index=0,
                           delta=text, **extra)
 
@@ -329,9 +377,9 @@ class ResponseShape:
                 out += self.event("response.reasoning_text.done", item_id=item["id"], output_index=index,
                                   content_index=0, text=self._text)
             else:
-                part = {"type": "output_text", "text": self._text, "annotations": []}
+                part = {"type": "output_text", "text": self._text, "annotations": [], "logprobs": self._text_logprobs}
                 out += self.event("response.output_text.done", item_id=item["id"], output_index=index,
-                                  content_index=0, text=self._text, logprobs=[])
+                                  content_index=0, text=self._text, logprobs=self._text_logprobs)
                 item["status"] = "completed"
             item["content"] = [part]
             out += self.event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
@@ -339,8 +387,10 @@ class ResponseShape:
         return out + self.event("response.output_item.done", output_index=index, item=item)
 
 
-def _message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
-    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": []}]
+def _message_item(item_id: str, text: str | None, status: str,
+                  logprobs: "list[dict[str, Any]] | None" = None) -> dict[str, Any]:
+    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [],
+                                        "logprobs": logprobs or []}]
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
@@ -410,9 +460,17 @@ async def create(state: Any, request: Request) -> None:
     store = body.get("store", True)
     if not isinstance(store, bool):
         raise BadRequest("'store' must be a boolean", param="store", code="invalid_type")
-    if body.get("background") not in (None, False):
-        raise BadRequest("'background' is not supported by this gateway yet", param="background",
-                         code="unsupported_parameter")
+    background = body.get("background", False)
+    if not isinstance(background, bool):
+        raise BadRequest("'background' must be a boolean", param="background", code="invalid_type")
+    if background:
+        _history_store(state, "background")
+        if not store:
+            raise BadRequest("a background response is stored: 'store' cannot be false", param="store",
+                             code="invalid_value")
+        if body.get("stream"):
+            raise BadRequest("streaming a background response is not supported: poll GET /v1/responses/{id}",
+                             param="stream", code="unsupported_parameter")
     metadata = _metadata(body)
     owner = owner_of(request)
     conversation_id = _conversation_id(body)
@@ -425,17 +483,25 @@ async def create(state: Any, request: Request) -> None:
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "input")
     response_id = new_id("resp")
     shape = ResponseShape(response_id, entry.name, body, chat, metadata, body.get("previous_response_id"), store,
-                          conversation_id)
+                          conversation_id, background)
     output = ChatOutput.for_request(_OpenAIShape(True, response_id, entry.name), entry, chat) or \
         ChatOutput(_OpenAIShape(True, response_id, entry.name), None, None)
     plan.kept_special = output.kept_special
+    logprobs = logprob_shape(plan, tokenizer, chat=True)
 
-    async def keep(response: dict[str, Any]) -> None:
-        """Stored before the client hears of it: a follow-up sent at once, to any node, finds it."""
+    def token_logprobs(whole: bool) -> list[dict[str, Any]]:
+        if logprobs is None:
+            return []
+        entries = logprobs.whole() if whole else logprobs.unsent()
+        return (entries or {}).get("content") or []
+
+    async def keep(response: dict[str, Any], final: bool = True) -> None:
+        """Stored before the client hears of it: a follow-up sent at once, to any node, finds it. A final
+        answer's items join its conversation; a background response's earlier states are stored alone."""
         if state.history is None or not (store or conversation_id):
             return
         with trio.CancelScope(shield=True):  # bounded by the store's own timeouts; a half-kept turn helps nobody
-            if conversation_id is not None and not await state.history.add_items(
+            if final and conversation_id is not None and not await state.history.add_items(
                     conversation_id, owner, [*items, *shape.output]):
                 raise NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation",
                                code="conversation_not_found")
@@ -443,13 +509,21 @@ async def create(state: Any, request: Request) -> None:
                 await state.history.put_response(StoredResponse(response_id, owner, response, tuple(items),
                                                                 (*history, *items, *shape.output)))
 
+    if background:
+        queued = shape.response("queued")
+        await keep(queued, final=False)  # stored first: GET and cancel work at once, on any node
+        request.spawn(_generate_in_background, state, request, plan, tokenizer, shape, output, keep, owner,
+                      token_logprobs)
+        await request.send_json(200, queued)
+        return
+
     async with admitted(state, request, plan):
         if not chat.stream:
             result = await run_unary(state, request, plan, tokenizer)
             if result is None:
                 return
             chat_body = output.full(result.text, result)
-            shape.items_from(chat_body["choices"][0]["message"])
+            shape.items_from(chat_body["choices"][0]["message"], token_logprobs(whole=True))
             response = shape.response("completed", result, output.reasoning_tokens(result))
             await keep(response)
             await request.send_json(200, response)
@@ -457,9 +531,11 @@ async def create(state: Any, request: Request) -> None:
         final: dict[str, Any] = {}
 
         def text_event(text: str, first: bool) -> bytes:
+            shape.pending_logprobs += token_logprobs(whole=False)
             return (shape.opening() if first else b"") + shape.deltas(output.deltas(text, final=False))
 
         def final_events(result: GenerationResult) -> bytes:
+            shape.pending_logprobs += token_logprobs(whole=False)
             out = shape.deltas(output.deltas("", final=True)) + shape.close()
             final["response"] = shape.response("completed", result, output.reasoning_tokens(result))
             return out
@@ -475,6 +551,80 @@ async def create(state: Any, request: Request) -> None:
 
         await run_streamed(state, request, plan, tokenizer, text_event, final_events, error_event=error_event,
                            done=b"", finish=finish)
+
+
+async def _generate_in_background(state: Any, request: Request, plan: Any, tokenizer: Any, shape: "ResponseShape",
+                                  output: ChatOutput, keep: Any, owner: str, token_logprobs: Any) -> None:
+    """A background response: admitted, generated and stored as it goes (queued -> in_progress -> completed
+    or failed), stopped by a cancel (this node's at once, another node's at the next look at the store)."""
+    history, response_id = state.history, shape.id
+    with trio.CancelScope() as scope:
+        state.background_responses[response_id] = scope
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_stop_when_cancelled, history, response_id, owner, scope)
+                final = await _background_answer(state, request, plan, tokenizer, shape, output, keep,
+                                                 token_logprobs)
+                nursery.cancel_scope.cancel()
+            stored = await history.get_response(response_id, owner)
+            if stored is not None and stored.response.get("status") != "cancelled":
+                await keep(final)
+        except (GatewayError, ApiError) as e:  # the store failed, or the conversation went: nobody to tell
+            log.warning("background response %s could not be stored: %s", response_id, e)
+        finally:
+            state.background_responses.pop(response_id, None)
+
+
+async def _background_answer(state: Any, request: Request, plan: Any, tokenizer: Any, shape: "ResponseShape",
+                             output: ChatOutput, keep: Any, token_logprobs: Any) -> dict[str, Any]:
+    try:
+        async with admitted(state, request, plan):
+            await keep(shape.response("in_progress"), final=False)
+            with trio.move_on_after(plan.timeout_s or math.inf) as deadline:
+                result = await state.generator.run(plan, tokenizer, None)
+        if deadline.cancelled_caught:
+            raise UpstreamTimeout("the response took longer than the gateway's request timeout",
+                                  code="request_timeout")
+        state.count_tokens(plan.model, result)
+        shape.items_from(output.full(result.text, result)["choices"][0]["message"], token_logprobs(whole=True))
+        return shape.response("completed", result, output.reasoning_tokens(result))
+    except Exception as e:  # the answer is a failed response, as a stream's would be
+        error = to_api_error(e)
+        if error is None:
+            log.exception("background response %s failed", shape.id)
+            error = ApiError("internal error", code="internal_error")
+        failed = shape.response("failed")
+        failed["error"] = {"code": error.code or "server_error", "message": error.message}
+        return failed
+
+
+async def _stop_when_cancelled(history: Any, response_id: str, owner: str, scope: trio.CancelScope) -> None:
+    while True:
+        await trio.sleep(BACKGROUND_CANCEL_POLL_S)
+        try:
+            stored = await history.get_response(response_id, owner)
+        except GatewayError:
+            continue  # the store is away for now; look again
+        if stored is None or stored.response.get("status") == "cancelled":  # cancelled, or deleted
+            scope.cancel()
+            return
+
+
+async def cancel(state: Any, request: Request) -> None:
+    entry = await _stored(state, request)
+    response = entry.response
+    if not response.get("background"):
+        raise BadRequest("only a background response can be cancelled", param="response_id", code="invalid_value")
+    if response["status"] in ("queued", "in_progress"):
+        response = {**response, "status": "cancelled"}
+        await state.history.put_response(dataclasses.replace(entry, response=response))
+        running = state.background_responses.get(entry.id)
+        if running is not None:
+            running.cancel()
+    elif response["status"] != "cancelled":
+        raise BadRequest(f"the response is {response['status']}: it cannot be cancelled", param="response_id",
+                         code="invalid_value")
+    await request.send_json(200, response)
 
 
 async def _stored(state: Any, request: Request) -> StoredResponse:
@@ -499,8 +649,32 @@ async def delete(state: Any, request: Request) -> None:
 
 
 async def list_input_items(state: Any, request: Request) -> None:
+    after, limit, descending = list_query(request)
     items = list((await _stored(state, request)).input_items)
-    await request.send_json(200, list_page(items, False))
+    if descending:
+        items.reverse()
+    ids = [item.get("id") for item in items]
+    start = ids.index(after) + 1 if after in ids else 0
+    await request.send_json(200, list_page(items[start:start + limit], start + limit < len(items)))
+
+
+def list_query(request: Request) -> tuple[str | None, int, bool]:
+    """A list endpoint's ``after``, ``limit`` (1-100, 20) and ``order`` (asc or desc, desc: OpenAI's)."""
+    query = request.query()
+    after = query.get("after") or None
+    if after is not None and len(after) > ID_CHARS_MAX:
+        raise BadRequest("'after' is not an item id", param="after", code="invalid_value")
+    try:
+        limit = int(query.get("limit", LIST_PAGE_DEFAULT))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= LIST_LIMIT_MAX:
+        raise BadRequest(f"'limit' must be an integer from 1 to {LIST_LIMIT_MAX}", param="limit",
+                         code="invalid_value")
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise BadRequest("'order' must be asc or desc", param="order", code="invalid_value")
+    return after, limit, order == "desc"
 
 
 def list_page(items: "list[dict[str, Any]]", has_more: bool) -> dict[str, Any]:

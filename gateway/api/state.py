@@ -7,6 +7,8 @@ import itertools
 import os
 from typing import TYPE_CHECKING
 
+import trio
+
 from ..admission import Admission
 from ..engine.grpc_engine import SamplingOptions
 from ..generation import GenerationResult, Generator
@@ -42,6 +44,9 @@ class GatewayState:
     # Stored responses and conversations (gateway/history): the backend --history-backend chose, None
     # with "none". The default here (a lone node's memory) is for states built without a server.
     history: "HistoryStore | None" = dataclasses.field(default_factory=MemoryHistory)
+    # Background responses generating on this node, by id: a cancel that reaches this node stops its
+    # task at once; one that reaches another node is seen here when the task next reads the store.
+    background_responses: "dict[str, trio.CancelScope]" = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Engine request ids must be unique per engine; clients' ids need not be.

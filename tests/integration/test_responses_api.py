@@ -6,7 +6,9 @@ input_items, and stored responses scoped to the tenant that made them."""
 from __future__ import annotations
 
 import json
+import time
 
+import httpx2
 import jsonschema
 import openai
 import pytest
@@ -90,6 +92,12 @@ def test_get_delete_input_items_and_tenant_scoping(client, node):
     assert client.responses.retrieve(response.id).metadata == {"run": "7"}
     items = client.responses.input_items.list(response.id)
     assert [item.type for item in items.data] == ["message"]
+    several = client.responses.create(model=MODEL, input=[
+        {"type": "message", "role": "user", "content": f"Hello {i}"} for i in range(3)])
+    newest_first = client.responses.input_items.list(several.id, limit=2)
+    assert [i.content[0].text for i in newest_first.data] == ["Hello 2", "Hello 1"] and newest_first.has_more
+    assert [i.content[0].text for i in client.responses.input_items.list(several.id, order="asc", limit=1)] == \
+        ["Hello 0", "Hello 1", "Hello 2"]  # the SDK follows the pages
     other = openai.OpenAI(base_url=node.url + "/v1", api_key=KEY_B, max_retries=0)
     with pytest.raises(openai.NotFoundError):
         other.responses.retrieve(response.id)  # another tenant's: as if it did not exist
@@ -174,3 +182,72 @@ def test_responses_in_a_conversation(client):
         client.responses.create(model=MODEL, conversation=conversation.id, previous_response_id=first.id, input="x")
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model=MODEL, conversation="conv_missing", input="Hello!")
+
+
+def test_a_background_response_is_queued_then_completed(client):
+    queued = client.responses.create(model=MODEL, input="Hello!", background=True)
+    assert queued.status in ("queued", "in_progress") and queued.background
+    done = _poll(client, queued.id, lambda r: r.status not in ("queued", "in_progress"))
+    assert done.status == "completed" and done.output_text == "Hi! How can I help?"
+    with pytest.raises(openai.BadRequestError):
+        client.responses.cancel(done.id)  # over: nothing to cancel
+    for bad in ({"store": False}, {"stream": True}):
+        with pytest.raises(openai.BadRequestError):
+            client.responses.create(model=MODEL, input="Hello!", background=True, **bad)
+
+
+def test_a_background_response_is_cancelled(log_dir):
+    slow = EngineProcess(["--itl-base-s", "0.05"], log_dir, "responses-slow-engine")  # 200 tokens: 10 s
+    n = NodeProcess(["--worker-urls", slow.url], log_dir, "responses-slow-node")
+    try:
+        client = openai.OpenAI(base_url=n.url + "/v1", api_key="x", max_retries=0)
+        queued = client.responses.create(model=MODEL, input="Write at length.", background=True,
+                                         max_output_tokens=200)
+        _poll(client, queued.id, lambda r: r.status == "in_progress")
+        assert client.responses.cancel(queued.id).status == "cancelled"
+        assert client.responses.cancel(queued.id).status == "cancelled"  # again: the same answer
+        # The generation stopped: the node holds no running request on the engine within a moment.
+        _eventually_idle(n)
+        assert client.responses.retrieve(queued.id).status == "cancelled"  # not overwritten by a late finish
+        with pytest.raises(openai.BadRequestError):
+            client.responses.cancel(client.responses.create(model=MODEL, input="x", max_output_tokens=2).id)
+    finally:
+        n.stop()
+        slow.stop()
+
+
+def _poll(client, response_id, done, timeout_s=20.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = client.responses.retrieve(response_id)
+        if done(response):
+            return response
+        assert time.monotonic() < deadline, f"{response_id} stayed {response.status}"
+        time.sleep(0.05)
+
+
+def _eventually_idle(node, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metrics = httpx2.get(node.url + "/metrics").text
+        running = [line for line in metrics.splitlines() if line.startswith("smg_requests_running ")]
+        if running and float(running[0].split()[1]) == 0:
+            return
+        assert time.monotonic() < deadline, running
+        time.sleep(0.05)
+
+
+def test_include_output_text_logprobs(client):
+    whole = client.responses.create(model=MODEL, input="Hello!", include=["message.output_text.logprobs"],
+                                    top_logprobs=2)
+    part = whole.output[-1].content[0]
+    assert part.logprobs and all(len(entry.top_logprobs) == 2 for entry in part.logprobs)
+    with client.responses.stream(model=MODEL, input="Hello!", include=["message.output_text.logprobs"]) as stream:
+        events = list(stream)
+    streamed = [entry.token for e in events if e.type == "response.output_text.delta" for entry in e.logprobs]
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    assert streamed and streamed == [entry.token for entry in done.logprobs]
+    plain = client.responses.create(model=MODEL, input="Hello!", include=["reasoning.encrypted_content"])
+    assert plain.output[-1].content[0].logprobs == []  # nothing to include, nothing asked for
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=MODEL, input="Hello!", include=["everything"])

@@ -174,3 +174,22 @@ async def test_a_write_with_two_of_its_owners_down_lands_on_the_next_member(auto
         for node in live:
             assert [i["id"] for i in await node.history.all_items("conv_y", OWNER)] == ["i0", "i1"]
         nursery.cancel_scope.cancel()
+
+
+async def test_an_owner_cut_off_during_a_write_is_repaired_after(autojump_clock):
+    """An owner unreachable for a moment (not long enough to leave the ring) misses a change; the write
+    is acknowledged by the other two, and the primary repairs the third copy once it answers again."""
+    seed = 51
+    async with trio.open_nursery() as nursery:
+        net = SimNetwork(seed)
+        nodes = await form_cluster(nursery, net, 3, lambda i: start_node(nursery, net, i, seed))
+        await nodes[0].history.create_conversation({"id": "conv_z", "metadata": {}}, OWNER, [{"id": "i0"}])
+        cut = next(n for n in nodes if n.name == nodes[0].cluster.ring.owners("conv_z", 3)[-1])
+        rest = [n for n in nodes if n is not cut]
+        net.partition([cut.agent.transport.addr], [n.agent.transport.addr for n in rest])
+        assert await rest[0].history.add_items("conv_z", OWNER, [{"id": "i1"}])
+        assert cut.history.shards.peek("conv_z").items.keys() == {"i0"}  # it missed the change
+        net.heal()
+        await wait_until(lambda: "i1" in cut.history.shards.peek("conv_z").items, 30)
+        assert sum(n.history.stats.repaired for n in rest) >= 1
+        nursery.cancel_scope.cancel()
