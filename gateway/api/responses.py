@@ -495,6 +495,12 @@ async def create(state: Any, request: Request) -> None:
         entries = logprobs.whole() if whole else logprobs.unsent()
         return (entries or {}).get("content") or []
 
+    # A background response must be over by then (queue wait, then the generation's own timeout); a
+    # minute more for the last write. Past it, readers know the node running it stopped.
+    admission = state.config.admission
+    unfinished_until_s = time.time() + admission.queue_timeout_s + (admission.request_timeout_s or 86_400.0) + 60.0 \
+        if background else None
+
     async def keep(response: dict[str, Any], final: bool = True) -> None:
         """Stored before the client hears of it: a follow-up sent at once, to any node, finds it. A final
         answer's items join its conversation; a background response's earlier states are stored alone."""
@@ -507,7 +513,8 @@ async def create(state: Any, request: Request) -> None:
                                code="conversation_not_found")
             if store:
                 await state.history.put_response(StoredResponse(response_id, owner, response, tuple(items),
-                                                                (*history, *items, *shape.output)))
+                                                                (*history, *items, *shape.output),
+                                                                unfinished_until_s))
 
     if background:
         queued = shape.response("queued")
@@ -633,7 +640,17 @@ async def _stored(state: Any, request: Request) -> StoredResponse:
     entry = await store.get_response(response_id, owner_of(request)) if store is not None else None
     if entry is None:
         raise NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="not_found")
-    return entry
+    return _abandoned(entry) if entry.unfinished_until_s is not None else entry
+
+
+def _abandoned(entry: StoredResponse) -> StoredResponse:
+    """A background response unfinished past its bound: the node generating it stopped. Shown as failed."""
+    response = entry.response
+    if response.get("status") not in ("queued", "in_progress") or time.time() <= entry.unfinished_until_s:
+        return entry
+    failed = {**response, "status": "failed", "error": {
+        "code": "server_error", "message": "the node generating this background response stopped before it finished"}}
+    return dataclasses.replace(entry, response=failed)
 
 
 async def retrieve(state: Any, request: Request) -> None:

@@ -48,13 +48,20 @@ class StoredResponse:
     response: dict[str, Any]  # the response object, as GET returns it
     input_items: tuple[dict[str, Any], ...]  # the request's input items, with ids (input_items endpoint)
     history: tuple[dict[str, Any], ...]  # what a follow-up's model sees before its own input
+    # A background response still queued or in progress after this (wall clock) was abandoned: the node
+    # generating it stopped. Its own bounds (queue wait, request timeout) end it before then otherwise.
+    unfinished_until_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"response": self.response, "input_items": self.input_items, "history": self.history}
+        data = {"response": self.response, "input_items": self.input_items, "history": self.history}
+        if self.unfinished_until_s is not None:
+            data["unfinished_until_s"] = self.unfinished_until_s
+        return data
 
     @classmethod
     def from_json(cls, response_id: str, owner: str, data: dict[str, Any]) -> "StoredResponse":
-        return cls(response_id, owner, data["response"], tuple(data["input_items"]), tuple(data["history"]))
+        return cls(response_id, owner, data["response"], tuple(data["input_items"]), tuple(data["history"]),
+                   data.get("unfinished_until_s"))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -51,15 +51,16 @@ def client(url: str) -> openai.OpenAI:
 
 def test_chains_and_conversations_continue_after_their_owner_is_killed(cluster):
     lb = client(cluster.url)
-    first = lb.responses.create(model=MODEL, input="What is the weather in Oslo?", tools=TOOLS)
+    direct = [client(n.url) for n in cluster.nodes]
+    first = direct[0].responses.create(model=MODEL, input="What is the weather in Oslo?", tools=TOOLS)
     (call,) = [item for item in first.output if item.type == "function_call"]
-    conversation = lb.conversations.create()
-    lb.responses.create(model=MODEL, conversation=conversation.id, input="Hello, my name is Ada.")
+    conversation = direct[1].conversations.create()
+    direct[2].responses.create(model=MODEL, conversation=conversation.id, input="Hello, my name is Ada.")
 
     primary, *_ = owners(first.id)
     cluster.nodes[primary].kill()
     (outsider,) = set(range(NODES)) - set(owners(first.id))  # holds no copy: must ask the replicas
-    with client(cluster.nodes[outsider].url).responses.stream(
+    with direct[outsider].responses.stream(
             model=MODEL, previous_response_id=first.id, tools=TOOLS,
             input=[{"type": "function_call_output", "call_id": call.call_id, "output": "14 degrees"}]) as stream:
         kinds = [event.type for event in stream]
@@ -72,7 +73,11 @@ def test_chains_and_conversations_continue_after_their_owner_is_killed(cluster):
     survivors = [i for i in range(NODES) if i != primary]
     conversation_owner = next(i for i in owners(conversation.id) if i in survivors)
     cluster.nodes[conversation_owner].kill()  # a second node down: the conversation's first live owner
-    answer = lb.responses.create(model=MODEL, conversation=conversation.id, input="What is my name?")
+    last = next(i for i in survivors if i != conversation_owner and i != 2)  # not the node of the first turn
+    with direct[last].responses.stream(model=MODEL, conversation=conversation.id, input="What is my name?") as s:
+        for _ in s:
+            pass
+        answer = s.get_final_response()
     assert answer.output_text == "Your name is Ada."
     roles = [item.role for item in lb.conversations.items.list(conversation.id, order="asc")]
     assert roles == ["user", "assistant", "user", "assistant"]

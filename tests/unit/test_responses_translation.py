@@ -4,10 +4,20 @@ types, tools)."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import pytest
 
 from gateway.api.errors import BadRequest
-from gateway.api.responses import _metadata, chat_messages, input_items, to_chat_body
+from gateway.api.responses import (
+    _abandoned,
+    _metadata,
+    chat_messages,
+    input_items,
+    to_chat_body,
+)
+from gateway.history import StoredResponse
 
 
 def test_items_become_messages_calls_join_their_turn_and_reasoning_goes_with_it():
@@ -66,3 +76,15 @@ def test_only_function_tools():
     with pytest.raises(BadRequest) as e:
         to_chat_body({"model": "m", "input": "x", "tools": [{"type": "file_search"}]}, [])
     assert e.value.param == "tools[0]"
+
+
+def test_a_background_response_past_its_bound_shows_as_failed():
+    """The node generating it stopped: nobody will write its end, so readers report it failed."""
+    running = StoredResponse("resp_b", "a", {"id": "resp_b", "status": "in_progress", "error": None}, (), (),
+                             unfinished_until_s=time.time() - 1)
+    shown = _abandoned(running).response
+    assert shown["status"] == "failed" and "stopped" in shown["error"]["message"]
+    later = dataclasses.replace(running, unfinished_until_s=time.time() + 60)
+    assert _abandoned(later) == later  # not yet
+    done = dataclasses.replace(running, response={"id": "resp_b", "status": "completed"})
+    assert _abandoned(done) == done  # finished responses are what they are
