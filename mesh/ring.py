@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 VNODES_DEFAULT = 128  # ~10 % spread in load between members at n = 3..50 (see the golden test)
 
@@ -56,6 +56,21 @@ class HashRing:
                 if len(out) == r:
                     break
         return out
+
+    def walk(self, key: str) -> Iterator[str]:
+        """Every member once, in ring order from the key's point: ``owners`` taken lazily."""
+        if not self._points:
+            return
+        start = bisect.bisect_left(self._points, hash64(key))
+        seen: set[str] = set()
+        n = len(self._points)
+        for step in range(n):
+            name = self._owners[(start + step) % n]
+            if name not in seen:
+                seen.add(name)
+                yield name
+                if len(seen) == len(self.members):
+                    return
 
     def owner(self, key: str) -> str | None:
         owners = self.owners(key, 1)

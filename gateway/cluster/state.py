@@ -79,6 +79,12 @@ class ClusterState:
     def member_counts(self) -> tuple[int, int]:
         return self.ring_view.member_counts()
 
+    def node_of(self, member: str) -> str | None:
+        """The node a member runs on (its ``node`` tag: the processes of ``--workers N`` share one), or
+        None when this node does not know the member (any more)."""
+        known = self.agent.swim.table.get(member) if self.agent is not None else None
+        return dict(known.tags).get("node", member) if known is not None else None
+
     def on_member_change(self, member: MemberSnapshot, previous: MemberStatus | None) -> None:
         if self.agent is not None and self.ring_view.update(self.agent.members()):
             log.info("ring: %d members", len(self.ring))

@@ -44,7 +44,8 @@ from .wire import (HISTORY_MARK, BadFrame, change_from_wire, change_to_wire, cha
 
 log = logging.getLogger("gateway.history")
 
-OWNERS = 3  # a shard's primary and two replicas
+OWNERS = 3  # a shard's primary and two replicas, on three different nodes when there are three
+NODES_REMEMBERED_MAX = 10_000
 SYNC_PAGE_BYTES = 2 * 1024 * 1024  # one answer to "sync": well inside a mesh frame (8 MiB)
 
 
@@ -72,6 +73,7 @@ class ClusterView(Protocol):
     def ring_changed(self) -> trio.Event: ...
     async def request_peer(self, name: str, payload: bytes, timeout_s: float) -> bytes: ...
     def serve_requests(self, mark: bytes, handler: Callable[[bytes], Any]) -> None: ...
+    def node_of(self, member: str) -> str | None: ...
 
 
 class PeerUnreachable(Exception):
@@ -101,6 +103,7 @@ class MemoryHistory:
         self.name = cluster.node_name if cluster is not None else "local"
         self.stats = ReplicationStats()
         self._repairs: set[tuple[str, str]] = set()  # (member, shard id) that missed a change
+        self._nodes: dict[str, str] = {}  # member -> the node it runs on (see _node_of)
         self.synced = trio.Event()  # the start-up sync with the peers is over (tests wait on it)
         if cluster is not None:
             cluster.serve_requests(HISTORY_MARK, self._serve)
@@ -161,17 +164,45 @@ class MemoryHistory:
 
     # -- routing ------------------------------------------------------------------------------
 
+    def _node_of(self, member: str) -> str:
+        """The node a member runs on, remembered: a dead member's is still needed to place shards it held."""
+        node = self._nodes.get(member)
+        if node is None:
+            node = self.cluster.node_of(member) if self.cluster is not None else None
+            if node is None:
+                return member
+            if len(self._nodes) >= NODES_REMEMBERED_MAX:
+                self._nodes.clear()
+            self._nodes[member] = node
+        return node
+
+    def placement(self, ring: HashRing, shard_id: str, owners_only: bool = True) -> list[str]:
+        """The shard's owners: the first members in ring order from its point, one per node (the processes of
+        a node die together), then, unless ``owners_only``, every other member in ring order."""
+        owners: list[str] = []
+        others: list[str] = []
+        nodes: set[str] = set()
+        for member in ring.walk(shard_id):
+            node = self._node_of(member)
+            if node in nodes:
+                others.append(member)
+                continue
+            nodes.add(node)
+            owners.append(member)
+            if owners_only and len(owners) == OWNERS:
+                break
+        return owners + others
+
     def _owners(self, shard_id: str) -> list[str]:
         if self.cluster is None:
             return [self.name]
-        return self.cluster.ring.owners(shard_id, OWNERS) or [self.name]
+        return self.placement(self.cluster.ring, shard_id) or [self.name]
 
     def _walk(self, shard_id: str) -> list[str]:
         """The owners, then the other members in ring order: where to look when the owners are down."""
         if self.cluster is None:
             return [self.name]
-        ring = self.cluster.ring
-        return ring.owners(shard_id, len(ring)) or [self.name]
+        return self.placement(self.cluster.ring, shard_id, owners_only=False) or [self.name]
 
     async def _run(self, name: str, shard_id: str, owner: str, args: list[Any]) -> Any:
         if not OPERATIONS[name][1] and self.name in self._owners(shard_id) and self.shards.peek(shard_id) is not None:
@@ -222,15 +253,19 @@ class MemoryHistory:
         if self.cluster is None:
             return
         ring = self.cluster.ring
-        walk = [m for m in ring.owners(change.id, len(ring)) if m != self.name]
+        walk = [m for m in self.placement(ring, change.id, owners_only=False) if m != self.name]
         targets, spares = walk[:OWNERS - 1], walk[OWNERS - 1:]
-        needed = min(2, len(ring)) - 1  # copies beyond this node's
+        # Copies beyond this node's, on other nodes: a spare on this node's own machine does not count.
+        spares = [m for m in spares if self._node_of(m) != self._node_of(self.name)]  # (see send)
+        needed = min(2, len({self._node_of(m) for m in ring.members})) - 1
         acks = 0
+
+        my_node = self._node_of(self.name)
 
         async def send(member: str, repair: bool) -> None:
             nonlocal acks
             if await self._push(member, change):
-                acks += 1
+                acks += self._node_of(member) != my_node  # a copy on this machine dies with it
             elif repair:
                 self.stats.replica_failures += 1
                 self._repairs.add((member, change.id))
@@ -347,7 +382,7 @@ class MemoryHistory:
             shard = self.shards.peek(shard_id)
             if shard is None or shard.written_at_s >= changed_at_s:
                 continue
-            old, new = previous.owners(shard_id, OWNERS), current.owners(shard_id, OWNERS)
+            old, new = self.placement(previous, shard_id), self.placement(current, shard_id)
             survivors = [m for m in old if m in alive]
             pusher = survivors[0] if survivors else self.name
             if pusher != self.name:
@@ -427,7 +462,7 @@ class MemoryHistory:
             ring = HashRing.build([*ring.members, member])
         page, size = [], 0
         for shard_id in sorted(i for i in self.shards.ids() if i > after):
-            if member not in ring.owners(shard_id, OWNERS):
+            if member not in self.placement(ring, shard_id):
                 continue
             shard = self.shards.peek(shard_id)
             if shard is None:

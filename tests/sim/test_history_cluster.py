@@ -38,11 +38,13 @@ class Node:
     scope: trio.CancelScope
 
 
-async def start_node(nursery: trio.Nursery, net: SimNetwork, i: int, seed: int, incarnation: int = 0) -> Node:
+async def start_node(nursery: trio.Nursery, net: SimNetwork, i: int, seed: int, incarnation: int = 0,
+                     machine: str | None = None) -> Node:
+    """Member ``node-i``; with ``machine``, tagged as one of that node's processes (as ``--workers N`` does)."""
     name = f"node-{i}"
     cluster = ClusterState(name)
     agent = MeshAgent(MESH, name, net.transport(addr(i)), Keyring([KEY_A]), hooks=cluster,
-                      rng=random.Random(seed * 1000 + i * 10 + incarnation))
+                      tags={"node": machine} if machine else None, rng=random.Random(seed * 1000 + i * 10 + incarnation))
     cluster.attach(agent)
     history = MemoryHistory(HistoryConfig(), cluster, ReplicationConfig(),
                             wall_clock=lambda: EPOCH_S + trio.current_time())
@@ -192,4 +194,25 @@ async def test_an_owner_cut_off_during_a_write_is_repaired_after(autojump_clock)
         net.heal()
         await wait_until(lambda: "i1" in cut.history.shards.peek("conv_z").items, 30)
         assert sum(n.history.stats.repaired for n in rest) >= 1
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("seed", [61, 62])
+async def test_copies_go_to_three_machines_when_nodes_run_several_processes(autojump_clock, seed):
+    """Three nodes of two processes each (six members): a shard's three owners are on three nodes, so
+    killing every process of one node loses nothing acknowledged."""
+    async with trio.open_nursery() as nursery:
+        net = SimNetwork(seed)
+        members = await form_cluster(nursery, net, 6, lambda i: start_node(nursery, net, i, seed,
+                                                                           machine=f"machine-{i // 2}"))
+        written = await write_some(members, random.Random(seed), 30)
+        machine_of = {m.name: int(m.name.split("-")[1]) // 2 for m in members}
+        for r in written:
+            holding = {machine_of[m.name] for m in members if m.history.shards.peek(r.id) is not None}
+            assert holding == {0, 1, 2}, f"seed={seed}: {r.id} held on machines {holding}"
+        doomed = random.Random(seed).randrange(3)
+        for m in members:
+            if machine_of[m.name] == doomed:
+                crash_node(net, m)
+        await all_readable([m for m in members if machine_of[m.name] != doomed], written)
         nursery.cancel_scope.cancel()

@@ -148,6 +148,9 @@ class _Cluster:
     def serve_requests(self, mark, handler):
         self.handlers[mark] = handler
 
+    def node_of(self, member):
+        return member
+
 
 async def test_a_peers_bad_frames_are_answered_refused_and_counted():
     cluster = _Cluster()

@@ -35,3 +35,11 @@ def test_golden_distribution_of_ten_thousand_keys():
 
 
 GOLDEN = {'node-0': 1735, 'node-1': 1991, 'node-2': 2152, 'node-3': 2189, 'node-4': 1933}
+
+
+def test_walk_is_owners_taken_lazily():
+    ring = HashRing.build([f"n{i}" for i in range(7)])
+    for key in ("a", "conv_1", "resp_2", "x" * 100):
+        walked = list(ring.walk(key))
+        assert walked == ring.owners(key, 7) and sorted(walked) == sorted(ring.members)
+    assert list(HashRing.build([]).walk("k")) == []
