@@ -121,9 +121,9 @@ class Workload:
         except openai.RateLimitError:
             self._record(RequestRecord("response", api_key, start, time.monotonic(), "rate_limited"))
             return None
-        except openai.APIError as e:
+        except openai.APIError as e:  # the code first: the checkers read it (history_unavailable)
             self._record(RequestRecord("response", api_key, start, time.monotonic(), "error",
-                                       f"{type(e).__name__}: {str(e)[:200]}"))
+                                       f"{type(e).__name__} [{getattr(e, 'code', None)}]: {str(e)[:200]}"))
             return None
         now = time.monotonic()
         with self._lock:

@@ -79,6 +79,13 @@ class ClusterState:
     def member_counts(self) -> tuple[int, int]:
         return self.ring_view.member_counts()
 
+    def known_members(self) -> list[str]:
+        """Every member this node knows of and that did not leave: alive, suspected or failed (until
+        reaped). A failed member may be cut off rather than dead, still serving its clients."""
+        if self.agent is None:
+            return [self.node_name]
+        return [m.name for m in self.agent.members() if m.status is not MemberStatus.LEFT]
+
     def node_of(self, member: str) -> str | None:
         """The node a member runs on (its ``node`` tag: the processes of ``--workers N`` share one), or
         None when this node does not know the member (any more)."""

@@ -74,6 +74,7 @@ class ClusterView(Protocol):
     async def request_peer(self, name: str, payload: bytes, timeout_s: float) -> bytes: ...
     def serve_requests(self, mark: bytes, handler: Callable[[bytes], Any]) -> None: ...
     def node_of(self, member: str) -> str | None: ...
+    def known_members(self) -> list[str]: ...
 
 
 class PeerUnreachable(Exception):
@@ -104,6 +105,7 @@ class MemoryHistory:
         self.stats = ReplicationStats()
         self._repairs: set[tuple[str, str]] = set()  # (member, shard id) that missed a change
         self._nodes: dict[str, str] = {}  # member -> the node it runs on (see _node_of)
+        self._known: tuple[tuple[str, ...], HashRing] = ((), HashRing.build([]))
         self.synced = trio.Event()  # the start-up sync with the peers is over (tests wait on it)
         if cluster is not None:
             cluster.serve_requests(HISTORY_MARK, self._serve)
@@ -220,9 +222,11 @@ class MemoryHistory:
         raise StoreUnavailable(f"none of the members holding {shard_id} answered")
 
     async def execute(self, name: str, shard_id: str, owner: str, args: list[Any]) -> Any:
-        """Runs an operation as the shard's primary: catch up with the shard first, replicate after."""
+        """Runs an operation as the shard's primary: catch up with the shard first, replicate after. A shard
+        found nowhere while one of its possible holders does not answer is unknown, not absent: 503."""
         if name not in CREATING and self.shards.peek(shard_id) is None and not self.shards.deleted(shard_id):
-            await self._fetch(shard_id)
+            if not await self._fetch(shard_id) and self.shards.peek(shard_id) is None:
+                raise StoreUnavailable(f"{shard_id} is not here and a member that may hold it does not answer")
         outcome = getattr(self.ops, name)(shard_id, owner, *args, self.wall_clock())
         if not OPERATIONS[name][1]:
             return outcome
@@ -257,7 +261,9 @@ class MemoryHistory:
         targets, spares = walk[:OWNERS - 1], walk[OWNERS - 1:]
         # Copies beyond this node's, on other nodes: a spare on this node's own machine does not count.
         spares = [m for m in spares if self._node_of(m) != self._node_of(self.name)]  # (see send)
-        needed = min(2, len({self._node_of(m) for m in ring.members})) - 1
+        # Two nodes, counting those that failed but may only be cut off (until reaped): a node alone on
+        # its side of a partition must not acknowledge what the other side cannot read.
+        needed = min(2, len({self._node_of(m) for m in self.cluster.known_members()})) - 1
         acks = 0
 
         my_node = self._node_of(self.name)
@@ -305,19 +311,36 @@ class MemoryHistory:
             return None
         return Change(shard_id, RESPONSE, "-", version, self.wall_clock(), 0, None, (), (), deleted=True)
 
-    async def _fetch(self, shard_id: str) -> None:
-        for member in self._walk(shard_id)[:OWNERS + 2]:
+    async def _fetch(self, shard_id: str) -> bool:
+        """Copies the shard from a member that holds it. False when some member that may hold it (an owner
+        among every member known, failed ones included, or a stand-in on the ring) did not answer."""
+        if self.cluster is None:
+            return True
+        candidates = self.placement(self._known_ring(), shard_id)
+        candidates += [m for m in self._walk(shard_id)[:OWNERS + 2] if m not in candidates]
+        complete = True
+        for member in candidates:
             if member == self.name:
                 continue
             try:
                 reply = await self._request(member, ["fetch", shard_id], self.replication.replicate_timeout_s)
                 change = change_from_wire(reply[1]) if reply[0] == "ok" and reply[1] is not None else None
             except (PeerUnreachable, BadFrame, IndexError):
+                complete = False
                 continue
             if change is not None:
                 self.shards.apply(change, self.wall_clock())
                 self.stats.fetched += 1
-                return
+                return True
+        return complete
+
+    def _known_ring(self) -> HashRing:
+        """The ring of every member known (failed ones included), built once per membership."""
+        assert self.cluster is not None
+        known = tuple(sorted(self.cluster.known_members()))
+        if self._known[0] != known:
+            self._known = (known, HashRing.build(known))
+        return self._known[1]
 
     # -- background: repairs, handoff, start-up sync -------------------------------------------
 

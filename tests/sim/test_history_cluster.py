@@ -139,9 +139,10 @@ async def test_a_restarted_node_gets_its_shards_back(autojump_clock, noticed):
         nursery.cancel_scope.cancel()
 
 
-async def test_a_write_is_refused_when_no_other_owner_can_take_it(autojump_clock):
-    """Two nodes, one crashed and not yet off the ring: nothing can be acknowledged (503), and the
-    survivor still reads what both held."""
+async def test_a_write_is_refused_when_no_other_node_can_take_it(autojump_clock):
+    """Two nodes, one crashed: nothing can be acknowledged (503) while the other is known, even after
+    it is off the ring (it may be cut off rather than dead, serving clients on its side); the survivor
+    still reads what both held. Once the failed member is forgotten (reaped), the survivor is alone."""
     seed = 31
     async with trio.open_nursery() as nursery:
         net = SimNetwork(seed)
@@ -152,7 +153,10 @@ async def test_a_write_is_refused_when_no_other_owner_can_take_it(autojump_clock
             await nodes[0].history.put_response(record(99))
         await all_readable([nodes[0]], written)
         await wait_until(lambda: len(nodes[0].cluster.ring) == 1, 60)
-        await nodes[0].history.put_response(record(99))  # alone on the ring: its own copy is all there is
+        with pytest.raises(StoreUnavailable):
+            await nodes[0].history.put_response(record(99))  # failed, not forgotten: may be cut off
+        await wait_until(lambda: nodes[0].cluster.known_members() == [nodes[0].name], MESH.reap_s + 120)
+        await nodes[0].history.put_response(record(99))  # alone now: its own copy is all there is
         nursery.cancel_scope.cancel()
 
 
@@ -215,4 +219,29 @@ async def test_copies_go_to_three_machines_when_nodes_run_several_processes(auto
             if machine_of[m.name] == doomed:
                 crash_node(net, m)
         await all_readable([m for m in members if machine_of[m.name] != doomed], written)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_node_cut_off_neither_acknowledges_alone_nor_calls_the_others_writes_missing(autojump_clock):
+    """One of three nodes cut off from the others, its clients still reaching it: it refuses writes (503)
+    rather than acknowledge what the other side cannot read, and answers 503, not 404, for what the other
+    side wrote meanwhile. The two others go on; after the heal every node reads everything."""
+    seed = 71
+    async with trio.open_nursery() as nursery:
+        net = SimNetwork(seed)
+        nodes = await form_cluster(nursery, net, 3, lambda i: start_node(nursery, net, i, seed))
+        before = await write_some(nodes, random.Random(seed), 5)
+        cut, rest = nodes[0], nodes[1:]
+        net.partition([cut.agent.transport.addr], [n.agent.transport.addr for n in rest])
+        await wait_until(lambda: len(cut.cluster.ring) == 1 and all(len(n.cluster.ring) == 2 for n in rest), 60)
+        with pytest.raises(StoreUnavailable):
+            await cut.history.put_response(record(50))
+        during = record(51)
+        await rest[0].history.put_response(during)  # two copies on the majority side
+        with pytest.raises(StoreUnavailable):
+            await cut.history.get_response(during.id, OWNER)  # unknown to it, not missing
+        await all_readable([cut], before)  # what it held before the cut, it still serves
+        net.heal()
+        await wait_until(lambda: all(len(n.cluster.ring) == 3 for n in nodes), 120)
+        await all_readable(nodes, [*before, during])
         nursery.cancel_scope.cancel()

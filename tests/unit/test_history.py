@@ -151,6 +151,9 @@ class _Cluster:
     def node_of(self, member):
         return member
 
+    def known_members(self):
+        return [self.node_name]
+
 
 async def test_a_peers_bad_frames_are_answered_refused_and_counted():
     cluster = _Cluster()
