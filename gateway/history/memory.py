@@ -6,12 +6,17 @@ that member runs it on its own shards (``ops.py``) and, when it writes, sends th
 other owners before answering. A read is answered from this node's own copy when this node is one
 of the owners and holds the shard (with three owners and three nodes, every read is local).
 
-The guarantee. A write is acknowledged (the API answers 200) once it is held by at least two
-members, or by every member when the cluster has fewer than two: a node's death, any node's, loses
-nothing acknowledged before it. When fewer than two can take it, the API answers 503
-(``StoreUnavailable``) and the write may or may not survive. An owner that missed a change is
-repaired in the background until it has it or leaves the ring. Two members dying together before
-repair can lose the changes only they held.
+The guarantee. A write is acknowledged (the API answers 200) once it is held by at least two nodes
+(machines: the processes of ``--workers N`` share a node tag, and a shard's three owners are on
+three nodes when there are three), or by the only node when no other is known: a node's death, any
+node's, loses nothing acknowledged before it. Failed members count as known until they are reaped,
+since one may be cut off rather than dead and serving clients on its side: a node alone on its side
+of a partition refuses writes, and a shard it cannot find while a possible holder does not answer is
+unknown (503), not missing (404). When fewer than two nodes can take a write (owners dead but still
+on the ring: the next members on the ring stand in), the API answers 503 (``StoreUnavailable``) and
+the write may or may not survive. An owner that missed a change is repaired in the background until
+it has it or leaves the ring. Two nodes dying together before repair can lose the changes only they
+held.
 
 Catching up. When the ring changes, the first surviving old owner of each shard pushes it to the
 owners that are new for it (a replacement for a dead member, a member that joined). A node that
