@@ -24,7 +24,8 @@ from ..history import ITEMS_PER_ADD_MAX
 from .errors import BadRequest, NotFound
 from .http import Request
 from .protocol import parse_json_body
-from .responses import _metadata, input_items, list_page, list_query, new_id, owner_of, stored_item
+from .responses import input_items, list_page, list_query, metadata_of, new_id, owner_of, stored_item
+
 
 def _store(state: Any) -> Any:
     if state.history is None:
@@ -34,12 +35,13 @@ def _store(state: Any) -> Any:
 
 
 def _new_items(raw: Any, param: str) -> list[dict[str, Any]]:
-    if raw is None:
+    """The items to add, checked as the Responses API's input items, each with a new id."""
+    if raw is None or raw == []:
         return []
     if not isinstance(raw, list) or len(raw) > ITEMS_PER_ADD_MAX:
         raise BadRequest(f"'{param}' must be a list of at most {ITEMS_PER_ADD_MAX} items", param=param,
                          code="invalid_value")
-    return [stored_item({**item, "id": new_id("item")}) for item in input_items(raw)] if raw else []
+    return [stored_item({**item, "id": new_id("item")}) for item in input_items(raw)]
 
 
 def _missing(conversation_id: str) -> NotFound:
@@ -55,7 +57,7 @@ async def create(state: Any, request: Request) -> None:
     store = _store(state)
     body = parse_json_body(await request.body())
     conversation = {"id": new_id("conv"), "object": "conversation", "created_at": int(time.time()),
-                    "metadata": _metadata(body)}
+                    "metadata": metadata_of(body)}
     await store.create_conversation(conversation, owner_of(request), _new_items(body.get("items"), "items"))
     await request.send_json(200, conversation)
 
@@ -74,7 +76,7 @@ async def update(state: Any, request: Request) -> None:
     body = parse_json_body(await request.body())
     if "metadata" not in body:
         raise BadRequest("'metadata' is required", param="metadata", code="missing_required_parameter")
-    conversation = await store.update_conversation(conversation_id, owner_of(request), _metadata(body))
+    conversation = await store.update_conversation(conversation_id, owner_of(request), metadata_of(body))
     if conversation is None:
         raise _missing(conversation_id)
     await request.send_json(200, conversation)

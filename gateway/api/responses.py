@@ -226,7 +226,7 @@ def _include(body: dict[str, Any]) -> frozenset[str]:
     return frozenset(raw)
 
 
-def _metadata(body: dict[str, Any]) -> dict[str, str]:
+def metadata_of(body: dict[str, Any]) -> dict[str, str]:
     metadata = body.get("metadata")
     if metadata is None:
         return {}
@@ -471,7 +471,7 @@ async def create(state: Any, request: Request) -> None:
         if body.get("stream"):
             raise BadRequest("streaming a background response is not supported: poll GET /v1/responses/{id}",
                              param="stream", code="unsupported_parameter")
-    metadata = _metadata(body)
+    metadata = metadata_of(body)
     owner = owner_of(request)
     conversation_id = _conversation_id(body)
     history = await _history(state, body, owner, conversation_id)

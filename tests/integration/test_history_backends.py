@@ -10,16 +10,10 @@ import pytest
 import redis
 import trio
 
-from gateway.history import (
-    HistoryConfig,
-    MemoryHistory,
-    StoredResponse,
-    StoreUnavailable,
-)
-from gateway.history.postgres import PostgresConfig, PostgresHistory, PostgresNames
-from gateway.history.redis import RedisConfig, RedisHistory
+from gateway.history import (HistoryConfig, MemoryHistory, PostgresConfig, PostgresHistory, PostgresNames, RedisConfig,
+                             RedisHistory, StoredResponse, StoreUnavailable)
 
-from ..real_servers import postgres_server, redis_server
+from ..real_servers import free_port, postgres_server, redis_server
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +128,6 @@ async def test_redis_prefix_and_retention(redis_url):
 
 
 async def test_a_server_that_is_down_is_a_store_unavailable_not_a_hang():
-    from ..real_servers import free_port
     port = free_port()  # nothing listens there
     pg = PostgresHistory(PostgresConfig(url=f"postgresql://postgres@127.0.0.1:{port}/postgres", pool_timeout_s=1.0))
     with pytest.raises(StoreUnavailable):

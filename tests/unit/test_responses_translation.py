@@ -10,13 +10,7 @@ import time
 import pytest
 
 from gateway.api.errors import BadRequest
-from gateway.api.responses import (
-    _abandoned,
-    _metadata,
-    chat_messages,
-    input_items,
-    to_chat_body,
-)
+from gateway.api.responses import _abandoned, chat_messages, input_items, metadata_of, to_chat_body
 from gateway.history import StoredResponse
 
 
@@ -66,9 +60,9 @@ def test_bad_items_are_400s(raw, param):
 
 @pytest.mark.parametrize("metadata", [{f"k{i}": "v" for i in range(17)}, {"k": "v" * 513}, {"k" * 65: "v"},
                                       {"k": 1}, ["k"]])
-def test_metadata_is_bounded(metadata):
+def testmetadata_of_is_bounded(metadata):
     with pytest.raises(BadRequest) as e:
-        _metadata({"metadata": metadata})
+        metadata_of({"metadata": metadata})
     assert e.value.param == "metadata"
 
 
