@@ -111,7 +111,6 @@ class MemoryHistory:
         self._repairs: set[tuple[str, str]] = set()  # (member, shard id) that missed a change
         self._nodes: dict[str, str] = {}  # member -> the node it runs on (see _node_of)
         self._known: tuple[tuple[str, ...], HashRing] = ((), HashRing.build([]))
-        self.synced = trio.Event()  # the start-up sync with the peers is over (tests wait on it)
         if cluster is not None:
             cluster.serve_requests(HISTORY_MARK, self._serve)
 
@@ -263,20 +262,19 @@ class MemoryHistory:
             return
         ring = self.cluster.ring
         walk = [m for m in self.placement(ring, change.id, owners_only=False) if m != self.name]
-        targets, spares = walk[:OWNERS - 1], walk[OWNERS - 1:]
-        # Copies beyond this node's, on other nodes: a spare on this node's own machine does not count.
-        spares = [m for m in spares if self._node_of(m) != self._node_of(self.name)]  # (see send)
+        my_node = self._node_of(self.name)
+        targets = walk[:OWNERS - 1]
+        # Copies count on other nodes only: a copy on this node's machine dies with it.
+        spares = [m for m in walk[OWNERS - 1:] if self._node_of(m) != my_node]
         # Two nodes, counting those that failed but may only be cut off (until reaped): a node alone on
         # its side of a partition must not acknowledge what the other side cannot read.
         needed = min(2, len({self._node_of(m) for m in self.cluster.known_members()})) - 1
         acks = 0
 
-        my_node = self._node_of(self.name)
-
         async def send(member: str, repair: bool) -> None:
             nonlocal acks
             if await self._push(member, change):
-                acks += self._node_of(member) != my_node  # a copy on this machine dies with it
+                acks += self._node_of(member) != my_node
             elif repair:
                 self.stats.replica_failures += 1
                 self._repairs.add((member, change.id))
@@ -351,7 +349,6 @@ class MemoryHistory:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if self.cluster is None:
-            self.synced.set()
             task_status.started()
             return
         async with trio.open_nursery() as nursery:
@@ -382,7 +379,6 @@ class MemoryHistory:
             if newcomers:
                 await self._sync_from(newcomers)
                 synced_with.update(newcomers)
-            self.synced.set()
             if self.cluster.ring is previous:  # rings are swapped whole: a change made meanwhile is not missed
                 await self.cluster.ring_changed.wait()
             await trio.sleep(self.replication.handoff_settle_s)
