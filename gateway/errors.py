@@ -13,6 +13,9 @@ a status code:
       Overloaded          too much in flight and the queue is full: come back later
       NoCapacity          nothing can serve it right now (no healthy worker, queue wait over)
       Unreachable         a worker or engine we depend on did not answer usably
+      TimedOut            what holds the data a request needs did not answer in time (the peers
+                          holding stored history, the history database): the node itself is fine,
+                          so balancers must not take it out (504, not 503)
 
 ``retry_after_s`` is a hint for the caller (Retry-After); ``code`` a stable
 machine-readable reason (``no_healthy_worker``, ``queue_timeout``, ...).
@@ -55,4 +58,8 @@ class NoCapacity(GatewayError):
 
 
 class Unreachable(GatewayError):
+    pass
+
+
+class TimedOut(GatewayError):
     pass

@@ -1,7 +1,7 @@
 """Requests lost: only requests in flight on a process that was killed, stopped or restarted may
 fail, and they must fail fast; no request may hang. Network faults between nodes excuse one thing
 only: a request for stored history (a Responses API turn) that a node cut off from the holders of that
-history answers 503 ``history_unavailable`` (nothing can make data on the other side of a partition
+history answers 504 ``history_unavailable`` (nothing can make data on the other side of a partition
 readable; the store refuses rather than answer 404 or acknowledge a copy the other side cannot
 read). Everything else must succeed: clients never see the nodes' own network."""
 
@@ -52,9 +52,10 @@ def check(run) -> CheckResult:
             slow_failures.append(r)
     errors = sum(1 for r in run.records if r.outcome == "error")
     passed = not unexcused and not slow_failures and not hangs
-    partition_note = f", {history_unavailable} stored-history 503s across the partition" if history_unavailable else ""
-    summary = (f"{len(run.records)} requests, {errors} failed (all in flight on a faulted process, failing within "
-               f"{FAIL_FAST_S + run.plan.pause_s:.0f} s{partition_note}); none over {hang_bound_s:.0f} s" if passed else
+    partition_note = (f"; {history_unavailable} of them stored-history 504s across the partition, the others"
+                      if history_unavailable else ", all")
+    summary = (f"{len(run.records)} requests, {errors} failed{partition_note} in flight on a faulted process, "
+               f"failing within {FAIL_FAST_S + run.plan.pause_s:.0f} s; none over {hang_bound_s:.0f} s" if passed else
                f"{len(unexcused)} failures no process fault explains, {len(slow_failures)} slow failures, "
                f"{len(hangs)} requests over {hang_bound_s:.0f} s")
     sample = [dict(kind=r.kind, start_s=round(r.start - run.t0, 2), duration_s=round(r.duration_s, 2), error=r.error)

@@ -149,7 +149,7 @@ def from_auth_error(e: AuthError) -> ApiError:
 _CORE_ANSWERS: "tuple[tuple[type[core.GatewayError], type[ApiError]], ...]" = (
     (core.InvalidInput, BadRequest), (core.NotAllowed, Forbidden), (core.NotKnown, NotFound),
     (core.AlreadyExists, Conflict), (core.Overloaded, TooManyRequests), (core.NoCapacity, Unavailable),
-    (core.Unreachable, UpstreamError))
+    (core.Unreachable, UpstreamError), (core.TimedOut, UpstreamTimeout))
 
 
 class _WorkerRequestError(ApiError):

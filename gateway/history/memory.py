@@ -12,8 +12,8 @@ three nodes when there are three), or by the only node when no other is known: a
 node's, loses nothing acknowledged before it. Failed members count as known until they are reaped,
 since one may be cut off rather than dead and serving clients on its side: a node alone on its side
 of a partition refuses writes, and a shard it cannot find while a possible holder does not answer is
-unknown (503), not missing (404). When fewer than two nodes can take a write (owners dead but still
-on the ring: the next members on the ring stand in), the API answers 503 (``StoreUnavailable``) and
+unknown (504), not missing (404). When fewer than two nodes can take a write (owners dead but still
+on the ring: the next members on the ring stand in), the API answers 504 (``StoreUnavailable``) and
 the write may or may not survive. An owner that missed a change is repaired in the background until
 it has it or leaves the ring. Two nodes dying together before repair can lose the changes only they
 held.
@@ -227,7 +227,7 @@ class MemoryHistory:
 
     async def execute(self, name: str, shard_id: str, owner: str, args: list[Any]) -> Any:
         """Runs an operation as the shard's primary: catch up with the shard first, replicate after. A shard
-        found nowhere while one of its possible holders does not answer is unknown, not absent: 503."""
+        found nowhere while one of its possible holders does not answer is unknown, not absent: 504."""
         if name not in CREATING and self.shards.peek(shard_id) is None and not self.shards.deleted(shard_id):
             if not await self._fetch(shard_id) and self.shards.peek(shard_id) is None:
                 raise StoreUnavailable(f"{shard_id} is not here and a member that may hold it does not answer")
@@ -315,8 +315,9 @@ class MemoryHistory:
         return Change(shard_id, RESPONSE, "-", version, self.wall_clock(), 0, None, (), (), deleted=True)
 
     async def _fetch(self, shard_id: str) -> bool:
-        """Copies the shard from a member that holds it. False when some member that may hold it (an owner
-        among every member known, failed ones included, or a stand-in on the ring) did not answer."""
+        """Copies the shard from a member that holds it. False when some member that may hold it did not
+        answer: an owner among every member known or a stand-in on the ring that was asked, or any failed
+        member not yet reaped (cut off, it may have taken writes as a stand-in on its side)."""
         if self.cluster is None:
             return True
         candidates = self.placement(self._known_ring(), shard_id)
@@ -335,7 +336,7 @@ class MemoryHistory:
                 self.shards.apply(change, self.wall_clock())
                 self.stats.fetched += 1
                 return True
-        return complete
+        return complete and set(self.cluster.known_members()) <= set(self.cluster.ring.members)
 
     def _known_ring(self) -> HashRing:
         """The ring of every member known (failed ones included), built once per membership."""

@@ -4,7 +4,7 @@ psycopg 3 with psycopg-pool: the reference Postgres driver for Python and its po
 synchronous here, called from worker threads (``trio.to_thread``) through a ``CapacityLimiter`` of the
 pool's size, so a slow or unreachable database never blocks the event loop and never holds more
 threads than connections. Every statement has a timeout (``statement_timeout``), and taking a
-connection from the pool one too (``pool_timeout_s``): a database that does not answer is a 503
+connection from the pool one too (``pool_timeout_s``): a database that does not answer is a 504
 (``StoreUnavailable``) after those bounds, not a hung request.
 
 The schema is versioned: ``MIGRATIONS`` run at start, in order, each once, in one transaction under

@@ -2,7 +2,7 @@
 
 redis-py (the reference client), synchronous, called from worker threads through a
 ``CapacityLimiter`` the size of its blocking connection pool: the event loop never waits on Redis, and
-a Redis that does not answer is a 503 (``StoreUnavailable``) after the socket timeouts.
+a Redis that does not answer is a 504 (``StoreUnavailable``) after the socket timeouts.
 
 Keys (``P`` is ``--redis-key-prefix``):
 

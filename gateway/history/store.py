@@ -10,7 +10,7 @@ plane). Another owner is told the record does not exist, exactly as for an id ne
 leak nothing.
 
 What the methods return: None (or False) for "no such record for this owner"; they raise
-``StoreUnavailable`` when the backend cannot answer (peers, database or Redis unreachable) and
+``StoreUnavailable`` (504) when the backend cannot answer (peers, database or Redis unreachable) and
 ``ConversationFull`` when an addition would pass a conversation's bound.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from ..errors import InvalidInput, NoCapacity
+from ..errors import InvalidInput, TimedOut
 
 ID_CHARS_MAX = 128  # response, conversation and item ids: ours are ~30 characters
 OWNER_CHARS_MAX = 256
@@ -70,8 +70,10 @@ class ItemPage:
     has_more: bool
 
 
-class StoreUnavailable(NoCapacity):
-    """The backend did not answer (peers, database, Redis): the request fails with 503, nothing is lost."""
+class StoreUnavailable(TimedOut):
+    """The backend did not answer (peers, database, Redis): the request fails with 504 history_unavailable,
+    not 503: a balancer that counts 503s as a failed node (nginx's max_fails with http_503) would take
+    healthy nodes out, every one of them during a partition. Nothing acknowledged is lost."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code="history_unavailable", retry_after_s=1)

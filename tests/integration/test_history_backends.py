@@ -1,7 +1,7 @@
 """One contract, three backends: the memory store (a lone node), PostgreSQL and Redis, the last two
 against real servers started here (tests/real_servers.py). Then what each durable backend adds:
 migrations run once and configurable names (Postgres), the key prefix and the retention (Redis), and a
-server that is down answering StoreUnavailable (a 503) rather than hanging."""
+server that is down answering StoreUnavailable (a 504) rather than hanging."""
 
 from __future__ import annotations
 

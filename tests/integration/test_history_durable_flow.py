@@ -58,3 +58,20 @@ def test_turns_on_two_nodes_sharing_a_database(engine, backend_args, log_dir):
     finally:
         for n in nodes:
             n.stop()
+
+
+def test_a_store_that_stops_answering_is_a_504_not_a_503(engine, log_dir, tmp_path):
+    """A 504 history_unavailable: the node is fine, its store is not. A 503 would make a balancer that
+    counts them (nginx's max_fails with http_503) take healthy nodes out."""
+    with redis_server(tmp_path / "redis") as url:
+        node = NodeProcess(["--worker-urls", engine.url, "--history-backend", "redis", "--redis-url", url],
+                           log_dir, "durable-node-redis-gone")
+    try:  # the server is stopped now: the node started with it, then lost it
+        client = openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0, timeout=30)
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.responses.create(model=MODEL, input="Hello!")
+        assert caught.value.status_code == 504 and caught.value.code == "history_unavailable"
+        assert client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello!"}],
+                                              max_tokens=4).choices  # everything else still works
+    finally:
+        node.stop()

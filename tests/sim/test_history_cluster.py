@@ -140,7 +140,7 @@ async def test_a_restarted_node_gets_its_shards_back(autojump_clock, noticed):
 
 
 async def test_a_write_is_refused_when_no_other_node_can_take_it(autojump_clock):
-    """Two nodes, one crashed: nothing can be acknowledged (503) while the other is known, even after
+    """Two nodes, one crashed: nothing can be acknowledged (504) while the other is known, even after
     it is off the ring (it may be cut off rather than dead, serving clients on its side); the survivor
     still reads what both held. Once the failed member is forgotten (reaped), the survivor is alone."""
     seed = 31
@@ -223,8 +223,8 @@ async def test_copies_go_to_three_machines_when_nodes_run_several_processes(auto
 
 
 async def test_a_node_cut_off_neither_acknowledges_alone_nor_calls_the_others_writes_missing(autojump_clock):
-    """One of three nodes cut off from the others, its clients still reaching it: it refuses writes (503)
-    rather than acknowledge what the other side cannot read, and answers 503, not 404, for what the other
+    """One of three nodes cut off from the others, its clients still reaching it: it refuses writes (504)
+    rather than acknowledge what the other side cannot read, and answers 504, not 404, for what the other
     side wrote meanwhile. The two others go on; after the heal every node reads everything."""
     seed = 71
     async with trio.open_nursery() as nursery:
@@ -244,4 +244,29 @@ async def test_a_node_cut_off_neither_acknowledges_alone_nor_calls_the_others_wr
         net.heal()
         await wait_until(lambda: all(len(n.cluster.ring) == 3 for n in nodes), 120)
         await all_readable(nodes, [*before, during])
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_write_on_the_minority_side_is_unknown_not_missing_on_the_other(autojump_clock):
+    """Five nodes split 2 | 3. The two-node side still acknowledges writes (two nodes hold each), even for
+    a response whose owners in the whole cluster are all on the other side; there it is unknown (504)
+    while the split lasts, not missing (404), and after the heal every node reads it."""
+    seed = 81
+    async with trio.open_nursery() as nursery:
+        net = SimNetwork(seed)
+        nodes = await form_cluster(nursery, net, 5, lambda i: start_node(nursery, net, i, seed))
+        small, large = nodes[:2], nodes[2:]
+        whole_ring = nodes[0].cluster.ring
+        i = next(i for i in range(1000) if set(whole_ring.owners(record(i).id, 3)) <= {n.name for n in large})
+        net.partition([n.agent.transport.addr for n in small], [n.agent.transport.addr for n in large])
+        await wait_until(lambda: all(len(n.cluster.ring) == 2 for n in small) and
+                         all(len(n.cluster.ring) == 3 for n in large), 60)
+        written = record(i)
+        await small[0].history.put_response(written)  # acknowledged: both small-side nodes hold it
+        for node in large:
+            with pytest.raises(StoreUnavailable):
+                await node.history.get_response(written.id, OWNER)
+        net.heal()
+        await wait_until(lambda: all(len(n.cluster.ring) == 5 for n in nodes), 120)
+        await all_readable(nodes, [written])
         nursery.cancel_scope.cancel()
