@@ -51,6 +51,7 @@ log = logging.getLogger("gateway.history")
 
 OWNERS = 3  # a shard's primary and two replicas, on three different nodes when there are three
 NODES_REMEMBERED_MAX = 10_000
+SPARES_TRIED_MAX = 2  # stand-ins asked, one after the other, when owners do not take a write
 SYNC_PAGE_BYTES = 2 * 1024 * 1024  # one answer to "sync": well inside a mesh frame (8 MiB)
 
 
@@ -58,6 +59,9 @@ SYNC_PAGE_BYTES = 2 * 1024 * 1024  # one answer to "sync": well inside a mesh fr
 class ReplicationConfig:
     # A peer's answer to an operation, replication included (the primary waits for its replicas).
     operation_timeout_s: float = 2.0
+    # All of an operation's tries (owners, then stand-ins): under the 10 s a client may wait in the
+    # chaos checks, and well under any SDK's timeout.
+    operation_deadline_s: float = 5.0
     # One replica's answer to a change. Shorter than the operation's so a dead replica is given up
     # on while the caller still waits.
     replicate_timeout_s: float = 0.75
@@ -213,12 +217,18 @@ class MemoryHistory:
     async def _run(self, name: str, shard_id: str, owner: str, args: list[Any]) -> Any:
         if not OPERATIONS[name][1] and self.name in self._owners(shard_id) and self.shards.peek(shard_id) is not None:
             return getattr(self.ops, name)(shard_id, owner, *args, self.wall_clock())
-        for member in self._walk(shard_id):
+        # The owners, then two stand-ins; all within one deadline: a node cut off from the others meets
+        # silence, not refusals, and its client must hear 504 long before it gives up.
+        deadline = trio.current_time() + self.replication.operation_deadline_s
+        for member in self._walk(shard_id)[:OWNERS + 2]:
+            remaining_s = deadline - trio.current_time()
+            if remaining_s <= 0:
+                break
             if member == self.name:
                 return await self.execute(name, shard_id, owner, args)
             try:
                 answer = await self._request(member, ["op", name, shard_id, owner, args],
-                                             self.replication.operation_timeout_s)
+                                             min(self.replication.operation_timeout_s, remaining_s))
             except PeerUnreachable as e:
                 log.debug("history: %s did not answer %s: %s", member, name, e)
                 continue
@@ -282,8 +292,10 @@ class MemoryHistory:
         async with trio.open_nursery() as nursery:
             for member in targets:
                 nursery.start_soon(send, member, True)
-        while acks < needed and spares:
-            await send(spares.pop(0), False)
+        for spare in spares[:SPARES_TRIED_MAX]:
+            if acks >= needed:
+                break
+            await send(spare, False)
         if acks < needed:
             raise StoreUnavailable(f"{change.id} could not be copied to another member: not acknowledged")
 
@@ -322,21 +334,31 @@ class MemoryHistory:
             return True
         candidates = self.placement(self._known_ring(), shard_id)
         candidates += [m for m in self._walk(shard_id)[:OWNERS + 2] if m not in candidates]
-        complete = True
-        for member in candidates:
-            if member == self.name:
-                continue
+        found: list[Change] = []
+        silent = 0
+
+        async def ask(member: str) -> None:  # all at once: one timeout, not one per silent member
+            nonlocal silent
             try:
                 reply = await self._request(member, ["fetch", shard_id], self.replication.replicate_timeout_s)
                 change = change_from_wire(reply[1]) if reply[0] == "ok" and reply[1] is not None else None
             except (PeerUnreachable, BadFrame, IndexError):
-                complete = False
-                continue
+                silent += 1
+                return
             if change is not None:
-                self.shards.apply(change, self.wall_clock())
-                self.stats.fetched += 1
-                return True
-        return complete and set(self.cluster.known_members()) <= set(self.cluster.ring.members)
+                found.append(change)
+
+        async with trio.open_nursery() as nursery:
+            for member in candidates:
+                if member != self.name:
+                    nursery.start_soon(ask, member)
+        if found:
+            now = self.wall_clock()
+            for change in found:  # the newest wins, whatever order they came in
+                self.shards.apply(change, now)
+            self.stats.fetched += 1
+            return True
+        return not silent and set(self.cluster.known_members()) <= set(self.cluster.ring.members)
 
     def _known_ring(self) -> HashRing:
         """The ring of every member known (failed ones included), built once per membership."""

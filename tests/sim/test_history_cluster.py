@@ -270,3 +270,24 @@ async def test_a_write_on_the_minority_side_is_unknown_not_missing_on_the_other(
         await wait_until(lambda: all(len(n.cluster.ring) == 5 for n in nodes), 120)
         await all_readable(nodes, [written])
         nursery.cancel_scope.cancel()
+
+
+async def test_a_node_just_cut_off_answers_within_the_bound(autojump_clock):
+    """Cut off a moment ago, before anyone noticed: every peer it asks is silent, not refusing. It still
+    answers (504 for what it cannot find, a write refused) within 8 s, not after a timeout per member."""
+    seed = 91
+    async with trio.open_nursery() as nursery:
+        net = SimNetwork(seed)
+        nodes = await form_cluster(nursery, net, 5, lambda i: start_node(nursery, net, i, seed))
+        written = await write_some(nodes[1:], random.Random(seed), 10)
+        cut = nodes[0]
+        net.partition([cut.agent.transport.addr], [n.agent.transport.addr for n in nodes[1:]])
+        elsewhere = [r for r in written if cut.history.shards.peek(r.id) is None]
+        assert elsewhere
+        for call in (lambda: cut.history.get_response(elsewhere[0].id, OWNER),
+                     lambda: cut.history.put_response(record(77))):
+            started = trio.current_time()
+            with pytest.raises(StoreUnavailable):
+                await call()
+            assert trio.current_time() - started <= 8.0, f"answered after {trio.current_time() - started:.1f} s"
+        nursery.cancel_scope.cancel()
