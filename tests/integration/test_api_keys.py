@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx2
 import openai
@@ -84,18 +85,31 @@ def test_rate_limits_count_the_credential_not_the_headers_it_chose(keyed_node):
         httpx2.put(keyed_node.url + "/admin/rate-limits", json={"limits": []}, headers=ops)
 
 
-def test_every_control_plane_change_is_audited(keyed_node):
-    httpx2.put(keyed_node.url + "/admin/rate-limits", json={"limits": []},
-               headers={"authorization": f"Bearer {OPS_KEY}"})
-    httpx2.delete(keyed_node.url + "/workers/w-000000000000", headers={"authorization": f"Bearer {USER_KEY}"})
+def _audit_entries(node) -> list[dict]:
     entries = []
-    for line in keyed_node.log_text().splitlines():
+    for line in node.log_text().splitlines():
         try:
             record = json.loads(line)
         except ValueError:
             continue
         if record.get("logger") == "gateway.audit":
             entries.append(json.loads(record["msg"]))
+    return entries
+
+
+def test_every_control_plane_change_is_audited(keyed_node):
+    httpx2.put(keyed_node.url + "/admin/rate-limits", json={"limits": []},
+               headers={"authorization": f"Bearer {OPS_KEY}"})
+    httpx2.delete(keyed_node.url + "/workers/w-000000000000", headers={"authorization": f"Bearer {USER_KEY}"})
+    # The node's log reaches us through a pipe and a copying thread: the lines come a moment after the
+    # answers. Read until both entries are there, for a bounded time.
+    deadline = time.monotonic() + 10
+    while True:
+        entries = _audit_entries(keyed_node)
+        actions = {e["action"] for e in entries}
+        if {"PUT /admin/rate-limits", "DELETE /workers/w-000000000000"} <= actions or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     done = [e for e in entries if e["action"] == "PUT /admin/rate-limits" and e["who"] == "key:ops"]
     assert done and done[-1]["status"] == 200 and done[-1]["from"].startswith("127.0.0.1:")
     refused = [e for e in entries if e["action"] == "DELETE /workers/w-000000000000"]
