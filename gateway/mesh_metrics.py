@@ -11,6 +11,7 @@ from typing import Any
 from mesh.agent import MeshAgent
 from mesh.members import MemberStatus
 
+from .cluster import ClusterState
 from .metrics import counter, gauge
 
 
@@ -37,3 +38,11 @@ def mesh_metric_families(agent: MeshAgent) -> Iterator[Any]:
                   [([reason], n) for reason, n in sorted(stats.dropped.items())])
     yield counter("smg_mesh_push_pulls", "Push-pull state exchanges started, and failed", ["outcome"],
                   [(["started"], stats.push_pulls), (["failed"], stats.push_pull_failures)])
+
+
+def cluster_metric_families(cluster: ClusterState) -> Iterator[Any]:
+    """What peers sent the cluster's shared state that it refused: each one a frame dropped, the state unchanged."""
+    yield counter("smg_cluster_refused", "Peers' cluster-state frames refused, by kind: worker-document updates "
+                  "out of bounds or unreadable, settings a subsystem refused, requests with no handler",
+                  ["kind"], [(["document_update"], cluster.dropped_updates), (["setting"], cluster.bad_settings),
+                             (["unrouted_request"], cluster.peer_requests.unrouted)])

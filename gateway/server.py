@@ -48,7 +48,7 @@ from .engine.h2grpc import H2GrpcClient
 from .generation import Generator
 from .logs import setup_logging
 from .loop_lag import LoopLagMonitor, SlowStepLog
-from .mesh_metrics import mesh_metric_families
+from .mesh_metrics import cluster_metric_families, mesh_metric_families
 from .metrics import GatewayMetrics, counter, gauge
 from .models import ModelCatalog
 from .ratelimit.limiter import RateLimiter
@@ -199,6 +199,8 @@ def _history_metrics(history: MemoryHistory) -> Iterator[Any]:
                   [([], stats.peers_synced)])
     yield counter("smg_history_bad_frames", "Peers' history requests refused as malformed", [],
                   [([], stats.bad_frames)])
+    yield counter("smg_history_refused_changes", "Peers' shard changes dropped: stamped too far ahead of this "
+                  "node's clock", [], [([], shards.refused_future)])
 
 
 def _start_key_store(cluster: ClusterState | None) -> KeyStore:
@@ -465,6 +467,7 @@ def run_gateway(config: GatewayConfig) -> int:
                 if config.worker_index == 0:
                     record_endpoint(mesh.admin_url.removeprefix("http://"))  # where `smg-node members|join|leave` find this node
                 running.state.metrics.add_state_source(lambda: mesh_metric_families(mesh.agent))
+                running.state.metrics.add_state_source(lambda: cluster_metric_families(cluster))
             # One line on stdout, whatever the log level: scripts and supervisors wait for it.
             print(f"READY {running.url}", flush=True)
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

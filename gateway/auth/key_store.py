@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
+import re
 import secrets
 from typing import Any
 
@@ -35,6 +37,11 @@ KEYS_MAX = 10_000  # records kept (tombstones included); a create beyond it is r
 NAME_CHARS_MAX = 128
 MODELS_MAX = 64
 SECRET_PREFIX = "smg-"
+TENANT_CHARS_MAX = 256
+MODEL_CHARS_MAX = 256
+TIME_MAX_S = float(2 ** 40)  # far beyond any expiry a client can ask for
+_HEX_ID = re.compile(r"[0-9a-f]{1,64}")
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class KeyStoreError(ValueError):
@@ -75,20 +82,37 @@ class StoredKey:
 
     @classmethod
     def from_record(cls, record: Any) -> "StoredKey":
-        """A peer's record, checked field by field (KeyStoreError when it is not one)."""
+        """A peer's record, checked field by field (KeyStoreError when it is not one): nothing in it is cut,
+        converted or trusted to be of the right kind."""
+        if not isinstance(record, dict):
+            raise KeyStoreError("not a key record: not an object")
+        key_id, name, sha256, tenant = (record.get(k) for k in ("id", "name", "sha256", "tenant"))
+        models, created_at, expires_at = record.get("models"), record.get("created_at"), record.get("expires_at")
+        if not (isinstance(key_id, str) and _HEX_ID.fullmatch(key_id)):
+            raise KeyStoreError("not a key record: its id is not 1 to 64 hex digits")
+        if not (isinstance(sha256, str) and _SHA256_HEX.fullmatch(sha256)):
+            raise KeyStoreError("not a key record: its digest is not 64 hex digits")
+        if not (isinstance(name, str) and 0 < len(name) <= NAME_CHARS_MAX):
+            raise KeyStoreError(f"not a key record: a name of 1 to {NAME_CHARS_MAX} characters")
+        if tenant is not None and not (isinstance(tenant, str) and 0 < len(tenant) <= TENANT_CHARS_MAX):
+            raise KeyStoreError(f"not a key record: a tenant of 1 to {TENANT_CHARS_MAX} characters")
+        if models is not None and not (isinstance(models, list) and len(models) <= MODELS_MAX and all(
+                isinstance(m, str) and 0 < len(m) <= MODEL_CHARS_MAX for m in models)):
+            raise KeyStoreError(f"not a key record: models is a list of at most {MODELS_MAX} names")
+        for stamp in (created_at, expires_at):
+            if stamp is not None and not (isinstance(stamp, (int, float)) and not isinstance(stamp, bool)
+                                          and math.isfinite(stamp) and 0 <= stamp <= TIME_MAX_S):
+                raise KeyStoreError("not a key record: its times are not seconds since 1970")
+        if created_at is None or not isinstance(record.get("revoked", False), bool):
+            raise KeyStoreError("not a key record: no creation time, or revoked is not a boolean")
         try:
-            models = record.get("models")
-            key = cls(id=str(record["id"]), name=str(record["name"])[:NAME_CHARS_MAX], role=Role(record["role"]),
-                      sha256=str(record["sha256"]), created_at=float(record["created_at"]),
-                      tenant=str(record["tenant"]) if record.get("tenant") is not None else None,
-                      models=tuple(str(m) for m in models[:MODELS_MAX]) if isinstance(models, list) else None,
-                      expires_at=float(record["expires_at"]) if record.get("expires_at") is not None else None,
-                      revoked=bool(record.get("revoked", False)))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise KeyStoreError(f"not a key record: {e}") from None
-        if len(key.sha256) != 64 or not key.id:
-            raise KeyStoreError("not a key record: bad digest or id")
-        return key
+            role = Role(record.get("role"))
+        except ValueError:
+            raise KeyStoreError("not a key record: an unknown role") from None
+        return cls(id=key_id, name=name, role=role, sha256=sha256, created_at=float(created_at), tenant=tenant,
+                   models=tuple(models) if models is not None else None,
+                   expires_at=float(expires_at) if expires_at is not None else None,
+                   revoked=record.get("revoked", False))
 
 
 def _counts(key: StoredKey) -> int:

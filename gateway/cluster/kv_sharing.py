@@ -31,11 +31,18 @@ import trio
 
 from mesh.transport import TransportError
 
-from ..routing.kv_index import BatchOutcome, KvIndex
+from ..routing.kv_index import OP_CLEAR, OP_REMOVE, OP_STORE, BatchOutcome, KvIndex
 
 log = logging.getLogger("gateway.kv_sharing")
 
 LOG_BATCHES_MAX = 4096  # per engine: how far back a peer can ask for a replay
+# What a peer's item may hold (checked whole before any of it is applied): sequence numbers an engine's
+# counter reaches in practice and that stay encodable after + 1; block sizes engines use (SGLang's page
+# size, vLLM's block size: 1 to a few hundred tokens); ids as the registry makes them.
+SEQUENCE_MAX = 2 ** 62
+BLOCK_SIZE_MAX = 65_536
+ENGINE_ID_CHARS_MAX = 128
+BLOCKS_PER_ITEM_MAX = 1_000_000
 FLUSH_INTERVAL_S = 0.02
 REQUEST_BATCHES_MAX = 256
 CATCH_UP_INTERVAL_S = 2.0
@@ -57,6 +64,7 @@ class KvSharing:
         self.forwarded = 0
         self.received = 0
         self.replays = 0
+        self.refused = 0  # peers' items dropped as malformed or out of bounds
         cluster.serve_requests(KV_MARK, self.on_frame)
 
     # -- ownership --------------------------------------------------------
@@ -144,17 +152,16 @@ class KvSharing:
     def _apply(self, item: list, sender: str) -> None:
         """Apply one forwarded or replayed item; a gap asks the sender for a replay."""
         try:
-            engine_id, sequence, snapshot, block_size, ops = item
-            if not isinstance(engine_id, str) or not isinstance(sequence, int) or not isinstance(ops, list):
-                raise TypeError("bad item shape")
+            engine_id, sequence, snapshot, block_size, ops = _checked_item(item)
             if not snapshot and self.index.next_sequence(engine_id) == 0:
                 # We know nothing of this engine yet (a node that just started or restarted): a batch
                 # would only add to nothing, and the index would stay a fragment for good. Start from
                 # the sender's whole view instead.
                 self._ask_replay(engine_id, sender)
                 return
-            outcome = self.index.apply_ops(engine_id, sequence, ops, bool(snapshot), int(block_size))
+            outcome = self.index.apply_ops(engine_id, sequence, ops, snapshot, block_size)
         except (ValueError, TypeError, IndexError) as e:
+            self.refused += 1
             log.debug("dropped a malformed KV item from %s: %s", sender, e)
             return
         self.received += 1
@@ -202,3 +209,40 @@ class KvSharing:
                 owners = [o for o in self.owners(engine_id) if o != self.cluster.node_name]
                 if owners:
                     self._ask_replay(engine_id, owners[0])
+
+
+def _int_in(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _checked_item(item: object) -> tuple[str, int, bool, int, list]:
+    """A peer's ``[engine id, sequence, snapshot, block size, ops]``, every field and op checked (ValueError
+    naming the first that is wrong), so that nothing of a bad item is applied."""
+    if not isinstance(item, list) or len(item) != 5:
+        raise ValueError("an item is [engine id, sequence, snapshot, block size, ops]")
+    engine_id, sequence, snapshot, block_size, ops = item
+    if not isinstance(engine_id, str) or not 0 < len(engine_id) <= ENGINE_ID_CHARS_MAX:
+        raise ValueError(f"engine id: 1 to {ENGINE_ID_CHARS_MAX} characters")
+    if not _int_in(sequence, 0, SEQUENCE_MAX) or not isinstance(snapshot, bool) \
+            or not _int_in(block_size, 0, BLOCK_SIZE_MAX) or not isinstance(ops, list):
+        raise ValueError("sequence, snapshot or block size out of range")
+    blocks = 0
+    for op in ops:
+        if not isinstance(op, list) or not op or op[0] not in (OP_STORE, OP_REMOVE, OP_CLEAR):
+            raise ValueError("an op is [OP_STORE, pairs], [OP_REMOVE, hashes] or [OP_CLEAR]")
+        if op[0] == OP_CLEAR:
+            if len(op) != 1:
+                raise ValueError("OP_CLEAR takes nothing")
+            continue
+        if len(op) != 2 or not isinstance(op[1], list):
+            raise ValueError("an op's payload is a list")
+        blocks += len(op[1])
+        if op[0] == OP_STORE:
+            if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and isinstance(p[1], int)
+                       for p in op[1]):
+                raise ValueError("a stored block is an [our hash, engine hash] pair of integers")
+        elif not all(isinstance(h, int) for h in op[1]):
+            raise ValueError("removed blocks are engine hashes (integers)")
+    if blocks > BLOCKS_PER_ITEM_MAX:
+        raise ValueError(f"more than {BLOCKS_PER_ITEM_MAX} blocks in one item")
+    return engine_id, sequence, snapshot, block_size, ops

@@ -50,7 +50,8 @@ class ClusterState:
         self.peer_requests = PeerRequests()
         self.agent: Any = None  # the MeshAgent, set once it runs
         self.changed = trio.Event()  # the worker set in the document changed: reconcile
-        self.dropped_updates = 0
+        self.dropped_updates = 0  # peers' document updates refused (unreadable, out of bounds)
+        self.bad_settings = 0  # settings a subsystem failed on (each subsystem also refuses bad values itself)
         self.on_setting: list[Any] = []  # callables (name, value) for settings changed by peers
         # True once a peer's whole document arrived (or there was nobody to join): until then the
         # node does not know the cluster's workers and limits, so it is not ready.
@@ -180,8 +181,6 @@ class ClusterState:
         if len(payload) > USER_PAYLOAD_BYTES_MAX:
             self.dropped_updates += 1
             return
-        before = self.doc.workers()
-        settings_before = self.doc.settings()
         try:
             extras = self.doc.merge(payload)
         except DocError as e:
@@ -190,12 +189,17 @@ class ClusterState:
             return
         for extra in extras:
             self.publish(extra)
-        if self.doc.workers() != before:
+        changed = self.doc.changed
+        if changed.get("workers"):
             self._notify()
-        for name, entry in self.doc.settings().items():
-            if settings_before.get(name, {}).get("t") != entry.get("t"):
-                for callback in self.on_setting:
-                    callback(name, entry.get("value"))
+        for name in sorted(changed.get("settings", ())):
+            entry = self.doc.get("settings", name)
+            for callback in self.on_setting:
+                try:
+                    callback(name, entry.get("value") if entry is not None else None)
+                except Exception:  # one subsystem's trouble with a peer's value must not stop the others
+                    self.bad_settings += 1
+                    log.exception("a subsystem failed on the cluster setting %r", name)
 
     def _notify(self) -> None:
         self.changed.set()

@@ -474,10 +474,12 @@ class MemoryHistory:
             if not isinstance(frame, list) or not frame:
                 raise BadFrame("a frame is a non-empty list")
             return pack(await self._answer(frame))
-        except BadFrame as e:
+        except (BadFrame, ValueError, TypeError, KeyError, IndexError) as e:
+            # Checked frames carry values the operations still read (a conversation's metadata as JSON): what
+            # they cannot read is the peer's fault, refused like a malformed frame.
             self.stats.bad_frames += 1
             log.debug("history: a peer's bad frame: %s", e)
-            return pack(["bad", str(e)])
+            return pack(["bad", str(e)[:200]])
 
     async def _answer(self, frame: list[Any]) -> list[Any]:
         kind = frame[0]

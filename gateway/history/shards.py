@@ -35,8 +35,17 @@ _OVERHEAD_BYTES = 64
 TOMBSTONES_MAX = 100_000
 
 
+# As wire.VERSION_MAX (2^63 - 1 ns, the year 2262): versions saturate there, so no arithmetic on one a peer
+# sent can leave what msgpack encodes. Only a peer's doing reaches it; writes to that shard then stop
+# replicating (replicas refuse a delta whose base is not below its version) and are counted as failed.
+VERSION_MAX = 2 ** 63 - 1
+# A change stamped further ahead of our clock than this is not taken: a member's clock cannot be that wrong,
+# and a shard "written" in the far future would never expire.
+WRITTEN_AHEAD_MAX_S = 600.0
+
+
 def version_after(previous: int, now_s: float) -> int:
-    return max(previous + 1, int(now_s * 1e9))
+    return min(VERSION_MAX, max(previous + 1, int(now_s * 1e9)))
 
 
 @dataclasses.dataclass(slots=True)
@@ -84,6 +93,7 @@ class MemoryShards:
         self.responses = 0
         self.items = 0  # conversation items, plus one per conversation
         self.evicted = 0
+        self.refused_future = 0  # peers' changes stamped too far ahead of our clock
 
     def __len__(self) -> int:
         return len(self._shards)
@@ -160,6 +170,9 @@ class MemoryShards:
             return True  # already as new (or deleted later): nothing to do
         if now_s - change.written_at_s > self.config.retention_s:
             return True  # expired on the way (or a stale copy): not worth keeping
+        if change.written_at_s - now_s > WRITTEN_AHEAD_MAX_S:
+            self.refused_future += 1
+            return True  # from a clock far ahead of ours (or a forged stamp): dropped, counted
         if change.deleted:
             if held is not None:
                 self._drop(change.id)

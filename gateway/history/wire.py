@@ -21,12 +21,17 @@ from typing import Any
 import msgpack
 
 from .ops import OPERATIONS
-from .shards import KINDS, Change
+from .shards import KINDS, VERSION_MAX, Change
 from .store import ID_CHARS_MAX, OWNER_CHARS_MAX
 
 HISTORY_MARK = b"H"
 CHANGES_PER_FRAME_MAX = 10_000
 ITEMS_PER_CHANGE_MAX = 100_000
+# A peer's version is taken only up to shards.VERSION_MAX, so ``version + 1`` here still fits the uint64
+# msgpack encodes (a version of 2^64 - 1 from a peer would otherwise end the next write to that shard).
+# Wall-clock seconds of a shard's last write: from 1970 to 2^34 s (the year 2514), finite.
+WRITTEN_AT_MAX_S = float(2 ** 34)
+LIST_LIMIT_ARG_MAX = 1_000_000  # list_items' page size from a peer (the API's own bound is 100)
 
 
 class BadFrame(Exception):
@@ -63,10 +68,11 @@ def change_from_wire(raw: Any) -> Change:
     if kind not in KINDS:
         raise BadFrame(f"unknown shard kind {kind!r}")
     _text(owner, OWNER_CHARS_MAX, "owner")
-    if not (isinstance(version, int) and isinstance(base, int) and 0 <= base < version):
-        raise BadFrame("versions: 0 <= base < version")
-    if not isinstance(written_at, float) or not math.isfinite(written_at):
-        raise BadFrame("written_at: a finite float")
+    if not (isinstance(version, int) and isinstance(base, int) and not isinstance(version, bool)
+            and not isinstance(base, bool) and 0 <= base < version <= VERSION_MAX):
+        raise BadFrame(f"versions: 0 <= base < version <= {VERSION_MAX}")
+    if not isinstance(written_at, float) or not math.isfinite(written_at) or not 0 <= written_at <= WRITTEN_AT_MAX_S:
+        raise BadFrame(f"written_at: a float from 0 to {WRITTEN_AT_MAX_S:g}")
     if head is not None and not isinstance(head, bytes):
         raise BadFrame("head: bytes or nil")
     if not isinstance(added, list) or len(added) > ITEMS_PER_CHANGE_MAX or not all(
@@ -105,6 +111,10 @@ def operation_from_wire(frame: list[Any]) -> tuple[str, str, str, list[Any]]:
             isinstance(a, t) and (t is not int or not isinstance(a, bool)) for a, t in zip(args, types)):
         raise BadFrame(f"{name}: arguments of types {[t.__name__ for t in types]}")
     for a in args:
+        if isinstance(a, int) and not isinstance(a, bool) and not 0 <= a <= LIST_LIMIT_ARG_MAX:
+            raise BadFrame(f"{name}: a count from 0 to {LIST_LIMIT_ARG_MAX}")
+        if isinstance(a, str) and len(a) > ID_CHARS_MAX:
+            raise BadFrame(f"{name}: an id of at most {ID_CHARS_MAX} characters")
         if isinstance(a, list) and (len(a) > ITEMS_PER_CHANGE_MAX or not all(
                 isinstance(i, list) and len(i) == 2 and isinstance(i[0], str) and 0 < len(i[0]) <= ID_CHARS_MAX
                 and isinstance(i[1], bytes) for i in a)):

@@ -29,6 +29,9 @@ import math
 from typing import NamedTuple
 
 EPSILON = 1e-9
+# No limit, burst or window (seconds: 31 million years) is larger: the bound keeps every quantity derived
+# from a rate (intervals, window indices, times) finite and exact enough, whoever sent the rate.
+RATE_VALUE_MAX = 1e15
 
 
 class Algorithm(enum.Enum):
@@ -59,6 +62,8 @@ class Rate:
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 return f"{name} must be a positive number, not {value!r}"
+            if value > RATE_VALUE_MAX:
+                return f"{name} must be at most {RATE_VALUE_MAX:g}, not {value!r}"
         return None
 
     @property

@@ -31,7 +31,12 @@ METHOD_REPLICATE = b"P"
 ITEMS_PER_REQUEST_MAX = 10_000  # a peer's batch beyond this is refused whole
 KEY_CHARS_MAX = 512
 HITS_MAX = 1e12
-
+# A replicated state's times (wall-clock seconds) and window index: a bucket's theoretical arrival time is
+# now plus the debt FORCE hits may build (HITS_MAX units at the slowest rate is far beyond), so anything
+# past 2^40 s (the year 36812) or before 1970 is not a state a member computed.
+STATE_TIME_MAX_S = float(2 ** 40)
+WINDOW_INDEX_MAX = 2 ** 53  # window indices are floor(now / window_s): exact as floats up to here
+COUNT_MAX = 1e18
 _ALGORITHM_TO_PB = {Algorithm.TOKEN_BUCKET: pb.ALGORITHM_TOKEN_BUCKET,
                     Algorithm.SLIDING_WINDOW: pb.ALGORITHM_SLIDING_WINDOW}
 _ALGORITHM_FROM_PB = {v: k for k, v in _ALGORITHM_TO_PB.items()}
@@ -98,7 +103,13 @@ def add_decision(response: pb.DecideResponse, decision: Decision) -> None:
 
 def decision_from_pb(result: pb.DecideResult) -> Decision:
     if result.outcome == pb.OUTCOME_ERROR:
-        raise ItemError(result.error or "the owner refused the item")
+        raise ItemError(result.error[:200] or "the owner refused the item")
+    if result.outcome not in (pb.OUTCOME_ALLOWED, pb.OUTCOME_DENIED):
+        raise ItemError(f"unknown outcome {result.outcome}")
+    # The owner's numbers go into response headers (int(remaining)...): NaN or infinity would fail there.
+    values = (result.limit, result.remaining, result.reset_after_s, result.retry_after_s)
+    if not all(math.isfinite(v) and -1.0 <= v <= COUNT_MAX for v in values):
+        raise ItemError("the owner's decision holds a number out of range")
     retry = result.retry_after_s
     return Decision(result.outcome == pb.OUTCOME_ALLOWED, result.limit, result.remaining, result.reset_after_s,
                     retry if retry >= 0 else math.inf)
@@ -113,8 +124,10 @@ def state_from_pb(message: pb.KeyState) -> tuple[str, Rate, KeyState]:
     key = message.key
     if not key or len(key) > KEY_CHARS_MAX:
         raise ItemError("bad key")
-    values = (message.tat_s, message.current_count, message.previous_count)
-    if not all(math.isfinite(v) for v in values) or message.current_count < 0 or message.previous_count < 0:
+    if not (math.isfinite(message.tat_s) and 0.0 <= message.tat_s <= STATE_TIME_MAX_S
+            and 0 <= message.window_index <= WINDOW_INDEX_MAX
+            and all(math.isfinite(v) and 0.0 <= v <= COUNT_MAX
+                    for v in (message.current_count, message.previous_count))):
         raise ItemError("bad state values")
     return key, rate_from_pb(message.spec), KeyState(message.tat_s, message.window_index, message.current_count,
                                                      message.previous_count)

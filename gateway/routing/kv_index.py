@@ -72,6 +72,9 @@ def prompt_block_hashes(token_ids: "Sequence[int]", block_size: int) -> list[int
     return chained_block_hashes(token_ids, block_size)
 
 
+# Engines the index follows at most: far more than a cluster runs, and a bound on what batches naming
+# engines that do not exist (a buggy or hostile peer's) can make it hold.
+ENGINES_MAX = 4096
 _HASH_BITS = 64
 _HASH_MASK = (1 << _HASH_BITS) - 1
 
@@ -149,6 +152,8 @@ class KvIndex:
     def _admit(self, engine_id: str, sequence: int, snapshot: bool) -> "tuple[_Engine, BatchOutcome | None]":
         engine = self._engines.get(engine_id)
         if engine is None:
+            if len(self._engines) >= ENGINES_MAX:
+                raise ValueError(f"the index follows {ENGINES_MAX} engines already")
             engine = self._engines[engine_id] = _Engine(self._next_engine_number)
             self._engine_ids[self._next_engine_number] = engine_id
             self._next_engine_number += 1

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from mesh.worker_doc import DocError, WorkerDoc
+from mesh.worker_doc import EPOCH_MAX, STAMP_AHEAD_MAX_S, DocError, WorkerDoc
 
 
 class Clock:
@@ -157,15 +157,83 @@ def test_garbage_is_refused():
         WorkerDoc("a").merge(b"\x00garbage")
 
 
-def test_unreadable_values_from_a_peer_count_as_absent():
+def _peer_update(entries: dict, epoch: int = 0) -> bytes:
+    """A peer's update carrying raw map values, as a key holder could craft it."""
     import msgpack
     import pycrdt
-    bad = pycrdt.Doc()
-    m = bad.get("workers", type=pycrdt.Map)
-    with bad.transaction():
-        m["w1"] = "{not json"
-        m["w2"] = "[1, 2]"
+    doc = pycrdt.Doc()
+    maps = {}
+    with doc.transaction():
+        for (map_name, key), raw in entries.items():
+            maps.setdefault(map_name, doc.get(map_name, type=pycrdt.Map))[key] = raw
+    return msgpack.packb([epoch, doc.get_update()])
+
+
+def test_unreadable_values_from_a_peer_refuse_the_update_and_leave_the_document_as_it_was():
     doc = WorkerDoc("a", clock=Clock())
-    doc.merge(msgpack.packb([0, bad.get_update()]))
-    assert doc.workers() == {} and doc.get("workers", "w1") is None
-    assert doc.register("w1", {"url": "u"})  # and writing over them works
+    doc.register("w0", {"url": "u0"})
+    before = doc.state()
+    for raw in ("{not json", "[1, 2]", '{"t": 1.5e19, "by": "x"}', '{"by": "x"}', '{"t": 5}'):
+        with pytest.raises(DocError):
+            doc.merge(_peer_update({("workers", "w1"): raw}))
+        assert doc.state() == before and set(doc.workers()) == {"w0"}
+    assert doc.register("w1", {"url": "u"})  # and writing goes on
+
+
+MSGPACK_UINT_MAX = 2 ** 64 - 1
+
+
+@pytest.mark.parametrize("epoch", [MSGPACK_UINT_MAX, EPOCH_MAX + 1, -1])
+def test_an_epoch_out_of_range_is_refused_and_the_next_compaction_still_encodes(epoch):
+    # The attack of issue 33: an update at epoch 2^64 - 1 was adopted; the next compaction computed
+    # epoch + 1, which msgpack cannot encode, and the node died at its next ordinary write.
+    import msgpack
+    import pycrdt
+    doc = WorkerDoc("a", compact_bytes=1, clock=Clock())
+    with pytest.raises(DocError):
+        doc.merge(msgpack.packb([epoch, pycrdt.Doc().get_update()]))
+    assert doc.epoch == 0
+    doc.register("w1", {"url": "u"})
+    assert doc.maybe_compact() is not None and doc.epoch == 1
+
+
+def test_at_the_last_epoch_the_document_stops_compacting_instead_of_overflowing():
+    import msgpack
+    clock = Clock()
+    peer = WorkerDoc("p", clock=clock)
+    peer.register("w1", {"url": "u"})
+    epoch, update = msgpack.unpackb(peer.state())
+    doc = WorkerDoc("a", compact_bytes=1, clock=clock)
+    doc.merge(msgpack.packb([EPOCH_MAX, update]))  # in range, however unlikely: adopted
+    assert doc.epoch == EPOCH_MAX
+    assert doc.maybe_compact() is None  # saturated: no EPOCH_MAX + 1
+    assert msgpack.unpackb(doc.register("w2", {"url": "v"}))[0] == EPOCH_MAX
+    assert set(doc.workers()) == {"w1", "w2"}
+
+
+def test_a_stamp_from_the_far_future_is_refused_so_our_clock_never_follows_it():
+    clock = Clock()
+    doc = WorkerDoc("a", clock=clock)
+    ahead_ms = int((clock.t + STAMP_AHEAD_MAX_S + 1) * 1000)
+    for stamp in (ahead_ms, MSGPACK_UINT_MAX, 2 ** 63):
+        with pytest.raises(DocError):
+            doc.merge(_peer_update({("settings", "x"): f'{{"value": 1, "t": {stamp}, "by": "evil"}}'}))
+    written = doc.get("workers", "w1") if doc.register("w1", {"url": "u"}) else None
+    assert written is not None and written["t"] <= clock.t * 1000 + 1
+    # A stamp a little ahead (a peer's clock a minute fast) is taken, and ours moves past it.
+    near_ms = int((clock.t + 60) * 1000)
+    doc.merge(_peer_update({("settings", "x"): f'{{"value": 1, "t": {near_ms}, "by": "b"}}'}))
+    doc.register("w2", {"url": "u"})
+    assert doc.get("workers", "w2")["t"] > near_ms
+
+
+def test_a_refused_update_after_a_good_one_changes_nothing_more():
+    clock = Clock()
+    a, b = WorkerDoc("a", clock=clock), WorkerDoc("b", clock=clock)
+    b.merge(a.register("w1", {"url": "u"}))
+    state = b.state()
+    with pytest.raises(DocError):
+        b.merge(b"\x92\x00\xc4\x03abc")  # [0, b"abc"]: not a pycrdt update
+    with pytest.raises(DocError):
+        b.merge(_peer_update({("workers", "x" * 300): '{"t": 1, "by": "b"}'}))
+    assert b.state() == state and set(b.workers()) == {"w1"}
