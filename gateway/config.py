@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mesh.admin_token import AdminTokenError, default_token_path, load_or_create_token
-from mesh.crypto import KeyringError, decode_key
+from mesh.crypto import KeyringError, decode_key, derive_key
 from mesh.options import MeshOptions, is_loopback, parse_tags
 from mesh.transport import MeshTls
 
@@ -344,8 +344,9 @@ _OPTIONS: list[_Option] = [
     _Option("--mesh-tls-ca-cert", "mesh.tls_ca_cert", str, "mutual TLS between members' streams: the CA"),
     _Option("--mesh-tls-cert", "mesh.tls_cert", str, "this member's certificate (signed by the mesh CA)"),
     _Option("--mesh-tls-key", "mesh.tls_key", str, "its private key"),
-    _Option("--mesh-insecure", "mesh.insecure", "bool", "allow an unencrypted mesh off loopback (anyone who can "
-                                                          "send it a packet can then change the cluster)"),
+    _Option("--mesh-insecure", "mesh.insecure", "bool", "run the mesh in the clear (anyone who can send it a "
+            "packet can read and change the cluster). Without it and without --encrypt, the gossip key is derived "
+            "from the admin token; off loopback --encrypt is required"),
     # smg's mesh flags, accepted so its users can switch.
     _Option("--enable-mesh", "_enable_mesh", "bool", "smg alias: run the mesh (on 0.0.0.0:7946 by default)"),
     _Option("--mesh-host", "_mesh_host", str, "smg alias: host part of --mesh-bind"),
@@ -644,7 +645,8 @@ def with_admin_credentials(config: GatewayConfig) -> GatewayConfig:
     Without any admin credential, the admin token comes from --admin-token-file (made there
     if need be: mesh/admin_token.py). The mesh's admin endpoint takes --rpc-token, else the
     admin token, else the file's: it is never open, not even on loopback, because the gateway
-    itself can be made to send requests to loopback addresses.
+    itself can be made to send requests to loopback addresses. Without --encrypt, and unless
+    --mesh-insecure says otherwise, the gossip key is derived from the admin token.
     """
     auth, mesh = config.auth, config.mesh
     path = auth.admin_token_file or default_token_path()
@@ -658,4 +660,15 @@ def with_admin_credentials(config: GatewayConfig) -> GatewayConfig:
         auth = dataclasses.replace(auth, admin_token=file_token, admin_token_file=path)
     if mesh.enabled and not mesh.rpc_token:
         mesh = dataclasses.replace(mesh, rpc_token=auth.admin_token or file_token)
+    if mesh.enabled and not mesh.keys and not mesh.insecure:
+        # Never in the clear unless asked: a key from the admin token, which the nodes of one user on one
+        # machine share through its file (and a cluster through SMG_NODE_ADMIN_TOKEN). Off loopback,
+        # validate() already asked for --encrypt.
+        secret = auth.admin_token
+        if not secret:
+            try:
+                secret, _ = load_or_create_token(path)
+            except (AdminTokenError, OSError) as e:
+                raise ConfigError(f"--admin-token-file (the mesh's key is derived from it): {e}") from None
+        mesh = dataclasses.replace(mesh, keys=(derive_key(secret),), key_source="admin-token")
     return dataclasses.replace(config, auth=auth, mesh=mesh)

@@ -46,7 +46,9 @@ import os
 import struct
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 KEY_BYTES = 32  # AES-256
 NONCE_BYTES = 12
@@ -77,6 +79,21 @@ class KeyringError(Exception):
 def generate_key() -> str:
     """A new key, base64 encoded as ``smg-node keygen`` prints it."""
     return base64.b64encode(os.urandom(KEY_BYTES)).decode()
+
+
+# HKDF's salt and info for a gossip key derived from the admin token: a fixed label, so that every node
+# holding the same token derives the same key, and the key says nothing about the token.
+_DERIVED_KEY_SALT = b"smg-node gossip key"
+_DERIVED_KEY_INFO = b"v1"
+
+
+def derive_key(secret: str) -> str:
+    """A gossip key (base64, as ``generate_key``) derived from a shared secret, the admin token: the nodes
+    of one user on one machine share the token's file, so they share this key without a flag. HKDF-SHA256
+    (RFC 5869): the token cannot be recovered from the key, and the key is as secret as the token."""
+    key = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=_DERIVED_KEY_SALT,
+               info=_DERIVED_KEY_INFO).derive(secret.encode())
+    return base64.b64encode(key).decode()
 
 
 def decode_key(text: str) -> bytes:

@@ -24,8 +24,11 @@ class MeshOptions:
     retry_join_max: int = 0
     retry_join_interval_s: float = 5.0
     node_name: str | None = None
-    # Base64 AES-256 keys; the first encrypts. Empty: gossip in the clear (a warning is logged).
+    # Base64 AES-256 keys; the first encrypts. Without --encrypt the node derives one from its admin token
+    # (gateway.config.with_admin_credentials): empty only with --mesh-insecure, which the node says at start.
     keys: tuple[str, ...] = ()
+    # Where the keys came from, for the start-up log: "flag" (--encrypt / SMG_NODE_ENCRYPT) or "admin-token".
+    key_source: str = "flag"
     tags: tuple[tuple[str, str], ...] = ()
     preset: str = "lan"
     # The local admin endpoint the CLI talks to (Serf's default port); it always needs the token.

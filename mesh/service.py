@@ -201,7 +201,13 @@ async def serve_mesh(options: MeshOptions, extra_tags: "dict[str, str]", hooks: 
     transport = UdpTcpTransport(options.bind, options.advertise, config.tcp_state_bytes_max, tls)
     keyring = Keyring(list(options.keys))
     if not keyring.enabled:
-        log.warning("gossip is not encrypted: pass --encrypt KEY (smg-node keygen makes one)")
+        log.warning("--mesh-insecure: the mesh on %s runs in the clear; any process that reaches it can read the "
+                    "cluster's state (stored conversations included) and change it. Pass --encrypt KEY (smg-node "
+                    "keygen makes one), or drop --mesh-insecure to derive the key from the admin token",
+                    options.bind)
+    elif options.key_source == "admin-token":
+        log.info("gossip sealed with a key derived from the admin token (fingerprint %s): nodes sharing the "
+                 "token share the key", keyring.fingerprints()[0])
     name = name or options.node_name or default_node_name(transport.addr)
     transport = maybe_faulty(transport, name)  # the chaos harness's network faults; inert otherwise
     tags = {**dict(options.tags), **extra_tags}

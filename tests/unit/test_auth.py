@@ -7,6 +7,8 @@ import stat
 
 import pytest
 
+from mesh.crypto import generate_key
+
 from gateway.auth import ANONYMOUS, Access, AuthConfig, Authenticator, Forbidden, Role, Unauthenticated
 from gateway.auth.authenticator import AuthConfigError
 from gateway.config import ConfigError, add_serve_arguments, build_config, with_admin_credentials
@@ -124,6 +126,9 @@ def test_a_token_file_others_can_read_is_refused(tmp_path):
         read_token(path)
 
 
+KEY = generate_key()
+
+
 def _config(argv, tmp_path):
     import argparse
     parser = argparse.ArgumentParser()
@@ -148,7 +153,21 @@ def test_a_mesh_off_loopback_needs_encryption_or_an_explicit_insecure_flag(tmp_p
     with pytest.raises(ConfigError, match="--encrypt"):
         _config(["--mesh-bind", "0.0.0.0:7946"], tmp_path)
     assert _config(["--mesh-bind", "0.0.0.0:7946", "--mesh-insecure"], tmp_path).mesh.insecure
-    _config(["--mesh-bind", "127.0.0.1:7946"], tmp_path)  # loopback: the clear is allowed
+    _config(["--mesh-bind", "127.0.0.1:7946"], tmp_path)  # loopback: no --encrypt needed (a key is derived)
+
+
+def test_a_mesh_without_encrypt_derives_its_key_from_the_admin_token_and_is_never_in_the_clear(tmp_path):
+    from mesh.crypto import decode_key
+    first = with_admin_credentials(_config(["--mesh-bind", "127.0.0.1:7946"], tmp_path)).mesh
+    second = with_admin_credentials(_config(["--mesh-bind", "127.0.0.1:7947"], tmp_path)).mesh
+    assert first.keys == second.keys and len(decode_key(first.keys[0])) == 32  # one token file, one key
+    assert first.key_source == "admin-token" and read_token(tmp_path / "t") not in first.keys[0]
+    other = with_admin_credentials(_config(["--mesh-bind", "127.0.0.1:7946", "--admin-token", ADMIN], tmp_path))
+    assert other.mesh.keys != first.keys  # another token, another key
+    explicit = with_admin_credentials(_config(["--mesh-bind", "127.0.0.1:7946", "--encrypt", KEY], tmp_path))
+    assert explicit.mesh.keys == (KEY,) and explicit.mesh.key_source == "flag"
+    clear = with_admin_credentials(_config(["--mesh-bind", "127.0.0.1:7946", "--mesh-insecure"], tmp_path))
+    assert clear.mesh.keys == ()  # only when asked
 
 
 def test_a_prompt_longer_than_its_context_can_hold_is_refused_before_encoding():
