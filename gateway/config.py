@@ -34,7 +34,7 @@ from .auth import AuthConfig, Authenticator
 from .auth.authenticator import AuthConfigError
 from .engine.engine_tls import EngineTlsConfig
 from .engine.h2grpc import H2Config
-from .history import HistoryConfig, PostgresConfig, PostgresNames, RedisConfig
+from .history import RECORD_BYTES_MAX, HistoryConfig, PostgresConfig, PostgresNames, RedisConfig
 from .parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, HarmonyUnavailable, harmony_encoding, is_harmony
 from .ratelimit.limiter import RateLimitConfig
 from .ratelimit.limits import FailurePolicy, LimitConfigError, LimitSet, parse_limit_set
@@ -219,6 +219,11 @@ _OPTIONS: list[_Option] = [
     _Option("--max-concurrent-requests", "admission.max_concurrent_requests", int,
             "generations running at once; 0 = unlimited"),
     _Option("--queue-size", "admission.queue_size", int, "requests waiting for a slot before 429"),
+    _Option("--max-concurrent-requests-per-tenant", "admission.tenant_max_concurrent", int, "generations one "
+            "tenant (else key) may run at once per process (default: half of --max-concurrent-requests); also its "
+            "background responses in progress"),
+    _Option("--queue-size-per-tenant", "admission.tenant_queue_max", int, "requests of one tenant that may wait "
+            "for a slot (default: half of --queue-size)"),
     _Option("--queue-timeout-secs", "admission.queue_timeout_s", float, "longest wait for a slot before 503"),
     _Option("--request-timeout-secs", "admission.request_timeout_s", float, "longest a request may take"),
     _Option("--max-payload-size", "admission.body_bytes_max", int, "largest request body in bytes (default: 32 "
@@ -230,6 +235,18 @@ _OPTIONS: list[_Option] = [
     _Option("--history-memory-max-items", "history.max_items", int, "conversation items kept in memory per node"),
     _Option("--history-memory-retention-secs", "history.retention_s", float, "how long a stored response or "
             "conversation is kept after its last write"),
+    _Option("--history-memory-max-bytes", "history.max_bytes", int, "bytes of stored responses and conversations "
+            "kept in memory per node (default 256 MiB)"),
+    _Option("--history-tenant-max-bytes", "history.tenant_max_bytes", int, "bytes one tenant (else key) may hold "
+            "per node in the memory store, beyond which its writes get 429 (default: a quarter of the node's)"),
+    _Option("--history-tenant-max-responses", "history.tenant_max_responses", int, "stored responses one tenant "
+            "may hold per node (default: a quarter of --history-memory-max-responses)"),
+    _Option("--history-tenant-max-conversations", "history.tenant_max_conversations", int, "conversations one "
+            "tenant may hold per node (default: a quarter of --history-memory-max-responses)"),
+    _Option("--history-tenant-max-items", "history.tenant_max_items", int, "conversation items one tenant may "
+            "hold per node (default: a quarter of --history-memory-max-items)"),
+    _Option("--history-record-max-bytes", "history.record_bytes_max", int, "largest stored response, and "
+            "largest conversation with its items, in bytes (default 4 MiB, at most 6 MiB): larger ones get 413"),
     _Option("--postgres-db-url", "postgres.url", str, "postgres://user:password@host:port/db?sslmode=... (or "
             "SMG_POSTGRES_DB_URL, kept out of the process list)"),
     _Option("--postgres-pool-max-size", "postgres.pool_max_size", int, "connections to PostgreSQL"),
@@ -364,7 +381,9 @@ HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "--host", "--port", "--max-connections", "--max-payload-size", "--request-timeout-secs",
         "--default-max-tokens", "--shutdown-grace-period-secs", "--http-server", "--prometheus-host",
         "--prometheus-port", "--history-backend", "--history-memory-max-responses", "--history-memory-max-items",
-        "--history-memory-retention-secs", "--postgres-db-url", "--postgres-pool-max-size", "--postgres-names",
+        "--history-memory-retention-secs", "--history-memory-max-bytes", "--history-tenant-max-bytes",
+        "--history-tenant-max-responses", "--history-tenant-max-conversations", "--history-tenant-max-items",
+        "--history-record-max-bytes", "--postgres-db-url", "--postgres-pool-max-size", "--postgres-names",
         "--redis-url", "--redis-pool-max-size", "--redis-retention-days", "--redis-key-prefix",
         "--log-level", "--log-json")),
     ("engines: where generations run", (
@@ -377,6 +396,7 @@ HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "--policy", "--cache-threshold", "--balance-abs-threshold", "--balance-rel-threshold",
         "--prefix-token-count", "--routing-key-header", "--disable-kv-events", "--kv-events-always",
         "--kv-index-blocks-max", "--kv-event-followers", "--max-concurrent-requests", "--queue-size",
+        "--max-concurrent-requests-per-tenant", "--queue-size-per-tenant",
         "--queue-timeout-secs", "--retry-max-retries", "--retry-initial-backoff-ms", "--retry-max-backoff-ms",
         "--retry-backoff-multiplier", "--retry-jitter-factor", "--disable-retries", "--cb-failure-threshold",
         "--cb-success-threshold", "--cb-timeout-duration-secs", "--cb-window-duration-secs",
@@ -556,9 +576,15 @@ def validate(config: GatewayConfig) -> None:
             raise ConfigError("--history-backend redis needs --redis-url (or SMG_REDIS_URL)")
         if config.redis.pool_max_size < 1 or config.redis.retention_days == 0:
             raise ConfigError("--redis-pool-max-size must be positive and --redis-retention-days not 0")
-    if config.history.max_responses < 1 or config.history.max_items < 1 or config.history.retention_s <= 0:
-        raise ConfigError("--history-memory-max-responses, --history-memory-max-items and "
-                          "--history-memory-retention-secs must be positive")
+    history = config.history
+    if history.max_responses < 1 or history.max_items < 1 or history.retention_s <= 0 or history.max_bytes < 1:
+        raise ConfigError("--history-memory-max-responses, --history-memory-max-items, --history-memory-max-bytes "
+                          "and --history-memory-retention-secs must be positive")
+    if any(v is not None and v < 1 for v in (history.tenant_max_bytes, history.tenant_max_responses,
+                                             history.tenant_max_conversations, history.tenant_max_items)) \
+            or not 1 <= history.record_bytes_max <= RECORD_BYTES_MAX:
+        raise ConfigError(f"--history-tenant-max-* must be positive, and --history-record-max-bytes from 1 to "
+                          f"{RECORD_BYTES_MAX} (a record travels between nodes in one mesh frame)")
     parsers_off = (None, "none", "passthrough")
     if config.tool_call_parser not in parsers_off and config.tool_call_parser not in TOOL_CALL_PARSERS:
         raise ConfigError(f"--tool-call-parser: unknown parser {config.tool_call_parser!r}; choose one of "
@@ -575,6 +601,9 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--engine-keepalive-timeout-secs must be positive while keepalive is on")
     if config.admission.max_concurrent_requests < 0 or config.admission.queue_size < 0:
         raise ConfigError("--max-concurrent-requests and --queue-size must not be negative")
+    if any(v is not None and v < 1 for v in (config.admission.tenant_max_concurrent,
+                                             config.admission.tenant_queue_max)):
+        raise ConfigError("--max-concurrent-requests-per-tenant and --queue-size-per-tenant must be positive")
     if config.admission.body_bytes_max is not None and config.admission.body_bytes_max <= 0:
         raise ConfigError("--max-payload-size must be positive")
     if config.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):

@@ -16,6 +16,8 @@ a status code:
       TimedOut            what holds the data a request needs did not answer in time (the peers
                           holding stored history, the history database): the node itself is fine,
                           so balancers must not take it out (504, not 503)
+      TooLarge            one thing is over its size bound (a stored response, an answer's memory)
+      QuotaExceeded       the caller holds as much of a shared resource as it may (its stored data)
 
 ``retry_after_s`` is a hint for the caller (Retry-After); ``code`` a stable
 machine-readable reason (``no_healthy_worker``, ``queue_timeout``, ...).
@@ -62,4 +64,12 @@ class Unreachable(GatewayError):
 
 
 class TimedOut(GatewayError):
+    pass
+
+
+class TooLarge(GatewayError):
+    pass
+
+
+class QuotaExceeded(GatewayError):
     pass

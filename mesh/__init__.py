@@ -9,7 +9,7 @@ load when first used, so importing one costs only its module.
     members and ownership      MemberSnapshot, MemberStatus, HashRing
     the worker document        WorkerDoc, DocError, USER_PAYLOAD_BYTES_MAX
     streams between members    TransportError, MeshTls, split_addr
-    keys and the admin token   generate_key, decode_key, KeyringError, AdminTokenError, default_token_path,
+    keys and the admin token   generate_key, decode_key, derive_key, KeyringError, AdminTokenError, default_token_path,
                                load_or_create_token, read_token, client_token, record_endpoint,
                                TOKEN_ENV, FILE_ENV
     the CLI's side             run_admin_command, call_json
@@ -28,7 +28,7 @@ _EXPORTS = {
     "MemberSnapshot": "members", "MemberStatus": "members", "HashRing": "ring",
     "WorkerDoc": "worker_doc", "DocError": "worker_doc", "USER_PAYLOAD_BYTES_MAX": "wire",
     "TransportError": "transport", "MeshTls": "transport", "split_addr": "transport",
-    "generate_key": "crypto", "decode_key": "crypto", "KeyringError": "crypto",
+    "generate_key": "crypto", "decode_key": "crypto", "derive_key": "crypto", "KeyringError": "crypto",
     "AdminTokenError": "admin_token", "default_token_path": "admin_token", "load_or_create_token": "admin_token",
     "read_token": "admin_token", "client_token": "admin_token", "record_endpoint": "admin_token",
     "TOKEN_ENV": "admin_token", "FILE_ENV": "admin_token",

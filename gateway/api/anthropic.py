@@ -34,12 +34,13 @@ from typing import Any
 
 import orjson
 
-from ..generation import GenerationResult
+from ..generation import GenerationResult, UsageTally
 from .chat_output import ChatOutput
 from .errors import ApiError, BadRequest
 from .http import Request
 from .openai import _OpenAIShape, chat_prompt, plan_generation
 from .protocol import INT32_MAX, parse_chat, parse_json_body
+from .ratelimits import counted_tokens
 from .respond import admitted, run_streamed, run_unary
 
 THINKING_BUDGET_MIN = 1024  # Anthropic's floor for budget_tokens
@@ -363,7 +364,12 @@ async def messages(state: Any, request: Request) -> None:
 
 
 async def count_tokens(state: Any, request: Request) -> None:
-    body = parse_json_body(await request.body())
+    raw = await request.body()
+    body = parse_json_body(raw)
     body = {**body, "max_tokens": body.get("max_tokens") or INT32_MAX}  # not part of a count_tokens request
-    _, _, input_ids = await chat_prompt(state, request, _parse(body), "Messages API")
+    usage = UsageTally()
+    chat = _parse(body)
+    async with counted_tokens(state, request, len(raw), chat.model, usage):
+        _, _, input_ids = await chat_prompt(state, request, chat, "Messages API")
+        usage.prompt_tokens = len(input_ids)
     await request.send_json(200, {"input_tokens": len(input_ids)})

@@ -24,6 +24,7 @@ from ..history import ITEMS_PER_ADD_MAX
 from .errors import BadRequest, NotFound
 from .http import Request
 from .protocol import parse_json_body
+from .ratelimits import counted_write
 from .responses import input_items, list_page, list_query, metadata_of, new_id, owner_of, stored_item
 
 
@@ -58,7 +59,9 @@ async def create(state: Any, request: Request) -> None:
     body = parse_json_body(await request.body())
     conversation = {"id": new_id("conv"), "object": "conversation", "created_at": int(time.time()),
                     "metadata": metadata_of(body)}
-    await store.create_conversation(conversation, owner_of(request), _new_items(body.get("items"), "items"))
+    items = _new_items(body.get("items"), "items")
+    async with counted_write(state, request):
+        await store.create_conversation(conversation, owner_of(request), items)
     await request.send_json(200, conversation)
 
 
@@ -76,7 +79,9 @@ async def update(state: Any, request: Request) -> None:
     body = parse_json_body(await request.body())
     if "metadata" not in body:
         raise BadRequest("'metadata' is required", param="metadata", code="missing_required_parameter")
-    conversation = await store.update_conversation(conversation_id, owner_of(request), metadata_of(body))
+    metadata = metadata_of(body)
+    async with counted_write(state, request):
+        conversation = await store.update_conversation(conversation_id, owner_of(request), metadata)
     if conversation is None:
         raise _missing(conversation_id)
     await request.send_json(200, conversation)
@@ -84,7 +89,9 @@ async def update(state: Any, request: Request) -> None:
 
 async def delete(state: Any, request: Request) -> None:
     conversation_id = _conversation_id(request)
-    if not await _store(state).delete_conversation(conversation_id, owner_of(request)):
+    async with counted_write(state, request):
+        deleted = await _store(state).delete_conversation(conversation_id, owner_of(request))
+    if not deleted:
         raise _missing(conversation_id)
     await request.send_json(200, {"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
@@ -105,7 +112,9 @@ async def add_items(state: Any, request: Request) -> None:
     items = _new_items(body.get("items"), "items")
     if not items:
         raise BadRequest("'items' must hold at least one item", param="items", code="invalid_value")
-    if not await store.add_items(conversation_id, owner_of(request), items):
+    async with counted_write(state, request):
+        added = await store.add_items(conversation_id, owner_of(request), items)
+    if not added:
         raise _missing(conversation_id)
     await request.send_json(200, list_page(items, False))
 
@@ -122,7 +131,8 @@ async def retrieve_item(state: Any, request: Request) -> None:
 
 async def delete_item(state: Any, request: Request) -> None:
     conversation_id, item_id = _conversation_id(request), request.path_params["item_id"]
-    conversation, deleted = await _store(state).delete_item(conversation_id, owner_of(request), item_id)
+    async with counted_write(state, request):
+        conversation, deleted = await _store(state).delete_item(conversation_id, owner_of(request), item_id)
     if conversation is None:
         raise _missing(conversation_id)
     if not deleted:

@@ -108,6 +108,13 @@ class TooManyRequests(ApiError):
     error_type = "rate_limit_error"
 
 
+class InsufficientQuota(ApiError):
+    """OpenAI's answer when an account's quota is used up: 429 with type insufficient_quota."""
+
+    status = 429
+    error_type = "insufficient_quota"
+
+
 class Unavailable(ApiError):
     status = 503
     error_type = "service_unavailable"
@@ -149,7 +156,8 @@ def from_auth_error(e: AuthError) -> ApiError:
 _CORE_ANSWERS: "tuple[tuple[type[core.GatewayError], type[ApiError]], ...]" = (
     (core.InvalidInput, BadRequest), (core.NotAllowed, Forbidden), (core.NotKnown, NotFound),
     (core.AlreadyExists, Conflict), (core.Overloaded, TooManyRequests), (core.NoCapacity, Unavailable),
-    (core.Unreachable, UpstreamError), (core.TimedOut, UpstreamTimeout))
+    (core.Unreachable, UpstreamError), (core.TimedOut, UpstreamTimeout), (core.TooLarge, PayloadTooLarge),
+    (core.QuotaExceeded, InsufficientQuota))
 
 
 class _WorkerRequestError(ApiError):

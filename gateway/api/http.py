@@ -43,6 +43,18 @@ class Request:
         # The native server's request cycle (h1server): None under another ASGI server.
         self._native = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
 
+    @property
+    def owner(self) -> str:
+        """Whose stored data and shares this request's are: its tenant, else its key, else "anonymous"."""
+        principal = self.principal
+        return f"tenant:{principal.tenant}" if principal.tenant else principal.key_id
+
+    @property
+    def tenant_key(self) -> str | None:
+        """The share of the node this request counts against (admission): its owner when it was authenticated;
+        None on the open data plane, where nobody can be told apart."""
+        return self.owner if self.principal.authenticated else None
+
     def spawn(self, task: Any, *args: Any) -> None:
         """Runs ``task(*args)`` in the node's background nursery: it outlives this request (the Responses
         API's background mode)."""

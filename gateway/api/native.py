@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..generation import GenerationResult
+from ..generation import GenerationResult, UsageTally
 from .errors import BadRequest
 from .http import Request, sse_event
 from .openai import (PROMPT_CHARS_PRECHECK_MIN, check_prompt_chars, check_vocab, encode_chat, plan_generation,
                      ready_model_entry)
 from .protocol import parse_chat, parse_generate, parse_json_body, token_ids
+from .ratelimits import counted_tokens
 from .respond import admitted, run_streamed, run_unary
 
 TOKENIZE_MESSAGES_MAX = 10_000
@@ -60,9 +61,16 @@ async def generate(state, request: Request) -> None:
 
 
 async def tokenize(state, request: Request) -> None:
-    body = parse_json_body(await request.body())
+    raw = await request.body()
+    body = parse_json_body(raw)
     entry = await ready_model_entry(state, body.get("model") if isinstance(body.get("model"), str) else None,
                                     request.principal)
+    usage = UsageTally()
+    async with counted_tokens(state, request, len(raw), entry.name, usage):
+        await _tokenize(state, request, body, entry, usage)
+
+
+async def _tokenize(state, request: Request, body: dict[str, Any], entry: Any, usage: UsageTally) -> None:
     tokenizer = entry.tokenizer
     if tokenizer is None:
         raise BadRequest(f"the model '{entry.name}' has no tokenizer on this node", code="unsupported_model")
@@ -86,6 +94,7 @@ async def tokenize(state, request: Request) -> None:
         if len(text) > PROMPT_CHARS_PRECHECK_MIN:
             check_prompt_chars(entry, tokenizer, text, "prompt")
         ids = await tokenizer.encode(text, add_special_tokens=add_special)
+    usage.prompt_tokens = len(ids)
     await request.send_json(200, {"tokens": ids, "count": len(ids), "max_model_len": entry.max_context_tokens})
 
 

@@ -61,7 +61,7 @@ class HttpProxy:
         # thumb) and keep that reservation, since the worker's usage is not parsed out of its answer.
         estimate = max(1, len(body) // 4)
         async with rate_limited(self.rate_limiter, request, model, UsageTally(prompt_tokens=estimate), estimate), \
-                self._admission.slot():
+                self._admission.slot(request.tenant_key):
             async with request.cancel_on_disconnect():
                 with trio.move_on_after(self._timeout_s) as timeout:
                     await self._generator.with_retries(request.request_id, model, routing, "http", attempt)

@@ -100,3 +100,19 @@ async def rate_limited(limiter: RateLimiter | None, request: Request, model: str
         yield
     finally:
         limiter.settle(verdict, usage.total())
+
+
+def counted_write(state, request: Request) -> contextlib.AbstractAsyncContextManager[None]:
+    """A write that stores without generating (a conversation, its items, a deletion, a cancel): one request
+    against the caller's limits, no tokens. A denied one changes nothing."""
+    return rate_limited(state.rate_limiter, request, None, UsageTally(), 0)
+
+
+@contextlib.asynccontextmanager
+async def counted_tokens(state, request: Request, body_bytes: int, model: str | None,
+                         usage: UsageTally) -> AsyncIterator[None]:
+    """Work measured in tokens without a generation (tokenize, count_tokens): a request against the caller's
+    limits, and its tokens, estimated from the body (OpenAI's 4 bytes a token) before the work and settled
+    with ``usage`` (the tokens counted) after. A caller at its limit is refused before any tokenizing."""
+    async with rate_limited(state.rate_limiter, request, model, usage, max(1, body_bytes // 4)):
+        yield

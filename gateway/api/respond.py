@@ -29,14 +29,23 @@ def admitted(state, request: Request, plan: GenerationPlan) -> Any:
     of the admission queue."""
     limiter = state.rate_limiter
     if limiter is None or not limiter.active:  # no limits: the slot alone, no manager around it
-        return state.admission.slot()
+        return state.admission.slot(request.tenant_key)
     return _rate_limited_then_admitted(state, request, plan, limiter)
+
+
+def rate_limited_generation(state, request: Request, plan: GenerationPlan) -> Any:
+    """The rate limits of a generation alone (its slot taken later: a background response)."""
+    return rate_limited(state.rate_limiter, request, plan.model, plan.usage, estimated_tokens(plan))
+
+
+def estimated_tokens(plan: GenerationPlan) -> int:
+    return len(plan.input_ids) + plan.sampling.max_new_tokens * plan.sampling.n
 
 
 @contextlib.asynccontextmanager
 async def _rate_limited_then_admitted(state, request: Request, plan: GenerationPlan, limiter) -> AsyncIterator[None]:
-    estimated_tokens = len(plan.input_ids) + plan.sampling.max_new_tokens * plan.sampling.n
-    async with rate_limited(limiter, request, plan.model, plan.usage, estimated_tokens), state.admission.slot():
+    async with rate_limited(limiter, request, plan.model, plan.usage, estimated_tokens(plan)), \
+            state.admission.slot(request.tenant_key):
         yield
 
 

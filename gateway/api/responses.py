@@ -28,6 +28,7 @@ failed); POST /v1/responses/{id}/cancel works from any node (not streamed: poll 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -40,13 +41,14 @@ import trio
 
 from ..errors import GatewayError
 from ..generation import GenerationResult
-from ..history import ID_CHARS_MAX, LIST_LIMIT_MAX, StoredResponse
+from ..history import CHAIN_LENGTH_MAX, ID_CHARS_MAX, LIST_LIMIT_MAX, StoredResponse
 from .chat_output import ChatOutput
-from .errors import ApiError, BadRequest, NotFound, UpstreamTimeout, to_api_error
+from .errors import ApiError, BadRequest, NotFound, TooManyRequests, UpstreamTimeout, to_api_error
 from .http import Request
 from .openai import _OpenAIShape, chat_prompt, logprob_shape, plan_generation
 from .protocol import parse_chat, parse_json_body
-from .respond import admitted, run_streamed, run_unary
+from .ratelimits import counted_write
+from .respond import admitted, rate_limited_generation, run_streamed, run_unary
 
 log = logging.getLogger("gateway.api")
 
@@ -64,8 +66,7 @@ def new_id(prefix: str) -> str:
 
 def owner_of(request: Request) -> str:
     """Whose stored data this is: the tenant, else the key, else "anonymous"."""
-    principal = request.principal
-    return f"tenant:{principal.tenant}" if principal.tenant else principal.key_id
+    return request.owner
 
 
 # -- the request ---------------------------------------------------------------------------------------------
@@ -433,9 +434,20 @@ def _conversation_id(body: dict[str, Any]) -> str | None:
     return conversation_id
 
 
-async def _history(state: Any, body: dict[str, Any], owner: str, conversation_id: str | None
-                   ) -> list[dict[str, Any]]:
-    """What the model sees before this input: the previous response's conversation, or the conversation's items."""
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What the model sees before this request's input, and what the new response stores to give it on."""
+
+    items: list[dict[str, Any]]
+    chain: tuple[str, ...] = ()  # the new response's ancestors (previous_response_id's chain and itself)
+
+
+# Ancestors of a chain read at once: a long chain is read in a few round trips, not one per turn.
+CHAIN_READS_AT_ONCE = 16
+
+
+async def _context(state: Any, body: dict[str, Any], owner: str, conversation_id: str | None) -> Context:
+    """The previous response's chain as its model saw it, plus its last turn; or the conversation's items."""
     previous_id = body.get("previous_response_id")
     if previous_id is not None:
         store = _history_store(state, "previous_response_id")
@@ -444,15 +456,58 @@ async def _history(state: Any, body: dict[str, Any], owner: str, conversation_id
         if previous is None:
             raise NotFound(f"Previous response with id '{previous_id}' not found.", param="previous_response_id",
                            code="previous_response_not_found")
-        return list(previous.history)
+        chain = (*(previous.chain or ()), previous.id)
+        if len(chain) > CHAIN_LENGTH_MAX:
+            raise BadRequest(f"the chain of previous responses is {CHAIN_LENGTH_MAX} long already: start a new "
+                             "one, or use a conversation", param="previous_response_id", code="chain_too_long")
+        return Context(await _chain_items(store, previous, owner), chain)
     if conversation_id is not None:
         store = _history_store(state, "conversation")
         items = await store.all_items(conversation_id, owner) if len(conversation_id) <= ID_CHARS_MAX else None
         if items is None:
             raise NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation",
                            code="conversation_not_found")
-        return items
-    return []
+        return Context(items)
+    return Context([])
+
+
+async def _chain_items(store: Any, last: StoredResponse, owner: str) -> list[dict[str, Any]]:
+    """Every turn of ``last``'s chain, oldest first, each response read once. An ancestor that is gone (deleted,
+    expired) cuts the chain there: the context starts after it, as coherent turns. The chain's first response,
+    when made in a conversation, brings the conversation's items that came before it."""
+    ancestors: list[StoredResponse | None] = [None] * len(last.chain or ())
+    limiter = trio.CapacityLimiter(CHAIN_READS_AT_ONCE)
+
+    async def read(index: int, response_id: str) -> None:
+        async with limiter:
+            ancestors[index] = await store.get_response(response_id, owner)
+
+    async with trio.open_nursery() as nursery:
+        for index, response_id in enumerate(last.chain or ()):
+            nursery.start_soon(read, index, response_id)
+    present: list[StoredResponse] = [last]
+    for record in reversed(ancestors):
+        if record is None:
+            break
+        present.append(record)
+    present.reverse()
+    root = present[0]
+    items = await _conversation_before(store, root, owner) if len(present) > len(ancestors) else []
+    for record in present:
+        items += record.turn()
+    return items
+
+
+async def _conversation_before(store: Any, root: StoredResponse, owner: str) -> list[dict[str, Any]]:
+    """The items a response made in a conversation saw before its input: the conversation's, up to its first
+    input item (they were added together). Read now: items deleted from the conversation since are gone."""
+    conversation = root.response.get("conversation")
+    if root.chain is None or not isinstance(conversation, dict) or not root.input_items:
+        return []
+    items = await store.all_items(conversation.get("id", ""), owner)
+    first = root.input_items[0].get("id")
+    ids = [item.get("id") for item in items or ()]
+    return items[:ids.index(first)] if first in ids else []
 
 
 async def create(state: Any, request: Request) -> None:
@@ -474,11 +529,11 @@ async def create(state: Any, request: Request) -> None:
     metadata = metadata_of(body)
     owner = owner_of(request)
     conversation_id = _conversation_id(body)
-    history = await _history(state, body, owner, conversation_id)
+    context = await _context(state, body, owner, conversation_id)
     items = _with_ids(input_items(body.get("input")))
     if conversation_id is not None:  # the conversation's items get ids of their own (no clash with older ones)
         items = [{**item, "id": new_id("item")} for item in items]
-    chat = parse_chat(to_chat_body(body, history))
+    chat = parse_chat(to_chat_body(body, context.items))
     entry, tokenizer, input_ids = await chat_prompt(state, request, chat, "Responses API")
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "input")
     response_id = new_id("resp")
@@ -511,16 +566,29 @@ async def create(state: Any, request: Request) -> None:
                     conversation_id, owner, [*items, *shape.output]):
                 raise NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation",
                                code="conversation_not_found")
-            if store:
-                await state.history.put_response(StoredResponse(response_id, owner, response, tuple(items),
-                                                                (*history, *items, *shape.output),
-                                                                unfinished_until_s))
+            if store:  # this turn and the chain's ids: what came before is stored once, in the ancestors
+                await state.history.put_response(StoredResponse(response_id, owner, response, tuple(items), (),
+                                                                unfinished_until_s, context.chain))
 
     if background:
-        queued = shape.response("queued")
-        await keep(queued, final=False)  # stored first: GET and cancel work at once, on any node
+        # Counted like any request before anything is stored: the caller's rate limits now (settled when the
+        # generation ends), its share of the node's slots when it runs, and at most that many in progress.
+        in_progress = state.background_by_owner[owner]
+        if in_progress >= state.admission.config.tenant_running_max() > 0:
+            raise TooManyRequests(f"{in_progress} background responses of yours are in progress on this node, as "
+                                  "many as may be: wait for one to finish", code="too_many_background_responses",
+                                  retry_after_s=1)
+        limits = contextlib.AsyncExitStack()
+        await limits.enter_async_context(rate_limited_generation(state, request, plan))
+        try:
+            queued = shape.response("queued")
+            await keep(queued, final=False)  # stored first: GET and cancel work at once, on any node
+        except BaseException:
+            await limits.aclose()
+            raise
+        state.background_by_owner[owner] += 1
         request.spawn(_generate_in_background, state, request, plan, tokenizer, shape, output, keep, owner,
-                      token_logprobs)
+                      token_logprobs, limits)
         await request.send_json(200, queued)
         return
 
@@ -561,9 +629,22 @@ async def create(state: Any, request: Request) -> None:
 
 
 async def _generate_in_background(state: Any, request: Request, plan: Any, tokenizer: Any, shape: "ResponseShape",
-                                  output: ChatOutput, keep: Any, owner: str, token_logprobs: Any) -> None:
+                                  output: ChatOutput, keep: Any, owner: str, token_logprobs: Any,
+                                  limits: contextlib.AsyncExitStack) -> None:
     """A background response: admitted, generated and stored as it goes (queued -> in_progress -> completed
-    or failed), stopped by a cancel (this node's at once, another node's at the next look at the store)."""
+    or failed), stopped by a cancel (this node's at once, another node's at the next look at the store).
+    ``limits`` holds its rate limits' reservation, settled with the tokens used when it ends."""
+    async with limits:
+        try:
+            await _run_in_background(state, request, plan, tokenizer, shape, output, keep, owner, token_logprobs)
+        finally:
+            state.background_by_owner[owner] -= 1
+            if state.background_by_owner[owner] <= 0:
+                del state.background_by_owner[owner]
+
+
+async def _run_in_background(state: Any, request: Request, plan: Any, tokenizer: Any, shape: "ResponseShape",
+                             output: ChatOutput, keep: Any, owner: str, token_logprobs: Any) -> None:
     history, response_id = state.history, shape.id
     with trio.CancelScope() as scope:
         state.background_responses[response_id] = scope
@@ -585,7 +666,7 @@ async def _generate_in_background(state: Any, request: Request, plan: Any, token
 async def _background_answer(state: Any, request: Request, plan: Any, tokenizer: Any, shape: "ResponseShape",
                              output: ChatOutput, keep: Any, token_logprobs: Any) -> dict[str, Any]:
     try:
-        async with admitted(state, request, plan):
+        async with state.admission.slot(request.tenant_key):  # its rate limits were taken when it was created
             await keep(shape.response("in_progress"), final=False)
             with trio.move_on_after(plan.timeout_s or math.inf) as deadline:
                 result = await state.generator.run(plan, tokenizer, None)
@@ -624,7 +705,8 @@ async def cancel(state: Any, request: Request) -> None:
         raise BadRequest("only a background response can be cancelled", param="response_id", code="invalid_value")
     if response["status"] in ("queued", "in_progress"):
         response = {**response, "status": "cancelled"}
-        await state.history.put_response(dataclasses.replace(entry, response=response))
+        async with counted_write(state, request):
+            await state.history.put_response(dataclasses.replace(entry, response=response))
         running = state.background_responses.get(entry.id)
         if running is not None:
             running.cancel()
@@ -660,7 +742,9 @@ async def retrieve(state: Any, request: Request) -> None:
 async def delete(state: Any, request: Request) -> None:
     response_id = request.path_params["response_id"]
     store = state.history
-    if store is None or not await store.delete_response(response_id, owner_of(request)):
+    async with counted_write(state, request):
+        deleted = store is not None and await store.delete_response(response_id, owner_of(request))
+    if not deleted:
         raise NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="not_found")
     await request.send_json(200, {"id": response_id, "object": "response", "deleted": True})
 

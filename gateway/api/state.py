@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import os
@@ -47,6 +48,8 @@ class GatewayState:
     # Background responses generating on this node, by id: a cancel that reaches this node stops its
     # task at once; one that reaches another node is seen here when the task next reads the store.
     background_responses: "dict[str, trio.CancelScope]" = dataclasses.field(default_factory=dict)
+    # Background responses in progress on this node, by owner: at most the owner's share of the slots.
+    background_by_owner: "collections.Counter[str]" = dataclasses.field(default_factory=collections.Counter)
 
     def __post_init__(self) -> None:
         # Engine request ids must be unique per engine; clients' ids need not be.

@@ -10,9 +10,11 @@
 from .memory import MemoryHistory, ReplicationConfig
 from .postgres import PostgresConfig, PostgresHistory, PostgresNames
 from .redis import RedisConfig, RedisHistory
-from .store import (ID_CHARS_MAX, ITEMS_PER_ADD_MAX, LIST_LIMIT_MAX, ConversationFull, HistoryConfig, HistoryStore,
-                    ItemPage, StoredResponse, StoreUnavailable)
+from .store import (CHAIN_LENGTH_MAX, ID_CHARS_MAX, ITEMS_PER_ADD_MAX, LIST_LIMIT_MAX, RECORD_BYTES_MAX, HistoryConfig, HistoryStore, ItemPage,
+                    RecordTooLarge, StorageQuotaExceeded, StoredResponse, StoreUnavailable, TenantBounds,
+                    check_record_size)
 
-__all__ = ["ConversationFull", "HistoryConfig", "HistoryStore", "ID_CHARS_MAX", "ITEMS_PER_ADD_MAX", "ItemPage",
-           "LIST_LIMIT_MAX", "MemoryHistory", "PostgresConfig", "PostgresHistory", "PostgresNames", "RedisConfig",
-           "RedisHistory", "ReplicationConfig", "StoreUnavailable", "StoredResponse"]
+__all__ = ["CHAIN_LENGTH_MAX", "HistoryConfig", "HistoryStore", "ID_CHARS_MAX", "ITEMS_PER_ADD_MAX", "ItemPage", "LIST_LIMIT_MAX",
+           "MemoryHistory", "PostgresConfig", "RECORD_BYTES_MAX", "PostgresHistory", "PostgresNames", "RecordTooLarge", "RedisConfig",
+           "RedisHistory", "ReplicationConfig", "StorageQuotaExceeded", "StoreUnavailable", "StoredResponse",
+           "TenantBounds", "check_record_size"]

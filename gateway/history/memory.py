@@ -42,8 +42,8 @@ from mesh import TransportError
 from mesh.ring import HashRing
 
 from .ops import CREATING, OPERATIONS, HistoryOps
-from .shards import RESPONSE, Change, MemoryShards
-from .store import ConversationFull, HistoryConfig, ItemPage, StoredResponse, StoreUnavailable
+from .shards import RESPONSE, Change, MemoryShards, stored_json
+from .store import HistoryConfig, ItemPage, RecordTooLarge, StorageQuotaExceeded, StoredResponse, StoreUnavailable
 from .wire import (HISTORY_MARK, BadFrame, change_from_wire, change_to_wire, changes_from_wire,
                    operation_from_wire, pack, unpack)
 
@@ -121,7 +121,7 @@ class MemoryHistory:
     # -- HistoryStore -------------------------------------------------------------------------
 
     async def put_response(self, record: StoredResponse) -> None:
-        await self._run("put_response", record.id, record.owner, [orjson.dumps(record.to_json())])
+        await self._run("put_response", record.id, record.owner, [stored_json(record.to_json())])
 
     async def get_response(self, response_id: str, owner: str) -> StoredResponse | None:
         head = await self._run("get_response", response_id, owner, [])
@@ -133,7 +133,7 @@ class MemoryHistory:
     async def create_conversation(self, conversation: dict[str, Any], owner: str,
                                   items: "list[dict[str, Any]]") -> None:
         await self._run("create_conversation", conversation["id"], owner,
-                        [orjson.dumps(conversation), _encoded(items)])
+                        [stored_json(conversation), _encoded(items)])
 
     async def get_conversation(self, conversation_id: str, owner: str) -> dict[str, Any] | None:
         head = await self._run("get_conversation", conversation_id, owner, [])
@@ -141,7 +141,7 @@ class MemoryHistory:
 
     async def update_conversation(self, conversation_id: str, owner: str,
                                   metadata: dict[str, str]) -> dict[str, Any] | None:
-        head = await self._run("update_conversation", conversation_id, owner, [orjson.dumps(metadata)])
+        head = await self._run("update_conversation", conversation_id, owner, [stored_json(metadata)])
         return orjson.loads(head) if head is not None else None
 
     async def delete_conversation(self, conversation_id: str, owner: str) -> bool:
@@ -487,7 +487,7 @@ class MemoryHistory:
             name, shard_id, owner, args = operation_from_wire(frame)
             try:
                 return ["ok", await self.execute(name, shard_id, owner, args)]
-            except ConversationFull as e:
+            except (RecordTooLarge, StorageQuotaExceeded) as e:
                 return ["err", e.code, e.message]
             except StoreUnavailable as e:
                 return ["unavailable", e.message]
@@ -523,15 +523,20 @@ class MemoryHistory:
         return ["ok", page, None]
 
 
+# The primary's refusals of a write, by code, as the node that asked raises them for its client.
+_REFUSALS = {"record_too_large": RecordTooLarge, "storage_quota_exceeded": StorageQuotaExceeded}
+
+
 def _encoded(items: "list[dict[str, Any]]") -> list[list[Any]]:
-    return [[item["id"], orjson.dumps(item)] for item in items]
+    return [[item["id"], stored_json(item)] for item in items]
 
 
 def _result(reply: list[Any]) -> Any:
     if reply[0] == "ok" and len(reply) == 2:
         return reply[1]
-    if reply[0] == "err" and len(reply) == 3 and reply[1] == "conversation_full":
-        raise ConversationFull(str(reply[2]))
+    refusal = _REFUSALS.get(reply[1]) if reply[0] == "err" and len(reply) == 3 else None
+    if refusal is not None:
+        raise refusal(str(reply[2])[:500])
     if reply[0] == "unavailable":
         raise StoreUnavailable(str(reply[1]) if len(reply) > 1 else "a peer could not store it")
     raise StoreUnavailable(f"a peer answered {reply[0]!r}")

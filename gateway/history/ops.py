@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import orjson
 
-from .shards import CONVERSATION, RESPONSE, Change, MemoryShards
-from .store import ConversationFull
+from .shards import CONVERSATION, RESPONSE, SHARD_OVERHEAD_BYTES, Change, MemoryShards, shard_size, stored_json
 
 Items = list[tuple[str, bytes]]
 
@@ -24,6 +23,7 @@ class HistoryOps:
     # -- responses --
 
     def put_response(self, response_id: str, owner: str, head: bytes, now_s: float) -> tuple[None, Change]:
+        self.shards.admit(owner, RESPONSE, response_id, shard_size(response_id, head, ()), 0)
         return None, self.shards.create(response_id, RESPONSE, owner, head, [], now_s)
 
     def get_response(self, response_id: str, owner: str, now_s: float) -> bytes | None:
@@ -40,7 +40,7 @@ class HistoryOps:
 
     def create_conversation(self, conversation_id: str, owner: str, head: bytes, items: Items, now_s: float
                             ) -> tuple[None, Change]:
-        self._check_size(len(head) + sum(len(k) + len(v) for k, v in items), conversation_id)
+        self.shards.admit(owner, CONVERSATION, conversation_id, shard_size(conversation_id, head, items), len(items))
         return None, self.shards.create(conversation_id, CONVERSATION, owner, head, items, now_s)
 
     def get_conversation(self, conversation_id: str, owner: str, now_s: float) -> bytes | None:
@@ -54,7 +54,9 @@ class HistoryOps:
             return None, None
         conversation = orjson.loads(shard.head)
         conversation["metadata"] = orjson.loads(metadata)
-        head = orjson.dumps(conversation)
+        head = stored_json(conversation)
+        self.shards.admit(owner, CONVERSATION, conversation_id, shard_size(conversation_id, head, shard.items.items()),
+                          len(shard.items))
         return head, self.shards.update(shard, now_s, head=head)
 
     def delete_conversation(self, conversation_id: str, owner: str, now_s: float) -> tuple[bool, Change | None]:
@@ -68,7 +70,9 @@ class HistoryOps:
         shard = self.shards.find(conversation_id, CONVERSATION, owner, now_s)
         if shard is None:
             return False, None
-        self._check_size(shard.size_bytes + sum(len(k) + len(v) for k, v in items), conversation_id)
+        added = [(k, v) for k, v in items if k not in shard.items]
+        size = shard.size_bytes + shard_size("", b"", added) - SHARD_OVERHEAD_BYTES
+        self.shards.admit(owner, CONVERSATION, conversation_id, size, len(shard.items) + len(added))
         return True, self.shards.update(shard, now_s, added=items)
 
     def list_items(self, conversation_id: str, owner: str, after: str, limit: int, descending: bool, now_s: float
@@ -102,12 +106,6 @@ class HistoryOps:
         if item_id not in shard.items:
             return (shard.head, False), None
         return (shard.head, True), self.shards.update(shard, now_s, removed=[item_id])
-
-    def _check_size(self, size_bytes: int, conversation_id: str) -> None:
-        bound = self.shards.config.conversation_bytes_max
-        if size_bytes > bound:
-            raise ConversationFull(f"conversation {conversation_id} would hold more than {bound} bytes; "
-                                   "delete items or start a new conversation")
 
 
 # name -> (argument types after the shard id and owner, writes). A peer's request is checked against it.

@@ -10,8 +10,9 @@ plane). Another owner is told the record does not exist, exactly as for an id ne
 leak nothing.
 
 What the methods return: None (or False) for "no such record for this owner"; they raise
-``StoreUnavailable`` (504) when the backend cannot answer (peers, database or Redis unreachable) and
-``ConversationFull`` when an addition would pass a conversation's bound.
+``StoreUnavailable`` (504) when the backend cannot answer (peers, database or Redis unreachable),
+``RecordTooLarge`` (413) when a response or a conversation would pass its size bound, and
+``StorageQuotaExceeded`` (429) when the owner holds as much as it may.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from ..errors import InvalidInput, TimedOut
+from ..errors import QuotaExceeded, TimedOut, TooLarge
 
 ID_CHARS_MAX = 128  # response, conversation and item ids: ours are ~30 characters
 OWNER_CHARS_MAX = 256
 ITEMS_PER_ADD_MAX = 20  # OpenAI's bound for one "create items" call
 LIST_LIMIT_MAX = 100  # a page of items, as OpenAI's list endpoints
+# The largest a record may be configured to: a whole shard, with the frame around it, within one 8 MiB
+# mesh frame.
+RECORD_BYTES_MAX = 6 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,32 +40,84 @@ class HistoryConfig:
     max_items: int = 100_000  # conversation items, all conversations together
     max_bytes: int = 256 * 1024 * 1024
     retention_s: float = 7 * 24 * 3600.0  # a week after the last write: long enough for agent sessions
-    # One conversation (its object and items): a bound so that it travels in one mesh frame (8 MiB)
-    # and one client cannot fill a node with a single conversation.
-    conversation_bytes_max: int = 4 * 1024 * 1024
+    # One record: a stored response (its object, input items and the context it keeps), or a conversation
+    # (its object and items). So that it travels in one mesh frame (8 MiB) and one client cannot fill a
+    # node with a single record. A write that would pass it is refused (413) before anything is stored.
+    record_bytes_max: int = 4 * 1024 * 1024
+    # What one owner (a tenant, else a key) may hold on a node: a quarter of each node bound by default
+    # (None), so that no tenant can take more than a quarter of a node's store, and four tenants at their
+    # quota fill it. A write past its owner's quota is refused (429 storage_quota_exceeded) before it is
+    # made; when the node's own bounds force an eviction, the owner holding the most goes first, so a
+    # tenant within its share never loses data to make room for another. Per node, as the bounds above:
+    # with N nodes an owner holds up to about N / 3 times these across the cluster.
+    tenant_max_bytes: int | None = None
+    tenant_max_responses: int | None = None
+    tenant_max_conversations: int | None = None
+    tenant_max_items: int | None = None
+
+    @property
+    def tenant_bounds(self) -> "TenantBounds":
+        quarter = lambda value, node_bound: value if value is not None else max(1, node_bound // 4)  # noqa: E731
+        return TenantBounds(quarter(self.tenant_max_bytes, self.max_bytes),
+                            quarter(self.tenant_max_responses, self.max_responses),
+                            quarter(self.tenant_max_conversations, self.max_responses),
+                            quarter(self.tenant_max_items, self.max_items))
+
+
+@dataclasses.dataclass(frozen=True)
+class TenantBounds:
+    """What one owner may hold on a node (``HistoryConfig.tenant_bounds``)."""
+
+    bytes: int
+    responses: int
+    conversations: int
+    items: int
+
+
+# Responses a chain of previous_response_id may hold: each stored response names its ancestors (ids only),
+# so a follow-up reads them all at once rather than one after the other.
+CHAIN_LENGTH_MAX = 1000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StoredResponse:
+    """A stored response and what a follow-up (``previous_response_id``) needs of it.
+
+    The context a follow-up's model sees is the chain's, stored once: the first response's ``history`` (the
+    conversation's items before it, when it was made in one), then each response of the chain's own turn
+    (its input items and its output), oldest first. ``chain`` names the ancestors, oldest first; this
+    response's turn is its own. A record stored before chains existed (``chain`` None) keeps its whole
+    context in ``history``, its own turn included."""
+
     id: str
     owner: str
     response: dict[str, Any]  # the response object, as GET returns it
     input_items: tuple[dict[str, Any], ...]  # the request's input items, with ids (input_items endpoint)
-    history: tuple[dict[str, Any], ...]  # what a follow-up's model sees before its own input
+    history: tuple[dict[str, Any], ...]  # what the chain's model saw before its first turn (see above)
     # A background response still queued or in progress after this (wall clock) was abandoned: the node
     # generating it stopped. Its own bounds (queue wait, request timeout) end it before then otherwise.
     unfinished_until_s: float | None = None
+    chain: tuple[str, ...] | None = ()  # the ancestors' ids, oldest first; None: a record of the old layout
+
+    def turn(self) -> list[dict[str, Any]]:
+        """This response's own turn, as a follow-up's context holds it: its input, then its output."""
+        if self.chain is None:
+            return list(self.history)  # the old layout: the whole context, this turn included
+        return [*self.input_items, *(self.response.get("output") or ())]
 
     def to_json(self) -> dict[str, Any]:
         data = {"response": self.response, "input_items": self.input_items, "history": self.history}
         if self.unfinished_until_s is not None:
             data["unfinished_until_s"] = self.unfinished_until_s
+        if self.chain is not None:
+            data["chain"] = self.chain
         return data
 
     @classmethod
     def from_json(cls, response_id: str, owner: str, data: dict[str, Any]) -> "StoredResponse":
+        chain = data.get("chain")
         return cls(response_id, owner, data["response"], tuple(data["input_items"]), tuple(data["history"]),
-                   data.get("unfinished_until_s"))
+                   data.get("unfinished_until_s"), tuple(chain) if chain is not None else None)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,9 +135,26 @@ class StoreUnavailable(TimedOut):
         super().__init__(message, code="history_unavailable", retry_after_s=1)
 
 
-class ConversationFull(InvalidInput):
+class RecordTooLarge(TooLarge):
+    """One response or conversation over its size bound (413): storing it would take more than any one
+    record may."""
+
     def __init__(self, message: str) -> None:
-        super().__init__(message, code="conversation_full")
+        super().__init__(message, code="record_too_large")
+
+
+class StorageQuotaExceeded(QuotaExceeded):
+    """The owner holds as much as it may on the node that would store this (429 storage_quota_exceeded):
+    delete stored responses or conversations, or wait for retention to end them."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="storage_quota_exceeded")
+
+
+def check_record_size(size_bytes: int, bound_bytes: int, what: str) -> None:
+    if size_bytes > bound_bytes:
+        raise RecordTooLarge(f"{what} would take {size_bytes} bytes; one stored record may take at most "
+                             f"{bound_bytes}")
 
 
 class HistoryStore(Protocol):

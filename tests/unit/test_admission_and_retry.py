@@ -101,3 +101,67 @@ async def test_wait_idle_returns_when_the_last_request_ends(autojump_clock):
         await entered.wait()
         await adm.wait_idle()
         assert trio.current_time() == 7.0
+
+
+async def test_one_tenant_holds_at_most_its_share_and_the_others_go_past_it(autojump_clock):
+    """Issue 33: a tenant filled every slot (background responses return at once) and others got 429."""
+    adm = Admission(AdmissionConfig(max_concurrent_requests=4, queue_size=4, queue_timeout_s=100))
+    started: dict[str, list[float]] = {"flood": [], "other": []}
+
+    async def job(tenant, seconds):
+        async with adm.slot(tenant):
+            started[tenant].append(trio.current_time())
+            await trio.sleep(seconds)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):  # two run (its share: half), two wait (its share of the queue: half)
+            nursery.start_soon(job, "flood", 100)
+        await trio.sleep(1)
+        assert adm.running_for("flood") == 2 and adm.waiting == 2
+        with pytest.raises(Overloaded) as refused:  # its share of the queue is full too
+            async with adm.slot("flood"):
+                pass
+        assert refused.value.code == "queue_full" and adm.rejected_tenant_share == 1
+        nursery.start_soon(job, "other", 1)  # a free slot: taken at once, past flood's waiters
+        nursery.start_soon(job, "other", 1)
+        await trio.sleep(0.5)
+        assert started["other"] == [1.0, 1.0] and adm.running == 4
+    assert started["flood"] == [0.0, 0.0, 100.0, 100.0]  # flood's waiters ran when its own ended
+
+
+async def test_a_freed_slot_goes_to_the_first_waiter_under_its_share(autojump_clock):
+    adm = Admission(AdmissionConfig(max_concurrent_requests=2, queue_size=10, queue_timeout_s=100,
+                                    tenant_max_concurrent=1))
+    order = []
+
+    async def job(name, tenant, seconds):
+        async with adm.slot(tenant):
+            order.append((name, trio.current_time()))
+            await trio.sleep(seconds)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(job, "a1", "a", 10)
+        nursery.start_soon(job, "shared", None, 10)
+        await trio.sleep(1)
+        nursery.start_soon(job, "a2", "a", 1)  # waits: the node is full (and a is at its share)
+        await trio.sleep(0.1)
+        nursery.start_soon(job, "b1", "b", 1)
+        await trio.sleep(0.1)
+    # At 10 both slots free: a2 is first in line and under its share again once a1 ended; b1 takes the other.
+    assert sorted(order[2:]) == [("a2", 10.0), ("b1", 10.0)] and adm.running == 0 and adm.waiting == 0
+
+
+async def test_a_waiter_granted_as_its_caller_goes_away_gives_the_slot_back(autojump_clock):
+    adm = Admission(AdmissionConfig(max_concurrent_requests=1, queue_size=10, queue_timeout_s=100))
+
+    async def hold(seconds):
+        async with adm.slot("a"):
+            await trio.sleep(seconds)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hold, 5)
+        await trio.sleep(1)
+        with trio.move_on_after(4):  # the caller gives up exactly as the slot frees
+            async with adm.slot("b"):
+                await trio.sleep(100)
+    assert adm.running == 0 and adm.waiting == 0

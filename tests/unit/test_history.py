@@ -9,7 +9,7 @@ import trio
 
 from mesh.ring import HashRing
 
-from gateway.history import ConversationFull, HistoryConfig, MemoryHistory, StoredResponse
+from gateway.history import HistoryConfig, MemoryHistory, RecordTooLarge, StorageQuotaExceeded, StoredResponse
 from gateway.history.ops import HistoryOps
 from gateway.history.shards import MemoryShards
 from gateway.history.wire import BadFrame, change_from_wire, change_to_wire, operation_from_wire, pack, unpack
@@ -33,21 +33,86 @@ def test_owner_scoping_and_delete():
     assert o.get_conversation("r1", "a", 1.0) is None  # kinds do not mix
 
 
+ONE_TENANT = {"tenant_max_bytes": 10 ** 9, "tenant_max_responses": 10 ** 6, "tenant_max_conversations": 10 ** 6,
+              "tenant_max_items": 10 ** 6}  # the node's own bounds alone
+
+
 def test_bounded_by_count_items_and_bytes_least_recently_used_first():
-    o = ops(max_responses=3)
+    o = ops(max_responses=3, **ONE_TENANT)
     for i in range(3):
         put(o, f"r{i}")
     o.get_response("r0", "a", 1.0)  # used: r1 is now the least recent
     put(o, "r3")
     assert [r for r in ("r0", "r1", "r2", "r3") if o.get_response(r, "a", 2.0)] == ["r0", "r2", "r3"]
-    by_bytes = ops(max_bytes=1000)
+    by_bytes = ops(max_bytes=2000, **ONE_TENANT)  # a 300-byte response is counted ~700 bytes
     for i in range(10):
         put(by_bytes, f"b{i}", size=300)
     assert len(by_bytes.shards) == 2 and by_bytes.get_response("b9", "a", 1.0) is not None
-    by_items = ops(max_items=10)
+    by_items = ops(max_items=10, **ONE_TENANT)
     for i in range(3):
         by_items.create_conversation(f"c{i}", "a", b"{}", [(f"i{j}", b"{}") for j in range(3)], 0.0)
     assert [c for c in ("c0", "c1", "c2") if by_items.get_conversation(c, "a", 1.0)] == ["c1", "c2"]
+
+
+def test_a_write_past_its_owners_quota_is_refused_before_anything_changes():
+    o = ops(max_responses=8, max_items=40)  # a tenant may hold a quarter: 2 responses, 2 conversations, 10 items
+    put(o, "r1")
+    put(o, "r2")
+    with pytest.raises(StorageQuotaExceeded, match="2 stored responses"):
+        put(o, "r3")
+    put(o, "r2", size=20)  # a new version of one it holds is no new record
+    put(o, "x1", owner="b")  # another tenant is not held back by this one
+    o.create_conversation("c1", "a", b"{}", [(f"i{j}", b"{}") for j in range(6)], 0.0)
+    with pytest.raises(StorageQuotaExceeded, match="10 conversation items"):
+        o.add_items("c1", "a", [(f"j{j}", b"{}") for j in range(5)], 1.0)
+    o.create_conversation("c2", "a", b"{}", [], 0.0)
+    with pytest.raises(StorageQuotaExceeded, match="2 conversations"):
+        o.create_conversation("c3", "a", b"{}", [], 0.0)
+    by_bytes = ops(max_bytes=4000)  # a quarter: 1,000 bytes
+    put(by_bytes, "small", size=100)
+    with pytest.raises(StorageQuotaExceeded, match="1000 bytes"):
+        put(by_bytes, "big", size=500)
+    assert by_bytes.shards.refused_quota == 1 and len(by_bytes.shards) == 1
+    with pytest.raises(RecordTooLarge):
+        ops(record_bytes_max=500).put_response("r", "a", b"x" * 600, 0.0)
+
+
+def test_one_tenant_cannot_evict_another_tenants_data():
+    # Issue 33: a tenant created conversations until another tenant's response and conversation were gone.
+    o = ops(max_bytes=200_000)
+    put(o, "victim-response", owner="tenant:b", size=2000)
+    o.create_conversation("victim-conversation", "tenant:b", b"{}", [("i", b"x" * 2000)], 0.0)
+    refused = 0
+    for n in range(100):
+        try:
+            o.create_conversation(f"flood{n}", "tenant:a", b"{}", [("i", b"x" * 9000)], float(n))
+        except StorageQuotaExceeded:
+            refused += 1
+    assert refused > 90 and o.shards.usage("tenant:a").bytes <= 50_000
+    assert o.get_response("victim-response", "tenant:b", 200.0) is not None
+    assert o.get_conversation("victim-conversation", "tenant:b", 200.0) is not None
+
+
+def test_node_pressure_evicts_the_heaviest_owner_first_and_a_replica_over_quota_its_own():
+    # Replicas take what primaries admitted: the node's bound can still be passed, and then the owner holding
+    # the most pays, least recently used first.
+    primary_a, primary_b, replica = ops(max_bytes=10 ** 9), ops(max_bytes=10 ** 9), ops(max_bytes=8_000)
+    for n in range(6):
+        _, change = primary_a.put_response(f"a{n}", "tenant:a", b"x" * 700, float(n))
+        replica.shards.apply(change, float(n))
+    _, change = primary_b.put_response("b0", "tenant:b", b"x" * 700, 10.0)
+    replica.shards.apply(change, 10.0)
+    assert replica.get_response("b0", "tenant:b", 11.0) is not None  # b holds one: never the one to go
+    assert replica.shards.usage("tenant:a").bytes <= 2_000  # a quarter of the node: a's own went
+    assert replica.shards.evicted_over_quota >= 1
+    many = ops(max_bytes=6_000, **ONE_TENANT)
+    for owner, count in (("heavy", 4), ("light", 2)):
+        for n in range(count):
+            _, change = ops(**ONE_TENANT).put_response(f"{owner}{n}", owner, b"x" * 500, float(n))
+            many.shards.apply(change, float(n))
+    _, change = ops(**ONE_TENANT).put_response("new", "light", b"x" * 500, 9.0)
+    many.shards.apply(change, 9.0)
+    assert many.shards.usage("light").responses == 3 and many.shards.usage("heavy").responses < 4
 
 
 def test_retention_counts_from_the_last_write():
@@ -62,7 +127,7 @@ def test_retention_counts_from_the_last_write():
 
 
 def test_conversation_items_in_order_pages_and_bound():
-    o = ops(conversation_bytes_max=2000)
+    o = ops(record_bytes_max=2000)
     o.create_conversation("c", "a", b'{"id":"c","metadata":{}}', [("i0", b'"0"')], 0.0)
     assert o.add_items("c", "a", [(f"i{n}", f'"{n}"'.encode()) for n in range(1, 6)], 1.0)[0]
     assert o.add_items("nope", "a", [("x", b"1")], 1.0) == (False, None)
@@ -75,7 +140,7 @@ def test_conversation_items_in_order_pages_and_bound():
     assert deleted and change.removed == ("i3",) and o.get_item("c", "a", "i3", 3.0) == (True, None)
     head, change = o.update_conversation("c", "a", b'{"k":"v"}', 4.0)
     assert b'"k":"v"' in head and change.head == head and change.base_version > 0
-    with pytest.raises(ConversationFull):
+    with pytest.raises(RecordTooLarge):
         o.add_items("c", "a", [("big", b"x" * 3000)], 5.0)
 
 
@@ -166,3 +231,29 @@ async def test_a_peers_bad_frames_are_answered_refused_and_counted():
     # A good one still works: an operation run here as the primary (no other owners).
     answer = unpack(await serve(pack(["op", "get_response", "resp_x", "a", []])))
     assert answer == ["ok", None]
+
+
+@pytest.mark.parametrize("item_bytes", [40, 2_000, 45_000])
+async def test_counted_bytes_match_what_the_process_holds(item_bytes):
+    """Issue 33: a store counting 256 MiB held 1.1 GiB (orjson's bytes carry ~10x their length in allocation).
+    What the store counts must be what the process holds for it: measured with tracemalloc, tiny to large."""
+    import gc
+    import tracemalloc
+    store = MemoryHistory(HistoryConfig(max_bytes=10 ** 10, **ONE_TENANT))
+    text = "x" * item_bytes
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(300):
+            await store.put_response(StoredResponse(f"resp_{n:024x}", "tenant:t", {"id": f"resp_{n:024x}",
+                                                    "output": [{"type": "message", "content": text}]}, (), ()))
+        for n in range(30):
+            await store.create_conversation({"id": f"conv_{n:024x}", "metadata": {}}, "tenant:t",
+                                            [{"id": f"item_{n}_{j:020x}", "content": text} for j in range(10)])
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    counted = store.shards.bytes
+    assert 0.85 <= held / counted <= 1.15, f"the process holds {held} bytes for {counted} counted"
