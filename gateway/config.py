@@ -71,6 +71,12 @@ class GatewayConfig:
     log_json: bool = False
     # max_tokens when neither the request nor the engine's context bounds it.
     default_max_tokens: int = 4096
+    # An answer held whole before it is sent (not streamed, or a Responses API answer kept to be stored) is
+    # stopped past this many bytes of JSON (gateway.generation.LOGPROB_ENTRY_BYTES says how it is estimated):
+    # 32 MiB of JSON is ~200 MiB of Python objects at its peak and ~0.5 s of the event loop to shape and
+    # encode. Streams hold nothing: they are not bounded by it. An answer asked for outright beyond it is
+    # refused before it runs.
+    answer_bytes_max: int = 32 * 1024 * 1024
     # Header carrying the routing key of consistent_hashing and manual (sticky) routing.
     routing_key_header: str = "x-smg-routing-key"
     # SIGTERM: stop being ready, finish in-flight requests for up to this long, exit.
@@ -261,6 +267,8 @@ _OPTIONS: list[_Option] = [
     _Option("--log-level", "log_level", str, "debug, info, warning, error"),
     _Option("--log-json", "log_json", "bool", "log JSON lines instead of text"),
     _Option("--default-max-tokens", "default_max_tokens", int, "max_tokens when nothing else bounds it"),
+    _Option("--max-answer-bytes", "answer_bytes_max", int, "largest answer held whole before it is sent (not "
+            "streamed), estimated as its JSON: beyond it 400 answer_too_large (default 32 MiB); streams hold none"),
     _Option("--routing-key-header", "routing_key_header", str, "header with the routing key"),
     _Option("--shutdown-grace-period-secs", "shutdown_grace_period_s", float, "drain time on SIGTERM"),
     _Option("--cache-threshold", "policy.cache_threshold", float, "cache_aware: prefix match to route by"),
@@ -379,7 +387,7 @@ _OPTIONS: list[_Option] = [
 HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("HTTP: the OpenAI-compatible front", (
         "--host", "--port", "--max-connections", "--max-payload-size", "--request-timeout-secs",
-        "--default-max-tokens", "--shutdown-grace-period-secs", "--http-server", "--prometheus-host",
+        "--default-max-tokens", "--max-answer-bytes", "--shutdown-grace-period-secs", "--http-server", "--prometheus-host",
         "--prometheus-port", "--history-backend", "--history-memory-max-responses", "--history-memory-max-items",
         "--history-memory-retention-secs", "--history-memory-max-bytes", "--history-tenant-max-bytes",
         "--history-tenant-max-responses", "--history-tenant-max-conversations", "--history-tenant-max-items",
@@ -599,6 +607,8 @@ def validate(config: GatewayConfig) -> None:
             raise ConfigError(f"--tool-call-parser/--reasoning-parser gpt_oss: {e}") from None
     if config.engine_h2.keepalive_interval_s > 0 and not config.engine_h2.keepalive_timeout_s > 0:
         raise ConfigError("--engine-keepalive-timeout-secs must be positive while keepalive is on")
+    if config.answer_bytes_max < 1:
+        raise ConfigError("--max-answer-bytes must be positive")
     if config.admission.max_concurrent_requests < 0 or config.admission.queue_size < 0:
         raise ConfigError("--max-concurrent-requests and --queue-size must not be negative")
     if any(v is not None and v < 1 for v in (config.admission.tenant_max_concurrent,

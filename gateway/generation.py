@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from .engine.errors import EngineCallError
+from .errors import InvalidInput
 from .engine.grpc_engine import SamplingOptions
 from .metrics import GatewayMetrics
 from .routing.policies import RoutingRequest
@@ -93,12 +94,15 @@ class LogprobRecord:
     """The log probabilities of a generation as they arrive (requests that ask for them).
 
     ``tokens``: one entry per output token (grpc_engine.TokenLogprob); ``prompt``: the prompt's, when
-    asked; ``sent``: how many entries a stream has already sent. Reset for each attempt.
+    asked; ``sent``: how many entries a stream has already sent. Reset for each attempt. A streamed
+    answer's record (``keep`` False) forgets what it sent: 16 answers of 16,000 tokens with 20
+    alternatives each held ~700 MiB until the stream ended.
     """
 
-    __slots__ = ("tokens", "prompt", "sent")
+    __slots__ = ("tokens", "prompt", "sent", "keep")
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = True) -> None:
+        self.keep = keep
         self.reset()
 
     def reset(self) -> None:
@@ -107,10 +111,34 @@ class LogprobRecord:
         self.sent = 0
 
     def unsent(self) -> list[Any]:
-        """The entries not sent yet, now marked sent."""
+        """The entries not sent yet, now marked sent (and let go, unless the record keeps them)."""
+        if not self.keep:
+            entries, self.tokens = self.tokens, []
+            return entries
         entries = self.tokens[self.sent:]
         self.sent = len(self.tokens)
         return entries
+
+
+# What one answer may hold, estimated as the JSON it becomes: a token's text, and per logprob entry (the
+# token's and each alternative's: token, logprob, bytes) ~80 bytes, measured on OpenAI's chat shape.
+LOGPROB_ENTRY_BYTES = 80
+
+
+class AnswerTooLarge(InvalidInput):
+    """An answer held whole (not streamed) grew past its bound: the generation is stopped, the client told to
+    stream it or ask for less."""
+
+    def __init__(self, bound_bytes: int) -> None:
+        super().__init__(f"the answer would be larger than {bound_bytes} bytes held at once (--max-answer-bytes): "
+                         "stream it (\"stream\": true), or ask for fewer tokens, answers (n) or top_logprobs",
+                         code="answer_too_large")
+
+
+def answer_bytes_estimate(n: int, max_tokens: int, top_logprobs: int | None) -> int:
+    """The most an answer of ``n`` choices of ``max_tokens`` tokens can hold (see LOGPROB_ENTRY_BYTES)."""
+    per_token = 8 + (LOGPROB_ENTRY_BYTES * (1 + top_logprobs) if top_logprobs is not None else 0)
+    return n * max_tokens * per_token
 
 
 # Not frozen, as no dataclass made for every request is (GenerationPlan, SamplingRequest, ChatRequest,
@@ -137,6 +165,10 @@ class GenerationPlan:
     logprobs: LogprobRecord | None = None  # filled as tokens arrive when the request asks for logprobs
     # n > 1 (sampling.n): one record per answer instead of ``logprobs``
     choice_logprobs: "list[LogprobRecord] | None" = None
+    # An answer held whole until it ends (not streamed, or kept to be stored) stops with AnswerTooLarge past
+    # this many bytes (its JSON, estimated as it arrives; every choice together); 0: not held, no bound.
+    answer_bytes_max: int = 0
+    answer_bytes: int = 0
 
 
 @dataclasses.dataclass
@@ -207,8 +239,10 @@ class Generator:
     async def _attempt(self, worker: Worker, plan: GenerationPlan, tokenizer: TokenizerService,
                        sink: TextSink | None) -> GenerationResult:
         progress = _Progress(plan, tokenizer, worker.id, sink)
-        # Stream from the engine when the client streams, and when stop strings may end it early.
-        engine_stream = plan.stream or bool(plan.stop)
+        # Stream from the engine when the client streams, when stop strings may end it early, and when the
+        # answer carries logprobs: held whole it is bounded as it arrives (answer_bytes_max), which one final
+        # message of every token's alternatives (hundreds of MB for n = 16) would not allow.
+        engine_stream = plan.stream or bool(plan.stop) or plan.logprobs is not None
         started_at = trio.current_time()
         with WorkerAttempt(worker) as attempt:
             try:
@@ -265,8 +299,9 @@ class Generator:
         delivered = False
         with WorkerAttempt(worker) as attempt:
             try:
-                async with worker.client.generate(plan.request_id, plan.input_ids, plan.sampling,
-                                                  plan.stream or bool(plan.stop), plan.timeout_s) as batches:
+                engine_stream = plan.stream or bool(plan.stop) or records is not None  # as in _attempt
+                async with worker.client.generate(plan.request_id, plan.input_ids, plan.sampling, engine_stream,
+                                                  plan.timeout_s) as batches:
                     async for events in batches:
                         for index, own in _by_index(events, len(progresses)):
                             progress = progresses[index]
@@ -348,16 +383,18 @@ class _Progress:
             new_ids.extend(event.token_ids)
         last = events[-1]
         record = self.logprobs
+        plan = self.plan
         if record is not None:
             for event in events:
                 if event.logprobs:
                     record.tokens.extend(event.logprobs)
+                    if plan.answer_bytes_max:
+                        plan.answer_bytes += LOGPROB_ENTRY_BYTES * sum(1 + len(e[2]) for e in event.logprobs)
                 if event.prompt_logprobs:
                     record.prompt = event.prompt_logprobs
         if new_ids and self.first_token_at is None:
             self.first_token_at = trio.current_time()
         self.output_ids.extend(new_ids)
-        plan = self.plan
         plan.usage.completion_tokens += len(new_ids)  # every attempt's tokens were generated
         matcher = self.matcher
         decided = matcher.feed(self.decoder.step(new_ids))
@@ -369,6 +406,10 @@ class _Progress:
             text += matcher.flush()
         if text:
             self.text_parts.append(text)
+        if plan.answer_bytes_max:
+            plan.answer_bytes += 8 * len(new_ids)
+            if plan.answer_bytes > plan.answer_bytes_max:
+                raise AnswerTooLarge(plan.answer_bytes_max)
         if decided.matched is not None or finish_reason is not None:
             self.finished = finish_reason is not None
             if decided.matched is not None:

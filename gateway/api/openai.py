@@ -15,7 +15,8 @@ import orjson
 import trio
 
 from ..auth import Authenticator, Principal
-from ..generation import GenerationPlan, GenerationResult, LogprobRecord, UsageTally
+from ..generation import (AnswerTooLarge, GenerationPlan, GenerationResult, LogprobRecord, UsageTally,
+                          answer_bytes_estimate)
 from ..models import ModelEntry
 from ..routing.policies import RoutingRequest
 from ..tokenizer.chat_template import TemplateError
@@ -86,6 +87,12 @@ def plan_generation(state: GatewayState, request: Request, entry: ModelEntry, in
         check_vocab([token_id for token_id, _ in sampling.logit_bias], entry.tokenizer, "logit_bias")
     if sampling.stop_token_ids and entry.tokenizer is not None:
         check_vocab(sampling.stop_token_ids, entry.tokenizer, "stop_token_ids")
+    answer_bytes_max = 0 if stream else state.config.answer_bytes_max
+    # Asked for outright (n, max_tokens and top_logprobs all given), an answer that cannot fit is refused now;
+    # one bounded only by the context is stopped if it really grows past the bound (AnswerTooLarge).
+    if answer_bytes_max and sampling.max_tokens is not None and \
+            answer_bytes_estimate(sampling.n, max_tokens, sampling.logprobs) > answer_bytes_max:
+        raise AnswerTooLarge(answer_bytes_max)
     return GenerationPlan(
         request_id=state.new_engine_request_id(),
         model=entry.name,
@@ -98,6 +105,7 @@ def plan_generation(state: GatewayState, request: Request, entry: ModelEntry, in
         routing=RoutingRequest(input_ids=input_ids, routing_key=request.header(state.config.routing_key_header)),
         timeout_s=state.config.admission.request_timeout_s,
         usage=UsageTally(prompt_tokens=n),
+        answer_bytes_max=answer_bytes_max,
     )
 
 
@@ -165,7 +173,7 @@ def logprob_shape(plan: GenerationPlan, tokenizer: TokenizerService, chat: bool)
     """When the request asks for logprobs: the record the generation fills, and its OpenAI shape."""
     if plan.sampling.logprobs is None:
         return None
-    plan.logprobs = LogprobRecord()
+    plan.logprobs = LogprobRecord(keep=not plan.stream)
     return LogprobShape(plan.logprobs, tokenizer, chat, plan.sampling.logprobs, plan.skip_special_tokens)
 
 
@@ -173,7 +181,7 @@ def logprob_shapes(plan: GenerationPlan, tokenizer: TokenizerService, chat: bool
     """``logprob_shape`` for each of n > 1 answers."""
     if plan.sampling.logprobs is None:
         return None
-    plan.choice_logprobs = [LogprobRecord() for _ in range(plan.sampling.n)]
+    plan.choice_logprobs = [LogprobRecord(keep=not plan.stream) for _ in range(plan.sampling.n)]
     return [LogprobShape(record, tokenizer, chat, plan.sampling.logprobs, plan.skip_special_tokens)
             for record in plan.choice_logprobs]
 

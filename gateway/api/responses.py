@@ -536,6 +536,7 @@ async def create(state: Any, request: Request) -> None:
     chat = parse_chat(to_chat_body(body, context.items))
     entry, tokenizer, input_ids = await chat_prompt(state, request, chat, "Responses API")
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "input")
+    plan.answer_bytes_max = state.config.answer_bytes_max  # streamed too: the whole response is kept to be stored
     response_id = new_id("resp")
     shape = ResponseShape(response_id, entry.name, body, chat, metadata, body.get("previous_response_id"), store,
                           conversation_id, background)

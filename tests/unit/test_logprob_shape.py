@@ -54,3 +54,21 @@ def test_stream_chunks_add_up_and_completions_offsets(qwen):
     assert sum((p["tokens"] for p in pieces), []) == ["one", " two", " three", " four"]
     assert sum((p["text_offset"] for p in pieces), []) == [0, 3, 7, 13]
     assert shape.unsent()["tokens"] == []  # nothing new
+
+
+def test_a_streamed_record_lets_go_of_what_it_sent():
+    from gateway.generation import LogprobRecord
+    kept, streamed = LogprobRecord(keep=True), LogprobRecord(keep=False)
+    for record in (kept, streamed):
+        record.tokens.extend([(1, -0.1, ()), (2, -0.2, ())])
+        assert record.unsent() == [(1, -0.1, ()), (2, -0.2, ())]
+        record.tokens.append((3, -0.3, ()))
+        assert record.unsent() == [(3, -0.3, ())]
+    assert len(kept.tokens) == 3 and streamed.tokens == []  # a whole answer still needs them; a stream does not
+
+
+def test_the_answer_estimate_is_the_json_an_answer_becomes():
+    from gateway.generation import LOGPROB_ENTRY_BYTES, answer_bytes_estimate
+    assert answer_bytes_estimate(1, 100, None) == 800
+    # The request: 16 answers x 16,000 tokens x (1 + 20) entries; the body it made was 447 MB.
+    assert 400e6 < answer_bytes_estimate(16, 16000, 20) < 500e6 and LOGPROB_ENTRY_BYTES == 80
