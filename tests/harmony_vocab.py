@@ -9,6 +9,7 @@ tests run on the real vocabulary or not at all (a skip that says why).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -65,3 +66,21 @@ def o200k_vocab_dir(cache_root: Path | None = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return directory
+
+
+@contextlib.contextmanager
+def harmony_vocabulary():
+    """gpt-oss's parsers load the vocabulary from here while the block runs (TIKTOKEN_ENCODINGS_BASE set, the
+    encoding's cache cleared before and after)."""
+    from gateway.parsers import harmony_encoding
+    saved = os.environ.get("TIKTOKEN_ENCODINGS_BASE")
+    os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(o200k_vocab_dir())
+    harmony_encoding.cache_clear()
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TIKTOKEN_ENCODINGS_BASE", None)
+        else:
+            os.environ["TIKTOKEN_ENCODINGS_BASE"] = saved
+        harmony_encoding.cache_clear()

@@ -18,10 +18,17 @@ from .http import Request
 from .protocol import parse_json_body
 
 
+# The longest text a parse endpoint takes: as long as a model's answer gets (a 128k-token answer is ~512 KB),
+# parsed in one step on the event loop (linear parsers: ~10 ms a megabyte, tests/unit/test_parser_complexity.py).
+TEXT_CHARS_MAX = 1024 * 1024
+
+
 def _text(body: dict[str, Any]) -> str:
     text = body.get("text")
     if not isinstance(text, str):
         raise BadRequest("'text' must be a string", param="text")
+    if len(text) > TEXT_CHARS_MAX:
+        raise BadRequest(f"'text' is longer than {TEXT_CHARS_MAX} characters", param="text", code="text_too_long")
     return text
 
 

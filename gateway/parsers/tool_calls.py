@@ -94,6 +94,11 @@ class ToolSet:
         return cls(frozenset(names), schemas)
 
 
+# A call's body longer than this is not a call (what came is content): no decoder looks at more in one step.
+# Far above real calls (a whole file written through a tool is ~100 KB).
+CALL_BODY_CHARS_MAX = 1024 * 1024
+
+
 class ToolCallParser(abc.ABC):
     """The streaming interface every format implements."""
 
@@ -162,43 +167,82 @@ class TaggedParser(ToolCallParser):
         self._buffer = ""
         self._inside = False
         self._after_call = False  # only whitespace since the last call: dropped if another call follows
+        self._body_parts: list[str] = []  # the body of the call being read, as it arrived
+        self._body_chars = 0
+        self._tail = ""  # its last characters, where an end marker split between pieces may begin
 
     def decode_body(self, body: str) -> "list[ToolCall] | None":
         return _json_calls(body)
 
     def feed(self, text: str) -> ToolCallResult:
         result = ToolCallResult()
-        buffer = self._buffer + text
-        while True:
-            if not self._inside and self._after_call:
-                rest = buffer.lstrip()
-                if rest.startswith(self.start):
-                    buffer = rest  # the whitespace between two calls is layout, not content
-                elif not rest or self.start.startswith(rest):
-                    break  # whitespace, or the next start marker still arriving: wait
+        buffer, pos = self._buffer + text, 0  # _buffer: only a partial start marker, or layout after a call
+        self._buffer = ""
+        while pos < len(buffer) or (not self._inside and self._after_call):
+            if self._inside:
+                after = self._take_body(buffer, pos, result)
+                if after is None:
+                    return result  # the call's body is still arriving
+                pos = after
+                continue
+            if self._after_call:
+                rest = len(buffer) - len(buffer[pos:].lstrip())
+                if buffer.startswith(self.start, rest):
+                    pos = rest  # the whitespace between two calls is layout, not content
+                elif rest == len(buffer) or self.start.startswith(buffer[rest:]):
+                    self._buffer = buffer[pos:]  # whitespace, or the next start marker still arriving: wait
+                    return result
                 self._after_call = False
-            if not self._inside:
-                at = buffer.find(self.start)
-                if at < 0:
-                    keep = held_back(buffer, self.start)
-                    result.content += buffer[:len(buffer) - keep]
-                    buffer = buffer[len(buffer) - keep:]
-                    break
-                result.content += buffer[:at]
-                buffer = buffer[at + len(self.start):]
-                self._inside = True
-            at = buffer.find(self.end)
+            at = buffer.find(self.start, pos)
             if at < 0:
-                break  # the call's body is still arriving
-            self._close(buffer[:at], result, ended=True)
-            buffer = buffer[at + len(self.end):]
-        self._buffer = buffer
+                keep = held_back(buffer, self.start)
+                result.content += buffer[pos:len(buffer) - keep]
+                self._buffer = buffer[len(buffer) - keep:]
+                return result
+            result.content += buffer[pos:at]
+            pos = at + len(self.start)
+            self._inside = True
         return result
+
+    def _take_body(self, buffer: str, pos: int, result: ToolCallResult) -> int | None:
+        """Reads a call's body from ``buffer[pos:]``: where the text goes on after its end marker (the call
+        closed), or None when the body goes on. Each character is looked at a bounded number of times: the
+        body so far is kept in parts, and only the marker's length of it is searched again (a body
+        re-scanned whole at every piece was quadratic: 3 s for 248 KB streamed)."""
+        end = self.end
+        if self._body_parts:  # the end marker may straddle what came before and this piece
+            tail = self._tail
+            window = tail + buffer[pos:pos + len(end) - 1]
+            j = window.find(end)
+            if 0 <= j < len(tail):
+                body = "".join(self._body_parts)
+                self._close_body(body[:len(body) - len(tail) + j], result)
+                return pos + j + len(end) - len(tail)
+        at = buffer.find(end, pos)
+        if at < 0:
+            piece = buffer[pos:]
+            self._body_parts.append(piece)
+            self._body_chars += len(piece)
+            self._tail = (self._tail + piece[-(len(end) - 1):])[-(len(end) - 1):]
+            if self._body_chars > CALL_BODY_CHARS_MAX:
+                # Longer than any call: not one. What came is content, and so is what follows.
+                result.content += self.start + "".join(self._body_parts)
+                self._inside, self._body_parts, self._body_chars, self._tail = False, [], 0, ""
+                return len(buffer)
+            return None
+        self._close_body("".join(self._body_parts) + buffer[pos:at], result)
+        return at + len(end)
+
+    def _close_body(self, body: str, result: ToolCallResult) -> None:
+        self._body_parts, self._body_chars, self._tail = [], 0, ""
+        self._close(body, result, ended=True)
 
     def finish(self) -> ToolCallResult:
         result = ToolCallResult()
-        if self._inside:
-            self._close(self._buffer, result, ended=False)  # the generation ended inside a call
+        if self._inside:  # the generation ended inside a call
+            body = "".join(self._body_parts)
+            self._body_parts, self._body_chars, self._tail = [], 0, ""
+            self._close(body, result, ended=False)
         else:
             result.content += self._buffer
         self._buffer = ""
@@ -232,12 +276,13 @@ class TrailingCallsParser(ToolCallParser):
         self.tools = ToolSet.of(tools)
         self.tool_names = self.tools.names if self.tools is not None else None
         self._buffer = ""
+        self._held: list[str] = []  # from the start of the calls on, as it arrived
         self._started = False
         self._seen_text = False  # something other than whitespace went out as content
 
     def feed(self, text: str) -> ToolCallResult:
         if self._started:
-            self._buffer += text
+            self._held.append(text)  # joined once at the end: += on a growing string is quadratic
             return ToolCallResult()
         buffer = self._buffer + text
         at = min((i for i in (buffer.find(m) for m in self.markers) if i >= 0), default=-1)
@@ -250,7 +295,8 @@ class TrailingCallsParser(ToolCallParser):
                 return ToolCallResult()
         if at >= 0:
             self._started = True
-            self._buffer = buffer[at:]
+            self._held = [buffer[at:]]
+            self._buffer = ""
             return ToolCallResult(content=buffer[:at])
         keep = max((held_back(buffer, m) for m in self.markers), default=0)
         content = buffer[:len(buffer) - keep]
@@ -259,7 +305,8 @@ class TrailingCallsParser(ToolCallParser):
         return ToolCallResult(content=content)
 
     def finish(self) -> ToolCallResult:
-        held, self._buffer = self._buffer, ""
+        held, self._buffer = "".join(self._held) if self._started else self._buffer, ""
+        self._held = []
         if not self._started:
             return ToolCallResult(content=held)
         calls = self.decode(held)
@@ -414,18 +461,19 @@ class DeepSeekV3Parser(TaggedParser):
     start = "<｜tool▁calls▁begin｜>"
     end = "<｜tool▁calls▁end｜>"
     spellings = (start, end, "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>")
-    _CALL = re.compile(r"<｜tool▁call▁begin｜>\s*(?:\w+)?\s*<｜tool▁sep｜>\s*(?P<name>[^\n`]+?)\s*\n"
-                       r"```(?:json)?\s*\n?(?P<args>.*?)\s*```\s*<｜tool▁call▁end｜>", re.S)
+    # One call, up to (not including) its end marker, whitespace around it allowed.
+    _CALL = re.compile(r"\s*<｜tool▁call▁begin｜>\s*(?:\w+)?\s*<｜tool▁sep｜>\s*(?P<name>[^\n`]+?)\s*\n"
+                       r"```(?:json)?\s*\n?(?P<args>.*?)\s*```\s*", re.S)
+    _CALL_END = "<｜tool▁call▁end｜>"
 
     def decode_body(self, body: str) -> "list[ToolCall] | None":
-        return _regex_calls(self._CALL, body)
+        return _regex_calls(self._CALL, body, self._CALL_END)
 
 
 class DeepSeekV31Parser(DeepSeekV3Parser):
     """<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜> in the same section (DeepSeek V3.1, V3.2-Exp)."""
 
-    _CALL = re.compile(r"<｜tool▁call▁begin｜>\s*(?P<name>[^<]+?)\s*<｜tool▁sep｜>\s*(?P<args>.*?)\s*"
-                       r"<｜tool▁call▁end｜>", re.S)
+    _CALL = re.compile(r"\s*<｜tool▁call▁begin｜>\s*(?P<name>[^<]+?)\s*<｜tool▁sep｜>\s*(?P<args>.*?)\s*", re.S)
 
 
 class KimiK2Parser(TaggedParser):
@@ -436,11 +484,17 @@ class KimiK2Parser(TaggedParser):
     end = "<|tool_calls_section_end|>"
     spellings = (start, end, "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>")
     _CALL = re.compile(r"<\|tool_call_begin\|>\s*(?P<id>[^<\s]+?)\s*<\|tool_call_argument_begin\|>\s*"
-                       r"(?P<args>.*?)\s*<\|tool_call_end\|>", re.S)
+                       r"(?P<args>.*?)\s*", re.S)
 
     def decode_body(self, body: str) -> "list[ToolCall] | None":
         calls = []
-        for match in self._CALL.finditer(body):
+        # Each call ends at its marker: cut there first, then one anchored match per piece (linear, as
+        # _regex_calls); what is around the calls is ignored, as the format's own parsers do.
+        for piece in body.split("<|tool_call_end|>")[:-1]:
+            begin = piece.find("<|tool_call_begin|>")
+            match = self._CALL.fullmatch(piece, begin) if begin >= 0 else None
+            if match is None:
+                continue
             call_id = match.group("id")  # functions.get_weather:0
             name = call_id.rsplit(":", 1)[0].removeprefix("functions.")
             arguments = _arguments_json(match.group("args"))
@@ -456,21 +510,28 @@ class Glm45Parser(TaggedParser):
 
     spellings = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
     _NAME = re.compile(r"\s*([^<\s]+)\s*")
-    _ARG = re.compile(r"\s*<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?)</arg_value>\s*", re.S)
 
     def decode_body(self, body: str) -> "list[ToolCall] | None":
+        """The name, then ``<arg_key>K</arg_key><arg_value>V</arg_value>`` pairs, read by finding each marker
+        from where the last one ended: linear. (A regex with two lazy groups backtracked over every later
+        </arg_key>: 8.6 s for 248 KB of unclosed values.)"""
         match = self._NAME.match(body)
         if match is None:
             return None
         name, at, arguments = match.group(1), match.end(), {}
         properties = self._properties(name)
         while at < len(body):
-            arg = self._ARG.match(body, at)
-            if arg is None:
+            key_start = _after_marker(body, at, "<arg_key>")
+            key_end = body.find("</arg_key>", key_start) if key_start >= 0 else -1
+            value_start = _after_marker(body, key_end + len("</arg_key>"), "<arg_value>") if key_end >= 0 else -1
+            value_end = body.find("</arg_value>", value_start) if value_start >= 0 else -1
+            if value_end < 0:
                 return None
-            key = arg.group("key").strip()
-            arguments[key] = _typed(arg.group("value"), properties.get(key))
-            at = arg.end()
+            key = body[key_start:key_end].strip()
+            arguments[key] = _typed(body[value_start:value_end], properties.get(key))
+            at = value_end + len("</arg_value>")
+            while at < len(body) and body[at].isspace():
+                at += 1
         return [ToolCall(name, json.dumps(arguments, ensure_ascii=False))]
 
     def _properties(self, name: str) -> dict[str, Any]:
@@ -591,19 +652,29 @@ class CohereParser(TaggedParser):
         return calls_from_json(renamed)
 
 
-def _regex_calls(pattern: "re.Pattern[str]", body: str) -> "list[ToolCall] | None":
+def _after_marker(text: str, at: int, marker: str) -> int:
+    """Where ``text`` goes on after ``marker``, when only whitespace comes before it from ``at``; else -1."""
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at + len(marker) if text.startswith(marker, at) else -1
+
+
+def _regex_calls(pattern: "re.Pattern[str]", body: str, call_end: str) -> "list[ToolCall] | None":
+    """Calls one after the other, each ending at ``call_end``: the body is cut at those markers first (one
+    pass), and each piece must be one whole call (``pattern.fullmatch``, which looks at that piece alone). A
+    pattern searched over the whole body retried every later marker from each call's start: quadratic."""
+    pieces = body.split(call_end)
+    if pieces.pop().strip():
+        return None  # something after the last call that is not a call
     calls = []
-    at = 0
-    for match in pattern.finditer(body):
-        if body[at:match.start()].strip():
-            return None  # something between the calls that is not a call
+    for piece in pieces:
+        match = pattern.fullmatch(piece)
+        if match is None:
+            return None
         arguments = _arguments_json(match.group("args"))
         if arguments is None:
             return None
         calls.append(ToolCall(match.group("name").strip(), arguments))
-        at = match.end()
-    if body[at:].strip():
-        return None
     return calls or None
 
 

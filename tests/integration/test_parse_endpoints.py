@@ -34,3 +34,14 @@ def test_unknown_parsers_and_bad_fields_are_400s_naming_the_field(http):
 def test_without_the_admin_credential_they_are_refused(node):
     r = httpx2.post(node.url + "/parse/reasoning", json={"text": "x", "reasoning_parser": "qwen3"}, timeout=30)
     assert r.status_code in (401, 403)
+
+
+def test_the_glm_text_that_blocked_every_request_for_seconds_is_parsed_at_once(http):
+    """Issue 33: /parse/function_call with glm45 on 248 KB blocked the node for 9.5 s (a backtracking regex)."""
+    import time
+    text = "<tool_call>f" + "<arg_key>k</arg_key><arg_value>" * 8_000 + "</tool_call>"
+    started = time.monotonic()
+    r = http.post("/parse/function_call", json={"text": text, "tool_call_parser": "glm45_moe", "tools": TOOLS})
+    assert r.status_code == 200 and r.json()["calls"] == [] and time.monotonic() - started < 2
+    r = http.post("/parse/function_call", json={"text": "x" * (1024 * 1024 + 1), "tool_call_parser": "qwen"})
+    assert r.status_code in (400, 413)  # over the endpoint's bound (or the body's): refused, not parsed

@@ -11,24 +11,16 @@ import random
 import pytest
 
 from gateway.parsers import HarmonyParser, ToolCall, harmony_encoding, reasoning_parser
-from tests.harmony_vocab import o200k_vocab_dir
+from tests.harmony_vocab import harmony_vocabulary
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
          {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def harmony_vocab(tmp_path_factory):
-    import os
-    saved = os.environ.get("TIKTOKEN_ENCODINGS_BASE")
-    os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(o200k_vocab_dir())
-    harmony_encoding.cache_clear()
-    yield
-    if saved is None:
-        os.environ.pop("TIKTOKEN_ENCODINGS_BASE", None)
-    else:
-        os.environ["TIKTOKEN_ENCODINGS_BASE"] = saved
-    harmony_encoding.cache_clear()
+def harmony_vocab():
+    with harmony_vocabulary():
+        yield
 
 
 def call(name, **arguments):
