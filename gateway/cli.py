@@ -35,6 +35,7 @@ from .config import (
     GatewayConfig,
     add_serve_arguments,
     build_config,
+    secrets_on_command_line,
     with_admin_credentials,
 )
 from .server import run_gateway
@@ -104,6 +105,11 @@ def serve(args: argparse.Namespace, serve_argv: "list[str]") -> int:
     except ConfigError as e:
         print(f"smg-node serve: {e}", file=sys.stderr)
         return 2
+    exposed = secrets_on_command_line(serve_argv)
+    if exposed:
+        print(f"smg-node serve: warning: {', '.join(exposed)} on the command line can be read by every local user "
+              "(ps); give secrets as SMG_NODE_<OPTION> environment variables or in the --config file",
+              file=sys.stderr)
     try:
         with SimEngines(config.sim_engines, config.sim_engine_args) as engine_urls:
             if engine_urls:

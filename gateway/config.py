@@ -477,6 +477,42 @@ class ConfigError(Exception):
     """An option has a value that cannot be used."""
 
 
+# Options whose values are secrets (credentials, keys, URLs with passwords). On a command line every local user
+# reads them (ps, /proc/PID/cmdline): give them by environment (SMG_NODE_<OPTION>) or in the --config file. The
+# processes of --workers N get them by environment, never on their command lines (secrets_to_environment).
+SECRET_FLAGS = frozenset({"--admin-token", "--api-key", "--tenant-api-key", "--control-plane-api-keys",
+                          "--worker-api-key", "--rpc-token", "--encrypt", "--postgres-db-url", "--redis-url"})
+
+
+def secrets_to_environment(argv: "list[str]") -> tuple[list[str], dict[str, str]]:
+    """``argv`` without its secret options, and the environment that carries them instead (flags still win over
+    the environment the process already had: these values are set over it)."""
+    kinds = {opt.flag: opt.kind for opt in _OPTIONS}
+    out: list[str] = []
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        flag, eq, inline = argv[i].partition("=")
+        i += 1
+        if flag not in SECRET_FLAGS:
+            out.append(argv[i - 1])
+            continue
+        values = [inline] if eq else []
+        while not eq and i < len(argv) and not argv[i].startswith("--"):
+            values.append(argv[i])
+            i += 1
+            if kinds.get(flag) != "list":
+                break
+        env[ENV_PREFIX + flag[2:].replace("-", "_").upper()] = \
+            shlex.join(values) if kinds.get(flag) == "list" else (values[0] if values else "")
+    return out, env
+
+
+def secrets_on_command_line(argv: "list[str]") -> list[str]:
+    """The secret options given as flags (to warn about: ps shows them to every local user)."""
+    return sorted({token.partition("=")[0] for token in argv if token.partition("=")[0] in SECRET_FLAGS})
+
+
 def _convert(opt: _Option, raw: Any) -> Any:
     try:
         if opt.kind == "bool":

@@ -64,7 +64,7 @@ from mesh.crypto import generate_key
 from mesh.options import default_node_name
 from mesh.transport import split_addr
 
-from .config import GatewayConfig
+from .config import GatewayConfig, secrets_to_environment
 from .logs import setup_logging
 
 log = logging.getLogger("gateway.supervisor")
@@ -235,8 +235,10 @@ class Supervisor:
         try:
             async with trio.open_nursery() as outer:
                 per_process, self._env = worker_arguments(self.config, self.count, http_port)
-                self._workers = [_Worker(i, [sys.executable, "-m", "gateway.cli", "serve", *self._serve_argv,
-                                             *extra])
+                # Secrets given as flags reach the processes by environment: their command lines are public.
+                serve_argv, secrets = secrets_to_environment(self._serve_argv)
+                self._env.update(secrets)
+                self._workers = [_Worker(i, [sys.executable, "-m", "gateway.cli", "serve", *serve_argv, *extra])
                                  for i, extra in enumerate(per_process)]
                 outer.start_soon(self._relay_signals)
                 outer.start_soon(self._announce_ready, self._workers)

@@ -21,7 +21,7 @@ from mesh.asgi import answer_lifespan
 
 from ..auth import Access, Authenticator, KeysMissing, Unauthenticated
 from . import admin, anthropic, conversations, native, openai, parse, responses
-from .errors import ApiError, MethodNotAllowed, NotFound, to_api_error
+from .errors import ApiError, BadRequest, MethodNotAllowed, NotFound, to_api_error
 from .http import ClientGone, Request
 
 log = logging.getLogger("gateway.api")
@@ -109,6 +109,15 @@ class GatewayApp:
         access = PUBLIC
         try:
             route, handler, access = self._resolve(request)
+            headers = request.headers
+            if b"transfer-encoding" in headers and b"content-length" in headers:
+                # The native server refuses this before the app sees it; another ASGI server (hypercorn, whose
+                # h11 reads such a body as chunked and keeps the connection) must not serve it either: two
+                # framings are how requests are smuggled past a proxy that reads the other one.
+                raise AmbiguousFraming("Transfer-Encoding with Content-Length: the body's framing is ambiguous",
+                                       code="ambiguous_framing")
+            if len(headers) != len(scope["headers"]):
+                _refuse_repeated_credentials(scope["headers"])  # the dict kept the last of each repeated header
             try:
                 request.principal = self._auth.authenticate(request.headers, access)
             except KeysMissing:  # a JWT signed with a key we do not hold yet: the issuer rotated
@@ -186,6 +195,25 @@ class GatewayApp:
         if request.response_started or request.disconnected:
             return  # the head is out (or nobody listens): nothing more can be said in HTTP terms
         await request.send_bytes(status, body, [(b"content-type", b"application/json"), *headers])
+
+
+class AmbiguousFraming(BadRequest):
+    """A 400 after which the connection must close: what follows on it cannot be told apart from this body."""
+
+    def headers(self) -> "list[tuple[bytes, bytes]]":
+        return [*super().headers(), (b"connection", b"close")]
+
+
+_CREDENTIAL_HEADERS = (b"authorization", b"x-api-key")
+
+
+def _refuse_repeated_credentials(headers: "list[tuple[bytes, bytes]]") -> None:
+    """Two Authorization (or x-api-key) headers: which one counts depends on who reads them (a proxy may check
+    the first, we would take the last), so neither does: 400."""
+    for name in _CREDENTIAL_HEADERS:
+        if sum(1 for key, _ in headers if key == name) > 1:
+            raise BadRequest(f"the request carries more than one {name.decode()} header: send one credential",
+                             code="duplicate_credential")
 
 
 def _printable(text: str) -> str:

@@ -20,6 +20,7 @@ only here, so that a status and its body are decided once.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
@@ -28,6 +29,8 @@ from .. import errors as core
 from ..auth import AuthError, Unauthenticated
 from ..engine.errors import EngineCallError
 from ..workers.errors import WorkerError
+
+log = logging.getLogger("gateway.api")
 
 
 class ApiError(Exception):
@@ -131,18 +134,22 @@ class UpstreamTimeout(ApiError):
 
 
 def from_engine_error(e: EngineCallError) -> ApiError:
+    """Our own words for what an engine said: its text (exception messages, paths, versions) goes to the log, not
+    to the client."""
     code = e.code
+    log.info("engine error %s: %s", code, e.details)
     if code == "INVALID_ARGUMENT" or code == "OUT_OF_RANGE" or code == "FAILED_PRECONDITION":
-        return BadRequest(f"the engine rejected the request: {e.details}", code="engine_rejected")
+        return BadRequest(f"the engine refused the request's parameters ({code}); its reason is in the gateway's "
+                          "log", code="engine_rejected")
     if code == "RESOURCE_EXHAUSTED":
         return Unavailable("every engine is at capacity; retry later", code="engine_overloaded", retry_after_s=1)
     if code == "DEADLINE_EXCEEDED":
         return UpstreamTimeout("the engine did not answer in time", code="engine_timeout")
     if code == "UNAVAILABLE":
-        return Unavailable(f"engine unavailable: {e.details}", code="engine_unavailable", retry_after_s=1)
+        return Unavailable("the engine is unavailable; retry later", code="engine_unavailable", retry_after_s=1)
     if code == "NOT_FOUND":
-        return NotFound(f"the engine does not know this: {e.details}", code="not_found")
-    return UpstreamError(f"engine error {code}: {e.details}", code="engine_error")
+        return NotFound("the engine does not know this request", code="not_found")
+    return UpstreamError(f"the engine failed ({code})", code="engine_error")
 
 
 def from_auth_error(e: AuthError) -> ApiError:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -42,6 +43,17 @@ _KEY_TYPE_ALGORITHMS = {"RSA": {"RS256", "RS384", "RS512", "PS256", "PS384", "PS
                         "EC": {"ES256", "ES384", "ES512"}, "OKP": {"EdDSA"}}
 TOKENS_CACHED_MAX = 10_000
 JWKS_KEYS_MAX = 64
+
+
+TENANT_CHARS_MAX = 128
+
+
+def tenant_id(claim: str) -> str:
+    """The tenant a claim names: itself up to TENANT_CHARS_MAX characters, else a digest of all of it. Never cut:
+    two tenants whose long names share their first 128 characters would be one (their limits, their data)."""
+    if len(claim) <= TENANT_CHARS_MAX:
+        return claim
+    return "sha256:" + hashlib.sha256(claim.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 class KeysMissing(Exception):
@@ -184,4 +196,4 @@ class JwtVerifier:
         subject = str(claims["sub"])
         name = claims.get("name") or claims.get("preferred_username") or subject
         return Principal(f"jwt:{claims['iss']}:{subject}", str(name)[:128], role,
-                         tenant=str(tenant)[:128] if isinstance(tenant, (str, int)) else None)
+                         tenant=tenant_id(str(tenant)) if isinstance(tenant, (str, int)) else None)

@@ -61,6 +61,14 @@ async def test_a_valid_token_is_its_principal(verifier):
     assert (p.key_id, p.name, p.tenant, p.role) == (f"jwt:{ISSUER}:alice", "Alice", "acme", Role.USER)
 
 
+async def test_a_long_tenant_claim_is_hashed_never_cut(verifier):
+    # Issue 33: claims were cut at 128 characters, so two tenants whose names share those were one tenant.
+    first, second = "t" * 128 + "-first", "t" * 128 + "-second"
+    a, b = verifier.verify(token({"tenant": first})).tenant, verifier.verify(token({"tenant": second})).tenant
+    assert a != b and a.startswith("sha256:") and len(a) <= 128
+    assert verifier.verify(token({"tenant": "t" * 128})).tenant == "t" * 128  # up to the bound: itself
+
+
 async def test_roles_are_mapped_and_unmapped_ones_are_user(verifier):
     assert verifier.verify(token({"roles": ["ops", "x"]})).role is Role.ADMIN
     assert verifier.verify(token({"roles": "guest"})).role is Role.USER
