@@ -173,8 +173,8 @@ async def _start_history(config: GatewayConfig, cluster: ClusterState | None, me
     if config.history_backend == "none":
         return None
     if config.history_backend in ("postgres", "redis"):
-        durable = PostgresHistory(config.postgres) if config.history_backend == "postgres" else \
-            RedisHistory(config.redis)
+        durable = PostgresHistory(config.postgres, config.history) if config.history_backend == "postgres" else \
+            RedisHistory(config.redis, config.history)
         await durable.open()  # a database that cannot be reached stops the start, with its reason
         return durable
     history = MemoryHistory(config.history, cluster)

@@ -31,7 +31,7 @@ import psycopg_pool
 import trio
 from psycopg import sql
 
-from .store import ItemPage, StoredResponse, StoreUnavailable
+from .store import HistoryConfig, ItemPage, StoredResponse, StoreUnavailable, check_record_size
 
 T = TypeVar("T")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -100,10 +100,11 @@ def _migrations(n: PostgresNames) -> "list[sql.Composed]":
 
 
 class PostgresHistory:
-    def __init__(self, config: PostgresConfig) -> None:
+    def __init__(self, config: PostgresConfig, bounds: HistoryConfig = HistoryConfig()) -> None:
         if not config.url:
             raise ValueError("--postgres-db-url is required with --history-backend postgres")
         self.config = config
+        self.record_bytes_max = bounds.record_bytes_max
         self.names = config.names
         self._limiter = trio.CapacityLimiter(config.pool_max_size)
         timeout_ms = int(config.statement_timeout_s * 1000)
@@ -162,6 +163,7 @@ class PostgresHistory:
 
     async def put_response(self, record: StoredResponse) -> None:
         body = orjson.dumps(record.to_json()).decode()
+        check_record_size(len(body), self.record_bytes_max, "the response")
         await self._run(lambda c: c.execute(self._q.put_response, (record.id, record.owner, body)))
 
     async def get_response(self, response_id: str, owner: str) -> StoredResponse | None:
@@ -176,16 +178,23 @@ class PostgresHistory:
 
     async def create_conversation(self, conversation: dict[str, Any], owner: str,
                                   items: "list[dict[str, Any]]") -> None:
+        head = orjson.dumps(conversation).decode()
+        rows = self._item_rows(conversation["id"], items)
+        check_record_size(len(head) + sum(len(row[2]) for row in rows), self.record_bytes_max, "the conversation")
+
         def work(c: psycopg.Connection) -> None:
-            c.execute(self._q.create_conversation, (conversation["id"], owner, orjson.dumps(conversation).decode()))
-            self._insert_items(c, conversation["id"], items)
+            c.execute(self._q.create_conversation, (conversation["id"], owner, head))
+            self._insert_items(c, rows)
         await self._run(work)
 
-    def _insert_items(self, c: psycopg.Connection, conversation_id: str, items: "list[dict[str, Any]]") -> None:
-        if items:
+    @staticmethod
+    def _item_rows(conversation_id: str, items: "list[dict[str, Any]]") -> list[tuple[str, str, str]]:
+        return [(conversation_id, i["id"], orjson.dumps(i).decode()) for i in items]
+
+    def _insert_items(self, c: psycopg.Connection, rows: list[tuple[str, str, str]]) -> None:
+        if rows:
             with c.cursor() as cursor:
-                cursor.executemany(self._q.insert_item, [(conversation_id, i["id"], orjson.dumps(i).decode())
-                                                         for i in items])
+                cursor.executemany(self._q.insert_item, rows)
 
     async def get_conversation(self, conversation_id: str, owner: str) -> dict[str, Any] | None:
         row = await self._run(lambda c: c.execute(self._q.get_conversation, (conversation_id, owner)).fetchone())
@@ -206,10 +215,16 @@ class PostgresHistory:
         return row[0] if row is not None else None
 
     async def add_items(self, conversation_id: str, owner: str, items: "list[dict[str, Any]]") -> bool:
+        rows = self._item_rows(conversation_id, items)
+
         def work(c: psycopg.Connection) -> bool:
-            if self._lock_conversation(c, conversation_id, owner) is None:  # held to the end: items stay in order
+            conversation = self._lock_conversation(c, conversation_id, owner)  # held to the end: items stay in order
+            if conversation is None:
                 return False
-            self._insert_items(c, conversation_id, items)
+            held = c.execute(self._q.items_bytes, (conversation_id,)).fetchone()[0]
+            check_record_size(len(orjson.dumps(conversation)) + held + sum(len(row[2]) for row in rows),
+                              self.record_bytes_max, "the conversation")  # raised: the transaction rolls back
+            self._insert_items(c, rows)
             return True
         return await self._run(work)
 
@@ -282,3 +297,6 @@ class _Queries:
         self.all_items = q("SELECT {body} FROM {items} WHERE {conversation_id} = %s ORDER BY {position}")
         self.get_item = q("SELECT {body} FROM {items} WHERE {conversation_id} = %s AND {item_id} = %s")
         self.delete_item = q("DELETE FROM {items} WHERE {conversation_id} = %s AND {item_id} = %s RETURNING 1")
+        # A conversation's items, in bytes of their JSON (the record bound counts them with the head).
+        self.items_bytes = q("SELECT COALESCE(SUM(octet_length({body}::text)), 0) FROM {items} "
+                             "WHERE {conversation_id} = %s")

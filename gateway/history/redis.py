@@ -28,7 +28,8 @@ import orjson
 import redis
 import trio
 
-from .store import ItemPage, StoredResponse, StoreUnavailable
+from .store import (HistoryConfig, ItemPage, RecordTooLarge, StoredResponse, StoreUnavailable,
+                    check_record_size)
 
 T = TypeVar("T")
 
@@ -62,12 +63,21 @@ if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
 redis.call('DEL', unpack(KEYS))
 return 1
 """
-# KEYS: conversation hash, order, items. ARGV: owner, ttl ms, then item id, item body pairs.
+# KEYS: conversation hash, order, items. ARGV: owner, ttl ms, the record bound in bytes, then item id, item body
+# pairs. Returns 0 (no such conversation), -1 (the conversation would pass the bound: nothing added) or 1. The
+# conversation's hash keeps its size in 'bytes' (head and items), so the bound costs no pass over the items.
 _ADD_ITEMS = """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
-for i = 3, #ARGV, 2 do
+local added = 0
+for i = 4, #ARGV, 2 do
+  if redis.call('HEXISTS', KEYS[3], ARGV[i]) == 0 then added = added + string.len(ARGV[i + 1]) end
+end
+local held = tonumber(redis.call('HGET', KEYS[1], 'bytes') or '0')
+if held + added > tonumber(ARGV[3]) then return -1 end
+for i = 4, #ARGV, 2 do
   if redis.call('HSETNX', KEYS[3], ARGV[i], ARGV[i + 1]) == 1 then redis.call('RPUSH', KEYS[2], ARGV[i]) end
 end
+redis.call('HINCRBY', KEYS[1], 'bytes', added)
 """ + _RETAIN.format(ttl="ARGV[2]") + """
 return 1
 """
@@ -102,8 +112,12 @@ return {0}
 # KEYS: conversation hash, order, items. ARGV: owner, item id, ttl ms. Returns false or {deleted, body}.
 _DELETE_ITEM = """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return false end
+local size = redis.call('HSTRLEN', KEYS[3], ARGV[2])
 local deleted = redis.call('HDEL', KEYS[3], ARGV[2])
-if deleted == 1 then redis.call('LREM', KEYS[2], 1, ARGV[2]) end
+if deleted == 1 then
+  redis.call('LREM', KEYS[2], 1, ARGV[2])
+  redis.call('HINCRBY', KEYS[1], 'bytes', -size)
+end
 """ + _RETAIN.format(ttl="ARGV[3]") + """
 return {deleted, redis.call('HGET', KEYS[1], 'body')}
 """
@@ -117,10 +131,11 @@ return ARGV[2]
 
 
 class RedisHistory:
-    def __init__(self, config: RedisConfig) -> None:
+    def __init__(self, config: RedisConfig, bounds: HistoryConfig = HistoryConfig()) -> None:
         if not config.url:
             raise ValueError("--redis-url is required with --history-backend redis")
         self.config = config
+        self.record_bytes_max = bounds.record_bytes_max
         self._limiter = trio.CapacityLimiter(config.pool_max_size)
         pool = redis.BlockingConnectionPool.from_url(
             config.url, max_connections=config.pool_max_size, timeout=config.timeout_s,
@@ -166,6 +181,7 @@ class RedisHistory:
 
     async def put_response(self, record: StoredResponse) -> None:
         body = orjson.dumps(record.to_json())
+        check_record_size(len(body), self.record_bytes_max, "the response")
         await self._call(lambda: self._put(self._key("resp", record.id), record.owner, body))
 
     async def get_response(self, response_id: str, owner: str) -> StoredResponse | None:
@@ -181,16 +197,20 @@ class RedisHistory:
     async def create_conversation(self, conversation: dict[str, Any], owner: str,
                                   items: "list[dict[str, Any]]") -> None:
         head, order, item_hash = self._conversation_keys(conversation["id"])
-        await self._call(lambda: self._create(head, order, item_hash, owner, orjson.dumps(conversation), items))
+        body = orjson.dumps(conversation)
+        encoded = {i["id"]: orjson.dumps(i) for i in items}
+        size = len(body) + sum(len(v) for v in encoded.values())
+        check_record_size(size, self.record_bytes_max, "the conversation")
+        await self._call(lambda: self._create(head, order, item_hash, owner, body, encoded, size))
 
-    def _create(self, head: str, order: str, item_hash: str, owner: str, body: bytes,
-                items: "list[dict[str, Any]]") -> None:
+    def _create(self, head: str, order: str, item_hash: str, owner: str, body: bytes, items: dict[str, bytes],
+                size: int) -> None:
         with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(head, order, item_hash)
-            pipe.hset(head, mapping={"owner": owner, "body": body})
+            pipe.hset(head, mapping={"owner": owner, "body": body, "bytes": size})
             if items:
-                pipe.rpush(order, *[i["id"] for i in items])
-                pipe.hset(item_hash, mapping={i["id"]: orjson.dumps(i) for i in items})
+                pipe.rpush(order, *items)
+                pipe.hset(item_hash, mapping=items)
             if self._ttl_ms:
                 for k in (head, order, item_hash):
                     pipe.pexpire(k, self._ttl_ms)
@@ -217,10 +237,14 @@ class RedisHistory:
 
     async def add_items(self, conversation_id: str, owner: str, items: "list[dict[str, Any]]") -> bool:
         keys = self._conversation_keys(conversation_id)
-        args: list[Any] = [owner, self._ttl_ms]
+        args: list[Any] = [owner, self._ttl_ms, self.record_bytes_max]
         for item in items:
             args += [item["id"], orjson.dumps(item)]
-        return bool(await self._call(lambda: self._add_items(keys=keys, args=args)))
+        added = await self._call(lambda: self._add_items(keys=keys, args=args))
+        if added == -1:
+            raise RecordTooLarge(f"the conversation would take more than {self.record_bytes_max} bytes; one stored "
+                                 "record may take at most that")
+        return bool(added)
 
     async def list_items(self, conversation_id: str, owner: str, after: str | None, limit: int,
                          descending: bool) -> ItemPage | None:

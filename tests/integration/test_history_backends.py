@@ -11,7 +11,7 @@ import redis
 import trio
 
 from gateway.history import (HistoryConfig, MemoryHistory, PostgresConfig, PostgresHistory, PostgresNames, RedisConfig,
-                             RedisHistory, StoredResponse, StoreUnavailable)
+                             RecordTooLarge, RedisHistory, StoredResponse, StoreUnavailable)
 
 from ..real_servers import free_port, postgres_server, redis_server
 
@@ -28,15 +28,19 @@ def redis_url(tmp_path_factory):
         yield url
 
 
+BOUNDS = HistoryConfig(record_bytes_max=64_000)
+
+
 @pytest.fixture(params=["memory", "postgres", "redis"])
 async def store(request):
     if request.param == "memory":
-        yield MemoryHistory(HistoryConfig())
+        yield MemoryHistory(BOUNDS)
         return
     if request.param == "postgres":
-        backend = PostgresHistory(PostgresConfig(url=request.getfixturevalue("postgres_url"), pool_max_size=4))
+        backend = PostgresHistory(PostgresConfig(url=request.getfixturevalue("postgres_url"), pool_max_size=4),
+                                  BOUNDS)
     else:
-        backend = RedisHistory(RedisConfig(url=request.getfixturevalue("redis_url"), pool_max_size=4))
+        backend = RedisHistory(RedisConfig(url=request.getfixturevalue("redis_url"), pool_max_size=4), BOUNDS)
     await backend.open()
     yield backend
     await backend.aclose()
@@ -84,6 +88,23 @@ async def test_conversations_and_items(store):
     assert await store.update_conversation(cid, "b", {}) is None
     assert not await store.delete_conversation(cid, "b") and await store.delete_conversation(cid, "a")
     assert await store.get_conversation(cid, "a") is None and await store.all_items(cid, "a") is None
+
+
+async def test_a_record_past_its_bound_is_refused_before_anything_is_stored(store):
+    """Whatever the backend, one response and one conversation with its items take at most the record bound."""
+    rid, cid = unique("resp"), unique("conv")
+    with pytest.raises(RecordTooLarge):
+        await store.put_response(StoredResponse(rid, "a", {"id": rid, "text": "x" * 70_000}, (), ()))
+    assert await store.get_response(rid, "a") is None
+    with pytest.raises(RecordTooLarge):
+        await store.create_conversation({"id": cid, "metadata": {}}, "a", [{"id": "big", "t": "x" * 70_000}])
+    await store.create_conversation({"id": cid, "metadata": {}}, "a", [{"id": "i0", "t": "x" * 30_000}])
+    with pytest.raises(RecordTooLarge):
+        await store.add_items(cid, "a", [{"id": "i1", "t": "x" * 20_000}, {"id": "i2", "t": "x" * 20_000}])
+    assert [i["id"] for i in await store.all_items(cid, "a")] == ["i0"]  # nothing of the refused addition
+    assert await store.add_items(cid, "a", [{"id": "i1", "t": "x" * 20_000}])
+    assert await store.delete_item(cid, "a", "i0") == ({"id": cid, "metadata": {}}, True)
+    assert await store.add_items(cid, "a", [{"id": "i2", "t": "x" * 30_000}])  # what a deletion freed counts
 
 
 async def test_postgres_migrations_run_once_with_configured_names(postgres_url):
