@@ -103,7 +103,12 @@ def test_a_chain_is_stored_once_not_repeated_in_every_turn(node):
 def test_conversation_writes_count_against_the_rate_limits(node):
     with _http(node, KEY_C) as http:
         statuses = [http.post("/v1/conversations", json={}).status_code for _ in range(8)]
-    assert statuses[:6] == [200] * 6 and statuses[6:] == [429, 429]
+        assert statuses[:6] == [200] * 6 and statuses[6:] == [429, 429]
+        # A background response past the limit is refused before it is stored (it was stored, then refused).
+        stored_before = _metric(node, "smg_history_records", '{kind="response"}')
+        r = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "background": True})
+        assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limit_exceeded"
+        assert _metric(node, "smg_history_records", '{kind="response"}') == stored_before
 
 
 def test_background_responses_hold_at_most_their_tenants_share_of_the_slots(node):

@@ -105,7 +105,7 @@ async def test_wait_idle_returns_when_the_last_request_ends(autojump_clock):
 
 async def test_one_tenant_holds_at_most_its_share_and_the_others_go_past_it(autojump_clock):
     """Issue 33: a tenant filled every slot (background responses return at once) and others got 429."""
-    adm = Admission(AdmissionConfig(max_concurrent_requests=4, queue_size=4, queue_timeout_s=100))
+    adm = Admission(AdmissionConfig(max_concurrent_requests=4, queue_size=4, queue_timeout_s=1000))
     started: dict[str, list[float]] = {"flood": [], "other": []}
 
     async def job(tenant, seconds):
