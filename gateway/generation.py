@@ -36,7 +36,7 @@ from .metrics import GatewayMetrics
 from .routing.policies import RoutingRequest
 from .routing.retry import RetryConfig, backoff_s
 from .tokenizer.service import TokenizerService
-from .tokenizer.stop import StopMatcher
+from .tokenizer.stop import StopMatcher, StopResult
 from .workers import AttemptFailed, Router, Worker, WorkerAttempt
 
 log = logging.getLogger("gateway.generation")
@@ -394,10 +394,14 @@ class _Progress:
                     record.prompt = event.prompt_logprobs
         if new_ids and self.first_token_at is None:
             self.first_token_at = trio.current_time()
+        matcher = self.matcher
+        if len(new_ids) > 1 and matcher.stops:
+            decided, counted = self._match_each(new_ids)
+            new_ids = new_ids[:counted]  # the tokens after the one that completed a stop string do not count
+        else:
+            decided = matcher.feed(self.decoder.step(new_ids))
         self.output_ids.extend(new_ids)
         plan.usage.completion_tokens += len(new_ids)  # every attempt's tokens were generated
-        matcher = self.matcher
-        decided = matcher.feed(self.decoder.step(new_ids))
         text = decided.text
         finish_reason = last.finish_reason
         if finish_reason is not None and decided.matched is None:
@@ -422,6 +426,20 @@ class _Progress:
                 prompt_tokens=last.prompt_tokens or len(plan.input_ids), completion_tokens=len(output_ids),
                 cached_tokens=last.cached_tokens, worker_id=self.worker_id)
         return text
+
+    def _match_each(self, ids: list[int]) -> tuple[StopResult, int]:
+        """The stop strings matched one token at a time: (what was decided, how many tokens up to and
+        including the one that completed a stop, else all). Batched, the same answer counted the tokens the
+        engine sent after the stop (2, 3 or 22 as batches fell: vLLM says 2); this way the count is the same
+        however the tokens arrive, streamed or not."""
+        step, feed = self.decoder.step, self.matcher.feed
+        parts = []
+        for index, token_id in enumerate(ids):
+            decided = feed(step((token_id,)))
+            parts.append(decided.text)
+            if decided.matched is not None:
+                return StopResult("".join(parts), decided.matched), index + 1
+        return StopResult("".join(parts)), len(ids)
 
     def on_arrival(self) -> bool:
         """Events arrived while the request's task waits: True when they were handled here entirely.

@@ -244,8 +244,11 @@ def stop_reason(result: GenerationResult, called: bool) -> tuple[str, str | None
 
 
 def _usage(result: GenerationResult) -> dict[str, int]:
-    return {"input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens,
-            "cache_read_input_tokens": result.cached_tokens}
+    """Anthropic's counts: ``input_tokens`` are the prompt's tokens not read from the cache, which clients add to
+    ``cache_read_input_tokens`` (a 133-token prompt with 128 cached was counted 261)."""
+    cached = min(result.cached_tokens, result.prompt_tokens)
+    return {"input_tokens": result.prompt_tokens - cached, "output_tokens": result.completion_tokens,
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
 
 
 def message_body(message_id: str, model: str, openai_message: dict[str, Any], result: GenerationResult
@@ -292,9 +295,11 @@ class MessageStream:
         if self._kind is not None:
             out += self._close()
         reason, sequence = stop_reason(result, self._called)
+        # The final counts (cumulative: a client takes them over message_start's, whose cache reads were not
+        # known yet).
         out += _named_event("message_delta", {"type": "message_delta",
                                               "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                              "usage": {"output_tokens": result.completion_tokens}})
+                                              "usage": _usage(result)})
         return out + _named_event("message_stop", {"type": "message_stop"})
 
     def _blocks(self, deltas: "list[dict[str, Any]]") -> bytes:

@@ -109,13 +109,25 @@ def plan_generation(state: GatewayState, request: Request, entry: ModelEntry, in
     )
 
 
-def usage_body(result: GenerationResult) -> dict[str, Any]:
-    return {
+def usage_body(result: GenerationResult, reasoning_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage; a chat answer's carries ``completion_tokens_details`` (its reasoning tokens, 0 without a
+    reasoning parser), whatever n and whatever parsers: clients read it without checking it is there."""
+    usage = {
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
         "total_tokens": result.prompt_tokens + result.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
     }
+    if reasoning_tokens is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return usage
+
+
+def choices_usage(results: "list[GenerationResult]", outputs: "list[ChatOutput | None]", chat: bool
+                  ) -> dict[str, Any]:
+    """The usage of n answers: the prompt once, every answer's completion and reasoning tokens."""
+    reasoning = sum(o.reasoning_tokens(r) for r, o in zip(results, outputs) if o is not None) if chat else None
+    return usage_body(summed_usage(results), reasoning)
 
 
 class _OpenAIShape:
@@ -145,7 +157,7 @@ class _OpenAIShape:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": result.finish_reason}
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice],
-                "usage": usage_body(result)}
+                "usage": usage_body(result, 0 if self.chat else None)}
 
     def chunk(self, text: str | None, finish_reason: str | None, first: bool = False, index: int = 0
               ) -> dict[str, Any]:
@@ -166,7 +178,8 @@ class _OpenAIShape:
 
     def usage_chunk(self, result: GenerationResult) -> dict[str, Any]:
         return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [], "usage": usage_body(result)}
+                "created": self.created, "model": self.model, "choices": [],
+                "usage": usage_body(result, 0 if self.chat else None)}
 
 
 def logprob_shape(plan: GenerationPlan, tokenizer: TokenizerService, chat: bool) -> LogprobShape | None:
@@ -212,7 +225,7 @@ async def _respond_choices(state: GatewayState, request: Request, plan: Generati
                     choice["logprobs"] = logprobs[i].whole(echo)
                 choices.append(choice)
             body["choices"] = choices
-            body["usage"] = usage_body(summed_usage(results))
+            body["usage"] = choices_usage(results, outputs, shape.chat)
             await request.send_json(200, body)
             return
         for i, output in enumerate(outputs):
@@ -239,7 +252,11 @@ async def _respond_choices(state: GatewayState, request: Request, plan: Generati
                 if logprobs is not None:
                     chunk["choices"][0]["logprobs"] = logprobs[i].unsent()
                 out += sse_event(chunk)
-            return out + sse_event(shape.usage_chunk(summed_usage(results))) if include_usage else out
+            if not include_usage:
+                return out
+            chunk = shape.usage_chunk(summed_usage(results))
+            chunk["usage"] = choices_usage(results, outputs, shape.chat)
+            return out + sse_event(chunk)
 
         await run_streamed_choices(state, request, plan, tokenizer, text_event, final_events)
 

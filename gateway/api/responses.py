@@ -618,7 +618,9 @@ async def create(state: Any, request: Request) -> None:
 
         async def finish() -> bytes:
             await keep(final["response"])
-            return shape.event("response.completed", response=final["response"])
+            # OpenAI's stream ends with the event of the response's status: response.completed, or
+            # response.incomplete when max_output_tokens cut it (response.failed comes from error_event).
+            return shape.event(f"response.{final['response']['status']}", response=final["response"])
 
         def error_event(error: ApiError) -> bytes:
             failed = shape.response("failed")

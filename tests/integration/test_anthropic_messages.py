@@ -109,7 +109,24 @@ def test_thinking_switch_and_count_tokens(client):
                                 messages=[{"role": "user", "content": "Hello!"}])
     assert on.content[0].type == "thinking"
     counted = client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "Hello!"}])
-    assert counted.input_tokens == ask(client, "Hello!").usage.input_tokens
+    usage = ask(client, "Hello!").usage
+    assert counted.input_tokens == usage.input_tokens + usage.cache_read_input_tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_cache_reads_are_not_counted_again_as_input(client, stream):
+    """Issue 34: input_tokens included cache_read_input_tokens, and Anthropic's clients add the two: a 133-token
+    prompt with 128 cached was counted 261."""
+    text = "Hello! " + "You are a careful assistant who answers briefly. " * 20
+    counted = client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": text}]).input_tokens
+    ask(client, text)  # the engine now holds the prompt's blocks
+    if stream:
+        with client.messages.stream(model=MODEL, max_tokens=256, messages=[{"role": "user", "content": text}]) as s:
+            usage = s.get_final_message().usage
+    else:
+        usage = ask(client, text).usage
+    assert usage.cache_read_input_tokens > 0
+    assert usage.input_tokens + usage.cache_read_input_tokens == counted
 
 
 def test_errors_in_anthropics_shape(client, node):

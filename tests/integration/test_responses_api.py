@@ -81,6 +81,21 @@ def test_streaming_with_the_sdks_types(client):
     assert client.responses.retrieve(stream.get_final_response().id).output_text == text  # stored when streamed
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_response_cut_by_max_output_tokens_is_incomplete_and_its_stream_ends_so(client, stream):
+    """Issue 34: the response was incomplete but its stream ended with response.completed (OpenAI's:
+    response.incomplete)."""
+    if stream:
+        # (The SDK's stream helper's get_final_response wants response.completed: the last event carries it.)
+        events = list(client.responses.create(model=MODEL, input="Hello!", max_output_tokens=3, stream=True))
+        kinds, final = [event.type for event in events], events[-1].response
+        assert kinds[-1] == "response.incomplete" and "response.completed" not in kinds
+    else:
+        final = client.responses.create(model=MODEL, input="Hello!", max_output_tokens=3)
+    assert final.status == "incomplete" and final.incomplete_details.reason == "max_output_tokens"
+    assert client.responses.retrieve(final.id).status == "incomplete"
+
+
 def test_structured_output(client):
     response = client.responses.create(model=MODEL, input="A city as JSON", text={"format": {
         "type": "json_schema", "name": "city", "schema": SCHEMA, "strict": True}})

@@ -138,6 +138,13 @@ def test_reasoning_tokens_and_the_thinking_switch(scripted_node):
     # thinking turned off: no reasoning parser (a model that thinks anyway says so in its content)
     off = ask(scripted_node, "What is six times seven?", False, reasoning_effort="none")
     assert off.choices[0].message.content == THOUGHT and "reasoning_content" not in off.choices[0].message.model_extra
+    assert off.usage.completion_tokens_details.reasoning_tokens == 0  # there whatever the parsers
+    # n > 1 (issue 34: its usage had no completion_tokens_details): every answer's reasoning tokens, summed.
+    both = ask(scripted_node, "What is six times seven?", False, n=2, temperature=1.0)
+    assert both.usage.completion_tokens_details.reasoning_tokens == 2 * thought_tokens
+    chunks = list(ask(scripted_node, "What is six times seven?", True, n=2, temperature=1.0,
+                      stream_options={"include_usage": True}))
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == 2 * thought_tokens
 
 
 def test_a_call_after_the_reasoning(scripted_node):
