@@ -24,12 +24,13 @@ from typing import Any
 from ..generation import GenerationResult
 from ..parsers import (
     HarmonyParser,
-    JsonParser,
     NamedArgumentsParser,
     ReasoningParser,
+    RequiredCallsParser,
     ToolCall,
     ToolCallParser,
     is_harmony,
+    thinks,
     reasoning_parser,
     tool_call_parser,
 )
@@ -71,7 +72,7 @@ class ChatOutput:
     def for_request(cls, shape: Any, entry: Any, chat: Any) -> "ChatOutput | None":
         tools, calls_finish = None, "tool_calls"
         if chat.tool_choice == "required":  # constrained to a JSON array of calls (api/structured.py)
-            tools = JsonParser(chat.tools)
+            tools = RequiredCallsParser(chat.tools)
         elif chat.tool_choice == "named":  # constrained to the function's arguments; OpenAI says "stop"
             tools, calls_finish = NamedArgumentsParser(chat.tool_name), "stop"
         elif (entry.tool_call_parser or entry.reasoning_parser) and (
@@ -83,6 +84,7 @@ class ChatOutput:
             tools = tool_call_parser(entry.tool_call_parser, chat.tools)
         reasoning = None
         if (entry.reasoning_parser is not None and chat.separate_reasoning and chat.thinking
+                and thinks(entry.reasoning_parser, chat.template_kwargs)
                 and not (tools is not None and tools.handles_reasoning)):
             reasoning = reasoning_parser(entry.reasoning_parser)
         if tools is None and reasoning is None:

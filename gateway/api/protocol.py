@@ -346,6 +346,9 @@ def _reasoning_effort(body: dict[str, Any], template_kwargs: dict[str, Any]) -> 
         template_kwargs.setdefault("enable_thinking", False)
         template_kwargs.setdefault("thinking", False)
         return False
+    # An effort asks for reasoning: models that think only when asked (DeepSeek V3.1's ``thinking``) are asked.
+    template_kwargs.setdefault("enable_thinking", True)
+    template_kwargs.setdefault("thinking", True)
     return True
 
 

@@ -7,11 +7,12 @@ map smg's parser names (and vLLM's and SGLang's where they differ) to parsers.
 """
 
 from .harmony import HarmonyParser, HarmonyReasoningParser, HarmonyUnavailable, harmony_encoding
-from .reasoning import REASONING_PARSERS, ReasoningParser, reasoning_parser
+from .reasoning import REASONING_PARSERS, ReasoningParser, reasoning_parser, thinks
 from .tool_calls import (
     TOOL_CALL_PARSERS,
     JsonParser,
     NamedArgumentsParser,
+    RequiredCallsParser,
     ToolCall,
     ToolCallParser,
     ToolCallResult,
@@ -32,4 +33,5 @@ def is_harmony(name: str | None) -> bool:
 
 
 __all__ = ["REASONING_PARSERS", "TOOL_CALL_PARSERS", "HarmonyParser", "HarmonyUnavailable", "JsonParser", "NamedArgumentsParser", "ReasoningParser",
-           "ToolCall", "ToolCallParser", "ToolCallResult", "harmony_encoding", "is_harmony", "reasoning_parser", "tool_call_parser"]
+           "RequiredCallsParser",
+           "ToolCall", "ToolCallParser", "ToolCallResult", "harmony_encoding", "is_harmony", "reasoning_parser", "thinks", "tool_call_parser"]

@@ -39,7 +39,9 @@ TOOL_CALL_PATTERNS = {
 
 REASONING_PATTERNS = {
     "qwen3": "qwen3",
-    "qwen3-coder": "",  # no thinking mode
+    # No thinking mode, but an answer may still open <think> (and be cut inside it by max_tokens): that is
+    # reasoning, not content with a raw marker. The parser starts outside: answers without it are untouched.
+    "qwen3-coder": "qwen3",
     "thinking": "qwen3_thinking",
     "qwq": "deepseek_r1",
     "deepseek-r1": "deepseek_r1",

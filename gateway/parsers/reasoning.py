@@ -126,6 +126,19 @@ REASONING_PARSERS: dict[str, Callable[[], ReasoningParser]] = {
 }
 
 
+# Models that think only when asked: their template's switch is off unless the request turns it on (DeepSeek
+# V3.1's ``thinking``). Their reasoning parser applies only then; otherwise the whole answer is content (issue
+# 34: every answer of DeepSeek V3.1, tool calls included, landed in reasoning_content).
+THINKING_OFF_UNLESS_ASKED: dict[str, tuple[str, ...]] = {"deepseek_v31": ("thinking", "enable_thinking")}
+
+
+def thinks(name: str, template_kwargs: dict) -> bool:
+    """Whether a model whose reasoning parser is ``name`` thinks in an answer rendered with these template kwargs
+    (the request's own switches off are handled before: reasoning_effort none, enable_thinking false)."""
+    switches = THINKING_OFF_UNLESS_ASKED.get(name)
+    return switches is None or any(template_kwargs.get(switch) is True for switch in switches)
+
+
 def reasoning_parser(name: str) -> ReasoningParser:
     """A new parser (one per generation); KeyError for a name we do not know."""
     return REASONING_PARSERS[name]()

@@ -167,6 +167,7 @@ class TaggedParser(ToolCallParser):
         self._buffer = ""
         self._inside = False
         self._after_call = False  # only whitespace since the last call: dropped if another call follows
+        self._ends_space = True  # the content so far ends with whitespace (or there is none yet)
         self._body_parts: list[str] = []  # the body of the call being read, as it arrived
         self._body_chars = 0
         self._tail = ""  # its last characters, where an end marker split between pieces may begin
@@ -192,17 +193,27 @@ class TaggedParser(ToolCallParser):
                 elif rest == len(buffer) or self.start.startswith(buffer[rest:]):
                     self._buffer = buffer[pos:]  # whitespace, or the next start marker still arriving: wait
                     return result
+                elif self._ends_space:
+                    # Text after a removed call: the text before it ended with its own whitespace, so the
+                    # whitespace after the call's end marker is the markers' layout (GLM-4.5 wrote "\n\n"
+                    # around a call, and the text around it came out "\n\n\n\n").
+                    pos = rest
                 self._after_call = False
             at = buffer.find(self.start, pos)
             if at < 0:
                 keep = held_back(buffer, self.start)
-                result.content += buffer[pos:len(buffer) - keep]
+                self._emit(result, buffer[pos:len(buffer) - keep])
                 self._buffer = buffer[len(buffer) - keep:]
                 return result
-            result.content += buffer[pos:at]
+            self._emit(result, buffer[pos:at])
             pos = at + len(self.start)
             self._inside = True
         return result
+
+    def _emit(self, result: ToolCallResult, text: str) -> None:
+        if text:
+            result.content += text
+            self._ends_space = text[-1].isspace()
 
     def _take_body(self, buffer: str, pos: int, result: ToolCallResult) -> int | None:
         """Reads a call's body from ``buffer[pos:]``: where the text goes on after its end marker (the call
@@ -226,7 +237,7 @@ class TaggedParser(ToolCallParser):
             self._tail = (self._tail + piece[-(len(end) - 1):])[-(len(end) - 1):]
             if self._body_chars > CALL_BODY_CHARS_MAX:
                 # Longer than any call: not one. What came is content, and so is what follows.
-                result.content += self.start + "".join(self._body_parts)
+                self._emit(result, self.start + "".join(self._body_parts))
                 self._inside, self._body_parts, self._body_chars, self._tail = False, [], 0, ""
                 return len(buffer)
             return None
@@ -243,8 +254,8 @@ class TaggedParser(ToolCallParser):
             body = "".join(self._body_parts)
             self._body_parts, self._body_chars, self._tail = [], 0, ""
             self._close(body, result, ended=False)
-        else:
-            result.content += self._buffer
+        elif not (self._after_call and self._ends_space and not self._buffer.strip()):
+            self._emit(result, self._buffer)  # (whitespace after a last removed call is layout, as above)
         self._buffer = ""
         return result
 
@@ -255,7 +266,7 @@ class TaggedParser(ToolCallParser):
             calls = None
         self._after_call = calls is not None
         if calls is None:  # not a call after all: the text stays what the model wrote
-            result.content += self.start + body + (self.end if ended else "")
+            self._emit(result, self.start + body + (self.end if ended else ""))
         else:
             result.calls += calls
 
@@ -383,31 +394,76 @@ class MistralParser(TrailingCallsParser):
         return calls or None
 
 
-class PythonicParser(TrailingCallsParser):
-    markers = ("<|python_start|>",)
-    spellings = ("<|python_start|>", "<|python_end|>")
+def _pythonic_calls(text: str) -> "list[ToolCall] | None":
+    """``[f(a=1, b="x"), g()]``: calls with keyword arguments of Python literals; None when it is not that."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except (SyntaxError, ValueError):
+        return None
+    if not isinstance(tree, ast.List) or not tree.elts:
+        return None
+    calls = []
+    for node in tree.elts:
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+            return None
+        try:
+            arguments = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg is not None}
+        except (ValueError, SyntaxError):
+            return None
+        if len(arguments) != len(node.keywords):
+            return None  # **kwargs
+        calls.append(ToolCall(node.func.id, json.dumps(arguments, ensure_ascii=False)))
+    return calls
+
+
+class _BarePythonicCalls(TrailingCallsParser):
+    """An answer that is a list of calls from its first character on, without markers (Llama 3.2's form)."""
+
     openers = ("[",)
 
     def decode(self, held: str) -> "list[ToolCall] | None":
-        body = held.removeprefix("<|python_start|>").strip().removesuffix("<|python_end|>").strip()
-        try:
-            tree = ast.parse(body, mode="eval").body
-        except (SyntaxError, ValueError):
-            return None
-        if not isinstance(tree, ast.List) or not tree.elts:
-            return None
-        calls = []
-        for node in tree.elts:
-            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
-                return None
-            try:
-                arguments = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg is not None}
-            except (ValueError, SyntaxError):
-                return None
-            if len(arguments) != len(node.keywords):
-                return None  # **kwargs
-            calls.append(ToolCall(node.func.id, json.dumps(arguments, ensure_ascii=False)))
-        return calls
+        return _pythonic_calls(held)
+
+
+class PythonicParser(TaggedParser):
+    """Llama 4's calls: ``<|python_start|>[f(a=1)]<|python_end|>`` anywhere in the text (the text around them is
+    content, the markers never are), or the whole answer a bare ``[f(a=1)]`` list (Llama 3.2 pythonic), which
+    the answer's first character decides."""
+
+    start = "<|python_start|>"
+    end = "<|python_end|>"
+    spellings = (start, end)
+
+    def __init__(self, tools: "Iterable[str] | Iterable[dict[str, Any]] | ToolSet | None" = None) -> None:
+        super().__init__(tools)
+        self._bare: _BarePythonicCalls | None = None
+        self._lead: str | None = ""  # the answer's leading whitespace until its first other character; then None
+
+    def feed(self, text: str) -> ToolCallResult:
+        if self._bare is not None:
+            return self._bare.feed(text)
+        if self._lead is not None:
+            lead = self._lead + text
+            if not lead.strip():
+                self._lead = lead
+                return ToolCallResult()
+            self._lead = None
+            if lead.lstrip().startswith("["):
+                self._bare = _BarePythonicCalls(self.tools)
+                return self._bare.feed(lead)
+            text = lead
+        return super().feed(text)
+
+    def finish(self) -> ToolCallResult:
+        if self._bare is not None:
+            return self._bare.finish()
+        if self._lead:
+            lead, self._lead = self._lead, None
+            return ToolCallResult(content=lead)
+        return super().finish()
+
+    def decode_body(self, body: str) -> "list[ToolCall] | None":
+        return _pythonic_calls(body)
 
 
 class JsonParser(TrailingCallsParser):
@@ -417,9 +473,42 @@ class JsonParser(TrailingCallsParser):
         return _json_calls(held.strip())
 
 
+class RequiredCallsParser(JsonParser):
+    """The answer to ``tool_choice: "required"``: constrained decoding made it a JSON array of calls. Cut short
+    (max_tokens), the array does not parse: the calls it completed are returned, and never the array's text as
+    content (issue 34: the raw JSON came back as the message's content)."""
+
+    def finish(self) -> ToolCallResult:
+        held = "".join(self._held) if self._started else self._buffer
+        result = super().finish()
+        if result.calls or not held.strip():
+            return result
+        calls = [c for c in _complete_array_calls(held) if self.tool_names is None or c.name in self.tool_names]
+        return ToolCallResult(calls=calls)
+
+
+def _complete_array_calls(text: str) -> list[ToolCall]:
+    """The whole call objects at the start of a JSON array that was cut short."""
+    decoder, calls = json.JSONDecoder(), []
+    at = text.find("[") + 1
+    while at:
+        while at < len(text) and text[at] in " \n\t\r,":
+            at += 1
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except ValueError:
+            break
+        found = calls_from_json(value)
+        if found is None:
+            break
+        calls += found
+    return calls
+
+
 class NamedArgumentsParser(TrailingCallsParser):
     """The answer to a named ``tool_choice``: constrained decoding made it the function's arguments
-    object, so the whole answer is one call of that function."""
+    object, so the whole answer is one call of that function. Cut short, it is no call and no content: the
+    constraint's half-written object is not text the model meant (finish_reason says length)."""
 
     openers = ("{",)
 
@@ -430,6 +519,10 @@ class NamedArgumentsParser(TrailingCallsParser):
     def decode(self, held: str) -> "list[ToolCall] | None":
         arguments = _arguments_json(held.strip())
         return None if arguments is None else [ToolCall(self.name, arguments)]
+
+    def finish(self) -> ToolCallResult:
+        result = super().finish()
+        return result if result.calls else ToolCallResult()
 
 
 def _arguments_json(text: str) -> "str | None":

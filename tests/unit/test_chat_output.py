@@ -145,3 +145,79 @@ def test_reasoning_tokens_counted_from_the_text_when_the_end_marker_is_not_one_t
     streamed = _events(ChatOutput(_OpenAIShape(True, "chatcmpl-x", "m"), None, reasoning_parser("kimi"),
                                   count_tokens=len), text, done)
     assert b'"reasoning_tokens":4' in streamed
+
+
+# -- formats met in the field (issue 34) ---------------------------------------------------------------------
+
+def _chat(tool_choice="auto", tools=TOOLS, template_kwargs=None, tool_name=None):
+    from types import SimpleNamespace
+    return SimpleNamespace(tool_choice=tool_choice, tools=tools, tool_name=tool_name, separate_reasoning=True,
+                           thinking=True, template_kwargs=template_kwargs or {}, stream_reasoning=True)
+
+
+def _entry(tool_parser, reasoning):
+    from types import SimpleNamespace
+    return SimpleNamespace(tool_call_parser=tool_parser, reasoning_parser=reasoning, tokenizer=None)
+
+
+def _both_ways(make, text, finish="stop"):
+    """The non-streamed message, and the streamed one assembled (in 3-character pieces): they must agree."""
+    whole = make().full(text, result(finish))["choices"][0]
+    out, streamed = make(), b""
+    for at in range(0, len(text), 3):
+        streamed += out.text_event(text[at:at + 3], at == 0)
+    streamed += out.final_events(result(finish), include_usage=False)
+    _, content, reasoning, calls, finish_reason = assemble(streamed)
+    message = whole["message"]
+    assert (content or None) == (message["content"] or None) and reasoning == (message.get("reasoning_content") or "")
+    assert finish_reason == whole["finish_reason"]
+    return message, whole["finish_reason"], calls
+
+
+DS_CALL = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Oslo\"}"
+           "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+
+
+def test_deepseek_v31_reasons_only_when_its_thinking_switch_is_on():
+    shape = _OpenAIShape(True, "chatcmpl-x", "m")
+    entry = _entry("deepseek31", "deepseek_v31")
+    off = _both_ways(lambda: ChatOutput.for_request(shape, entry, _chat()), "Let me check." + DS_CALL)
+    assert off[0]["content"] == "Let me check." and off[0].get("reasoning_content") is None
+    assert [c["name"] for c in off[2]] == ["get_weather"] and off[1] == "tool_calls"
+    on = _both_ways(lambda: ChatOutput.for_request(shape, entry, _chat(template_kwargs={"thinking": True})),
+                    "The user wants weather.</think>" + DS_CALL)
+    assert on[0]["reasoning_content"] == "The user wants weather." and [c["name"] for c in on[2]] == ["get_weather"]
+
+
+@pytest.mark.parametrize("name, text", [("qwen3", "<think>\nFirst I will plan the"),
+                                        ("deepseek_r1", "First I will plan the"),
+                                        ("deepseek_r1", "<think>\nFirst I will plan the")])
+def test_an_answer_cut_inside_its_reasoning_is_reasoning(name, text):
+    shape = _OpenAIShape(True, "chatcmpl-x", "m")
+    message, finish, _ = _both_ways(lambda: ChatOutput.for_request(shape, _entry("qwen", name), _chat()), text,
+                                    finish="length")
+    assert message["reasoning_content"] == "\nFirst I will plan the".removeprefix("\n" if "<think>" not in text
+                                                                                   else "")
+    assert not message["content"] and finish == "length" and "<think>" not in str(message)
+
+
+def test_qwen3_coder_gets_a_reasoning_parser_that_leaves_plain_answers_alone():
+    from gateway.parsers.choice import choose
+    assert choose("Qwen/Qwen3-Coder-30B-A3B-Instruct") == ("qwen_coder", "qwen3")
+    shape = _OpenAIShape(True, "chatcmpl-x", "m")
+    plain = _both_ways(lambda: ChatOutput.for_request(shape, _entry("qwen_coder", "qwen3"), _chat()), "def f(): pass")
+    assert plain[0]["content"] == "def f(): pass" and plain[0]["reasoning_content"] is None
+
+
+def test_tool_choice_required_cut_short_gives_the_calls_it_completed_never_the_array_text():
+    shape = _OpenAIShape(True, "chatcmpl-x", "m")
+    tools = TOOLS + [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    make = lambda: ChatOutput.for_request(shape, _entry(None, None), _chat("required", tools))  # noqa: E731
+    text = '[{"name": "get_weather", "parameters": {"city": "Oslo"}}, {"name": "get_time", "parameters": {"tz": "U'
+    message, finish, calls = _both_ways(make, text, finish="length")
+    assert message["content"] is None and finish == "length" and [c["name"] for c in calls] == ["get_weather"]
+    nothing, finish, calls = _both_ways(make, '[{"name": "get_wea', finish="length")
+    assert not nothing["content"] and calls == [] and finish == "length"
+    named = lambda: ChatOutput.for_request(shape, _entry(None, None), _chat("named", tool_name="get_weather"))  # noqa
+    cut, finish, calls = _both_ways(named, '{"city": "Os', finish="length")
+    assert not cut["content"] and calls == [] and finish == "length"

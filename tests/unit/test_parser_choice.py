@@ -10,7 +10,7 @@ from gateway.parsers.choice import choose
 
 @pytest.mark.parametrize("model, architectures, expected", [
     ("Qwen/Qwen3-8B", (), ("qwen", "qwen3")),
-    ("Qwen/Qwen3-Coder-30B-A3B-Instruct", (), ("qwen_coder", None)),  # longer pattern; no thinking mode
+    ("Qwen/Qwen3-Coder-30B-A3B-Instruct", (), ("qwen_coder", "qwen3")),  # a <think> it opens is reasoning
     ("deepseek-ai/DeepSeek-V3.1", (), ("deepseek31", "deepseek_v31")),
     ("deepseek-ai/DeepSeek-R1", (), ("deepseek", "deepseek_r1")),
     ("openai/gpt-oss-20b", (), ("gpt_oss", "gpt_oss")),
@@ -19,7 +19,7 @@ from gateway.parsers.choice import choose
     ("my-served-model", ("Qwen3ForCausalLM",), ("qwen", "qwen3")),  # the id says nothing: the architecture
     ("my-served-model", ("GptOssForCausalLM",), ("gpt_oss", "gpt_oss")),
     ("my-served-model", ("SomethingElse",), (None, None)),
-    ("Qwen/Qwen3-Coder-30B", ("Qwen3MoeForCausalLM",), ("qwen_coder", None)),  # an id match wins
+    ("Qwen/Qwen3-Coder-30B", ("Qwen3MoeForCausalLM",), ("qwen_coder", "qwen3")),  # an id match wins
 ])
 def test_by_id_then_architecture(model, architectures, expected):
     assert choose(model, architectures=architectures) == expected

@@ -44,7 +44,13 @@ QWEN_VECTORS = [
     ("one call", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
      "", [call("get_weather", city="Paris")]),
     ("text before and after", 'Let me check.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\nDone.',
-     "Let me check.\n\nDone.", [call("get_time")]),
+     "Let me check.\nDone.", [call("get_time")]),  # the newline after the call was the markers' layout
+    ("blank lines around a call", 'Sure.\n\n<tool_call>{"name": "get_time", "arguments": {}}</tool_call>\n\nMore.',
+     "Sure.\n\nMore.", [call("get_time")]),  # issue 34: "\n\n\n\n" where the model wrote "\n\n"
+    ("no space before a call", 'Checking<tool_call>{"name": "get_time", "arguments": {}}</tool_call> now.',
+     "Checking now.", [call("get_time")]),  # the text's own space stays
+    ("a call then only whitespace", 'Done.\n<tool_call>{"name": "get_time", "arguments": {}}</tool_call>\n\n',
+     "Done.\n", [call("get_time")]),
     ("several in a row", '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>\n'
      '<tool_call>{"name": "get_time", "arguments": {"tz": "CET"}}</tool_call>',
      "", [call("get_weather", city="Oslo"), call("get_time", tz="CET")]),  # the newline between them is layout
@@ -165,6 +171,15 @@ TRAILING_VECTORS = [
     ("pythonic", '<|python_start|>[get_time(tz=None, exact=True)]<|python_end|>', "",
      [call("get_time", tz=None, exact=True)]),
     ("pythonic", "[1, 2, 3] is a list", "[1, 2, 3] is a list", []),
+    # Llama 4 writes its calls between markers anywhere in the text (issue 34: text after them made the whole
+    # rest content, markers included); the text around them is content, the markers never are.
+    ("pythonic", "Let me check. <|python_start|>[get_weather(city='Oslo')]<|python_end|> I will report back.",
+     "Let me check. I will report back.", [call("get_weather", city="Oslo")]),
+    ("pythonic", "First:\n<|python_start|>[get_time()]<|python_end|>\nthen:\n<|python_start|>"
+     "[get_weather(city='Rome', days=2)]<|python_end|>", "First:\nthen:\n",
+     [call("get_time"), call("get_weather", city="Rome", days=2)]),
+    ("pythonic", "Sure <|python_start|>[get_time(tz='UTC')]", "Sure ", [call("get_time", tz="UTC")]),  # cut short
+    ("pythonic", "<|python_start|>not python<|python_end|> ok", "<|python_start|>not python<|python_end|> ok", []),
     ("pythonic", '[get_weather(__import__("os"))]', '[get_weather(__import__("os"))]', []),
     ("json", '[{"name": "get_time", "arguments": {"tz": "UTC"}}]', "", [call("get_time", tz="UTC")]),
     ("json", '{"name": "get_weather", "arguments": {"city": "Bern"}}', "", [call("get_weather", city="Bern")]),
@@ -179,6 +194,38 @@ def test_trailing_call_formats_whole_and_streamed(name, text, content, calls):
     assert (whole.content, whole.calls) == (content, calls)
     for seed in SEEDS:
         assert stream_tool_calls(name, text, seed, WEATHER) == (content, calls), f"seed={seed}"
+
+
+# vLLM's Llama 4 pythonic vectors (tests/entrypoints/openai/tool_parsers/test_llama4_pythonic_tool_parser.py, at
+# vllm-project/vllm 0328802): model output -> the calls vLLM extracts; any function name is offered.
+VLLM_LLAMA4_VECTORS = [
+    ("[get_weather(city='LA', metric='C')]", [("get_weather", '{"city": "LA", "metric": "C"}')]),
+    ("[register_user(name='Doe', age=9, address={'city': 'LA', 'state': 'CA'}, role=None, passed_test=True, "
+     "aliases=['John', 'Johnny'])]",
+     [("register_user", '{"name": "Doe", "age": 9, "address": {"city": "LA", "state": "CA"}, "role": null, '
+       '"passed_test": true, "aliases": ["John", "Johnny"]}')]),
+    ("[get_weather()]", [("get_weather", "{}")]),
+    ("[do_something_cool(additional_data={})]", [("do_something_cool", '{"additional_data": {}}')]),
+    ("[do_something_cool(steps=[])]", [("do_something_cool", '{"steps": []}')]),
+    (r"[get_weather(city='Martha\'s Vineyard', metric='\"cool units\"')]",
+     [("get_weather", '{"city": "Martha\'s Vineyard", "metric": "\\"cool units\\""}')]),
+    ("[get_weather(city='LA',metric='C'),register_user(name='Doe',age=9)]",
+     [("get_weather", '{"city": "LA", "metric": "C"}'), ("register_user", '{"name": "Doe", "age": 9}')]),
+    ("<|python_start|>[get_weather(city='LA', metric='C')]<|python_end|>", [("get_weather", '{"city": "LA", "metric": "C"}')]),
+    ("<|python_start|>[get_weather(city='LA', metric='C'), register_user(name='Doe', age=9)]",
+     [("get_weather", '{"city": "LA", "metric": "C"}'), ("register_user", '{"name": "Doe", "age": 9}')]),
+    ("<|python_start|>[get_weather(city='LA', metric='C'), get_weather(), do_something_cool(steps=[])]<|python_end|>",
+     [("get_weather", '{"city": "LA", "metric": "C"}'), ("get_weather", "{}"), ("do_something_cool", '{"steps": []}')]),
+]
+
+
+@pytest.mark.parametrize("text, calls", VLLM_LLAMA4_VECTORS)
+def test_llama4_pythonic_as_vllm_extracts_it(text, calls):
+    expected = ("", [ToolCall(name, json.dumps(json.loads(arguments), ensure_ascii=False)) for name, arguments in calls])
+    whole = tool_call_parser("pythonic").parse(text)
+    assert (whole.content, whole.calls) == expected
+    for seed in SEEDS:
+        assert stream_tool_calls("pythonic", text, seed, None) == expected, f"seed={seed}"
 
 
 SCHEMA_TOOLS = [
@@ -208,7 +255,7 @@ SECTION_VECTORS = [
     ("qwen_coder", "<tool_call>\nnot xml\n</tool_call>", "<tool_call>\nnot xml\n</tool_call>", []),
     ("deepseek", f"Let me help.\n{B}{CB}function{S}get_weather\n```json\n{{\"city\": \"Tokyo\"}}\n```{CE}"
      f"{CB}function{S}get-time.v2\n```json\n{{}}\n```{CE}{E}\nThe weather:",
-     "Let me help.\n\nThe weather:", [call("get_weather", city="Tokyo"), call("get-time.v2")]),
+     "Let me help.\nThe weather:", [call("get_weather", city="Tokyo"), call("get-time.v2")]),
     ("deepseek", f"{B}{CB}function{S}get_weather\n```json\n{{\"city\": }}\n```{CE}{E}",
      f"{B}{CB}function{S}get_weather\n```json\n{{\"city\": }}\n```{CE}{E}", []),
     ("deepseek31", f"{B}{CB}get_weather{S}{{\"city\": \"Paris\"}}{CE}{CB}get-time.v2{S}{{}}{CE}{E}", "",
@@ -225,6 +272,16 @@ SECTION_VECTORS = [
      "Sure", [call("get_weather", zip="00123")]),
     ("glm45_moe", "<tool_call>get_weather<arg_key>city</tool_call>", "<tool_call>get_weather<arg_key>city</tool_call>",
      []),
+    # SGLang's Glm4MoeDetector vectors (test/srt/test_function_call_parser.py, sgl-project/sglang 278e503): the
+    # GLM-4.5 form with newlines, and GLM-4.7's without, a JSON value typed by the schema.
+    ("glm45_moe", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n"
+     "<arg_key>date</arg_key>\n<arg_value>2024-06-27</arg_value>\n</tool_call>", "",
+     [call("get_weather", city="Beijing", date="2024-06-27")]),
+    ("glm47_moe", "我来调用工具：<tool_call>get_weather<arg_key>opts</arg_key><arg_value>{\"units\": [\"C\", \"F\"]}"
+     "</arg_value><arg_key>city</arg_key><arg_value>杭州</arg_value></tool_call>", "我来调用工具：",
+     [call("get_weather", opts={"units": ["C", "F"]}, city="杭州")]),
+    ("glm45_moe", "Let me check both.\n\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n"
+     "</tool_call>\n\nThen I will answer.", "Let me check both.\n\nThen I will answer.", [call("get_weather", city="Oslo")]),
     ("minimax_m2", "Checking.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Cape Town"
      "</parameter>\n<parameter name=\"days\">4</parameter>\n<parameter name=\"zip\">0800</parameter>\n</invoke>\n"
      "<invoke name=\"get-time.v2\">\n</invoke>\n</minimax:tool_call>", "Checking.\n",
