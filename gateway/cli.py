@@ -38,9 +38,10 @@ from .config import (
     secrets_on_command_line,
     with_admin_credentials,
 )
+from .ports import PortInUse, check_port_free
 from .server import run_gateway
 from .sim_engines import SimEngineError, SimEngines
-from .supervisor import run_supervisor, worker_count
+from .supervisor import SUPERVISED_ENV, run_supervisor, worker_count
 
 
 def version() -> str:
@@ -105,6 +106,12 @@ def serve(args: argparse.Namespace, serve_argv: "list[str]") -> int:
     except ConfigError as e:
         print(f"smg-node serve: {e}", file=sys.stderr)
         return 2
+    if not os.environ.get(SUPERVISED_ENV) and not config.http_reuse_port:
+        try:
+            check_port_free(config.host, config.port)  # a second node on this port would share it
+        except PortInUse as e:
+            print(f"smg-node serve: {e}", file=sys.stderr)
+            return 1
     exposed = secrets_on_command_line(serve_argv)
     if exposed:
         print(f"smg-node serve: warning: {', '.join(exposed)} on the command line can be read by every local user "

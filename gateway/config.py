@@ -43,7 +43,7 @@ from .routing.policies import POLICIES, PolicyConfig
 from .routing.retry import RetryConfig
 from .tls import ServerTls, TlsConfig
 from .tokenizer.service import TokenizerConfig
-from .workers import HealthConfig, WorkerAllowlist
+from .workers import HealthConfig, WorkerAllowlist, WorkerUrlError, parse_worker_origin
 
 ENV_PREFIX = "SMG_NODE_"
 
@@ -702,6 +702,11 @@ def validate(config: GatewayConfig) -> None:
                 mesh.advertise or mesh.bind)):
             raise ConfigError(f"--mesh-bind {mesh.bind} is reachable from the network: pass --encrypt KEY "
                               "(smg-node keygen makes one), or --mesh-insecure to run it in the clear")
+    for url in config.worker_urls:  # a mistake in a URL is the operator's to fix now, not a retry loop's
+        try:
+            parse_worker_origin(url)
+        except WorkerUrlError as e:
+            raise ConfigError(f"--worker-urls {url}: {e}") from None
     try:
         Authenticator(config.auth)
         WorkerAllowlist(config.worker_allowed_hosts)

@@ -222,17 +222,24 @@ def _start_key_store(cluster: ClusterState | None) -> KeyStore:
 
 
 async def _register_initial(state: GatewayState, url: str, model: str | None) -> None:
+    """Registers a --worker-urls engine, trying until it answers. It counts as unreachable (its model's requests
+    answer 503 naming it) from the node's start until then."""
     delay = 0.5
     while True:
         try:
             worker = await state.registry.add(url, model=model, api_key=state.config.worker_api_key)
             await state.catalog.ensure(worker, int(worker.registered_at))
             state.ready = True
+            if delay > 0.5:
+                log.info("worker %s answers now: registered", url)
+            state.unreachable_engines.discard(url)
             return
         except WorkerExists:
+            state.unreachable_engines.discard(url)
             return
         except WorkerError as e:
-            log.warning("worker %s not registered yet: %s (retrying in %.1fs)", url, e, delay)
+            log.warning("worker %s not registered yet: %s (retrying in %.1fs; requests for its model answer 503 "
+                        "until it answers)", url, e, delay)
         await trio.sleep(delay)
         delay = min(delay * 2, WORKER_RETRY_BACKOFF_MAX_S)
 
@@ -346,6 +353,7 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         nursery.start_soon(lag.run)
         metrics.add_state_source(lambda: _lag_metrics(lag))
         # Register the configured workers before serving when they answer; keep trying those that don't.
+        state.unreachable_engines.update(urls)
         with trio.move_on_after(config.health.timeout_s * 2):
             async with trio.open_nursery() as first:
                 for url in urls:

@@ -48,6 +48,9 @@ class GatewayState:
     # Background responses generating on this node, by id: a cancel that reaches this node stops its
     # task at once; one that reaches another node is seen here when the task next reads the store.
     background_responses: "dict[str, trio.CancelScope]" = dataclasses.field(default_factory=dict)
+    # Engines of --worker-urls that have not answered since the node started (their models are unknown yet):
+    # requests for a model nobody serves answer 503 naming them rather than 404.
+    unreachable_engines: set[str] = dataclasses.field(default_factory=set)
     # Background responses in progress on this node, by owner: at most the owner's share of the slots.
     background_by_owner: "collections.Counter[str]" = dataclasses.field(default_factory=collections.Counter)
 

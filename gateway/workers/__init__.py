@@ -23,11 +23,12 @@ from .errors import (
            WorkerUrlInvalid,
 )
 from .health import HealthConfig, HealthTracker, Verdict
-from .origin import WorkerAllowlist
+from .origin import WorkerAllowlist, WorkerUrlError, parse_worker_origin
 from .registry import WorkerRegistry
 from .router import Router
 from .worker import Worker, WorkerClient, worker_id_for
 
 __all__ = ["AttemptFailed", "HealthConfig", "HealthTracker", "Router", "Verdict", "Worker", "WorkerAllowlist",
            "WorkerAttempt", "WorkerClient", "WorkerError", "WorkerExists", "WorkerHostRefused", "WorkerRegistry",
-           "WorkerUnknown", "WorkerUnreachable", "WorkerUrlInvalid", "worker_id_for"]
+           "WorkerUnknown", "WorkerUnreachable", "WorkerUrlError", "WorkerUrlInvalid", "parse_worker_origin",
+           "worker_id_for"]

@@ -1,0 +1,78 @@
+"""What a newcomer meets on the first day (issue 34), performed as one would: two nodes on one port, a port
+another program holds, ..."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+from chaos.processes import NodeProcess
+
+
+def _serve(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "serve", *args], capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_second_node_on_a_port_in_use_refuses_to_start_and_names_the_holder(log_dir):
+    port = _free_port()
+    first = NodeProcess(["--port", str(port), "--workers", "2", "--sim-engines", "1"], log_dir, "first-run-a")
+    try:
+        second = _serve("--port", str(port), "--sim-engines", "1")
+        assert second.returncode == 1
+        (line,) = second.stderr.strip().splitlines()  # one line, no traceback
+        assert f"port {port} on 127.0.0.1 is in use by pid" in line and "gateway.cli serve" in line
+        assert first.alive  # and the first node was not disturbed
+    finally:
+        first.stop()
+
+
+def test_a_port_held_by_another_program_is_one_line():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        for workers in ("1", "2"):
+            refused = _serve("--port", str(port), "--workers", workers)
+            assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
+            assert f"port {port} on 127.0.0.1 is in use" in refused.stderr
+
+
+def test_a_mistaken_worker_url_is_a_start_up_error():
+    refused = _serve("--worker-urls", "127.0.0.1:30001", "--workers", "1")
+    assert refused.returncode == 2 and "--worker-urls 127.0.0.1:30001" in refused.stderr
+    assert "grpc://" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_a_configured_engine_that_does_not_answer_is_named_in_a_503_not_a_404(log_dir):
+    import httpx2
+
+    from chaos.processes import EngineProcess
+    port = _free_port()
+    url = f"grpc://127.0.0.1:{port}"
+    node = NodeProcess(["--worker-urls", url], log_dir, "first-run-no-engine")
+    engine = None
+    try:
+        r = httpx2.post(node.url + "/v1/chat/completions", timeout=30, json={
+            "model": "qwen3-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unreachable" and url in r.text
+        assert "not registered yet" in node.log_text() and url in node.log_text()  # said at start
+        engine = EngineProcess(["--port", str(port)], log_dir, "first-run-late-engine")
+        for _ in range(200):  # the node retries with a growing wait (at most 10 s)
+            r = httpx2.post(node.url + "/v1/chat/completions", timeout=30, json={
+                "model": "qwen3-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+            if r.status_code == 200:
+                break
+            __import__("time").sleep(0.1)
+        assert r.status_code == 200
+    finally:
+        node.stop()
+        if engine is not None:
+            engine.stop()
