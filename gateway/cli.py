@@ -11,17 +11,18 @@
     smg-node sim-engine --port P    run a simulated SGLang/vLLM gRPC engine
     smg-node --version
 
-``serve`` builds the configuration, starts the demo engines of ``--sim-engines``
+``serve`` (``serve_command.py``) builds the configuration, starts the demo engines of ``--sim-engines``
 (``gateway/sim_engines.py``) and hands their URLs on as workers, then runs one
 gateway process (``server.run_gateway``) or a supervisor of several
 (``supervisor.run_supervisor``). join, leave, members, tags and keyring talk to
-the local node's admin endpoint (--rpc-addr, default 127.0.0.1:7373, as in Serf).
+the local node's admin endpoint: --rpc-addr, else the one each node records for
+the CLI (by its HTTP port: --node picks one when this user runs several), else
+127.0.0.1:7373, as in Serf.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.metadata
 import os
 import sys
@@ -30,18 +31,10 @@ from mesh.admin_client import run_admin_command
 from mesh.crypto import generate_key
 
 from . import keys_client
-from .config import (
-    ConfigError,
-    GatewayConfig,
-    add_serve_arguments,
-    build_config,
-    secrets_on_command_line,
-    with_admin_credentials,
-)
-from .ports import PortInUse, check_port_free
-from .server import run_gateway
-from .sim_engines import SimEngineError, SimEngines
-from .supervisor import SUPERVISED_ENV, run_supervisor, worker_count
+
+# The CLI's commands other than serve (members, keys, --help...) must start at once: the serving machinery
+# (config with every subsystem's settings, the server, the drivers they import) costs ~0.6 s to import and
+# is imported by serve alone (``_serve_command``).
 
 
 def version() -> str:
@@ -51,14 +44,24 @@ def version() -> str:
         return "unknown"
 
 
+def _admin_options(parser: argparse.ArgumentParser, nested: bool) -> None:
+    """The admin endpoint's options, accepted before and after the command (the later one wins)."""
+    default = argparse.SUPPRESS if nested else None
+    parser.add_argument("--rpc-addr", default=default, help="admin endpoint (default: $SMG_NODE_RPC_ADDR, else the "
+                        "only local node's recorded endpoint, else 127.0.0.1:7373)")
+    parser.add_argument("--node", default=default, metavar="HTTP_PORT", help="which local node, by its HTTP port, "
+                        "when this user runs several")
+    parser.add_argument("--rpc-token", default=default, help="bearer token (default: $SMG_NODE_RPC_TOKEN, "
+                        "$SMG_NODE_ADMIN_TOKEN, else the admin token file)")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """Every command but serve's options (``serve_parser``, built only for serve)."""
     parser = argparse.ArgumentParser(prog="smg-node", description="clustered tokenizing LLM gateway")
     parser.add_argument("--version", action="version", version=f"smg-node {version()}")
+    _admin_options(parser, nested=False)
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run a node", usage="smg-node serve [options]", description="Run a node: OpenAI-compatible HTTP in "
-                                "front, engines behind over gRPC. Every option can also come from the environment "
-                                "(SMG_NODE_<OPTION>) or a --config TOML file.")
-    add_serve_arguments(serve)
+    commands.add_parser("serve", help="run a node (smg-node serve --help lists its options)", add_help=False)
     # The simulated engine is the chaos harness's program: its own flags, passed through as they are.
     commands.add_parser("sim-engine", help="run a simulated engine (python -m chaos.sim_engine; see its --help)",
                         add_help=False)
@@ -66,10 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                        ("members", "list the members"), ("keyring", "list, install, use or remove gossip keys"),
                        ("tags", "replace the local node's tags")):
         sub = commands.add_parser(name, help=text)
-        sub.add_argument("--rpc-addr", default=None, help="admin endpoint (default: $SMG_NODE_RPC_ADDR or "
-                                                          "127.0.0.1:7373)")
-        sub.add_argument("--rpc-token", default=None, help="bearer token (default: $SMG_NODE_RPC_TOKEN, "
-                                                           "$SMG_NODE_ADMIN_TOKEN, else the admin token file)")
+        _admin_options(sub, nested=True)
         if name == "join":
             sub.add_argument("seeds", nargs="+")
         elif name == "members":
@@ -84,57 +84,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: "list[str]") -> argparse.Namespace:
+    """The command line as the CLI reads it, serve's options included (tests and deploy checks read it so)."""
+    if argv[:1] == ["serve"]:
+        from . import serve_command  # the serving machinery, for serve only (see above)
+        args = serve_command.serve_parser().parse_args(argv[1:])
+        args.command = "serve"
+        return args
+    return build_parser().parse_args(argv)
+
+
 def main(argv: "list[str] | None" = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sim-engine"]:
         # A separate program (the gateway does not import the harness): become it.
         os.execv(sys.executable, [sys.executable, "-m", "chaos.sim_engine", *argv[1:]])
+    if argv[:1] == ["serve"]:
+        from . import serve_command  # the serving machinery, for serve only (see above)
+        return serve_command.main(argv[1:])
     args = build_parser().parse_args(argv)
-    if args.command == "serve":
-        return serve(args, argv[argv.index("serve") + 1:])
     if args.command == "keys":
         return keys_client.run(args)
     if args.command == "keygen":
         print(generate_key())
         return 0
     return run_admin_command(args)
-
-
-def serve(args: argparse.Namespace, serve_argv: "list[str]") -> int:
-    try:
-        config = with_admin_credentials(build_config(args))
-    except ConfigError as e:
-        print(f"smg-node serve: {e}", file=sys.stderr)
-        return 2
-    if not os.environ.get(SUPERVISED_ENV) and not config.http_reuse_port:
-        try:
-            check_port_free(config.host, config.port)  # a second node on this port would share it
-        except PortInUse as e:
-            print(f"smg-node serve: {e}", file=sys.stderr)
-            return 1
-    exposed = secrets_on_command_line(serve_argv)
-    if exposed:
-        print(f"smg-node serve: warning: {', '.join(exposed)} on the command line can be read by every local user "
-              "(ps); give secrets as SMG_NODE_<OPTION> environment variables or in the --config file",
-              file=sys.stderr)
-    try:
-        with SimEngines(config.sim_engines, config.sim_engine_args) as engine_urls:
-            if engine_urls:
-                # Every process of the node uses the same engines; later flags win, so the
-                # processes of --workers N take these over what the command line said.
-                serve_argv = [*serve_argv, "--sim-engines", "0", "--worker-urls", *config.worker_urls, *engine_urls]
-                config = dataclasses.replace(config, sim_engines=0,
-                                             worker_urls=(*config.worker_urls, *engine_urls))
-            return run_node(config, serve_argv)
-    except SimEngineError as e:
-        print(f"smg-node serve: --sim-engines: {e}", file=sys.stderr)
-        return 1
-
-
-def run_node(config: GatewayConfig, serve_argv: "list[str]") -> int:
-    if worker_count(config) > 1:
-        return run_supervisor(config, serve_argv)
-    return run_gateway(config)
 
 
 if __name__ == "__main__":

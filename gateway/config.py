@@ -363,7 +363,8 @@ _OPTIONS: list[_Option] = [
     _Option("--encrypt", "mesh.keys", "list", "gossip keys (base64 AES-256, first encrypts)"),
     _Option("--tag", "mesh.tags", "list", "member tags key=value (zone, role...)"),
     _Option("--mesh-preset", "mesh.preset", str, "protocol timers: lan (default) or local (one machine)"),
-    _Option("--rpc-addr", "mesh.rpc_addr", str, "admin endpoint for the CLI (default 127.0.0.1:7373)"),
+    _Option("--rpc-addr", "mesh.rpc_addr", str, "admin endpoint for the CLI (default 127.0.0.1:7373 with "
+            "--mesh-bind, else a free port: the node records it for the CLI, one record per node)"),
     _Option("--rpc-token", "mesh.rpc_token", str, "bearer token the admin endpoint requires (default: the "
                                                     "admin token)"),
     _Option("--mesh-tls-ca-cert", "mesh.tls_ca_cert", str, "mutual TLS between members' streams: the CA"),

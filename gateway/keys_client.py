@@ -16,19 +16,27 @@ from mesh.admin_client import call_json
 from mesh.admin_token import client_token
 
 
+def _node_options(parser: argparse.ArgumentParser, nested: bool) -> None:
+    """--url and --admin-token, accepted before and after the action (as --rpc-addr is for members)."""
+    default = argparse.SUPPRESS if nested else None
+    parser.add_argument("--url", default=default, help="the node (default: $SMG_NODE_URL or http://127.0.0.1:30000)")
+    parser.add_argument("--admin-token", default=default, help="admin credential (default: $SMG_NODE_ADMIN_TOKEN, "
+                                                               "else the admin token file)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=None, help="the node (default: $SMG_NODE_URL or http://127.0.0.1:30000)")
-    parser.add_argument("--admin-token", default=None, help="admin credential (default: $SMG_NODE_ADMIN_TOKEN, "
-                                                            "else the admin token file)")
+    _node_options(parser, nested=False)
     actions = parser.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", help="make a key; its secret is printed once")
+    _node_options(create, nested=True)
     create.add_argument("name")
     create.add_argument("--role", choices=("user", "admin"), default="user")
     create.add_argument("--tenant", default=None)
     create.add_argument("--models", nargs="+", default=None, help="the only models the key may use")
     create.add_argument("--expires-in-secs", type=float, default=None)
-    actions.add_parser("list", help="the keys (never their secrets)")
+    _node_options(actions.add_parser("list", help="the keys (never their secrets)"), nested=True)
     revoke = actions.add_parser("revoke", help="revoke a key on every node")
+    _node_options(revoke, nested=True)
     revoke.add_argument("id")
 
 

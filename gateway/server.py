@@ -25,7 +25,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from mesh.admin_token import record_endpoint
+from mesh.admin_token import forget_endpoint, record_endpoint
 from mesh.asgi import answer_lifespan
 from mesh.options import default_node_name
 from mesh.service import serve_mesh
@@ -472,8 +472,9 @@ def run_gateway(config: GatewayConfig) -> int:
                     running.shutdown.set()  # the node left the cluster (smg-node leave): it goes too
 
                 mesh = await nursery.start(mesh_then_stop)
-                if config.worker_index == 0:
-                    record_endpoint(mesh.admin_url.removeprefix("http://"))  # where `smg-node members|join|leave` find this node
+                if config.worker_index == 0:  # where `smg-node members|join|leave` find this node, by its HTTP port
+                    recorded.append((running.url.rpartition(":")[2], mesh.admin_url.removeprefix("http://")))
+                    record_endpoint(recorded[0][1], recorded[0][0])
                 running.state.metrics.add_state_source(lambda: mesh_metric_families(mesh.agent))
                 running.state.metrics.add_state_source(lambda: cluster_metric_families(cluster))
             # One line on stdout, whatever the log level: scripts and supervisors wait for it.
@@ -500,6 +501,7 @@ def run_gateway(config: GatewayConfig) -> int:
                         running.shutdown.set()
 
     unavailable: list[BaseException] = []
+    recorded: list[tuple[str, str]] = []  # (HTTP port, admin endpoint) this node recorded for the CLI
     try:
         trio.run(main)
     except* StoreUnavailable as failed:  # the history database or Redis cannot be reached at start
@@ -507,6 +509,9 @@ def run_gateway(config: GatewayConfig) -> int:
         while isinstance(group, BaseExceptionGroup):
             group = group.exceptions[0]
         unavailable.append(group)
+    finally:
+        for port, addr in recorded:
+            forget_endpoint(port, addr)
     if unavailable:
         print(f"smg-node serve: {unavailable[0]}; the node does not start without its history store",
               file=sys.stderr)

@@ -53,7 +53,9 @@ class SimEngines:
         self.stop()
 
     def _start(self) -> str:
-        process = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        # A session of its own: a Ctrl-C in the node's terminal drains the node, whose engines must keep answering
+        # until it is done (they stop when the node does: __exit__, or stdin's end if the node dies).
+        process = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         self.processes.append(process)
         line = _first_line(process, READY_TIMEOUT_S)
         if not line.startswith("READY "):

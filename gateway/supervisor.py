@@ -75,6 +75,8 @@ RESTART_BACKOFF_MAX_S = 30.0
 RESTART_BACKOFF_RESET_AFTER_S = 60.0
 # Set in the environment of the processes the supervisor starts.
 SUPERVISED_ENV = "SMG_NODE_SUPERVISED"
+# The longest the other processes wait for process 0 to be up before they start anyway (their joins retry).
+FIRST_PROCESS_WAIT_S = 120.0
 
 
 def available_cores() -> int:
@@ -168,7 +170,7 @@ def worker_arguments(config: GatewayConfig, count: int, http_port: int) -> tuple
     if mesh.enabled:
         bind_host, bind_port = split_addr(mesh.bind)
         base_name = mesh.node_name or default_node_name(mesh.advertise or mesh.bind)
-        rpc_addr = mesh.rpc_addr
+        rpc_addr = mesh.rpc_bind
         if bind_port == 0:
             bind_port = _free_udp_tcp_port(bind_host)
         binds = [f"{bind_host}:{bind_port + i}" for i in range(count)]
@@ -180,7 +182,7 @@ def worker_arguments(config: GatewayConfig, count: int, http_port: int) -> tuple
         binds = [f"{bind_host}:{_free_udp_tcp_port(bind_host)}" for _ in range(count)]
         advertises = [None] * count
         base_name = f"{socket.gethostname()}-{http_port}"
-        rpc_addr = "127.0.0.1:0"
+        rpc_addr = mesh.rpc_addr or "127.0.0.1:0"  # --rpc-addr when given (it was ignored here), else the kernel's
         shared += ["--mesh-preset", "local", "--kv-event-followers", "1"]
         env["SMG_NODE_ENCRYPT"] = generate_key()
     if config.tokenizer.encode_threads == 0:
@@ -225,6 +227,7 @@ class Supervisor:
         self._url = ""
         self._workers: list[_Worker] = []
         self._env: dict[str, str] = {}
+        self._stopped = trio.Event()
 
     async def run(self) -> None:
         host = self.config.host
@@ -243,11 +246,29 @@ class Supervisor:
                 outer.start_soon(self._relay_signals)
                 outer.start_soon(self._announce_ready, self._workers)
                 async with trio.open_nursery() as running:
-                    for worker in self._workers:
+                    # Process 0 first: the others join its mesh, and a seed that is not up yet made every start
+                    # log "join attempt 1 failed" between a node's own processes.
+                    running.start_soon(self._keep_running, self._workers[0])
+                    with trio.move_on_after(FIRST_PROCESS_WAIT_S):
+                        await self._first_ready_or_stopping()
+                    for worker in self._workers[1:]:
                         running.start_soon(self._keep_running, worker)
                 outer.cancel_scope.cancel()  # every process is gone
         finally:
             reserved.close()
+
+    async def _first_ready_or_stopping(self) -> None:
+        async with trio.open_nursery() as either:
+            async def first_ready() -> None:
+                await self._workers[0].ready.wait()
+                either.cancel_scope.cancel()
+
+            async def stopping() -> None:
+                await self._stopped.wait()
+                either.cancel_scope.cancel()
+
+            either.start_soon(first_ready)
+            either.start_soon(stopping)
 
     async def _announce_ready(self, workers: list[_Worker]) -> None:
         for worker in workers:
@@ -262,8 +283,12 @@ class Supervisor:
             # stdin is a pipe nobody writes to: when the supervisor dies, however it dies, the process
             # reads end-of-file and exits (PR_SET_PDEATHSIG would fire when the spawning *thread* exits,
             # and trio spawns from its worker threads).
+            # A session of its own: the terminal's Ctrl-C (SIGINT to the foreground process group) reaches the
+            # supervisor alone, which passes one SIGTERM on. It reached every process too, and each then took
+            # the supervisor's SIGTERM as a second signal: exit now, streams in flight cut, no drain.
             process = await trio.lowlevel.open_process(worker.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                       env={**os.environ, **self._env, SUPERVISED_ENV: "1"})
+                                                       env={**os.environ, **self._env, SUPERVISED_ENV: "1"},
+                                                       start_new_session=True)
             worker.process = process
             async with trio.open_nursery() as relay:
                 relay.start_soon(self._relay_output, worker, process)
@@ -298,6 +323,7 @@ class Supervisor:
 
     def _stop(self) -> None:
         self._stopping = True
+        self._stopped.set()
         self._signal_all(signal.SIGTERM)
 
     def _signal_all(self, signum: int) -> None:
@@ -306,9 +332,15 @@ class Supervisor:
                 worker.process.send_signal(signum)
 
     async def _relay_signals(self) -> None:
+        """The first SIGTERM or SIGINT (Ctrl-C) drains: one SIGTERM to each process. A second exits now: a second
+        SIGTERM, which each process takes as such."""
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                log.info("signal %s: passing it to the worker processes", signal.Signals(signum).name)
+                name = signal.Signals(signum).name
+                if self._stopping:
+                    log.warning("signal %s again: the worker processes exit now", name)
+                else:
+                    log.info("signal %s: the worker processes drain, then exit (again: at once)", name)
                 self._stop()
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx2
 
-from .admin_token import client_token, endpoint_path, recorded_endpoint
+from .admin_token import client_token, endpoint_dir, live_endpoints, recorded_endpoints
 
 ADMIN_TIMEOUT_S = 30.0
 
@@ -36,20 +36,38 @@ def call_json(method: str, url: str, token: str | None, body: "dict[str, Any] | 
 DEFAULT_ADMIN_ADDR = "127.0.0.1:7373"  # Serf's RPC port
 
 
-def admin_addr(explicit: str | None) -> str:
-    """The local node's admin endpoint: --rpc-addr, $SMG_NODE_RPC_ADDR, what the node recorded, Serf's port."""
-    return explicit or os.environ.get("SMG_NODE_RPC_ADDR") or recorded_endpoint() or DEFAULT_ADMIN_ADDR
+def admin_addr(explicit: str | None, node: str | None = None) -> str:
+    """The local node's admin endpoint: --rpc-addr, $SMG_NODE_RPC_ADDR, the node of --node (its HTTP port), the
+    only live node this user runs (it records its endpoint), else Serf's port. Several live nodes and no choice:
+    the command stops and lists them."""
+    explicit = explicit or os.environ.get("SMG_NODE_RPC_ADDR")
+    if explicit:
+        return explicit
+    recorded = recorded_endpoints()
+    if node is not None:
+        if node not in recorded:
+            raise SystemExit(f"smg-node: no local node serves HTTP on port {node} (nodes recorded in "
+                             f"{endpoint_dir()}: {', '.join(sorted(recorded)) or 'none'})")
+        return recorded[node]
+    alive = live_endpoints()
+    if len(alive) == 1:
+        return next(iter(alive.values()))
+    if len(alive) > 1:
+        choices = "\n".join(f"  --node {port}   (admin endpoint {addr})" for port, addr in sorted(alive.items()))
+        raise SystemExit(f"smg-node: {len(alive)} local nodes run; say which, by its HTTP port:\n{choices}\n"
+                         "(or --rpc-addr HOST:PORT)")
+    return DEFAULT_ADMIN_ADDR
 
 
 def _call(args: argparse.Namespace, method: str, path: str, body: "dict[str, Any] | None" = None) -> Any:
-    addr = admin_addr(args.rpc_addr)
+    addr = admin_addr(args.rpc_addr, getattr(args, "node", None))
     try:
         return call_json(method, f"http://{addr}{path}", client_token(args.rpc_token), body)
     except SystemExit as e:
         if "cannot reach" in str(e) and not args.rpc_addr:
             raise SystemExit(f"{e}\nsmg-node: no node answers at {addr}. A node runs an admin endpoint when it has "
                              f"a mesh (--mesh-bind) or several processes (--workers, one per core by default); "
-                             f"it records where in {endpoint_path()}.") from None
+                             f"it records where in {endpoint_dir()}.") from None
         raise
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import stat
 import time
 from pathlib import Path
@@ -95,22 +96,28 @@ def client_token(explicit: str | None = None) -> str | None:
         return None
 
 
-# Where the local node's admin endpoint listens, written by the node beside the token file so that
-# `smg-node members|join|leave` find it with no flags (a node of --workers N without --mesh-bind
-# runs its private mesh's endpoint on a port the kernel picks).
-ENDPOINT_FILE_NAME = "admin-endpoint"
+# Where each local node's admin endpoint listens, written by the node beside the token file so that
+# `smg-node members|join|leave` find it with no flags (a node of --workers N without --mesh-bind runs its
+# private mesh's endpoint on a port the kernel picks). One file per node, named by the node's HTTP port: two
+# nodes of one user never overwrite each other's, and the CLI picks the only live one or asks which.
+ENDPOINT_FILE_PREFIX = "admin-endpoint."
 
 
-def endpoint_path() -> Path:
-    return default_token_path().with_name(ENDPOINT_FILE_NAME)
+def endpoint_dir() -> Path:
+    return default_token_path().parent
 
 
-def record_endpoint(addr: str) -> None:
-    """Write ``addr`` (host:port) for the CLI; best effort (a node without a state directory still runs)."""
-    path = endpoint_path()
+def endpoint_path(node: int | str) -> Path:
+    return endpoint_dir() / f"{ENDPOINT_FILE_PREFIX}{node}"
+
+
+def record_endpoint(addr: str, node: int | str) -> None:
+    """Write ``addr`` (host:port) for the CLI, as the endpoint of the node serving HTTP on port ``node``; best
+    effort (a node without a state directory still runs)."""
+    path = endpoint_path(node)
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        temporary = path.with_name(f".{ENDPOINT_FILE_NAME}.{os.getpid()}")
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
             os.write(fd, addr.encode() + b"\n")
@@ -121,9 +128,42 @@ def record_endpoint(addr: str) -> None:
         pass
 
 
-def recorded_endpoint() -> str | None:
-    """The admin endpoint the last local node recorded, or None."""
+def forget_endpoint(node: int | str, addr: str) -> None:
+    """Remove the node's record when it stops (if it is still this node's: a successor may have written it)."""
+    path = endpoint_path(node)
     try:
-        return endpoint_path().read_text().strip() or None
+        if path.read_text().strip() == addr:
+            path.unlink()
     except OSError:
-        return None
+        pass
+
+
+def recorded_endpoints() -> dict[str, str]:
+    """Every local node's recorded admin endpoint, by the node's HTTP port; stale ones included (see live_endpoints)."""
+    found = {}
+    try:
+        entries = list(endpoint_dir().iterdir())
+    except OSError:
+        return {}
+    for path in entries:
+        if path.name.startswith(ENDPOINT_FILE_PREFIX):
+            try:
+                addr = path.read_text().strip()
+            except OSError:
+                continue
+            if addr:
+                found[path.name.removeprefix(ENDPOINT_FILE_PREFIX)] = addr
+    return found
+
+
+def live_endpoints(timeout_s: float = 0.2) -> dict[str, str]:
+    """The recorded endpoints that accept a connection now (a node killed without a goodbye leaves its record)."""
+    alive = {}
+    for node, addr in recorded_endpoints().items():
+        host, _, port = addr.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+                alive[node] = addr
+        except (OSError, ValueError):
+            continue
+    return alive

@@ -25,6 +25,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -50,7 +51,7 @@ from .swim import (
     Swim,
     Tick,
 )
-from .transport import Transport, TransportError
+from .transport import StreamClosed, Transport, TransportError
 from .wire import PushPull, decode_packet, decode_push_pull, encode_packet, encode_push_pull
 
 log = logging.getLogger("mesh.agent")
@@ -59,6 +60,9 @@ UDP_LABEL = b"smg-node/gossip"
 TCP_LABEL = b"smg-node/push-pull"
 HELLO_LABEL = b"smg-node/stream-hello"
 PUSH_PULL_TIMEOUT_S = 10.0
+# A peer failing authentication is logged at most this often (with a count): a node with another key retries,
+# and an attacker can send any number of packets.
+AUTH_WARNING_INTERVAL_S = 60.0
 
 
 class StateHooks(Protocol):
@@ -112,6 +116,8 @@ class MeshAgent:
         self._wake = trio.Event()
         self._nursery: trio.Nursery | None = None
         self.stopped = trio.Event()
+        self._auth_failures = 0
+        self._auth_warned_at = -math.inf
 
     # -- public API ---------------------------------------------------------
 
@@ -137,17 +143,26 @@ class MeshAgent:
             self._nursery.cancel_scope.cancel()
 
     async def join(self, seeds: "list[str]") -> int:
-        """Push-pull with each seed; returns how many answered. Raises JoinError if none did."""
-        answered = 0
+        """Push-pull with each seed; returns how many answered. Raises JoinError if none did: saying so when every
+        seed closed the connection at our sealed hello, which is what a seed holding another key does."""
+        answered = refused = tried = 0
         for seed in seeds:
             if seed == self.transport.addr:
                 continue
+            tried += 1
             try:
                 await self._push_pull(seed, join=True)
                 answered += 1
+            except StreamClosed as e:
+                refused += 1
+                log.info("seed %s closed the connection at our hello: %s", seed, e)
             except TransportError as e:
                 log.info("seed %s did not answer: %s", seed, e)
-        if not answered and any(s != self.transport.addr for s in seeds):
+        if not answered and tried:
+            if refused == tried and self.keyring.enabled:
+                raise JoinError(f"the seeds ({', '.join(seeds)}) closed the connection at our sealed hello: their "
+                                "gossip key is not ours. Give every node the same --encrypt key, or the same admin "
+                                "token when the key is derived from it")
             raise JoinError(f"no seed answered: {', '.join(seeds)}")
         return answered
 
@@ -186,6 +201,8 @@ class MeshAgent:
             data, reason = self.sealer.open(sealed, UDP_LABEL, self._wall_clock())
             if data is None:
                 self.stats.dropped[reason] += 1
+                if reason == "decrypt":
+                    self._note_failed_authentication()
                 continue
             messages, reason = decode_packet(data, max_bytes)
             if reason is not None:
@@ -285,8 +302,21 @@ class MeshAgent:
         data, reason = self.sealer.open(hello, HELLO_LABEL, self._wall_clock())
         if data is None:
             self.stats.dropped[f"hello_{reason}"] += 1
+            if reason == "decrypt":
+                self._note_failed_authentication()
             return False
         return True
+
+    def _note_failed_authentication(self) -> None:
+        """A peer's hello or packet did not open with our keys: said in the log, at most once a minute (an
+        attacker's flood must not flood the log), with how many since."""
+        self._auth_failures += 1
+        now = trio.current_time()
+        if now - self._auth_warned_at >= AUTH_WARNING_INTERVAL_S:
+            log.warning("%d connection(s) or packet(s) from peers failed authentication since the last report: a node "
+                        "with another gossip key (--encrypt, or another admin token when the key is derived from it) "
+                        "is trying to reach this one", self._auth_failures)
+            self._auth_warned_at, self._auth_failures = now, 0
 
     async def _push_pull(self, addr: str, join: bool) -> None:
         self.stats.push_pulls += 1

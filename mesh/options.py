@@ -11,6 +11,9 @@ import ipaddress
 import socket
 
 
+DEFAULT_RPC_ADDR = "127.0.0.1:7373"  # Serf's RPC port
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshOptions:
     # Gossip (UDP) and push-pull (TCP) on this address; None: no mesh (a lone node).
@@ -31,8 +34,10 @@ class MeshOptions:
     key_source: str = "flag"
     tags: tuple[tuple[str, str], ...] = ()
     preset: str = "lan"
-    # The local admin endpoint the CLI talks to (Serf's default port); it always needs the token.
-    rpc_addr: str = "127.0.0.1:7373"
+    # The local admin endpoint the CLI talks to; it always needs the token. None: Serf's port (127.0.0.1:7373) for
+    # a node with --mesh-bind, a port the kernel picks for the private mesh of --workers N (the CLI finds either
+    # in the node's endpoint record).
+    rpc_addr: str | None = None
     # Always set when the node runs (gateway.config.with_admin_credentials): the admin token by default.
     rpc_token: str | None = None
     # A mesh reachable off loopback must be encrypted unless this says otherwise (--mesh-insecure).
@@ -41,6 +46,10 @@ class MeshOptions:
     tls_ca_cert: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+
+    @property
+    def rpc_bind(self) -> str:
+        return self.rpc_addr or DEFAULT_RPC_ADDR
 
     @property
     def enabled(self) -> bool:

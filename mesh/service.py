@@ -219,7 +219,7 @@ async def serve_mesh(options: MeshOptions, extra_tags: "dict[str, str]", hooks: 
             await nursery.start(agent.run)
             service = MeshService(agent, keyring, "", trio.Event())
             hc = HypercornConfig()
-            hc.bind = [options.rpc_addr]
+            hc.bind = [options.rpc_bind]
             hc.accesslog = None
             hc.errorlog = logging.getLogger("mesh.admin")
             binds = await nursery.start(lambda task_status: hypercorn_serve(

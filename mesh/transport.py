@@ -56,6 +56,11 @@ class TransportError(Exception):
     """A stream exchange failed (refused, timed out, cut)."""
 
 
+class StreamClosed(TransportError):
+    """The peer closed the stream before its answer: after our sealed hello at once, it could not open it (its
+    gossip key is not ours), or it was stopping."""
+
+
 class Transport(Protocol):
     addr: str  # "host:port" other members reach us at
 
@@ -226,6 +231,9 @@ class UdpTcpTransport:
                 return answer
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
             detail = str(e) or str(e.__cause__ or "")  # trio wraps a failed handshake's SSLError
+            if isinstance(e, ConnectionResetError) or isinstance(e.__cause__, ConnectionResetError):
+                # Reset with our frames unread: what a peer that refused our hello does as it closes.
+                raise StreamClosed(f"stream to {addr} reset by the peer: {detail}") from None
             raise TransportError(f"stream to {addr} failed: {type(e).__name__}: {detail}") from None
 
     async def _round_trip(self, stream: trio.SocketStream, frame: bytes) -> bytes:
@@ -249,7 +257,7 @@ class UdpTcpTransport:
         while len(buf) < n:
             chunk = await stream.receive_some(min(65536, n - len(buf)))
             if not chunk:
-                raise TransportError("stream closed early")
+                raise StreamClosed("stream closed early")
             buf += chunk
         return bytes(buf)
 

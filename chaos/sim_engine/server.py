@@ -175,6 +175,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Each option's default after its help, unless the help says it in words already, or there is none (argparse's
+    ArgumentDefaultsHelpFormatter wrote "(default: at max tokens) (default: None)")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return text + " (default: %(default)s)"
+
+
 def main(argv: "list[str] | None" = None) -> int:
     parser = argparse.ArgumentParser(
         prog="sim-engine", description="simulated SGLang/vLLM gRPC engine",
@@ -186,6 +197,6 @@ def main(argv: "list[str] | None" = None) -> int:
                "deterministic logprob and its alternatives (chaos/sim_engine/logprobs.py). n > 1: each answer is "
                "a generation of its own, seeded by the request's seed (or prompt) plus its index, sent with its "
                "index.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_DefaultsFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -76,3 +76,65 @@ def test_a_configured_engine_that_does_not_answer_is_named_in_a_503_not_a_404(lo
         node.stop()
         if engine is not None:
             engine.stop()
+
+
+def _node_in_a_terminal(port: int, log_path, *args: str) -> subprocess.Popen:
+    """A node started as from a terminal: the leader of its own process group, so that a Ctrl-C (SIGINT to the
+    group) reaches whatever of it stays in the group."""
+    import os
+    log = open(log_path, "wb")
+    process = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), *args],
+                               stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+                               env={**os.environ})
+    for line in iter(process.stdout.readline, b""):
+        if line.startswith(b"READY "):
+            return process
+    raise AssertionError(f"the node did not start: {open(log_path).read()[-2000:]}")
+
+
+def test_ctrl_c_drains_like_sigterm_and_a_second_exits_now(log_dir):
+    """Issue 34: the terminal's SIGINT reached the supervisor and every process, and the supervisor's forwarded
+    signal was each process's second: streams in flight were cut instead of drained."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import httpx2
+    port = _free_port()
+    node = _node_in_a_terminal(port, log_dir / "ctrl-c.log", "--workers", "2", "--sim-engines", "1",
+                               "--sim-engine-args=--itl-base-s 0.05 --itl-per-running-s 0")
+    try:
+        answer = {}
+
+        def stream() -> None:
+            with httpx2.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
+                    "model": "qwen3-sim", "messages": [{"role": "user", "content": "go"}], "max_tokens": 40,
+                    "ignore_eos": True, "stream": True}) as r:
+                answer["text"] = b"".join(r.iter_bytes())
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        time.sleep(0.5)  # the stream is under way (40 tokens at 50 ms: 2 s)
+        os.killpg(node.pid, signal.SIGINT)  # Ctrl-C
+        reader.join(30)
+        assert b'"finish_reason":"length"' in answer["text"] and answer["text"].endswith(b"data: [DONE]\n\n")
+        assert node.wait(30) == 0
+        assert "exiting now" not in open(log_dir / "ctrl-c.log").read()
+    finally:
+        if node.poll() is None:
+            node.kill()
+    second = _node_in_a_terminal(_free_port(), log_dir / "ctrl-c-twice.log", "--workers", "2")
+    os.killpg(second.pid, signal.SIGINT)
+    time.sleep(0.2)
+    os.killpg(second.pid, signal.SIGINT)
+    assert second.wait(15) == 0 and "exit now" in open(log_dir / "ctrl-c-twice.log").read()
+
+
+def test_a_nodes_own_processes_find_each_other_without_a_warning(log_dir):
+    """Issue 34: the quick start logged 'join attempt 1 failed' between its own two processes at every start."""
+    node = NodeProcess(["--workers", "2", "--sim-engines", "1"], log_dir, "first-run-quiet")
+    try:
+        assert "join attempt" not in node.log_text() and " WARNING " not in node.log_text()
+    finally:
+        node.stop()

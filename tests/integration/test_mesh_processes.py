@@ -85,6 +85,10 @@ def test_five_nodes_kill_restart_leave_and_wrong_key(cluster, log_dir):
         time.sleep(3)
         assert "n7" not in view(0)
         assert set(view(7)) == {"n7"}
+        # Issue 34: the joiner said only "no seed answered" and the seed nothing. Both say it now.
+        assert "their gossip key is not ours" in stranger.log_text()
+        eventually(lambda: "failed authentication" in cluster[0].log_text(), 10)
+        assert cluster[0].log_text().count("failed authentication") == 1  # once a minute at most
     finally:
         stranger.kill()
 

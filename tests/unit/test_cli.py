@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from gateway import config as cfg
-from gateway.cli import build_parser, version
+from gateway.cli import parse_args, version
 
 
 def test_every_option_is_in_exactly_one_section_or_internal():
@@ -20,7 +20,7 @@ def test_every_option_is_in_exactly_one_section_or_internal():
 
 def test_serve_help_has_the_sections_and_hides_internal_flags(capsys):
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["serve", "--help"])
+        parse_args(["serve", "--help"])
     text = capsys.readouterr().out
     positions = [text.index(title + ":") for title, _ in cfg.HELP_SECTIONS]
     assert positions == sorted(positions)
@@ -43,3 +43,60 @@ def test_version():
     run = subprocess.run([sys.executable, "-m", "gateway.cli", "--version"], capture_output=True, text=True,
                          timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == f"smg-node {version()}" and version() != "unknown"
+
+
+def test_the_cli_imports_no_serving_machinery_for_its_other_commands():
+    """Issue 34: members and --help took 1.3-5 s, importing every subsystem; they must start at once."""
+    probe = ("import sys, gateway.cli as cli; cli.build_parser(); "
+             "print(sorted(m for m in ('gateway.config', 'gateway.server', 'psycopg', 'redis', 'trio', 'tokenizers') "
+             "if m in sys.modules))")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr
+
+
+def test_node_options_are_taken_before_and_after_the_command():
+    assert parse_args(["keys", "list", "--url", "http://x:1"]).url == "http://x:1"
+    assert parse_args(["keys", "--url", "http://y:1", "list"]).url == "http://y:1"
+    assert parse_args(["keys", "--admin-token", "t", "revoke", "abc"]).admin_token == "t"
+    assert parse_args(["members", "--rpc-addr", "a:1"]).rpc_addr == "a:1"
+    assert parse_args(["--rpc-addr", "b:1", "members", "--json"]).rpc_addr == "b:1"
+    assert parse_args(["--node", "30001", "leave"]).node == "30001" and parse_args(["members"]).rpc_addr is None
+
+
+def test_an_unknown_serve_flag_prints_serves_usage():
+    run = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--no-such-flag"], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2 and "usage: smg-node serve" in run.stderr and "--no-such-flag" in run.stderr
+
+
+def test_the_sim_engines_help_says_each_default_once():
+    run = subprocess.run([sys.executable, "-m", "chaos.sim_engine", "--help"], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0 and "(default: None)" not in run.stdout
+    assert run.stdout.count("(default:") == len([line for line in run.stdout.splitlines() if "(default:" in line])
+
+
+def test_each_local_node_records_its_endpoint_and_the_cli_picks_the_only_live_one_or_asks(tmp_path, monkeypatch):
+    import socket
+
+    from mesh.admin_client import admin_addr
+    from mesh.admin_token import FILE_ENV, forget_endpoint, record_endpoint, recorded_endpoints
+    monkeypatch.setenv(FILE_ENV, str(tmp_path / "admin-token"))
+    monkeypatch.delenv("SMG_NODE_RPC_ADDR", raising=False)
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    addrs = [f"127.0.0.1:{s.getsockname()[1]}" for s in listeners]
+    try:
+        record_endpoint(addrs[0], 30000)
+        record_endpoint("127.0.0.1:1", 30005)  # a node killed without a goodbye: its record stays, nobody answers
+        assert admin_addr(None) == addrs[0]  # the only live one
+        record_endpoint(addrs[1], 30001)  # a second node of the same user: it does not overwrite the first
+        assert recorded_endpoints() == {"30000": addrs[0], "30001": addrs[1], "30005": "127.0.0.1:1"}
+        with pytest.raises(SystemExit) as asked:
+            admin_addr(None)
+        assert "--node 30000" in str(asked.value) and "--node 30001" in str(asked.value)
+        assert admin_addr(None, "30001") == addrs[1] and admin_addr("x:9", "30001") == "x:9"
+        forget_endpoint(30001, addrs[1])
+        assert admin_addr(None) == addrs[0]
+    finally:
+        for s in listeners:
+            s.close()

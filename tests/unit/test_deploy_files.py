@@ -18,7 +18,7 @@ from kubernetes import client as k8s
 
 from gateway.config import build_config
 from chaos.sim_engine.server import add_arguments as add_sim_engine_arguments
-from gateway.cli import build_parser
+from gateway.cli import parse_args
 from mesh.crypto import generate_key
 
 DEPLOY = pathlib.Path(__file__).resolve().parents[2] / "deploy"
@@ -29,7 +29,7 @@ ENV = {"SMG_NODE_ENCRYPT": generate_key()}
 
 def parse_cli(argv: list[str]) -> argparse.Namespace:
     try:
-        return build_parser().parse_args(argv)
+        return parse_args(argv)
     except SystemExit:
         raise AssertionError(f"smg-node does not accept: {shlex.join(argv)}") from None
 
@@ -120,7 +120,7 @@ def test_kubernetes_manifests_agree_with_each_other_and_with_the_cli(tmp_path):
     assert "SMG_NODE_ADMIN_TOKEN" in env  # so does the admin credential
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "smg-node" and parse_cli(pre_stop[1:]).command == "leave"
-    assert config.mesh.rpc_addr == parse_cli(pre_stop[1:]).rpc_addr
+    assert config.mesh.rpc_bind == parse_cli(pre_stop[1:]).rpc_addr
     assert config.limit_set().limits  # the example's global limit parses
 
 
