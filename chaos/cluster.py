@@ -13,11 +13,13 @@ import dataclasses
 import os
 import json
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
 from chaos.processes import EngineProcess, NodeProcess
 from deploy.balancer import start_balancer, stop_balancer
+from gateway.ports import port_holder
 from mesh.crypto import generate_key
 from mesh.faults import FAULTS_ENV, SEED_ENV
 
@@ -46,6 +48,10 @@ class ClusterSpec:
     # Engines: a few milliseconds per token, so requests are in flight when faults strike.
     engine_args: tuple[str, ...] = ("--itl-base-s", "0.002", "--itl-per-running-s", "0", "--eos-after-tokens", "64",
                                     "--block-size", "16")
+
+
+class PortsTaken(RuntimeError):
+    """A fixed port of the cluster is held by something else: nothing was started."""
 
 
 class ChaosCluster:
@@ -94,7 +100,35 @@ class ChaosCluster:
 
     # -- lifecycle ----------------------------------------------------------
 
+    def ports(self) -> list[tuple[str, int]]:
+        """Every fixed port the cluster takes: (kind, port), TCP unless said."""
+        out = []
+        for i in range(self.spec.nodes):
+            out += [("tcp", self.http_port(i)), ("tcp", int(self.gossip_addr(i).rpartition(":")[2])),
+                    ("udp", int(self.gossip_addr(i).rpartition(":")[2])), ("tcp", int(self.admin_addr(i).rpartition(":")[2]))]
+        return out + [("tcp", self.spec.base_port + 300)]
+
+    def taken_ports(self) -> list[str]:
+        """The fixed ports something else holds now (a previous run's processes, another program): described."""
+        taken = []
+        for kind, port in self.ports():
+            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM if kind == "tcp" else socket.SOCK_DGRAM)
+            try:
+                if kind == "tcp":  # as the nodes bind theirs: a connection in TIME_WAIT holds nothing
+                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                holder = port_holder(port) if kind == "tcp" else None
+                taken.append(f"{kind} {port}" + (f" (held by {holder})" if holder else ""))
+            finally:
+                probe.close()
+        return taken
+
     def start(self) -> None:
+        taken = self.taken_ports()
+        if taken:
+            raise PortsTaken(f"the cluster's ports from {self.spec.base_port} are not free: {', '.join(taken[:4])}"
+                             + (f" and {len(taken) - 4} more" if len(taken) > 4 else ""))
         try:
             for j in range(self.spec.engines):
                 self.engines.append(EngineProcess(list(self.spec.engine_args), self.dir, f"engine{j}"))
@@ -110,14 +144,15 @@ class ChaosCluster:
 
     def start_node(self, i: int) -> None:
         args = ["--port", str(self.http_port(i)), "--node-name", self.name(i), "--mesh-bind", self.gossip_addr(i),
-                "--join", self.gossip_addr(0), self.gossip_addr(1 % self.spec.nodes), "--encrypt", self.key,
+                "--join", self.gossip_addr(0), self.gossip_addr(1 % self.spec.nodes),
                 "--mesh-preset", "local", "--rpc-addr", self.admin_addr(i), "--retry-join-interval-secs", "0.5",
                 "--rate-limits", str(self.limits_file), "--health-check-interval-secs", "0.5",
                 "--health-failure-threshold", "2", "--log-level", os.environ.get("SMG_CHAOS_NODE_LOG_LEVEL", "warning"),
                 "--shutdown-grace-period-secs", "10"]
         if i == 0:  # engines are registered on one node; the others get them through the mesh
             args += ["--worker-urls", *[f"grpc://127.0.0.1:{p}" for p in self.engine_ports]]
-        env = {FAULTS_ENV: str(self.rules_path(i)), SEED_ENV: str(self.spec.seed)}
+        # The gossip key by environment: a command line is every local user's to read.
+        env = {FAULTS_ENV: str(self.rules_path(i)), SEED_ENV: str(self.spec.seed), "SMG_NODE_ENCRYPT": self.key}
         self.nodes[i] = NodeProcess(args, self.dir, f"{self.name(i)}", env=env)
         self.admin_headers = self.nodes[i].admin_headers
 

@@ -49,22 +49,22 @@ class LocalCluster:
 
     def _start(self, nodes: int, engines: int, mesh_base_port: int, engine_args: "list[str]") -> None:
         self.engines = [EngineProcess(engine_args, self.dir, f"engine{i}") for i in range(engines)]
-        key = generate_key()
+        self._env = {"SMG_NODE_ENCRYPT": generate_key()}  # by environment: a command line is public
         for i in range(nodes):
             args = ["--mesh-bind", f"127.0.0.1:{mesh_base_port + i}", "--join", f"127.0.0.1:{mesh_base_port}",
-                    "--node-name", f"node{i}", "--encrypt", key, "--mesh-preset", "local",
+                    "--node-name", f"node{i}", "--mesh-preset", "local",
                     "--rpc-addr", f"127.0.0.1:{mesh_base_port + 100 + i}", "--retry-join-interval-secs", "0.5"]
             if i == 0:
                 args += ["--worker-urls", *[e.url for e in self.engines]]
             self._node_args.append(args)
-            self.nodes.append(NodeProcess(args, self.dir, f"node{i}"))
+            self.nodes.append(NodeProcess(args, self.dir, f"node{i}", env=self._env))
         self.balancer = self._start_balancer()
 
     def restart(self, i: int) -> NodeProcess:
         """Node ``i`` again (after a kill): same name and mesh address, a fresh process and memory. Its HTTP
         port is new, so the balancer does not know it: reach it at ``nodes[i].url``."""
         self.nodes[i].stop()
-        self.nodes[i] = NodeProcess(self._node_args[i], self.dir, f"node{i}-again")
+        self.nodes[i] = NodeProcess(self._node_args[i], self.dir, f"node{i}-again", env=self._env)
         return self.nodes[i]
 
     def _start_balancer(self) -> subprocess.Popen:

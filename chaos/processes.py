@@ -104,8 +104,11 @@ class NodeProcess(ManagedProcess):
         super().__init__(name, [python, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", "0",
                                 *workers, *args], log_dir, _NODE_READY, env, cwd)
         self.url = self.ready_match.group(1)
+        # The token the node took, by the node's own precedence: --admin-token, SMG_NODE_ADMIN_TOKEN (as the README
+        # has a cluster's nodes take it), else the token file. Reading the file while the environment set the
+        # token gave the harness a token the nodes refused (401, then a KeyError).
         self.admin_token = args[args.index("--admin-token") + 1] if "--admin-token" in args else \
-            read_token(Path(token_file))
+            env.get(TOKEN_ENV) or os.environ.get(TOKEN_ENV) or read_token(Path(token_file))
         # For calls to the control plane (/workers, /admin/...) and the CLI (SMG_NODE_ADMIN_TOKEN).
         self.admin_headers = {"authorization": f"Bearer {self.admin_token}"}
         self.admin_env = {TOKEN_ENV: self.admin_token or ""}

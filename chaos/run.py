@@ -19,7 +19,7 @@ import httpx2
 from .checkers import CheckResult, all_checkers
 from .checkers.kv_index import signature as kv_signature
 from .checkers.membership import CONVERGE_BOUND_S, converged_at
-from .cluster import ChaosCluster, ClusterSpec
+from .cluster import ChaosCluster, ClusterSpec, PortsTaken
 from .observer import Observer, ViewSample
 from .scenarios import SCENARIOS, Plan
 from .workload import RequestRecord, StoredRecord, Workload
@@ -75,10 +75,18 @@ def _wait_ready(cluster: ChaosCluster) -> None:
     with httpx2.Client(timeout=2, headers=cluster.admin_headers) as client:
         while time.monotonic() < deadline:
             try:
-                if all(client.get(cluster.node_url(i) + "/readiness").status_code == 200
-                       for i in range(cluster.spec.nodes)) and \
-                        all(len(client.get(cluster.node_url(i) + "/workers").json()["workers"]) == cluster.spec.engines
-                            for i in range(cluster.spec.nodes)):
+                if not all(client.get(cluster.node_url(i) + "/readiness").status_code == 200
+                           for i in range(cluster.spec.nodes)):
+                    time.sleep(0.2)
+                    continue
+                listed = [client.get(cluster.node_url(i) + "/workers") for i in range(cluster.spec.nodes)]
+                refused = [r for r in listed if r.status_code in (401, 403)]
+                if refused:
+                    raise RuntimeError(f"the nodes refuse the harness's admin token ({refused[0].status_code}): it "
+                                       "reads the token the nodes take (--admin-token, SMG_NODE_ADMIN_TOKEN, the "
+                                       "token file), so they disagree about it")
+                if all(r.status_code == 200 and len(r.json().get("workers", ())) == cluster.spec.engines
+                       for r in listed):
                     return
             except httpx2.HTTPError:
                 pass
@@ -139,20 +147,39 @@ def _output_text(response: dict[str, Any]) -> str:
                    for part in item.get("content", []) if part.get("type") == "output_text")
 
 
+# A block of fixed ports taken (a run that was killed, another program): the next blocks are tried, this far.
+PORT_BLOCK_STEP = 400
+PORT_BLOCKS_TRIED = 20
+
+
+def _cluster_on_free_ports(spec: ClusterSpec, log_dir: Path, progress: Callable[[str], None]) -> ChaosCluster:
+    """A cluster whose fixed ports (HTTP, gossip, admin, balancer: base to base + 300) are all free now."""
+    for attempt in range(PORT_BLOCKS_TRIED):
+        cluster = ChaosCluster(dataclasses.replace(spec, base_port=spec.base_port + attempt * PORT_BLOCK_STEP),
+                               log_dir)
+        taken = cluster.taken_ports()
+        if not taken:
+            return cluster
+        progress(f"ports from {cluster.spec.base_port} are taken ({taken[0]}...): trying the next block")
+    raise PortsTaken(f"no free block of ports from {spec.base_port} (tried {PORT_BLOCKS_TRIED} blocks)")
+
+
 def run_scenario(name: str, nodes: int, seed: int, duration_s: float, out_dir: Path, lb: str = "nginx",
                  base_port: int = 21000, progress: Callable[[str], None] = print) -> RunData:
     scenario, _ = SCENARIOS[name]
-    spec = ClusterSpec(nodes=nodes, seed=seed, lb=lb, base_port=base_port)
-    cluster = ChaosCluster(spec, out_dir / "logs")
+    cluster = _cluster_on_free_ports(ClusterSpec(nodes=nodes, seed=seed, lb=lb, base_port=base_port),
+                                     out_dir / "logs", progress)
+    spec = cluster.spec
     plan = scenario(cluster, random.Random(seed), duration_s)
     run = RunData(name, seed, nodes, spec.engines, duration_s, plan, [cluster.name(i) for i in range(nodes)],
                   per_key_limit=spec.per_key_limit, per_key_burst=spec.per_key_burst)
-    progress(f"[{name}] starting {nodes} nodes, {spec.engines} engines and {lb} (seed {seed}, logs in "
-             f"{cluster.dir})")
-    cluster.start()
-    observer = Observer(cluster)
-    workload = Workload(cluster.lb_url, seed)
-    try:
+    progress(f"[{name}] starting {nodes} nodes, {spec.engines} engines and {lb} (seed {seed}, ports from "
+             f"{spec.base_port}, logs in {cluster.dir})")
+    observer = workload = None
+    try:  # whatever fails, from the start on, everything started is stopped
+        cluster.start()
+        observer = Observer(cluster)
+        workload = Workload(cluster.lb_url, seed)
         _wait_ready(cluster)
         observer.start()
         workload.start()
@@ -191,9 +218,12 @@ def run_scenario(name: str, nodes: int, seed: int, duration_s: float, out_dir: P
             time.sleep(0.5)
         _final_snapshots(cluster, run)
     finally:
-        observer.stop()
-        run.samples = observer.snapshot()
-        run.records = workload.snapshot()
+        if observer is not None:
+            observer.stop()
+            run.samples = observer.snapshot()
+        if workload is not None:
+            workload.stop()
+            run.records = workload.snapshot()
         cluster.stop()
     run.results = [checker.check(run) for checker in all_checkers()]
     return run

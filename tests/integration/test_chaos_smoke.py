@@ -18,10 +18,27 @@ pytestmark = pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx not
     ("kill-history-owners", 25800),  # two owners of stored responses killed in turn, each restarted empty
 ])
 def test_smoke_scenario_passes_every_check(tmp_path, scenario, base_port):
-    result = subprocess.run([sys.executable, "-m", "chaos", "run", scenario, "--nodes", "3", "--duration", "20",
-                             "--seed", "7", "--out", str(tmp_path), "--base-port", str(base_port)],
-                            capture_output=True, text=True, timeout=240)
+    import os
+    import socket
+    env = dict(os.environ)
+    blocker = None
+    if scenario == "kill-one":
+        # Issue 34: with SMG_NODE_ADMIN_TOKEN set, as the README says a cluster's nodes take their token, the
+        # nodes took it and the harness read the token file: 401, then a KeyError.
+        env["SMG_NODE_ADMIN_TOKEN"] = "chaos-smoke-admin-token-0123456789"
+    if scenario == "isolate-one":
+        # Issue 34: a run found its fixed ports taken (a previous run left its processes): it moves on.
+        blocker = socket.create_server(("127.0.0.1", base_port + 300))
+    try:
+        result = subprocess.run([sys.executable, "-m", "chaos", "run", scenario, "--nodes", "3", "--duration", "20",
+                                 "--seed", "7", "--out", str(tmp_path), "--base-port", str(base_port)],
+                                capture_output=True, text=True, timeout=240, env=env)
+    finally:
+        if blocker is not None:
+            blocker.close()
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    if blocker is not None:
+        assert f"ports from {base_port} are taken" in result.stdout
     report = json.loads((tmp_path / scenario / "report.json").read_text())
     assert report["passed"] and {c["name"] for c in report["checks"]} == {
         "requests lost", "membership converged", "replicated state equal", "KV index equal", "rate limits held",
@@ -34,3 +51,18 @@ def test_smoke_scenario_passes_every_check(tmp_path, scenario, base_port):
     assert (tmp_path / scenario / "timeline.png").stat().st_size > 10_000
     assert "t=" in result.stdout  # progress was shown while it ran
     assert "report: " in result.stdout
+
+
+def test_a_cluster_that_fails_to_start_leaves_nothing_running(tmp_path):
+    """Issue 34: a failure at start left nodes, engines and nginx running, and the next run found its ports taken."""
+    from chaos.cluster import ChaosCluster, ClusterSpec, PortsTaken
+    cluster = ChaosCluster(ClusterSpec(nodes=1, engines=1, base_port=26200, lb="no-such-balancer"), tmp_path)
+    with pytest.raises(RuntimeError, match="no-such-balancer is not installed"):
+        cluster.start()
+    assert [e for e in cluster.engines if e is not None and e.alive] == []
+    assert [n for n in cluster.nodes if n is not None and n.alive] == []
+    assert cluster.taken_ports() == []  # everything it took is free again
+    import socket
+    with socket.create_server(("127.0.0.1", 26200)):
+        with pytest.raises(PortsTaken, match="26200"):
+            ChaosCluster(ClusterSpec(nodes=1, engines=1, base_port=26200), tmp_path / "again").start()
