@@ -19,7 +19,7 @@ from pathlib import Path
 
 from chaos.processes import EngineProcess, NodeProcess
 from deploy.balancer import start_balancer, stop_balancer
-from gateway.ports import port_holder
+from gateway import port_holder
 from mesh.crypto import generate_key
 from mesh.faults import FAULTS_ENV, SEED_ENV
 

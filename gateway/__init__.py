@@ -6,6 +6,7 @@ when first used. Inside the gateway each subpackage's ``__init__`` says what it 
 
     rate limits          RateLimiter, RateLimitConfig, LimitSet, parse_limit_set, Identity
     the demo tokenizer   default_tokenizer_dir
+    ports                port_holder (who holds a port the harness wants)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ _EXPORTS = {
     "RateLimiter": "ratelimit", "RateLimitConfig": "ratelimit", "LimitSet": "ratelimit",
     "parse_limit_set": "ratelimit", "Identity": "ratelimit",
     "default_tokenizer_dir": "tokenizer.bundled",
+    "port_holder": "ports",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -15,8 +15,8 @@ Formats (the names are smg's; vLLM's and SGLang's are aliases):
                            <|python_tag|>, several joined by ";" (Llama 3.1-3.3)
     mistral                [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...], or the newer
                            [TOOL_CALLS]name[ARGS]{...} (and [TOOL_CALLS]name{...}) repeated
-    pythonic               [f(a=1, b="x"), g()] as Python literals, optionally between
-                           <|python_start|> and <|python_end|> (Llama 4, Llama 3.2 pythonic)
+    pythonic               [f(a=1, b="x"), g()] as Python literals, anywhere in the text, optionally
+                           between <|python_start|> and <|python_end|> (Llama 4, Llama 3.2 pythonic)
     json                   the whole answer a JSON call or array of calls (constrained output:
                            tool_choice "required"; a named tool_choice's answer is its arguments,
                            ``NamedArgumentsParser``)
@@ -125,13 +125,36 @@ class ToolCallParser(abc.ABC):
         return result
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+class _ModelJsonDecoder(json.JSONDecoder):
+    """JSON as a model writes it, read strictly: NaN and Infinity are not JSON (json.loads takes them, the
+    clients' parsers do not), and nesting past Python's recursion limit is text that is not JSON (a
+    ValueError, as any other), not a RecursionError out of the parser ("[" * 200000 under tool_choice
+    "required" ended the request)."""
+
+    def __init__(self) -> None:
+        super().__init__(parse_constant=_not_json)
+
+    def raw_decode(self, s: str, idx: int = 0) -> tuple[Any, int]:
+        try:
+            return super().raw_decode(s, idx)
+        except RecursionError:
+            raise ValueError("JSON nested too deeply") from None
+
+
+_JSON = _ModelJsonDecoder()
+
+
 def _arguments_text(arguments: Any) -> str | None:
     """OpenAI's arguments string: an object serialized, or a string that already is one; None if neither."""
     if isinstance(arguments, dict):
         return json.dumps(arguments, ensure_ascii=False)
     if isinstance(arguments, str):
         try:
-            return arguments if isinstance(json.loads(arguments), dict) else None
+            return arguments if isinstance(_JSON.decode(arguments), dict) else None
         except ValueError:
             return None
     return None
@@ -332,7 +355,7 @@ class TrailingCallsParser(ToolCallParser):
 
 def _json_calls(text: str) -> "list[ToolCall] | None":
     try:
-        return calls_from_json(json.loads(text))
+        return calls_from_json(_JSON.decode(text))
     except ValueError:
         return None
 
@@ -375,7 +398,7 @@ class MistralParser(TrailingCallsParser):
 
     def _named_calls(self, text: str) -> "list[ToolCall] | None":
         calls = []
-        decoder = json.JSONDecoder()
+        decoder = _JSON
         at = 0
         while at < len(text):
             match = self._NAMED.match(text, at)
@@ -398,7 +421,7 @@ def _pythonic_calls(text: str) -> "list[ToolCall] | None":
     """``[f(a=1, b="x"), g()]``: calls with keyword arguments of Python literals; None when it is not that."""
     try:
         tree = ast.parse(text.strip(), mode="eval").body
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
     if not isinstance(tree, ast.List) or not tree.elts:
         return None
@@ -408,59 +431,134 @@ def _pythonic_calls(text: str) -> "list[ToolCall] | None":
             return None
         try:
             arguments = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg is not None}
-        except (ValueError, SyntaxError):
+            # Literals JSON has no word for ({1, 2}, b"x", 1j, 1e999) make it not a call: they raised
+            # out of the parser before (a TypeError for a set, an unhashable key).
+            text = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             return None
         if len(arguments) != len(node.keywords):
             return None  # **kwargs
-        calls.append(ToolCall(node.func.id, json.dumps(arguments, ensure_ascii=False)))
+        calls.append(ToolCall(node.func.id, text))
     return calls
-
-
-class _BarePythonicCalls(TrailingCallsParser):
-    """An answer that is a list of calls from its first character on, without markers (Llama 3.2's form)."""
-
-    openers = ("[",)
-
-    def decode(self, held: str) -> "list[ToolCall] | None":
-        return _pythonic_calls(held)
 
 
 class PythonicParser(TaggedParser):
     """Llama 4's calls: ``<|python_start|>[f(a=1)]<|python_end|>`` anywhere in the text (the text around them is
-    content, the markers never are), or the whole answer a bare ``[f(a=1)]`` list (Llama 3.2 pythonic), which
-    the answer's first character decides."""
+    content, the markers never are), and bare ``[f(a=1), g()]`` lists anywhere in the text too (Llama 3.2
+    pythonic writes only those; Llama 4 writes them without markers as well, between sentences: smg's and
+    SGLang's parsers take them, vLLM's only at the answer's start).
+
+    A bare list is held from its ``[`` only while it may be one: ``[`` then a name then ``(``; then to the
+    ``]`` that balances it (brackets inside strings do not count), where it is calls or, when it does not
+    parse as calls of offered functions, the text it was. Each character is looked at once."""
 
     start = "<|python_start|>"
     end = "<|python_end|>"
     spellings = (start, end)
+    # What may still open a call list, and what surely does.
+    _MAY_OPEN = re.compile(r"\[\s*(?:[A-Za-z_]\w*\s*)?")
+    _OPENS = re.compile(r"\[\s*[A-Za-z_]\w*\s*\(")
+    _OPENER_CHARS_MAX = 256  # "[", whitespace, a name: no call list opens with more
+    _SIGNIFICANT = re.compile(r"[][(){}'\"\\]")
 
     def __init__(self, tools: "Iterable[str] | Iterable[dict[str, Any]] | ToolSet | None" = None) -> None:
         super().__init__(tools)
-        self._bare: _BarePythonicCalls | None = None
-        self._lead: str | None = ""  # the answer's leading whitespace until its first other character; then None
+        self._pending = ""  # a "[" at the end of the text that may still open a list (< _OPENER_CHARS_MAX)
+        self._list: list[str] | None = None  # the list being read, from its "[", as it arrived
+        self._list_chars = 0
+        self._depth = 0
+        self._quote = ""  # the quote character of the string the list is in, if any
+        self._escaped = False
+        self._after_list = False  # only whitespace since a removed list
+        self._layout = ""  # that whitespace: the list's layout when the text before it ended with a space
 
-    def feed(self, text: str) -> ToolCallResult:
-        if self._bare is not None:
-            return self._bare.feed(text)
-        if self._lead is not None:
-            lead = self._lead + text
-            if not lead.strip():
-                self._lead = lead
-                return ToolCallResult()
-            self._lead = None
-            if lead.lstrip().startswith("["):
-                self._bare = _BarePythonicCalls(self.tools)
-                return self._bare.feed(lead)
-            text = lead
-        return super().feed(text)
+    def _emit(self, result: ToolCallResult, text: str) -> None:
+        """Content from the marker scan: bare lists in it are calls too."""
+        if self._pending:
+            text, self._pending = self._pending + text, ""
+        pos = 0
+        while pos < len(text):
+            if self._list is not None:
+                pos = self._read_list(text, pos, result)
+                continue
+            if self._after_list:
+                rest = len(text) - len(text[pos:].lstrip())
+                self._layout += text[pos:rest]
+                if rest == len(text):
+                    return  # only whitespace yet: whether it is layout depends on what follows
+                pos, layout, self._layout, self._after_list = rest, self._layout, "", False
+                if not (self._ends_space or text[pos] == "["):
+                    super()._emit(result, layout)
+            at = text.find("[", pos)
+            if at < 0:
+                super()._emit(result, text[pos:])
+                return
+            super()._emit(result, text[pos:at])
+            head = text[at:at + self._OPENER_CHARS_MAX]
+            if self._OPENS.match(head):
+                self._list, self._list_chars, self._depth, self._quote, self._escaped = [], 0, 0, "", False
+                pos = at
+            elif len(head) < self._OPENER_CHARS_MAX and self._MAY_OPEN.fullmatch(head):
+                self._pending = head  # the text ended where it may still become a list: wait
+                return
+            else:
+                super()._emit(result, "[")  # not a call list: its "[" is text, what follows is scanned
+                pos = at + 1
+
+    def _read_list(self, text: str, pos: int, result: ToolCallResult) -> int:
+        """Reads the list from ``text[pos:]`` to the bracket that balances its "["; where the text goes on."""
+        assert self._list is not None
+        end = self._balancing(text, pos)
+        piece = text[pos:] if end < 0 else text[pos:end + 1]
+        self._list.append(piece)
+        self._list_chars += len(piece)
+        if end >= 0:
+            self._close_list(result)
+            return end + 1
+        if self._list_chars > CALL_BODY_CHARS_MAX:  # longer than any call: text
+            held, self._list = "".join(self._list), None
+            super()._emit(result, held)
+        return len(text)
+
+    def _balancing(self, text: str, pos: int) -> int:
+        """The index in ``text`` of the bracket that closes the list, or -1; brackets in strings do not count."""
+        for match in self._SIGNIFICANT.finditer(text, pos):
+            char = match.group()
+            if self._escaped:
+                self._escaped = False
+            elif self._quote:
+                if char == "\\":
+                    self._escaped = True
+                elif char == self._quote:
+                    self._quote = ""
+            elif char in "'\"":
+                self._quote = char
+            elif char in "[({":
+                self._depth += 1
+            elif char in "])}":
+                self._depth -= 1
+                if self._depth == 0:
+                    return match.start()
+        return -1
+
+    def _close_list(self, result: ToolCallResult) -> None:
+        held, self._list = "".join(self._list or ()), None
+        calls = _pythonic_calls(held)
+        if calls is None or (self.tool_names is not None and any(c.name not in self.tool_names for c in calls)):
+            super()._emit(result, held)  # not calls: the text the model wrote
+            return
+        result.calls += calls
+        self._after_list = True
 
     def finish(self) -> ToolCallResult:
-        if self._bare is not None:
-            return self._bare.finish()
-        if self._lead:
-            lead, self._lead = self._lead, None
-            return ToolCallResult(content=lead)
-        return super().finish()
+        result = super().finish()
+        held = self._pending + "".join(self._list or ())
+        if held:  # cut short: what came is text (a list that never closed is not calls)
+            super()._emit(result, held)
+        elif self._after_list and not self._ends_space:
+            super()._emit(result, self._layout)
+        self._pending, self._list, self._layout, self._after_list = "", None, "", False
+        return result
 
     def decode_body(self, body: str) -> "list[ToolCall] | None":
         return _pythonic_calls(body)
@@ -489,7 +587,7 @@ class RequiredCallsParser(JsonParser):
 
 def _complete_array_calls(text: str) -> list[ToolCall]:
     """The whole call objects at the start of a JSON array that was cut short."""
-    decoder, calls = json.JSONDecoder(), []
+    decoder, calls = _JSON, []
     at = text.find("[") + 1
     while at:
         while at < len(text) and text[at] in " \n\t\r,":
@@ -528,21 +626,33 @@ class NamedArgumentsParser(TrailingCallsParser):
 def _arguments_json(text: str) -> "str | None":
     """Arguments given as a JSON object's text: normalized, or None when they are not one."""
     try:
-        value = json.loads(text)
+        value = _JSON.decode(text)
     except ValueError:
         return None
     return json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else None
 
 
+_SPACES = re.compile(r"\s*")
+
+# Python's spelling of JSON's words: GLM writes them in its values (SGLang and smg read them as these too).
+_PYTHON_WORDS: dict[str, Any] = {"True": True, "False": False, "None": None}
+
+
 def _typed(value: str, schema: "dict[str, Any] | None") -> Any:
     """A parameter's value, written as text by the model, typed by its JSON Schema: a string stays the
     text; numbers, booleans, null, objects and arrays are read as JSON (the text when that fails). With
-    no schema, JSON when it reads as JSON and the text otherwise."""
+    no schema, JSON when it reads as JSON and the text otherwise. True, False and None are JSON's words
+    unless the value is a string."""
     kind = schema.get("type") if isinstance(schema, dict) else None
     if kind == "string":
         return value
+    word = value.strip()
+    if word in _PYTHON_WORDS:
+        return _PYTHON_WORDS[word]
+    if kind == "boolean" and word.lower() in ("true", "false"):
+        return word.lower() == "true"
     try:
-        return json.loads(value)
+        return _JSON.decode(value)
     except ValueError:
         return value
 
@@ -617,7 +727,7 @@ class Glm45Parser(TaggedParser):
             key_start = _after_marker(body, at, "<arg_key>")
             key_end = body.find("</arg_key>", key_start) if key_start >= 0 else -1
             value_start = _after_marker(body, key_end + len("</arg_key>"), "<arg_value>") if key_end >= 0 else -1
-            value_end = body.find("</arg_value>", value_start) if value_start >= 0 else -1
+            value_end = self._value_end(body, value_start) if value_start >= 0 else -1
             if value_end < 0:
                 return None
             key = body[key_start:key_end].strip()
@@ -626,6 +736,20 @@ class Glm45Parser(TaggedParser):
             while at < len(body) and body[at].isspace():
                 at += 1
         return [ToolCall(name, json.dumps(arguments, ensure_ascii=False))]
+
+    @staticmethod
+    def _value_end(body: str, start: int) -> int:
+        """Where the value from ``start`` ends: at the ``</arg_value>`` followed by the next key or the end
+        of the call, so a value that writes the marker itself ("use </arg_value> in docs") stays whole, as
+        smg reads it. Each search goes on from the last: linear."""
+        at = body.find("</arg_value>", start)
+        while at >= 0:
+            after = at + len("</arg_value>")
+            next_at = _SPACES.match(body, after).end()  # type: ignore[union-attr]
+            if next_at == len(body) or body.startswith("<arg_key>", next_at):
+                return at
+            at = body.find("</arg_value>", after)
+        return -1
 
     def _properties(self, name: str) -> dict[str, Any]:
         schema = self.tools.schemas.get(name, {}) if self.tools is not None else {}
@@ -733,7 +857,7 @@ class CohereParser(TaggedParser):
 
     def decode_body(self, body: str) -> "list[ToolCall] | None":
         try:
-            items = json.loads(body)
+            items = _JSON.decode(body)
         except ValueError:
             return None
         if isinstance(items, dict):

@@ -34,7 +34,11 @@ def harmony_vocab():
 def _texts(spellings: tuple[str, ...]) -> dict[str, str]:
     start = spellings[0] if spellings else "<tool_call>"
     inner = spellings[2:] or ("{", "```", "<arg_key>", "</arg_key>", "<arg_value>")
-    texts = {"plain": "word " * (SIZE // 5), "lt": "<" * SIZE, "braces": "{[" * (SIZE // 2)}
+    texts = {"plain": "word " * (SIZE // 5), "lt": "<" * SIZE, "braces": "{[" * (SIZE // 2),
+             # Bare call lists (pythonic): openings that may become one, openings that are one and never close.
+             "brackets": "[" * SIZE, "spaced brackets": ("[" + " " * 200) * (SIZE // 201),
+             "named brackets": "[name " * (SIZE // 6), "calls opened": "[f(" * (SIZE // 3),
+             "strings opened": "[f(a='])" * (SIZE // 8)}
     for marker in spellings:
         texts[f"repeat {marker!r}"] = marker * (SIZE // len(marker))
     for marker in inner:

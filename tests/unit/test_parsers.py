@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from gateway.parsers import ToolCall, reasoning_parser, tool_call_parser
+from gateway.parsers import RequiredCallsParser, ToolCall, ToolCallResult, reasoning_parser, tool_call_parser
 from gateway.parsers.markers import held_back
 
 SEEDS = range(8)
@@ -37,6 +37,13 @@ def stream_tool_calls(name, text, seed, tools=None):
 
 def call(name, **arguments):
     return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
+
+
+def assert_whole_and_streamed(name, text, content, calls, tools=None):
+    whole = tool_call_parser(name, tools).parse(text)
+    assert (whole.content, whole.calls) == (content, calls)
+    for seed in SEEDS:
+        assert stream_tool_calls(name, text, seed, tools) == (content, calls), f"seed={seed}"
 
 
 WEATHER = ["get_weather", "get_time"]
@@ -76,10 +83,7 @@ QWEN_VECTORS = [
 @pytest.mark.parametrize("name", ["qwen", "hermes", "qwen25"])
 @pytest.mark.parametrize("label, text, content, calls", QWEN_VECTORS, ids=[v[0] for v in QWEN_VECTORS])
 def test_qwen_tool_calls_whole_and_streamed(name, label, text, content, calls):
-    whole = tool_call_parser(name, WEATHER).parse(text)
-    assert (whole.content, whole.calls) == (content, calls)
-    for seed in SEEDS:
-        assert stream_tool_calls(name, text, seed, WEATHER) == (content, calls), f"seed={seed}"
+    assert_whole_and_streamed(name, text, content, calls, tools=WEATHER)
 
 
 def test_without_a_tool_list_any_name_is_a_call():
@@ -190,10 +194,7 @@ TRAILING_VECTORS = [
 @pytest.mark.parametrize("name, text, content, calls", TRAILING_VECTORS,
                          ids=[f"{v[0]}-{i}" for i, v in enumerate(TRAILING_VECTORS)])
 def test_trailing_call_formats_whole_and_streamed(name, text, content, calls):
-    whole = tool_call_parser(name, WEATHER).parse(text)
-    assert (whole.content, whole.calls) == (content, calls)
-    for seed in SEEDS:
-        assert stream_tool_calls(name, text, seed, WEATHER) == (content, calls), f"seed={seed}"
+    assert_whole_and_streamed(name, text, content, calls, tools=WEATHER)
 
 
 # vLLM's Llama 4 pythonic vectors (tests/entrypoints/openai/tool_parsers/test_llama4_pythonic_tool_parser.py, at
@@ -222,10 +223,77 @@ VLLM_LLAMA4_VECTORS = [
 @pytest.mark.parametrize("text, calls", VLLM_LLAMA4_VECTORS)
 def test_llama4_pythonic_as_vllm_extracts_it(text, calls):
     expected = ("", [ToolCall(name, json.dumps(json.loads(arguments), ensure_ascii=False)) for name, arguments in calls])
-    whole = tool_call_parser("pythonic").parse(text)
-    assert (whole.content, whole.calls) == expected
-    for seed in SEEDS:
-        assert stream_tool_calls("pythonic", text, seed, None) == expected, f"seed={seed}"
+    assert_whole_and_streamed("pythonic", text, *expected)
+
+
+# smg's pythonic vectors (crates/tool_parser/tests/tool_parser_pythonic.rs, lightseekorg/smg 9ceecd6): model
+# output -> content and calls; any function name is offered. One differs on purpose: smg leaves "\n\n\n\n" where the
+# model wrote "\n\n" around its call list (the layout rule of issue 34 keeps the text's own whitespace), and smg
+# takes "[function(=value)]", which is not Python, as a call.
+SMG_PYTHONIC_VECTORS = [
+    ("I'll help you with multiple tasks. Let me search for information and perform calculations.\n\n"
+     "[web_search(query=\"latest Rust features\", max_results=3, safe_search=True),\n"
+     " calculate(expression=\"42 * 3.14159\", precision=2),\n"
+     " get_weather(city=\"San Francisco\", units=\"fahrenheit\", include_forecast=False)]\n\n"
+     "These functions will provide the information you need.",
+     "I'll help you with multiple tasks. Let me search for information and perform calculations.\n\n"
+     "These functions will provide the information you need.",
+     [call("web_search", query="latest Rust features", max_results=3, safe_search=True),
+      call("calculate", expression="42 * 3.14159", precision=2),
+      call("get_weather", city="San Francisco", units="fahrenheit", include_forecast=False)]),
+    ('[search_web(query="Rust programming", max_results=5), get_time(timezone="UTC")]', "",
+     [call("search_web", query="Rust programming", max_results=5), call("get_time", timezone="UTC")]),
+    ("[configure(enabled=True, disabled=False, optional=None)]", "",
+     [call("configure", enabled=True, disabled=False, optional=None)]),
+    ('[process_data(items=[1, 2, 3], config={"key": "value", "nested": {"deep": True}})]', "",
+     [call("process_data", items=[1, 2, 3], config={"key": "value", "nested": {"deep": True}})]),
+    ("<|python_start|>[calculate(x=10, y=20)]<|python_end|>", "", [call("calculate", x=10, y=20)]),
+    ('[math_eval(expression="(2 + 3) * (4 - 1)", round_to=2)]', "",
+     [call("math_eval", expression="(2 + 3) * (4 - 1)", round_to=2)]),
+    (r'[echo(text="She said \"Hello\" to him")]', "", [call("echo", text='She said "Hello" to him')]),
+    ("[ping()]", "", [call("ping")]),
+    ('[process_matrix(data=[[1, 2], [3, 4]], labels=["row[0]", "row[1]"])]', "",
+     [call("process_matrix", data=[[1, 2], [3, 4]], labels=["row[0]", "row[1]"])]),
+    ('[analyze(config={"patterns": ["[a-z]+", "[0-9]+"], "nested": {"list": [1, [2, 3]]}})]', "",
+     [call("analyze", config={"patterns": ["[a-z]+", "[0-9]+"], "nested": {"list": [1, [2, 3]]}})]),
+    (r"""[format_text(single='Hello', double="World", mixed="It's \"quoted\"")]""", "",
+     [call("format_text", single="Hello", double="World", mixed='It\'s "quoted"')]),
+    ('[transform(\n        matrix=[[1, [2, 3]], [4, [5, [6, 7]]]],\n        operations=[{"type": "scale", "factor": '
+     '[2, 3]}, {"type": "rotate", "angle": 90}],\n        metadata={"tags": ["nested[0]", "nested[1]"], "config": '
+     '{"depth": [1, 2, 3]}}\n    )]', "",
+     [call("transform", matrix=[[1, [2, 3]], [4, [5, [6, 7]]]], operations=[{"type": "scale", "factor": [2, 3]},
+           {"type": "rotate", "angle": 90}], metadata={"tags": ["nested[0]", "nested[1]"], "config": {"depth": [1, 2, 3]}})]),
+    ("Here's a tool call: [get_weather(location='New York', unit='celsius')]", "Here's a tool call: ",
+     [call("get_weather", location="New York", unit="celsius")]),
+    ("[get_weather(location='Tokyo')] Here's the forecast:", "Here's the forecast:",
+     [call("get_weather", location="Tokyo")]),
+    ("Let's try this: [", "Let's try this: [", []),
+    ("[function(arg=value", "[function(arg=value", []),  # cut short: not a call
+    ("[function(=value)]", "[function(=value)]", []),
+    ("[search(query='test', config={'options': [1, 2], 'nested': {'key': 'value'}})]", "",
+     [call("search", query="test", config={"options": [1, 2], "nested": {"key": "value"}})]),
+    # Ours: brackets in prose stay prose; literals JSON has no word for are not calls (they raised out of the
+    # parser before: a set, an unhashable key, bytes, a complex number, an infinite float).
+    ("See [the docs](https://x.y/a_(b)) and [a, b], [x] or [f (x)].", "See [the docs](https://x.y/a_(b)) and [a, b], "
+     "[x] or [f (x)].", []),
+    ("[f(a='])}')] done", "done", [call("f", a="])}")]),
+    ("[f(a={1, 2})]", "[f(a={1, 2})]", []),
+    ("[f(a={[1]: 2})]", "[f(a={[1]: 2})]", []),
+    ("[f(a=b'x')]", "[f(a=b'x')]", []),
+    ("[f(a=1j)]", "[f(a=1j)]", []),
+    ("[f(a=1e999)]", "[f(a=1e999)]", []),
+]
+
+
+@pytest.mark.parametrize("text, content, calls", SMG_PYTHONIC_VECTORS)
+def test_pythonic_as_smg_reads_it(text, content, calls):
+    assert_whole_and_streamed("pythonic", text, content, calls)
+
+
+def test_pythonic_calls_of_unoffered_functions_are_text():
+    text = "Sure. [rm_rf(path='/')] and [get_time()]"
+    assert tool_call_parser("pythonic", WEATHER).parse(text) == ToolCallResult(
+        content="Sure. [rm_rf(path='/')] and ", calls=[call("get_time")])
 
 
 SCHEMA_TOOLS = [
@@ -310,10 +378,7 @@ SECTION_VECTORS = [
 @pytest.mark.parametrize("name, text, content, calls", SECTION_VECTORS,
                          ids=[f"{v[0]}-{i}" for i, v in enumerate(SECTION_VECTORS)])
 def test_section_formats_whole_and_streamed(name, text, content, calls):
-    whole = tool_call_parser(name, SCHEMA_TOOLS).parse(text)
-    assert (whole.content, whole.calls) == (content, calls)
-    for seed in SEEDS:
-        assert stream_tool_calls(name, text, seed, SCHEMA_TOOLS) == (content, calls), f"seed={seed}"
+    assert_whole_and_streamed(name, text, content, calls, tools=SCHEMA_TOOLS)
 
 
 def test_without_schemas_values_are_json_when_they_read_as_json():
@@ -321,3 +386,74 @@ def test_without_schemas_values_are_json_when_they_read_as_json():
         "<tool_call>f<arg_key>n</arg_key><arg_value>7</arg_value><arg_key>z</arg_key><arg_value>007</arg_value>"
         "<arg_key>s</arg_key><arg_value>x y</arg_value></tool_call>")
     assert json.loads(result.calls[0].arguments) == {"n": 7, "z": "007", "s": "x y"}  # 007 is not JSON: text
+
+
+# smg's GLM-4.5 and DeepSeek V3.1 vectors (crates/tool_parser/tests/tool_parser_glm4_moe.rs and
+# tool_parser_deepseek31.rs, lightseekorg/smg 273bd7c, 186cfc7); any function name is offered, no schemas.
+# Where smg differs on purpose: it drops the text after a GLM call ("The weather will be..."), which we keep; and
+# in a DeepSeek section with one malformed call it returns the others, where vLLM and SGLang keep the whole
+# section as text, as we do (calls the model meant as a set are not run in part).
+SMG_SECTION_VECTORS = [
+    ("glm45_moe", "Let me search for that.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing"
+     "</arg_value>\n<arg_key>date</arg_key>\n<arg_value>2024-12-25</arg_value>\n</tool_call>\nThe weather will be...",
+     "Let me search for that.\nThe weather will be...", [call("get_weather", city="Beijing", date="2024-12-25")]),
+    ("glm45_moe", "<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>rust tutorials</arg_value>\n</tool_call>\n"
+     "<tool_call>translate\n<arg_key>text</arg_key>\n<arg_value>Hello World</arg_value>\n<arg_key>target_lang"
+     "</arg_key>\n<arg_value>zh</arg_value>\n</tool_call>", "",
+     [call("search", query="rust tutorials"), call("translate", text="Hello World", target_lang="zh")]),
+    ("glm45_moe", "<tool_call>process\n<arg_key>count</arg_key>\n<arg_value>42</arg_value>\n<arg_key>rate</arg_key>\n"
+     "<arg_value>1.5</arg_value>\n<arg_key>enabled</arg_key>\n<arg_value>true</arg_value>\n<arg_key>data</arg_key>\n"
+     "<arg_value>null</arg_value>\n<arg_key>text</arg_key>\n<arg_value>string value</arg_value>\n</tool_call>", "",
+     [call("process", count=42, rate=1.5, enabled=True, data=None, text="string value")]),
+    ("glm45_moe", "<tool_call>test_func\n<arg_key>bool_true</arg_key>\n<arg_value>True</arg_value>\n<arg_key>bool_false"
+     "</arg_key>\n<arg_value>False</arg_value>\n<arg_key>none_val</arg_key>\n<arg_value>None</arg_value>\n</tool_call>",
+     "", [call("test_func", bool_true=True, bool_false=False, none_val=None)]),
+    ("glm45_moe", "<tool_call>echo\n<arg_key>text</arg_key>\n<arg_value>use </arg_value> in docs</arg_value>\n"
+     "</tool_call>", "", [call("echo", text="use </arg_value> in docs")]),
+    ("glm45_moe", "<tool_call>echo\n<arg_key>text</arg_key>\n<arg_value>see <arg_key> docs</arg_value>\n<arg_key>n"
+     "</arg_key>\n<arg_value>2</arg_value>\n</tool_call>", "", [call("echo", text="see <arg_key> docs", n=2)]),
+    ("glm45_moe", '<tool_call>process\n<arg_key>data</arg_key>\n<arg_value>{"nested": {"key": "value"}}</arg_value>\n'
+     "<arg_key>list</arg_key>\n<arg_value>[1, 2, 3]</arg_value>\n</tool_call>", "",
+     [call("process", data={"nested": {"key": "value"}}, list=[1, 2, 3])]),
+    ("glm45_moe", "<tool_call>f\n<arg_key>x</arg_key>\n<arg_value>NaN</arg_value>\n</tool_call>", "",
+     [call("f", x="NaN")]),  # not JSON: the text
+    ("deepseek31", f'Let me check that for you.{B}{CB}get_weather{S}{{"location": "Tokyo", "units": "celsius"}}{CE}{E}',
+     "Let me check that for you.", [call("get_weather", location="Tokyo", units="celsius")]),
+    ("deepseek31", f'{B}{CB}search{S}{{"query": "rust programming"}}{CE}{CB}translate{S}{{"text": "Hello World", '
+     f'"to": "ja"}}{CE}{E}', "", [call("search", query="rust programming"), call("translate", text="Hello World",
+                                                                                 to="ja")]),
+    ("deepseek31", f'{B}{CB}process{S}{{"data": {{"nested": {{"deep": [1, 2, 3]}}}}}}{CE}{E}', "",
+     [call("process", data={"nested": {"deep": [1, 2, 3]}})]),
+    ("deepseek31", f'{B}{CB}search{S}{{invalid json}}{CE}{CB}translate{S}{{"text": "hello", "to": "ja"}}{CE}{E}',
+     f'{B}{CB}search{S}{{invalid json}}{CE}{CB}translate{S}{{"text": "hello", "to": "ja"}}{CE}{E}', []),
+    ("deepseek31", "Just a normal response with no tools.", "Just a normal response with no tools.", []),
+]
+
+
+@pytest.mark.parametrize("name, text, content, calls", SMG_SECTION_VECTORS,
+                         ids=[f"{v[0]}-{i}" for i, v in enumerate(SMG_SECTION_VECTORS)])
+def test_section_formats_as_smg_reads_them(name, text, content, calls):
+    assert_whole_and_streamed(name, text, content, calls)
+
+
+@pytest.mark.parametrize("name", ["json", "qwen", "llama", "mistral", "deepseek31", "cohere"])
+def test_json_a_client_cannot_read_is_not_a_call(name):
+    """NaN and Infinity (json.loads takes them, JSON.parse does not), and nesting deeper than Python recurses
+    (it raised RecursionError out of the parser): text, never arguments a client cannot parse, never a crash."""
+    nan = {"json": '{"name": "get_time", "arguments": {"x": NaN}}',
+           "qwen": '<tool_call>{"name": "get_time", "arguments": {"x": Infinity}}</tool_call>',
+           "llama": '{"name": "get_time", "parameters": {"x": -Infinity}}',
+           "mistral": '[TOOL_CALLS]get_time[ARGS]{"x": NaN}',
+           "deepseek31": f'{B}{CB}get_time{S}{{"x": NaN}}{CE}{E}',
+           "cohere": '<|START_ACTION|>[{"tool_name": "get_time", "parameters": {"x": NaN}}]<|END_ACTION|>'}[name]
+    deep = {"json": "[" * 5000, "qwen": "<tool_call>" + "[" * 5000 + "</tool_call>", "llama": "{" + '"a":{' * 3000,
+            "mistral": "[TOOL_CALLS] " + "[" * 5000, "deepseek31": f"{B}{CB}get_time{S}" + '{"a":' * 3000 + f"{CE}{E}",
+            "cohere": "<|START_ACTION|>" + "[" * 5000 + "<|END_ACTION|>"}[name]
+    for text in (nan, deep):
+        result = tool_call_parser(name, WEATHER).parse(text)
+        assert (result.content, result.calls) == (text, []), name
+
+
+def test_required_calls_never_crash_on_deep_nesting():
+    result = RequiredCallsParser(WEATHER).parse("[" * 5000)
+    assert result.calls == [] and result.content == ""  # the constraint's scaffolding is never content

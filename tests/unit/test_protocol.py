@@ -92,7 +92,8 @@ def test_spliced_text_chunk_events_equal_the_rendered_ones():
     ({"reasoning_effort": "none"}, False, {"reasoning_effort": "none", "enable_thinking": False, "thinking": False}),
     ({"reasoning_effort": "minimal"}, False,
      {"reasoning_effort": "minimal", "enable_thinking": False, "thinking": False}),
-    ({"reasoning_effort": "high"}, True, {"reasoning_effort": "high"}),
+    # An effort asks for thinking: templates whose switch is off by default (DeepSeek V3.1) turn it on.
+    ({"reasoning_effort": "high"}, True, {"reasoning_effort": "high", "enable_thinking": True, "thinking": True}),
     ({"chat_template_kwargs": {"enable_thinking": False}}, False, {"enable_thinking": False}),
     ({"chat_template_kwargs": {"thinking": False}}, False, {"thinking": False}),
     ({"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}, False,
