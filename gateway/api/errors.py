@@ -33,6 +33,36 @@ from ..workers.errors import WorkerError
 log = logging.getLogger("gateway.api")
 
 
+# What of a client's value an error message shows: enough to recognise it, never a body echoed back.
+SHOWN_CHARS_MAX = 64
+
+
+def shown(value: Any) -> str:
+    """A client's value as an error message names it: a string quoted, anything else as JSON, cut short."""
+    if isinstance(value, str):
+        return repr(value[:SHOWN_CHARS_MAX]) + ("..." if len(value) > SHOWN_CHARS_MAX else "")
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:
+        text = type(value).__name__
+    return text[:SHOWN_CHARS_MAX] + ("..." if len(text) > SHOWN_CHARS_MAX else "")
+
+
+def type_name(value: Any) -> str:
+    """A JSON value's type as a message says it: "a string", "an object", "null"..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
 class ApiError(Exception):
     status = 500
     error_type = "internal_error"

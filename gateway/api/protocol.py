@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from ..engine.grpc_engine import Constraint
-from .errors import BadRequest
+from .errors import BadRequest, shown, type_name
 from .structured import parse_constraint, tool_call_schema
 from .tools import parse_tools
 
@@ -63,7 +63,8 @@ def _field(body: dict[str, Any], name: str, kinds: "type | tuple[type, ...]", de
     if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
         raise BadRequest(f"'{name}' must be {_kind_name(kinds)}, not a boolean", param=name, code="invalid_type")
     if not isinstance(value, kinds):
-        raise BadRequest(f"'{name}' must be {_kind_name(kinds)}", param=name, code="invalid_type")
+        raise BadRequest(f"'{name}' must be {_kind_name(kinds)}, got {type_name(value)} ({shown(value)})", param=name,
+                         code="invalid_type")
     return value
 
 
@@ -279,11 +280,13 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     messages: list[dict[str, Any]] = []
     for i, m in enumerate(raw_messages):
         if not isinstance(m, dict):
-            raise BadRequest(f"messages[{i}] must be an object", param=f"messages[{i}]", code="invalid_type")
+            raise BadRequest(f"messages[{i}] must be an object, got {type_name(m)}", param=f"messages[{i}]",
+                             code="invalid_type")
         role = m.get("role")
         if role not in _ROLES:
-            raise BadRequest(f"messages[{i}].role must be one of {', '.join(sorted(_ROLES))}",
-                             param=f"messages[{i}].role", code="invalid_value")
+            raise BadRequest(f"Invalid value for messages[{i}].role: {shown(role)}. Supported values are: "
+                             f"{', '.join(map(repr, sorted(_ROLES)))}.", param=f"messages[{i}].role",
+                             code="invalid_value")
         message = dict(m)
         message["role"] = "system" if role == "developer" else role
         message["content"] = _message_content(m, i)
@@ -339,8 +342,8 @@ def _reasoning_effort(body: dict[str, Any], template_kwargs: dict[str, Any]) -> 
     if effort is None:
         return True
     if effort not in REASONING_EFFORTS:
-        raise BadRequest(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}",
-                         param="reasoning_effort", code="invalid_value")
+        raise BadRequest(f"Invalid value for 'reasoning_effort': {shown(effort)}. Supported values are: "
+                         f"{', '.join(map(repr, REASONING_EFFORTS))}.", param="reasoning_effort", code="invalid_value")
     template_kwargs.setdefault("reasoning_effort", effort)
     if effort in ("none", "minimal"):
         template_kwargs.setdefault("enable_thinking", False)

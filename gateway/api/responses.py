@@ -21,9 +21,14 @@ output_item.done, and response.completed (or response.failed), each with its seq
 Stored responses are scoped to their creator and kept by the history backend (``gateway/history``):
 with the default memory backend, on three nodes of the cluster, so a follow-up works on any node.
 ``conversation`` (an id from /v1/conversations) gives the model the conversation's items before the
-input, and adds the input and output items to it. ``background: true`` answers at once with the
-response queued and generates on this node, storing each state (queued, in_progress, completed or
-failed); POST /v1/responses/{id}/cancel works from any node (not streamed: poll GET).
+input, and adds the input and output items to it (``store: false`` stores nothing: neither the response
+nor the conversation's new items). ``background: true`` answers at once with the response queued and
+generates on this node, storing each state (queued, in_progress, then completed, incomplete or failed);
+POST /v1/responses/{id}/cancel works from any node. With ``stream: true`` too, the client follows the
+stream (response.created and response.queued, both queued, then response.in_progress ...), and a client
+that dropped resumes it on any node with GET /v1/responses/{id}?stream=true&starting_after=N
+(``response_stream``). An unknown ``previous_response_id`` is a 400 (OpenAI's), a completed response has
+its ``completed_at``.
 """
 
 from __future__ import annotations
@@ -40,22 +45,25 @@ import orjson
 import trio
 
 from ..errors import GatewayError
-from ..generation import GenerationResult
+from ..generation import GenerationResult, MidStreamError
 from ..history import CHAIN_LENGTH_MAX, ID_CHARS_MAX, LIST_LIMIT_MAX, StoredResponse
 from .chat_output import ChatOutput
-from .errors import ApiError, BadRequest, NotFound, TooManyRequests, UpstreamTimeout, to_api_error
+from .errors import (ApiError, BadRequest, NotFound, TooManyRequests, UpstreamTimeout, from_engine_error, shown,
+                     to_api_error, type_name)
 from .http import Request
 from .openai import _OpenAIShape, chat_prompt, logprob_shape, plan_generation
 from .protocol import parse_chat, parse_json_body
 from .ratelimits import counted_write
 from .respond import admitted, rate_limited_generation, run_streamed, run_unary
+from .response_stream import (FLUSH_INTERVAL_S, StreamLog, follow_log, follow_store, starting_after,
+                              stored_events_bytes_max)
 
 log = logging.getLogger("gateway.api")
 
 METADATA_KEYS_MAX = 16  # OpenAI's bounds for metadata
 METADATA_VALUE_CHARS_MAX = 512
 # How often a background response looks at the store for a cancel made on another node: the engine
-# keeps generating that long at most after the cancel.
+# keeps generating that long at most after the cancel (a streamed one looks every FLUSH_INTERVAL_S).
 BACKGROUND_CANCEL_POLL_S = 1.0
 LIST_PAGE_DEFAULT = 20  # items per page of a list endpoint, as OpenAI's
 
@@ -83,7 +91,11 @@ def _content_text(content: Any, where: str) -> str:
                                  code="unsupported_content")
             texts.append(part["text"])
         return "".join(texts)
-    raise BadRequest(f"{where} must be a string or a list of parts", param=where, code="invalid_type")
+    raise BadRequest(f"{where} must be a string or a list of parts, got {type_name(content)}", param=where,
+                     code="invalid_type")
+
+
+INPUT_ROLES = ("user", "assistant", "system", "developer")
 
 
 def input_items(raw: Any) -> list[dict[str, Any]]:
@@ -91,17 +103,18 @@ def input_items(raw: Any) -> list[dict[str, Any]]:
     if isinstance(raw, str):
         return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": raw}]}]
     if not isinstance(raw, list) or not raw:
-        raise BadRequest("'input' must be a string or a non-empty list of items", param="input", code="invalid_type")
+        raise BadRequest(f"'input' must be a string or a non-empty list of items, got {type_name(raw)}"
+                         f"{' (empty)' if raw == [] else ''}", param="input", code="invalid_type")
     items = []
     for i, item in enumerate(raw):
         where = f"input[{i}]"
         if not isinstance(item, dict):
-            raise BadRequest(f"{where} must be an object", param=where, code="invalid_type")
+            raise BadRequest(f"{where} must be an object, got {type_name(item)}", param=where, code="invalid_type")
         kind = item.get("type", "message")
         if kind == "message":
-            if item.get("role") not in ("user", "assistant", "system", "developer"):
-                raise BadRequest(f"{where}.role must be user, assistant, system or developer", param=f"{where}.role",
-                                 code="invalid_value")
+            if item.get("role") not in INPUT_ROLES:
+                raise BadRequest(f"Invalid value for {where}.role: {shown(item.get('role'))}. Supported values are: "
+                                 f"{', '.join(map(repr, INPUT_ROLES))}.", param=f"{where}.role", code="invalid_value")
             _content_text(item.get("content"), f"{where}.content")
         elif kind == "function_call":
             if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
@@ -112,7 +125,7 @@ def input_items(raw: Any) -> list[dict[str, Any]]:
                 raise BadRequest(f"{where}: a function_call_output needs call_id and output", param=where,
                                  code="invalid_value")
         elif kind != "reasoning":
-            raise BadRequest(f"{where}: items of type {kind!r} are not supported", param=where,
+            raise BadRequest(f"{where}: items of type {shown(kind)} are not supported", param=where,
                              code="unsupported_content")
         items.append({**item, "type": kind})
     return items
@@ -149,12 +162,12 @@ def chat_messages(items: "list[dict[str, Any]]") -> list[dict[str, Any]]:
 
 def _tools(raw: Any) -> list[dict[str, Any]]:
     if not isinstance(raw, list):
-        raise BadRequest("'tools' must be a list", param="tools", code="invalid_type")
+        raise BadRequest(f"'tools' must be a list, got {type_name(raw)}", param="tools", code="invalid_type")
     tools = []
     for i, tool in enumerate(raw):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else None
-            raise BadRequest(f"tools[{i}]: only function tools are supported, got {kind!r}", param=f"tools[{i}]",
+            raise BadRequest(f"tools[{i}]: only function tools are supported, got {shown(kind)}", param=f"tools[{i}]",
                              code="unsupported_parameter")
         function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
         tools.append({"type": "function", "function": function})
@@ -166,7 +179,8 @@ def _text_format(text: Any) -> "dict[str, Any] | None":
         return None
     fmt = text["format"]
     if not isinstance(fmt, dict):
-        raise BadRequest("text.format must be an object", param="text.format", code="invalid_type")
+        raise BadRequest(f"text.format must be an object, got {type_name(fmt)}", param="text.format",
+                         code="invalid_type")
     if fmt.get("type") == "json_schema":
         return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
     return fmt  # text, json_object: the chat shape already
@@ -177,7 +191,8 @@ def to_chat_body(body: dict[str, Any], history: "list[dict[str, Any]]") -> dict[
     messages = chat_messages([*history, *input_items(body.get("input"))])
     if body.get("instructions") is not None:
         if not isinstance(body["instructions"], str):
-            raise BadRequest("'instructions' must be a string", param="instructions", code="invalid_type")
+            raise BadRequest(f"'instructions' must be a string, got {type_name(body['instructions'])}",
+                             param="instructions", code="invalid_type")
         messages.insert(0, {"role": "system", "content": body["instructions"]})
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages, "stream": body.get("stream", False)}
     if body.get("max_output_tokens") is not None:
@@ -222,7 +237,7 @@ def _include(body: dict[str, Any]) -> frozenset[str]:
         raise BadRequest("'include' must be a list of strings", param="include", code="invalid_type")
     unknown = [v for v in raw if v not in INCLUDABLE]
     if unknown:
-        raise BadRequest(f"'include': unknown value {unknown[0]!r}; one of {', '.join(sorted(INCLUDABLE))}",
+        raise BadRequest(f"'include': unknown value {shown(unknown[0])}; one of {', '.join(sorted(INCLUDABLE))}",
                          param="include", code="invalid_value")
     return frozenset(raw)
 
@@ -257,12 +272,13 @@ class ResponseShape:
             "max_output_tokens": body.get("max_output_tokens"), "previous_response_id": previous_response_id,
             "reasoning": body.get("reasoning"), "text": body.get("text") or {"format": {"type": "text"}},
             "store": store, "truncation": "disabled", "error": None, "incomplete_details": None,
-            "background": background,
+            "background": background, "completed_at": None,
         }
         if conversation_id is not None:
             self.base["conversation"] = {"id": conversation_id}
         self.output: list[dict[str, Any]] = []
         self._sequence = 0
+        self.log: StreamLog | None = None  # a background stream's: every event is kept there (response_stream)
         self._open: dict[str, Any] | None = None  # the item being streamed
         # include message.output_text.logprobs: the tokens' entries not yet sent (they go with the next
         # output text delta), and the open message's so far.
@@ -281,6 +297,8 @@ class ResponseShape:
             if result.finish_reason == "length":
                 body["status"] = "incomplete"
                 body["incomplete_details"] = {"reason": "max_output_tokens"}
+        if body["status"] == "completed":  # OpenAI's: set when (and only when) the response completed
+            body["completed_at"] = int(time.time())
         return body
 
     # -- whole --
@@ -299,9 +317,13 @@ class ResponseShape:
     # -- streamed --
 
     def event(self, kind: str, **fields: Any) -> bytes:
-        data = {"type": kind, "sequence_number": self._sequence, **fields}
+        sequence = self._sequence
+        data = {"type": kind, "sequence_number": sequence, **fields}
         self._sequence += 1
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+        frame = b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+        if self.log is not None:
+            self.log.append(sequence, kind, frame)
+        return frame
 
     def opening(self) -> bytes:
         return self.event("response.created", response=self.response("in_progress")) + \
@@ -426,8 +448,8 @@ def _conversation_id(body: dict[str, Any]) -> str | None:
         return None
     conversation_id = raw.get("id") if isinstance(raw, dict) else raw
     if not isinstance(conversation_id, str) or not conversation_id:
-        raise BadRequest("'conversation' must be a conversation id or {\"id\": ...}", param="conversation",
-                         code="invalid_type")
+        raise BadRequest(f"'conversation' must be a conversation id or {{\"id\": ...}}, got {shown(raw)}",
+                         param="conversation", code="invalid_type")
     if body.get("previous_response_id") is not None:
         raise BadRequest("'conversation' and 'previous_response_id' cannot be used together",
                          param="conversation", code="invalid_value")
@@ -453,9 +475,9 @@ async def _context(state: Any, body: dict[str, Any], owner: str, conversation_id
         store = _history_store(state, "previous_response_id")
         previous = await store.get_response(previous_id, owner) if isinstance(previous_id, str) and \
             len(previous_id) <= ID_CHARS_MAX else None
-        if previous is None:
-            raise NotFound(f"Previous response with id '{previous_id}' not found.", param="previous_response_id",
-                           code="previous_response_not_found")
+        if previous is None:  # OpenAI's answer: a bad parameter (400), not a missing resource (404)
+            raise BadRequest(f"Previous response with id {shown(previous_id)} not found.",
+                             param="previous_response_id", code="previous_response_not_found")
         chain = (*(previous.chain or ()), previous.id)
         if len(chain) > CHAIN_LENGTH_MAX:
             raise BadRequest(f"the chain of previous responses is {CHAIN_LENGTH_MAX} long already: start a new "
@@ -514,18 +536,16 @@ async def create(state: Any, request: Request) -> None:
     body = parse_json_body(await request.body())
     store = body.get("store", True)
     if not isinstance(store, bool):
-        raise BadRequest("'store' must be a boolean", param="store", code="invalid_type")
+        raise BadRequest(f"'store' must be a boolean, got {shown(store)}", param="store", code="invalid_type")
     background = body.get("background", False)
     if not isinstance(background, bool):
-        raise BadRequest("'background' must be a boolean", param="background", code="invalid_type")
+        raise BadRequest(f"'background' must be a boolean, got {shown(background)}", param="background",
+                         code="invalid_type")
     if background:
         _history_store(state, "background")
         if not store:
             raise BadRequest("a background response is stored: 'store' cannot be false", param="store",
                              code="invalid_value")
-        if body.get("stream"):
-            raise BadRequest("streaming a background response is not supported: poll GET /v1/responses/{id}",
-                             param="stream", code="unsupported_parameter")
     metadata = metadata_of(body)
     owner = owner_of(request)
     conversation_id = _conversation_id(body)
@@ -559,17 +579,20 @@ async def create(state: Any, request: Request) -> None:
 
     async def keep(response: dict[str, Any], final: bool = True) -> None:
         """Stored before the client hears of it: a follow-up sent at once, to any node, finds it. A final
-        answer's items join its conversation; a background response's earlier states are stored alone."""
-        if state.history is None or not (store or conversation_id):
+        answer's items join its conversation; a background response's earlier states are stored alone.
+        ``store: false`` keeps nothing, not even in the conversation (OpenAI's rule): the model saw the
+        conversation, the conversation does not see this turn."""
+        if state.history is None or not store:
             return
         with trio.CancelScope(shield=True):  # bounded by the store's own timeouts; a half-kept turn helps nobody
             if final and conversation_id is not None and not await state.history.add_items(
                     conversation_id, owner, [*items, *shape.output]):
                 raise NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation",
                                code="conversation_not_found")
-            if store:  # this turn and the chain's ids: what came before is stored once, in the ancestors
-                await state.history.put_response(StoredResponse(response_id, owner, response, tuple(items), (),
-                                                                unfinished_until_s, context.chain))
+            # This turn and the chain's ids: what came before is stored once, in the ancestors.
+            events = shape.log.stored_events() if shape.log is not None else None
+            await state.history.put_response(StoredResponse(response_id, owner, response, tuple(items), (),
+                                                            unfinished_until_s, context.chain, events))
 
     if background:
         # Counted like any request before anything is stored: the caller's rate limits now (settled when the
@@ -583,14 +606,23 @@ async def create(state: Any, request: Request) -> None:
         await limits.enter_async_context(rate_limited_generation(state, request, plan))
         try:
             queued = shape.response("queued")
-            await keep(queued, final=False)  # stored first: GET and cancel work at once, on any node
+            if chat.stream:  # OpenAI's opening of a background stream: created (queued), then queued
+                shape.log = StreamLog(stored_events_bytes_max(state.config.history.record_bytes_max))
+                shape.event("response.created", response=queued)
+                shape.event("response.queued", response=queued)
+            await keep(queued, final=False)  # stored first: GET, cancel and a resume work at once, on any node
         except BaseException:
             await limits.aclose()
             raise
         state.background_by_owner[owner] += 1
+        if shape.log is not None:
+            state.background_streams[response_id] = shape.log
         request.spawn(_generate_in_background, state, request, plan, tokenizer, shape, output, keep, owner,
                       token_logprobs, limits)
-        await request.send_json(200, queued)
+        if shape.log is None:
+            await request.send_json(200, queued)
+        else:  # the client follows the stream; if it goes, the response goes on and a resume picks it up
+            await follow_log(request, shape.log, -1)
         return
 
     async with admitted(state, request, plan):
@@ -644,6 +676,9 @@ async def _generate_in_background(state: Any, request: Request, plan: Any, token
             state.background_by_owner[owner] -= 1
             if state.background_by_owner[owner] <= 0:
                 del state.background_by_owner[owner]
+            if shape.log is not None:  # a resume from now on reads the store
+                shape.log.end()
+                state.background_streams.pop(shape.id, None)
 
 
 async def _run_in_background(state: Any, request: Request, plan: Any, tokenizer: Any, shape: "ResponseShape",
@@ -653,7 +688,7 @@ async def _run_in_background(state: Any, request: Request, plan: Any, tokenizer:
         state.background_responses[response_id] = scope
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_stop_when_cancelled, history, response_id, owner, scope)
+                nursery.start_soon(_watch_store, history, shape, keep, owner, scope)
                 final = await _background_answer(state, request, plan, tokenizer, shape, output, keep,
                                                  token_logprobs)
                 nursery.cancel_scope.cancel()
@@ -668,37 +703,85 @@ async def _run_in_background(state: Any, request: Request, plan: Any, tokenizer:
 
 async def _background_answer(state: Any, request: Request, plan: Any, tokenizer: Any, shape: "ResponseShape",
                              output: ChatOutput, keep: Any, token_logprobs: Any) -> dict[str, Any]:
+    """The final response (completed, incomplete or failed). Streamed (``shape.log``), every event went
+    into the log, the terminal one last."""
+    streamed = shape.log is not None
     try:
         async with state.admission.slot(request.tenant_key):  # its rate limits were taken when it was created
-            await keep(shape.response("in_progress"), final=False)
+            in_progress = shape.response("in_progress")
+            if streamed:
+                shape.event("response.in_progress", response=in_progress)
+            await keep(in_progress, final=False)
+            sink = _EventSink(shape, output, token_logprobs) if streamed else None
             with trio.move_on_after(plan.timeout_s or math.inf) as deadline:
-                result = await state.generator.run(plan, tokenizer, None)
+                result = await state.generator.run(plan, tokenizer, sink)
         if deadline.cancelled_caught:
             raise UpstreamTimeout("the response took longer than the gateway's request timeout",
                                   code="request_timeout")
         state.count_tokens(plan.model, result)
-        shape.items_from(output.full(result.text, result)["choices"][0]["message"], token_logprobs(whole=True))
-        return shape.response("completed", result, output.reasoning_tokens(result))
+        if streamed:
+            shape.pending_logprobs += token_logprobs(whole=False)
+            shape.deltas(output.deltas("", final=True))
+            shape.close()
+        else:
+            shape.items_from(output.full(result.text, result)["choices"][0]["message"], token_logprobs(whole=True))
+        final = shape.response("completed", result, output.reasoning_tokens(result))
+        if streamed:
+            shape.event(f"response.{final['status']}", response=final)
+        return final
     except Exception as e:  # the answer is a failed response, as a stream's would be
-        error = to_api_error(e)
+        error = from_engine_error(e.error) if isinstance(e, MidStreamError) else to_api_error(e)
         if error is None:
             log.exception("background response %s failed", shape.id)
             error = ApiError("internal error", code="internal_error")
+        if streamed:
+            shape.close()
         failed = shape.response("failed")
         failed["error"] = {"code": error.code or "server_error", "message": error.message}
+        if streamed:
+            shape.event("response.failed", response=failed)
         return failed
 
 
-async def _stop_when_cancelled(history: Any, response_id: str, owner: str, scope: trio.CancelScope) -> None:
+class _EventSink:
+    """``generation.TextSink`` of a background stream: the decided text becomes the response's events, in
+    its log (``shape.log``), awaited in the generation's task; no HTTP write is involved."""
+
+    __slots__ = ("_shape", "_output", "_token_logprobs")
+
+    def __init__(self, shape: "ResponseShape", output: ChatOutput, token_logprobs: Any) -> None:
+        self._shape, self._output, self._token_logprobs = shape, output, token_logprobs
+
+    async def __call__(self, text: str) -> None:
+        shape = self._shape
+        shape.pending_logprobs += self._token_logprobs(whole=False)
+        shape.deltas(self._output.deltas(text, final=False))
+
+    def ready_now(self) -> bool:
+        return False  # always through __call__
+
+    def send_now(self, text: str) -> bool:
+        raise AssertionError("ready_now is never true")
+
+    async def flush(self) -> None:
+        pass
+
+
+async def _watch_store(history: Any, shape: "ResponseShape", keep: Any, owner: str, scope: trio.CancelScope) -> None:
+    """While a background response runs: stop it when it is cancelled (or deleted) on any node, and, when it
+    streams, store its new events (FLUSH_INTERVAL_S apart) for a resume elsewhere."""
+    streamed = shape.log is not None
     while True:
-        await trio.sleep(BACKGROUND_CANCEL_POLL_S)
+        await trio.sleep(FLUSH_INTERVAL_S if streamed else BACKGROUND_CANCEL_POLL_S)
         try:
-            stored = await history.get_response(response_id, owner)
+            stored = await history.get_response(shape.id, owner)
+            if stored is None or stored.response.get("status") == "cancelled":  # cancelled, or deleted
+                scope.cancel()
+                return
+            if streamed and shape.log.dirty:
+                await keep(shape.response("in_progress"), final=False)
         except GatewayError:
             continue  # the store is away for now; look again
-        if stored is None or stored.response.get("status") == "cancelled":  # cancelled, or deleted
-            scope.cancel()
-            return
 
 
 async def cancel(state: Any, request: Request) -> None:
@@ -739,7 +822,30 @@ def _abandoned(entry: StoredResponse) -> StoredResponse:
 
 
 async def retrieve(state: Any, request: Request) -> None:
-    await request.send_json(200, (await _stored(state, request)).response)
+    query = request.query()
+    stream = query.get("stream", "false").lower()
+    if stream not in ("true", "false"):
+        raise BadRequest(f"Invalid value for 'stream': {shown(query['stream'])}; expected true or false",
+                         param="stream", code="invalid_value")
+    entry = await _stored(state, request)
+    if stream == "false":
+        await request.send_json(200, entry.response)
+        return
+    after = starting_after(query)
+    if entry.events is None:
+        raise BadRequest("only a response created with background and stream set can be streamed again",
+                         param="stream", code="invalid_value")
+    live = state.background_streams.get(entry.id)
+    if live is not None:  # generating here: its events as they come
+        await follow_log(request, live, after)
+        return
+    owner, store = owner_of(request), state.history
+
+    async def read() -> StoredResponse | None:
+        record = await store.get_response(entry.id, owner)
+        return _abandoned(record) if record is not None and record.unfinished_until_s is not None else record
+
+    await follow_store(request, read, entry, after)
 
 
 async def delete(state: Any, request: Request) -> None:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ..config import GatewayConfig
     from ..ratelimit.limiter import RateLimiter
     from .proxy import HttpProxy
+    from .response_stream import StreamLog
 
 
 @dataclasses.dataclass
@@ -48,6 +49,9 @@ class GatewayState:
     # Background responses generating on this node, by id: a cancel that reaches this node stops its
     # task at once; one that reaches another node is seen here when the task next reads the store.
     background_responses: "dict[str, trio.CancelScope]" = dataclasses.field(default_factory=dict)
+    # The streams of those created with stream: true (api/response_stream.py): a resume that reaches this
+    # node follows the events as they come rather than the store.
+    background_streams: "dict[str, StreamLog]" = dataclasses.field(default_factory=dict)
     # Engines of --worker-urls that have not answered since the node started (their models are unknown yet):
     # requests for a model nobody serves answer 503 naming them rather than 404.
     unreachable_engines: set[str] = dataclasses.field(default_factory=set)

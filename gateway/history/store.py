@@ -98,6 +98,9 @@ class StoredResponse:
     # generating it stopped. Its own bounds (queue wait, request timeout) end it before then otherwise.
     unfinished_until_s: float | None = None
     chain: tuple[str, ...] | None = ()  # the ancestors' ids, oldest first; None: a record of the old layout
+    # A background response created with stream: true: its stream's events as (sequence number, SSE frame),
+    # so that any node can replay them (GET /v1/responses/{id}?stream=true). None: there is no stream to replay.
+    events: tuple[tuple[int, str], ...] | None = None
 
     def turn(self) -> list[dict[str, Any]]:
         """This response's own turn, as a follow-up's context holds it: its input, then its output."""
@@ -111,13 +114,16 @@ class StoredResponse:
             data["unfinished_until_s"] = self.unfinished_until_s
         if self.chain is not None:
             data["chain"] = self.chain
+        if self.events is not None:
+            data["events"] = self.events
         return data
 
     @classmethod
     def from_json(cls, response_id: str, owner: str, data: dict[str, Any]) -> "StoredResponse":
-        chain = data.get("chain")
+        chain, events = data.get("chain"), data.get("events")
         return cls(response_id, owner, data["response"], tuple(data["input_items"]), tuple(data["history"]),
-                   data.get("unfinished_until_s"), tuple(chain) if chain is not None else None)
+                   data.get("unfinished_until_s"), tuple(chain) if chain is not None else None,
+                   tuple((sequence, frame) for sequence, frame in events) if events is not None else None)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

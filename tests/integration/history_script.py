@@ -5,6 +5,7 @@ prompt, so a lost response or conversation item shows as a wrong answer."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 MODEL = "qwen3-sim"
@@ -21,3 +22,14 @@ RULES = [{"match": "(?s)weather in Oslo.*14 degrees.*What did I ask", "output": 
 def write_script(path: Path) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in RULES))
     return path
+
+
+def poll(client, response_id: str, done, timeout_s: float = 20.0):
+    """The stored response once ``done(response)``: read until then (another process decides it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = client.responses.retrieve(response_id)
+        if done(response):
+            return response
+        assert time.monotonic() < deadline, f"{response_id} stayed {response.status}"
+        time.sleep(0.05)

@@ -15,6 +15,8 @@ import pytest
 
 from chaos.processes import EngineProcess, NodeProcess
 
+from .history_script import poll
+
 MODEL = "qwen3-sim"
 THOUGHT_CALL = ("<think>\nI need the weather.\n</think>\n\n<tool_call>\n"
                 '{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
@@ -116,8 +118,9 @@ def test_get_delete_input_items_and_tenant_scoping(client, node):
     other = openai.OpenAI(base_url=node.url + "/v1", api_key=KEY_B, max_retries=0)
     with pytest.raises(openai.NotFoundError):
         other.responses.retrieve(response.id)  # another tenant's: as if it did not exist
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.BadRequestError) as caught:  # as unknown: OpenAI's 400 on the parameter
         other.responses.create(model=MODEL, input="hi", previous_response_id=response.id)
+    assert (caught.value.code, caught.value.param) == ("previous_response_not_found", "previous_response_id")
     client.responses.delete(response.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(response.id)
@@ -199,16 +202,22 @@ def test_responses_in_a_conversation(client):
         client.responses.create(model=MODEL, conversation="conv_missing", input="Hello!")
 
 
-def test_a_background_response_is_queued_then_completed(client):
+def test_a_background_response_is_queued_then_completed(client, node):
     queued = client.responses.create(model=MODEL, input="Hello!", background=True)
     assert queued.status in ("queued", "in_progress") and queued.background
-    done = _poll(client, queued.id, lambda r: r.status not in ("queued", "in_progress"))
+    done = poll(client, queued.id, lambda r: r.status not in ("queued", "in_progress"))
     assert done.status == "completed" and done.output_text == "Hi! How can I help?"
     with pytest.raises(openai.BadRequestError):
         client.responses.cancel(done.id)  # over: nothing to cancel
-    for bad in ({"store": False}, {"stream": True}):
-        with pytest.raises(openai.BadRequestError):
-            client.responses.create(model=MODEL, input="Hello!", background=True, **bad)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=MODEL, input="Hello!", background=True, store=False)
+    events = list(client.responses.create(model=MODEL, input="Hello!", background=True, stream=True))
+    assert events[-1].type == "response.completed" and events[-1].response.output_text == "Hi! How can I help?"
+    other = openai.OpenAI(base_url=node.url + "/v1", api_key=KEY_B, max_retries=0)
+    with pytest.raises(openai.NotFoundError):  # another tenant's stream: as if it did not exist
+        list(other.responses.retrieve(events[0].response.id, stream=True))
+    assert [e.type for e in client.responses.retrieve(events[0].response.id, stream=True)] == \
+        [e.type for e in events]
 
 
 def test_a_background_response_is_cancelled(log_dir):
@@ -218,7 +227,7 @@ def test_a_background_response_is_cancelled(log_dir):
         client = openai.OpenAI(base_url=n.url + "/v1", api_key="x", max_retries=0)
         queued = client.responses.create(model=MODEL, input="Write at length.", background=True,
                                          max_output_tokens=200)
-        _poll(client, queued.id, lambda r: r.status == "in_progress")
+        poll(client, queued.id, lambda r: r.status == "in_progress")
         assert client.responses.cancel(queued.id).status == "cancelled"
         assert client.responses.cancel(queued.id).status == "cancelled"  # again: the same answer
         # The generation stopped: the node holds no running request on the engine within a moment.
@@ -226,19 +235,20 @@ def test_a_background_response_is_cancelled(log_dir):
         assert client.responses.retrieve(queued.id).status == "cancelled"  # not overwritten by a late finish
         with pytest.raises(openai.BadRequestError):
             client.responses.cancel(client.responses.create(model=MODEL, input="x", max_output_tokens=2).id)
+        # Streamed: a cancel ends the stream of whoever follows it (no terminal event: OpenAI has none).
+        stream = client.responses.create(model=MODEL, input="Write at length.", background=True, stream=True,
+                                         max_output_tokens=200)
+        kinds, response_id = [], None
+        for event in stream:
+            kinds.append(event.type)
+            response_id = response_id or event.response.id
+            if len(kinds) == 8:
+                assert client.responses.cancel(response_id).status == "cancelled"
+        assert kinds[:3] == ["response.created", "response.queued", "response.in_progress"]
+        assert kinds[-1] == "response.output_text.delta" and len(kinds) < 100
     finally:
         n.stop()
         slow.stop()
-
-
-def _poll(client, response_id, done, timeout_s=20.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        response = client.responses.retrieve(response_id)
-        if done(response):
-            return response
-        assert time.monotonic() < deadline, f"{response_id} stayed {response.status}"
-        time.sleep(0.05)
 
 
 def _eventually_idle(node, timeout_s=10.0):
