@@ -38,6 +38,9 @@ burst = {per_key_burst}
 class ClusterSpec:
     nodes: int = 5
     engines: int = 2
+    # Models the engines serve: engine j serves MODELS[j % models]. One by default; a model's outage
+    # (kill-model-engines) needs two, on separate engines.
+    models: int = 1
     seed: int = 42
     # node i: HTTP base+i, gossip base+100+i, admin base+200+i; LB base+300. Below 32768: the kernel
     # hands out ports above it to outgoing connections, which could take a fixed port first.
@@ -48,6 +51,9 @@ class ClusterSpec:
     # Engines: a few milliseconds per token, so requests are in flight when faults strike.
     engine_args: tuple[str, ...] = ("--itl-base-s", "0.002", "--itl-per-running-s", "0", "--eos-after-tokens", "64",
                                     "--block-size", "16")
+
+
+MODELS = ("qwen3-sim", "qwen3-sim-b")  # the first is the simulated engine's default name
 
 
 class PortsTaken(RuntimeError):
@@ -95,6 +101,20 @@ class ChaosCluster:
     def lb_url(self) -> str:
         return f"http://127.0.0.1:{self.spec.base_port + 300}"
 
+    @property
+    def models(self) -> list[str]:
+        return list(MODELS[:self.spec.models])
+
+    def model_of(self, j: int) -> str:
+        """The model engine ``j`` serves."""
+        return MODELS[j % self.spec.models]
+
+    def engines_of(self, model: str) -> list[int]:
+        return [j for j in range(self.spec.engines) if self.model_of(j) == model]
+
+    def engine_args(self, j: int) -> list[str]:
+        return [*self.spec.engine_args, "--model-name", self.model_of(j)]
+
     def rules_path(self, i: int) -> Path:
         return self.dir / f"faults-node{i}.json"
 
@@ -131,7 +151,7 @@ class ChaosCluster:
                              + (f" and {len(taken) - 4} more" if len(taken) > 4 else ""))
         try:
             for j in range(self.spec.engines):
-                self.engines.append(EngineProcess(list(self.spec.engine_args), self.dir, f"engine{j}"))
+                self.engines.append(EngineProcess(self.engine_args(j), self.dir, f"engine{j}"))
                 self.engine_ports.append(int(self.engines[j].url.rpartition(":")[2]))
             self._write_rules()
             for i in range(self.spec.nodes):
@@ -197,10 +217,17 @@ class ChaosCluster:
         self.start_node(i)
 
     def restart_engine(self, j: int) -> None:
+        self.kill_engine(j)
+        self.start_engine(j)
+
+    def kill_engine(self, j: int) -> None:
         engine = self.engines[j]
         if engine is not None:
             engine.kill()
-        args = [*self.spec.engine_args, "--port", str(self.engine_ports[j])]
+
+    def start_engine(self, j: int) -> None:
+        """Engine ``j`` again, on its port (the nodes know it by its address)."""
+        args = [*self.engine_args(j), "--port", str(self.engine_ports[j])]
         self.engines[j] = EngineProcess(args, self.dir, f"engine{j}")
 
     def running(self) -> list[int]:

@@ -60,9 +60,9 @@ def to_json(run: RunData, command: str) -> dict[str, Any]:
         "requests": _outcomes(run),
         "checks": [{"name": r.name, "passed": r.passed, "summary": r.summary, "details": r.details}
                    for r in run.results],
-        "requests_detail": [{"kind": r.kind, "key": r.api_key, "start_s": round(r.start - run.t0, 3),
-                             "duration_s": round(r.duration_s, 4), "outcome": r.outcome, "error": r.error}
-                            for r in run.records],
+        "requests_detail": [{"kind": r.kind, "key": r.api_key, "model": r.model, "start_s": round(r.start - run.t0, 3),
+                             "duration_s": round(r.duration_s, 4), "outcome": r.outcome, "status": r.status,
+                             "error": r.error} for r in run.records],
         "views": [{"t_s": round(s.t - run.t0, 3), "node": run.node_names[s.node], "members": s.members,
                    "ready": s.ready} for s in run.samples],
     })

@@ -21,7 +21,7 @@ from .checkers.kv_index import signature as kv_signature
 from .checkers.membership import CONVERGE_BOUND_S, converged_at
 from .cluster import ChaosCluster, ClusterSpec, PortsTaken
 from .observer import Observer, ViewSample
-from .scenarios import SCENARIOS, Plan
+from .scenarios import SCENARIO_SPECS, SCENARIOS, Plan
 from .workload import RequestRecord, StoredRecord, Workload
 
 PROGRESS_INTERVAL_S = 2.0
@@ -36,6 +36,7 @@ class ExecutedEvent:
     label: str
     kind: str
     nodes: tuple[int, ...]
+    model: str | None = None
 
 
 @dataclasses.dataclass
@@ -64,6 +65,7 @@ class RunData:
     # output text, or None when it was not found (or could not be read).
     stored: list[StoredRecord] = dataclasses.field(default_factory=list)
     stored_read: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    models: list[str] = dataclasses.field(default_factory=list)  # what the workload asked for
 
     @property
     def passed(self) -> bool:
@@ -167,19 +169,19 @@ def _cluster_on_free_ports(spec: ClusterSpec, log_dir: Path, progress: Callable[
 def run_scenario(name: str, nodes: int, seed: int, duration_s: float, out_dir: Path, lb: str = "nginx",
                  base_port: int = 21000, progress: Callable[[str], None] = print) -> RunData:
     scenario, _ = SCENARIOS[name]
-    cluster = _cluster_on_free_ports(ClusterSpec(nodes=nodes, seed=seed, lb=lb, base_port=base_port),
-                                     out_dir / "logs", progress)
+    cluster = _cluster_on_free_ports(ClusterSpec(nodes=nodes, seed=seed, lb=lb, base_port=base_port,
+                                                 **SCENARIO_SPECS.get(name, {})), out_dir / "logs", progress)
     spec = cluster.spec
     plan = scenario(cluster, random.Random(seed), duration_s)
     run = RunData(name, seed, nodes, spec.engines, duration_s, plan, [cluster.name(i) for i in range(nodes)],
-                  per_key_limit=spec.per_key_limit, per_key_burst=spec.per_key_burst)
+                  per_key_limit=spec.per_key_limit, per_key_burst=spec.per_key_burst, models=cluster.models)
     progress(f"[{name}] starting {nodes} nodes, {spec.engines} engines and {lb} (seed {seed}, ports from "
              f"{spec.base_port}, logs in {cluster.dir})")
     observer = workload = None
     try:  # whatever fails, from the start on, everything started is stopped
         cluster.start()
         observer = Observer(cluster)
-        workload = Workload(cluster.lb_url, seed)
+        workload = Workload(cluster.lb_url, seed, models=cluster.models)
         _wait_ready(cluster)
         observer.start()
         workload.start()
@@ -194,7 +196,7 @@ def run_scenario(name: str, nodes: int, seed: int, duration_s: float, out_dir: P
                 event = pending.pop(0)
                 progress(f"[{name}] t={now - run.t0:5.1f}s  {event.label}")
                 event.action()
-                run.events.append(ExecutedEvent(now, event.at_s, event.label, event.kind, event.nodes))
+                run.events.append(ExecutedEvent(now, event.at_s, event.label, event.kind, event.nodes, event.model))
                 last_label = event.label
                 continue
             if now >= end and not pending:

@@ -5,7 +5,8 @@ start a quarter into the run and heal by about 60 % of it, so the rest of the
 run shows the cluster converging under load. ``kind`` tells the checkers what a
 fault may excuse: ``process`` faults (kill, pause, restart) may fail requests
 that were in flight on that process; ``network`` faults between nodes may not
-fail any request.
+fail any request; a ``model`` fault (every engine of one model gone) may fail
+that model's requests, with a 503 that names it, and no other model's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Event:
     kind: str  # process, network, heal
     action: Callable[[], None]
     nodes: tuple[int, ...] = ()
+    model: str | None = None  # a model fault's model (and its heal's)
 
 
 @dataclasses.dataclass
@@ -130,6 +132,29 @@ def kill_history_owners(cluster: ChaosCluster, rng: random.Random, duration_s: f
                        lambda: cluster.restart(second, graceful=False), (second,))], times[3], 2)
 
 
+def kill_model_engines(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
+    """Every engine of one model killed, then started again: that model answers 503 naming it meanwhile,
+    and the other model must not see a single error; no node leaves the balancer for it."""
+    model = cluster.models[-1]
+    engines = cluster.engines_of(model)
+    start, back = 0.25 * duration_s, 0.55 * duration_s
+
+    def kill() -> None:
+        for j in engines:
+            cluster.kill_engine(j)
+
+    def restart() -> None:
+        for j in engines:
+            cluster.start_engine(j)
+
+    return Plan([Event(start, f"SIGKILL the engines of {model} ({', '.join(f'engine{j}' for j in engines)})",
+                       "model", kill, model=model),
+                 Event(back, f"restart the engines of {model}", "heal", restart, model=model)], back, 0)
+
+
+# What a scenario needs of the cluster beyond the defaults.
+SCENARIO_SPECS: dict[str, dict[str, int]] = {"kill-model-engines": {"models": 2}}
+
 SCENARIOS: dict[str, tuple[Callable[[ChaosCluster, random.Random, float], Plan], str]] = {
     "kill-one": (kill_one, "SIGKILL one node under load, restart it later"),
     "kill-owner": (kill_owner, "SIGKILL the owner of the hot rate-limit key, restart it later"),
@@ -141,4 +166,6 @@ SCENARIOS: dict[str, tuple[Callable[[ChaosCluster, random.Random, float], Plan],
     "restart-engines": (restart_engines, "restart every engine in turn"),
     "kill-history-owners": (kill_history_owners, "SIGKILL two owners of stored responses in turn, restarting "
                             "each with an empty memory"),
+    "kill-model-engines": (kill_model_engines, "two models on separate engines: SIGKILL every engine of one, "
+                           "restart them later; the other model must see no error"),
 }

@@ -229,7 +229,6 @@ async def _register_initial(state: GatewayState, url: str, model: str | None) ->
         try:
             worker = await state.registry.add(url, model=model, api_key=state.config.worker_api_key)
             await state.catalog.ensure(worker, int(worker.registered_at))
-            state.ready = True
             if delay > 0.5:
                 log.info("worker %s answers now: registered", url)
             state.unreachable_engines.discard(url)
@@ -361,8 +360,6 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         for url in urls:
             if not any(w.url == url for w in registry.all()):
                 nursery.start_soon(_register_initial, state, url, config.model_path)
-        if not urls:
-            state.ready = True  # no engines configured: ready is decided by workers added later
         if cluster is not None:
             nursery.start_soon(follow_worker_document, registry, cluster,
                                lambda worker: catalog.ensure(worker, int(worker.registered_at)))

@@ -18,5 +18,5 @@ class CheckResult:
 
 
 def all_checkers():
-    from . import kv_index, lost_requests, membership, rate_limits, replicated_state, stored_responses
-    return [lost_requests, membership, replicated_state, kv_index, rate_limits, stored_responses]
+    from . import kv_index, lost_requests, membership, models_apart, rate_limits, replicated_state, stored_responses
+    return [lost_requests, models_apart, membership, replicated_state, kv_index, rate_limits, stored_responses]

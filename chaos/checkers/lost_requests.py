@@ -3,11 +3,13 @@ fail, and they must fail fast; no request may hang. Network faults between nodes
 only: a request for stored history (a Responses API turn) that a node cut off from the holders of that
 history answers 504 ``history_unavailable`` (nothing can make data on the other side of a partition
 readable; the store refuses rather than answer 404 or acknowledge a copy the other side cannot
-read). Everything else must succeed: clients never see the nodes' own network."""
+read). Everything else must succeed: clients never see the nodes' own network. A request for a model
+whose engines were all down while it ran is the models-apart check's to judge (a 503 naming the model)."""
 
 from __future__ import annotations
 
 from . import CheckResult
+from .models_apart import in_outage, outage_windows
 
 NAME = "requests lost"
 FAIL_FAST_S = 5.0  # a request cut by a process fault fails within this after the fault
@@ -33,13 +35,14 @@ def _network_windows(run) -> "list[tuple[float, float]]":
 def check(run) -> CheckResult:
     faults = [e.t for e in run.events if e.kind == "process"]
     partitioned = _network_windows(run)
+    outages = outage_windows(run)
     history_unavailable = 0
     hang_bound_s = 10.0 + run.plan.pause_s
     unexcused, slow_failures, hangs = [], [], []
     for r in run.records:
         if r.duration_s > hang_bound_s:
             hangs.append(r)
-        if r.outcome != "error":
+        if r.outcome != "error" or in_outage(r, outages):
             continue
         struck = [t for t in faults if r.start - IN_FLIGHT_SLACK_S <= t <= r.end + IN_FLIGHT_SLACK_S]
         if r.kind == "response" and "history_unavailable" in r.error and any(

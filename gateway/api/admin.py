@@ -44,8 +44,11 @@ async def liveness(state, request: Request) -> None:
 
 
 async def readiness(state, request: Request) -> None:
-    """Ready: not shutting down, joined the mesh with the cluster's registry received (or running
-    alone), and at least one healthy worker to send requests to."""
+    """Ready: not shutting down, and joined the mesh with the cluster's registry received (or running
+    alone). What is wrong with the node, never with an engine or a model: engines' health is the
+    cluster's (each engine is checked by one owner and gossiped), so a dead engine is dead for every
+    node at once. Taking nodes out for it would take them all out, the models that still have engines
+    with them, and have the balancer answer what the node says better (503 naming the model)."""
     now = trio.current_time()
     healthy = sum(1 for w in state.registry.all() if w.available(now))
     reason = None
@@ -53,8 +56,6 @@ async def readiness(state, request: Request) -> None:
         reason = "shutting down"
     elif state.cluster is not None and not state.cluster.registry_received:
         reason = "not joined to the cluster yet (no worker registry received)"
-    elif not state.ready or healthy == 0:
-        reason = "no healthy worker"
     if reason is not None:
         raise Unavailable(f"not ready: {reason}", code="not_ready", retry_after_s=1)
     await request.send_json(200, {"status": "ready", "healthy_workers": healthy})

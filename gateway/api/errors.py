@@ -163,23 +163,26 @@ class UpstreamTimeout(ApiError):
     error_type = "timeout"
 
 
-def from_engine_error(e: EngineCallError) -> ApiError:
+def from_engine_error(e: EngineCallError, model: str | None = None) -> ApiError:
     """Our own words for what an engine said: its text (exception messages, paths, versions) goes to the log, not
-    to the client."""
+    to the client. ``model``, when known, is named: in a fleet, which model's engines failed."""
     code = e.code
+    serving = f" serving model {model!r}" if model else ""
     log.info("engine error %s: %s", code, e.details)
     if code == "INVALID_ARGUMENT" or code == "OUT_OF_RANGE" or code == "FAILED_PRECONDITION":
         return BadRequest(f"the engine refused the request's parameters ({code}); its reason is in the gateway's "
                           "log", code="engine_rejected")
     if code == "RESOURCE_EXHAUSTED":
-        return Unavailable("every engine is at capacity; retry later", code="engine_overloaded", retry_after_s=1)
+        return Unavailable(f"every engine{serving} is at capacity; retry later", code="engine_overloaded",
+                           retry_after_s=1)
     if code == "DEADLINE_EXCEEDED":
-        return UpstreamTimeout("the engine did not answer in time", code="engine_timeout")
+        return UpstreamTimeout(f"the engine{serving} did not answer in time", code="engine_timeout")
     if code == "UNAVAILABLE":
-        return Unavailable("the engine is unavailable; retry later", code="engine_unavailable", retry_after_s=1)
+        return Unavailable(f"the engine{serving} is unavailable; retry later", code="engine_unavailable",
+                           retry_after_s=1)
     if code == "NOT_FOUND":
         return NotFound("the engine does not know this request", code="not_found")
-    return UpstreamError(f"the engine failed ({code})", code="engine_error")
+    return UpstreamError(f"the engine{serving} failed ({code})", code="engine_error")
 
 
 def from_auth_error(e: AuthError) -> ApiError:

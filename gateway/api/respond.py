@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from ..engine.errors import EngineCallError
 from ..generation import GenerationPlan, GenerationResult, MidStreamError
 from ..tokenizer.service import TokenizerService
 from .errors import ApiError, UpstreamTimeout, from_engine_error, to_api_error
@@ -78,7 +79,10 @@ async def run_unary_choices(state, request: Request, plan: GenerationPlan,
 async def _unary(request: Request, plan: GenerationPlan, generate: Callable[[], Awaitable[Any]]) -> Any:
     async with request.cancel_on_disconnect() as scope:
         scope.deadline = _deadline(plan)  # one scope for both ends: the client's and the clock's
-        outcome = await generate()
+        try:
+            outcome = await generate()
+        except EngineCallError as e:  # mapped here, where the model is known: the answer names it
+            raise from_engine_error(e, plan.model) from None
     if request.disconnected:
         return None
     if scope.cancelled_caught:
@@ -143,7 +147,9 @@ async def _stream_sse(request: Request, plan: GenerationPlan, sink: Any, generat
             try:
                 outcome = await generate()
             except MidStreamError as e:
-                error = from_engine_error(e.error)
+                error = from_engine_error(e.error, plan.model)
+            except EngineCallError as e:  # before the first byte: a status, naming the model
+                raise from_engine_error(e, plan.model) from None
         if timeout.cancelled_caught:
             if not sink.started:
                 raise _timeout_error()

@@ -44,6 +44,7 @@ from typing import Any
 import orjson
 import trio
 
+from ..engine.errors import EngineCallError
 from ..errors import GatewayError
 from ..generation import GenerationResult, MidStreamError
 from ..history import CHAIN_LENGTH_MAX, ID_CHARS_MAX, LIST_LIMIT_MAX, StoredResponse
@@ -730,7 +731,8 @@ async def _background_answer(state: Any, request: Request, plan: Any, tokenizer:
             shape.event(f"response.{final['status']}", response=final)
         return final
     except Exception as e:  # the answer is a failed response, as a stream's would be
-        error = from_engine_error(e.error) if isinstance(e, MidStreamError) else to_api_error(e)
+        engine_error = e.error if isinstance(e, MidStreamError) else e if isinstance(e, EngineCallError) else None
+        error = from_engine_error(engine_error, plan.model) if engine_error is not None else to_api_error(e)
         if error is None:
             log.exception("background response %s failed", shape.id)
             error = ApiError("internal error", code="internal_error")

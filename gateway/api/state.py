@@ -38,7 +38,6 @@ class GatewayState:
     admission: Admission
     metrics: GatewayMetrics
     proxy: "HttpProxy"
-    ready: bool = False
     shutting_down: bool = False
     rate_limiter: "RateLimiter | None" = None
     cluster: "ClusterState | None" = None

@@ -3,7 +3,8 @@
 Rules:
 * closed: requests flow. ``failure_threshold`` consecutive failures, each
   within ``window_s`` of the previous one, open the circuit.
-* open: no requests, until ``open_duration_s`` has passed; then half-open.
+* open: no requests, until ``open_duration_s`` has passed, or the engine's health
+  check passes again after failing (``health_recovered``); then half-open.
 * half-open: at most ``half_open_probes_max`` requests at a time probe the
   engine. ``success_threshold`` successes close the circuit; any failure
   opens it again for another ``open_duration_s``.
@@ -105,6 +106,14 @@ class CircuitBreaker:
         self.consecutive_failures += 1
         if self.consecutive_failures >= self.config.failure_threshold:
             self._move(CircuitState.OPEN, now)
+
+    def health_recovered(self, now: float) -> None:
+        """The engine's health check passes again after it failed: an open circuit probes it now (half-open)
+        instead of after the rest of ``open_duration_s``. Requests still decide: a failed probe opens it
+        again. Without this a model whose engines died and came back stayed down for up to a minute more:
+        the failures of its outage had opened every node's circuit."""
+        if self.config.enabled and self.state is CircuitState.OPEN:
+            self._move(CircuitState.HALF_OPEN, now)
 
     def release_probe(self) -> None:
         """A half-open probe ended without a verdict (the client went away)."""

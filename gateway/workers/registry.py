@@ -302,15 +302,21 @@ class WorkerRegistry:
             owners = cluster.health_of(worker.id)
             if owners is not None:
                 worker.checked_by = owners.get("by")
-                if worker.health.adopt(bool(owners.get("healthy")), trio.current_time()) is not Verdict.UNCHANGED:
+                now = trio.current_time()
+                verdict = worker.health.adopt(bool(owners.get("healthy")), now)
+                if verdict is not Verdict.UNCHANGED:
                     log.info("worker %s is %s (checked by %s)", worker.id,
                              "healthy" if worker.healthy else "unhealthy", owners.get("by"))
+                    if verdict is Verdict.BECAME_HEALTHY:
+                        worker.breaker.health_recovered(now)
                     self._notify()
             return
         ok = await self._passes_check(worker.id, worker.client)
-        verdict = worker.health.record(ok, trio.current_time())
+        now = trio.current_time()
+        verdict = worker.health.record(ok, now)
         if verdict is Verdict.BECAME_HEALTHY:
             log.info("worker %s is healthy again", worker.id)
+            worker.breaker.health_recovered(now)
             self._notify()
         elif verdict is Verdict.BECAME_UNHEALTHY:
             log.warning("worker %s is unhealthy after %d failed checks", worker.id, worker.health.failures)

@@ -33,5 +33,6 @@ class Router:
             if worker.breaker.acquire(now):
                 return worker
             candidates = [w for w in candidates if w is not worker]
-        raise NoCapacity("no healthy worker can serve this model right now", code="no_healthy_worker",
+        # The model named: in a fleet of several, which one is down is the first thing an operator needs.
+        raise NoCapacity(f"no healthy worker can serve model {model!r} right now", code="no_healthy_worker",
                          retry_after_s=1)

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx not
     ("isolate-one", 25000),  # a network fault: one node cut off from the others, then healed
     ("kill-one", 25400),     # a process fault: SIGKILL under load, then a restart under the same name
     ("kill-history-owners", 25800),  # two owners of stored responses killed in turn, each restarted empty
+    ("kill-model-engines", 26200),  # issue 40: one model's engines killed, the other model must see no error
 ])
 def test_smoke_scenario_passes_every_check(tmp_path, scenario, base_port):
     import os

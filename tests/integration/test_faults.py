@@ -107,10 +107,15 @@ def test_no_healthy_engine_is_503_with_retry_after(slow_setup):
         r = http.post("/v1/chat/completions", json={**LONG, "stream": False, "max_tokens": 1})
         assert r.status_code == 503 and "retry-after" in r.headers
         assert r.json()["error"]["code"] in ("engine_unavailable", "no_healthy_worker")
-        # After the health checks notice, the node says it is not ready (load balancers drain it).
-        wait_for(lambda: http.get("/readiness").status_code == 503, timeout_s=10)
+        assert MODEL in r.json()["error"]["message"]  # named: in a fleet, which model is down
+        # After the health checks notice, requests fail at once, naming the model. The node stays ready
+        # (issue 40): the engine's outage is every node's, and a balancer that took nodes out for it would
+        # take out the models that still have engines with them.
+        wait_for(lambda: http.post("/v1/chat/completions", json={**LONG, "stream": False, "max_tokens": 1}).json()
+                 ["error"]["code"] == "no_healthy_worker", timeout_s=10)
         r = http.post("/v1/chat/completions", json={**LONG, "stream": False, "max_tokens": 1})
-        assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_worker"
+        assert r.status_code == 503 and MODEL in r.json()["error"]["message"] and "retry-after" in r.headers
+        assert http.get("/readiness").status_code == 200
 
 
 def test_a_second_engine_takes_over_by_retry(log_dir):

@@ -40,6 +40,19 @@ def test_open_becomes_half_open_after_the_open_duration():
     assert b.current_state(10.3) is CircuitState.HALF_OPEN
 
 
+def test_a_passing_health_check_half_opens_an_open_circuit_at_once():
+    """The engine came back (its health check passes again): probe it now, not after the open duration. Found
+    by the kill-model-engines chaos run: the model stayed down a minute after its engines were back."""
+    b = tripped()
+    b.health_recovered(1.0)
+    assert b.current_state(1.0) is CircuitState.HALF_OPEN and b.acquire(1.0)
+    b.record_failure(1.1)  # a failed probe: open again, for the whole period
+    assert b.current_state(11.0) is CircuitState.OPEN
+    closed = CircuitBreaker(CFG)
+    closed.health_recovered(0)
+    assert closed.current_state(0) is CircuitState.CLOSED  # nothing to do for a closed one
+
+
 def test_half_open_admits_one_probe_at_a_time():
     b = tripped()
     assert b.acquire(11)
