@@ -276,3 +276,33 @@ def test_include_output_text_logprobs(client):
     assert plain.output[-1].content[0].logprobs == []  # nothing to include, nothing asked for
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model=MODEL, input="Hello!", include=["everything"])
+
+
+def test_a_stream_whose_engine_dies_ends_with_response_failed(log_dir):
+    """OpenAI's end of a failed stream is response.failed, the failed response in it; a background stream's
+    too, and its resume (issues 34 and 41)."""
+    engine = EngineProcess(["--itl-base-s", "0.05"], log_dir, "responses-dying-engine")
+    n = NodeProcess(["--worker-urls", engine.url], log_dir, "responses-dying-node")
+    try:
+        client = openai.OpenAI(base_url=n.url + "/v1", api_key="x", max_retries=0, timeout=30)
+        streams = [client.responses.create(model=MODEL, input="Write at length.", max_output_tokens=200, stream=True),
+                   client.responses.create(model=MODEL, input="Write at length.", max_output_tokens=200, stream=True,
+                                           background=True)]
+        events = [[], []]
+        for i, stream in enumerate(streams):
+            for event in stream:
+                events[i].append(event)
+                if event.type == "response.output_text.delta":
+                    break
+        engine.kill()
+        for i, stream in enumerate(streams):
+            events[i] += list(stream)
+            last = events[i][-1]
+            assert last.type == "response.failed" and last.response.status == "failed", [e.type for e in events[i]]
+            assert last.response.error.code and "response.completed" not in [e.type for e in events[i]]
+        background_id = events[1][0].response.id
+        assert client.responses.retrieve(background_id).status == "failed"
+        assert [e.type for e in client.responses.retrieve(background_id, stream=True)][-1] == "response.failed"
+    finally:
+        n.stop()
+        engine.stop()
