@@ -14,6 +14,14 @@ answers with a snapshot of its index for that engine instead. A node that
 starts (or restarts) asks an owner for every engine it knows nothing about:
 it rebuilds the whole index from its peers, and the engines replay nothing.
 
+A gap shows only when a later batch arrives: a node that missed the last
+batches before an engine went quiet (a send that failed, a batch dropped while
+the node was catching up after a restart) would stay behind for good. So every
+CATCH_UP_INTERVAL_S each owner also tells the others the last sequence number it
+published per engine (``kv_heads``, a few bytes); a node behind asks for a replay.
+The heads sent are those of the round before: a batch still in flight has had a
+round to arrive, and is not asked for twice.
+
 When an owner dies, the ring changes; the new owner starts following the
 engine from the last sequence number its own index applied.
 
@@ -47,6 +55,7 @@ FLUSH_INTERVAL_S = 0.02
 REQUEST_BATCHES_MAX = 256
 CATCH_UP_INTERVAL_S = 2.0
 REQUEST_TIMEOUT_S = 5.0
+HEADS_MAX = 4096  # engines in one kv_heads message (a peer's longer list is refused)
 KV_MARK = b"K"
 
 
@@ -61,6 +70,7 @@ class KvSharing:
         self._replaying: set[tuple[str, str]] = set()
         self._nursery: trio.Nursery | None = None
         self._pending = trio.Event()  # set when the outbox has something to send
+        self._heads: list[list] = []  # [engine id, last published sequence], as of the last round
         self.forwarded = 0
         self.received = 0
         self.replays = 0
@@ -111,6 +121,7 @@ class KvSharing:
                 if trio.current_time() >= next_catch_up:
                     next_catch_up = trio.current_time() + CATCH_UP_INTERVAL_S
                     self._catch_up()
+                    self._announce_heads()
 
     async def _send(self, peer: str, items: list) -> None:
         try:
@@ -125,6 +136,21 @@ class KvSharing:
             log.debug("KV batches to %s not delivered (%s): it will ask for a replay", peer, e)
         finally:
             self._sending.discard(peer)
+
+    def _announce_heads(self) -> None:
+        """Send the last round's heads to every peer, and take this round's for the next."""
+        heads, self._heads = self._heads, [[engine_id, log_[-1][1]] for engine_id, log_ in self._log.items()
+                                           if log_ and self.is_owner(engine_id)][:HEADS_MAX]
+        if heads and self._nursery is not None:
+            request = KV_MARK + msgpack.packb(["kv_heads", self.cluster.node_name, heads])
+            for peer in self._peers():
+                self._nursery.start_soon(self._send_heads, peer, request)
+
+    async def _send_heads(self, peer: str, request: bytes) -> None:
+        try:
+            await self.cluster.request_peer(peer, request, REQUEST_TIMEOUT_S)
+        except (LookupError, TransportError) as e:
+            log.debug("KV heads to %s not delivered (%s): the next round's will be", peer, e)
 
     # -- receiver side --------------------------------------------------
 
@@ -144,6 +170,9 @@ class KvSharing:
             sender = str(message[1])
             for item in message[2]:
                 self._apply(item, sender)
+            return msgpack.packb(["ok"])
+        if kind == "kv_heads" and len(message) == 3 and isinstance(message[2], list):
+            self._behind_heads(str(message[1]), message[2])
             return msgpack.packb(["ok"])
         if kind == "kv_replay" and len(message) == 3 and isinstance(message[2], int):
             return msgpack.packb(["kv_items", self._replay_items(str(message[1]), message[2])])
@@ -170,6 +199,21 @@ class KvSharing:
                      self.index.block_count(engine_id))
         if outcome is BatchOutcome.GAP:
             self._ask_replay(engine_id, sender)  # no-op while a replay from that sender is running
+
+    def _behind_heads(self, sender: str, heads: list) -> None:
+        """An owner's last published sequence numbers: ask it for what we lack of the engines we follow
+        through others (an owner reads its engine itself)."""
+        if len(heads) > HEADS_MAX:
+            self.refused += 1
+            return
+        for head in heads:
+            if not (isinstance(head, list) and len(head) == 2 and isinstance(head[0], str)
+                    and 0 < len(head[0]) <= ENGINE_ID_CHARS_MAX and _int_in(head[1], 0, SEQUENCE_MAX)):
+                self.refused += 1
+                continue
+            engine_id, sequence = head
+            if not self.is_owner(engine_id) and self.index.next_sequence(engine_id) <= sequence:
+                self._ask_replay(engine_id, sender)
 
     def _replay_items(self, engine_id: str, from_sequence: int) -> list:
         log_ = self._log.get(engine_id)

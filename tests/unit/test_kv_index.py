@@ -9,6 +9,8 @@ import trio
 
 from chaos.sim_engine.kv_cache import PrefixCache
 from gateway.routing.kv_index import (
+    OP_CLEAR,
+    OP_STORE,
     BatchOutcome,
     Cleared,
     KvIndex,
@@ -290,3 +292,61 @@ def test_malformed_peer_ops_are_refused_before_they_change_anything():
             index.apply_ops("e", 2, ops)
         assert index.fingerprint("e") == fingerprint and index.block_count() == count
         assert index.next_sequence("e") == 2
+
+
+async def test_a_node_that_missed_the_last_batches_catches_up_from_the_owners_heads(autojump_clock):
+    """The chaos smoke once ended with a restarted node one batch behind on both engines for good: its last
+    batch was not delivered, and no later batch came to show the gap. The owners' heads show it."""
+    from gateway.cluster import KvSharing, PeerRequests
+    from gateway.cluster.kv_sharing import CATCH_UP_INTERVAL_S
+    from mesh.ring import HashRing
+    from mesh.transport import TransportError
+
+    ring = HashRing.build(["a", "b"])
+    engine = next(f"e{i}" for i in range(100) if ring.owners(f"e{i}", 1) == ["a"])
+    nodes: dict = {}
+    lost = {"batches to b": 1}  # the next kv_batches request to b fails
+
+    class Cluster:
+        def __init__(self, name):
+            self.node_name, self.ring, self.peer_requests = name, ring, PeerRequests()
+
+        def serve_requests(self, mark, handler):
+            self.peer_requests.register(mark, handler)
+
+        async def request_peer(self, peer, request, timeout_s):
+            if peer == "b" and b"kv_batches" in request and lost["batches to b"]:
+                lost["batches to b"] -= 1
+                raise TransportError("cut")
+            return await nodes[peer].cluster.peer_requests.handle(request)
+
+    for name in ("a", "b"):
+        nodes[name] = KvSharing(Cluster(name), KvIndex(), followers=1)
+    owner, follower = nodes["a"], nodes["b"]
+    follower.cluster.doc = owner.cluster.doc = type("Doc", (), {"workers": staticmethod(dict)})()
+
+    def publish(sequence, ops, snapshot=False):
+        owner.index.apply_ops(engine, sequence, ops, snapshot, 2)
+        owner.published(engine, sequence, ops, snapshot, 2)
+
+    async with trio.open_nursery() as nursery:
+        for sharing in nodes.values():
+            await nursery.start(sharing.run)
+        lost["batches to b"] = 0
+        publish(0, [[OP_CLEAR], [OP_STORE, [[5, 9]]]], snapshot=True)
+        await trio.sleep(1)
+        assert follower.index.next_sequence(engine) == 1
+        lost["batches to b"] = 1
+        publish(1, [[OP_STORE, [[6, 10]]]])  # b never gets it, and nothing comes after
+        await trio.sleep(1)
+        assert follower.index.next_sequence(engine) == 1
+        await trio.sleep(3 * CATCH_UP_INTERVAL_S)
+        assert follower.index.next_sequence(engine) == 2 and follower.index.block_count(engine) == 2
+        assert msgpack_answer(await follower.on_request(["kv_heads", "a", [["x" * 200, 1], [engine, -1], 7]]))
+        assert follower.refused == 3  # malformed heads are counted, never acted on
+        nursery.cancel_scope.cancel()
+
+
+def msgpack_answer(raw: bytes) -> bool:
+    import msgpack
+    return msgpack.unpackb(raw) == ["ok"]
