@@ -21,7 +21,7 @@ from mesh.asgi import answer_lifespan
 
 from ..auth import Access, Authenticator, KeysMissing, Unauthenticated
 from . import admin, anthropic, conversations, native, openai, parse, responses
-from .errors import ApiError, BadRequest, MethodNotAllowed, NotFound, to_api_error
+from .errors import ApiError, BadRequest, MethodNotAllowed, NotFound, Unavailable, to_api_error
 from .http import ClientGone, Request
 
 log = logging.getLogger("gateway.api")
@@ -32,6 +32,10 @@ Handler = Callable[[Any, Request], Awaitable[None]]
 Route = tuple[Handler, Access]
 
 PUBLIC, DATA, ADMIN = Access.PUBLIC, Access.DATA, Access.ADMIN
+# How long a data-plane request waits for a node that has not joined its cluster yet (its seeds answer
+# within a second or two when they are up), and how often it looks.
+JOIN_WAIT_S = 5.0
+JOIN_POLL_S = 0.05
 # Every route says who may call it (gateway/auth/authenticator.py): the control plane (workers,
 # rate limits) is ADMIN, reads included, since worker URLs and limits are the cluster's layout.
 _ROUTES: dict[str, dict[str, Route]] = {
@@ -95,6 +99,12 @@ class GatewayApp:
         self._body_bytes_max = state.config.admission.body_bytes_max  # None: the catalog sizes it
         self._auth = authenticator
         self._audit = state.config.auth.audit
+        # A node of a cluster serves the data plane once it holds the cluster's worker registry; until
+        # then (its first moment after a start) a request waits for it (JOIN_WAIT_S), rather than get a
+        # 404 or 503 for models the node does not know yet. nginx cannot see /readiness (passive checks
+        # only) and no longer counts 503s (they may be one model's): the wait is what keeps a restarted
+        # node from answering wrongly behind it.
+        self._joining = state.cluster is not None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -127,6 +137,8 @@ class GatewayApp:
                 except KeysMissing:
                     raise Unauthenticated("the token's signing key is not among the issuer's keys",
                                           credential_given=True) from None
+            if self._joining and access is DATA:
+                await self._wait_joined()
             await handler(self.state, request)
         except ClientGone:
             pass
@@ -148,6 +160,19 @@ class GatewayApp:
                                 elapsed * 1000, extra={"request_id": request.request_id})
             if self._audit and access is ADMIN and request.method not in ("GET", "HEAD"):
                 self._audit_entry(request, status)
+
+    async def _wait_joined(self) -> None:
+        """Until the node holds the cluster's registry, or knows workers of its own (--worker-urls: it serves
+        those, as it would cut off from its seeds)."""
+        cluster, registry = self.state.cluster, self.state.registry
+        with trio.move_on_after(JOIN_WAIT_S):
+            while not cluster.registry_received and not registry.all():
+                await trio.sleep(JOIN_POLL_S)
+        if cluster.registry_received:
+            self._joining = False
+        elif not registry.all():
+            raise Unavailable("this node has not joined its cluster yet (no worker registry received): retry, "
+                              "another node can serve it", code="not_joined", retry_after_s=1)
 
     def _resolve(self, request: Request) -> tuple[str, Handler, Access]:
         methods = _ROUTES.get(request.path)

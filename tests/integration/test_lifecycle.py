@@ -24,6 +24,28 @@ def readiness(node: NodeProcess) -> tuple[int, str]:
     return r.status_code, (r.json().get("error", {}).get("message", "") if r.status_code != 200 else "")
 
 
+def test_a_request_to_a_node_not_joined_yet_waits_for_the_cluster_rather_than_fail(log_dir):
+    """Issue 40: behind nginx (passive checks, no 503 counted) a restarted node must not answer 404 or 503 for
+    models it does not know yet: a data-plane request waits for the cluster's registry (bounded), and says
+    not_joined if it never comes."""
+    engine = EngineProcess(["--zero-cost"], log_dir, "join-engine")
+    nodes = []
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    try:
+        nodes.append(NodeProcess(node_args(44, seed=45), log_dir, "join-alone"))  # its seed never comes
+        r = httpx2.post(nodes[0].url + "/v1/chat/completions", json=chat, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "not_joined" and "retry-after" in r.headers
+        nodes.append(NodeProcess(node_args(42, "--worker-urls", engine.url, seed=42), log_dir, "join-a"))
+        nodes.append(NodeProcess(node_args(43, seed=42), log_dir, "join-b"))  # no engine of its own
+        # At once, as a balancer sends to a node that just started: served once it holds the registry.
+        r = httpx2.post(nodes[2].url + "/v1/chat/completions", json=chat, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+    finally:
+        for n in nodes:
+            n.kill()
+        engine.kill()
+
+
 def test_ready_only_once_joined_and_the_registry_received(log_dir):
     engine = EngineProcess(["--zero-cost"], log_dir, "life-engine")
     # b has a healthy engine of its own, but its seed (a) is not up yet: not ready.

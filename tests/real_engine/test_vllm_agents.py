@@ -113,3 +113,28 @@ def test_greedy_answers_agree_with_vllms_own_server(client, reference, model):
     theirs = reference.chat.completions.create(model=ref_model, messages=MESSAGES, temperature=1.0, seed=3,
                                                max_tokens=6, n=2)
     assert [c.message.content for c in ours.choices] == [c.message.content for c in theirs.choices]
+
+
+def test_usage_with_stop_strings_agrees_with_vllms_own_server(client, reference, model):
+    """Issue 34: with two stop strings the text was vLLM's but completion_tokens varied run to run (2, 3, 22
+    where vLLM said 2): tokens that came after the stop matched were counted. Counted up to and including the
+    token that completed the stop, streamed and not, every time."""
+    ref_model = reference.models.list().data[0].id
+    full = reference.chat.completions.create(model=ref_model, messages=MESSAGES, temperature=0,
+                                             max_tokens=40).choices[0].message.content
+    words = [w for w in full.split() if len(w) >= 3]
+    if len(words) < 4:
+        pytest.fail(f"could not pick stop strings from {full!r}")
+    stops = [words[len(words) // 2][:3], words[-1][:3]]
+    kwargs = dict(messages=MESSAGES, temperature=0, max_tokens=40, stop=stops)
+    theirs = reference.chat.completions.create(model=ref_model, **kwargs)
+    assert theirs.choices[0].finish_reason == "stop", (full, stops)
+    for _ in range(3):  # the same number every time, not whatever had arrived when the stop matched
+        ours = client.chat.completions.create(model=model, **kwargs)
+        assert ours.choices[0].message.content == theirs.choices[0].message.content
+        assert ours.usage.completion_tokens == theirs.usage.completion_tokens, (stops, theirs.usage)
+        chunks = list(client.chat.completions.create(model=model, stream=True, stream_options={"include_usage": True},
+                                                     **kwargs))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+            theirs.choices[0].message.content
+        assert chunks[-1].usage.completion_tokens == theirs.usage.completion_tokens
