@@ -18,11 +18,12 @@ pytestmark = pytest.mark.real_engine
 def test_responses_chain_stream_and_conversation(client, model):
     first = client.responses.create(model=model, input="Hello", max_output_tokens=6, temperature=0)
     assert first.status == "incomplete" and first.usage.output_tokens == 6  # cut at max_output_tokens
-    with client.responses.stream(model=model, previous_response_id=first.id, input="Go on", max_output_tokens=6,
-                                 temperature=0) as stream:
-        kinds = [event.type for event in stream]
-        second = stream.get_final_response()
-    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    # Cut by max_output_tokens too: the stream ends with response.incomplete, as OpenAI's (issue 34), which
+    # the SDK's stream helper does not take as an end (it wants response.completed): the events as they come.
+    events = list(client.responses.create(model=model, previous_response_id=first.id, input="Go on",
+                                          max_output_tokens=6, temperature=0, stream=True))
+    kinds, second = [event.type for event in events], events[-1].response
+    assert kinds[0] == "response.created" and kinds[-1] == "response.incomplete" and second.status == "incomplete"
     # The follow-up's prompt holds the first turn: more input tokens than the first had.
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
     conversation = client.conversations.create()
