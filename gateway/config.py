@@ -43,6 +43,7 @@ from .routing.policies import POLICIES, PolicyConfig
 from .routing.retry import RetryConfig
 from .tls import ServerTls, TlsConfig
 from .tokenizer.service import TokenizerConfig
+from .tracing import TracingConfig
 from .workers import HealthConfig, WorkerAllowlist, WorkerUrlError, parse_worker_origin
 
 ENV_PREFIX = "SMG_NODE_"
@@ -127,6 +128,7 @@ class GatewayConfig:
     # previous_response_id and conversations refused).
     history_backend: str = "memory"
     history: HistoryConfig = HistoryConfig()
+    tracing: TracingConfig = TracingConfig()  # --enable-trace (gateway/tracing)
     postgres: PostgresConfig = PostgresConfig()  # --history-backend postgres
     redis: RedisConfig = RedisConfig()  # --history-backend redis
     reasoning_parser: str | None = None
@@ -264,6 +266,13 @@ _OPTIONS: list[_Option] = [
     _Option("--redis-retention-days", "redis.retention_days", float, "how long Redis keeps a record after its "
             "last write; -1: forever"),
     _Option("--redis-key-prefix", "redis.key_prefix", str, "prefix of every key written to Redis"),
+    _Option("--enable-trace", "tracing.enabled", "bool", "export traces of requests over OTLP (OpenTelemetry)"),
+    _Option("--otlp-traces-endpoint", "tracing.endpoint", str, "where traces go: host:port is OTLP/gRPC "
+            "(default localhost:4317), an http(s):// URL is OTLP/HTTP protobuf, posted to it as given"),
+    _Option("--trace-sample-ratio", "tracing.sample_ratio", float, "share of the traces that start here to "
+            "keep, 0 to 1 (a client's sampled traceparent is always followed)"),
+    _Option("--trace-export-timeout-secs", "tracing.export_timeout_s", float, "one export to the collector, its "
+            "retries included; spans that cannot wait are dropped and counted"),
     _Option("--log-level", "log_level", str, "debug, info, warning, error"),
     _Option("--log-json", "log_json", "bool", "log JSON lines instead of text"),
     _Option("--default-max-tokens", "default_max_tokens", int, "max_tokens when nothing else bounds it"),
@@ -395,6 +404,8 @@ HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "--history-record-max-bytes", "--postgres-db-url", "--postgres-pool-max-size", "--postgres-names",
         "--redis-url", "--redis-pool-max-size", "--redis-retention-days", "--redis-key-prefix",
         "--log-level", "--log-json")),
+    ("tracing: OpenTelemetry over OTLP", (
+        "--enable-trace", "--otlp-traces-endpoint", "--trace-sample-ratio", "--trace-export-timeout-secs")),
     ("engines: where generations run", (
         "--worker-urls", "--model-path", "--tokenizer-path", "--chat-template", "--worker-api-key",
         "--engine-tls-ca-path", "--engine-tls-cert-path", "--engine-tls-key-path", "--engine-keepalive-interval-secs",
@@ -630,6 +641,10 @@ def validate(config: GatewayConfig) -> None:
             or not 1 <= history.record_bytes_max <= RECORD_BYTES_MAX:
         raise ConfigError(f"--history-tenant-max-* must be positive, and --history-record-max-bytes from 1 to "
                           f"{RECORD_BYTES_MAX} (a record travels between nodes in one mesh frame)")
+    tracing = config.tracing
+    if not 0.0 <= tracing.sample_ratio <= 1.0 or tracing.export_timeout_s <= 0 or not tracing.endpoint:
+        raise ConfigError("--trace-sample-ratio must be from 0 to 1, --trace-export-timeout-secs positive, and "
+                          "--otlp-traces-endpoint given")
     parsers_off = (None, "none", "passthrough")
     if config.tool_call_parser not in parsers_off and config.tool_call_parser not in TOOL_CALL_PARSERS:
         raise ConfigError(f"--tool-call-parser: unknown parser {config.tool_call_parser!r}; choose one of "

@@ -199,6 +199,7 @@ class Generator:
         self.metrics = metrics
         self._nursery = nursery  # long-lived: background aborts outlive the request
         self._rng = rng or random.Random()
+        self.tracing: Any = None  # gateway.tracing.Tracing when --enable-trace: a span per engine attempt
 
     async def run(self, plan: GenerationPlan, tokenizer: TokenizerService, sink: TextSink | None) -> GenerationResult:
         return await self.with_retries(plan.request_id, plan.model, plan.routing, "grpc",
@@ -224,7 +225,12 @@ class Generator:
             worker = self.router.select(model, routing, exclude=tried, kind=kind)
             tried.add(worker.id)
             try:
-                return await attempt_fn(worker)
+                if self.tracing is None or not self.tracing.active():
+                    return await attempt_fn(worker)
+                with self.tracing.client_span("engine.generate", {
+                        "smg.worker.id": worker.id, "smg.worker.url": worker.url, "smg.attempt": attempt + 1,
+                        "smg.policy": self.router.policy.name, "gen_ai.request.model": model}):
+                    return await attempt_fn(worker)
             except AttemptFailed as failed:
                 error = failed.error
                 if not error.retryable or attempt == attempts - 1:
@@ -281,6 +287,11 @@ class Generator:
                     self._nursery.start_soon(self._abort, worker, plan.request_id)
         result = progress.result
         first_token_at = progress.first_token_at
+        if self.tracing is not None and self.tracing.active():
+            self.tracing.annotate({"gen_ai.usage.output_tokens": result.completion_tokens,
+                                   "gen_ai.usage.input_tokens": result.prompt_tokens,
+                                   **({"smg.ttft_s": first_token_at - started_at} if first_token_at is not None
+                                      else {})})
         if first_token_at is not None and engine_stream:
             metrics, model = self.metrics, plan.model
             metrics.child(metrics.ttft, model).observe(first_token_at - started_at)

@@ -15,6 +15,7 @@ import logging
 import os
 import random
 import signal
+import socket
 import ssl
 import sys
 from collections.abc import Iterator
@@ -117,6 +118,14 @@ def _state_metrics(state: GatewayState) -> Iterator[Any]:
 def _http_server_metrics(server: H1Server) -> Iterator[Any]:
     yield counter("smg_http_refused", "Requests the HTTP server answered itself, before the API saw them "
                   "(400 malformed, 414 URL or 431 head over its limit)", [], [([], server.refused)])
+
+
+def _trace_metrics(tracing: Any) -> Iterator[Any]:
+    processor = tracing.processor
+    yield counter("smg_trace_spans", "Spans that ended here, by what became of them: exported, failed (the "
+                  "collector refused them or did not answer in time), dropped (the export queue was full)",
+                  ["outcome"], [(["exported"], processor.exported), (["failed"], processor.failed),
+                                (["dropped"], processor.dropped)])
 
 
 def _lag_metrics(lag: LoopLagMonitor) -> Iterator[Any]:
@@ -348,6 +357,11 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
                              rate_limiter=rate_limiter, cluster=cluster, key_store=_start_key_store(cluster),
                              history=await _start_history(config, cluster, metrics, nursery))
         metrics.add_state_source(lambda: _state_metrics(state))
+        if config.tracing.enabled:
+            from .tracing.tracer import Tracing  # OpenTelemetry loaded only when tracing is on
+            state.tracing = generator.tracing = Tracing.start(
+                config.tracing, cluster.node_name if cluster is not None else socket.gethostname())
+            metrics.add_state_source(lambda: _trace_metrics(state.tracing))
         lag = LoopLagMonitor(metrics.loop_lag, gc_pauses=metrics.gc_pauses)
         nursery.start_soon(lag.run)
         metrics.add_state_source(lambda: _lag_metrics(lag))
@@ -385,6 +399,8 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         # then everything else (health tasks, engines) is cancelled.
         with trio.move_on_after(config.shutdown_grace_period_s + 1):
             await admission.wait_idle()
+        if state.tracing is not None:  # the last spans out, off the loop (bounded by the export timeout)
+            await trio.to_thread.run_sync(state.tracing.shutdown)
         nursery.cancel_scope.cancel()
 
 

@@ -114,6 +114,17 @@ class GatewayApp:
             return  # websockets are not served
         request = Request(scope, receive, send, self._request_id(scope),
                           self._body_bytes_max or self.state.catalog.body_bytes_max_auto, self._background)
+        tracing = self.state.tracing
+        if tracing is None or not tracing.samples(request.headers):
+            await self._serve(request, None)
+            return
+        with tracing.request_span(f"{request.method} {_printable(request.path)}", request.headers, {
+                "http.request.method": request.method, "url.path": _printable(request.path),
+                "smg.request_id": request.request_id}) as span:
+            await self._serve(request, span)
+
+    async def _serve(self, request: Request, span: Any) -> None:
+        """The request, from its route to its answer (``span``: its trace's server span, when tracing)."""
         started = time.perf_counter()
         route = "unmatched"
         access = PUBLIC
@@ -126,10 +137,17 @@ class GatewayApp:
                 # framings are how requests are smuggled past a proxy that reads the other one.
                 raise AmbiguousFraming("Transfer-Encoding with Content-Length: the body's framing is ambiguous",
                                        code="ambiguous_framing")
-            if len(headers) != len(scope["headers"]):
-                _refuse_repeated_credentials(scope["headers"])  # the dict kept the last of each repeated header
+            raw_headers = request.scope["headers"]
+            if len(headers) != len(raw_headers):
+                _refuse_repeated_credentials(raw_headers)  # the dict kept the last of each repeated header
             try:
-                request.principal = self._auth.authenticate(request.headers, access)
+                if span is None:
+                    request.principal = self._auth.authenticate(request.headers, access)
+                else:
+                    span.update_name(f"{request.method} {route}")  # the route: its ids are not a span name
+                    span.set_attribute("http.route", route)
+                    with self.state.tracing.span("authenticate", attributes={"smg.access": access.name.lower()}):
+                        request.principal = self._auth.authenticate(request.headers, access)
             except KeysMissing:  # a JWT signed with a key we do not hold yet: the issuer rotated
                 await self._auth.refresh_keys()
                 try:
@@ -151,6 +169,8 @@ class GatewayApp:
             await self._fail(request, error.status, body, error.headers())
         finally:
             status = request.status if request.response_started else 499  # 499: client closed first
+            if span is not None:
+                span.set_attribute("http.response.status_code", status)
             metrics = self.state.metrics
             metrics.child(metrics.requests, route, str(status)).inc()
             elapsed = time.perf_counter() - started

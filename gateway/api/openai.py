@@ -392,6 +392,17 @@ async def encode_chat(state: GatewayState, request: Request, entry: ModelEntry, 
     """The chat's prompt ids. Client text that spells a special token is encoded as plain text
     (gateway/tokenizer/literal_spans.py) unless the node trusts it (--allow-special-tokens-in-content)
     or an admin key asks for it (``"special_tokens_in_content": true``)."""
+    tracing = state.tracing
+    if tracing is None or not tracing.active():
+        return await _encode_chat(state, request, entry, tokenizer, chat, add_generation_prompt, raw)
+    with tracing.span("tokenize", attributes={"gen_ai.request.model": entry.name}):  # the template and the ids
+        ids = await _encode_chat(state, request, entry, tokenizer, chat, add_generation_prompt, raw)
+        tracing.annotate({"gen_ai.usage.input_tokens": len(ids)})
+        return ids
+
+
+async def _encode_chat(state: GatewayState, request: Request, entry: ModelEntry, tokenizer: TokenizerService,
+                       chat: ChatRequest, add_generation_prompt: bool, raw: bytes | None) -> list[int]:
     messages, tools, spans = chat.messages, chat.tools, []
     if chat.special_tokens_in_content and not request.principal.is_admin:
         raise Forbidden("'special_tokens_in_content' needs an admin key", code="insufficient_role")

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ..config import GatewayConfig
     from ..ratelimit.limiter import RateLimiter
     from .proxy import HttpProxy
+    from ..tracing import Tracing
     from .response_stream import StreamLog
 
 
@@ -42,6 +43,7 @@ class GatewayState:
     rate_limiter: "RateLimiter | None" = None
     cluster: "ClusterState | None" = None
     key_store: "KeyStore | None" = None
+    tracing: "Tracing | None" = None  # --enable-trace: every instrumented step reads it (None: off)
     # Stored responses and conversations (gateway/history): the backend --history-backend chose, None
     # with "none". The default here (a lone node's memory) is for states built without a server.
     history: "HistoryStore | None" = dataclasses.field(default_factory=MemoryHistory)

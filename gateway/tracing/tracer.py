@@ -1,0 +1,154 @@
+"""The node's tracer: spans of a request's steps, their context from and to W3C ``traceparent`` headers.
+
+Built once per process when ``--enable-trace`` is set (``Tracing.start``); the gateway holds it as
+``state.tracing`` and every instrumented step reads that: None (the default) costs one attribute read,
+nothing else. Spans are kept per trio task in OpenTelemetry's context (contextvars: a task started from a
+request's task sees the request's span as its parent).
+
+Sampling: parent-based, then ``sample_ratio`` of the traces that start here; a client's ``traceparent``
+with the sampled flag is followed as it is (the trace is the client's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from .config import TracingConfig
+from .export import QueuedSpanProcessor
+
+__all__ = ["Tracing", "exporter_for"]
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+# Set inside a traced request's task (and the tasks it starts): a step checks it before making a span.
+_TRACED: contextvars.ContextVar[bool] = contextvars.ContextVar("smg_traced", default=False)
+TRACEPARENT_CHARS_MAX = 64  # "00-" + 32 + "-" + 16 + "-" + 2 = 55; longer is not W3C's
+TRACESTATE_CHARS_MAX = 512  # W3C: 32 list members of up to 256 characters; we pass on this much at most
+
+
+class Tracing:
+    def __init__(self, config: TracingConfig, node_name: str, exporter: Any) -> None:
+        self.config = config
+        self.processor = QueuedSpanProcessor(exporter, config.queue_spans_max, config.batch_spans_max,
+                                             config.export_interval_s)
+        resource = Resource.create({"service.name": config.service_name, "service.instance.id": node_name,
+                                    "process.pid": os.getpid()})
+        self.provider = TracerProvider(resource=resource,
+                                       sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)))
+        self.provider.add_span_processor(self.processor)
+        self.tracer = self.provider.get_tracer("smg-node")
+        self._rng = random.Random()
+
+    @classmethod
+    def start(cls, config: TracingConfig, node_name: str) -> "Tracing":
+        return cls(config, node_name, exporter_for(config))
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+    # -- spans ------------------------------------------------------------------
+
+    def samples(self, headers: "dict[bytes, bytes]") -> bool:
+        """Whether this client request is traced: its traceparent's sampled flag, else the ratio. Decided
+        before the SDK is asked for anything: an unsampled request through the SDK's sampler and no-op
+        spans cost a third of a plain request (BENCHMARKS.md); decided here, a few hundred instructions."""
+        flag = _sampled_flag(headers.get(b"traceparent"))
+        return flag if flag is not None else self._rng.random() < self.config.sample_ratio
+
+    @staticmethod
+    def active() -> bool:
+        """Inside a traced request (the steps' spans are made only then)."""
+        return _TRACED.get()
+
+    @contextlib.contextmanager
+    def request_span(self, name: str, headers: "dict[bytes, bytes]", attributes: "dict[str, Any]") -> Iterator[Any]:
+        """The server span of a sampled client request (``samples``), the child of its ``traceparent``
+        when it sent one."""
+        parent = _extract(headers)
+        token = otel_context.attach(parent) if parent is not None else None
+        traced = _TRACED.set(True)
+        try:
+            with self.tracer.start_as_current_span(name, kind=SpanKind.SERVER, attributes=attributes,
+                                                   record_exception=False, set_status_on_exception=False) as span:
+                yield span
+        finally:
+            _TRACED.reset(traced)
+            if token is not None:
+                otel_context.detach(token)
+
+    @contextlib.contextmanager
+    def span(self, name: str, kind: SpanKind = SpanKind.INTERNAL, attributes: "dict[str, Any] | None" = None
+             ) -> Iterator[Any]:
+        """A step of the current request: an error leaving it marks the span (its type, not its text). None
+        outside a sampled request (no trace to add it to)."""
+        if not _TRACED.get():
+            yield None
+            return
+        with self.tracer.start_as_current_span(name, kind=kind, attributes=attributes, record_exception=False,
+                                               set_status_on_exception=False) as span:
+            try:
+                yield span
+            except Exception as e:
+                span.set_status(Status(StatusCode.ERROR, type(e).__name__))
+                raise
+
+    def client_span(self, name: str, attributes: "dict[str, Any]") -> Any:
+        """A call this request makes to another process (an engine, a peer)."""
+        return self.span(name, SpanKind.CLIENT, attributes)
+
+    @staticmethod
+    def annotate(attributes: "dict[str, Any]") -> None:
+        """Attributes for the current span, learnt as the step went (tokens, time to first token)."""
+        trace.get_current_span().set_attributes(attributes)
+
+    def traceparent(self) -> "dict[str, str]":
+        """The current span's context as W3C headers, for what this request calls (engines, workers, peers)."""
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier)
+        return carrier
+
+
+def _sampled_flag(traceparent: "bytes | None") -> "bool | None":
+    """Whether a client's W3C traceparent says its trace is sampled (the flags' lowest bit); None without
+    one, or for a malformed one (ignored, as W3C says: the trace starts here, sampled by the ratio)."""
+    if traceparent is None or len(traceparent) != 55 or traceparent[2:3] != b"-" or traceparent[52:53] != b"-":
+        return None
+    try:
+        return bool(int(traceparent[53:55], 16) & 1)
+    except ValueError:
+        return None
+
+
+def _extract(headers: "dict[bytes, bytes]") -> Any:
+    raw = headers.get(b"traceparent")
+    if raw is None or len(raw) > TRACEPARENT_CHARS_MAX:
+        return None  # (an over-long header is not W3C's: ignored, the trace starts here)
+    carrier = {"traceparent": raw.decode("latin-1")}
+    state = headers.get(b"tracestate")
+    if state is not None and len(state) <= TRACESTATE_CHARS_MAX:
+        carrier["tracestate"] = state.decode("latin-1")
+    return _PROPAGATOR.extract(carrier)
+
+
+def exporter_for(config: TracingConfig) -> Any:
+    """OTLP over gRPC for ``host:port`` (smg's default localhost:4317), OTLP/HTTP protobuf posted to an
+    ``http(s)://`` URL as given."""
+    endpoint = config.endpoint
+    if endpoint.startswith(("http://", "https://")):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+        return HttpExporter(endpoint=endpoint, timeout=config.export_timeout_s)
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+    return GrpcExporter(endpoint=endpoint, insecure=not config.grpc_tls, timeout=config.export_timeout_s)
+

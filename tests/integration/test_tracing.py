@@ -1,0 +1,177 @@
+"""Tracing (--enable-trace) into real OTLP receivers: a gRPC TraceService and an OTLP/HTTP endpoint, each
+decoding OpenTelemetry's protobuf messages. A client's request, with its own W3C traceparent, yields one
+trace: the node's server span as the child of the client's, and the steps as its children (authentication,
+template and tokens, the engine attempt with its time to first token). A collector that is away costs
+dropped or failed spans, counted, and no request time."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import http.server
+import threading
+import time
+
+import grpc
+import httpx2
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from chaos.processes import EngineProcess, NodeProcess
+
+from ..real_servers import free_port
+from .conftest import MODEL
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN_ID = "00f067aa0ba902b7"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+
+
+class Receiver:
+    """What an OTLP collector received: every span, by trace id."""
+
+    def __init__(self) -> None:
+        self.spans: list = []
+        self.resources: list = []
+        self._lock = threading.Lock()
+
+    def take(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
+        with self._lock:
+            for resource_spans in request.resource_spans:
+                attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        self.spans.append(span)
+                        self.resources.append(attributes)
+
+    def trace(self, trace_id: str, names: "set[str]", timeout_s: float = 15.0) -> dict:
+        """The spans of ``trace_id`` by name, once every name in ``names`` arrived."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                found = {s.name: s for s in self.spans if s.trace_id.hex() == trace_id}
+            if names <= set(found):
+                return found
+            assert time.monotonic() < deadline, f"spans of {trace_id}: {sorted(found)}, wanted {sorted(names)}"
+            time.sleep(0.05)
+
+
+class GrpcCollector(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self, receiver: Receiver) -> None:
+        self.receiver = receiver
+
+    def Export(self, request, context):  # noqa: N802 (the service's method name)
+        self.receiver.take(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+@pytest.fixture(scope="module")
+def grpc_collector():
+    receiver = Receiver()
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(GrpcCollector(receiver), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield receiver, f"127.0.0.1:{port}"
+    server.stop(0)
+
+
+@pytest.fixture(scope="module")
+def http_collector():
+    receiver = Receiver()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers["content-length"]))
+            assert self.path == "/v1/traces" and self.headers["content-type"] == "application/x-protobuf"
+            receiver.take(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
+            answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield receiver, f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def engine(log_dir):
+    e = EngineProcess(["--zero-cost"], log_dir, "trace-engine")
+    yield e
+    e.stop()
+
+
+@pytest.mark.parametrize("collector", ["grpc_collector", "http_collector"])
+def test_one_request_is_one_trace_under_the_clients(request, collector, engine, log_dir):
+    receiver, endpoint = request.getfixturevalue(collector)
+    node = NodeProcess(["--worker-urls", engine.url, "--enable-trace", "--otlp-traces-endpoint", endpoint],
+                       log_dir, f"trace-node-{collector}")
+    try:
+        for stream in (False, True):
+            trace_id = TRACE_ID[:-1] + ("1" if stream else "0")
+            headers = {"traceparent": f"00-{trace_id}-{CLIENT_SPAN_ID}-01", "tracestate": "vendor=abc"}
+            r = httpx2.post(node.url + "/v1/chat/completions", json={**CHAT, "stream": stream}, headers=headers,
+                            timeout=30)
+            assert r.status_code == 200
+            spans = receiver.trace(trace_id, {"POST /v1/chat/completions", "authenticate", "tokenize",
+                                              "engine.generate"})
+            root = spans["POST /v1/chat/completions"]
+            assert root.parent_span_id.hex() == CLIENT_SPAN_ID and root.kind == root.SPAN_KIND_SERVER
+            attributes = {a.key: a.value for a in root.attributes}
+            assert attributes["http.response.status_code"].int_value == 200
+            for name in ("authenticate", "tokenize", "engine.generate"):
+                assert spans[name].parent_span_id == root.span_id, name
+                assert root.start_time_unix_nano <= spans[name].start_time_unix_nano <= root.end_time_unix_nano
+            attempt = {a.key: a.value for a in spans["engine.generate"].attributes}
+            assert spans["engine.generate"].kind == root.SPAN_KIND_CLIENT
+            assert attempt["smg.worker.url"].string_value == engine.url and attempt["smg.attempt"].int_value == 1
+            assert attempt["gen_ai.usage.output_tokens"].int_value == 4
+            if stream:
+                assert attempt["smg.ttft_s"].double_value > 0
+        # A request without a traceparent starts its own trace; a malformed one is ignored, never a failure.
+        r = httpx2.post(node.url + "/v1/chat/completions", json=CHAT, headers={"traceparent": "00-zz-" + "x" * 200},
+                        timeout=30)
+        assert r.status_code == 200
+        resource = receiver.resources[0]
+        assert resource["service.name"] == "smg-node" and resource["service.instance.id"]
+    finally:
+        node.stop()
+
+
+def test_a_collector_that_is_away_costs_counted_spans_not_request_time(engine, log_dir):
+    away = f"127.0.0.1:{free_port()}"  # nothing listens there
+    node = NodeProcess(["--worker-urls", engine.url, "--enable-trace", "--otlp-traces-endpoint", away,
+                        "--trace-export-timeout-secs", "1"], log_dir, "trace-node-away")
+    plain = NodeProcess(["--worker-urls", engine.url], log_dir, "trace-node-plain")
+    try:
+        with httpx2.Client(timeout=30) as client:
+            for url in (node.url, plain.url):  # warm both
+                client.post(url + "/v1/chat/completions", json=CHAT)
+            timings = {}
+            for url in (node.url, plain.url):
+                started = time.perf_counter()
+                for _ in range(30):
+                    assert client.post(url + "/v1/chat/completions", json=CHAT).status_code == 200
+                timings[url] = time.perf_counter() - started
+        # Not a timing test of the tracer's cost (BENCHMARKS.md measures that): an exporter that waited on
+        # the collector would take its timeout, a second, per request here.
+        assert timings[node.url] < 30 * 0.5, timings
+
+        def lost() -> float:
+            text = httpx2.get(node.url + "/metrics").text
+            return sum(float(line.split()[1]) for line in text.splitlines()
+                       if line.startswith("smg_trace_spans_total{") and 'outcome="exported"' not in line)
+
+        deadline = time.monotonic() + 20
+        while lost() == 0:
+            assert time.monotonic() < deadline, "no span counted as failed or dropped"
+            time.sleep(0.2)
+    finally:
+        node.stop()
+        plain.stop()
