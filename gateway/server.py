@@ -358,10 +358,14 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
                              history=await _start_history(config, cluster, metrics, nursery))
         metrics.add_state_source(lambda: _state_metrics(state))
         if config.tracing.enabled:
-            from .tracing.tracer import Tracing  # OpenTelemetry loaded only when tracing is on
+            from .tracing.tracer import TracedCalls, Tracing  # OpenTelemetry loaded only when tracing is on
             state.tracing = generator.tracing = Tracing.start(
                 config.tracing, cluster.node_name if cluster is not None else socket.gethostname())
             metrics.add_state_source(lambda: _trace_metrics(state.tracing))
+            if cluster is not None:  # peers' requests in a traced request's trace, both ways
+                cluster.peer_requests.tracing = state.tracing
+            if state.history is not None:
+                state.history = TracedCalls(state.history, state.tracing, "history")
         lag = LoopLagMonitor(metrics.loop_lag, gc_pauses=metrics.gc_pauses)
         nursery.start_soon(lag.run)
         metrics.add_state_source(lambda: _lag_metrics(lag))

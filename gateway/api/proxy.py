@@ -38,9 +38,13 @@ class HttpProxy:
 
         async def attempt(worker: Worker) -> None:
             relayed = False
+            sent = headers
+            tracing = self._generator.tracing
+            if tracing is not None and tracing.active():  # the worker's spans join the attempt's
+                sent = [*headers, (b"traceparent", tracing.traceparent_bytes())]
             with WorkerAttempt(worker) as counted:
                 try:
-                    async with worker.client.forward(path, body, headers, self._timeout_s) as upstream:
+                    async with worker.client.forward(path, body, sent, self._timeout_s) as upstream:
                         is_sse = any(k == b"content-type" and v.startswith(b"text/event-stream")
                                      for k, v in upstream.headers)
                         try:

@@ -33,7 +33,7 @@ from mesh.ring import HashRing
 from mesh.wire import USER_PAYLOAD_BYTES_MAX
 from mesh.worker_doc import DocError, WorkerDoc
 
-from .peer_requests import Handler, PeerRequests
+from .peer_requests import TRACE_MARK, Handler, PeerRequests
 from .ring_view import RingView
 
 log = logging.getLogger("gateway.cluster")
@@ -108,7 +108,12 @@ class ClusterState:
         member = self.agent.swim.table.get(name) if self.agent is not None else None
         if member is None:
             raise LookupError(f"no member {name}")
-        return await self.agent.request(member.addr, payload, timeout_s)
+        tracing = self.peer_requests.tracing
+        if tracing is None or not tracing.active():
+            return await self.agent.request(member.addr, payload, timeout_s)
+        with tracing.client_span("peer.request", {"smg.peer": name, "smg.peer.kind": payload[:1].decode("latin-1")}):
+            traced = TRACE_MARK + tracing.traceparent_bytes() + payload  # the answering node's spans join it
+            return await self.agent.request(member.addr, traced, timeout_s)
 
     # -- writes from this node -------------------------------------------
 

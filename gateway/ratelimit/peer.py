@@ -14,6 +14,7 @@ item's result. A batch that cannot be delivered fails every item in it with
 from __future__ import annotations
 
 import collections
+import contextvars
 import dataclasses
 import math
 from collections.abc import Awaitable, Callable
@@ -163,6 +164,10 @@ class _Batch:
         self.items: list[PendingItem] = []
         self.results: list[Decision | Exception] = []
         self.done = trio.Event()
+        # The context of the request that opened the batch: the batch is sent in it, so a traced request's
+        # decision asked of another node is in its trace (and a batch is never sent in the context of a
+        # request that opened an earlier one).
+        self.context = contextvars.copy_context()
 
 
 class _Lane:
@@ -247,7 +252,8 @@ class Batcher:
         while lane.waiting and lane.in_flight < self.in_flight_max:
             lane.in_flight += 1
             assert self._nursery is not None
-            self._nursery.start_soon(self._deliver, owner, lane, lane.waiting.popleft())
+            batch = lane.waiting.popleft()
+            batch.context.run(self._nursery.start_soon, self._deliver, owner, lane, batch)
 
     async def _flush_after_wait(self, owner: str, lane: _Lane) -> None:
         if self.batch_wait_s > 0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 import os
 import random
 from collections.abc import Iterator
@@ -29,11 +30,13 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from .config import TracingConfig
 from .export import QueuedSpanProcessor
 
-__all__ = ["Tracing", "exporter_for"]
+__all__ = ["TracedCalls", "Tracing", "exporter_for"]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 # Set inside a traced request's task (and the tasks it starts): a step checks it before making a span.
 _TRACED: contextvars.ContextVar[bool] = contextvars.ContextVar("smg_traced", default=False)
+# The subsystems answering peers, by their mark (gateway/cluster/peer_requests.py): a peer span's name.
+PEER_KINDS = {"R": "rate_limit", "H": "history", "K": "kv"}
 TRACEPARENT_CHARS_MAX = 64  # "00-" + 32 + "-" + 16 + "-" + 2 = 55; longer is not W3C's
 TRACESTATE_CHARS_MAX = 512  # W3C: 32 list members of up to 256 characters; we pass on this much at most
 
@@ -113,6 +116,30 @@ class Tracing:
         """Attributes for the current span, learnt as the step went (tokens, time to first token)."""
         trace.get_current_span().set_attributes(attributes)
 
+    def traceparent_bytes(self) -> bytes:
+        """The current span's context as a W3C traceparent (55 bytes), for a peer request's frame."""
+        context = trace.get_current_span().get_span_context()
+        return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}".encode("ascii")
+
+    @contextlib.contextmanager
+    def peer_span(self, traceparent: bytes, kind: str) -> Iterator[Any]:
+        """A peer's request handled here, in its caller's trace (the frame's traceparent): a server span,
+        and the steps' spans below it. A malformed traceparent is ignored (the request is served untraced)."""
+        flag = _sampled_flag(traceparent)
+        if not flag:
+            yield None
+            return
+        parent = _PROPAGATOR.extract({"traceparent": traceparent.decode("ascii", "replace")})
+        token = otel_context.attach(parent)
+        traced = _TRACED.set(True)
+        try:
+            with self.tracer.start_as_current_span(f"peer.{PEER_KINDS.get(kind, 'request')}", kind=SpanKind.SERVER,
+                                                   record_exception=False, set_status_on_exception=False) as span:
+                yield span
+        finally:
+            _TRACED.reset(traced)
+            otel_context.detach(token)
+
     def traceparent(self) -> "dict[str, str]":
         """The current span's context as W3C headers, for what this request calls (engines, workers, peers)."""
         carrier: dict[str, str] = {}
@@ -152,3 +179,24 @@ def exporter_for(config: TracingConfig) -> Any:
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
     return GrpcExporter(endpoint=endpoint, insecure=not config.grpc_tls, timeout=config.export_timeout_s)
 
+
+class TracedCalls:
+    """``target`` with a span per awaited method call made inside a traced request (``{prefix}.{method}``):
+    the history store's operations, whichever backend. Everything else is the target's own."""
+
+    def __init__(self, target: Any, tracing: Tracing, prefix: str) -> None:
+        self._target, self._tracing, self._prefix = target, tracing, prefix
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._target, name)
+        if not inspect.iscoroutinefunction(attribute):
+            return attribute
+        tracing, span_name = self._tracing, f"{self._prefix}.{name}"
+
+        async def traced(*args: Any, **kwargs: Any) -> Any:
+            if not tracing.active():
+                return await attribute(*args, **kwargs)
+            with tracing.span(span_name):
+                return await attribute(*args, **kwargs)
+
+        return traced

@@ -13,7 +13,6 @@ two nodes sharing what they store (the memory backend over their mesh, or one re
 from __future__ import annotations
 
 import json
-import re
 import time
 
 import httpx2
@@ -22,7 +21,8 @@ import pytest
 
 from chaos.processes import EngineProcess, NodeProcess
 
-from ..real_servers import free_port, postgres_server, redis_server
+from ..real_servers import postgres_server, redis_server
+from . import node_pairs
 from .history_script import MODEL, RULES, poll
 
 # Scripted where an answer must show what the model saw; any other prompt gets the simulated engine's words,
@@ -44,9 +44,7 @@ def engine(log_dir, tmp_path_factory):
 def backend(request, tmp_path_factory):
     """How the nodes of a pair are told to store: (node index, the pair's four free ports) -> arguments."""
     if request.param == "memory":
-        yield lambda i, ports: ["--mesh-bind", f"127.0.0.1:{ports[i]}", "--join", f"127.0.0.1:{ports[0]}",
-                                "--node-name", f"c{i}", "--mesh-preset", "local",
-                                "--rpc-addr", f"127.0.0.1:{ports[2 + i]}", "--retry-join-interval-secs", "0.5"]
+        yield lambda i, ports: node_pairs.mesh_args(i, ports, "c")
         return
     server = postgres_server if request.param == "postgres" else redis_server
     with server(tmp_path_factory.mktemp(request.param)) as url:
@@ -55,27 +53,7 @@ def backend(request, tmp_path_factory):
 
 
 def start_pair(engine, backend, log_dir, name: str) -> list[NodeProcess]:
-    nodes: list[NodeProcess] = []
-    ports = [free_port() for _ in range(4)]
-    try:
-        for i in range(2):
-            nodes.append(NodeProcess(["--worker-urls", engine.url, *backend(i, ports)], log_dir, f"{name}{i}"))
-        if "--mesh-bind" in nodes[0].argv:  # both see both: each record is on the two
-            deadline = time.monotonic() + 30
-            while not all(alive_members(n) == 2 for n in nodes):
-                assert time.monotonic() < deadline, "the pair's mesh did not form"
-                time.sleep(0.1)
-        return nodes
-    except BaseException:
-        for n in nodes:
-            n.stop()
-        raise
-
-
-def alive_members(node: NodeProcess) -> float:
-    text = httpx2.get(node.url + "/metrics").text
-    match = re.search(r'^smg_mesh_members\{state="alive"\} (\S+)', text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
+    return node_pairs.start_pair(lambda i, ports: ["--worker-urls", engine.url, *backend(i, ports)], log_dir, name)
 
 
 @pytest.fixture(scope="module")

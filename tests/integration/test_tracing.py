@@ -20,6 +20,7 @@ from chaos.processes import EngineProcess, NodeProcess
 
 from ..real_servers import free_port
 from .conftest import MODEL
+from .node_pairs import mesh_args, start_pair
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN_ID = "00f067aa0ba902b7"
@@ -175,3 +176,79 @@ def test_a_collector_that_is_away_costs_counted_spans_not_request_time(engine, l
     finally:
         node.stop()
         plain.stop()
+
+
+def traced_pair(engine, endpoint: str, log_dir, name: str, extra: "list[str]") -> list:
+    """Two meshed nodes (t0, t1) tracing to ``endpoint``, once each sees the other."""
+    return start_pair(lambda i, ports: ["--worker-urls", engine.url, "--enable-trace", "--otlp-traces-endpoint",
+                                        endpoint, *mesh_args(i, ports, "t"), *extra], log_dir, name)
+
+
+def cross_node(receiver: Receiver, trace_id: str, served: str, timeout_s: float = 15.0):
+    """(a ``served`` span of one node, the peer.request span of the other node that is its parent), once
+    both arrived; each with its node's name as ``.node``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with receiver._lock:
+            spans = [(s, res["service.instance.id"]) for s, res in zip(receiver.spans, receiver.resources)
+                     if s.trace_id.hex() == trace_id]
+        callers = {s.span_id: (s, node) for s, node in spans if s.name == "peer.request"}
+        for s, node in spans:
+            caller = callers.get(s.parent_span_id) if s.name == served else None
+            if caller is not None and caller[1] != node:
+                return _Noded(s, node), _Noded(*caller)
+        assert time.monotonic() < deadline, f"no {served} span under another node's peer.request: " \
+            f"{sorted((s.name, node) for s, node in spans)}"
+        time.sleep(0.05)
+
+
+class _Noded:
+    def __init__(self, span, node: str) -> None:
+        self.span, self.node = span, node
+
+    def __getattr__(self, name):
+        return getattr(self.span, name)
+
+
+def test_a_history_write_replicated_to_the_other_node_is_in_the_same_trace(grpc_collector, engine, log_dir):
+    """The trace context travels in the peer-request frame: the stored response's replica, written by the
+    other node, is a server span there, the child of this node's peer.request."""
+    receiver, endpoint = grpc_collector
+    nodes = traced_pair(engine, endpoint, log_dir, "trace-mesh", [])
+    try:
+        trace_id = "5" * 32
+        r = httpx2.post(nodes[0].url + "/v1/responses", json={"model": MODEL, "input": "hello", "max_output_tokens": 4},
+                        headers={"traceparent": f"00-{trace_id}-{CLIENT_SPAN_ID}-01"}, timeout=30)
+        assert r.status_code == 200
+        spans = receiver.trace(trace_id, {"POST /v1/responses", "history.put_response", "peer.request", "peer.history"})
+        assert spans["history.put_response"].parent_span_id == spans["POST /v1/responses"].span_id
+        # Whichever node holds the response first (its id's place on the ring), the other one served a peer
+        # request in this trace: its server span's parent is the caller's client span.
+        remote, caller = cross_node(receiver, trace_id, "peer.history")
+        assert remote.kind == remote.SPAN_KIND_SERVER and caller.kind == caller.SPAN_KIND_CLIENT
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def test_a_rate_limit_decided_by_the_keys_owner_is_in_the_same_trace(grpc_collector, engine, log_dir, tmp_path):
+    from gateway.ratelimit.limits import Identity
+    from mesh.ring import HashRing
+
+    receiver, endpoint = grpc_collector
+    limits = tmp_path / "limits.toml"
+    limits.write_text('[[limits]]\nname = "per-key"\nscope = "api_key"\nlimit = 100\nburst = 10\n')
+    ring = HashRing.build(["t0", "t1"])
+    key = next(k for k in (f"sk-trace-{i}" for i in range(100))
+               if ring.owner(f"per-key:{Identity.hash_api_key('Bearer ' + k)}") == "t1")  # owned by the other node
+    nodes = traced_pair(engine, endpoint, log_dir, "trace-limits", ["--rate-limits", str(limits)])
+    try:
+        trace_id = "6" * 32
+        r = httpx2.post(nodes[0].url + "/v1/chat/completions", json=CHAT, timeout=30, headers={
+            "traceparent": f"00-{trace_id}-{CLIENT_SPAN_ID}-01", "authorization": f"Bearer {key}"})
+        assert r.status_code == 200
+        remote, caller = cross_node(receiver, trace_id, "peer.rate_limit")
+        assert (remote.node, caller.node) == ("t1", "t0")  # the key's owner decided, in the caller's trace
+    finally:
+        for n in nodes:
+            n.stop()

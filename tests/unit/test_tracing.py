@@ -96,3 +96,25 @@ def test_a_full_queue_drops_and_counts_and_the_request_never_waits():
     exporter.release.set()
     t.shutdown()
     assert processor.exported == 0 and processor.failed + processor.dropped == 100
+
+
+async def test_a_traced_peer_frame_is_served_in_the_callers_trace_or_as_it_is():
+    from gateway.cluster import PeerRequests
+
+    seen = []
+
+    async def handler(payload: bytes) -> bytes:
+        seen.append(payload)
+        return b"ok"
+
+    peers = PeerRequests()
+    peers.register(b"H", handler)
+    frame = b"T" + SAMPLED + b"H" + b"payload"
+    assert await peers.handle(frame) == b"ok" and seen == [b"payload"]  # a node that does not trace
+    t, exporter = tracing()
+    peers.tracing = t
+    assert await peers.handle(frame) == b"ok"
+    assert await peers.handle(b"T" + b"x" * 55 + b"H" + b"payload") == b"ok"  # a malformed context: untraced
+    (span,) = finished(t, exporter)
+    assert span.name == "peer.history" and format(span.parent.span_id, "016x") == SAMPLED[36:52].decode()
+    assert await peers.handle(b"T" + SAMPLED) == b"" and peers.unrouted == 1  # no frame after the context

@@ -1,0 +1,46 @@
+"""Two nodes started together for a test: on their own (sharing a database), or meshed (sharing the memory
+store, rate limits and the registry), returned once each sees the other."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx2
+
+from chaos.processes import NodeProcess
+
+from ..real_servers import free_port
+
+
+def mesh_args(i: int, ports: "list[int]", prefix: str) -> list[str]:
+    """Node ``i`` of a meshed pair (named ``{prefix}{i}``), from the pair's four free ports."""
+    return ["--mesh-bind", f"127.0.0.1:{ports[i]}", "--join", f"127.0.0.1:{ports[0]}", "--node-name", f"{prefix}{i}",
+            "--mesh-preset", "local", "--rpc-addr", f"127.0.0.1:{ports[2 + i]}", "--retry-join-interval-secs", "0.5"]
+
+
+def start_pair(argv: "Callable[[int, list[int]], list[str]]", log_dir: Path, name: str) -> list[NodeProcess]:
+    """``argv(i, ports)``: node i's serve arguments, given four free ports for the pair's mesh."""
+    nodes: list[NodeProcess] = []
+    ports = [free_port() for _ in range(4)]
+    try:
+        for i in range(2):
+            nodes.append(NodeProcess(argv(i, ports), log_dir, f"{name}{i}"))
+        if "--mesh-bind" in nodes[0].argv:  # both see both: each record is on the two
+            deadline = time.monotonic() + 30
+            while not all(alive_members(n) == 2 for n in nodes):
+                assert time.monotonic() < deadline, "the pair's mesh did not form"
+                time.sleep(0.1)
+        return nodes
+    except BaseException:
+        for n in nodes:
+            n.stop()
+        raise
+
+
+def alive_members(node: NodeProcess) -> float:
+    text = httpx2.get(node.url + "/metrics").text
+    match = re.search(r'^smg_mesh_members\{state="alive"\} (\S+)', text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
