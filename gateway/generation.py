@@ -242,6 +242,13 @@ class Generator:
                 await trio.sleep(delay)
         raise AssertionError("unreachable: the last attempt raises")
 
+    def _trace_metadata(self) -> "tuple[tuple[bytes, bytes], ...]":
+        """The attempt's W3C traceparent for the engine's gRPC metadata, inside a traced request."""
+        tracing = self.tracing
+        if tracing is None or not tracing.active():
+            return ()
+        return ((b"traceparent", tracing.traceparent_bytes()),)
+
     async def _attempt(self, worker: Worker, plan: GenerationPlan, tokenizer: TokenizerService,
                        sink: TextSink | None) -> GenerationResult:
         progress = _Progress(plan, tokenizer, worker.id, sink)
@@ -253,7 +260,7 @@ class Generator:
         with WorkerAttempt(worker) as attempt:
             try:
                 async with worker.client.generate(plan.request_id, plan.input_ids, plan.sampling, engine_stream,
-                                                  plan.timeout_s) as batches:
+                                                  plan.timeout_s, self._trace_metadata()) as batches:
                     progress.generation = batches
                     if sink is not None:
                         batches.listen(progress.on_arrival)
@@ -312,7 +319,7 @@ class Generator:
             try:
                 engine_stream = plan.stream or bool(plan.stop) or records is not None  # as in _attempt
                 async with worker.client.generate(plan.request_id, plan.input_ids, plan.sampling, engine_stream,
-                                                  plan.timeout_s) as batches:
+                                                  plan.timeout_s, self._trace_metadata()) as batches:
                     async for events in batches:
                         for index, own in _by_index(events, len(progresses)):
                             progress = progresses[index]

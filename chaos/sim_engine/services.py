@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import hashlib
 import io
+import logging
 import time
 import zipfile
 from pathlib import Path
@@ -29,6 +30,8 @@ from smg_grpc_proto.generated import (
 from .core import EngineOverloaded, GenerateParams, InvalidRequest, SimEngine
 from .logprobs import prompt_logprobs, token_logprobs
 from .output import derive_seed
+
+log = logging.getLogger("chaos.sim_engine")
 
 TOKENIZER_CHUNK_BYTES = 64 * 1024  # as the real servicers chunk the bundle
 # Files of a tokenizer directory that go into the GetTokenizer bundle.
@@ -244,6 +247,7 @@ class _CommonRpcs:
 class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
 
     async def Generate(self, request: sg.GenerateRequest, context):
+        _log_trace(request.request_id, context)
         sp = request.sampling_params
         params = GenerateParams(
             request_id=request.request_id,
@@ -306,6 +310,7 @@ class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
 class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
 
     async def Generate(self, request: vl.GenerateRequest, context):
+        _log_trace(request.request_id, context)
         sp = request.sampling_params
         if request.WhichOneof("input") != "tokenized":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the simulated engine takes tokenized input only")
@@ -365,3 +370,11 @@ class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
     async def GetLoads(self, request, context):
         return vl.GetLoadsResponse(timestamp=str(time.time()), version="sim", dp_rank_count=1,
                                    loads=[vl.SchedulerLoad(dp_rank=0, **self.s.load_numbers())])
+
+
+def _log_trace(request_id: str, context) -> None:
+    """A gateway that traces sends the attempt's W3C traceparent in the call's metadata: logged, as a real
+    engine's servicer would open its own span under it."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent":
+            log.info("request %s in trace %s", request_id, value[:64])

@@ -147,14 +147,16 @@ class GrpcBridge:
     @contextlib.asynccontextmanager
     async def open_stream(self, target: str, method: str, request: Any, response_type: Any,
                           timeout_s: float | None, window_messages: int = STREAM_WINDOW_MESSAGES,
-                          last_message: "Callable[[Any], bool] | None" = None) -> AsyncIterator["ServerStream"]:
+                          last_message: "Callable[[Any], bool] | None" = None,
+                          metadata: "tuple[tuple[bytes, bytes], ...]" = ()) -> AsyncIterator["ServerStream"]:
         """A server stream whose batches are read with ``async for batch in stream``.
 
         Leaving the block before the stream ends cancels the call (``last_message`` is accepted for
         the H2 client's interface; grpcio decides itself what leaving a call sends).
         """
         stream = ServerStream(self, window_messages)
-        stream._start(target, method, request, response_type, timeout_s)
+        stream._start(target, method, request, response_type, timeout_s,
+                      tuple((name.decode("latin-1"), value.decode("latin-1")) for name, value in metadata))
         try:
             yield stream
         finally:
@@ -208,17 +210,19 @@ class ServerStream:
 
     # -- asyncio side ----------------------------------------------------
 
-    def _start(self, target: str, method: str, request: Any, response_type: Any, timeout_s: float | None) -> None:
+    def _start(self, target: str, method: str, request: Any, response_type: Any, timeout_s: float | None,
+               metadata: "tuple[tuple[str, str], ...]" = ()) -> None:
         self._future = asyncio.run_coroutine_threadsafe(
-            self._pump(target, method, request, response_type, timeout_s), self._bridge._loop)
+            self._pump(target, method, request, response_type, timeout_s, metadata), self._bridge._loop)
 
-    async def _pump(self, target: str, method: str, request: Any, response_type: Any, timeout_s: float | None) -> None:
+    async def _pump(self, target: str, method: str, request: Any, response_type: Any, timeout_s: float | None,
+                    metadata: "tuple[tuple[str, str], ...]" = ()) -> None:
         self._credit = asyncio.Event()
         call = None
         error: EngineCallError | None = None
         try:
             fn = self._bridge._multicallable("stream", target, method, response_type)
-            call = fn(request, timeout=timeout_s)
+            call = fn(request, timeout=timeout_s, metadata=metadata or None)
             while True:
                 message = await call.read()
                 if message is grpc.aio.EOF:

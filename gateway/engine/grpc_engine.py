@@ -333,7 +333,7 @@ class GrpcEngineClient:
         return data
 
     def generate(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions, stream: bool,
-                 timeout_s: float | None) -> "Generation":
+                 timeout_s: float | None, metadata: "tuple[tuple[bytes, bytes], ...]" = ()) -> "Generation":
         """Open a generation: ``async with client.generate(...) as g: async for events in g``.
 
         Events come in lists (those that crossed the bridge together). Streaming mode: chunks
@@ -344,7 +344,8 @@ class GrpcEngineClient:
         messages = self.bridge.open_stream(self.target, self.runtime.method("Generate"), request,
                                            self.runtime.pb.GenerateResponse, timeout_s,
                                            # n > 1: one complete per answer, none of them surely the last
-                                           last_message=_is_complete if sampling.n == 1 else None)
+                                           last_message=_is_complete if sampling.n == 1 else None,
+                                           metadata=metadata)  # (a trace's traceparent: the engine's spans join)
         return Generation(messages, stream, sampling.logprobs is not None, sampling.n > 1)
 
     def subscribe_kv_events(self, start_sequence_number: int) -> Any:

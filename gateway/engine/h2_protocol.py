@@ -345,7 +345,7 @@ class H2ClientProtocol:
             self._hand_to_listeners()
         return None
 
-    def open_call(self, path: str, payload: bytes, timeout_s: float | None) -> "Call | None":
+    def open_call(self, path: str, payload: bytes, timeout_s: float | None, metadata: bytes = b"") -> "Call | None":
         """Open a stream and queue the request: HEADERS and as much DATA as the windows allow (the rest
         waits in ``call.pending_body`` for ``send_more``). None while the engine's
         MAX_CONCURRENT_STREAMS are all open: wait for ``stream_closed`` and ask again.
@@ -365,7 +365,8 @@ class H2ClientProtocol:
         self._next_stream_id += 2
         call.send_window_bytes = self._peer_initial_window_bytes
         self.calls[call.stream_id] = call
-        self._queue_headers(call.stream_id, self._request_headers(path, timeout_s))
+        # ``metadata``: the call's own header fields, HPACK-encoded (a trace's traceparent)
+        self._queue_headers(call.stream_id, self._request_headers(path, timeout_s) + metadata)
         call.state = _NEXT[call.state][_HEADERS_SENT]
         call.pending_body = self._queue_body(call, memoryview(_FRAME.pack(0, len(payload)) + payload))
         return call

@@ -64,6 +64,7 @@ from ..fast_receive import receive_some
 from ..fast_send import send_now
 from .engine_tls import EngineTlsConfig, client_context, split_target
 from .errors import EngineCallError
+from . import http2_frames as h2f
 from .h2_protocol import Call, H2ClientProtocol, H2Config, KeepaliveAction, KeepaliveRule
 
 _READ_BYTES = 256 * 1024
@@ -211,13 +212,13 @@ class _Connection(H2ClientProtocol):
 
     # -- calls -------------------------------------------------------------------
 
-    async def start_call(self, path: str, payload: bytes, timeout_s: float | None) -> Call:
+    async def start_call(self, path: str, payload: bytes, timeout_s: float | None, metadata: bytes = b"") -> Call:
         """Open a stream and send the request: HEADERS and as much DATA as the windows allow, one write;
         the rest as the engine's WINDOW_UPDATEs let it."""
         if self._left:
             self.reset_overdue_left_calls(trio.current_time())
         while True:
-            call = self.open_call(path, payload, timeout_s)
+            call = self.open_call(path, payload, timeout_s, metadata)
             if call is not None:
                 break
             # At most the engine's MAX_CONCURRENT_STREAMS at once: later calls wait for a stream to end.
@@ -313,14 +314,16 @@ class H2GrpcClient:
 
     def open_stream(self, target: str, method: str, request: Any, response_type: Any,
                     timeout_s: float | None, window_messages: int = 0,
-                    last_message: "Callable[[Any], bool] | None" = None) -> "ServerStream":
+                    last_message: "Callable[[Any], bool] | None" = None,
+                    metadata: "tuple[tuple[bytes, bytes], ...]" = ()) -> "ServerStream":
         """A server stream: ``async with client.open_stream(...) as stream: async for batch in stream``.
 
         Batches are lists of messages that arrived together. Leaving the block before the stream
         ends cancels the call, unless the message read last is one ``last_message`` says ends
         the call: then the engine's own end is awaited.
         """
-        return ServerStream(self, target, method, request, timeout_s, response_type, last_message)
+        fields = b"".join(h2f.literal_field(name, value) for name, value in metadata) if metadata else b""
+        return ServerStream(self, target, method, request, timeout_s, response_type, last_message, fields)
 
     async def close_channel(self, target: str) -> None:
         connection = self._connections.pop(target, None)
@@ -352,10 +355,11 @@ class _OpenCall:
     """
 
     __slots__ = ("_client", "_target", "_method", "_request", "_timeout_s", "connection", "call", "_scope",
-                 "_received_at_start")
+                 "_received_at_start", "_metadata")
 
     def __init__(self, client: H2GrpcClient, target: str, method: str, request: Any,
-                 timeout_s: float | None) -> None:
+                 timeout_s: float | None, metadata: bytes = b"") -> None:
+        self._metadata = metadata
         self._client = client
         self._target = target
         self._method = method
@@ -373,7 +377,8 @@ class _OpenCall:
         self._scope = trio.CancelScope(deadline=deadline)
         self._scope.__enter__()
         try:
-            self.call = await connection.start_call(self._method, self._request.SerializeToString(), timeout_s)
+            self.call = await connection.start_call(self._method, self._request.SerializeToString(), timeout_s,
+                                                    self._metadata)
         except BaseException as exc:
             await self.__aexit__(type(exc), exc, exc.__traceback__)  # raises DEADLINE_EXCEEDED if it is that
             raise
@@ -406,8 +411,8 @@ class ServerStream(_OpenCall):
     __slots__ = ("_response_type", "_last_message")
 
     def __init__(self, client: H2GrpcClient, target: str, method: str, request: Any, timeout_s: float | None,
-                 response_type: Any, last_message: "Callable[[Any], bool] | None") -> None:
-        super().__init__(client, target, method, request, timeout_s)
+                 response_type: Any, last_message: "Callable[[Any], bool] | None", metadata: bytes = b"") -> None:
+        super().__init__(client, target, method, request, timeout_s, metadata)
         self._response_type = response_type
         self._last_message = last_message
 

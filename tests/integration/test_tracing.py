@@ -111,7 +111,8 @@ def engine(log_dir):
 @pytest.mark.parametrize("collector", ["grpc_collector", "http_collector"])
 def test_one_request_is_one_trace_under_the_clients(request, collector, engine, log_dir):
     receiver, endpoint = request.getfixturevalue(collector)
-    node = NodeProcess(["--worker-urls", engine.url, "--enable-trace", "--otlp-traces-endpoint", endpoint],
+    client = ["--grpc-client", "grpcio"] if collector == "http_collector" else []  # both engine clients send it
+    node = NodeProcess(["--worker-urls", engine.url, "--enable-trace", "--otlp-traces-endpoint", endpoint, *client],
                        log_dir, f"trace-node-{collector}")
     try:
         for stream in (False, True):
@@ -129,6 +130,12 @@ def test_one_request_is_one_trace_under_the_clients(request, collector, engine, 
             for name in ("authenticate", "tokenize", "engine.generate"):
                 assert spans[name].parent_span_id == root.span_id, name
                 assert root.start_time_unix_nano <= spans[name].start_time_unix_nano <= root.end_time_unix_nano
+            # The engine got the attempt's context in the call's metadata (the simulated engine logs it).
+            context = f"in trace 00-{trace_id}-{spans['engine.generate'].span_id.hex()}-01"
+            deadline = time.monotonic() + 10
+            while context not in engine.log_text():
+                assert time.monotonic() < deadline, f"the engine did not get {context}"
+                time.sleep(0.05)
             attempt = {a.key: a.value for a in spans["engine.generate"].attributes}
             assert spans["engine.generate"].kind == root.SPAN_KIND_CLIENT
             assert attempt["smg.worker.url"].string_value == engine.url and attempt["smg.attempt"].int_value == 1
