@@ -297,6 +297,7 @@ class Generator:
         if self.tracing is not None and self.tracing.active():
             self.tracing.annotate({"gen_ai.usage.output_tokens": result.completion_tokens,
                                    "gen_ai.usage.input_tokens": result.prompt_tokens,
+                                   "smg.cached_tokens": result.cached_tokens,  # the routing's cache hit
                                    **({"smg.ttft_s": first_token_at - started_at} if first_token_at is not None
                                       else {})})
         if first_token_at is not None and engine_stream:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..generation import GenerationResult
+from ..tracing.context import step
 from ..parsers import (
     HarmonyParser,
     NamedArgumentsParser,
@@ -100,16 +101,8 @@ class ChatOutput:
     # -- one answer ----------------------------------------------------------------------
 
     def full(self, text: str, result: GenerationResult) -> dict[str, Any]:
-        reasoning_text = None
-        if self.reasoning is not None:
-            parsed = self.reasoning.parse(text)
-            reasoning_text, text = parsed.reasoning or None, parsed.content
-        calls: list[ToolCall] = []
-        if self.tools is not None:
-            found = self.tools.parse(text)
-            text, calls = found.content, found.calls
-            if self.reasoning_in_tools:
-                reasoning_text = found.reasoning or None
+        with step("parse"):  # (a span only inside a traced request)
+            reasoning_text, text, calls = self._parsed(text)
         message: dict[str, Any] = {"role": "assistant", "content": None if calls and not text.strip() else text}
         if self.reasoning is not None or self.reasoning_in_tools:
             message["reasoning_content"] = reasoning_text
@@ -123,6 +116,20 @@ class ChatOutput:
         choice["message"] = message
         choice["finish_reason"] = self._finish_reason(result, bool(calls))
         return body
+
+    def _parsed(self, text: str) -> "tuple[str | None, str, list[ToolCall]]":
+        """(reasoning, content, calls) of a whole answer, through the parsers that apply."""
+        reasoning_text = None
+        if self.reasoning is not None:
+            parsed = self.reasoning.parse(text)
+            reasoning_text, text = parsed.reasoning or None, parsed.content
+        calls: list[ToolCall] = []
+        if self.tools is not None:
+            found = self.tools.parse(text)
+            text, calls = found.content, found.calls
+            if self.reasoning_in_tools:
+                reasoning_text = found.reasoning or None
+        return reasoning_text, text, calls
 
     # -- a stream ------------------------------------------------------------------------
 

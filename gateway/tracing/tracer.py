@@ -12,7 +12,6 @@ with the sampled flag is followed as it is (the trace is the client's).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import inspect
 import os
 import random
@@ -28,13 +27,13 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .config import TracingConfig
+from .context import CURRENT
 from .export import QueuedSpanProcessor
 
 __all__ = ["TracedCalls", "Tracing", "exporter_for"]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-# Set inside a traced request's task (and the tasks it starts): a step checks it before making a span.
-_TRACED: contextvars.ContextVar[bool] = contextvars.ContextVar("smg_traced", default=False)
+_TRACED = CURRENT  # the tracer of the current task's traced request (None: not traced)
 # The subsystems answering peers, by their mark (gateway/cluster/peer_requests.py): a peer span's name.
 PEER_KINDS = {"R": "rate_limit", "H": "history", "K": "kv"}
 TRACEPARENT_CHARS_MAX = 64  # "00-" + 32 + "-" + 16 + "-" + 2 = 55; longer is not W3C's
@@ -73,7 +72,7 @@ class Tracing:
     @staticmethod
     def active() -> bool:
         """Inside a traced request (the steps' spans are made only then)."""
-        return _TRACED.get()
+        return _TRACED.get() is not None
 
     @contextlib.contextmanager
     def request_span(self, name: str, headers: "dict[bytes, bytes]", attributes: "dict[str, Any]") -> Iterator[Any]:
@@ -81,7 +80,7 @@ class Tracing:
         when it sent one."""
         parent = _extract(headers)
         token = otel_context.attach(parent) if parent is not None else None
-        traced = _TRACED.set(True)
+        traced = _TRACED.set(self)
         try:
             with self.tracer.start_as_current_span(name, kind=SpanKind.SERVER, attributes=attributes,
                                                    record_exception=False, set_status_on_exception=False) as span:
@@ -96,7 +95,7 @@ class Tracing:
              ) -> Iterator[Any]:
         """A step of the current request: an error leaving it marks the span (its type, not its text). None
         outside a sampled request (no trace to add it to)."""
-        if not _TRACED.get():
+        if _TRACED.get() is None:
             yield None
             return
         with self.tracer.start_as_current_span(name, kind=kind, attributes=attributes, record_exception=False,
@@ -131,7 +130,7 @@ class Tracing:
             return
         parent = _PROPAGATOR.extract({"traceparent": traceparent.decode("ascii", "replace")})
         token = otel_context.attach(parent)
-        traced = _TRACED.set(True)
+        traced = _TRACED.set(self)
         try:
             with self.tracer.start_as_current_span(f"peer.{PEER_KINDS.get(kind, 'request')}", kind=SpanKind.SERVER,
                                                    record_exception=False, set_status_on_exception=False) as span:

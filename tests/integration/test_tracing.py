@@ -121,8 +121,8 @@ def test_one_request_is_one_trace_under_the_clients(request, collector, engine, 
             r = httpx2.post(node.url + "/v1/chat/completions", json={**CHAT, "stream": stream}, headers=headers,
                             timeout=30)
             assert r.status_code == 200
-            spans = receiver.trace(trace_id, {"POST /v1/chat/completions", "authenticate", "tokenize",
-                                              "engine.generate"})
+            steps = {"POST /v1/chat/completions", "authenticate", "tokenize", "engine.generate"}
+            spans = receiver.trace(trace_id, steps if stream else steps | {"parse"})  # a whole answer is parsed
             root = spans["POST /v1/chat/completions"]
             assert root.parent_span_id.hex() == CLIENT_SPAN_ID and root.kind == root.SPAN_KIND_SERVER
             attributes = {a.key: a.value for a in root.attributes}
@@ -139,7 +139,8 @@ def test_one_request_is_one_trace_under_the_clients(request, collector, engine, 
             attempt = {a.key: a.value for a in spans["engine.generate"].attributes}
             assert spans["engine.generate"].kind == root.SPAN_KIND_CLIENT
             assert attempt["smg.worker.url"].string_value == engine.url and attempt["smg.attempt"].int_value == 1
-            assert attempt["gen_ai.usage.output_tokens"].int_value == 4
+            assert attempt["gen_ai.usage.output_tokens"].int_value == 4 and "smg.cached_tokens" in attempt
+            assert attempt["smg.policy"].string_value == "cache_aware"
             if stream:
                 assert attempt["smg.ttft_s"].double_value > 0
         # A request without a traceparent starts its own trace; a malformed one is ignored, never a failure.
