@@ -810,13 +810,15 @@ async def _stored(state: Any, request: Request) -> StoredResponse:
     entry = await store.get_response(response_id, owner_of(request)) if store is not None else None
     if entry is None:
         raise NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="not_found")
-    return _abandoned(entry) if entry.unfinished_until_s is not None else entry
+    return _abandoned(entry)
 
 
 def _abandoned(entry: StoredResponse) -> StoredResponse:
-    """A background response unfinished past its bound: the node generating it stopped. Shown as failed."""
+    """The record as readers see it: a background response unfinished past its bound (the node generating
+    it stopped) is shown failed; anything else as it is."""
     response = entry.response
-    if response.get("status") not in ("queued", "in_progress") or time.time() <= entry.unfinished_until_s:
+    if entry.unfinished_until_s is None or response.get("status") not in ("queued", "in_progress") \
+            or time.time() <= entry.unfinished_until_s:
         return entry
     failed = {**response, "status": "failed", "error": {
         "code": "server_error", "message": "the node generating this background response stopped before it finished"}}
@@ -845,7 +847,7 @@ async def retrieve(state: Any, request: Request) -> None:
 
     async def read() -> StoredResponse | None:
         record = await store.get_response(entry.id, owner)
-        return _abandoned(record) if record is not None and record.unfinished_until_s is not None else record
+        return _abandoned(record) if record is not None else record
 
     await follow_store(request, read, entry, after)
 

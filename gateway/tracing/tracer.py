@@ -33,7 +33,6 @@ from .export import QueuedSpanProcessor
 __all__ = ["TracedCalls", "Tracing", "exporter_for"]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-_TRACED = CURRENT  # the tracer of the current task's traced request (None: not traced)
 # The subsystems answering peers, by their mark (gateway/cluster/peer_requests.py): a peer span's name.
 PEER_KINDS = {"R": "rate_limit", "H": "history", "K": "kv"}
 TRACEPARENT_CHARS_MAX = 64  # "00-" + 32 + "-" + 16 + "-" + 2 = 55; longer is not W3C's
@@ -74,21 +73,25 @@ class Tracing:
     @staticmethod
     def active() -> bool:
         """Inside a traced request (the steps' spans are made only then)."""
-        return _TRACED.get() is not None
+        return CURRENT.get() is not None
 
-    @contextlib.contextmanager
-    def request_span(self, name: str, headers: "dict[bytes, bytes]", attributes: "dict[str, Any]") -> Iterator[Any]:
+    def request_span(self, name: str, headers: "dict[bytes, bytes]", attributes: "dict[str, Any]") -> Any:
         """The server span of a sampled client request (``samples``), the child of its ``traceparent``
         when it sent one."""
-        parent = _extract(headers)
+        return self._server_span(name, _extract(headers), attributes)
+
+    @contextlib.contextmanager
+    def _server_span(self, name: str, parent: Any, attributes: "dict[str, Any] | None") -> Iterator[Any]:
+        """A span that starts this node's part of a trace (under ``parent``, a remote context, if any): the
+        steps inside it, in this task and the tasks it starts, make their spans below it."""
         token = otel_context.attach(parent) if parent is not None else None
-        traced = _TRACED.set(self)
+        traced = CURRENT.set(self)
         try:
             with self.tracer.start_as_current_span(name, kind=SpanKind.SERVER, attributes=attributes,
                                                    record_exception=False, set_status_on_exception=False) as span:
                 yield span
         finally:
-            _TRACED.reset(traced)
+            CURRENT.reset(traced)
             if token is not None:
                 otel_context.detach(token)
 
@@ -97,7 +100,7 @@ class Tracing:
              ) -> Iterator[Any]:
         """A step of the current request: an error leaving it marks the span (its type, not its text). None
         outside a sampled request (no trace to add it to)."""
-        if _TRACED.get() is None:
+        if CURRENT.get() is None:
             yield None
             return
         with self.tracer.start_as_current_span(name, kind=kind, attributes=attributes, record_exception=False,
@@ -126,26 +129,12 @@ class Tracing:
     def peer_span(self, traceparent: bytes, kind: str) -> Iterator[Any]:
         """A peer's request handled here, in its caller's trace (the frame's traceparent): a server span,
         and the steps' spans below it. A malformed traceparent is ignored (the request is served untraced)."""
-        flag = _sampled_flag(traceparent)
-        if not flag:
+        if not _sampled_flag(traceparent):
             yield None
             return
         parent = _PROPAGATOR.extract({"traceparent": traceparent.decode("ascii", "replace")})
-        token = otel_context.attach(parent)
-        traced = _TRACED.set(self)
-        try:
-            with self.tracer.start_as_current_span(f"peer.{PEER_KINDS.get(kind, 'request')}", kind=SpanKind.SERVER,
-                                                   record_exception=False, set_status_on_exception=False) as span:
-                yield span
-        finally:
-            _TRACED.reset(traced)
-            otel_context.detach(token)
-
-    def traceparent(self) -> "dict[str, str]":
-        """The current span's context as W3C headers, for what this request calls (engines, workers, peers)."""
-        carrier: dict[str, str] = {}
-        _PROPAGATOR.inject(carrier)
-        return carrier
+        with self._server_span(f"peer.{PEER_KINDS.get(kind, 'request')}", parent, None) as span:
+            yield span
 
 
 def _sampled_flag(traceparent: "bytes | None") -> "bool | None":
