@@ -84,8 +84,10 @@ class ManagedProcess:
 class EngineProcess(ManagedProcess):
     def __init__(self, args: "list[str]", log_dir: Path, name: str = "engine") -> None:
         super().__init__(name, [sys.executable, "-m", "chaos.sim_engine", "--host", "127.0.0.1", "--port", "0", *args],
-                         log_dir, re.compile(r"^READY (\d+)"))
+                         log_dir, re.compile(r"^READY (\d+)(?: bootstrap=(\d+))?"))
         self.port = int(self.ready_match.group(1))
+        # A prefill engine's (--role prefill) bootstrap port, where decode engines fetch the KV it computed.
+        self.bootstrap_port = int(self.ready_match.group(2)) if self.ready_match.group(2) else None
         self.url = f"grpc://127.0.0.1:{self.port}"
         self.target = f"127.0.0.1:{self.port}"
 

@@ -32,6 +32,7 @@ from mesh.transport import MeshTls
 from .admission import AdmissionConfig
 from .auth import AuthConfig, Authenticator
 from .auth.authenticator import AuthConfigError
+from .disaggregation import PdConfig
 from .engine.engine_tls import EngineTlsConfig
 from .engine.h2grpc import H2Config
 from .history import RECORD_BYTES_MAX, HistoryConfig, PostgresConfig, PostgresNames, RedisConfig
@@ -129,6 +130,7 @@ class GatewayConfig:
     history_backend: str = "memory"
     history: HistoryConfig = HistoryConfig()
     tracing: TracingConfig = TracingConfig()  # --enable-trace (gateway/tracing)
+    pd: PdConfig = PdConfig()  # --pd-disaggregation: prefill/decode pairs (gateway/disaggregation.py)
     postgres: PostgresConfig = PostgresConfig()  # --history-backend postgres
     redis: RedisConfig = RedisConfig()  # --history-backend redis
     reasoning_parser: str | None = None
@@ -266,6 +268,16 @@ _OPTIONS: list[_Option] = [
     _Option("--redis-retention-days", "redis.retention_days", float, "how long Redis keeps a record after its "
             "last write; -1: forever"),
     _Option("--redis-key-prefix", "redis.key_prefix", str, "prefix of every key written to Redis"),
+    _Option("--pd-disaggregation", "pd.enabled", "bool", "serve models on prefill/decode pairs of engines (SGLang: "
+            "both at once with one bootstrap room; vLLM: prefill, then decode with its kv_transfer_params)"),
+    _Option("--prefill", "pd.prefill", "prefill", "a prefill engine: URL [BOOTSTRAP_PORT] (repeat the flag for more; "
+            "the bootstrap port defaults to 8998)"),
+    _Option("--decode", "pd.decode", "append", "a decode engine: URL (repeat the flag for more)"),
+    _Option("--prefill-policy", "pd.prefill_policy", str, "routing policy among prefill workers (default: --policy; "
+            "cache_aware reads the KV index of the prefill engines)"),
+    _Option("--decode-policy", "pd.decode_policy", str, "routing policy among decode workers (default: --policy)"),
+    _Option("--pd-bootstrap-timeout-secs", "pd.bootstrap_timeout_s", float, "longest wait for a KV hand-over: from "
+            "dispatch to the decode's first token, past which the attempt fails and is retried on another pair"),
     _Option("--enable-trace", "tracing.enabled", "bool", "export traces of requests over OTLP (OpenTelemetry)"),
     _Option("--otlp-traces-endpoint", "tracing.endpoint", str, "where traces go: host:port is OTLP/gRPC "
             "(default localhost:4317), an http(s):// URL is OTLP/HTTP protobuf, posted to it as given"),
@@ -404,6 +416,9 @@ HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "--history-record-max-bytes", "--postgres-db-url", "--postgres-pool-max-size", "--postgres-names",
         "--redis-url", "--redis-pool-max-size", "--redis-retention-days", "--redis-key-prefix",
         "--log-level", "--log-json")),
+    ("disaggregation: prefill and decode on separate engines", (
+        "--pd-disaggregation", "--prefill", "--decode", "--prefill-policy", "--decode-policy",
+        "--pd-bootstrap-timeout-secs")),
     ("tracing: OpenTelemetry over OTLP", (
         "--enable-trace", "--otlp-traces-endpoint", "--trace-sample-ratio", "--trace-export-timeout-secs")),
     ("engines: where generations run", (
@@ -462,6 +477,12 @@ def _add_option(parser: Any, opt: _Option, help_text: str) -> None:
         parser.add_argument(opt.flag, dest=dest, action="store_const", const=True, default=None, help=help_text)
     elif opt.kind == "list":
         parser.add_argument(opt.flag, dest=dest, nargs="+", default=None, help=help_text)
+    elif opt.kind == "prefill":
+        parser.add_argument(opt.flag, dest=dest, nargs="+", action="append", default=None,
+                            metavar=("URL", "BOOTSTRAP_PORT"), help=help_text)
+    elif opt.kind == "append":
+        parser.add_argument(opt.flag, dest=dest, nargs="+", action="append", default=None, metavar="URL",
+                            help=help_text)
     else:
         parser.add_argument(opt.flag, dest=dest, default=None, help=help_text)
 
@@ -532,6 +553,13 @@ def _convert(opt: _Option, raw: Any) -> Any:
         if opt.kind == "disable":
             disabled = raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
             return not disabled
+        if opt.kind == "prefill":
+            return _prefill_engines(raw)
+        if opt.kind == "append":
+            # Flags give [[url], [url, url]]; the environment and TOML "a, b" or ["a", "b"].
+            groups = raw if isinstance(raw, list) else [str(raw).replace(",", " ")]
+            return tuple(part for group in groups for item in (group if isinstance(group, list) else [group])
+                         for part in str(item).replace(",", " ").split())
         if opt.kind == "list":
             # "a b", ["a", "b"] and ["a b"] all mean two items (so --sim-engine-args="--x 1" works).
             items = raw if isinstance(raw, list) else [str(raw).replace(",", " ")]
@@ -539,6 +567,24 @@ def _convert(opt: _Option, raw: Any) -> Any:
         return opt.kind(raw)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{opt.flag}: cannot use {raw!r}: {e}") from None
+
+
+def _prefill_engines(raw: Any) -> "tuple[tuple[str, int | None], ...]":
+    """--prefill's (URL, bootstrap port) pairs. Flags give [[url], [url, port]]; the environment and TOML
+    "url port, url", or a TOML list of "url port" strings or [url, port] lists. A port of "none" is none."""
+    if isinstance(raw, str):
+        raw = [entry.split() for entry in raw.split(",") if entry.strip()]
+    engines = []
+    for entry in raw:
+        parts = entry.split() if isinstance(entry, str) else list(entry)
+        if not 1 <= len(parts) <= 2:
+            raise ValueError(f"a prefill engine is URL [BOOTSTRAP_PORT], got {parts!r}")
+        port = parts[1] if len(parts) == 2 else None
+        port = None if port is None or str(port).lower() == "none" else int(port)
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"bootstrap port {port} is not a port")
+        engines.append((str(parts[0]), port))
+    return tuple(engines)
 
 
 def build_config(args: argparse.Namespace, environ: "dict[str, str] | None" = None) -> GatewayConfig:
@@ -723,6 +769,7 @@ def validate(config: GatewayConfig) -> None:
             parse_worker_origin(url)
         except WorkerUrlError as e:
             raise ConfigError(f"--worker-urls {url}: {e}") from None
+    _validate_pd(config.pd)
     try:
         Authenticator(config.auth)
         WorkerAllowlist(config.worker_allowed_hosts)
@@ -733,6 +780,22 @@ def validate(config: GatewayConfig) -> None:
             ServerTls(config.tls)  # the files load, and the key matches the certificate
         except (ValueError, OSError, ssl.SSLError) as e:
             raise ConfigError(f"--tls-cert-path/--tls-key-path: {e}") from None
+
+
+def _validate_pd(pd: PdConfig) -> None:
+    if (pd.prefill or pd.decode) and not pd.enabled:
+        raise ConfigError("--prefill and --decode need --pd-disaggregation")
+    for flag, policy in (("--prefill-policy", pd.prefill_policy), ("--decode-policy", pd.decode_policy)):
+        if policy is not None and policy not in POLICIES:
+            raise ConfigError(f"{flag}: unknown policy {policy!r}; choose one of {', '.join(sorted(POLICIES))}")
+    if not pd.bootstrap_timeout_s > 0:
+        raise ConfigError("--pd-bootstrap-timeout-secs must be positive")
+    for flag, url in [*(("--prefill", u) for u, _ in pd.prefill), *(("--decode", u) for u in pd.decode)]:
+        try:
+            if parse_worker_origin(url).kind != "grpc":
+                raise WorkerUrlError("prefill and decode engines are gRPC engines (grpc://host:port)")
+        except WorkerUrlError as e:
+            raise ConfigError(f"{flag} {url}: {e}") from None
 
 
 def with_admin_credentials(config: GatewayConfig) -> GatewayConfig:

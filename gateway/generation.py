@@ -25,19 +25,22 @@ import dataclasses
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
 from .engine.errors import EngineCallError
 from .errors import InvalidInput
-from .engine.grpc_engine import SamplingOptions
+from .engine.grpc_engine import Handover, SamplingOptions
 from .metrics import GatewayMetrics
 from .routing.policies import RoutingRequest
 from .routing.retry import RetryConfig, backoff_s
 from .tokenizer.service import TokenizerService
 from .tokenizer.stop import StopMatcher, StopResult
-from .workers import AttemptFailed, Router, Worker, WorkerAttempt
+from .workers import AttemptFailed, Router, Worker, WorkerAttempt, abort_quietly
+
+if TYPE_CHECKING:
+    from .disaggregation import Pair, PdLegs
 
 log = logging.getLogger("gateway.generation")
 
@@ -200,25 +203,37 @@ class Generator:
         self._nursery = nursery  # long-lived: background aborts outlive the request
         self._rng = rng or random.Random()
         self.tracing: Any = None  # gateway.tracing.Tracing when --enable-trace: a span per engine attempt
+        # Prefill/decode pairs (gateway/disaggregation.py), when the node has prefill or decode workers.
+        self.pd: "PdLegs | None" = None
 
     async def run(self, plan: GenerationPlan, tokenizer: TokenizerService, sink: TextSink | None) -> GenerationResult:
-        return await self.with_retries(plan.request_id, plan.model, plan.routing, "grpc",
-                                       lambda worker: self._attempt(worker, plan, tokenizer, sink))
+        return await self.with_retries(
+            plan.request_id, plan.model, plan.routing, "grpc", lambda worker: self._attempt(worker, plan, tokenizer, sink),
+            lambda pair: self.pd.run(pair, plan, self._trace_metadata(), lambda worker, handover, on_first: self._attempt(
+                worker, plan, tokenizer, sink, handover, on_first)))
 
     async def run_choices(self, plan: GenerationPlan, tokenizer: TokenizerService,
                           sink: "ChoiceSink | None") -> list[GenerationResult]:
         """The engine's ``plan.sampling.n`` answers to one prompt (prefilled once), each through its own
         decoder and stop strings; streamed text goes to ``sink`` with its answer's index."""
-        return await self.with_retries(plan.request_id, plan.model, plan.routing, "grpc",
-                                       lambda worker: self._attempt_choices(worker, plan, tokenizer, sink))
+        return await self.with_retries(
+            plan.request_id, plan.model, plan.routing, "grpc",
+            lambda worker: self._attempt_choices(worker, plan, tokenizer, sink),
+            lambda pair: self.pd.run(pair, plan, self._trace_metadata(), lambda worker, handover, on_first:
+                                     self._attempt_choices(worker, plan, tokenizer, sink, handover, on_first)))
 
     async def with_retries(self, request_id: str, model: str, routing: RoutingRequest, kind: str,
-                           attempt_fn: Callable[[Worker], Awaitable[T]]) -> T:
+                           attempt_fn: Callable[[Worker], Awaitable[T]],
+                           pair_fn: "Callable[[Pair], Awaitable[T]] | None" = None) -> T:
         """Run attempt_fn on a chosen worker; retry failures that nothing reached the client of.
 
         attempt_fn raises AttemptFailed for those; anything else propagates. The last failure is
         raised as the engine's ``EngineCallError``; ``NoCapacity`` when no worker can take an attempt.
+        A model served by prefill/decode pairs runs ``pair_fn`` on a chosen pair instead (when given).
         """
+        pd = self.pd
+        if pair_fn is not None and pd is not None and pd.pairs.registry.pd_workers and pd.pairs.serves(model):
+            return await self._with_pair_retries(request_id, model, routing, pair_fn)
         tried: set[str] = set()
         attempts = self.retry.attempts_max
         for attempt in range(attempts):
@@ -232,15 +247,41 @@ class Generator:
                         "smg.policy": self.router.policy.name, "gen_ai.request.model": model}):
                     return await attempt_fn(worker)
             except AttemptFailed as failed:
-                error = failed.error
-                if not error.retryable or attempt == attempts - 1:
-                    raise error from None
-                self.metrics.retries.labels(error.code).inc()
-                delay = backoff_s(self.retry, attempt, self._rng)
-                log.info("request %s: attempt %d on %s failed (%s); retrying in %.3fs", request_id,
-                         attempt + 1, worker.id, error, delay)
-                await trio.sleep(delay)
+                await trio.sleep(self._backoff_after(failed, attempt, request_id, worker.id))
         raise AssertionError("unreachable: the last attempt raises")
+
+    async def _with_pair_retries(self, request_id: str, model: str, routing: RoutingRequest,
+                                 pair_fn: "Callable[[Pair], Awaitable[T]]") -> T:
+        """``with_retries`` on prefill/decode pairs: a retry prefers a pair of workers not tried yet."""
+        tried: set[str] = set()
+        attempts = self.retry.attempts_max
+        pairs = self.pd.pairs
+        for attempt in range(attempts):
+            pair = pairs.select(model, routing, exclude=tried)
+            tried.update((pair.prefill.id, pair.decode.id))
+            try:
+                if self.tracing is None or not self.tracing.active():
+                    return await pair_fn(pair)
+                with self.tracing.client_span("engine.generate", {
+                        "smg.worker.id": pair.decode.id, "smg.worker.url": pair.decode.url,
+                        "smg.pd.prefill.id": pair.prefill.id, "smg.attempt": attempt + 1,
+                        "smg.policy": pairs.decode_policy.name, "gen_ai.request.model": model}):
+                    return await pair_fn(pair)
+            except AttemptFailed as failed:
+                await trio.sleep(self._backoff_after(failed, attempt, request_id,
+                                                     f"prefill {pair.prefill.id} / decode {pair.decode.id}"))
+        raise AssertionError("unreachable: the last attempt raises")
+
+    def _backoff_after(self, failed: AttemptFailed, attempt: int, request_id: str, where: str) -> float:
+        """The wait before the attempt after ``attempt`` (from 0); the engine's error when there is none."""
+        error = failed.error
+        if not error.retryable or attempt == self.retry.attempts_max - 1:
+            raise error from None
+        self.metrics.retries.labels(error.code).inc()
+        delay = backoff_s(self.retry, attempt, self._rng)
+        log.info("request %s: attempt %d on %s failed (%s); retrying in %.3fs", request_id, attempt + 1, where, error,
+                 delay)
+        return delay
 
     def _trace_metadata(self) -> "tuple[tuple[bytes, bytes], ...]":
         """The attempt's W3C traceparent for the engine's gRPC metadata, inside a traced request."""
@@ -250,17 +291,21 @@ class Generator:
         return ((b"traceparent", tracing.traceparent_bytes()),)
 
     async def _attempt(self, worker: Worker, plan: GenerationPlan, tokenizer: TokenizerService,
-                       sink: TextSink | None) -> GenerationResult:
-        progress = _Progress(plan, tokenizer, worker.id, sink)
+                       sink: TextSink | None, handover: "Handover | None" = None,
+                       on_first_token: "Callable[[], None] | None" = None) -> GenerationResult:
+        """One attempt on ``worker``; a disaggregated request's decode leg carries its ``handover`` and learns of
+        its first token (the KV arrived) through ``on_first_token``."""
+        progress = _Progress(plan, tokenizer, worker.id, sink, on_first_token=on_first_token)
         # Stream from the engine when the client streams, when stop strings may end it early, and when the
         # answer carries logprobs: held whole it is bounded as it arrives (answer_bytes_max), which one final
         # message of every token's alternatives (hundreds of MB for n = 16) would not allow.
-        engine_stream = plan.stream or bool(plan.stop) or plan.logprobs is not None
+        # A decode leg streams too: its first token says the KV arrived, which the hand-over's bound waits for.
+        engine_stream = plan.stream or bool(plan.stop) or plan.logprobs is not None or handover is not None
         started_at = trio.current_time()
         with WorkerAttempt(worker) as attempt:
             try:
                 async with worker.client.generate(plan.request_id, plan.input_ids, plan.sampling, engine_stream,
-                                                  plan.timeout_s, self._trace_metadata()) as batches:
+                                                  plan.timeout_s, self._trace_metadata(), handover) as batches:
                     progress.generation = batches
                     if sink is not None:
                         batches.listen(progress.on_arrival)
@@ -309,7 +354,8 @@ class Generator:
         return result
 
     async def _attempt_choices(self, worker: Worker, plan: GenerationPlan, tokenizer: TokenizerService,
-                               sink: "ChoiceSink | None") -> list[GenerationResult]:
+                               sink: "ChoiceSink | None", handover: "Handover | None" = None,
+                               on_first_token: "Callable[[], None] | None" = None) -> list[GenerationResult]:
         """``_attempt`` for n > 1: the request's task steps every answer (no listener: the answers share
         one response, whose writes it orders)."""
         records = plan.choice_logprobs
@@ -318,10 +364,14 @@ class Generator:
         delivered = False
         with WorkerAttempt(worker) as attempt:
             try:
-                engine_stream = plan.stream or bool(plan.stop) or records is not None  # as in _attempt
+                # as in _attempt
+                engine_stream = plan.stream or bool(plan.stop) or records is not None or handover is not None
                 async with worker.client.generate(plan.request_id, plan.input_ids, plan.sampling, engine_stream,
-                                                  plan.timeout_s, self._trace_metadata()) as batches:
+                                                  plan.timeout_s, self._trace_metadata(), handover) as batches:
                     async for events in batches:
+                        if on_first_token is not None and events:
+                            on_first_token()
+                            on_first_token = None
                         for index, own in _by_index(events, len(progresses)):
                             progress = progresses[index]
                             if progress.result is not None:
@@ -352,11 +402,7 @@ class Generator:
         return [p.result for p in progresses]
 
     async def _abort(self, worker: Worker, request_id: str) -> None:
-        try:
-            with trio.move_on_after(ABORT_TIMEOUT_S):
-                await worker.client.abort(request_id, ABORT_TIMEOUT_S)
-        except EngineCallError as e:
-            log.debug("abort of %s on %s failed: %s", request_id, worker.id, e)
+        await abort_quietly(worker, request_id, ABORT_TIMEOUT_S)
 
 
 class _Progress:
@@ -373,10 +419,12 @@ class _Progress:
     """
 
     __slots__ = ("plan", "logprobs", "worker_id", "sink", "generation", "decoder", "matcher", "output_ids",
-                 "text_parts", "first_token_at", "result", "finished", "delivered", "flush_due", "failure")
+                 "text_parts", "first_token_at", "result", "finished", "delivered", "flush_due", "failure",
+                 "on_first_token")
 
     def __init__(self, plan: GenerationPlan, tokenizer: TokenizerService, worker_id: str,
-                 sink: TextSink | None, logprobs: LogprobRecord | None = None) -> None:
+                 sink: TextSink | None, logprobs: LogprobRecord | None = None,
+                 on_first_token: "Callable[[], None] | None" = None) -> None:
         self.plan = plan
         self.logprobs = logprobs if logprobs is not None else plan.logprobs
         self.worker_id = worker_id
@@ -392,6 +440,7 @@ class _Progress:
         self.delivered = False  # text reached the sink: no retry from here on
         self.flush_due = False  # send_now left bytes for the request's task to write
         self.failure: BaseException | None = None  # raised in on_arrival, for the request's task
+        self.on_first_token = on_first_token  # a decode leg's: its KV arrived (gateway/disaggregation.py)
         if self.logprobs is not None:
             self.logprobs.reset()  # a new attempt: what an earlier one received is not this answer's
 
@@ -413,6 +462,8 @@ class _Progress:
                     record.prompt = event.prompt_logprobs
         if new_ids and self.first_token_at is None:
             self.first_token_at = trio.current_time()
+            if self.on_first_token is not None:
+                self.on_first_token()
         matcher = self.matcher
         if len(new_ids) > 1 and matcher.stops:
             decided, counted = self._match_each(new_ids)

@@ -55,6 +55,27 @@ class GatewayMetrics:
         self.rate_limit_batch_items = Histogram(
             "smg_rate_limit_forwarded_batch_items", "Items per batch forwarded to a key's owner",
             buckets=_BATCH_ITEMS_BUCKETS, registry=r)
+        # Prefill/decode disaggregation (gateway/disaggregation.py), smg's names: what only the gateway sees, as
+        # the one component on both legs of a request.
+        self.pd_pair_selections = Counter("smg_pd_pair_selections", "Prefill/decode pairs chosen for an attempt",
+                                          ["model"], registry=r)
+        self.pd_prefill_duration = Histogram("smg_pd_prefill_duration_seconds", "Prefill leg: from dispatch to the "
+                                             "prefill engine's answer", ["model", "runtime"],
+                                             buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.pd_kv_transfer_duration = Histogram("smg_pd_kv_transfer_duration_seconds", "vLLM pairs: from the "
+                                                 "prefill's answer to the decode's first token (the KV pulled)",
+                                                 ["model", "runtime"], buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.pd_ttft = Histogram("smg_pd_ttft_seconds", "End-to-end time to first token of a disaggregated request: "
+                                 "from the prefill's dispatch to the decode's first token", ["model", "runtime"],
+                                 buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.pd_bootstrap_failures = Counter("smg_pd_bootstrap_failures", "Attempts whose KV hand-over failed: "
+                                             "timeout (no hand-over within --pd-bootstrap-timeout-secs), "
+                                             "prefill_failed (the prefill failed before it)", ["reason"], registry=r)
+        self.pd_kv_transfer_failures = Counter("smg_pd_kv_transfer_failures", "vLLM pairs whose prefill returned no "
+                                               "kv_transfer_params (the decode recomputes the prompt)", ["reason"],
+                                               registry=r)
+        self.pd_kv_connector_mode = Counter("smg_pd_kv_connector_mode", "vLLM pairs by the prefill's KV connector "
+                                            "(nixl, mooncake, passthrough)", ["mode"], registry=r)
         self._state_sources: list[Callable[[], Iterator[Any]]] = []
         self.registry.register(_StateCollector(self._state_sources))
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}

@@ -55,6 +55,7 @@ from .models import ModelCatalog
 from .ratelimit.limiter import RateLimiter
 from .ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
 from .routing.kv_index import KvIndex
+from .disaggregation import PairRouter, PdLegs
 from .routing.policies import make_policy
 from .supervisor import SUPERVISED_ENV, exit_when_supervisor_dies
 from .tls import ServerTls, TlsConfig
@@ -230,13 +231,15 @@ def _start_key_store(cluster: ClusterState | None) -> KeyStore:
     return store
 
 
-async def _register_initial(state: GatewayState, url: str, model: str | None) -> None:
-    """Registers a --worker-urls engine, trying until it answers. It counts as unreachable (its model's requests
-    answer 503 naming it) from the node's start until then."""
+async def _register_initial(state: GatewayState, url: str, model: str | None, role: str = "regular",
+                            bootstrap_port: int | None = None) -> None:
+    """Registers a --worker-urls (or --prefill, --decode) engine, trying until it answers. It counts as
+    unreachable (its model's requests answer 503 naming it) from the node's start until then."""
     delay = 0.5
     while True:
         try:
-            worker = await state.registry.add(url, model=model, api_key=state.config.worker_api_key)
+            worker = await state.registry.add(url, model=model, api_key=state.config.worker_api_key, role=role,
+                                              bootstrap_port=bootstrap_port)
             await state.catalog.ensure(worker, int(worker.registered_at))
             if delay > 0.5:
                 log.info("worker %s answers now: registered", url)
@@ -337,7 +340,11 @@ async def serve_gateway(config: GatewayConfig, cluster: ClusterState | None = No
 async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metrics: GatewayMetrics,
                       http_client: httpx2.AsyncClient, bridge: Any, task_status) -> None:
     async with trio.open_nursery() as nursery:
-        urls = list(config.worker_urls)
+        # (URL, role, bootstrap port) of every engine the flags name: --worker-urls, --prefill, --decode.
+        engines = [(url, "regular", None) for url in config.worker_urls]
+        engines += [(url, "prefill", port) for url, port in config.pd.prefill]
+        engines += [(url, "decode", None) for url in config.pd.decode]
+        urls = [url for url, _, _ in engines]
         kv_index = KvIndex(config.kv_index_blocks_max) if config.kv_events else None
         kv_sharing = None
         if cluster is not None and kv_index is not None:
@@ -350,6 +357,11 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
                                config.reasoning_parser)
         router = Router(registry, make_policy(config.policy, kv_index))
         generator = Generator(router, config.retry, metrics, nursery, random.Random())
+        # Pairs are chosen whenever prefill/decode workers are registered (here, or on another node of the cluster).
+        pairs = PairRouter(registry, *(make_policy(dataclasses.replace(config.policy, name=name or config.policy.name),
+                                                   kv_index)
+                                       for name in (config.pd.prefill_policy, config.pd.decode_policy)))
+        generator.pd = PdLegs(config.pd, pairs, metrics, nursery)
         admission = Admission(config.admission)
         rate_limiter = await _start_rate_limiter(config, cluster, metrics, nursery)
         proxy = HttpProxy(generator, admission, config.admission.request_timeout_s, rate_limiter)
@@ -359,7 +371,7 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         metrics.add_state_source(lambda: _state_metrics(state))
         if config.tracing.enabled:
             from .tracing.tracer import TracedCalls, Tracing  # OpenTelemetry loaded only when tracing is on
-            state.tracing = generator.tracing = Tracing.start(
+            state.tracing = generator.tracing = generator.pd.tracing = Tracing.start(
                 config.tracing, cluster.node_name if cluster is not None else socket.gethostname())
             metrics.add_state_source(lambda: _trace_metrics(state.tracing))
             if cluster is not None:  # peers' requests in a traced request's trace, both ways
@@ -373,11 +385,11 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         state.unreachable_engines.update(urls)
         with trio.move_on_after(config.health.timeout_s * 2):
             async with trio.open_nursery() as first:
-                for url in urls:
-                    first.start_soon(_register_initial, state, url, config.model_path)
-        for url in urls:
+                for url, role, port in engines:
+                    first.start_soon(_register_initial, state, url, config.model_path, role, port)
+        for url, role, port in engines:
             if not any(w.url == url for w in registry.all()):
-                nursery.start_soon(_register_initial, state, url, config.model_path)
+                nursery.start_soon(_register_initial, state, url, config.model_path, role, port)
         if cluster is not None:
             nursery.start_soon(follow_worker_document, registry, cluster,
                                lambda worker: catalog.ensure(worker, int(worker.registered_at)))

@@ -56,6 +56,16 @@ class SimEngineConfig:
     default_max_tokens: int = 128
     # Scripted answers for prompts that match (script.py); None: deterministic words only.
     script_path: Path | None = None
+    # Prefill/decode disaggregation (handover.py): "regular" does both; "prefill" computes prompts and
+    # hands their KV over on bootstrap_port; "decode" fetches it from there before producing tokens.
+    role: str = "regular"
+    bootstrap_port: int = 0  # the prefill's bootstrap server (0: a free port, printed as BOOTSTRAP <port>)
+    # How long either side of a hand-over waits for the other before failing its request. SGLang's own
+    # bound is minutes (its disaggregation waiting timeout); tests want seconds.
+    handover_timeout_s: float = 30.0
+    # What a prefill and a decode must agree on to pair (GetServerInfo's pairing_protocol; the engines read
+    # SMG_PAIRING_PROTOCOL from their environment); "" pairs with anything.
+    pairing_protocol: str = ""
 
     @classmethod
     def zero_cost(cls, **overrides) -> "SimEngineConfig":

@@ -48,6 +48,8 @@ class GenerateParams:
     constraint: "tuple[str, Any] | None" = None
     logprobs: int | None = None  # report each output token's logprob with this many alternatives
     prompt_logprobs: bool = False  # and the prompt's
+    # The prompt's KV came from a prefill engine (a decode engine of a disaggregated pair): no prefill cost.
+    prefilled: bool = False
 
 
 @dataclasses.dataclass
@@ -148,7 +150,7 @@ class SimEngine:
                 if cfg.eos_after_tokens is not None and not params.ignore_eos and cfg.eos_after_tokens < max_tokens:
                     planned = planned[:cfg.eos_after_tokens] + [self.eos_token_id]
             uncached = len(params.prompt_ids) - hit.cached_tokens
-            if cfg.prefill_s_per_token:
+            if cfg.prefill_s_per_token and not params.prefilled:
                 await self._sleep_or_abort(uncached * cfg.prefill_s_per_token, aborted)
             produced = 0
             if not planned:

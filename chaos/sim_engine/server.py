@@ -24,6 +24,7 @@ from gateway.tokenizer.bundled import default_tokenizer_dir
 
 from .config import SimEngineConfig
 from .core import SimEngine
+from .disaggregation import ROLES, Disaggregation
 from .output import word_token_ids
 from .script import Script, ScriptError
 from .services import SglangService, VllmService, SharedEngineState
@@ -48,7 +49,8 @@ def _eos_token_id(tokenizer_dir: Path) -> tuple[int, int]:
     return (eos if eos is not None else vocab_size - 1), vocab_size
 
 
-def build_server(config: SimEngineConfig, services: str = "both") -> tuple[grpc.aio.Server, SimEngine]:
+def build_server(config: SimEngineConfig, services: str = "both",
+                 host: str = "127.0.0.1") -> tuple[grpc.aio.Server, SimEngine, Disaggregation]:
     tokenizer_dir = config.tokenizer_dir or default_tokenizer_dir()
     eos, vocab_size = _eos_token_id(tokenizer_dir)
     script = Script.load(config.script_path) if config.script_path is not None else None
@@ -56,7 +58,8 @@ def build_server(config: SimEngineConfig, services: str = "both") -> tuple[grpc.
                        lambda: Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")))
     if script is not None:
         engine.tokenizer  # loaded now: a scripted engine decodes every prompt
-    shared = SharedEngineState(engine, tokenizer_dir, vocab_size)
+    pd = Disaggregation(config, host)
+    shared = SharedEngineState(engine, tokenizer_dir, vocab_size, pd)
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
         ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
@@ -66,12 +69,12 @@ def build_server(config: SimEngineConfig, services: str = "both") -> tuple[grpc.
         sg_grpc.add_SglangSchedulerServicer_to_server(SglangService(shared), server)
     if services in ("both", "vllm"):
         vl_grpc.add_VllmEngineServicer_to_server(VllmService(shared), server)
-    return server, engine
+    return server, engine, pd
 
 
 async def serve_sim_engine(config: SimEngineConfig, host: str, port: int, services: str = "both",
                            tls: "tuple[Path, Path] | None" = None, stop_with_parent: bool = False) -> None:
-    server, _ = build_server(config, services)
+    server, _, pd = build_server(config, services, host)
     if tls is not None:  # (certificate chain, key): serve gRPC over TLS, as an engine behind grpcs:// does
         credentials = grpc.ssl_server_credentials([(tls[1].read_bytes(), tls[0].read_bytes())])
         bound = server.add_secure_port(f"{host}:{port}", credentials)
@@ -80,9 +83,11 @@ async def serve_sim_engine(config: SimEngineConfig, host: str, port: int, servic
     if bound == 0:
         raise SystemExit(f"sim-engine: cannot listen on {host}:{port}")
     await server.start()
-    print(f"READY {bound}", flush=True)
-    log.info("simulated engine %s listening on %s:%d (zero_cost=%s)", config.model_name, host, bound,
-             config.zero_cost_mode)
+    await pd.start()
+    # A prefill engine's bootstrap port follows, for a parent that started it on port 0.
+    print(f"READY {bound}" + (f" bootstrap={pd.bootstrap_port}" if pd.role == "prefill" else ""), flush=True)
+    log.info("simulated engine %s listening on %s:%d (zero_cost=%s, role=%s%s)", config.model_name, host, bound,
+             config.zero_cost_mode, pd.role, f", bootstrap port {pd.bootstrap_port}" if pd.role == "prefill" else "")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -103,6 +108,7 @@ async def serve_sim_engine(config: SimEngineConfig, host: str, port: int, servic
 
         loop.add_reader(stdin_fd, on_stdin)
     await stop.wait()
+    await pd.stop()
     await server.stop(grace=1.0)
 
 
@@ -141,6 +147,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--script", type=Path, default=None, help="JSON-lines file of scripted answers: "
                         '{"match": REGEX, "output": TEXT, "finish": "stop"|"length"} per line, first match in the '
                         "decoded prompt wins (chaos/sim_engine/script.py)")
+    parser.add_argument("--role", choices=ROLES, default=d.role, help="prefill/decode disaggregation: a prefill "
+                        "engine computes prompts and hands their KV over on --bootstrap-port; a decode engine fetches "
+                        "it from there before producing tokens, and refuses requests without a hand-over "
+                        "(chaos/sim_engine/handover.py)")
+    parser.add_argument("--bootstrap-port", type=int, default=d.bootstrap_port,
+                        help="a prefill engine's bootstrap port (0: a free one, printed as READY <port> bootstrap=<p>)")
+    parser.add_argument("--handover-timeout-s", type=float, default=d.handover_timeout_s,
+                        help="how long either side of a hand-over waits for the other before failing its request")
+    parser.add_argument("--pairing-protocol", default=os.environ.get("SMG_PAIRING_PROTOCOL", d.pairing_protocol),
+                        help="what prefill and decode engines must agree on to pair, reported by GetServerInfo "
+                             "(default: $SMG_PAIRING_PROTOCOL, else none: pairs with any)")
     parser.add_argument("--stop-with-parent", action="store_true",
                         help="exit when stdin reaches end-of-file (the parent that started us is gone)")
 
@@ -153,7 +170,8 @@ def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
         queue_size_max=args.queue_size_max, prefill_s_per_token=args.prefill_s_per_token,
         itl_base_s=args.itl_base_s, itl_per_running_s=args.itl_per_running_s,
         eos_after_tokens=args.eos_after_tokens, default_max_tokens=args.default_max_tokens,
-        script_path=args.script)
+        script_path=args.script, role=args.role, bootstrap_port=args.bootstrap_port,
+        handover_timeout_s=args.handover_timeout_s, pairing_protocol=args.pairing_protocol)
     if args.zero_cost:
         return SimEngineConfig.zero_cost(**{k: v for k, v in values.items()
                                             if k not in ("prefill_s_per_token", "itl_base_s", "itl_per_running_s")})

@@ -15,10 +15,12 @@ import hashlib
 import io
 import logging
 import time
+import uuid
 import zipfile
 from pathlib import Path
 
 import grpc
+from google.protobuf.struct_pb2 import Struct
 from smg_grpc_proto.generated import (
     common_pb2,
     sglang_scheduler_pb2 as sg,
@@ -28,6 +30,7 @@ from smg_grpc_proto.generated import (
 )
 
 from .core import EngineOverloaded, GenerateParams, InvalidRequest, SimEngine
+from .disaggregation import Disaggregation
 from .logprobs import prompt_logprobs, token_logprobs
 from .output import derive_seed
 
@@ -55,8 +58,10 @@ def build_tokenizer_bundle(tokenizer_dir: Path) -> tuple[bytes, str]:
 class SharedEngineState:
     """What both services answer from: the engine, its model facts, its bundle."""
 
-    def __init__(self, engine: SimEngine, tokenizer_dir: Path, vocab_size: int) -> None:
+    def __init__(self, engine: SimEngine, tokenizer_dir: Path, vocab_size: int,
+                 pd: "Disaggregation | None" = None) -> None:
         self.engine = engine
+        self.pd = pd if pd is not None else Disaggregation(engine.config, "127.0.0.1")  # its role's extra steps
         self.tokenizer_dir = tokenizer_dir
         self.vocab_size = vocab_size
         self._bundle: tuple[bytes, str] | None = None
@@ -260,6 +265,17 @@ class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
             logprobs=request.top_logprobs_num if request.return_logprob else None,
             prompt_logprobs=request.return_logprob and request.logprob_start_len >= 0,
         )
+        pd = self.s.pd
+        handover = await pd.sglang_key(request, context)
+        if handover is not None and pd.role == "prefill":
+            step = await pd.prefill(self.s, params, handover[0], context)
+            await pd.wait_decode(params, handover[0], context)
+            yield sg.GenerateResponse(request_id=request.request_id, complete=sg.GenerateComplete(
+                output_ids=step.token_ids, finish_reason="length", prompt_tokens=step.prompt_tokens,
+                completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens))
+            return
+        if handover is not None:
+            params = await pd.receive(params, handover[1], handover[2], handover[0], context)
         first = True
         async for index, step, output_ids in self.s.indexed_steps(params, sp.n, request.stream, context):
             seeded = _answer_params(params, index, sp.n)
@@ -285,6 +301,7 @@ class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
 
     async def Abort(self, request: sg.AbortRequest, context):
         self.s.engine.abort([request.request_id])
+        self.s.pd.abort([request.request_id])
         return sg.AbortResponse(success=True)
 
     async def GetModelInfo(self, request, context):
@@ -300,7 +317,8 @@ class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
         return sg.GetServerInfoResponse(
             active_requests=e.active_requests, is_paused=False, last_receive_timestamp=e.last_receive_timestamp,
             uptime_seconds=time.time() - e.started_at, sglang_version="sim", server_type="grpc",
-            max_total_num_tokens=e.config.kv_capacity_blocks * e.config.block_size)
+            max_total_num_tokens=e.config.kv_capacity_blocks * e.config.block_size,
+            server_args=_sglang_server_args(self.s.pd))
 
     async def GetLoads(self, request, context):
         return sg.GetLoadsResponse(timestamp=str(time.time()), version="sim", dp_rank_count=1,
@@ -325,6 +343,19 @@ class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
             logprobs=sp.logprobs if sp.HasField("logprobs") else None,
             prompt_logprobs=sp.HasField("prompt_logprobs"),
         )
+        pd = self.s.pd
+        transfer = await pd.vllm_params(request, context)
+        if transfer is not None and pd.role == "prefill":
+            key = f"xfer-{uuid.uuid4().hex}"
+            step = await pd.prefill(self.s, params, key, context)
+            yield vl.GenerateResponse(complete=vl.GenerateComplete(
+                output_ids=step.token_ids, finish_reason="length", prompt_tokens=step.prompt_tokens,
+                completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens,
+                kv_transfer_params_json=pd.keep_for_decode(params, key)))
+            return
+        if transfer is not None:
+            params = await pd.receive(params, transfer["remote_host"], transfer["remote_port"],
+                                      transfer["remote_request_id"], context)
         first = True
         async for index, step, output_ids in self.s.indexed_steps(params, sp.n, request.stream, context):
             seeded = _answer_params(params, index, sp.n)
@@ -350,6 +381,7 @@ class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
 
     async def Abort(self, request: vl.AbortRequest, context):
         self.s.engine.abort(list(request.request_ids))
+        self.s.pd.abort(list(request.request_ids))
         return vl.AbortResponse()
 
     async def GetModelInfo(self, request, context):
@@ -365,11 +397,30 @@ class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
         return vl.GetServerInfoResponse(
             active_requests=e.active_requests, is_paused=False, last_receive_timestamp=e.last_receive_timestamp,
             uptime_seconds=time.time() - e.started_at, server_type="vllm-grpc", data_parallel_size=1,
-            block_size=e.config.block_size, max_num_seqs=e.config.batch_size_max)
+            block_size=e.config.block_size, max_num_seqs=e.config.batch_size_max, kv_cache_dtype="auto",
+            model_dtype="torch.bfloat16", pairing_protocol=self.s.pd.pairing_protocol,
+            **_vllm_kv_transfer(self.s.pd))
 
     async def GetLoads(self, request, context):
         return vl.GetLoadsResponse(timestamp=str(time.time()), version="sim", dp_rank_count=1,
                                    loads=[vl.SchedulerLoad(dp_rank=0, **self.s.load_numbers())])
+
+
+def _sglang_server_args(pd: Disaggregation) -> Struct:
+    """The server arguments SGLang reports that pairing reads: its disaggregation mode and bootstrap port, and the
+    operator's pairing protocol (SMG_PAIRING_PROTOCOL)."""
+    args = Struct()
+    args.update({"disaggregation_mode": "null" if pd.role == "regular" else pd.role,
+                 "disaggregation_bootstrap_port": pd.bootstrap_port, "pairing_protocol": pd.pairing_protocol})
+    return args
+
+
+def _vllm_kv_transfer(pd: Disaggregation) -> dict:
+    """vLLM's kv_transfer_config as GetServerInfo reports it: a NIXL-like connector on prefill and decode engines."""
+    if pd.role == "regular":
+        return {}
+    return {"kv_connector": "NixlConnector", "kv_role": "kv_producer" if pd.role == "prefill" else "kv_consumer",
+            "kv_engine_id": pd.engine_id}
 
 
 def _log_trace(request_id: str, context) -> None:

@@ -12,6 +12,7 @@ import trio
 from ..auth import Role
 from ..auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX, KeyStoreError, StoredKey
 from ..ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
+from ..workers.pairing import PREFILL, REGULAR, ROLES
 from .errors import BadRequest, NotFound, Unavailable
 from .http import Request
 from .protocol import parse_json_body
@@ -96,6 +97,19 @@ def _labels(body: dict[str, Any]) -> dict[str, str]:
     return labels
 
 
+def _role(body: dict[str, Any]) -> "tuple[str, int | None]":
+    """(worker_type, bootstrap_port): prefill/decode disaggregation (gateway/workers/pairing.py)."""
+    role = body.get("worker_type", REGULAR)
+    if role not in ROLES:
+        raise BadRequest(f"'worker_type' must be one of {', '.join(ROLES)}", param="worker_type")
+    port = body.get("bootstrap_port")
+    if port is not None and (type(port) is not int or not 0 < port < 65536):
+        raise BadRequest("'bootstrap_port' must be a port number (1-65535)", param="bootstrap_port")
+    if port is not None and role != PREFILL:
+        raise BadRequest("'bootstrap_port' belongs to prefill workers", param="bootstrap_port")
+    return role, port
+
+
 async def add_worker(state, request: Request) -> None:
     body = parse_json_body(await request.body())
     url = body.get("url")
@@ -108,7 +122,9 @@ async def add_worker(state, request: Request) -> None:
     api_key = body.get("api_key")  # the worker's own key (OpenAI-compatible HTTP workers); never shown
     if api_key is not None and (not isinstance(api_key, str) or not 0 < len(api_key) <= 4096):
         raise BadRequest("'api_key' must be a non-empty string", param="api_key")
-    worker = await state.registry.add(url, _labels(body), model, api_key=api_key)
+    role, bootstrap_port = _role(body)
+    worker = await state.registry.add(url, _labels(body), model, api_key=api_key, role=role,
+                                      bootstrap_port=bootstrap_port)
     await state.catalog.ensure(worker, int(worker.registered_at))
     await request.send_json(201, worker.describe(trio.current_time()))
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import trio
 
-from ..workers import Worker, WorkerError, WorkerRegistry
+from ..workers import Worker, WorkerError, WorkerRegistry, WorkerUrlInvalid
+from ..workers.pairing import REGULAR, ROLES
 from .state import ClusterState
 
 log = logging.getLogger("gateway.cluster")
@@ -56,6 +57,17 @@ class AbsenceRule:
         return drain
 
 
+def spec_role(spec: dict[str, Any]) -> "tuple[str, int | None]":
+    """(worker_type, bootstrap_port) of a document entry, checked: a peer's values are bounded like a client's."""
+    role = spec.get("worker_type", REGULAR)
+    port = spec.get("bootstrap_port")
+    if role not in ROLES:
+        raise WorkerUrlInvalid(f"worker_type {role!r} is none of {', '.join(ROLES)}")
+    if port is not None and (type(port) is not int or not 0 < port < 65536):
+        raise WorkerUrlInvalid(f"bootstrap_port {port!r} is not a port")
+    return role, port
+
+
 async def follow_worker_document(registry: WorkerRegistry, cluster: ClusterState,
                                  on_added: "Callable[[Worker], Awaitable[None]] | None" = None,
                                  rule: AbsenceRule | None = None) -> None:
@@ -69,8 +81,10 @@ async def follow_worker_document(registry: WorkerRegistry, cluster: ClusterState
             current = registry.get(wid)
             if current is None or current.draining:
                 try:
+                    role, bootstrap_port = spec_role(spec)
                     worker = await registry.add(spec["url"], spec.get("labels") or {}, spec.get("model"),
-                                                replicate=False, api_key=spec.get("api_key"))
+                                                replicate=False, api_key=spec.get("api_key"), role=role,
+                                                bootstrap_port=bootstrap_port)
                     if on_added is not None:
                         await on_added(worker)
                 except WorkerError as e:

@@ -22,6 +22,7 @@ from smg_grpc_proto.generated import (
 
 from .bridge import GrpcBridge
 from .errors import EngineCallError
+from .pairing_info import PairingInfo, pairing_from_server_info
 
 TOKENIZER_BUNDLE_BYTES_MAX = 256 * 1024 * 1024  # a tokenizer bundle larger than this is refused
 
@@ -85,6 +86,30 @@ class SamplingOptions:
 TokenLogprob = "tuple[int, float | None, tuple[tuple[int, float], ...]]"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Handover:
+    """What one leg of a disaggregated request tells its engine about the KV hand-over.
+
+    SGLang: both legs carry the same bootstrap address (the prefill's host and bootstrap port) and room.
+    vLLM: each leg carries its kv_transfer_params as JSON (the prefill's asks for a remote decode; the
+    decode's are those the prefill answered with).
+    """
+
+    bootstrap_host: str = ""
+    bootstrap_port: int = 0
+    bootstrap_room: int | None = None
+    kv_transfer_params_json: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrefillAnswer:
+    """What a prefill leg answered that matters: vLLM's parameters for the decode, and its token counts."""
+
+    kv_transfer_params_json: str | None
+    prompt_tokens: int
+    cached_tokens: int
+
+
 class GenerateEvent(NamedTuple):
     """New tokens of one generation; the last event has ``finish_reason`` set.
 
@@ -116,7 +141,7 @@ class _Runtime(abc.ABC):
 
     @abc.abstractmethod
     def generate_request(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions,
-                         stream: bool) -> Any: ...
+                         stream: bool, handover: Handover | None = None) -> Any: ...
 
     @abc.abstractmethod
     def abort_request(self, request_id: str) -> Any: ...
@@ -127,7 +152,7 @@ class _Sglang(_Runtime):
     service = "sglang.grpc.scheduler.SglangScheduler"
     pb = sg
 
-    def generate_request(self, request_id, input_ids, sampling, stream):
+    def generate_request(self, request_id, input_ids, sampling, stream, handover=None):
         sp = sg.SamplingParams(
             max_new_tokens=sampling.max_new_tokens,
             temperature=1.0 if sampling.temperature is None else sampling.temperature,
@@ -160,6 +185,10 @@ class _Sglang(_Runtime):
             request.logprob_start_len = 0 if sampling.prompt_logprobs else -1  # -1: output tokens only
         request.tokenized.SetInParent()  # present even for an empty prompt, as before
         request.tokenized.input_ids.extend(input_ids)  # in place: no copy of a 7,800-id message (~0.14 ms)
+        if handover is not None and handover.bootstrap_room is not None:
+            dp = request.disaggregated_params
+            dp.bootstrap_host, dp.bootstrap_port = handover.bootstrap_host, handover.bootstrap_port
+            dp.bootstrap_room = handover.bootstrap_room
         return request
 
     def abort_request(self, request_id):
@@ -171,7 +200,7 @@ class _Vllm(_Runtime):
     service = "vllm.grpc.engine.VllmEngine"
     pb = vl
 
-    def generate_request(self, request_id, input_ids, sampling, stream):
+    def generate_request(self, request_id, input_ids, sampling, stream, handover=None):
         sp = vl.SamplingParams(
             max_tokens=sampling.max_new_tokens,
             top_p=1.0 if sampling.top_p is None else sampling.top_p,
@@ -202,6 +231,8 @@ class _Vllm(_Runtime):
         request = vl.GenerateRequest(request_id=request_id, sampling_params=sp, stream=stream)
         request.tokenized.SetInParent()  # present even for an empty prompt, as before
         request.tokenized.input_ids.extend(input_ids)  # in place: no copy of a 7,800-id message (~0.14 ms)
+        if handover is not None and handover.kv_transfer_params_json is not None:
+            request.kv_transfer_params_json = handover.kv_transfer_params_json
         return request
 
     def abort_request(self, request_id):
@@ -291,6 +322,12 @@ class GrpcEngineClient:
             eos_token_ids=tuple(r.eos_token_ids),
         )
 
+    async def pairing_info(self, timeout_s: float) -> PairingInfo:
+        """What the engine says about disaggregation (its role, pairing protocol, KV connector)."""
+        pb = self.runtime.pb
+        r = await self._unary("GetServerInfo", pb.GetServerInfoRequest(), pb.GetServerInfoResponse, timeout_s)
+        return pairing_from_server_info(self.runtime.name, r)
+
     async def health(self, timeout_s: float) -> bool:
         pb = self.runtime.pb
         r = await self._unary("HealthCheck", pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout_s)
@@ -333,20 +370,39 @@ class GrpcEngineClient:
         return data
 
     def generate(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions, stream: bool,
-                 timeout_s: float | None, metadata: "tuple[tuple[bytes, bytes], ...]" = ()) -> "Generation":
+                 timeout_s: float | None, metadata: "tuple[tuple[bytes, bytes], ...]" = (),
+                 handover: Handover | None = None) -> "Generation":
         """Open a generation: ``async with client.generate(...) as g: async for events in g``.
 
         Events come in lists (those that crossed the bridge together). Streaming mode: chunks
         carry deltas; the closing ``complete`` repeats the last delta (vLLM DELTA mode), so its
         ids are dropped. Non-streaming: one ``complete`` with every id.
         """
-        request = self.runtime.generate_request(request_id, input_ids, sampling, stream)
+        request = self.runtime.generate_request(request_id, input_ids, sampling, stream, handover)
         messages = self.bridge.open_stream(self.target, self.runtime.method("Generate"), request,
                                            self.runtime.pb.GenerateResponse, timeout_s,
                                            # n > 1: one complete per answer, none of them surely the last
                                            last_message=_is_complete if sampling.n == 1 else None,
                                            metadata=metadata)  # (a trace's traceparent: the engine's spans join)
         return Generation(messages, stream, sampling.logprobs is not None, sampling.n > 1)
+
+    async def prefill(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions, handover: Handover,
+                      timeout_s: float | None, metadata: "tuple[tuple[bytes, bytes], ...]" = ()) -> PrefillAnswer:
+        """The prefill leg of a disaggregated request: unstreamed, its answer read to its end and dropped but for
+        what the decode needs."""
+        request = self.runtime.generate_request(request_id, input_ids, sampling, False, handover)
+        async with self.bridge.open_stream(self.target, self.runtime.method("Generate"), request,
+                                           self.runtime.pb.GenerateResponse, timeout_s, last_message=_is_complete,
+                                           metadata=metadata) as messages:
+            async for batch in messages:
+                for message in batch:
+                    if message.WhichOneof("response") != "complete":
+                        continue
+                    c = message.complete
+                    params = c.kv_transfer_params_json if self.runtime.name == "vllm" and \
+                        c.HasField("kv_transfer_params_json") else None
+                    return PrefillAnswer(params, c.prompt_tokens, c.cached_tokens)
+        raise EngineCallError("UNAVAILABLE", "the prefill engine closed the stream without finishing")
 
     def subscribe_kv_events(self, start_sequence_number: int) -> Any:
         """The engine's KV event batches (``common_pb2.KvEventBatch``), from a sequence number.

@@ -5,7 +5,8 @@
     worker.Worker             one worker as routing sees it; WorkerClient, what its client must do
     health.HealthTracker      healthy or not, from consecutive checks (pure, on passed-in time)
     router.Router             a worker for one attempt: candidates, then the routing policy
-    attempt.WorkerAttempt     one attempt's bookkeeping: in-flight count and circuit verdict
+    attempt.WorkerAttempt     one attempt's bookkeeping: in-flight count and circuit verdict; abort_quietly
+    pairing                   prefill/decode roles, and which two workers may pair
     kv_following              when this node follows an engine's KV events (kv_events: how)
     origin                    what a worker URL may be, and where workers may be registered
     errors                    why a registration failed (WorkerError and its kinds)
@@ -13,7 +14,7 @@
 Other packages use the names below.
 """
 
-from .attempt import AttemptFailed, WorkerAttempt
+from .attempt import AttemptFailed, WorkerAttempt, abort_quietly
 from .errors import (
            WorkerError,
            WorkerExists,
@@ -29,6 +30,6 @@ from .router import Router
 from .worker import Worker, WorkerClient, worker_id_for
 
 __all__ = ["AttemptFailed", "HealthConfig", "HealthTracker", "Router", "Verdict", "Worker", "WorkerAllowlist",
-           "WorkerAttempt", "WorkerClient", "WorkerError", "WorkerExists", "WorkerHostRefused", "WorkerRegistry",
+           "WorkerAttempt", "WorkerClient", "abort_quietly", "WorkerError", "WorkerExists", "WorkerHostRefused", "WorkerRegistry",
            "WorkerUnknown", "WorkerUnreachable", "WorkerUrlError", "WorkerUrlInvalid", "parse_worker_origin",
            "worker_id_for"]

@@ -19,10 +19,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import logging
+
 import trio
 
 from ..engine.errors import EngineCallError
 from .worker import Worker
+
+log = logging.getLogger("gateway.workers")
 
 
 class AttemptFailed(Exception):
@@ -62,3 +66,13 @@ class WorkerAttempt:
             worker.breaker.record_success(trio.current_time())
         else:
             worker.breaker.release_probe()  # cancelled, or failed on our side: no verdict on the engine
+
+
+async def abort_quietly(worker: Worker, request_id: str, timeout_s: float) -> None:
+    """Ask the engine to stop a generation it may still run (and free its slot and KV); bounded, and a failure only
+    logged: the call it ends is already gone from our side."""
+    try:
+        with trio.move_on_after(timeout_s):
+            await worker.client.abort(request_id, timeout_s)
+    except EngineCallError as e:
+        log.debug("abort of %s on %s failed: %s", request_id, worker.id, e)

@@ -26,11 +26,13 @@ from ..engine.bridge import GrpcBridge
 from ..engine.errors import EngineCallError
 from ..engine.grpc_engine import GrpcEngineClient
 from ..engine.http_worker import HttpWorkerClient
+from ..engine.pairing_info import PairingInfo
 from ..routing.breaker import BreakerConfig, CircuitBreaker
 from ..routing.kv_index import KvIndex
 from .errors import WorkerExists, WorkerHostRefused, WorkerUnknown, WorkerUnreachable, WorkerUrlInvalid
 from .health import HealthConfig, HealthTracker, Verdict
 from .kv_following import follow_while_needed
+from .pairing import DECODE, PREFILL, REGULAR, role_conflict
 from .origin import (
     WorkerAllowlist,
     WorkerNotAllowed,
@@ -115,6 +117,7 @@ class WorkerRegistry:
         self.cluster = cluster
         self.on_removed: list[Any] = []  # callbacks(worker_id): policies forget what they learnt
         self.changed = trio.Event()
+        self.pd_workers = 0  # prefill and decode workers registered: routing looks for pairs only when some are
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -125,9 +128,20 @@ class WorkerRegistry:
     def all(self) -> list[Worker]:
         return list(self._workers.values())
 
-    def candidates(self, model: str | None, now: float, kind: str | None = None) -> list[Worker]:
+    def candidates(self, model: str | None, now: float, kind: str | None = None, role: str = REGULAR) -> list[Worker]:
+        """Workers of ``role`` that can take an attempt now: a prefill or decode worker never serves alone."""
         return [w for w in self._workers.values()
-                if w.available(now) and (model is None or model in w.models) and (kind is None or w.kind == kind)]
+                if w.available(now) and (model is None or model in w.models) and (kind is None or w.kind == kind)
+                and w.role == role]
+
+    def disaggregated(self, model: str) -> "tuple[list[Worker], list[Worker]] | None":
+        """The model's registered (not draining) prefill and decode workers, healthy or not; None when it has
+        neither, as every model has unless prefill/decode workers were registered (the plain path's test)."""
+        if not self.pd_workers:
+            return None
+        prefill = [w for w in self._workers.values() if w.role == PREFILL and not w.draining and model in w.models]
+        decode = [w for w in self._workers.values() if w.role == DECODE and not w.draining and model in w.models]
+        return (prefill, decode) if prefill or decode else None
 
     def models(self) -> dict[str, list[Worker]]:
         out: dict[str, list[Worker]] = {}
@@ -171,10 +185,13 @@ class WorkerRegistry:
         self.changed = trio.Event()
 
     async def add(self, url: str, labels: dict[str, str] | None = None, model: str | None = None,
-                  replicate: bool = True, api_key: str | None = None) -> Worker:
+                  replicate: bool = True, api_key: str | None = None, role: str = REGULAR,
+                  bootstrap_port: int | None = None) -> Worker:
         """Connect to a worker and route to it once a health check passed; with a cluster, every node
-        then does the same."""
+        then does the same. ``role`` prefill or decode: one half of a disaggregated pair (pairing.py)."""
         kind, target, url = parse_worker_url(url, self._allowlist)
+        if role != REGULAR and kind != "grpc":
+            raise WorkerUrlInvalid(f"worker {url}: prefill and decode workers are gRPC engines (grpc://host:port)")
         wid = worker_id_for(url)
         if wid in self._workers and not self._workers[wid].draining:
             raise WorkerExists(f"worker {url} is already registered as {wid}")
@@ -186,24 +203,44 @@ class WorkerRegistry:
             raise error(f"cannot reach worker {url}: {e}") from None
         if not models:
             raise WorkerUrlInvalid(f"worker {url} serves no model")
+        pairing = PairingInfo()
+        if role != REGULAR:
+            try:
+                pairing = await client.pairing_info(self.health_config.timeout_s)
+            except EngineCallError as e:
+                await client.aclose()
+                raise WorkerUnreachable(f"cannot ask worker {url} how it disaggregates (GetServerInfo): {e}") from None
+            conflict = role_conflict(role, pairing)
+            if conflict is not None:
+                await client.aclose()
+                raise WorkerUrlInvalid(f"worker {url} cannot be registered as {role}: {conflict}")
         # Not healthy until a health check passed: answering GetModelInfo (or /v1/models) is not the
         # engine saying it can serve. With checks off, what answered is taken as healthy.
         healthy = await self._passes_check(wid, client) if self.health_config.enabled else True
         worker = Worker(url, client, models, context, CircuitBreaker(self.breaker_config), labels or {},
-                        HealthTracker(self.health_config, healthy, trio.current_time()))
+                        HealthTracker(self.health_config, healthy, trio.current_time()), role, bootstrap_port, pairing)
         if wid in self._workers and not self._workers[wid].draining:  # added meanwhile (the check awaited)
             raise WorkerExists(f"worker {url} is already registered as {wid}")
+        replaced = self._workers.get(wid)
+        if replaced is not None and replaced.role != REGULAR:
+            self.pd_workers -= 1  # a draining one, replaced: counted once
         self._workers[wid] = worker
+        if role != REGULAR:
+            self.pd_workers += 1
         if self.health_config.enabled:
             self._nursery.start_soon(self._watch, worker)
         if self.kv_index is not None and client.publishes_kv_events:
             self._nursery.start_soon(self._follow_kv_events, worker)
-        log.info("worker %s added: %s %s models=%s", wid, kind, url, ",".join(models))
+        log.info("worker %s added: %s %s models=%s%s", wid, kind, url, ",".join(models),
+                 f" role={role}" + (f" bootstrap_port={bootstrap_port}" if bootstrap_port else "") if role != REGULAR
+                 else "")
         if self.cluster is not None and replicate:
             # The worker's key goes to the other nodes (the mesh's sealed document) so that they can use
             # it; it is never shown (describe) nor logged.
             self.cluster.register(wid, {"url": url, "labels": labels or {}, "model": model,
-                                        **({"api_key": api_key} if api_key else {})})
+                                        **({"api_key": api_key} if api_key else {}),
+                                        **({"worker_type": role, "bootstrap_port": bootstrap_port}
+                                           if role != REGULAR else {})})
         self._notify()
         return worker
 
@@ -258,6 +295,8 @@ class WorkerRegistry:
         if self.kv_index is not None:
             self.kv_index.remove_engine(worker.id)
         self._workers.pop(worker.id, None)
+        if worker.role != REGULAR:
+            self.pd_workers -= 1
         for callback in self.on_removed:
             callback(worker.id)
         await worker.client.aclose()

@@ -12,6 +12,7 @@ import trio
 from ..engine.grpc_engine import EngineLoad
 from ..routing.breaker import CircuitBreaker
 from .health import HealthTracker
+from .pairing import REGULAR, PairingInfo
 
 
 class WorkerClient(Protocol):
@@ -42,7 +43,8 @@ def worker_id_for(url: str) -> str:
 
 class Worker:
     def __init__(self, url: str, client: Any, models: "tuple[str, ...]", max_context_tokens: int | None,
-                 breaker: CircuitBreaker, labels: dict[str, str], health: HealthTracker) -> None:
+                 breaker: CircuitBreaker, labels: dict[str, str], health: HealthTracker, role: str = REGULAR,
+                 bootstrap_port: int | None = None, pairing: PairingInfo = PairingInfo()) -> None:
         self.id = worker_id_for(url)
         self.url = url
         self.client = client  # a WorkerClient; Any, so generation can call GrpcEngineClient.generate on it
@@ -53,6 +55,11 @@ class Worker:
         self.breaker = breaker
         self.labels = labels
         self.health = health
+        # Prefill/decode disaggregation (pairing.py): regular, prefill or decode; a prefill's bootstrap port
+        # (SGLang: where its decode fetches the KV); what the engine said pairing depends on.
+        self.role = role
+        self.bootstrap_port = bootstrap_port
+        self.pairing = pairing
         self.draining = False
         self.in_flight = 0
         self.engine_load: EngineLoad | None = None
@@ -100,6 +107,8 @@ class Worker:
             "circuit_state": self.breaker.current_state(now).name.lower(),
             "load": dataclasses.asdict(self.engine_load) if self.engine_load else None,
             "labels": self.labels, "max_context_tokens": self.max_context_tokens, "checked_by": self.checked_by,
+            "worker_type": self.role, "bootstrap_port": self.bootstrap_port,
+            **({"pairing": self.pairing.to_dict()} if self.role != REGULAR else {}),
         }
 
 
