@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from .preflight import missing
-from .scenarios import SCENARIOS
+from .scenarios import ENGINE_SCENARIOS, SCENARIOS
 
 DEFAULT_OUT = Path("chaos-reports")
 
@@ -38,8 +38,10 @@ def main(argv: "list[str] | None" = None) -> int:
         for name, (_, text) in SCENARIOS.items():
             print(f"{name:18} {text}")
         return 0
-    if args.nodes < 3:
-        parser.error("--nodes must be at least 3 (a partition needs two sides and a majority)")
+    nodes_min = 2 if args.scenario in ENGINE_SCENARIOS else 3
+    if args.nodes < nodes_min:
+        parser.error(f"--nodes must be at least {nodes_min}" + ("" if nodes_min == 2 else
+                     " (a partition needs two sides and a majority; only the engine faults run on two nodes)"))
     problems = missing(args.lb)
     if problems:
         print("python -m chaos: missing before the run can start:\n  " + "\n  ".join(problems), file=sys.stderr)

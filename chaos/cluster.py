@@ -41,6 +41,9 @@ class ClusterSpec:
     # Models the engines serve: engine j serves MODELS[j % models]. One by default; a model's outage
     # (kill-model-engines) needs two, on separate engines.
     models: int = 1
+    # Prefill/decode disaggregation: the first half of the engines run as prefill engines, the others as decode
+    # engines (SGLang's contract: one bootstrap room per request), registered in those roles.
+    pd: bool = False
     seed: int = 42
     # node i: HTTP base+i, gossip base+100+i, admin base+200+i; LB base+300. Below 32768: the kernel
     # hands out ports above it to outgoing connections, which could take a fixed port first.
@@ -68,6 +71,7 @@ class ChaosCluster:
         self.key = generate_key()
         self.engines: list[EngineProcess | None] = []
         self.engine_ports: list[int] = []
+        self.bootstrap_ports: list[int] = []  # prefill engines' (0 for the others)
         self.nodes: list[NodeProcess | None] = [None] * spec.nodes
         self.paused: set[int] = set()
         self.balancer: subprocess.Popen | None = None
@@ -113,7 +117,18 @@ class ChaosCluster:
         return [j for j in range(self.spec.engines) if self.model_of(j) == model]
 
     def engine_args(self, j: int) -> list[str]:
-        return [*self.spec.engine_args, "--model-name", self.model_of(j)]
+        args = [*self.spec.engine_args, "--model-name", self.model_of(j)]
+        if self.spec.pd:
+            args += ["--services", "sglang", "--role", self.role_of(j), "--handover-timeout-s", "5"]
+            if j < len(self.bootstrap_ports):  # a restarted prefill listens where the nodes expect it
+                args += ["--bootstrap-port", str(self.bootstrap_ports[j])]
+        return args
+
+    def role_of(self, j: int) -> str:
+        """Engine ``j``'s role: regular, or in a PD cluster prefill (the first half) or decode."""
+        if not self.spec.pd:
+            return "regular"
+        return "prefill" if j < self.spec.engines // 2 else "decode"
 
     def rules_path(self, i: int) -> Path:
         return self.dir / f"faults-node{i}.json"
@@ -153,6 +168,7 @@ class ChaosCluster:
             for j in range(self.spec.engines):
                 self.engines.append(EngineProcess(self.engine_args(j), self.dir, f"engine{j}"))
                 self.engine_ports.append(int(self.engines[j].url.rpartition(":")[2]))
+                self.bootstrap_ports.append(self.engines[j].bootstrap_port or 0)
             self._write_rules()
             for i in range(self.spec.nodes):
                 self.start_node(i)
@@ -169,7 +185,12 @@ class ChaosCluster:
                 "--rate-limits", str(self.limits_file), "--health-check-interval-secs", "0.5",
                 "--health-failure-threshold", "2", "--log-level", os.environ.get("SMG_CHAOS_NODE_LOG_LEVEL", "warning"),
                 "--shutdown-grace-period-secs", "10"]
-        if i == 0:  # engines are registered on one node; the others get them through the mesh
+        if i == 0 and self.spec.pd:  # engines are registered on one node; the others get them through the mesh
+            args += ["--pd-disaggregation"]
+            for j, port in enumerate(self.engine_ports):
+                args += ["--prefill", f"grpc://127.0.0.1:{port}", str(self.bootstrap_ports[j])] \
+                    if self.role_of(j) == "prefill" else ["--decode", f"grpc://127.0.0.1:{port}"]
+        elif i == 0:
             args += ["--worker-urls", *[f"grpc://127.0.0.1:{p}" for p in self.engine_ports]]
         # The gossip key by environment: a command line is every local user's to read.
         env = {FAULTS_ENV: str(self.rules_path(i)), SEED_ENV: str(self.spec.seed), "SMG_NODE_ENCRYPT": self.key}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Callable
+from typing import Any
 
 from gateway.ratelimit.limits import Identity
 from mesh.ring import HashRing
@@ -152,8 +153,23 @@ def kill_model_engines(cluster: ChaosCluster, rng: random.Random, duration_s: fl
                  Event(back, f"restart the engines of {model}", "heal", restart, model=model)], back, 0)
 
 
+def kill_prefill_engine(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
+    """A prefill/decode cluster (two prefill and two decode engines): one prefill engine SIGKILLed under load, then
+    started again on its ports. Requests whose prefill it had not finished are retried on the other pair; those
+    already handed over finish on their decode."""
+    victim = rng.randrange(cluster.spec.engines // 2)
+    start, back = 0.25 * duration_s, 0.55 * duration_s
+    return Plan([Event(start, f"SIGKILL prefill engine{victim}", "process", lambda: cluster.kill_engine(victim)),
+                 Event(back, f"restart prefill engine{victim}", "heal", lambda: cluster.start_engine(victim))],
+                back + 2, 0)
+
+
+# Scenarios whose faults strike engines only: no partition, no majority needed, so two nodes can run them.
+ENGINE_SCENARIOS = frozenset({"restart-engines", "kill-model-engines", "kill-prefill-engine"})
+
 # What a scenario needs of the cluster beyond the defaults.
-SCENARIO_SPECS: dict[str, dict[str, int]] = {"kill-model-engines": {"models": 2}}
+SCENARIO_SPECS: dict[str, dict[str, Any]] = {"kill-model-engines": {"models": 2},
+                                             "kill-prefill-engine": {"pd": True, "engines": 4}}
 
 SCENARIOS: dict[str, tuple[Callable[[ChaosCluster, random.Random, float], Plan], str]] = {
     "kill-one": (kill_one, "SIGKILL one node under load, restart it later"),
@@ -166,6 +182,8 @@ SCENARIOS: dict[str, tuple[Callable[[ChaosCluster, random.Random, float], Plan],
     "restart-engines": (restart_engines, "restart every engine in turn"),
     "kill-history-owners": (kill_history_owners, "SIGKILL two owners of stored responses in turn, restarting "
                             "each with an empty memory"),
+    "kill-prefill-engine": (kill_prefill_engine, "prefill/decode pairs: SIGKILL one prefill engine under load, "
+                            "restart it later; requests go to the other pair meanwhile"),
     "kill-model-engines": (kill_model_engines, "two models on separate engines: SIGKILL every engine of one, "
                            "restart them later; the other model must see no error"),
 }

@@ -99,6 +99,12 @@ class SimEngine:
                 if key == rid or key.startswith(rid + "/"):
                     event.set()
 
+    def check_admission(self) -> None:
+        """EngineOverloaded when the queue is full (a decode engine asks before it takes a prefill's KV, as a real
+        one reserves room for it first)."""
+        if self.waiting >= self.config.queue_size_max:
+            raise EngineOverloaded(f"queue full ({self.config.queue_size_max} waiting)")
+
     @property
     def active_requests(self) -> int:
         return self.running + self.waiting
@@ -121,8 +127,7 @@ class SimEngine:
         if len(params.prompt_ids) >= cfg.max_context_tokens:
             raise InvalidRequest(
                 f"prompt has {len(params.prompt_ids)} tokens; the context is {cfg.max_context_tokens}")
-        if self.waiting >= cfg.queue_size_max:
-            raise EngineOverloaded(f"queue full ({cfg.queue_size_max} waiting)")
+        self.check_admission()
         room = cfg.max_context_tokens - len(params.prompt_ids)
         max_tokens = min(params.max_tokens if params.max_tokens is not None else cfg.default_max_tokens, room)
         aborted = asyncio.Event()

@@ -21,15 +21,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import uuid
 
 import grpc
 
 from .config import SimEngineConfig
-from .core import GenerateParams, Step
+from .core import EngineOverloaded, GenerateParams, Step
 from .handover import HandoverBoard, HandoverFailed, fetch, start_bootstrap_server
 
 ROLES = ("regular", "prefill", "decode")
+
+log = logging.getLogger("chaos.sim_engine")
 
 
 class Disaggregation:
@@ -63,6 +66,7 @@ class Disaggregation:
             return
         for request_id in request_ids:
             key = self._keys.pop(request_id, None)
+            log.info("prefill of request %s aborted%s", request_id, f": the KV of {key} is freed" if key else "")
             if key is not None:
                 self.board.withdraw(key)
 
@@ -90,16 +94,21 @@ class Disaggregation:
     def keep_for_decode(self, params: GenerateParams, key: str) -> str:
         """vLLM: the prefill answers now and keeps the KV until fetched (or freed after the timeout); the
         parameters its answer carries, as JSON."""
-        self.board.expire_later(key)
-        self._keys.pop(params.request_id, None)
+        self.board.expire_later(key, on_end=lambda: self._keys.pop(params.request_id, None))
+        self._keys[params.request_id] = key  # an Abort of the request frees the KV it keeps
         return json.dumps({"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": self.engine_id,
                            "remote_block_ids": list(range(max(1, len(params.prompt_ids) // 16))),
                            "remote_host": self.host, "remote_port": self.bootstrap_port, "remote_request_id": key,
                            "tp_size": 1})
 
-    async def receive(self, params: GenerateParams, host: str, port: int, key: str, context) -> GenerateParams:
+    async def receive(self, shared, params: GenerateParams, host: str, port: int, key: str,
+                      context) -> GenerateParams:
         """The decode's side: the KV of ``key`` from the prefill at ``host:port``, then the parameters to decode
-        with (no prefill cost)."""
+        with (no prefill cost). Room for the request first, as a real decode engine reserves KV before the transfer."""
+        try:
+            shared.engine.check_admission()
+        except EngineOverloaded as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         try:
             await fetch(host, port, key, params.prompt_ids, self.timeout_s)
         except HandoverFailed as e:

@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 
 log = logging.getLogger("chaos.sim_engine")
 
@@ -61,6 +62,7 @@ class HandoverBoard:
         self.handed_over_total = 0
         self.expired_total = 0  # offers nobody fetched in time (KV freed)
         self.refused_total = 0  # fetches of an unknown key or of another prompt
+        self._tasks: set[asyncio.Task] = set()  # expiries running (held: the loop keeps only weak references)
 
     def __len__(self) -> int:
         return len(self._offers)
@@ -92,16 +94,19 @@ class HandoverBoard:
         finally:
             self._offers.pop(key, None)
 
-    def expire_later(self, key: str) -> None:
-        """vLLM's way: the prefill answers at once and keeps the KV until it is fetched or ``timeout_s`` passed."""
-        task = asyncio.get_running_loop().create_task(self._expire(key))
-        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+    def expire_later(self, key: str, on_end: "Callable[[], object]" = lambda: None) -> None:
+        """vLLM's way: the prefill answers at once and keeps the KV until it is fetched or ``timeout_s`` passed;
+        then ``on_end()``."""
+        self._tasks.add(asyncio.get_running_loop().create_task(self._expire(key, on_end)))
 
-    async def _expire(self, key: str) -> None:
+    async def _expire(self, key: str, on_end: "Callable[[], object]") -> None:
         try:
             await self.wait_taken(key)
         except HandoverFailed as e:
             log.warning("%s", e)
+        finally:
+            on_end()
+            self._tasks.discard(asyncio.current_task())
 
     def withdraw(self, key: str) -> None:
         """The prefill's request was aborted: nothing to fetch any more."""

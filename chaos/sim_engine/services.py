@@ -275,7 +275,7 @@ class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
                 completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens))
             return
         if handover is not None:
-            params = await pd.receive(params, handover[1], handover[2], handover[0], context)
+            params = await pd.receive(self.s, params, handover[1], handover[2], handover[0], context)
         first = True
         async for index, step, output_ids in self.s.indexed_steps(params, sp.n, request.stream, context):
             seeded = _answer_params(params, index, sp.n)
@@ -354,7 +354,7 @@ class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
                 kv_transfer_params_json=pd.keep_for_decode(params, key)))
             return
         if transfer is not None:
-            params = await pd.receive(params, transfer["remote_host"], transfer["remote_port"],
+            params = await pd.receive(self.s, params, transfer["remote_host"], transfer["remote_port"],
                                       transfer["remote_request_id"], context)
         first = True
         async for index, step, output_ids in self.s.indexed_steps(params, sp.n, request.stream, context):
