@@ -30,7 +30,7 @@ import sys
 from mesh.admin_client import run_admin_command
 from mesh.crypto import generate_key
 
-from . import keys_client
+from . import keys_client, workers_client
 
 # The CLI's commands other than serve (members, keys, --help...) must start at once: the serving machinery
 # (config with every subsystem's settings, the server, the drivers they import) costs ~0.6 s to import and
@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("key", nargs="?")
     commands.add_parser("keygen", help="print a new gossip encryption key")
     keys_client.add_arguments(commands.add_parser("keys", help="create, list or revoke API keys"))
+    workers_client.add_arguments(commands.add_parser("workers", help="list, add or remove workers (prefill/decode "
+                                                                     "roles included)"))
     return parser
 
 
@@ -105,6 +107,8 @@ def main(argv: "list[str] | None" = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "keys":
         return keys_client.run(args)
+    if args.command == "workers":
+        return workers_client.run(args)
     if args.command == "keygen":
         print(generate_key())
         return 0

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 
 import grpc
@@ -243,6 +246,11 @@ def test_a_cluster_routes_pairs_registered_on_another_node(log_dir, predict):
             time.sleep(0.2)
         assert sorted((w["worker_type"], w["bootstrap_port"]) for w in workers) == \
             [("decode", None), ("prefill", prefill.bootstrap_port)], json.dumps(workers)
+        # The CLI shows the roles too, read from the second node.
+        shown = subprocess.run([sys.executable, "-m", "gateway.cli", "workers", "list", "--url", nodes[1].url],
+                               capture_output=True, text=True, timeout=30, env={**os.environ, **nodes[1].admin_env})
+        assert shown.returncode == 0, shown.stderr
+        assert f"prefill:{prefill.bootstrap_port}" in shown.stdout and " decode " in shown.stdout, shown.stdout
         messages = [{"role": "user", "content": "through the other node"}]
         with httpx2.Client(base_url=nodes[1].url) as http:
             ids = prompt_ids(http, messages)
