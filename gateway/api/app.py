@@ -182,13 +182,13 @@ class GatewayApp:
                 self._audit_entry(request, status)
 
     async def _wait_joined(self) -> None:
-        """Until the node holds the cluster's registry, or knows workers of its own (--worker-urls: it serves
-        those, as it would cut off from its seeds)."""
+        """Until the node holds the cluster's registry and registered the workers it lists, or knows workers of
+        its own (--worker-urls: it serves those, as it would cut off from its seeds)."""
         cluster, registry = self.state.cluster, self.state.registry
         with trio.move_on_after(JOIN_WAIT_S):
-            while not cluster.registry_received and not registry.all():
+            while not cluster.registry_applied and not registry.all():
                 await trio.sleep(JOIN_POLL_S)
-        if cluster.registry_received:
+        if cluster.registry_applied:
             self._joining = False
         elif not registry.all():
             raise Unavailable("this node has not joined its cluster yet (no worker registry received): retry, "

@@ -76,6 +76,7 @@ async def follow_worker_document(registry: WorkerRegistry, cluster: ClusterState
     rule = rule or AbsenceRule()
     while True:
         changed = cluster.changed
+        received = cluster.registry_received
         listed = cluster.doc.workers()
         for wid, spec in listed.items():
             current = registry.get(wid)
@@ -89,6 +90,9 @@ async def follow_worker_document(registry: WorkerRegistry, cluster: ClusterState
                         await on_added(worker)
                 except WorkerError as e:
                     log.warning("cluster worker %s not usable from here yet: %s", spec.get("url"), e)
+
+        if received:
+            cluster.registry_applied = True  # every worker the received document lists was registered or tried
 
         def tombstoned(wid: str) -> bool:
             entry = cluster.doc.get("workers", wid)

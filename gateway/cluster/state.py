@@ -56,6 +56,10 @@ class ClusterState:
         # True once a peer's whole document arrived (or there was nobody to join): until then the
         # node does not know the cluster's workers and limits, so it is not ready.
         self.registry_received = False
+        # True once this node went through the document it received: every worker it listed was registered
+        # here (or tried). Between the two a restarted node knew the cluster's workers but had registered none
+        # of them yet, and answered their model's requests 404 (a chaos run's kill-history-owners caught it).
+        self.registry_applied = False
 
     def attach(self, agent: Any) -> None:
         """Called with the mesh agent before it joins: follow its membership from the start."""
