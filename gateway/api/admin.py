@@ -57,8 +57,6 @@ async def readiness(state, request: Request) -> None:
         reason = "shutting down"
     elif state.cluster is not None and not state.cluster.registry_received:
         reason = "not joined to the cluster yet (no worker registry received)"
-    elif state.cluster is not None and not state.cluster.registry_applied:
-        reason = "registering the cluster's workers"
     if reason is not None:
         raise Unavailable(f"not ready: {reason}", code="not_ready", retry_after_s=1)
     await request.send_json(200, {"status": "ready", "healthy_workers": healthy})
