@@ -90,8 +90,7 @@ def test_pairs_answer_as_one_engine_would(pd_cluster, predict):
     roles = {w["url"]: (w["worker_type"], w["bootstrap_port"], w["pairing"].get("mode")) for w in workers}
     assert roles == {**{p.url: ("prefill", p.bootstrap_port, "prefill") for p in prefills},
                      **{d.url: ("decode", None, "decode") for d in decodes}}
-    served = [line for e in prefills for line in e.log_text().splitlines() if "Generate" in line or "room" in line]
-    assert all(e.alive for e in (*prefills, *decodes)), served
+    assert all(e.alive for e in (*prefills, *decodes))
 
 
 def test_the_engines_refuse_a_wrong_hand_over(log_dir):
@@ -200,7 +199,7 @@ def test_a_missing_side_or_an_incompatible_pair_is_a_clear_503(log_dir):
         assert admin.post("/workers", json={"url": decodes[1].url, "worker_type": "decode"}).status_code == 201
         assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).usage.completion_tokens == 2
         # A role the engine does not run in is refused at registration, and a bad body is a 400.
-        wrong = admin.post("/workers", json={"url": decodes[0].url.replace("grpc", "grpc"), "worker_type": "prefill"})
+        wrong = admin.post("/workers", json={"url": decodes[0].url, "worker_type": "prefill"})
         assert wrong.status_code in (400, 409), wrong.text
         assert admin.post("/workers", json={"url": decodes[0].url, "worker_type": "both"}).status_code == 400
         assert admin.post("/workers", json={"url": decodes[0].url, "worker_type": "decode",
