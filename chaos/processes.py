@@ -39,19 +39,17 @@ class ManagedProcess:
 
     def _wait_ready(self, stream, pattern: "re.Pattern[str]") -> "re.Match[str]":
         deadline = time.monotonic() + START_TIMEOUT_S
-        lines = []
         while time.monotonic() < deadline:
             line = stream.readline()
             if not line:
                 break
             self._log.write(line)
-            text = line.decode("utf-8", "replace")
-            lines.append(text)
-            match = pattern.search(text)
+            match = pattern.search(line.decode("utf-8", "replace"))
             if match:
                 return match
         self.kill()
-        raise RuntimeError(f"{self.name} did not start: {''.join(lines[-20:])}")
+        said = self.log_text()[-3000:]  # stdout and stderr: why it did not start is usually on stderr
+        raise RuntimeError(f"{self.name} did not start (exit {self.process.returncode}); its log ends:\n{said}")
 
     def _copy(self, stream) -> None:
         for line in iter(stream.readline, b""):

@@ -29,7 +29,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from mesh.admin_token import forget_endpoint, record_endpoint
 from mesh.asgi import answer_lifespan
 from mesh.options import default_node_name
-from mesh.service import serve_mesh
+from mesh.service import MeshBindError, serve_mesh
 
 from .admission import Admission
 from .api.app import GatewayApp
@@ -529,20 +529,24 @@ def run_gateway(config: GatewayConfig) -> int:
                     else:
                         running.shutdown.set()
 
-    unavailable: list[BaseException] = []
+    cannot_start: list[str] = []  # why the node could not start, said in one line rather than a traceback
     recorded: list[tuple[str, str]] = []  # (HTTP port, admin endpoint) this node recorded for the CLI
     try:
         trio.run(main)
     except* StoreUnavailable as failed:  # the history database or Redis cannot be reached at start
-        group: BaseException = failed
-        while isinstance(group, BaseExceptionGroup):
-            group = group.exceptions[0]
-        unavailable.append(group)
+        cannot_start.append(f"{_first_of(failed)}; the node does not start without its history store")
+    except* MeshBindError as failed:  # the mesh's ports are another process's
+        cannot_start.append(str(_first_of(failed)))
     finally:
         for port, addr in recorded:
             forget_endpoint(port, addr)
-    if unavailable:
-        print(f"smg-node serve: {unavailable[0]}; the node does not start without its history store",
-              file=sys.stderr)
+    if cannot_start:
+        print(f"smg-node serve: {cannot_start[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def _first_of(group: BaseException) -> BaseException:
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group

@@ -128,7 +128,7 @@ def ephemeral_port_low() -> int:
         return 32768
 
 
-def _free_udp_tcp_port(host: str, rng: random.Random | None = None) -> int:
+def free_udp_tcp_port(host: str, rng: random.Random | None = None) -> int:
     """A port free for both UDP (gossip) and TCP (push-pull) on host, as the mesh transport needs.
 
     Picked below the kernel's range for outgoing connections: a port from that range (what binding
@@ -172,14 +172,14 @@ def worker_arguments(config: GatewayConfig, count: int, http_port: int) -> tuple
         base_name = mesh.node_name or default_node_name(mesh.advertise or mesh.bind)
         rpc_addr = mesh.rpc_bind
         if bind_port == 0:
-            bind_port = _free_udp_tcp_port(bind_host)
+            bind_port = free_udp_tcp_port(bind_host)
         binds = [f"{bind_host}:{bind_port + i}" for i in range(count)]
         advertises = [_with_port(mesh.advertise, i) if mesh.advertise else None for i in range(count)]
     else:
         # A private mesh on loopback, so that run-time worker registrations and rate limits reach every
         # process; nobody outside the node knows its key.
         bind_host = "127.0.0.1"
-        binds = [f"{bind_host}:{_free_udp_tcp_port(bind_host)}" for _ in range(count)]
+        binds = [f"{bind_host}:{free_udp_tcp_port(bind_host)}" for _ in range(count)]
         advertises = [None] * count
         base_name = f"{socket.gethostname()}-{http_port}"
         rpc_addr = mesh.rpc_addr or "127.0.0.1:0"  # --rpc-addr when given (it was ignored here), else the kernel's
@@ -228,6 +228,8 @@ class Supervisor:
         self._workers: list[_Worker] = []
         self._env: dict[str, str] = {}
         self._stopped = trio.Event()
+        self._announced = False  # READY said: from then on a process that exits is restarted
+        self.exit_code = 0
 
     async def run(self) -> None:
         host = self.config.host
@@ -273,6 +275,7 @@ class Supervisor:
     async def _announce_ready(self, workers: list[_Worker]) -> None:
         for worker in workers:
             await worker.ready.wait()
+        self._announced = True
         log.info("smg-node serving on %s with %d worker processes", self._url, self.count)
         # One line on stdout, whatever the log level: scripts and supervisors wait for it.
         print(f"READY {self._url}", flush=True)
@@ -297,6 +300,14 @@ class Supervisor:
                 return
             if code == 0:
                 log.info("worker process %d left the cluster: the node stops", worker.index)
+                self._stop()
+                return
+            if not self._announced:
+                # It failed before the node ever served (a port another process holds, a store that cannot be
+                # reached): restarting would loop on the same error while the node never says READY nor exits.
+                log.error("worker process %d could not start (exit %s, its reason above): the node stops",
+                          worker.index, code)
+                self.exit_code = 1
                 self._stop()
                 return
             lived_s = time.monotonic() - worker.started_at
@@ -347,5 +358,6 @@ class Supervisor:
 def run_supervisor(config: GatewayConfig, serve_argv: list[str]) -> int:
     """Blocking entry point of ``smg-node serve --workers N`` (N > 1)."""
     setup_logging(config.log_level, config.log_json)
-    trio.run(Supervisor(config, serve_argv).run)
-    return 0
+    supervisor = Supervisor(config, serve_argv)
+    trio.run(supervisor.run)
+    return supervisor.exit_code

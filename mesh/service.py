@@ -187,6 +187,17 @@ class _AdminApp:
         self.service.left.set()
 
 
+class MeshBindError(Exception):
+    """The mesh's ports cannot be bound (another process holds them): the node cannot start."""
+
+
+def _reason(error: BaseException) -> str:
+    """An OSError's own words, from however deep in exception groups it was raised."""
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return (error.strerror if isinstance(error, OSError) else None) or str(error)
+
+
 async def serve_mesh(options: MeshOptions, extra_tags: "dict[str, str]", hooks: StateHooks | None = None,
                      name: str | None = None, on_agent: "Callable[[MeshAgent], None] | None" = None,
                      on_joined: "Callable[[], None] | None" = None, *,
@@ -198,7 +209,10 @@ async def serve_mesh(options: MeshOptions, extra_tags: "dict[str, str]", hooks: 
     """
     config = MeshConfig.local() if options.preset == "local" else MeshConfig.lan()
     tls = MeshTls(options.tls_ca_cert, options.tls_cert, options.tls_key) if options.tls_cert else None
-    transport = UdpTcpTransport(options.bind, options.advertise, config.tcp_state_bytes_max, tls)
+    try:
+        transport = UdpTcpTransport(options.bind, options.advertise, config.tcp_state_bytes_max, tls)
+    except OSError as e:  # a port another process holds: said as such, not as a traceback
+        raise MeshBindError(f"cannot listen for the mesh on {options.bind}: {_reason(e)}") from e
     keyring = Keyring(list(options.keys))
     if not keyring.enabled:
         log.warning("--mesh-insecure: the mesh on %s runs in the clear; any process that reaches it can read the "
@@ -222,8 +236,12 @@ async def serve_mesh(options: MeshOptions, extra_tags: "dict[str, str]", hooks: 
             hc.bind = [options.rpc_bind]
             hc.accesslog = None
             hc.errorlog = logging.getLogger("mesh.admin")
-            binds = await nursery.start(lambda task_status: hypercorn_serve(
-                _AdminApp(service, options.rpc_token, nursery), hc, task_status=task_status))
+            try:
+                binds = await nursery.start(lambda task_status: hypercorn_serve(
+                    _AdminApp(service, options.rpc_token, nursery), hc, task_status=task_status))
+            except* OSError as e:  # from within hypercorn's own nursery
+                raise MeshBindError(f"cannot listen for the mesh's admin API on {options.rpc_bind}: "
+                                    f"{_reason(e)}") from e
             service.admin_url = binds[0]
             log.info("mesh member %s at %s (admin %s)", name, transport.addr, service.admin_url)
             task_status.started(service)

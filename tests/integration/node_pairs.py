@@ -12,7 +12,7 @@ import httpx2
 
 from chaos.processes import NodeProcess
 
-from ..real_servers import free_port
+from gateway.supervisor import free_udp_tcp_port
 
 
 def mesh_args(i: int, ports: "list[int]", prefix: str) -> list[str]:
@@ -24,7 +24,14 @@ def mesh_args(i: int, ports: "list[int]", prefix: str) -> list[str]:
 def start_pair(argv: "Callable[[int, list[int]], list[str]]", log_dir: Path, name: str) -> list[NodeProcess]:
     """``argv(i, ports)``: node i's serve arguments, given four free ports for the pair's mesh."""
     nodes: list[NodeProcess] = []
-    ports = [free_port() for _ in range(4)]
+    # Below the kernel's range for outgoing connections, free for UDP and TCP: a port bound and released
+    # (free_port) was taken by some connection's ephemeral port before the node bound it (CI: the second
+    # node of a pair exited on EADDRINUSE).
+    ports = []
+    while len(ports) < 4:
+        port = free_udp_tcp_port("127.0.0.1")
+        if port not in ports:
+            ports.append(port)
     try:
         for i in range(2):
             nodes.append(NodeProcess(argv(i, ports), log_dir, f"{name}{i}"))

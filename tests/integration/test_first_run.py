@@ -45,6 +45,29 @@ def test_a_port_held_by_another_program_is_one_line():
             assert f"port {port} on 127.0.0.1 is in use" in refused.stderr
 
 
+def test_a_mesh_port_held_by_another_program_stops_the_start_in_one_line():
+    """CI: a node whose mesh port another process held (a UDP port the test had picked, taken in between) printed a
+    traceback and, supervised, restarted forever without READY or an exit. Now it stops, saying why."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        for workers in ("1", "2"):
+            refused = _serve("--mesh-bind", f"127.0.0.1:{port}", "--mesh-preset", "local", "--workers", workers,
+                             "--log-level", "error")
+            assert refused.returncode == 1, refused.stderr
+            assert f"smg-node serve: cannot listen for the mesh on 127.0.0.1:{port}: Address already in use" \
+                in refused.stderr.splitlines()
+            assert "Traceback" not in refused.stderr
+    with socket.socket() as holder:  # the mesh's admin API (--rpc-addr) likewise
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        refused = _serve("--mesh-bind", "127.0.0.1:0", "--rpc-addr", f"127.0.0.1:{port}", "--mesh-preset", "local",
+                         "--workers", "1", "--log-level", "error")
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr
+        assert f"cannot listen for the mesh's admin API on 127.0.0.1:{port}: Address already in use" in refused.stderr
+
+
 def test_a_mistaken_worker_url_is_a_start_up_error():
     refused = _serve("--worker-urls", "127.0.0.1:30001", "--workers", "1")
     assert refused.returncode == 2 and "--worker-urls 127.0.0.1:30001" in refused.stderr

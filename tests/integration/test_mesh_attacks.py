@@ -171,8 +171,8 @@ async def test_mesh_streams_over_mutual_tls_admit_only_the_mesh_ca(tmp_path):
 
 
 def _free_mesh_port() -> int:
-    from gateway.supervisor import _free_udp_tcp_port
-    return _free_udp_tcp_port("127.0.0.1")
+    from gateway.supervisor import free_udp_tcp_port
+    return free_udp_tcp_port("127.0.0.1")
 
 
 async def _steal_history(mesh_addr: str) -> bytes:
