@@ -33,6 +33,7 @@ from .admission import AdmissionConfig
 from .auth import AuthConfig, Authenticator
 from .auth.authenticator import AuthConfigError
 from .disaggregation import PdConfig
+from .discovery.config import DiscoveryConfig, parse_selector
 from .engine.engine_tls import EngineTlsConfig
 from .engine.h2grpc import H2Config
 from .history import RECORD_BYTES_MAX, HistoryConfig, PostgresConfig, PostgresNames, RedisConfig
@@ -131,6 +132,7 @@ class GatewayConfig:
     history: HistoryConfig = HistoryConfig()
     tracing: TracingConfig = TracingConfig()  # --enable-trace (gateway/tracing)
     pd: PdConfig = PdConfig()  # --pd-disaggregation: prefill/decode pairs (gateway/disaggregation.py)
+    discovery: DiscoveryConfig = DiscoveryConfig()  # --service-discovery: engines as Kubernetes pods (gateway/discovery)
     postgres: PostgresConfig = PostgresConfig()  # --history-backend postgres
     redis: RedisConfig = RedisConfig()  # --history-backend redis
     reasoning_parser: str | None = None
@@ -278,6 +280,22 @@ _OPTIONS: list[_Option] = [
     _Option("--decode-policy", "pd.decode_policy", str, "routing policy among decode workers (default: --policy)"),
     _Option("--pd-bootstrap-timeout-secs", "pd.bootstrap_timeout_s", float, "longest wait for a KV hand-over: from "
             "dispatch to the decode's first token, past which the attempt fails and is retried on another pair"),
+    _Option("--service-discovery", "discovery.enabled", "bool", "find engines as Kubernetes pods by label: added "
+            "once Ready with an IP, drained when they go (credentials: the pod's service account, else KUBECONFIG or "
+            "~/.kube/config)"),
+    _Option("--selector", "discovery.selector", "selector", "labels of the engines' pods: KEY=VALUE ..."),
+    _Option("--prefill-selector", "discovery.prefill_selector", "selector", "labels of prefill engines' pods (with "
+            "--pd-disaggregation; bootstrap port from the sglang.ai/bootstrap-port annotation)"),
+    _Option("--decode-selector", "discovery.decode_selector", "selector", "labels of decode engines' pods"),
+    _Option("--router-selector", "discovery.router_selector", "selector", "labels of smg-node's own pods: the "
+            "mesh joins them (port from the sglang.ai/mesh-port annotation, else this node's), no seed list needed"),
+    _Option("--service-discovery-namespace", "discovery.namespace", str, "namespace to watch (default: every "
+            "namespace, which needs a ClusterRole)"),
+    _Option("--service-discovery-port", "discovery.port", int, "the engines' port on their pod IP (default 80)"),
+    _Option("--service-discovery-protocol", "discovery.protocol", str, "grpc (default: token ids over gRPC) or "
+            "http (OpenAI-compatible engines, proxied)"),
+    _Option("--service-discovery-model-label", "discovery.model_label", str, "label (or annotation) naming a "
+            "pod's model (default smg.ai/model); without it the engine says (GetModelInfo)"),
     _Option("--enable-trace", "tracing.enabled", "bool", "export traces of requests over OTLP (OpenTelemetry)"),
     _Option("--otlp-traces-endpoint", "tracing.endpoint", str, "where traces go: host:port is OTLP/gRPC "
             "(default localhost:4317), an http(s):// URL is OTLP/HTTP protobuf, posted to it as given"),
@@ -419,6 +437,10 @@ HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("disaggregation: prefill and decode on separate engines", (
         "--pd-disaggregation", "--prefill", "--decode", "--prefill-policy", "--decode-policy",
         "--pd-bootstrap-timeout-secs")),
+    ("discovery: engines and nodes found as Kubernetes pods", (
+        "--service-discovery", "--selector", "--prefill-selector", "--decode-selector", "--router-selector",
+        "--service-discovery-namespace", "--service-discovery-port", "--service-discovery-protocol",
+        "--service-discovery-model-label")),
     ("tracing: OpenTelemetry over OTLP", (
         "--enable-trace", "--otlp-traces-endpoint", "--trace-sample-ratio", "--trace-export-timeout-secs")),
     ("engines: where generations run", (
@@ -475,7 +497,7 @@ def _add_option(parser: Any, opt: _Option, help_text: str) -> None:
     dest = opt.flag[2:].replace("-", "_")
     if opt.kind in ("bool", "disable"):
         parser.add_argument(opt.flag, dest=dest, action="store_const", const=True, default=None, help=help_text)
-    elif opt.kind == "list":
+    elif opt.kind in ("list", "selector"):
         parser.add_argument(opt.flag, dest=dest, nargs="+", default=None, help=help_text)
     elif opt.kind == "prefill":
         parser.add_argument(opt.flag, dest=dest, nargs="+", action="append", default=None,
@@ -560,6 +582,9 @@ def _convert(opt: _Option, raw: Any) -> Any:
             groups = raw if isinstance(raw, list) else [str(raw).replace(",", " ")]
             return tuple(part for group in groups for item in (group if isinstance(group, list) else [group])
                          for part in str(item).replace(",", " ").split())
+        if opt.kind == "selector":  # KEY=VALUE terms, as flags, "a=b c=d" or "a=b,c=d", or a TOML list
+            return parse_selector([term for item in (raw if isinstance(raw, list) else [raw])
+                                   for term in str(item).split()])
         if opt.kind == "list":
             # "a b", ["a", "b"] and ["a b"] all mean two items (so --sim-engine-args="--x 1" works).
             items = raw if isinstance(raw, list) else [str(raw).replace(",", " ")]
@@ -770,6 +795,7 @@ def validate(config: GatewayConfig) -> None:
         except WorkerUrlError as e:
             raise ConfigError(f"--worker-urls {url}: {e}") from None
     _validate_pd(config.pd)
+    _validate_discovery(config.discovery, config.pd, config.mesh.enabled)
     try:
         Authenticator(config.auth)
         WorkerAllowlist(config.worker_allowed_hosts)
@@ -780,6 +806,30 @@ def validate(config: GatewayConfig) -> None:
             ServerTls(config.tls)  # the files load, and the key matches the certificate
         except (ValueError, OSError, ssl.SSLError) as e:
             raise ConfigError(f"--tls-cert-path/--tls-key-path: {e}") from None
+
+
+def _validate_discovery(discovery: DiscoveryConfig, pd: PdConfig, meshed: bool) -> None:
+    given = [flag for flag, selector in (("--selector", discovery.selector),
+                                         ("--prefill-selector", discovery.prefill_selector),
+                                         ("--decode-selector", discovery.decode_selector),
+                                         ("--router-selector", discovery.router_selector)) if selector]
+    if not discovery.enabled:
+        if given:
+            raise ConfigError(f"{given[0]} needs --service-discovery")
+        return
+    if not given:
+        raise ConfigError("--service-discovery needs --selector (or --prefill-selector and --decode-selector, or "
+                          "--router-selector): an empty selector would take every pod")
+    if (discovery.prefill_selector or discovery.decode_selector) and not pd.enabled:
+        raise ConfigError("--prefill-selector and --decode-selector need --pd-disaggregation")
+    if discovery.router_selector and not meshed:
+        raise ConfigError("--router-selector finds the mesh's seeds: it needs --mesh-bind")
+    if discovery.protocol not in ("grpc", "http"):
+        raise ConfigError(f"--service-discovery-protocol {discovery.protocol!r}: grpc or http")
+    if discovery.protocol != "grpc" and (discovery.prefill_selector or discovery.decode_selector):
+        raise ConfigError("prefill and decode engines are gRPC engines: --service-discovery-protocol grpc")
+    if not 0 < discovery.port < 65536:
+        raise ConfigError(f"--service-discovery-port {discovery.port} is not a port")
 
 
 def _validate_pd(pd: PdConfig) -> None:

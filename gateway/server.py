@@ -10,6 +10,7 @@ second signal exits at once.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import logging
 import os
@@ -56,6 +57,7 @@ from .ratelimit.limiter import RateLimiter
 from .ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
 from .routing.kv_index import KvIndex
 from .disaggregation import PairRouter, PdLegs
+from .discovery.credentials import CredentialsError
 from .routing.policies import make_policy
 from .supervisor import SUPERVISED_ENV, exit_when_supervisor_dies
 from .tls import ServerTls, TlsConfig
@@ -174,6 +176,19 @@ def _rate_limit_metrics(limiter: RateLimiter) -> Iterator[Any]:
     yield gauge("smg_rate_limit_overshoot_bound", "Documented worst-case overshoot (units) of one owner crash or "
                 "partition, for each limit, with this node's current view", ["limit"],
                 [([spec.name], limiter.overshoot_bound(spec, detection_s)) for spec in limiter.limits.limits])
+
+
+async def _start_discovery(config: GatewayConfig, registry: WorkerRegistry, cluster: ClusterState | None,
+                           catalog: ModelCatalog, metrics: GatewayMetrics, nursery: trio.Nursery) -> None:
+    """--service-discovery: the engines' pods watched, their engines added and drained (gateway/discovery)."""
+    from .discovery.credentials import load_credentials
+    from .discovery.service import discovery_metrics, run_worker_discovery
+    credentials = load_credentials()  # CredentialsError: the node does not start, saying why
+    log.info("service discovery: Kubernetes API at %s (%s)", credentials.server, credentials.source)
+    discovered = await nursery.start(functools.partial(
+        run_worker_discovery, config.discovery, credentials, registry, cluster,
+        lambda worker: catalog.ensure(worker, int(worker.registered_at))))
+    metrics.add_state_source(lambda: discovery_metrics(discovered))
 
 
 async def _start_history(config: GatewayConfig, cluster: ClusterState | None, metrics: GatewayMetrics,
@@ -378,6 +393,8 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
                 cluster.peer_requests.tracing = state.tracing
             if state.history is not None:
                 state.history = TracedCalls(state.history, state.tracing, "history")
+        if config.discovery.enabled and config.discovery.role_selectors():
+            await _start_discovery(config, registry, cluster, catalog, metrics, nursery)
         lag = LoopLagMonitor(metrics.loop_lag, gc_pauses=metrics.gc_pauses)
         nursery.start_soon(lag.run)
         metrics.add_state_source(lambda: _lag_metrics(lag))
@@ -468,6 +485,14 @@ async def _serve_metrics_only(config: GatewayConfig, metrics: GatewayMetrics, *,
     await H1Server(app, H1Config()).serve(config.prometheus_host, port, trio.Event(), task_status=task_status)
 
 
+async def _follow_router_pods(config: GatewayConfig, agent: Any) -> None:
+    """--router-selector: the mesh joins the cluster's other pods as the API server lists them."""
+    from .discovery.credentials import load_credentials
+    from .discovery.service import run_mesh_seeds
+    own_port = int(agent.transport.addr.rpartition(":")[2])  # the router pods' mesh port unless annotated
+    await run_mesh_seeds(config.discovery, load_credentials(), agent, own_port)
+
+
 def run_gateway(config: GatewayConfig) -> int:
     """Blocking entry point of ``smg-node serve``: logging, signals, trio.run."""
     setup_logging(config.log_level, config.log_json)
@@ -506,6 +531,8 @@ def run_gateway(config: GatewayConfig) -> int:
                     record_endpoint(recorded[0][1], recorded[0][0])
                 running.state.metrics.add_state_source(lambda: mesh_metric_families(mesh.agent))
                 running.state.metrics.add_state_source(lambda: cluster_metric_families(cluster))
+                if config.discovery.enabled and config.discovery.router_selector:
+                    nursery.start_soon(_follow_router_pods, config, mesh.agent)
             # One line on stdout, whatever the log level: scripts and supervisors wait for it.
             print(f"READY {running.url}", flush=True)
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -536,6 +563,8 @@ def run_gateway(config: GatewayConfig) -> int:
     except* StoreUnavailable as failed:  # the history database or Redis cannot be reached at start
         cannot_start.append(f"{_first_of(failed)}; the node does not start without its history store")
     except* MeshBindError as failed:  # the mesh's ports are another process's
+        cannot_start.append(str(_first_of(failed)))
+    except* CredentialsError as failed:  # --service-discovery with no way to reach the API server
         cannot_start.append(str(_first_of(failed)))
     finally:
         for port, addr in recorded:

@@ -68,6 +68,13 @@ def spec_role(spec: dict[str, Any]) -> "tuple[str, int | None]":
     return role, port
 
 
+def _role_changed(worker: Worker, spec: dict[str, Any]) -> bool:
+    try:
+        return spec_role(spec) != (worker.role, worker.bootstrap_port)
+    except WorkerUrlInvalid:
+        return False  # an entry that cannot be read is not acted on (add() below says why)
+
+
 async def follow_worker_document(registry: WorkerRegistry, cluster: ClusterState,
                                  on_added: "Callable[[Worker], Awaitable[None]] | None" = None,
                                  rule: AbsenceRule | None = None) -> None:
@@ -80,6 +87,12 @@ async def follow_worker_document(registry: WorkerRegistry, cluster: ClusterState
         listed = cluster.doc.workers()
         for wid, spec in listed.items():
             current = registry.get(wid)
+            if current is not None and not current.draining and _role_changed(current, spec):
+                # Registered again in another role (a relabelled pod): drained, then added as the document says.
+                log.info("worker %s is now %s in the cluster document: draining it to add it again", wid,
+                         spec.get("worker_type", REGULAR))
+                await registry.remove(wid, replicate=False)
+                current = registry.get(wid)
             if current is None or current.draining:
                 try:
                     role, bootstrap_port = spec_role(spec)

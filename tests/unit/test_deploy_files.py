@@ -23,7 +23,9 @@ from mesh.crypto import generate_key
 
 DEPLOY = pathlib.Path(__file__).resolve().parents[2] / "deploy"
 K8S_MODELS = {("v1", "ConfigMap"): "V1ConfigMap", ("v1", "Service"): "V1Service",
-              ("apps/v1", "StatefulSet"): "V1StatefulSet", ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget"}
+              ("v1", "ServiceAccount"): "V1ServiceAccount", ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
+              ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
+              ("apps/v1", "Deployment"): "V1Deployment", ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget"}
 ENV = {"SMG_NODE_ENCRYPT": generate_key()}
 
 
@@ -91,10 +93,8 @@ def test_kubernetes_manifests_match_the_official_schema():
 
 def test_kubernetes_manifests_agree_with_each_other_and_with_the_cli(tmp_path):
     objects = {(o["kind"], o["metadata"]["name"]): o for o in k8s_objects()}
-    sts = objects[("StatefulSet", "smg-node")]
-    headless = objects[("Service", sts["spec"]["serviceName"])]
-    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
-    pod = sts["spec"]["template"]
+    deployment = objects[("Deployment", "smg-node")]
+    pod = deployment["spec"]["template"]
     labels = pod["metadata"]["labels"]
     for kind, name in objects:
         selector = objects[(kind, name)].get("spec", {}).get("selector")
@@ -106,11 +106,21 @@ def test_kubernetes_manifests_agree_with_each_other_and_with_the_cli(tmp_path):
             for a in container["args"]]
     config_text = objects[("ConfigMap", "smg-node-config")]["data"]["smg-node.toml"]
     config = serve_config(args, config_text, tmp_path)
-    # The join goes through the headless Service's DNS name, on the gossip port.
-    (seed,) = config.mesh.join
-    assert seed == f"dns:{headless['metadata']['name']}.default.svc.cluster.local:7946"
-    assert {p["port"] for p in headless["spec"]["ports"]} == {int(config.mesh.bind.rpartition(":")[2])}
+    # No seed list: the mesh forms from the router selector's pods, which are these pods; engines by discovery.
+    assert config.mesh.join == () and config.worker_urls == ()
+    discovery = config.discovery
+    assert discovery.enabled and discovery.selector and dict(discovery.router_selector).items() <= labels.items()
+    assert discovery.namespace == "default"
+    # The service account the pods run as may get, list and watch pods in that namespace, and nothing more.
+    account = pod["spec"]["serviceAccountName"]
+    assert ("ServiceAccount", account) in objects
+    (binding,) = [o for (kind, _), o in objects.items() if kind == "RoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": discovery.namespace}]
+    role = objects[("Role", binding["roleRef"]["name"])]
+    assert binding["roleRef"]["kind"] == "Role"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["gossip-udp"] == int(config.mesh.bind.rpartition(":")[2])
     assert ports["http"] == config.port and ports["metrics"] == config.prometheus_port
     assert container["readinessProbe"]["httpGet"]["path"] == "/readiness"
     assert container["livenessProbe"]["httpGet"]["path"] == "/liveness"
@@ -197,17 +207,17 @@ def test_systemd_analyze_verifies_the_unit():
 
 def test_the_schema_check_catches_misspelt_fields_wrong_types_and_missing_ones():
     import copy
-    sts = next(o for o in k8s_objects() if o["kind"] == "StatefulSet")
-    misspelt = copy.deepcopy(sts)
+    deployment = next(o for o in k8s_objects() if o["kind"] == "Deployment")
+    misspelt = copy.deepcopy(deployment)
     container = misspelt["spec"]["template"]["spec"]["containers"][0]
     container["readynessProbe"] = container.pop("readinessProbe")
     with pytest.raises(AssertionError, match="V1Container has no field 'readynessProbe'"):
-        check_against_model(misspelt, "V1StatefulSet", "sts")
-    wrong_type = copy.deepcopy(sts)
+        check_against_model(misspelt, "V1Deployment", "deployment")
+    wrong_type = copy.deepcopy(deployment)
     wrong_type["spec"]["replicas"] = "3"
     with pytest.raises(AssertionError, match="expected int"):
-        check_against_model(wrong_type, "V1StatefulSet", "sts")
-    missing = copy.deepcopy(sts)
+        check_against_model(wrong_type, "V1Deployment", "deployment")
+    missing = copy.deepcopy(deployment)
     del missing["spec"]["template"]["spec"]["containers"]
     with pytest.raises(ValueError, match="containers"):
-        k8s.ApiClient()._ApiClient__deserialize(missing, "V1StatefulSet")
+        k8s.ApiClient()._ApiClient__deserialize(missing, "V1Deployment")

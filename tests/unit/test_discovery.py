@@ -1,0 +1,211 @@
+"""Kubernetes discovery's pure parts: selectors, what a pod says, the watch cache, roles and URLs, credentials,
+the document writes of the node that owns an entry, mesh seeds, and the flags' checks."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+
+import pytest
+
+from gateway.discovery.config import DiscoveryConfig, SelectorError, parse_selector, selector_text
+from gateway.discovery.credentials import CredentialsError, TokenFile, from_kubeconfig, load_credentials
+from gateway.discovery.pods import PodCache, PodInvalid, desired_workers, parse_pod
+from gateway.discovery.seeds import seed_of
+
+
+def pod(name="p", ip="10.0.0.5", ready=True, phase="Running", labels=None, annotations=None, deleting=False,
+        version="7"):
+    meta = {"name": name, "namespace": "ns", "uid": "u-" + name, "resourceVersion": version,
+            "labels": labels if labels is not None else {"app": "sim"}, "annotations": annotations or {}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-26T00:00:00Z"
+    status = {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    if ip:
+        status["podIP"] = ip
+    return {"metadata": meta, "status": status}
+
+
+def test_selectors_are_equality_terms_in_any_of_kubectls_spellings():
+    assert parse_selector(["app=sglang", "role==prefill"]) == (("app", "sglang"), ("role", "prefill"))
+    assert parse_selector(["app=sglang,role=prefill"]) == parse_selector(["role=prefill", "app=sglang"])
+    assert parse_selector(["example.com/tier=gpu"]) == (("example.com/tier", "gpu"),)
+    assert selector_text(parse_selector(["b=2", "a=1"])) == "a=1,b=2"
+    for bad in (["app"], ["app in (a,b)"], ["a=1", "a=2"], ["bad key=1"], ["a=" + "x" * 64]):
+        with pytest.raises(SelectorError):
+            parse_selector(bad)
+
+
+def test_a_pod_serves_only_running_ready_with_an_ip_and_not_terminating():
+    assert parse_pod(pod()).serving
+    assert not parse_pod(pod(ready=False)).serving
+    assert not parse_pod(pod(ip=None)).serving
+    assert not parse_pod(pod(phase="Pending")).serving
+    assert not parse_pod(pod(deleting=True)).serving
+    assert parse_pod(pod(ip="fd00::5")).ip == "fd00::5"
+    for bad in (pod(ip="evil.example.com"), pod(ip="http://x/"), {"metadata": {}}, [], pod(labels={"a": 1})):
+        with pytest.raises(PodInvalid):
+            parse_pod(bad)
+
+
+def test_the_cache_follows_a_list_then_events_and_bookmarks_move_only_the_version():
+    cache = PodCache()
+    assert not cache.synced
+    assert cache.replace([pod("a"), {"not": "a pod"}], "10") and cache.synced and cache.invalid == 1
+    assert not cache.replace([pod("a")], "11")  # the same pods: nothing changed
+    assert cache.apply("ADDED", pod("b", version="12")) and set(cache.pods) == {"ns/a", "ns/b"}
+    assert not cache.apply("MODIFIED", pod("b", version="13"))  # only the version moved
+    assert cache.apply("MODIFIED", pod("b", ready=False, version="14")) and not cache.pods["ns/b"].serving
+    assert not cache.apply("BOOKMARK", {"metadata": {"resourceVersion": "20"}}) and cache.resource_version == "20"
+    assert cache.apply("DELETED", pod("a", version="21")) and set(cache.pods) == {"ns/b"}
+    assert not cache.apply("DELETED", pod("a", version="22"))  # already gone
+    assert cache.resource_version == "22"
+
+
+def test_workers_from_pods_carry_role_url_bootstrap_port_and_model():
+    config = DiscoveryConfig(enabled=True, port=30000)
+    regular, prefill, decode = PodCache(), PodCache(), PodCache()
+    regular.replace([pod("r", "10.0.0.1", labels={"smg.ai/model": "tiny"}), pod("nr", "10.0.0.9", ready=False)], "1")
+    prefill.replace([pod("p", "fd00::2", annotations={"sglang.ai/bootstrap-port": "9000"}),
+                     pod("p2", "10.0.0.3", annotations={"sglang.ai/bootstrap-port": "99999"})], "1")
+    decode.replace([pod("d", "10.0.0.4", annotations={"smg.ai/model": "org/model"}),
+                    pod("r", "10.0.0.1")], "1")  # also matched as regular first: stays regular
+    workers = desired_workers([("regular", regular), ("prefill", prefill), ("decode", decode)], config)
+    assert set(workers) == {"grpc://10.0.0.1:30000", "grpc://[fd00::2]:30000", "grpc://10.0.0.3:30000",
+                            "grpc://10.0.0.4:30000"}
+    assert workers["grpc://10.0.0.1:30000"].role == "regular" and workers["grpc://10.0.0.1:30000"].model == "tiny"
+    assert workers["grpc://[fd00::2]:30000"].bootstrap_port == 9000
+    assert workers["grpc://10.0.0.3:30000"].bootstrap_port is None  # not a port: the default applies
+    assert workers["grpc://10.0.0.4:30000"].model == "org/model" and workers["grpc://10.0.0.4:30000"].pod == "ns/d"
+
+
+def test_in_cluster_credentials_read_the_token_again_when_it_rotates(tmp_path):
+    (tmp_path / "token").write_text("first\n")
+    (tmp_path / "namespace").write_text("inference")
+    from tests.integration.certs import CertAuthority
+    ca = CertAuthority(tmp_path)
+    (tmp_path / "ca.crt").write_bytes(ca.path.read_bytes())
+    creds = load_credentials({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"},
+                             service_account_dir=tmp_path)
+    assert creds.server == "https://10.96.0.1:443" and creds.namespace == "inference"
+    assert creds.headers() == {"authorization": "Bearer first"}
+    (tmp_path / "token").write_text("second, rotated by the kubelet\n")
+    os.utime(tmp_path / "token", ns=(1, 1))  # a different mtime whatever the clock's resolution
+    assert creds.headers() == {"authorization": "Bearer second, rotated by the kubelet"}
+
+
+def test_a_kubeconfig_gives_server_ca_token_and_client_certificate(tmp_path):
+    from tests.integration.certs import CertAuthority
+    ca = CertAuthority(tmp_path)
+    cert, key, _ = ca.issue("client", "node", server=False, client=True)
+    (tmp_path / "tok").write_text("from-a-file")
+    config = tmp_path / "config"
+    config.write_text(f"""
+apiVersion: v1
+kind: Config
+current-context: prod
+clusters:
+- name: c
+  cluster: {{server: "https://127.0.0.1:6443", certificate-authority: {ca.path.name}}}
+users:
+- name: u
+  user:
+    tokenFile: tok
+    client-certificate-data: {base64.b64encode(cert.read_bytes()).decode()}
+    client-key: {key.name}
+contexts:
+- name: other
+  context: {{cluster: nope, user: nope}}
+- name: prod
+  context: {{cluster: c, user: u, namespace: inference}}
+""")
+    creds = from_kubeconfig(config)
+    assert creds.server == "https://127.0.0.1:6443" and creds.namespace == "inference"
+    assert creds.headers() == {"authorization": "Bearer from-a-file"}
+    assert "context prod" in creds.source
+    # KUBECONFIG's first file is the one read; without any, a clear error.
+    assert load_credentials({"KUBECONFIG": f"{config}{os.pathsep}/nowhere"}).server == creds.server
+    with pytest.raises(CredentialsError, match="no kubeconfig"):
+        load_credentials({}, home=tmp_path / "empty")
+
+
+def test_a_kubeconfig_that_runs_a_plugin_or_names_nothing_is_refused(tmp_path):
+    config = tmp_path / "config"
+    config.write_text("""{"current-context": "x", "clusters": [{"name": "c", "cluster": {"server": "https://h",
+        "insecure-skip-tls-verify": true}}], "users": [{"name": "u", "user": {"exec": {"command": "aws"}}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}]}""")
+    with pytest.raises(CredentialsError, match="plugin"):
+        from_kubeconfig(config)
+    config.write_text('{"current-context": "missing", "contexts": []}')
+    with pytest.raises(CredentialsError, match="no context named 'missing'"):
+        from_kubeconfig(config)
+
+
+def test_token_file_errors_are_credentials_errors(tmp_path):
+    with pytest.raises(CredentialsError):
+        TokenFile(tmp_path / "absent").token()
+
+
+def test_router_pods_are_seeds_once_running_with_an_ip_ready_or_not():
+    config = DiscoveryConfig()
+    assert seed_of(parse_pod(pod(ready=False)), 7946, config) == "10.0.0.5:7946"
+    assert seed_of(parse_pod(pod(ip="fd00::7", annotations={"sglang.ai/mesh-port": "8000"})), 7946, config) == \
+        "[fd00::7]:8000"
+    assert seed_of(parse_pod(pod(ip=None)), 7946, config) is None
+    assert seed_of(parse_pod(pod(phase="Pending")), 7946, config) is None
+    assert seed_of(parse_pod(pod(deleting=True)), 7946, config) is None
+
+
+async def test_only_the_owner_writes_and_only_discovered_entries_are_removed():
+    from gateway.cluster import ClusterState
+    from gateway.discovery.reconcile import DiscoveredWorkers
+    from gateway.discovery.watch import PodWatcher
+    from gateway.workers.worker import worker_id_for
+    config = DiscoveryConfig(enabled=True, selector=(("app", "sim"),), port=1)
+    cluster = ClusterState("n1")
+    watcher = PodWatcher(None, config.selector, config, None, lambda: None)
+    discovered = DiscoveredWorkers(config, None, [("regular", watcher)], cluster)
+    await discovered.reconcile()
+    assert cluster.doc.workers() == {}  # not listed yet: nothing concluded
+    cluster.register(worker_id_for("grpc://10.9.9.9:1"), {"url": "grpc://10.9.9.9:1"})  # by hand
+    watcher.cache.replace([pod("a", "10.0.0.1"), pod("b", "10.0.0.2")], "5")
+    watcher.live = True
+    await discovered.reconcile()
+    entries = cluster.doc.workers()
+    assert {e["url"] for e in entries.values()} == {"grpc://10.0.0.1:1", "grpc://10.0.0.2:1", "grpc://10.9.9.9:1"}
+    assert entries[worker_id_for("grpc://10.0.0.1:1")]["discovered"] == "ns/a"
+    await discovered.reconcile()
+    assert discovered.registrations == 2  # the same view writes nothing again
+    watcher.cache.apply("DELETED", pod("a", "10.0.0.1", version="6"))
+    watcher.live = False
+    await discovered.reconcile()
+    assert len(cluster.doc.workers()) == 3  # a stale view writes nothing
+    watcher.live = True
+    await discovered.reconcile()
+    assert {e["url"] for e in cluster.doc.workers().values()} == {"grpc://10.0.0.2:1", "grpc://10.9.9.9:1"}
+
+
+def _validated(argv):
+    from gateway.config import add_serve_arguments, build_config, validate
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    config = build_config(parser.parse_args(argv), environ={})
+    validate(config)
+    return config
+
+
+def test_the_flags_are_checked_at_start():
+    from gateway.config import ConfigError
+    config = _validated(["--service-discovery", "--selector", "app=sglang", "tier=gpu", "--service-discovery-port",
+                         "30000", "--service-discovery-namespace", "inference"])
+    assert config.discovery.selector == (("app", "sglang"), ("tier", "gpu")) and config.discovery.port == 30000
+    for argv, said in ((["--selector", "app=x"], "needs --service-discovery"),
+                       (["--service-discovery"], "an empty selector would take every pod"),
+                       (["--service-discovery", "--selector", "app"], "not a label selector term"),
+                       (["--service-discovery", "--prefill-selector", "a=b"], "need --pd-disaggregation"),
+                       (["--service-discovery", "--router-selector", "a=b"], "needs --mesh-bind"),
+                       (["--service-discovery", "--selector", "a=b", "--service-discovery-protocol", "udp"], "grpc or"),
+                       (["--service-discovery", "--selector", "a=b", "--service-discovery-port", "0"], "not a port")):
+        with pytest.raises(ConfigError, match=said):
+            _validated(argv)
