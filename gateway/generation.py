@@ -284,11 +284,12 @@ class Generator:
         return delay
 
     def _trace_metadata(self) -> "tuple[tuple[bytes, bytes], ...]":
-        """The attempt's W3C traceparent for the engine's gRPC metadata, inside a traced request."""
+        """The attempt's W3C traceparent (and the client's tracestate) for the engine's gRPC metadata, inside a
+        traced request."""
         tracing = self.tracing
         if tracing is None or not tracing.active():
             return ()
-        return ((b"traceparent", tracing.traceparent_bytes()),)
+        return tuple(tracing.context_headers())
 
     async def _attempt(self, worker: Worker, plan: GenerationPlan, tokenizer: TokenizerService,
                        sink: TextSink | None, handover: "Handover | None" = None,

@@ -426,6 +426,7 @@ def _vllm_kv_transfer(pd: Disaggregation) -> dict:
 def _log_trace(request_id: str, context) -> None:
     """A gateway that traces sends the attempt's W3C traceparent in the call's metadata: logged, as a real
     engine's servicer would open its own span under it."""
-    for key, value in context.invocation_metadata() or ():
-        if key == "traceparent":
-            log.info("request %s in trace %s", request_id, value[:64])
+    metadata = dict(context.invocation_metadata() or ())
+    if "traceparent" in metadata:
+        log.info("request %s in trace %s%s", request_id, metadata["traceparent"][:64],
+                 f" state {metadata['tracestate'][:128]}" if "tracestate" in metadata else "")

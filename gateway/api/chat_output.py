@@ -18,11 +18,12 @@ OpenAI answers a forced function).
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
 from ..generation import GenerationResult
-from ..tracing.context import step
+from ..tracing.context import CURRENT, step
 from ..parsers import (
     HarmonyParser,
     NamedArgumentsParser,
@@ -68,6 +69,9 @@ class ChatOutput:
         self._calls = 0
         self._content_seen = False  # content other than whitespace went out
         self._pending_space = ""  # whitespace-only content held (streamed)
+        # Inside a traced request, a stream's parsing as [first ns, last ns, ns spent, pieces]; False untraced;
+        # None until the first piece says which.
+        self._parse_trace: "list[int] | bool | None" = None
 
     @classmethod
     def for_request(cls, shape: Any, entry: Any, chat: Any) -> "ChatOutput | None":
@@ -162,6 +166,22 @@ class ChatOutput:
         return out + sse_event(usage)
 
     def _step(self, text: str, deltas: "list[dict[str, Any]]", final: bool) -> None:
+        if self._parse_trace is None:
+            self._parse_trace = CURRENT.get() is not None and [0, 0, 0, 0]  # first ns, last ns, total ns, pieces
+        if not self._parse_trace:
+            self._parse(text, deltas, final)
+            return
+        started = time.perf_counter_ns()
+        self._parse(text, deltas, final)
+        ended = time.perf_counter_ns()
+        timing = self._parse_trace
+        timing[0] = timing[0] or time.time_ns() - (ended - started)
+        timing[1], timing[2], timing[3] = time.time_ns(), timing[2] + ended - started, timing[3] + 1
+        if final:  # a streamed answer's parsing: one span over its pieces (a whole answer's is a step, full())
+            CURRENT.get().record("parse", timing[0], timing[1], {"smg.parse_s": timing[2] / 1e9,
+                                                                 "smg.parse_pieces": timing[3]})
+
+    def _parse(self, text: str, deltas: "list[dict[str, Any]]", final: bool) -> None:
         content = text
         if self.reasoning is not None:
             parsed = self.reasoning.feed(text)

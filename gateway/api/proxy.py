@@ -41,7 +41,7 @@ class HttpProxy:
             sent = headers
             tracing = self._generator.tracing
             if tracing is not None and tracing.active():  # the worker's spans join the attempt's
-                sent = [*headers, (b"traceparent", tracing.traceparent_bytes())]
+                sent = [*headers, *tracing.context_headers()]
             with WorkerAttempt(worker) as counted:
                 try:
                     async with worker.client.forward(path, body, sent, self._timeout_s) as upstream:

@@ -120,6 +120,21 @@ class Tracing:
         """Attributes for the current span, learnt as the step went (tokens, time to first token)."""
         trace.get_current_span().set_attributes(attributes)
 
+    def record(self, name: str, start_ns: int, end_ns: int, attributes: "dict[str, Any]") -> None:
+        """A step already over, made of many short pieces (a stream's parsing): one span from its first piece to
+        its last, the time the pieces took in ``attributes``."""
+        if CURRENT.get() is not None:
+            self.tracer.start_span(name, attributes=attributes, start_time=start_ns).end(end_time=end_ns)
+
+    def context_headers(self) -> "list[tuple[bytes, bytes]]":
+        """The current span's W3C ``traceparent``, and the client's ``tracestate`` carried with it (when it sent
+        one), for an engine's gRPC metadata or an HTTP worker's headers."""
+        headers = [(b"traceparent", self.traceparent_bytes())]
+        state = trace.get_current_span().get_span_context().trace_state
+        if state:
+            headers.append((b"tracestate", state.to_header().encode("latin-1")))
+        return headers
+
     def traceparent_bytes(self) -> bytes:
         """The current span's context as a W3C traceparent (55 bytes), for a peer request's frame."""
         context = trace.get_current_span().get_span_context()

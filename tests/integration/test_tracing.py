@@ -122,7 +122,7 @@ def test_one_request_is_one_trace_under_the_clients(request, collector, engine, 
                             timeout=30)
             assert r.status_code == 200
             steps = {"POST /v1/chat/completions", "authenticate", "tokenize", "engine.generate"}
-            spans = receiver.trace(trace_id, steps if stream else steps | {"parse"})  # a whole answer is parsed
+            spans = receiver.trace(trace_id, steps | {"parse"})  # a whole answer, or a stream's pieces, parsed
             root = spans["POST /v1/chat/completions"]
             assert root.parent_span_id.hex() == CLIENT_SPAN_ID and root.kind == root.SPAN_KIND_SERVER
             attributes = {a.key: a.value for a in root.attributes}
@@ -131,7 +131,7 @@ def test_one_request_is_one_trace_under_the_clients(request, collector, engine, 
                 assert spans[name].parent_span_id == root.span_id, name
                 assert root.start_time_unix_nano <= spans[name].start_time_unix_nano <= root.end_time_unix_nano
             # The engine got the attempt's context in the call's metadata (the simulated engine logs it).
-            context = f"in trace 00-{trace_id}-{spans['engine.generate'].span_id.hex()}-01"
+            context = f"in trace 00-{trace_id}-{spans['engine.generate'].span_id.hex()}-01 state vendor=abc"
             deadline = time.monotonic() + 10
             while context not in engine.log_text():
                 assert time.monotonic() < deadline, f"the engine did not get {context}"
@@ -143,6 +143,11 @@ def test_one_request_is_one_trace_under_the_clients(request, collector, engine, 
             assert attempt["smg.policy"].string_value == "cache_aware"
             if stream:
                 assert attempt["smg.ttft_s"].double_value > 0
+                parse = {a.key: a.value for a in spans["parse"].attributes}  # one span over the stream's pieces
+                assert spans["parse"].parent_span_id == root.span_id and parse["smg.parse_pieces"].int_value >= 2
+                assert 0 < parse["smg.parse_s"].double_value
+                assert spans["engine.generate"].start_time_unix_nano <= spans["parse"].start_time_unix_nano \
+                    <= spans["parse"].end_time_unix_nano <= root.end_time_unix_nano
         # A request without a traceparent starts its own trace; a malformed one is ignored, never a failure.
         r = httpx2.post(node.url + "/v1/chat/completions", json=CHAT, headers={"traceparent": "00-zz-" + "x" * 200},
                         timeout=30)
@@ -260,3 +265,38 @@ def test_a_rate_limit_decided_by_the_keys_owner_is_in_the_same_trace(grpc_collec
     finally:
         for n in nodes:
             n.stop()
+
+
+def test_an_http_worker_gets_the_attempts_context_and_the_clients_tracestate(grpc_collector, engine, log_dir):
+    """The HTTP worker here is another node (an OpenAI-compatible worker), tracing into the same collector: its
+    request is the child of the front node's attempt on it, with the client's tracestate carried along."""
+    receiver, endpoint = grpc_collector
+    back = NodeProcess(["--worker-urls", engine.url, "--enable-trace", "--otlp-traces-endpoint", endpoint,
+                        "--node-name", "back"], log_dir, "trace-back")
+    front = NodeProcess(["--worker-urls", back.url, "--enable-trace", "--otlp-traces-endpoint", endpoint],
+                        log_dir, "trace-front")
+    try:
+        trace_id = TRACE_ID[:-2] + "e1"
+        r = httpx2.post(front.url + "/v1/chat/completions", json=CHAT, timeout=30, headers={
+            "traceparent": f"00-{trace_id}-{CLIENT_SPAN_ID}-01", "tracestate": "vendor=abc,other=1"})
+        assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 15
+        while True:  # both nodes' request spans (each node exports its own batches)
+            with receiver._lock:
+                requests = [s for s in receiver.spans if s.trace_id.hex() == trace_id
+                            and s.name == "POST /v1/chat/completions"]
+            if len(requests) == 2:
+                break
+            assert time.monotonic() < deadline, f"request spans of {trace_id}: {len(requests)}"
+            time.sleep(0.05)
+        by_parent = {s.parent_span_id.hex(): s for s in requests}
+        outer = by_parent[CLIENT_SPAN_ID]  # the front node's, under the client's span
+        inner = next(s for s in requests if s is not outer)  # the back node's
+        with receiver._lock:
+            parent = next(s for s in receiver.spans if s.span_id == inner.parent_span_id)
+        assert (parent.name, parent.kind, parent.parent_span_id) == \
+            ("engine.generate", parent.SPAN_KIND_CLIENT, outer.span_id)  # the front's attempt on its HTTP worker
+        assert inner.trace_state == "vendor=abc,other=1" and outer.trace_state == "vendor=abc,other=1"
+    finally:
+        front.stop()
+        back.stop()
