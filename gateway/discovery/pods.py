@@ -13,8 +13,12 @@ from typing import Any
 
 from .config import DiscoveryConfig, Selector
 
-# A pod object larger than this is not an engine's (a label or annotation flood): it is ignored, counted.
-POD_FIELD_CHARS_MAX = 4096
+# A pod's labels and annotations beyond this many characters are not an engine's (a flood): the pod is ignored,
+# counted.
+POD_FIELD_CHARS_MAX = 256 * 1024
+# Pods one selector may hold: a selector matching a whole large cluster by mistake (or by someone who may
+# create pods) costs this much memory at most; the pods beyond it are ignored, counted.
+PODS_MAX = 10_000
 
 
 class PodInvalid(ValueError):
@@ -58,7 +62,7 @@ def _strings(value: Any, what: str) -> "tuple[tuple[str, str], ...]":
         return ()
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise PodInvalid(f"{what} is not a map of strings")
-    if sum(len(k) + len(v) for k, v in value.items()) > POD_FIELD_CHARS_MAX * 64:
+    if sum(len(k) + len(v) for k, v in value.items()) > POD_FIELD_CHARS_MAX:
         raise PodInvalid(f"{what} too large")
     return tuple(sorted(value.items()))
 
@@ -100,6 +104,8 @@ class PodCache:
         self.resource_version = ""
         self.synced = False  # listed at least once: until then nothing may be concluded from absence
         self.invalid = 0  # objects that were not pods (counted, ignored)
+        self.over_limit = 0  # pods beyond PODS_MAX (counted, ignored)
+        self.pods_max = PODS_MAX
 
     def replace(self, items: "list[Any]", resource_version: str) -> bool:
         pods = {}
@@ -108,6 +114,9 @@ class PodCache:
                 pod = parse_pod(obj)
             except PodInvalid:
                 self.invalid += 1
+                continue
+            if len(pods) >= self.pods_max and pod.key not in pods:
+                self.over_limit += 1
                 continue
             pods[pod.key] = pod
         changed = pods != self.pods or not self.synced
@@ -130,6 +139,9 @@ class PodCache:
         if kind == "DELETED":
             return self.pods.pop(pod.key, None) is not None
         if kind in ("ADDED", "MODIFIED"):
+            if pod.key not in self.pods and len(self.pods) >= self.pods_max:
+                self.over_limit += 1
+                return False
             changed = self.pods.get(pod.key) != pod
             self.pods[pod.key] = pod
             return changed

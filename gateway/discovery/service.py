@@ -56,8 +56,10 @@ def discovery_metrics(discovered: DiscoveredWorkers) -> Iterator[Any]:
                   [([], sum(w.failures for w in watchers))])
     yield counter("smg_discovery_watch_events", "Watch events received (bookmarks included)", [],
                   [([], sum(w.events for w in watchers))])
-    yield counter("smg_discovery_invalid_pods", "Objects in lists and watches that were not readable pods "
-                  "(ignored)", [], [([], sum(w.cache.invalid for w in watchers))])
+    yield counter("smg_discovery_ignored_pods", "Objects in lists and watches ignored: not readable pods, or pods "
+                  "beyond the most one selector holds (10,000)", ["reason"],
+                  [(["invalid"], sum(w.cache.invalid for w in watchers)),
+                   (["over_limit"], sum(w.cache.over_limit for w in watchers))])
 
 
 async def run_mesh_seeds(config: DiscoveryConfig, credentials: KubeCredentials, agent: Any,

@@ -73,8 +73,8 @@ class PodWatcher:
         self.failures += 1
         self._set_live(False)
         wait_s = self._backoff_s * (0.5 + self.rng.random())  # jitter: the nodes do not come back in step
-        log.warning("%s: %s; trying again in %.1f s (the engines found so far stay)", self.where,
-                    error or type(error).__name__, wait_s)
+        log.warning("%s: %s; trying again in %.1f s (the engines found so far stay)", self.where, _describe(error),
+                    wait_s)
         await trio.sleep(wait_s)
         self._backoff_s = min(self._backoff_s * 2, self.config.backoff_max_s)
 
@@ -109,3 +109,14 @@ class PodWatcher:
         if live != self.live or changed:
             self.live = live
             self.on_change()
+
+
+def _describe(error: BaseException) -> str:
+    """What went wrong, in words: HTTP clients raise connection errors with no text of their own, the reason
+    (a certificate refused, a connection reset) being in the exception they were raised from."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if str(seen):
+            return f"{type(error).__name__}: {seen}" if seen is not error else str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return type(error).__name__

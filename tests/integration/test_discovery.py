@@ -4,6 +4,7 @@ simulated engines behind the pod IPs (127.0.0.x, one port) and real smg-node pro
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import threading
@@ -15,6 +16,7 @@ import pytest
 from chaos.processes import EngineProcess, NodeProcess
 
 from ..kube_api_server import FakeKubeApi
+from .certs import CertAuthority
 from .node_pairs import mesh_args
 
 TOKEN = "node-token-1"
@@ -190,6 +192,22 @@ def test_the_model_label_names_the_model_and_a_refused_token_is_said(api, engine
         assert _urls(refused) == {} and refused.alive
     finally:
         refused.stop()
+    # An API server whose certificate the kubeconfig's CA did not sign (someone in the middle): not believed.
+    (tmp_path / "other").mkdir()
+    other_ca = CertAuthority(tmp_path / "other", "another CA")
+    kubeconfig = json.loads(api.kubeconfig(tmp_path / "mitm.kubeconfig", TOKEN).read_text())
+    kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"] = \
+        base64.b64encode(other_ca.path.read_bytes()).decode()
+    (tmp_path / "mitm.kubeconfig").write_text(json.dumps(kubeconfig))
+    requests_before = len(api.requests)
+    mitm = NodeProcess(["--service-discovery", "--selector", "app=sim", "--service-discovery-port", str(port)],
+                       log_dir, "disc-mitm", env={"KUBECONFIG": str(tmp_path / "mitm.kubeconfig")})
+    try:
+        _poll(lambda: _metric(mitm, "smg_discovery_watch_failures_total") >= 1, "the certificate refused")
+        assert "CERTIFICATE_VERIFY_FAILED" in mitm.log_text() and _urls(mitm) == {}
+        assert len(api.requests) == requests_before  # no request (and no token) went past the handshake
+    finally:
+        mitm.stop()
 
 
 def _partition(fault_files, between: bool) -> None:

@@ -51,9 +51,10 @@ def _wait_serving(target: str, process: subprocess.Popen, timeout_s: float) -> N
     raise RuntimeError(f"vLLM did not serve within {timeout_s}s")
 
 
-def _start_vllm(entrypoint: str, port: int, extra: "list[str]", log_name: str) -> subprocess.Popen:
+def _start_vllm(entrypoint: str, port: int, extra: "list[str]", log_name: str,
+                env_extra: "dict[str, str] | None" = None) -> subprocess.Popen:
     log_dir = default_log_dir()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+    env = {**os.environ, **(env_extra or {}), "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
            # Else the servicer opens a ZMQ publisher on 0.0.0.0.
            "SMG_VLLM_SERVICER_KV_EVENTS": "0", "VLLM_CACHE_ROOT": str(log_dir / f"{log_name}-cache")}
     # No whitespace between JSON tokens under constraints: random weights would otherwise write

@@ -63,6 +63,16 @@ def test_the_cache_follows_a_list_then_events_and_bookmarks_move_only_the_versio
     assert cache.resource_version == "22"
 
 
+def test_a_selector_holds_a_bounded_number_of_pods_and_floods_are_ignored():
+    cache = PodCache()
+    cache.pods_max = 2
+    cache.replace([pod("a"), pod("b"), pod("c")], "1")
+    assert set(cache.pods) == {"ns/a", "ns/b"} and cache.over_limit == 1
+    assert not cache.apply("ADDED", pod("d")) and cache.over_limit == 2
+    assert cache.apply("MODIFIED", pod("a", ready=False))  # the pods it holds still change
+    assert not cache.apply("ADDED", pod("e", annotations={"x": "y" * 300_000})) and cache.invalid == 1
+
+
 def test_workers_from_pods_carry_role_url_bootstrap_port_and_model():
     config = DiscoveryConfig(enabled=True, port=30000)
     regular, prefill, decode = PodCache(), PodCache(), PodCache()
