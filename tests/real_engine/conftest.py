@@ -63,7 +63,9 @@ def _start_vllm(entrypoint: str, port: int, extra: "list[str]", log_name: str,
             "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "2048",
             "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}', *extra]
     with open(log_dir / f"{log_name}.log", "wb") as log:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+    process.log_path = log_dir / f"{log_name}.log"  # what the engine logs (its stats, for the tests to read)
+    return process
 
 
 def _stop(process: subprocess.Popen) -> None:

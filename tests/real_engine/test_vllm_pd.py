@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import uuid
 
 import httpx2
@@ -43,7 +44,7 @@ def pair():
                                         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "UCX_TLS": "tcp,self,sm"}))
         for port, process in zip((PREFILL_PORT, DECODE_PORT), started):
             _wait_serving(f"127.0.0.1:{port}", process, VLLM_START_TIMEOUT_S)
-        yield f"grpc://127.0.0.1:{PREFILL_PORT}", f"grpc://127.0.0.1:{DECODE_PORT}"
+        yield f"grpc://127.0.0.1:{PREFILL_PORT}", f"grpc://127.0.0.1:{DECODE_PORT}", started[1].log_path
     finally:
         for process in started:
             _stop(process)
@@ -54,8 +55,18 @@ def _metric(node: NodeProcess, name: str) -> float:
     return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
+def _transfers(decode_log) -> "tuple[int, int]":
+    """(successful, failed) NIXL transfers the decode engine reported (vLLM logs its KV-transfer stats every
+    10 s: each line counts its interval). The decode's usage does not say: vLLM counts only local prefix-cache
+    hits as cached tokens."""
+    text = decode_log.read_text(errors="replace")
+    done = sum(int(n) for n in re.findall(r"KV Transfer metrics: Num successful transfers=(\d+)", text))
+    failed = sum(int(n) for n in re.findall(r"Num failed transfers=(\d+)", text))
+    return done, failed
+
+
 def test_a_vllm_nixl_pair_serves_with_the_kv_handed_over(pair):
-    prefill, decode = pair
+    prefill, decode, decode_log = pair
     node = NodeProcess(["--pd-disaggregation", "--prefill", prefill, "--decode", decode,
                         "--health-check-interval-secs", "2"], default_log_dir(), "node-vllm-pd")
     try:
@@ -64,7 +75,7 @@ def test_a_vllm_nixl_pair_serves_with_the_kv_handed_over(pair):
         assert workers[prefill]["worker_type"] == "prefill" and workers[decode]["worker_type"] == "decode"
         assert workers[prefill]["pairing"]["kv_connector"] == "NixlConnector"
         model = httpx2.get(node.url + "/v1/models", timeout=30).json()["data"][0]["id"]
-        # A prompt neither engine saw: whatever the decode did not compute came over NIXL.
+        # A prompt neither engine saw (several of vLLM's CPU blocks long: whole blocks are what NIXL moves).
         prompt = f"Say something about {uuid.uuid4().hex} and the sea, in a few words. " * 8
         for stream in (False, True):
             r = httpx2.post(node.url + "/v1/chat/completions", timeout=300, json={
@@ -75,10 +86,14 @@ def test_a_vllm_nixl_pair_serves_with_the_kv_handed_over(pair):
                 usage = json.loads([line for line in r.text.splitlines() if '"usage":{' in line][-1][6:])["usage"]
             else:
                 usage = r.json()["usage"]
-            assert usage["completion_tokens"] >= 1
-            # The decode computed (almost) none of the prompt: its KV was handed over.
-            assert usage["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 16, usage
-        assert _metric(node, "smg_pd_kv_transfer_failures_total") == 0
+            assert usage["completion_tokens"] >= 1 and usage["prompt_tokens"] > 300
+        assert _metric(node, "smg_pd_kv_transfer_failures_total") == 0  # the prefill returned its parameters
         assert _metric(node, "smg_pd_pair_selections_total") >= 2
+        # The decode pulled the prompt's KV from the prefill over NIXL, once per request, none failed.
+        deadline = time.monotonic() + 60
+        while _transfers(decode_log)[0] < 2:
+            assert time.monotonic() < deadline, f"NIXL transfers the decode reported: {_transfers(decode_log)}"
+            time.sleep(1)
+        assert _transfers(decode_log)[1] == 0
     finally:
         node.stop()
