@@ -3,7 +3,7 @@
 Why not hypercorn (which stays available as ``--http-server hypercorn``): on this
 machine hypercorn's per-request machinery on trio costs ~870 µs of CPU for a
 trivial JSON answer and ~2,200 µs for 16 SSE events, while a bare trio server
-parsing with httptools costs ~42 µs (DESIGN.md section 6). The gateway's whole
+parsing with httptools costs ~42 µs (ARCHITECTURE.md, design notes). The gateway's whole
 budget per short request is ~1 ms (smg 1.13.0), so the server has to be small:
 one task per connection reading and parsing, the ASGI app run in the
 connection's own task, the head written together with the first body bytes,

@@ -2,7 +2,7 @@
 
 grpcio has no trio support; its async API (``grpc.aio``) is asyncio-only. A
 thread per call costs ~3x the CPU per streamed message of native asyncio
-(DESIGN.md section 3), so the bridge runs one asyncio loop on one dedicated
+(ARCHITECTURE.md, design notes), so the bridge runs one asyncio loop on one dedicated
 thread, owns every channel there (one per engine target: connections are
 reused), and trio tasks talk to it through two thread-safe hand-offs:
 

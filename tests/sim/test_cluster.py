@@ -34,7 +34,7 @@ async def test_crashed_node_is_declared_dead_by_everyone(autojump_clock):
         net.crashed.add(agents[4].transport.addr)
         agents[4].stop()
         took = await wait_until(lambda: agree(agents[:4], {"node-4": DEAD}), 60)
-        # memberlist's LAN defaults: ~5-6 s typical, ~25 s worst (DESIGN.md section 6).
+        # memberlist's LAN defaults: ~5-6 s typical, ~25 s worst (ARCHITECTURE.md, design notes).
         assert took < 25, f"detection took {took}s"
         assert trio.current_time() - crashed_at == took
         nursery.cancel_scope.cancel()
