@@ -5,7 +5,7 @@ mesh's own (tests/unit/test_layers.py fails on an import of anything else from o
 load when first used, so importing one costs only its module.
 
     running a node's mesh      serve_mesh, MeshBindError, MeshOptions, MeshConfig, MeshAgent, JoinError,
-                               default_node_name, parse_tags, is_loopback
+                               PeerUnreachable, default_node_name, parse_tags, is_loopback
     members and ownership      MemberSnapshot, MemberStatus, HashRing
     the worker document        WorkerDoc, DocError, USER_PAYLOAD_BYTES_MAX
     streams between members    TransportError, MeshTls, split_addr
@@ -23,7 +23,8 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "serve_mesh": "service", "MeshBindError": "service", "JoinError": "agent", "MeshOptions": "options", "MeshConfig": "config", "MeshAgent": "agent",
+    "serve_mesh": "service", "MeshBindError": "service", "JoinError": "agent", "PeerUnreachable": "agent",
+    "MeshOptions": "options", "MeshConfig": "config", "MeshAgent": "agent",
     "default_node_name": "options", "parse_tags": "options", "is_loopback": "options",
     "MemberSnapshot": "members", "MemberStatus": "members", "HashRing": "ring",
     "WorkerDoc": "worker_doc", "DocError": "worker_doc", "USER_PAYLOAD_BYTES_MAX": "wire",

@@ -94,6 +94,11 @@ class JoinError(Exception):
     """No seed could be reached."""
 
 
+class PeerUnreachable(Exception):
+    """A member could not be asked: unknown (never seen, or forgotten), unreachable, too slow, or its answer
+    could not be read. The one error every subsystem's request to a peer ends in."""
+
+
 class MeshAgent:
     def __init__(self, config: MeshConfig, name: str, transport: Transport, keyring: Keyring | None = None,
                  tags: "dict[str, str] | None" = None, hooks: StateHooks | None = None,
@@ -123,6 +128,11 @@ class MeshAgent:
 
     def members(self) -> list[MemberSnapshot]:
         return self.swim.members()
+
+    def member(self, name: str) -> MemberSnapshot | None:
+        """The member called ``name`` as this node knows it now (any status), or None."""
+        known = self.swim.table.get(name)
+        return known.snapshot() if known is not None else None
 
     def alive_members(self) -> list[MemberSnapshot]:
         return [m for m in self.swim.members() if m.status is MemberStatus.ALIVE]

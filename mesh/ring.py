@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 VNODES_DEFAULT = 128  # ~10 % spread in load between members at n = 3..50 (see the golden test)
 
@@ -71,6 +71,27 @@ class HashRing:
                 yield name
                 if len(seen) == len(self.members):
                     return
+
+    def placement(self, key: str, count: int, machine_of: "Callable[[str], str]", owners_only: bool = True
+                  ) -> list[str]:
+        """The key's owners: ``count`` members in ring order from its point, each on a machine of its own
+        (``machine_of``) while there are machines without a copy; only when there are fewer machines than
+        ``count`` do the last places go to further processes of machines that have one (a process that
+        restarts alone still finds a copy). Without ``owners_only``, the whole walk (where to look when the
+        owners are down): every member on a machine not seen yet, in ring order, then the others."""
+        owners: list[str] = []
+        others: list[str] = []
+        machines: set[str] = set()
+        for member in self.walk(key):
+            machine = machine_of(member)
+            if machine in machines:
+                others.append(member)
+                continue
+            machines.add(machine)
+            owners.append(member)
+            if owners_only and len(owners) == count:
+                return owners
+        return owners + (others[:max(0, count - len(owners))] if owners_only else others)
 
     def owner(self, key: str) -> str | None:
         owners = self.owners(key, 1)

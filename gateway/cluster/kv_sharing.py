@@ -37,7 +37,7 @@ from typing import Any
 import msgpack
 import trio
 
-from mesh.transport import TransportError
+from mesh import PeerUnreachable
 
 from ..routing.kv_index import OP_CLEAR, OP_REMOVE, OP_STORE, BatchOutcome, KvIndex
 
@@ -80,7 +80,7 @@ class KvSharing:
     # -- ownership --------------------------------------------------------
 
     def owners(self, engine_id: str) -> list[str]:
-        return self.cluster.ring.owners(engine_id, self.followers)
+        return self.cluster.owners(engine_id, self.followers)  # one per machine
 
     def is_owner(self, engine_id: str) -> bool:
         owners = self.owners(engine_id)
@@ -130,9 +130,7 @@ class KvSharing:
                 request = KV_MARK + msgpack.packb(["kv_batches", self.cluster.node_name, chunk])
                 await self.cluster.request_peer(peer, request, REQUEST_TIMEOUT_S)
                 self.forwarded += len(chunk)
-        except LookupError:
-            return  # no longer a member
-        except TransportError as e:
+        except PeerUnreachable as e:  # (a member gone meanwhile included)
             log.debug("KV batches to %s not delivered (%s): it will ask for a replay", peer, e)
         finally:
             self._sending.discard(peer)
@@ -149,7 +147,7 @@ class KvSharing:
     async def _send_heads(self, peer: str, request: bytes) -> None:
         try:
             await self.cluster.request_peer(peer, request, REQUEST_TIMEOUT_S)
-        except (LookupError, TransportError) as e:
+        except PeerUnreachable as e:
             log.debug("KV heads to %s not delivered (%s): the next round's will be", peer, e)
 
     # -- receiver side --------------------------------------------------
@@ -239,7 +237,7 @@ class KvSharing:
             if isinstance(answer, list) and len(answer) == 2 and answer[0] == "kv_items":
                 for item in answer[1]:
                     self._apply(item, owner)
-        except (TransportError, LookupError, ValueError, msgpack.UnpackException) as e:
+        except (PeerUnreachable, ValueError, msgpack.UnpackException) as e:
             log.debug("replay of %s from %s failed: %s", engine_id, owner, e)
         finally:
             self._replaying.discard((engine_id, owner))

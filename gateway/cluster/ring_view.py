@@ -1,5 +1,10 @@
 """Who owns what: the consistent-hash ring of the members this node believes alive, and the member counts.
 
+One placement rule for every key the cluster shares (``HashRing.placement``, through
+``ClusterState.owners``): its owners are the first members in ring order from the key's point, one per
+machine (a member's ``node`` tag: the processes of ``--workers N`` run on one machine and die together, so
+two copies there are one copy). History shards, rate-limit keys and KV-event followers all place by it.
+
 Pure: ``update`` takes the membership as the mesh agent reports it. Suspected members stay on the
 ring: a suspicion is often refuted, and moving every key it owns back and forth would restart
 health checks and KV streams for nothing. A ring is an immutable snapshot (``mesh/ring.py``),
@@ -54,3 +59,4 @@ class RingView:
         suspicion instead of after the suspicion timeout. Kept up to date on every membership
         change: rate-limit decisions read it per request."""
         return self._member_counts
+

@@ -28,8 +28,10 @@ from typing import Any
 
 import trio
 
+from mesh import PeerUnreachable
 from mesh.members import MemberSnapshot, MemberStatus
 from mesh.ring import HashRing
+from mesh.transport import TransportError
 from mesh.wire import USER_PAYLOAD_BYTES_MAX
 from mesh.worker_doc import DocError, WorkerDoc
 
@@ -40,6 +42,9 @@ log = logging.getLogger("gateway.cluster")
 
 # Gossip packets hold ~1,400 bytes: bigger updates travel by push-pull only.
 GOSSIP_UPDATE_BYTES_MAX = 1200
+# Members whose machine is remembered (a dead member's is still needed to place the keys it held); past this
+# the memory starts over.
+MACHINES_REMEMBERED_MAX = 10_000
 
 
 class ClusterState:
@@ -56,6 +61,7 @@ class ClusterState:
         # True once a peer's whole document arrived (or there was nobody to join): until then the
         # node does not know the cluster's workers and limits, so it is not ready.
         self.registry_received = False
+        self._machines: dict[str, str] = {}  # member -> the machine it runs on (machine_of)
         # True once this node went through the document it received: every worker it listed was registered
         # here (or tried). Between the two a restarted node knew the cluster's workers but had registered none
         # of them yet, and answered their model's requests 404 (a chaos run's kill-history-owners caught it).
@@ -94,8 +100,28 @@ class ClusterState:
     def node_of(self, member: str) -> str | None:
         """The node a member runs on (its ``node`` tag: the processes of ``--workers N`` share one), or
         None when this node does not know the member (any more)."""
-        known = self.agent.swim.table.get(member) if self.agent is not None else None
-        return dict(known.tags).get("node", member) if known is not None else None
+        known = self.agent.member(member) if self.agent is not None else None
+        return known.tags.get("node", member) if known is not None else None
+
+    def machine_of(self, member: str) -> str:
+        """The machine a member runs on, remembered once known; the member itself while it is unknown."""
+        machine = self._machines.get(member)
+        if machine is None:
+            machine = self.node_of(member)
+            if machine is None:
+                return member
+            if len(self._machines) >= MACHINES_REMEMBERED_MAX:
+                self._machines.clear()
+            self._machines[member] = machine
+        return machine
+
+    def owners(self, key: str, count: int, ring: HashRing | None = None) -> list[str]:
+        """The key's owners on the ring (or ``ring``, a past one), one per machine (HashRing.placement)."""
+        return (ring or self.ring).placement(key, count, self.machine_of)
+
+    def walk(self, key: str, ring: HashRing | None = None) -> list[str]:
+        """Every member, the key's owners first (placement's walk)."""
+        return (ring or self.ring).placement(key, 0, self.machine_of, owners_only=False)
 
     def on_member_change(self, member: MemberSnapshot, previous: MemberStatus | None) -> None:
         if self.agent is not None and self.ring_view.update(self.agent.members()):
@@ -108,16 +134,22 @@ class ClusterState:
         self.peer_requests.register(mark, handler)
 
     async def request_peer(self, name: str, payload: bytes, timeout_s: float) -> bytes:
-        """A request to the member ``name`` over the sealed mesh streams (TransportError, LookupError)."""
-        member = self.agent.swim.table.get(name) if self.agent is not None else None
+        """A request to the member ``name`` over the sealed mesh streams, answered within ``timeout_s``;
+        PeerUnreachable otherwise (unknown member, no connection, too slow, an answer that does not open)."""
+        member = self.agent.member(name) if self.agent is not None else None
         if member is None:
-            raise LookupError(f"no member {name}")
-        tracing = self.peer_requests.tracing
-        if tracing is None or not tracing.active():
-            return await self.agent.request(member.addr, payload, timeout_s)
-        with tracing.client_span("peer.request", {"smg.peer": name, "smg.peer.kind": payload[:1].decode("latin-1")}):
-            traced = TRACE_MARK + tracing.traceparent_bytes() + payload  # the answering node's spans join it
-            return await self.agent.request(member.addr, traced, timeout_s)
+            raise PeerUnreachable(f"no member {name}")
+        try:
+            with trio.fail_after(timeout_s):
+                tracing = self.peer_requests.tracing
+                if tracing is None or not tracing.active():
+                    return await self.agent.request(member.addr, payload, timeout_s)
+                with tracing.client_span("peer.request", {"smg.peer": name,
+                                                          "smg.peer.kind": payload[:1].decode("latin-1")}):
+                    traced = TRACE_MARK + tracing.traceparent_bytes() + payload  # the answering node's spans join it
+                    return await self.agent.request(member.addr, traced, timeout_s)
+        except (TransportError, trio.TooSlowError) as e:
+            raise PeerUnreachable(f"{name}: {e or type(e).__name__}") from None
 
     # -- writes from this node -------------------------------------------
 

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import orjson
 import trio
 
-from mesh import TransportError
+from mesh import PeerUnreachable
 from mesh.ring import HashRing
 
 from .ops import CREATING, OPERATIONS, HistoryOps
@@ -50,7 +50,6 @@ from .wire import (HISTORY_MARK, BadFrame, change_from_wire, change_to_wire, cha
 log = logging.getLogger("gateway.history")
 
 OWNERS = 3  # a shard's primary and two replicas, on three different nodes when there are three
-NODES_REMEMBERED_MAX = 10_000
 SPARES_TRIED_MAX = 2  # stand-ins asked, one after the other, when owners do not take a write
 SYNC_PAGE_BYTES = 2 * 1024 * 1024  # one answer to "sync": well inside a mesh frame (8 MiB)
 
@@ -82,12 +81,10 @@ class ClusterView(Protocol):
     def ring_changed(self) -> trio.Event: ...
     async def request_peer(self, name: str, payload: bytes, timeout_s: float) -> bytes: ...
     def serve_requests(self, mark: bytes, handler: Callable[[bytes], Any]) -> None: ...
-    def node_of(self, member: str) -> str | None: ...
+    def machine_of(self, member: str) -> str: ...
+    def owners(self, key: str, count: int, ring: HashRing | None = None) -> list[str]: ...
+    def walk(self, key: str, ring: HashRing | None = None) -> list[str]: ...
     def known_members(self) -> list[str]: ...
-
-
-class PeerUnreachable(Exception):
-    pass
 
 
 @dataclasses.dataclass
@@ -113,7 +110,6 @@ class MemoryHistory:
         self.name = cluster.node_name if cluster is not None else "local"
         self.stats = ReplicationStats()
         self._repairs: set[tuple[str, str]] = set()  # (member, shard id) that missed a change
-        self._nodes: dict[str, str] = {}  # member -> the node it runs on (see _node_of)
         self._known: tuple[tuple[str, ...], HashRing] = ((), HashRing.build([]))
         if cluster is not None:
             cluster.serve_requests(HISTORY_MARK, self._serve)
@@ -174,34 +170,14 @@ class MemoryHistory:
 
     # -- routing ------------------------------------------------------------------------------
 
-    def _node_of(self, member: str) -> str:
-        """The node a member runs on, remembered: a dead member's is still needed to place shards it held."""
-        node = self._nodes.get(member)
-        if node is None:
-            node = self.cluster.node_of(member) if self.cluster is not None else None
-            if node is None:
-                return member
-            if len(self._nodes) >= NODES_REMEMBERED_MAX:
-                self._nodes.clear()
-            self._nodes[member] = node
-        return node
-
     def placement(self, ring: HashRing, shard_id: str, owners_only: bool = True) -> list[str]:
-        """The shard's owners: the first members in ring order from its point, one per node (the processes of
-        a node die together), then, unless ``owners_only``, every other member in ring order."""
-        owners: list[str] = []
-        others: list[str] = []
-        nodes: set[str] = set()
-        for member in ring.walk(shard_id):
-            node = self._node_of(member)
-            if node in nodes:
-                others.append(member)
-                continue
-            nodes.add(node)
-            owners.append(member)
-            if owners_only and len(owners) == OWNERS:
-                break
-        return owners + others
+        """The shard's owners on ``ring``: OWNERS members, one per machine (the cluster's one placement rule,
+        HashRing.placement); unless ``owners_only``, then every other member."""
+        if self.cluster is None:  # alone: every shard is this node's
+            return ring.placement(shard_id, OWNERS, lambda member: member, owners_only)
+        if owners_only:
+            return self.cluster.owners(shard_id, OWNERS, ring)
+        return self.cluster.walk(shard_id, ring)
 
     def _owners(self, shard_id: str) -> list[str]:
         if self.cluster is None:
@@ -252,11 +228,10 @@ class MemoryHistory:
     async def _request(self, member: str, frame: list[Any], timeout_s: float) -> Any:
         if self.cluster is None:
             raise PeerUnreachable("no cluster")
+        answer = await self.cluster.request_peer(member, HISTORY_MARK + pack(frame), timeout_s)  # PeerUnreachable
         try:
-            with trio.fail_after(timeout_s):
-                answer = await self.cluster.request_peer(member, HISTORY_MARK + pack(frame), timeout_s)
             reply = unpack(answer)
-        except (TransportError, trio.TooSlowError, LookupError, BadFrame) as e:
+        except BadFrame as e:
             raise PeerUnreachable(f"{member}: {e}") from None
         if not isinstance(reply, list) or not reply:
             raise PeerUnreachable(f"{member}: an unreadable answer")
@@ -272,19 +247,19 @@ class MemoryHistory:
             return
         ring = self.cluster.ring
         walk = [m for m in self.placement(ring, change.id, owners_only=False) if m != self.name]
-        my_node = self._node_of(self.name)
+        my_node = self.cluster.machine_of(self.name)
         targets = walk[:OWNERS - 1]
         # Copies count on other nodes only: a copy on this node's machine dies with it.
-        spares = [m for m in walk[OWNERS - 1:] if self._node_of(m) != my_node]
+        spares = [m for m in walk[OWNERS - 1:] if self.cluster.machine_of(m) != my_node]
         # Two nodes, counting those that failed but may only be cut off (until reaped): a node alone on
         # its side of a partition must not acknowledge what the other side cannot read.
-        needed = min(2, len({self._node_of(m) for m in self.cluster.known_members()})) - 1
+        needed = min(2, len({self.cluster.machine_of(m) for m in self.cluster.known_members()})) - 1
         acks = 0
 
         async def send(member: str, repair: bool) -> None:
             nonlocal acks
             if await self._push(member, change):
-                acks += self._node_of(member) != my_node
+                acks += self.cluster.machine_of(member) != my_node
             elif repair:
                 self.stats.replica_failures += 1
                 self._repairs.add((member, change.id))

@@ -67,7 +67,6 @@ from typing import Any, Protocol
 
 import trio
 
-from mesh.transport import TransportError
 from proto import ratelimit_pb2 as pb
 
 from .algorithms import Decision, Mode, Rate
@@ -115,7 +114,8 @@ class ClusterView(Protocol):
     ring: Any  # mesh.ring.HashRing
 
     def member_counts(self) -> tuple[int, int]: ...  # (visible, known)
-    async def request_peer(self, name: str, payload: bytes, timeout_s: float) -> bytes: ...
+    def owners(self, key: str, count: int) -> list[str]: ...  # one per machine (HashRing.placement)
+    async def request_peer(self, name: str, payload: bytes, timeout_s: float) -> bytes: ...  # PeerUnreachable
     def serve_requests(self, mark: bytes, handler: Callable[[bytes], Any]) -> None: ...
 
 
@@ -386,12 +386,8 @@ class RateLimiter:
     async def _request(self, name: str, payload: bytes) -> bytes:
         if self.cluster is None:
             raise PeerUnreachable("no cluster")
-        try:
-            with trio.fail_after(self.config.forward_timeout_s):
-                answer = await self.cluster.request_peer(name, RATE_LIMIT_MARK + payload,
-                                                         self.config.forward_timeout_s)
-        except (TransportError, trio.TooSlowError, LookupError) as e:
-            raise PeerUnreachable(f"{name}: {e}") from None
+        answer = await self.cluster.request_peer(name, RATE_LIMIT_MARK + payload,
+                                                 self.config.forward_timeout_s)  # PeerUnreachable
         if not answer:
             raise PeerUnreachable(f"{name} refused the request")
         return answer
@@ -438,7 +434,7 @@ class RateLimiter:
         outgoing: dict[str, list[pb.KeyState]] = collections.defaultdict(list)
         for key, entry in self.store.take_dirty():
             message = state_to_pb(key, entry.rate, entry.state)
-            for name in ring.owners(key, 1 + self.config.replicas):
+            for name in self.cluster.owners(key, 1 + self.config.replicas):  # one per machine
                 if name != self.node_name:
                     outgoing[name].append(message)
         for name, states in outgoing.items():

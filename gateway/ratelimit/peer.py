@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from mesh import PeerUnreachable  # the owner did not answer (refused, timed out, unreadable answer)
 from proto import ratelimit_pb2 as pb
 
 from .algorithms import Algorithm, Decision, KeyState, Mode, Rate
@@ -41,10 +42,6 @@ COUNT_MAX = 1e18
 _ALGORITHM_TO_PB = {Algorithm.TOKEN_BUCKET: pb.ALGORITHM_TOKEN_BUCKET,
                     Algorithm.SLIDING_WINDOW: pb.ALGORITHM_SLIDING_WINDOW}
 _ALGORITHM_FROM_PB = {v: k for k, v in _ALGORITHM_TO_PB.items()}
-
-
-class PeerUnreachable(Exception):
-    """The owner did not answer (refused, timed out, unreadable answer)."""
 
 
 class ItemError(Exception):

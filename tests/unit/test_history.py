@@ -213,8 +213,14 @@ class _Cluster:
     def serve_requests(self, mark, handler):
         self.handlers[mark] = handler
 
-    def node_of(self, member):
+    def machine_of(self, member):
         return member
+
+    def owners(self, key, count, ring=None):
+        return (ring or self.ring).placement(key, count, self.machine_of)
+
+    def walk(self, key, ring=None):
+        return (ring or self.ring).placement(key, 0, self.machine_of, owners_only=False)
 
     def known_members(self):
         return [self.node_name]

@@ -43,3 +43,60 @@ def test_walk_is_owners_taken_lazily():
         walked = list(ring.walk(key))
         assert walked == ring.owners(key, 7) and sorted(walked) == sorted(ring.members)
     assert list(HashRing.build([]).walk("k")) == []
+
+
+def test_placement_puts_no_two_copies_on_one_machine_while_another_has_none():
+    """Issue 36: rate-limit replicas and KV followers took the plain ring order, so with --workers N a key's owner
+    and its replica could be two processes of one machine that die together. One rule places every key now."""
+    processes = [f"m{m}-w{w}" for m in range(3) for w in range(2)]  # three machines, two processes each
+    machine = lambda member: member.split("-")[0]  # noqa: E731
+    ring = HashRing.build(processes)
+    for key in KEYS[:2000]:
+        owners = ring.placement(key, 2, machine)
+        assert len(owners) == 2 and len({machine(m) for m in owners}) == 2, (key, owners)
+        assert owners[0] == ring.owner(key)  # the primary is the plain ring's: nothing moves for it
+        five = ring.placement(key, 5, machine)  # more copies than machines: every machine first
+        assert len(five) == 5 and len({machine(m) for m in five[:3]}) == 3
+        walk = ring.placement(key, 0, machine, owners_only=False)
+        assert sorted(walk) == sorted(processes) and walk[:3] == ring.placement(key, 3, machine)
+    # One machine: its processes, in ring order (a process restarting alone still finds a copy).
+    assert sorted(HashRing.build(["a-w0", "a-w1"]).placement("k", 2, machine)) == ["a-w0", "a-w1"]
+    # Members on machines of their own: the plain ring order.
+    plain = HashRing.build(MEMBERS)
+    assert all(plain.placement(k, 3, lambda m: m) == plain.owners(k, 3) for k in KEYS[:500])
+
+
+async def test_a_cluster_places_by_its_members_node_tags_and_a_peer_it_cannot_ask_is_one_error():
+    import pytest
+    import trio
+
+    from gateway.cluster import ClusterState
+    from mesh import PeerUnreachable
+    from mesh.members import MemberSnapshot, MemberStatus
+
+    class Agent:  # the two calls ClusterState makes of a mesh agent here
+        def __init__(self, members):
+            self._members = {m.name: m for m in members}
+
+        def member(self, name):
+            return self._members.get(name)
+
+        def members(self):
+            return list(self._members.values())
+
+        async def request(self, addr, payload, timeout_s):
+            await trio.sleep_forever()  # a peer that never answers
+
+    snapshots = [MemberSnapshot(f"n{m}-w{w}", f"10.0.0.{m}:7946", 1, MemberStatus.ALIVE, {"node": f"n{m}"}, 0.0)
+                 for m in range(2) for w in range(2)]
+    cluster = ClusterState("n0-w0")
+    cluster.agent = Agent(snapshots)
+    cluster.ring_view.update(snapshots)
+    for key in KEYS[:200]:
+        owners = cluster.owners(key, 2)
+        assert {cluster.machine_of(m) for m in owners} == {"n0", "n1"}
+    with pytest.raises(PeerUnreachable, match="no member"):
+        await cluster.request_peer("stranger", b"x", 1.0)
+    with trio.move_on_after(5):
+        with pytest.raises(PeerUnreachable):
+            await cluster.request_peer("n1-w0", b"x", 0.05)
