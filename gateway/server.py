@@ -167,6 +167,9 @@ def _rate_limit_metrics(limiter: RateLimiter) -> Iterator[Any]:
                 [([], float(stats["keys_held"]))])
     yield counter("smg_rate_limit_forwarded_batches", "Batches of decisions forwarded to owners, by result",
                   ["result"], [(["sent"], stats["batches"]), (["failed"], stats["failed_batches"])])
+    yield gauge("smg_rate_limit_replication_pending", "Rate-limit keys changed here and not yet copied to their "
+                "replicas, plus copies sent and not yet acknowledged: what an owner crash now would lose", [],
+                [([], float(stats["replication_pending"]))])
     yield counter("smg_rate_limit_fallback_units", "Units admitted by the failure policy without the owner's "
                   "decision: what an overshoot is made of", [], [([], stats["fallback_units"])])
     detection_s = 0.0

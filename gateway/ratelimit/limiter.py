@@ -166,6 +166,7 @@ class RateLimiter:
         self.debts_dropped = 0
         self.replicated = 0
         self.absorbed = 0
+        self.replicating = 0  # replication requests sent and not answered yet
         if cluster is not None:
             cluster.serve_requests(RATE_LIMIT_MARK, self.on_peer_request)  # peers' R frames come here
 
@@ -438,6 +439,7 @@ class RateLimiter:
                 if name != self.node_name:
                     outgoing[name].append(message)
         for name, states in outgoing.items():
+            self.replicating += 1  # counted before the task runs: pending never reads 0 between take and send
             nursery.start_soon(self._replicate, name, states)
         debts_by_owner: dict[str, list[PendingItem]] = collections.defaultdict(list)
         now_trio = trio.current_time()
@@ -471,6 +473,8 @@ class RateLimiter:
             self.replicated += len(states)
         except PeerUnreachable as e:
             log.debug("replication of %d keys to %s failed: %s", len(states), name, e)
+        finally:
+            self.replicating -= 1
 
     async def _deliver_debts(self, owner: str, items: list[PendingItem]) -> None:
         batches = [self.batcher.submit(owner, item) for item in items]
@@ -520,4 +524,5 @@ class RateLimiter:
                 "debts": len(self._debts), "debts_dropped": self.debts_dropped, "fallback_units": self.fallback_units,
                 "batches": self.batcher.stats.batches, "batched_items": self.batcher.stats.items,
                 "failed_batches": self.batcher.stats.failed_batches, "replicated": self.replicated,
-                "absorbed": self.absorbed, "evicted_busy": self.store.evicted_busy}
+                "absorbed": self.absorbed, "evicted_busy": self.store.evicted_busy,
+                "replication_pending": self.store.dirty_count() + self.replicating}

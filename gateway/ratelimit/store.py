@@ -87,6 +87,10 @@ class KeyStore:
                 out.append((key, entry))
         return out
 
+    def dirty_count(self) -> int:
+        """Keys changed since their last replication (a scan: for /metrics, not the request path)."""
+        return sum(1 for entry in self._entries.values() if entry.dirty)
+
     def mark_all_dirty(self) -> None:
         for entry in self._entries.values():
             entry.dirty = True
