@@ -44,8 +44,11 @@ class ClusterSpec:
     # Prefill/decode disaggregation: the first half of the engines run as prefill engines, the others as decode
     # engines (SGLang's contract: one bootstrap room per request), registered in those roles.
     pd: bool = False
+    # Processes per node (--workers): a node's processes are one machine's, killed and paused together.
+    workers: int = 1
     seed: int = 42
-    # node i: HTTP base+i, gossip base+100+i, admin base+200+i; LB base+300. Below 32768: the kernel
+    # node i: HTTP base+i, gossip base+100+i*workers (+k for its process k), admin base+200+i*workers (+k); LB
+    # base+300. Below 32768: the kernel
     # hands out ports above it to outgoing connections, which could take a fixed port first.
     base_port: int = 21000
     lb: str = "nginx"
@@ -92,11 +95,16 @@ class ChaosCluster:
     def http_port(self, i: int) -> int:
         return self.spec.base_port + i
 
-    def gossip_addr(self, i: int) -> str:
-        return f"127.0.0.1:{self.spec.base_port + 100 + i}"
+    def gossip_addr(self, i: int, k: int = 0) -> str:
+        """Node i's process k's gossip address (the supervisor gives process k the node's port + k)."""
+        return f"127.0.0.1:{self.spec.base_port + 100 + i * self.spec.workers + k}"
 
-    def admin_addr(self, i: int) -> str:
-        return f"127.0.0.1:{self.spec.base_port + 200 + i}"
+    def admin_addr(self, i: int, k: int = 0) -> str:
+        return f"127.0.0.1:{self.spec.base_port + 200 + i * self.spec.workers + k}"
+
+    def members(self, i: int) -> list[str]:
+        """The mesh members node i's processes are (the supervisor names process k node-wk)."""
+        return [self.name(i)] + [f"{self.name(i)}-w{k}" for k in range(1, self.spec.workers)]
 
     def node_url(self, i: int) -> str:
         return f"http://127.0.0.1:{self.http_port(i)}"
@@ -139,8 +147,10 @@ class ChaosCluster:
         """Every fixed port the cluster takes: (kind, port), TCP unless said."""
         out = []
         for i in range(self.spec.nodes):
-            out += [("tcp", self.http_port(i)), ("tcp", int(self.gossip_addr(i).rpartition(":")[2])),
-                    ("udp", int(self.gossip_addr(i).rpartition(":")[2])), ("tcp", int(self.admin_addr(i).rpartition(":")[2]))]
+            out.append(("tcp", self.http_port(i)))
+            for k in range(self.spec.workers):
+                gossip = int(self.gossip_addr(i, k).rpartition(":")[2])
+                out += [("tcp", gossip), ("udp", gossip), ("tcp", int(self.admin_addr(i, k).rpartition(":")[2]))]
         return out + [("tcp", self.spec.base_port + 300)]
 
     def taken_ports(self) -> list[str]:
@@ -184,7 +194,7 @@ class ChaosCluster:
                 "--mesh-preset", "local", "--rpc-addr", self.admin_addr(i), "--retry-join-interval-secs", "0.5",
                 "--rate-limits", str(self.limits_file), "--health-check-interval-secs", "0.5",
                 "--health-failure-threshold", "2", "--log-level", os.environ.get("SMG_CHAOS_NODE_LOG_LEVEL", "warning"),
-                "--shutdown-grace-period-secs", "10"]
+                "--shutdown-grace-period-secs", "10", "--workers", str(self.spec.workers)]
         if i == 0 and self.spec.pd:  # engines are registered on one node; the others get them through the mesh
             args += ["--pd-disaggregation"]
             for j, port in enumerate(self.engine_ports):
@@ -204,7 +214,7 @@ class ChaosCluster:
             stop_balancer(self.spec.lb, self.balancer)
         for node in self.nodes:
             if node is not None:
-                node.kill()
+                node.kill_machine()
         for engine in self.engines:
             if engine is not None:
                 engine.kill()
@@ -214,18 +224,18 @@ class ChaosCluster:
     def kill(self, i: int) -> None:
         node = self.nodes[i]
         if node is not None:
-            node.kill()
+            node.kill_machine()
 
     def pause(self, i: int) -> None:
         node = self.nodes[i]
         if node is not None and node.alive:
-            node.signal(signal.SIGSTOP)
+            node.signal_machine(signal.SIGSTOP)
             self.paused.add(i)
 
     def resume(self, i: int) -> None:
         node = self.nodes[i]
         if node is not None and i in self.paused:
-            node.signal(signal.SIGCONT)
+            node.signal_machine(signal.SIGCONT)
             self.paused.discard(i)
 
     def restart(self, i: int, graceful: bool = True) -> None:
@@ -234,7 +244,7 @@ class ChaosCluster:
             if graceful:
                 node.stop(15)
             else:
-                node.kill()
+                node.kill_machine()
         self.start_node(i)
 
     def restart_engine(self, j: int) -> None:
@@ -273,8 +283,8 @@ class ChaosCluster:
 
     def _write_rules(self) -> None:
         for i in range(self.spec.nodes):
-            peers = {self.gossip_addr(j): {"drop": 1.0} for j in range(self.spec.nodes)
-                     if frozenset((i, j)) in self._cut}
+            peers = {self.gossip_addr(j, k): {"drop": 1.0} for j in range(self.spec.nodes)
+                     for k in range(self.spec.workers) if frozenset((i, j)) in self._cut}
             rules = {"default": {"drop": self._loss}, "peers": peers}
             tmp = self.rules_path(i).with_suffix(".tmp")
             tmp.write_text(json.dumps(rules))

@@ -8,6 +8,7 @@ kept for post-mortems.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -74,6 +75,32 @@ class ManagedProcess:
         except subprocess.TimeoutExpired:
             self.kill()
             return -9
+
+    def children(self) -> list[int]:
+        """The pids whose parent is this process (a supervisor's worker processes: in sessions of their own, so
+        no signal to this one reaches them)."""
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            if int(fields[1]) == self.process.pid:
+                found.append(int(stat.parent.name))
+        return found
+
+    def signal_machine(self, signum: int) -> None:
+        """The signal to this process and its children at once, as to a machine (SIGSTOP, SIGCONT)."""
+        for pid in self.children():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        self.signal(signum)
+
+    def kill_machine(self) -> None:
+        """SIGKILL this process and its children at once: a machine that loses power, whose processes leave
+        nothing behind (no mesh leave, no handover)."""
+        self.signal_machine(signal.SIGKILL)
+        self.process.wait(10)
 
     def log_text(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")

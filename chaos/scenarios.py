@@ -43,9 +43,10 @@ class Plan:
 
 
 def hot_key_owner(cluster: ChaosCluster) -> int:
-    names = [cluster.name(i) for i in range(cluster.spec.nodes)]
+    """The node whose process owns the hot key (the ring is of every node's processes)."""
+    machine_of = {member: i for i in range(cluster.spec.nodes) for member in cluster.members(i)}
     key = f"per-key:{Identity.hash_api_key('Bearer ' + HOT_API_KEY)}"
-    return names.index(HashRing.build(names).owner(key))
+    return machine_of[HashRing.build(list(machine_of)).owner(key)]
 
 
 def kill_one(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
@@ -61,6 +62,17 @@ def kill_owner(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> 
     start, back = 0.25 * duration_s, 0.55 * duration_s
     return Plan([Event(start, f"SIGKILL {cluster.name(owner)} (owns the hot rate-limit key)", "process",
                        lambda: cluster.kill(owner), (owner,)),
+                 Event(back, f"restart {cluster.name(owner)}", "heal",
+                       lambda: cluster.restart(owner, graceful=False), (owner,))], back, 1)
+
+
+def kill_owner_machine(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
+    """Nodes of two processes each (--workers 2): the machine owning the hot rate-limit key SIGKILLed whole, then
+    restarted. Its keys' copies are on other machines (one placement rule), so the counts go on there."""
+    owner = hot_key_owner(cluster)
+    start, back = 0.25 * duration_s, 0.55 * duration_s
+    return Plan([Event(start, f"SIGKILL {cluster.name(owner)}'s {cluster.spec.workers} processes (own the hot "
+                              "rate-limit key)", "process", lambda: cluster.kill(owner), (owner,)),
                  Event(back, f"restart {cluster.name(owner)}", "heal",
                        lambda: cluster.restart(owner, graceful=False), (owner,))], back, 1)
 
@@ -169,11 +181,14 @@ ENGINE_SCENARIOS = frozenset({"restart-engines", "kill-model-engines", "kill-pre
 
 # What a scenario needs of the cluster beyond the defaults.
 SCENARIO_SPECS: dict[str, dict[str, Any]] = {"kill-model-engines": {"models": 2},
-                                             "kill-prefill-engine": {"pd": True, "engines": 4}}
+                                             "kill-prefill-engine": {"pd": True, "engines": 4},
+                                             "kill-owner-machine": {"workers": 2}}
 
 SCENARIOS: dict[str, tuple[Callable[[ChaosCluster, random.Random, float], Plan], str]] = {
     "kill-one": (kill_one, "SIGKILL one node under load, restart it later"),
     "kill-owner": (kill_owner, "SIGKILL the owner of the hot rate-limit key, restart it later"),
+    "kill-owner-machine": (kill_owner_machine, "nodes of two processes: SIGKILL the machine owning the hot "
+                           "rate-limit key, restart it later"),
     "pause-one": (pause_one, "SIGSTOP one node for 10 s, then SIGCONT"),
     "partition-halves": (partition_halves, "split the nodes in two halves, then heal"),
     "isolate-one": (isolate_one, "cut one node off from the others, then heal"),

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx not
     ("kill-history-owners", 25800),  # two owners of stored responses killed in turn, each restarted empty
     ("kill-model-engines", 26600),  # issue 40: one model's engines killed, the other model must see no error
     ("kill-prefill-engine", 27000),  # issue 35: two nodes on prefill/decode pairs, one prefill engine killed
+    ("kill-owner-machine", 27400),  # issue 36: nodes of two processes; the hot key's owner machine killed whole
 ])
 def test_smoke_scenario_passes_every_check(tmp_path, scenario, base_port):
     import os

@@ -8,11 +8,8 @@ the other machine, and the survivor refuses what was already spent.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import time
-from pathlib import Path
 
 import httpx2
 
@@ -57,23 +54,6 @@ def _poll(check, what: str, timeout_s: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def _kill_machine(node: NodeProcess) -> None:
-    """SIGKILL a node's processes and its supervisor at once, as a machine that loses power: nothing leaves
-    the mesh or hands its keys over."""
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == node.process.pid:  # the parent's pid
-            children.append(int(stat.parent.name))
-    assert len(children) == PROCESSES, children
-    for pid in children:
-        os.kill(pid, signal.SIGKILL)
-    node.kill()
-
-
 def test_the_owner_machines_kill_keeps_the_counts_on_the_other_machine(log_dir, tmp_path):
     name = _limit_name()
     key = f"{name}:*"
@@ -110,7 +90,8 @@ def test_the_owner_machines_kill_keeps_the_counts_on_the_other_machine(log_dir, 
         assert codes == [200] * ALLOWANCE + [429], codes
         # Every change the owner made is on its replicas (acknowledged) before its machine goes.
         _poll(lambda: _metric(owner_port, "smg_rate_limit_replication_pending") == 0, "replicated")
-        _kill_machine(nodes[doomed])
+        assert len(nodes[doomed].children()) == PROCESSES
+        nodes[doomed].kill_machine()  # processes and supervisor at once: nothing leaves the mesh or hands over
         # Declared dead, not merely suspected (a suspect stays on the ring, and its keys' requests go to the
         # failure policy meanwhile): then the ring is the survivor's own.
         _poll(lambda: all(_metric(metrics[survivor] + i, 'smg_mesh_members{state="alive"}') == PROCESSES
