@@ -9,18 +9,17 @@ from collections.abc import Iterator
 from typing import Any
 
 from mesh.agent import MeshAgent
-from mesh.members import MemberStatus
 
 from .cluster import ClusterState
 from .metrics import counter, gauge
 
 
 def mesh_metric_families(agent: MeshAgent) -> Iterator[Any]:
-    table, stats, swim = agent.swim.table, agent.stats, agent.swim.stats
+    stats, swim = agent.stats, agent.protocol_stats
     yield gauge("smg_mesh_members", "Members by state, as this node sees them", ["state"],
-                [([s.name.lower()], float(table.count(s))) for s in MemberStatus])
+                [([status.name.lower()], float(n)) for status, n in agent.counts_by_status().items()])
     yield gauge("smg_mesh_health_score", "Lifeguard local health (awareness): 0 is healthy; it stretches "
-                "this node's probe interval and timeout", [], [([], float(agent.swim.awareness))])
+                "this node's probe interval and timeout", [], [([], float(agent.awareness))])
     yield counter("smg_mesh_probes", "Probes by outcome", ["outcome"],
                   [(["ack"], swim["probe_acks"]), (["failed"], swim["probe_failures"])])
     yield counter("smg_mesh_indirect_probes", "Indirect probe requests sent", [], [([], swim["indirect_probes"])])

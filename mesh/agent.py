@@ -134,6 +134,20 @@ class MeshAgent:
         known = self.swim.table.get(name)
         return known.snapshot() if known is not None else None
 
+    def counts_by_status(self) -> "dict[MemberStatus, int]":
+        """How many members this node knows in each state (itself included)."""
+        return {status: self.swim.table.count(status) for status in MemberStatus}
+
+    @property
+    def awareness(self) -> int:
+        """Lifeguard's local health score: 0 is healthy; it stretches this node's probe interval and timeout."""
+        return self.swim.awareness
+
+    @property
+    def protocol_stats(self) -> "dict[str, int]":
+        """The membership protocol's counters (probes, suspicions, refutations)."""
+        return self.swim.stats
+
     def alive_members(self) -> list[MemberSnapshot]:
         return [m for m in self.swim.members() if m.status is MemberStatus.ALIVE]
 
@@ -185,6 +199,11 @@ class MeshAgent:
             while self.swim.broadcasts_pending():
                 await trio.sleep(self.config.gossip_interval_s)
         self.stop()
+
+    @property
+    def tags(self) -> "dict[str, str]":
+        """This member's own tags, as it gossips them."""
+        return dict(self.swim.tags)
 
     def set_tags(self, tags: "dict[str, str]") -> None:
         self._handle(SetTags(dict(tags)))

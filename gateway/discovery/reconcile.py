@@ -114,8 +114,8 @@ class DiscoveredWorkers:
     def _announce(self) -> None:
         agent = self.cluster.agent
         state = "live" if self.live else "stale"
-        if agent is not None and dict(agent.swim.tags).get(WATCH_TAG) != state:
-            agent.set_tags({**dict(agent.swim.tags), WATCH_TAG: state})
+        if agent is not None and agent.tags.get(WATCH_TAG) != state:
+            agent.set_tags({**agent.tags, WATCH_TAG: state})
 
     def _writers(self) -> HashRing:
         """The ring of members that write discovered entries: this one (live) and every member saying live."""
