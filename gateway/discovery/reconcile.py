@@ -108,7 +108,9 @@ class DiscoveredWorkers:
             await self._apply_here(desired)
             return
         self._announce()
-        if self.live:
+        # Only once the node holds the cluster's document (or knows it is alone): before that it would write again
+        # what the others already wrote, and count as a writer it does not know the others of yet.
+        if self.live and self.cluster.registry_received:
             self._write_document(desired, self._writers())
 
     def _announce(self) -> None:
