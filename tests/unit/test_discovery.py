@@ -182,6 +182,9 @@ async def test_only_the_owner_writes_and_only_discovered_entries_are_removed():
     watcher.cache.replace([pod("a", "10.0.0.1"), pod("b", "10.0.0.2")], "5")
     watcher.live = True
     await discovered.reconcile()
+    assert len(cluster.doc.workers()) == 1  # not before the node holds the cluster's document
+    cluster.mark_joined()  # (alone: nobody to join)
+    await discovered.reconcile()
     entries = cluster.doc.workers()
     assert {e["url"] for e in entries.values()} == {"grpc://10.0.0.1:1", "grpc://10.0.0.2:1", "grpc://10.9.9.9:1"}
     assert entries[worker_id_for("grpc://10.0.0.1:1")]["discovered"] == "ns/a"

@@ -239,6 +239,9 @@ async def test_kv_sharing_drops_malformed_peer_items():
         def serve_requests(self, mark, handler):
             self.peer_requests.register(mark, handler)
 
+        def owners(self, key, count, ring=None):  # every member a machine of its own
+            return (ring or self.ring).placement(key, count, lambda member: member)
+
     index = KvIndex()
     cluster = FakeCluster()
     sharing = KvSharing(cluster, index, followers=2)
@@ -299,8 +302,8 @@ async def test_a_node_that_missed_the_last_batches_catches_up_from_the_owners_he
     batch was not delivered, and no later batch came to show the gap. The owners' heads show it."""
     from gateway.cluster import KvSharing, PeerRequests
     from gateway.cluster.kv_sharing import CATCH_UP_INTERVAL_S
+    from mesh import PeerUnreachable
     from mesh.ring import HashRing
-    from mesh.transport import TransportError
 
     ring = HashRing.build(["a", "b"])
     engine = next(f"e{i}" for i in range(100) if ring.owners(f"e{i}", 1) == ["a"])
@@ -314,10 +317,13 @@ async def test_a_node_that_missed_the_last_batches_catches_up_from_the_owners_he
         def serve_requests(self, mark, handler):
             self.peer_requests.register(mark, handler)
 
+        def owners(self, key, count, ring=None):  # every member a machine of its own
+            return (ring or self.ring).placement(key, count, lambda member: member)
+
         async def request_peer(self, peer, request, timeout_s):
             if peer == "b" and b"kv_batches" in request and lost["batches to b"]:
                 lost["batches to b"] -= 1
-                raise TransportError("cut")
+                raise PeerUnreachable("cut")  # what ClusterState.request_peer raises for any failure
             return await nodes[peer].cluster.peer_requests.handle(request)
 
     for name in ("a", "b"):

@@ -50,6 +50,9 @@ def test_followers_are_the_first_ring_owners():
         def serve_requests(self, mark, handler):
             pass
 
+        def owners(self, key, count, ring=None):  # every member a machine of its own
+            return (ring or self.ring).placement(key, count, lambda member: member)
+
     def following(followers: int) -> set[str]:
         names = set()
         for name in Cluster.ring.members:
