@@ -283,7 +283,8 @@ _OPTIONS: list[_Option] = [
     _Option("--service-discovery", "discovery.enabled", "bool", "find engines as Kubernetes pods by label: added "
             "once Ready with an IP, drained when they go (credentials: the pod's service account, else KUBECONFIG or "
             "~/.kube/config)"),
-    _Option("--selector", "discovery.selector", "selector", "labels of the engines' pods: KEY=VALUE ..."),
+    _Option("--selector", "discovery.selector", "selector", "labels of the engines' pods: KEY=VALUE ... (Kubernetes' "
+            "selectors: also KEY!=VALUE, 'KEY in (A,B)', 'KEY notin (A,B)', KEY, !KEY)"),
     _Option("--prefill-selector", "discovery.prefill_selector", "selector", "labels of prefill engines' pods (with "
             "--pd-disaggregation; bootstrap port from the sglang.ai/bootstrap-port annotation)"),
     _Option("--decode-selector", "discovery.decode_selector", "selector", "labels of decode engines' pods"),
@@ -582,9 +583,8 @@ def _convert(opt: _Option, raw: Any) -> Any:
             groups = raw if isinstance(raw, list) else [str(raw).replace(",", " ")]
             return tuple(part for group in groups for item in (group if isinstance(group, list) else [group])
                          for part in str(item).replace(",", " ").split())
-        if opt.kind == "selector":  # KEY=VALUE terms, as flags, "a=b c=d" or "a=b,c=d", or a TOML list
-            return parse_selector([term for item in (raw if isinstance(raw, list) else [raw])
-                                   for term in str(item).split()])
+        if opt.kind == "selector":  # as flags, "a=b c=d", "a in (x, y),c=d", or a TOML list of such
+            return parse_selector([str(item) for item in (raw if isinstance(raw, list) else [raw])])
         if opt.kind == "list":
             # "a b", ["a", "b"] and ["a b"] all mean two items (so --sim-engine-args="--x 1" works).
             items = raw if isinstance(raw, list) else [str(raw).replace(",", " ")]

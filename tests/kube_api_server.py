@@ -4,7 +4,7 @@ runs on these machines.
 
 What it does as the real one does:
 - HTTPS (a CA of the test's own) and bearer tokens: anything else is 401 with a Status body;
-- ``GET /api/v1/namespaces/NS/pods`` and ``/api/v1/pods``: ``labelSelector`` (equality terms), ``limit`` and
+- ``GET /api/v1/namespaces/NS/pods`` and ``/api/v1/pods``: ``labelSelector`` (equality and set-based), ``limit`` and
   ``continue`` (pages of one snapshot; a continue token older than the compaction is ``410 Gone``), the list's
   ``metadata.resourceVersion``;
 - ``?watch=1``: a chunked stream of JSON lines from ``resourceVersion``; an object that starts or stops
@@ -207,21 +207,49 @@ class FakeKubeApi:
         return self._list(h, namespace, selector, query)
 
     @staticmethod
-    def _selector(text: str) -> "dict | None":
-        pairs = {}
-        for term in filter(None, (t.strip() for t in text.split(","))):
-            key, eq, value = term.partition("=")
-            if not eq:
+    def _selector(text: str) -> "list | None":
+        """The API's label selector grammar (equality and set-based) -> [(key, op, values)], None if malformed.
+        Written apart from the gateway's parser on purpose: this server checks that one."""
+        terms, depth, current = [], 0, ""
+        for char in text:
+            depth += (char == "(") - (char == ")")
+            if char == "," and depth == 0:
+                terms.append(current)
+                current = ""
+            else:
+                current += char
+        terms.append(current)
+        out = []
+        for term in filter(None, (t.strip() for t in terms)):
+            words = term.replace("(", " ( ").replace(")", " ) ").split()
+            if len(words) >= 4 and words[1] in ("in", "notin") and words[2] == "(" and words[-1] == ")":
+                out.append((words[0], words[1], {v.strip() for v in " ".join(words[3:-1]).split(",") if v.strip()}))
+            elif "!=" in term:
+                key, _, value = term.partition("!=")
+                out.append((key.strip(), "!=", {value.strip()}))
+            elif "=" in term:
+                key, _, value = term.partition("=")
+                out.append((key.strip(), "=", {value.lstrip("=").strip()}))
+            elif term.startswith("!"):
+                out.append((term[1:].strip(), "!", set()))
+            elif len(words) == 1:
+                out.append((term, "exists", set()))
+            else:
                 return None
-            pairs[key] = value.lstrip("=")
-        return pairs
+        return out
 
     @staticmethod
-    def _matches(pod: "dict | None", namespace: "str | None", selector: dict) -> bool:
+    def _matches(pod: "dict | None", namespace: "str | None", selector: list) -> bool:
         if pod is None or (namespace is not None and pod["metadata"]["namespace"] != namespace):
             return False
         labels = pod["metadata"].get("labels") or {}
-        return all(labels.get(k) == v for k, v in selector.items())
+        for key, op, values in selector:
+            value = labels.get(key)
+            ok = {"=": value in values, "in": value in values, "!=": value not in values,
+                  "notin": value not in values, "exists": key in labels, "!": key not in labels}[op]
+            if not ok:
+                return False
+        return True
 
     def _list(self, h, namespace, selector, query) -> None:
         limit = int(query.get("limit") or 0)

@@ -10,33 +10,88 @@ import re
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
-Selector = tuple[tuple[str, str], ...]
+# One requirement of a selector: (key, operator, values), the operator one of =, !=, in, notin, exists, !exists
+# (Kubernetes' equality- and set-based label selectors).
+Requirement = tuple[str, str, tuple[str, ...]]
+Selector = tuple[Requirement, ...]
+
+_SET_TERM = re.compile(r"^(\S+)\s+(in|notin)\s*\((.*)\)$")
+_EQUALITY_TERM = re.compile(r"^([^=!\s]+)\s*(==|=|!=)\s*(\S*)$")
 
 
 class SelectorError(ValueError):
     pass
 
 
+def _terms(text: str) -> "list[str]":
+    """A selector's terms: split at commas outside parentheses; an equality-only text may also separate its terms
+    by spaces (``app=sglang role=prefill``, as smg takes them)."""
+    terms, depth, current = [], 0, ""
+    for char in text:
+        depth += (char == "(") - (char == ")")
+        if char == "," and depth == 0:
+            terms.append(current)
+            current = ""
+        else:
+            current += char
+    terms.append(current)
+    out = []
+    for term in (t.strip() for t in terms):
+        if term and "(" not in term and re.search(r"\s", term) and not re.search(r"\s(in|notin)\s", term):
+            out.extend(term.split())
+        elif term:
+            out.append(term)
+    return out
+
+
+def _requirement(term: str) -> Requirement:
+    if match := _SET_TERM.match(term):
+        values = tuple(sorted({v.strip() for v in match.group(3).split(",") if v.strip()}))
+        key, op = match.group(1), match.group(2)
+    elif match := _EQUALITY_TERM.match(term):
+        key, op, values = match.group(1), "!=" if match.group(2) == "!=" else "=", (match.group(3),)
+    elif term.startswith("!"):
+        key, op, values = term[1:].strip(), "!exists", ()
+    else:
+        key, op, values = term, "exists", ()
+    if not _LABEL_KEY.match(key) or not all(_LABEL_VALUE.match(v) for v in values) or (op in ("in", "notin")
+                                                                                       and not values):
+        raise SelectorError(f"{term!r} is not a label selector term (KEY=VALUE, KEY!=VALUE, KEY in (A,B), "
+                            "KEY notin (A,B), KEY or !KEY)")
+    return key, op, values
+
+
 def parse_selector(terms: "tuple[str, ...] | list[str]") -> Selector:
-    """``app=sglang role=prefill`` (or one comma-separated term, as kubectl takes it) -> sorted (key, value)
-    pairs. Equality only: what smg's selectors are."""
-    pairs: dict[str, str] = {}
-    for term in (t.strip() for chunk in terms for t in chunk.split(",")):
-        if not term:
-            continue
-        key, eq, value = term.replace("==", "=").partition("=")
-        key, value = key.strip(), value.strip()
-        if not eq or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
-            raise SelectorError(f"{term!r} is not a label selector term KEY=VALUE")
-        if pairs.get(key, value) != value:
-            raise SelectorError(f"label {key} asked to be both {pairs[key]!r} and {value!r}")
-        pairs[key] = value
-    return tuple(sorted(pairs.items()))
+    """Kubernetes' label selectors, equality- and set-based, given as flags (``app=sglang role=prefill``,
+    ``"app in (sglang, vllm),tier=gpu"``) -> the requirements, sorted."""
+    requirements = {_requirement(term) for chunk in terms for term in _terms(chunk)}
+    equal: dict[str, str] = {}
+    for key, op, values in requirements:
+        if op == "=" and equal.setdefault(key, values[0]) != values[0]:
+            raise SelectorError(f"label {key} asked to be both {equal[key]!r} and {values[0]!r}")
+    return tuple(sorted(requirements))
 
 
 def selector_text(selector: Selector) -> str:
     """The ``labelSelector`` query parameter."""
-    return ",".join(f"{k}={v}" for k, v in selector)
+    def one(key: str, op: str, values: "tuple[str, ...]") -> str:
+        if op in ("=", "!="):
+            return f"{key}{op}{values[0]}"
+        if op in ("in", "notin"):
+            return f"{key} {op} ({','.join(values)})"
+        return key if op == "exists" else f"!{key}"
+    return ",".join(one(*requirement) for requirement in selector)
+
+
+def selector_matches(selector: Selector, labels: "dict[str, str]") -> bool:
+    """Whether labels satisfy every requirement (the API server's rule, for what is checked here)."""
+    for key, op, values in selector:
+        value = labels.get(key)
+        if not {"=": value is not None and value in values, "!=": value not in values,
+                "in": value in values, "notin": value not in values,
+                "exists": value is not None, "!exists": value is None}[op]:
+            return False
+    return True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ import dataclasses
 import ipaddress
 from typing import Any
 
-from .config import DiscoveryConfig, Selector
+from .config import DiscoveryConfig, Selector, selector_matches
 
 # A pod's labels and annotations beyond this many characters are not an engine's (a flood): the pod is ignored,
 # counted.
@@ -53,8 +53,7 @@ class Pod:
         return dict(self.annotations).get(key)
 
     def matches(self, selector: Selector) -> bool:
-        labels = dict(self.labels)
-        return all(labels.get(k) == v for k, v in selector)
+        return selector_matches(selector, dict(self.labels))
 
 
 def _strings(value: Any, what: str) -> "tuple[tuple[str, str], ...]":

@@ -9,6 +9,7 @@ import json
 import re
 import threading
 import time
+import urllib.parse
 
 import httpx2
 import pytest
@@ -178,10 +179,14 @@ def test_watch_resumes_from_bookmarks_relists_after_410_and_keeps_engines_while_
 
 def test_the_model_label_names_the_model_and_a_refused_token_is_said(api, engines, tmp_path, log_dir, port):
     _ready_pod(api, "sim-0", "127.0.0.2", annotations={"smg.ai/model": "org/tiny-model"})
-    node = _node(api, tmp_path, log_dir, port, "disc-model")
+    _ready_pod(api, "sim-legacy", "127.0.0.3", {"app": "sim", "legacy": "yes"})  # the set-based term keeps it out
+    node = _node(api, tmp_path, log_dir, port, "disc-model", "--selector", "app in (sim, sim-next)", "!legacy")
     try:
         _poll(lambda: f"grpc://127.0.0.2:{port}" in _urls(node), "the pod")
+        assert set(_urls(node)) == {f"grpc://127.0.0.2:{port}"}
         assert _urls(node)[f"grpc://127.0.0.2:{port}"]["models"] == ["org/tiny-model"]
+        sent = [urllib.parse.unquote_plus(q) for _, q in api.requests]
+        assert any("labelSelector=app in (sim,sim-next),!legacy&" in q for q in sent), sent[-1]  # the API's syntax
         assert _chat(node, "org/tiny-model").status_code == 200
     finally:
         node.stop()

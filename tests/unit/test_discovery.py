@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from gateway.discovery.config import DiscoveryConfig, SelectorError, parse_selector, selector_text
+from gateway.discovery.config import DiscoveryConfig, SelectorError, parse_selector, selector_matches, selector_text
 from gateway.discovery.credentials import CredentialsError, TokenFile, from_kubeconfig, load_credentials
 from gateway.discovery.pods import PodCache, PodInvalid, desired_workers, parse_pod
 from gateway.discovery.seeds import seed_of
@@ -27,12 +27,19 @@ def pod(name="p", ip="10.0.0.5", ready=True, phase="Running", labels=None, annot
     return {"metadata": meta, "status": status}
 
 
-def test_selectors_are_equality_terms_in_any_of_kubectls_spellings():
-    assert parse_selector(["app=sglang", "role==prefill"]) == (("app", "sglang"), ("role", "prefill"))
-    assert parse_selector(["app=sglang,role=prefill"]) == parse_selector(["role=prefill", "app=sglang"])
-    assert parse_selector(["example.com/tier=gpu"]) == (("example.com/tier", "gpu"),)
+def test_selectors_are_kubernetes_equality_and_set_based_terms_in_any_of_their_spellings():
+    assert parse_selector(["app=sglang", "role==prefill"]) == (("app", "=", ("sglang",)), ("role", "=", ("prefill",)))
+    assert parse_selector(["app=sglang,role=prefill"]) == parse_selector(["role=prefill", "app=sglang"]) == \
+        parse_selector(["app=sglang role=prefill"])  # smg's space-separated terms, as one flag value
+    assert parse_selector(["example.com/tier=gpu"]) == (("example.com/tier", "=", ("gpu",)),)
     assert selector_text(parse_selector(["b=2", "a=1"])) == "a=1,b=2"
-    for bad in (["app"], ["app in (a,b)"], ["a=1", "a=2"], ["bad key=1"], ["a=" + "x" * 64]):
+    both = parse_selector(["app in (sglang, vllm),tier!=cpu", "!legacy", "gpu", "zone notin (a)"])
+    assert selector_text(both) == "app in (sglang,vllm),gpu,!legacy,tier!=cpu,zone notin (a)"
+    assert selector_matches(both, {"app": "vllm", "gpu": "1", "zone": "b"})
+    for labels in ({"app": "other", "gpu": "1"}, {"app": "vllm"}, {"app": "vllm", "gpu": "1", "legacy": "y"},
+                   {"app": "vllm", "gpu": "1", "tier": "cpu"}, {"app": "vllm", "gpu": "1", "zone": "a"}):
+        assert not selector_matches(both, labels), labels
+    for bad in (["app in ()"], ["a=1", "a=2"], ["b@d=1"], ["a=" + "x" * 64], ["a in (b"], ["=x"]):
         with pytest.raises(SelectorError):
             parse_selector(bad)
 
@@ -172,7 +179,7 @@ async def test_only_the_owner_writes_and_only_discovered_entries_are_removed():
     from gateway.discovery.reconcile import DiscoveredWorkers
     from gateway.discovery.watch import PodWatcher
     from gateway.workers.worker import worker_id_for
-    config = DiscoveryConfig(enabled=True, selector=(("app", "sim"),), port=1)
+    config = DiscoveryConfig(enabled=True, selector=parse_selector(["app=sim"]), port=1)
     cluster = ClusterState("n1")
     watcher = PodWatcher(None, config.selector, config, None, lambda: None)
     discovered = DiscoveredWorkers(config, None, [("regular", watcher)], cluster)
@@ -212,10 +219,10 @@ def test_the_flags_are_checked_at_start():
     from gateway.config import ConfigError
     config = _validated(["--service-discovery", "--selector", "app=sglang", "tier=gpu", "--service-discovery-port",
                          "30000", "--service-discovery-namespace", "inference"])
-    assert config.discovery.selector == (("app", "sglang"), ("tier", "gpu")) and config.discovery.port == 30000
+    assert selector_text(config.discovery.selector) == "app=sglang,tier=gpu" and config.discovery.port == 30000
     for argv, said in ((["--selector", "app=x"], "needs --service-discovery"),
                        (["--service-discovery"], "an empty selector would take every pod"),
-                       (["--service-discovery", "--selector", "app"], "not a label selector term"),
+                       (["--service-discovery", "--selector", "app in ()"], "not a label selector term"),
                        (["--service-discovery", "--prefill-selector", "a=b"], "need --pd-disaggregation"),
                        (["--service-discovery", "--router-selector", "a=b"], "needs --mesh-bind"),
                        (["--service-discovery", "--selector", "a=b", "--service-discovery-protocol", "udp"], "grpc or"),
