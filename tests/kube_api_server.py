@@ -26,6 +26,7 @@ import copy
 import http.server
 import itertools
 import json
+import re
 import socket
 import ssl
 import threading
@@ -210,15 +211,7 @@ class FakeKubeApi:
     def _selector(text: str) -> "list | None":
         """The API's label selector grammar (equality and set-based) -> [(key, op, values)], None if malformed.
         Written apart from the gateway's parser on purpose: this server checks that one."""
-        terms, depth, current = [], 0, ""
-        for char in text:
-            depth += (char == "(") - (char == ")")
-            if char == "," and depth == 0:
-                terms.append(current)
-                current = ""
-            else:
-                current += char
-        terms.append(current)
+        terms = re.split(r",(?![^()]*\))", text)  # commas not inside a set's parentheses
         out = []
         for term in filter(None, (t.strip() for t in terms)):
             words = term.replace("(", " ( ").replace(")", " ) ").split()
