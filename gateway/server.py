@@ -183,11 +183,15 @@ def _rate_limit_metrics(limiter: RateLimiter) -> Iterator[Any]:
 
 async def _start_discovery(config: GatewayConfig, registry: WorkerRegistry, cluster: ClusterState | None,
                            catalog: ModelCatalog, metrics: GatewayMetrics, nursery: trio.Nursery) -> None:
-    """--service-discovery: the engines' pods watched, their engines added and drained (gateway/discovery)."""
+    """--service-discovery: the engines' pods watched, their engines added and drained (gateway/discovery). The
+    credentials are found before the node serves, whatever discovery is for (engines or only --router-selector's
+    seeds): without them the node does not start, saying why (CredentialsError)."""
     from .discovery.credentials import load_credentials
     from .discovery.service import discovery_metrics, run_worker_discovery
-    credentials = load_credentials()  # CredentialsError: the node does not start, saying why
+    credentials = load_credentials()
     log.info("service discovery: Kubernetes API at %s (%s)", credentials.server, credentials.source)
+    if not config.discovery.role_selectors():
+        return  # --router-selector alone: the mesh's seeds, followed once the mesh runs (_follow_router_pods)
     discovered = await nursery.start(functools.partial(
         run_worker_discovery, config.discovery, credentials, registry, cluster,
         lambda worker: catalog.ensure(worker, int(worker.registered_at))))
@@ -396,7 +400,7 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
                 cluster.peer_requests.tracing = state.tracing
             if state.history is not None:
                 state.history = TracedCalls(state.history, state.tracing, "history")
-        if config.discovery.enabled and config.discovery.role_selectors():
+        if config.discovery.enabled:
             await _start_discovery(config, registry, cluster, catalog, metrics, nursery)
         lag = LoopLagMonitor(metrics.loop_lag, gc_pauses=metrics.gc_pauses)
         nursery.start_soon(lag.run)

@@ -68,6 +68,22 @@ def test_a_mesh_port_held_by_another_program_stops_the_start_in_one_line():
         assert f"cannot listen for the mesh's admin API on 127.0.0.1:{port}: Address already in use" in refused.stderr
 
 
+def test_discovery_without_a_way_to_the_api_server_is_a_start_up_error(tmp_path):
+    """--service-discovery outside a pod and with no kubeconfig: one line naming what was looked for, before the
+    node serves, whatever discovery is for (engines, or only the mesh's seeds)."""
+    import os
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    env["HOME"] = str(tmp_path)
+    for flags in (["--selector", "app=sglang"], ["--router-selector", "app=smg-node", "--mesh-bind", "127.0.0.1:0",
+                                                   "--mesh-preset", "local"]):
+        refused = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--service-discovery", *flags,
+                                  "--workers", "1", "--log-level", "error"], capture_output=True, text=True,
+                                 timeout=60, env=env)
+        assert refused.returncode == 1 and "READY" not in refused.stdout, refused.stderr
+        assert f"no kubeconfig at {tmp_path}/.kube/config (set KUBECONFIG)" in refused.stderr
+        assert "Traceback" not in refused.stderr
+
+
 def test_a_mistaken_worker_url_is_a_start_up_error():
     refused = _serve("--worker-urls", "127.0.0.1:30001", "--workers", "1")
     assert refused.returncode == 2 and "--worker-urls 127.0.0.1:30001" in refused.stderr
