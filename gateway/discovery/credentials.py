@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .pods import host_in_url
+
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -76,8 +78,7 @@ def in_cluster(host: str, port: str, directory: Path) -> KubeCredentials:
     context = ssl.create_default_context(cafile=str(directory / "ca.crt"))
     namespace_file = directory / "namespace"
     namespace = namespace_file.read_text().strip() if namespace_file.exists() else None
-    host_text = f"[{host}]" if ":" in host else host
-    return KubeCredentials(f"https://{host_text}:{port}", context, TokenFile(directory / "token"),
+    return KubeCredentials(f"https://{host_in_url(host)}:{port}", context, TokenFile(directory / "token"),
                            namespace=namespace, source=f"service account ({directory})")
 
 

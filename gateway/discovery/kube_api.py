@@ -75,13 +75,13 @@ class KubeApi:
         timeout = httpx2.Timeout(60.0, connect=CONNECT_TIMEOUT_S)
         async with self.http.stream("GET", self._url(namespace), params=params, headers=self.credentials.headers(),
                                     timeout=timeout) as response:
-            body = b""
+            body = bytearray()  # (appending to bytes would copy the page so far at every chunk)
             async for chunk in response.aiter_bytes():
                 body += chunk
                 if len(body) > LIST_BYTES_MAX:
                     raise KubeApiError(f"list of pods: page larger than {LIST_BYTES_MAX} bytes")
             if response.status_code != 200:
-                raise _error(response.status_code, body, "list of pods")
+                raise _error(response.status_code, bytes(body), "list of pods")
         try:
             answer = orjson.loads(body)
             meta = answer.get("metadata") or {}

@@ -157,7 +157,8 @@ class DiscoveredWorker:
     model: str | None = None
 
 
-def _port(text: str | None) -> int | None:
+def annotated_port(text: str | None) -> int | None:
+    """A port an annotation gives (bootstrap, mesh); None when it is absent or not a port."""
     if text is None or not text.strip().isdigit():
         return None
     port = int(text)
@@ -171,7 +172,7 @@ def host_in_url(ip: str) -> str:
 def worker_of(pod: Pod, role: str, config: DiscoveryConfig) -> DiscoveredWorker:
     model = pod.label(config.model_label) or pod.annotation(config.model_label)
     return DiscoveredWorker(f"{config.protocol}://{host_in_url(pod.ip or '')}:{config.port}", role, pod.key,
-                            _port(pod.annotation(config.bootstrap_port_annotation)) if role == "prefill" else None,
+                            annotated_port(pod.annotation(config.bootstrap_port_annotation)) if role == "prefill" else None,
                             model or None)
 
 

@@ -20,7 +20,7 @@ from mesh.agent import JoinError
 from mesh.members import MemberStatus
 
 from .config import DiscoveryConfig
-from .pods import Pod, host_in_url
+from .pods import Pod, annotated_port, host_in_url
 from .watch import PodWatcher
 
 log = logging.getLogger("gateway.discovery")
@@ -32,8 +32,7 @@ JOIN_RETRY_S = 5.0
 def seed_of(pod: Pod, mesh_port: int, config: DiscoveryConfig) -> str | None:
     if pod.ip is None or pod.phase != "Running" or pod.terminating:
         return None
-    annotated = pod.annotation(config.mesh_port_annotation)
-    port = int(annotated) if annotated and annotated.isdigit() and 0 < int(annotated) < 65536 else mesh_port
+    port = annotated_port(pod.annotation(config.mesh_port_annotation)) or mesh_port
     return f"{host_in_url(pod.ip)}:{port}"
 
 
