@@ -136,7 +136,7 @@ class GatewayConfig:
     postgres: PostgresConfig = PostgresConfig()  # --history-backend postgres
     redis: RedisConfig = RedisConfig()  # --history-backend redis
     reasoning_parser: str | None = None
-    # "native": the gateway's own HTTP/1.1 server (gateway/api/h1server.py, ~20x less CPU per request
+    # "native": the gateway's own HTTP/1.1 server (gateway/http1/server.py, ~20x less CPU per request
     # than hypercorn on trio, BENCHMARKS.md); "hypercorn": hypercorn's, which also speaks HTTP/2.
     http_server: str = "native"
     # "h2": gRPC to engines over HTTP/2 from the event loop with our own framing
@@ -149,7 +149,7 @@ class GatewayConfig:
     # Bind the HTTP port with SO_REUSEPORT (set for each process of --workers N).
     http_reuse_port: bool = False
     # Client connections one gateway process serves at once; past it a new one gets a 503 at once
-    # (gateway/api/h1server.py H1Config says why 8,192).
+    # (gateway/http1/server.py H1Config says why 8,192).
     max_connections: int = 8192
     # Which process of --workers N this is (0 for a single process); offsets its own ports.
     worker_index: int = 0

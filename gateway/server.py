@@ -35,7 +35,7 @@ from mesh.service import MeshBindError, serve_mesh
 from .admission import Admission
 from .api.app import GatewayApp
 from .api.errors import transport_error_body
-from .api.h1server import H1Config, H1Server
+from .http1 import H1Config, H1Server
 from .api.proxy import HttpProxy
 from .api.state import GatewayState
 from .history import HistoryStore, MemoryHistory, PostgresHistory, RedisHistory, StoreUnavailable

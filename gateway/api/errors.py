@@ -218,7 +218,7 @@ def from_core_error(e: core.GatewayError) -> ApiError:
 
 
 def transport_error_body(status: int, message: str, code: str | None) -> tuple[bytes, bytes]:
-    """The body of the answers the HTTP server gives itself (h1server ErrorBody), in the OpenAI shape."""
+    """The body of the answers the HTTP server gives itself (gateway/http1 ErrorBody), in the OpenAI shape."""
     error_type = {500: "server_error", 503: "service_unavailable"}.get(status, "invalid_request_error")
     return b"application/json", orjson.dumps({"error": {"message": message, "type": error_type, "param": None,
                                                         "code": code}})

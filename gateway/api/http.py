@@ -13,7 +13,7 @@ import trio
 
 from ..auth import ANONYMOUS, Principal
 from .errors import BadRequest, PayloadTooLarge
-from .h1server import DISCONNECT_EXTENSION
+from ..http1 import DISCONNECT_EXTENSION
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
@@ -40,7 +40,7 @@ class Request:
         self._background = background
         # Added to every response head (the rate-limit headers, decided before the answer is).
         self.extra_headers: list[tuple[bytes, bytes]] = []
-        # The native server's request cycle (h1server): None under another ASGI server.
+        # The native server's request cycle (gateway/http1): None under another ASGI server.
         self._native = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
 
     @property

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from gateway.api.errors import transport_error_body
-from gateway.api.h1server import DISCONNECT_EXTENSION, H1Config, H1Server
+from gateway.http1.server import DISCONNECT_EXTENSION, H1Config, H1Server
 
 
 async def echo_app(scope, receive, send):

@@ -1,6 +1,6 @@
 """The HTTP/1.1 connection's protocol, without I/O: request bytes in, events out; response heads framed.
 
-The server (``h1server.py``) owns sockets, tasks, time and the ASGI app; this
+The server (``server.py``) owns sockets, tasks, time and the ASGI app; this
 module owns what the bytes mean and the rules they must follow. It runs in
 memory in the tests, against h11 as an independent implementation
 (tests/unit/test_h1_protocol.py).

@@ -22,7 +22,7 @@ timeouts for a request being read, for an idle keep-alive connection, and for
 a write the client does not take (``write_timeout_s``: a client that stops
 reading cannot hold the request's admission slot).
 
-What the bytes mean, and the rules they must follow, are ``h1_protocol.py``'s
+What the bytes mean, and the rules they must follow, are ``protocol.py``'s
 (sans-I/O: a request reader with an explicit state table, response framing as
 pure functions; tested in memory against h11): this module acts on its verdicts.
 A request refused in its head is answered with the reader's status (400, 414,
@@ -63,7 +63,7 @@ import trio
 
 from ..fast_receive import receive_some
 from ..fast_send import send_now
-from .h1_protocol import (CHUNK, LAST_CHUNK, UPGRADE, Refusal, RequestReader, ResponseState, response_head,
+from .protocol import (CHUNK, LAST_CHUNK, UPGRADE, Refusal, RequestReader, ResponseState, response_head,
                           response_move)
 
 # The response states bound once: they are compared on every send.
@@ -159,7 +159,7 @@ class _Cycle:
         self.buffered_bytes = 0
         self.body_complete = False
         self.body_delivered = False
-        self.response = _R_IDLE  # where the app's response stands (h1_protocol.RESPONSE_MOVES)
+        self.response = _R_IDLE  # where the app's response stands (protocol.RESPONSE_MOVES)
         self.keep_alive = keep_alive
         self.head_only = scope["method"] == "HEAD"
         self.chunked = False
@@ -275,7 +275,7 @@ class _Cycle:
         await self.connection.write(b"")
 
     def _head(self, body: bytes, more_body: bool) -> bytes:
-        """The response head, framed by h1_protocol.response_head (which decides keep-alive too)."""
+        """The response head, framed by protocol.response_head (which decides keep-alive too)."""
         head, self.chunked, self.keep_alive = response_head(
             self.status, self.headers, body, more_body, self.scope["http_version"],
             self.keep_alive and not self.connection.server.shutting_down, self.body_complete, _DATE.header())
@@ -312,7 +312,7 @@ class _Connection:
         except OSError:
             self._client = self._server_address = None
 
-    # -- the reader's events (h1_protocol.RequestSink), inside feed ----------------
+    # -- the reader's events (protocol.RequestSink), inside feed ----------------
 
     def request_head(self, method: str, path: str, raw_path: bytes, query: bytes,
                      headers: "list[tuple[bytes, bytes]]", http_version: str, keep_alive: bool,
