@@ -50,7 +50,7 @@ T = TypeVar("T")
 
 
 class TextSink(Protocol):
-    """Where a streamed generation's decided text goes (``respond.SseSink``)."""
+    """Where a streamed generation's decided text goes (``api.pipeline.SseSink``)."""
 
     async def __call__(self, text: str) -> None:
         """Send ``text``, in the request's task."""

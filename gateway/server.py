@@ -33,6 +33,7 @@ from mesh.options import default_node_name
 from mesh.service import MeshBindError, serve_mesh
 
 from .admission import Admission
+from .api.background import BackgroundRuns
 from .api.app import GatewayApp
 from .api.errors import transport_error_body
 from .http1 import H1Config, H1Server
@@ -390,6 +391,12 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         state = GatewayState(config, registry, catalog, router, generator, admission, metrics, proxy,
                              rate_limiter=rate_limiter, cluster=cluster, key_store=_start_key_store(cluster),
                              history=await _start_history(config, cluster, metrics, nursery))
+        # Background responses: their own nursery, and cancels from any node; only a store shared without a mesh
+        # leaves them to look at the store for cancels.
+        state.background = BackgroundRuns(cluster, poll_store=cluster is None and config.history_backend in (
+            "postgres", "redis"))
+        await nursery.start(state.background.serve)
+        metrics.add_state_source(state.background.metric_families)
         metrics.add_state_source(lambda: _state_metrics(state))
         if config.tracing.enabled:
             from .tracing.tracer import TracedCalls, Tracing  # OpenTelemetry loaded only when tracing is on

@@ -16,23 +16,24 @@ from ..workers.pairing import PREFILL, REGULAR, ROLES
 from .errors import BadRequest, NotFound, Unavailable
 from .http import Request
 from .protocol import parse_json_body
+from .state import GatewayState
 
 WORKER_LABELS_MAX = 32
 
 
-def _model_object(state, name: str) -> dict:
+def _model_object(state: GatewayState, name: str) -> dict:
     entry = state.catalog.get(name)
     return {"id": name, "object": "model", "created": entry.created, "owned_by": "smg-node",
             "max_model_len": entry.max_context_tokens}
 
 
-async def list_models(state, request: Request) -> None:
+async def list_models(state: GatewayState, request: Request) -> None:
     # A key limited to some models sees only those.
     data = [_model_object(state, name) for name in state.catalog.names() if request.principal.may_use(name)]
     await request.send_json(200, {"object": "list", "data": data})
 
 
-async def retrieve_model(state, request: Request) -> None:
+async def retrieve_model(state: GatewayState, request: Request) -> None:
     """GET /v1/models/{model} (the SDK's models.retrieve): a model this caller may use, or OpenAI's 404."""
     name = request.path_params["model"]
     if state.catalog.get(name) is None or not request.principal.may_use(name):
@@ -40,11 +41,11 @@ async def retrieve_model(state, request: Request) -> None:
     await request.send_json(200, _model_object(state, name))
 
 
-async def liveness(state, request: Request) -> None:
+async def liveness(state: GatewayState, request: Request) -> None:
     await request.send_json(200, {"status": "alive"})
 
 
-async def readiness(state, request: Request) -> None:
+async def readiness(state: GatewayState, request: Request) -> None:
     """Ready: not shutting down, and joined the mesh with the cluster's registry received (or running
     alone). What is wrong with the node, never with an engine or a model: engines' health is the
     cluster's (each engine is checked by one owner and gossiped), so a dead engine is dead for every
@@ -62,7 +63,7 @@ async def readiness(state, request: Request) -> None:
     await request.send_json(200, {"status": "ready", "healthy_workers": healthy})
 
 
-async def health(state, request: Request) -> None:
+async def health(state: GatewayState, request: Request) -> None:
     now = trio.current_time()
     workers = state.registry.all()
     healthy = sum(1 for w in workers if w.available(now))
@@ -73,16 +74,16 @@ async def health(state, request: Request) -> None:
                                      "process": {"pid": os.getpid(), "index": state.config.worker_index}})
 
 
-async def metrics(state, request: Request) -> None:
+async def metrics(state: GatewayState, request: Request) -> None:
     await request.send_bytes(200, state.metrics.render(), [(b"content-type", b"text/plain; version=0.0.4")])
 
 
-async def list_workers(state, request: Request) -> None:
+async def list_workers(state: GatewayState, request: Request) -> None:
     now = trio.current_time()
     await request.send_json(200, {"workers": [state.registry.describe(w, now) for w in state.registry.all()]})
 
 
-async def get_worker(state, request: Request) -> None:
+async def get_worker(state: GatewayState, request: Request) -> None:
     worker = state.registry.get(request.path_params["worker_id"])
     if worker is None:
         raise NotFound(f"no worker {request.path_params['worker_id']}", code="worker_not_found")
@@ -110,7 +111,7 @@ def _role(body: dict[str, Any]) -> "tuple[str, int | None]":
     return role, port
 
 
-async def add_worker(state, request: Request) -> None:
+async def add_worker(state: GatewayState, request: Request) -> None:
     body = parse_json_body(await request.body())
     url = body.get("url")
     if not isinstance(url, str) or not url or len(url) > 2048:
@@ -129,19 +130,19 @@ async def add_worker(state, request: Request) -> None:
     await request.send_json(201, worker.describe(trio.current_time()))
 
 
-async def remove_worker(state, request: Request) -> None:
+async def remove_worker(state: GatewayState, request: Request) -> None:
     worker = await state.registry.remove(request.path_params["worker_id"])
     await request.send_json(202, {"id": worker.id, "status": "draining", "in_flight": worker.in_flight})
 
 
-async def get_rate_limits(state, request: Request) -> None:
+async def get_rate_limits(state: GatewayState, request: Request) -> None:
     limiter = state.rate_limiter
     if limiter is None:
         raise NotFound("rate limits are not available on this node", code="not_found")
     await request.send_json(200, {**limiter.limits.to_dict(), "node": limiter.statistics()})
 
 
-async def put_rate_limits(state, request: Request) -> None:
+async def put_rate_limits(state: GatewayState, request: Request) -> None:
     """Replace the limits in force; in a cluster the change reaches every node through the shared document."""
     limiter = state.rate_limiter
     if limiter is None:
@@ -156,7 +157,7 @@ async def put_rate_limits(state, request: Request) -> None:
     await request.send_json(200, limits.to_dict())
 
 
-async def create_api_key(state, request: Request) -> None:
+async def create_api_key(state: GatewayState, request: Request) -> None:
     """A new key; its secret is in this answer only. In a cluster every node knows it within the bound
     of gateway/auth/key_store.py."""
     body = parse_json_body(await request.body())
@@ -179,12 +180,12 @@ async def create_api_key(state, request: Request) -> None:
     await request.send_json(201, {**key.public(time.time()), "key": secret})
 
 
-async def list_api_keys(state, request: Request) -> None:
+async def list_api_keys(state: GatewayState, request: Request) -> None:
     now = time.time()
     await request.send_json(200, {"keys": [k.public(now) for k in state.key_store.all()]})
 
 
-async def revoke_api_key(state, request: Request) -> None:
+async def revoke_api_key(state: GatewayState, request: Request) -> None:
     key_id = request.path_params["key_id"]
     try:
         key = state.key_store.revoke(key_id)
@@ -194,7 +195,7 @@ async def revoke_api_key(state, request: Request) -> None:
     await request.send_json(200, key.public(time.time()))
 
 
-def _replicate_key(state, key: StoredKey) -> None:
+def _replicate_key(state: GatewayState, key: StoredKey) -> None:
     """Write the record (never the secret) to the cluster's shared document: every node applies it."""
     if state.cluster is not None:
         state.cluster.set_setting(KEY_SETTING_PREFIX + key.id, key.to_record())

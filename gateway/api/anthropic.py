@@ -1,8 +1,9 @@
 """POST /v1/messages and POST /v1/messages/count_tokens: Anthropic's Messages API on the chat pipeline.
 
-A Messages request is translated into the chat request it means (``to_chat_body``) and checked by
-the same parser as chat completions, so bounds, tools, tool_choice and the chat template work the
-same; the answer goes through the same parsers (``ChatOutput``) and is shaped as Anthropic's:
+A Messages request is translated into the chat request it means (``to_chat_request``), with the same
+field checks as chat completions, so bounds, tools, tool_choice and the chat template work the same;
+the answer goes through the same pipeline and parsers (``pipeline.answer_chat``) and is shaped as
+Anthropic's (``MessagesShape``):
 
     request                                  chat request
     system (text or text blocks)             a system message first
@@ -35,17 +36,17 @@ from typing import Any
 import orjson
 
 from ..generation import GenerationResult, UsageTally
-from .chat_output import ChatOutput
+from .chat_output import Call, ChatAnswer, ChatOutput, Content, Delta, Reasoning
 from .errors import ApiError, BadRequest
 from .http import Request
-from .openai import _OpenAIShape, chat_prompt, plan_generation
-from .protocol import INT32_MAX, parse_chat, parse_json_body
+from .pipeline import answer_chat, chat_prompt, plan_generation
+from .protocol import (INT32_MAX, ChatRequest, SamplingRequest, chat_request, check_message_count, field,
+                       parse_json_body, stop_strings, temperature_value, thinking_of, top_k_value, top_p_value)
 from .ratelimits import counted_tokens
-from .respond import admitted, run_streamed, run_unary
+from .state import GatewayState
+from .tools import NO_TOOLS, tool_spec
 
 THINKING_BUDGET_MIN = 1024  # Anthropic's floor for budget_tokens
-# Chat request fields whose errors are reported under the Messages API's names.
-_PARAM_NAMES = {"stop": "stop_sequences", "tool_choice": "tool_choice", "chat_template_kwargs": "thinking"}
 
 
 def _error_type(status: int) -> str:
@@ -171,32 +172,25 @@ def _tool_choice(raw: Any) -> tuple[Any, bool]:
     return {"auto": "auto", "any": "required", "none": "none"}[kind], parallel
 
 
-def to_chat_body(body: dict[str, Any]) -> dict[str, Any]:
-    """The chat completions request a Messages request means (checked by parse_chat after)."""
+def to_chat_request(body: dict[str, Any], count_only: bool = False) -> ChatRequest:
+    """The chat request a Messages request means (``count_only``: a count_tokens request, without max_tokens)."""
     max_tokens = body.get("max_tokens")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+    if not (count_only and max_tokens is None) and (
+            not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= INT32_MAX):
         raise BadRequest("'max_tokens' is required: a positive integer", param="max_tokens",
                          code="missing_required_parameter" if max_tokens is None else "invalid_value")
+    model = field(body, "model", str)
     messages = _messages(body.get("messages"))
     if body.get("system") is not None:
         messages.insert(0, {"role": "system", "content": _text_of(body["system"], "system")})
-    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages, "max_tokens": max_tokens,
-                            "stream": body.get("stream", False)}
-    for name in ("temperature", "top_p", "top_k"):
-        if name in body:
-            chat[name] = body[name]
-    if body.get("stop_sequences") is not None:
-        chat["stop"] = body["stop_sequences"]
+    check_message_count(len(messages), "messages")
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
         raise BadRequest("'metadata' must be an object", param="metadata", code="invalid_type")
-    if body.get("tools"):
-        chat["tools"] = _tools(body["tools"])
-    if body.get("tool_choice") is not None:
-        chat["tool_choice"], parallel = _tool_choice(body["tool_choice"])
-        if not parallel:
-            chat["parallel_tool_calls"] = False
-        if chat["tool_choice"] == "none" and "tools" not in chat:
-            del chat["tool_choice"]
+    tools = NO_TOOLS
+    if body.get("tools") or body.get("tool_choice") is not None:
+        choice, parallel = _tool_choice(body["tool_choice"]) if body.get("tool_choice") is not None else (None, True)
+        tools = tool_spec(_tools(body["tools"]) if body.get("tools") else None, choice, parallel)
+    template_kwargs: dict[str, Any] = {}
     thinking = body.get("thinking")
     if thinking is not None:
         if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled"):
@@ -205,21 +199,15 @@ def to_chat_body(body: dict[str, Any]) -> dict[str, Any]:
         enabled = thinking["type"] == "enabled"
         if enabled:
             budget = thinking.get("budget_tokens")
-            if not isinstance(budget, int) or isinstance(budget, bool) or not THINKING_BUDGET_MIN <= budget < max_tokens:
+            if not isinstance(budget, int) or isinstance(budget, bool) or budget < THINKING_BUDGET_MIN or (
+                    max_tokens is not None and budget >= max_tokens):
                 raise BadRequest(f"thinking.budget_tokens must be at least {THINKING_BUDGET_MIN} and less than "
                                  f"max_tokens", param="thinking.budget_tokens", code="invalid_value")
-        chat["chat_template_kwargs"] = {"enable_thinking": enabled, "thinking": enabled}
-    return chat
-
-
-def _parse(body: dict[str, Any]) -> Any:
-    chat_body = to_chat_body(body)
-    try:
-        return parse_chat(chat_body)
-    except BadRequest as e:
-        if e.param in _PARAM_NAMES:
-            e.param = _PARAM_NAMES[e.param]
-        raise
+        template_kwargs = {"enable_thinking": enabled, "thinking": enabled}
+    sampling = SamplingRequest(max_tokens=max_tokens, temperature=temperature_value(body), top_p=top_p_value(body),
+                               top_k=top_k_value(body), stop=stop_strings(body, "stop_sequences"))
+    return chat_request(model, messages, sampling, stream=field(body, "stream", bool, False), tools=tools,
+                        template_kwargs=template_kwargs, thinking=thinking_of(template_kwargs))
 
 
 # -- the answer ----------------------------------------------------------------------------------------------
@@ -251,75 +239,74 @@ def _usage(result: GenerationResult) -> dict[str, int]:
             "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
 
 
-def message_body(message_id: str, model: str, openai_message: dict[str, Any], result: GenerationResult
-                 ) -> dict[str, Any]:
-    """A whole answer: the chat message ChatOutput made, as Anthropic's content blocks."""
-    content: list[dict[str, Any]] = []
-    if openai_message.get("reasoning_content"):
-        content.append({"type": "thinking", "thinking": openai_message["reasoning_content"], "signature": ""})
-    if openai_message.get("content"):
-        content.append({"type": "text", "text": openai_message["content"]})
-    calls = openai_message.get("tool_calls") or []
-    for call in calls:
-        content.append({"type": "tool_use", "id": _tool_use_id(call["id"]), "name": call["function"]["name"],
-                        "input": orjson.loads(call["function"]["arguments"])})
-    reason, sequence = stop_reason(result, bool(calls))
-    return {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": reason, "stop_sequence": sequence, "usage": _usage(result)}
+class MessagesShape:
+    """One answer as Anthropic's Messages: the body, or the stream of its events (the ``ChatRenderer`` of this
+    API). Each kind of delta is a content block: ``thinking``, ``text``, ``tool_use`` (one block per call)."""
 
+    done = b""  # a Messages stream ends with message_stop, not [DONE]
 
-class MessageStream:
-    """The stream of one answer as Anthropic's events, from the chat deltas ChatOutput decides."""
-
-    def __init__(self, message_id: str, model: str, output: ChatOutput, prompt_tokens: int) -> None:
+    def __init__(self, message_id: str, model: str, prompt_tokens: int) -> None:
         self.id = message_id
         self.model = model
-        self.output = output
         self.prompt_tokens = prompt_tokens
         self._index = -1  # the open block's index; -1: none open
         self._kind: str | None = None  # the open block's type
-        self._called = False
+
+    def whole(self, answer: ChatAnswer) -> dict[str, Any]:
+        content: list[dict[str, Any]] = []
+        if answer.reasoning:
+            content.append({"type": "thinking", "thinking": answer.reasoning, "signature": ""})
+        if answer.content:
+            content.append({"type": "text", "text": answer.content})
+        for call in answer.calls:
+            content.append({"type": "tool_use", "id": _tool_use_id(call.id), "name": call.name,
+                            "input": orjson.loads(call.arguments)})
+        reason, sequence = stop_reason(answer.result, answer.called)
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
+                "stop_reason": reason, "stop_sequence": sequence, "usage": _usage(answer.result)}
 
     def text_event(self, text: str, first: bool) -> bytes:
-        out = b""
-        if first:
-            out += _named_event("message_start", {"type": "message_start", "message": {
-                "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-                "stop_reason": None, "stop_sequence": None,
-                "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}}})
-            out += _named_event("ping", {"type": "ping"})
-        return out + self._blocks(self.output.deltas(text, final=False))
+        out = self._opening() if first else b""
+        if text:
+            out += self._open("text", _TEXT_BLOCK) + self._delta({"type": "text_delta", "text": text})
+        return out
 
-    def final_events(self, result: GenerationResult) -> bytes:
-        out = self._blocks(self.output.deltas("", final=True))
+    def delta_events(self, deltas: "list[Delta]", first: bool) -> bytes:
+        out = self._opening() if first else b""
+        for delta in deltas:
+            kind = type(delta)
+            if kind is Content:
+                out += self._open("text", _TEXT_BLOCK) + self._delta({"type": "text_delta", "text": delta.text})
+            elif kind is Reasoning:
+                out += self._open("thinking", {"type": "thinking", "thinking": ""})
+                out += self._delta({"type": "thinking_delta", "thinking": delta.text})
+            elif kind is Call:  # a call is a block of its own
+                out += self._open("tool_use", {"type": "tool_use", "id": _tool_use_id(delta.id), "name": delta.name,
+                                               "input": {}}, new=True)
+                if delta.arguments:
+                    out += self._delta({"type": "input_json_delta", "partial_json": delta.arguments})
+        return out
+
+    def final_events(self, deltas: "list[Delta]", answer: ChatAnswer) -> bytes:
+        out = self.delta_events(deltas, False) if deltas else b""
         if self._kind is not None:
             out += self._close()
-        reason, sequence = stop_reason(result, self._called)
+        reason, sequence = stop_reason(answer.result, answer.called)
         # The final counts (cumulative: a client takes them over message_start's, whose cache reads were not
         # known yet).
         out += _named_event("message_delta", {"type": "message_delta",
                                               "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                              "usage": _usage(result)})
+                                              "usage": _usage(answer.result)})
         return out + _named_event("message_stop", {"type": "message_stop"})
 
-    def _blocks(self, deltas: "list[dict[str, Any]]") -> bytes:
-        out = b""
-        for delta in deltas:
-            if delta.get("reasoning_content"):
-                out += self._open("thinking", {"type": "thinking", "thinking": ""})
-                out += self._delta({"type": "thinking_delta", "thinking": delta["reasoning_content"]})
-            elif delta.get("content"):
-                out += self._open("text", {"type": "text", "text": ""})
-                out += self._delta({"type": "text_delta", "text": delta["content"]})
-            elif delta.get("tool_calls"):
-                call = delta["tool_calls"][0]
-                if "id" in call:  # a call's first delta: a block of its own
-                    self._called = True
-                    out += self._open("tool_use", {"type": "tool_use", "id": _tool_use_id(call["id"]),
-                                                   "name": call["function"]["name"], "input": {}}, new=True)
-                elif call["function"].get("arguments"):
-                    out += self._delta({"type": "input_json_delta", "partial_json": call["function"]["arguments"]})
-        return out
+    def error_event(self, error: ApiError) -> bytes:
+        return b"event: error\ndata: " + anthropic_error_body(error) + b"\n\n"
+
+    def _opening(self) -> bytes:
+        return _named_event("message_start", {"type": "message_start", "message": {
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+            "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}}}) + _named_event("ping", {"type": "ping"})
 
     def _open(self, kind: str, block: dict[str, Any], new: bool = False) -> bytes:
         if self._kind == kind and not new:
@@ -342,38 +329,26 @@ class MessageStream:
         return out + _named_event("content_block_stop", {"type": "content_block_stop", "index": self._index})
 
 
-def _error_event(error: ApiError) -> bytes:
-    return b"event: error\ndata: " + anthropic_error_body(error) + b"\n\n"
+_TEXT_BLOCK = {"type": "text", "text": ""}
 
 
 # -- the endpoints -------------------------------------------------------------------------------------------
 
-async def messages(state: Any, request: Request) -> None:
-    chat = _parse(parse_json_body(await request.body()))
+async def messages(state: GatewayState, request: Request) -> None:
+    chat = to_chat_request(parse_json_body(await request.body()))
     entry, tokenizer, input_ids = await chat_prompt(state, request, chat, "Messages API")
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "messages")
-    message_id = new_message_id()
-    shape = _OpenAIShape(True, message_id, entry.name)
-    output = ChatOutput.for_request(shape, entry, chat) or ChatOutput(shape, None, None)
-    plan.kept_special = output.kept_special
-    async with admitted(state, request, plan):
-        if not chat.stream:
-            result = await run_unary(state, request, plan, tokenizer)
-            if result is not None:
-                openai_message = output.full(result.text, result)["choices"][0]["message"]
-                await request.send_json(200, message_body(message_id, entry.name, openai_message, result))
-            return
-        stream = MessageStream(message_id, entry.name, output, len(input_ids))
-        await run_streamed(state, request, plan, tokenizer, stream.text_event, stream.final_events,
-                           error_event=_error_event, done=b"")
+    output = ChatOutput.for_request(entry, chat)
+    if output is not None:
+        plan.kept_special = output.kept_special
+    await answer_chat(state, request, plan, tokenizer, output, MessagesShape(new_message_id(), entry.name,
+                                                                             len(input_ids)))
 
 
-async def count_tokens(state: Any, request: Request) -> None:
+async def count_tokens(state: GatewayState, request: Request) -> None:
     raw = await request.body()
-    body = parse_json_body(raw)
-    body = {**body, "max_tokens": body.get("max_tokens") or INT32_MAX}  # not part of a count_tokens request
     usage = UsageTally()
-    chat = _parse(body)
+    chat = to_chat_request(parse_json_body(raw), count_only=True)
     async with counted_tokens(state, request, len(raw), chat.model, usage):
         _, _, input_ids = await chat_prompt(state, request, chat, "Messages API")
         usage.prompt_tokens = len(input_ids)

@@ -23,12 +23,13 @@ from ..auth import Access, Authenticator, KeysMissing, Unauthenticated
 from . import admin, anthropic, conversations, native, openai, parse, responses
 from .errors import ApiError, BadRequest, MethodNotAllowed, NotFound, Unavailable, to_api_error
 from .http import ClientGone, Request
+from .state import GatewayState
 
 log = logging.getLogger("gateway.api")
 access_log = logging.getLogger("gateway.access")
 audit_log = logging.getLogger("gateway.audit")
 
-Handler = Callable[[Any, Request], Awaitable[None]]
+Handler = Callable[[GatewayState, Request], Awaitable[None]]
 Route = tuple[Handler, Access]
 
 PUBLIC, DATA, ADMIN = Access.PUBLIC, Access.DATA, Access.ADMIN
@@ -93,7 +94,7 @@ _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\\\"]")
 
 
 class GatewayApp:
-    def __init__(self, state: Any, background: trio.Nursery, authenticator: Authenticator) -> None:
+    def __init__(self, state: GatewayState, background: trio.Nursery, authenticator: Authenticator) -> None:
         self.state = state
         self._background = background
         self._body_bytes_max = state.config.admission.body_bytes_max  # None: the catalog sizes it

@@ -1,29 +1,29 @@
-"""A chat answer through its model's parsers: reasoning apart, tool calls out, in OpenAI's shape.
+"""A chat answer through its model's parsers, as typed deltas and a typed final answer.
 
 Only when a parser applies to the request (the model has a reasoning parser and the request
 does not turn separation off, the request offers tools with ``tool_choice`` auto and the
 model has a tool-call parser, or ``tool_choice`` is ``required`` or a named function, whose
-constrained answer is JSON); otherwise the answer is the text as it is, on the usual path.
+constrained answer is JSON); otherwise the answer is the text as it is (``plain_answer``), on the
+usual path. No API's shape is known here: OpenAI chat, the Responses API and Anthropic's Messages
+render these deltas and answers their own way (``pipeline.ChatRenderer``).
 
-Non-streamed: ``message`` with ``content``, ``reasoning_content`` (the name DeepSeek, SGLang and
-smg use; vLLM's newer ``reasoning`` is not added, which would double every reasoning delta) and ``tool_calls`` (ids ``call_`` + 24 hex digits, unique per response). Streamed:
-the same as deltas, in order; a call is sent once whole, as two deltas (index, id, type and
-name first, then its arguments). Content that is only whitespace is ``null`` when calls were
-made; streamed, such whitespace is held until other content comes, and dropped if none does,
-so the assembled stream equals the non-streamed answer. ``finish_reason`` is ``tool_calls``
-when calls were made and the engine stopped by itself (``stop`` for a named ``tool_choice``, as
-OpenAI answers a forced function).
+A stream is ``Reasoning``, ``Content`` and ``Call`` deltas, in order; a call comes once, whole
+(ids ``call_`` + 24 hex digits, unique per response). Content that is only whitespace is dropped
+when calls were made (``content`` None in the whole answer); streamed, such whitespace is held
+until other content comes, and dropped if none does, so the assembled stream equals the whole
+answer. The final ``finish_reason`` is ``tool_calls`` when calls were made and the engine stopped
+by itself (``stop`` for a named ``tool_choice``, as OpenAI answers a forced function).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ..generation import GenerationResult
-from ..tracing.context import CURRENT, step
 from ..parsers import (
     HarmonyParser,
     NamedArgumentsParser,
@@ -32,22 +32,85 @@ from ..parsers import (
     ToolCall,
     ToolCallParser,
     is_harmony,
-    thinks,
     reasoning_parser,
+    thinks,
     tool_call_parser,
 )
-from .http import sse_event
+from ..tracing.context import CURRENT, step
 
 
 def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
+class Reasoning:
+    """Reasoning text, as it comes."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Reasoning and other.text == self.text
+
+    def __repr__(self) -> str:
+        return f"Reasoning({self.text!r})"
+
+
+class Content:
+    """Answer text, as it comes."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Content and other.text == self.text
+
+    def __repr__(self) -> str:
+        return f"Content({self.text!r})"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Call:
+    """One tool call, whole: the ``index``-th of the answer."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str  # JSON text
+
+
+Delta = Reasoning | Content | Call
+
+
+@dataclasses.dataclass(slots=True)
+class ChatAnswer:
+    """A chat answer's end: the whole of it (``ChatOutput.whole``, ``plain_answer``) or a stream's last word
+    (its text went out as deltas: ``content`` and ``reasoning`` are then None and ``calls`` empty)."""
+
+    result: GenerationResult
+    finish_reason: str  # OpenAI's: tool_calls when calls were made and the engine stopped by itself
+    called: bool  # calls were made (a stream's went out as deltas)
+    reasoning_tokens: int  # usage.completion_tokens_details.reasoning_tokens (0 without a reasoning parser)
+    content: str | None = None  # None: only calls (or a stream's end)
+    reasoning: str | None = None  # None: no reasoning came (or a stream's end)
+    calls: tuple[Call, ...] = ()
+    # A reasoning parser applies: the answer has a reasoning field (OpenAI's reasoning_content, null or not).
+    separates_reasoning: bool = False
+
+
+def plain_answer(result: GenerationResult) -> ChatAnswer:
+    """The answer of a request no parser applies to: its text as it is."""
+    return ChatAnswer(result, result.finish_reason, False, 0, result.text)
+
+
 class ChatOutput:
-    def __init__(self, shape: Any, tools: ToolCallParser | None, reasoning: ReasoningParser | None,
+    def __init__(self, tools: ToolCallParser | None, reasoning: ReasoningParser | None,
                  calls_finish: str = "tool_calls", stream_reasoning: bool = True,
                  count_tokens: "Callable[[str], int] | None" = None, reasoning_end_id: int | None = None) -> None:
-        self.shape = shape
         self.tools = tools
         self.reasoning = reasoning
         self.stream_reasoning = stream_reasoning
@@ -57,11 +120,8 @@ class ChatOutput:
         self.reasoning_end_id = reasoning_end_id
         self.count_tokens = count_tokens
         self._reasoning_text: "list[str] | None" = [] if reasoning_end_id is None and count_tokens else None
-        # The tool-call parser says the reasoning too (harmony): reasoning_content comes from it.
+        # The tool-call parser says the reasoning too (harmony): reasoning comes from it.
         self.reasoning_in_tools = tools is not None and tools.handles_reasoning
-        self.logprobs: Any = None  # a LogprobShape when the request asks for logprobs (api/logprobs.py)
-        self.index = 0  # which of the request's answers (n > 1)
-        self._last_reasoning = ""  # the reasoning of the last whole answer (reasoning_tokens)
         self.calls_finish = calls_finish  # the finish_reason of an answer with calls that stopped by itself
         # The parsers' markers, kept by the detokenizer even where they are special tokens.
         self.kept_special = frozenset((tools.spellings if tools is not None else ()) +
@@ -74,7 +134,8 @@ class ChatOutput:
         self._parse_trace: "list[int] | bool | None" = None
 
     @classmethod
-    def for_request(cls, shape: Any, entry: Any, chat: Any) -> "ChatOutput | None":
+    def for_request(cls, entry: Any, chat: Any) -> "ChatOutput | None":
+        """The parsers that apply to ``chat`` on the model of ``entry``; None when none does."""
         tools, calls_finish = None, "tool_calls"
         if chat.tool_choice == "required":  # constrained to a JSON array of calls (api/structured.py)
             tools = RequiredCallsParser(chat.tools)
@@ -100,26 +161,23 @@ class ChatOutput:
             count_tokens = entry.tokenizer.count_tokens
         elif tools is not None and tools.handles_reasoning and entry.tokenizer is not None:
             count_tokens = entry.tokenizer.count_tokens
-        return cls(shape, tools, reasoning, calls_finish, chat.stream_reasoning, count_tokens, end_id)
+        return cls(tools, reasoning, calls_finish, chat.stream_reasoning, count_tokens, end_id)
 
-    # -- one answer ----------------------------------------------------------------------
+    @property
+    def separates_reasoning(self) -> bool:
+        return self.reasoning is not None or self.reasoning_in_tools
 
-    def full(self, text: str, result: GenerationResult) -> dict[str, Any]:
+    # -- one answer, whole ------------------------------------------------------------------
+
+    def whole(self, result: GenerationResult) -> ChatAnswer:
         with step("parse"):  # (a span only inside a traced request)
-            reasoning_text, text, calls = self._parsed(text)
-        message: dict[str, Any] = {"role": "assistant", "content": None if calls and not text.strip() else text}
-        if self.reasoning is not None or self.reasoning_in_tools:
-            message["reasoning_content"] = reasoning_text
-        if calls:
-            message["tool_calls"] = [{"id": new_call_id(), "type": "function",
-                                      "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
-        body = self.shape.full(text, result)
-        self._last_reasoning = reasoning_text or ""
-        self._add_reasoning_tokens(body["usage"], result, reasoning_text or "")
-        choice = body["choices"][0]
-        choice["message"] = message
-        choice["finish_reason"] = self._finish_reason(result, bool(calls))
-        return body
+            reasoning_text, text, found = self._parsed(result.text)
+        calls = tuple(Call(i, new_call_id(), c.name, c.arguments) for i, c in enumerate(found))
+        reasoning_text = reasoning_text or None
+        return ChatAnswer(result, self._finish_reason(result, bool(calls)), bool(calls),
+                          self._reasoning_tokens(result, reasoning_text or ""),
+                          None if calls and not text.strip() else text, reasoning_text, calls,
+                          self.separates_reasoning)
 
     def _parsed(self, text: str) -> "tuple[str | None, str, list[ToolCall]]":
         """(reasoning, content, calls) of a whole answer, through the parsers that apply."""
@@ -135,37 +193,31 @@ class ChatOutput:
                 reasoning_text = found.reasoning or None
         return reasoning_text, text, calls
 
-    # -- a stream ------------------------------------------------------------------------
+    # -- a stream -----------------------------------------------------------------------------
 
-    def text_event(self, text: str, first: bool) -> bytes:
-        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}] if first else []
+    def feed(self, text: str) -> "list[Delta]":
+        """The deltas a piece of the answer decides (maybe none)."""
+        deltas: list[Delta] = []
         self._step(text, deltas, final=False)
-        return self._events(deltas)
-
-    def deltas(self, text: str, final: bool) -> "list[dict[str, Any]]":
-        """The chat deltas a piece of text decides (the last piece with ``final``): for shapers of other
-        APIs (anthropic.py), in the order a chat stream would send them."""
-        deltas: list[dict[str, Any]] = []
-        self._step(text, deltas, final)
-        if final:
-            if self._pending_space and (self._content_seen or not self._calls):
-                deltas.append({"content": self._pending_space})
-            self._pending_space = ""
         return deltas
 
-    def final_events(self, result: GenerationResult, include_usage: bool) -> bytes:
-        deltas = self.deltas("", final=True)
-        finish = self.shape.chunk(None, self._finish_reason(result, bool(self._calls)), index=self.index)
-        if self.logprobs is not None:
-            finish["choices"][0]["logprobs"] = self.logprobs.unsent()
-        out = self._events(deltas) + sse_event(finish)
-        if not include_usage:
-            return out
-        usage = self.shape.usage_chunk(result)
-        self._add_reasoning_tokens(usage["usage"], result, "".join(self._reasoning_text or ()))
-        return out + sse_event(usage)
+    def finish(self) -> "list[Delta]":
+        """The deltas the end of the answer decides: what the parsers held."""
+        deltas: list[Delta] = []
+        self._step("", deltas, final=True)
+        if self._pending_space and (self._content_seen or not self._calls):
+            deltas.append(Content(self._pending_space))
+        self._pending_space = ""
+        return deltas
 
-    def _step(self, text: str, deltas: "list[dict[str, Any]]", final: bool) -> None:
+    def streamed_answer(self, result: GenerationResult) -> ChatAnswer:
+        """A stream's end, once ``finish`` was taken."""
+        called = bool(self._calls)
+        return ChatAnswer(result, self._finish_reason(result, called), called,
+                          self._reasoning_tokens(result, "".join(self._reasoning_text or ())),
+                          separates_reasoning=self.separates_reasoning)
+
+    def _step(self, text: str, deltas: "list[Delta]", final: bool) -> None:
         if self._parse_trace is None:
             self._parse_trace = CURRENT.get() is not None and [0, 0, 0, 0]  # first ns, last ns, total ns, pieces
         if not self._parse_trace:
@@ -177,11 +229,11 @@ class ChatOutput:
         timing = self._parse_trace
         timing[0] = timing[0] or time.time_ns() - (ended - started)
         timing[1], timing[2], timing[3] = time.time_ns(), timing[2] + ended - started, timing[3] + 1
-        if final:  # a streamed answer's parsing: one span over its pieces (a whole answer's is a step, full())
+        if final:  # a streamed answer's parsing: one span over its pieces (a whole answer's is a step, whole())
             CURRENT.get().record("parse", timing[0], timing[1], {"smg.parse_s": timing[2] / 1e9,
                                                                  "smg.parse_pieces": timing[3]})
 
-    def _parse(self, text: str, deltas: "list[dict[str, Any]]", final: bool) -> None:
+    def _parse(self, text: str, deltas: "list[Delta]", final: bool) -> None:
         content = text
         if self.reasoning is not None:
             parsed = self.reasoning.feed(text)
@@ -199,60 +251,41 @@ class ChatOutput:
                 self._reasoning_delta(found.reasoning, content or calls, final, deltas)
         if content:
             if content.strip() or self.tools is None:
-                deltas.append({"content": self._pending_space + content})
+                deltas.append(Content(self._pending_space + content))
                 self._pending_space = ""
                 self._content_seen = True
             else:
                 self._pending_space += content
         for call in calls:
-            index = self._calls
+            deltas.append(Call(self._calls, new_call_id(), call.name, call.arguments))
             self._calls += 1
-            deltas.append({"tool_calls": [{"index": index, "id": new_call_id(), "type": "function",
-                                           "function": {"name": call.name, "arguments": ""}}]})
-            deltas.append({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]})
 
-    def _reasoning_delta(self, reasoning: str, after: Any, final: bool, deltas: "list[dict[str, Any]]") -> None:
+    def _reasoning_delta(self, reasoning: str, after: Any, final: bool, deltas: "list[Delta]") -> None:
         """Reasoning as it comes, or held (stream_reasoning false) until what comes ``after`` it (content,
         calls) or the end, then sent whole."""
         if reasoning:
             if self._reasoning_text is not None:
                 self._reasoning_text.append(reasoning)
             if self.stream_reasoning:
-                deltas.append({"reasoning_content": reasoning})
+                deltas.append(Reasoning(reasoning))
             else:
                 self._held_reasoning += reasoning
         if self._held_reasoning and (after or final):
-            deltas.append({"reasoning_content": self._held_reasoning})
+            deltas.append(Reasoning(self._held_reasoning))
             self._held_reasoning = ""
 
-    def reasoning_tokens(self, result: GenerationResult) -> int:
-        """The answer's reasoning tokens (0 without a reasoning parser), once it has been parsed whole or streamed."""
-        usage: dict[str, Any] = {}
-        self._add_reasoning_tokens(usage, result, self._last_reasoning if self._reasoning_text is None
-                                   else "".join(self._reasoning_text))
-        return (usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)
-
-    def _add_reasoning_tokens(self, usage: dict[str, Any], result: GenerationResult, reasoning_text: str) -> None:
+    def _reasoning_tokens(self, result: GenerationResult, reasoning_text: str) -> int:
         if self.reasoning_in_tools:
             count = self.count_tokens(reasoning_text) if self.count_tokens is not None and reasoning_text else 0
-            usage["completion_tokens_details"] = {"reasoning_tokens": min(count, len(result.output_ids))}
-            return
-        if self.reasoning is None:
-            return
-        count = 0
-        if self.reasoning.reasoned:
-            ids = result.output_ids
-            if self.reasoning_end_id is not None:
-                count = ids.index(self.reasoning_end_id) + 1 if self.reasoning_end_id in ids else len(ids)
-            elif self.count_tokens is not None:
-                count = min(len(ids), self.count_tokens(reasoning_text))
-        usage["completion_tokens_details"] = {"reasoning_tokens": count}
-
-    def _events(self, deltas: "list[dict[str, Any]]") -> bytes:
-        chunks = [self.shape.delta_chunk(delta, self.index) for delta in deltas]
-        if chunks and self.logprobs is not None:  # the tokens since the last chunk, with the last of these
-            chunks[-1]["choices"][0]["logprobs"] = self.logprobs.unsent()
-        return b"".join(sse_event(chunk) for chunk in chunks)
+            return min(count, len(result.output_ids))
+        if self.reasoning is None or not self.reasoning.reasoned:
+            return 0
+        ids = result.output_ids
+        if self.reasoning_end_id is not None:
+            return ids.index(self.reasoning_end_id) + 1 if self.reasoning_end_id in ids else len(ids)
+        if self.count_tokens is not None:
+            return min(len(ids), self.count_tokens(reasoning_text))
+        return 0
 
     def _finish_reason(self, result: GenerationResult, called: bool) -> str:
         return self.calls_finish if called and result.finish_reason == "stop" else result.finish_reason

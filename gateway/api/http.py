@@ -55,11 +55,6 @@ class Request:
         None on the open data plane, where nobody can be told apart."""
         return self.owner if self.principal.authenticated else None
 
-    def spawn(self, task: Any, *args: Any) -> None:
-        """Runs ``task(*args)`` in the node's background nursery: it outlives this request (the Responses
-        API's background mode)."""
-        self._background.start_soon(task, *args)
-
     def query(self) -> dict[str, str]:
         """The query string's parameters (the last of repeated ones), decoded."""
         raw = self.scope.get("query_string", b"")

@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..generation import GenerationResult, UsageTally
+from ..models import ModelEntry
 from .errors import BadRequest
 from .http import Request, sse_event
-from .openai import (PROMPT_CHARS_PRECHECK_MIN, check_prompt_chars, check_vocab, encode_chat, plan_generation,
-                     ready_model_entry)
+from .pipeline import (admitted, check_vocab, encode_chat, encode_text, plan_generation, ready_model_entry,
+                       run_streamed, run_unary)
 from .protocol import parse_chat, parse_generate, parse_json_body, token_ids
 from .ratelimits import counted_tokens
-from .respond import admitted, run_streamed, run_unary
+from .state import GatewayState
 
 TOKENIZE_MESSAGES_MAX = 10_000
 
@@ -24,7 +25,7 @@ def _meta(request: Request, result: GenerationResult) -> dict[str, Any]:
             "completion_tokens": result.completion_tokens, "cached_tokens": result.cached_tokens}
 
 
-async def generate(state, request: Request) -> None:
+async def generate(state: GatewayState, request: Request) -> None:
     """Token-level generation. Streaming events carry the cumulative text, as SGLang's do."""
     gen = parse_generate(parse_json_body(await request.body()))
     entry = await ready_model_entry(state, gen.model, request.principal)
@@ -36,9 +37,7 @@ async def generate(state, request: Request) -> None:
         check_vocab(gen.input_ids, tokenizer)
         input_ids = list(gen.input_ids)
     else:
-        if len(gen.text) > PROMPT_CHARS_PRECHECK_MIN:
-            check_prompt_chars(entry, tokenizer, gen.text, "text")
-        input_ids = await tokenizer.encode(gen.text, add_special_tokens=True)
+        input_ids = await encode_text(entry, tokenizer, gen.text, "text")
     plan = plan_generation(state, request, entry, input_ids, gen.sampling, gen.stream, "text")
     async with admitted(state, request, plan):
         if not gen.stream:
@@ -60,7 +59,7 @@ async def generate(state, request: Request) -> None:
         await run_streamed(state, request, plan, tokenizer, text_event, final_events)
 
 
-async def tokenize(state, request: Request) -> None:
+async def tokenize(state: GatewayState, request: Request) -> None:
     raw = await request.body()
     body = parse_json_body(raw)
     entry = await ready_model_entry(state, body.get("model") if isinstance(body.get("model"), str) else None,
@@ -70,7 +69,7 @@ async def tokenize(state, request: Request) -> None:
         await _tokenize(state, request, body, entry, usage)
 
 
-async def _tokenize(state, request: Request, body: dict[str, Any], entry: Any, usage: UsageTally) -> None:
+async def _tokenize(state: GatewayState, request: Request, body: dict[str, Any], entry: ModelEntry, usage: UsageTally) -> None:
     tokenizer = entry.tokenizer
     if tokenizer is None:
         raise BadRequest(f"the model '{entry.name}' has no tokenizer on this node", code="unsupported_model")
@@ -91,14 +90,12 @@ async def _tokenize(state, request: Request, body: dict[str, Any], entry: Any, u
         text = body.get("prompt")
         if not isinstance(text, str):
             raise BadRequest("'prompt' (a string) or 'messages' is required", param="prompt")
-        if len(text) > PROMPT_CHARS_PRECHECK_MIN:
-            check_prompt_chars(entry, tokenizer, text, "prompt")
-        ids = await tokenizer.encode(text, add_special_tokens=add_special)
+        ids = await encode_text(entry, tokenizer, text, "prompt", add_special)
     usage.prompt_tokens = len(ids)
     await request.send_json(200, {"tokens": ids, "count": len(ids), "max_model_len": entry.max_context_tokens})
 
 
-async def detokenize(state, request: Request) -> None:
+async def detokenize(state: GatewayState, request: Request) -> None:
     body = parse_json_body(await request.body())
     entry = await ready_model_entry(state, body.get("model") if isinstance(body.get("model"), str) else None,
                                     request.principal)

@@ -16,6 +16,7 @@ from ..parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, HarmonyUnavailable, 
 from .errors import BadRequest, Unavailable
 from .http import Request
 from .protocol import parse_json_body
+from .state import GatewayState
 
 
 # The longest text a parse endpoint takes: as long as a model's answer gets (a 128k-token answer is ~512 KB),
@@ -50,7 +51,7 @@ def _tools(body: dict[str, Any]) -> "list[dict[str, Any]] | None":
                      param="tools")
 
 
-async def parse_function_call(state, request: Request) -> None:
+async def parse_function_call(state: GatewayState, request: Request) -> None:
     body = parse_json_body(await request.body())
     text, name, tools = _text(body), _parser_name(body, "tool_call_parser", TOOL_CALL_PARSERS), _tools(body)
     names = [t["function"]["name"] for t in tools] if tools is not None else None
@@ -63,7 +64,7 @@ async def parse_function_call(state, request: Request) -> None:
     await request.send_json(200, {"normal_text": result.content, "calls": calls})
 
 
-async def parse_reasoning(state, request: Request) -> None:
+async def parse_reasoning(state: GatewayState, request: Request) -> None:
     body = parse_json_body(await request.body())
     text, name = _text(body), _parser_name(body, "reasoning_parser", REASONING_PARSERS)
     try:

@@ -1,8 +1,13 @@
-"""Parsing and validating request bodies into plain dataclasses.
+"""The internal request types, the checks of client fields every API's translation uses, and OpenAI's bodies.
 
-Everything that arrives from a client is checked here, with a 400 in the
-OpenAI error shape naming the offending parameter; handlers receive only
-well-typed values. Unknown fields are ignored, as OpenAI-compatible servers do.
+Every front API turns its body into the same typed request: ``ChatRequest`` (made only by
+``chat_request``, which applies the rules across fields: a required or named ``tool_choice`` becomes
+the engine's constraint), with its ``SamplingRequest``. OpenAI's bodies are read here (``parse_chat``,
+``parse_completion``, and SGLang's ``parse_generate``); Anthropic's Messages and the Responses API read
+theirs in their own modules with the same field checks (``field``, ``number``, ``positive_int``,
+``stop_strings``). Everything that arrives from a client is checked, with a 400 naming the offending
+parameter; handlers receive only well-typed values. Unknown fields are ignored, as OpenAI-compatible
+servers do.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import orjson
 from ..engine.grpc_engine import Constraint
 from .errors import BadRequest, shown, type_name
 from .structured import parse_constraint, tool_call_schema
-from .tools import parse_tools
+from .tools import NO_TOOLS, ToolSpec, parse_tools
 
 STOP_STRINGS_MAX = 16
 STOP_STRING_CHARS_MAX = 1024
@@ -52,7 +57,7 @@ def parse_json_body(body: bytes) -> dict[str, Any]:
     return value
 
 
-def _field(body: dict[str, Any], name: str, kinds: "type | tuple[type, ...]", default: Any = _MISSING,
+def field(body: dict[str, Any], name: str, kinds: "type | tuple[type, ...]", default: Any = _MISSING,
            *, nullable: bool = True) -> Any:
     value = body.get(name, _MISSING)
     if value is _MISSING or (value is None and nullable):
@@ -75,8 +80,8 @@ def _kind_name(kinds: "type | tuple[type, ...]") -> str:
     return " or ".join(dict.fromkeys(names.get(k, k.__name__) for k in kinds if not (k is int and float in kinds)))
 
 
-def _number(body: dict[str, Any], name: str, lo: float, hi: float, default: Any = None) -> float | None:
-    value = _field(body, name, (int, float), default)
+def number(body: dict[str, Any], name: str, lo: float, hi: float, default: Any = None) -> float | None:
+    value = field(body, name, (int, float), default)
     if value is None:
         return None
     if not lo <= value <= hi:
@@ -84,17 +89,17 @@ def _number(body: dict[str, Any], name: str, lo: float, hi: float, default: Any 
     return float(value)
 
 
-def _positive_int(body: dict[str, Any], name: str, default: Any = None, minimum: int = 1,
+def positive_int(body: dict[str, Any], name: str, default: Any = None, minimum: int = 1,
                   maximum: int = INT32_MAX) -> int | None:
-    value = _field(body, name, int, default)
+    value = field(body, name, int, default)
     if value is not None and not minimum <= value <= maximum:
         raise BadRequest(f"'{name}' must be between {minimum} and {maximum}, got {value}", param=name,
                          code="invalid_value")
     return value
 
 
-def _stop(body: dict[str, Any], name: str = "stop") -> tuple[str, ...]:
-    value = _field(body, name, (str, list), None)
+def stop_strings(body: dict[str, Any], name: str = "stop") -> tuple[str, ...]:
+    value = field(body, name, (str, list), None)
     if value is None:
         return ()
     stops = [value] if isinstance(value, str) else value
@@ -119,23 +124,24 @@ def token_ids(value: Any, name: str) -> tuple[int, ...]:
 
 @dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)
 class SamplingRequest:
-    """Sampling and stopping, common to every generation endpoint."""
+    """Sampling and stopping, common to every generation endpoint (the defaults: what a request that does
+    not mention a field gets, so an API without the field leaves it out)."""
 
-    max_tokens: int | None
-    temperature: float | None
-    top_p: float | None
-    top_k: int | None
-    min_p: float | None
-    seed: int | None
-    stop: tuple[str, ...]
-    stop_token_ids: tuple[int, ...]
-    frequency_penalty: float
-    presence_penalty: float
-    repetition_penalty: float | None
-    min_tokens: int
-    ignore_eos: bool
-    skip_special_tokens: bool
-    include_stop_str_in_output: bool
+    max_tokens: int | None = None  # None: bounded by the context, else --default-max-tokens
+    temperature: float | None = None  # None: the engine's (the model's generation config)
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     constraint: Constraint | None = None  # structured output (api/structured.py)
     constraint_field: str | None = None  # the request field it came from, for errors
     logit_bias: "tuple[tuple[int, float], ...]" = ()  # ids checked against the vocabulary by plan_generation
@@ -149,7 +155,7 @@ LOGIT_BIAS_ENTRIES_MAX = 4096
 
 def _logit_bias(body: dict[str, Any]) -> "tuple[tuple[int, float], ...]":
     """OpenAI's logit_bias: token ids (as JSON object keys, so strings) to a bias from -100 to 100."""
-    value = _field(body, "logit_bias", dict, None)
+    value = field(body, "logit_bias", dict, None)
     if not value:
         return ()
     if len(value) > LOGIT_BIAS_ENTRIES_MAX:
@@ -173,23 +179,37 @@ _CONSTRAINT_FIELDS = frozenset({"response_format", "regex", "guided_regex", "ebn
                                 "structural_tag", "choice", "guided_choice", "guided_json", "json_schema"})
 
 
-def parse_sampling(body: dict[str, Any], max_tokens_names: "tuple[str, ...]") -> SamplingRequest:
-    max_tokens = None
-    for name in max_tokens_names:
-        value = _positive_int(body, name)
-        if value is not None:
-            max_tokens = value
-            break
-    n = _positive_int(body, "n", 1, maximum=N_MAX) if "n" in body else 1
-    top_k = _field(body, "top_k", int, None)
+def temperature_value(body: dict[str, Any]) -> float | None:
+    return number(body, "temperature", 0.0, 2.0)
+
+
+def top_p_value(body: dict[str, Any]) -> float | None:
+    top_p = number(body, "top_p", 0.0, 1.0)
+    if top_p is not None and top_p == 0:
+        raise BadRequest("'top_p' must be greater than 0", param="top_p", code="invalid_value")
+    return top_p
+
+
+def top_k_value(body: dict[str, Any]) -> int | None:
+    top_k = field(body, "top_k", int, None)
     if top_k is not None and top_k != -1 and not 1 <= top_k <= INT32_MAX:
         raise BadRequest(f"'top_k' must be -1 (off) or between 1 and {INT32_MAX}", param="top_k",
                          code="invalid_value")
+    return top_k
+
+
+def parse_sampling(body: dict[str, Any], max_tokens_names: "tuple[str, ...]") -> SamplingRequest:
+    max_tokens = None
+    for name in max_tokens_names:
+        value = positive_int(body, name)
+        if value is not None:
+            max_tokens = value
+            break
+    n = positive_int(body, "n", 1, maximum=N_MAX) if "n" in body else 1
+    top_k = top_k_value(body)
     stop_token_ids = token_ids(body["stop_token_ids"], "stop_token_ids") if body.get("stop_token_ids") else ()
-    top_p = _number(body, "top_p", 0.0, 1.0)
-    if top_p is not None and top_p == 0:
-        raise BadRequest("'top_p' must be greater than 0", param="top_p", code="invalid_value")
-    seed = _field(body, "seed", int, None)
+    top_p = top_p_value(body)
+    seed = field(body, "seed", int, None)
     if seed is not None and not -INT32_MAX - 1 <= seed <= INT32_MAX:
         raise BadRequest(f"'seed' must be a 32-bit integer (between {-INT32_MAX - 1} and {INT32_MAX})", param="seed",
                          code="invalid_value")
@@ -198,20 +218,20 @@ def parse_sampling(body: dict[str, Any], max_tokens_names: "tuple[str, ...]") ->
         constraint, constraint_field = parse_constraint(body)
     return SamplingRequest(
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 0.0, 2.0),
+        temperature=temperature_value(body),
         top_p=top_p,
         top_k=top_k,
-        min_p=_number(body, "min_p", 0.0, 1.0),
+        min_p=number(body, "min_p", 0.0, 1.0),
         seed=seed,
-        stop=_stop(body),
+        stop=stop_strings(body),
         stop_token_ids=stop_token_ids,
-        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0) or 0.0,
-        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0) or 0.0,
-        repetition_penalty=_number(body, "repetition_penalty", 0.01, 10.0),
-        min_tokens=_positive_int(body, "min_tokens", 0, minimum=0),
-        ignore_eos=_field(body, "ignore_eos", bool, False),
-        skip_special_tokens=_field(body, "skip_special_tokens", bool, True),
-        include_stop_str_in_output=_field(body, "include_stop_str_in_output", bool, False),
+        frequency_penalty=number(body, "frequency_penalty", -2.0, 2.0) or 0.0,
+        presence_penalty=number(body, "presence_penalty", -2.0, 2.0) or 0.0,
+        repetition_penalty=number(body, "repetition_penalty", 0.01, 10.0),
+        min_tokens=positive_int(body, "min_tokens", 0, minimum=0),
+        ignore_eos=field(body, "ignore_eos", bool, False),
+        skip_special_tokens=field(body, "skip_special_tokens", bool, True),
+        include_stop_str_in_output=field(body, "include_stop_str_in_output", bool, False),
         constraint=constraint,
         constraint_field=constraint_field,
         logit_bias=_logit_bias(body) if "logit_bias" in body else (),
@@ -271,12 +291,12 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
-    model = _field(body, "model", str)
-    raw_messages = _field(body, "messages", list)
+    """OpenAI's chat completions body as the internal chat request."""
+    model = field(body, "model", str)
+    raw_messages = field(body, "messages", list)
     if not raw_messages:
         raise BadRequest("'messages' must not be empty", param="messages", code="invalid_value")
-    if len(raw_messages) > MESSAGES_MAX:
-        raise BadRequest(f"'messages' has more than {MESSAGES_MAX} entries", param="messages", code="invalid_value")
+    check_message_count(len(raw_messages), "messages")
     messages: list[dict[str, Any]] = []
     for i, m in enumerate(raw_messages):
         if not isinstance(m, dict):
@@ -292,19 +312,44 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         message["content"] = _message_content(m, i)
         messages.append(message)
     _unsupported(body, "audio", "prediction")
-    stream = _field(body, "stream", bool, False)
-    stream_options = _field(body, "stream_options", dict, {})
+    stream = field(body, "stream", bool, False)
+    stream_options = field(body, "stream_options", dict, {})
     tools = parse_tools(body)
-    template_kwargs = dict(_field(body, "chat_template_kwargs", dict, {}))
+    template_kwargs = dict(field(body, "chat_template_kwargs", dict, {}))
     for key in template_kwargs:
         if key in RESERVED_TEMPLATE_KWARGS or key.endswith("_token") or key.startswith("_") or not key.isidentifier():
             raise BadRequest(f"chat_template_kwargs may not set {key!r}: the gateway passes it",
                              param="chat_template_kwargs", code="invalid_value")
-    thinking = not template_kwargs or (template_kwargs.get("enable_thinking") is not False
-                                       and template_kwargs.get("thinking") is not False)
+    thinking = thinking_of(template_kwargs)
     if "reasoning_effort" in body:
-        thinking = _reasoning_effort(body, template_kwargs) and thinking
+        thinking = apply_reasoning_effort(field(body, "reasoning_effort", str, None), template_kwargs,
+                                          "reasoning_effort") and thinking
     sampling = parse_sampling(body, ("max_completion_tokens", "max_tokens"))
+    if "logprobs" in body or "top_logprobs" in body:
+        top = positive_int(body, "top_logprobs", None, minimum=0, maximum=TOP_LOGPROBS_MAX)
+        if field(body, "logprobs", bool, False):
+            sampling.logprobs = top or 0
+        elif top:
+            raise BadRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs", code="invalid_value")
+    return chat_request(
+        model, messages, sampling, stream=stream,
+        include_usage=bool(stream_options.get("include_usage")) if stream else False,
+        tools=tools, template_kwargs=template_kwargs,
+        separate_reasoning=field(body, "separate_reasoning", bool, True) if "separate_reasoning" in body else True,
+        special_tokens_in_content=field(body, "special_tokens_in_content", bool, False)
+        if "special_tokens_in_content" in body else False,
+        stream_reasoning=field(body, "stream_reasoning", bool, True) if "stream_reasoning" in body else True,
+        thinking=thinking)
+
+
+def chat_request(model: str, messages: "list[dict[str, Any]]", sampling: SamplingRequest, *, stream: bool = False,
+                 include_usage: bool = False, tools: ToolSpec = NO_TOOLS,
+                 template_kwargs: "dict[str, Any] | None" = None, separate_reasoning: bool = True,
+                 special_tokens_in_content: bool = False, stream_reasoning: bool = True,
+                 thinking: bool = True) -> ChatRequest:
+    """The chat request every API's translation ends in, with the rule across its fields: ``tool_choice``
+    required or a named function is the engine's constraint (api/structured.py), which no other constraint
+    may join. ``messages`` are the chat template's messages, checked by the caller."""
     if tools.choice == "required" or tools.choice == "named":
         if sampling.constraint is not None:
             raise BadRequest(f"tool_choice '{tools.choice if tools.name is None else tools.name}' constrains the "
@@ -312,38 +357,39 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
                              param=sampling.constraint_field, code="conflicting_constraints")
         sampling.constraint = tool_call_schema(tools.tools, tools.name, tools.parallel)
         sampling.constraint_field = "tool_choice"
-    if "logprobs" in body or "top_logprobs" in body:
-        top = _positive_int(body, "top_logprobs", None, minimum=0, maximum=TOP_LOGPROBS_MAX)
-        if _field(body, "logprobs", bool, False):
-            sampling.logprobs = top or 0
-        elif top:
-            raise BadRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs", code="invalid_value")
     return ChatRequest(
-        model=model, messages=messages,
-        sampling=sampling,
-        stream=stream, include_usage=bool(stream_options.get("include_usage")) if stream else False,
-        tools=tools.tools, tool_choice=tools.choice, template_kwargs=template_kwargs,
-        separate_reasoning=_field(body, "separate_reasoning", bool, True) if "separate_reasoning" in body else True,
-        special_tokens_in_content=_field(body, "special_tokens_in_content", bool, False)
-        if "special_tokens_in_content" in body else False,
-        tool_name=tools.name,
-        stream_reasoning=_field(body, "stream_reasoning", bool, True) if "stream_reasoning" in body else True,
-        thinking=thinking)
+        model=model, messages=messages, sampling=sampling, stream=stream, include_usage=include_usage,
+        tools=tools.tools, tool_choice=tools.choice,
+        template_kwargs=template_kwargs if template_kwargs is not None else {},
+        separate_reasoning=separate_reasoning, special_tokens_in_content=special_tokens_in_content,
+        tool_name=tools.name, stream_reasoning=stream_reasoning, thinking=thinking)
+
+
+def check_message_count(count: int, param: str) -> None:
+    if count > MESSAGES_MAX:
+        raise BadRequest(f"'{param}' has more than {MESSAGES_MAX} entries", param=param, code="invalid_value")
+
+
+def thinking_of(template_kwargs: dict[str, Any]) -> bool:
+    """Whether the template's thinking stays on: not when the kwargs turn it off (Qwen3's ``enable_thinking``,
+    DeepSeek V3.1's ``thinking``)."""
+    return not template_kwargs or (template_kwargs.get("enable_thinking") is not False
+                                   and template_kwargs.get("thinking") is not False)
 
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 
-def _reasoning_effort(body: dict[str, Any], template_kwargs: dict[str, Any]) -> bool:
-    """OpenAI's reasoning_effort, for the chat template: ``none`` and ``minimal`` turn thinking off (Qwen3's
-    ``enable_thinking``, DeepSeek V3.1's ``thinking``); any effort goes to templates that read it (gpt-oss).
-    What the client set in chat_template_kwargs wins. Whether thinking stays on."""
-    effort = _field(body, "reasoning_effort", str, None)
+def apply_reasoning_effort(effort: str | None, template_kwargs: dict[str, Any], param: str) -> bool:
+    """OpenAI's reasoning effort (chat's ``reasoning_effort``, the Responses API's ``reasoning.effort``), for the
+    chat template: ``none`` and ``minimal`` turn thinking off (Qwen3's ``enable_thinking``, DeepSeek V3.1's
+    ``thinking``); any effort goes to templates that read it (gpt-oss). What the client set in
+    chat_template_kwargs wins. Whether thinking stays on."""
     if effort is None:
         return True
     if effort not in REASONING_EFFORTS:
-        raise BadRequest(f"Invalid value for 'reasoning_effort': {shown(effort)}. Supported values are: "
-                         f"{', '.join(map(repr, REASONING_EFFORTS))}.", param="reasoning_effort", code="invalid_value")
+        raise BadRequest(f"Invalid value for '{param}': {shown(effort)}. Supported values are: "
+                         f"{', '.join(map(repr, REASONING_EFFORTS))}.", param=param, code="invalid_value")
     template_kwargs.setdefault("reasoning_effort", effort)
     if effort in ("none", "minimal"):
         template_kwargs.setdefault("enable_thinking", False)
@@ -367,7 +413,7 @@ class CompletionRequest:
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionRequest:
-    model = _field(body, "model", str)
+    model = field(body, "model", str)
     prompt = body.get("prompt")
     text: str | None = None
     ids: tuple[int, ...] | None = None
@@ -389,14 +435,14 @@ def parse_completion(body: dict[str, Any]) -> CompletionRequest:
     best_of = body.get("best_of")
     if best_of not in (None, 1):
         raise BadRequest("only best_of=1 is supported", param="best_of", code="unsupported_value")
-    stream = _field(body, "stream", bool, False)
-    stream_options = _field(body, "stream_options", dict, {})
+    stream = field(body, "stream", bool, False)
+    stream_options = field(body, "stream_options", dict, {})
     sampling = parse_sampling(body, ("max_tokens",))
     if sampling.max_tokens is None and "max_tokens" not in body:
         sampling = dataclasses.replace(sampling, max_tokens=16)  # OpenAI's default for completions
-    echo = _field(body, "echo", bool, False)
+    echo = field(body, "echo", bool, False)
     if "logprobs" in body:
-        sampling.logprobs = _positive_int(body, "logprobs", None, minimum=0, maximum=TOP_LOGPROBS_MAX)
+        sampling.logprobs = positive_int(body, "logprobs", None, minimum=0, maximum=TOP_LOGPROBS_MAX)
         sampling.prompt_logprobs = echo and sampling.logprobs is not None
     return CompletionRequest(model=model, prompt_text=text, prompt_ids=ids, sampling=sampling, stream=stream,
                              include_usage=bool(stream_options.get("include_usage")) if stream else False,
@@ -416,20 +462,20 @@ class GenerateRequest:
 
 
 def parse_generate(body: dict[str, Any]) -> GenerateRequest:
-    text = _field(body, "text", str, None)
+    text = field(body, "text", str, None)
     input_ids = token_ids(body["input_ids"], "input_ids") if body.get("input_ids") is not None else None
     if (text is None) == (input_ids is None):
         raise BadRequest("exactly one of 'text' and 'input_ids' is required", param="text", code="invalid_value")
     if text == "" or input_ids == ():
         raise BadRequest("the input must not be empty", param="text", code="invalid_value")
-    params = _field(body, "sampling_params", dict, {})
-    rid = _field(body, "rid", str, None)
+    params = field(body, "sampling_params", dict, {})
+    rid = field(body, "rid", str, None)
     if rid is not None and (len(rid) > REQUEST_ID_CHARS_MAX or not rid.isprintable()):
         raise BadRequest("'rid' must be printable and at most 128 characters", param="rid", code="invalid_value")
     sampling = parse_sampling(params, ("max_new_tokens",))
     if sampling.n != 1:
         raise BadRequest("/generate answers one sequence: n must be 1 (use /v1/completions for more)",
                          param="sampling_params.n", code="unsupported_value")
-    return GenerateRequest(model=_field(body, "model", str, None), text=text, input_ids=input_ids,
+    return GenerateRequest(model=field(body, "model", str, None), text=text, input_ids=input_ids,
                            sampling=sampling,
-                           stream=_field(body, "stream", bool, False), rid=rid)
+                           stream=field(body, "stream", bool, False), rid=rid)

@@ -23,6 +23,7 @@ from ..ratelimit.limiter import KeyOutcome, RateLimiter, Verdict
 from ..ratelimit.limits import Unit
 from .errors import TooManyRequests
 from .http import Request
+from .state import GatewayState
 
 
 def format_reset(seconds: float) -> str:
@@ -102,14 +103,14 @@ async def rate_limited(limiter: RateLimiter | None, request: Request, model: str
         limiter.settle(verdict, usage.total())
 
 
-def counted_write(state, request: Request) -> contextlib.AbstractAsyncContextManager[None]:
+def counted_write(state: GatewayState, request: Request) -> contextlib.AbstractAsyncContextManager[None]:
     """A write that stores without generating (a conversation, its items, a deletion, a cancel): one request
     against the caller's limits, no tokens. A denied one changes nothing."""
     return rate_limited(state.rate_limiter, request, None, UsageTally(), 0)
 
 
 @contextlib.asynccontextmanager
-async def counted_tokens(state, request: Request, body_bytes: int, model: str | None,
+async def counted_tokens(state: GatewayState, request: Request, body_bytes: int, model: str | None,
                          usage: UsageTally) -> AsyncIterator[None]:
     """Work measured in tokens without a generation (tokenize, count_tokens): a request against the caller's
     limits, and its tokens, estimated from the body (OpenAI's 4 bytes a token) before the work and settled

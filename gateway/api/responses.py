@@ -1,34 +1,36 @@
-"""OpenAI's Responses API on the chat pipeline: POST /v1/responses, GET and DELETE /v1/responses/{id},
-GET /v1/responses/{id}/input_items.
+"""OpenAI's Responses API on the serving pipeline: POST /v1/responses, GET and DELETE /v1/responses/{id},
+POST /v1/responses/{id}/cancel, GET /v1/responses/{id}/input_items.
 
-A request is translated into the chat request it means (``to_chat_body``) and checked by the chat
-parser, so the template, tools, constraints, parsers and bounds are the chat path's:
+A request is translated into the chat request it means (``to_chat_request``), with the chat path's
+field checks, so the template, tools, constraints, parsers and bounds are the chat path's:
 
     input (a string, or items)          messages; function_call -> an assistant message's tool_calls;
                                         function_call_output -> a tool message; reasoning -> the next
-                                        assistant message's reasoning_content
+                                        assistant message's reasoning_content; developer -> system
     instructions                        a system message first (not carried to a follow-up)
     previous_response_id                the stored conversation (input and output) before this input
     tools [{type: function, name, ..}]  function tools; tool_choice, parallel_tool_calls
-    reasoning.effort                    reasoning_effort
-    text.format                         response_format (json_schema's fields flat, as the API has them)
+    reasoning.effort                    the reasoning effort (the chat template's switches)
+    text.format                         the engine's constraint (json_schema's fields flat, as the API has them)
     max_output_tokens, temperature, top_p, metadata, store (default true), stream
 
-The answer's output items: ``reasoning`` (reasoning_text content), ``message`` (output_text),
-``function_call``; status completed, or incomplete (max_output_tokens). Streamed: response.created,
-response.in_progress, then per item output_item.added / content_part.added / *.delta / *.done /
-output_item.done, and response.completed (or response.failed), each with its sequence_number.
-Stored responses are scoped to their creator and kept by the history backend (``gateway/history``):
-with the default memory backend, on three nodes of the cluster, so a follow-up works on any node.
+The answer is rendered by ``ResponseShape`` from the pipeline's typed deltas and answer: output items
+``reasoning`` (reasoning_text content), ``message`` (output_text), ``function_call``; status completed, or
+incomplete (max_output_tokens). Streamed: response.created, response.in_progress, then per item
+output_item.added / content_part.added / *.delta / *.done / output_item.done, and the event of the final
+status (response.completed, response.incomplete or response.failed), each with its sequence_number.
+
+Stored responses are scoped to their creator and kept by the history backend (``gateway/history``): with
+the default memory backend, on three nodes of the cluster, so a follow-up works on any node.
 ``conversation`` (an id from /v1/conversations) gives the model the conversation's items before the
 input, and adds the input and output items to it (``store: false`` stores nothing: neither the response
 nor the conversation's new items). ``background: true`` answers at once with the response queued and
-generates on this node, storing each state (queued, in_progress, then completed, incomplete or failed);
-POST /v1/responses/{id}/cancel works from any node. With ``stream: true`` too, the client follows the
-stream (response.created and response.queued, both queued, then response.in_progress ...), and a client
-that dropped resumes it on any node with GET /v1/responses/{id}?stream=true&starting_after=N
-(``response_stream``). An unknown ``previous_response_id`` is a 400 (OpenAI's), a completed response has
-its ``completed_at``.
+generates on this node (``background.BackgroundRuns``), storing each state (queued, in_progress, then
+completed, incomplete or failed); POST /v1/responses/{id}/cancel works from any node: the node that
+runs it is told at once. With ``stream: true`` too, the client follows the stream (response.created and
+response.queued, both queued, then response.in_progress ...), and a client that dropped resumes it on any
+node with GET /v1/responses/{id}?stream=true&starting_after=N (``response_stream``). An unknown
+``previous_response_id`` is a 400 (OpenAI's), a completed response has its ``completed_at``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import secrets
 import time
 from typing import Any
 
@@ -46,91 +47,30 @@ import trio
 
 from ..engine.errors import EngineCallError
 from ..errors import GatewayError
-from ..generation import GenerationResult, MidStreamError
-from ..history import CHAIN_LENGTH_MAX, ID_CHARS_MAX, LIST_LIMIT_MAX, StoredResponse
-from .chat_output import ChatOutput
-from .errors import (ApiError, BadRequest, NotFound, TooManyRequests, UpstreamTimeout, from_engine_error, shown,
-                     to_api_error, type_name)
+from ..generation import GenerationPlan, GenerationResult, MidStreamError
+from ..history import CHAIN_LENGTH_MAX, ID_CHARS_MAX, HistoryStore, StoredResponse
+from ..tokenizer.service import TokenizerService
+from .background import STORE_POLL_S, BackgroundRun
+from .chat_output import Call, ChatAnswer, ChatOutput, Content, Delta, Reasoning, plain_answer
+from .errors import ApiError, BadRequest, NotFound, TooManyRequests, UpstreamTimeout, from_engine_error, shown, \
+    to_api_error, type_name
 from .http import Request
-from .openai import _OpenAIShape, chat_prompt, logprob_shape, plan_generation
-from .protocol import parse_chat, parse_json_body
+from .items import content_text, input_items, list_page, list_query, metadata_of, new_id, with_ids
+from .logprobs import LogprobShape
+from .pipeline import answer_chat, chat_prompt, logprob_shape, plan_generation, rate_limited_generation
+from .protocol import (TOP_LOGPROBS_MAX, ChatRequest, SamplingRequest, apply_reasoning_effort, chat_request,
+                       check_message_count, field, parse_json_body, positive_int, temperature_value, top_p_value)
 from .ratelimits import counted_write
-from .respond import admitted, rate_limited_generation, run_streamed, run_unary
 from .response_stream import (FLUSH_INTERVAL_S, StreamLog, follow_log, follow_store, starting_after,
                               stored_events_bytes_max)
+from .state import GatewayState
+from .structured import response_format_constraint
+from .tools import tool_spec
 
 log = logging.getLogger("gateway.api")
 
-METADATA_KEYS_MAX = 16  # OpenAI's bounds for metadata
-METADATA_VALUE_CHARS_MAX = 512
-# How often a background response looks at the store for a cancel made on another node: the engine
-# keeps generating that long at most after the cancel (a streamed one looks every FLUSH_INTERVAL_S).
-BACKGROUND_CANCEL_POLL_S = 1.0
-LIST_PAGE_DEFAULT = 20  # items per page of a list endpoint, as OpenAI's
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(12)}"
-
-
-def owner_of(request: Request) -> str:
-    """Whose stored data this is: the tenant, else the key, else "anonymous"."""
-    return request.owner
-
 
 # -- the request ---------------------------------------------------------------------------------------------
-
-def _content_text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for i, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind not in ("input_text", "output_text", "text") or not isinstance(part.get("text"), str):
-                raise BadRequest(f"{where}[{i}]: only text parts are supported, got {kind!r}", param=where,
-                                 code="unsupported_content")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise BadRequest(f"{where} must be a string or a list of parts, got {type_name(content)}", param=where,
-                     code="invalid_type")
-
-
-INPUT_ROLES = ("user", "assistant", "system", "developer")
-
-
-def input_items(raw: Any) -> list[dict[str, Any]]:
-    """The request's input as items (a string is one user message), each checked."""
-    if isinstance(raw, str):
-        return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": raw}]}]
-    if not isinstance(raw, list) or not raw:
-        raise BadRequest(f"'input' must be a string or a non-empty list of items, got {type_name(raw)}"
-                         f"{' (empty)' if raw == [] else ''}", param="input", code="invalid_type")
-    items = []
-    for i, item in enumerate(raw):
-        where = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise BadRequest(f"{where} must be an object, got {type_name(item)}", param=where, code="invalid_type")
-        kind = item.get("type", "message")
-        if kind == "message":
-            if item.get("role") not in INPUT_ROLES:
-                raise BadRequest(f"Invalid value for {where}.role: {shown(item.get('role'))}. Supported values are: "
-                                 f"{', '.join(map(repr, INPUT_ROLES))}.", param=f"{where}.role", code="invalid_value")
-            _content_text(item.get("content"), f"{where}.content")
-        elif kind == "function_call":
-            if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
-                raise BadRequest(f"{where}: a function_call needs call_id, name and arguments", param=where,
-                                 code="invalid_value")
-        elif kind == "function_call_output":
-            if not isinstance(item.get("call_id"), str) or not isinstance(item.get("output"), str):
-                raise BadRequest(f"{where}: a function_call_output needs call_id and output", param=where,
-                                 code="invalid_value")
-        elif kind != "reasoning":
-            raise BadRequest(f"{where}: items of type {shown(kind)} are not supported", param=where,
-                             code="unsupported_content")
-        items.append({**item, "type": kind})
-    return items
-
 
 def chat_messages(items: "list[dict[str, Any]]") -> list[dict[str, Any]]:
     """Items as chat messages: consecutive calls join one assistant message, reasoning goes with the next."""
@@ -141,8 +81,10 @@ def chat_messages(items: "list[dict[str, Any]]") -> list[dict[str, Any]]:
         if kind == "reasoning":
             reasoning += "".join(c.get("text", "") for c in item.get("content") or () if isinstance(c, dict))
         elif kind == "message":
-            message = {"role": item["role"], "content": _content_text(item["content"], "input")}
-            if item["role"] == "assistant" and reasoning:
+            role = item["role"]
+            message = {"role": "system" if role == "developer" else role,
+                       "content": content_text(item["content"], "input")}
+            if role == "assistant" and reasoning:
                 message["reasoning_content"], reasoning = reasoning, ""
             messages.append(message)
         elif kind == "function_call":
@@ -162,6 +104,7 @@ def chat_messages(items: "list[dict[str, Any]]") -> list[dict[str, Any]]:
 
 
 def _tools(raw: Any) -> list[dict[str, Any]]:
+    """The Responses API's function tools (flat: name, description, parameters) in the chat shape."""
     if not isinstance(raw, list):
         raise BadRequest(f"'tools' must be a list, got {type_name(raw)}", param="tools", code="invalid_type")
     tools = []
@@ -175,7 +118,15 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
     return tools
 
 
+def _tool_choice(choice: Any) -> Any:
+    """The Responses API's tool_choice in the chat shape: a named function is flat here."""
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
 def _text_format(text: Any) -> "dict[str, Any] | None":
+    """``text.format`` in chat's response_format shape (json_schema's fields are flat here)."""
     if not isinstance(text, dict) or text.get("format") is None:
         return None
     fmt = text["format"]
@@ -187,38 +138,41 @@ def _text_format(text: Any) -> "dict[str, Any] | None":
     return fmt  # text, json_object: the chat shape already
 
 
-def to_chat_body(body: dict[str, Any], history: "list[dict[str, Any]]") -> dict[str, Any]:
+def _reasoning_effort(body: dict[str, Any]) -> str | None:
+    reasoning = body.get("reasoning")
+    if not isinstance(reasoning, dict) or reasoning.get("effort") is None:
+        return None
+    effort = reasoning["effort"]
+    if not isinstance(effort, str):
+        raise BadRequest(f"'reasoning.effort' must be a string, got {type_name(effort)}", param="reasoning.effort",
+                         code="invalid_type")
+    return effort
+
+
+def to_chat_request(body: dict[str, Any], history: "list[dict[str, Any]]") -> ChatRequest:
     """The chat request a Responses request means, after the stored conversation ``history``."""
+    model = field(body, "model", str)
     messages = chat_messages([*history, *input_items(body.get("input"))])
     if body.get("instructions") is not None:
         if not isinstance(body["instructions"], str):
             raise BadRequest(f"'instructions' must be a string, got {type_name(body['instructions'])}",
                              param="instructions", code="invalid_type")
         messages.insert(0, {"role": "system", "content": body["instructions"]})
-    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages, "stream": body.get("stream", False)}
-    if body.get("max_output_tokens") is not None:
-        chat["max_tokens"] = body["max_output_tokens"]
-    for name in ("temperature", "top_p", "parallel_tool_calls"):
-        if body.get(name) is not None:
-            chat[name] = body[name]
+    check_message_count(len(messages), "input")
+    sampling = SamplingRequest(max_tokens=positive_int(body, "max_output_tokens"), temperature=temperature_value(body),
+                               top_p=top_p_value(body))
     if INCLUDE_LOGPROBS in _include(body):  # top_logprobs alone has nothing to show
-        chat["logprobs"] = True
-        if body.get("top_logprobs") is not None:
-            chat["top_logprobs"] = body["top_logprobs"]
-    if body.get("tools"):
-        chat["tools"] = _tools(body["tools"])
-    choice = body.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
-    elif choice is not None:
-        chat["tool_choice"] = choice
-    reasoning = body.get("reasoning")
-    if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
-        chat["reasoning_effort"] = reasoning["effort"]
+        sampling.logprobs = positive_int(body, "top_logprobs", None, minimum=0, maximum=TOP_LOGPROBS_MAX) or 0
     response_format = _text_format(body.get("text"))
     if response_format is not None:
-        chat["response_format"] = response_format
-    return chat
+        sampling.constraint = response_format_constraint(response_format, "text.format")
+        sampling.constraint_field = "text.format" if sampling.constraint is not None else None
+    tools = tool_spec(_tools(body["tools"]) if body.get("tools") else None, _tool_choice(body.get("tool_choice")),
+                      body["parallel_tool_calls"] if body.get("parallel_tool_calls") is not None else True)
+    template_kwargs: dict[str, Any] = {}
+    thinking = apply_reasoning_effort(_reasoning_effort(body), template_kwargs, "reasoning.effort")
+    return chat_request(model, messages, sampling, stream=field(body, "stream", bool, False), tools=tools,
+                        template_kwargs=template_kwargs, thinking=thinking)
 
 
 # OpenAI's includable fields. Only the output text's logprobs exist here; the others belong to tools this
@@ -243,26 +197,17 @@ def _include(body: dict[str, Any]) -> frozenset[str]:
     return frozenset(raw)
 
 
-def metadata_of(body: dict[str, Any]) -> dict[str, str]:
-    metadata = body.get("metadata")
-    if metadata is None:
-        return {}
-    if not isinstance(metadata, dict) or len(metadata) > METADATA_KEYS_MAX or not all(
-            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= METADATA_VALUE_CHARS_MAX
-            for k, v in metadata.items()):
-        raise BadRequest(f"'metadata' must map at most {METADATA_KEYS_MAX} keys (64 chars) to strings "
-                         f"({METADATA_VALUE_CHARS_MAX} chars)", param="metadata", code="invalid_value")
-    return metadata
-
-
 # -- the answer ----------------------------------------------------------------------------------------------
 
 class ResponseShape:
-    """One response object, its output items as they are decided, and its stream's events."""
+    """One response object, its output items as they are decided, and its stream's events: the
+    ``ChatRenderer`` of the Responses API."""
 
-    def __init__(self, response_id: str, model: str, body: dict[str, Any], chat: Any, metadata: dict[str, str],
+    done = b""  # the stream ends with the event of the final status, not [DONE]
+
+    def __init__(self, response_id: str, model: str, body: dict[str, Any], metadata: dict[str, str],
                  previous_response_id: str | None, store: bool, conversation_id: str | None = None,
-                 background: bool = False) -> None:
+                 background: bool = False, logprobs: LogprobShape | None = None) -> None:
         self.id = response_id
         self.created_at = int(time.time())
         self.base = {
@@ -281,19 +226,22 @@ class ResponseShape:
         self._sequence = 0
         self.log: StreamLog | None = None  # a background stream's: every event is kept there (response_stream)
         self._open: dict[str, Any] | None = None  # the item being streamed
-        # include message.output_text.logprobs: the tokens' entries not yet sent (they go with the next
-        # output text delta), and the open message's so far.
-        self.pending_logprobs: list[dict[str, Any]] = []
+        self._text = ""  # the open item's text so far
+        # include message.output_text.logprobs: the shape of the tokens' entries; the entries not yet sent (they
+        # go with the next output text delta), and the open message's so far.
+        self.logprobs = logprobs
+        self._pending_logprobs: list[dict[str, Any]] = []
         self._text_logprobs: list[dict[str, Any]] = []
+        self.final: dict[str, Any] | None = None  # a stream's final response, once final_events made it
 
-    def response(self, status: str, result: GenerationResult | None = None, usage_details: Any = None
+    def response(self, status: str, result: GenerationResult | None = None, reasoning_tokens: int = 0
                  ) -> dict[str, Any]:
         body = {**self.base, "status": status, "output": self.output, "usage": None}
         if result is not None:
             body["usage"] = {"input_tokens": result.prompt_tokens,
                              "input_tokens_details": {"cached_tokens": result.cached_tokens},
                              "output_tokens": result.completion_tokens,
-                             "output_tokens_details": {"reasoning_tokens": usage_details or 0},
+                             "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                              "total_tokens": result.prompt_tokens + result.completion_tokens}
             if result.finish_reason == "length":
                 body["status"] = "incomplete"
@@ -302,18 +250,29 @@ class ResponseShape:
             body["completed_at"] = int(time.time())
         return body
 
+    def failed(self, error: ApiError) -> dict[str, Any]:
+        failed = self.response("failed")
+        failed["error"] = {"code": error.code or "server_error", "message": error.message}
+        return failed
+
+    def _token_logprobs(self, whole: bool) -> list[dict[str, Any]]:
+        if self.logprobs is None:
+            return []
+        entries = self.logprobs.whole() if whole else self.logprobs.unsent()
+        return (entries or {}).get("content") or []
+
     # -- whole --
 
-    def items_from(self, message: dict[str, Any], logprobs: "list[dict[str, Any]] | None" = None) -> None:
-        if message.get("reasoning_content"):
+    def whole(self, answer: ChatAnswer) -> dict[str, Any]:
+        if answer.reasoning:
             self.output.append({"type": "reasoning", "id": new_id("rs"), "summary": [],
-                                "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}]})
-        if message.get("content"):
-            self.output.append(_message_item(new_id("msg"), message["content"], "completed", logprobs))
-        for call in message.get("tool_calls") or ():
-            self.output.append({"type": "function_call", "id": new_id("fc"), "call_id": call["id"],
-                                "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-                                "status": "completed"})
+                                "content": [{"type": "reasoning_text", "text": answer.reasoning}]})
+        if answer.content:
+            self.output.append(_message_item(new_id("msg"), answer.content, "completed", self._token_logprobs(True)))
+        for call in answer.calls:
+            self.output.append({"type": "function_call", "id": new_id("fc"), "call_id": call.id, "name": call.name,
+                                "arguments": call.arguments, "status": "completed"})
+        return self.response("completed", answer.result, answer.reasoning_tokens)
 
     # -- streamed --
 
@@ -330,26 +289,43 @@ class ResponseShape:
         return self.event("response.created", response=self.response("in_progress")) + \
             self.event("response.in_progress", response=self.response("in_progress"))
 
-    def deltas(self, deltas: "list[dict[str, Any]]") -> bytes:
-        out = b""
-        for delta in deltas:
-            if delta.get("reasoning_content"):
-                out += self._ensure("reasoning") + self._text_delta("response.reasoning_text.delta",
-                                                                    delta["reasoning_content"])
-            elif delta.get("content"):
-                out += self._ensure("message") + self._text_delta("response.output_text.delta", delta["content"])
-            elif delta.get("tool_calls"):
-                call = delta["tool_calls"][0]
-                if "id" in call:
-                    out += self._close() + self._open_item({
-                        "type": "function_call", "id": new_id("fc"), "call_id": call["id"],
-                        "name": call["function"]["name"], "arguments": "", "status": "in_progress"})
-                elif call["function"].get("arguments"):
-                    item = self._open
-                    item["arguments"] += call["function"]["arguments"]
-                    out += self.event("response.function_call_arguments.delta", item_id=item["id"],
-                                      output_index=len(self.output) - 1, delta=call["function"]["arguments"])
+    def text_event(self, text: str, first: bool) -> bytes:
+        self._pending_logprobs += self._token_logprobs(False)
+        out = self.opening() if first else b""
+        if text:
+            out += self._ensure("message") + self._text_delta("response.output_text.delta", text)
         return out
+
+    def delta_events(self, deltas: "list[Delta]", first: bool) -> bytes:
+        self._pending_logprobs += self._token_logprobs(False)
+        out = self.opening() if first else b""
+        for delta in deltas:
+            kind = type(delta)
+            if kind is Content:
+                out += self._ensure("message") + self._text_delta("response.output_text.delta", delta.text)
+            elif kind is Reasoning:
+                out += self._ensure("reasoning") + self._text_delta("response.reasoning_text.delta", delta.text)
+            elif kind is Call:
+                item = {"type": "function_call", "id": new_id("fc"), "call_id": delta.id, "name": delta.name,
+                        "arguments": delta.arguments, "status": "in_progress"}
+                out += self._close() + self._open_item(item)
+                if delta.arguments:
+                    out += self.event("response.function_call_arguments.delta", item_id=item["id"],
+                                      output_index=len(self.output) - 1, delta=delta.arguments)
+        return out
+
+    def final_events(self, deltas: "list[Delta]", answer: ChatAnswer) -> bytes:
+        out = self.delta_events(deltas, False)
+        self.final = self.response("completed", answer.result, answer.reasoning_tokens)
+        return out + self._close()
+
+    def terminal_event(self) -> bytes:
+        """OpenAI's stream ends with the event of the response's status: response.completed, or
+        response.incomplete when max_output_tokens cut it (response.failed comes from error_event)."""
+        return self.event(f"response.{self.final['status']}", response=self.final)
+
+    def error_event(self, error: ApiError) -> bytes:
+        return self._close() + self.event("response.failed", response=self.failed(error))
 
     def close(self) -> bytes:
         return self._close()
@@ -379,7 +355,7 @@ class ResponseShape:
         self._text += text
         extra = {}
         if kind == "response.output_text.delta":
-            extra["logprobs"], self.pending_logprobs = self.pending_logprobs, []
+            extra["logprobs"], self._pending_logprobs = self._pending_logprobs, []
             self._text_logprobs += extra["logprobs"]
         return self.event(kind, item_id=self._open["id"], output_index=len(self.output) - 1, content_index=0,
                           delta=text, **extra)
@@ -418,25 +394,9 @@ def _message_item(item_id: str, text: str | None, status: str,
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
-# -- the endpoints -------------------------------------------------------------------------------------------
+# -- what is stored, and what came before --------------------------------------------------------------------
 
-def stored_item(item: dict[str, Any]) -> dict[str, Any]:
-    """An input item as it is stored and listed: a message's text as parts, with a status (OpenAI's shape)."""
-    if item["type"] == "message":
-        content = item["content"]
-        if isinstance(content, str):
-            kind = "output_text" if item["role"] == "assistant" else "input_text"
-            content = [{"type": kind, "text": content}]
-        return {"id": item["id"], "type": "message", "status": item.get("status", "completed"),
-                "role": item["role"], "content": content}
-    return item
-
-
-def _with_ids(items: "list[dict[str, Any]]") -> list[dict[str, Any]]:
-    return [stored_item(item if "id" in item else {**item, "id": new_id("item")}) for item in items]
-
-
-def _history_store(state: Any, param: str) -> Any:
+def _history_store(state: GatewayState, param: str) -> HistoryStore:
     if state.history is None:
         raise BadRequest(f"this node stores nothing (--history-backend none): '{param}' cannot be used",
                          param=param, code="storage_disabled")
@@ -469,7 +429,7 @@ class Context:
 CHAIN_READS_AT_ONCE = 16
 
 
-async def _context(state: Any, body: dict[str, Any], owner: str, conversation_id: str | None) -> Context:
+async def _context(state: GatewayState, body: dict[str, Any], owner: str, conversation_id: str | None) -> Context:
     """The previous response's chain as its model saw it, plus its last turn; or the conversation's items."""
     previous_id = body.get("previous_response_id")
     if previous_id is not None:
@@ -494,7 +454,7 @@ async def _context(state: Any, body: dict[str, Any], owner: str, conversation_id
     return Context([])
 
 
-async def _chain_items(store: Any, last: StoredResponse, owner: str) -> list[dict[str, Any]]:
+async def _chain_items(store: HistoryStore, last: StoredResponse, owner: str) -> list[dict[str, Any]]:
     """Every turn of ``last``'s chain, oldest first, each response read once. An ancestor that is gone (deleted,
     expired) cuts the chain there: the context starts after it, as coherent turns. The chain's first response,
     when made in a conversation, brings the conversation's items that came before it."""
@@ -521,7 +481,7 @@ async def _chain_items(store: Any, last: StoredResponse, owner: str) -> list[dic
     return items
 
 
-async def _conversation_before(store: Any, root: StoredResponse, owner: str) -> list[dict[str, Any]]:
+async def _conversation_before(store: HistoryStore, root: StoredResponse, owner: str) -> list[dict[str, Any]]:
     """The items a response made in a conversation saw before its input: the conversation's, up to its first
     input item (they were added together). Read now: items deleted from the conversation since are gone."""
     conversation = root.response.get("conversation")
@@ -533,7 +493,7 @@ async def _conversation_before(store: Any, root: StoredResponse, owner: str) -> 
     return items[:ids.index(first)] if first in ids else []
 
 
-async def create(state: Any, request: Request) -> None:
+async def create(state: GatewayState, request: Request) -> None:
     body = parse_json_body(await request.body())
     store = body.get("store", True)
     if not isinstance(store, bool):
@@ -548,29 +508,21 @@ async def create(state: Any, request: Request) -> None:
             raise BadRequest("a background response is stored: 'store' cannot be false", param="store",
                              code="invalid_value")
     metadata = metadata_of(body)
-    owner = owner_of(request)
+    owner = request.owner
     conversation_id = _conversation_id(body)
     context = await _context(state, body, owner, conversation_id)
-    items = _with_ids(input_items(body.get("input")))
-    if conversation_id is not None:  # the conversation's items get ids of their own (no clash with older ones)
-        items = [{**item, "id": new_id("item")} for item in items]
-    chat = parse_chat(to_chat_body(body, context.items))
+    # The conversation's items get ids of their own (no clash with older ones).
+    items = with_ids(input_items(body.get("input")), fresh=conversation_id is not None)
+    chat = to_chat_request(body, context.items)
     entry, tokenizer, input_ids = await chat_prompt(state, request, chat, "Responses API")
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "input")
     plan.answer_bytes_max = state.config.answer_bytes_max  # streamed too: the whole response is kept to be stored
     response_id = new_id("resp")
-    shape = ResponseShape(response_id, entry.name, body, chat, metadata, body.get("previous_response_id"), store,
-                          conversation_id, background)
-    output = ChatOutput.for_request(_OpenAIShape(True, response_id, entry.name), entry, chat) or \
-        ChatOutput(_OpenAIShape(True, response_id, entry.name), None, None)
-    plan.kept_special = output.kept_special
-    logprobs = logprob_shape(plan, tokenizer, chat=True)
-
-    def token_logprobs(whole: bool) -> list[dict[str, Any]]:
-        if logprobs is None:
-            return []
-        entries = logprobs.whole() if whole else logprobs.unsent()
-        return (entries or {}).get("content") or []
+    output = ChatOutput.for_request(entry, chat)
+    if output is not None:
+        plan.kept_special = output.kept_special
+    shape = ResponseShape(response_id, entry.name, body, metadata, body.get("previous_response_id"), store,
+                          conversation_id, background, logprob_shape(plan, tokenizer, chat=True))
 
     # A background response must be over by then (queue wait, then the generation's own timeout); a
     # minute more for the last write. Past it, readers know the node running it stopped.
@@ -596,114 +548,84 @@ async def create(state: Any, request: Request) -> None:
                                                             unfinished_until_s, context.chain, events))
 
     if background:
-        # Counted like any request before anything is stored: the caller's rate limits now (settled when the
-        # generation ends), its share of the node's slots when it runs, and at most that many in progress.
-        in_progress = state.background_by_owner[owner]
-        if in_progress >= state.admission.config.tenant_running_max() > 0:
-            raise TooManyRequests(f"{in_progress} background responses of yours are in progress on this node, as "
-                                  "many as may be: wait for one to finish", code="too_many_background_responses",
-                                  retry_after_s=1)
-        limits = contextlib.AsyncExitStack()
-        await limits.enter_async_context(rate_limited_generation(state, request, plan))
-        try:
-            queued = shape.response("queued")
-            if chat.stream:  # OpenAI's opening of a background stream: created (queued), then queued
-                shape.log = StreamLog(stored_events_bytes_max(state.config.history.record_bytes_max))
-                shape.event("response.created", response=queued)
-                shape.event("response.queued", response=queued)
-            await keep(queued, final=False)  # stored first: GET, cancel and a resume work at once, on any node
-        except BaseException:
-            await limits.aclose()
-            raise
-        state.background_by_owner[owner] += 1
-        if shape.log is not None:
-            state.background_streams[response_id] = shape.log
-        request.spawn(_generate_in_background, state, request, plan, tokenizer, shape, output, keep, owner,
-                      token_logprobs, limits)
-        if shape.log is None:
-            await request.send_json(200, queued)
-        else:  # the client follows the stream; if it goes, the response goes on and a resume picks it up
-            await follow_log(request, shape.log, -1)
+        await _start_in_background(state, request, plan, tokenizer, shape, output, keep, chat.stream)
         return
 
-    async with admitted(state, request, plan):
-        if not chat.stream:
-            result = await run_unary(state, request, plan, tokenizer)
-            if result is None:
-                return
-            chat_body = output.full(result.text, result)
-            shape.items_from(chat_body["choices"][0]["message"], token_logprobs(whole=True))
-            response = shape.response("completed", result, output.reasoning_tokens(result))
-            await keep(response)
-            await request.send_json(200, response)
-            return
-        final: dict[str, Any] = {}
+    async def finish() -> bytes:
+        await keep(shape.final)
+        return shape.terminal_event()
 
-        def text_event(text: str, first: bool) -> bytes:
-            shape.pending_logprobs += token_logprobs(whole=False)
-            return (shape.opening() if first else b"") + shape.deltas(output.deltas(text, final=False))
-
-        def final_events(result: GenerationResult) -> bytes:
-            shape.pending_logprobs += token_logprobs(whole=False)
-            out = shape.deltas(output.deltas("", final=True)) + shape.close()
-            final["response"] = shape.response("completed", result, output.reasoning_tokens(result))
-            return out
-
-        async def finish() -> bytes:
-            await keep(final["response"])
-            # OpenAI's stream ends with the event of the response's status: response.completed, or
-            # response.incomplete when max_output_tokens cut it (response.failed comes from error_event).
-            return shape.event(f"response.{final['response']['status']}", response=final["response"])
-
-        def error_event(error: ApiError) -> bytes:
-            failed = shape.response("failed")
-            failed["error"] = {"code": error.code or "server_error", "message": error.message}
-            return shape.close() + shape.event("response.failed", response=failed)
-
-        await run_streamed(state, request, plan, tokenizer, text_event, final_events, error_event=error_event,
-                           done=b"", finish=finish)
+    await answer_chat(state, request, plan, tokenizer, output, shape, keep=keep, finish=finish)
 
 
-async def _generate_in_background(state: Any, request: Request, plan: Any, tokenizer: Any, shape: "ResponseShape",
-                                  output: ChatOutput, keep: Any, owner: str, token_logprobs: Any,
-                                  limits: contextlib.AsyncExitStack) -> None:
+# -- background responses ------------------------------------------------------------------------------------
+
+async def _start_in_background(state: GatewayState, request: Request, plan: GenerationPlan,
+                               tokenizer: TokenizerService, shape: ResponseShape, output: ChatOutput | None,
+                               keep: Any, stream: bool) -> None:
+    """Store the response queued and answer it (or follow its stream); the run goes on in ``state.background``.
+    Counted like any request before anything is stored: the caller's rate limits now (settled when the
+    generation ends), its share of the node's slots when it runs, and at most that many in progress."""
+    owner, runs = request.owner, state.background
+    in_progress = runs.in_progress(owner)
+    if in_progress >= state.admission.config.tenant_running_max() > 0:
+        raise TooManyRequests(f"{in_progress} background responses of yours are in progress on this node, as "
+                              "many as may be: wait for one to finish", code="too_many_background_responses",
+                              retry_after_s=1)
+    limits = contextlib.AsyncExitStack()
+    await limits.enter_async_context(rate_limited_generation(state, request, plan))
+    if stream:  # OpenAI's opening of a background stream: created (queued), then queued
+        shape.log = StreamLog(stored_events_bytes_max(state.config.history.record_bytes_max))
+    run = runs.reserve(shape.id, owner, shape.log)  # a cancel finds it from now on, on any node
+    try:
+        queued = shape.response("queued")
+        if stream:
+            shape.event("response.created", response=queued)
+            shape.event("response.queued", response=queued)
+        await keep(queued, final=False)  # stored first: GET, cancel and a resume work at once, on any node
+    except BaseException:
+        runs.release(run)
+        await limits.aclose()
+        raise
+    runs.start(run, lambda run: _run_in_background(state, request, run, plan, tokenizer, shape, output, keep,
+                                                   limits))
+    if shape.log is None:
+        await request.send_json(200, queued)
+    else:  # the client follows the stream; if it goes, the response goes on and a resume picks it up
+        await follow_log(request, shape.log, -1)
+
+
+async def _run_in_background(state: GatewayState, request: Request, run: BackgroundRun, plan: GenerationPlan,
+                             tokenizer: TokenizerService, shape: ResponseShape, output: ChatOutput | None, keep: Any,
+                             limits: contextlib.AsyncExitStack) -> None:
     """A background response: admitted, generated and stored as it goes (queued -> in_progress -> completed
-    or failed), stopped by a cancel (this node's at once, another node's at the next look at the store).
-    ``limits`` holds its rate limits' reservation, settled with the tokens used when it ends."""
+    or failed), stopped by a cancel (on any node: ``BackgroundRuns.cancel``). ``limits`` holds its rate
+    limits' reservation, settled with the tokens used when it ends."""
+    history = state.history
     async with limits:
         try:
-            await _run_in_background(state, request, plan, tokenizer, shape, output, keep, owner, token_logprobs)
-        finally:
-            state.background_by_owner[owner] -= 1
-            if state.background_by_owner[owner] <= 0:
-                del state.background_by_owner[owner]
-            if shape.log is not None:  # a resume from now on reads the store
-                shape.log.end()
-                state.background_streams.pop(shape.id, None)
-
-
-async def _run_in_background(state: Any, request: Request, plan: Any, tokenizer: Any, shape: "ResponseShape",
-                             output: ChatOutput, keep: Any, owner: str, token_logprobs: Any) -> None:
-    history, response_id = state.history, shape.id
-    with trio.CancelScope() as scope:
-        state.background_responses[response_id] = scope
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_watch_store, history, shape, keep, owner, scope)
-                final = await _background_answer(state, request, plan, tokenizer, shape, output, keep,
-                                                 token_logprobs)
-                nursery.cancel_scope.cancel()
-            stored = await history.get_response(response_id, owner)
-            if stored is not None and stored.response.get("status") != "cancelled":
-                await keep(final)
+            with run.scope:
+                async with trio.open_nursery() as nursery:
+                    if shape.log is not None:
+                        nursery.start_soon(_store_events, shape, keep)
+                    if state.background.poll_store:
+                        nursery.start_soon(_poll_store_for_cancel, state, run)
+                    final = await _background_answer(state, request, plan, tokenizer, shape, output, keep, run)
+                    nursery.cancel_scope.cancel()
+                stored = await history.get_response(shape.id, run.owner)
+                if stored is not None and stored.response.get("status") != "cancelled":
+                    await keep(final)
+            if run.cancelled:  # whatever this run stored before the cancel reached it, the response is cancelled
+                stored = await history.get_response(shape.id, run.owner)
+                if stored is not None and stored.response.get("status") != "cancelled":
+                    await keep({**stored.response, "status": "cancelled"}, final=False)
         except (GatewayError, ApiError) as e:  # the store failed, or the conversation went: nobody to tell
-            log.warning("background response %s could not be stored: %s", response_id, e)
-        finally:
-            state.background_responses.pop(response_id, None)
+            log.warning("background response %s could not be stored: %s", shape.id, e)
 
 
-async def _background_answer(state: Any, request: Request, plan: Any, tokenizer: Any, shape: "ResponseShape",
-                             output: ChatOutput, keep: Any, token_logprobs: Any) -> dict[str, Any]:
+async def _background_answer(state: GatewayState, request: Request, plan: GenerationPlan,
+                             tokenizer: TokenizerService, shape: ResponseShape, output: ChatOutput | None,
+                             keep: Any, run: BackgroundRun) -> dict[str, Any]:
     """The final response (completed, incomplete or failed). Streamed (``shape.log``), every event went
     into the log, the terminal one last."""
     streamed = shape.log is not None
@@ -712,8 +634,9 @@ async def _background_answer(state: Any, request: Request, plan: Any, tokenizer:
             in_progress = shape.response("in_progress")
             if streamed:
                 shape.event("response.in_progress", response=in_progress)
-            await keep(in_progress, final=False)
-            sink = _EventSink(shape, output, token_logprobs) if streamed else None
+            if not run.cancelled:
+                await keep(in_progress, final=False)
+            sink = _EventSink(shape, output) if streamed else None
             with trio.move_on_after(plan.timeout_s or math.inf) as deadline:
                 result = await state.generator.run(plan, tokenizer, sink)
         if deadline.cancelled_caught:
@@ -721,15 +644,11 @@ async def _background_answer(state: Any, request: Request, plan: Any, tokenizer:
                                   code="request_timeout")
         state.count_tokens(plan.model, result)
         if streamed:
-            shape.pending_logprobs += token_logprobs(whole=False)
-            shape.deltas(output.deltas("", final=True))
-            shape.close()
-        else:
-            shape.items_from(output.full(result.text, result)["choices"][0]["message"], token_logprobs(whole=True))
-        final = shape.response("completed", result, output.reasoning_tokens(result))
-        if streamed:
-            shape.event(f"response.{final['status']}", response=final)
-        return final
+            shape.final_events(output.finish() if output is not None else [],
+                               output.streamed_answer(result) if output is not None else plain_answer(result))
+            shape.terminal_event()
+            return shape.final
+        return shape.whole(output.whole(result) if output is not None else plain_answer(result))
     except Exception as e:  # the answer is a failed response, as a stream's would be
         engine_error = e.error if isinstance(e, MidStreamError) else e if isinstance(e, EngineCallError) else None
         error = from_engine_error(engine_error, plan.model) if engine_error is not None else to_api_error(e)
@@ -737,27 +656,24 @@ async def _background_answer(state: Any, request: Request, plan: Any, tokenizer:
             log.exception("background response %s failed", shape.id)
             error = ApiError("internal error", code="internal_error")
         if streamed:
-            shape.close()
-        failed = shape.response("failed")
-        failed["error"] = {"code": error.code or "server_error", "message": error.message}
-        if streamed:
-            shape.event("response.failed", response=failed)
-        return failed
+            shape.error_event(error)
+        return shape.failed(error)
 
 
 class _EventSink:
     """``generation.TextSink`` of a background stream: the decided text becomes the response's events, in
     its log (``shape.log``), awaited in the generation's task; no HTTP write is involved."""
 
-    __slots__ = ("_shape", "_output", "_token_logprobs")
+    __slots__ = ("_shape", "_output")
 
-    def __init__(self, shape: "ResponseShape", output: ChatOutput, token_logprobs: Any) -> None:
-        self._shape, self._output, self._token_logprobs = shape, output, token_logprobs
+    def __init__(self, shape: ResponseShape, output: ChatOutput | None) -> None:
+        self._shape, self._output = shape, output
 
     async def __call__(self, text: str) -> None:
-        shape = self._shape
-        shape.pending_logprobs += self._token_logprobs(whole=False)
-        shape.deltas(self._output.deltas(text, final=False))
+        if self._output is None:
+            self._shape.text_event(text, False)
+        else:
+            self._shape.delta_events(self._output.feed(text), False)
 
     def ready_now(self) -> bool:
         return False  # always through __call__
@@ -769,24 +685,35 @@ class _EventSink:
         pass
 
 
-async def _watch_store(history: Any, shape: "ResponseShape", keep: Any, owner: str, scope: trio.CancelScope) -> None:
-    """While a background response runs: stop it when it is cancelled (or deleted) on any node, and, when it
-    streams, store its new events (FLUSH_INTERVAL_S apart) for a resume elsewhere."""
-    streamed = shape.log is not None
+async def _store_events(shape: ResponseShape, keep: Any) -> None:
+    """While a background response streams: its new events reach the store FLUSH_INTERVAL_S apart at most (for
+    a resume on another node), woken by the events themselves: nothing runs while none comes."""
+    log_ = shape.log
     while True:
-        await trio.sleep(FLUSH_INTERVAL_S if streamed else BACKGROUND_CANCEL_POLL_S)
-        try:
-            stored = await history.get_response(shape.id, owner)
-            if stored is None or stored.response.get("status") == "cancelled":  # cancelled, or deleted
-                scope.cancel()
-                return
-            if streamed and shape.log.dirty:
+        if not log_.dirty:
+            await log_.changed().wait()
+        await trio.sleep(FLUSH_INTERVAL_S)  # what comes meanwhile goes in the same write
+        if log_.dirty:
+            try:
                 await keep(shape.response("in_progress"), final=False)
+            except GatewayError:
+                continue  # the store is away for now: the next events try again
+
+
+async def _poll_store_for_cancel(state: GatewayState, run: BackgroundRun) -> None:
+    """Without a mesh, a cancel made on another node of a shared store reaches this run only through the store."""
+    while True:
+        await trio.sleep(STORE_POLL_S)
+        try:
+            stored = await state.history.get_response(run.id, run.owner)
         except GatewayError:
             continue  # the store is away for now; look again
+        if stored is None or stored.response.get("status") == "cancelled":  # cancelled, or deleted
+            state.background.cancelled_in_store(run)
+            return
 
 
-async def cancel(state: Any, request: Request) -> None:
+async def cancel(state: GatewayState, request: Request) -> None:
     entry = await _stored(state, request)
     response = entry.response
     if not response.get("background"):
@@ -795,19 +722,17 @@ async def cancel(state: Any, request: Request) -> None:
         response = {**response, "status": "cancelled"}
         async with counted_write(state, request):
             await state.history.put_response(dataclasses.replace(entry, response=response))
-        running = state.background_responses.get(entry.id)
-        if running is not None:
-            running.cancel()
+        await state.background.cancel(entry.id, request.owner)  # stopped where it runs, on any node
     elif response["status"] != "cancelled":
         raise BadRequest(f"the response is {response['status']}: it cannot be cancelled", param="response_id",
                          code="invalid_value")
     await request.send_json(200, response)
 
 
-async def _stored(state: Any, request: Request) -> StoredResponse:
+async def _stored(state: GatewayState, request: Request) -> StoredResponse:
     response_id = request.path_params["response_id"]
     store = state.history
-    entry = await store.get_response(response_id, owner_of(request)) if store is not None else None
+    entry = await store.get_response(response_id, request.owner) if store is not None else None
     if entry is None:
         raise NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="not_found")
     return _abandoned(entry)
@@ -825,7 +750,7 @@ def _abandoned(entry: StoredResponse) -> StoredResponse:
     return dataclasses.replace(entry, response=failed)
 
 
-async def retrieve(state: Any, request: Request) -> None:
+async def retrieve(state: GatewayState, request: Request) -> None:
     query = request.query()
     stream = query.get("stream", "false").lower()
     if stream not in ("true", "false"):
@@ -839,11 +764,11 @@ async def retrieve(state: Any, request: Request) -> None:
     if entry.events is None:
         raise BadRequest("only a response created with background and stream set can be streamed again",
                          param="stream", code="invalid_value")
-    live = state.background_streams.get(entry.id)
+    live = state.background.live_log(entry.id)
     if live is not None:  # generating here: its events as they come
         await follow_log(request, live, after)
         return
-    owner, store = owner_of(request), state.history
+    owner, store = request.owner, state.history
 
     async def read() -> StoredResponse | None:
         record = await store.get_response(entry.id, owner)
@@ -852,17 +777,18 @@ async def retrieve(state: Any, request: Request) -> None:
     await follow_store(request, read, entry, after)
 
 
-async def delete(state: Any, request: Request) -> None:
+async def delete(state: GatewayState, request: Request) -> None:
     response_id = request.path_params["response_id"]
     store = state.history
     async with counted_write(state, request):
-        deleted = store is not None and await store.delete_response(response_id, owner_of(request))
+        deleted = store is not None and await store.delete_response(response_id, request.owner)
     if not deleted:
         raise NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="not_found")
+    await state.background.cancel(response_id, request.owner)  # a deleted response generates no more
     await request.send_json(200, {"id": response_id, "object": "response", "deleted": True})
 
 
-async def list_input_items(state: Any, request: Request) -> None:
+async def list_input_items(state: GatewayState, request: Request) -> None:
     after, limit, descending = list_query(request)
     items = list((await _stored(state, request)).input_items)
     if descending:
@@ -870,27 +796,3 @@ async def list_input_items(state: Any, request: Request) -> None:
     ids = [item.get("id") for item in items]
     start = ids.index(after) + 1 if after in ids else 0
     await request.send_json(200, list_page(items[start:start + limit], start + limit < len(items)))
-
-
-def list_query(request: Request) -> tuple[str | None, int, bool]:
-    """A list endpoint's ``after``, ``limit`` (1-100, 20) and ``order`` (asc or desc, desc: OpenAI's)."""
-    query = request.query()
-    after = query.get("after") or None
-    if after is not None and len(after) > ID_CHARS_MAX:
-        raise BadRequest("'after' is not an item id", param="after", code="invalid_value")
-    try:
-        limit = int(query.get("limit", LIST_PAGE_DEFAULT))
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= LIST_LIMIT_MAX:
-        raise BadRequest(f"'limit' must be an integer from 1 to {LIST_LIMIT_MAX}", param="limit",
-                         code="invalid_value")
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise BadRequest("'order' must be asc or desc", param="order", code="invalid_value")
-    return after, limit, order == "desc"
-
-
-def list_page(items: "list[dict[str, Any]]", has_more: bool) -> dict[str, Any]:
-    return {"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
-            "last_id": items[-1]["id"] if items else None, "has_more": has_more}

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 import os
 from typing import TYPE_CHECKING
-
-import trio
 
 from ..admission import Admission
 from ..engine.grpc_engine import SamplingOptions
@@ -17,6 +14,7 @@ from ..history import HistoryStore, MemoryHistory
 from ..metrics import GatewayMetrics
 from ..models import ModelCatalog
 from ..workers import Router, WorkerRegistry
+from .background import BackgroundRuns
 from .protocol import SamplingRequest
 
 if TYPE_CHECKING:
@@ -26,7 +24,6 @@ if TYPE_CHECKING:
     from ..ratelimit.limiter import RateLimiter
     from .proxy import HttpProxy
     from ..tracing import Tracing
-    from .response_stream import StreamLog
 
 
 @dataclasses.dataclass
@@ -47,17 +44,12 @@ class GatewayState:
     # Stored responses and conversations (gateway/history): the backend --history-backend chose, None
     # with "none". The default here (a lone node's memory) is for states built without a server.
     history: "HistoryStore | None" = dataclasses.field(default_factory=MemoryHistory)
-    # Background responses generating on this node, by id: a cancel that reaches this node stops its
-    # task at once; one that reaches another node is seen here when the task next reads the store.
-    background_responses: "dict[str, trio.CancelScope]" = dataclasses.field(default_factory=dict)
-    # The streams of those created with stream: true (api/response_stream.py): a resume that reaches this
-    # node follows the events as they come rather than the store.
-    background_streams: "dict[str, StreamLog]" = dataclasses.field(default_factory=dict)
+    # Background responses generating on this node (api/background.py): their runs, cancels from any node,
+    # their live streams. The default here (no mesh, not served) is for states built without a server.
+    background: BackgroundRuns = dataclasses.field(default_factory=lambda: BackgroundRuns(None, False))
     # Engines of --worker-urls that have not answered since the node started (their models are unknown yet):
     # requests for a model nobody serves answer 503 naming them rather than 404.
     unreachable_engines: set[str] = dataclasses.field(default_factory=set)
-    # Background responses in progress on this node, by owner: at most the owner's share of the slots.
-    background_by_owner: "collections.Counter[str]" = dataclasses.field(default_factory=collections.Counter)
 
     def __post_init__(self) -> None:
         # Engine request ids must be unique per engine; clients' ids need not be.

@@ -56,7 +56,7 @@ def parse_constraint(body: dict[str, Any]) -> tuple[Constraint | None, str | Non
     name = given[0]
     value = body[name]
     if name == "response_format":
-        return _response_format(value), name
+        return response_format_constraint(value), name
     if name in _TEXT_FIELDS:
         return Constraint(_TEXT_FIELDS[name], _text(value, name)), name
     if name == "structural_tag":
@@ -66,24 +66,27 @@ def parse_constraint(body: dict[str, Any]) -> tuple[Constraint | None, str | Non
     return Constraint("choice", _choices(value, name)), name
 
 
-def _response_format(value: Any) -> Constraint:
-    param = "response_format"
+def response_format_constraint(value: Any, param: str = "response_format") -> Constraint | None:
+    """OpenAI's ``response_format`` (the Responses API's ``text.format``, flat, arrives in this shape too):
+    None for ``text``."""
+    if isinstance(value, dict) and value.get("type") == "text":
+        return None
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
-        raise BadRequest("'response_format' must be an object with a 'type'", param=param, code="invalid_type")
+        raise BadRequest(f"'{param}' must be an object with a 'type'", param=param, code="invalid_type")
     kind = value["type"]
     if kind == "json_object":
         return Constraint("json_object")
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict):
-            raise BadRequest("response_format 'json_schema' needs a 'json_schema' object", param=param,
+            raise BadRequest(f"{param} 'json_schema' needs a 'json_schema' object", param=param,
                              code="invalid_value")
         name = spec.get("name")
         if not isinstance(name, str) or not _SCHEMA_NAME.match(name):
-            raise BadRequest("response_format.json_schema.name must be 1-64 letters, digits, '_' or '-'",
+            raise BadRequest(f"{param}.json_schema.name must be 1-64 letters, digits, '_' or '-'",
                              param=f"{param}.json_schema.name", code="invalid_value")
         if "strict" in spec and spec["strict"] is not None and not isinstance(spec["strict"], bool):
-            raise BadRequest("response_format.json_schema.strict must be a boolean",
+            raise BadRequest(f"{param}.json_schema.strict must be a boolean",
                              param=f"{param}.json_schema.strict", code="invalid_type")
         schema = spec.get("schema")
         if schema is None:  # OpenAI: the schema is optional; without one any JSON object will do
@@ -91,7 +94,7 @@ def _response_format(value: Any) -> Constraint:
         return Constraint("json_schema", _schema_text(schema, f"{param}.json_schema.schema"))
     if kind == "structural_tag":
         return Constraint("structural_tag", _json_text(value, param))
-    raise BadRequest(f"response_format type must be 'text', 'json_object', 'json_schema' or 'structural_tag', "
+    raise BadRequest(f"{param} type must be 'text', 'json_object', 'json_schema' or 'structural_tag', "
                      f"not {kind!r}", param=f"{param}.type", code="invalid_value")
 
 

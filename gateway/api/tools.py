@@ -45,8 +45,15 @@ def parse_tools(body: dict[str, Any]) -> ToolSpec:
         tools = [{"type": "function", "function": f} for f in functions] if functions is not None else None
         legacy = body.get("function_call")
         choice = {"type": "function", "function": legacy} if isinstance(legacy, dict) else legacy
+    return tool_spec(tools, choice, body.get("parallel_tool_calls", True))
+
+
+def tool_spec(tools: Any, choice: Any, parallel: Any = True) -> ToolSpec:
+    """Function tools in OpenAI's chat shape, a ``tool_choice`` in its shape and ``parallel_tool_calls``, checked:
+    what every API's translation of its tools ends in."""
+    if tools is None and choice is None and parallel is True:
+        return NO_TOOLS
     checked = _check_tools(tools) if tools is not None else None
-    parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise BadRequest("'parallel_tool_calls' must be a boolean", param="parallel_tool_calls", code="invalid_type")
     choice, name = _check_choice(choice, checked)

@@ -13,6 +13,7 @@ two nodes sharing what they store (the memory backend over their mesh, or one re
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import httpx2
@@ -203,3 +204,34 @@ def test_a_background_stream_resumes_on_the_other_node_after_the_first_is_killed
         a_node.stop()
         b_node.stop()
 
+
+
+def background_cancels(node: NodeProcess) -> dict[str, float]:
+    text = httpx2.get(node.url + "/metrics").text
+    return {source: float(value) for source, value in
+            re.findall(r'^smg_background_cancels_total\{source="(\w+)"\} (\S+)', text, re.MULTILINE)}
+
+
+def test_a_background_response_cancelled_on_the_other_node_stops_where_it_runs(pair, backend):
+    """The node that runs it hears of the cancel: told over the mesh (memory backend), or, with a shared store
+    and no mesh between the nodes, from the store; either way its generation stops and the response stays
+    cancelled."""
+    a, b = (client(n) for n in pair)
+    before = background_cancels(pair[0])
+    queued = a.responses.create(model=MODEL, input="Write at length.", background=True, max_output_tokens=2000)
+    poll(b, queued.id, lambda r: r.status == "in_progress")
+    assert b.responses.cancel(queued.id).status == "cancelled"
+    meshed = "--mesh-bind" in pair[0].argv
+    source = "peer" if meshed else "store"
+    deadline = time.monotonic() + 20
+    while background_cancels(pair[0]).get(source, 0) < before.get(source, 0) + 1:
+        assert time.monotonic() < deadline, background_cancels(pair[0])
+        time.sleep(0.05)
+    assert background_cancels(pair[0]).get("local", 0) == before.get("local", 0)
+    # The run is gone from the node that ran it (2,000 tokens at 20 ms would be 40 s), and nothing it wrote
+    # after the cancel replaced the cancelled status.
+    deadline = time.monotonic() + 20
+    while "smg_background_responses 0.0" not in httpx2.get(pair[0].url + "/metrics").text:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert a.responses.retrieve(queued.id).status == b.responses.retrieve(queued.id).status == "cancelled"

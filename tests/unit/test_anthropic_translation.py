@@ -1,5 +1,5 @@
-"""A Messages request as the chat request it means (gateway/api/anthropic.py to_chat_body), the answer's
-stop reasons, and what it refuses with a 400 naming the field."""
+"""A Messages request as the chat request it means (gateway/api/anthropic.py to_chat_request: the typed request,
+no chat body in between), the answer's stop reasons, and what it refuses with a 400 naming the field."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gateway.api.anthropic import stop_reason, to_chat_body
+from gateway.api.anthropic import stop_reason, to_chat_request
 from gateway.api.errors import BadRequest
 from gateway.generation import GenerationResult
 
@@ -15,7 +15,7 @@ BASE = {"model": "m", "max_tokens": 64}
 
 
 def test_blocks_become_chat_messages():
-    chat = to_chat_body({**BASE, "system": [{"type": "text", "text": "Be brief."}], "messages": [
+    chat = to_chat_request({**BASE, "system": [{"type": "text", "text": "Be brief."}], "messages": [
         {"role": "user", "content": "Weather?"},
         {"role": "assistant", "content": [{"type": "thinking", "thinking": "call it", "signature": "s"},
                                           {"type": "text", "text": "Checking."},
@@ -24,7 +24,7 @@ def test_blocks_become_chat_messages():
                                      {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
                                       "content": [{"type": "text", "text": "timeout"}]},
                                      {"type": "text", "text": "And tomorrow?"}]}]})
-    assert chat["messages"] == [
+    assert chat.messages == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather?"},
         {"role": "assistant", "content": "Checking.", "reasoning_content": "call it", "tool_calls": [
@@ -36,17 +36,19 @@ def test_blocks_become_chat_messages():
 
 
 @pytest.mark.parametrize("choice, expected, parallel", [
-    ({"type": "auto"}, "auto", True), ({"type": "any"}, "required", True),
-    ({"type": "tool", "name": "w", "disable_parallel_tool_use": True}, {"type": "function", "function": {"name": "w"}},
-     False),
-    ({"type": "none"}, "none", True),
+    ({"type": "auto"}, ("auto", None), True), ({"type": "any"}, ("required", None), True),
+    ({"type": "any", "disable_parallel_tool_use": True}, ("required", None), False),
+    ({"type": "tool", "name": "w", "disable_parallel_tool_use": True}, ("named", "w"), False),
+    ({"type": "none"}, ("none", None), True),
 ])
 def test_tools_and_tool_choice(choice, expected, parallel):
-    chat = to_chat_body({**BASE, "messages": [{"role": "user", "content": "x"}], "tool_choice": choice,
-                         "tools": [{"name": "w", "description": "d", "input_schema": {"type": "object"}}]})
-    assert chat["tools"] == [{"type": "function", "function": {"name": "w", "parameters": {"type": "object"},
-                                                               "description": "d"}}]
-    assert chat["tool_choice"] == expected and chat.get("parallel_tool_calls", True) is parallel
+    chat = to_chat_request({**BASE, "messages": [{"role": "user", "content": "x"}], "tool_choice": choice,
+                            "tools": [{"name": "w", "description": "d", "input_schema": {"type": "object"}}]})
+    assert chat.tools == [{"type": "function", "function": {"name": "w", "parameters": {"type": "object"},
+                                                            "description": "d"}}]
+    assert (chat.tool_choice, chat.tool_name) == expected
+    if chat.tool_choice == "required":  # one call at most when parallel calls are off: the constraint says so
+        assert ('"maxItems"' in chat.sampling.constraint.spec) is not parallel
 
 
 @pytest.mark.parametrize("extra, param", [
@@ -57,18 +59,24 @@ def test_tools_and_tool_choice(choice, expected, parallel):
     ({"thinking": {"type": "enabled", "budget_tokens": 64}}, "thinking.budget_tokens"),
     ({"thinking": {"type": "maybe"}}, "thinking"),
     ({"system": 5}, "system"),
+    ({"stop_sequences": "x" * 2000}, "stop_sequences"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"max_tokens": 2 ** 40}, "max_tokens"),
 ])
 def test_what_is_refused(extra, param):
     body = {**BASE, "messages": [{"role": "user", "content": "x"}], **extra}
     with pytest.raises(BadRequest) as e:
-        to_chat_body(body)
+        to_chat_request(body)
     assert e.value.param == param, e.value.message
 
 
 def test_thinking_switch_and_stop_reasons():
-    assert to_chat_body({**BASE, "max_tokens": 4096, "messages": [{"role": "user", "content": "x"}],
-                         "thinking": {"type": "enabled", "budget_tokens": 2048}})["chat_template_kwargs"] == \
-        {"enable_thinking": True, "thinking": True}
+    chat = to_chat_request({**BASE, "max_tokens": 4096, "messages": [{"role": "user", "content": "x"}],
+                            "stop_sequences": ["END"], "thinking": {"type": "enabled", "budget_tokens": 2048}})
+    assert chat.template_kwargs == {"enable_thinking": True, "thinking": True} and chat.thinking
+    assert (chat.sampling.max_tokens, chat.sampling.stop) == (4096, ("END",))
+    counted = to_chat_request({"model": "m", "messages": [{"role": "user", "content": "x"}]}, count_only=True)
+    assert counted.sampling.max_tokens is None  # count_tokens has no max_tokens, and needs none
 
     def result(finish, matched=None):
         return GenerationResult("", [], finish, matched, 1, 1, 0, "w")

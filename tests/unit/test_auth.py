@@ -174,7 +174,7 @@ def test_a_prompt_longer_than_its_context_can_hold_is_refused_before_encoding():
     from types import SimpleNamespace
 
     from gateway.api.errors import ContextLengthExceeded
-    from gateway.api.openai import check_prompt_chars
+    from gateway.api.pipeline import check_prompt_chars
     entry = SimpleNamespace(max_context_tokens=100)
     tokenizer = SimpleNamespace(token_chars_max=8)
     check_prompt_chars(entry, tokenizer, "x" * 800, "prompt")  # might fit: left to the encoder and the count

@@ -1,16 +1,18 @@
-"""A chat answer through its parsers (gateway/api/chat_output.py): streamed in seeded random pieces, the
-deltas assemble to the non-streamed message (content, reasoning_content, tool_calls, finish_reason)."""
+"""A chat answer through its parsers (gateway/api/chat_output.py): streamed in seeded random pieces, the typed
+deltas, rendered as OpenAI's chat chunks (gateway/api/openai.py OpenAIShape), assemble to the non-streamed
+message (content, reasoning_content, tool_calls, finish_reason)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
 import orjson
 import pytest
 
-from gateway.api.chat_output import ChatOutput
-from gateway.api.openai import _OpenAIShape
+from gateway.api.chat_output import Call, ChatOutput, Content, Reasoning
+from gateway.api.openai import OpenAIShape
 from gateway.generation import GenerationResult
 from gateway.parsers import reasoning_parser, tool_call_parser
 
@@ -31,9 +33,30 @@ def result(finish="stop") -> GenerationResult:
     return GenerationResult("", [], finish, None, 3, 4, 0, "w")
 
 
-def output(tools=True, reasoning=True) -> ChatOutput:
-    return ChatOutput(_OpenAIShape(True, "chatcmpl-x", "m"), tool_call_parser("qwen", TOOLS) if tools else None,
-                      reasoning_parser("qwen3") if reasoning else None)
+class Rendered:
+    """A ChatOutput under OpenAI's chat renderer, driven as the pipeline drives them (pipeline.answer_chat)."""
+
+    def __init__(self, output: ChatOutput) -> None:
+        self.output = output
+        self.shape = OpenAIShape(True, "chatcmpl-x", "m")
+
+    def full(self, text, done):
+        return self.shape.whole(self.output.whole(dataclasses.replace(done, text=text)))
+
+    def text_event(self, text, first):
+        return self.shape.delta_events(self.output.feed(text), first)
+
+    def final_events(self, done, include_usage):
+        self.shape.include_usage = include_usage
+        return self.shape.final_events(self.output.finish(), self.output.streamed_answer(done))
+
+
+def rendered(*args, **kwargs) -> Rendered:
+    return Rendered(ChatOutput(*args, **kwargs))
+
+
+def output(tools=True, reasoning=True) -> Rendered:
+    return rendered(tool_call_parser("qwen", TOOLS) if tools else None, reasoning_parser("qwen3") if reasoning else None)
 
 
 def assemble(events: bytes):
@@ -81,6 +104,23 @@ def test_the_stream_assembles_to_the_full_answer(text, seed):
     assert finish == full["finish_reason"], f"seed={seed}"
 
 
+@pytest.mark.parametrize("text", TEXTS)
+def test_the_typed_deltas_add_up_to_the_typed_whole_answer(text):
+    """No API's shape involved: Reasoning, Content and Call deltas against ChatOutput.whole's answer."""
+    whole = ChatOutput(tool_call_parser("qwen", TOOLS), reasoning_parser("qwen3")).whole(
+        dataclasses.replace(result(), text=text))
+    out = ChatOutput(tool_call_parser("qwen", TOOLS), reasoning_parser("qwen3"))
+    deltas = [d for at in range(0, len(text), 4) for d in out.feed(text[at:at + 4])] + out.finish()
+    end = out.streamed_answer(result())
+    assert "".join(d.text for d in deltas if type(d) is Reasoning) == (whole.reasoning or "")
+    assert "".join(d.text for d in deltas if type(d) is Content) == (whole.content or "")
+    calls = [d for d in deltas if type(d) is Call]
+    assert [(c.index, c.name, json.loads(c.arguments)) for c in calls] == \
+        [(c.index, c.name, json.loads(c.arguments)) for c in whole.calls]
+    assert (end.finish_reason, end.called) == (whole.finish_reason, whole.called)
+    assert end.content is None and end.reasoning is None and end.calls == ()
+
+
 def test_finish_reason_and_null_content():
     body = output().full(CALL, result())
     choice = body["choices"][0]
@@ -97,7 +137,7 @@ def test_a_call_inside_the_reasoning_is_not_a_call():
     assert CALL in message["reasoning_content"]
 
 
-def _events(out: ChatOutput, text: str, final_result: GenerationResult, seed: int = 0) -> bytes:
+def _events(out: Rendered, text: str, final_result: GenerationResult, seed: int = 0) -> bytes:
     rng, at, first, streamed = random.Random(seed), 0, True, b""
     while at < len(text):
         size = rng.choice((1, 2, 5))
@@ -109,7 +149,7 @@ def _events(out: ChatOutput, text: str, final_result: GenerationResult, seed: in
 @pytest.mark.parametrize("seed", range(4))
 def test_reasoning_held_until_it_ends_when_not_streamed_as_it_comes(seed):
     text = "<think>\nstep one, step two\n</think>\n\nThe answer."
-    out = ChatOutput(_OpenAIShape(True, "chatcmpl-x", "m"), None, reasoning_parser("qwen3"), stream_reasoning=False)
+    out = rendered(None, reasoning_parser("qwen3"), stream_reasoning=False)
     streamed = _events(out, text, result(), seed)
     reasoning_deltas = [orjson.loads(line[6:])["choices"][0]["delta"]["reasoning_content"]
                         for line in streamed.split(b"\n\n") if b"reasoning_content" in line]
@@ -127,8 +167,7 @@ END = 99  # the id of </think> in these tests
 ])
 def test_reasoning_tokens_in_usage_streamed_or_not(text, ids, expected):
     def make():
-        return ChatOutput(_OpenAIShape(True, "chatcmpl-x", "m"), None, reasoning_parser("qwen3"),
-                          count_tokens=len, reasoning_end_id=END)
+        return rendered(None, reasoning_parser("qwen3"), count_tokens=len, reasoning_end_id=END)
 
     done = GenerationResult(text, ids, "stop", None, 3, len(ids), 0, "w")
     assert make().full(text, done)["usage"]["completion_tokens_details"] == {"reasoning_tokens": expected}
@@ -138,12 +177,11 @@ def test_reasoning_tokens_in_usage_streamed_or_not(text, ids, expected):
 
 
 def test_reasoning_tokens_counted_from_the_text_when_the_end_marker_is_not_one_token():
-    out = ChatOutput(_OpenAIShape(True, "chatcmpl-x", "m"), None, reasoning_parser("kimi"), count_tokens=len)
+    out = rendered(None, reasoning_parser("kimi"), count_tokens=len)
     text = "abcd◁/think▷rest"
     done = GenerationResult(text, list(range(10)), "stop", None, 3, 10, 0, "w")
     assert out.full(text, done)["usage"]["completion_tokens_details"] == {"reasoning_tokens": 4}
-    streamed = _events(ChatOutput(_OpenAIShape(True, "chatcmpl-x", "m"), None, reasoning_parser("kimi"),
-                                  count_tokens=len), text, done)
+    streamed = _events(rendered(None, reasoning_parser("kimi"), count_tokens=len), text, done)
     assert b'"reasoning_tokens":4' in streamed
 
 
@@ -158,6 +196,10 @@ def _chat(tool_choice="auto", tools=TOOLS, template_kwargs=None, tool_name=None)
 def _entry(tool_parser, reasoning):
     from types import SimpleNamespace
     return SimpleNamespace(tool_call_parser=tool_parser, reasoning_parser=reasoning, tokenizer=None)
+
+
+def for_request(entry, chat) -> Rendered:
+    return Rendered(ChatOutput.for_request(entry, chat))
 
 
 def _both_ways(make, text, finish="stop"):
@@ -179,12 +221,11 @@ DS_CALL = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<�
 
 
 def test_deepseek_v31_reasons_only_when_its_thinking_switch_is_on():
-    shape = _OpenAIShape(True, "chatcmpl-x", "m")
     entry = _entry("deepseek31", "deepseek_v31")
-    off = _both_ways(lambda: ChatOutput.for_request(shape, entry, _chat()), "Let me check." + DS_CALL)
+    off = _both_ways(lambda: for_request(entry, _chat()), "Let me check." + DS_CALL)
     assert off[0]["content"] == "Let me check." and off[0].get("reasoning_content") is None
     assert [c["name"] for c in off[2]] == ["get_weather"] and off[1] == "tool_calls"
-    on = _both_ways(lambda: ChatOutput.for_request(shape, entry, _chat(template_kwargs={"thinking": True})),
+    on = _both_ways(lambda: for_request(entry, _chat(template_kwargs={"thinking": True})),
                     "The user wants weather.</think>" + DS_CALL)
     assert on[0]["reasoning_content"] == "The user wants weather." and [c["name"] for c in on[2]] == ["get_weather"]
 
@@ -193,8 +234,7 @@ def test_deepseek_v31_reasons_only_when_its_thinking_switch_is_on():
                                         ("deepseek_r1", "First I will plan the"),
                                         ("deepseek_r1", "<think>\nFirst I will plan the")])
 def test_an_answer_cut_inside_its_reasoning_is_reasoning(name, text):
-    shape = _OpenAIShape(True, "chatcmpl-x", "m")
-    message, finish, _ = _both_ways(lambda: ChatOutput.for_request(shape, _entry("qwen", name), _chat()), text,
+    message, finish, _ = _both_ways(lambda: for_request(_entry("qwen", name), _chat()), text,
                                     finish="length")
     assert message["reasoning_content"] == "\nFirst I will plan the".removeprefix("\n" if "<think>" not in text
                                                                                    else "")
@@ -204,20 +244,18 @@ def test_an_answer_cut_inside_its_reasoning_is_reasoning(name, text):
 def test_qwen3_coder_gets_a_reasoning_parser_that_leaves_plain_answers_alone():
     from gateway.parsers.choice import choose
     assert choose("Qwen/Qwen3-Coder-30B-A3B-Instruct") == ("qwen_coder", "qwen3")
-    shape = _OpenAIShape(True, "chatcmpl-x", "m")
-    plain = _both_ways(lambda: ChatOutput.for_request(shape, _entry("qwen_coder", "qwen3"), _chat()), "def f(): pass")
+    plain = _both_ways(lambda: for_request(_entry("qwen_coder", "qwen3"), _chat()), "def f(): pass")
     assert plain[0]["content"] == "def f(): pass" and plain[0]["reasoning_content"] is None
 
 
 def test_tool_choice_required_cut_short_gives_the_calls_it_completed_never_the_array_text():
-    shape = _OpenAIShape(True, "chatcmpl-x", "m")
     tools = TOOLS + [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
-    make = lambda: ChatOutput.for_request(shape, _entry(None, None), _chat("required", tools))  # noqa: E731
+    make = lambda: for_request(_entry(None, None), _chat("required", tools))  # noqa: E731
     text = '[{"name": "get_weather", "parameters": {"city": "Oslo"}}, {"name": "get_time", "parameters": {"tz": "U'
     message, finish, calls = _both_ways(make, text, finish="length")
     assert message["content"] is None and finish == "length" and [c["name"] for c in calls] == ["get_weather"]
     nothing, finish, calls = _both_ways(make, '[{"name": "get_wea', finish="length")
     assert not nothing["content"] and calls == [] and finish == "length"
-    named = lambda: ChatOutput.for_request(shape, _entry(None, None), _chat("named", tool_name="get_weather"))  # noqa
+    named = lambda: for_request(_entry(None, None), _chat("named", tool_name="get_weather"))  # noqa
     cut, finish, calls = _both_ways(named, '{"city": "Os', finish="length")
     assert not cut["content"] and calls == [] and finish == "length"

@@ -82,15 +82,14 @@ def test_without_separation_the_analysis_is_content_and_the_reasoning_parser_alo
 
 def test_a_chat_answer_from_harmony_streamed_equals_whole():
     from gateway.api.chat_output import ChatOutput
-    from gateway.api.openai import _OpenAIShape
     from gateway.generation import GenerationResult
-    from tests.unit.test_chat_output import assemble
+    from tests.unit.test_chat_output import Rendered, assemble
 
     text = VECTORS[3][1]
     done = GenerationResult("", list(range(40)), "stop", None, 3, 40, 0, "w")
 
     def make():
-        return ChatOutput(_OpenAIShape(True, "chatcmpl-x", "m"), HarmonyParser(TOOLS), None, count_tokens=len)
+        return Rendered(ChatOutput(HarmonyParser(TOOLS), None, count_tokens=len))
 
     message = make().full(text, done)["choices"][0]
     assert message["finish_reason"] == "tool_calls"

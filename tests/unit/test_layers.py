@@ -50,6 +50,9 @@ def test_the_contract_is_kept(graph, contract_id):
     ("gateway", "gateway.api.app", "gateway.server"),
     ("gateway", "gateway.routing.policies", "gateway.workers.worker"),
     ("gateway", "gateway.config", "gateway.api.app"),
+    ("gateway", "gateway.http1.server", "gateway.api.app"),
+    ("endpoints", "gateway.api.anthropic", "gateway.api.openai"),
+    ("endpoints", "gateway.api.conversations", "gateway.api.responses"),
 ])
 def test_an_upward_import_breaks_the_contract(contract_id, importer, imported):
     graph = grimp.build_graph(*SETTINGS["root_packages"])

@@ -80,11 +80,12 @@ def test_generate_needs_exactly_one_input():
 
 def test_spliced_text_chunk_events_equal_the_rendered_ones():
     from gateway.api.http import sse_event
-    from gateway.api.openai import _OpenAIShape
+    from gateway.api.openai import OpenAIShape
     for chat in (True, False):
-        shape = _OpenAIShape(chat, "chatcmpl-abc", 'model "quoted"')
-        for text in ["hi", "", 'é "q" \n\u2028 \\', "\x00text\x00", "🎉" * 3]:
-            assert shape.text_chunk_event(text) == sse_event(shape.chunk(text, None)), text
+        for index in (0, 3):
+            shape = OpenAIShape(chat, "chatcmpl-abc", 'model "quoted"', index=index)
+            for text in ["hi", "", 'é "q" \n\u2028 \\', "\x00text\x00", "🎉" * 3]:
+                assert shape.text_event(text, first=False) == sse_event(shape.chunk(text, None)), text
 
 
 @pytest.mark.parametrize("extra, thinking, template_kwargs", [

@@ -1,6 +1,6 @@
-"""A Responses request as the chat request it means (gateway/api/responses.py): items to messages,
-a stored conversation first, and what is refused with a 400 naming the field (bounded metadata, item
-types, tools)."""
+"""A Responses request as the chat request it means (gateway/api/responses.py to_chat_request, the typed
+request itself: no chat body in between): items to messages, a stored conversation first, and what is
+refused with a 400 naming the field (bounded metadata, item types, tools)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import time
 import pytest
 
 from gateway.api.errors import BadRequest
-from gateway.api.responses import _abandoned, chat_messages, input_items, metadata_of, to_chat_body
+from gateway.api.items import input_items, metadata_of
+from gateway.api.responses import _abandoned, chat_messages, to_chat_request
 from gateway.history import StoredResponse
 
 
@@ -34,15 +35,22 @@ def test_items_become_messages_calls_join_their_turn_and_reasoning_goes_with_it(
 def test_history_instructions_and_fields():
     history = input_items("first question") + [
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "first answer"}]}]
-    chat = to_chat_body({"model": "m", "input": "second", "instructions": "Be brief.", "max_output_tokens": 9,
-                         "tools": [{"type": "function", "name": "w", "parameters": {"type": "object"}}],
-                         "tool_choice": {"type": "function", "name": "w"}, "reasoning": {"effort": "low"},
-                         "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}},
-                        history)
-    assert [m["content"] for m in chat["messages"]] == ["Be brief.", "first question", "first answer", "second"]
-    assert chat["max_tokens"] == 9 and chat["reasoning_effort"] == "low"
-    assert chat["tool_choice"] == {"type": "function", "function": {"name": "w"}}
-    assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    body = {"model": "m", "input": [{"role": "developer", "content": "Use tools."}, {"role": "user", "content": "second"}],
+            "instructions": "Be brief.", "max_output_tokens": 9, "temperature": 0.5,
+            "tools": [{"type": "function", "name": "w", "parameters": {"type": "object"}}],
+            "reasoning": {"effort": "low"}, "include": ["message.output_text.logprobs"], "top_logprobs": 2,
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}}
+    chat = to_chat_request(body, history)
+    assert [(m["role"], m["content"]) for m in chat.messages] == [
+        ("system", "Be brief."), ("user", "first question"), ("assistant", "first answer"), ("system", "Use tools."),
+        ("user", "second")]
+    assert (chat.sampling.max_tokens, chat.sampling.temperature, chat.sampling.logprobs) == (9, 0.5, 2)
+    assert chat.template_kwargs == {"reasoning_effort": "low", "enable_thinking": True, "thinking": True}
+    assert chat.sampling.constraint.kind == "json_schema" and chat.sampling.constraint_field == "text.format"
+    assert (chat.tool_choice, [t["function"]["name"] for t in chat.tools]) == ("auto", ["w"])
+    named = to_chat_request({"model": "m", "input": "x", "tools": body["tools"],
+                             "tool_choice": {"type": "function", "name": "w"}}, [])
+    assert (named.tool_choice, named.tool_name, named.sampling.constraint_field) == ("named", "w", "tool_choice")
 
 
 @pytest.mark.parametrize("raw, param", [
@@ -68,8 +76,23 @@ def testmetadata_of_is_bounded(metadata):
 
 def test_only_function_tools():
     with pytest.raises(BadRequest) as e:
-        to_chat_body({"model": "m", "input": "x", "tools": [{"type": "file_search"}]}, [])
+        to_chat_request({"model": "m", "input": "x", "tools": [{"type": "file_search"}]}, [])
     assert e.value.param == "tools[0]"
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"temperature": 3}, "temperature"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+    ({"reasoning": {"effort": 1}}, "reasoning.effort"),
+    ({"text": {"format": {"type": "json_schema", "name": "bad name!"}}}, "text.format.json_schema.name"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ({"stream": "yes"}, "stream"),
+])
+def test_fields_are_checked_under_their_own_names(extra, param):
+    with pytest.raises(BadRequest) as e:
+        to_chat_request({"model": "m", "input": "x", **extra}, [])
+    assert e.value.param == param, e.value.message
 
 
 def test_a_background_response_past_its_bound_shows_as_failed():

@@ -1,0 +1,131 @@
+"""The Responses API's items as clients send and list them: shared by the Responses and Conversations APIs.
+
+An input item is a ``message`` (role user, assistant, system or developer; content a string or text
+parts), a ``function_call`` (call_id, name, arguments), a ``function_call_output`` (call_id, output) or
+a ``reasoning`` item; each is checked here with a 400 naming it. Stored and listed, a message's text is
+parts with a status (OpenAI's shape), and every item has an id. Lists are pages (``after``, ``limit``,
+``order``) in OpenAI's list shape. ``metadata`` is OpenAI's: at most 16 keys of 64 characters, string
+values of 512.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from ..history import ID_CHARS_MAX, LIST_LIMIT_MAX
+from .errors import BadRequest, shown, type_name
+from .http import Request
+
+METADATA_KEYS_MAX = 16  # OpenAI's bounds for metadata
+METADATA_KEY_CHARS_MAX = 64
+METADATA_VALUE_CHARS_MAX = 512
+LIST_PAGE_DEFAULT = 20  # items per page of a list endpoint, as OpenAI's
+INPUT_ROLES = ("user", "assistant", "system", "developer")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def content_text(content: Any, where: str) -> str:
+    """A message's content as text: a string, or text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for i, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in ("input_text", "output_text", "text") or not isinstance(part.get("text"), str):
+                raise BadRequest(f"{where}[{i}]: only text parts are supported, got {kind!r}", param=where,
+                                 code="unsupported_content")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise BadRequest(f"{where} must be a string or a list of parts, got {type_name(content)}", param=where,
+                     code="invalid_type")
+
+
+def input_items(raw: Any) -> list[dict[str, Any]]:
+    """The request's input as items (a string is one user message), each checked."""
+    if isinstance(raw, str):
+        return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": raw}]}]
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest(f"'input' must be a string or a non-empty list of items, got {type_name(raw)}"
+                         f"{' (empty)' if raw == [] else ''}", param="input", code="invalid_type")
+    items = []
+    for i, item in enumerate(raw):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise BadRequest(f"{where} must be an object, got {type_name(item)}", param=where, code="invalid_type")
+        kind = item.get("type", "message")
+        if kind == "message":
+            if item.get("role") not in INPUT_ROLES:
+                raise BadRequest(f"Invalid value for {where}.role: {shown(item.get('role'))}. Supported values are: "
+                                 f"{', '.join(map(repr, INPUT_ROLES))}.", param=f"{where}.role", code="invalid_value")
+            content_text(item.get("content"), f"{where}.content")
+        elif kind == "function_call":
+            if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
+                raise BadRequest(f"{where}: a function_call needs call_id, name and arguments", param=where,
+                                 code="invalid_value")
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str) or not isinstance(item.get("output"), str):
+                raise BadRequest(f"{where}: a function_call_output needs call_id and output", param=where,
+                                 code="invalid_value")
+        elif kind != "reasoning":
+            raise BadRequest(f"{where}: items of type {shown(kind)} are not supported", param=where,
+                             code="unsupported_content")
+        items.append({**item, "type": kind})
+    return items
+
+
+def stored_item(item: dict[str, Any]) -> dict[str, Any]:
+    """An input item as it is stored and listed: a message's text as parts, with a status (OpenAI's shape)."""
+    if item["type"] == "message":
+        content = item["content"]
+        if isinstance(content, str):
+            kind = "output_text" if item["role"] == "assistant" else "input_text"
+            content = [{"type": kind, "text": content}]
+        return {"id": item["id"], "type": "message", "status": item.get("status", "completed"),
+                "role": item["role"], "content": content}
+    return item
+
+
+def with_ids(items: "list[dict[str, Any]]", fresh: bool = False) -> list[dict[str, Any]]:
+    """Items as stored, each with an id: its own unless ``fresh`` (a new one for every item) or it has none."""
+    return [stored_item(item if "id" in item and not fresh else {**item, "id": new_id("item")}) for item in items]
+
+
+def metadata_of(body: dict[str, Any]) -> dict[str, str]:
+    metadata = body.get("metadata")
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict) or len(metadata) > METADATA_KEYS_MAX or not all(
+            isinstance(k, str) and len(k) <= METADATA_KEY_CHARS_MAX and isinstance(v, str)
+            and len(v) <= METADATA_VALUE_CHARS_MAX for k, v in metadata.items()):
+        raise BadRequest(f"'metadata' must map at most {METADATA_KEYS_MAX} keys ({METADATA_KEY_CHARS_MAX} chars) to "
+                         f"strings ({METADATA_VALUE_CHARS_MAX} chars)", param="metadata", code="invalid_value")
+    return metadata
+
+
+def list_query(request: Request) -> tuple[str | None, int, bool]:
+    """A list endpoint's ``after``, ``limit`` (1-100, 20) and ``order`` (asc or desc, desc: OpenAI's)."""
+    query = request.query()
+    after = query.get("after") or None
+    if after is not None and len(after) > ID_CHARS_MAX:
+        raise BadRequest("'after' is not an item id", param="after", code="invalid_value")
+    try:
+        limit = int(query.get("limit", LIST_PAGE_DEFAULT))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= LIST_LIMIT_MAX:
+        raise BadRequest(f"'limit' must be an integer from 1 to {LIST_LIMIT_MAX}", param="limit",
+                         code="invalid_value")
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise BadRequest("'order' must be asc or desc", param="order", code="invalid_value")
+    return after, limit, order == "desc"
+
+
+def list_page(items: "list[dict[str, Any]]", has_more: bool) -> dict[str, Any]:
+    return {"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
+            "last_id": items[-1]["id"] if items else None, "has_more": has_more}
