@@ -22,11 +22,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import trio
 
 from .errors import NoCapacity, Overloaded
+from .metrics import counter, gauge
+from .options import Option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +189,13 @@ class Admission:
                 waiter.granted.set()
 
 
+    def metric_families(self) -> Iterator[Any]:
+        yield gauge("smg_requests_running", "Generations holding an admission slot", [], [([], float(self.running))])
+        yield gauge("smg_requests_queued", "Requests waiting for an admission slot", [], [([], float(self.waiting))])
+        yield counter("smg_requests_rejected", "Requests refused by admission", ["reason"],
+                      [(["queue_full"], self.rejected_queue_full), (["queue_timeout"], self.rejected_queue_timeout)])
+
+
 class _Slot:
     """The context manager of ``Admission.slot``. For the shared path one instance serves every request:
     a generator-based manager would cost a generator, its wrapper and trio's async-generator hooks on
@@ -202,3 +212,20 @@ class _Slot:
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, traceback: Any) -> None:
         self._admission._release(self._tenant)
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--max-concurrent-requests", "admission.max_concurrent_requests", int, "generations running at once; 0 = "
+           "unlimited", "routing"),
+    Option("--queue-size", "admission.queue_size", int, "requests waiting for a slot before 429", "routing"),
+    Option("--max-concurrent-requests-per-tenant", "admission.tenant_max_concurrent", int, "generations one tenant "
+           "(else key) may run at once per process (default: half of --max-concurrent-requests); also its "
+           "background responses in progress", "routing"),
+    Option("--queue-size-per-tenant", "admission.tenant_queue_max", int, "requests of one tenant that may wait for "
+           "a slot (default: half of --queue-size)", "routing"),
+    Option("--queue-timeout-secs", "admission.queue_timeout_s", float, "longest wait for a slot before 503", "routing"),
+    Option("--request-timeout-secs", "admission.request_timeout_s", float, "longest a request may take", "http"),
+    Option("--max-payload-size", "admission.body_bytes_max", int, "largest request body in bytes (default: 32 bytes "
+           "per token of the largest context served, at least 1 MiB; 8 MiB without a stated context)", "http"),
+)

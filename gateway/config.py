@@ -20,7 +20,6 @@ import os
 import shlex
 import ssl
 import tomllib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,24 +28,35 @@ from mesh.crypto import KeyringError, decode_key, derive_key
 from mesh.options import MeshOptions, is_loopback, parse_tags
 from mesh.transport import MeshTls
 
+from . import admission, disaggregation, parsers, tls
 from .admission import AdmissionConfig
-from .auth import AuthConfig, Authenticator
+from .auth import AuthConfig, Authenticator, authenticator, jwt_verifier
 from .auth.authenticator import AuthConfigError
+from .cluster import mesh_options
 from .disaggregation import PdConfig
+from .discovery import config as discovery_config
 from .discovery.config import DiscoveryConfig, parse_selector
+from .engine import engine_tls, h2grpc
 from .engine.engine_tls import EngineTlsConfig
 from .engine.h2grpc import H2Config
-from .history import RECORD_BYTES_MAX, HistoryConfig, PostgresConfig, PostgresNames, RedisConfig
-from .parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, HarmonyUnavailable, harmony_encoding, is_harmony
+from .history import HISTORY_BACKENDS, RECORD_BYTES_MAX, HistoryConfig
+from .history import backends as history_backends
+from .history import store as history_store
+from .options import HELP_SECTIONS, Option, secs_ms
+from .parsers import HarmonyUnavailable, harmony_encoding, is_harmony
+from .ratelimit import limiter
 from .ratelimit.limiter import RateLimitConfig
 from .ratelimit.limits import FailurePolicy, LimitConfigError, LimitSet, parse_limit_set
+from .routing import breaker, kv_index, policies, retry
 from .routing.breaker import BreakerConfig
-from .routing.policies import POLICIES, PolicyConfig
+from .routing.policies import PolicyConfig
 from .routing.retry import RetryConfig
 from .tls import ServerTls, TlsConfig
+from .tokenizer import service as tokenizer_service
 from .tokenizer.service import TokenizerConfig
 from .tracing import TracingConfig
-from .workers import HealthConfig, WorkerAllowlist, WorkerUrlError, parse_worker_origin
+from .tracing import config as tracing_config
+from .workers import HealthConfig, WorkerAllowlist, WorkerUrlError, health, origin, parse_worker_origin
 
 ENV_PREFIX = "SMG_NODE_"
 
@@ -133,8 +143,9 @@ class GatewayConfig:
     tracing: TracingConfig = TracingConfig()  # --enable-trace (gateway/tracing)
     pd: PdConfig = PdConfig()  # --pd-disaggregation: prefill/decode pairs (gateway/disaggregation.py)
     discovery: DiscoveryConfig = DiscoveryConfig()  # --service-discovery: engines as Kubernetes pods (gateway/discovery)
-    postgres: PostgresConfig = PostgresConfig()  # --history-backend postgres
-    redis: RedisConfig = RedisConfig()  # --history-backend redis
+    # The settings of registered plugins that bring a config section of their own (a history backend's:
+    # ``postgres``, ``redis``), by section name; read as attributes (``config.postgres``) or with section().
+    plugin_sections: tuple[tuple[str, Any], ...] = ()
     reasoning_parser: str | None = None
     # "native": the gateway's own HTTP/1.1 server (gateway/http1/server.py, ~20x less CPU per request
     # than hypercorn on trio, BENCHMARKS.md); "hypercorn": hypercorn's, which also speaks HTTP/2.
@@ -153,6 +164,19 @@ class GatewayConfig:
     max_connections: int = 8192
     # Which process of --workers N this is (0 for a single process); offsets its own ports.
     worker_index: int = 0
+
+    def section(self, name: str) -> Any:
+        """A plugin's config section: as set, else its defaults."""
+        for key, value in self.plugin_sections:
+            if key == name:
+                return value
+        return plugin_section_defaults()[name]
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names that are not fields: a plugin's section (config.postgres), nothing else.
+        if name.startswith("_") or name not in plugin_section_defaults():
+            raise AttributeError(f"{type(self).__name__!r} has no attribute {name!r}")
+        return self.section(name)
 
     def limit_set(self) -> LimitSet:
         """The limits this node starts with (ConfigError when the file or flags are wrong)."""
@@ -175,326 +199,81 @@ class GatewayConfig:
         return limits
 
 
-@dataclasses.dataclass(frozen=True)
-class _Option:
-    flag: str
-    path: str  # "field" or "section.field" of GatewayConfig
-    kind: Callable[[str], Any] | str  # a converter, or "bool" / "list" / "disable"
-    help: str
-
-
-def _secs_ms(value: str) -> float:
-    return float(value) / 1000.0
-
-
-_OPTIONS: list[_Option] = [
-    _Option("--host", "host", str, "address to serve HTTP on"),
-    _Option("--port", "port", int, "HTTP port"),
-    _Option("--worker-urls", "worker_urls", "list", "engines: grpc://host:port (SGLang/vLLM gRPC) or "
-                                                      "http://host:port (OpenAI-compatible, proxied as is)"),
-    _Option("--allow-special-tokens-in-content", "allow_special_tokens_in_content", "bool", "tokenize special "
-            "tokens spelled in messages as control tokens (default: as plain text, so no client forges a turn)"),
-    _Option("--tls-cert-path", "tls.cert_path", Path, "serve HTTPS with this certificate chain (PEM); reloaded "
-            "when the file changes"),
-    _Option("--tls-key-path", "tls.key_path", Path, "the certificate's private key (PEM)"),
-    _Option("--tls-client-ca-path", "tls.client_ca_path", Path, "require client certificates signed by this CA "
-            "(mutual TLS)"),
-    _Option("--tls-reload-interval-secs", "tls.reload_interval_s", float, "how often the certificate files are "
-            "checked for a renewal (default 10)"),
-    _Option("--engine-tls-ca-path", "engine_tls.ca_path", Path, "CA that signs grpcs:// and https:// workers' "
-            "certificates (default: the system's)"),
-    _Option("--engine-tls-cert-path", "engine_tls.cert_path", Path, "client certificate presented to engines "
-            "(mutual TLS)"),
-    _Option("--engine-tls-key-path", "engine_tls.key_path", Path, "its private key"),
-    _Option("--engine-keepalive-interval-secs", "engine_h2.keepalive_interval_s", float, "PING an engine "
-            "connection with open calls after this long without a byte from it; 0 turns keepalive off"),
-    _Option("--engine-keepalive-timeout-secs", "engine_h2.keepalive_timeout_s", float, "drop the connection "
-            "(its calls fail as retryable) when nothing answers the PING within this"),
-    _Option("--tool-call-parser", "tool_call_parser", str, "tool-call format of the models' answers (qwen, "
-            "qwen_coder, llama, pythonic, mistral, deepseek, deepseek31, deepseek32, kimik2, glm45_moe, glm47_moe, "
-            "minimax_m2, step3, cohere, gpt_oss, json; vLLM's and SGLang's names too; none or passthrough: off); "
-            "default: chosen by the model's id, else its architecture"),
-    _Option("--reasoning-parser", "reasoning_parser", str, "reasoning format (qwen3, qwen3_thinking, deepseek_r1, "
-            "deepseek_v31, glm45, kimi, minimax, step3, nano_v3, cohere_cmd, gpt_oss; none or passthrough: off); "
-            "default: chosen by the model's id, else its architecture"),
-    _Option("--worker-api-key", "worker_api_key", str, "the key of the HTTP workers in --worker-urls (clients' "
-            "keys are never forwarded)"),
-    _Option("--worker-allowed-hosts", "worker_allowed_hosts", "list", "hosts (names or networks like "
-            "10.0.0.0/8) where workers may be registered; default: any"),
-    _Option("--policy", "policy.name", str, f"routing policy: {', '.join(sorted(POLICIES))}"),
-    _Option("--model-path", "model_path", str, "model name to serve (default: what the engines report)"),
-    _Option("--tokenizer-path", "tokenizer_path", Path, "directory with tokenizer.json (default: fetched from "
-                                                        "the engine with GetTokenizer)"),
-    _Option("--chat-template", "chat_template", Path, "Jinja chat template file overriding the tokenizer's"),
-    _Option("--prometheus-host", "prometheus_host", str, "address of the separate /metrics listener"),
-    _Option("--prometheus-port", "prometheus_port", int, "port of a separate /metrics listener"),
-    _Option("--max-concurrent-requests", "admission.max_concurrent_requests", int,
-            "generations running at once; 0 = unlimited"),
-    _Option("--queue-size", "admission.queue_size", int, "requests waiting for a slot before 429"),
-    _Option("--max-concurrent-requests-per-tenant", "admission.tenant_max_concurrent", int, "generations one "
-            "tenant (else key) may run at once per process (default: half of --max-concurrent-requests); also its "
-            "background responses in progress"),
-    _Option("--queue-size-per-tenant", "admission.tenant_queue_max", int, "requests of one tenant that may wait "
-            "for a slot (default: half of --queue-size)"),
-    _Option("--queue-timeout-secs", "admission.queue_timeout_s", float, "longest wait for a slot before 503"),
-    _Option("--request-timeout-secs", "admission.request_timeout_s", float, "longest a request may take"),
-    _Option("--max-payload-size", "admission.body_bytes_max", int, "largest request body in bytes (default: 32 "
-            "bytes per token of the largest context served, at least 1 MiB; 8 MiB without a stated context)"),
-    _Option("--history-backend", "history_backend", str, "where stored responses and conversations live: memory "
-            "(replicated on three nodes of the mesh), postgres, redis or none"),
-    _Option("--history-memory-max-responses", "history.max_responses", int, "stored responses kept in memory "
-            "per node (least recently used out first)"),
-    _Option("--history-memory-max-items", "history.max_items", int, "conversation items kept in memory per node"),
-    _Option("--history-memory-retention-secs", "history.retention_s", float, "how long a stored response or "
-            "conversation is kept after its last write"),
-    _Option("--history-memory-max-bytes", "history.max_bytes", int, "bytes of stored responses and conversations "
-            "kept in memory per node (default 256 MiB)"),
-    _Option("--history-tenant-max-bytes", "history.tenant_max_bytes", int, "bytes one tenant (else key) may hold "
-            "per node in the memory store, beyond which its writes get 429 (default: a quarter of the node's)"),
-    _Option("--history-tenant-max-responses", "history.tenant_max_responses", int, "stored responses one tenant "
-            "may hold per node (default: a quarter of --history-memory-max-responses)"),
-    _Option("--history-tenant-max-conversations", "history.tenant_max_conversations", int, "conversations one "
-            "tenant may hold per node (default: a quarter of --history-memory-max-responses)"),
-    _Option("--history-tenant-max-items", "history.tenant_max_items", int, "conversation items one tenant may "
-            "hold per node (default: a quarter of --history-memory-max-items)"),
-    _Option("--history-record-max-bytes", "history.record_bytes_max", int, "largest stored response, and "
-            "largest conversation with its items, in bytes (default 4 MiB, at most 6 MiB): larger ones get 413"),
-    _Option("--postgres-db-url", "postgres.url", str, "postgres://user:password@host:port/db?sslmode=... (or "
-            "SMG_POSTGRES_DB_URL, kept out of the process list)"),
-    _Option("--postgres-pool-max-size", "postgres.pool_max_size", int, "connections to PostgreSQL"),
-    _Option("--postgres-names", "postgres.names", "list", "table and column names, NAME=VALUE (responses, "
-            "conversations, items, migrations, id, owner, body, created_at, conversation_id, item_id, position)"),
-    _Option("--redis-url", "redis.url", str, "redis://[:password@]host:port/db, rediss:// for TLS (or "
-            "SMG_REDIS_URL)"),
-    _Option("--redis-pool-max-size", "redis.pool_max_size", int, "connections to Redis"),
-    _Option("--redis-retention-days", "redis.retention_days", float, "how long Redis keeps a record after its "
-            "last write; -1: forever"),
-    _Option("--redis-key-prefix", "redis.key_prefix", str, "prefix of every key written to Redis"),
-    _Option("--pd-disaggregation", "pd.enabled", "bool", "serve models on prefill/decode pairs of engines (SGLang: "
-            "both at once with one bootstrap room; vLLM: prefill, then decode with its kv_transfer_params)"),
-    _Option("--prefill", "pd.prefill", "prefill", "a prefill engine: URL [BOOTSTRAP_PORT] (repeat the flag for more; "
-            "the bootstrap port defaults to 8998)"),
-    _Option("--decode", "pd.decode", "append", "a decode engine: URL (repeat the flag for more)"),
-    _Option("--prefill-policy", "pd.prefill_policy", str, "routing policy among prefill workers (default: --policy; "
-            "cache_aware reads the KV index of the prefill engines)"),
-    _Option("--decode-policy", "pd.decode_policy", str, "routing policy among decode workers (default: --policy)"),
-    _Option("--pd-bootstrap-timeout-secs", "pd.bootstrap_timeout_s", float, "longest wait for a KV hand-over: from "
-            "dispatch to the decode's first token, past which the attempt fails and is retried on another pair"),
-    _Option("--service-discovery", "discovery.enabled", "bool", "find engines as Kubernetes pods by label: added "
-            "once Ready with an IP, drained when they go (credentials: the pod's service account, else KUBECONFIG or "
-            "~/.kube/config)"),
-    _Option("--selector", "discovery.selector", "selector", "labels of the engines' pods: KEY=VALUE ... (Kubernetes' "
-            "selectors: also KEY!=VALUE, 'KEY in (A,B)', 'KEY notin (A,B)', KEY, !KEY)"),
-    _Option("--prefill-selector", "discovery.prefill_selector", "selector", "labels of prefill engines' pods (with "
-            "--pd-disaggregation; bootstrap port from the sglang.ai/bootstrap-port annotation)"),
-    _Option("--decode-selector", "discovery.decode_selector", "selector", "labels of decode engines' pods"),
-    _Option("--router-selector", "discovery.router_selector", "selector", "labels of smg-node's own pods: the "
-            "mesh joins them (port from the sglang.ai/mesh-port annotation, else this node's), no seed list needed"),
-    _Option("--service-discovery-namespace", "discovery.namespace", str, "namespace to watch (default: every "
-            "namespace, which needs a ClusterRole)"),
-    _Option("--service-discovery-port", "discovery.port", int, "the engines' port on their pod IP (default 80)"),
-    _Option("--service-discovery-protocol", "discovery.protocol", str, "grpc (default: token ids over gRPC) or "
-            "http (OpenAI-compatible engines, proxied)"),
-    _Option("--service-discovery-model-label", "discovery.model_label", str, "label (or annotation) naming a "
-            "pod's model (default smg.ai/model); without it the engine says (GetModelInfo)"),
-    _Option("--enable-trace", "tracing.enabled", "bool", "export traces of requests over OTLP (OpenTelemetry)"),
-    _Option("--otlp-traces-endpoint", "tracing.endpoint", str, "where traces go: host:port is OTLP/gRPC "
-            "(default localhost:4317), an http(s):// URL is OTLP/HTTP protobuf, posted to it as given"),
-    _Option("--trace-sample-ratio", "tracing.sample_ratio", float, "share of the traces that start here to "
-            "keep, 0 to 1 (a client's sampled traceparent is always followed)"),
-    _Option("--trace-export-timeout-secs", "tracing.export_timeout_s", float, "one export to the collector, its "
-            "retries included; spans that cannot wait are dropped and counted"),
-    _Option("--log-level", "log_level", str, "debug, info, warning, error"),
-    _Option("--log-json", "log_json", "bool", "log JSON lines instead of text"),
-    _Option("--default-max-tokens", "default_max_tokens", int, "max_tokens when nothing else bounds it"),
-    _Option("--max-answer-bytes", "answer_bytes_max", int, "largest answer held whole before it is sent (not "
-            "streamed), estimated as its JSON: beyond it 400 answer_too_large (default 32 MiB); streams hold none"),
-    _Option("--routing-key-header", "routing_key_header", str, "header with the routing key"),
-    _Option("--shutdown-grace-period-secs", "shutdown_grace_period_s", float, "drain time on SIGTERM"),
-    _Option("--cache-threshold", "policy.cache_threshold", float, "cache_aware: prefix match to route by"),
-    _Option("--balance-abs-threshold", "policy.balance_abs_threshold", int, "cache_aware: load gap override"),
-    _Option("--balance-rel-threshold", "policy.balance_rel_threshold", float, "cache_aware: load ratio override"),
-    _Option("--prefix-token-count", "policy.prefix_token_count", int, "prefix_hash: tokens that pick the worker"),
-    _Option("--cb-failure-threshold", "breaker.failure_threshold", int, "failures that open a circuit"),
-    _Option("--cb-success-threshold", "breaker.success_threshold", int, "half-open successes that close it"),
-    _Option("--cb-timeout-duration-secs", "breaker.open_duration_s", float, "open time before half-open"),
-    _Option("--cb-window-duration-secs", "breaker.window_s", float, "window in which failures count"),
-    _Option("--disable-circuit-breaker", "breaker.enabled", "disable", "no circuit breaking"),
-    _Option("--retry-max-retries", "retry.max_retries", int, "retries of a failed attempt"),
-    _Option("--retry-initial-backoff-ms", "retry.initial_backoff_s", _secs_ms, "first backoff"),
-    _Option("--retry-max-backoff-ms", "retry.max_backoff_s", _secs_ms, "longest backoff"),
-    _Option("--retry-backoff-multiplier", "retry.multiplier", float, "backoff growth per retry"),
-    _Option("--retry-jitter-factor", "retry.jitter_factor", float, "random +- share of each backoff"),
-    _Option("--disable-retries", "retry.enabled", "disable", "no retries"),
-    _Option("--health-failure-threshold", "health.failure_threshold", int, "failed checks to mark unhealthy"),
-    _Option("--health-success-threshold", "health.success_threshold", int, "good checks to mark healthy"),
-    _Option("--health-check-timeout-secs", "health.timeout_s", float, "timeout of one check"),
-    _Option("--health-check-interval-secs", "health.interval_s", float, "time between checks"),
-    _Option("--health-check-endpoint", "health.endpoint", str, "health path of HTTP workers"),
-    _Option("--disable-health-check", "health.enabled", "disable", "no background health checks"),
-    _Option("--disable-kv-events", "kv_events", "disable", "do not follow the engines' KV events"),
-    _Option("--kv-events-always", "kv_events_always", "bool", "follow an engine's KV events even when no "
-                                                              "other engine serves its models"),
-    _Option("--kv-index-blocks-max", "kv_index_blocks_max", int, "KV index size in blocks (LRU beyond)"),
-    _Option("--kv-event-followers", "kv_event_followers", int, "members following each engine's KV events "
-                                                                 "(same on every member; others receive them)"),
-    _Option("--disable-fast-tokenizer", "tokenizer.fast_bpe", "disable", "always encode with tokenizers, even "
-                                                                         "where tiktoken's BPE is identical"),
-    _Option("--disable-fast-detokenizer", "tokenizer.fast_decode", "disable", "always detokenize with "
-            "tokenizers' DecodeStream, even where the byte table decodes identically"),
-    _Option("--disable-fast-chat-template", "tokenizer.fast_chat_template", "disable", "always render chat "
-            "templates with Jinja2, even where MiniJinja renders them identically"),
-    _Option("--encode-threads", "tokenizer.encode_threads", int, "threads encoding long texts, each with "
-            "its own ~56 MB encoder (0: one per core, divided among the --workers processes)"),
-    _Option("--chat-template-fuel", "tokenizer.chat_template_fuel", int, "instructions one MiniJinja render "
-            "may run before the request fails (default 10,000,000)"),
-    _Option("--tokenizer-cache-l0-entries", "tokenizer.l0_entries_max", int,
-            "exact-text cache (L0, texts L1 cannot hold): entries; 0 turns it off"),
-    _Option("--tokenizer-cache-l0-bytes", "tokenizer.l0_bytes_max", int, "exact-text cache (L0): size in bytes"),
-    _Option("--tokenizer-cache-l1-bytes", "tokenizer.l1_bytes_max", int,
-            "prefix cache (L1, prefixes ending at a special token): size in bytes; 0 turns it off"),
-    _Option("--rate-limits", "rate_limits_file", Path, "TOML file of rate limits ([[limits]]; see README)"),
-    _Option("--global-rate-limit", "global_rate_limit", float, "requests per second for the whole cluster"),
-    _Option("--rate-limit-policy", "rate_limit_policy", str, "when a key's owner is unreachable: proportional "
-                                                             "(default), open or closed"),
-    _Option("--rate-limit-batch-wait-ms", "rate_limit.batch_wait_s", _secs_ms, "extra wait to coalesce "
-                                                                               "forwarded decisions (default 0)"),
-    _Option("--rate-limit-batch-max", "rate_limit.batch_items_max", int, "decisions per forwarded batch"),
-    _Option("--rate-limit-sync-interval-ms", "rate_limit.sync_interval_s", _secs_ms, "replication round"),
-    _Option("--rate-limit-forward-timeout-ms", "rate_limit.forward_timeout_s", _secs_ms,
-            "owner silence before the failure policy decides"),
-    _Option("--max-connections", "max_connections", int, "client connections served at once per process; more "
-            "are answered 503 at once (default 8192)"),
-    _Option("--http-server", "http_server", str, "native (default, HTTP/1.1) or hypercorn (HTTP/1.1 and h2)"),
-    _Option("--grpc-client", "grpc_client", str, "h2 (default: from the event loop) or grpcio (on a thread)"),
-    _Option("--workers", "workers", int, "gateway processes on the HTTP port (0: one per available core)"),
-    _Option("--worker-index", "worker_index", int, "which process of --workers N this is (set by the node)"),
-    _Option("--http-reuse-port", "http_reuse_port", "bool", "bind the HTTP port with SO_REUSEPORT (--workers)"),
-    _Option("--admin-token", "auth.admin_token", str, "the node's admin credential (role admin; default: read "
-            "from, or made into, --admin-token-file)"),
-    _Option("--admin-token-file", "auth.admin_token_file", Path, "file holding the admin token when none is "
-            "given (default ~/.local/state/smg-node/admin-token, mode 0600; the CLI reads it)"),
-    _Option("--api-key", "auth.api_key", str, "one shared key for inference (role user); with any user key "
-                                                "set, inference needs a key"),
-    _Option("--tenant-api-key", "auth.tenant_api_keys", "list", "TENANT:KEY, a user key of that tenant "
-                                                                  "(repeatable)"),
-    _Option("--control-plane-api-keys", "auth.control_plane_api_keys", "list", "ID:NAME:ROLE:KEY keys, role "
-            "admin (control plane and inference) or user (inference)"),
-    _Option("--jwt-issuer", "jwt.issuer", str, "accept JWTs from this OIDC issuer (its keys from "
-            "/.well-known/openid-configuration unless --jwt-jwks-uri)"),
-    _Option("--jwt-audience", "jwt.audience", str, "the audience JWTs must name"),
-    _Option("--jwt-jwks-uri", "jwt.jwks_uri", str, "where the issuer's keys are (default: discovered)"),
-    _Option("--jwt-role-mapping", "jwt.role_mapping", "list", "IDP_ROLE=GATEWAY_ROLE (admin or user) pairs "
-                                                              "for the roles claim; unmapped tokens are user"),
-    _Option("--jwt-tenant-claim", "jwt.tenant_claim", str, "the claim naming the tenant (default tenant)"),
-    _Option("--jwt-role-claim", "jwt.role_claim", str, "the claim listing roles (default roles)"),
-    _Option("--jwt-keys-refresh-min-secs", "jwt.refresh_interval_min_s", float, "least time between two fetches "
-            "of the issuer's keys for unknown kids (default 10)"),
-    _Option("--control-plane-audit-enabled", "auth.audit", "bool", "log every control-plane change as a JSON "
-                                                                     "line (logger gateway.audit)"),
-    _Option("--tenant-header", "rate_limit.tenant_header", str, "header naming the tenant (rate limits)"),
-    _Option("--sim-engines", "sim_engines", int, "demo: start this many simulated engines and use them"),
-    _Option("--mesh-bind", "mesh.bind", str, "gossip (UDP) and push-pull (TCP) address, e.g. 0.0.0.0:7946"),
-    _Option("--mesh-advertise", "mesh.advertise", str, "address other members reach this one at"),
-    _Option("--join", "mesh.join", "list", "seeds host:port or dns:NAME:PORT, retried until one answers"),
-    _Option("--retry-join", "mesh.retry_join_max", int, "join rounds before giving up (0: forever)"),
-    _Option("--retry-join-interval-secs", "mesh.retry_join_interval_s", float, "first wait between join rounds"),
-    _Option("--node-name", "mesh.node_name", str, "this member's name (default: host-port)"),
-    _Option("--encrypt", "mesh.keys", "list", "gossip keys (base64 AES-256, first encrypts)"),
-    _Option("--tag", "mesh.tags", "list", "member tags key=value (zone, role...)"),
-    _Option("--mesh-preset", "mesh.preset", str, "protocol timers: lan (default) or local (one machine)"),
-    _Option("--rpc-addr", "mesh.rpc_addr", str, "admin endpoint for the CLI (default 127.0.0.1:7373 with "
-            "--mesh-bind, else a free port: the node records it for the CLI, one record per node)"),
-    _Option("--rpc-token", "mesh.rpc_token", str, "bearer token the admin endpoint requires (default: the "
-                                                    "admin token)"),
-    _Option("--mesh-tls-ca-cert", "mesh.tls_ca_cert", str, "mutual TLS between members' streams: the CA"),
-    _Option("--mesh-tls-cert", "mesh.tls_cert", str, "this member's certificate (signed by the mesh CA)"),
-    _Option("--mesh-tls-key", "mesh.tls_key", str, "its private key"),
-    _Option("--mesh-insecure", "mesh.insecure", "bool", "run the mesh in the clear (anyone who can send it a "
-            "packet can read and change the cluster). Without it and without --encrypt, the gossip key is derived "
-            "from the admin token; off loopback --encrypt is required"),
-    # smg's mesh flags, accepted so its users can switch.
-    _Option("--enable-mesh", "_enable_mesh", "bool", "smg alias: run the mesh (on 0.0.0.0:7946 by default)"),
-    _Option("--mesh-host", "_mesh_host", str, "smg alias: host part of --mesh-bind"),
-    _Option("--mesh-port", "_mesh_port", int, "smg alias: port part of --mesh-bind"),
-    _Option("--mesh-advertise-host", "_mesh_advertise_host", str, "smg alias: host part of --mesh-advertise"),
-    _Option("--mesh-peer-urls", "mesh.join", "list", "smg alias of --join"),
-    _Option("--sim-engine-args", "sim_engine_args", "list", "extra flags for the simulated engines"),
-]
-
-
-# How ``serve --help`` presents the options: sections in this order, each flag in exactly one
-# (tests/unit/test_cli.py checks), except those only the node sets for itself.
-HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("HTTP: the OpenAI-compatible front", (
-        "--host", "--port", "--max-connections", "--max-payload-size", "--request-timeout-secs",
-        "--default-max-tokens", "--max-answer-bytes", "--shutdown-grace-period-secs", "--http-server", "--prometheus-host",
-        "--prometheus-port", "--history-backend", "--history-memory-max-responses", "--history-memory-max-items",
-        "--history-memory-retention-secs", "--history-memory-max-bytes", "--history-tenant-max-bytes",
-        "--history-tenant-max-responses", "--history-tenant-max-conversations", "--history-tenant-max-items",
-        "--history-record-max-bytes", "--postgres-db-url", "--postgres-pool-max-size", "--postgres-names",
-        "--redis-url", "--redis-pool-max-size", "--redis-retention-days", "--redis-key-prefix",
-        "--log-level", "--log-json")),
-    ("disaggregation: prefill and decode on separate engines", (
-        "--pd-disaggregation", "--prefill", "--decode", "--prefill-policy", "--decode-policy",
-        "--pd-bootstrap-timeout-secs")),
-    ("discovery: engines and nodes found as Kubernetes pods", (
-        "--service-discovery", "--selector", "--prefill-selector", "--decode-selector", "--router-selector",
-        "--service-discovery-namespace", "--service-discovery-port", "--service-discovery-protocol",
-        "--service-discovery-model-label")),
-    ("tracing: OpenTelemetry over OTLP", (
-        "--enable-trace", "--otlp-traces-endpoint", "--trace-sample-ratio", "--trace-export-timeout-secs")),
-    ("engines: where generations run", (
-        "--worker-urls", "--model-path", "--tokenizer-path", "--chat-template", "--worker-api-key",
-        "--engine-tls-ca-path", "--engine-tls-cert-path", "--engine-tls-key-path", "--engine-keepalive-interval-secs",
-        "--engine-keepalive-timeout-secs", "--tool-call-parser", "--reasoning-parser", "--health-failure-threshold",
-        "--health-success-threshold", "--health-check-timeout-secs", "--health-check-interval-secs",
-        "--health-check-endpoint", "--disable-health-check", "--sim-engines", "--sim-engine-args")),
-    ("routing: which engine takes a request, admission, retries, circuits", (
-        "--policy", "--cache-threshold", "--balance-abs-threshold", "--balance-rel-threshold",
-        "--prefix-token-count", "--routing-key-header", "--disable-kv-events", "--kv-events-always",
-        "--kv-index-blocks-max", "--kv-event-followers", "--max-concurrent-requests", "--queue-size",
-        "--max-concurrent-requests-per-tenant", "--queue-size-per-tenant",
-        "--queue-timeout-secs", "--retry-max-retries", "--retry-initial-backoff-ms", "--retry-max-backoff-ms",
-        "--retry-backoff-multiplier", "--retry-jitter-factor", "--disable-retries", "--cb-failure-threshold",
-        "--cb-success-threshold", "--cb-timeout-duration-secs", "--cb-window-duration-secs",
-        "--disable-circuit-breaker")),
-    ("cluster: the mesh of nodes", (
-        "--mesh-bind", "--mesh-advertise", "--join", "--retry-join", "--retry-join-interval-secs", "--node-name",
-        "--encrypt", "--tag", "--mesh-preset", "--rpc-addr", "--rpc-token", "--mesh-tls-ca-cert", "--mesh-tls-cert",
-        "--mesh-tls-key", "--mesh-insecure", "--enable-mesh", "--mesh-host", "--mesh-port", "--mesh-advertise-host",
-        "--mesh-peer-urls")),
-    ("rate limits: cluster-wide, per key, tenant or model", (
-        "--rate-limits", "--global-rate-limit", "--rate-limit-policy", "--tenant-header", "--rate-limit-batch-wait-ms",
-        "--rate-limit-batch-max", "--rate-limit-sync-interval-ms", "--rate-limit-forward-timeout-ms")),
-    ("security: credentials, TLS, what clients may send", (
-        "--api-key", "--tenant-api-key", "--control-plane-api-keys", "--admin-token", "--admin-token-file",
-        "--jwt-issuer", "--jwt-audience", "--jwt-jwks-uri", "--jwt-role-mapping", "--jwt-tenant-claim",
-        "--jwt-role-claim", "--jwt-keys-refresh-min-secs", "--control-plane-audit-enabled", "--tls-cert-path",
-        "--tls-key-path", "--tls-client-ca-path", "--tls-reload-interval-secs", "--worker-allowed-hosts",
-        "--allow-special-tokens-in-content")),
-    ("performance: processes, threads, caches, fast paths", (
-        "--workers", "--grpc-client", "--encode-threads", "--disable-fast-tokenizer", "--disable-fast-detokenizer",
-        "--disable-fast-chat-template", "--chat-template-fuel", "--tokenizer-cache-l0-entries",
-        "--tokenizer-cache-l0-bytes", "--tokenizer-cache-l1-bytes")),
+# The node's own flags; every subsystem declares its own beside its config (``OPTIONS`` in its module).
+_OWN_OPTIONS = (
+    Option("--host", "host", str, "address to serve HTTP on", "http"),
+    Option("--port", "port", int, "HTTP port", "http"),
+    Option("--worker-urls", "worker_urls", "list", "engines: grpc://host:port (SGLang/vLLM gRPC) or "
+           "http://host:port (OpenAI-compatible, proxied as is)", "engines"),
+    Option("--allow-special-tokens-in-content", "allow_special_tokens_in_content", "bool", "tokenize special tokens "
+           "spelled in messages as control tokens (default: as plain text, so no client forges a turn)", "security"),
+    Option("--worker-api-key", "worker_api_key", str, "the key of the HTTP workers in --worker-urls (clients' keys "
+           "are never forwarded)", "engines", secret=True),
+    Option("--model-path", "model_path", str, "model name to serve (default: what the engines report)", "engines"),
+    Option("--tokenizer-path", "tokenizer_path", Path, "directory with tokenizer.json (default: fetched from the "
+           "engine with GetTokenizer)", "engines"),
+    Option("--chat-template", "chat_template", Path, "Jinja chat template file overriding the tokenizer's", "engines"),
+    Option("--prometheus-host", "prometheus_host", str, "address of the separate /metrics listener", "http"),
+    Option("--prometheus-port", "prometheus_port", int, "port of a separate /metrics listener", "http"),
+    Option("--log-level", "log_level", str, "debug, info, warning, error", "http"),
+    Option("--log-json", "log_json", "bool", "log JSON lines instead of text", "http"),
+    Option("--default-max-tokens", "default_max_tokens", int, "max_tokens when nothing else bounds it", "http"),
+    Option("--max-answer-bytes", "answer_bytes_max", int, "largest answer held whole before it is sent (not "
+           "streamed), estimated as its JSON: beyond it 400 answer_too_large (default 32 MiB); streams hold none",
+           "http"),
+    Option("--routing-key-header", "routing_key_header", str, "header with the routing key", "routing"),
+    Option("--shutdown-grace-period-secs", "shutdown_grace_period_s", float, "drain time on SIGTERM", "http"),
+    Option("--max-connections", "max_connections", int, "client connections served at once per process; more are "
+           "answered 503 at once (default 8192)", "http"),
+    Option("--http-server", "http_server", str, "native (default, HTTP/1.1) or hypercorn (HTTP/1.1 and h2)", "http"),
+    Option("--grpc-client", "grpc_client", str, "h2 (default: from the event loop) or grpcio (on a thread)",
+           "performance"),
+    Option("--workers", "workers", int, "gateway processes on the HTTP port (0: one per available core)",
+           "performance"),
+    Option("--worker-index", "worker_index", int, "which process of --workers N this is (set by the node)",
+           "http", internal=True),
+    Option("--http-reuse-port", "http_reuse_port", "bool", "bind the HTTP port with SO_REUSEPORT (--workers)",
+           "http", internal=True),
+    Option("--sim-engines", "sim_engines", int, "demo: start this many simulated engines and use them", "engines"),
+    Option("--sim-engine-args", "sim_engine_args", "list", "extra flags for the simulated engines", "engines"),
 )
+
+
+def plugin_section_defaults() -> dict[str, Any]:
+    """The config sections registered plugins bring (a history backend's settings), with their defaults."""
+    return {plugin.make.section: plugin.make.defaults for plugin in HISTORY_BACKENDS.plugins() if plugin.make.section}
+
+
+def all_options() -> tuple[Option, ...]:
+    """Every flag of ``serve``: the node's own, each subsystem's, each registered plugin's."""
+    plugins = tuple(option for plugin in HISTORY_BACKENDS.plugins() for option in plugin.make.options)
+    return (*_OWN_OPTIONS, *parsers.OPTIONS, *admission.OPTIONS, *policies.OPTIONS, *kv_index.OPTIONS, *retry.OPTIONS,
+            *breaker.OPTIONS, *health.OPTIONS, *origin.OPTIONS, *engine_tls.OPTIONS, *h2grpc.OPTIONS,
+            *tokenizer_service.OPTIONS, *history_store.OPTIONS, *history_backends.OPTIONS, *plugins,
+            *disaggregation.OPTIONS, *discovery_config.OPTIONS, *tracing_config.OPTIONS, *mesh_options.OPTIONS,
+            *limiter.OPTIONS, *authenticator.OPTIONS, *jwt_verifier.OPTIONS, *tls.OPTIONS)
+
+
+OPTIONS = all_options()
 # Set by the node for the processes of --workers N, not by people.
-INTERNAL_FLAGS = frozenset({"--worker-index", "--http-reuse-port"})
+INTERNAL_FLAGS = frozenset(option.flag for option in OPTIONS if option.internal)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    by_flag = {opt.flag: opt for opt in _OPTIONS}
+    """``serve``'s flags, in --help's sections (``gateway/options.py`` HELP_SECTIONS), each from its declaration."""
     parser.add_argument("--config", type=Path, default=None, help="TOML file with the same options (keys: flag "
                         "names with underscores)")
-    for title, flags in HELP_SECTIONS:
+    for key, title in HELP_SECTIONS:
         group = parser.add_argument_group(title)
-        for flag in flags:
-            _add_option(group, by_flag[flag], _help_with_default(by_flag[flag]))
-    for flag in sorted(INTERNAL_FLAGS):
-        _add_option(parser, by_flag[flag], argparse.SUPPRESS)
+        for opt in OPTIONS:
+            if opt.section == key and not opt.internal:
+                _add_option(group, opt, _help_with_default(opt))
+    for opt in OPTIONS:
+        if opt.internal:
+            _add_option(parser, opt, argparse.SUPPRESS)
 
 
-def _add_option(parser: Any, opt: _Option, help_text: str) -> None:
+def _add_option(parser: Any, opt: Option, help_text: str) -> None:
     dest = opt.flag[2:].replace("-", "_")
     if opt.kind in ("bool", "disable"):
         parser.add_argument(opt.flag, dest=dest, action="store_const", const=True, default=None, help=help_text)
@@ -510,23 +289,32 @@ def _add_option(parser: Any, opt: _Option, help_text: str) -> None:
         parser.add_argument(opt.flag, dest=dest, default=None, help=help_text)
 
 
-def _help_with_default(opt: _Option) -> str:
-    """The option's help with its default, read from the config classes (the one source of defaults).
+def _help_with_default(opt: Option) -> str:
+    """The option's help with its choices (a registry's names) and its default, read from the config classes
+    (the one source of defaults).
 
     Switches (on or off) and options whose absence means "none" say so in their help instead.
     """
+    text = opt.help
+    if opt.choices is not None:
+        text = f"{text}: {opt.choices.choices()}"
     if opt.kind in ("bool", "disable") or "default" in opt.help:
-        return opt.help
-    value: Any = GatewayConfig()
-    for part in opt.path.split("."):
-        value = getattr(value, part, None)
+        return text.replace("%", "%%")
+    value = _default_of(opt.path)
     if value is None or value == ():
-        return opt.help
-    if opt.kind is _secs_ms:
+        return text.replace("%", "%%")
+    if opt.kind is secs_ms:
         value = round(value * 1000, 3)
     elif isinstance(value, float) and value.is_integer():
         value = int(value)
-    return f"{opt.help} (default: {value})".replace("%", "%%")
+    return f"{text} (default: {value})".replace("%", "%%")
+
+
+def _default_of(path: str) -> Any:
+    value: Any = GatewayConfig()
+    for part in path.split("."):
+        value = getattr(value, part, None)
+    return value
 
 
 class ConfigError(Exception):
@@ -536,14 +324,13 @@ class ConfigError(Exception):
 # Options whose values are secrets (credentials, keys, URLs with passwords). On a command line every local user
 # reads them (ps, /proc/PID/cmdline): give them by environment (SMG_NODE_<OPTION>) or in the --config file. The
 # processes of --workers N get them by environment, never on their command lines (secrets_to_environment).
-SECRET_FLAGS = frozenset({"--admin-token", "--api-key", "--tenant-api-key", "--control-plane-api-keys",
-                          "--worker-api-key", "--rpc-token", "--encrypt", "--postgres-db-url", "--redis-url"})
+SECRET_FLAGS = frozenset(option.flag for option in OPTIONS if option.secret)
 
 
 def secrets_to_environment(argv: "list[str]") -> tuple[list[str], dict[str, str]]:
     """``argv`` without its secret options, and the environment that carries them instead (flags still win over
     the environment the process already had: these values are set over it)."""
-    kinds = {opt.flag: opt.kind for opt in _OPTIONS}
+    kinds = {opt.flag: opt.kind for opt in OPTIONS}
     out: list[str] = []
     env: dict[str, str] = {}
     i = 0
@@ -569,7 +356,17 @@ def secrets_on_command_line(argv: "list[str]") -> list[str]:
     return sorted({token.partition("=")[0] for token in argv if token.partition("=")[0] in SECRET_FLAGS})
 
 
-def _convert(opt: _Option, raw: Any) -> Any:
+def _convert(opt: Option, raw: Any) -> Any:
+    value = _parse(opt, raw)
+    if opt.then is None:
+        return value
+    try:
+        return opt.then(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{opt.flag}: {e}") from None
+
+
+def _parse(opt: Option, raw: Any) -> Any:
     try:
         if opt.kind == "bool":
             return raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
@@ -620,13 +417,13 @@ def build_config(args: argparse.Namespace, environ: "dict[str, str] | None" = No
             file_values = tomllib.loads(Path(args.config).read_text(encoding="utf-8"))
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise ConfigError(f"--config {args.config}: {e}") from None
-        known = {o.flag[2:].replace("-", "_") for o in _OPTIONS}
+        known = {o.flag[2:].replace("-", "_") for o in OPTIONS}
         unknown = sorted(set(file_values) - known)
         if unknown:
             raise ConfigError(f"--config {args.config}: unknown keys {', '.join(unknown)}")
     top: dict[str, Any] = {}
     sections: dict[str, dict[str, Any]] = {}
-    for opt in _OPTIONS:
+    for opt in OPTIONS:
         key = opt.flag[2:].replace("-", "_")
         raw = getattr(args, key, None)
         if raw is None:
@@ -646,17 +443,24 @@ def build_config(args: argparse.Namespace, environ: "dict[str, str] | None" = No
     jwt_values = sections.pop("jwt", None)
     if jwt_values:  # a section of a section: auth.jwt
         sections.setdefault("auth", {})["jwt"] = dataclasses.replace(base.auth.jwt, **jwt_values)
-    names = sections.get("postgres", {}).get("names")
-    if names is not None:
-        try:
-            sections["postgres"]["names"] = PostgresNames().with_overrides(names)
-        except ValueError as e:
-            raise ConfigError(f"--postgres-names: {e}") from None
+    plugins = plugin_section_defaults()
+    plugin_sections = []
     for section, values in sections.items():
-        top[section] = dataclasses.replace(getattr(base, section), **values)
+        if section in plugins:
+            plugin_sections.append((section, dataclasses.replace(plugins[section], **values)))
+        else:
+            top[section] = dataclasses.replace(getattr(base, section), **values)
+    top["plugin_sections"] = tuple(plugin_sections)
     config = dataclasses.replace(base, **top)
     validate(config)
     return config
+
+
+def _value_of(config: GatewayConfig, path: str) -> Any:
+    value: Any = config
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def _smg_mesh_aliases(top: dict[str, Any], mesh: dict[str, Any]) -> None:
@@ -678,31 +482,18 @@ def _smg_mesh_aliases(top: dict[str, Any], mesh: dict[str, Any]) -> None:
             raise ConfigError(f"--join: a seed is host:port or dns:NAME:PORT, got {seed!r}")
 
 
-HISTORY_BACKENDS = ("memory", "postgres", "redis", "none")
-
-
 def validate(config: GatewayConfig) -> None:
-    if config.policy.name not in POLICIES:
-        raise ConfigError(f"--policy: unknown policy {config.policy.name!r}; choose one of "
-                          f"{', '.join(sorted(POLICIES))}")
+    for opt in OPTIONS:  # values that name a registered member: a parser, a policy, a backend
+        if opt.choices is not None:
+            problem = opt.choices.check(_value_of(config, opt.path), opt.flag)
+            if problem is not None:
+                raise ConfigError(problem)
     if not 0 <= config.port <= 65535:
         raise ConfigError("--port must be between 0 and 65535")
-    if config.history_backend not in HISTORY_BACKENDS:
-        raise ConfigError(f"--history-backend: {config.history_backend!r}; choose one of "
-                          f"{', '.join(HISTORY_BACKENDS)}")
-    if config.history_backend == "postgres":
-        if not config.postgres.url:
-            raise ConfigError("--history-backend postgres needs --postgres-db-url (or SMG_POSTGRES_DB_URL)")
-        problem = config.postgres.names.problem()
-        if problem is not None:
-            raise ConfigError(f"--postgres-names: {problem}")
-        if config.postgres.pool_max_size < 1:
-            raise ConfigError("--postgres-pool-max-size must be positive")
-    if config.history_backend == "redis":
-        if not config.redis.url:
-            raise ConfigError("--history-backend redis needs --redis-url (or SMG_REDIS_URL)")
-        if config.redis.pool_max_size < 1 or config.redis.retention_days == 0:
-            raise ConfigError("--redis-pool-max-size must be positive and --redis-retention-days not 0")
+    backend = HISTORY_BACKENDS[config.history_backend]
+    problem = backend.check(config.section(backend.section) if backend.section else None)
+    if problem is not None:
+        raise ConfigError(problem)
     history = config.history
     if history.max_responses < 1 or history.max_items < 1 or history.retention_s <= 0 or history.max_bytes < 1:
         raise ConfigError("--history-memory-max-responses, --history-memory-max-items, --history-memory-max-bytes "
@@ -716,13 +507,6 @@ def validate(config: GatewayConfig) -> None:
     if not 0.0 <= tracing.sample_ratio <= 1.0 or tracing.export_timeout_s <= 0 or not tracing.endpoint:
         raise ConfigError("--trace-sample-ratio must be from 0 to 1, --trace-export-timeout-secs positive, and "
                           "--otlp-traces-endpoint given")
-    parsers_off = (None, "none", "passthrough")
-    if config.tool_call_parser not in parsers_off and config.tool_call_parser not in TOOL_CALL_PARSERS:
-        raise ConfigError(f"--tool-call-parser: unknown parser {config.tool_call_parser!r}; choose one of "
-                          f"{', '.join(sorted(TOOL_CALL_PARSERS))}, passthrough or none")
-    if config.reasoning_parser not in parsers_off and config.reasoning_parser not in REASONING_PARSERS:
-        raise ConfigError(f"--reasoning-parser: unknown parser {config.reasoning_parser!r}; choose one of "
-                          f"{', '.join(sorted(REASONING_PARSERS))}, passthrough or none")
     if is_harmony(config.tool_call_parser) or is_harmony(config.reasoning_parser):
         try:
             harmony_encoding()
@@ -835,9 +619,6 @@ def _validate_discovery(discovery: DiscoveryConfig, pd: PdConfig, meshed: bool) 
 def _validate_pd(pd: PdConfig) -> None:
     if (pd.prefill or pd.decode) and not pd.enabled:
         raise ConfigError("--prefill and --decode need --pd-disaggregation")
-    for flag, policy in (("--prefill-policy", pd.prefill_policy), ("--decode-policy", pd.decode_policy)):
-        if policy is not None and policy not in POLICIES:
-            raise ConfigError(f"{flag}: unknown policy {policy!r}; choose one of {', '.join(sorted(POLICIES))}")
     if not pd.bootstrap_timeout_s > 0:
         raise ConfigError("--pd-bootstrap-timeout-secs must be positive")
     for flag, url in [*(("--prefill", u) for u, _ in pd.prefill), *(("--decode", u) for u in pd.decode)]:

@@ -41,7 +41,8 @@ from .engine.errors import EngineCallError
 from .engine.grpc_engine import Handover
 from .errors import NoCapacity
 from .metrics import GatewayMetrics
-from .routing.policies import Policy, RoutingRequest
+from .options import Option
+from .routing.policies import POLICIES, Policy, RoutingRequest
 from .workers import AttemptFailed, Worker, WorkerAttempt, WorkerRegistry, abort_quietly
 from .workers.origin import parse_worker_origin
 from .workers.pairing import DECODE, DEFAULT_BOOTSTRAP_PORT, PREFILL, pair_refusal
@@ -348,3 +349,21 @@ class PdLegs:
 
     async def _abort(self, worker: Worker, request_id: str) -> None:
         await abort_quietly(worker, request_id, ABORT_TIMEOUT_S)
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--pd-disaggregation", "pd.enabled", "bool", "serve models on prefill/decode pairs of engines (SGLang: "
+           "both at once with one bootstrap room; vLLM: prefill, then decode with its kv_transfer_params)",
+           "disaggregation"),
+    Option("--prefill", "pd.prefill", "prefill", "a prefill engine: URL [BOOTSTRAP_PORT] (repeat the flag for more; "
+           "the bootstrap port defaults to 8998)", "disaggregation"),
+    Option("--decode", "pd.decode", "append", "a decode engine: URL (repeat the flag for more)", "disaggregation"),
+    Option("--prefill-policy", "pd.prefill_policy", str, "routing policy among prefill workers (default: --policy; "
+           "cache_aware reads the KV index of the prefill engines)", "disaggregation", choices=POLICIES),
+    Option("--decode-policy", "pd.decode_policy", str, "routing policy among decode workers (default: --policy)",
+           "disaggregation", choices=POLICIES),
+    Option("--pd-bootstrap-timeout-secs", "pd.bootstrap_timeout_s", float, "longest wait for a KV hand-over: from "
+           "dispatch to the decode's first token, past which the attempt fails and is retried on another pair",
+           "disaggregation"),
+)

@@ -20,13 +20,16 @@ import collections
 import gc
 import statistics
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import trio
 from prometheus_client import Histogram
 
+from .metrics import gauge
+
 INTERVAL_S = 0.05
 WINDOW = 1200  # samples kept: one minute at the default interval
-LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class LoopLagMonitor:
@@ -71,6 +74,14 @@ class LoopLagMonitor:
         q = statistics.quantiles(self.samples, n=100, method="inclusive")
         return {"p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "max_ms": max(self.samples) * 1000,
                 "gc_pause_max_ms": self.gc_pause_max_s * 1000}
+
+
+    def metric_families(self) -> Iterator[Any]:
+        stats = self.statistics()  # quantiles of the last minute's samples: computed once per scrape
+        yield gauge("smg_event_loop_lag_ms", "Event-loop lag over the last minute", ["quantile"],
+                    [([k.removesuffix("_ms")], v) for k, v in stats.items() if not k.startswith("gc_")])
+        yield gauge("smg_gc_pause_max_ms", "Longest garbage-collector pause since start", [],
+                    [([], stats["gc_pause_max_ms"])])
 
 
 class SlowStepLog(trio.abc.Instrument):

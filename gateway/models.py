@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from .engine.errors import EngineCallError
+from .metrics import counter, gauge
 from .parsers import HarmonyUnavailable, harmony_encoding, is_harmony
 from .parsers.choice import choose
 from .tokenizer.service import TokenizerConfig, TokenizerLoadError, TokenizerService
@@ -128,3 +131,20 @@ class ModelCatalog:
                 from None
         log.info("tokenizer for %s fetched from %s", ",".join(worker.models), worker.url)
         return service
+
+
+    def metric_families(self) -> Iterator[Any]:
+        hits, misses, sizes = [], [], []
+        for name in self.names():
+            tokenizer = self.get(name).tokenizer
+            if tokenizer is None:
+                continue
+            stats = tokenizer.statistics()
+            for level in ("l0", "l1"):
+                hits.append(([name, level], stats[f"{level}_hits"]))
+                misses.append(([name, level], stats[f"{level}_misses"]))
+                sizes.append(([name, level], float(stats[f"{level}_bytes"])))
+        yield counter("smg_tokenizer_cache_hits", "Tokenizer cache hits by level", ["model", "level"], hits)
+        yield counter("smg_tokenizer_cache_misses", "Tokenizer cache misses by level", ["model", "level"], misses)
+        yield gauge("smg_tokenizer_cache_bytes", "Tokenizer cache size by level (an estimate, as bounded)",
+                    ["model", "level"], sizes)

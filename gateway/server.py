@@ -19,7 +19,6 @@ import signal
 import socket
 import ssl
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import httpx2
@@ -39,7 +38,7 @@ from .api.errors import transport_error_body
 from .http1 import H1Config, H1Server
 from .api.proxy import HttpProxy
 from .api.state import GatewayState
-from .history import HistoryStore, MemoryHistory, PostgresHistory, RedisHistory, StoreUnavailable
+from .history import HISTORY_BACKENDS, HistoryStore, StoreUnavailable
 from .auth import Authenticator
 from .auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX
 from .auth.key_store import KeyStore, KeyStoreError, StoredKey
@@ -52,7 +51,7 @@ from .generation import Generator
 from .logs import setup_logging
 from .loop_lag import LoopLagMonitor, SlowStepLog
 from .mesh_metrics import cluster_metric_families, mesh_metric_families
-from .metrics import GatewayMetrics, counter, gauge
+from .metrics import GatewayMetrics
 from .models import ModelCatalog
 from .ratelimit.limiter import RateLimiter
 from .ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
@@ -81,65 +80,6 @@ class RunningGateway:
     shutdown: trio.Event  # set it to begin a graceful shutdown
 
 
-def _state_metrics(state: GatewayState) -> Iterator[Any]:
-    now = trio.current_time()
-    workers = state.registry.all()
-    yield gauge("smg_worker_healthy", "1 when the worker passes health checks", ["worker", "url"],
-                [([w.id, w.url], 1.0 if w.healthy else 0.0) for w in workers])
-    yield gauge("smg_circuit_breaker_state", "0 closed, 1 open, 2 half-open", ["worker"],
-                [([w.id], float(w.breaker.current_state(now).value)) for w in workers])
-    yield gauge("smg_worker_in_flight", "Requests this node has on the worker", ["worker"],
-                [([w.id], float(w.in_flight)) for w in workers])
-    yield gauge("smg_requests_running", "Generations holding an admission slot", [],
-                [([], float(state.admission.running))])
-    yield gauge("smg_requests_queued", "Requests waiting for an admission slot", [],
-                [([], float(state.admission.waiting))])
-    yield counter("smg_requests_rejected", "Requests refused by admission", ["reason"],
-                  [(["queue_full"], state.admission.rejected_queue_full),
-                   (["queue_timeout"], state.admission.rejected_queue_timeout)])
-    hits, misses, sizes = [], [], []
-    for name in state.catalog.names():
-        tokenizer = state.catalog.get(name).tokenizer
-        if tokenizer is None:
-            continue
-        stats = tokenizer.statistics()
-        for level in ("l0", "l1"):
-            hits.append(([name, level], stats[f"{level}_hits"]))
-            misses.append(([name, level], stats[f"{level}_misses"]))
-            sizes.append(([name, level], float(stats[f"{level}_bytes"])))
-    yield counter("smg_tokenizer_cache_hits", "Tokenizer cache hits by level", ["model", "level"], hits)
-    yield counter("smg_tokenizer_cache_misses", "Tokenizer cache misses by level", ["model", "level"], misses)
-    yield gauge("smg_tokenizer_cache_bytes", "Tokenizer cache size by level (an estimate, as bounded)",
-                ["model", "level"], sizes)
-    kv = state.registry.kv_index
-    if kv is not None:
-        yield gauge("smg_kv_index_blocks", "Blocks the KV index holds per engine", ["worker"],
-                    [([w.id], float(kv.block_count(w.id))) for w in workers])
-        yield counter("smg_kv_index_block_events", "KV index block changes", ["kind"],
-                      [(["inserted"], kv.inserted), (["removed"], kv.removed), (["evicted"], kv.evicted)])
-
-
-def _http_server_metrics(server: H1Server) -> Iterator[Any]:
-    yield counter("smg_http_refused", "Requests the HTTP server answered itself, before the API saw them "
-                  "(400 malformed, 414 URL or 431 head over its limit)", [], [([], server.refused)])
-
-
-def _trace_metrics(tracing: Any) -> Iterator[Any]:
-    processor = tracing.processor
-    yield counter("smg_trace_spans", "Spans that ended here, by what became of them: exported, failed (the "
-                  "collector refused them or did not answer in time), dropped (the export queue was full)",
-                  ["outcome"], [(["exported"], processor.exported), (["failed"], processor.failed),
-                                (["dropped"], processor.dropped)])
-
-
-def _lag_metrics(lag: LoopLagMonitor) -> Iterator[Any]:
-    stats = lag.statistics()  # quantiles of the last minute's samples: computed once per scrape
-    yield gauge("smg_event_loop_lag_ms", "Event-loop lag over the last minute", ["quantile"],
-                [([k.removesuffix("_ms")], v) for k, v in stats.items() if not k.startswith("gc_")])
-    yield gauge("smg_gc_pause_max_ms", "Longest garbage-collector pause since start", [],
-                [([], stats["gc_pause_max_ms"])])
-
-
 async def _start_rate_limiter(config: GatewayConfig, cluster: ClusterState | None, metrics: GatewayMetrics,
                               nursery: trio.Nursery) -> RateLimiter:
     """Always running (limits can be set at run time); it costs nothing while no limit is set."""
@@ -156,30 +96,8 @@ async def _start_rate_limiter(config: GatewayConfig, cluster: ClusterState | Non
 
         cluster.follow_settings(on_setting)
     await nursery.start(limiter.run)
-    metrics.add_state_source(lambda: _rate_limit_metrics(limiter))
+    metrics.add_state_source(limiter.metric_families)
     return limiter
-
-
-def _rate_limit_metrics(limiter: RateLimiter) -> Iterator[Any]:
-    stats = limiter.statistics()
-    yield gauge("smg_rate_limit_keys_owned", "Rate-limit keys this node owns on the ring", [],
-                [([], float(stats["keys_owned"]))])
-    yield gauge("smg_rate_limit_keys_held", "Rate-limit keys this node holds (owned and replicated)", [],
-                [([], float(stats["keys_held"]))])
-    yield counter("smg_rate_limit_forwarded_batches", "Batches of decisions forwarded to owners, by result",
-                  ["result"], [(["sent"], stats["batches"]), (["failed"], stats["failed_batches"])])
-    yield gauge("smg_rate_limit_replication_pending", "Rate-limit keys changed here and not yet copied to their "
-                "replicas, plus copies sent and not yet acknowledged: what an owner crash now would lose", [],
-                [([], float(stats["replication_pending"]))])
-    yield counter("smg_rate_limit_fallback_units", "Units admitted by the failure policy without the owner's "
-                  "decision: what an overshoot is made of", [], [([], stats["fallback_units"])])
-    detection_s = 0.0
-    if limiter.cluster is not None and getattr(limiter.cluster, "agent", None) is not None:
-        mesh = limiter.cluster.agent.config
-        detection_s = mesh.probe_interval_s + mesh.suspicion_timeout_s(max(1, len(limiter.cluster.ring)), 0)
-    yield gauge("smg_rate_limit_overshoot_bound", "Documented worst-case overshoot (units) of one owner crash or "
-                "partition, for each limit, with this node's current view", ["limit"],
-                [([spec.name], limiter.overshoot_bound(spec, detection_s)) for spec in limiter.limits.limits])
 
 
 async def _start_discovery(config: GatewayConfig, registry: WorkerRegistry, cluster: ClusterState | None,
@@ -201,39 +119,14 @@ async def _start_discovery(config: GatewayConfig, registry: WorkerRegistry, clus
 
 async def _start_history(config: GatewayConfig, cluster: ClusterState | None, metrics: GatewayMetrics,
                          nursery: trio.Nursery) -> HistoryStore | None:
-    """The store --history-backend chose; the memory one replicates over the mesh when there is one. A
-    durable one is connected (and Postgres migrated) before the node serves."""
-    if config.history_backend == "none":
-        return None
-    if config.history_backend in ("postgres", "redis"):
-        durable = PostgresHistory(config.postgres, config.history) if config.history_backend == "postgres" else \
-            RedisHistory(config.redis, config.history)
-        await durable.open()  # a database that cannot be reached stops the start, with its reason
-        return durable
-    history = MemoryHistory(config.history, cluster)
-    await nursery.start(history.run)
-    metrics.add_state_source(lambda: _history_metrics(history))
-    return history
-
-
-def _history_metrics(history: MemoryHistory) -> Iterator[Any]:
-    shards, stats = history.shards, history.stats
-    yield gauge("smg_history_records", "Stored responses and conversation items this node holds (owned and "
-                "replicated)", ["kind"], [(["response"], float(shards.responses)), (["item"], float(shards.items))])
-    yield gauge("smg_history_bytes", "Bytes of stored responses and conversations this node holds", [],
-                [([], float(shards.bytes))])
-    yield counter("smg_history_evicted", "Records forgotten to stay within the memory bounds", [],
-                  [([], shards.evicted)])
-    yield counter("smg_history_replication", "Replication events: copies a replica missed, repaired later, "
-                  "handed to new owners, received when catching up, fetched by a primary", ["event"],
-                  [(["replica_failed"], stats.replica_failures), (["repaired"], stats.repaired),
-                   (["handed_off"], stats.handed_off), (["synced"], stats.synced), (["fetched"], stats.fetched)])
-    yield counter("smg_history_peers_synced", "Peers this node caught up with when it first saw them", [],
-                  [([], stats.peers_synced)])
-    yield counter("smg_history_bad_frames", "Peers' history requests refused as malformed", [],
-                  [([], stats.bad_frames)])
-    yield counter("smg_history_refused_changes", "Peers' shard changes dropped: stamped too far ahead of this "
-                  "node's clock", [], [([], shards.refused_future)])
+    """The store --history-backend chose (gateway/history/backends.py), ready before the node serves: a durable
+    one connected (and Postgres migrated), the memory one replicating over the mesh when there is one."""
+    backend = HISTORY_BACKENDS[config.history_backend]
+    store = await backend.start(config.section(backend.section) if backend.section else None, config.history,
+                                cluster, nursery)
+    if store is not None:
+        metrics.add_state_source(store.metric_families)
+    return store
 
 
 def _start_key_store(cluster: ClusterState | None) -> KeyStore:
@@ -299,7 +192,7 @@ async def _serve_http(config: GatewayConfig, app: Any, shutdown: trio.Event, met
                                     ssl_context=tls.context if tls is not None else None,
                                     tls_handshake_timeout_s=config.tls.handshake_timeout_s,
                                     error_body=transport_error_body))
-    metrics.add_state_source(lambda: _http_server_metrics(server))
+    metrics.add_state_source(server.metric_families)
     async with trio.open_nursery() as nursery:
         if tls is not None:
             nursery.start_soon(tls.serve_reloads)  # a renewed certificate is used without a restart
@@ -393,16 +286,17 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
                              history=await _start_history(config, cluster, metrics, nursery))
         # Background responses: their own nursery, and cancels from any node; only a store shared without a mesh
         # leaves them to look at the store for cancels.
-        state.background = BackgroundRuns(cluster, poll_store=cluster is None and config.history_backend in (
-            "postgres", "redis"))
+        state.background = BackgroundRuns(cluster, poll_store=cluster is None and HISTORY_BACKENDS[
+            config.history_backend].shared)
         await nursery.start(state.background.serve)
         metrics.add_state_source(state.background.metric_families)
-        metrics.add_state_source(lambda: _state_metrics(state))
+        for source in (registry, admission, catalog):  # each subsystem's own figures (metric_families)
+            metrics.add_state_source(source.metric_families)
         if config.tracing.enabled:
             from .tracing.tracer import TracedCalls, Tracing  # OpenTelemetry loaded only when tracing is on
             state.tracing = generator.tracing = generator.pd.tracing = Tracing.start(
                 config.tracing, cluster.node_name if cluster is not None else socket.gethostname())
-            metrics.add_state_source(lambda: _trace_metrics(state.tracing))
+            metrics.add_state_source(state.tracing.metric_families)
             if cluster is not None:  # peers' requests in a traced request's trace, both ways
                 cluster.peer_requests.tracing = state.tracing
             if state.history is not None:
@@ -411,7 +305,7 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
             await _start_discovery(config, registry, cluster, catalog, metrics, nursery)
         lag = LoopLagMonitor(metrics.loop_lag, gc_pauses=metrics.gc_pauses)
         nursery.start_soon(lag.run)
-        metrics.add_state_source(lambda: _lag_metrics(lag))
+        metrics.add_state_source(lag.metric_families)
         # Register the configured workers before serving when they answer; keep trying those that don't.
         state.unreachable_engines.update(urls)
         with trio.move_on_after(config.health.timeout_s * 2):

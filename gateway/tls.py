@@ -22,6 +22,7 @@ import ssl
 from pathlib import Path
 
 import trio
+from .options import Option
 
 log = logging.getLogger("gateway.tls")
 
@@ -88,3 +89,15 @@ class ServerTls:
         while True:
             await trio.sleep(self.config.reload_interval_s)
             self.reload_if_changed()
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--tls-cert-path", "tls.cert_path", Path, "serve HTTPS with this certificate chain (PEM); reloaded when "
+           "the file changes", "security"),
+    Option("--tls-key-path", "tls.key_path", Path, "the certificate's private key (PEM)", "security"),
+    Option("--tls-client-ca-path", "tls.client_ca_path", Path, "require client certificates signed by this CA "
+           "(mutual TLS)", "security"),
+    Option("--tls-reload-interval-secs", "tls.reload_interval_s", float, "how often the certificate files are "
+           "checked for a renewal (default 10)", "security"),
+)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, HarmonyUnavailable, reasoning_parser, tool_call_parser
+from ..registry import Registry
 from .errors import BadRequest, Unavailable
 from .http import Request
 from .protocol import parse_json_body
@@ -33,10 +34,11 @@ def _text(body: dict[str, Any]) -> str:
     return text
 
 
-def _parser_name(body: dict[str, Any], field: str, known: "dict[str, Any]") -> str:
+def _parser_name(body: dict[str, Any], field: str, known: Registry[Any]) -> str:
     name = body.get(field)
     if not isinstance(name, str) or name not in known:
-        raise BadRequest(f"'{field}' must be one of {', '.join(sorted(known))}", param=field, code="unknown_parser")
+        raise BadRequest(f"'{field}' must be one of {', '.join(known.names())} (or an alias: vLLM's and SGLang's "
+                         "names)", param=field, code="unknown_parser")
     return name
 
 

@@ -38,6 +38,7 @@ from .errors import Forbidden, Unauthenticated
 from .jwt_verifier import JwtConfig, JwtVerifier, looks_like_jwt
 from .key_store import KeyStore
 from .principal import ANONYMOUS, Principal, Role
+from ..options import Option
 
 
 async def _no_fetch(url: str) -> Any:
@@ -219,3 +220,20 @@ class Authenticator:
     def check_model(principal: Principal, model: str) -> None:
         if not principal.may_use(model):
             raise Forbidden(f"the key '{principal.name}' may not use the model '{model}'", "model_not_allowed")
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--admin-token", "auth.admin_token", str, "the node's admin credential (role admin; default: read from, "
+           "or made into, --admin-token-file)", "security", secret=True),
+    Option("--admin-token-file", "auth.admin_token_file", Path, "file holding the admin token when none is given "
+           "(default ~/.local/state/smg-node/admin-token, mode 0600; the CLI reads it)", "security"),
+    Option("--api-key", "auth.api_key", str, "one shared key for inference (role user); with any user key set, "
+           "inference needs a key", "security", secret=True),
+    Option("--tenant-api-key", "auth.tenant_api_keys", "list", "TENANT:KEY, a user key of that tenant (repeatable)",
+           "security", secret=True),
+    Option("--control-plane-api-keys", "auth.control_plane_api_keys", "list", "ID:NAME:ROLE:KEY keys, role admin "
+           "(control plane and inference) or user (inference)", "security", secret=True),
+    Option("--control-plane-audit-enabled", "auth.audit", "bool", "log every control-plane change as a JSON line "
+           "(logger gateway.audit)", "security"),
+)

@@ -36,6 +36,7 @@ import jwt
 
 from .errors import Unauthenticated
 from .principal import Principal, Role
+from ..options import Option
 
 ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 # Which algorithms a key of each JWK type may verify.
@@ -197,3 +198,18 @@ class JwtVerifier:
         name = claims.get("name") or claims.get("preferred_username") or subject
         return Principal(f"jwt:{claims['iss']}:{subject}", str(name)[:128], role,
                          tenant=tenant_id(str(tenant)) if isinstance(tenant, (str, int)) else None)
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--jwt-issuer", "jwt.issuer", str, "accept JWTs from this OIDC issuer (its keys from "
+           "/.well-known/openid-configuration unless --jwt-jwks-uri)", "security"),
+    Option("--jwt-audience", "jwt.audience", str, "the audience JWTs must name", "security"),
+    Option("--jwt-jwks-uri", "jwt.jwks_uri", str, "where the issuer's keys are (default: discovered)", "security"),
+    Option("--jwt-role-mapping", "jwt.role_mapping", "list", "IDP_ROLE=GATEWAY_ROLE (admin or user) pairs for the "
+           "roles claim; unmapped tokens are user", "security"),
+    Option("--jwt-tenant-claim", "jwt.tenant_claim", str, "the claim naming the tenant (default tenant)", "security"),
+    Option("--jwt-role-claim", "jwt.role_claim", str, "the claim listing roles (default roles)", "security"),
+    Option("--jwt-keys-refresh-min-secs", "jwt.refresh_interval_min_s", float, "least time between two fetches of "
+           "the issuer's keys for unknown kids (default 10)", "security"),
+)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from ..options import Option
 
 # Kubernetes' own syntax for label keys (an optional DNS prefix, then a name) and values (at most 63 of
 # alphanumerics, '-', '_', '.'): a selector that could never match a pod is refused at start.
@@ -134,3 +135,27 @@ class DiscoveryConfig:
         """(role, selector) of every engine selector given."""
         return [(role, sel) for role, sel in (("regular", self.selector), ("prefill", self.prefill_selector),
                                               ("decode", self.decode_selector)) if sel]
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--service-discovery", "discovery.enabled", "bool", "find engines as Kubernetes pods by label: added "
+           "once Ready with an IP, drained when they go (credentials: the pod's service account, else KUBECONFIG or "
+           "~/.kube/config)", "discovery"),
+    Option("--selector", "discovery.selector", "selector", "labels of the engines' pods: KEY=VALUE ... (Kubernetes' "
+           "selectors: also KEY!=VALUE, 'KEY in (A,B)', 'KEY notin (A,B)', KEY, !KEY)", "discovery"),
+    Option("--prefill-selector", "discovery.prefill_selector", "selector", "labels of prefill engines' pods (with "
+           "--pd-disaggregation; bootstrap port from the sglang.ai/bootstrap-port annotation)", "discovery"),
+    Option("--decode-selector", "discovery.decode_selector", "selector", "labels of decode engines' pods", "discovery"),
+    Option("--router-selector", "discovery.router_selector", "selector", "labels of smg-node's own pods: the mesh "
+           "joins them (port from the sglang.ai/mesh-port annotation, else this node's), no seed list needed",
+           "discovery"),
+    Option("--service-discovery-namespace", "discovery.namespace", str, "namespace to watch (default: every "
+           "namespace, which needs a ClusterRole)", "discovery"),
+    Option("--service-discovery-port", "discovery.port", int, "the engines' port on their pod IP (default 80)",
+           "discovery"),
+    Option("--service-discovery-protocol", "discovery.protocol", str, "grpc (default: token ids over gRPC) or http "
+           "(OpenAI-compatible engines, proxied)", "discovery"),
+    Option("--service-discovery-model-label", "discovery.model_label", str, "label (or annotation) naming a pod's "
+           "model (default smg.ai/model); without it the engine says (GetModelInfo)", "discovery"),
+)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import ssl
 from pathlib import Path
+from ..options import Option
 
 TLS_TARGET_PREFIX = "grpcs://"
 
@@ -51,3 +52,13 @@ def grpc_credentials(config: EngineTlsConfig):
 
     return grpc.ssl_channel_credentials(root_certificates=read(config.ca_path), private_key=read(config.key_path),
                                         certificate_chain=read(config.cert_path))
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--engine-tls-ca-path", "engine_tls.ca_path", Path, "CA that signs grpcs:// and https:// workers' "
+           "certificates (default: the system's)", "engines"),
+    Option("--engine-tls-cert-path", "engine_tls.cert_path", Path, "client certificate presented to engines (mutual "
+           "TLS)", "engines"),
+    Option("--engine-tls-key-path", "engine_tls.key_path", Path, "its private key", "engines"),
+)

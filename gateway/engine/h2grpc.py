@@ -66,6 +66,7 @@ from .engine_tls import EngineTlsConfig, client_context, split_target
 from .errors import EngineCallError
 from . import http2_frames as h2f
 from .h2_protocol import Call, H2ClientProtocol, H2Config, KeepaliveAction, KeepaliveRule
+from ..options import Option
 
 _READ_BYTES = 256 * 1024
 _BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
@@ -470,3 +471,12 @@ class ServerStream(_OpenCall):
         call.messages = []
         self.connection.consumed_now(call)  # the reading task flushes the queue after its listeners
         return batch
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--engine-keepalive-interval-secs", "engine_h2.keepalive_interval_s", float, "PING an engine connection "
+           "with open calls after this long without a byte from it; 0 turns keepalive off", "engines"),
+    Option("--engine-keepalive-timeout-secs", "engine_h2.keepalive_timeout_s", float, "drop the connection (its "
+           "calls fail as retryable) when nothing answers the PING within this", "engines"),
+)

@@ -5,8 +5,10 @@
     postgres.PostgresHistory durable, in PostgreSQL (migrations at start, configurable names)
     redis.RedisHistory      in Redis, under a key prefix, with a retention time
     shards, ops, wire       the memory backend's parts: versioned shards, the operations, the peer frames
+    backends.HISTORY_BACKENDS  the registry --history-backend chooses from (each backend registers itself)
 """
 
+from .backends import HISTORY_BACKENDS, HistoryBackend
 from .memory import MemoryHistory, ReplicationConfig
 from .postgres import PostgresConfig, PostgresHistory, PostgresNames
 from .redis import RedisConfig, RedisHistory
@@ -14,7 +16,7 @@ from .store import (CHAIN_LENGTH_MAX, ID_CHARS_MAX, ITEMS_PER_ADD_MAX, LIST_LIMI
                     RecordTooLarge, StorageQuotaExceeded, StoredResponse, StoreUnavailable, TenantBounds,
                     check_record_size)
 
-__all__ = ["CHAIN_LENGTH_MAX", "HistoryConfig", "HistoryStore", "ID_CHARS_MAX", "ITEMS_PER_ADD_MAX", "ItemPage", "LIST_LIMIT_MAX",
+__all__ = ["HISTORY_BACKENDS", "HistoryBackend", "CHAIN_LENGTH_MAX", "HistoryConfig", "HistoryStore", "ID_CHARS_MAX", "ITEMS_PER_ADD_MAX", "ItemPage", "LIST_LIMIT_MAX",
            "MemoryHistory", "PostgresConfig", "RECORD_BYTES_MAX", "PostgresHistory", "PostgresNames", "RecordTooLarge", "RedisConfig",
            "RedisHistory", "ReplicationConfig", "StorageQuotaExceeded", "StoreUnavailable", "StoredResponse",
            "TenantBounds", "check_record_size"]

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import orjson
@@ -41,6 +41,8 @@ import trio
 from mesh import PeerUnreachable
 from mesh.ring import HashRing
 
+from ..metrics import counter, gauge
+from .backends import HISTORY_BACKENDS, HistoryBackend
 from .ops import CREATING, OPERATIONS, HistoryOps
 from .shards import RESPONSE, Change, MemoryShards, stored_json
 from .store import HistoryConfig, ItemPage, RecordTooLarge, StorageQuotaExceeded, StoredResponse, StoreUnavailable
@@ -345,6 +347,25 @@ class MemoryHistory:
 
     # -- background: repairs, handoff, start-up sync -------------------------------------------
 
+    def metric_families(self) -> Iterator[Any]:
+        shards, stats = self.shards, self.stats
+        yield gauge("smg_history_records", "Stored responses and conversation items this node holds (owned and "
+                    "replicated)", ["kind"], [(["response"], float(shards.responses)), (["item"], float(shards.items))])
+        yield gauge("smg_history_bytes", "Bytes of stored responses and conversations this node holds", [],
+                    [([], float(shards.bytes))])
+        yield counter("smg_history_evicted", "Records forgotten to stay within the memory bounds", [],
+                      [([], shards.evicted)])
+        yield counter("smg_history_replication", "Replication events: copies a replica missed, repaired later, "
+                      "handed to new owners, received when catching up, fetched by a primary", ["event"],
+                      [(["replica_failed"], stats.replica_failures), (["repaired"], stats.repaired),
+                       (["handed_off"], stats.handed_off), (["synced"], stats.synced), (["fetched"], stats.fetched)])
+        yield counter("smg_history_peers_synced", "Peers this node caught up with when it first saw them", [],
+                      [([], stats.peers_synced)])
+        yield counter("smg_history_bad_frames", "Peers' history requests refused as malformed", [],
+                      [([], stats.bad_frames)])
+        yield counter("smg_history_refused_changes", "Peers' shard changes dropped: stamped too far ahead of this "
+                      "node's clock", [], [([], shards.refused_future)])
+
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if self.cluster is None:
             task_status.started()
@@ -528,3 +549,13 @@ def _batches(changes: list[Change]) -> list[list[Change]]:
         batches[-1].append(change)
         size += weight
     return [b for b in batches if b]
+
+
+async def _start(section: None, history: HistoryConfig, cluster: Any, nursery: trio.Nursery) -> MemoryHistory:
+    store = MemoryHistory(history, cluster)
+    await nursery.start(store.run)
+    return store
+
+
+HISTORY_BACKENDS.add("memory", HistoryBackend(_start), "in the nodes' memory, each record on its owner on the ring and "
+                     "the next two nodes (the default): no server to run, a node's death loses nothing acknowledged")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import orjson
@@ -31,6 +31,8 @@ import psycopg_pool
 import trio
 from psycopg import sql
 
+from ..options import Option
+from .backends import HISTORY_BACKENDS, HistoryBackend
 from .store import HistoryConfig, ItemPage, StoredResponse, StoreUnavailable, check_record_size
 
 T = TypeVar("T")
@@ -112,6 +114,9 @@ class PostgresHistory:
             config.url, min_size=1, max_size=config.pool_max_size, timeout=config.pool_timeout_s, open=False,
             kwargs={"options": f"-c statement_timeout={timeout_ms}", "autocommit": False})
         self._q = _Queries(config.names)
+
+    def metric_families(self) -> Iterator[Any]:
+        return iter(())  # the database's own monitoring says more than the pool here would
 
     async def open(self) -> None:
         """Connects and brings the schema up to date; StoreUnavailable when the database cannot be reached."""
@@ -300,3 +305,36 @@ class _Queries:
         # A conversation's items, in bytes of their JSON (the record bound counts them with the head).
         self.items_bytes = q("SELECT COALESCE(SUM(octet_length({body}::text)), 0) FROM {items} "
                              "WHERE {conversation_id} = %s")
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--postgres-db-url", "postgres.url", str, "postgres://user:password@host:port/db?sslmode=... (or "
+           "SMG_NODE_POSTGRES_DB_URL, kept out of the process list)", "history", secret=True),
+    Option("--postgres-pool-max-size", "postgres.pool_max_size", int, "connections to PostgreSQL", "history"),
+    Option("--postgres-names", "postgres.names", "list", "table and column names, NAME=VALUE (responses, "
+           "conversations, items, migrations, id, owner, body, created_at, conversation_id, item_id, position)",
+           "history", then=PostgresNames().with_overrides),
+)
+
+
+def _check(config: PostgresConfig) -> str | None:
+    if not config.url:
+        return "--history-backend postgres needs --postgres-db-url (or SMG_NODE_POSTGRES_DB_URL)"
+    problem = config.names.problem()
+    if problem is not None:
+        return f"--postgres-names: {problem}"
+    if config.pool_max_size < 1:
+        return "--postgres-pool-max-size must be positive"
+    return None
+
+
+async def _start(config: PostgresConfig, history: HistoryConfig, cluster: Any, nursery: trio.Nursery
+                 ) -> PostgresHistory:
+    store = PostgresHistory(config, history)
+    await store.open()  # a database that cannot be reached stops the start, with its reason
+    return store
+
+
+HISTORY_BACKENDS.add("postgres", HistoryBackend(_start, "postgres", PostgresConfig(), OPTIONS, _check, shared=True),
+                     "PostgreSQL: durable, migrated at start, table and column names configurable")

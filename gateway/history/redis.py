@@ -21,13 +21,15 @@ read and then write (the owner check and the change) are Lua scripts: Redis runs
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import orjson
 import redis
 import trio
 
+from ..options import Option
+from .backends import HISTORY_BACKENDS, HistoryBackend
 from .store import (HistoryConfig, ItemPage, RecordTooLarge, StoredResponse, StoreUnavailable,
                     check_record_size)
 
@@ -149,6 +151,9 @@ class RedisHistory:
         self._get_item = self._redis.register_script(_GET_ITEM)
         self._delete_item = self._redis.register_script(_DELETE_ITEM)
         self._update = self._redis.register_script(_UPDATE)
+
+    def metric_families(self) -> Iterator[Any]:
+        return iter(())  # the database's own monitoring says more than the pool here would
 
     async def open(self) -> None:
         await self._call(self._redis.ping)
@@ -273,3 +278,32 @@ class RedisHistory:
         if not out:
             return None, False
         return orjson.loads(out[1]), bool(out[0])
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--redis-url", "redis.url", str, "redis://[:password@]host:port/db, rediss:// for TLS (or "
+           "SMG_NODE_REDIS_URL)", "history", secret=True),
+    Option("--redis-pool-max-size", "redis.pool_max_size", int, "connections to Redis", "history"),
+    Option("--redis-retention-days", "redis.retention_days", float, "how long Redis keeps a record after its last "
+           "write; -1: forever", "history"),
+    Option("--redis-key-prefix", "redis.key_prefix", str, "prefix of every key written to Redis", "history"),
+)
+
+
+def _check(config: RedisConfig) -> str | None:
+    if not config.url:
+        return "--history-backend redis needs --redis-url (or SMG_NODE_REDIS_URL)"
+    if config.pool_max_size < 1 or config.retention_days == 0:
+        return "--redis-pool-max-size must be positive and --redis-retention-days not 0"
+    return None
+
+
+async def _start(config: RedisConfig, history: HistoryConfig, cluster: Any, nursery: trio.Nursery) -> RedisHistory:
+    store = RedisHistory(config, history)
+    await store.open()  # a server that cannot be reached stops the start, with its reason
+    return store
+
+
+HISTORY_BACKENDS.add("redis", HistoryBackend(_start, "redis", RedisConfig(), OPTIONS, _check, shared=True),
+                     "Redis: under a key prefix, each record kept for a retention time after its last write")

@@ -18,9 +18,11 @@ What the methods return: None (or False) for "no such record for this owner"; th
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from ..errors import QuotaExceeded, TimedOut, TooLarge
+from ..options import Option
 
 ID_CHARS_MAX = 128  # response, conversation and item ids: ours are ~30 characters
 OWNER_CHARS_MAX = 256
@@ -164,6 +166,8 @@ def check_record_size(size_bytes: int, bound_bytes: int, what: str) -> None:
 
 
 class HistoryStore(Protocol):
+    def metric_families(self) -> "Iterator[Any]": ...  # its own figures, for /metrics (none for a durable one)
+
     async def put_response(self, record: StoredResponse) -> None: ...
     async def get_response(self, response_id: str, owner: str) -> StoredResponse | None: ...
     async def delete_response(self, response_id: str, owner: str) -> bool: ...
@@ -189,3 +193,26 @@ class HistoryStore(Protocol):
 
     async def all_items(self, conversation_id: str, owner: str) -> "list[dict[str, Any]] | None":
         """Every item in order, for the model's prompt; None: no conversation."""
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--history-memory-max-responses", "history.max_responses", int, "stored responses kept in memory per "
+           "node (least recently used out first)", "history"),
+    Option("--history-memory-max-items", "history.max_items", int, "conversation items kept in memory per node",
+           "history"),
+    Option("--history-memory-retention-secs", "history.retention_s", float, "how long a stored response or "
+           "conversation is kept after its last write", "history"),
+    Option("--history-memory-max-bytes", "history.max_bytes", int, "bytes of stored responses and conversations "
+           "kept in memory per node (default 256 MiB)", "history"),
+    Option("--history-tenant-max-bytes", "history.tenant_max_bytes", int, "bytes one tenant (else key) may hold per "
+           "node in the memory store, beyond which its writes get 429 (default: a quarter of the node's)", "history"),
+    Option("--history-tenant-max-responses", "history.tenant_max_responses", int, "stored responses one tenant may "
+           "hold per node (default: a quarter of --history-memory-max-responses)", "history"),
+    Option("--history-tenant-max-conversations", "history.tenant_max_conversations", int, "conversations one tenant "
+           "may hold per node (default: a quarter of --history-memory-max-responses)", "history"),
+    Option("--history-tenant-max-items", "history.tenant_max_items", int, "conversation items one tenant may hold "
+           "per node (default: a quarter of --history-memory-max-items)", "history"),
+    Option("--history-record-max-bytes", "history.record_bytes_max", int, "largest stored response, and largest "
+           "conversation with its items, in bytes (default 4 MiB, at most 6 MiB): larger ones get 413", "history"),
+)

@@ -56,13 +56,14 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import trio
 
 from ..fast_receive import receive_some
 from ..fast_send import send_now
+from ..metrics import counter
 from .protocol import (CHUNK, LAST_CHUNK, UPGRADE, Refusal, RequestReader, ResponseState, response_head,
                           response_move)
 
@@ -685,6 +686,11 @@ class H1Server:
             await connection.run()
         finally:
             self._connections.discard(connection)
+
+
+    def metric_families(self) -> Iterator[Any]:
+        yield counter("smg_http_refused", "Requests the HTTP server answered itself, before the API saw them "
+                      "(400 malformed, 414 URL or 431 head over its limit)", [], [([], self.refused)])
 
 
 async def open_listener(host: str, port: int, backlog: int, reuse_port: bool) -> trio.socket.SocketType:

@@ -2,11 +2,14 @@
 
 Pure, no I/O: each parser takes the decoded text in whatever pieces it arrives (``feed``) and says
 at the end what is left (``finish``); what it returns for a whole text is what it returns for the
-same text in any chunking. ``tool_calls.TOOL_CALL_PARSERS`` and ``reasoning.REASONING_PARSERS``
-map smg's parser names (and vLLM's and SGLang's where they differ) to parsers.
+same text in any chunking. ``tool_calls.TOOL_CALL_PARSERS`` and ``reasoning.REASONING_PARSERS`` are the
+registries of the formats (``gateway/registry.py``), by smg's names with vLLM's and SGLang's as aliases: each
+parser registers itself in its module with its format, its models and which model ids choose it, and the
+config, ``--help``, the README's tables and ``choice.py`` read them.
 """
 
-from .harmony import HarmonyParser, HarmonyReasoningParser, HarmonyUnavailable, harmony_encoding
+from ..options import Option
+from .harmony import HarmonyParser, HarmonyReasoningParser, HarmonyUnavailable, harmony_encoding, is_harmony
 from .reasoning import REASONING_PARSERS, ReasoningParser, reasoning_parser, thinks
 from .tool_calls import (
     TOOL_CALL_PARSERS,
@@ -19,19 +22,15 @@ from .tool_calls import (
     tool_call_parser,
 )
 
-# gpt-oss: smg's name, vLLM's ("openai") and SGLang's ("gpt-oss"), for either kind of parser; harmony
-# answers carry both, so chat_output.py runs the one HarmonyParser for them.
-for _name in ("gpt_oss", "openai", "gpt-oss"):
-    TOOL_CALL_PARSERS[_name] = HarmonyParser
-    REASONING_PARSERS[_name] = HarmonyReasoningParser
-
-
-
-def is_harmony(name: str | None) -> bool:
-    """Whether a parser name (tool-call or reasoning) means gpt-oss's harmony format."""
-    return name is not None and TOOL_CALL_PARSERS.get(name) is HarmonyParser
-
-
-__all__ = ["REASONING_PARSERS", "TOOL_CALL_PARSERS", "HarmonyParser", "HarmonyUnavailable", "JsonParser", "NamedArgumentsParser", "ReasoningParser",
+__all__ = ["REASONING_PARSERS", "TOOL_CALL_PARSERS", "HarmonyParser", "HarmonyReasoningParser", "HarmonyUnavailable", "JsonParser", "NamedArgumentsParser", "ReasoningParser",
            "RequiredCallsParser",
            "ToolCall", "ToolCallParser", "ToolCallResult", "harmony_encoding", "is_harmony", "reasoning_parser", "thinks", "tool_call_parser"]
+
+# The parsers' flags (gateway/options.py): every model gets these instead of the ones chosen for it (choice.py).
+OPTIONS = (
+    Option("--tool-call-parser", "tool_call_parser", str, "tool-call format of the models' answers (vLLM's and "
+           "SGLang's names too); default: chosen by the model's id, else its architecture", "engines",
+           choices=TOOL_CALL_PARSERS),
+    Option("--reasoning-parser", "reasoning_parser", str, "reasoning format; default: chosen by the model's id, "
+           "else its architecture", "engines", choices=REASONING_PARSERS),
+)

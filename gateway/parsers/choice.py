@@ -1,90 +1,36 @@
 """Which parsers a model gets when the operator names none: by its id, the longest matching pattern wins;
 a model whose id no pattern matches, by its architecture.
 
-Patterns are lower-case substrings of the model id (``Qwen/Qwen3-8B`` -> ``qwen3-8b``). A model no
-pattern matches gets none: its text passes through as content. ``--tool-call-parser`` and
+Patterns are lower-case substrings of the model id (``Qwen/Qwen3-8B`` -> ``qwen3-8b``), declared by each parser
+where it registers (``ids``, ``architectures``: ``gateway/registry.py``). A model no pattern matches gets none:
+its text passes through as content. ``--tool-call-parser`` and
 ``--reasoning-parser`` override this for every model; ``none`` (or smg's ``passthrough``) turns a
 kind off.
 """
 
 from __future__ import annotations
 
-TOOL_CALL_PATTERNS = {
-    "qwen": "qwen",
-    "qwq": "qwen",
-    "hermes": "hermes",
-    "qwen3-coder": "qwen_coder",
-    "qwen3.5": "qwen_coder",
-    "llama-3": "llama",
-    "llama3": "llama",
-    "llama-4": "pythonic",
-    "llama4": "pythonic",
-    "mistral": "mistral",
-    "mixtral": "mistral",
-    "deepseek-v3": "deepseek",
-    "deepseek-r1": "deepseek",
-    "deepseek-v3.1": "deepseek31",
-    "kimi-k2": "kimik2",
-    "glm-4.5": "glm45_moe",
-    "glm-4.6": "glm45_moe",
-    "glm-4.7": "glm47_moe",
-    "minimax-m2": "minimax_m2",
-    "step3": "step3",
-    "step-3": "step3",
-    "deepseek-v3.2": "deepseek32",
-    "command-r": "cohere",
-    "command-a": "cohere",
-    "gpt-oss": "gpt_oss",
-}
+from typing import Any
 
-REASONING_PATTERNS = {
-    "qwen3": "qwen3",
-    # No thinking mode, but an answer may still open <think> (and be cut inside it by max_tokens): that is
-    # reasoning, not content with a raw marker. The parser starts outside: answers without it are untouched.
-    "qwen3-coder": "qwen3",
-    "thinking": "qwen3_thinking",
-    "qwq": "deepseek_r1",
-    "deepseek-r1": "deepseek_r1",
-    "glm-4.5": "glm45",
-    "glm-4.6": "glm45",
-    "glm-4.7": "glm45",
-    "kimi-k2-thinking": "kimi",
-    "deepseek-v3.1": "deepseek_v31",
-    "nemotron-nano": "nano_v3",
-    "nemotron-3-nano": "nano_v3",
-    "step3": "step3",
-    "step-3": "step3",
-    "minimax-m2": "minimax",
-    "command-a-reasoning": "cohere_cmd",
-    "gpt-oss": "gpt_oss",
-}
+from ..registry import Registry
+from .harmony import REASONING_PARSERS, TOOL_CALL_PARSERS
+
+def _patterns(registry: Registry[Any]) -> dict[str, str]:
+    """Model-id pattern -> parser name, as the parsers declared them (``ids`` in their registrations)."""
+    return {pattern: plugin.name for plugin in registry.plugins() for pattern in plugin.detail("ids", ())}
 
 
+def _architectures(registry: Registry[Any]) -> dict[str, str]:
+    """Architecture (lower case, as engines report it) -> parser name."""
+    return {arch: plugin.name for plugin in registry.plugins() for arch in plugin.detail("architectures", ())}
+
+
+TOOL_CALL_PATTERNS = _patterns(TOOL_CALL_PARSERS)
+REASONING_PATTERNS = _patterns(REASONING_PARSERS)
 # When no pattern matches the id (a served name such as "my-model"), the model's architecture, as its
 # engine reports it (GetModelInfo), lower-cased and matched whole.
-TOOL_CALL_ARCHITECTURES = {
-    "qwen2forcausallm": "qwen",
-    "qwen3forcausallm": "qwen",
-    "qwen3moeforcausallm": "qwen",
-    "llamaforcausallm": "llama",
-    "llama4forconditionalgeneration": "pythonic",
-    "mistralforcausallm": "mistral",
-    "deepseekv3forcausallm": "deepseek",
-    "deepseekv32forcausallm": "deepseek32",
-    "glm4moeforcausallm": "glm45_moe",
-    "minimaxm2forcausallm": "minimax_m2",
-    "cohere2forcausallm": "cohere",
-    "step3vlforconditionalgeneration": "step3",
-    "gptossforcausallm": "gpt_oss",
-}
-REASONING_ARCHITECTURES = {
-    "qwen3forcausallm": "qwen3",
-    "qwen3moeforcausallm": "qwen3",
-    "glm4moeforcausallm": "glm45",
-    "minimaxm2forcausallm": "minimax",
-    "step3vlforconditionalgeneration": "step3",
-    "gptossforcausallm": "gpt_oss",
-}
+TOOL_CALL_ARCHITECTURES = _architectures(TOOL_CALL_PARSERS)
+REASONING_ARCHITECTURES = _architectures(REASONING_PARSERS)
 
 
 def _by_architecture(table: dict[str, str], architectures: "tuple[str, ...]") -> str | None:
@@ -115,5 +61,4 @@ def choose(model_id: str, tool_call_parser: str | None = None, reasoning_parser:
     else:
         reasoning = _longest(REASONING_PATTERNS, model_id) if by_id else _by_architecture(REASONING_ARCHITECTURES,
                                                                                           architectures)
-    off = ("none", "passthrough")
-    return (None if tool in off else tool), (None if reasoning in off else reasoning)
+    return (None if tool in TOOL_CALL_PARSERS.off else tool), (None if reasoning in REASONING_PARSERS.off else reasoning)

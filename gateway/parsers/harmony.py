@@ -27,8 +27,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from .markers import held_back
-from .reasoning import ReasoningResult
-from .tool_calls import ToolCall, ToolCallParser, ToolCallResult, ToolSet, _arguments_json
+from .reasoning import REASONING_PARSERS, ReasoningResult
+from .tool_calls import TOOL_CALL_PARSERS, ToolCall, ToolCallParser, ToolCallResult, ToolSet, _arguments_json
 
 FUNCTIONS_PREFIX = "functions."
 # Text before the first <|message|> is a header (channel, recipient): this long without one, the
@@ -190,3 +190,17 @@ class HarmonyReasoningParser:
         result = self.feed(text)
         result.extend(self.finish())
         return result
+
+
+# smg's name, vLLM's ("openai") and SGLang's ("gpt-oss"), for either kind of parser: a harmony answer carries
+# both, so chat_output.py runs the one HarmonyParser for them (is_harmony).
+TOOL_CALL_PARSERS.add("gpt_oss", HarmonyParser, "harmony: channels and `to=functions.NAME`", aliases=("openai", "gpt-oss"),
+                      models="gpt-oss", ids=("gpt-oss",), architectures=("gptossforcausallm",))
+REASONING_PARSERS.add("gpt_oss", HarmonyReasoningParser, "harmony: the `analysis` channel (with the tool calls)",
+                      aliases=("openai", "gpt-oss"), models="gpt-oss", ids=("gpt-oss",),
+                      architectures=("gptossforcausallm",))
+
+
+def is_harmony(name: str | None) -> bool:
+    """Whether a parser name (tool-call or reasoning) means gpt-oss's harmony format."""
+    return name is not None and TOOL_CALL_PARSERS.get(name) is HarmonyParser

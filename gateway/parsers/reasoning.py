@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from ..registry import Registry
 from .markers import held_back
 
 
@@ -108,34 +109,49 @@ class ReasoningParser:
         return result
 
 
-REASONING_PARSERS: dict[str, Callable[[], ReasoningParser]] = {
-    "qwen3": lambda: ReasoningParser(starts_in_reasoning=False),
-    "glm45": lambda: ReasoningParser(starts_in_reasoning=False),
-    "qwen3_thinking": lambda: ReasoningParser(starts_in_reasoning=True),
-    "deepseek_r1": lambda: ReasoningParser(starts_in_reasoning=True),
-    "kimi": lambda: ReasoningParser(starts_in_reasoning=True, start="◁think▷", end="◁/think▷"),
-    # The template opens the reasoning in the prompt (when thinking is on): the answer starts inside it.
-    "deepseek_v31": lambda: ReasoningParser(starts_in_reasoning=True),
-    "nano_v3": lambda: ReasoningParser(starts_in_reasoning=True),  # Nemotron Nano v3
-    "step3": lambda: ReasoningParser(starts_in_reasoning=True),
-    "minimax": lambda: ReasoningParser(starts_in_reasoning=True),  # MiniMax-M2 (its template opens <think>)
-    "minimax_m2": lambda: ReasoningParser(starts_in_reasoning=True),  # vLLM
-    # Cohere Command A Reasoning: the model opens its reasoning itself.
-    "cohere_cmd": lambda: ReasoningParser(starts_in_reasoning=False, start="<|START_THINKING|>",
-                                          end="<|END_THINKING|>"),
-}
-
-
-# Models that think only when asked: their template's switch is off unless the request turns it on (DeepSeek
-# V3.1's ``thinking``). Their reasoning parser applies only then; otherwise the whole answer is content (issue
-# 34: every answer of DeepSeek V3.1, tool calls included, landed in reasoning_content).
-THINKING_OFF_UNLESS_ASKED: dict[str, tuple[str, ...]] = {"deepseek_v31": ("thinking", "enable_thinking")}
+# The formats, by smg's names: whether the answer starts inside the reasoning (the template opened it in the
+# prompt) or the model opens it, its markers, the models that write it (README), and which models get it when
+# the operator names none (choice.py: ``ids`` in the model id, else ``architectures``). ``switches``: models that
+# think only when asked (their template's switch off by default, DeepSeek V3.1's ``thinking``): their parser
+# applies only when the request turns one of these on; otherwise the whole answer is content (issue 34: every
+# answer of DeepSeek V3.1, tool calls included, landed in reasoning_content).
+REASONING_PARSERS: Registry[Callable[[], ReasoningParser]] = Registry("reasoning parser", off=("passthrough", "none"))
+REASONING_PARSERS.add("qwen3", lambda: ReasoningParser(starts_in_reasoning=False),
+                      "`<think>`...`</think>`; the answer may open with it", models="Qwen3, Qwen3-Coder (a "
+                      "`<think>` it opens is reasoning)", ids=("qwen3", "qwen3-coder"),
+                      architectures=("qwen3forcausallm", "qwen3moeforcausallm"))
+REASONING_PARSERS.add("qwen3_thinking", lambda: ReasoningParser(starts_in_reasoning=True),
+                      "the answer starts inside `<think>`", models="Qwen3 *-Thinking", ids=("thinking",))
+REASONING_PARSERS.add("deepseek_r1", lambda: ReasoningParser(starts_in_reasoning=True),
+                      "the answer starts inside `<think>`", models="DeepSeek-R1, QwQ", ids=("qwq", "deepseek-r1"))
+REASONING_PARSERS.add("glm45", lambda: ReasoningParser(starts_in_reasoning=False),
+                      "`<think>`...`</think>`; the answer may open with it", models="GLM-4.5 to 4.7",
+                      ids=("glm-4.5", "glm-4.6", "glm-4.7"), architectures=("glm4moeforcausallm",))
+REASONING_PARSERS.add("kimi", lambda: ReasoningParser(starts_in_reasoning=True, start="◁think▷", end="◁/think▷"),
+                      "the answer starts inside `◁think▷`", models="Kimi K2 Thinking", ids=("kimi-k2-thinking",))
+REASONING_PARSERS.add("deepseek_v31", lambda: ReasoningParser(starts_in_reasoning=True),
+                      "the answer starts inside `<think>`, only when the request turns thinking on",
+                      models="DeepSeek V3.1", ids=("deepseek-v3.1",), switches=("thinking", "enable_thinking"))
+REASONING_PARSERS.add("nano_v3", lambda: ReasoningParser(starts_in_reasoning=True),
+                      "the answer starts inside `<think>`", models="Nemotron Nano v3",
+                      ids=("nemotron-nano", "nemotron-3-nano"))
+REASONING_PARSERS.add("step3", lambda: ReasoningParser(starts_in_reasoning=True),
+                      "the answer starts inside `<think>`", models="Step-3", ids=("step3", "step-3"),
+                      architectures=("step3vlforconditionalgeneration",))
+REASONING_PARSERS.add("minimax", lambda: ReasoningParser(starts_in_reasoning=True),
+                      "the answer starts inside `<think>` (its template opens it)", aliases=("minimax_m2",),
+                      models="MiniMax-M2", ids=("minimax-m2",), architectures=("minimaxm2forcausallm",))
+REASONING_PARSERS.add("cohere_cmd", lambda: ReasoningParser(starts_in_reasoning=False, start="<|START_THINKING|>",
+                                                            end="<|END_THINKING|>"),
+                      "`<\\|START_THINKING\\|>`...`<\\|END_THINKING\\|>`; the model opens it",
+                      models="Command A Reasoning", ids=("command-a-reasoning",))
+# gpt-oss's harmony format registers itself in harmony.py.
 
 
 def thinks(name: str, template_kwargs: dict) -> bool:
     """Whether a model whose reasoning parser is ``name`` thinks in an answer rendered with these template kwargs
     (the request's own switches off are handled before: reasoning_effort none, enable_thinking false)."""
-    switches = THINKING_OFF_UNLESS_ASKED.get(name)
+    switches = REASONING_PARSERS.plugin(name).detail("switches") if name in REASONING_PARSERS else None
     return switches is None or any(template_kwargs.get(switch) is True for switch in switches)
 
 

@@ -48,6 +48,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..registry import Registry
 from .markers import held_back
 
 
@@ -919,40 +920,45 @@ def _split_top_level(text: str, separator: str) -> list[str]:
     return [p for p in parts if p.strip()]
 
 
-TOOL_CALL_PARSERS: dict[str, Callable[..., ToolCallParser]] = {
-    "qwen": TaggedParser,
-    "qwen25": TaggedParser,  # SGLang
-    "hermes": TaggedParser,  # vLLM
-    "qwen_coder": QwenXmlParser,
-    "qwen_xml": QwenXmlParser,
-    "qwen3_coder": QwenXmlParser,  # vLLM
-    "deepseek": DeepSeekV3Parser,
-    "deepseekv3": DeepSeekV3Parser,  # SGLang
-    "deepseek_v3": DeepSeekV3Parser,  # vLLM
-    "deepseek31": DeepSeekV31Parser,
-    "deepseekv31": DeepSeekV31Parser,  # SGLang
-    "deepseek_v31": DeepSeekV31Parser,  # vLLM
-    "kimik2": KimiK2Parser,
-    "kimi_k2": KimiK2Parser,  # vLLM, SGLang
-    "glm45_moe": Glm45Parser,
-    "glm47_moe": Glm45Parser,
-    "glm45": Glm45Parser,  # vLLM, SGLang
-    "glm": Glm45Parser,  # SGLang
-    "minimax_m2": InvokeParser,
-    "minimax": InvokeParser,  # SGLang
-    "step3": Step3Parser,
-    "deepseek32": DeepSeekV32Parser,
-    "deepseekv32": DeepSeekV32Parser,  # SGLang
-    "deepseek_v32": DeepSeekV32Parser,  # vLLM
-    "cohere": CohereParser,
-    "llama": LlamaJsonParser,
-    "llama3": LlamaJsonParser,  # SGLang
-    "llama3_json": LlamaJsonParser,  # vLLM
-    "mistral": MistralParser,
-    "pythonic": PythonicParser,
-    "json": JsonParser,
-}
-# gpt-oss's harmony format (harmony.py) is registered by the package, which imports both modules.
+# The formats, by smg's names (vLLM's and SGLang's as aliases). Each says its format and the models that write it
+# (README), and which models get it when the operator names none (choice.py): model ids containing one of its
+# ``ids`` (lower case; the longest match of any parser wins), else an engine-reported ``architectures`` entry.
+TOOL_CALL_PARSERS: Registry[Callable[..., ToolCallParser]] = Registry("tool-call parser", off=("passthrough", "none"))
+TOOL_CALL_PARSERS.add("qwen", TaggedParser, "`<tool_call>{json}</tool_call>`", aliases=("qwen25", "hermes"),
+                      models="Qwen2.5, Qwen3, QwQ, Hermes", ids=("qwen", "qwq", "hermes"),
+                      architectures=("qwen2forcausallm", "qwen3forcausallm", "qwen3moeforcausallm"))
+TOOL_CALL_PARSERS.add("qwen_coder", QwenXmlParser, "`<function=NAME><parameter=K>V</parameter>`",
+                      aliases=("qwen_xml", "qwen3_coder"), models="Qwen3-Coder, Qwen3.5", ids=("qwen3-coder", "qwen3.5"))
+TOOL_CALL_PARSERS.add("llama", LlamaJsonParser, "`{\"name\", \"parameters\"}`, `<\\|python_tag\\|>`",
+                      aliases=("llama3", "llama3_json"), models="Llama 3.1-3.3", ids=("llama-3", "llama3"),
+                      architectures=("llamaforcausallm",))
+TOOL_CALL_PARSERS.add("pythonic", PythonicParser, "`[f(a=1), g()]` anywhere in the text, bare or between "
+                      "`<\\|python_start\\|>` and `<\\|python_end\\|>`", models="Llama 4, Llama 3.2 pythonic",
+                      ids=("llama-4", "llama4"), architectures=("llama4forconditionalgeneration",))
+TOOL_CALL_PARSERS.add("mistral", MistralParser, "`[TOOL_CALLS] [...]`, `[TOOL_CALLS]name[ARGS]{...}`",
+                      models="Mistral, Mixtral", ids=("mistral", "mixtral"), architectures=("mistralforcausallm",))
+TOOL_CALL_PARSERS.add("deepseek", DeepSeekV3Parser, "`<｜tool▁calls▁begin｜>` sections, a fenced JSON body",
+                      aliases=("deepseekv3", "deepseek_v3"), models="DeepSeek V3, R1", ids=("deepseek-v3", "deepseek-r1"),
+                      architectures=("deepseekv3forcausallm",))
+TOOL_CALL_PARSERS.add("deepseek31", DeepSeekV31Parser, "`<｜tool▁calls▁begin｜>` sections, NAME`<｜tool▁sep｜>`{json}",
+                      aliases=("deepseekv31", "deepseek_v31"), models="DeepSeek V3.1", ids=("deepseek-v3.1",))
+TOOL_CALL_PARSERS.add("kimik2", KimiK2Parser, "`<\\|tool_calls_section_begin\\|>`", aliases=("kimi_k2",),
+                      models="Kimi K2", ids=("kimi-k2",))
+TOOL_CALL_PARSERS.add("glm45_moe", Glm45Parser, "`<arg_key>`/`<arg_value>`", aliases=("glm45", "glm"),
+                      models="GLM-4.5, GLM-4.6", ids=("glm-4.5", "glm-4.6"), architectures=("glm4moeforcausallm",))
+TOOL_CALL_PARSERS.add("glm47_moe", Glm45Parser, "`<arg_key>`/`<arg_value>`", models="GLM-4.7", ids=("glm-4.7",))
+TOOL_CALL_PARSERS.add("minimax_m2", InvokeParser, "`<minimax:tool_call><invoke name=..><parameter name=..>`",
+                      aliases=("minimax",), models="MiniMax-M2", ids=("minimax-m2",),
+                      architectures=("minimaxm2forcausallm",))
+TOOL_CALL_PARSERS.add("step3", Step3Parser, "`<｜tool_calls_begin｜>` + `<steptml:invoke>`", models="Step-3",
+                      ids=("step3", "step-3"), architectures=("step3vlforconditionalgeneration",))
+TOOL_CALL_PARSERS.add("deepseek32", DeepSeekV32Parser, "`<｜DSML｜function_calls>` (DSML)",
+                      aliases=("deepseekv32", "deepseek_v32"), models="DeepSeek V3.2", ids=("deepseek-v3.2",),
+                      architectures=("deepseekv32forcausallm",))
+TOOL_CALL_PARSERS.add("cohere", CohereParser, "`<\\|START_ACTION\\|>[{\"tool_name\", \"parameters\"}]`",
+                      models="Command R7B, Command A", ids=("command-r", "command-a"), architectures=("cohere2forcausallm",))
+TOOL_CALL_PARSERS.add("json", JsonParser, "the whole answer a JSON call", models="constrained output")
+# gpt-oss's harmony format registers itself in harmony.py.
 
 
 def tool_call_parser(name: str, tools: "Iterable[str] | Iterable[dict[str, Any]] | ToolSet | None" = None

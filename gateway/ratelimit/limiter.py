@@ -62,7 +62,8 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Protocol
 
 import trio
@@ -75,6 +76,8 @@ from .peer import (METHOD_DECIDE, METHOD_REPLICATE, RATE_LIMIT_MARK, BadRequest,
                    PeerUnreachable, PendingItem, add_decision, check_item, parse_request, rate_from_pb,
                    state_from_pb, state_to_pb)
 from .store import KeyStore
+from ..metrics import counter, gauge
+from ..options import Option, secs_ms
 
 log = logging.getLogger("gateway.ratelimit")
 
@@ -526,3 +529,43 @@ class RateLimiter:
                 "failed_batches": self.batcher.stats.failed_batches, "replicated": self.replicated,
                 "absorbed": self.absorbed, "evicted_busy": self.store.evicted_busy,
                 "replication_pending": self.store.dirty_count() + self.replicating}
+
+
+    def metric_families(self) -> Iterator[Any]:
+        stats = self.statistics()
+        yield gauge("smg_rate_limit_keys_owned", "Rate-limit keys this node owns on the ring", [],
+                    [([], float(stats["keys_owned"]))])
+        yield gauge("smg_rate_limit_keys_held", "Rate-limit keys this node holds (owned and replicated)", [],
+                    [([], float(stats["keys_held"]))])
+        yield counter("smg_rate_limit_forwarded_batches", "Batches of decisions forwarded to owners, by result",
+                      ["result"], [(["sent"], stats["batches"]), (["failed"], stats["failed_batches"])])
+        yield gauge("smg_rate_limit_replication_pending", "Rate-limit keys changed here and not yet copied to their "
+                    "replicas, plus copies sent and not yet acknowledged: what an owner crash now would lose", [],
+                    [([], float(stats["replication_pending"]))])
+        yield counter("smg_rate_limit_fallback_units", "Units admitted by the failure policy without the owner's "
+                      "decision: what an overshoot is made of", [], [([], stats["fallback_units"])])
+        detection_s = 0.0
+        if self.cluster is not None and getattr(self.cluster, "agent", None) is not None:
+            mesh = self.cluster.agent.config
+            detection_s = mesh.probe_interval_s + mesh.suspicion_timeout_s(max(1, len(self.cluster.ring)), 0)
+        yield gauge("smg_rate_limit_overshoot_bound", "Documented worst-case overshoot (units) of one owner crash or "
+                    "partition, for each limit, with this node's current view", ["limit"],
+                    [([spec.name], self.overshoot_bound(spec, detection_s)) for spec in self.limits.limits])
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--rate-limits", "rate_limits_file", Path, "TOML file of rate limits ([[limits]]; see README)",
+           "ratelimits"),
+    Option("--global-rate-limit", "global_rate_limit", float, "requests per second for the whole cluster",
+           "ratelimits"),
+    Option("--rate-limit-policy", "rate_limit_policy", str, "when a key's owner is unreachable: proportional "
+           "(default), open or closed", "ratelimits"),
+    Option("--rate-limit-batch-wait-ms", "rate_limit.batch_wait_s", secs_ms, "extra wait to coalesce forwarded "
+           "decisions (default 0)", "ratelimits"),
+    Option("--rate-limit-batch-max", "rate_limit.batch_items_max", int, "decisions per forwarded batch", "ratelimits"),
+    Option("--rate-limit-sync-interval-ms", "rate_limit.sync_interval_s", secs_ms, "replication round", "ratelimits"),
+    Option("--rate-limit-forward-timeout-ms", "rate_limit.forward_timeout_s", secs_ms, "owner silence before the "
+           "failure policy decides", "ratelimits"),
+    Option("--tenant-header", "rate_limit.tenant_header", str, "header naming the tenant (rate limits)", "ratelimits"),
+)

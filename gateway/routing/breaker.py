@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from ..options import Option
 
 
 class CircuitState(enum.Enum):
@@ -119,3 +120,13 @@ class CircuitBreaker:
         """A half-open probe ended without a verdict (the client went away)."""
         if self.state is CircuitState.HALF_OPEN:
             self._probes_in_flight = max(0, self._probes_in_flight - 1)
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--cb-failure-threshold", "breaker.failure_threshold", int, "failures that open a circuit", "routing"),
+    Option("--cb-success-threshold", "breaker.success_threshold", int, "half-open successes that close it", "routing"),
+    Option("--cb-timeout-duration-secs", "breaker.open_duration_s", float, "open time before half-open", "routing"),
+    Option("--cb-window-duration-secs", "breaker.window_s", float, "window in which failures count", "routing"),
+    Option("--disable-circuit-breaker", "breaker.enabled", "disable", "no circuit breaking", "routing"),
+)

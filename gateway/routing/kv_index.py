@@ -35,6 +35,7 @@ from collections.abc import Sequence
 
 from .int_lru import IntLru
 from .prefix_index import chained_block_hashes
+from ..options import Option
 
 
 class BatchOutcome(enum.Enum):
@@ -307,3 +308,14 @@ class KvIndex:
             if engine_hash is not None:
                 engine.by_engine_hash.pop(engine_hash, None)
             self.evicted += 1
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--disable-kv-events", "kv_events", "disable", "do not follow the engines' KV events", "routing"),
+    Option("--kv-events-always", "kv_events_always", "bool", "follow an engine's KV events even when no other "
+           "engine serves its models", "routing"),
+    Option("--kv-index-blocks-max", "kv_index_blocks_max", int, "KV index size in blocks (LRU beyond)", "routing"),
+    Option("--kv-event-followers", "kv_event_followers", int, "members following each engine's KV events (same on "
+           "every member; others receive them)", "routing"),
+)

@@ -23,6 +23,8 @@ from typing import Protocol
 
 from .kv_index import KvIndex, prompt_block_hashes
 from .prefix_index import ApproxPrefixIndex, chained_block_hashes
+from ..options import Option
+from ..registry import Registry
 
 
 class RoutableWorker(Protocol):
@@ -271,14 +273,35 @@ class CacheAware(Policy):
         self.index.remove_worker(worker_id)
 
 
-POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (RoundRobin, Random, PowerOfTwo, LeastLoad, ConsistentHashing, PrefixHash, Manual,
-                              CacheAware)
-}
+# The policies (--policy, --prefill-policy, --decode-policy), by name: each registered here, beside its class.
+POLICIES: Registry[type[Policy]] = Registry("routing policy")
+POLICIES.add(CacheAware.name, CacheAware, "the engine already holding the longest prefix of the prompt (from its "
+             "KV events, else an approximate tree of what was sent), balanced against load: the default")
+POLICIES.add(RoundRobin.name, RoundRobin, "each worker in turn")
+POLICIES.add(Random.name, Random, "a worker at random")
+POLICIES.add(PowerOfTwo.name, PowerOfTwo, "the less loaded of two workers drawn at random")
+POLICIES.add(LeastLoad.name, LeastLoad, "the least loaded worker")
+POLICIES.add(ConsistentHashing.name, ConsistentHashing, "the same routing key (`x-smg-routing-key`) to the same "
+             "worker while it is available; no key: round robin")
+POLICIES.add(PrefixHash.name, PrefixHash, "the same first `--prefix-token-count` tokens to the same worker: "
+             "cheap cache affinity")
+POLICIES.add(Manual.name, Manual, "sticky sessions: a routing key stays on the worker it was first given")
 
 
 def make_policy(config: PolicyConfig, kv_index: KvIndex | None = None) -> Policy:
     cls = POLICIES.get(config.name)
     if cls is None:
-        raise ValueError(f"unknown policy {config.name!r}; choose one of {', '.join(sorted(POLICIES))}")
+        raise ValueError(f"unknown policy {config.name!r}; choose one of {POLICIES.choices()}")
     return cls(config, kv_index) if cls is CacheAware else cls(config)
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--policy", "policy.name", str, "routing policy", "routing", choices=POLICIES),
+    Option("--cache-threshold", "policy.cache_threshold", float, "cache_aware: prefix match to route by", "routing"),
+    Option("--balance-abs-threshold", "policy.balance_abs_threshold", int, "cache_aware: load gap override", "routing"),
+    Option("--balance-rel-threshold", "policy.balance_rel_threshold", float, "cache_aware: load ratio override",
+           "routing"),
+    Option("--prefix-token-count", "policy.prefix_token_count", int, "prefix_hash: tokens that pick the worker",
+           "routing"),
+)

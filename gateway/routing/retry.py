@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from ..options import Option, secs_ms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,3 +35,14 @@ def backoff_s(config: RetryConfig, attempt: int, rng: random.Random) -> float:
     if config.jitter_factor:
         delay *= 1 + rng.uniform(-config.jitter_factor, config.jitter_factor)
     return max(0.0, delay)
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--retry-max-retries", "retry.max_retries", int, "retries of a failed attempt", "routing"),
+    Option("--retry-initial-backoff-ms", "retry.initial_backoff_s", secs_ms, "first backoff", "routing"),
+    Option("--retry-max-backoff-ms", "retry.max_backoff_s", secs_ms, "longest backoff", "routing"),
+    Option("--retry-backoff-multiplier", "retry.multiplier", float, "backoff growth per retry", "routing"),
+    Option("--retry-jitter-factor", "retry.jitter_factor", float, "random +- share of each backoff", "routing"),
+    Option("--disable-retries", "retry.enabled", "disable", "no retries", "routing"),
+)

@@ -38,6 +38,7 @@ from .fast_bpe import FastBpe, NotEquivalent
 from .fast_decode import ByteLevelDecoder, ByteLevelStream
 from .literal_spans import LiteralSpans
 from .fast_template import FUEL
+from ..options import Option
 
 log = logging.getLogger("gateway.tokenizer")
 
@@ -443,3 +444,24 @@ class IncrementalDecoder:
             text = "".join(self._stream.step(self._tokenizer, i) or "" for i in ids
                            if self._tokenizer.id_to_token(i) is not None)
         return text or ""
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--disable-fast-tokenizer", "tokenizer.fast_bpe", "disable", "always encode with tokenizers, even where "
+           "tiktoken's BPE is identical", "performance"),
+    Option("--disable-fast-detokenizer", "tokenizer.fast_decode", "disable", "always detokenize with tokenizers' "
+           "DecodeStream, even where the byte table decodes identically", "performance"),
+    Option("--disable-fast-chat-template", "tokenizer.fast_chat_template", "disable", "always render chat templates "
+           "with Jinja2, even where MiniJinja renders them identically", "performance"),
+    Option("--encode-threads", "tokenizer.encode_threads", int, "threads encoding long texts, each with its own ~56 "
+           "MB encoder (0: one per core, divided among the --workers processes)", "performance"),
+    Option("--chat-template-fuel", "tokenizer.chat_template_fuel", int, "instructions one MiniJinja render may run "
+           "before the request fails (default 10,000,000)", "performance"),
+    Option("--tokenizer-cache-l0-entries", "tokenizer.l0_entries_max", int, "exact-text cache (L0, texts L1 cannot "
+           "hold): entries; 0 turns it off", "performance"),
+    Option("--tokenizer-cache-l0-bytes", "tokenizer.l0_bytes_max", int, "exact-text cache (L0): size in bytes",
+           "performance"),
+    Option("--tokenizer-cache-l1-bytes", "tokenizer.l1_bytes_max", int, "prefix cache (L1, prefixes ending at a "
+           "special token): size in bytes; 0 turns it off", "performance"),
+)

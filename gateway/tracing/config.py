@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from ..options import Option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,3 +22,16 @@ class TracingConfig:
     batch_spans_max: int = 512  # per export call (OTLP collectors take far more)
     export_interval_s: float = 1.0  # how late a span may reach the collector when few are made
     export_timeout_s: float = 10.0  # one export call, the exporter's retries included
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--enable-trace", "tracing.enabled", "bool", "export traces of requests over OTLP (OpenTelemetry)",
+           "tracing"),
+    Option("--otlp-traces-endpoint", "tracing.endpoint", str, "where traces go: host:port is OTLP/gRPC (default "
+           "localhost:4317), an http(s):// URL is OTLP/HTTP protobuf, posted to it as given", "tracing"),
+    Option("--trace-sample-ratio", "tracing.sample_ratio", float, "share of the traces that start here to keep, 0 "
+           "to 1 (a client's sampled traceparent is always followed)", "tracing"),
+    Option("--trace-export-timeout-secs", "tracing.export_timeout_s", float, "one export to the collector, its "
+           "retries included; spans that cannot wait are dropped and counted", "tracing"),
+)

@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from ..metrics import counter
 from .config import TracingConfig
 from .context import CURRENT
 from .export import QueuedSpanProcessor
@@ -150,6 +151,14 @@ class Tracing:
         parent = _PROPAGATOR.extract({"traceparent": traceparent.decode("ascii", "replace")})
         with self._server_span(f"peer.{PEER_KINDS.get(kind, 'request')}", parent, None) as span:
             yield span
+
+
+    def metric_families(self) -> Iterator[Any]:
+        processor = self.processor
+        yield counter("smg_trace_spans", "Spans that ended here, by what became of them: exported, failed (the "
+                      "collector refused them or did not answer in time), dropped (the export queue was full)",
+                      ["outcome"], [(["exported"], processor.exported), (["failed"], processor.failed),
+                                    (["dropped"], processor.dropped)])
 
 
 def _sampled_flag(traceparent: "bytes | None") -> "bool | None":

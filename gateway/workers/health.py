@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from ..options import Option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,3 +75,14 @@ class HealthTracker:
         self.healthy = healthy
         self.changed_at = now
         return Verdict.BECAME_HEALTHY if healthy else Verdict.BECAME_UNHEALTHY
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--health-failure-threshold", "health.failure_threshold", int, "failed checks to mark unhealthy", "engines"),
+    Option("--health-success-threshold", "health.success_threshold", int, "good checks to mark healthy", "engines"),
+    Option("--health-check-timeout-secs", "health.timeout_s", float, "timeout of one check", "engines"),
+    Option("--health-check-interval-secs", "health.interval_s", float, "time between checks", "engines"),
+    Option("--health-check-endpoint", "health.endpoint", str, "health path of HTTP workers", "engines"),
+    Option("--disable-health-check", "health.enabled", "disable", "no background health checks", "engines"),
+)

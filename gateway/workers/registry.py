@@ -16,7 +16,7 @@ finish, then its connection is closed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
 import httpx2
@@ -27,6 +27,7 @@ from ..engine.errors import EngineCallError
 from ..engine.grpc_engine import GrpcEngineClient
 from ..engine.http_worker import HttpWorkerClient
 from ..engine.pairing_info import PairingInfo
+from ..metrics import counter, gauge
 from ..routing.breaker import BreakerConfig, CircuitBreaker
 from ..routing.kv_index import KvIndex
 from .errors import WorkerExists, WorkerHostRefused, WorkerUnknown, WorkerUnreachable, WorkerUrlInvalid
@@ -365,4 +366,21 @@ class WorkerRegistry:
             cluster.set_health(worker.id, {"healthy": worker.healthy,
                                            "circuit": worker.breaker.current_state(trio.current_time()).name.lower(),
                                            "load": load_bucket(worker)})
+
+
+    def metric_families(self) -> Iterator[Any]:
+        now = trio.current_time()
+        workers = self.all()
+        yield gauge("smg_worker_healthy", "1 when the worker passes health checks", ["worker", "url"],
+                    [([w.id, w.url], 1.0 if w.healthy else 0.0) for w in workers])
+        yield gauge("smg_circuit_breaker_state", "0 closed, 1 open, 2 half-open", ["worker"],
+                    [([w.id], float(w.breaker.current_state(now).value)) for w in workers])
+        yield gauge("smg_worker_in_flight", "Requests this node has on the worker", ["worker"],
+                    [([w.id], float(w.in_flight)) for w in workers])
+        kv = self.kv_index
+        if kv is not None:
+            yield gauge("smg_kv_index_blocks", "Blocks the KV index holds per engine", ["worker"],
+                        [([w.id], float(kv.block_count(w.id))) for w in workers])
+            yield counter("smg_kv_index_block_events", "KV index block changes", ["kind"],
+                          [(["inserted"], kv.inserted), (["removed"], kv.removed), (["evicted"], kv.evicted)])
 

@@ -11,24 +11,45 @@ from gateway import config as cfg
 from gateway.cli import parse_args, version
 
 
-def test_every_option_is_in_exactly_one_section_or_internal():
-    flags = [opt.flag for opt in cfg._OPTIONS]
-    placed = [flag for _, section in cfg.HELP_SECTIONS for flag in section]
-    assert sorted(placed + sorted(cfg.INTERNAL_FLAGS)) == sorted(flags)
-    assert len(set(placed)) == len(placed)
+def test_every_option_is_declared_once_in_a_section_or_internal():
+    flags = [opt.flag for opt in cfg.OPTIONS]
+    assert len(set(flags)) == len(flags)
+    keys = {key for key, _ in cfg.HELP_SECTIONS}
+    assert all(opt.section in keys for opt in cfg.OPTIONS)
+    assert cfg.INTERNAL_FLAGS == {"--worker-index", "--http-reuse-port"}
 
 
 def test_serve_help_has_the_sections_and_hides_internal_flags(capsys):
     with pytest.raises(SystemExit):
         parse_args(["serve", "--help"])
     text = capsys.readouterr().out
-    positions = [text.index(title + ":") for title, _ in cfg.HELP_SECTIONS]
+    positions = [text.index(title + ":") for _, title in cfg.HELP_SECTIONS]
     assert positions == sorted(positions)
     for flag in cfg.INTERNAL_FLAGS:
         assert flag not in text
+    # Each flag under its own section's title (the sections come from the declarations, not a list of flags).
+    for key, title in cfg.HELP_SECTIONS:
+        section = text[text.index(title + ":"):]
+        following = [t for _, t in cfg.HELP_SECTIONS if t != title and section.find(t + ":") > 0]
+        section = section[:min(section.index(t + ":") for t in following)] if following else section
+        for opt in cfg.OPTIONS:
+            if opt.section == key and not opt.internal:
+                assert opt.flag in section, (opt.flag, title)
 
 
-@pytest.mark.parametrize("opt", [o for o in cfg._OPTIONS if o.flag not in cfg.INTERNAL_FLAGS], ids=lambda o: o.flag)
+def test_choices_in_help_and_config_come_from_the_registries(capsys):
+    from gateway.history import HISTORY_BACKENDS
+    from gateway.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+    from gateway.routing.policies import POLICIES
+    with pytest.raises(SystemExit):
+        parse_args(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for registry in (HISTORY_BACKENDS, TOOL_CALL_PARSERS, REASONING_PARSERS, POLICIES):
+        assert registry.choices() in text, registry.kind
+    assert "memory, postgres, redis" in HISTORY_BACKENDS.choices() and "gpt_oss" in TOOL_CALL_PARSERS.choices()
+
+
+@pytest.mark.parametrize("opt", [o for o in cfg.OPTIONS if not o.internal], ids=lambda o: o.flag)
 def test_every_default_is_shown(opt):
     value = cfg.GatewayConfig()
     for part in opt.path.split("."):

@@ -3,6 +3,7 @@ what engines report, and the flags."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -10,7 +11,7 @@ import trio
 from google.protobuf.struct_pb2 import Struct
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sg, vllm_engine_pb2 as vl
 
-from gateway.config import ConfigError, _prefill_engines, _validate_pd
+from gateway.config import ConfigError, GatewayConfig, _prefill_engines, _validate_pd, validate
 from gateway.disaggregation import ROOM_MAX, PairRouter, PdConfig, RoomDraw
 from gateway.engine.grpc_engine import RUNTIMES, Handover, SamplingOptions
 from gateway.engine.pairing_info import PairingInfo, pairing_from_server_info
@@ -169,7 +170,7 @@ def test_pd_flags_are_checked():
         _validate_pd(PdConfig(decode=("grpc://d:1",)))
     with pytest.raises(ConfigError, match="gRPC engines"):
         _validate_pd(PdConfig(enabled=True, decode=("http://d:1",)))
-    with pytest.raises(ConfigError, match="--prefill-policy"):
-        _validate_pd(PdConfig(enabled=True, prefill_policy="fastest"))
+    with pytest.raises(ConfigError, match="--prefill-policy: unknown routing policy 'fastest'"):
+        validate(dataclasses.replace(GatewayConfig(), pd=PdConfig(enabled=True, prefill_policy="fastest")))
     _validate_pd(PdConfig(enabled=True, prefill=(("grpc://p:1", 8998),), decode=("grpc://d:1",),
                           prefill_policy="cache_aware", decode_policy="power_of_two"))
