@@ -188,7 +188,6 @@ class Admission:
                 self._enter(waiter.tenant)
                 waiter.granted.set()
 
-
     def metric_families(self) -> Iterator[Any]:
         yield gauge("smg_requests_running", "Generations holding an admission slot", [], [([], float(self.running))])
         yield gauge("smg_requests_queued", "Requests waiting for an admission slot", [], [([], float(self.waiting))])

@@ -28,7 +28,7 @@ from mesh.crypto import KeyringError, decode_key, derive_key
 from mesh.options import MeshOptions, is_loopback, parse_tags
 from mesh.transport import MeshTls
 
-from . import admission, disaggregation, parsers, tls
+from . import admission, disaggregation, embeddings, parsers, tls
 from .admission import AdmissionConfig
 from .auth import AuthConfig, Authenticator, authenticator, jwt_verifier
 from .auth.authenticator import AuthConfigError
@@ -38,6 +38,7 @@ from .discovery import config as discovery_config
 from .discovery.config import DiscoveryConfig, parse_selector
 from .engine import engine_tls, h2grpc
 from .engine.engine_tls import EngineTlsConfig
+from .embeddings import EmbeddingConfig
 from .engine.h2grpc import H2Config
 from .history import HISTORY_BACKENDS, RECORD_BYTES_MAX, HistoryConfig
 from .history import backends as history_backends
@@ -143,6 +144,7 @@ class GatewayConfig:
     tracing: TracingConfig = TracingConfig()  # --enable-trace (gateway/tracing)
     pd: PdConfig = PdConfig()  # --pd-disaggregation: prefill/decode pairs (gateway/disaggregation.py)
     discovery: DiscoveryConfig = DiscoveryConfig()  # --service-discovery: engines as Kubernetes pods (gateway/discovery)
+    embeddings: EmbeddingConfig = EmbeddingConfig()  # /v1/embeddings' bounds (gateway/embeddings.py)
     # The settings of registered plugins that bring a config section of their own (a history backend's:
     # ``postgres``, ``redis``), by section name; read as attributes (``config.postgres``) or with section().
     plugin_sections: tuple[tuple[str, Any], ...] = ()
@@ -247,11 +249,11 @@ def plugin_section_defaults() -> dict[str, Any]:
 def all_options() -> tuple[Option, ...]:
     """Every flag of ``serve``: the node's own, each subsystem's, each registered plugin's."""
     plugins = tuple(option for plugin in HISTORY_BACKENDS.plugins() for option in plugin.make.options)
-    return (*_OWN_OPTIONS, *parsers.OPTIONS, *admission.OPTIONS, *policies.OPTIONS, *kv_index.OPTIONS, *retry.OPTIONS,
-            *breaker.OPTIONS, *health.OPTIONS, *origin.OPTIONS, *engine_tls.OPTIONS, *h2grpc.OPTIONS,
-            *tokenizer_service.OPTIONS, *history_store.OPTIONS, *history_backends.OPTIONS, *plugins,
-            *disaggregation.OPTIONS, *discovery_config.OPTIONS, *tracing_config.OPTIONS, *mesh_options.OPTIONS,
-            *limiter.OPTIONS, *authenticator.OPTIONS, *jwt_verifier.OPTIONS, *tls.OPTIONS)
+    return (*_OWN_OPTIONS, *parsers.OPTIONS, *admission.OPTIONS, *policies.OPTIONS, *kv_index.OPTIONS,
+            *retry.OPTIONS, *breaker.OPTIONS, *health.OPTIONS, *origin.OPTIONS, *engine_tls.OPTIONS, *h2grpc.OPTIONS,
+            *tokenizer_service.OPTIONS, *embeddings.OPTIONS, *history_store.OPTIONS, *history_backends.OPTIONS,
+            *plugins, *disaggregation.OPTIONS, *discovery_config.OPTIONS, *tracing_config.OPTIONS,
+            *mesh_options.OPTIONS, *limiter.OPTIONS, *authenticator.OPTIONS, *jwt_verifier.OPTIONS, *tls.OPTIONS)
 
 
 OPTIONS = all_options()
@@ -516,6 +518,8 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--engine-keepalive-timeout-secs must be positive while keepalive is on")
     if config.answer_bytes_max < 1:
         raise ConfigError("--max-answer-bytes must be positive")
+    if config.embeddings.inputs_max < 1 or config.embeddings.tokens_max < 1:
+        raise ConfigError("--max-embedding-inputs and --max-embedding-tokens must be positive")
     if config.admission.max_concurrent_requests < 0 or config.admission.queue_size < 0:
         raise ConfigError("--max-concurrent-requests and --queue-size must not be negative")
     if any(v is not None and v < 1 for v in (config.admission.tenant_max_concurrent,

@@ -31,7 +31,7 @@ import trio
 
 from .engine.errors import EngineCallError
 from .errors import InvalidInput
-from .engine.grpc_engine import Handover, SamplingOptions
+from .engine.grpc_engine import Embedding, Handover, SamplingOptions
 from .metrics import GatewayMetrics
 from .routing.policies import RoutingRequest
 from .routing.retry import RetryConfig, backoff_s
@@ -212,6 +212,21 @@ class Generator:
             lambda pair: self.pd.run(pair, plan, self._trace_metadata(), lambda worker, handover, on_first: self._attempt(
                 worker, plan, tokenizer, sink, handover, on_first)))
 
+    async def embed(self, model: str, input_ids: "list[int]", request_id: str, timeout_s: float | None) -> Embedding:
+        """One input's embedding on a worker of ``model`` chosen by the routing policy (by its ids, like any
+        prompt), retried on another when an attempt fails; the engine's error after the last."""
+        async def attempt(worker: Worker) -> Embedding:
+            with WorkerAttempt(worker) as counted:
+                try:
+                    return await worker.client.embed(request_id, input_ids, timeout_s)
+                except EngineCallError as e:
+                    self.metrics.engine_errors.labels(worker.id, e.code).inc()
+                    counted.failed(e)
+                    raise AttemptFailed(e) from None
+
+        return await self.with_retries(request_id, model, RoutingRequest(input_ids=input_ids), "grpc", attempt,
+                                       span="engine.embed")
+
     async def run_choices(self, plan: GenerationPlan, tokenizer: TokenizerService,
                           sink: "ChoiceSink | None") -> list[GenerationResult]:
         """The engine's ``plan.sampling.n`` answers to one prompt (prefilled once), each through its own
@@ -224,7 +239,8 @@ class Generator:
 
     async def with_retries(self, request_id: str, model: str, routing: RoutingRequest, kind: str,
                            attempt_fn: Callable[[Worker], Awaitable[T]],
-                           pair_fn: "Callable[[Pair], Awaitable[T]] | None" = None) -> T:
+                           pair_fn: "Callable[[Pair], Awaitable[T]] | None" = None,
+                           span: str = "engine.generate") -> T:
         """Run attempt_fn on a chosen worker; retry failures that nothing reached the client of.
 
         attempt_fn raises AttemptFailed for those; anything else propagates. The last failure is
@@ -242,7 +258,7 @@ class Generator:
             try:
                 if self.tracing is None or not self.tracing.active():
                     return await attempt_fn(worker)
-                with self.tracing.client_span("engine.generate", {
+                with self.tracing.client_span(span, {
                         "smg.worker.id": worker.id, "smg.worker.url": worker.url, "smg.attempt": attempt + 1,
                         "smg.policy": self.router.policy.name, "gen_ai.request.model": model}):
                     return await attempt_fn(worker)

@@ -75,7 +75,6 @@ class LoopLagMonitor:
         return {"p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "max_ms": max(self.samples) * 1000,
                 "gc_pause_max_ms": self.gc_pause_max_s * 1000}
 
-
     def metric_families(self) -> Iterator[Any]:
         stats = self.statistics()  # quantiles of the last minute's samples: computed once per scrape
         yield gauge("smg_event_loop_lag_ms", "Event-loop lag over the last minute", ["quantile"],

@@ -42,6 +42,23 @@ class ModelEntry:
     # The parsers its chat answers go through (gateway/parsers/choice.py), None: the text as it is.
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    # An embedding (pooling) model: its engine answers Embed, not Generate (GetModelInfo's is_generation).
+    embeds: bool = False
+
+    @property
+    def tasks(self) -> list[str]:
+        """What the model is served for (/v1/models): "generate" or "embed"."""
+        return ["embed"] if self.embeds else ["generate"]
+
+    def matryoshka_dimensions(self) -> "tuple[int, ...] | None":
+        """The sizes an embedding may be cut to (``dimensions``), as vLLM reads them from the model's config.json:
+        its ``matryoshka_dimensions``; () when ``is_matryoshka`` says any size will do; None: no cut (refused)."""
+        config = self.tokenizer.model_files["config.json"] if self.tokenizer is not None else {}
+        sizes = config.get("matryoshka_dimensions")
+        if isinstance(sizes, list) and sizes and all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                                                     for n in sizes):
+            return tuple(sizes)
+        return () if config.get("is_matryoshka") is True else None
 
 
 BODY_BYTES_PER_CONTEXT_TOKEN = 32
@@ -99,7 +116,8 @@ class ModelCatalog:
                 tool, reasoning = usable_parsers(name, *choose(name, *self._parsers,
                                                                architectures=worker.client.architectures))
                 entry = self._models[name] = ModelEntry(name, None, worker.max_context_tokens, created,
-                                                        tool_call_parser=tool, reasoning_parser=reasoning)
+                                                        tool_call_parser=tool, reasoning_parser=reasoning,
+                                                        embeds=not getattr(worker.client, "is_generation", True))
                 log.info("model %s: tool-call parser %s, reasoning parser %s", name, tool or "none",
                          reasoning or "none")
             if worker.max_context_tokens and not entry.max_context_tokens:
@@ -131,7 +149,6 @@ class ModelCatalog:
                 from None
         log.info("tokenizer for %s fetched from %s", ",".join(worker.models), worker.url)
         return service
-
 
     def metric_families(self) -> Iterator[Any]:
         hits, misses, sizes = [], [], []

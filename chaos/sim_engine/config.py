@@ -66,6 +66,12 @@ class SimEngineConfig:
     # What a prefill and a decode must agree on to pair (GetServerInfo's pairing_protocol; the engines read
     # SMG_PAIRING_PROTOCOL from their environment); "" pairs with anything.
     pairing_protocol: str = ""
+    # "generate" (a chat model: Generate) or "embed" (an embedding model: Embed, and GetModelInfo's
+    # is_generation false, as vLLM's pooling runner), its vectors' size, and the sizes it was trained to be cut
+    # to (matryoshka: the bundle's config.json says them; none: `dimensions` is refused, as vLLM refuses it).
+    task: str = "generate"
+    embedding_dim: int = 384
+    matryoshka_dimensions: tuple[int, ...] = ()
 
     @classmethod
     def zero_cost(cls, **overrides) -> "SimEngineConfig":

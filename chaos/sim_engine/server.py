@@ -158,6 +158,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pairing-protocol", default=os.environ.get("SMG_PAIRING_PROTOCOL", d.pairing_protocol),
                         help="what prefill and decode engines must agree on to pair, reported by GetServerInfo "
                              "(default: $SMG_PAIRING_PROTOCOL, else none: pairs with any)")
+    parser.add_argument("--task", choices=("generate", "embed"), default=d.task,
+                        help="generate (a chat model) or embed (an embedding model: Embed answers deterministic unit "
+                             "vectors, chaos/sim_engine/embedding.py)")
+    parser.add_argument("--embedding-dim", type=int, default=d.embedding_dim, help="the embedding vectors' size")
+    parser.add_argument("--matryoshka-dimensions", type=int, nargs="*", default=list(d.matryoshka_dimensions),
+                        help="sizes the vectors may be cut to (the bundle's config.json says them); none: the "
+                             "model refuses `dimensions`")
     parser.add_argument("--stop-with-parent", action="store_true",
                         help="exit when stdin reaches end-of-file (the parent that started us is gone)")
 
@@ -171,7 +178,8 @@ def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
         itl_base_s=args.itl_base_s, itl_per_running_s=args.itl_per_running_s,
         eos_after_tokens=args.eos_after_tokens, default_max_tokens=args.default_max_tokens,
         script_path=args.script, role=args.role, bootstrap_port=args.bootstrap_port,
-        handover_timeout_s=args.handover_timeout_s, pairing_protocol=args.pairing_protocol)
+        handover_timeout_s=args.handover_timeout_s, pairing_protocol=args.pairing_protocol, task=args.task,
+        embedding_dim=args.embedding_dim, matryoshka_dimensions=tuple(args.matryoshka_dimensions))
     if args.zero_cost:
         return SimEngineConfig.zero_cost(**{k: v for k, v in values.items()
                                             if k not in ("prefill_s_per_token", "itl_base_s", "itl_per_running_s")})

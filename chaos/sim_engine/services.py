@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import hashlib
 import io
+import json
 import logging
 import time
 import uuid
@@ -31,6 +32,7 @@ from smg_grpc_proto.generated import (
 
 from .core import EngineOverloaded, GenerateParams, InvalidRequest, SimEngine
 from .disaggregation import Disaggregation
+from .embedding import embedding_of, model_config
 from .logprobs import prompt_logprobs, token_logprobs
 from .output import derive_seed
 
@@ -43,13 +45,17 @@ BUNDLE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.j
 KV_SUBSCRIBER_QUEUE_MAX = 10_000  # batches; a subscriber further behind is cut off and must resume
 
 
-def build_tokenizer_bundle(tokenizer_dir: Path) -> tuple[bytes, str]:
-    """The bundle as the real servicers build it: a flat zip and its sha256 hex."""
+def build_tokenizer_bundle(tokenizer_dir: Path, extra: "dict[str, bytes] | None" = None) -> tuple[bytes, str]:
+    """The bundle as the real servicers build it: a flat zip and its sha256 hex (``extra`` files replace the
+    directory's: an embedding model's config.json)."""
+    extra = extra or {}
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for name in BUNDLE_FILES:
             path = tokenizer_dir / name
-            if path.is_file():
+            if name in extra:
+                zf.writestr(name, extra[name])
+            elif path.is_file():
                 zf.write(path, name)
     data = buf.getvalue()
     return data, hashlib.sha256(data).hexdigest()
@@ -65,11 +71,43 @@ class SharedEngineState:
         self.tokenizer_dir = tokenizer_dir
         self.vocab_size = vocab_size
         self._bundle: tuple[bytes, str] | None = None
+        self.embedded = 0  # Embed calls answered (tests count them)
 
     def bundle(self) -> tuple[bytes, str]:
         if self._bundle is None:
-            self._bundle = build_tokenizer_bundle(self.tokenizer_dir)
+            config = self.engine.config
+            extra = {"config.json": json.dumps(model_config(config.embedding_dim, config.matryoshka_dimensions))
+                     .encode()} if config.task == "embed" else None
+            self._bundle = build_tokenizer_bundle(self.tokenizer_dir, extra)
         return self._bundle
+
+    @property
+    def embeds(self) -> bool:
+        return self.engine.config.task == "embed"
+
+    @property
+    def architecture(self) -> str:
+        return "Qwen3Model" if self.embeds else "Qwen3ForCausalLM"
+
+    async def embedding(self, request_id: str, input_ids: "list[int]", context: grpc.aio.ServicerContext
+                        ) -> list[float]:
+        """What Embed answers: refused on a generation model, as a real engine refuses it; the prefill's time."""
+        config = self.engine.config
+        if not self.embeds:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{config.model_name} is a generation model: it "
+                                "does not embed")
+        if not input_ids or len(input_ids) >= config.max_context_tokens:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(input_ids)} input tokens: the model takes "
+                                f"1 to {config.max_context_tokens - 1}")
+        if config.prefill_s_per_token:
+            await asyncio.sleep(config.prefill_s_per_token * len(input_ids))
+        self.embedded += 1
+        return embedding_of(input_ids, config.embedding_dim)
+
+    async def refuse_generation(self, context: grpc.aio.ServicerContext) -> None:
+        if self.embeds:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.engine.config.model_name} is an embedding "
+                                "model: it does not generate")
 
     async def run(self, params: GenerateParams, context: grpc.aio.ServicerContext):
         """Steps of a generation, with engine errors mapped to gRPC status codes."""
@@ -251,8 +289,15 @@ class _CommonRpcs:
 
 class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
 
+    async def Embed(self, request: sg.EmbedRequest, context):
+        _log_trace(request.request_id, context)
+        ids = list(request.tokenized.input_ids)
+        vector = await self.s.embedding(request.request_id, ids, context)
+        return sg.EmbedResponse(embedding=vector, embedding_dim=len(vector), prompt_tokens=len(ids))
+
     async def Generate(self, request: sg.GenerateRequest, context):
         _log_trace(request.request_id, context)
+        await self.s.refuse_generation(context)
         sp = request.sampling_params
         params = GenerateParams(
             request_id=request.request_id,
@@ -307,10 +352,10 @@ class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
     async def GetModelInfo(self, request, context):
         e = self.s.engine
         return sg.GetModelInfoResponse(
-            model_path=e.config.model_name, tokenizer_path=str(self.s.tokenizer_dir), is_generation=True,
+            model_path=e.config.model_name, tokenizer_path=str(self.s.tokenizer_dir), is_generation=not self.s.embeds,
             served_model_name=e.config.model_name, max_context_length=e.config.max_context_tokens,
             vocab_size=self.s.vocab_size, model_type="qwen3", eos_token_ids=[e.eos_token_id],
-            max_req_input_len=e.config.max_context_tokens - 1, architectures=["Qwen3ForCausalLM"])
+            max_req_input_len=e.config.max_context_tokens - 1, architectures=[self.s.architecture])
 
     async def GetServerInfo(self, request, context):
         e = self.s.engine
@@ -327,8 +372,17 @@ class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
 
 class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
 
+    async def Embed(self, request: vl.EmbedRequest, context):
+        _log_trace(request.request_id, context)
+        if not request.HasField("tokenized"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "EmbedRequest requires tokenized input")
+        ids = list(request.tokenized.input_ids)
+        vector = await self.s.embedding(request.request_id, ids, context)
+        return vl.EmbedResponse(embedding=vector, embedding_dim=len(vector), prompt_tokens=len(ids))
+
     async def Generate(self, request: vl.GenerateRequest, context):
         _log_trace(request.request_id, context)
+        await self.s.refuse_generation(context)
         sp = request.sampling_params
         if request.WhichOneof("input") != "tokenized":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the simulated engine takes tokenized input only")
@@ -387,9 +441,10 @@ class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
     async def GetModelInfo(self, request, context):
         e = self.s.engine
         return vl.GetModelInfoResponse(
-            model_path=e.config.model_name, is_generation=True, max_context_length=e.config.max_context_tokens,
-            vocab_size=self.s.vocab_size, served_model_name=e.config.model_name,
-            tokenizer_path=str(self.s.tokenizer_dir), model_type="qwen3", architectures=["Qwen3ForCausalLM"],
+            model_path=e.config.model_name, is_generation=not self.s.embeds,
+            max_context_length=e.config.max_context_tokens, vocab_size=self.s.vocab_size,
+            served_model_name=e.config.model_name, tokenizer_path=str(self.s.tokenizer_dir), model_type="qwen3",
+            architectures=[self.s.architecture],
             eos_token_ids=[e.eos_token_id], max_req_input_len=e.config.max_context_tokens - 1)
 
     async def GetServerInfo(self, request, context):

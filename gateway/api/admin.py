@@ -24,7 +24,7 @@ WORKER_LABELS_MAX = 32
 def _model_object(state: GatewayState, name: str) -> dict:
     entry = state.catalog.get(name)
     return {"id": name, "object": "model", "created": entry.created, "owned_by": "smg-node",
-            "max_model_len": entry.max_context_tokens}
+            "max_model_len": entry.max_context_tokens, "tasks": entry.tasks}
 
 
 async def list_models(state: GatewayState, request: Request) -> None:

@@ -20,7 +20,7 @@ import trio
 from mesh.asgi import answer_lifespan
 
 from ..auth import Access, Authenticator, KeysMissing, Unauthenticated
-from . import admin, anthropic, conversations, native, openai, parse, responses
+from . import admin, anthropic, conversations, embeddings, native, openai, parse, responses
 from .errors import ApiError, BadRequest, MethodNotAllowed, NotFound, Unavailable, to_api_error
 from .http import ClientGone, Request
 from .state import GatewayState
@@ -42,6 +42,7 @@ JOIN_POLL_S = 0.05
 _ROUTES: dict[str, dict[str, Route]] = {
     "/v1/chat/completions": {"POST": (openai.chat_completions, DATA)},
     "/v1/completions": {"POST": (openai.completions, DATA)},
+    "/v1/embeddings": {"POST": (embeddings.embeddings, DATA)},
     "/generate": {"POST": (native.generate, DATA)},
     "/v1/tokenize": {"POST": (native.tokenize, DATA)},
     "/v1/detokenize": {"POST": (native.detokenize, DATA)},

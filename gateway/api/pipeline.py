@@ -175,6 +175,9 @@ def check_vocab(ids: "tuple[int, ...] | list[int]", tokenizer: TokenizerService,
 def plan_generation(state: GatewayState, request: Request, entry: ModelEntry, input_ids: list[int],
                     sampling: SamplingRequest, stream: bool, prompt_param: str) -> GenerationPlan:
     """Check the prompt against the context and turn request fields into engine options."""
+    if entry.embeds:
+        raise BadRequest(f"the model '{entry.name}' is an embedding model: it does not generate (use "
+                         "/v1/embeddings)", param="model", code="model_not_generative")
     n = len(input_ids)
     context = entry.max_context_tokens
     max_tokens = sampling.max_tokens

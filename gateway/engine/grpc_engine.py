@@ -11,7 +11,7 @@ import abc
 import dataclasses
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from smg_grpc_proto.generated import (
@@ -34,6 +34,16 @@ class ModelInfo:
     max_context_tokens: int
     vocab_size: int
     eos_token_ids: tuple[int, ...]
+    is_generation: bool = True  # False: a pooling model (embeddings): the engine answers Embed, not Generate
+    supports_vision: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Embedding:
+    """An engine's answer to Embed: the vector (as the engine pooled and normalized it) and the prompt's tokens."""
+
+    vector: "Sequence[float]"
+    prompt_tokens: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +155,11 @@ class _Runtime(abc.ABC):
 
     @abc.abstractmethod
     def abort_request(self, request_id: str) -> Any: ...
+
+    def embed_request(self, request_id: str, input_ids: "list[int]") -> Any:
+        request = self.pb.EmbedRequest(request_id=request_id)
+        request.tokenized.input_ids.extend(input_ids)
+        return request
 
 
 class _Sglang(_Runtime):
@@ -280,6 +295,8 @@ class GrpcEngineClient:
         self.target = target
         self.runtime = RUNTIMES[runtime]
         self.architectures: tuple[str, ...] = ()  # the model's, as GetModelInfo last said (parser choice)
+        self.is_generation = True  # GetModelInfo's: False for an embedding (pooling) model
+        self.supports_vision = False
 
     @property
     def runtime_name(self) -> str:
@@ -314,12 +331,15 @@ class GrpcEngineClient:
         pb = self.runtime.pb
         r = await self._unary("GetModelInfo", pb.GetModelInfoRequest(), pb.GetModelInfoResponse, timeout_s)
         self.architectures = tuple(r.architectures)
+        self.is_generation, self.supports_vision = bool(r.is_generation), bool(r.supports_vision)
         return ModelInfo(
             model_path=r.model_path,
             served_model_name=r.served_model_name or r.model_path,
             max_context_tokens=int(r.max_context_length),
             vocab_size=int(r.vocab_size),
             eos_token_ids=tuple(r.eos_token_ids),
+            is_generation=self.is_generation,
+            supports_vision=self.supports_vision,
         )
 
     async def pairing_info(self, timeout_s: float) -> PairingInfo:
@@ -341,6 +361,14 @@ class GrpcEngineClient:
         usage = max((x.token_usage for x in r.loads), default=0.0)
         max_running = sum(x.max_running_requests for x in r.loads)
         return EngineLoad(running=running, waiting=waiting, token_usage=usage, max_running=max_running)
+
+    async def embed(self, request_id: str, input_ids: "list[int]", timeout_s: float | None) -> Embedding:
+        """One input's embedding (the engine pools and normalizes it); EngineCallError as for any call."""
+        pb = self.runtime.pb
+        r = await self._unary("Embed", self.runtime.embed_request(request_id, input_ids), pb.EmbedResponse, timeout_s)
+        if not r.embedding:
+            raise EngineCallError("INTERNAL", "the engine answered Embed with an empty vector")
+        return Embedding(r.embedding, int(r.prompt_tokens) or len(input_ids))
 
     async def abort(self, request_id: str, timeout_s: float = 5.0) -> None:
         pb = self.runtime.pb

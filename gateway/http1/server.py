@@ -687,7 +687,6 @@ class H1Server:
         finally:
             self._connections.discard(connection)
 
-
     def metric_families(self) -> Iterator[Any]:
         yield counter("smg_http_refused", "Requests the HTTP server answered itself, before the API saw them "
                       "(400 malformed, 414 URL or 431 head over its limit)", [], [([], self.refused)])

@@ -530,7 +530,6 @@ class RateLimiter:
                 "absorbed": self.absorbed, "evicted_busy": self.store.evicted_busy,
                 "replication_pending": self.store.dirty_count() + self.replicating}
 
-
     def metric_families(self) -> Iterator[Any]:
         stats = self.statistics()
         yield gauge("smg_rate_limit_keys_owned", "Rate-limit keys this node owns on the ring", [],

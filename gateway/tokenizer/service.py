@@ -45,8 +45,12 @@ log = logging.getLogger("gateway.tokenizer")
 # Files we read from a bundle, and how big each may be (a bundle comes from an engine,
 # i.e. from outside: a zip bomb must not take the node down).
 _BUNDLE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.json", "chat_template.jinja",
-                 "generation_config.json")
+                 "generation_config.json", "config.json", "preprocessor_config.json", "processor_config.json")
 BUNDLE_FILE_BYTES_MAX = 128 * 1024 * 1024
+# The model's own descriptions (config.json: an embedding model's matryoshka sizes; the image processor's
+# configs): small JSON, read whole, so bounded far below the tokenizer's.
+MODEL_FILE_BYTES_MAX = 4 * 1024 * 1024
+_MODEL_FILES = ("config.json", "preprocessor_config.json", "processor_config.json")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +103,7 @@ def _read_bundle(zip_bytes: bytes) -> dict[str, bytes]:
                 name = Path(info.filename).name
                 if name not in _BUNDLE_FILES or info.is_dir():
                     continue
-                if info.file_size > BUNDLE_FILE_BYTES_MAX:
+                if info.file_size > (MODEL_FILE_BYTES_MAX if name in _MODEL_FILES else BUNDLE_FILE_BYTES_MAX):
                     raise TokenizerLoadError(f"{name} in the tokenizer bundle is {info.file_size} bytes; too large")
                 files[name] = zf.read(info)
     except zipfile.BadZipFile as e:
@@ -113,6 +117,18 @@ def _read_directory(path: Path) -> dict[str, bytes]:
     if not (path / "tokenizer.json").is_file():
         raise TokenizerLoadError(f"{path} has no tokenizer.json")
     return {name: (path / name).read_bytes() for name in _BUNDLE_FILES if (path / name).is_file()}
+
+
+def _json_object(files: dict[str, bytes], name: str, source: str) -> dict[str, Any]:
+    raw = files.get(name)
+    if raw is None or len(raw) > MODEL_FILE_BYTES_MAX:
+        return {}
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        log.warning("tokenizer %s: %s is not readable JSON (%s); ignored", source, name, e)
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _token_text(value: Any) -> str | None:
@@ -163,6 +179,9 @@ class TokenizerService:
         tokenizer_config: dict[str, Any] = {}
         if "tokenizer_config.json" in files:
             tokenizer_config = json.loads(files["tokenizer_config.json"])
+        # The model's config.json and image processor configs, as the engine ships them (empty when absent or
+        # unreadable: what depends on them then says the model lacks the feature).
+        self.model_files = {name: _json_object(files, name, source) for name in _MODEL_FILES}
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         # No token stands for more characters than its own text has (byte-level: one character per
         # byte; a text character is at least a byte), so a text longer than context x this cannot fit

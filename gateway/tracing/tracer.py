@@ -152,7 +152,6 @@ class Tracing:
         with self._server_span(f"peer.{PEER_KINDS.get(kind, 'request')}", parent, None) as span:
             yield span
 
-
     def metric_families(self) -> Iterator[Any]:
         processor = self.processor
         yield counter("smg_trace_spans", "Spans that ended here, by what became of them: exported, failed (the "

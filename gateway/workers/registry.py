@@ -367,7 +367,6 @@ class WorkerRegistry:
                                            "circuit": worker.breaker.current_state(trio.current_time()).name.lower(),
                                            "load": load_bucket(worker)})
 
-
     def metric_families(self) -> Iterator[Any]:
         now = trio.current_time()
         workers = self.all()

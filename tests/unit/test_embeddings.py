@@ -1,0 +1,58 @@
+"""Embeddings without an engine (gateway/embeddings.py, gateway/api/embeddings.py): the matryoshka cut, the
+base64 encoding, which dimensions a model takes, and the request's inputs in OpenAI's four forms."""
+
+from __future__ import annotations
+
+import base64
+import math
+import struct
+
+import pytest
+
+from gateway.api.embeddings import _inputs
+from gateway.api.errors import BadRequest
+from gateway.embeddings import cut, dimensions_problem, encoded
+
+
+def test_a_cut_is_the_head_made_unit_length_again():
+    vector = [0.6, 0.8, 0.0, 0.0]
+    assert cut(vector, None) is vector and cut(vector, 4) is vector and cut(vector, 9) is vector
+    head = cut([3.0, 4.0, 12.0], 2)
+    assert head == pytest.approx([0.6, 0.8]) and math.isclose(math.hypot(*head), 1.0)
+    assert cut([0.0, 0.0, 1.0], 2) == [0.0, 0.0]  # nothing to normalize: no division by zero
+
+
+def test_base64_is_float32_little_endian():
+    vector = [0.1, -2.5, 3.0]
+    raw = base64.b64decode(encoded(vector, "base64"))
+    assert struct.unpack("<3f", raw) == pytest.approx(vector) and len(raw) == 12
+    assert encoded(vector, "float") == vector
+
+
+def test_dimensions_only_for_matryoshka_models_and_their_sizes():
+    assert dimensions_problem("m", None, 64) is not None  # config.json says nothing: not a matryoshka model
+    assert dimensions_problem("m", (), 17) is None  # is_matryoshka: any size
+    assert dimensions_problem("m", (64, 128), 128) is None
+    assert "64, 128" in dimensions_problem("m", (64, 128), 100)
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("hello", [("input", "hello")]),
+    (["a", "b"], [("input[0]", "a"), ("input[1]", "b")]),
+    ([1, 2, 3], [("input", (1, 2, 3))]),
+    ([[1], [2, 3]], [("input[0]", (1,)), ("input[1]", (2, 3))]),
+    ([[1], "x"], [("input[0]", (1,)), ("input[1]", "x")]),
+])
+def test_the_four_forms_of_input(raw, expected):
+    assert _inputs(raw, 10) == expected
+
+
+@pytest.mark.parametrize("raw, param", [
+    ("", "input"), ([], "input"), (None, "input"), (5, "input"), ([""], "input[0]"), ([[]], "input[0]"),
+    ([[1, -1]], "input[0]"), ([[True]], "input[0]"), ([["1"]], "input[0]"), ([{"text": "x"}], "input[0]"),
+    ([[2 ** 33]], "input[0]"), (["x"] * 11, "input"),
+])
+def test_bad_inputs_name_themselves(raw, param):
+    with pytest.raises(BadRequest) as e:
+        _inputs(raw, 10)
+    assert e.value.param == param
