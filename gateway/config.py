@@ -41,6 +41,9 @@ from .engine.engine_tls import EngineTlsConfig
 from .embeddings import EmbeddingConfig
 from .engine.h2grpc import H2Config
 from .history import HISTORY_BACKENDS, RECORD_BYTES_MAX, HistoryConfig
+from .media import config as media_config
+from .media.config import MediaConfig
+from .media.fetch import HostPolicy
 from .history import backends as history_backends
 from .history import store as history_store
 from .options import HELP_SECTIONS, Option, secs_ms
@@ -145,6 +148,7 @@ class GatewayConfig:
     pd: PdConfig = PdConfig()  # --pd-disaggregation: prefill/decode pairs (gateway/disaggregation.py)
     discovery: DiscoveryConfig = DiscoveryConfig()  # --service-discovery: engines as Kubernetes pods (gateway/discovery)
     embeddings: EmbeddingConfig = EmbeddingConfig()  # /v1/embeddings' bounds (gateway/embeddings.py)
+    media: MediaConfig = MediaConfig()  # images: what is fetched, the bounds, the cache (gateway/media)
     # The settings of registered plugins that bring a config section of their own (a history backend's:
     # ``postgres``, ``redis``), by section name; read as attributes (``config.postgres``) or with section().
     plugin_sections: tuple[tuple[str, Any], ...] = ()
@@ -251,7 +255,8 @@ def all_options() -> tuple[Option, ...]:
     plugins = tuple(option for plugin in HISTORY_BACKENDS.plugins() for option in plugin.make.options)
     return (*_OWN_OPTIONS, *parsers.OPTIONS, *admission.OPTIONS, *policies.OPTIONS, *kv_index.OPTIONS,
             *retry.OPTIONS, *breaker.OPTIONS, *health.OPTIONS, *origin.OPTIONS, *engine_tls.OPTIONS, *h2grpc.OPTIONS,
-            *tokenizer_service.OPTIONS, *embeddings.OPTIONS, *history_store.OPTIONS, *history_backends.OPTIONS,
+            *tokenizer_service.OPTIONS, *embeddings.OPTIONS, *media_config.OPTIONS, *history_store.OPTIONS,
+            *history_backends.OPTIONS,
             *plugins, *disaggregation.OPTIONS, *discovery_config.OPTIONS, *tracing_config.OPTIONS,
             *mesh_options.OPTIONS, *limiter.OPTIONS, *authenticator.OPTIONS, *jwt_verifier.OPTIONS, *tls.OPTIONS)
 
@@ -520,6 +525,14 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--max-answer-bytes must be positive")
     if config.embeddings.inputs_max < 1 or config.embeddings.tokens_max < 1:
         raise ConfigError("--max-embedding-inputs and --max-embedding-tokens must be positive")
+    media = config.media
+    if not (media.fetch_timeout_s > 0 and media.image_bytes_max > 0 and media.image_pixels_max > 0
+            and media.images_per_request_max > 0 and media.cache_bytes_max >= 0 and media.threads >= 0):
+        raise ConfigError("--media-* bounds must be positive (the cache's and threads' may be 0)")
+    try:
+        HostPolicy(media.allowed_hosts)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if config.admission.max_concurrent_requests < 0 or config.admission.queue_size < 0:
         raise ConfigError("--max-concurrent-requests and --queue-size must not be negative")
     if any(v is not None and v < 1 for v in (config.admission.tenant_max_concurrent,

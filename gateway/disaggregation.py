@@ -318,10 +318,10 @@ class PdLegs:
                                                                      "smg.worker.url": worker.url,
                                                                      "smg.pd.room": handover.bootstrap_room or 0}):
                         answer = await worker.client.prefill(plan.request_id, plan.input_ids, sampling, handover,
-                                                             plan.timeout_s, metadata)
+                                                             plan.timeout_s, metadata, plan.media)
                 else:
                     answer = await worker.client.prefill(plan.request_id, plan.input_ids, sampling, handover,
-                                                         plan.timeout_s, metadata)
+                                                         plan.timeout_s, metadata, plan.media)
                 finished = True
             except EngineCallError as e:
                 self.metrics.engine_errors.labels(worker.id, e.code).inc()

@@ -20,7 +20,8 @@ a status code:
       QuotaExceeded       the caller holds as much of a shared resource as it may (its stored data)
 
 ``retry_after_s`` is a hint for the caller (Retry-After); ``code`` a stable
-machine-readable reason (``no_healthy_worker``, ``queue_timeout``, ...).
+machine-readable reason (``no_healthy_worker``, ``queue_timeout``, ...); ``param`` the request field the
+failure is about, when the core knows it (an image part that could not be fetched).
 Engine call failures stay ``engine.errors.EngineCallError`` (a gRPC status name).
 """
 
@@ -28,11 +29,13 @@ from __future__ import annotations
 
 
 class GatewayError(Exception):
-    def __init__(self, message: str, *, code: str | None = None, retry_after_s: int | None = None) -> None:
+    def __init__(self, message: str, *, code: str | None = None, retry_after_s: int | None = None,
+                 param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
         self.retry_after_s = retry_after_s
+        self.param = param  # the request field it is about, when one is (an image part: messages[0].content[1])
 
 
 class InvalidInput(GatewayError):

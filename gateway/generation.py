@@ -172,6 +172,8 @@ class GenerationPlan:
     # this many bytes (its JSON, estimated as it arrives; every choice together); 0: not held, no bound.
     answer_bytes_max: int = 0
     answer_bytes: int = 0
+    # The prompt's images, processed (gateway/media: their tensors and where their tokens are), None without.
+    media: Any = None
 
 
 @dataclasses.dataclass
@@ -322,7 +324,8 @@ class Generator:
         with WorkerAttempt(worker) as attempt:
             try:
                 async with worker.client.generate(plan.request_id, plan.input_ids, plan.sampling, engine_stream,
-                                                  plan.timeout_s, self._trace_metadata(), handover) as batches:
+                                                  plan.timeout_s, self._trace_metadata(), handover,
+                                                  plan.media) as batches:
                     progress.generation = batches
                     if sink is not None:
                         batches.listen(progress.on_arrival)
@@ -384,7 +387,8 @@ class Generator:
                 # as in _attempt
                 engine_stream = plan.stream or bool(plan.stop) or records is not None or handover is not None
                 async with worker.client.generate(plan.request_id, plan.input_ids, plan.sampling, engine_stream,
-                                                  plan.timeout_s, self._trace_metadata(), handover) as batches:
+                                                  plan.timeout_s, self._trace_metadata(), handover,
+                                                  plan.media) as batches:
                     async for events in batches:
                         if on_first_token is not None and events:
                             on_first_token()

@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from .engine.errors import EngineCallError
+from .media.processors import ProcessorConfigError, image_processor
 from .metrics import counter, gauge
 from .parsers import HarmonyUnavailable, harmony_encoding, is_harmony
 from .parsers.choice import choose
@@ -44,11 +45,14 @@ class ModelEntry:
     reasoning_parser: str | None = None
     # An embedding (pooling) model: its engine answers Embed, not Generate (GetModelInfo's is_generation).
     embeds: bool = False
+    # A vision model's image processor (gateway/media/processors.py), built from the preprocessor config its
+    # engine ships; None: the model takes no images here.
+    image_processor: Any = None
 
     @property
     def tasks(self) -> list[str]:
-        """What the model is served for (/v1/models): "generate" or "embed"."""
-        return ["embed"] if self.embeds else ["generate"]
+        """What the model is served for (/v1/models): "generate" or "embed", and "vision" when it takes images."""
+        return (["embed"] if self.embeds else ["generate"]) + (["vision"] if self.image_processor is not None else [])
 
     def matryoshka_dimensions(self) -> "tuple[int, ...] | None":
         """The sizes an embedding may be cut to (``dimensions``), as vLLM reads them from the model's config.json:
@@ -77,6 +81,18 @@ def usable_parsers(model: str, tool: str | None, reasoning: str | None) -> tuple
             log.error("model %s: no harmony parsing (%s)", model, e)
             return (None if is_harmony(tool) else tool), (None if is_harmony(reasoning) else reasoning)
     return tool, reasoning
+
+
+def _image_processor(model: str, tokenizer: TokenizerService) -> Any:
+    """The model's image processor, when its files name one this node has (logged either way)."""
+    try:
+        processor = image_processor(tokenizer.model_files, tokenizer.token_to_id)
+    except ProcessorConfigError as e:
+        log.warning("model %s: its image processor cannot be used (%s): it takes no images here", model, e)
+        return None
+    if processor is not None:
+        log.info("model %s: images preprocessed here (%s)", model, processor.family)
+    return processor
 
 
 class ModelCatalog:
@@ -128,6 +144,7 @@ class ModelCatalog:
                 async with self._locks.setdefault(name, trio.Lock()):
                     if entry.tokenizer is None:
                         entry.tokenizer = await self.local_tokenizer() or await self._fetch(worker)
+                        entry.image_processor = _image_processor(name, entry.tokenizer)
                         entry.tokenizer_loaded.set()
 
     def _size_body_limit(self) -> None:

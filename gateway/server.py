@@ -39,6 +39,7 @@ from .http1 import H1Config, H1Server
 from .api.proxy import HttpProxy
 from .api.state import GatewayState
 from .history import HISTORY_BACKENDS, HistoryStore, StoreUnavailable
+from .media.service import MediaService
 from .auth import Authenticator
 from .auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX
 from .auth.key_store import KeyStore, KeyStoreError, StoredKey
@@ -290,6 +291,8 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
             config.history_backend].shared)
         await nursery.start(state.background.serve)
         metrics.add_state_source(state.background.metric_families)
+        state.media = MediaService(config.media)
+        metrics.add_state_source(state.media.metric_families)
         for source in (registry, admission, catalog):  # each subsystem's own figures (metric_families)
             metrics.add_state_source(source.metric_families)
         if config.tracing.enabled:

@@ -72,6 +72,9 @@ class SimEngineConfig:
     task: str = "generate"
     embedding_dim: int = 384
     matryoshka_dimensions: tuple[int, ...] = ()
+    # A Qwen2-VL-style vision model (vision.py): its bundle carries an image processor config and a chat template
+    # for images, and Generate takes preprocessed images, checked and folded into the answer.
+    vision: bool = False
 
     @classmethod
     def zero_cost(cls, **overrides) -> "SimEngineConfig":

@@ -50,6 +50,10 @@ class GenerateParams:
     prompt_logprobs: bool = False  # and the prompt's
     # The prompt's KV came from a prefill engine (a decode engine of a disaggregated pair): no prefill cost.
     prefilled: bool = False
+    # Images (vision.py): their digest, folded into the answer, and the ids the prefix cache keys by (each image's
+    # tokens replaced by its hash's, as a real engine's block hashes carry the image).
+    media_digest: int = 0
+    cache_ids: "list[int] | None" = None
 
 
 @dataclasses.dataclass
@@ -143,14 +147,15 @@ class SimEngine:
             raise
         self.waiting -= 1
         self.running += 1
-        hit = self.cache.acquire(params.prompt_ids, time.time()) if cfg.prefix_caching else NO_CACHE_HIT
+        hit = self.cache.acquire(params.cache_ids or params.prompt_ids, time.time()) if cfg.prefix_caching \
+            else NO_CACHE_HIT
         try:
             if params.constraint is not None:  # a constrained engine answers within the constraint, script or not
                 planned = self._constrained(params, max_tokens)
             else:
                 planned = self._scripted(params, max_tokens) if self.script is not None else None
             if planned is None:
-                seed = derive_seed(params.prompt_ids, params.seed)
+                seed = derive_seed(params.prompt_ids, params.seed) ^ params.media_digest
                 planned = output_token_ids(self.words, seed, max_tokens)
                 if cfg.eos_after_tokens is not None and not params.ignore_eos and cfg.eos_after_tokens < max_tokens:
                     planned = planned[:cfg.eos_after_tokens] + [self.eos_token_id]
@@ -205,7 +210,7 @@ class SimEngine:
         as it cuts a real engine's constrained answer."""
         kind, spec = params.constraint
         try:
-            text = constrained_text(kind, spec, derive_seed(params.prompt_ids, params.seed))
+            text = constrained_text(kind, spec, derive_seed(params.prompt_ids, params.seed) ^ params.media_digest)
         except UnsupportedConstraint as e:
             raise InvalidRequest(str(e)) from None
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids + [self.eos_token_id]

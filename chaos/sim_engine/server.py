@@ -165,6 +165,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--matryoshka-dimensions", type=int, nargs="*", default=list(d.matryoshka_dimensions),
                         help="sizes the vectors may be cut to (the bundle's config.json says them); none: the "
                              "model refuses `dimensions`")
+    parser.add_argument("--vision", action="store_true", help="a Qwen2-VL-style vision model: its bundle carries an "
+                        "image processor config and an image-aware chat template; Generate takes preprocessed images, "
+                        "checks them against the prompt and folds them into the answer (chaos/sim_engine/vision.py)")
     parser.add_argument("--stop-with-parent", action="store_true",
                         help="exit when stdin reaches end-of-file (the parent that started us is gone)")
 
@@ -179,7 +182,7 @@ def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
         eos_after_tokens=args.eos_after_tokens, default_max_tokens=args.default_max_tokens,
         script_path=args.script, role=args.role, bootstrap_port=args.bootstrap_port,
         handover_timeout_s=args.handover_timeout_s, pairing_protocol=args.pairing_protocol, task=args.task,
-        embedding_dim=args.embedding_dim, matryoshka_dimensions=tuple(args.matryoshka_dimensions))
+        embedding_dim=args.embedding_dim, matryoshka_dimensions=tuple(args.matryoshka_dimensions), vision=args.vision)
     if args.zero_cost:
         return SimEngineConfig.zero_cost(**{k: v for k, v in values.items()
                                             if k not in ("prefill_s_per_token", "itl_base_s", "itl_per_running_s")})

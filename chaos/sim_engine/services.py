@@ -19,6 +19,7 @@ import time
 import uuid
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import grpc
 from google.protobuf.struct_pb2 import Struct
@@ -32,6 +33,7 @@ from smg_grpc_proto.generated import (
 
 from .core import EngineOverloaded, GenerateParams, InvalidRequest, SimEngine
 from .disaggregation import Disaggregation
+from . import vision
 from .embedding import embedding_of, model_config
 from .logprobs import prompt_logprobs, token_logprobs
 from .output import derive_seed
@@ -41,7 +43,8 @@ log = logging.getLogger("chaos.sim_engine")
 TOKENIZER_CHUNK_BYTES = 64 * 1024  # as the real servicers chunk the bundle
 # Files of a tokenizer directory that go into the GetTokenizer bundle.
 BUNDLE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                "generation_config.json", "config.json", "chat_template.json")
+                "generation_config.json", "config.json", "chat_template.json", "chat_template.jinja",
+                "preprocessor_config.json")
 KV_SUBSCRIBER_QUEUE_MAX = 10_000  # batches; a subscriber further behind is cut off and must resume
 
 
@@ -72,12 +75,18 @@ class SharedEngineState:
         self.vocab_size = vocab_size
         self._bundle: tuple[bytes, str] | None = None
         self.embedded = 0  # Embed calls answered (tests count them)
+        self.images_seen = 0
 
     def bundle(self) -> tuple[bytes, str]:
         if self._bundle is None:
             config = self.engine.config
-            extra = {"config.json": json.dumps(model_config(config.embedding_dim, config.matryoshka_dimensions))
-                     .encode()} if config.task == "embed" else None
+            extra: dict[str, bytes] = {}
+            if config.task == "embed":
+                extra["config.json"] = json.dumps(model_config(config.embedding_dim, config.matryoshka_dimensions)
+                                                  ).encode()
+            if config.vision:
+                extra["preprocessor_config.json"] = json.dumps(vision.PREPROCESSOR_CONFIG).encode()
+                extra["chat_template.jinja"] = vision.CHAT_TEMPLATE.encode()
             self._bundle = build_tokenizer_bundle(self.tokenizer_dir, extra)
         return self._bundle
 
@@ -87,7 +96,23 @@ class SharedEngineState:
 
     @property
     def architecture(self) -> str:
+        if self.engine.config.vision:
+            return "Qwen2VLForConditionalGeneration"
         return "Qwen3Model" if self.embeds else "Qwen3ForCausalLM"
+
+    async def with_images(self, params: GenerateParams, mm: Any, has_images: bool, runtime: str,
+                          context: grpc.aio.ServicerContext) -> GenerateParams:
+        """``params`` with the request's images checked and folded in; refused as a real engine would."""
+        if not has_images:
+            return params
+        if not self.engine.config.vision:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "this model takes no images")
+        try:
+            checked = (vision.check_vllm if runtime == "vllm" else vision.check_sglang)(mm, params.prompt_ids)
+        except vision.ImagesRefused as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"images: {e}")
+        self.images_seen += len(mm.mm_placeholders)
+        return dataclasses.replace(params, media_digest=checked.digest, cache_ids=checked.cache_ids)
 
     async def embedding(self, request_id: str, input_ids: "list[int]", context: grpc.aio.ServicerContext
                         ) -> list[float]:
@@ -310,6 +335,7 @@ class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
             logprobs=request.top_logprobs_num if request.return_logprob else None,
             prompt_logprobs=request.return_logprob and request.logprob_start_len >= 0,
         )
+        params = await self.s.with_images(params, request.mm_inputs, request.HasField("mm_inputs"), "sglang", context)
         pd = self.s.pd
         handover = await pd.sglang_key(request, context)
         if handover is not None and pd.role == "prefill":
@@ -355,7 +381,8 @@ class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
             model_path=e.config.model_name, tokenizer_path=str(self.s.tokenizer_dir), is_generation=not self.s.embeds,
             served_model_name=e.config.model_name, max_context_length=e.config.max_context_tokens,
             vocab_size=self.s.vocab_size, model_type="qwen3", eos_token_ids=[e.eos_token_id],
-            max_req_input_len=e.config.max_context_tokens - 1, architectures=[self.s.architecture])
+            max_req_input_len=e.config.max_context_tokens - 1, architectures=[self.s.architecture],
+            supports_vision=e.config.vision)
 
     async def GetServerInfo(self, request, context):
         e = self.s.engine
@@ -397,6 +424,7 @@ class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
             logprobs=sp.logprobs if sp.HasField("logprobs") else None,
             prompt_logprobs=sp.HasField("prompt_logprobs"),
         )
+        params = await self.s.with_images(params, request.mm_inputs, request.HasField("mm_inputs"), "vllm", context)
         pd = self.s.pd
         transfer = await pd.vllm_params(request, context)
         if transfer is not None and pd.role == "prefill":
@@ -444,7 +472,7 @@ class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
             model_path=e.config.model_name, is_generation=not self.s.embeds,
             max_context_length=e.config.max_context_tokens, vocab_size=self.s.vocab_size,
             served_model_name=e.config.model_name, tokenizer_path=str(self.s.tokenizer_dir), model_type="qwen3",
-            architectures=[self.s.architecture],
+            architectures=[self.s.architecture], supports_vision=e.config.vision,
             eos_token_ids=[e.eos_token_id], max_req_input_len=e.config.max_context_tokens - 1)
 
     async def GetServerInfo(self, request, context):

@@ -40,8 +40,9 @@ from .chat_output import Call, ChatAnswer, ChatOutput, Content, Delta, Reasoning
 from .errors import ApiError, BadRequest
 from .http import Request
 from .pipeline import answer_chat, chat_prompt, plan_generation
-from .protocol import (INT32_MAX, ChatRequest, SamplingRequest, chat_request, check_message_count, field,
-                       parse_json_body, stop_strings, temperature_value, thinking_of, top_k_value, top_p_value)
+from .protocol import (INT32_MAX, ChatRequest, ImageRef, SamplingRequest, chat_request, check_message_count, field,
+                       image_part, parse_json_body, stop_strings, template_content, temperature_value, text_part,
+                       thinking_of, top_k_value, top_p_value)
 from .ratelimits import counted_tokens
 from .state import GatewayState
 from .tools import NO_TOOLS, tool_spec
@@ -81,7 +82,7 @@ def _text_of(value: Any, where: str) -> str:
     raise BadRequest(f"{where} must be a string or a list of text blocks", param=where, code="invalid_type")
 
 
-def _messages(raw: Any) -> list[dict[str, Any]]:
+def _messages(raw: Any, images: "list[ImageRef]") -> list[dict[str, Any]]:
     if not isinstance(raw, list) or not raw:
         raise BadRequest("'messages' must be a non-empty list", param="messages", code="invalid_type")
     out: list[dict[str, Any]] = []
@@ -97,26 +98,45 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
         if not isinstance(content, list):
             raise BadRequest(f"{where}.content must be a string or a list of blocks", param=f"{where}.content",
                              code="invalid_type")
-        out += _user_blocks(content, where) if message["role"] == "user" else [_assistant_blocks(content, where)]
+        out += _user_blocks(content, where, images) if message["role"] == "user" else \
+            [_assistant_blocks(content, where)]
     return out
 
 
-def _user_blocks(blocks: list[Any], where: str) -> list[dict[str, Any]]:
-    """Tool results become tool messages (first, as Anthropic orders them), the text a user message."""
-    results, texts = [], []
+def _user_blocks(blocks: list[Any], where: str, images: "list[ImageRef]") -> list[dict[str, Any]]:
+    """Tool results become tool messages (first, as Anthropic orders them), the text and images a user message."""
+    results, parts = [], []
     for j, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and isinstance(block.get("text"), str):
-            texts.append(block["text"])
+            parts.append(text_part(block["text"]))
+        elif kind == "image":
+            part_where = f"{where}.content[{j}]"
+            parts.append(image_part((_image_source(block.get("source"), part_where), "auto"), part_where, images))
         elif kind == "tool_result" and isinstance(block.get("tool_use_id"), str):
             content = _text_of(block.get("content", ""), f"{where}.content[{j}].content")
             if block.get("is_error"):
                 content = "Error: " + content
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": content})
         else:
-            raise BadRequest(f"{where}.content[{j}]: a user block must be text or tool_result, got {kind!r}",
+            raise BadRequest(f"{where}.content[{j}]: a user block must be text, image or tool_result, got {kind!r}",
                              param=f"{where}.content[{j}]", code="unsupported_content")
-    return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
+    return results + ([{"role": "user", "content": template_content(parts)}] if parts or not results else [])
+
+
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")  # Anthropic's
+
+
+def _image_source(source: Any, where: str) -> str:
+    """An image block's source as a URL: base64 data as a data: URI, or the url as it is."""
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64" and source.get("media_type") in IMAGE_MEDIA_TYPES and isinstance(source.get("data"), str):
+        return f"data:{source['media_type']};base64,{source['data']}"
+    if kind == "url" and isinstance(source.get("url"), str) and source["url"]:
+        return source["url"]
+    raise BadRequest(f"{where}.source must be {{\"type\": \"base64\", \"media_type\": one of "
+                     f"{', '.join(IMAGE_MEDIA_TYPES)}, \"data\"}} or {{\"type\": \"url\", \"url\"}}",
+                     param=f"{where}.source", code="invalid_value")
 
 
 def _assistant_blocks(blocks: list[Any], where: str) -> dict[str, Any]:
@@ -180,7 +200,8 @@ def to_chat_request(body: dict[str, Any], count_only: bool = False) -> ChatReque
         raise BadRequest("'max_tokens' is required: a positive integer", param="max_tokens",
                          code="missing_required_parameter" if max_tokens is None else "invalid_value")
     model = field(body, "model", str)
-    messages = _messages(body.get("messages"))
+    images: list[ImageRef] = []
+    messages = _messages(body.get("messages"), images)
     if body.get("system") is not None:
         messages.insert(0, {"role": "system", "content": _text_of(body["system"], "system")})
     check_message_count(len(messages), "messages")
@@ -207,7 +228,7 @@ def to_chat_request(body: dict[str, Any], count_only: bool = False) -> ChatReque
     sampling = SamplingRequest(max_tokens=max_tokens, temperature=temperature_value(body), top_p=top_p_value(body),
                                top_k=top_k_value(body), stop=stop_strings(body, "stop_sequences"))
     return chat_request(model, messages, sampling, stream=field(body, "stream", bool, False), tools=tools,
-                        template_kwargs=template_kwargs, thinking=thinking_of(template_kwargs))
+                        template_kwargs=template_kwargs, thinking=thinking_of(template_kwargs), images=tuple(images))
 
 
 # -- the answer ----------------------------------------------------------------------------------------------
@@ -336,13 +357,15 @@ _TEXT_BLOCK = {"type": "text", "text": ""}
 
 async def messages(state: GatewayState, request: Request) -> None:
     chat = to_chat_request(parse_json_body(await request.body()))
-    entry, tokenizer, input_ids = await chat_prompt(state, request, chat, "Messages API")
-    plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "messages")
+    prompt = await chat_prompt(state, request, chat, "Messages API")
+    entry = prompt.entry
+    plan = plan_generation(state, request, entry, prompt.ids, chat.sampling, chat.stream, "messages", prompt.media,
+                           prompt.routing_ids)
     output = ChatOutput.for_request(entry, chat)
     if output is not None:
         plan.kept_special = output.kept_special
-    await answer_chat(state, request, plan, tokenizer, output, MessagesShape(new_message_id(), entry.name,
-                                                                             len(input_ids)))
+    await answer_chat(state, request, plan, prompt.tokenizer, output, MessagesShape(new_message_id(), entry.name,
+                                                                                    len(prompt.ids)))
 
 
 async def count_tokens(state: GatewayState, request: Request) -> None:
@@ -350,6 +373,6 @@ async def count_tokens(state: GatewayState, request: Request) -> None:
     usage = UsageTally()
     chat = to_chat_request(parse_json_body(raw), count_only=True)
     async with counted_tokens(state, request, len(raw), chat.model, usage):
-        _, _, input_ids = await chat_prompt(state, request, chat, "Messages API")
+        input_ids = (await chat_prompt(state, request, chat, "Messages API")).ids
         usage.prompt_tokens = len(input_ids)
     await request.send_json(200, {"input_tokens": len(input_ids)})

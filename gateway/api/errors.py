@@ -213,8 +213,8 @@ def from_core_error(e: core.GatewayError) -> ApiError:
         if isinstance(e, kind):
             if isinstance(e, WorkerError):
                 return _WorkerRequestError(e, answer.status)
-            return answer(e.message, code=e.code, retry_after_s=e.retry_after_s)
-    return ApiError(e.message, code=e.code)
+            return answer(e.message, code=e.code, retry_after_s=e.retry_after_s, param=e.param)
+    return ApiError(e.message, code=e.code, param=e.param)
 
 
 def transport_error_body(status: int, message: str, code: str | None) -> tuple[bytes, bytes]:

@@ -16,6 +16,7 @@ from typing import Any
 from ..history import ID_CHARS_MAX, LIST_LIMIT_MAX
 from .errors import BadRequest, shown, type_name
 from .http import Request
+from .protocol import IMAGE_DETAILS, ImageRef, image_part, template_content, text_part
 
 METADATA_KEYS_MAX = 16  # OpenAI's bounds for metadata
 METADATA_KEY_CHARS_MAX = 64
@@ -29,20 +30,49 @@ def new_id(prefix: str) -> str:
 
 
 def content_text(content: Any, where: str) -> str:
-    """A message's content as text: a string, or text parts joined."""
+    """A message's content as text: a string, or text parts joined (an image part is refused here)."""
+    content = message_content(content, where, None)
+    if not isinstance(content, str):
+        raise BadRequest(f"{where}: only text parts are supported here", param=where, code="unsupported_content")
+    return content
+
+
+def message_content(content: Any, where: str, images: "list[ImageRef] | None"
+                    ) -> "str | list[dict[str, Any]]":
+    """A message's content for the chat template: a string, text parts joined, or (with ``input_image`` parts)
+    the parts in order, each image a ``{"type": "image"}`` part and the image itself into ``images``
+    (``images`` None: checked only, as input items are when they are stored)."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        texts = []
-        for i, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind not in ("input_text", "output_text", "text") or not isinstance(part.get("text"), str):
-                raise BadRequest(f"{where}[{i}]: only text parts are supported, got {kind!r}", param=where,
-                                 code="unsupported_content")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise BadRequest(f"{where} must be a string or a list of parts, got {type_name(content)}", param=where,
-                     code="invalid_type")
+    if not isinstance(content, list):
+        raise BadRequest(f"{where} must be a string or a list of parts, got {type_name(content)}", param=where,
+                         code="invalid_type")
+    parts: list[dict[str, Any]] = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
+            parts.append(text_part(part["text"]))
+        elif kind == "input_image":
+            parts.append(image_part(_input_image(part, f"{where}[{i}]"), f"{where}[{i}]",
+                                    images if images is not None else []))
+        else:
+            raise BadRequest(f"{where}[{i}]: only text and input_image parts are supported, got {kind!r}",
+                             param=where, code="unsupported_content")
+    return template_content(parts)
+
+
+def _input_image(part: dict[str, Any], where: str) -> "tuple[str, str]":
+    if part.get("file_id") is not None:
+        raise BadRequest(f"{where}: images by file_id are not supported here (there is no Files API): send the "
+                         "image_url, a URL or a data:image/...;base64 URI", param=where, code="unsupported_value")
+    url = part.get("image_url")
+    if not isinstance(url, str) or not url:
+        raise BadRequest(f"{where}: an input_image needs an image_url", param=where, code="invalid_value")
+    detail = part.get("detail", "auto")
+    if detail not in IMAGE_DETAILS:
+        raise BadRequest(f"{where}: detail must be one of {', '.join(IMAGE_DETAILS)}", param=where,
+                         code="invalid_value")
+    return url, detail
 
 
 def input_items(raw: Any) -> list[dict[str, Any]]:
@@ -62,7 +92,7 @@ def input_items(raw: Any) -> list[dict[str, Any]]:
             if item.get("role") not in INPUT_ROLES:
                 raise BadRequest(f"Invalid value for {where}.role: {shown(item.get('role'))}. Supported values are: "
                                  f"{', '.join(map(repr, INPUT_ROLES))}.", param=f"{where}.role", code="invalid_value")
-            content_text(item.get("content"), f"{where}.content")
+            message_content(item.get("content"), f"{where}.content", None)
         elif kind == "function_call":
             if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
                 raise BadRequest(f"{where}: a function_call needs call_id, name and arguments", param=where,

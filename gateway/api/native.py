@@ -9,7 +9,7 @@ from ..models import ModelEntry
 from .errors import BadRequest
 from .http import Request, sse_event
 from .pipeline import (admitted, check_vocab, encode_chat, encode_text, plan_generation, ready_model_entry,
-                       run_streamed, run_unary)
+                       run_streamed, run_unary, with_images)
 from .protocol import parse_chat, parse_generate, parse_json_body, token_ids
 from .ratelimits import counted_tokens
 from .state import GatewayState
@@ -86,6 +86,8 @@ async def _tokenize(state: GatewayState, request: Request, body: dict[str, Any],
             raise BadRequest("this model has no chat template", code="no_chat_template")
         add_generation_prompt = body.get("add_generation_prompt", True)
         ids = await encode_chat(state, request, entry, tokenizer, chat, bool(add_generation_prompt))
+        if chat.images:  # counted as the engine will see them: each image's placeholder expanded
+            ids = (await with_images(state, entry, chat, ids))[0]
     else:
         text = body.get("prompt")
         if not isinstance(text, str):

@@ -24,7 +24,7 @@ from .http import SSE_DONE, Request, sse_event
 from .logprobs import LogprobShape
 from .pipeline import (admitted, answer_chat, check_vocab, encode_chat, encode_text, logprob_shape, logprob_shapes,
                        openai_error_event, plan_generation, ready_model_entry, run_streamed_choices,
-                       run_unary_choices)
+                       run_unary_choices, with_images)
 from .protocol import parse_chat, parse_completion, parse_json_body
 from .state import GatewayState
 
@@ -217,7 +217,11 @@ async def chat_completions(state: GatewayState, request: Request) -> None:
         raise BadRequest(f"the model '{entry.name}' has no chat template; use /v1/completions or pass "
                          f"--chat-template", code="no_chat_template")
     input_ids = await encode_chat(state, request, entry, tokenizer, chat, True, raw)
-    plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "messages")
+    media = routing_ids = None
+    if chat.images:
+        input_ids, media, routing_ids = await with_images(state, entry, chat, input_ids)
+    plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "messages", media,
+                           routing_ids)
     response_id = "chatcmpl-" + request.request_id
     output = ChatOutput.for_request(entry, chat)
     if output is not None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import trio
 
@@ -33,6 +33,7 @@ from ..auth import Authenticator, Principal
 from ..engine.errors import EngineCallError
 from ..generation import AnswerTooLarge, GenerationPlan, GenerationResult, LogprobRecord, MidStreamError, UsageTally, \
     answer_bytes_estimate
+from ..media.service import MediaInputs
 from ..models import ModelEntry
 from ..routing.policies import RoutingRequest
 from ..tokenizer.chat_template import TemplateError
@@ -88,16 +89,46 @@ async def ready_model_entry(state: GatewayState, model: str | None, principal: P
 
 # -- the prompt ---------------------------------------------------------------------------------------------
 
-async def chat_prompt(state: GatewayState, request: Request, chat: ChatRequest, api: str
-                      ) -> tuple[ModelEntry, TokenizerService, list[int]]:
-    """The model, its tokenizer and the chat's prompt ids, for an API that needs the gateway's own template
+class ChatPrompt(NamedTuple):
+    """A chat's prompt for its model: the ids (images' placeholders expanded), and with images their processed
+    inputs and the ids routing reads (``MediaInputs.expand``)."""
+
+    entry: ModelEntry
+    tokenizer: TokenizerService
+    ids: list[int]
+    media: "MediaInputs | None" = None
+    routing_ids: "list[int] | None" = None
+
+
+async def chat_prompt(state: GatewayState, request: Request, chat: ChatRequest, api: str) -> ChatPrompt:
+    """The model, its tokenizer and the chat's prompt, for an API that needs the gateway's own template
     (Anthropic's Messages, the Responses API): only a gRPC engine's model with a chat template serves it."""
     entry = await ready_model_entry(state, chat.model, request.principal)
     tokenizer = entry.tokenizer
     if tokenizer is None or tokenizer.chat_template is None:
         raise BadRequest(f"the model '{entry.name}' has no chat template on this node (the {api} needs a gRPC "
                          f"engine's model)", param="model", code="unsupported_model")
-    return entry, tokenizer, await encode_chat(state, request, entry, tokenizer, chat, True)
+    ids = await encode_chat(state, request, entry, tokenizer, chat, True)
+    if not chat.images:
+        return ChatPrompt(entry, tokenizer, ids)
+    return ChatPrompt(entry, tokenizer, *await with_images(state, entry, chat, ids))
+
+
+async def with_images(state: GatewayState, entry: ModelEntry, chat: ChatRequest, ids: "list[int]"
+                      ) -> "tuple[list[int], MediaInputs, list[int]]":
+    """The chat's images fetched and processed for the model (gateway/media), and its prompt ids with each
+    image's placeholder expanded: (ids, the images' inputs, the ids routing reads)."""
+    processor = entry.image_processor
+    if processor is None:
+        raise _images_not_supported(entry, chat)
+    tracing = state.tracing
+    if tracing is None or not tracing.active():
+        media = await state.media.prepare(list(chat.images), processor)
+    else:
+        with tracing.span("media", attributes={"smg.images": len(chat.images)}):
+            media = await state.media.prepare(list(chat.images), processor)
+    expanded, routing_ids = media.expand(ids)
+    return expanded, media, routing_ids
 
 
 async def encode_chat(state: GatewayState, request: Request, entry: ModelEntry, tokenizer: TokenizerService,
@@ -117,6 +148,8 @@ async def encode_chat(state: GatewayState, request: Request, entry: ModelEntry, 
 async def _encode_chat(state: GatewayState, request: Request, entry: ModelEntry, tokenizer: TokenizerService,
                        chat: ChatRequest, add_generation_prompt: bool, raw: bytes | None) -> list[int]:
     messages, tools, spans = chat.messages, chat.tools, []
+    if chat.images and entry.image_processor is None:  # said before a text model's template chokes on them
+        raise _images_not_supported(entry, chat)
     if chat.special_tokens_in_content and not request.principal.is_admin:
         raise Forbidden("'special_tokens_in_content' needs an admin key", code="insufficient_role")
     literal_spans = tokenizer.literal_spans
@@ -130,6 +163,11 @@ async def _encode_chat(state: GatewayState, request: Request, entry: ModelEntry,
     if spans:
         return await tokenizer.encode_with_literals(literal_spans.split(prompt, spans))
     return await tokenizer.encode(prompt, add_special_tokens=False)
+
+
+def _images_not_supported(entry: ModelEntry, chat: ChatRequest) -> BadRequest:
+    return BadRequest(f"the model '{entry.name}' does not take images (its engine ships no image processor this "
+                      "node knows)", param=chat.images[0].where, code="images_not_supported")
 
 
 def render_prompt(tokenizer: TokenizerService, messages: "list[dict[str, Any]]", **options: Any) -> str:
@@ -173,8 +211,10 @@ def check_vocab(ids: "tuple[int, ...] | list[int]", tokenizer: TokenizerService,
 # -- the plan -----------------------------------------------------------------------------------------------
 
 def plan_generation(state: GatewayState, request: Request, entry: ModelEntry, input_ids: list[int],
-                    sampling: SamplingRequest, stream: bool, prompt_param: str) -> GenerationPlan:
-    """Check the prompt against the context and turn request fields into engine options."""
+                    sampling: SamplingRequest, stream: bool, prompt_param: str, media: "MediaInputs | None" = None,
+                    routing_ids: "list[int] | None" = None) -> GenerationPlan:
+    """Check the prompt against the context and turn request fields into engine options (with its images:
+    their inputs, and the ids routing reads in place of theirs)."""
     if entry.embeds:
         raise BadRequest(f"the model '{entry.name}' is an embedding model: it does not generate (use "
                          "/v1/embeddings)", param="model", code="model_not_generative")
@@ -216,10 +256,12 @@ def plan_generation(state: GatewayState, request: Request, entry: ModelEntry, in
         include_stop_str=sampling.include_stop_str_in_output,
         skip_special_tokens=sampling.skip_special_tokens,
         stream=stream,
-        routing=RoutingRequest(input_ids=input_ids, routing_key=request.header(state.config.routing_key_header)),
+        routing=RoutingRequest(input_ids=input_ids if routing_ids is None else routing_ids,
+                               routing_key=request.header(state.config.routing_key_header)),
         timeout_s=state.config.admission.request_timeout_s,
         usage=UsageTally(prompt_tokens=n),
         answer_bytes_max=answer_bytes_max,
+        media=media,
     )
 
 

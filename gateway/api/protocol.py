@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from ..engine.grpc_engine import Constraint
+from ..media.service import ImageRef
 from .errors import BadRequest, shown, type_name
 from .structured import parse_constraint, tool_call_schema
 from .tools import NO_TOOLS, ToolSpec, parse_tools
@@ -266,25 +267,69 @@ class ChatRequest:
     # False when the request turns the model's thinking off (reasoning_effort none/minimal, or
     # chat_template_kwargs enable_thinking/thinking false): no reasoning parser then.
     thinking: bool = True
+    # The images the messages carry, in order (each message's {"type": "image"} parts stand for them).
+    images: tuple[ImageRef, ...] = ()
 
 
-def _message_content(message: dict[str, Any], index: int) -> str:
+def _message_content(message: dict[str, Any], index: int, images: "list[ImageRef]") -> "str | list[dict[str, Any]]":
+    """A message's content for the template: its text, or (a user message with images) its parts in order, each
+    image an ``{"type": "image"}`` part, the images themselves appended to ``images``."""
     content = message.get("content")
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise BadRequest(f"messages[{index}].content: only text parts are supported, got {kind!r}",
-                                 param=f"messages[{index}].content", code="unsupported_content")
-            texts.append(part["text"])
-        return "".join(texts)
+        parts: list[dict[str, Any]] = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind == "text" and isinstance(part.get("text"), str):
+                parts.append(text_part(part["text"]))
+            elif kind == "image_url" and message.get("role") == "user":
+                where = f"messages[{index}].content[{j}]"
+                parts.append(image_part(_image_url(part.get("image_url"), where), where, images))
+            else:
+                raise BadRequest(f"messages[{index}].content[{j}]: a part must be text (or image_url in a user "
+                                 f"message), got {kind!r}", param=f"messages[{index}].content", code="unsupported_content")
+        return template_content(parts)
     raise BadRequest(f"messages[{index}].content must be a string or an array of text parts",
                      param=f"messages[{index}].content", code="invalid_type")
+
+
+def _image_url(value: Any, where: str) -> "tuple[str, str]":
+    """OpenAI's image_url: {"url", "detail"} (or the URL alone, as some clients send it)."""
+    if isinstance(value, str):
+        value = {"url": value}
+    if not isinstance(value, dict) or not isinstance(value.get("url"), str) or not value["url"]:
+        raise BadRequest(f"{where}: image_url needs a url (https://... or data:image/...;base64,...)", param=where,
+                         code="invalid_value")
+    detail = value.get("detail", "auto")
+    if detail not in IMAGE_DETAILS:
+        raise BadRequest(f"{where}: image_url.detail must be one of {', '.join(IMAGE_DETAILS)}", param=where,
+                         code="invalid_value")
+    return value["url"], detail
+
+
+IMAGE_DETAILS = ("auto", "low", "high")
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def image_part(url_and_detail: "tuple[str, str]", where: str, images: "list[ImageRef]") -> dict[str, Any]:
+    """The template's part for an image (what vision models' templates read), the image itself into ``images``."""
+    url, detail = url_and_detail
+    images.append(ImageRef(url, where, detail))
+    return {"type": "image"}
+
+
+def template_content(parts: "list[dict[str, Any]]") -> "str | list[dict[str, Any]]":
+    """Parts as the template takes them: text alone joined into one string (every template reads that), parts
+    kept as they are when an image is among them."""
+    if all(part["type"] == "text" for part in parts):
+        return "".join(part["text"] for part in parts)
+    return parts
 
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -298,6 +343,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         raise BadRequest("'messages' must not be empty", param="messages", code="invalid_value")
     check_message_count(len(raw_messages), "messages")
     messages: list[dict[str, Any]] = []
+    images: list[ImageRef] = []
     for i, m in enumerate(raw_messages):
         if not isinstance(m, dict):
             raise BadRequest(f"messages[{i}] must be an object, got {type_name(m)}", param=f"messages[{i}]",
@@ -309,7 +355,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
                              code="invalid_value")
         message = dict(m)
         message["role"] = "system" if role == "developer" else role
-        message["content"] = _message_content(m, i)
+        message["content"] = _message_content(m, i, images)
         messages.append(message)
     _unsupported(body, "audio", "prediction")
     stream = field(body, "stream", bool, False)
@@ -339,14 +385,14 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         special_tokens_in_content=field(body, "special_tokens_in_content", bool, False)
         if "special_tokens_in_content" in body else False,
         stream_reasoning=field(body, "stream_reasoning", bool, True) if "stream_reasoning" in body else True,
-        thinking=thinking)
+        thinking=thinking, images=tuple(images))
 
 
 def chat_request(model: str, messages: "list[dict[str, Any]]", sampling: SamplingRequest, *, stream: bool = False,
                  include_usage: bool = False, tools: ToolSpec = NO_TOOLS,
                  template_kwargs: "dict[str, Any] | None" = None, separate_reasoning: bool = True,
                  special_tokens_in_content: bool = False, stream_reasoning: bool = True,
-                 thinking: bool = True) -> ChatRequest:
+                 thinking: bool = True, images: "tuple[ImageRef, ...]" = ()) -> ChatRequest:
     """The chat request every API's translation ends in, with the rule across its fields: ``tool_choice``
     required or a named function is the engine's constraint (api/structured.py), which no other constraint
     may join. ``messages`` are the chat template's messages, checked by the caller."""
@@ -362,7 +408,7 @@ def chat_request(model: str, messages: "list[dict[str, Any]]", sampling: Samplin
         tools=tools.tools, tool_choice=tools.choice,
         template_kwargs=template_kwargs if template_kwargs is not None else {},
         separate_reasoning=separate_reasoning, special_tokens_in_content=special_tokens_in_content,
-        tool_name=tools.name, stream_reasoning=stream_reasoning, thinking=thinking)
+        tool_name=tools.name, stream_reasoning=stream_reasoning, thinking=thinking, images=images)
 
 
 def check_message_count(count: int, param: str) -> None:

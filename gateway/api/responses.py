@@ -55,11 +55,12 @@ from .chat_output import Call, ChatAnswer, ChatOutput, Content, Delta, Reasoning
 from .errors import ApiError, BadRequest, NotFound, TooManyRequests, UpstreamTimeout, from_engine_error, shown, \
     to_api_error, type_name
 from .http import Request
-from .items import content_text, input_items, list_page, list_query, metadata_of, new_id, with_ids
+from .items import content_text, input_items, list_page, list_query, message_content, metadata_of, new_id, with_ids
 from .logprobs import LogprobShape
 from .pipeline import answer_chat, chat_prompt, logprob_shape, plan_generation, rate_limited_generation
-from .protocol import (TOP_LOGPROBS_MAX, ChatRequest, SamplingRequest, apply_reasoning_effort, chat_request,
-                       check_message_count, field, parse_json_body, positive_int, temperature_value, top_p_value)
+from .protocol import (TOP_LOGPROBS_MAX, ChatRequest, ImageRef, SamplingRequest, apply_reasoning_effort,
+                       chat_request, check_message_count, field, parse_json_body, positive_int, temperature_value,
+                       top_p_value)
 from .ratelimits import counted_write
 from .response_stream import (FLUSH_INTERVAL_S, StreamLog, follow_log, follow_store, starting_after,
                               stored_events_bytes_max)
@@ -72,8 +73,9 @@ log = logging.getLogger("gateway.api")
 
 # -- the request ---------------------------------------------------------------------------------------------
 
-def chat_messages(items: "list[dict[str, Any]]") -> list[dict[str, Any]]:
-    """Items as chat messages: consecutive calls join one assistant message, reasoning goes with the next."""
+def chat_messages(items: "list[dict[str, Any]]", images: "list[ImageRef] | None" = None) -> list[dict[str, Any]]:
+    """Items as chat messages: consecutive calls join one assistant message, reasoning goes with the next; a user
+    message's images into ``images`` (in order), each an image part of its content."""
     messages: list[dict[str, Any]] = []
     reasoning = ""
     for item in items:
@@ -82,8 +84,9 @@ def chat_messages(items: "list[dict[str, Any]]") -> list[dict[str, Any]]:
             reasoning += "".join(c.get("text", "") for c in item.get("content") or () if isinstance(c, dict))
         elif kind == "message":
             role = item["role"]
-            message = {"role": "system" if role == "developer" else role,
-                       "content": content_text(item["content"], "input")}
+            content = message_content(item["content"], "input", images) if role == "user" and images is not None \
+                else content_text(item["content"], "input")
+            message = {"role": "system" if role == "developer" else role, "content": content}
             if role == "assistant" and reasoning:
                 message["reasoning_content"], reasoning = reasoning, ""
             messages.append(message)
@@ -152,7 +155,8 @@ def _reasoning_effort(body: dict[str, Any]) -> str | None:
 def to_chat_request(body: dict[str, Any], history: "list[dict[str, Any]]") -> ChatRequest:
     """The chat request a Responses request means, after the stored conversation ``history``."""
     model = field(body, "model", str)
-    messages = chat_messages([*history, *input_items(body.get("input"))])
+    images: list[ImageRef] = []
+    messages = chat_messages([*history, *input_items(body.get("input"))], images)
     if body.get("instructions") is not None:
         if not isinstance(body["instructions"], str):
             raise BadRequest(f"'instructions' must be a string, got {type_name(body['instructions'])}",
@@ -172,7 +176,7 @@ def to_chat_request(body: dict[str, Any], history: "list[dict[str, Any]]") -> Ch
     template_kwargs: dict[str, Any] = {}
     thinking = apply_reasoning_effort(_reasoning_effort(body), template_kwargs, "reasoning.effort")
     return chat_request(model, messages, sampling, stream=field(body, "stream", bool, False), tools=tools,
-                        template_kwargs=template_kwargs, thinking=thinking)
+                        template_kwargs=template_kwargs, thinking=thinking, images=tuple(images))
 
 
 # OpenAI's includable fields. Only the output text's logprobs exist here; the others belong to tools this
@@ -514,8 +518,10 @@ async def create(state: GatewayState, request: Request) -> None:
     # The conversation's items get ids of their own (no clash with older ones).
     items = with_ids(input_items(body.get("input")), fresh=conversation_id is not None)
     chat = to_chat_request(body, context.items)
-    entry, tokenizer, input_ids = await chat_prompt(state, request, chat, "Responses API")
-    plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "input")
+    prompt = await chat_prompt(state, request, chat, "Responses API")
+    entry, tokenizer = prompt.entry, prompt.tokenizer
+    plan = plan_generation(state, request, entry, prompt.ids, chat.sampling, chat.stream, "input", prompt.media,
+                           prompt.routing_ids)
     plan.answer_bytes_max = state.config.answer_bytes_max  # streamed too: the whole response is kept to be stored
     response_id = new_id("resp")
     output = ChatOutput.for_request(entry, chat)

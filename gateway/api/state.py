@@ -11,6 +11,8 @@ from ..admission import Admission
 from ..engine.grpc_engine import SamplingOptions
 from ..generation import GenerationResult, Generator
 from ..history import HistoryStore, MemoryHistory
+from ..media.config import MediaConfig
+from ..media.service import MediaService
 from ..metrics import GatewayMetrics
 from ..models import ModelCatalog
 from ..workers import Router, WorkerRegistry
@@ -47,6 +49,8 @@ class GatewayState:
     # Background responses generating on this node (api/background.py): their runs, cancels from any node,
     # their live streams. The default here (no mesh, not served) is for states built without a server.
     background: BackgroundRuns = dataclasses.field(default_factory=lambda: BackgroundRuns(None, False))
+    # Images of vision requests: fetched (only where --media-allowed-hosts says), decoded, processed, cached.
+    media: MediaService = dataclasses.field(default_factory=lambda: MediaService(MediaConfig()))
     # Engines of --worker-urls that have not answered since the node started (their models are unknown yet):
     # requests for a model nobody serves answer 503 naming them rather than 404.
     unreachable_engines: set[str] = dataclasses.field(default_factory=set)

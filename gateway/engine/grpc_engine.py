@@ -151,7 +151,7 @@ class _Runtime(abc.ABC):
 
     @abc.abstractmethod
     def generate_request(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions,
-                         stream: bool, handover: Handover | None = None) -> Any: ...
+                         stream: bool, handover: Handover | None = None, media: Any = None) -> Any: ...
 
     @abc.abstractmethod
     def abort_request(self, request_id: str) -> Any: ...
@@ -167,7 +167,7 @@ class _Sglang(_Runtime):
     service = "sglang.grpc.scheduler.SglangScheduler"
     pb = sg
 
-    def generate_request(self, request_id, input_ids, sampling, stream, handover=None):
+    def generate_request(self, request_id, input_ids, sampling, stream, handover=None, media=None):
         sp = sg.SamplingParams(
             max_new_tokens=sampling.max_new_tokens,
             temperature=1.0 if sampling.temperature is None else sampling.temperature,
@@ -204,6 +204,8 @@ class _Sglang(_Runtime):
             dp = request.disaggregated_params
             dp.bootstrap_host, dp.bootstrap_port = handover.bootstrap_host, handover.bootstrap_port
             dp.bootstrap_room = handover.bootstrap_room
+        if media is not None:
+            _sglang_media(request.mm_inputs, media)
         return request
 
     def abort_request(self, request_id):
@@ -215,7 +217,7 @@ class _Vllm(_Runtime):
     service = "vllm.grpc.engine.VllmEngine"
     pb = vl
 
-    def generate_request(self, request_id, input_ids, sampling, stream, handover=None):
+    def generate_request(self, request_id, input_ids, sampling, stream, handover=None, media=None):
         sp = vl.SamplingParams(
             max_tokens=sampling.max_new_tokens,
             top_p=1.0 if sampling.top_p is None else sampling.top_p,
@@ -248,10 +250,54 @@ class _Vllm(_Runtime):
         request.tokenized.input_ids.extend(input_ids)  # in place: no copy of a 7,800-id message (~0.14 ms)
         if handover is not None and handover.kv_transfer_params_json is not None:
             request.kv_transfer_params_json = handover.kv_transfer_params_json
+        if media is not None:
+            _vllm_media(request.mm_inputs, media)
         return request
 
     def abort_request(self, request_id):
         return vl.AbortRequest(request_ids=[request_id])
+
+
+def _tensor(td: Any, array: Any, inline: bool) -> None:
+    """A numpy array into a TensorData: shape, dtype name, raw little-endian bytes (vLLM's ``inline``, SGLang's
+    ``data``)."""
+    td.shape.extend(array.shape)
+    td.dtype = str(array.dtype)
+    raw = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+    if inline:
+        td.inline = raw
+    else:
+        td.data = raw
+
+
+def _vllm_media(mm: Any, media: Any) -> None:
+    """A request's images as the vLLM servicer's preprocessed path reads them: the pixels, the model's tensors,
+    how they split per image (flat rows sized by a tensor, or batched), the placeholder token and ranges, and a
+    hash per image (the engine's encoder cache key)."""
+    _tensor(mm.pixel_values, media.pixel_values(), inline=True)
+    for key, array in media.tensors().items():
+        _tensor(mm.model_specific_tensors[key], array, inline=True)
+    flat = media.processor.flat_pixels_by
+    if flat is not None:
+        mm.flat_keys["pixel_values"] = flat
+        mm.batched_keys.extend(key for key in media.tensors() if key != flat)
+    else:
+        mm.batched_keys.append("pixel_values")
+        mm.batched_keys.extend(media.tensors())
+    mm.im_token_id = media.processor.placeholder_id
+    for offset, length in media.ranges:
+        mm.mm_placeholders.add(offset=offset, length=length)
+    mm.mm_hashes.extend(media.hashes)
+
+
+def _sglang_media(mm: Any, media: Any) -> None:
+    """The same for SGLang's servicer: one item of every image's pixels, the model's tensors, the ranges."""
+    _tensor(mm.pixel_values, media.pixel_values(), inline=False)
+    for key, array in media.tensors().items():
+        _tensor(mm.model_specific_tensors[key], array, inline=False)
+    mm.im_token_id = media.processor.placeholder_id
+    for offset, length in media.ranges:
+        mm.mm_placeholders.add(offset=offset, length=length)
 
 
 # Each runtime's field per constraint kind. SGLang has no json_object or choice: as its own OpenAI
@@ -399,14 +445,14 @@ class GrpcEngineClient:
 
     def generate(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions, stream: bool,
                  timeout_s: float | None, metadata: "tuple[tuple[bytes, bytes], ...]" = (),
-                 handover: Handover | None = None) -> "Generation":
+                 handover: Handover | None = None, media: Any = None) -> "Generation":
         """Open a generation: ``async with client.generate(...) as g: async for events in g``.
 
         Events come in lists (those that crossed the bridge together). Streaming mode: chunks
         carry deltas; the closing ``complete`` repeats the last delta (vLLM DELTA mode), so its
         ids are dropped. Non-streaming: one ``complete`` with every id.
         """
-        request = self.runtime.generate_request(request_id, input_ids, sampling, stream, handover)
+        request = self.runtime.generate_request(request_id, input_ids, sampling, stream, handover, media)
         messages = self.bridge.open_stream(self.target, self.runtime.method("Generate"), request,
                                            self.runtime.pb.GenerateResponse, timeout_s,
                                            # n > 1: one complete per answer, none of them surely the last
@@ -415,10 +461,11 @@ class GrpcEngineClient:
         return Generation(messages, stream, sampling.logprobs is not None, sampling.n > 1)
 
     async def prefill(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions, handover: Handover,
-                      timeout_s: float | None, metadata: "tuple[tuple[bytes, bytes], ...]" = ()) -> PrefillAnswer:
+                      timeout_s: float | None, metadata: "tuple[tuple[bytes, bytes], ...]" = (),
+                      media: Any = None) -> PrefillAnswer:
         """The prefill leg of a disaggregated request: unstreamed, its answer read to its end and dropped but for
         what the decode needs."""
-        request = self.runtime.generate_request(request_id, input_ids, sampling, False, handover)
+        request = self.runtime.generate_request(request_id, input_ids, sampling, False, handover, media)
         async with self.bridge.open_stream(self.target, self.runtime.method("Generate"), request,
                                            self.runtime.pb.GenerateResponse, timeout_s, last_message=_is_complete,
                                            metadata=metadata) as messages:

@@ -53,7 +53,11 @@ def test_tools_and_tool_choice(choice, expected, parallel):
 
 @pytest.mark.parametrize("extra, param", [
     ({"max_tokens": None}, "max_tokens"),
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0].source"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/tiff",
+                                                                              "data": "AA=="}}]}]},
+     "messages[0].content[0].source"),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "messages[0].content[0]"),
     ({"tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools[0]"),
     ({"tool_choice": {"type": "sometimes"}}, "tool_choice"),
     ({"thinking": {"type": "enabled", "budget_tokens": 64}}, "thinking.budget_tokens"),
@@ -68,6 +72,19 @@ def test_what_is_refused(extra, param):
     with pytest.raises(BadRequest) as e:
         to_chat_request(body)
     assert e.value.param == param, e.value.message
+
+
+def test_image_blocks_become_image_parts_in_order():
+    chat = to_chat_request({**BASE, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Compare"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+        {"type": "image", "source": {"type": "url", "url": "https://img.example.com/b.jpg"}},
+        {"type": "text", "text": "please."}]}]})
+    assert chat.messages == [{"role": "user", "content": [
+        {"type": "text", "text": "Compare"}, {"type": "image"}, {"type": "image"}, {"type": "text", "text": "please."}]}]
+    assert [(ref.url, ref.where) for ref in chat.images] == [
+        ("data:image/png;base64,iVBORw0KGgo=", "messages[0].content[1]"),
+        ("https://img.example.com/b.jpg", "messages[0].content[2]")]
 
 
 def test_thinking_switch_and_stop_reasons():

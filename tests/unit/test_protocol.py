@@ -17,6 +17,13 @@ OK = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     ({**OK, "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ({**OK, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({**OK, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content[0]"),
+    ({**OK, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x",
+                                                                                        "detail": "max"}}]}]},
+     "messages[0].content[0]"),
+    ({**OK, "messages": [{"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content"),
+    ({**OK, "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
      "messages[0].content"),
     ({**OK, "max_tokens": 0}, "max_tokens"),
     ({**OK, "max_tokens": "10"}, "max_tokens"),
@@ -58,6 +65,19 @@ def test_malformed_bodies(raw, code):
     with pytest.raises(BadRequest) as e:
         parse_json_body(raw)
     assert e.value.code == code
+
+
+def test_image_parts_become_template_parts_and_image_references():
+    chat = parse_chat({**OK, "messages": [
+        {"role": "system", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://a/1.png", "detail": "low"}},
+                                     {"type": "text", "text": "and"},
+                                     {"type": "image_url", "image_url": "data:image/png;base64,AA=="}]}]})
+    assert chat.messages[0]["content"] == "Be brief."  # text parts alone are one string, as before
+    assert chat.messages[1]["content"] == [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}]
+    assert [(i.url, i.where, i.detail) for i in chat.images] == [
+        ("https://a/1.png", "messages[1].content[0]", "low"), ("data:image/png;base64,AA==", "messages[1].content[2]",
+                                                               "auto")]
 
 
 def test_completion_prompt_forms():

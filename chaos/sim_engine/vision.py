@@ -1,0 +1,121 @@
+"""The simulated engine as a vision model (``--vision``): a Qwen2-VL-style model that takes preprocessed images.
+
+Its tokenizer bundle carries a Qwen2-VL image processor config (with a small pixel budget, so tests stay
+cheap) and a chat template that writes ``<|vision_start|><|image_pad|><|vision_end|>`` for each image part,
+as Qwen2-VL's does (this template is written here, in that format). A Generate carrying images is checked
+as a real engine would need it to be: the pixel rows, one grid per image, the placeholder ranges over the
+image token and as long as the grid says, one hash per image; a request that does not add up is refused
+with INVALID_ARGUMENT naming what is off, so a gateway that preprocesses wrongly fails its tests. The
+images are folded into the answer (its seed) and into the prefix cache's keys (two prompts that differ only
+in an image share no cached blocks past it), as a real engine's encoder output and block hashes are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+
+IMAGE_TOKEN_ID = 151655  # <|image_pad|> in the Qwen tokenizers
+PATCH, TEMPORAL, MERGE = 14, 2, 2
+PATCH_VALUES = 3 * TEMPORAL * PATCH * PATCH  # 1,176 values a patch row
+PREPROCESSOR_CONFIG = {
+    "image_processor_type": "Qwen2VLImageProcessorPil", "do_resize": True, "do_rescale": True,
+    "do_normalize": True, "do_convert_rgb": True, "rescale_factor": 1 / 255, "resample": 3,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "patch_size": PATCH, "temporal_patch_size": TEMPORAL, "merge_size": MERGE,
+    "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 64,  # at most 256 patches (64 tokens) an image
+}
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{%- if message['content'] is string -%}{{ message['content'] }}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' -%}<|vision_start|><|image_pad|><|vision_end|>"
+    "{%- elif part['type'] == 'text' -%}{{ part['text'] }}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}<|im_end|>\n"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}")
+
+
+class ImagesRefused(ValueError):
+    """A request's images that do not add up (what a real engine would fail on)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedImages:
+    digest: int  # folded into the answer's seed
+    cache_ids: list[int]  # the prompt's ids with each image's tokens replaced by its hash's: prefix cache keys
+
+
+def _array(data: bytes, shape: Any, dtype: str) -> np.ndarray:
+    try:
+        return np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).reshape(tuple(shape))
+    except (TypeError, ValueError) as e:
+        raise ImagesRefused(f"a tensor's bytes do not match its shape {list(shape)} and dtype {dtype!r}: {e}") from None
+
+
+def check(input_ids: "list[int]", pixels: np.ndarray, grid: np.ndarray, ranges: "list[tuple[int, int]]",
+          im_token_id: int | None, hashes: "list[str]") -> CheckedImages:
+    """The images against the prompt: shapes, placeholder ranges, token counts."""
+    if pixels.ndim != 2 or pixels.shape[1] != PATCH_VALUES or pixels.dtype != np.float32:
+        raise ImagesRefused(f"pixel_values is {pixels.dtype}{list(pixels.shape)}; this model takes float32 rows of "
+                            f"{PATCH_VALUES}")
+    if grid.ndim != 2 or grid.shape[1] != 3 or len(grid) != len(ranges):
+        raise ImagesRefused(f"image_grid_thw is {list(grid.shape)} for {len(ranges)} placeholder ranges")
+    if int(grid.prod(axis=1).sum()) != pixels.shape[0]:
+        raise ImagesRefused(f"the grids hold {int(grid.prod(axis=1).sum())} patches, pixel_values "
+                            f"{pixels.shape[0]} rows")
+    if im_token_id != IMAGE_TOKEN_ID:
+        raise ImagesRefused(f"im_token_id is {im_token_id}; this model's image token is {IMAGE_TOKEN_ID}")
+    if hashes and len(hashes) != len(ranges):
+        raise ImagesRefused(f"{len(hashes)} mm_hashes for {len(ranges)} images")
+    if not hashes:  # (SGLang's form carries none: each image's rows say who it is)
+        bounds = np.cumsum([0, *grid.prod(axis=1).tolist()])
+        hashes = [hashlib.sha256(pixels[a:b].tobytes()).hexdigest() for a, b in zip(bounds, bounds[1:])]
+    cache_ids = list(input_ids)
+    for (t, h, w), (offset, length), image_hash in zip(grid.tolist(), ranges, hashes):
+        if t != 1 or h % MERGE or w % MERGE or length != t * h * w // (MERGE * MERGE):
+            raise ImagesRefused(f"an image of grid {(t, h, w)} takes {t * h * w // (MERGE * MERGE)} tokens, its "
+                                f"range {length}")
+        if offset + length > len(input_ids) or any(i != IMAGE_TOKEN_ID for i in input_ids[offset:offset + length]):
+            raise ImagesRefused(f"the range ({offset}, {length}) is not the image token in the prompt")
+        key = int.from_bytes(hashlib.sha256(image_hash.encode() + struct.pack("<III", t, h, w)).digest()[:4], "big")
+        # Ids the cache hashes (as uint32) in place of the image's tokens: above any vocabulary, the image's own.
+        cache_ids[offset:offset + length] = [(1 << 31) + (key + i) % (1 << 31) for i in range(length)]
+    placed = sum(length for _, length in ranges)
+    if input_ids.count(IMAGE_TOKEN_ID) != placed:
+        raise ImagesRefused(f"the prompt has {input_ids.count(IMAGE_TOKEN_ID)} image tokens outside the ranges' "
+                            f"{placed}")
+    digest = zlib.crc32(pixels.tobytes(), zlib.crc32(grid.tobytes()))
+    return CheckedImages(digest, cache_ids)
+
+
+def check_vllm(mm: Any, input_ids: "list[int]") -> CheckedImages:
+    """vLLM's preprocessed path, as the servicer builds vLLM's inputs from it: pixel rows split by a sizes tensor
+    (flat_keys), the grid one row per image (batched_keys)."""
+    tensors = {key: _array(td.inline, td.shape, td.dtype) for key, td in mm.model_specific_tensors.items()}
+    pixels = _array(mm.pixel_values.inline, mm.pixel_values.shape, mm.pixel_values.dtype)
+    grid = tensors.get("image_grid_thw")
+    sizes_key = mm.flat_keys.get("pixel_values")
+    if grid is None or sizes_key is None or sizes_key not in tensors or "image_grid_thw" not in mm.batched_keys:
+        raise ImagesRefused("vLLM's Qwen2-VL layout is pixel_values flat by a sizes tensor, image_grid_thw batched")
+    if tensors[sizes_key].tolist() != grid.prod(axis=1).tolist():
+        raise ImagesRefused(f"{sizes_key} is {tensors[sizes_key].tolist()}, the grids' patches "
+                            f"{grid.prod(axis=1).tolist()}")
+    return check(input_ids, pixels, grid, [(p.offset, p.length) for p in mm.mm_placeholders],
+                 mm.im_token_id if mm.HasField("im_token_id") else None, list(mm.mm_hashes))
+
+
+def check_sglang(mm: Any, input_ids: "list[int]") -> CheckedImages:
+    """SGLang's: one item of every image's pixel rows, the grid among the model's tensors."""
+    tensors = {key: _array(td.data, td.shape, td.dtype) for key, td in mm.model_specific_tensors.items()}
+    if "image_grid_thw" not in tensors:
+        raise ImagesRefused("image_grid_thw is missing")
+    pixels = _array(mm.pixel_values.data, mm.pixel_values.shape, mm.pixel_values.dtype)
+    return check(input_ids, pixels, tensors["image_grid_thw"], [(p.offset, p.length) for p in mm.mm_placeholders],
+                 mm.im_token_id if mm.HasField("im_token_id") else None, [])

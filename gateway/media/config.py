@@ -1,0 +1,55 @@
+"""What images a node fetches and how much of them it takes.
+
+Fetching an image a client names is an outbound request from inside the operator's network: nothing but
+``data:`` URIs is fetched until ``--media-allowed-hosts`` lists hosts (names, ``.suffix`` for a domain and
+its subdomains) or networks (CIDRs). Even then an address that is private, loopback, link-local,
+multicast, reserved or unspecified is refused unless a listed network holds it: an allowed name that
+resolves (or is rebound) to 127.0.0.1 gets nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..options import Option
+
+
+@dataclasses.dataclass(frozen=True)
+class MediaConfig:
+    allowed_hosts: tuple[str, ...] = ()  # empty: data: URIs only
+    # One fetch, from the first byte sent to the last received, redirects included.
+    fetch_timeout_s: float = 10.0
+    redirects_max: int = 3
+    # One image's encoded bytes (OpenAI's bound is 20 MB per image) and its pixels once decoded: 40 M pixels
+    # is a 6,300 x 6,300 image, ~120 MB as RGB; Pillow's own decompression-bomb bound is 89 M.
+    image_bytes_max: int = 20 * 1024 * 1024
+    image_pixels_max: int = 40_000_000
+    # Images in one request (vLLM's default limit per prompt is model-dependent, OpenAI allows hundreds: each
+    # here costs a decode and a resize of up to image_pixels_max), and their bytes together.
+    images_per_request_max: int = 16
+    request_bytes_max: int = 64 * 1024 * 1024
+    # Fetched images (their bytes, by URL) and processed ones (their tensors, by content and processor) kept
+    # for the next request that names them: bounded by bytes, least recently used out first.
+    cache_bytes_max: int = 256 * 1024 * 1024
+    # Decodes and resizes at once (in threads, off the event loop; Pillow and numpy release the GIL for
+    # most of the work); 0: one per core.
+    threads: int = 0
+
+
+# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+OPTIONS = (
+    Option("--media-allowed-hosts", "media.allowed_hosts", "list", "hosts (names, .domain for its subdomains) or "
+           "networks (CIDRs) image URLs may be fetched from; default none: only data: URIs. Private, loopback and "
+           "link-local addresses only when a listed network holds them", "security"),
+    Option("--media-fetch-timeout-secs", "media.fetch_timeout_s", float, "longest one image fetch may take, "
+           "redirects included", "engines"),
+    Option("--media-max-image-bytes", "media.image_bytes_max", int, "largest image (encoded) a request may bring",
+           "engines"),
+    Option("--media-max-image-pixels", "media.image_pixels_max", int, "most pixels an image may decode to "
+           "(decompression bombs are refused before they decompress)", "engines"),
+    Option("--media-max-images", "media.images_per_request_max", int, "images one request may carry", "engines"),
+    Option("--media-cache-bytes", "media.cache_bytes_max", int, "bytes of fetched and processed images kept for "
+           "reuse; 0 turns the cache off", "performance"),
+    Option("--media-threads", "media.threads", int, "image decodes and resizes at once, off the event loop "
+           "(0: one per core)", "performance"),
+)

@@ -1,0 +1,276 @@
+"""Image processors per model family, computing what the model's own Hugging Face processor computes.
+
+Each family registers itself in ``IMAGE_PROCESSORS`` with the ``image_processor_type`` names of the
+``preprocessor_config.json`` it reads (the engine ships that file in its tokenizer bundle, so the gateway's
+numbers are the model's own), and is built from that file: sizes, means, patch and merge sizes. An image
+goes in as RGB; out come its pixel tensor (float32), the model's other tensors (a grid), and the prompt
+tokens that stand for it. The reference is transformers' PIL processor of the family (resize with
+Pillow, then rescale in float64 cast to float32, normalize in float32, as ``transformers.image_transforms``
+does): tests/unit/test_image_processors.py holds them equal on the same images. transformers' torchvision
+("Fast") variants resize with another kernel and differ from these by at most a level or two of the 255.
+
+Families:
+
+    qwen2_vl   Qwen2-VL, Qwen2.5-VL, Qwen3-VL (Qwen2VLImageProcessor*): resized so each side is a multiple of
+               patch x merge and the pixels within [min, max] (``smart_resize``), rescaled and normalized,
+               cut into patch_size squares repeated over temporal_patch_size frames, ordered by merge
+               window; grid (t, h, w); (t*h*w)/merge^2 <|image_pad|> tokens
+    llava      LLaVA 1.5 and CLIP-style processors (CLIPImageProcessor, LlavaImageProcessor): resized so its
+               shortest side is the size, center-cropped, rescaled, normalized; (crop/patch)^2 <image> tokens
+               (one fewer with the default feature strategy that drops CLS... as the model's config says)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+from PIL import Image
+
+from ..registry import Registry
+
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # CLIP's published normalization
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+# Pillow's resampling filters by the numbers preprocessor configs give them.
+RESAMPLE = {0: Image.Resampling.NEAREST, 1: Image.Resampling.LANCZOS, 2: Image.Resampling.BILINEAR,
+            3: Image.Resampling.BICUBIC, 4: Image.Resampling.BOX, 5: Image.Resampling.HAMMING}
+ASPECT_RATIO_MAX = 200  # Qwen2-VL's bound on an image's long side over its short one
+
+
+class ProcessorConfigError(ValueError):
+    """A preprocessor_config.json (or the tokenizer) this family cannot be built from."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessedImage:
+    pixel_values: np.ndarray  # float32, the family's layout
+    tensors: dict[str, np.ndarray]  # the model's other per-image tensors (a grid), by the name the model takes
+    tokens: int  # prompt tokens the image takes (its placeholder, expanded)
+
+    @property
+    def nbytes(self) -> int:
+        return self.pixel_values.nbytes + sum(t.nbytes for t in self.tensors.values())
+
+
+class ImageProcessor(Protocol):
+    family: str
+    placeholder_id: int  # the token the chat template writes once per image, expanded to ``tokens`` of it
+    # How the engine lays the batch out (vLLM's MultiModalFieldConfig): pixel rows per image (flat, sized by
+    # the named tensor) or one entry per image (batched).
+    flat_pixels_by: str | None
+
+    def process(self, image: Image.Image) -> ProcessedImage: ...
+
+    def describe(self) -> str: ...  # what it was built with, for hashes: a change of processor changes them
+
+
+def _number(config: dict[str, Any], key: str, default: Any, kinds: "tuple[type, ...]" = (int, float)) -> Any:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise ProcessorConfigError(f"preprocessor_config.json: {key} is {value!r}")
+    return value
+
+
+def _triple(config: dict[str, Any], key: str, default: "tuple[float, ...]") -> "tuple[float, float, float]":
+    value = config.get(key, default)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = (value,) * 3
+    if not (isinstance(value, (list, tuple)) and len(value) == 3 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+        raise ProcessorConfigError(f"preprocessor_config.json: {key} is {value!r}")
+    return tuple(float(v) for v in value)
+
+
+def _token_id(token_to_id: Callable[[str], "int | None"], text: str) -> int:
+    token_id = token_to_id(text)
+    if token_id is None:
+        raise ProcessorConfigError(f"the tokenizer has no {text} token")
+    return token_id
+
+
+def rescaled_normalized(pixels: np.ndarray, scale: float, mean: "tuple[float, ...]", std: "tuple[float, ...]",
+                        do_rescale: bool = True, do_normalize: bool = True) -> np.ndarray:
+    """HWC uint8 pixels to CHW float32, as transformers computes it: rescaled in float64 then cast to float32,
+    normalized in float32 per channel."""
+    out = pixels.astype(np.float64) * scale if do_rescale else pixels.astype(np.float64)
+    out = out.astype(np.float32)
+    if do_normalize:
+        out = (out - np.asarray(mean, dtype=np.float32)) / np.asarray(std, dtype=np.float32)
+    return np.ascontiguousarray(out.transpose(2, 0, 1))
+
+
+# -- Qwen2-VL, Qwen2.5-VL, Qwen3-VL -------------------------------------------------------------------------
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen2-VL's target size: each side a multiple of ``factor`` nearest the image's own, the pixels brought
+    within [min_pixels, max_pixels] keeping the aspect ratio; ValueError past 200:1."""
+    if max(height, width) / min(height, width) > ASPECT_RATIO_MAX:
+        raise ValueError(f"the image's aspect ratio is over {ASPECT_RATIO_MAX}:1")
+    h, w = round(height / factor) * factor, round(width / factor) * factor
+    if h * w > max_pixels:
+        shrink = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / shrink / factor) * factor)
+        w = max(factor, math.floor(width / shrink / factor) * factor)
+    elif h * w < min_pixels:
+        grow = math.sqrt(min_pixels / (height * width))
+        h, w = math.ceil(height * grow / factor) * factor, math.ceil(width * grow / factor) * factor
+    return h, w
+
+
+@dataclasses.dataclass(frozen=True)
+class QwenVisionProcessor:
+    placeholder_id: int
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    mean: "tuple[float, ...]" = OPENAI_CLIP_MEAN
+    std: "tuple[float, ...]" = OPENAI_CLIP_STD
+    rescale_factor: float = 1 / 255
+    resample: int = 3
+    family = "qwen2_vl"
+    flat_pixels_by = "patches_per_image"
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], token_to_id: Callable[[str], "int | None"]) -> "QwenVisionProcessor":
+        size = config.get("size") if isinstance(config.get("size"), dict) else {}
+        min_pixels = config.get("min_pixels", size.get("shortest_edge", size.get("min_pixels", 56 * 56)))
+        max_pixels = config.get("max_pixels", size.get("longest_edge", size.get("max_pixels", 28 * 28 * 1280)))
+        processor = cls(
+            placeholder_id=_token_id(token_to_id, "<|image_pad|>"),
+            patch_size=_number(config, "patch_size", 14, (int,)),
+            temporal_patch_size=_number(config, "temporal_patch_size", 2, (int,)),
+            merge_size=_number(config, "merge_size", 2, (int,)),
+            min_pixels=_number({"min_pixels": min_pixels}, "min_pixels", 0, (int,)),
+            max_pixels=_number({"max_pixels": max_pixels}, "max_pixels", 0, (int,)),
+            mean=_triple(config, "image_mean", OPENAI_CLIP_MEAN), std=_triple(config, "image_std", OPENAI_CLIP_STD),
+            rescale_factor=float(_number(config, "rescale_factor", 1 / 255)),
+            resample=_number(config, "resample", 3, (int,)))
+        if min(processor.patch_size, processor.temporal_patch_size, processor.merge_size) < 1 or \
+                not 0 < processor.min_pixels <= processor.max_pixels or processor.resample not in RESAMPLE:
+            raise ProcessorConfigError(f"preprocessor_config.json: unusable sizes {processor}")
+        return processor
+
+    def describe(self) -> str:
+        return f"{self.family}:{self.patch_size}:{self.temporal_patch_size}:{self.merge_size}:{self.min_pixels}:" \
+               f"{self.max_pixels}:{self.mean}:{self.std}:{self.rescale_factor}:{self.resample}"
+
+    def process(self, image: Image.Image) -> ProcessedImage:
+        p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
+        width, height = image.size
+        h, w = smart_resize(height, width, p * m, self.min_pixels, self.max_pixels)
+        if (w, h) != image.size:
+            image = image.resize((w, h), resample=RESAMPLE[self.resample])
+        chw = rescaled_normalized(np.asarray(image), self.rescale_factor, self.mean, self.std)
+        channels = chw.shape[0]
+        frames = np.broadcast_to(chw, (t, *chw.shape))  # one picture repeated over the temporal patch
+        gh, gw = h // p, w // p
+        # (frame, channel, merge row, row in window, pixel row, merge column, column in window, pixel column) ->
+        # patches ordered by merge window (row-major), within a window row-major; each patch channel, frame,
+        # pixel row, pixel column.
+        blocks = frames.reshape(t, channels, gh // m, m, p, gw // m, m, p).transpose(2, 5, 3, 6, 1, 0, 4, 7)
+        pixel_values = np.ascontiguousarray(blocks.reshape(gh * gw, channels * t * p * p))
+        grid = np.array([1, gh, gw], dtype=np.int64)
+        return ProcessedImage(pixel_values, {"image_grid_thw": grid}, gh * gw // (m * m))
+
+
+# -- LLaVA and CLIP-style ------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ClipStyleProcessor:
+    placeholder_id: int
+    tokens_per_image: int
+    shortest_edge: int = 336
+    crop: "tuple[int, int]" = (336, 336)
+    do_center_crop: bool = True
+    mean: "tuple[float, ...]" = OPENAI_CLIP_MEAN
+    std: "tuple[float, ...]" = OPENAI_CLIP_STD
+    rescale_factor: float = 1 / 255
+    resample: int = 3
+    family = "llava"
+    flat_pixels_by = None
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], token_to_id: Callable[[str], "int | None"],
+                    model_config: dict[str, Any]) -> "ClipStyleProcessor":
+        size = config.get("size", {"shortest_edge": 336})
+        shortest = size.get("shortest_edge") if isinstance(size, dict) else size
+        crop = config.get("crop_size", {"height": shortest, "width": shortest})
+        crop = (crop.get("height"), crop.get("width")) if isinstance(crop, dict) else (crop, crop)
+        vision = model_config.get("vision_config") if isinstance(model_config.get("vision_config"), dict) else {}
+        patch = vision.get("patch_size", 14)
+        if not (isinstance(shortest, int) and all(isinstance(c, int) and c > 0 for c in crop)
+                and isinstance(patch, int) and patch > 0):
+            raise ProcessorConfigError(f"preprocessor_config.json: unusable sizes {size} / {crop} / patch {patch}")
+        # The vision tower's patches; the default strategy drops the CLS feature, "full" keeps it.
+        tokens = (crop[0] // patch) * (crop[1] // patch)
+        if model_config.get("vision_feature_select_strategy", "default") == "full":
+            tokens += 1
+        return cls(placeholder_id=_token_id(token_to_id, "<image>"), tokens_per_image=tokens, shortest_edge=shortest,
+                   crop=crop, do_center_crop=config.get("do_center_crop", True) is True,
+                   mean=_triple(config, "image_mean", OPENAI_CLIP_MEAN), std=_triple(config, "image_std",
+                                                                                      OPENAI_CLIP_STD),
+                   rescale_factor=float(_number(config, "rescale_factor", 1 / 255)),
+                   resample=_number(config, "resample", 3, (int,)))
+
+    def describe(self) -> str:
+        return f"{self.family}:{self.shortest_edge}:{self.crop}:{self.do_center_crop}:{self.mean}:{self.std}:" \
+               f"{self.rescale_factor}:{self.resample}"
+
+    def process(self, image: Image.Image) -> ProcessedImage:
+        width, height = image.size
+        short, long = (width, height) if width <= height else (height, width)
+        new_long = int(self.shortest_edge * long / short)  # transformers' size for shortest_edge: truncated
+        size = (self.shortest_edge, new_long) if width <= height else (new_long, self.shortest_edge)
+        if size != image.size:
+            image = image.resize(size, resample=RESAMPLE[self.resample])
+        pixels = np.asarray(image)
+        if self.do_center_crop:
+            pixels = _center_crop(pixels, *self.crop)
+        return ProcessedImage(rescaled_normalized(pixels, self.rescale_factor, self.mean, self.std), {},
+                              self.tokens_per_image)
+
+
+def _center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
+    """The centre ``height`` x ``width`` of HWC pixels, padded with zeros where the image is smaller (as
+    transformers' center_crop does)."""
+    h, w = pixels.shape[:2]
+    top, left = (h - height) // 2, (w - width) // 2
+    if top >= 0 and left >= 0:
+        return pixels[top:top + height, left:left + width]
+    out = np.zeros((max(h, height), max(w, width), pixels.shape[2]), dtype=pixels.dtype)
+    pad_top, pad_left = max(0, (height - h) // 2), max(0, (width - w) // 2)
+    out[pad_top:pad_top + h, pad_left:pad_left + w] = pixels
+    top, left = (out.shape[0] - height) // 2, (out.shape[1] - width) // 2
+    return out[top:top + height, left:left + width]
+
+
+# -- the registry -------------------------------------------------------------------------------------------
+
+IMAGE_PROCESSORS: Registry[Callable[..., ImageProcessor]] = Registry("image processor")
+IMAGE_PROCESSORS.add("qwen2_vl", lambda config, token_to_id, model_config: QwenVisionProcessor.from_config(
+    config, token_to_id), "Qwen2-VL, Qwen2.5-VL, Qwen3-VL: smart_resize, patches by merge window, grid (t, h, w)",
+    types=("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImageProcessorPil"))
+IMAGE_PROCESSORS.add("llava", ClipStyleProcessor.from_config, "LLaVA 1.5 and CLIP-style: shortest side, center "
+                     "crop, normalized", types=("CLIPImageProcessor", "CLIPImageProcessorFast", "CLIPImageProcessorPil",
+                                                "LlavaImageProcessor", "LlavaImageProcessorFast",
+                                                "LlavaImageProcessorPil"))
+
+
+def image_processor(files: dict[str, dict[str, Any]], token_to_id: Callable[[str], "int | None"]
+                    ) -> "ImageProcessor | None":
+    """The processor a model's files call for (its preprocessor_config.json, or processor_config.json's nested
+    image_processor), None when they name none this node has; ProcessorConfigError when they name one wrongly."""
+    config = files.get("preprocessor_config.json") or {}
+    nested = (files.get("processor_config.json") or {}).get("image_processor")
+    if not config.get("image_processor_type") and isinstance(nested, dict):
+        config = nested
+    kind = config.get("image_processor_type")
+    for plugin in IMAGE_PROCESSORS.plugins():
+        if kind in plugin.detail("types", ()):
+            return plugin.make(config, token_to_id, files.get("config.json") or {})
+    return None

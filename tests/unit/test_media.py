@@ -1,0 +1,99 @@
+"""Images in the gateway, without sockets: which addresses a fetch may reach (HostPolicy), data: URIs, how a
+prompt's placeholders are expanded, and the KV routing key: two prompts that differ only in an image share
+no block hash from that image on, the same image gives the same key."""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+
+import numpy as np
+import pytest
+
+from gateway.media.fetch import FetchRefused, HostPolicy, data_uri_bytes
+from gateway.media.processors import ProcessedImage, QwenVisionProcessor
+from gateway.media.service import MediaError, MediaInputs, _ByteLru
+from gateway.routing.kv_index import prompt_block_hashes
+
+PAD = 151655
+
+
+@pytest.mark.parametrize("allowed, host, address, ok", [
+    ((), "img.example.com", "93.184.216.34", False),  # nothing listed: nothing fetched
+    (("img.example.com",), "img.example.com", "93.184.216.34", True),
+    (("img.example.com",), "other.example.com", "93.184.216.34", False),
+    ((".example.com",), "a.b.example.com", "93.184.216.34", True),
+    ((".example.com",), "example.com", "93.184.216.34", True),
+    ((".example.com",), "evil-example.com", "93.184.216.34", False),
+    (("img.example.com",), "img.example.com", "127.0.0.1", False),  # a listed name that resolves to loopback
+    (("img.example.com",), "img.example.com", "10.1.2.3", False),  # or to a private address
+    (("img.example.com",), "img.example.com", "169.254.169.254", False),  # or to link-local (cloud metadata)
+    (("img.example.com",), "img.example.com", "::1", False),
+    (("img.example.com",), "img.example.com", "::ffff:127.0.0.1", False),  # loopback written as IPv6
+    (("img.example.com",), "img.example.com", "fe80::1", False),
+    (("img.example.com",), "img.example.com", "224.0.0.1", False),  # multicast
+    (("img.example.com",), "img.example.com", "0.0.0.0", False),
+    (("img.example.com", "10.0.0.0/8"), "img.example.com", "10.1.2.3", True),  # a listed network allows it
+    (("10.0.0.0/8",), "10.9.9.9", "10.9.9.9", True),
+    (("10.0.0.0/8",), "10.9.9.9", "11.0.0.1", False),
+])
+def test_where_a_fetch_may_go(allowed, host, address, ok):
+    policy = HostPolicy(allowed)
+    listed = policy.name_listed(host)
+    assert (policy.fetches_anything and policy.address_allowed(ipaddress.ip_address(address), listed)) is ok
+
+
+def test_a_policy_refuses_what_is_not_a_host_a_domain_or_a_network():
+    for bad in ("http://x", "a b", "x/y", "*.example.com"):
+        with pytest.raises(ValueError):
+            HostPolicy((bad,))
+
+
+def test_data_uris_are_base64_and_bounded_before_they_are_decoded():
+    assert data_uri_bytes("data:image/png;base64," + base64.b64encode(b"\x89PNG").decode(), 100) == b"\x89PNG"
+    for bad in ("data:image/png,raw", "data:image/png;base64,***", "data:;base64"):
+        with pytest.raises(FetchRefused):
+            data_uri_bytes(bad, 100)
+    with pytest.raises(FetchRefused, match="larger"):
+        data_uri_bytes("data:image/png;base64," + "A" * 4000, 100)
+
+
+def media(*token_counts: int, hashes: "tuple[str, ...] | None" = None) -> MediaInputs:
+    processor = QwenVisionProcessor(placeholder_id=PAD)
+    images = [ProcessedImage(np.zeros((n * 4, 1176), np.float32), {"image_grid_thw": np.array([1, 2, 2 * n])}, n)
+              for n in token_counts]
+    return MediaInputs(processor, images, list(hashes or (f"{i:064x}" for i in range(1, len(images) + 1))))
+
+
+def test_placeholders_expand_in_order_and_the_ranges_say_where():
+    inputs = media(3, 2)
+    expanded, routing = inputs.expand([1, 2, PAD, 7, PAD, 9])
+    assert expanded == [1, 2, PAD, PAD, PAD, 7, PAD, PAD, 9]
+    assert inputs.ranges == [(2, 3), (6, 2)]
+    assert len(routing) == len(expanded) and routing[:2] == [1, 2] and routing[5] == 7 and routing[-1] == 9
+    assert all(r >= 1 << 62 for r in routing[2:5] + routing[6:8])  # no vocabulary id stands for an image
+    for ids in ([1, PAD], [PAD, PAD, PAD], [1, 2, 3]):  # a template that placed fewer or more than the images
+        with pytest.raises(MediaError):
+            media(3, 2).expand(ids)
+
+
+def test_prompts_that_differ_only_in_their_image_share_no_prefix_past_it():
+    prompt = list(range(100, 140)) + [PAD] + list(range(200, 240))
+    same_a = media(40, hashes=("a" * 64,)).expand(prompt)[1]
+    same_b = media(40, hashes=("a" * 64,)).expand(prompt)[1]
+    other = media(40, hashes=("b" * 64,)).expand(prompt)[1]
+    a, b, c = (prompt_block_hashes(ids, 16) for ids in (same_a, same_b, other))
+    assert a == b  # the same image: the same key, a cache hit for the whole prompt
+    assert a[:2] == c[:2] and not set(a[2:]) & set(c[2:])  # the text before it is shared; from its block on, nothing
+
+
+def test_the_cache_keeps_within_its_bytes_and_lets_entries_expire():
+    cache = _ByteLru(100)
+    cache.put("a", 1, 20)
+    cache.put("b", 2, 20, expires_at=5.0)
+    cache.put("huge", 3, 60)  # more than a quarter of the budget: never kept
+    assert cache.get("huge", 0.0) is None and cache.get("a", 0.0) == 1 and cache.get("b", 1.0) == 2
+    assert cache.get("b", 6.0) is None and cache.bytes == 20  # expired: dropped
+    for i in range(10):
+        cache.put(i, i, 20)
+    assert cache.bytes <= 100 and cache.get("a", 0.0) is None and cache.get(9, 0.0) == 9
