@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 
 from .history import HISTORY_BACKENDS
+from .media.processors import IMAGE_PROCESSORS
 from .parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from .registry import named
 from .routing.policies import POLICIES
@@ -24,6 +25,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "routing policies": lambda: POLICIES.markdown_table(("`--policy`", "sends a request to"),
                                                         lambda p: (named(p), p.summary)),
     "history backends": lambda: HISTORY_BACKENDS.markdown_table(("`--history-backend`", "stores"),
+                                                                lambda p: (named(p), p.summary)),
+    "image processors": lambda: IMAGE_PROCESSORS.markdown_table(("image processor", "what it does"),
                                                                 lambda p: (named(p), p.summary)),
 }
 _BLOCK = re.compile(r"<!-- registry: (?P<name>[^>]+?) -->\n(?P<table>.*?)\n<!-- /registry -->", re.S)
