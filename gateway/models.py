@@ -48,6 +48,12 @@ class ModelEntry:
     # A vision model's image processor (gateway/media/processors.py), built from the preprocessor config its
     # engine ships; None: the model takes no images here.
     image_processor: Any = None
+    # How its engines take images (their GetServerInfo, gateway/engine/media_facts.py): whether one of them takes
+    # normalized floats (then they are computed with the raw pixels, in the processing thread), and the lowest
+    # bounds they said on images per prompt and tokens per image.
+    normalize_images: bool = False
+    images_max: int | None = None
+    image_tokens_max: int | None = None
 
     @property
     def tasks(self) -> list[str]:
@@ -81,6 +87,15 @@ def usable_parsers(model: str, tool: str | None, reasoning: str | None) -> tuple
             log.error("model %s: no harmony parsing (%s)", model, e)
             return (None if is_harmony(tool) else tool), (None if is_harmony(reasoning) else reasoning)
     return tool, reasoning
+
+
+def _take_media_facts(entry: ModelEntry, facts: Any) -> None:
+    """A vision worker's facts into its model's entry: floats when any engine takes them, the lowest bounds."""
+    entry.normalize_images = entry.normalize_images or not facts.raw_pixels
+    for name in ("images_max", "image_tokens_max"):
+        said, held = getattr(facts, name), getattr(entry, name)
+        if said is not None and (held is None or said < held):
+            setattr(entry, name, said)
 
 
 def _image_processor(model: str, tokenizer: TokenizerService) -> Any:
@@ -138,6 +153,9 @@ class ModelCatalog:
                          reasoning or "none")
             if worker.max_context_tokens and not entry.max_context_tokens:
                 entry.max_context_tokens = worker.max_context_tokens
+            facts = getattr(worker.client, "media_facts", None)
+            if facts is not None and getattr(worker.client, "supports_vision", False):
+                _take_media_facts(entry, facts)
             self._size_body_limit()
             if worker.kind == "grpc" and entry.tokenizer is None:
                 entry.tokenizer_wanted = True

@@ -75,6 +75,12 @@ class SimEngineConfig:
     # A Qwen2-VL-style vision model (vision.py): its bundle carries an image processor config and a chat template
     # for images, and Generate takes preprocessed images, checked and folded into the answer.
     vision: bool = False
+    # How it takes them, as vLLM's GetServerInfo says: normalized on its device (vLLM's default for the Qwen-VL
+    # families: uint8 pixels in) unless it takes floats; at most this many images a prompt and tokens an image
+    # (0: not said). SGLang's form always takes floats.
+    vision_takes_floats: bool = False
+    vision_images_max: int = 0
+    vision_image_tokens_max: int = 0
 
     @classmethod
     def zero_cost(cls, **overrides) -> "SimEngineConfig":

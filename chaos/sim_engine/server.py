@@ -168,6 +168,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vision", action="store_true", help="a Qwen2-VL-style vision model: its bundle carries an "
                         "image processor config and an image-aware chat template; Generate takes preprocessed images, "
                         "checks them against the prompt and folds them into the answer (chaos/sim_engine/vision.py)")
+    parser.add_argument("--vision-takes-floats", action="store_true", help="(vLLM) the engine takes normalized "
+                        "float pixels; by default it normalizes on its device and takes uint8 pixels, as vLLM does "
+                        "for Qwen-VL models (GetServerInfo's mm_device_do_normalize)")
+    parser.add_argument("--vision-images-max", type=int, default=d.vision_images_max, help="(vLLM) images a prompt "
+                        "may carry, said in GetServerInfo's mm_item_limits (0: not said)")
+    parser.add_argument("--vision-image-tokens-max", type=int, default=d.vision_image_tokens_max, help="(vLLM) "
+                        "tokens one image may take, said in GetServerInfo's mm_encoder_budget (0: not said)")
     parser.add_argument("--stop-with-parent", action="store_true",
                         help="exit when stdin reaches end-of-file (the parent that started us is gone)")
 
@@ -182,7 +189,9 @@ def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
         eos_after_tokens=args.eos_after_tokens, default_max_tokens=args.default_max_tokens,
         script_path=args.script, role=args.role, bootstrap_port=args.bootstrap_port,
         handover_timeout_s=args.handover_timeout_s, pairing_protocol=args.pairing_protocol, task=args.task,
-        embedding_dim=args.embedding_dim, matryoshka_dimensions=tuple(args.matryoshka_dimensions), vision=args.vision)
+        embedding_dim=args.embedding_dim, matryoshka_dimensions=tuple(args.matryoshka_dimensions), vision=args.vision,
+        vision_takes_floats=args.vision_takes_floats, vision_images_max=args.vision_images_max,
+        vision_image_tokens_max=args.vision_image_tokens_max)
     if args.zero_cost:
         return SimEngineConfig.zero_cost(**{k: v for k, v in values.items()
                                             if k not in ("prefill_s_per_token", "itl_base_s", "itl_per_running_s")})

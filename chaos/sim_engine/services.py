@@ -108,7 +108,10 @@ class SharedEngineState:
         if not self.engine.config.vision:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "this model takes no images")
         try:
-            checked = (vision.check_vllm if runtime == "vllm" else vision.check_sglang)(mm, params.prompt_ids)
+            if runtime == "vllm":
+                checked = vision.check_vllm(mm, params.prompt_ids, self.engine.config)
+            else:
+                checked = vision.check_sglang(mm, params.prompt_ids)
         except vision.ImagesRefused as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"images: {e}")
         self.images_seen += len(mm.mm_placeholders)
@@ -482,7 +485,7 @@ class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
             uptime_seconds=time.time() - e.started_at, server_type="vllm-grpc", data_parallel_size=1,
             block_size=e.config.block_size, max_num_seqs=e.config.batch_size_max, kv_cache_dtype="auto",
             model_dtype="torch.bfloat16", pairing_protocol=self.s.pd.pairing_protocol,
-            **_vllm_kv_transfer(self.s.pd))
+            **_vllm_kv_transfer(self.s.pd), **vision.server_info(e.config))
 
     async def GetLoads(self, request, context):
         return vl.GetLoadsResponse(timestamp=str(time.time()), version="sim", dp_rank_count=1,

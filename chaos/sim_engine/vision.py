@@ -19,6 +19,7 @@ import zlib
 from typing import Any
 
 import numpy as np
+from smg_grpc_proto.generated import common_pb2
 
 IMAGE_TOKEN_ID = 151655  # <|image_pad|> in the Qwen tokenizers
 PATCH, TEMPORAL, MERGE = 14, 2, 2
@@ -59,12 +60,29 @@ def _array(data: bytes, shape: Any, dtype: str) -> np.ndarray:
         raise ImagesRefused(f"a tensor's bytes do not match its shape {list(shape)} and dtype {dtype!r}: {e}") from None
 
 
+def server_info(config: Any) -> dict[str, Any]:
+    """What vLLM's GetServerInfo says of a vision engine: whether it normalizes on its device, its bounds."""
+    if not config.vision:
+        return {}
+    info: dict[str, Any] = {"mm_device_do_normalize": not config.vision_takes_floats}
+    if config.vision_images_max:
+        info["mm_item_limits"] = f"image={config.vision_images_max}"
+    if config.vision_image_tokens_max:
+        info["mm_encoder_budget"] = config.vision_image_tokens_max
+    return info
+
+
 def check(input_ids: "list[int]", pixels: np.ndarray, grid: np.ndarray, ranges: "list[tuple[int, int]]",
-          im_token_id: int | None, hashes: "list[str]") -> CheckedImages:
-    """The images against the prompt: shapes, placeholder ranges, token counts."""
-    if pixels.ndim != 2 or pixels.shape[1] != PATCH_VALUES or pixels.dtype != np.float32:
-        raise ImagesRefused(f"pixel_values is {pixels.dtype}{list(pixels.shape)}; this model takes float32 rows of "
-                            f"{PATCH_VALUES}")
+          im_token_id: int | None, hashes: "list[str]", raw: bool = False, images_max: int = 0,
+          image_tokens_max: int = 0) -> CheckedImages:
+    """The images against the prompt: shapes, placeholder ranges, token counts; ``raw``: the engine normalizes on
+    its device and takes uint8 pixels (floats would be normalized twice: garbage, with no error in a real one)."""
+    kind = np.uint8 if raw else np.float32
+    if pixels.ndim != 2 or pixels.shape[1] != PATCH_VALUES or pixels.dtype != kind:
+        raise ImagesRefused(f"pixel_values is {pixels.dtype}{list(pixels.shape)}; this engine takes {kind.__name__} "
+                            f"rows of {PATCH_VALUES}" + (" (it normalizes on its device)" if raw else ""))
+    if images_max and len(ranges) > images_max:
+        raise ImagesRefused(f"{len(ranges)} images; this engine takes at most {images_max} a prompt")
     if grid.ndim != 2 or grid.shape[1] != 3 or len(grid) != len(ranges):
         raise ImagesRefused(f"image_grid_thw is {list(grid.shape)} for {len(ranges)} placeholder ranges")
     if int(grid.prod(axis=1).sum()) != pixels.shape[0]:
@@ -82,6 +100,8 @@ def check(input_ids: "list[int]", pixels: np.ndarray, grid: np.ndarray, ranges: 
         if t != 1 or h % MERGE or w % MERGE or length != t * h * w // (MERGE * MERGE):
             raise ImagesRefused(f"an image of grid {(t, h, w)} takes {t * h * w // (MERGE * MERGE)} tokens, its "
                                 f"range {length}")
+        if image_tokens_max and length > image_tokens_max:
+            raise ImagesRefused(f"an image of {length} tokens is over the encoder budget of {image_tokens_max}")
         if offset + length > len(input_ids) or any(i != IMAGE_TOKEN_ID for i in input_ids[offset:offset + length]):
             raise ImagesRefused(f"the range ({offset}, {length}) is not the image token in the prompt")
         key = int.from_bytes(hashlib.sha256(image_hash.encode() + struct.pack("<III", t, h, w)).digest()[:4], "big")
@@ -95,7 +115,7 @@ def check(input_ids: "list[int]", pixels: np.ndarray, grid: np.ndarray, ranges: 
     return CheckedImages(digest, cache_ids)
 
 
-def check_vllm(mm: Any, input_ids: "list[int]") -> CheckedImages:
+def check_vllm(mm: Any, input_ids: "list[int]", config: Any) -> CheckedImages:
     """vLLM's preprocessed path, as the servicer builds vLLM's inputs from it: pixel rows split by a sizes tensor
     (flat_keys), the grid one row per image (batched_keys)."""
     tensors = {key: _array(td.inline, td.shape, td.dtype) for key, td in mm.model_specific_tensors.items()}
@@ -104,11 +124,18 @@ def check_vllm(mm: Any, input_ids: "list[int]") -> CheckedImages:
     sizes_key = mm.flat_keys.get("pixel_values")
     if grid is None or sizes_key is None or sizes_key not in tensors or "image_grid_thw" not in mm.batched_keys:
         raise ImagesRefused("vLLM's Qwen2-VL layout is pixel_values flat by a sizes tensor, image_grid_thw batched")
+    # vLLM computes M-RoPE positions from the grid on the CPU and strips every tensor not kept there from an
+    # image whose tokens it already computed: without this a real engine fails at its next step (and dies).
+    if "image_grid_thw" not in mm.keep_on_cpu_keys:
+        raise ImagesRefused("image_grid_thw must be in keep_on_cpu_keys (vLLM reads M-RoPE grids on the CPU)")
+    if mm.modality != common_pb2.IMAGE:
+        raise ImagesRefused(f"the batch's modality is {mm.modality}, not IMAGE")
     if tensors[sizes_key].tolist() != grid.prod(axis=1).tolist():
         raise ImagesRefused(f"{sizes_key} is {tensors[sizes_key].tolist()}, the grids' patches "
                             f"{grid.prod(axis=1).tolist()}")
     return check(input_ids, pixels, grid, [(p.offset, p.length) for p in mm.mm_placeholders],
-                 mm.im_token_id if mm.HasField("im_token_id") else None, list(mm.mm_hashes))
+                 mm.im_token_id if mm.HasField("im_token_id") else None, list(mm.mm_hashes),
+                 not config.vision_takes_floats, config.vision_images_max, config.vision_image_tokens_max)
 
 
 def check_sglang(mm: Any, input_ids: "list[int]") -> CheckedImages:

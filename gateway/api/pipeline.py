@@ -33,7 +33,7 @@ from ..auth import Authenticator, Principal
 from ..engine.errors import EngineCallError
 from ..generation import AnswerTooLarge, GenerationPlan, GenerationResult, LogprobRecord, MidStreamError, UsageTally, \
     answer_bytes_estimate
-from ..media.service import MediaInputs
+from ..media.service import MediaError, MediaInputs
 from ..models import ModelEntry
 from ..routing.policies import RoutingRequest
 from ..tokenizer.chat_template import TemplateError
@@ -122,11 +122,18 @@ async def with_images(state: GatewayState, entry: ModelEntry, chat: ChatRequest,
     if processor is None:
         raise _images_not_supported(entry, chat)
     tracing = state.tracing
+    refs = list(chat.images)
     if tracing is None or not tracing.active():
-        media = await state.media.prepare(list(chat.images), processor)
+        media = await state.media.prepare(refs, processor, entry.normalize_images, entry.images_max)
     else:
         with tracing.span("media", attributes={"smg.images": len(chat.images)}):
-            media = await state.media.prepare(list(chat.images), processor)
+            media = await state.media.prepare(refs, processor, entry.normalize_images, entry.images_max)
+    if entry.image_tokens_max is not None:
+        for ref, image in zip(refs, media.images):
+            if image.tokens > entry.image_tokens_max:
+                raise MediaError(f"{ref.where}: the image takes {image.tokens} tokens; this model's engines take at "
+                                 f"most {entry.image_tokens_max} per image: send a smaller one",
+                                 code="image_too_large", param=ref.where)
     expanded, routing_ids = media.expand(ids)
     return expanded, media, routing_ids
 

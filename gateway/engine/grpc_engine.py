@@ -22,6 +22,7 @@ from smg_grpc_proto.generated import (
 
 from .bridge import GrpcBridge
 from .errors import EngineCallError
+from .media_facts import MediaFacts, media_facts_from_server_info
 from .pairing_info import PairingInfo, pairing_from_server_info
 
 TOKENIZER_BUNDLE_BYTES_MAX = 256 * 1024 * 1024  # a tokenizer bundle larger than this is refused
@@ -151,7 +152,8 @@ class _Runtime(abc.ABC):
 
     @abc.abstractmethod
     def generate_request(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions,
-                         stream: bool, handover: Handover | None = None, media: Any = None) -> Any: ...
+                         stream: bool, handover: Handover | None = None, media: Any = None,
+                         raw_pixels: bool = False) -> Any: ...
 
     @abc.abstractmethod
     def abort_request(self, request_id: str) -> Any: ...
@@ -167,7 +169,7 @@ class _Sglang(_Runtime):
     service = "sglang.grpc.scheduler.SglangScheduler"
     pb = sg
 
-    def generate_request(self, request_id, input_ids, sampling, stream, handover=None, media=None):
+    def generate_request(self, request_id, input_ids, sampling, stream, handover=None, media=None, raw_pixels=False):
         sp = sg.SamplingParams(
             max_new_tokens=sampling.max_new_tokens,
             temperature=1.0 if sampling.temperature is None else sampling.temperature,
@@ -217,7 +219,7 @@ class _Vllm(_Runtime):
     service = "vllm.grpc.engine.VllmEngine"
     pb = vl
 
-    def generate_request(self, request_id, input_ids, sampling, stream, handover=None, media=None):
+    def generate_request(self, request_id, input_ids, sampling, stream, handover=None, media=None, raw_pixels=False):
         sp = vl.SamplingParams(
             max_tokens=sampling.max_new_tokens,
             top_p=1.0 if sampling.top_p is None else sampling.top_p,
@@ -251,7 +253,7 @@ class _Vllm(_Runtime):
         if handover is not None and handover.kv_transfer_params_json is not None:
             request.kv_transfer_params_json = handover.kv_transfer_params_json
         if media is not None:
-            _vllm_media(request.mm_inputs, media)
+            _vllm_media(request.mm_inputs, media, raw_pixels)
         return request
 
     def abort_request(self, request_id):
@@ -270,11 +272,13 @@ def _tensor(td: Any, array: Any, inline: bool) -> None:
         td.data = raw
 
 
-def _vllm_media(mm: Any, media: Any) -> None:
-    """A request's images as the vLLM servicer's preprocessed path reads them: the pixels, the model's tensors,
-    how they split per image (flat rows sized by a tensor, or batched), the placeholder token and ranges, and a
-    hash per image (the engine's encoder cache key)."""
-    _tensor(mm.pixel_values, media.pixel_values(), inline=True)
+def _vllm_media(mm: Any, media: Any, raw_pixels: bool) -> None:
+    """A request's images as the vLLM servicer's preprocessed path reads them: the pixels (uint8 for an engine
+    that normalizes them itself), the model's tensors, how they split per image (flat rows sized by a tensor, or
+    batched), which stay on the CPU, the placeholder token and ranges, and a hash per image (the engine's
+    encoder cache key)."""
+    mm.modality = common_pb2.IMAGE
+    _tensor(mm.pixel_values, media.pixel_values(raw_pixels), inline=True)
     for key, array in media.tensors().items():
         _tensor(mm.model_specific_tensors[key], array, inline=True)
     flat = media.processor.flat_pixels_by
@@ -284,6 +288,7 @@ def _vllm_media(mm: Any, media: Any) -> None:
     else:
         mm.batched_keys.append("pixel_values")
         mm.batched_keys.extend(media.tensors())
+    mm.keep_on_cpu_keys.extend(media.processor.cpu_tensors)
     mm.im_token_id = media.processor.placeholder_id
     for offset, length in media.ranges:
         mm.mm_placeholders.add(offset=offset, length=length)
@@ -292,7 +297,7 @@ def _vllm_media(mm: Any, media: Any) -> None:
 
 def _sglang_media(mm: Any, media: Any) -> None:
     """The same for SGLang's servicer: one item of every image's pixels, the model's tensors, the ranges."""
-    _tensor(mm.pixel_values, media.pixel_values(), inline=False)
+    _tensor(mm.pixel_values, media.pixel_values(False), inline=False)
     for key, array in media.tensors().items():
         _tensor(mm.model_specific_tensors[key], array, inline=False)
     mm.im_token_id = media.processor.placeholder_id
@@ -343,6 +348,7 @@ class GrpcEngineClient:
         self.architectures: tuple[str, ...] = ()  # the model's, as GetModelInfo last said (parser choice)
         self.is_generation = True  # GetModelInfo's: False for an embedding (pooling) model
         self.supports_vision = False
+        self.media_facts = MediaFacts()  # GetServerInfo's, for a vision model: how it takes images
 
     @property
     def runtime_name(self) -> str:
@@ -378,6 +384,8 @@ class GrpcEngineClient:
         r = await self._unary("GetModelInfo", pb.GetModelInfoRequest(), pb.GetModelInfoResponse, timeout_s)
         self.architectures = tuple(r.architectures)
         self.is_generation, self.supports_vision = bool(r.is_generation), bool(r.supports_vision)
+        if self.supports_vision:
+            self.media_facts = await self._media_facts(timeout_s)
         return ModelInfo(
             model_path=r.model_path,
             served_model_name=r.served_model_name or r.model_path,
@@ -387,6 +395,16 @@ class GrpcEngineClient:
             is_generation=self.is_generation,
             supports_vision=self.supports_vision,
         )
+
+    async def _media_facts(self, timeout_s: float) -> MediaFacts:
+        pb = self.runtime.pb
+        try:
+            r = await self._unary("GetServerInfo", pb.GetServerInfoRequest(), pb.GetServerInfoResponse, timeout_s)
+        except EngineCallError as e:
+            if e.code != "UNIMPLEMENTED":
+                raise
+            return MediaFacts()  # an engine that says nothing: normalized floats, no bounds said
+        return media_facts_from_server_info(self.runtime.name, r)
 
     async def pairing_info(self, timeout_s: float) -> PairingInfo:
         """What the engine says about disaggregation (its role, pairing protocol, KV connector)."""
@@ -452,7 +470,8 @@ class GrpcEngineClient:
         carry deltas; the closing ``complete`` repeats the last delta (vLLM DELTA mode), so its
         ids are dropped. Non-streaming: one ``complete`` with every id.
         """
-        request = self.runtime.generate_request(request_id, input_ids, sampling, stream, handover, media)
+        request = self.runtime.generate_request(request_id, input_ids, sampling, stream, handover, media,
+                                                self.media_facts.raw_pixels)
         messages = self.bridge.open_stream(self.target, self.runtime.method("Generate"), request,
                                            self.runtime.pb.GenerateResponse, timeout_s,
                                            # n > 1: one complete per answer, none of them surely the last
@@ -465,7 +484,8 @@ class GrpcEngineClient:
                       media: Any = None) -> PrefillAnswer:
         """The prefill leg of a disaggregated request: unstreamed, its answer read to its end and dropped but for
         what the decode needs."""
-        request = self.runtime.generate_request(request_id, input_ids, sampling, False, handover, media)
+        request = self.runtime.generate_request(request_id, input_ids, sampling, False, handover, media,
+                                                self.media_facts.raw_pixels)
         async with self.bridge.open_stream(self.target, self.runtime.method("Generate"), request,
                                            self.runtime.pb.GenerateResponse, timeout_s, last_message=_is_complete,
                                            metadata=metadata) as messages:

@@ -6,7 +6,8 @@ numbers are the model's own), and is built from that file: sizes, means, patch a
 goes in as RGB; out come its pixel tensor (float32), the model's other tensors (a grid), and the prompt
 tokens that stand for it. The reference is transformers' PIL processor of the family (resize with
 Pillow, then rescale in float64 cast to float32, normalize in float32, as ``transformers.image_transforms``
-does): tests/unit/test_image_processors.py holds them equal on the same images. transformers' torchvision
+does): tests/unit/test_image_processors.py holds them equal on the same images. The raw pixels (resized, in
+the family's layout, not yet rescaled) are what an engine that normalizes on its device takes. transformers' torchvision
 ("Fast") variants resize with another kernel and differ from these by at most a level or two of the 255.
 
 Families:
@@ -46,13 +47,20 @@ class ProcessorConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ProcessedImage:
-    pixel_values: np.ndarray  # float32, the family's layout
+    # The resized (and cropped) pixels, uint8, already in the family's layout: what an engine that normalizes on
+    # its device takes (vLLM's mm_device_do_normalize, on by default for the Qwen-VL families), a quarter of the
+    # bytes of the floats.
+    raw: np.ndarray
     tensors: dict[str, np.ndarray]  # the model's other per-image tensors (a grid), by the name the model takes
     tokens: int  # prompt tokens the image takes (its placeholder, expanded)
+    # The same rescaled and normalized, float32: what the model's Hugging Face processor outputs and an engine
+    # that does not normalize takes; None when no engine of the model wanted them (``ImageProcessor.normalized``).
+    normalized: "np.ndarray | None" = None
 
     @property
     def nbytes(self) -> int:
-        return self.pixel_values.nbytes + sum(t.nbytes for t in self.tensors.values())
+        floats = self.normalized.nbytes if self.normalized is not None else 0
+        return self.raw.nbytes + floats + sum(t.nbytes for t in self.tensors.values())
 
 
 class ImageProcessor(Protocol):
@@ -61,8 +69,13 @@ class ImageProcessor(Protocol):
     # How the engine lays the batch out (vLLM's MultiModalFieldConfig): pixel rows per image (flat, sized by
     # the named tensor) or one entry per image (batched).
     flat_pixels_by: str | None
+    # The tensors the engine keeps on the CPU (vLLM's keep_on_cpu): an M-RoPE model computes positions from its
+    # grid there, and vLLM strips every other tensor from an image whose tokens it has already computed.
+    cpu_tensors: "tuple[str, ...]"
 
-    def process(self, image: Image.Image) -> ProcessedImage: ...
+    def process(self, image: Image.Image, normalize: bool) -> ProcessedImage: ...  # normalized too when asked
+
+    def normalized(self, raw: np.ndarray) -> np.ndarray: ...  # a ProcessedImage's raw pixels rescaled, normalized
 
     def describe(self) -> str: ...  # what it was built with, for hashes: a change of processor changes them
 
@@ -91,15 +104,16 @@ def _token_id(token_to_id: Callable[[str], "int | None"], text: str) -> int:
     return token_id
 
 
-def rescaled_normalized(pixels: np.ndarray, scale: float, mean: "tuple[float, ...]", std: "tuple[float, ...]",
-                        do_rescale: bool = True, do_normalize: bool = True) -> np.ndarray:
-    """HWC uint8 pixels to CHW float32, as transformers computes it: rescaled in float64 then cast to float32,
-    normalized in float32 per channel."""
-    out = pixels.astype(np.float64) * scale if do_rescale else pixels.astype(np.float64)
-    out = out.astype(np.float32)
-    if do_normalize:
-        out = (out - np.asarray(mean, dtype=np.float32)) / np.asarray(std, dtype=np.float32)
-    return np.ascontiguousarray(out.transpose(2, 0, 1))
+def rescaled_normalized(channels_first: np.ndarray, scale: float, mean: "tuple[float, ...]",
+                        std: "tuple[float, ...]") -> np.ndarray:
+    """uint8 pixels whose first axis is the channel (any layout after it) to float32, as transformers computes
+    it: rescaled in float64 then cast to float32, normalized in float32 per channel. Each value's arithmetic is
+    its own, so normalizing after the family's reshuffle of the pixels equals normalizing before it."""
+    out = (channels_first.astype(np.float64) * scale).astype(np.float32)
+    shape = (-1,) + (1,) * (out.ndim - 1)
+    out -= np.asarray(mean, dtype=np.float32).reshape(shape)
+    out /= np.asarray(std, dtype=np.float32).reshape(shape)
+    return out
 
 
 # -- Qwen2-VL, Qwen2.5-VL, Qwen3-VL -------------------------------------------------------------------------
@@ -134,6 +148,7 @@ class QwenVisionProcessor:
     resample: int = 3
     family = "qwen2_vl"
     flat_pixels_by = "patches_per_image"
+    cpu_tensors = ("image_grid_thw",)
 
     @classmethod
     def from_config(cls, config: dict[str, Any], token_to_id: Callable[[str], "int | None"]) -> "QwenVisionProcessor":
@@ -159,13 +174,13 @@ class QwenVisionProcessor:
         return f"{self.family}:{self.patch_size}:{self.temporal_patch_size}:{self.merge_size}:{self.min_pixels}:" \
                f"{self.max_pixels}:{self.mean}:{self.std}:{self.rescale_factor}:{self.resample}"
 
-    def process(self, image: Image.Image) -> ProcessedImage:
+    def process(self, image: Image.Image, normalize: bool) -> ProcessedImage:
         p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
         width, height = image.size
         h, w = smart_resize(height, width, p * m, self.min_pixels, self.max_pixels)
         if (w, h) != image.size:
             image = image.resize((w, h), resample=RESAMPLE[self.resample])
-        chw = rescaled_normalized(np.asarray(image), self.rescale_factor, self.mean, self.std)
+        chw = np.asarray(image).transpose(2, 0, 1)
         channels = chw.shape[0]
         frames = np.broadcast_to(chw, (t, *chw.shape))  # one picture repeated over the temporal patch
         gh, gw = h // p, w // p
@@ -173,9 +188,16 @@ class QwenVisionProcessor:
         # patches ordered by merge window (row-major), within a window row-major; each patch channel, frame,
         # pixel row, pixel column.
         blocks = frames.reshape(t, channels, gh // m, m, p, gw // m, m, p).transpose(2, 5, 3, 6, 1, 0, 4, 7)
-        pixel_values = np.ascontiguousarray(blocks.reshape(gh * gw, channels * t * p * p))
+        raw = np.ascontiguousarray(blocks.reshape(gh * gw, channels * t * p * p))
         grid = np.array([1, gh, gw], dtype=np.int64)
-        return ProcessedImage(pixel_values, {"image_grid_thw": grid}, gh * gw // (m * m))
+        return ProcessedImage(raw, {"image_grid_thw": grid}, gh * gw // (m * m),
+                              self.normalized(raw) if normalize else None)
+
+    def normalized(self, raw: np.ndarray) -> np.ndarray:
+        rows = raw.shape[0]
+        per_channel = raw.reshape(rows, len(self.mean), -1).transpose(1, 0, 2)  # a patch row is (channel, frame, y, x)
+        out = rescaled_normalized(per_channel, self.rescale_factor, self.mean, self.std)
+        return np.ascontiguousarray(out.transpose(1, 0, 2).reshape(raw.shape))
 
 
 # -- LLaVA and CLIP-style ------------------------------------------------------------------------------------
@@ -193,6 +215,7 @@ class ClipStyleProcessor:
     resample: int = 3
     family = "llava"
     flat_pixels_by = None
+    cpu_tensors = ()
 
     @classmethod
     def from_config(cls, config: dict[str, Any], token_to_id: Callable[[str], "int | None"],
@@ -221,7 +244,7 @@ class ClipStyleProcessor:
         return f"{self.family}:{self.shortest_edge}:{self.crop}:{self.do_center_crop}:{self.mean}:{self.std}:" \
                f"{self.rescale_factor}:{self.resample}"
 
-    def process(self, image: Image.Image) -> ProcessedImage:
+    def process(self, image: Image.Image, normalize: bool) -> ProcessedImage:
         width, height = image.size
         short, long = (width, height) if width <= height else (height, width)
         new_long = int(self.shortest_edge * long / short)  # transformers' size for shortest_edge: truncated
@@ -231,8 +254,11 @@ class ClipStyleProcessor:
         pixels = np.asarray(image)
         if self.do_center_crop:
             pixels = _center_crop(pixels, *self.crop)
-        return ProcessedImage(rescaled_normalized(pixels, self.rescale_factor, self.mean, self.std), {},
-                              self.tokens_per_image)
+        raw = np.ascontiguousarray(pixels.transpose(2, 0, 1))  # CHW
+        return ProcessedImage(raw, {}, self.tokens_per_image, self.normalized(raw) if normalize else None)
+
+    def normalized(self, raw: np.ndarray) -> np.ndarray:
+        return rescaled_normalized(raw, self.rescale_factor, self.mean, self.std)
 
 
 def _center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:

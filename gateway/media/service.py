@@ -57,17 +57,25 @@ class MediaInputs:
     hashes: list[str]
     ranges: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (offset, length) in the prompt ids
 
-    def pixel_values(self) -> np.ndarray:
-        """Every image's pixels in one tensor: rows concatenated (a flat layout) or stacked (one per image)."""
+    def pixel_values(self, raw: bool) -> np.ndarray:
+        """Every image's pixels in one tensor, rows concatenated (a flat layout) or stacked (one per image): raw
+        (uint8, for an engine that normalizes on its device) or rescaled and normalized (float32). Normalized
+        here, on the caller's thread, only for an engine unlike the others of its model (prepare was told
+        which form they take)."""
+        if raw:
+            arrays = [image.raw for image in self.images]
+        else:
+            arrays = [image.normalized if image.normalized is not None else self.processor.normalized(image.raw)
+                      for image in self.images]
         if self.processor.flat_pixels_by is not None:
-            return np.concatenate([image.pixel_values for image in self.images], axis=0)
-        return np.stack([image.pixel_values for image in self.images])
+            return np.concatenate(arrays, axis=0)
+        return np.stack(arrays)
 
     def tensors(self) -> dict[str, np.ndarray]:
         """The model's other tensors, one row per image; with a flat layout, its pixel rows per image too."""
         out = {key: np.stack([image.tensors[key] for image in self.images]) for key in self.images[0].tensors}
         if self.processor.flat_pixels_by is not None:
-            out[self.processor.flat_pixels_by] = np.array([image.pixel_values.shape[0] for image in self.images],
+            out[self.processor.flat_pixels_by] = np.array([image.raw.shape[0] for image in self.images],
                                                           dtype=np.int64)
         return out
 
@@ -166,12 +174,16 @@ class MediaService:
     async def aclose(self) -> None:
         await self.fetcher.aclose()
 
-    async def prepare(self, refs: "list[ImageRef]", processor: ImageProcessor) -> MediaInputs:
-        """Every image of a request, processed for ``processor``, in order; MediaError for the first that fails."""
+    async def prepare(self, refs: "list[ImageRef]", processor: ImageProcessor, normalize: bool,
+                      images_max: int | None = None) -> MediaInputs:
+        """Every image of a request, processed for ``processor``, in order (``normalize``: the normalized floats
+        too, for engines that take them); MediaError for the first that fails. ``images_max``: the engines' own
+        bound on images per prompt, when lower than this node's."""
         config = self.config
-        if len(refs) > config.images_per_request_max:
-            raise MediaError(f"the request carries {len(refs)} images; at most {config.images_per_request_max}",
-                             code="too_many_images", param=refs[config.images_per_request_max].where)
+        bound = min(config.images_per_request_max, images_max or config.images_per_request_max)
+        if len(refs) > bound:
+            raise MediaError(f"the request carries {len(refs)} images; at most {bound}",
+                             code="too_many_images", param=refs[bound].where)
         images: list[ProcessedImage | None] = [None] * len(refs)
         hashes: list[str] = [""] * len(refs)
         failures: list[Exception] = []
@@ -179,7 +191,7 @@ class MediaService:
 
         async def one(index: int, nursery: trio.Nursery) -> None:
             try:
-                images[index], hashes[index] = await self._image(refs[index], processor, total)
+                images[index], hashes[index] = await self._image(refs[index], processor, normalize, total)
             except Exception as e:
                 failures.append(e)
                 nursery.cancel_scope.cancel()
@@ -191,7 +203,7 @@ class MediaService:
             raise failures[0]
         return MediaInputs(processor, images, hashes)
 
-    async def _image(self, ref: ImageRef, processor: ImageProcessor, total: "list[int]"
+    async def _image(self, ref: ImageRef, processor: ImageProcessor, normalize: bool, total: "list[int]"
                      ) -> tuple[ProcessedImage, str]:
         try:
             data = await self._bytes(ref.url)
@@ -205,7 +217,7 @@ class MediaService:
                              code="images_too_large", param=ref.where)
         digest = hashlib.blake2b(data, digest_size=32).digest()
         image_hash = hashlib.blake2b(digest + processor.describe().encode(), digest_size=32).hexdigest()
-        key = ("image", image_hash)
+        key = ("image", image_hash, normalize)
         now = time.monotonic()
         cached = self._cache.get(key, now)
         if cached is not None:
@@ -214,8 +226,8 @@ class MediaService:
         try:
             # Abandoned on cancel: a client that left does not wait for its decode (which the limiter still
             # counts until it ends, so abandoned work cannot pile up past the bound).
-            processed = await trio.to_thread.run_sync(self._process, data, processor, limiter=self._limiter,
-                                                      abandon_on_cancel=True)
+            processed = await trio.to_thread.run_sync(self._process, data, processor, normalize,
+                                                      limiter=self._limiter, abandon_on_cancel=True)
         except (ImageRefused, ValueError) as e:  # not an image taken here, or a shape the processor refuses
             self.refused["invalid_image"] += 1
             raise MediaError(f"{ref.where}: {e}", code="invalid_image", param=ref.where) from None
@@ -225,9 +237,9 @@ class MediaService:
         self._cache.put(key, processed, processed.nbytes)
         return processed, image_hash
 
-    def _process(self, data: bytes, processor: ImageProcessor) -> ProcessedImage:
+    def _process(self, data: bytes, processor: ImageProcessor, normalize: bool) -> ProcessedImage:
         image = decode_image(data, self.config.image_pixels_max)
-        return processor.process(image)
+        return processor.process(image, normalize)
 
     async def _bytes(self, url: str) -> bytes:
         if url[:5].lower() == "data:":

@@ -47,7 +47,7 @@ def data_uri(data: bytes, mime: str = "image/png") -> str:
 
 
 def image_tokens(data: bytes) -> int:
-    return PROCESSOR.process(Image.open(io.BytesIO(data)).convert("RGB")).tokens
+    return PROCESSOR.process(Image.open(io.BytesIO(data)).convert("RGB"), False).tokens
 
 
 def bomb() -> bytes:
@@ -208,6 +208,37 @@ def test_too_many_images_and_a_text_model_are_refused(client):
         client.chat.completions.create(model="text-sim", max_tokens=4, messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": data_uri(RED)}}]}])
     assert e.value.body["code"] == "images_not_supported"
+
+
+def test_each_engine_gets_the_pixels_it_takes_and_the_engines_bounds_hold(log_dir):
+    # One model on two engines: one normalizes on its device (uint8 pixels in, vLLM's default for Qwen-VL), one
+    # takes floats; each checks the form (the other would be normalized twice, or not at all: garbage, silently,
+    # on a real one). Their bounds (GetServerInfo): the lower holds, refused here, not by an engine.
+    raw = EngineProcess(["--vision", "--model-name", "mixed-vl", "--zero-cost", "--services", "vllm",
+                         "--vision-images-max", "2", "--vision-image-tokens-max", "40"], log_dir, "vision-raw")
+    floats = EngineProcess(["--vision", "--model-name", "mixed-vl", "--zero-cost", "--services", "vllm",
+                            "--vision-takes-floats", "--vision-images-max", "3"], log_dir, "vision-floats")
+    node = NodeProcess(["--worker-urls", raw.url, floats.url, "--policy", "round_robin"], log_dir, "vision-mixed")
+    try:
+        mixed = openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0, timeout=30)
+
+        def ask_mixed(*images: str):
+            content = [{"type": "image_url", "image_url": {"url": url}} for url in images]
+            return mixed.chat.completions.create(model="mixed-vl", max_tokens=4,
+                                                 messages=[{"role": "user", "content": content}])
+        assert image_tokens(RED) <= 40 < image_tokens(BLUE)
+        answers = [ask_mixed(data_uri(RED), data_uri(RED)).choices[0].message.content for _ in range(4)]
+        assert len(set(answers)) == 2  # round robin: each engine twice, each its own form (and so its own answer)
+        with pytest.raises(openai.BadRequestError) as e:
+            ask_mixed(*[data_uri(RED)] * 3)
+        assert e.value.body["code"] == "too_many_images" and "at most 2" in e.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as e:
+            ask_mixed(data_uri(BLUE))
+        assert e.value.body["code"] == "image_too_large" and e.value.body["param"] == "messages[0].content[0]"
+    finally:
+        node.stop()
+        raw.stop()
+        floats.stop()
 
 
 def test_responses_input_image_and_messages_image_blocks(client, node):

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -37,7 +38,7 @@ def _wait_serving(target: str, process: subprocess.Popen, timeout_s: float) -> N
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {process.returncode}")
+            raise RuntimeError(f"vLLM exited with {process.returncode}: see {getattr(process, 'log_path', '?')}")
         try:
             with grpc.insecure_channel(target) as channel:
                 stub = vl_grpc.VllmEngineStub(channel)
@@ -52,14 +53,14 @@ def _wait_serving(target: str, process: subprocess.Popen, timeout_s: float) -> N
 
 
 def _start_vllm(entrypoint: str, port: int, extra: "list[str]", log_name: str,
-                env_extra: "dict[str, str] | None" = None) -> subprocess.Popen:
+                env_extra: "dict[str, str] | None" = None, model: "str | None" = None) -> subprocess.Popen:
     log_dir = default_log_dir()
     env = {**os.environ, **(env_extra or {}), "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
            # Else the servicer opens a ZMQ publisher on 0.0.0.0.
            "SMG_VLLM_SERVICER_KV_EVENTS": "0", "VLLM_CACHE_ROOT": str(log_dir / f"{log_name}-cache")}
     # No whitespace between JSON tokens under constraints: random weights would otherwise write
     # whitespace until max_tokens (the grammar allows it), and no structured answer would end.
-    argv = [os.environ["SMG_VLLM_PYTHON"], "-m", entrypoint, "--model", os.environ["SMG_VLLM_MODEL"],
+    argv = [os.environ["SMG_VLLM_PYTHON"], "-m", entrypoint, "--model", model or os.environ["SMG_VLLM_MODEL"],
             "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "2048",
             "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}', *extra]
     with open(log_dir / f"{log_name}.log", "wb") as log:
@@ -85,26 +86,48 @@ def vllm_openai_url():
         return
     if not os.environ.get("SMG_VLLM_PYTHON"):
         pytest.skip("set SMG_VLLM_OPENAI_URL (or SMG_VLLM_PYTHON and SMG_VLLM_MODEL) to compare with vLLM's server")
-    import httpx2
     port = 18062
     process = _start_vllm("vllm.entrypoints.openai.api_server", port,
                           ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"], "vllm-openai")
     try:
-        deadline = time.monotonic() + VLLM_START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"vLLM's OpenAI server exited with {process.returncode}")
-            try:
-                if httpx2.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                    break
-            except httpx2.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("vLLM's OpenAI server did not start")
-            time.sleep(2)
+        _wait_http(f"http://127.0.0.1:{port}", process, VLLM_START_TIMEOUT_S)
         yield f"http://127.0.0.1:{port}"
     finally:
         _stop(process)
+
+
+def _wait_http(url: str, process: subprocess.Popen, timeout_s: float) -> None:
+    """Poll vLLM's OpenAI server until its /health answers."""
+    import httpx2
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM's OpenAI server exited with {process.returncode}: see {process.log_path}")
+        try:
+            if httpx2.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx2.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"vLLM's OpenAI server did not start: see {process.log_path}")
+        time.sleep(2)
+
+
+@contextlib.contextmanager
+def engine_pair(name: str, model: str, grpc_port: int, http_port: int, extra: "list[str]",
+                env_extra: "dict[str, str] | None" = None):
+    """A gRPC engine and vLLM's own OpenAI server on the same model and flags, started together (each takes
+    minutes; they overlap), stopped at the end: yields their URLs."""
+    grpc_engine = _start_vllm("vllm.entrypoints.launchers.grpc_server", grpc_port, extra, name, env_extra, model)
+    http_engine = _start_vllm("vllm.entrypoints.openai.api_server", http_port, extra, f"{name}-openai", env_extra,
+                              model)
+    try:
+        _wait_serving(f"127.0.0.1:{grpc_port}", grpc_engine, VLLM_START_TIMEOUT_S)
+        _wait_http(f"http://127.0.0.1:{http_port}", http_engine, VLLM_START_TIMEOUT_S)
+        yield f"grpc://127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}"
+    finally:
+        _stop(grpc_engine)
+        _stop(http_engine)
 
 
 @pytest.fixture(scope="session")

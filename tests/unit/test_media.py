@@ -60,7 +60,7 @@ def test_data_uris_are_base64_and_bounded_before_they_are_decoded():
 
 def media(*token_counts: int, hashes: "tuple[str, ...] | None" = None) -> MediaInputs:
     processor = QwenVisionProcessor(placeholder_id=PAD)
-    images = [ProcessedImage(np.zeros((n * 4, 1176), np.float32), {"image_grid_thw": np.array([1, 2, 2 * n])}, n)
+    images = [ProcessedImage(np.zeros((n * 4, 1176), np.uint8), {"image_grid_thw": np.array([1, 2, 2 * n])}, n)
               for n in token_counts]
     return MediaInputs(processor, images, list(hashes or (f"{i:064x}" for i in range(1, len(images) + 1))))
 
@@ -97,3 +97,15 @@ def test_the_cache_keeps_within_its_bytes_and_lets_entries_expire():
     for i in range(10):
         cache.put(i, i, 20)
     assert cache.bytes <= 100 and cache.get("a", 0.0) is None and cache.get(9, 0.0) == 9
+
+
+def test_what_a_vision_engine_says_it_takes():
+    from smg_grpc_proto.generated import sglang_scheduler_pb2 as sg, vllm_engine_pb2 as vl
+
+    from gateway.engine.media_facts import MediaFacts, media_facts_from_server_info
+    said = vl.GetServerInfoResponse(mm_device_do_normalize=True, mm_item_limits="image=4,video=2", mm_encoder_budget=16384)
+    assert media_facts_from_server_info("vllm", said) == MediaFacts(True, 4, 16384)
+    assert media_facts_from_server_info("vllm", vl.GetServerInfoResponse()) == MediaFacts(False, None, None)
+    garbled = vl.GetServerInfoResponse(mm_item_limits="image=,=3,image=x,video=1")
+    assert media_facts_from_server_info("vllm", garbled) == MediaFacts(False, None, None)
+    assert media_facts_from_server_info("sglang", sg.GetServerInfoResponse()) == MediaFacts()
