@@ -41,9 +41,12 @@ from .engine.engine_tls import EngineTlsConfig
 from .embeddings import EmbeddingConfig
 from .engine.h2grpc import H2Config
 from .history import HISTORY_BACKENDS, RECORD_BYTES_MAX, HistoryConfig
+from .mcp import config as mcp_config
+from .mcp.config import McpConfig
+from .mcp.servers import ServerConfigError, load_servers
 from .media import config as media_config
 from .media.config import MediaConfig
-from .media.fetch import HostPolicy
+from .outbound import HostPolicy
 from .history import backends as history_backends
 from .history import store as history_store
 from .options import HELP_SECTIONS, Option, secs_ms
@@ -149,6 +152,7 @@ class GatewayConfig:
     discovery: DiscoveryConfig = DiscoveryConfig()  # --service-discovery: engines as Kubernetes pods (gateway/discovery)
     embeddings: EmbeddingConfig = EmbeddingConfig()  # /v1/embeddings' bounds (gateway/embeddings.py)
     media: MediaConfig = MediaConfig()  # images: what is fetched, the bounds, the cache (gateway/media)
+    mcp: McpConfig = McpConfig()  # MCP tools: servers, where clients' URLs may go, bounds (gateway/mcp)
     # The settings of registered plugins that bring a config section of their own (a history backend's:
     # ``postgres``, ``redis``), by section name; read as attributes (``config.postgres``) or with section().
     plugin_sections: tuple[tuple[str, Any], ...] = ()
@@ -255,7 +259,7 @@ def all_options() -> tuple[Option, ...]:
     plugins = tuple(option for plugin in HISTORY_BACKENDS.plugins() for option in plugin.make.options)
     return (*_OWN_OPTIONS, *parsers.OPTIONS, *admission.OPTIONS, *policies.OPTIONS, *kv_index.OPTIONS,
             *retry.OPTIONS, *breaker.OPTIONS, *health.OPTIONS, *origin.OPTIONS, *engine_tls.OPTIONS, *h2grpc.OPTIONS,
-            *tokenizer_service.OPTIONS, *embeddings.OPTIONS, *media_config.OPTIONS, *history_store.OPTIONS,
+            *tokenizer_service.OPTIONS, *embeddings.OPTIONS, *media_config.OPTIONS, *mcp_config.OPTIONS, *history_store.OPTIONS,
             *history_backends.OPTIONS,
             *plugins, *disaggregation.OPTIONS, *discovery_config.OPTIONS, *tracing_config.OPTIONS,
             *mesh_options.OPTIONS, *limiter.OPTIONS, *authenticator.OPTIONS, *jwt_verifier.OPTIONS, *tls.OPTIONS)
@@ -531,8 +535,18 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--media-* bounds must be positive (the cache's and threads' may be 0)")
     try:
         HostPolicy(media.allowed_hosts)
+        HostPolicy(config.mcp.allowed_hosts, "--mcp-allowed-hosts")
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    mcp = config.mcp
+    if not (mcp.connect_timeout_s > 0 and mcp.call_timeout_s > 0 and mcp.output_bytes_max > 0 and mcp.sessions_max > 0
+            and mcp.session_idle_s > 0 and mcp.tool_calls_max > 0 and mcp.response_time_max_s > 0):
+        raise ConfigError("--mcp-* bounds must be positive")
+    if mcp.config_path:
+        try:
+            load_servers(mcp.config_path)  # checked now: a bad file stops the start, in one line
+        except ServerConfigError as e:
+            raise ConfigError(str(e)) from None
     if config.admission.max_concurrent_requests < 0 or config.admission.queue_size < 0:
         raise ConfigError("--max-concurrent-requests and --queue-size must not be negative")
     if any(v is not None and v < 1 for v in (config.admission.tenant_max_concurrent,

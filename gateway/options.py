@@ -23,6 +23,7 @@ HELP_SECTIONS: tuple[tuple[str, str], ...] = (
     ("discovery", "discovery: engines and nodes found as Kubernetes pods"),
     ("tracing", "tracing: OpenTelemetry over OTLP"),
     ("engines", "engines: where generations run"),
+    ("tools", "tools: MCP servers the node runs for the Responses and Messages APIs"),
     ("routing", "routing: which engine takes a request, admission, retries, circuits"),
     ("cluster", "cluster: the mesh of nodes"),
     ("ratelimits", "rate limits: cluster-wide, per key, tenant or model"),

@@ -39,6 +39,8 @@ from .http1 import H1Config, H1Server
 from .api.proxy import HttpProxy
 from .api.state import GatewayState
 from .history import HISTORY_BACKENDS, HistoryStore, StoreUnavailable
+from .mcp.servers import load_servers
+from .mcp.sessions import McpSessions
 from .media.service import MediaService
 from .auth import Authenticator
 from .auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX
@@ -293,6 +295,9 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         metrics.add_state_source(state.background.metric_families)
         state.media = MediaService(config.media)
         metrics.add_state_source(state.media.metric_families)
+        state.mcp = McpSessions(config.mcp, load_servers(config.mcp.config_path) if config.mcp.config_path else {})
+        await nursery.start(state.mcp.run)
+        metrics.add_state_source(state.mcp.metric_families)
         for source in (registry, admission, catalog):  # each subsystem's own figures (metric_families)
             metrics.add_state_source(source.metric_families)
         if config.tracing.enabled:

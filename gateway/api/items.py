@@ -1,8 +1,9 @@
 """The Responses API's items as clients send and list them: shared by the Responses and Conversations APIs.
 
 An input item is a ``message`` (role user, assistant, system or developer; content a string or text
-parts), a ``function_call`` (call_id, name, arguments), a ``function_call_output`` (call_id, output) or
-a ``reasoning`` item; each is checked here with a 400 naming it. Stored and listed, a message's text is
+parts), a ``function_call`` (call_id, name, arguments), a ``function_call_output`` (call_id, output), a
+``reasoning`` item, an ``mcp_approval_response``, or an MCP output item sent back; each is checked here with a
+400 naming it. Stored and listed, a message's text is
 parts with a status (OpenAI's shape), and every item has an id. Lists are pages (``after``, ``limit``,
 ``order``) in OpenAI's list shape. ``metadata`` is OpenAI's: at most 16 keys of 64 characters, string
 values of 512.
@@ -101,11 +102,34 @@ def input_items(raw: Any) -> list[dict[str, Any]]:
             if not isinstance(item.get("call_id"), str) or not isinstance(item.get("output"), str):
                 raise BadRequest(f"{where}: a function_call_output needs call_id and output", param=where,
                                  code="invalid_value")
+        elif kind in MCP_ITEMS:
+            _check_mcp_item(item, kind, where)
         elif kind != "reasoning":
             raise BadRequest(f"{where}: items of type {shown(kind)} are not supported", param=where,
                              code="unsupported_content")
         items.append({**item, "type": kind})
     return items
+
+
+# MCP items (api/responses_tools.py): an approval a client answers, and the output items a client without stored
+# responses sends back as they came (the call with its output, the list, the approval asked).
+MCP_ITEMS = ("mcp_approval_response", "mcp_call", "mcp_list_tools", "mcp_approval_request")
+
+
+def _check_mcp_item(item: dict[str, Any], kind: str, where: str) -> None:
+    if kind == "mcp_approval_response":
+        ok = isinstance(item.get("approval_request_id"), str) and isinstance(item.get("approve"), bool) and \
+            (item.get("reason") is None or isinstance(item.get("reason"), str))
+        needs = "approval_request_id and approve (a boolean)"
+    elif kind == "mcp_list_tools":
+        ok = isinstance(item.get("server_label"), str) and isinstance(item.get("tools"), list)
+        needs = "server_label and tools"
+    else:
+        ok = all(isinstance(item.get(k), str) for k in ("id", "server_label", "name", "arguments")) and \
+            (kind != "mcp_call" or item.get("output") is None or isinstance(item.get("output"), str))
+        needs = "id, server_label, name and arguments"
+    if not ok:
+        raise BadRequest(f"{where}: an {kind} item needs {needs}", param=where, code="invalid_value")
 
 
 def stored_item(item: dict[str, Any]) -> dict[str, Any]:

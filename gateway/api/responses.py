@@ -40,6 +40,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -49,19 +50,23 @@ from ..engine.errors import EngineCallError
 from ..errors import GatewayError
 from ..generation import GenerationPlan, GenerationResult, MidStreamError
 from ..history import CHAIN_LENGTH_MAX, ID_CHARS_MAX, HistoryStore, StoredResponse
+from ..mcp.results import error_text
 from ..tokenizer.service import TokenizerService
 from .background import STORE_POLL_S, BackgroundRun
 from .chat_output import Call, ChatAnswer, ChatOutput, Content, Delta, Reasoning, plain_answer
 from .errors import ApiError, BadRequest, NotFound, TooManyRequests, UpstreamTimeout, from_engine_error, shown, \
     to_api_error, type_name
-from .http import Request
+from .http import SSE_HEADERS, Request
 from .items import content_text, input_items, list_page, list_query, message_content, metadata_of, new_id, with_ids
 from .logprobs import LogprobShape
-from .pipeline import answer_chat, chat_prompt, logprob_shape, plan_generation, rate_limited_generation
+from .mcp_tools import HostedTools, is_hosted, responses_servers, without_secrets
+from .pipeline import (answer_chat, chat_prompt, logprob_shape, plan_generation, rate_limited_generation,
+                       ready_model_entry)
 from .protocol import (TOP_LOGPROBS_MAX, ChatRequest, ImageRef, SamplingRequest, apply_reasoning_effort,
                        chat_request, check_message_count, field, parse_json_body, positive_int, temperature_value,
                        top_p_value)
 from .ratelimits import counted_write
+from .responses_tools import ToolLoop, no_emit
 from .response_stream import (FLUSH_INTERVAL_S, StreamLog, follow_log, follow_store, starting_after,
                               stored_events_bytes_max)
 from .state import GatewayState
@@ -75,11 +80,32 @@ log = logging.getLogger("gateway.api")
 
 def chat_messages(items: "list[dict[str, Any]]", images: "list[ImageRef] | None" = None) -> list[dict[str, Any]]:
     """Items as chat messages: consecutive calls join one assistant message, reasoning goes with the next; a user
-    message's images into ``images`` (in order), each an image part of its content."""
+    message's images into ``images`` (in order), each an image part of its content. An MCP call is a call and its
+    result; an approval the user refused, the call and the refusal; a tool list and a pending approval, nothing
+    (the tools are the request's, the call not made)."""
     messages: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []  # MCP calls' results: after their calls' assistant message
+    approvals = {item.get("id"): item for item in items if item["type"] == "mcp_approval_request"}
     reasoning = ""
     for item in items:
         kind = item["type"]
+        if kind == "mcp_call":
+            reasoning = _add_call(messages, item["id"], item["name"], item["arguments"], reasoning)
+            error = item.get("error")
+            results.append({"role": "tool", "tool_call_id": item["id"], "content": item.get("output") or "" if error
+                            is None else f"Error: {error_text(error) if isinstance(error, dict) else error}"})
+            continue
+        if kind == "mcp_approval_response" and not item["approve"] and item["approval_request_id"] in approvals:
+            asked = approvals[item["approval_request_id"]]
+            reasoning = _add_call(messages, asked["id"], asked["name"], asked["arguments"], reasoning)
+            refusal = "The user did not approve this call" + (f": {item['reason']}" if item.get("reason") else ".")
+            results.append({"role": "tool", "tool_call_id": asked["id"], "content": refusal})
+            continue
+        if kind == "function_call":
+            reasoning = _add_call(messages, item["call_id"], item["name"], item["arguments"], reasoning)
+            continue
+        messages += results
+        results = []
         if kind == "reasoning":
             reasoning += "".join(c.get("text", "") for c in item.get("content") or () if isinstance(c, dict))
         elif kind == "message":
@@ -90,41 +116,59 @@ def chat_messages(items: "list[dict[str, Any]]", images: "list[ImageRef] | None"
             if role == "assistant" and reasoning:
                 message["reasoning_content"], reasoning = reasoning, ""
             messages.append(message)
-        elif kind == "function_call":
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                message = {"role": "assistant", "content": "", "tool_calls": [call]}
-                if reasoning:
-                    message["reasoning_content"], reasoning = reasoning, ""
-                messages.append(message)
-        else:  # function_call_output
+        elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
-    return messages
+        # (mcp_list_tools, mcp_approval_request, an approved mcp_approval_response: nothing the model reads)
+    return messages + results
+
+
+def _add_call(messages: "list[dict[str, Any]]", call_id: str, name: str, arguments: str, reasoning: str) -> str:
+    """A call into the last assistant message (or a new one, with the pending reasoning); the reasoning left."""
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(call)
+        return reasoning
+    message = {"role": "assistant", "content": "", "tool_calls": [call]}
+    if reasoning:
+        message["reasoning_content"], reasoning = reasoning, ""
+    messages.append(message)
+    return reasoning
 
 
 def _tools(raw: Any) -> list[dict[str, Any]]:
-    """The Responses API's function tools (flat: name, description, parameters) in the chat shape."""
+    """The Responses API's function tools (flat: name, description, parameters) in the chat shape; the tools the
+    node runs itself (MCP servers, built-in types a configured server serves) are the tool loop's."""
     if not isinstance(raw, list):
         raise BadRequest(f"'tools' must be a list, got {type_name(raw)}", param="tools", code="invalid_type")
     tools = []
     for i, tool in enumerate(raw):
+        if is_hosted(tool):
+            continue
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else None
-            raise BadRequest(f"tools[{i}]: only function tools are supported, got {shown(kind)}", param=f"tools[{i}]",
-                             code="unsupported_parameter")
+            raise BadRequest(f"tools[{i}]: only function and mcp tools are supported, got {shown(kind)}",
+                             param=f"tools[{i}]", code="unsupported_parameter")
         function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
         tools.append({"type": "function", "function": function})
     return tools
 
 
+def has_hosted_tools(body: dict[str, Any]) -> bool:
+    """Tools the node runs (MCP), or an MCP approval being answered: the request takes the tool loop."""
+    tools, raw = body.get("tools"), body.get("input")
+    return (isinstance(tools, list) and any(is_hosted(tool) for tool in tools)) or (isinstance(raw, list) and any(
+        isinstance(item, dict) and item.get("type") == "mcp_approval_response" for item in raw))
+
+
 def _tool_choice(choice: Any) -> Any:
-    """The Responses API's tool_choice in the chat shape: a named function is flat here."""
+    """The Responses API's tool_choice in the chat shape: a named function is flat here; an MCP server's tool
+    (``{"type": "mcp", "server_label", "name"}``) is that function, a server without a name any tool."""
     if isinstance(choice, dict) and choice.get("type") == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
+    if isinstance(choice, dict) and choice.get("type") == "mcp":
+        name = choice.get("name")
+        return {"type": "function", "function": {"name": name}} if isinstance(name, str) else "required"
     return choice
 
 
@@ -152,11 +196,14 @@ def _reasoning_effort(body: dict[str, Any]) -> str | None:
     return effort
 
 
-def to_chat_request(body: dict[str, Any], history: "list[dict[str, Any]]") -> ChatRequest:
-    """The chat request a Responses request means, after the stored conversation ``history``."""
+def to_chat_request(body: dict[str, Any], history: "list[dict[str, Any]]", after: "list[dict[str, Any]]" = (),
+                    hosted: "list[dict[str, Any]]" = (), tools_off: bool = False) -> ChatRequest:
+    """The chat request a Responses request means, after the stored conversation ``history``; in a tool loop,
+    with the response's items so far (``after``), the MCP tools as functions (``hosted``), and no tools at all
+    once the loop's calls are spent (``tools_off``)."""
     model = field(body, "model", str)
     images: list[ImageRef] = []
-    messages = chat_messages([*history, *input_items(body.get("input"))], images)
+    messages = chat_messages([*history, *input_items(body.get("input")), *after], images)
     if body.get("instructions") is not None:
         if not isinstance(body["instructions"], str):
             raise BadRequest(f"'instructions' must be a string, got {type_name(body['instructions'])}",
@@ -171,7 +218,8 @@ def to_chat_request(body: dict[str, Any], history: "list[dict[str, Any]]") -> Ch
     if response_format is not None:
         sampling.constraint = response_format_constraint(response_format, "text.format")
         sampling.constraint_field = "text.format" if sampling.constraint is not None else None
-    tools = tool_spec(_tools(body["tools"]) if body.get("tools") else None, _tool_choice(body.get("tool_choice")),
+    functions = [*_tools(body["tools"]), *hosted] if body.get("tools") else None
+    tools = tool_spec(functions or None, "none" if tools_off else _tool_choice(body.get("tool_choice")),
                       body["parallel_tool_calls"] if body.get("parallel_tool_calls") is not None else True)
     template_kwargs: dict[str, Any] = {}
     thinking = apply_reasoning_effort(_reasoning_effort(body), template_kwargs, "reasoning.effort")
@@ -218,7 +266,8 @@ class ResponseShape:
             "id": response_id, "object": "response", "created_at": self.created_at, "model": model,
             "instructions": body.get("instructions"), "metadata": metadata,
             "parallel_tool_calls": body.get("parallel_tool_calls", True), "temperature": body.get("temperature"),
-            "top_p": body.get("top_p"), "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
+            "top_p": body.get("top_p"), "tool_choice": body.get("tool_choice", "auto"),
+            "tools": without_secrets(body.get("tools")) or [],
             "max_output_tokens": body.get("max_output_tokens"), "previous_response_id": previous_response_id,
             "reasoning": body.get("reasoning"), "text": body.get("text") or {"format": {"type": "text"}},
             "store": store, "truncation": "disabled", "error": None, "incomplete_details": None,
@@ -237,6 +286,10 @@ class ResponseShape:
         self._pending_logprobs: list[dict[str, Any]] = []
         self._text_logprobs: list[dict[str, Any]] = []
         self.final: dict[str, Any] | None = None  # a stream's final response, once final_events made it
+        # A tool loop's (responses_tools.py): the tools the node runs, by name; the calls to them of the step
+        # just generated (their items, waiting to be run or answered).
+        self.hosted: HostedTools | None = None
+        self.pending: list[tuple[dict[str, Any], Call]] = []
 
     def response(self, status: str, result: GenerationResult | None = None, reasoning_tokens: int = 0
                  ) -> dict[str, Any]:
@@ -268,15 +321,77 @@ class ResponseShape:
     # -- whole --
 
     def whole(self, answer: ChatAnswer) -> dict[str, Any]:
+        self.add_answer(answer)
+        return self.response("completed", answer.result, answer.reasoning_tokens)
+
+    def add_answer(self, answer: ChatAnswer) -> None:
+        """A whole answer's items (a tool loop's step: its hosted calls wait in ``pending``)."""
         if answer.reasoning:
             self.output.append({"type": "reasoning", "id": new_id("rs"), "summary": [],
                                 "content": [{"type": "reasoning_text", "text": answer.reasoning}]})
         if answer.content:
             self.output.append(_message_item(new_id("msg"), answer.content, "completed", self._token_logprobs(True)))
         for call in answer.calls:
-            self.output.append({"type": "function_call", "id": new_id("fc"), "call_id": call.id, "name": call.name,
-                                "arguments": call.arguments, "status": "completed"})
-        return self.response("completed", answer.result, answer.reasoning_tokens)
+            item = self._call_item(call)
+            if item["type"] == "function_call":
+                item["status"] = "completed"
+            self.output.append(item)
+
+    def _call_item(self, call: Call) -> dict[str, Any]:
+        """A call's item: a function_call for the client, or for a tool the node runs an mcp_call (to run) or an
+        mcp_approval_request (the user's to answer)."""
+        server = self.hosted.server_of(call.name) if self.hosted is not None else None
+        if server is None:
+            return {"type": "function_call", "id": new_id("fc"), "call_id": call.id, "name": call.name,
+                    "arguments": call.arguments, "status": "in_progress"}
+        if server.needs_approval(self.hosted.tools[call.name][1]):
+            item = {"type": "mcp_approval_request", "id": new_id("mcpr"), "server_label": server.label,
+                    "name": call.name, "arguments": call.arguments}
+        else:
+            item = {"type": "mcp_call", "id": new_id("mcp"), "server_label": server.label, "name": call.name,
+                    "arguments": call.arguments, "output": None, "error": None, "status": "in_progress"}
+        self.pending.append((item, call))
+        return item
+
+    # -- a tool loop's own items (responses_tools.py) --
+
+    def listing_started(self, label: str) -> bytes:
+        item = {"type": "mcp_list_tools", "id": new_id("mcpl"), "server_label": label, "tools": []}
+        self.output.append(item)
+        return self.event("response.output_item.added", output_index=len(self.output) - 1, item=item) + \
+            self.event("response.mcp_list_tools.in_progress", item_id=item["id"], output_index=len(self.output) - 1)
+
+    def listing_done(self, label: str, tools: "list[dict[str, Any]] | None", error: str | None) -> bytes:
+        index, item = next((i, item) for i, item in enumerate(self.output)
+                           if item["type"] == "mcp_list_tools" and item["server_label"] == label and not item["tools"]
+                           and "error" not in item)
+        if tools is not None:
+            item["tools"] = tools
+        else:
+            item["error"] = error
+        kind = "completed" if tools is not None else "failed"
+        return self.event(f"response.mcp_list_tools.{kind}", item_id=item["id"], output_index=index) + \
+            self.event("response.output_item.done", output_index=index, item=item)
+
+    def call_added(self, item: dict[str, Any]) -> bytes:
+        """An mcp_call the loop makes itself (an approved one): its item and arguments, as a streamed call's."""
+        self.output.append(item)
+        index = len(self.output) - 1
+        return self.event("response.output_item.added", output_index=index, item={**item, "output": None}) + \
+            self.event("response.mcp_call_arguments.delta", item_id=item["id"], output_index=index,
+                       delta=item["arguments"]) + \
+            self.event("response.mcp_call_arguments.done", item_id=item["id"], output_index=index,
+                       arguments=item["arguments"])
+
+    def call_running(self, item: dict[str, Any]) -> bytes:
+        return self.event("response.mcp_call.in_progress", item_id=item["id"], output_index=self.output.index(item))
+
+    def call_done(self, item: dict[str, Any], output: str | None, error: "dict[str, Any] | None") -> bytes:
+        index = self.output.index(item)
+        item.update(output=output, error=error, status="failed" if error is not None else "completed")
+        kind = "failed" if error is not None else "completed"
+        return self.event(f"response.mcp_call.{kind}", item_id=item["id"], output_index=index) + \
+            self.event("response.output_item.done", output_index=index, item=item)
 
     # -- streamed --
 
@@ -310,11 +425,10 @@ class ResponseShape:
             elif kind is Reasoning:
                 out += self._ensure("reasoning") + self._text_delta("response.reasoning_text.delta", delta.text)
             elif kind is Call:
-                item = {"type": "function_call", "id": new_id("fc"), "call_id": delta.id, "name": delta.name,
-                        "arguments": delta.arguments, "status": "in_progress"}
+                item = self._call_item(delta)
                 out += self._close() + self._open_item(item)
-                if delta.arguments:
-                    out += self.event("response.function_call_arguments.delta", item_id=item["id"],
+                if delta.arguments and item["type"] != "mcp_approval_request":
+                    out += self.event(f"response.{_ARGUMENTS[item['type']]}.delta", item_id=item["id"],
                                       output_index=len(self.output) - 1, delta=delta.arguments)
         return out
 
@@ -375,6 +489,11 @@ class ResponseShape:
             item["status"] = "completed"
             out += self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                               name=item["name"], arguments=item["arguments"])
+        elif item["type"] == "mcp_call":  # done once it ran (call_done)
+            return self.event("response.mcp_call_arguments.done", item_id=item["id"], output_index=index,
+                              arguments=item["arguments"])
+        elif item["type"] == "mcp_approval_request":
+            pass
         else:
             if item["type"] == "reasoning":
                 part = {"type": "reasoning_text", "text": self._text}
@@ -389,6 +508,9 @@ class ResponseShape:
             out += self.event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
                               part=part)
         return out + self.event("response.output_item.done", output_index=index, item=item)
+
+
+_ARGUMENTS = {"function_call": "function_call_arguments", "mcp_call": "mcp_call_arguments"}
 
 
 def _message_item(item_id: str, text: str | None, status: str,
@@ -512,29 +634,47 @@ async def create(state: GatewayState, request: Request) -> None:
             raise BadRequest("a background response is stored: 'store' cannot be false", param="store",
                              code="invalid_value")
     metadata = metadata_of(body)
-    owner = request.owner
     conversation_id = _conversation_id(body)
-    context = await _context(state, body, owner, conversation_id)
+    context = await _context(state, body, request.owner, conversation_id)
     # The conversation's items get ids of their own (no clash with older ones).
     items = with_ids(input_items(body.get("input")), fresh=conversation_id is not None)
+    if has_hosted_tools(body):  # tools the node runs: the tool loop (responses_tools.py)
+        await _create_with_tools(state, request, body, context, items, metadata, conversation_id, store, background)
+        return
     chat = to_chat_request(body, context.items)
     prompt = await chat_prompt(state, request, chat, "Responses API")
     entry, tokenizer = prompt.entry, prompt.tokenizer
     plan = plan_generation(state, request, entry, prompt.ids, chat.sampling, chat.stream, "input", prompt.media,
                            prompt.routing_ids)
     plan.answer_bytes_max = state.config.answer_bytes_max  # streamed too: the whole response is kept to be stored
-    response_id = new_id("resp")
     output = ChatOutput.for_request(entry, chat)
     if output is not None:
         plan.kept_special = output.kept_special
-    shape = ResponseShape(response_id, entry.name, body, metadata, body.get("previous_response_id"), store,
+    shape = ResponseShape(new_id("resp"), entry.name, body, metadata, body.get("previous_response_id"), store,
                           conversation_id, background, logprob_shape(plan, tokenizer, chat=True))
-
     # A background response must be over by then (queue wait, then the generation's own timeout); a
     # minute more for the last write. Past it, readers know the node running it stopped.
     admission = state.config.admission
-    unfinished_until_s = time.time() + admission.queue_timeout_s + (admission.request_timeout_s or 86_400.0) + 60.0 \
-        if background else None
+    keep = _keeper(state, request, shape, items, context, conversation_id, store, time.time() + admission.queue_timeout_s
+                   + (admission.request_timeout_s or 86_400.0) + 60.0 if background else None)
+    if background:
+        limits = contextlib.AsyncExitStack()
+        await limits.enter_async_context(rate_limited_generation(state, request, plan))
+        await _start_in_background(state, request, shape, keep, chat.stream, limits, lambda run: _background_answer(
+            state, request, plan, tokenizer, shape, output, keep, run))
+        return
+
+    async def finish() -> bytes:
+        await keep(shape.final)
+        return shape.terminal_event()
+
+    await answer_chat(state, request, plan, tokenizer, output, shape, keep=keep, finish=finish)
+
+
+def _keeper(state: GatewayState, request: Request, shape: ResponseShape, items: "list[dict[str, Any]]",
+            context: Context, conversation_id: str | None, store: bool, unfinished_until_s: float | None
+            ) -> Callable[..., Awaitable[None]]:
+    owner = request.owner
 
     async def keep(response: dict[str, Any], final: bool = True) -> None:
         """Stored before the client hears of it: a follow-up sent at once, to any node, finds it. A final
@@ -550,36 +690,93 @@ async def create(state: GatewayState, request: Request) -> None:
                                code="conversation_not_found")
             # This turn and the chain's ids: what came before is stored once, in the ancestors.
             events = shape.log.stored_events() if shape.log is not None else None
-            await state.history.put_response(StoredResponse(response_id, owner, response, tuple(items), (),
+            await state.history.put_response(StoredResponse(shape.id, owner, response, tuple(items), (),
                                                             unfinished_until_s, context.chain, events))
 
+    return keep
+
+
+async def _create_with_tools(state: GatewayState, request: Request, body: dict[str, Any], context: Context,
+                             items: "list[dict[str, Any]]", metadata: dict[str, str], conversation_id: str | None,
+                             store: bool, background: bool) -> None:
+    """A response whose tools the node runs (MCP): the request checked before anything is answered (its model, its
+    servers: a 4xx), then the loop, streamed, whole or in the background."""
+    stream = field(body, "stream", bool, False)
+    if INCLUDE_LOGPROBS in _include(body):
+        raise BadRequest("logprobs are not given with MCP tools", param="include", code="unsupported_parameter")
+    entry = await ready_model_entry(state, field(body, "model", str), request.principal)
+    servers = await responses_servers(state, request, body.get("tools") or [])
+    shape = ResponseShape(new_id("resp"), entry.name, body, metadata, body.get("previous_response_id"), store,
+                          conversation_id, background)
+    loop = ToolLoop(state, request, body, context.items, shape, to_chat_request, stream, servers)
+    mcp = state.mcp.config
+    keep = _keeper(state, request, shape, items, context, conversation_id, store,
+                   time.time() + mcp.response_time_max_s + 60.0 if background else None)
     if background:
-        await _start_in_background(state, request, plan, tokenizer, shape, output, keep, chat.stream)
+        async def answer(run: BackgroundRun) -> dict[str, Any]:
+            return await _background_loop(state, loop, shape, keep, run)
+        await _start_in_background(state, request, shape, keep, stream, contextlib.AsyncExitStack(), answer)
         return
+    async with request.cancel_on_disconnect():
+        if not stream:
+            final = await loop.run(no_emit)
+            await keep(final)
+            await request.send_json(200, final)
+            return
+        await request.start_stream(200, SSE_HEADERS)
+        await request.send_chunk(shape.opening())
+        try:
+            final = await loop.run(request.send_chunk)
+            await keep(final)
+            end = shape.terminal_event()
+        except Exception as e:
+            error = to_api_error(e)
+            if error is None:
+                raise
+            end = shape.error_event(error)
+        await request.end_stream(end)
 
-    async def finish() -> bytes:
-        await keep(shape.final)
-        return shape.terminal_event()
 
-    await answer_chat(state, request, plan, tokenizer, output, shape, keep=keep, finish=finish)
+async def _background_loop(state: GatewayState, loop: ToolLoop, shape: ResponseShape, keep: Any,
+                           run: BackgroundRun) -> dict[str, Any]:
+    """A background response's tool loop (each step admitted by itself): the final response, failed on an error."""
+    streamed = shape.log is not None
+    try:
+        in_progress = shape.response("in_progress")
+        if streamed:
+            shape.event("response.in_progress", response=in_progress)
+        if not run.cancelled:
+            await keep(in_progress, final=False)
+        final = await loop.run(no_emit)
+        if streamed:
+            shape.terminal_event()
+        return final
+    except Exception as e:
+        error = to_api_error(e)
+        if error is None:
+            log.exception("background response %s failed", shape.id)
+            error = ApiError("internal error", code="internal_error")
+        if streamed:
+            shape.error_event(error)
+        return shape.failed(error)
 
 
 # -- background responses ------------------------------------------------------------------------------------
 
-async def _start_in_background(state: GatewayState, request: Request, plan: GenerationPlan,
-                               tokenizer: TokenizerService, shape: ResponseShape, output: ChatOutput | None,
-                               keep: Any, stream: bool) -> None:
+async def _start_in_background(state: GatewayState, request: Request, shape: ResponseShape, keep: Any, stream: bool,
+                               limits: contextlib.AsyncExitStack,
+                               answer: Callable[[BackgroundRun], Awaitable[dict[str, Any]]]) -> None:
     """Store the response queued and answer it (or follow its stream); the run goes on in ``state.background``.
-    Counted like any request before anything is stored: the caller's rate limits now (settled when the
-    generation ends), its share of the node's slots when it runs, and at most that many in progress."""
+    Counted like any request before anything is stored: the caller's rate limits (``limits``, taken by the
+    caller, settled when the generation ends; a tool loop takes them step by step), its share of the node's slots
+    when it runs, and at most that many in progress. ``answer(run)`` is the final response."""
     owner, runs = request.owner, state.background
     in_progress = runs.in_progress(owner)
     if in_progress >= state.admission.config.tenant_running_max() > 0:
+        await limits.aclose()
         raise TooManyRequests(f"{in_progress} background responses of yours are in progress on this node, as "
                               "many as may be: wait for one to finish", code="too_many_background_responses",
                               retry_after_s=1)
-    limits = contextlib.AsyncExitStack()
-    await limits.enter_async_context(rate_limited_generation(state, request, plan))
     if stream:  # OpenAI's opening of a background stream: created (queued), then queued
         shape.log = StreamLog(stored_events_bytes_max(state.config.history.record_bytes_max))
     run = runs.reserve(shape.id, owner, shape.log)  # a cancel finds it from now on, on any node
@@ -593,17 +790,16 @@ async def _start_in_background(state: GatewayState, request: Request, plan: Gene
         runs.release(run)
         await limits.aclose()
         raise
-    runs.start(run, lambda run: _run_in_background(state, request, run, plan, tokenizer, shape, output, keep,
-                                                   limits))
+    runs.start(run, lambda run: _run_in_background(state, run, shape, keep, limits, answer))
     if shape.log is None:
         await request.send_json(200, queued)
     else:  # the client follows the stream; if it goes, the response goes on and a resume picks it up
         await follow_log(request, shape.log, -1)
 
 
-async def _run_in_background(state: GatewayState, request: Request, run: BackgroundRun, plan: GenerationPlan,
-                             tokenizer: TokenizerService, shape: ResponseShape, output: ChatOutput | None, keep: Any,
-                             limits: contextlib.AsyncExitStack) -> None:
+async def _run_in_background(state: GatewayState, run: BackgroundRun, shape: ResponseShape, keep: Any,
+                             limits: contextlib.AsyncExitStack,
+                             answer: Callable[[BackgroundRun], Awaitable[dict[str, Any]]]) -> None:
     """A background response: admitted, generated and stored as it goes (queued -> in_progress -> completed
     or failed), stopped by a cancel (on any node: ``BackgroundRuns.cancel``). ``limits`` holds its rate
     limits' reservation, settled with the tokens used when it ends."""
@@ -616,7 +812,7 @@ async def _run_in_background(state: GatewayState, request: Request, run: Backgro
                         nursery.start_soon(_store_events, shape, keep)
                     if state.background.poll_store:
                         nursery.start_soon(_poll_store_for_cancel, state, run)
-                    final = await _background_answer(state, request, plan, tokenizer, shape, output, keep, run)
+                    final = await answer(run)
                     nursery.cancel_scope.cancel()
                 stored = await history.get_response(shape.id, run.owner)
                 if stored is not None and stored.response.get("status") != "cancelled":

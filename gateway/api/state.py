@@ -12,6 +12,8 @@ from ..engine.grpc_engine import SamplingOptions
 from ..generation import GenerationResult, Generator
 from ..history import HistoryStore, MemoryHistory
 from ..media.config import MediaConfig
+from ..mcp.config import McpConfig
+from ..mcp.sessions import McpSessions
 from ..media.service import MediaService
 from ..metrics import GatewayMetrics
 from ..models import ModelCatalog
@@ -51,6 +53,9 @@ class GatewayState:
     background: BackgroundRuns = dataclasses.field(default_factory=lambda: BackgroundRuns(None, False))
     # Images of vision requests: fetched (only where --media-allowed-hosts says), decoded, processed, cached.
     media: MediaService = dataclasses.field(default_factory=lambda: MediaService(MediaConfig()))
+    # MCP tools (gateway/mcp): the configured servers, the policy for clients' server URLs, the sessions. The
+    # default here (nothing configured, no client URL allowed) is for states built without a server.
+    mcp: McpSessions = dataclasses.field(default_factory=lambda: McpSessions(McpConfig()))
     # Engines of --worker-urls that have not answered since the node started (their models are unknown yet):
     # requests for a model nobody serves answer 503 naming them rather than 404.
     unreachable_engines: set[str] = dataclasses.field(default_factory=set)

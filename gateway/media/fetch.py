@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
 import urllib.parse
 
 import httpx2
 import trio
 
 from ..errors import InvalidInput, TimedOut
+from ..outbound import HostPolicy, OutboundRefused, OutboundUnresolved, Target
+from ..outbound import shown as _shown
 
-SCHEMES = ("http", "https")
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 USER_AGENT = "smg-node (image fetch)"
 
@@ -41,46 +41,6 @@ class FetchFailed(InvalidInput):
 
 class FetchTimedOut(TimedOut):
     """The image did not arrive in time."""
-
-
-class HostPolicy:
-    """Where image fetches may go (``--media-allowed-hosts``): names, .domains and networks."""
-
-    def __init__(self, allowed: "tuple[str, ...]") -> None:
-        self.names: set[str] = set()
-        self.domains: list[str] = []
-        self.networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
-        for entry in allowed:
-            entry = entry.strip().lower().rstrip(".")
-            if not entry:
-                continue
-            try:
-                self.networks.append(ipaddress.ip_network(entry, strict=False))
-                continue
-            except ValueError:
-                pass
-            if entry.startswith("."):
-                self.domains.append(entry)
-            elif all(part and all(c.isalnum() or c == "-" for c in part) for part in entry.split(".")):
-                self.names.add(entry)
-            else:
-                raise ValueError(f"--media-allowed-hosts: {entry!r} is neither a host name, a .domain nor a network")
-
-    @property
-    def fetches_anything(self) -> bool:
-        return bool(self.names or self.domains or self.networks)
-
-    def name_listed(self, host: str) -> bool:
-        return host in self.names or any(host.endswith(domain) or host == domain[1:] for domain in self.domains)
-
-    def address_allowed(self, address: "ipaddress.IPv4Address | ipaddress.IPv6Address", name_listed: bool) -> bool:
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
-        if any(address in network for network in self.networks):
-            return True
-        if not address.is_global or address.is_multicast:  # private, loopback, link-local, reserved, ...
-            return False
-        return name_listed
 
 
 def data_uri_bytes(url: str, bytes_max: int) -> bytes:
@@ -112,7 +72,7 @@ class Fetcher:
 
     async def fetch(self, url: str) -> bytes:
         """The body at ``url`` (http or https), every hop checked; FetchRefused, FetchFailed, FetchTimedOut."""
-        if not self.policy.fetches_anything:
+        if not self.policy.allows_anything:
             raise FetchRefused("this node fetches no image URLs (--media-allowed-hosts lists none): send the image "
                                "as a data: URI", code="image_url_not_allowed")
         try:
@@ -129,12 +89,11 @@ class Fetcher:
 
     async def _hop(self, url: str) -> "bytes | str":
         """One request: the body, or the next URL to try (a redirect's Location, resolved)."""
-        target, host, address, port = await self._checked(url)
-        headers = {"host": _host_header(host, port, urllib.parse.urlsplit(url).scheme), "user-agent": USER_AGENT,
-                   "accept": "image/*"}
-        extensions = {"sni_hostname": host} if target.startswith("https") else {}
+        target_url, target = await self._checked(url)
+        headers = {"host": target.host_header(), "user-agent": USER_AGENT, "accept": "image/*"}
+        extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
         try:
-            async with self._client.stream("GET", target, headers=headers, extensions=extensions) as response:
+            async with self._client.stream("GET", target_url, headers=headers, extensions=extensions) as response:
                 if response.status_code in REDIRECTS:
                     location = response.headers.get("location")
                     if not location:
@@ -158,47 +117,15 @@ class Fetcher:
             raise FetchFailed(f"the image at {_shown(url)} could not be fetched: {type(e).__name__}",
                               code="image_fetch_failed") from None
 
-    async def _checked(self, url: str) -> tuple[str, str, str, int]:
-        """(the URL to request, aimed at a checked address; the host; that address; the port)."""
+    async def _checked(self, url: str) -> tuple[str, Target]:
+        """(the URL to request, aimed at the checked address; where that is)."""
         try:
-            parts = urllib.parse.urlsplit(url)
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            raise FetchRefused(f"{_shown(url)} is not a URL", code="invalid_image_url") from None
-        if parts.scheme not in SCHEMES or not parts.hostname:
-            raise FetchRefused(f"only http(s) URLs and data: URIs are fetched, not {_shown(url)}",
-                               code="invalid_image_url")
-        if parts.username or parts.password:
-            raise FetchRefused("image URLs with credentials are not fetched", code="invalid_image_url")
-        host = parts.hostname.lower().rstrip(".")
-        listed = self.policy.name_listed(host)
-        try:
-            literal = ipaddress.ip_address(host)
-            addresses = [literal]
-        except ValueError:
-            if not listed:
-                raise FetchRefused(f"{host} is not among the hosts images may be fetched from "
-                                   "(--media-allowed-hosts)", code="image_url_not_allowed") from None
-            try:
-                infos = await trio.socket.getaddrinfo(host, port, type=trio.socket.SOCK_STREAM)
-            except OSError:
-                raise FetchFailed(f"{host} does not resolve", code="image_fetch_failed") from None
-            addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
-        if not addresses or not all(self.policy.address_allowed(a, listed) for a in addresses):
-            raise FetchRefused(f"{host} is not a host images may be fetched from: an address it resolves to is "
-                               "private, loopback or link-local, or not in an allowed network",
-                               code="image_url_not_allowed")
-        address = addresses[0]
-        ip = f"[{address}]" if address.version == 6 else str(address)
-        target = urllib.parse.urlunsplit((parts.scheme, f"{ip}:{port}", parts.path or "/", parts.query, ""))
-        return target, host, str(address), port
-
-
-def _host_header(host: str, port: int, scheme: str) -> str:
-    shown = f"[{host}]" if ":" in host else host
-    return shown if (scheme, port) in (("http", 80), ("https", 443)) else f"{shown}:{port}"
-
-
-def _shown(url: str) -> str:
-    """A URL as an error message may repeat it: without its query, cut short."""
-    return url.split("?", 1)[0][:200]
+            target = await self.policy.checked(url, "image URL")
+        except OutboundUnresolved as e:
+            raise FetchFailed(e.message, code="image_fetch_failed") from None
+        except OutboundRefused as e:
+            raise FetchRefused(e.message, code="invalid_image_url" if e.code == "invalid_url"
+                               else "image_url_not_allowed") from None
+        parts = urllib.parse.urlsplit(url)
+        target_url = urllib.parse.urlunsplit((parts.scheme, target.netloc, parts.path or "/", parts.query, ""))
+        return target_url, target

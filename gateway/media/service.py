@@ -29,7 +29,8 @@ from ..errors import InvalidInput
 from ..metrics import counter, gauge
 from .config import MediaConfig
 from .decode import ImageRefused, decode_image
-from .fetch import Fetcher, FetchFailed, FetchRefused, FetchTimedOut, HostPolicy, data_uri_bytes
+from ..outbound import HostPolicy
+from .fetch import Fetcher, FetchFailed, FetchRefused, FetchTimedOut, data_uri_bytes
 from .processors import ImageProcessor, ProcessedImage
 
 URL_CACHE_TTL_S = 300.0  # a fetched URL's bytes are reused this long: an image behind a URL may change
