@@ -39,6 +39,8 @@ from ..generation import GenerationResult, UsageTally
 from .chat_output import Call, ChatAnswer, ChatOutput, Content, Delta, Reasoning
 from .errors import ApiError, BadRequest
 from .http import Request
+from .mcp_tools import HostedTools
+from .messages_tools import answer_with_mcp
 from .pipeline import answer_chat, chat_prompt, plan_generation
 from .protocol import (INT32_MAX, ChatRequest, ImageRef, SamplingRequest, chat_request, check_message_count, field,
                        image_part, parse_json_body, stop_strings, template_content, temperature_value, text_part,
@@ -99,7 +101,7 @@ def _messages(raw: Any, images: "list[ImageRef]") -> list[dict[str, Any]]:
             raise BadRequest(f"{where}.content must be a string or a list of blocks", param=f"{where}.content",
                              code="invalid_type")
         out += _user_blocks(content, where, images) if message["role"] == "user" else \
-            [_assistant_blocks(content, where)]
+            _assistant_blocks(content, where)
     return out
 
 
@@ -139,29 +141,46 @@ def _image_source(source: Any, where: str) -> str:
                      param=f"{where}.source", code="invalid_value")
 
 
-def _assistant_blocks(blocks: list[Any], where: str) -> dict[str, Any]:
-    texts, thinking, calls = [], [], []
+def _assistant_blocks(blocks: list[Any], where: str) -> list[dict[str, Any]]:
+    """An assistant message; split where an MCP tool's result (``mcp_tool_result``, run by the server) follows its
+    call: the calls so far, their results as tool messages, then the rest as the next assistant message."""
+    out: list[dict[str, Any]] = []
+    texts, thinking, calls, results = [], [], [], []
+
+    def flush() -> None:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+        if thinking:
+            message["reasoning_content"] = "".join(thinking)
+        if calls:
+            message["tool_calls"] = list(calls)
+        out.append(message)
+        out.extend(results)
+        texts.clear(), thinking.clear(), calls.clear(), results.clear()
+
     for j, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
+        if results and kind != "mcp_tool_result":
+            flush()
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif kind == "thinking" and isinstance(block.get("thinking"), str):
             thinking.append(block["thinking"])
         elif kind == "redacted_thinking":
             continue  # nothing the model can read back
-        elif kind == "tool_use" and isinstance(block.get("id"), str) and isinstance(block.get("name"), str) \
-                and isinstance(block.get("input"), dict):
+        elif kind in ("tool_use", "mcp_tool_use") and isinstance(block.get("id"), str) \
+                and isinstance(block.get("name"), str) and isinstance(block.get("input"), dict):
             calls.append({"id": block["id"], "type": "function",
                           "function": {"name": block["name"], "arguments": orjson.dumps(block["input"]).decode()}})
+        elif kind == "mcp_tool_result" and isinstance(block.get("tool_use_id"), str):
+            content = _text_of(block.get("content", ""), f"{where}.content[{j}].content")
+            results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
+                            "content": "Error: " + content if block.get("is_error") else content})
         else:
-            raise BadRequest(f"{where}.content[{j}]: an assistant block must be text, thinking or tool_use, "
-                             f"got {kind!r}", param=f"{where}.content[{j}]", code="unsupported_content")
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if thinking:
-        message["reasoning_content"] = "".join(thinking)
-    if calls:
-        message["tool_calls"] = calls
-    return message
+            raise BadRequest(f"{where}.content[{j}]: an assistant block must be text, thinking, tool_use, "
+                             f"mcp_tool_use or mcp_tool_result, got {kind!r}", param=f"{where}.content[{j}]",
+                             code="unsupported_content")
+    flush()
+    return out
 
 
 def _tools(raw: Any) -> list[dict[str, Any]]:
@@ -192,8 +211,10 @@ def _tool_choice(raw: Any) -> tuple[Any, bool]:
     return {"auto": "auto", "any": "required", "none": "none"}[kind], parallel
 
 
-def to_chat_request(body: dict[str, Any], count_only: bool = False) -> ChatRequest:
-    """The chat request a Messages request means (``count_only``: a count_tokens request, without max_tokens)."""
+def to_chat_request(body: dict[str, Any], count_only: bool = False, hosted: "list[dict[str, Any]]" = ()
+                    ) -> ChatRequest:
+    """The chat request a Messages request means (``count_only``: a count_tokens request, without max_tokens;
+    ``hosted``: the request's MCP servers' tools, as functions)."""
     max_tokens = body.get("max_tokens")
     if not (count_only and max_tokens is None) and (
             not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= INT32_MAX):
@@ -208,9 +229,10 @@ def to_chat_request(body: dict[str, Any], count_only: bool = False) -> ChatReque
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
         raise BadRequest("'metadata' must be an object", param="metadata", code="invalid_type")
     tools = NO_TOOLS
-    if body.get("tools") or body.get("tool_choice") is not None:
+    if body.get("tools") or body.get("tool_choice") is not None or hosted:
         choice, parallel = _tool_choice(body["tool_choice"]) if body.get("tool_choice") is not None else (None, True)
-        tools = tool_spec(_tools(body["tools"]) if body.get("tools") else None, choice, parallel)
+        functions = [*(_tools(body["tools"]) if body.get("tools") else ()), *hosted]
+        tools = tool_spec(functions or None, choice, parallel)
     template_kwargs: dict[str, Any] = {}
     thinking = body.get("thinking")
     if thinking is not None:
@@ -272,19 +294,47 @@ class MessagesShape:
         self.prompt_tokens = prompt_tokens
         self._index = -1  # the open block's index; -1: none open
         self._kind: str | None = None  # the open block's type
+        # An MCP tool loop's (messages_tools.py): the tools the node runs, by name; the blocks so far (whole);
+        # the calls to them of the step just generated.
+        self.hosted: HostedTools | None = None
+        self.content: list[dict[str, Any]] = []
+        self.pending: list[tuple[dict[str, Any], Call]] = []
 
     def whole(self, answer: ChatAnswer) -> dict[str, Any]:
-        content: list[dict[str, Any]] = []
+        self.add_answer(answer)
+        return self.message(answer.result, answer.called)
+
+    def message(self, result: GenerationResult, called: bool) -> dict[str, Any]:
+        reason, sequence = stop_reason(result, called)
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": self.content,
+                "stop_reason": reason, "stop_sequence": sequence, "usage": _usage(result)}
+
+    def add_answer(self, answer: ChatAnswer) -> None:
+        """A whole answer's blocks (an MCP loop's step: its calls to the node's tools wait in ``pending``)."""
         if answer.reasoning:
-            content.append({"type": "thinking", "thinking": answer.reasoning, "signature": ""})
+            self.content.append({"type": "thinking", "thinking": answer.reasoning, "signature": ""})
         if answer.content:
-            content.append({"type": "text", "text": answer.content})
+            self.content.append({"type": "text", "text": answer.content})
         for call in answer.calls:
-            content.append({"type": "tool_use", "id": _tool_use_id(call.id), "name": call.name,
-                            "input": orjson.loads(call.arguments)})
-        reason, sequence = stop_reason(answer.result, answer.called)
-        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
-                "stop_reason": reason, "stop_sequence": sequence, "usage": _usage(answer.result)}
+            self.content.append(self._call_block(call))
+
+    def _call_block(self, call: Call) -> dict[str, Any]:
+        server = self.hosted.server_of(call.name) if self.hosted is not None else None
+        if server is None:
+            return {"type": "tool_use", "id": _tool_use_id(call.id), "name": call.name, "input": _input(call)}
+        block = {"type": "mcp_tool_use", "id": "mcptoolu_" + call.id.removeprefix("call_"), "name": call.name,
+                 "server_name": server.label, "input": _input(call)}
+        self.pending.append((block, call))
+        return block
+
+    def result_events(self, call_block: dict[str, Any], text: str, is_error: bool, streamed: bool) -> bytes:
+        """An MCP call's result: a block of its own after the call's."""
+        block = {"type": "mcp_tool_result", "tool_use_id": call_block["id"], "is_error": is_error,
+                 "content": [{"type": "text", "text": text}]}
+        if not streamed:
+            self.content.append(block)
+            return b""
+        return self._open("mcp_tool_result", block, new=True) + self._close()
 
     def text_event(self, text: str, first: bool) -> bytes:
         out = self._opening() if first else b""
@@ -302,26 +352,34 @@ class MessagesShape:
                 out += self._open("thinking", {"type": "thinking", "thinking": ""})
                 out += self._delta({"type": "thinking_delta", "thinking": delta.text})
             elif kind is Call:  # a call is a block of its own
-                out += self._open("tool_use", {"type": "tool_use", "id": _tool_use_id(delta.id), "name": delta.name,
-                                               "input": {}}, new=True)
+                block = self._call_block(delta)
+                out += self._open(block["type"], {**block, "input": {}}, new=True)
                 if delta.arguments:
                     out += self._delta({"type": "input_json_delta", "partial_json": delta.arguments})
         return out
 
     def final_events(self, deltas: "list[Delta]", answer: ChatAnswer) -> bytes:
         out = self.delta_events(deltas, False) if deltas else b""
-        if self._kind is not None:
-            out += self._close()
-        reason, sequence = stop_reason(answer.result, answer.called)
+        return out + self.closing_events(answer.result, answer.called)
+
+    def close(self) -> bytes:
+        return self._close() if self._kind is not None else b""
+
+    def closing_events(self, result: GenerationResult, called: bool) -> bytes:
+        out = self.close()
+        reason, sequence = stop_reason(result, called)
         # The final counts (cumulative: a client takes them over message_start's, whose cache reads were not
         # known yet).
         out += _named_event("message_delta", {"type": "message_delta",
                                               "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                              "usage": _usage(answer.result)})
+                                              "usage": _usage(result)})
         return out + _named_event("message_stop", {"type": "message_stop"})
 
     def error_event(self, error: ApiError) -> bytes:
         return b"event: error\ndata: " + anthropic_error_body(error) + b"\n\n"
+
+    def opening(self) -> bytes:
+        return self._opening()
 
     def _opening(self) -> bytes:
         return _named_event("message_start", {"type": "message_start", "message": {
@@ -353,10 +411,23 @@ class MessagesShape:
 _TEXT_BLOCK = {"type": "text", "text": ""}
 
 
+def _input(call: Call) -> Any:
+    """A call's arguments as a block's input (an object; what is not JSON, as the model wrote it)."""
+    try:
+        return orjson.loads(call.arguments)
+    except orjson.JSONDecodeError:
+        return {"arguments": call.arguments}
+
+
 # -- the endpoints -------------------------------------------------------------------------------------------
 
 async def messages(state: GatewayState, request: Request) -> None:
-    chat = to_chat_request(parse_json_body(await request.body()))
+    body = parse_json_body(await request.body())
+    if body.get("mcp_servers"):  # tools the node runs: the loop (messages_tools.py)
+        await answer_with_mcp(state, request, body, to_chat_request,
+                              lambda model: MessagesShape(new_message_id(), model, 0))
+        return
+    chat = to_chat_request(body)
     prompt = await chat_prompt(state, request, chat, "Messages API")
     entry = prompt.entry
     plan = plan_generation(state, request, entry, prompt.ids, chat.sampling, chat.stream, "messages", prompt.media,

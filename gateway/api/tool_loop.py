@@ -20,7 +20,7 @@ import trio
 from ..engine.errors import EngineCallError
 from ..generation import GenerationResult, MidStreamError
 from ..mcp.sessions import McpUnavailable
-from .chat_output import Call, ChatAnswer, ChatOutput, Delta
+from .chat_output import Call, ChatAnswer, ChatOutput, Content, Delta, Reasoning
 from .errors import BadRequest, from_engine_error
 from .http import Request
 from .mcp_tools import HostedServer, HostedTools
@@ -35,6 +35,17 @@ DeltaWriter = Callable[["list[Delta]"], Awaitable[None]]
 class Step:
     answer: ChatAnswer
     calls: "tuple[Call, ...]"  # every call the model made, hosted or not, in order
+    text: str = ""  # its content and reasoning (a streamed answer's, gathered from its deltas)
+    reasoning: str = ""
+
+    def assistant_turn(self, calls: "list[Call]") -> dict[str, Any]:
+        """The step's answer with ``calls``, as the next step's prompt reads it (an assistant message)."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.text, "tool_calls": [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in calls]}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
+        return message
 
 
 @dataclasses.dataclass
@@ -89,27 +100,36 @@ async def generate_step(state: GatewayState, request: Request, chat: ChatRequest
     state.count_tokens(plan.model, result)
     if sink is None:
         answer = output.whole(result)
-        return Step(answer, answer.calls)
+        return Step(answer, answer.calls, answer.content or "", answer.reasoning or "")
     last = output.finish()
     await sink.deltas(last)
-    return Step(output.streamed_answer(result), tuple(sink.calls))
+    return Step(output.streamed_answer(result), tuple(sink.calls), "".join(sink.text), "".join(sink.reasoning))
 
 
 class _DeltaSink:
     """``generation.TextSink`` of a loop's step: the text's deltas go to the API's writer, in the request's task;
     the calls among them are kept for the loop."""
 
-    __slots__ = ("_output", "_write", "calls")
+    __slots__ = ("_output", "_write", "calls", "text", "reasoning")
 
     def __init__(self, output: ChatOutput, write: DeltaWriter) -> None:
         self._output, self._write = output, write
         self.calls: list[Call] = []
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
 
     async def __call__(self, text: str) -> None:
         await self.deltas(self._output.feed(text))
 
     async def deltas(self, deltas: "list[Delta]") -> None:
-        self.calls += [d for d in deltas if type(d) is Call]
+        for delta in deltas:
+            kind = type(delta)
+            if kind is Call:
+                self.calls.append(delta)
+            elif kind is Content:
+                self.text.append(delta.text)
+            elif kind is Reasoning:
+                self.reasoning.append(delta.text)
         if deltas:
             await self._write(deltas)
 

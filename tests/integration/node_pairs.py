@@ -16,29 +16,34 @@ from gateway.supervisor import free_udp_tcp_port
 
 
 def mesh_args(i: int, ports: "list[int]", prefix: str) -> list[str]:
-    """Node ``i`` of a meshed pair (named ``{prefix}{i}``), from the pair's four free ports."""
+    """Node ``i`` of a meshed group (named ``{prefix}{i}``), from the group's free ports (two a node: the first half
+    gossip, the second the admin RPC)."""
+    count = len(ports) // 2
     return ["--mesh-bind", f"127.0.0.1:{ports[i]}", "--join", f"127.0.0.1:{ports[0]}", "--node-name", f"{prefix}{i}",
-            "--mesh-preset", "local", "--rpc-addr", f"127.0.0.1:{ports[2 + i]}", "--retry-join-interval-secs", "0.5"]
+            "--mesh-preset", "local", "--rpc-addr", f"127.0.0.1:{ports[count + i]}", "--retry-join-interval-secs",
+            "0.5"]
 
 
-def start_pair(argv: "Callable[[int, list[int]], list[str]]", log_dir: Path, name: str) -> list[NodeProcess]:
-    """``argv(i, ports)``: node i's serve arguments, given four free ports for the pair's mesh."""
+def start_pair(argv: "Callable[[int, list[int]], list[str]]", log_dir: Path, name: str,
+               count: int = 2) -> list[NodeProcess]:
+    """``argv(i, ports)``: node i's serve arguments, given two free ports a node for the group's mesh (``count``
+    nodes: a pair unless said)."""
     nodes: list[NodeProcess] = []
     # Below the kernel's range for outgoing connections, free for UDP and TCP: a port bound and released
     # (free_port) was taken by some connection's ephemeral port before the node bound it (CI: the second
     # node of a pair exited on EADDRINUSE).
     ports = []
-    while len(ports) < 4:
+    while len(ports) < 2 * count:
         port = free_udp_tcp_port("127.0.0.1")
         if port not in ports:
             ports.append(port)
     try:
-        for i in range(2):
+        for i in range(count):
             nodes.append(NodeProcess(argv(i, ports), log_dir, f"{name}{i}"))
-        if "--mesh-bind" in nodes[0].argv:  # both see both: each record is on the two
+        if "--mesh-bind" in nodes[0].argv:  # each sees all: each record is on two of them
             deadline = time.monotonic() + 30
-            while not all(alive_members(n) == 2 for n in nodes):
-                assert time.monotonic() < deadline, "the pair's mesh did not form"
+            while not all(alive_members(n) == count for n in nodes):
+                assert time.monotonic() < deadline, "the group's mesh did not form"
                 time.sleep(0.1)
         return nodes
     except BaseException:

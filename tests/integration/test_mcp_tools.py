@@ -323,3 +323,63 @@ def test_metrics(node, client, servers):
     text = httpx2.get(node.url + "/metrics").text
     assert f'smg_mcp_calls_total{{outcome="ok",server="{HOST}"}}' in text
     assert "smg_mcp_sessions " in text and 'smg_mcp_tool_lists_total{outcome="ok"' in text
+
+
+def test_anthropic_messages_mcp_servers(node, servers, journal):
+    import anthropic
+    claude = anthropic.Anthropic(base_url=node.url, api_key=KEY_A, max_retries=0)
+    servers_param = [{"type": "url", "url": servers["streamable-http"], "name": "calc"}]
+    message = claude.beta.messages.create(model=MODEL, max_tokens=200, mcp_servers=servers_param,
+                                          betas=["mcp-client-2025-04-04"],
+                                          messages=[{"role": "user", "content": "Please add 2 and 3"}])
+    kinds = [block.type for block in message.content]
+    assert kinds == ["mcp_tool_use", "mcp_tool_result", "text"], kinds
+    use, result, text = message.content
+    assert (use.name, use.server_name, use.input) == ("add", "calc", {"a": 2, "b": 3})
+    assert result.tool_use_id == use.id and not result.is_error and result.content[0].text == "5"
+    assert text.text == "The sum is 5." and message.stop_reason == "end_turn"
+    # The conversation goes on with the blocks sent back: the earlier call and result reach the prompt.
+    follow = claude.beta.messages.create(model=MODEL, max_tokens=200, mcp_servers=servers_param,
+                                         betas=["mcp-client-2025-04-04"], messages=[
+                                             {"role": "user", "content": "Please add 2 and 3"},
+                                             {"role": "assistant", "content": [b.model_dump(exclude_none=True)
+                                                                               for b in message.content]},
+                                             {"role": "user", "content": "What was the previous sum?"}])
+    assert follow.content[-1].text == "Earlier the sum was 5."
+    with claude.beta.messages.stream(model=MODEL, max_tokens=200, mcp_servers=servers_param,
+                                     betas=["mcp-client-2025-04-04"],
+                                     messages=[{"role": "user", "content": "Please add 2 and 3"}]) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == kinds and final.content[-1].text == "The sum is 5."
+    assert final.usage.output_tokens == message.usage.output_tokens
+    with pytest.raises(anthropic.BadRequestError):  # outside --mcp-allowed-hosts
+        claude.beta.messages.create(model=MODEL, max_tokens=20, betas=["mcp-client-2025-04-04"], mcp_servers=[
+            {"type": "url", "url": "http://127.0.0.3/mcp", "name": "x"}], messages=[{"role": "user", "content": "hi"}])
+
+
+def test_a_chain_goes_on_on_another_node_when_the_first_is_killed_mid_chain(engine, servers, log_dir):
+    from . import node_pairs
+    flags = ["--worker-urls", engine.url, "--mcp-allowed-hosts", f"{HOST}/32"]
+    # Three nodes: a record is written on two, so with one killed the other two still take writes (two alone
+    # would refuse them until the dead one is reaped: a node alone may only be cut off).
+    a_node, b_node, c_node = node_pairs.start_pair(
+        lambda i, ports: [*flags, *node_pairs.mesh_args(i, ports, "mcp")], log_dir, "mcp-group", count=3)
+    try:
+        a, b = (openai.OpenAI(base_url=n.url + "/v1", api_key="x", max_retries=0, timeout=60) for n in (a_node, b_node))
+        tools = [mcp(servers["streamable-http"], require_approval="always")]
+        asked = a.responses.create(model=MODEL, input="Please add 2 and 3", tools=tools)
+        request = asked.output[-1]
+        assert request.type == "mcp_approval_request"
+        a_node.kill()  # the approval is answered on another node, from the replicated store
+        events = list(b.responses.create(model=MODEL, previous_response_id=asked.id, tools=tools, stream=True,
+                                         input=[{"type": "mcp_approval_response", "approval_request_id": request.id,
+                                                 "approve": True}]))
+        final = events[-1].response
+        assert [i.type for i in final.output] == ["mcp_call", "message"]  # the tool list came from the chain
+        assert final.output[0].output == "5" and final.output_text == "The sum is 5."
+        follow = b.responses.create(model=MODEL, previous_response_id=final.id, input="What was the previous sum?",
+                                    tools=tools)
+        assert follow.output_text == "Earlier the sum was 5."
+    finally:
+        for n in (a_node, b_node, c_node):
+            n.stop()
