@@ -21,9 +21,10 @@ import trio
 from .errors import BadRequest, UpstreamTimeout, to_api_error
 from .http import SSE_HEADERS, Request
 from .mcp_tools import HostedTools, messages_servers
+from .protocol import ChatRequest
 from .pipeline import ready_model_entry
 from .state import GatewayState
-from .tool_loop import Usage, call_arguments, generate_step, list_servers
+from .tool_loop import Usage, call_hosted, generate_step, list_servers
 
 
 async def answer_with_mcp(state: GatewayState, request: Request, body: dict[str, Any],
@@ -40,17 +41,18 @@ async def answer_with_mcp(state: GatewayState, request: Request, body: dict[str,
         if tools is None:
             raise BadRequest(f"the MCP server '{server.label}' could not list its tools: {error}",
                              param=server.where, code="mcp_server_unavailable")
+    chat = to_chat(body, hosted=hosted.function_tools())  # checked before anything is answered
     shape = new_shape(entry.name)
     shape.hosted = hosted
     async with request.cancel_on_disconnect():
         if not stream:
-            usage, called = await _loop(state, request, body, to_chat, shape, hosted, None)
+            usage, called = await _loop(state, request, chat, shape, hosted, None)
             await request.send_json(200, shape.message(usage.result(), called))
             return
         await request.start_stream(200, SSE_HEADERS)
         await request.send_chunk(shape.opening())
         try:
-            usage, called = await _loop(state, request, body, to_chat, shape, hosted, request.send_chunk)
+            usage, called = await _loop(state, request, chat, shape, hosted, request.send_chunk)
             end = shape.closing_events(usage.result(), called)
         except Exception as e:
             error = to_api_error(e)
@@ -60,13 +62,12 @@ async def answer_with_mcp(state: GatewayState, request: Request, body: dict[str,
         await request.end_stream(end)
 
 
-async def _loop(state: GatewayState, request: Request, body: dict[str, Any], to_chat: Callable[..., Any],
-                shape: Any, hosted: HostedTools, emit: Any) -> "tuple[Usage, bool]":
+async def _loop(state: GatewayState, request: Request, chat: ChatRequest, shape: Any, hosted: HostedTools,
+                emit: Any) -> "tuple[Usage, bool]":
     """The steps; (their usage, whether the last one called a client tool)."""
     config = state.mcp.config
-    tokens_max = body["max_tokens"]
+    tokens_max = chat.sampling.max_tokens
     usage, calls_run, tools_off = Usage(), 0, False
-    chat = to_chat(body, hosted=hosted.function_tools())
     try:
         with trio.fail_after(config.response_time_max_s):
             while True:
@@ -109,12 +110,7 @@ async def _run(state: GatewayState, hosted: HostedTools, pending: "list[tuple[di
     results: list[Any] = [None] * len(pending)
 
     async def one(index: int, call: Any) -> None:
-        server, tool = hosted.tools[call.name]
-        arguments = call_arguments(call.arguments)
-        if isinstance(arguments, str):
-            results[index] = (f"Error: not called: {arguments}", True)
-            return
-        outcome = await state.mcp.call(server.ref, tool.name, arguments)
+        outcome = await call_hosted(state, hosted, call.name, call.arguments)
         results[index] = (outcome.for_model(), outcome.failed)
 
     async with trio.open_nursery() as nursery:

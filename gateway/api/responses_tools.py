@@ -35,7 +35,7 @@ from .items import new_id
 from .mcp_tools import HostedServer, HostedTools
 from .protocol import positive_int
 from .state import GatewayState
-from .tool_loop import Usage, call_arguments, generate_step, list_servers
+from .tool_loop import Usage, call_hosted, generate_step, list_servers
 
 Emit = Callable[[bytes], Awaitable[None]]
 
@@ -175,17 +175,8 @@ class ToolLoop:
         outcome = await self._outcome(item, hosted)
         await emit(self.shape.call_done(item, outcome.output, outcome.error))
 
-    async def _outcome(self, item: dict[str, Any], hosted: HostedTools) -> Any:
-        server, tool = hosted.tools[item["name"]]
-        arguments = call_arguments(item["arguments"])
-        if isinstance(arguments, str):
-            return CallOutcome(error={"type": "mcp_tool_execution_error",
-                                      "content": [{"type": "text", "text": f"not called: {arguments}"}]})
-        tracing = self.state.tracing
-        if tracing is None or not tracing.active():
-            return await self.state.mcp.call(server.ref, tool.name, arguments)
-        with tracing.span("mcp.call", attributes={"mcp.server": server.label, "mcp.tool": tool.name}):
-            return await self.state.mcp.call(server.ref, tool.name, arguments)
+    async def _outcome(self, item: dict[str, Any], hosted: HostedTools) -> CallOutcome:
+        return await call_hosted(self.state, hosted, item["name"], item["arguments"])
 
 
 def _not_run(calls_max: int) -> dict[str, Any]:

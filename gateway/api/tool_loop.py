@@ -19,6 +19,7 @@ import trio
 
 from ..engine.errors import EngineCallError
 from ..generation import GenerationResult, MidStreamError
+from ..mcp.results import CallOutcome
 from ..mcp.sessions import McpUnavailable
 from .chat_output import Call, ChatAnswer, ChatOutput, Content, Delta, Reasoning
 from .errors import BadRequest, from_engine_error
@@ -153,6 +154,21 @@ def call_arguments(text: str) -> "dict[str, Any] | str":
     if not isinstance(arguments, dict):
         return "the arguments are not a JSON object"
     return arguments
+
+
+async def call_hosted(state: GatewayState, hosted: HostedTools, name: str, arguments_text: str) -> CallOutcome:
+    """Run the model's call of the hosted tool ``name`` (a span of its own when tracing is on); arguments that are
+    no JSON object are the model's error, told back to it."""
+    server, tool = hosted.tools[name]
+    arguments = call_arguments(arguments_text)
+    if isinstance(arguments, str):
+        return CallOutcome(error={"type": "mcp_tool_execution_error",
+                                  "content": [{"type": "text", "text": f"not called: {arguments}"}]})
+    tracing = state.tracing
+    if tracing is None or not tracing.active():
+        return await state.mcp.call(server.ref, tool.name, arguments)
+    with tracing.span("mcp.call", attributes={"mcp.server": server.label, "mcp.tool": tool.name}):
+        return await state.mcp.call(server.ref, tool.name, arguments)
 
 
 async def list_servers(state: GatewayState, hosted: HostedTools, servers: "list[HostedServer]",
