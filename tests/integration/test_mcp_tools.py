@@ -383,3 +383,15 @@ def test_a_chain_goes_on_on_another_node_when_the_first_is_killed_mid_chain(engi
     finally:
         for n in (a_node, b_node, c_node):
             n.stop()
+
+
+def test_in_a_conversation_the_items_are_kept_and_the_tools_not_listed_again(client, servers):
+    conversation = client.conversations.create()
+    first = client.responses.create(model=MODEL, conversation=conversation.id, input="Please add 2 and 3",
+                                    tools=[mcp(servers["streamable-http"])])
+    assert [i.type for i in first.output] == ["mcp_list_tools", "mcp_call", "message"]
+    items = client.conversations.items.list(conversation.id, order="asc").data
+    assert [i.type for i in items] == ["message", "mcp_list_tools", "mcp_call", "message"]
+    second = client.responses.create(model=MODEL, conversation=conversation.id, input="What was the previous sum?",
+                                     tools=[mcp(servers["streamable-http"])])
+    assert [i.type for i in second.output] == ["message"] and second.output_text == "Earlier the sum was 5."

@@ -272,3 +272,32 @@ def test_the_node_checks_its_mcp_flags_at_start(tmp_path):
                           (["--mcp-max-sessions", "0"], "must be positive")):
         with pytest.raises(ConfigError, match=message):
             parse(argv)
+
+
+async def test_a_call_is_a_span_of_its_own_in_a_traced_request(autojump_clock):
+    import random
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from gateway.api.tool_loop import call_hosted
+    from gateway.tracing import TracingConfig
+    from gateway.tracing.tracer import Tracing
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(TracingConfig(enabled=True, sample_ratio=1.0, export_interval_s=0.01), "n1", exporter,
+                      random.Random(7))
+    server = FakeServer()
+    async with trio.open_nursery() as nursery:
+        sessions = await pool(nursery, server)
+        hosted = HostedTools([HostedServer("calc", ref())])
+        hosted.add(hosted.servers[0], [ToolInfo("add", "Add", {"type": "object"})], set())
+        state = types.SimpleNamespace(tracing=tracing, mcp=sessions)
+        with tracing.request_span("POST /v1/responses", {}, {}):
+            outcome = await call_hosted(state, hosted, "add", '{"a": 2, "b": 3}')
+        refused = await call_hosted(state, hosted, "add", "[1, 2]")  # no JSON object: the model's error
+        nursery.cancel_scope.cancel()
+    assert outcome.output == "5" and "not a JSON object" in refused.error["content"][0]["text"]
+    tracing.provider.force_flush()
+    tracing.shutdown()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert spans["mcp.call"].attributes["mcp.server"] == "calc" and spans["mcp.call"].attributes["mcp.tool"] == "add"
+    assert spans["mcp.call"].parent.span_id == spans["POST /v1/responses"].context.span_id
