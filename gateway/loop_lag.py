@@ -11,7 +11,12 @@ samples estimate the lag distribution over time at any rate; the rate only sets
 how many samples back a percentile. 20 per second (1,200 a minute) is enough for
 a p99, and each wake-up is trio's whole sleep machinery (a cancel scope with a
 deadline, expired, delivered): at 100 per second an idle node spent 59 ms of CPU
-per second on it, at 20 per second 14 ms (all of the node's idle work).
+per second on it, at 20 per second 14 ms (all of the node's idle work). So the
+probe samples at that rate only while the node has work (``busy``: requests
+admitted or waiting) or had some within ``BUSY_HOLD_S`` (gaps between bursts are
+sampled as the bursts are), and once a second otherwise: an idle loop has no lag
+worth 20 wake-ups a second, and the slow sampling still sees a stall of
+background work.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import collections
 import gc
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import trio
@@ -29,14 +34,19 @@ from prometheus_client import Histogram
 from .metrics import gauge
 
 INTERVAL_S = 0.05
+IDLE_INTERVAL_S = 1.0  # while nothing is busy (see the module's docstring)
+BUSY_HOLD_S = 10.0  # the fast rate lasts this long after the node was last seen busy
 WINDOW = 1200  # samples kept: one minute at the default interval
 
 
 class LoopLagMonitor:
     def __init__(self, histogram: Histogram, interval_s: float = INTERVAL_S,
-                 gc_pauses: Histogram | None = None) -> None:
+                 gc_pauses: Histogram | None = None, busy: "Callable[[], bool]" = lambda: True,
+                 idle_interval_s: float = IDLE_INTERVAL_S) -> None:
         self.histogram = histogram
         self.interval_s = interval_s
+        self.idle_interval_s = idle_interval_s
+        self.busy = busy
         self.samples: collections.deque[float] = collections.deque(maxlen=WINDOW)
         # The cyclic garbage collector stops every thread: its pauses are lag the loop cannot avoid.
         self.gc_pauses = gc_pauses
@@ -59,8 +69,12 @@ class LoopLagMonitor:
 
     async def run(self) -> None:
         try:
+            busy_at = -BUSY_HOLD_S
             while True:
-                expected = trio.current_time() + self.interval_s
+                now = trio.current_time()
+                if self.busy():
+                    busy_at = now
+                expected = now + (self.interval_s if now - busy_at < BUSY_HOLD_S else self.idle_interval_s)
                 await trio.sleep_until(expected)
                 lag = max(0.0, trio.current_time() - expected)
                 self.samples.append(lag)

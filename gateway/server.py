@@ -311,7 +311,8 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
                 state.history = TracedCalls(state.history, state.tracing, "history")
         if config.discovery.enabled:
             await _start_discovery(config, registry, cluster, catalog, metrics, nursery)
-        lag = LoopLagMonitor(metrics.loop_lag, gc_pauses=metrics.gc_pauses)
+        lag = LoopLagMonitor(metrics.loop_lag, gc_pauses=metrics.gc_pauses,
+                             busy=lambda: admission.running > 0 or admission.waiting > 0)
         nursery.start_soon(lag.run)
         metrics.add_state_source(lag.metric_families)
         # Register the configured workers before serving when they answer; keep trying those that don't.

@@ -66,9 +66,13 @@ AUTH_WARNING_INTERVAL_S = 60.0
 
 
 class StateHooks(Protocol):
+    """A subsystem riding on the mesh. It may also have ``broadcasts(budget_bytes) -> list[bytes]``:
+    payloads of its own to piggyback on every gossip round (``Swim``'s ``user_broadcasts``). One that
+    queues its updates with ``MeshAgent.broadcast`` instead leaves it out, and an idle mesh then wakes
+    for probes only, not every gossip interval to ask it."""
+
     def local_state(self, join: bool) -> bytes: ...
     def merge_remote_state(self, data: bytes, join: bool) -> None: ...
-    def broadcasts(self, budget_bytes: int) -> list[bytes]: ...
     def notify(self, payload: bytes) -> None: ...
     async def on_request(self, payload: bytes) -> bytes: ...
 
@@ -114,7 +118,7 @@ class MeshAgent:
         self.hooks = hooks
         self.rng = rng or random.Random()
         self.swim = Swim(config, name, transport.addr, tags or {}, self.rng, trio.current_time(),
-                         hooks.broadcasts if hooks is not None else None)
+                         getattr(hooks, "broadcasts", None))
         self.stats = AgentStats()
         self.listeners: list[Callable[[MemberSnapshot, MemberStatus | None], None]] = []
         self.reap_listeners: list[Callable[[str], None]] = []  # a dead or left member was forgotten

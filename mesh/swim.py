@@ -217,7 +217,12 @@ class Swim:
         return len(self._queue)
 
     def next_deadline(self) -> float:
-        deadlines = [self._next_gossip_at, self._next_push_pull_at, self._next_reap_at, self._next_reconnect_at]
+        deadlines = [self._next_push_pull_at, self._next_reap_at, self._next_reconnect_at]
+        # A gossip round with nothing to send sends nothing: with the queue empty (and no subsystem asked
+        # each round) the driver does not wake for it. The rounds keep their times (``_skip_quiet_rounds``):
+        # a message queued meanwhile goes at the next one, as if every round had been woken for.
+        if self._gossip_due():
+            deadlines.append(self._next_gossip_at)
         if not self.leaving:
             deadlines.append(self._next_probe_at)
         if self._probe is not None:
@@ -234,8 +239,25 @@ class Swim:
 
     # -- dispatch -------------------------------------------------------
 
+    def _gossip_due(self) -> bool:
+        return bool(len(self._queue)) or self._user_broadcasts is not None
+
+    def _skip_quiet_rounds(self, now: float) -> None:
+        """Move the next gossip round past the rounds that went by with nothing to send, on their schedule
+        (each ``gossip_interval_s`` after the last): the same times as a driver woken for each of them."""
+        interval = self.config.gossip_interval_s
+        at = self._next_gossip_at
+        rounds_behind = (now - at) / interval
+        if rounds_behind > 64:  # a long quiet spell: jump, then step the last few
+            at += (int(rounds_behind) - 1) * interval
+        while at < now:
+            at += interval
+        self._next_gossip_at = at
+
     def handle(self, event: Event, now: float) -> list[Action]:
         out: list[Action] = []
+        if now > self._next_gossip_at and not self._gossip_due():
+            self._skip_quiet_rounds(now)
         if isinstance(event, Tick):
             self._tick(now, out)
         elif isinstance(event, PacketIn):

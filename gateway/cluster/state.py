@@ -202,9 +202,6 @@ class ClusterState:
     def mark_joined(self) -> None:
         self.registry_received = True
 
-    def broadcasts(self, budget_bytes: int) -> list[bytes]:
-        return []  # updates go through the agent's retransmit queue (publish)
-
     def notify(self, payload: bytes) -> None:
         # The mesh does not re-gossip another subsystem's broadcasts (memberlist's rule): a sender
         # retransmits a few times to random members and may miss one. So a node that learns

@@ -30,6 +30,11 @@ class HealthConfig:
     endpoint: str = "/health"  # HTTP workers only
     # GetLoads poll for the load-aware policies (gRPC engines).
     load_interval_s: float = 1.0
+    # A node that routed nothing for this long stops polling loads until it routes again: an idle node's
+    # polls were most of its idle work (one RPC a second per engine, on every node), and nothing reads
+    # them. The first requests after it route on the node's own counts, for the one poll it takes to
+    # learn the loads again.
+    load_idle_s: float = 10.0
 
 
 class Verdict(enum.Enum):

@@ -119,6 +119,11 @@ class WorkerRegistry:
         self.on_removed: list[Any] = []  # callbacks(worker_id): policies forget what they learnt
         self.changed = trio.Event()
         self.pd_workers = 0  # prefill and decode workers registered: routing looks for pairs only when some are
+        # When routing last asked for candidates, and whether the load polls stopped since (HealthConfig.load_idle_s);
+        # routing again sets routing_resumed, which wakes them.
+        self.routed_at = trio.current_time()
+        self.loads_quiet = False
+        self.routing_resumed = trio.Event()
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -131,6 +136,9 @@ class WorkerRegistry:
 
     def candidates(self, model: str | None, now: float, kind: str | None = None, role: str = REGULAR) -> list[Worker]:
         """Workers of ``role`` that can take an attempt now: a prefill or decode worker never serves alone."""
+        self.routed_at = now
+        if self.loads_quiet:
+            self._resume_load_polls()
         return [w for w in self._workers.values()
                 if w.available(now) and (model is None or model in w.models) and (kind is None or w.kind == kind)
                 and w.role == role]
@@ -304,6 +312,18 @@ class WorkerRegistry:
         log.info("worker %s removed (%d requests still running)", worker.id, worker.in_flight)
         self._notify()
 
+    def _resume_load_polls(self) -> None:
+        self.loads_quiet = False
+        self.routing_resumed.set()
+        self.routing_resumed = trio.Event()
+
+    def _routing_idle(self, now: float) -> bool:
+        """True when nothing was routed for ``load_idle_s``: the load polls stop until routing asks again."""
+        if now - self.routed_at < self.health_config.load_idle_s:
+            return False
+        self.loads_quiet = True
+        return True
+
     async def _watch(self, worker: Worker) -> None:
         cfg = self.health_config
         with trio.CancelScope() as scope:
@@ -315,6 +335,12 @@ class WorkerRegistry:
                     await self._check_health(worker)
                     next_health = now + cfg.interval_s
                 reports_load = False
+                if worker.healthy and cfg.load_interval_s > 0 and self._routing_idle(trio.current_time()):
+                    worker.set_engine_load(None)  # stale from here: policies count the node's own requests
+                    resumed = self.routing_resumed
+                    with trio.move_on_at(next_health):
+                        await resumed.wait()
+                    continue
                 if worker.healthy and cfg.load_interval_s > 0:
                     try:
                         load = await worker.client.loads(cfg.timeout_s)

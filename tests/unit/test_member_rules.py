@@ -149,3 +149,47 @@ def test_confirmations_shorten_the_suspicion_timeout():
 def test_retransmit_limit_grows_with_log_of_cluster_size():
     cfg = MeshConfig.lan()
     assert [cfg.retransmit_limit(n) for n in (1, 9, 10, 99, 100, 1000)] == [4, 4, 8, 8, 12, 16]
+
+
+def run_with_answered_probes(s: Swim, until_s: float, extra_ticks_s: float = 0.0,
+                             queue_at: "tuple[float, bytes] | None" = None) -> "tuple[list, int]":
+    """Drive ``s`` at its deadlines (and every ``extra_ticks_s`` besides, when given), its peer x acking
+    every ping at once; ``queue_at``: a subsystem's broadcast queued at that time. (packets sent, ticks)."""
+    from mesh.swim import QueueUser
+    sent, ticks, t, extra_at = [], 0, 0.0, extra_ticks_s or float("inf")
+    while True:
+        t = min(s.next_deadline(), extra_at, queue_at[0] if queue_at else float("inf"))
+        if t >= until_s:
+            return sent, ticks
+        if queue_at and t == queue_at[0]:
+            actions = s.handle(QueueUser(queue_at[1]), t)
+            queue_at = None
+        else:
+            actions = s.handle(Tick(), t)
+            ticks += 1
+        if t == extra_at:
+            extra_at += extra_ticks_s
+        for action in actions:
+            if isinstance(action, SendPacket):
+                sent.append((t, action.addr, action.messages))
+                for m in decode_packet(encode_packet(list(action.messages)), 4000)[0]:
+                    if isinstance(m, Ping):
+                        s.handle(PacketIn("x:1", [Ack(m.seq, "x")]), t)
+
+
+def test_a_quiet_mesh_wakes_for_probes_not_for_empty_gossip_rounds_and_keeps_their_times():
+    # An idle node woke 5 times a second for gossip rounds that sent nothing (BENCHMARKS.md, idle CPU).
+    def fresh() -> Swim:
+        s = swim()
+        s.handle(PacketIn("x:1", [Alive(1, "x", "x:1", ())]), 0.0)
+        return s
+
+    quiet, quiet_ticks = run_with_answered_probes(fresh(), 60.0, queue_at=(41.33, b"news"))
+    woken, woken_ticks = run_with_answered_probes(fresh(), 60.0, extra_ticks_s=0.05, queue_at=(41.33, b"news"))
+    # Woken every 50 ms or only at its deadlines, the node sends the same packets at the same times: the
+    # broadcast at the first round after it was queued, not at once.
+    assert quiet == woken
+    news = [t for t, _, messages in quiet if any(b"news" in m for m in messages)]
+    assert news and 41.33 < news[0] <= 41.33 + MeshConfig.lan().gossip_interval_s
+    # 60 s: ~60 probes, a few rounds for the news and the first seconds' queue; not 300 gossip rounds.
+    assert quiet_ticks < 120 and woken_ticks > 1200
