@@ -26,17 +26,25 @@ import os
 import trio
 
 
-async def receive_some(stream: trio.SocketStream, max_bytes: int) -> bytes:
-    """Up to ``max_bytes`` of what arrived; ``b""`` once the peer closed its side."""
+async def receive_some(stream: trio.SocketStream, max_bytes: int, drained: bool = False) -> bytes:
+    """Up to ``max_bytes`` of what arrived; ``b""`` once the peer closed its side.
+
+    ``drained``: the caller's last read returned less than it asked for, so the socket was empty then.
+    The read tried first would then almost always find nothing (a system call and a BlockingIOError
+    raised and caught, for every token an engine streams at its own pace): it waits first instead, and
+    the wait is the cancellation point. Data that did arrive meanwhile costs one pass of the scheduler
+    (the wait returns at once), as the read tried first costs when it succeeds.
+    """
     fd = stream.socket.fileno()
-    await trio.lowlevel.checkpoint_if_cancelled()
-    try:
-        data = os.read(fd, max_bytes)
-    except BlockingIOError:
-        pass
-    else:
-        await trio.lowlevel.cancel_shielded_checkpoint()  # others run: this read did not wait
-        return data
+    if not drained:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            data = os.read(fd, max_bytes)
+        except BlockingIOError:
+            pass
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()  # others run: this read did not wait
+            return data
     while True:
         await trio.lowlevel.wait_readable(fd)
         try:

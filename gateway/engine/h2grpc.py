@@ -147,12 +147,14 @@ class _Connection(H2ClientProtocol):
 
     async def read_loop(self) -> None:
         reason = "the engine closed the connection"
+        drained = False  # the last read found the socket emptied (fast_receive)
         try:
             while self.alive:
                 data = await (self.stream.receive_some(_READ_BYTES) if self.tls
-                              else receive_some(self.stream, _READ_BYTES))
+                              else receive_some(self.stream, _READ_BYTES, drained))
                 if not data:
                     break
+                drained = len(data) < _READ_BYTES
                 failure = self.receive(data)
                 if failure is not None:
                     reason = failure

@@ -366,6 +366,7 @@ class _Connection:
             self._lost()
 
     async def _read_until_done(self, scope: trio.CancelScope) -> None:
+        drained = False  # the last read found the socket emptied (fast_receive)
         while not self.closed and not self._upgraded:
             if self._must_pause():
                 scope.deadline = float("inf")  # paused by us, not idle: no timeout runs
@@ -373,12 +374,14 @@ class _Connection:
                     await self._read_allowed.park()
             scope.deadline = self._read_deadline()
             try:
-                data = await (self.stream.receive_some(65536) if self.tls else receive_some(self.stream, 65536))
+                data = await (self.stream.receive_some(65536) if self.tls
+                              else receive_some(self.stream, 65536, drained))
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 data = b""
             if not data:
                 self._lost()
                 return
+            drained = len(data) < 65536
             outcome = self._reader.feed(data)
             if outcome is None:
                 continue
