@@ -23,14 +23,21 @@ def hash64(data: str) -> int:
     return int.from_bytes(hashlib.blake2b(data.encode(), digest_size=8).digest(), "big")
 
 
+# Keys whose owner a ring remembers (``owner``): a rate-limit key or a conversation is asked for again and
+# again, and hashing it (blake2b of its text) was the larger part of the lookup. A ring never changes, so
+# what it remembers stays true for its life; past the bound it starts over.
+OWNER_CACHE_KEYS_MAX = 8192
+
+
 class HashRing:
-    __slots__ = ("members", "vnodes", "_points", "_owners")
+    __slots__ = ("members", "vnodes", "_points", "_owners", "_owner_of")
 
     def __init__(self, members: "tuple[str, ...]", vnodes: int, points: "list[int]", owners: "list[str]") -> None:
         self.members = members
         self.vnodes = vnodes
         self._points = points
         self._owners = owners
+        self._owner_of: dict[str, str] = {}
 
     @classmethod
     def build(cls, names: Iterable[str], vnodes: int = VNODES_DEFAULT) -> "HashRing":
@@ -94,5 +101,16 @@ class HashRing:
         return owners + (others[:max(0, count - len(owners))] if owners_only else others)
 
     def owner(self, key: str) -> str | None:
-        owners = self.owners(key, 1)
-        return owners[0] if owners else None
+        """The key's primary: ``owners(key, 1)[0]``, remembered (``OWNER_CACHE_KEYS_MAX``)."""
+        owner = self._owner_of.get(key)
+        if owner is not None:
+            return owner
+        points = self._points
+        if not points:
+            return None
+        index = bisect.bisect_left(points, hash64(key))
+        owner = self._owners[index if index < len(points) else 0]
+        if len(self._owner_of) >= OWNER_CACHE_KEYS_MAX:
+            self._owner_of.clear()
+        self._owner_of[key] = owner
+        return owner

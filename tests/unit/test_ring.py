@@ -2,7 +2,7 @@
 
 import collections
 
-from mesh.ring import HashRing
+from mesh.ring import HashRing, hash64
 
 MEMBERS = [f"node-{i}" for i in range(5)]
 KEYS = [f"key-{i}" for i in range(10_000)]
@@ -100,3 +100,16 @@ async def test_a_cluster_places_by_its_members_node_tags_and_a_peer_it_cannot_as
     with trio.move_on_after(5):
         with pytest.raises(PeerUnreachable):
             await cluster.request_peer("n1-w0", b"x", 0.05)
+
+
+def test_owner_is_the_first_of_owners_and_what_it_remembers_is_bounded():
+    from mesh.ring import OWNER_CACHE_KEYS_MAX
+    ring = HashRing.build([f"node-{i}" for i in range(7)])
+    keys = [f"tenant-{i}:requests" for i in range(OWNER_CACHE_KEYS_MAX + 100)]
+    for _ in range(2):  # computed, then remembered: the same answers
+        assert all(ring.owner(key) == ring.owners(key, 1)[0] for key in keys)
+    assert len(ring._owner_of) <= OWNER_CACHE_KEYS_MAX
+    assert HashRing.build([]).owner("any") is None
+    # A key past the last point wraps to the first point's member.
+    past_the_end = next(f"k{i}" for i in range(100_000) if hash64(f"k{i}") > ring._points[-1])
+    assert ring.owner(past_the_end) == ring._owners[0] == ring.owners(past_the_end, 1)[0]
