@@ -30,12 +30,12 @@ but not enforced: the engine contract has no thinking budget.
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 import orjson
 
 from ..generation import GenerationResult, UsageTally
+from ..ids import new_id
 from .chat_output import Call, ChatAnswer, ChatOutput, Content, Delta, Reasoning
 from .errors import ApiError, BadRequest
 from .http import Request
@@ -256,7 +256,7 @@ def to_chat_request(body: dict[str, Any], count_only: bool = False, hosted: "lis
 # -- the answer ----------------------------------------------------------------------------------------------
 
 def new_message_id() -> str:
-    return "msg_" + secrets.token_hex(12)
+    return new_id("msg")
 
 
 def _tool_use_id(call_id: str) -> str:

@@ -18,12 +18,12 @@ by itself (``stop`` for a named ``tool_choice``, as OpenAI answers a forced func
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ..generation import GenerationResult
+from ..ids import new_id
 from ..parsers import (
     HarmonyParser,
     NamedArgumentsParser,
@@ -40,7 +40,7 @@ from ..tracing.context import CURRENT, step
 
 
 def new_call_id() -> str:
-    return "call_" + secrets.token_hex(12)
+    return new_id("call")
 
 
 class Reasoning:

@@ -21,11 +21,12 @@ import time
 from typing import Any
 
 from ..history import ITEMS_PER_ADD_MAX, HistoryStore
+from ..ids import new_id
 from .errors import BadRequest, NotFound
 from .http import Request
 from .protocol import parse_json_body
 from .ratelimits import counted_write
-from .items import input_items, list_page, list_query, metadata_of, new_id, stored_item
+from .items import input_items, list_page, list_query, metadata_of, stored_item
 from .state import GatewayState
 
 

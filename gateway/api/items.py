@@ -11,10 +11,10 @@ values of 512.
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 from ..history import ID_CHARS_MAX, LIST_LIMIT_MAX
+from ..ids import new_id
 from .errors import BadRequest, shown, type_name
 from .http import Request
 from .protocol import IMAGE_DETAILS, ImageRef, image_part, template_content, text_part
@@ -24,10 +24,6 @@ METADATA_KEY_CHARS_MAX = 64
 METADATA_VALUE_CHARS_MAX = 512
 LIST_PAGE_DEFAULT = 20  # items per page of a list endpoint, as OpenAI's
 INPUT_ROLES = ("user", "assistant", "system", "developer")
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(12)}"
 
 
 def content_text(content: Any, where: str) -> str:

@@ -50,6 +50,7 @@ from ..engine.errors import EngineCallError
 from ..errors import GatewayError
 from ..generation import GenerationPlan, GenerationResult, MidStreamError
 from ..history import CHAIN_LENGTH_MAX, ID_CHARS_MAX, HistoryStore, StoredResponse
+from ..ids import new_id
 from ..mcp.results import error_text
 from ..tokenizer.service import TokenizerService
 from .background import STORE_POLL_S, BackgroundRun
@@ -57,7 +58,7 @@ from .chat_output import Call, ChatAnswer, ChatOutput, Content, Delta, Reasoning
 from .errors import ApiError, BadRequest, NotFound, TooManyRequests, UpstreamTimeout, from_engine_error, shown, \
     to_api_error, type_name
 from .http import SSE_HEADERS, Request
-from .items import content_text, input_items, list_page, list_query, message_content, metadata_of, new_id, with_ids
+from .items import content_text, input_items, list_page, list_query, message_content, metadata_of, with_ids
 from .logprobs import LogprobShape
 from .mcp_tools import HostedTools, is_hosted, responses_servers, without_secrets
 from .pipeline import (answer_chat, chat_prompt, logprob_shape, plan_generation, rate_limited_generation,
@@ -280,6 +281,7 @@ class ResponseShape:
         self.log: StreamLog | None = None  # a background stream's: every event is kept there (response_stream)
         self._open: dict[str, Any] | None = None  # the item being streamed
         self._text = ""  # the open item's text so far
+        self._delta_fields = b""  # its text deltas' fields between the sequence number and the delta
         # include message.output_text.logprobs: the shape of the tokens' entries; the entries not yet sent (they
         # go with the next output text delta), and the open message's so far.
         self.logprobs = logprobs
@@ -461,6 +463,8 @@ class ResponseShape:
         out += self._open_item(item)
         self._text = ""
         self._text_logprobs = []
+        self._delta_fields = b',"item_id":' + orjson.dumps(item["id"]) + b',"output_index":' + \
+            str(len(self.output) - 1).encode() + b',"content_index":0,"delta":'
         return out + self.event("response.content_part.added", item_id=item["id"], output_index=len(self.output) - 1,
                                 content_index=0, part=part)
 
@@ -471,12 +475,21 @@ class ResponseShape:
 
     def _text_delta(self, kind: str, text: str) -> bytes:
         self._text += text
-        extra = {}
-        if kind == "response.output_text.delta":
-            extra["logprobs"], self._pending_logprobs = self._pending_logprobs, []
-            self._text_logprobs += extra["logprobs"]
-        return self.event(kind, item_id=self._open["id"], output_index=len(self.output) - 1, content_index=0,
-                          delta=text, **extra)
+        if kind != "response.output_text.delta":
+            return self.event(kind, item_id=self._open["id"], output_index=len(self.output) - 1, content_index=0,
+                              delta=text)
+        if self._pending_logprobs:
+            logprobs, self._pending_logprobs = self._pending_logprobs, []
+            self._text_logprobs += logprobs
+            return self.event(kind, item_id=self._open["id"], output_index=len(self.output) - 1, content_index=0,
+                              delta=text, logprobs=logprobs)
+        # The event of most tokens, from a template made when its item opened: the bytes event() would make.
+        sequence = self._sequence
+        self._sequence += 1
+        frame = _TEXT_DELTA_HEAD + str(sequence).encode() + self._delta_fields + orjson.dumps(text) + _TEXT_DELTA_TAIL
+        if self.log is not None:
+            self.log.append(sequence, kind, frame)
+        return frame
 
     def _close(self) -> bytes:
         item = self._open
@@ -511,6 +524,9 @@ class ResponseShape:
 
 
 _ARGUMENTS = {"function_call": "function_call_arguments", "mcp_call": "mcp_call_arguments"}
+# An output_text.delta event around its sequence number, item and delta (ResponseShape._text_delta).
+_TEXT_DELTA_HEAD = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":'
+_TEXT_DELTA_TAIL = b',"logprobs":[]}\n\n'
 
 
 def _message_item(item_id: str, text: str | None, status: str,

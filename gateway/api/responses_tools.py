@@ -28,10 +28,10 @@ from typing import Any
 
 import trio
 
+from ..ids import new_id
 from ..mcp.results import CallOutcome, ToolInfo
 from .errors import BadRequest, UpstreamTimeout
 from .http import Request
-from .items import new_id
 from .mcp_tools import HostedServer, HostedTools
 from .protocol import positive_int
 from .state import GatewayState

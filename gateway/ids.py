@@ -1,0 +1,36 @@
+"""Ids of what the gateway stores or hands out (responses, items, messages, tool calls): unguessable.
+
+A stored response's id is all a client needs to read it back on a node without authentication, so
+ids come from the operating system's random source, never from ``random`` (whose state a client can
+recover from ids it is shown). One ``os.urandom`` per id was a system call per id, three or more per
+Responses request; a pool of 4 KiB serves 341 ids of 12 bytes per call. A forked worker process
+(``--workers N``) forgets the pool it inherited, or two processes would hand out the same ids.
+"""
+
+from __future__ import annotations
+
+import os
+
+ID_BYTES = 12  # 96 random bits: OpenAI-style ids (prefix, underscore, 24 hex characters)
+POOL_BYTES = 4096 - 4096 % ID_BYTES
+
+_pool = b""
+_taken = 0
+
+
+def new_id(prefix: str, separator: str = "_") -> str:
+    """``prefix`` + ``separator`` + 24 hex characters of fresh randomness."""
+    global _pool, _taken
+    start = _taken
+    if start + ID_BYTES > len(_pool):
+        _pool, start = os.urandom(POOL_BYTES), 0
+    _taken = start + ID_BYTES
+    return prefix + separator + _pool[start:_taken].hex()
+
+
+def _forget_pool() -> None:
+    global _pool, _taken
+    _pool, _taken = b"", 0
+
+
+os.register_at_fork(after_in_child=_forget_pool)
