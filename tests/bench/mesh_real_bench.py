@@ -1,6 +1,6 @@
 """Mesh figures with real smg-node processes on 127.0.0.1 (lan preset): not a test, it prints figures.
 
-    python tests/bench/mesh_real_bench.py [--trials 10] [--large 30]
+    python tests/bench/mesh_real_bench.py [--trials 10] [--large 30]   (--large 0: no dissemination run)
 
 * crash detection: SIGKILL one of 5 nodes; time until every survivor's admin
   endpoint lists it dead (polled every 50 ms); restart it; repeat.
@@ -68,7 +68,7 @@ def start_many(n: int, key: str, log_dir: Path) -> dict[int, NodeProcess]:
 def crash_trials(trials: int, log_dir: Path) -> tuple[list[float], float]:
     key = generate_key()
     nodes = start_many(5, key, log_dir)
-    client = httpx2.Client()
+    client = httpx2.Client(headers=nodes[0].admin_headers)  # the admin API needs the nodes' shared token
     try:
         wait(lambda: all(len([m for m in members(client, i).values() if m["state"] == "alive"]) == 5
                          for i in range(5)), 60)
@@ -101,7 +101,7 @@ def _bytes_sent(client: httpx2.Client, url: str) -> float:
 def dissemination_trials(n: int, trials: int, log_dir: Path) -> list[float]:
     key = generate_key()
     nodes = start_many(n, key, log_dir)
-    client = httpx2.Client()
+    client = httpx2.Client(headers=nodes[0].admin_headers)
     try:
         wait(lambda: all(len(members(client, i)) == n for i in range(n)), 120, step_s=0.5)
         took = []
@@ -136,6 +136,8 @@ def main() -> None:
     print(f"Crash detection, 5 nodes, {len(took)} SIGKILLs: p50 {statistics.median(took):.2f} s, "
           f"p99 {pct(took, 99):.2f} s, max {max(took):.2f} s (until every survivor lists it dead)\n")
     print(f"Gossip load, 5 idle nodes: {rate:.0f} bytes/s sent per node (encrypted, probes and acks included)\n")
+    if not args.large:  # --large 0: the crash and gossip figures only
+        return
     spread = dissemination_trials(args.large, 5, log_dir)
     print(f"Dissemination, {args.large} nodes, one tag change, 5 rounds: p50 {statistics.median(spread):.2f} s, "
           f"max {max(spread):.2f} s until all {args.large} nodes list it (includes ~{args.large} sequential "
