@@ -18,14 +18,14 @@ _pool = b""
 _taken = 0
 
 
-def new_id(prefix: str, separator: str = "_") -> str:
-    """``prefix`` + ``separator`` + 24 hex characters of fresh randomness."""
+def new_id(prefix: str) -> str:
+    """``prefix``, an underscore and 24 hex characters of fresh randomness."""
     global _pool, _taken
     start = _taken
     if start + ID_BYTES > len(_pool):
         _pool, start = os.urandom(POOL_BYTES), 0
     _taken = start + ID_BYTES
-    return prefix + separator + _pool[start:_taken].hex()
+    return prefix + "_" + _pool[start:_taken].hex()
 
 
 def _forget_pool() -> None:

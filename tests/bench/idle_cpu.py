@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from chaos.processes import EngineProcess, NodeProcess, default_log_dir  # noqa: E402
-from gateway.supervisor import free_udp_tcp_port  # noqa: E402
 from tests.bench.smg_compare import MODEL, model_dir  # noqa: E402
+from tests.integration.node_pairs import free_ports  # noqa: E402
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -57,11 +57,7 @@ def node_args(i: int, count: int, ports: "list[int]", engine_url: str, model: Pa
 def measure(count: int, engine: EngineProcess, model: Path, log_dir: Path, settle_s: float,
             window_s: float) -> "list[tuple[str, float, float]]":
     """(node, CPU ms per idle second, gossip bytes sent per second) of each of ``count`` nodes."""
-    ports: list[int] = []
-    while len(ports) < 2 * count:
-        port = free_udp_tcp_port("127.0.0.1")
-        if port not in ports:
-            ports.append(port)
+    ports = free_ports(2 * count)
     nodes: list[NodeProcess] = []
     try:
         for i in range(count):

@@ -24,19 +24,24 @@ def mesh_args(i: int, ports: "list[int]", prefix: str) -> list[str]:
             "0.5"]
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports below the kernel's range for outgoing connections, free for UDP and TCP: a port
+    bound and released (free_port) was taken by some connection's ephemeral port before the node bound it (CI:
+    the second node of a pair exited on EADDRINUSE)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_udp_tcp_port("127.0.0.1")
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 def start_pair(argv: "Callable[[int, list[int]], list[str]]", log_dir: Path, name: str,
                count: int = 2) -> list[NodeProcess]:
     """``argv(i, ports)``: node i's serve arguments, given two free ports a node for the group's mesh (``count``
     nodes: a pair unless said)."""
     nodes: list[NodeProcess] = []
-    # Below the kernel's range for outgoing connections, free for UDP and TCP: a port bound and released
-    # (free_port) was taken by some connection's ephemeral port before the node bound it (CI: the second
-    # node of a pair exited on EADDRINUSE).
-    ports = []
-    while len(ports) < 2 * count:
-        port = free_udp_tcp_port("127.0.0.1")
-        if port not in ports:
-            ports.append(port)
+    ports = free_ports(2 * count)
     try:
         for i in range(count):
             nodes.append(NodeProcess(argv(i, ports), log_dir, f"{name}{i}"))
