@@ -58,6 +58,9 @@ class ServerTls:
             return
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        # A client-started TLS 1.2 renegotiation costs the server a handshake per request of it (a known
+        # way to spend a server's CPU), and TlsSocket's writes rely on never having to read.
+        self.context.options |= ssl.OP_NO_RENEGOTIATION
         self.context.set_alpn_protocols(["http/1.1"])
         if config.client_ca_path is not None:
             self.context.verify_mode = ssl.CERT_REQUIRED

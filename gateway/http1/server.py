@@ -51,6 +51,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import email.utils
+import functools
 import errno
 import logging
 import socket
@@ -63,6 +64,7 @@ import trio
 
 from ..fast_receive import receive_some
 from ..fast_send import send_now
+from ..fast_tls import TlsSocket
 from ..metrics import counter
 from .protocol import (CHUNK, LAST_CHUNK, UPGRADE, Refusal, RequestReader, ResponseState, response_head,
                           response_move)
@@ -287,11 +289,12 @@ class _Cycle:
 class _Connection:
     """One client connection: a reader that parses, and the requests answered in order."""
 
-    def __init__(self, server: "H1Server", stream: "trio.SocketStream | trio.SSLStream") -> None:
+    def __init__(self, server: "H1Server", stream: "trio.SocketStream | TlsSocket") -> None:
         self.server = server
         self.stream = stream
-        # Over TLS the bytes go through the SSL object: no direct socket reads and writes (fast paths).
-        self.tls = isinstance(stream, trio.SSLStream)
+        # Over TLS OpenSSL reads and writes the socket (TlsSocket): the same fast paths, its own calls.
+        self.tls = isinstance(stream, TlsSocket)
+        self._send_now = stream.send_now if self.tls else functools.partial(send_now, stream)
         self.closed = False
         config = server.config
         self._reader = RequestReader(self, config.url_bytes_max, config.header_bytes_max)
@@ -306,7 +309,7 @@ class _Connection:
         self._read_scope: trio.CancelScope | None = None
         self._message_deadline: float | None = None  # when the request being read must have arrived
         try:
-            sock = stream.transport_stream.socket if self.tls else stream.socket
+            sock = stream.socket
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._client = _address(sock.getpeername())
             self._server_address = _address(sock.getsockname())
@@ -374,7 +377,7 @@ class _Connection:
                     await self._read_allowed.park()
             scope.deadline = self._read_deadline()
             try:
-                data = await (self.stream.receive_some(65536) if self.tls
+                data = await (self.stream.receive_some(65536, drained) if self.tls
                               else receive_some(self.stream, 65536, drained))
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 data = b""
@@ -449,9 +452,8 @@ class _Connection:
     # -- answering ---------------------------------------------------------------
 
     def can_write_now(self) -> bool:
-        """A synchronous ``write_now`` would keep the order: no write in progress, none left over
-        (never over TLS: its writes go through the SSL object, awaited)."""
-        return not self.tls and not self._backlog and not self._send_lock.locked()
+        """A synchronous ``write_now`` would keep the order: no write in progress, none left over."""
+        return not self._backlog and not self._send_lock.locked()
 
     def write_now(self, data: bytes) -> bool:
         """Write from any task without awaiting (after ``can_write_now``); False when some bytes wait.
@@ -463,8 +465,8 @@ class _Connection:
         if self.closed:
             return True  # the client went away: nowhere to write, nothing to wait for
         try:
-            sent = send_now(self.stream, data)
-        except OSError:
+            sent = self._send_now(data)
+        except (trio.BrokenResourceError, OSError):
             self._lost()
             return True
         if sent == len(data):
@@ -480,8 +482,8 @@ class _Connection:
         if not data:
             return
         try:
-            if not self.tls and not self._send_lock.locked():  # no write in progress: try it synchronously
-                sent = send_now(self.stream, data)
+            if not self._send_lock.locked():  # no write in progress: try it synchronously
+                sent = self._send_now(data)
                 if sent == len(data):
                     return
                 data = data[sent:]
@@ -651,17 +653,16 @@ class H1Server:
                 continue
             connections.start_soon(self._serve_connection, stream)
 
-    async def _handshake(self, stream: trio.SocketStream) -> trio.SSLStream | None:
+    async def _handshake(self, stream: trio.SocketStream) -> TlsSocket | None:
         """The TLS handshake, bounded in time; None (and the connection closed) when it fails."""
-        tls = trio.SSLStream(stream, self.config.ssl_context, server_side=True, https_compatible=True)
         with trio.move_on_after(self.config.tls_handshake_timeout_s):
             try:
-                await tls.do_handshake()
-                return tls
+                return await TlsSocket.accept(stream, self.config.ssl_context)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
                 self.tls_refused += 1
                 log.debug("TLS handshake failed: %s", e)
-        await trio.aclose_forcefully(stream)
+                return None
+        self.tls_refused += 1  # too slow: TlsSocket.accept closed the socket as it was cancelled
         return None
 
     async def _refuse_connection(self, stream: trio.SocketStream, plain: bool) -> None:

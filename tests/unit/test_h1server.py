@@ -1,8 +1,12 @@
-"""The HTTP/1.1 server on real loopback sockets, with a small ASGI app: framing, limits, disconnects."""
+"""The HTTP/1.1 server on real loopback sockets, with a small ASGI app: framing, limits, disconnects.
+
+Every test on the ``server`` fixture runs twice: in the clear and over TLS (``gateway.fast_tls``, OpenSSL on
+the socket), with a trio TLS client."""
 
 from __future__ import annotations
 
 import socket
+import ssl
 
 import orjson
 import pytest
@@ -10,6 +14,8 @@ import trio
 
 from gateway.api.errors import transport_error_body
 from gateway.http1.server import DISCONNECT_EXTENSION, H1Config, H1Server
+from gateway.tls import ServerTls, TlsConfig
+from tests.integration.certs import CertAuthority
 
 
 async def echo_app(scope, receive, send):
@@ -104,20 +110,52 @@ WATCH_SEEN: list[tuple[bool, bool]] = []
 WATCH_DONE = trio.Event()
 
 
-@pytest.fixture
-async def server(nursery):
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    """(server context, client context): a server certificate for 127.0.0.1 and a client trusting its CA."""
+    directory = tmp_path_factory.mktemp("certs")
+    authority = CertAuthority(directory)
+    cert, key, _ = authority.issue("server", "127.0.0.1")
+    return ServerTls(TlsConfig(cert_path=cert, key_path=key)).context, ssl.create_default_context(
+        cafile=str(authority.path))
+
+
+# The client side of the ``server`` fixture's connections: None in the clear, a TLS context over TLS.
+_client_tls: list[ssl.SSLContext | None] = [None]
+
+
+@pytest.fixture(params=["clear", "tls"])
+async def server(nursery, request, tls_files):
     shutdown = trio.Event()
+    server_tls, client_tls = tls_files if request.param == "tls" else (None, None)
     h1 = H1Server(echo_app, H1Config(header_bytes_max=4096, url_bytes_max=1024, keep_alive_timeout_s=5,
                                      request_read_timeout_s=5, graceful_timeout_s=5,
-                                     error_body=transport_error_body))
+                                     error_body=transport_error_body, ssl_context=server_tls))
     url = await nursery.start(h1.serve, "127.0.0.1", 0, shutdown)
     port = int(url.rsplit(":", 1)[1])
+    _client_tls[0] = client_tls
     yield h1, port, shutdown
+    _client_tls[0] = None
     shutdown.set()
 
 
-async def connect(port: int) -> trio.SocketStream:
-    return await trio.open_tcp_stream("127.0.0.1", port)
+async def connect(port: int, sock: trio.socket.SocketType | None = None) -> "trio.SocketStream | trio.SSLStream":
+    """A client connection to the ``server`` fixture (over TLS when it serves TLS); ``sock``: one made by
+    the test (its own buffer sizes), not yet connected."""
+    if sock is None:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+    else:
+        await sock.connect(("127.0.0.1", port))
+        stream = trio.SocketStream(sock)
+    if _client_tls[0] is None:
+        return stream
+    tls = trio.SSLStream(stream, _client_tls[0], server_hostname="127.0.0.1")
+    await tls.do_handshake()
+    return tls
+
+
+def raw_socket(stream: "trio.SocketStream | trio.SSLStream") -> trio.socket.SocketType:
+    return stream.transport_stream.socket if isinstance(stream, trio.SSLStream) else stream.socket
 
 
 async def read_response(stream: trio.SocketStream) -> tuple[int, dict[str, str], bytes, bytes]:
@@ -364,7 +402,7 @@ async def test_client_disconnect_reaches_the_app(server):
     data = b""
     while b"started" not in data:
         data += await stream.receive_some(65536)
-    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    raw_socket(stream).setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
     await stream.aclose()
     with trio.fail_after(5):
         while not HANG_SEEN:
@@ -424,8 +462,7 @@ async def test_chunks_written_without_awaiting_keep_their_order_when_the_socket_
     NOW_FULL = trio.Event()
     sock = trio.socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client that reads nothing fills up soon
-    await sock.connect(("127.0.0.1", port))
-    stream = trio.SocketStream(sock)
+    stream = await connect(port, sock)
     await stream.send_all(b"GET /now HTTP/1.1\r\nhost: x\r\n\r\n")
     with trio.fail_after(30):
         await NOW_FULL.wait()  # the app saw a partial write before we read a byte
@@ -433,3 +470,86 @@ async def test_chunks_written_without_awaiting_keep_their_order_when_the_socket_
     assert status == 200 and headers["transfer-encoding"] == "chunked" and rest == b""
     assert body == b"head;" + b"".join(NOW_SENT) + b"tail"
     assert len(NOW_SENT) > 2
+
+
+# -- TLS only ------------------------------------------------------------------------------------
+
+
+def open_fds() -> int:
+    import os
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_tls_refuses_clear_text_and_stalled_handshakes_and_keeps_no_socket(nursery, tls_files):
+    """A client speaking plain HTTP to the TLS port, one that connects and says nothing, one that leaves
+    mid-handshake: each closed and counted; the server goes on serving, and no file descriptor stays."""
+    server_tls, client_tls = tls_files
+    h1 = H1Server(echo_app, H1Config(ssl_context=server_tls, tls_handshake_timeout_s=0.3))
+    port = int((await nursery.start(h1.serve, "127.0.0.1", 0, trio.Event())).rsplit(":", 1)[1])
+    before = open_fds()
+    for _ in range(20):
+        clear = await trio.open_tcp_stream("127.0.0.1", port)
+        await clear.send_all(b"GET /echo HTTP/1.1\r\nhost: x\r\n\r\n")
+        with trio.fail_after(5):
+            try:  # closed, or reset (the server did not read all we sent): never an answer in the clear
+                assert b"HTTP/1.1" not in await read_until_closed(clear)
+            except trio.BrokenResourceError:
+                pass
+        await clear.aclose()
+    silent = await trio.open_tcp_stream("127.0.0.1", port)
+    half = await trio.open_tcp_stream("127.0.0.1", port)
+    await half.send_all(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # the start of a ClientHello, no more
+    await half.aclose()
+    with trio.fail_after(5):
+        assert await read_until_closed(silent) == b""  # cut off after the handshake timeout
+    await silent.aclose()
+    with trio.fail_after(5):
+        while h1._handshaking or h1._connections or h1.tls_refused < 22:
+            await trio.sleep(0.01)
+    assert h1.tls_refused == 22
+    tls = trio.SSLStream(await trio.open_tcp_stream("127.0.0.1", port), client_tls, server_hostname="127.0.0.1")
+    await tls.send_all(b"GET /echo HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert (await read_response(tls))[0] == 200
+    await tls.aclose()
+    with trio.fail_after(5):
+        while h1._connections or open_fds() > before:
+            await trio.sleep(0.01)
+
+
+async def test_tls_large_bodies_both_ways_across_many_records(server):
+    """A 3 MB request body and its 3 MB echo: hundreds of TLS records each way, read in pieces, written
+    while the client is still sending (the server's writes meet a full socket and retry)."""
+    _, port, _ = server
+    stream = await connect(port)
+    body = bytes(range(97, 123)) * 120_000
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stream.send_all, b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
+                           % (len(body), body))
+        with trio.fail_after(30):
+            status, _, answer, _ = await read_response(stream)
+    assert status == 200 and orjson.loads(answer)["body"].encode() == body
+    await stream.aclose()
+
+
+async def test_tls_client_that_stops_reading_is_cut_off_after_the_write_timeout(nursery, tls_files):
+    server_tls, client_tls = tls_files
+    h1 = H1Server(echo_app, H1Config(write_timeout_s=0.5, ssl_context=server_tls))
+    port = int((await nursery.start(h1.serve, "127.0.0.1", 0, trio.Event())).rsplit(":", 1)[1])
+    sock = trio.socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await sock.connect(("127.0.0.1", port))
+    stream = trio.SSLStream(trio.SocketStream(sock), client_tls, server_hostname="127.0.0.1")
+    await stream.send_all(b"GET /now HTTP/1.1\r\nhost: x\r\n\r\n")  # the app writes until the kernel is full
+    with trio.fail_after(20):
+        while not h1._connections:
+            await trio.sleep(0.01)
+        while h1._connections or h1.in_flight:  # ends although the client never reads
+            await trio.sleep(0.05)
+    await trio.aclose_forcefully(stream)
+
+
+def test_the_server_context_refuses_renegotiation(tls_files):
+    """A client-started TLS 1.2 renegotiation would make the server run a handshake per request of it,
+    and TlsSocket's writes are built on never needing a read."""
+    server_tls, _ = tls_files
+    assert server_tls.options & ssl.OP_NO_RENEGOTIATION
