@@ -10,9 +10,16 @@ Consul run on LANs; n is the number of members):
 * suspicion timeout (Lifeguard): starts at
       max = suspicion_max_timeout_mult * min,
       min = suspicion_mult * max(1, log10(n)) * probe_interval_s
-  and shrinks toward min as k = suspicion_mult - 2 independent confirmations arrive:
+  and shrinks toward min as k = suspicion_confirmations (memberlist: suspicion_mult - 2)
+  independent confirmations arrive:
       timeout(c) = max(min, max - (max - min) * log(c + 1) / log(k + 1)).
-  Longer suspicion means fewer false positives; shorter, faster detection.
+  Longer suspicion means fewer false positives; shorter, faster detection. A member
+  that hears of a suspicion probes the suspect at once (its confirmation, or the ack
+  that withholds one, comes within a probe period).
+* refuted_memory_s: a member that refuted a suspicion this recently has shown it is
+  alive but slow (a crashed member never refutes); its next suspicions run the
+  longest timeout whatever the confirmations, so it has time to refute again. Lifeguard's awareness
+  protects against a slow accuser; this, against a slow accused.
 * retransmit_mult: each membership change is piggybacked
       retransmit_mult * ceil(log10(n + 1))  times,
   enough to reach every member with high probability (epidemic spread).
@@ -29,7 +36,7 @@ Consul run on LANs; n is the number of members):
 * awareness_max: Lifeguard's local health multiplier goes from 0 to
   awareness_max - 1; a node that sees signs of its own slowness (probes it
   could not complete, missing nacks, having to refute) waits longer before
-  judging others.
+  judging others: its probe period and timeout are multiplied by awareness + 1.
 """
 
 from __future__ import annotations
@@ -43,8 +50,14 @@ class MeshConfig:
     probe_interval_s: float = 1.0
     probe_timeout_s: float = 0.5
     indirect_checks: int = 3
-    suspicion_mult: int = 4
+    suspicion_mult: float = 4
     suspicion_max_timeout_mult: int = 6
+    # Lifeguard's k: independent confirmations that bring a suspicion's timeout down to its minimum
+    # (memberlist derives it as suspicion_mult - 2 = 2).
+    suspicion_confirmations: int = 2
+    # A member that refuted a suspicion this recently has shown it is alive but slow: its next
+    # suspicions run the longest timeout, confirmed or not (a crashed member never refutes).
+    refuted_memory_s: float = 60.0
     retransmit_mult: int = 4
     gossip_interval_s: float = 0.2
     gossip_nodes: int = 3
@@ -81,12 +94,15 @@ class MeshConfig:
     def suspicion_min_s(self, n: int) -> float:
         return self.suspicion_mult * max(1.0, math.log10(max(1, n))) * self.probe_interval_s
 
+    def suspicion_max_s(self, n: int) -> float:
+        return self.suspicion_max_timeout_mult * self.suspicion_min_s(n)
+
     def suspicion_timeout_s(self, n: int, confirmations: int) -> float:
         lo = self.suspicion_min_s(n)
         if not self.lifeguard:
             return lo
-        hi = self.suspicion_max_timeout_mult * lo
-        k = max(1, self.suspicion_mult - 2)
+        hi = self.suspicion_max_s(n)
+        k = max(1, self.suspicion_confirmations)
         frac = math.log(confirmations + 1) / math.log(k + 1)
         return max(lo, hi - (hi - lo) * frac)
 

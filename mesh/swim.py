@@ -19,7 +19,11 @@ awareness multiplier):
    "I am the slow one".
 3. Still no ACK at the end of the period: suspect it (broadcast SUSPECT). It
    is declared DEAD when its suspicion times out; the timeout starts long and
-   shrinks as other members independently confirm the suspicion.
+   shrinks as other members independently confirm the suspicion. A member that
+   hears of a suspicion probes the suspect next (at once when no probe of its
+   own runs), so confirmations, or acks that withhold them, come within a
+   period. A member that refuted a suspicion lately gets longer ones for a while
+   (``refuted_memory_s``): it is slow, not gone.
 
 Lifeguard's awareness (0 .. awareness_max - 1) rises when this node fails a
 probe without the nacks it expected, or has to refute a suspicion about
@@ -195,6 +199,7 @@ class Swim:
         self._probe: _Probe | None = None
         self._relays: dict[int, _Relay] = {}
         self._suspicions: dict[str, _Suspicion] = {}
+        self._refuted_at: dict[str, float] = {}  # member -> when it last refuted a suspicion we held
         # Start timers at random offsets so that nodes started together do not probe in lockstep.
         self._next_probe_at = now + rng.random() * config.probe_interval_s
         self._next_gossip_at = now + rng.random() * config.gossip_interval_s
@@ -315,6 +320,7 @@ class Swim:
             self._next_reap_at = now + self.config.reap_s / 4
             for member in self.table.reap(now, self.config.reap_s):
                 self._probe_order = [n for n in self._probe_order if n != member.name]
+                self._refuted_at.pop(member.name, None)
                 out.append(MemberReaped(member.name))
 
     def _next_target(self):
@@ -445,14 +451,16 @@ class Swim:
         member = self.table.get(message.node)
         self._queue_message(message, message.node)
         if isinstance(message, Suspect):
-            n = self._n()
-            self._suspicions[member.name] = _Suspicion(member.incarnation, now,
-                                                       now + self.config.suspicion_timeout_s(n, 0),
-                                                       {message.source})
+            suspicion = _Suspicion(member.incarnation, now, 0.0, {message.source})
+            self._suspicions[member.name] = suspicion
+            suspicion.deadline = now + self._suspicion_timeout_s(member.name, suspicion, now)
+            if message.source != self.name:
+                self._probe_soon(member.name, now)
         else:
             suspicion = self._suspicions.pop(member.name, None)
-            if suspicion is not None and isinstance(message, Alive):
+            if isinstance(message, Alive) and (suspicion is not None or verdict.previous is MemberStatus.DEAD):
                 self.stats["suspicions_refuted"] += 1
+                self._refuted_at[member.name] = now
         if verdict.previous is not member.status:
             out.append(MemberChanged(member.snapshot(), verdict.previous))
 
@@ -462,9 +470,30 @@ class Swim:
         if suspicion is None or message.source in suspicion.confirmations:
             return  # the accuser itself, or a confirmation already counted
         suspicion.confirmations.add(message.source)
-        suspicion.deadline = suspicion.started_at + self.config.suspicion_timeout_s(
-            self._n(), len(suspicion.confirmations) - 1)
+        suspicion.deadline = suspicion.started_at + self._suspicion_timeout_s(message.node, suspicion, now)
         self._queue_message(message, message.node)  # pass the confirmation on
+
+    def _suspicion_timeout_s(self, name: str, suspicion: _Suspicion, now: float) -> float:
+        config, n = self.config, self._n()
+        timeout = config.suspicion_timeout_s(n, len(suspicion.confirmations) - 1)
+        if not config.lifeguard:
+            return timeout
+        refuted_at = self._refuted_at.get(name)
+        if refuted_at is not None and now - refuted_at < config.refuted_memory_s:
+            # Alive but slow lately: confirmations say only that it is slow again, so the longest
+            # timeout, as for an unconfirmed suspicion; it has that long to answer.
+            return max(timeout, config.suspicion_max_s(n))
+        return timeout
+
+    def _probe_soon(self, name: str, now: float) -> None:
+        """Someone else suspects ``name``: probe it next, at once if no probe of ours runs, so our
+        verdict (a confirmation, or its ack and so no confirmation) comes within a probe period rather
+        than when our round-robin order reaches it."""
+        if self.leaving or (self._probe is not None and self._probe.target == name):
+            return
+        self._probe_order = [n for n in self._probe_order if n != name] + [name]
+        if self._probe is None:
+            self._next_probe_at = min(self._next_probe_at, now)
 
     def _about_self(self, message: "Alive | Suspect | Dead", now: float, out: list[Action]) -> None:
         if isinstance(message, Alive):

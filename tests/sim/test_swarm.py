@@ -29,7 +29,9 @@ def never_dead(agents, innocent: "set[str]") -> "list[tuple[str, str]]":
             if m.name in innocent and m.status is DEAD and a.name in innocent]
 
 
-@pytest.mark.parametrize("seed", [101, 102, 103, 104])
+# 114, 155 and 158 (13.6-14.7 % loss) declared an innocent member dead before suspects were probed at once
+# by those who hear of them and members that refuted lately got longer suspicions (issue 39).
+@pytest.mark.parametrize("seed", [101, 102, 103, 104, 114, 155, 158])
 async def test_lossy_swarm_safety_and_liveness(autojump_clock, seed):
     rng = random.Random(seed)
     n = rng.randint(5, 20)

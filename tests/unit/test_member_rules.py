@@ -137,6 +137,59 @@ def test_buddy_system_puts_the_suspicion_in_the_probe():
     assert isinstance(packet[0], Suspect) and packet[0].node == "x" and isinstance(packet[1], Ping)
 
 
+def _pinged(actions) -> "set[str]":
+    return {a.addr for a in actions if isinstance(a, SendPacket)
+            and any(isinstance(m, Ping) for m in decode_packet(encode_packet(list(a.messages)), 2000)[0])}
+
+
+def test_a_suspicion_heard_from_another_member_is_probed_at_once():
+    """Our own probe of the suspect is the independent confirmation Lifeguard's timeout waits for (or its
+    ack, no confirmation): sent when we hear of the suspicion, not when our round-robin reaches it."""
+    s = swim()
+    for name in "abcdefgh":
+        s.handle(PacketIn(f"{name}:1", [Alive(1, name, f"{name}:1", ())]), 0.0)
+    assert s.next_deadline() > 0.0
+    s.handle(PacketIn("a:1", [Suspect(1, "h", "a")]), 0.0)
+    assert s.next_deadline() == 0.0 and _pinged(s.handle(Tick(), 0.0)) == {"h:1"}
+    # With a probe of ours running, the suspect is the next one, when its period ends.
+    running = s._probe.target
+    other = "g" if running != "g" else "f"
+    s.handle(PacketIn("a:1", [Suspect(1, other, "a")]), 0.1)
+    t, pinged = 0.1, set()
+    while not pinged:
+        t = s.next_deadline()
+        pinged = _pinged(s.handle(Tick(), t))
+    assert pinged == {f"{other}:1"} and t == s.config.probe_interval_s
+
+
+def test_a_member_that_refuted_lately_gets_longer_suspicions_and_a_crashed_one_does_not():
+    """A refutation shows a member alive but slow: for refuted_memory_s its suspicions run the longest
+    timeout even when confirmed. A member that never refuted is judged on the usual timeout."""
+    s = swim()
+    for name in "abcdefgh":
+        s.handle(PacketIn(f"{name}:1", [Alive(1, name, f"{name}:1", ())]), 0.0)
+    s.handle(PacketIn("a:1", [Suspect(1, "x", "a")]), 1.0)  # x is not a member: ignored
+    s.handle(PacketIn("a:1", [Suspect(1, "h", "a")]), 1.0)
+    usual = s._suspicions["h"].deadline - 1.0
+    s.handle(PacketIn("h:1", [Alive(2, "h", "h:1", ())]), 2.0)  # h refutes
+    assert "h" not in s._suspicions and s.table.get("h").status is A
+    longest = s.config.suspicion_max_s(9)
+    s.handle(PacketIn("a:1", [Suspect(2, "h", "a")]), 3.0)
+    s.handle(PacketIn("b:1", [Suspect(2, "h", "b")]), 3.0)
+    s.handle(PacketIn("c:1", [Suspect(2, "h", "c")]), 3.0)  # confirmed twice: the minimum, were it not for...
+    assert s._suspicions["h"].deadline - 3.0 == longest
+    s.handle(PacketIn("a:1", [Suspect(1, "g", "a")]), 3.0)  # g never refuted
+    s.handle(PacketIn("b:1", [Suspect(1, "g", "b")]), 3.0)
+    s.handle(PacketIn("c:1", [Suspect(1, "g", "c")]), 3.0)
+    assert s._suspicions["g"].deadline - 3.0 == s.config.suspicion_min_s(9) < longest
+    s.handle(PacketIn("h:1", [Alive(3, "h", "h:1", ())]), 4.0)
+    later = 4.0 + s.config.refuted_memory_s + 1
+    s.handle(PacketIn("a:1", [Suspect(3, "h", "a")]), later)  # remembered no longer
+    assert s._suspicions["h"].deadline - later == usual
+    assert MeshConfig.lan(lifeguard=False).refuted_memory_s and swim(lifeguard=False)._suspicion_timeout_s(
+        "h", s._suspicions["h"], later) == MeshConfig.lan(lifeguard=False).suspicion_timeout_s(9, 0)
+
+
 def test_confirmations_shorten_the_suspicion_timeout():
     cfg = MeshConfig.lan()
     n = 10
