@@ -9,6 +9,11 @@ The timing model is deliberately simple and documented here, once:
   already in the prefix cache (cached tokens are free, as on a real engine);
 * each output token then costs ``itl_base_s + itl_per_running_s * running``,
   so inter-token latency grows with the batch, as decode steps do on a GPU.
+  With ``decode_steps`` the tokens of every running request come out together
+  at the ends of shared steps of that length, as a real engine's batched
+  decode hands them over (one forward pass, a token for each running
+  sequence); without, each request keeps its own clock from its arrival (the
+  worst case for a gateway: every token a wake-up of its own).
 
 ``zero_cost()`` turns every delay off so a benchmark measures the gateway, not
 the engine: tokens are produced as fast as the process can serialise them.
@@ -49,6 +54,7 @@ class SimEngineConfig:
     prefill_s_per_token: float = 0.00005
     itl_base_s: float = 0.010
     itl_per_running_s: float = 0.0002
+    decode_steps: bool = False
     # When set, the engine ends each output with EOS after this many tokens
     # (unless the request sets ignore_eos); otherwise it stops at max tokens.
     eos_after_tokens: int | None = None

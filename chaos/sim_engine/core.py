@@ -172,7 +172,10 @@ class SimEngine:
                     yield Step([], len(params.prompt_ids), produced, hit.cached_tokens, "abort")
                     return
                 if not cfg.zero_cost_mode:
-                    await self._sleep_or_abort(cfg.itl_base_s + cfg.itl_per_running_s * self.running, aborted)
+                    step_s = cfg.itl_base_s + cfg.itl_per_running_s * self.running
+                    if cfg.decode_steps and step_s > 0:  # to the end of the engine's current step, shared by all
+                        step_s -= asyncio.get_running_loop().time() % step_s
+                    await self._sleep_or_abort(step_s, aborted)
                     if aborted.is_set():
                         continue
                 produced += 1

@@ -136,6 +136,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--itl-base-s", type=float, default=d.itl_base_s, help="time per output token, alone")
     parser.add_argument("--itl-per-running-s", type=float, default=d.itl_per_running_s,
                         help="added to each output token's time per running request")
+    parser.add_argument("--decode-steps", action="store_true",
+                        help="tokens of all running requests come out together at the ends of shared decode steps, "
+                             "as a real engine's batched decode hands them over (default: each request on its own "
+                             "clock)")
     parser.add_argument("--eos-after-tokens", type=int, default=None,
                         help="end every answer with EOS after this many tokens (default: at max tokens)")
     parser.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens,
@@ -185,7 +189,7 @@ def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
         block_size=args.block_size, kv_capacity_blocks=args.kv_capacity_blocks,
         prefix_caching=args.prefix_caching, batch_size_max=args.batch_size_max,
         queue_size_max=args.queue_size_max, prefill_s_per_token=args.prefill_s_per_token,
-        itl_base_s=args.itl_base_s, itl_per_running_s=args.itl_per_running_s,
+        itl_base_s=args.itl_base_s, itl_per_running_s=args.itl_per_running_s, decode_steps=args.decode_steps,
         eos_after_tokens=args.eos_after_tokens, default_max_tokens=args.default_max_tokens,
         script_path=args.script, role=args.role, bootstrap_port=args.bootstrap_port,
         handover_timeout_s=args.handover_timeout_s, pairing_protocol=args.pairing_protocol, task=args.task,

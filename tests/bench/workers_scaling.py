@@ -33,7 +33,7 @@ used meanwhile (from /proc and wait4).
     python tests/bench/workers_scaling.py [--gateways smg-node-w1 smg-node-w2 smg] [--seconds 10]
         [--repeats 3] [--connections 32] [--scenarios tokenize-long tokenize-short chat-short chat-long
         chat-short-stream chat-multiturn]
-        [--smg-venv DIR] [--engine-prefix-caching] [--token-interval-s S]
+        [--smg-venv DIR] [--engine-prefix-caching] [--token-interval-s S] [--decode-steps]
 
 Needs ``wrk`` (Debian: ``apt-get install wrk``); makes smg's venv like smg_compare.py when a smg
 gateway is asked for. Markdown to stdout, progress to stderr.
@@ -201,6 +201,10 @@ def main() -> None:
                         help="the engine sends each stream a token every this many seconds, as a real engine's "
                              "decode step does (0: as fast as it can, so a stream's tokens reach the gateway "
                              "in bursts); give --connections enough streams to keep the gateway busy")
+    parser.add_argument("--decode-steps", action="store_true",
+                        help="with --token-interval-s: the engine hands every running stream's token over at the "
+                             "end of one shared step, as a real engine's batched decode does (default: each stream "
+                             "on its own clock, every token a wake-up of its own)")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (Debian: apt-get install wrk)")
@@ -217,6 +221,8 @@ def main() -> None:
                    "--batch-size-max", "4096", "--queue-size-max", "16384"]
     if not args.engine_prefix_caching:
         engine_args.append("--no-prefix-caching")
+    if args.decode_steps:
+        engine_args.append("--decode-steps")
     engine = EngineProcess(engine_args, log_dir)
     gateways: list[Gateway] = []
     rows: dict[tuple[str, str], list[dict]] = {}
@@ -248,7 +254,8 @@ def print_report(args, rows: dict[tuple[str, str], list[dict]], started: str) ->
           f"`python tests/bench/workers_scaling.py --gateways {' '.join(args.gateways)} --seconds {args.seconds} "
           f"--repeats {args.repeats} --connections {args.connections}"
           f"{' --engine-prefix-caching' if args.engine_prefix_caching else ''}"
-          f"{f' --token-interval-s {args.token_interval_s:g}' if args.token_interval_s else ''}`; "
+          f"{f' --token-interval-s {args.token_interval_s:g}' if args.token_interval_s else ''}"
+          f"{' --decode-steps' if args.decode_steps else ''}`; "
           f"medians of {args.repeats}.\n")
     print(f"| scenario | gateway | req/s | vs {base} | vs smg | p50 / p99 ms | CPU ms/req "
           "| cores: gateway / engine / wrk | errors |")
