@@ -21,10 +21,14 @@ OpenSSL's rules this relies on:
   the whole buffer and sends it first next time, which is that retry.
 * Decrypted bytes can wait inside OpenSSL (``pending()``) while the socket has
   nothing: a read that would wait first checks them before waiting.
-* A reading ``SSL_read`` may need to write (a TLS 1.3 key update answered);
-  writes never need to read once renegotiation is off, which the server's
-  context ensures (``OP_NO_RENEGOTIATION``: a client-started renegotiation is
-  also a known way to make a server spend CPU).
+* A reading ``SSL_read`` may need to write (a TLS 1.3 key update answered) and
+  find the socket full, while a writer already waits for it to drain: trio lets
+  one task wait per direction, so both go through ``_writable`` (one waits, the
+  other waits for it; a client asking for key updates while reading nothing
+  must not end the connection task with a BusyResourceError). Writes never
+  need to read once renegotiation is off, which the server's context ensures
+  (``OP_NO_RENEGOTIATION``: a client-started renegotiation is also a known way
+  to make a server spend CPU).
 
 Errors are OSError (``ssl.SSLError`` is one), as a plain socket's: the callers treat
 them as the connection's end. The end of the peer's stream, with or without its
@@ -49,6 +53,20 @@ class TlsSocket:
     def __init__(self, ssl_socket: ssl.SSLSocket) -> None:
         self.socket = ssl_socket  # getpeername, setsockopt, getpeercert: what a socket answers
         self._closed = False
+        self._drained: trio.Event | None = None  # set when the task waiting for writability is done
+
+    async def _writable(self) -> None:
+        """Wait until the socket takes bytes; a second task (reader or writer) waits for the first one's
+        wait instead of registering its own, then retries its own call."""
+        if self._drained is not None:
+            await self._drained.wait()
+            return
+        drained = self._drained = trio.Event()
+        try:
+            await _wait_writable(self.socket)
+        finally:
+            self._drained = None
+            drained.set()
 
     @classmethod
     async def accept(cls, stream: trio.SocketStream, context: ssl.SSLContext) -> "TlsSocket":
@@ -82,33 +100,26 @@ class TlsSocket:
         ``fast_receive.receive_some``: the last read found the socket empty, so wait before reading
         (unless OpenSSL holds decrypted bytes already)."""
         sock = self.socket
-        if drained and not sock.pending():
+        waited = drained and not sock.pending()
+        if waited:
             await _wait_readable(sock)
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
-            try:
-                data = sock.recv(max_bytes)
-            except ssl.SSLWantReadError:
-                pass
-            except ssl.SSLWantWriteError:
-                await _wait_writable(sock)
-            except ssl.SSLZeroReturnError:
-                data = b""
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                return data
-            else:
-                await trio.lowlevel.cancel_shielded_checkpoint()  # others run: this read did not wait
-                return data
-            await _wait_readable(sock)
         while True:
             try:
-                return sock.recv(max_bytes)
-            except ssl.SSLWantReadError:  # a partial record, or woken without data: wait again
+                data = sock.recv(max_bytes)
+                break
+            except ssl.SSLZeroReturnError:  # the peer's close_notify
+                data = b""
+                break
+            except ssl.SSLWantReadError:  # nothing yet, or a partial record: wait for more
                 await _wait_readable(sock)
-            except ssl.SSLWantWriteError:
-                await _wait_writable(sock)
-            except ssl.SSLZeroReturnError:
-                return b""
+            except ssl.SSLWantWriteError:  # OpenSSL must write first (a key update answered), the socket is full
+                await self._writable()
+            waited = True
+        if not waited:
+            await trio.lowlevel.cancel_shielded_checkpoint()  # others run: this read did not wait
+        return data
 
     def send_now(self, data: "bytes | bytearray | memoryview") -> int:
         """Encrypt and write what the kernel takes now: ``len(data)``, or 0 when the socket is full (then
@@ -129,7 +140,7 @@ class TlsSocket:
                 break
             if sent:  # a partial write (SSL_MODE_ENABLE_PARTIAL_WRITE): the rest is new bytes
                 data = memoryview(data)[sent:]
-            await _wait_writable(self.socket)
+            await self._writable()
             waited = True
         if not waited:
             await trio.lowlevel.cancel_shielded_checkpoint()

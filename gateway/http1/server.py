@@ -688,6 +688,8 @@ class H1Server:
         self._connections.add(connection)
         try:
             await connection.run()
+        except Exception:  # a fault of ours with one connection ends that connection, never the server
+            log.exception("connection from %s failed", connection._client)
         finally:
             self._connections.discard(connection)
 

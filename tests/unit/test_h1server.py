@@ -553,3 +553,31 @@ def test_the_server_context_refuses_renegotiation(tls_files):
     and TlsSocket's writes are built on never needing a read."""
     server_tls, _ = tls_files
     assert server_tls.options & ssl.OP_NO_RENEGOTIATION
+
+
+async def test_a_fault_of_ours_in_one_connection_ends_that_connection_not_the_server(nursery, monkeypatch):
+    """An exception no handler expected (a bug, or a library raising what it should not) leaves the
+    connection task: the server logs it and goes on serving the others."""
+    from gateway.http1 import server as server_module
+    real_answer_loop = server_module._Connection._answer_loop
+    faults = []
+
+    async def answer_loop_failing_once(self):
+        if not faults:
+            faults.append(self)
+            raise trio.BusyResourceError("another task is already reading / writing this fd")
+        return await real_answer_loop(self)
+
+    monkeypatch.setattr(server_module._Connection, "_answer_loop", answer_loop_failing_once)
+    h1 = H1Server(echo_app, H1Config())
+    port = int((await nursery.start(h1.serve, "127.0.0.1", 0, trio.Event())).rsplit(":", 1)[1])
+    broken = await connect(port)
+    await broken.send_all(b"GET /echo HTTP/1.1\r\nhost: x\r\n\r\n")
+    with trio.fail_after(5):
+        try:
+            assert await read_until_closed(broken) == b""
+        except trio.BrokenResourceError:
+            pass
+    again = await connect(port)
+    await again.send_all(b"GET /echo HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert (await read_response(again))[0] == 200 and len(faults) == 1
