@@ -37,6 +37,7 @@ close_notify (HTTPS clients often leave without one), reads as ``b""``.
 
 from __future__ import annotations
 
+import errno
 import socket
 import ssl
 
@@ -44,6 +45,11 @@ import trio
 
 _wait_readable = trio.lowlevel.wait_readable
 _wait_writable = trio.lowlevel.wait_writable
+
+
+def _closed_error() -> OSError:
+    """What a closed plain socket raises (its descriptor is gone), so callers treat both alike."""
+    return OSError(errno.EBADF, "the TLS connection is closed")
 
 
 class TlsSocket:
@@ -99,6 +105,8 @@ class TlsSocket:
         """Up to ``max_bytes`` of clear text; ``b""`` at the end. ``drained`` as in
         ``fast_receive.receive_some``: the last read found the socket empty, so wait before reading
         (unless OpenSSL holds decrypted bytes already)."""
+        if self._closed:
+            raise _closed_error()
         sock = self.socket
         waited = drained and not sock.pending()
         if waited:
@@ -124,6 +132,8 @@ class TlsSocket:
     def send_now(self, data: "bytes | bytearray | memoryview") -> int:
         """Encrypt and write what the kernel takes now: ``len(data)``, or 0 when the socket is full (then
         the same bytes must start the next write: OpenSSL's retry)."""
+        if self._closed:  # OpenSSL keeps the descriptor's number, which the kernel may have given to another
+            raise _closed_error()
         try:
             return self.socket.send(data)
         except ssl.SSLWantWriteError:

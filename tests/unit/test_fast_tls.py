@@ -3,6 +3,7 @@ a writer waits for the socket to drain (a TLS 1.3 key update answered to a clien
 
 from __future__ import annotations
 
+import errno
 import socket
 import ssl
 
@@ -93,3 +94,16 @@ async def test_the_end_of_the_stream_reads_empty_with_or_without_close_notify(co
         except OSError:
             pass  # or the reset itself: either ends the connection for its reader
     await tls.aclose()
+
+
+async def test_a_closed_connection_refuses_reads_and_writes_as_a_closed_socket_does(contexts):
+    """After close, OpenSSL would still write to the descriptor's old number, which the kernel may have given
+    to another client's connection: refused with EBADF instead, as a closed plain socket does."""
+    tls, client = await connected_pair(*contexts)
+    await tls.aclose()
+    with pytest.raises(OSError) as write_error:
+        tls.send_now(b"secret for someone else")
+    with pytest.raises(OSError) as read_error:
+        await tls.receive_some(1024)
+    assert write_error.value.errno == read_error.value.errno == errno.EBADF
+    await client.aclose()
