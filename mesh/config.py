@@ -18,8 +18,9 @@ Consul run on LANs; n is the number of members):
   that withholds one, comes within a probe period).
 * refuted_memory_s: a member that refuted a suspicion this recently has shown it is
   alive but slow (a crashed member never refutes); its next suspicions run the
-  longest timeout whatever the confirmations, so it has time to refute again. Lifeguard's awareness
-  protects against a slow accuser; this, against a slow accused.
+  longest timeout whatever the confirmations, so it has time to refute again.
+  Lifeguard's awareness protects against a slow accuser; this, against a slow
+  accused.
 * retransmit_mult: each membership change is piggybacked
       retransmit_mult * ceil(log10(n + 1))  times,
   enough to reach every member with high probability (epidemic spread).

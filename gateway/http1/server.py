@@ -51,8 +51,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import email.utils
-import functools
 import errno
+import functools
 import logging
 import socket
 import ssl

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import ssl
 from pathlib import Path
 
 from cryptography import x509
@@ -58,3 +59,13 @@ class CertAuthority:
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         _write_key(key, key_path)
         return cert_path, key_path, serial
+
+
+def loopback_tls_contexts(directory: Path) -> "tuple[ssl.SSLContext, ssl.SSLContext]":
+    """(the node's server context for 127.0.0.1, as ``--tls-cert-path`` builds it; a client context trusting its
+    CA): what a test of our own TLS server needs."""
+    from gateway.tls import ServerTls, TlsConfig
+    authority = CertAuthority(directory)
+    cert, key, _ = authority.issue("server", "127.0.0.1")
+    return ServerTls(TlsConfig(cert_path=cert, key_path=key)).context, ssl.create_default_context(
+        cafile=str(authority.path))

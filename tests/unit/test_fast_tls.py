@@ -11,16 +11,12 @@ import pytest
 import trio
 
 from gateway.fast_tls import TlsSocket
-from gateway.tls import ServerTls, TlsConfig
-from tests.integration.certs import CertAuthority
+from tests.integration.certs import loopback_tls_contexts
 
 
 @pytest.fixture(scope="module")
 def contexts(tmp_path_factory):
-    authority = CertAuthority(tmp_path_factory.mktemp("certs"))
-    cert, key, _ = authority.issue("server", "127.0.0.1")
-    return ServerTls(TlsConfig(cert_path=cert, key_path=key)).context, ssl.create_default_context(
-        cafile=str(authority.path))
+    return loopback_tls_contexts(tmp_path_factory.mktemp("certs"))
 
 
 async def connected_pair(server_context, client_context) -> "tuple[TlsSocket, trio.SSLStream]":

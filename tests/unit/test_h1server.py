@@ -14,8 +14,7 @@ import trio
 
 from gateway.api.errors import transport_error_body
 from gateway.http1.server import DISCONNECT_EXTENSION, H1Config, H1Server
-from gateway.tls import ServerTls, TlsConfig
-from tests.integration.certs import CertAuthority
+from tests.integration.certs import loopback_tls_contexts
 
 
 async def echo_app(scope, receive, send):
@@ -113,11 +112,7 @@ WATCH_DONE = trio.Event()
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory):
     """(server context, client context): a server certificate for 127.0.0.1 and a client trusting its CA."""
-    directory = tmp_path_factory.mktemp("certs")
-    authority = CertAuthority(directory)
-    cert, key, _ = authority.issue("server", "127.0.0.1")
-    return ServerTls(TlsConfig(cert_path=cert, key_path=key)).context, ssl.create_default_context(
-        cafile=str(authority.path))
+    return loopback_tls_contexts(tmp_path_factory.mktemp("certs"))
 
 
 # The client side of the ``server`` fixture's connections: None in the clear, a TLS context over TLS.
