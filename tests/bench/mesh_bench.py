@@ -118,6 +118,9 @@ async def crash_scenario(seed: int, n: int) -> tuple[float, float]:
     return took, rate
 
 
+PARTS = ["lifeguard", "crash", "dissemination"]
+
+
 def run(fn, *args):
     return trio.run(fn, *args, clock=trio.testing.MockClock(autojump_threshold=0))
 
@@ -126,11 +129,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--nodes-large", type=int, default=1000)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS, help="which tables to print")
     args = parser.parse_args()
     seeds = list(range(1, args.seeds + 1))
     wall = time.perf_counter()
 
     print(f"# Mesh on the simulated network, {time.strftime('%Y-%m-%d')}, seeds {seeds}\n")
+    if "lifeguard" in args.parts:
+        lifeguard_table(seeds)
+    if "crash" in args.parts:
+        crash_table(seeds)
+    if "dissemination" in args.parts:
+        dissemination_table(seeds, args.nodes_large)
+    print(f"\n(wall time of this run: {time.perf_counter() - wall:.0f} s)")
+
+
+def lifeguard_table(seeds: "list[int]") -> None:
     print(f"## Lifeguard: 20 members, 3 slow ({SLOW_S:.0f} s), nobody fails, 120 s\n")
     print("False 'dead' verdicts (one per member per observer), about healthy members and about the slow ones, "
           "and suspicions raised.\n")
@@ -147,6 +161,8 @@ def main() -> None:
         print(f"| {seed} | " + " | ".join(map(str, row)) + " |", flush=True)
     print("| total | " + " | ".join(map(str, totals)) + " |\n")
 
+
+def crash_table(seeds: "list[int]") -> None:
     print("## Crash detection and gossip load (LAN preset)\n")
     print("| members | crash -> all survivors hold it dead, p50 s | max s | gossip bytes/s/node |")
     print("|---|---|---|---|")
@@ -156,13 +172,14 @@ def main() -> None:
         print(f"| {n} | {statistics.median(took):.2f} | {max(took):.2f} | "
               f"{statistics.median(r[1] for r in results):.0f} |", flush=True)
 
+
+def dissemination_table(seeds: "list[int]", nodes_large: int) -> None:
     print("\n## Dissemination of one change (LAN preset: gossip every 200 ms to 3 members)\n")
     print("| members | virtual s to reach all, p50 | max |")
     print("|---|---|---|")
-    for n in (30, args.nodes_large):
+    for n in (30, nodes_large):
         took = [run(dissemination_scenario, seed, n) for seed in seeds[:3 if n > 100 else len(seeds)]]
         print(f"| {n} | {statistics.median(took):.2f} | {max(took):.2f} |", flush=True)
-    print(f"\n(wall time of this run: {time.perf_counter() - wall:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -90,3 +90,37 @@ def test_a_restarted_sender_starts_its_counter_again():
     assert b.open(first.seal(b"1", b"l", 5.0), b"l", 5.0)[0] == b"1"
     restarted = Sealer(Keyring([KEY]))  # a new process: a new sender id, counter from 1
     assert b.open(restarted.seal(b"2", b"l", 6.0), b"l", 6.0)[0] == b"2"
+
+
+def test_a_sealed_frame_carries_33_bytes_more_than_its_payload():
+    from mesh.crypto import SEAL_OVERHEAD_BYTES
+    frame = Sealer(Keyring([KEY])).seal(b"p" * 40, b"l", 10.0)
+    assert len(frame) == 40 + SEAL_OVERHEAD_BYTES == 73  # version 1, nonce 12, tag 16, time 4
+
+
+def test_rewriting_a_captured_frames_sender_or_counter_fails_its_tag():
+    """The attack: replay a recorded frame under a counter (or sender) the receiver has not seen.
+    Sender and counter are the nonce, which GCM authenticates: the frame no longer opens."""
+    a, b = Sealer(Keyring([KEY])), Sealer(Keyring([KEY]))
+    frame = a.seal(b"dead n1", b"l", 50.0)
+    assert b.open(frame, b"l", 50.0) == (b"dead n1", None)
+    fresh_counter = frame[:9] + (2 ** 31).to_bytes(4, "big") + frame[13:]
+    other_sender = frame[:1] + b"intruder" + frame[9:]
+    assert b.open(fresh_counter, b"l", 50.0) == (None, "decrypt")
+    assert b.open(other_sender, b"l", 50.0) == (None, "decrypt")
+    older_version = bytes([2]) + frame[1:]
+    assert b.open(older_version, b"l", 50.0) == (None, "decrypt")
+
+
+def test_nonces_never_repeat_even_when_the_counter_would_wrap():
+    from mesh.crypto import COUNTER_MAX
+    a, b = Sealer(Keyring([KEY])), Sealer(Keyring([KEY]))
+    nonces = {a.seal(b"x", b"l", 1.0)[1:13] for _ in range(1000)}
+    assert len(nonces) == 1000
+    first_sender = a.sender
+    a._counter = COUNTER_MAX - 1
+    last = a.seal(b"last", b"l", 1.0)
+    wrapped = a.seal(b"after", b"l", 1.0)
+    assert last[1:9] == first_sender and last[9:13] == COUNTER_MAX.to_bytes(4, "big")
+    assert wrapped[1:9] == a.sender != first_sender and wrapped[9:13] == (1).to_bytes(4, "big")
+    assert b.open(last, b"l", 1.0)[0] == b"last" and b.open(wrapped, b"l", 1.0)[0] == b"after"
