@@ -198,13 +198,17 @@ def _reasoning_effort(body: dict[str, Any]) -> str | None:
 
 
 def to_chat_request(body: dict[str, Any], history: "list[dict[str, Any]]", after: "list[dict[str, Any]]" = (),
-                    hosted: "list[dict[str, Any]]" = (), tools_off: bool = False) -> ChatRequest:
+                    hosted: "list[dict[str, Any]]" = (), tools_off: bool = False,
+                    inputs: "list[dict[str, Any]] | None" = None) -> ChatRequest:
     """The chat request a Responses request means, after the stored conversation ``history``; in a tool loop,
     with the response's items so far (``after``), the MCP tools as functions (``hosted``), and no tools at all
-    once the loop's calls are spent (``tools_off``)."""
+    once the loop's calls are spent (``tools_off``). ``inputs``: the body's input as ``input_items`` gave it,
+    when the caller has it already."""
     model = field(body, "model", str)
     images: list[ImageRef] = []
-    messages = chat_messages([*history, *input_items(body.get("input")), *after], images)
+    if inputs is None:
+        inputs = input_items(body.get("input"))
+    messages = chat_messages([*history, *inputs, *after], images)
     if body.get("instructions") is not None:
         if not isinstance(body["instructions"], str):
             raise BadRequest(f"'instructions' must be a string, got {type_name(body['instructions'])}",
@@ -653,11 +657,12 @@ async def create(state: GatewayState, request: Request) -> None:
     conversation_id = _conversation_id(body)
     context = await _context(state, body, request.owner, conversation_id)
     # The conversation's items get ids of their own (no clash with older ones).
-    items = with_ids(input_items(body.get("input")), fresh=conversation_id is not None)
+    inputs = input_items(body.get("input"))
+    items = with_ids(inputs, fresh=conversation_id is not None)
     if has_hosted_tools(body):  # tools the node runs: the tool loop (responses_tools.py)
         await _create_with_tools(state, request, body, context, items, metadata, conversation_id, store, background)
         return
-    chat = to_chat_request(body, context.items)
+    chat = to_chat_request(body, context.items, inputs=inputs)
     prompt = await chat_prompt(state, request, chat, "Responses API")
     entry, tokenizer = prompt.entry, prompt.tokenizer
     plan = plan_generation(state, request, entry, prompt.ids, chat.sampling, chat.stream, "input", prompt.media,
