@@ -45,7 +45,8 @@ def test_smoke_scenario_passes_every_check(tmp_path, scenario, base_port):
         assert f"ports from {base_port} are taken" in result.stdout
     report = json.loads((tmp_path / scenario / "report.json").read_text())
     assert report["passed"] and {c["name"] for c in report["checks"]} == {
-        "requests lost", "models apart", "membership converged", "replicated state equal", "KV index equal",
+        "requests lost", "models apart", "membership converged", "no false dead", "replicated state equal",
+        "KV index equal",
         "rate limits held", "stored responses kept"}
     assert report["requests"]["ok"] > 100 and report["requests"]["rate_limited"] > 0
     if scenario == "kill-prefill-engine":  # a prefill lost before its hand-over is retried on the other pair
