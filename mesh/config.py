@@ -20,7 +20,8 @@ Consul run on LANs; n is the number of members):
   alive but slow (a crashed member never refutes); its next suspicions run the
   longest timeout whatever the confirmations, so it has time to refute again.
   Lifeguard's awareness protects against a slow accuser; this, against a slow
-  accused.
+  accused. The same memory of our own refutations: a member suspected lately is
+  likely slow itself, so its own suspicions of others run the longest timeout too.
 * retransmit_mult: each membership change is piggybacked
       retransmit_mult * ceil(log10(n + 1))  times,
   enough to reach every member with high probability (epidemic spread).

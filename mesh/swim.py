@@ -23,7 +23,9 @@ awareness multiplier):
    hears of a suspicion probes the suspect next (at once when no probe of its
    own runs), so confirmations, or acks that withhold them, come within a
    period. A member that refuted a suspicion lately gets longer ones for a while
-   (``refuted_memory_s``): it is slow, not gone.
+   (``refuted_memory_s``): it is slow, not gone. And a member that lately had to
+   refute a suspicion of itself holds its own suspicions of others that long: it is
+   the slow one, and what it sees of their refutations comes late.
 
 Lifeguard's awareness (0 .. awareness_max - 1) rises when this node fails a
 probe without the nacks it expected, or has to refute a suspicion about
@@ -200,6 +202,7 @@ class Swim:
         self._relays: dict[int, _Relay] = {}
         self._suspicions: dict[str, _Suspicion] = {}
         self._refuted_at: dict[str, float] = {}  # member -> when it last refuted a suspicion we held
+        self._self_refuted_at: float | None = None  # when we last had to refute a suspicion of us
         # Start timers at random offsets so that nodes started together do not probe in lockstep.
         self._next_probe_at = now + rng.random() * config.probe_interval_s
         self._next_gossip_at = now + rng.random() * config.gossip_interval_s
@@ -297,6 +300,10 @@ class Swim:
                 del self._relays[seq]
         for name, suspicion in list(self._suspicions.items()):
             if now >= suspicion.deadline:
+                # The timeout may have grown since it was set (we refuted a suspicion of us meanwhile).
+                suspicion.deadline = suspicion.started_at + self._suspicion_timeout_s(name, suspicion, now)
+                if now < suspicion.deadline:
+                    continue
                 del self._suspicions[name]
                 member = self.table.get(name)
                 if member is not None and member.status is MemberStatus.SUSPECT \
@@ -483,6 +490,11 @@ class Swim:
             # Alive but slow lately: confirmations say only that it is slow again, so the longest
             # timeout, as for an unconfirmed suspicion; it has that long to answer.
             return max(timeout, config.suspicion_max_s(n))
+        if self._self_refuted_at is not None and now - self._self_refuted_at < config.refuted_memory_s:
+            # We had to refute lately: we are the slow one (or our network is), and what we see of the
+            # suspect's refutation comes late. The longest timeout for our own verdict; the others',
+            # when it is right, reaches us by gossip as soon as they reach it.
+            return max(timeout, config.suspicion_max_s(n))
         return timeout
 
     def _probe_soon(self, name: str, now: float) -> None:
@@ -507,6 +519,7 @@ class Swim:
             return  # we are going: a dead or left verdict about us is right
         # Someone believes something else about us: refute with a higher incarnation.
         self.stats["refutations"] += 1
+        self._self_refuted_at = now
         self._adjust_awareness(1)
         self._raise_incarnation(message.incarnation)
         me = self.table.get(self.name)

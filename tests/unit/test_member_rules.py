@@ -246,3 +246,35 @@ def test_a_quiet_mesh_wakes_for_probes_not_for_empty_gossip_rounds_and_keeps_the
     assert news and 41.33 < news[0] <= 41.33 + MeshConfig.lan().gossip_interval_s
     # 60 s: ~60 probes, a few rounds for the news and the first seconds' queue; not 300 gossip rounds.
     assert quiet_ticks < 120 and woken_ticks > 1200
+
+
+def test_a_member_that_had_to_refute_lately_holds_its_own_suspicions_longest():
+    """Suspected and refuting, we are the slow one: a suspect's refutation reaches us late, so our own verdict
+    waits the longest timeout, even for a suspicion we held before we refuted. The others' verdict, when right,
+    reaches us by gossip."""
+    s = swim()
+    for name in "abcdefgh":
+        s.handle(PacketIn(f"{name}:1", [Alive(1, name, f"{name}:1", ())]), 0.0)
+    for accuser in "abc":  # confirmed twice: the minimum
+        s.handle(PacketIn(f"{accuser}:1", [Suspect(1, "h", accuser)]), 1.0)
+    shortest, longest = s.config.suspicion_min_s(9), s.config.suspicion_max_s(9)
+    assert s._suspicions["h"].deadline == 1.0 + shortest
+    s.handle(PacketIn("a:1", [Suspect(1, "me", "a")]), 2.0)  # we are suspected: we refute
+    assert s.stats["refutations"] == 1
+    changes = []
+    t = 2.0
+    while t < 1.0 + longest + 1 and not changes:
+        t = max(t + 0.001, s.next_deadline())
+        changes = [a for a in s.handle(Tick(), t) if isinstance(a, MemberChanged) and a.member.name == "h"]
+        if t < 1.0 + longest:
+            assert not changes, f"h declared dead at {t}: before the longest timeout"
+    assert changes and changes[0].member.status is D and t == 1.0 + longest
+    # Others' verdicts are taken at once, whatever our own timeout.
+    s.handle(PacketIn("a:1", [Suspect(1, "g", "a")]), t)
+    s.handle(PacketIn("b:1", [Dead(1, "g", "b")]), t)
+    assert s.table.get("g").status is D
+    # Past refuted_memory_s, the usual timeouts again.
+    later = 2.0 + s.config.refuted_memory_s + 1
+    for accuser in "abc":
+        s.handle(PacketIn(f"{accuser}:1", [Suspect(1, "f", accuser)]), later)
+    assert s._suspicions["f"].deadline == later + shortest
