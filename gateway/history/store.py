@@ -75,6 +75,10 @@ class TenantBounds:
     conversations: int
     items: int
 
+    def scaled(self, factor: float) -> "TenantBounds":
+        return TenantBounds(int(self.bytes * factor), int(self.responses * factor), int(self.conversations * factor),
+                            int(self.items * factor))
+
 
 # Responses a chain of previous_response_id may hold: each stored response names its ancestors (ids only),
 # so a follow-up reads them all at once rather than one after the other.

@@ -11,7 +11,7 @@ from mesh.ring import HashRing
 
 from gateway.history import HistoryConfig, MemoryHistory, RecordTooLarge, StorageQuotaExceeded, StoredResponse
 from gateway.history.ops import HistoryOps
-from gateway.history.shards import MemoryShards
+from gateway.history.shards import REPLICA_QUOTA_SLACK, MemoryShards
 from gateway.history.wire import BadFrame, change_from_wire, change_to_wire, operation_from_wire, pack, unpack
 
 
@@ -93,6 +93,29 @@ def test_one_tenant_cannot_evict_another_tenants_data():
     assert o.get_conversation("victim-conversation", "tenant:b", 200.0) is not None
 
 
+def test_a_replica_keeps_what_primaries_acknowledged_a_little_past_the_owners_quota():
+    """Found by a 10-minute chaos run: one tenant near its quota, a node away for three minutes; the other
+    nodes' counts of the tenant ran ahead of the primaries' (stand-in copies, a larger share of the ring),
+    every holder of the oldest responses evicted them at the bound itself, and 110 acknowledged responses
+    were gone. A replica now keeps an owner's shards up to REPLICA_QUOTA_SLACK times its bounds."""
+    quota = 8
+    primaries = [ops(max_responses=4 * quota) for _ in range(3)]  # a quarter of the node: 8 responses
+    replica = ops(max_responses=4 * quota)
+    acknowledged = []
+    for n in range(int(quota * 1.25)):  # the replica holds 1.25x what each primary admitted against
+        primary = primaries[n % 3]
+        _, change = put(primary, f"r{n}", owner="tenant:a", now=float(n))
+        replica.shards.apply(change, float(n))
+        acknowledged.append(f"r{n}")
+    assert all(replica.get_response(rid, "tenant:a", 20.0) is not None for rid in acknowledged)
+    assert replica.shards.evicted_over_quota == 0
+    for n in range(len(acknowledged), 3 * quota):  # far past it: the owner's own oldest go, and only so far
+        _, change = put(primaries[n % 3], f"r{n}", owner="tenant:a", now=float(n))
+        replica.shards.apply(change, float(n))
+    assert replica.shards.usage("tenant:a").responses == int(quota * REPLICA_QUOTA_SLACK)
+    assert replica.get_response("r0", "tenant:a", 40.0) is None and replica.shards.evicted_over_quota > 0
+
+
 def test_node_pressure_evicts_the_heaviest_owner_first_and_a_replica_over_quota_its_own():
     # Replicas take what primaries admitted: the node's bound can still be passed, and then the owner holding
     # the most pays, least recently used first.
@@ -103,7 +126,8 @@ def test_node_pressure_evicts_the_heaviest_owner_first_and_a_replica_over_quota_
     _, change = primary_b.put_response("b0", "tenant:b", b"x" * 700, 10.0)
     replica.shards.apply(change, 10.0)
     assert replica.get_response("b0", "tenant:b", 11.0) is not None  # b holds one: never the one to go
-    assert replica.shards.usage("tenant:a").bytes <= 2_000  # a quarter of the node: a's own went
+    # A quarter of the node, with the replicas' slack: a's own went.
+    assert replica.shards.usage("tenant:a").bytes <= 2_000 * REPLICA_QUOTA_SLACK
     assert replica.shards.evicted_over_quota >= 1
     many = ops(max_bytes=6_000, **ONE_TENANT)
     for owner, count in (("heavy", 4), ("light", 2)):
