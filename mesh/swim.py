@@ -519,7 +519,11 @@ class Swim:
             return  # we are going: a dead or left verdict about us is right
         # Someone believes something else about us: refute with a higher incarnation.
         self.stats["refutations"] += 1
-        self._self_refuted_at = now
+        if isinstance(message, Suspect) and message.source != self.name:
+            # A member suspected us: we answer late. (A peer's state merged at a join says "suspect" in
+            # our own name, and a Dead about us is mostly a restarted process hearing of its previous
+            # life: neither says anything of our speed.)
+            self._self_refuted_at = now
         self._adjust_awareness(1)
         self._raise_incarnation(message.incarnation)
         me = self.table.get(self.name)

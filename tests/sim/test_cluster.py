@@ -72,6 +72,31 @@ async def test_a_dead_node_that_restarts_rejoins_with_a_higher_incarnation(autoj
         nursery.cancel_scope.cancel()
 
 
+async def test_nodes_killed_and_restarted_in_turn_are_declared_dead_as_fast_each_time(autojump_clock):
+    """As mesh_real_bench.py does with real processes: kill each node in turn, restart it, and kill them all
+    again. A restarted node refutes its previous life's death (a peer's "dead", merged at its join, is a
+    suspicion in its own name): that is no sign of slowness. When it counted as one, every survivor of the
+    second round held its own suspicions for the longest timeout and the second kills took ~26 s."""
+    net = SimNetwork(seed=5, faults=LinkFaults(delay_s=0.001, jitter_s=0.002))
+    config = MeshConfig.lan()
+    async with trio.open_nursery() as nursery:
+        agents = await start_cluster(nursery, net, 5, config, seed=5)
+        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
+        took = []
+        for trial in range(8):
+            victim = 1 + trial % 4
+            net.crashed.add(agents[victim].transport.addr)
+            agents[victim].stop()
+            survivors = [a for i, a in enumerate(agents) if i != victim]
+            took.append(await wait_until(lambda: agree(survivors, {f"node-{victim}": DEAD}), 60))
+            net.crashed.discard(agents[victim].transport.addr)
+            agents[victim] = await start_agent(nursery, net, victim, config, seed=100 + trial)
+            await agents[victim].join([agents[0].transport.addr])
+            await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
+        assert max(took) < 10, f"detection times {took}"
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_node_without_the_key_cannot_join(autojump_clock):
     net = SimNetwork(seed=5)
     async with trio.open_nursery() as nursery:

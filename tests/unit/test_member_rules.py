@@ -278,3 +278,15 @@ def test_a_member_that_had_to_refute_lately_holds_its_own_suspicions_longest():
     for accuser in "abc":
         s.handle(PacketIn(f"{accuser}:1", [Suspect(1, "f", accuser)]), later)
     assert s._suspicions["f"].deadline == later + shortest
+
+
+def test_refuting_a_merged_or_dead_verdict_of_us_is_no_sign_of_slowness():
+    """A restarted process hears of its previous life: a peer's state merged at its join says "suspect" in our
+    own name, gossip may say "dead". It refutes both, but neither says it answers late."""
+    for message in (Suspect(1, "me", "me"), Dead(1, "me", "x")):
+        s = swim()
+        s.handle(PacketIn("x:1", [message]), 1.0)
+        assert s.stats["refutations"] == 1 and s._self_refuted_at is None
+    s = swim()
+    s.handle(PacketIn("x:1", [Suspect(1, "me", "x")]), 1.0)
+    assert s._self_refuted_at == 1.0
