@@ -485,16 +485,14 @@ class Swim:
         timeout = config.suspicion_timeout_s(n, len(suspicion.confirmations) - 1)
         if not config.lifeguard:
             return timeout
-        refuted_at = self._refuted_at.get(name)
-        if refuted_at is not None and now - refuted_at < config.refuted_memory_s:
-            # Alive but slow lately: confirmations say only that it is slow again, so the longest
-            # timeout, as for an unconfirmed suspicion; it has that long to answer.
-            return max(timeout, config.suspicion_max_s(n))
-        if self._self_refuted_at is not None and now - self._self_refuted_at < config.refuted_memory_s:
-            # We had to refute lately: we are the slow one (or our network is), and what we see of the
-            # suspect's refutation comes late. The longest timeout for our own verdict; the others',
-            # when it is right, reaches us by gossip as soon as they reach it.
-            return max(timeout, config.suspicion_max_s(n))
+        # The longest timeout, as for an unconfirmed suspicion, when either side was slow lately:
+        # - the suspect refuted a suspicion: confirmations say only that it is slow again, and it has that
+        #   long to answer;
+        # - we had to refute one of us: we are the slow one (or our network is), and what we see of the
+        #   suspect's refutation comes late; the others' verdict, when right, reaches us by gossip at once.
+        for refuted_at in (self._refuted_at.get(name), self._self_refuted_at):
+            if refuted_at is not None and now - refuted_at < config.refuted_memory_s:
+                return max(timeout, config.suspicion_max_s(n))
         return timeout
 
     def _probe_soon(self, name: str, now: float) -> None:

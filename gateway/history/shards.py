@@ -23,8 +23,9 @@ loses data to make room for an owner over it. An owner past ``REPLICA_QUOTA_SLAC
 on a replica loses its own least recently used shards: a replica holds what primaries admitted against
 their own counts, which differ from its own (a member's share of the ring, stand-in copies while an owner
 was away), and evicting at the bound itself lost acknowledged responses on all their holders at once (a
-10-minute chaos run at 90 % of one tenant's quota: 110 of 3,760). A shard not written for the retention time is gone (the clock is
-passed in: wall seconds, the same on every node, since shards move between nodes).
+10-minute chaos run at 90 % of one tenant's quota: 110 of 3,760). A shard not written for the retention
+time is gone (the clock is passed in: wall seconds, the same on every node, since shards move between
+nodes).
 
 Bytes are counted as the process holds them (``SHARD_OVERHEAD_BYTES``, ``ITEM_OVERHEAD_BYTES``,
 measured), and values are kept as exact-size bytes (``stored_json``).

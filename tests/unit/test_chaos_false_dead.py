@@ -73,5 +73,6 @@ def test_a_cut_off_nodes_verdict_reaching_the_others_after_the_heal_is_excused_w
 
 
 def test_packet_loss_gets_no_excuse_after_its_heal():
-    loss = [ExecutedEvent(110.0, 10.0, "10% packet loss", "network", ()), ExecutedEvent(116.0, 16.0, "heal", "heal", ())]
+    loss = [ExecutedEvent(110.0, 10.0, "10% packet loss", "network", ()),
+            ExecutedEvent(116.0, 16.0, "heal", "heal", ())]
     assert not false_dead.check(run([view(16.2, 0, n2="dead")], loss)).passed

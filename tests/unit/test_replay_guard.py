@@ -124,3 +124,26 @@ def test_nonces_never_repeat_even_when_the_counter_would_wrap():
     assert last[1:9] == first_sender and last[9:13] == COUNTER_MAX.to_bytes(4, "big")
     assert wrapped[1:9] == a.sender != first_sender and wrapped[9:13] == (1).to_bytes(4, "big")
     assert b.open(last, b"l", 1.0)[0] == b"last" and b.open(wrapped, b"l", 1.0)[0] == b"after"
+
+
+def test_a_key_holders_frame_with_extreme_values_is_refused_or_taken_never_raises():
+    """Sealed format v3 decodes a 4-byte counter from the nonce and 4 bytes of time from the plaintext: a key
+    holder may put anything in them, or send a plaintext too short to hold the time. Seeded, printed on failure."""
+    seed = random.randrange(2 ** 32)
+    rng = random.Random(seed)
+    ring = Keyring([KEY])
+    receiver = Sealer(Keyring([KEY]))
+    extremes = [0, 1, 2 ** 31, 2 ** 32 - 1]
+    outcomes = set()
+    for _ in range(400):
+        sender = rng.choice([b"\x00" * 8, b"\xff" * 8, rng.randbytes(8)])
+        counter = rng.choice(extremes + [rng.randrange(2 ** 32)])
+        plain = rng.choice([b"", b"\x00", b"\xff\xff\xff", (rng.choice(extremes)).to_bytes(4, "big") + rng.randbytes(3),
+                            int(1000.0).to_bytes(4, "big") + b"payload"])
+        frame = ring.seal(plain, b"l", sender + counter.to_bytes(4, "big"))
+        payload, reason = receiver.open(frame, b"l", 1000.0)
+        assert (payload is None) != (reason is None), f"seed {seed}"
+        outcomes.add(reason)
+        for cut in (0, 1, 13, len(frame) - 1):  # and every truncation of it
+            assert receiver.open(frame[:cut], b"l", 1000.0) == (None, "decrypt"), f"seed {seed}"
+    assert {"malformed", "stale"} <= outcomes, f"seed {seed}"
