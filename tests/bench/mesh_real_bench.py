@@ -1,8 +1,8 @@
 """Mesh figures with real smg-node processes on 127.0.0.1 (lan preset): not a test, it prints figures.
 
-    python tests/bench/mesh_real_bench.py [--trials 10] [--large 30]   (--large 0: no dissemination run)
+    python tests/bench/mesh_real_bench.py [--trials 10] [--large 30] [--nodes 5]   (--large 0: no dissemination run)
 
-* crash detection: SIGKILL one of 5 nodes; time until every survivor's admin
+* crash detection: SIGKILL one of --nodes nodes (5); time until every survivor's admin
   endpoint lists it dead (polled every 50 ms); restart it; repeat.
 * gossip bytes per second per node, idle, from the nodes' own metrics.
 * dissemination: one of --large nodes changes its tags; time until every node
@@ -65,32 +65,32 @@ def start_many(n: int, key: str, log_dir: Path) -> dict[int, NodeProcess]:
     return dict(enumerate(procs))
 
 
-def crash_trials(trials: int, log_dir: Path) -> tuple[list[float], float]:
+def crash_trials(trials: int, log_dir: Path, n: int = 5) -> tuple[list[float], float]:
     key = generate_key()
-    nodes = start_many(5, key, log_dir)
+    nodes = start_many(n, key, log_dir)
     client = httpx2.Client(headers=nodes[0].admin_headers)  # the admin API needs the nodes' shared token
     try:
-        wait(lambda: all(len([m for m in members(client, i).values() if m["state"] == "alive"]) == 5
-                         for i in range(5)), 60)
-        b0 = sum(_bytes_sent(client, n.url) for n in nodes.values())
+        wait(lambda: all(len([m for m in members(client, i).values() if m["state"] == "alive"]) == n
+                         for i in range(n)), 60)
+        b0 = sum(_bytes_sent(client, node.url) for node in nodes.values())
         time.sleep(20)
-        rate = (sum(_bytes_sent(client, n.url) for n in nodes.values()) - b0) / 20 / 5
+        rate = (sum(_bytes_sent(client, node.url) for node in nodes.values()) - b0) / 20 / n
         took = []
         for t in range(trials):
-            victim = 1 + t % 4
+            victim = 1 + t % (n - 1)
             nodes[victim].signal(signal.SIGKILL)
             nodes[victim].process.wait()
-            survivors = [i for i in range(5) if i != victim]
+            survivors = [i for i in range(n) if i != victim]
             took.append(wait(lambda: all(members(client, i)[f"n{victim}"]["state"] == "dead" for i in survivors),
                              90))
             print(f"  trial {t + 1}: n{victim} dead everywhere after {took[-1]:.2f} s", file=sys.stderr, flush=True)
             nodes[victim] = NodeProcess(args_for(victim, key), log_dir, f"n{victim}-{t}")
-            wait(lambda: all(members(client, i)[f"n{victim}"]["state"] == "alive" for i in range(5)), 90)
+            wait(lambda: all(members(client, i)[f"n{victim}"]["state"] == "alive" for i in range(n)), 90)
         return took, rate
     finally:
         client.close()
-        for n in nodes.values():
-            n.kill()
+        for node in nodes.values():
+            node.kill()
 
 
 def _bytes_sent(client: httpx2.Client, url: str) -> float:
@@ -129,13 +129,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--large", type=int, default=30)
+    parser.add_argument("--nodes", type=int, default=5, help="cluster size of the crash trials (at least 2)")
     args = parser.parse_args()
     log_dir = default_log_dir()
     print(f"# Mesh with real processes, lan preset, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores\n")
-    took, rate = crash_trials(args.trials, log_dir)
-    print(f"Crash detection, 5 nodes, {len(took)} SIGKILLs: p50 {statistics.median(took):.2f} s, "
+    took, rate = crash_trials(args.trials, log_dir, args.nodes)
+    print(f"Crash detection, {args.nodes} nodes, {len(took)} SIGKILLs: p50 {statistics.median(took):.2f} s, "
           f"p99 {pct(took, 99):.2f} s, max {max(took):.2f} s (until every survivor lists it dead)\n")
-    print(f"Gossip load, 5 idle nodes: {rate:.0f} bytes/s sent per node (encrypted, probes and acks included)\n")
+    print(f"Gossip load, {args.nodes} idle nodes: {rate:.0f} bytes/s sent per node (encrypted, probes and acks included)\n")
     if not args.large:  # --large 0: the crash and gossip figures only
         return
     spread = dissemination_trials(args.large, 5, log_dir)

@@ -97,6 +97,40 @@ async def test_nodes_killed_and_restarted_in_turn_are_declared_dead_as_fast_each
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_three_nodes_declare_a_crashed_one_dead_as_fast_as_five_do(autojump_clock, seed):
+    """The one confirmation a 3-member cluster can give brings the minimum suspicion (Lifeguard's k is at most
+    n - 2): ~6 s on the LAN preset, where k = 2 left it at ~13 s (60 % of the longest timeout)."""
+    net = SimNetwork(seed=seed, faults=LinkFaults(delay_s=0.001, jitter_s=0.002))
+    async with trio.open_nursery() as nursery:
+        agents = await start_cluster(nursery, net, 3, MeshConfig.lan(), seed=seed)
+        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(3)}), 30)
+        net.crashed.add(agents[2].transport.addr)
+        agents[2].stop()
+        took = await wait_until(lambda: agree(agents[:2], {"node-2": DEAD}), 60)
+        assert took < 8, f"seed {seed}: detection took {took:.2f} s"
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+async def test_a_slow_member_of_three_declares_no_healthy_one_dead(autojump_clock, seed):
+    """A member handling every packet 4 s late suspects the healthy ones from its late view; nobody
+    confirms (they hear each other), so its suspicions run the longest timeout and their refutations reach it
+    (memberlist's k = 0 for n - 2 < k would give the minimum, 4 s: measured 7 false verdicts in 10 seeds)."""
+    net = SimNetwork(seed=seed, faults=LinkFaults(delay_s=0.001, jitter_s=0.002))
+    async with trio.open_nursery() as nursery:
+        agents = await start_cluster(nursery, net, 3, MeshConfig.lan(), seed=seed)
+        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(3)}), 30)
+        verdicts = []
+        for agent in agents:
+            agent.listeners.append(lambda member, previous, observer=agent.name: verdicts.append(
+                (observer, member.name)) if member.status is DEAD and member.name != "node-0" else None)
+        net.slow_s[agents[0].transport.addr] = 4.0
+        await trio.sleep(120)
+        assert not verdicts, f"seed {seed}: healthy members declared dead (observer, member): {verdicts}"
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_node_without_the_key_cannot_join(autojump_clock):
     net = SimNetwork(seed=5)
     async with trio.open_nursery() as nursery:

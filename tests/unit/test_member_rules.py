@@ -199,6 +199,17 @@ def test_confirmations_shorten_the_suspicion_timeout():
     assert MeshConfig.lan(lifeguard=False).suspicion_timeout_s(n, 0) == cfg.suspicion_min_s(n)
 
 
+def test_confirmations_expected_are_at_most_the_members_who_could_confirm():
+    """k is at most n - 2: in 3 members the one confirmation there can be brings the minimum (it waited ~60 %
+    of the longest before: 13 s on the LAN preset); 2 members have nobody to confirm, the longest."""
+    cfg = MeshConfig.lan()
+    assert [cfg.confirmations_expected(n) for n in (1, 2, 3, 4, 10)] == [1, 1, 1, 2, 2]
+    assert cfg.suspicion_timeout_s(3, 1) == cfg.suspicion_min_s(3) == 4.0
+    assert cfg.suspicion_timeout_s(3, 0) == cfg.suspicion_max_s(3) == 24.0  # unconfirmed: a slow accuser waits
+    assert cfg.suspicion_timeout_s(2, 0) == cfg.suspicion_max_s(2)
+    assert 4.0 < cfg.suspicion_timeout_s(4, 1) < 24.0
+
+
 def test_retransmit_limit_grows_with_log_of_cluster_size():
     cfg = MeshConfig.lan()
     assert [cfg.retransmit_limit(n) for n in (1, 9, 10, 99, 100, 1000)] == [4, 4, 8, 8, 12, 16]
