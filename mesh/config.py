@@ -20,10 +20,12 @@ Consul run on LANs; n is the number of members):
   that withholds one, comes within a probe period).
 * refuted_memory_s: a member that refuted a suspicion this recently has shown it is
   alive but slow (a crashed member never refutes); its next suspicions run the
-  longest timeout whatever the confirmations, so it has time to refute again.
-  Lifeguard's awareness protects against a slow accuser; this, against a slow
-  accused. The same memory of our own refutations: a member suspected lately is
-  likely slow itself, so its own suspicions of others run the longest timeout too.
+  longest timeout whatever the confirmations, so it has time to refute again (held
+  until the memory lapses, then the usual timeout). Lifeguard's awareness protects
+  against a slow accuser; this, against a slow accused. The same memory of our own
+  refutations while our awareness is above 0: a member suspected lately and still
+  failing probes is likely slow itself, so its own suspicions of others run the
+  longest timeout too.
 * retransmit_mult: each membership change is piggybacked
       retransmit_mult * ceil(log10(n + 1))  times,
   enough to reach every member with high probability (epidemic spread).
@@ -60,8 +62,12 @@ class MeshConfig:
     # (memberlist derives it as suspicion_mult - 2 = 2).
     suspicion_confirmations: int = 2
     # A member that refuted a suspicion this recently has shown it is alive but slow: its next
-    # suspicions run the longest timeout, confirmed or not (a crashed member never refutes).
-    refuted_memory_s: float = 60.0
+    # suspicions run the longest timeout (at most until this memory lapses), confirmed or not (a crashed
+    # member never refutes). A slow member refutes every few seconds, so 20 s covers it (12 s let 3 false
+    # verdicts through in the slow-member simulation, 20 and 60 s one); 60 s held a crash right after a
+    # lossy half-minute, when most members had refuted, for the longest timeout (28.5 s p50 after 30 %
+    # loss, 13.2 s with 20; mesh_bench.py and BENCHMARKS.md).
+    refuted_memory_s: float = 20.0
     retransmit_mult: int = 4
     gossip_interval_s: float = 0.2
     gossip_nodes: int = 3

@@ -22,10 +22,12 @@ awareness multiplier):
    shrinks as other members independently confirm the suspicion. A member that
    hears of a suspicion probes the suspect next (at once when no probe of its
    own runs), so confirmations, or acks that withhold them, come within a
-   period. A member that refuted a suspicion lately gets longer ones for a while
-   (``refuted_memory_s``): it is slow, not gone. And a member that lately had to
-   refute a suspicion of itself holds its own suspicions of others that long: it is
-   the slow one, and what it sees of their refutations comes late.
+   period. A member that refuted a suspicion lately gets the longest ones while that
+   is remembered (``refuted_memory_s``): it is slow, not gone. And a member that
+   lately had to refute a suspicion of itself, and whose probes still fail, holds
+   its own suspicions of others as long: it is the slow one, and what it sees of
+   their refutations comes late. Both lapse (a crash right after a lossy spell, when
+   most members refuted, is not held for the longest timeout everywhere).
 
 Lifeguard's awareness (0 .. awareness_max - 1) rises when this node fails a
 probe without the nacks it expected, or has to refute a suspicion about
@@ -385,14 +387,20 @@ class Swim:
                 self.stats["suspicions_raised"] += 1
             self._apply(Suspect(member.incarnation, member.name, self.name), now, out)
 
-    def _probe_succeeded(self) -> None:
+    def _probe_succeeded(self, now: float) -> None:
         self.stats["probe_acks"] += 1
         self._probe = None
-        self._adjust_awareness(-1)
+        self._adjust_awareness(-1, now)
 
-    def _adjust_awareness(self, delta: int) -> None:
-        if self.config.lifeguard:
-            self.awareness = min(self.config.awareness_max - 1, max(0, self.awareness + delta))
+    def _adjust_awareness(self, delta: int, now: float | None = None) -> None:
+        if not self.config.lifeguard:
+            return
+        was = self.awareness
+        self.awareness = min(self.config.awareness_max - 1, max(0, self.awareness + delta))
+        if was and not self.awareness and now is not None and self._self_refuted_at is not None:
+            # Well again: suspicions held for our own slowness run their own timeouts from now on.
+            for name, suspicion in self._suspicions.items():
+                suspicion.deadline = suspicion.started_at + self._suspicion_timeout_s(name, suspicion, now)
 
     def _gossip(self, now: float, out: list[Action]) -> None:
         if not len(self._queue) and self._user_broadcasts is None:
@@ -422,7 +430,7 @@ class Swim:
                                     [encode_message(Ping(seq, message.target, self.name, self.addr))]))
         elif isinstance(message, Ack):
             if self._probe is not None and message.seq == self._probe.seq:
-                self._probe_succeeded()
+                self._probe_succeeded(now)
             elif message.seq in self._relays:
                 relay = self._relays.pop(message.seq)
                 out.append(self._packet(relay.requester_addr, [encode_message(Ack(relay.requester_seq, self.name))]))
@@ -485,15 +493,30 @@ class Swim:
         timeout = config.suspicion_timeout_s(n, len(suspicion.confirmations) - 1)
         if not config.lifeguard:
             return timeout
-        # The longest timeout, as for an unconfirmed suspicion, when either side was slow lately:
+        # The longest timeout, as for an unconfirmed suspicion, while either side was slow lately:
         # - the suspect refuted a suspicion: confirmations say only that it is slow again, and it has that
         #   long to answer;
-        # - we had to refute one of us: we are the slow one (or our network is), and what we see of the
-        #   suspect's refutation comes late; the others' verdict, when right, reaches us by gossip at once.
-        for refuted_at in (self._refuted_at.get(name), self._self_refuted_at):
-            if refuted_at is not None and now - refuted_at < config.refuted_memory_s:
-                return max(timeout, config.suspicion_max_s(n))
-        return timeout
+        # - we had to refute one of us and our awareness says we are still unwell: we are the slow one (or
+        #   our network is), and what we see of the suspect's refutation comes late; the others' verdict,
+        #   when right, reaches us by gossip at once.
+        # Held only while that memory lasts (re-checked when it lapses, or when we are well again): a
+        # lossy half-minute has most members refute, and a crash right after it waited the longest
+        # timeout on every survivor (25.6 s p50 after 30 s of 20 % loss).
+        held_until = self._slowness_held_until(name, now)
+        if held_until is None:
+            return timeout
+        return max(timeout, min(config.suspicion_max_s(n), held_until - suspicion.started_at))
+
+    def _slowness_held_until(self, name: str, now: float) -> float | None:
+        """When the memory of a slowness that lengthens our suspicion of ``name`` lapses; None: there is none."""
+        memory_s, until = self.config.refuted_memory_s, None
+        refuted_at = self._refuted_at.get(name)
+        if refuted_at is not None and now - refuted_at < memory_s:
+            until = refuted_at + memory_s
+        refuted_at = self._self_refuted_at
+        if self.awareness > 0 and refuted_at is not None and now - refuted_at < memory_s:
+            until = max(until or 0.0, refuted_at + memory_s)
+        return until
 
     def _probe_soon(self, name: str, now: float) -> None:
         """Someone else suspects ``name``: probe it next, at once if no probe of ours runs, so our
