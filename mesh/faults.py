@@ -114,6 +114,12 @@ class FaultyTransport:
             if not self._lost(self._rule(addr)):
                 return addr, data
 
+    def receive_packet_nowait(self) -> tuple[str, bytes] | None:
+        while True:
+            packet = self.inner.receive_packet_nowait()
+            if packet is None or not self._lost(self._rule(packet[0])):
+                return packet
+
     async def exchange(self, addr: str, data: bytes, timeout_s: float, hello: HelloMaker | None = None) -> bytes:
         rule = self._rule(addr)
         if rule.drop >= 1.0:

@@ -119,6 +119,12 @@ class SimTransport:
     async def receive_packet(self) -> tuple[str, bytes]:
         return await self.inbox.receive()
 
+    def receive_packet_nowait(self) -> tuple[str, bytes] | None:
+        try:
+            return self.inbox.receive_nowait()
+        except trio.WouldBlock:
+            return None
+
     async def exchange(self, addr: str, data: bytes, timeout_s: float, hello: HelloMaker | None = None) -> bytes:
         # A simulated stream is one exchange on a connection of its own, and no stranger can reach
         # it: the hello that guards real connections (mesh.transport) has nothing to guard here.

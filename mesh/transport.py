@@ -70,6 +70,9 @@ class Transport(Protocol):
     async def receive_packet(self) -> tuple[str, bytes]:
         """The next datagram and its sender's address."""
 
+    def receive_packet_nowait(self) -> tuple[str, bytes] | None:
+        """A datagram that has arrived and waits to be read, else None (never waits)."""
+
     async def exchange(self, addr: str, data: bytes, timeout_s: float, hello: HelloMaker | None = None) -> bytes:
         """Send one frame over a stream, return the peer's one-frame answer. Raises TransportError.
         A new connection first carries ``hello()``."""
@@ -195,9 +198,17 @@ class UdpTcpTransport:
     async def receive_packet(self) -> tuple[str, bytes]:
         while True:
             await trio.lowlevel.wait_readable(self._udp)
+            packet = self.receive_packet_nowait()
+            if packet is not None:
+                return packet
+
+    def receive_packet_nowait(self) -> tuple[str, bytes] | None:
+        while True:
             try:
                 data, addr = self._udp.recvfrom(UDP_RECEIVE_BYTES_MAX)
-            except (BlockingIOError, InterruptedError, ConnectionRefusedError):
+            except (BlockingIOError, InterruptedError):
+                return None
+            except ConnectionRefusedError:  # an ICMP error of an earlier send: nothing to read in it
                 continue
             host, port = addr[0], addr[1]
             return (f"[{host}]:{port}" if ":" in host else f"{host}:{port}"), data
