@@ -209,6 +209,11 @@ class MeshAgent:
         self.stop()
 
     @property
+    def leaving(self) -> bool:
+        """True once this member announced its leave (it gossips no more than the announcement)."""
+        return self.swim.leaving
+
+    @property
     def tags(self) -> "dict[str, str]":
         """This member's own tags, as it gossips them."""
         return dict(self.swim.tags)

@@ -38,7 +38,9 @@ Consul run on LANs; n is the number of members):
 * reconnect_interval_s: every interval, push-pull with one random member we
   hold as dead (not left), as Serf does: after a partition heals, the two
   sides would otherwise never talk again, each holding the other dead.
-* reap_s: dead and left members are forgotten after this long.
+* reap_s: dead and left members are forgotten after this long. A partition longer than this is healed
+  by the seeds: a node joins its ``--join`` seeds again every reconnect interval while it does not see
+  one of them alive (service.py ``keep_seeds_joined``).
 * awareness_max: Lifeguard's local health multiplier goes from 0 to
   awareness_max - 1; a node that sees signs of its own slowness (probes it
   could not complete, missing nacks, having to refute) waits longer before

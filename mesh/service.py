@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hmac
+import ipaddress
 import logging
 import random
 import time
@@ -39,7 +40,7 @@ from .asgi import answer_lifespan
 from .config import MeshConfig
 from .crypto import Keyring, KeyringError
 from .faults import maybe_faulty
-from .members import MemberSnapshot
+from .members import MemberSnapshot, MemberStatus
 from .options import MeshOptions, default_node_name
 from .transport import MeshTls, UdpTcpTransport
 
@@ -104,6 +105,70 @@ async def join_with_retry(agent: MeshAgent, options: MeshOptions) -> bool:
             log.warning("join attempt %d failed (%s); retrying in %.0fs", attempt, e, delay)
         await trio.sleep(delay * (0.8 + 0.4 * random.random()))
         delay = min(delay * 2, JOIN_BACKOFF_MAX_S)
+
+
+async def keep_seeds_joined(agent: MeshAgent, seeds: "tuple[str, ...] | list[str]", interval_s: float) -> None:
+    """Every ``interval_s`` (jittered), join again the seeds that are not live members; runs until cancelled.
+
+    Why: a member held dead is forgotten ``reap_s`` after (5 min on ``lan``). Until then the reconnect attempts
+    to dead members (``reconnect_interval_s``) heal a partition; after a longer one neither side remembers the
+    other, and the halves ran on as two clusters for good, each granting the whole of every rate limit and
+    holding its own stored conversations (tests/sim/test_partition_heal.py). The seeds are the cluster the
+    operator named: one we cannot see alive is joined again, as ``--router-selector`` does with router pods
+    (gateway/discovery/seeds.py). A seed that is down costs one failed connection per interval; a live member
+    costs nothing (its address is compared, resolved as the join resolves it).
+    """
+    joined_last: frozenset[str] = frozenset()  # seeds the last join reached
+    warned = False
+    while True:
+        await trio.sleep(interval_s * (0.8 + 0.4 * random.random()))  # jittered: the nodes do not all go at once
+        if agent.leaving:
+            return
+        missing = await seeds_not_alive(agent, seeds)
+        try:
+            answered = await agent.join(missing) if missing else 0
+        except JoinError as e:
+            log.debug("seeds not seen alive still do not answer: %s", e)
+            answered = 0
+        if not answered:
+            joined_last, warned = frozenset(), False
+        elif joined_last.issuperset(missing):
+            # Joined last time too, yet no member has that address: an advertise mismatch; said once.
+            if not warned:
+                log.warning("seeds %s answer, but no member advertises their address (check --mesh-advertise)",
+                            ", ".join(missing))
+                warned = True
+        else:
+            log.info("joined again through %d of the %d seeds not seen alive (%s)", answered, len(missing),
+                     ", ".join(missing))
+            joined_last, warned = frozenset(missing), False
+
+
+async def seeds_not_alive(agent: MeshAgent, seeds: "tuple[str, ...] | list[str]") -> list[str]:
+    """The seeds (resolved) that are neither this node nor a member it holds alive or suspect."""
+    live = {m.addr for m in agent.members() if m.status in (MemberStatus.ALIVE, MemberStatus.SUSPECT)}
+    live.add(agent.transport.addr)
+    missing = []
+    for seed in await resolve_seeds(seeds):
+        if seed not in live and not live.intersection(await _addresses_of(seed)):
+            missing.append(seed)
+    return missing
+
+
+async def _addresses_of(seed: str) -> list[str]:
+    """host:port with the host resolved when it is a name (members are known by the addresses they advertise)."""
+    host, _, port = seed.rpartition(":")
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+        return [seed]
+    except ValueError:
+        pass
+    try:
+        infos = await trio.socket.getaddrinfo(host, int(port), type=trio.socket.SOCK_DGRAM)
+    except (OSError, ValueError):
+        return []
+    return [f"[{i[4][0]}]:{port}" if ":" in i[4][0] else f"{i[4][0]}:{port}" for i in infos]
 
 
 class _AdminApp:
@@ -247,8 +312,11 @@ async def serve_mesh(options: MeshOptions, extra_tags: "dict[str, str]", hooks: 
             task_status.started(service)
             if options.join:
                 async def join_then_report() -> None:
-                    if await join_with_retry(agent, options) and on_joined is not None:
+                    if not await join_with_retry(agent, options):
+                        return
+                    if on_joined is not None:
                         on_joined()
+                    await keep_seeds_joined(agent, options.join, config.reconnect_interval_s)
 
                 nursery.start_soon(join_then_report)
             elif on_joined is not None:

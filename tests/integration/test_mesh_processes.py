@@ -93,17 +93,24 @@ def test_five_nodes_kill_restart_leave_and_wrong_key(cluster, log_dir):
         stranger.kill()
 
 
-def test_sigterm_leaves_gracefully(log_dir):
-    a = NodeProcess(node_args(10, seed=10), log_dir, "mesh-a")
-    b = NodeProcess(node_args(11, seed=10), log_dir, "mesh-b")
+def test_sigterm_leaves_gracefully_and_a_seed_back_alone_is_joined_again(log_dir):
+    """SIGTERM: the node leaves (its peer holds it as left), then exits. It starts again with no seed of its
+    own: its peer never probes a member that left, so the two ran as two clusters for good; the peer now
+    joins its seeds again when it does not see them alive (``keep_seeds_joined``, ~6 s on `local`)."""
+    seed = NodeProcess(node_args(30, seed=30), log_dir, "mesh-seed")
+    peer = NodeProcess(node_args(31, seed=30), log_dir, "mesh-peer")
     try:
-        eventually(lambda: view(10) == {"n10": "alive", "n11": "alive"}, 20)
-        b.signal(signal.SIGTERM)
-        assert b.process.wait(20) == 0
-        eventually(lambda: view(10)["n11"] == "left", 10)
+        eventually(lambda: view(30) == {"n30": "alive", "n31": "alive"}, 20)
+        seed.signal(signal.SIGTERM)
+        assert seed.process.wait(20) == 0
+        eventually(lambda: view(31)["n30"] == "left", 10)
+        seed = NodeProcess(node_args(30, seed=30), log_dir, "mesh-seed-again")  # its only seed is itself
+        took = eventually(lambda: view(31)["n30"] == "alive" and view(30) == {"n30": "alive", "n31": "alive"}, 30,
+                          lambda: (view(30), view(31)))
+        assert took < 20
     finally:
-        a.kill()
-        b.kill()
+        seed.kill()
+        peer.kill()
 
 
 def test_keyring_rotation_through_the_cli(log_dir):
