@@ -42,7 +42,7 @@ from .crypto import Keyring, KeyringError
 from .faults import maybe_faulty
 from .members import MemberSnapshot, MemberStatus
 from .options import MeshOptions, default_node_name
-from .transport import MeshTls, UdpTcpTransport
+from .transport import MeshTls, UdpTcpTransport, join_addr
 
 log = logging.getLogger("mesh.service")
 
@@ -73,16 +73,18 @@ async def resolve_seeds(seeds: "tuple[str, ...] | list[str]") -> list[str]:
         if seed.startswith("dns:"):
             name, _, port = seed[4:].rpartition(":")
             try:
-                infos = await trio.socket.getaddrinfo(name, int(port), type=trio.socket.SOCK_DGRAM)
+                out += await _resolve(name, port)
             except (OSError, ValueError) as e:
                 log.warning("seed %s does not resolve: %s", seed, e)
-                continue
-            for info in infos:
-                host = info[4][0]
-                out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
         else:
             out.append(seed)
     return list(dict.fromkeys(out))
+
+
+async def _resolve(name: str, port: str) -> list[str]:
+    """Every address ``name`` resolves to, as host:port. Raises OSError or ValueError."""
+    infos = await trio.socket.getaddrinfo(name, int(port), type=trio.socket.SOCK_DGRAM)
+    return [join_addr(info[4][0], port) for info in infos]
 
 
 async def join_with_retry(agent: MeshAgent, options: MeshOptions) -> bool:
@@ -158,17 +160,15 @@ async def seeds_not_alive(agent: MeshAgent, seeds: "tuple[str, ...] | list[str]"
 async def _addresses_of(seed: str) -> list[str]:
     """host:port with the host resolved when it is a name (members are known by the addresses they advertise)."""
     host, _, port = seed.rpartition(":")
-    host = host.strip("[]")
     try:
-        ipaddress.ip_address(host)
+        ipaddress.ip_address(host.strip("[]"))
         return [seed]
     except ValueError:
         pass
     try:
-        infos = await trio.socket.getaddrinfo(host, int(port), type=trio.socket.SOCK_DGRAM)
+        return await _resolve(host, port)
     except (OSError, ValueError):
         return []
-    return [f"[{i[4][0]}]:{port}" if ":" in i[4][0] else f"{i[4][0]}:{port}" for i in infos]
 
 
 class _AdminApp:

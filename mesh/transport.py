@@ -112,6 +112,11 @@ def split_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def join_addr(host: str, port: int | str) -> str:
+    """host:port, an IPv6 host in brackets (what ``split_addr`` reads back)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class _StreamPool:
     """Idle client connections per peer address, oldest first (taken from the newest end)."""
 
@@ -177,7 +182,7 @@ class UdpTcpTransport:
                 if e.errno != errno.EADDRINUSE or port != 0 or attempt == BIND_ATTEMPTS_MAX - 1:
                     raise
         self._family = family
-        self.addr = advertise or (f"[{host}]:{bound_port}" if ":" in host else f"{host}:{bound_port}")
+        self.addr = advertise or join_addr(host, bound_port)
         self.frame_bytes_max = frame_bytes_max
         self._pool = _StreamPool()
         self.connections = 0
@@ -211,7 +216,7 @@ class UdpTcpTransport:
             except ConnectionRefusedError:  # an ICMP error of an earlier send: nothing to read in it
                 continue
             host, port = addr[0], addr[1]
-            return (f"[{host}]:{port}" if ":" in host else f"{host}:{port}"), data
+            return join_addr(host, port), data
 
     async def exchange(self, addr: str, data: bytes, timeout_s: float, hello: HelloMaker | None = None) -> bytes:
         """One request frame, one answer frame, over a kept-alive connection when one is idle.
