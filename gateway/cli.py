@@ -66,12 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("sim-engine", help="run a simulated engine (python -m chaos.sim_engine; see its --help)",
                         add_help=False)
     for name, text in (("join", "join a cluster through seeds"), ("leave", "leave the cluster gracefully"),
+                       ("force-leave", "mark a failed member gone for good (it is no longer counted as cut off)"),
                        ("members", "list the members"), ("keyring", "list, install, use or remove gossip keys"),
                        ("tags", "replace the local node's tags")):
         sub = commands.add_parser(name, help=text)
         _admin_options(sub, nested=True)
         if name == "join":
             sub.add_argument("seeds", nargs="+")
+        elif name == "force-leave":
+            sub.add_argument("member", help="a failed member's name, or a node's (its processes all failed)")
         elif name == "members":
             sub.add_argument("--json", action="store_true", help="a JSON list instead of a table")
         elif name == "tags":

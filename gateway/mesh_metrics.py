@@ -29,6 +29,8 @@ def mesh_metric_families(agent: MeshAgent) -> Iterator[Any]:
                   [([], swim["suspicions_refuted"])])
     yield counter("smg_mesh_refutations", "False alarms about this node that it refuted", [],
                   [([], swim["refutations"])])
+    yield counter("smg_mesh_forced_leaves", "Failed members this node forced to leave (smg-node force-leave, or "
+                  "their router pod deleted)", [], [([], swim["forced_leaves"])])
     yield counter("smg_mesh_packets", "Gossip packets", ["direction"],
                   [(["sent"], stats.packets_sent), (["received"], stats.packets_received)])
     yield counter("smg_mesh_bytes", "Gossip bytes", ["direction"],

@@ -24,6 +24,7 @@ from typing import Any
 
 _EXPORTS = {
     "serve_mesh": "service", "MeshBindError": "service", "JoinError": "agent", "PeerUnreachable": "agent",
+    "ForceLeaveError": "agent",
     "MeshOptions": "options", "MeshConfig": "config", "MeshAgent": "agent",
     "default_node_name": "options", "parse_tags": "options", "is_loopback": "options",
     "MemberSnapshot": "members", "MemberStatus": "members", "HashRing": "ring",

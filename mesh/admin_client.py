@@ -1,4 +1,4 @@
-"""The client side of ``smg-node join|leave|members|keyring``: calls to the local admin endpoint."""
+"""The client side of ``smg-node join|leave|force-leave|members|keyring``: calls to the local admin endpoint."""
 
 from __future__ import annotations
 
@@ -99,6 +99,10 @@ def run_admin_command(args: argparse.Namespace) -> int:
     elif args.command == "leave":
         _call(args, "POST", "/v1/leave")
         print("leaving: the node announces it and stops")
+    elif args.command == "force-leave":
+        left = _call(args, "POST", "/v1/force-leave", {"member": args.member})["left"]
+        print(f"marked left: {', '.join(left)} (the cluster no longer counts {'it' if len(left) == 1 else 'them'} "
+              "as possibly cut off)")
     elif args.command == "tags":
         from .options import parse_tags
         try:

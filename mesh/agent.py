@@ -39,6 +39,7 @@ from .members import MemberSnapshot, MemberStatus
 from .swim import (
     Action,
     DeliverUser,
+    ForceLeave,
     Leave,
     MemberChanged,
     MemberReaped,
@@ -100,6 +101,14 @@ class AgentStats:
 
 class JoinError(Exception):
     """No seed could be reached."""
+
+
+class ForceLeaveError(Exception):
+    """A force-leave names no member, or a member that is not held failed (``missing``: unknown here)."""
+
+    def __init__(self, message: str, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 class PeerUnreachable(Exception):
@@ -207,6 +216,28 @@ class MeshAgent:
             while self.swim.broadcasts_pending():
                 await trio.sleep(self.config.gossip_interval_s)
         self.stop()
+
+    def force_leave(self, name: str) -> list[str]:
+        """Marks a failed member left, cluster-wide: an operator says it is gone for good, so the others stop
+        counting it as possibly cut off (rate-limit shares, history writes: ``MeshConfig.dead_reap_s``). ``name``
+        is a member, or a node whose members (the processes of ``--workers N``, its ``node`` tag) are all failed.
+        Returns the members marked left. Raises ForceLeaveError when none is known by that name or one of them is
+        not failed: a live member would refute at once, and a suspected one may be only slow."""
+        if name == self.name:
+            raise ForceLeaveError(f"{name} is this node: it leaves with smg-node leave")
+        members = [m for m in self.members() if m.name != self.name and (
+            m.name == name or m.tags.get("node") == name) and m.status is not MemberStatus.LEFT]
+        if not members:
+            raise ForceLeaveError(f"no member {name} (failed or alive) is known here", missing=True)
+        not_failed = [m for m in members if m.status is not MemberStatus.DEAD]
+        if not_failed:
+            raise ForceLeaveError(", ".join(f"{m.name} is {m.status.name.lower()}" for m in not_failed) +
+                                  ": only a failed member can be forced to leave (a live one leaves itself: "
+                                  "smg-node leave on its machine)")
+        for member in members:
+            self._handle(ForceLeave(member.name))
+            log.warning("member %s forced to leave (operator): no longer counted as possibly cut off", member.name)
+        return [m.name for m in members]
 
     @property
     def leaving(self) -> bool:

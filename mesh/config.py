@@ -38,9 +38,18 @@ Consul run on LANs; n is the number of members):
 * reconnect_interval_s: every interval, push-pull with one random member we
   hold as dead (not left), as Serf does: after a partition heals, the two
   sides would otherwise never talk again, each holding the other dead.
-* reap_s: dead and left members are forgotten after this long. A partition longer than this is healed
-  by the seeds: a node joins its ``--join`` seeds again every reconnect interval while it does not see
-  one of them alive (service.py ``keep_seeds_joined``).
+* left_reap_s: members that left are forgotten after this long (memberlist's dead-node reclaim; they
+  said goodbye, nothing is owed them).
+* dead_reap_s: failed members are forgotten after this long: 24 hours, Serf's reconnect_timeout. A
+  failed member may be cut off rather than crashed, still serving clients on its side, and the gateway
+  counts it as known until then: rate limits share their allowance with it, a node alone on its side
+  refuses history writes, a record it may hold is "unavailable" rather than "not found". Forgetting it
+  sooner makes each side of a longer partition act as the whole cluster (a 90 s partition with a 60 s
+  reap granted a rate limit on both sides and answered "not found" for records held across it: chaos
+  reports ``partition-halves-300s``). A member gone for good is removed at once with ``smg-node
+  force-leave`` (Kubernetes discovery does it when the member's pod is deleted). Whatever the reap, a
+  partition heals through the seeds: a node joins its ``--join`` seeds again every reconnect interval
+  while it does not see one of them alive (service.py ``keep_seeds_joined``).
 * awareness_max: Lifeguard's local health multiplier goes from 0 to
   awareness_max - 1; a node that sees signs of its own slowness (probes it
   could not complete, missing nacks, having to refute) waits longer before
@@ -76,7 +85,8 @@ class MeshConfig:
     push_pull_interval_s: float = 30.0
     gossip_to_the_dead_s: float = 30.0
     reconnect_interval_s: float = 30.0
-    reap_s: float = 300.0
+    left_reap_s: float = 300.0
+    dead_reap_s: float = 86_400.0
     awareness_max: int = 8
     # Lifeguard as a whole (awareness, nacks, dynamic suspicion); off = plain SWIM
     # (fixed suspicion timeout = the minimum, no slowness awareness), for comparison.
@@ -96,7 +106,7 @@ class MeshConfig:
     def local(cls, **overrides) -> "MeshConfig":
         """One machine (loopback): 5x faster timers, for tests and demos."""
         values = dict(probe_interval_s=0.2, probe_timeout_s=0.1, gossip_interval_s=0.05,
-                      push_pull_interval_s=10.0, gossip_to_the_dead_s=6.0, reconnect_interval_s=6.0, reap_s=60.0)
+                      push_pull_interval_s=10.0, gossip_to_the_dead_s=6.0, reconnect_interval_s=6.0, left_reap_s=60.0)
         values.update(overrides)
         return cls(**values)
 

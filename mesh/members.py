@@ -21,10 +21,18 @@ unchanged:
   dead(inc, node, from)
     unknown node                       -> ignore ("unknown")
     inc < known incarnation            -> ignore ("stale")
-    node is DEAD or LEFT               -> ignore ("final")
+    node is LEFT                       -> ignore ("final")
+    node is DEAD, from == node         -> LEFT: an operator's force-leave of a failed member (below)
+    node is DEAD otherwise             -> ignore ("final")
     node is us                         -> refute unless we are leaving ("about_self")
     from == node                       -> LEFT: it said goodbye; a leave is not a failure
     otherwise                          -> DEAD
+
+  A failed (DEAD) member is kept much longer than a LEFT one (``MeshConfig.dead_reap_s``): it may be
+  cut off rather than gone, still serving on its side. ``force-leave`` tells the cluster it is gone for
+  good: the member is marked LEFT under its own name at the incarnation it died with, as if it had
+  said goodbye. Were it alive after all, it hears of its leave and refutes with a higher incarnation,
+  as it does a suspicion.
 
 Theory: incarnation numbers are only ever raised by the member itself (to
 refute a suspicion, to change its tags, to rejoin), so "newer" is well
@@ -126,7 +134,8 @@ class MemberTable:
             return _IGNORED["unknown"]
         if msg.incarnation < member.incarnation:
             return _IGNORED["stale"]
-        if member.status in (MemberStatus.DEAD, MemberStatus.LEFT):
+        if member.status is MemberStatus.LEFT or (
+                member.status is MemberStatus.DEAD and not (isinstance(msg, Dead) and msg.source == msg.node)):
             return _IGNORED["final"]
         if msg.node == self.local_name:
             return _IGNORED["about_self"]
@@ -152,9 +161,11 @@ class MemberTable:
         member.changed_at = now
         return Verdict(True, "left" if member.status is MemberStatus.LEFT else "dead", previous)
 
-    def reap(self, now: float, reap_s: float) -> list[Member]:
+    def reap(self, now: float, left_reap_s: float, dead_reap_s: float) -> list[Member]:
+        """Forgets the members that left ``left_reap_s`` ago and those that failed ``dead_reap_s`` ago."""
+        reap_after_s = {MemberStatus.LEFT: left_reap_s, MemberStatus.DEAD: dead_reap_s}
         gone = [m for m in self.members.values()
-                if m.status in (MemberStatus.DEAD, MemberStatus.LEFT) and now - m.changed_at >= reap_s
+                if m.status in reap_after_s and now - m.changed_at >= reap_after_s[m.status]
                 and m.name != self.local_name]
         for m in gone:
             del self.members[m.name]

@@ -7,6 +7,7 @@ API the ``smg-node join|leave|members|keyring`` commands call:
     GET  /v1/members              the member list
     POST /v1/join  {"seeds": []}  join through seeds
     POST /v1/leave                leave gracefully, then stop gossiping
+    POST /v1/force-leave {"member": "..."}  mark a failed member (or node) left, cluster-wide
     GET  /v1/keyring              fingerprints of the installed keys (primary first), never the keys
     POST /v1/keyring/{install,use,remove}  {"key": "..."}
     POST /v1/tags  {"tags": {}}   replace this node's tags
@@ -35,7 +36,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from .agent import JoinError, MeshAgent, StateHooks
+from .agent import ForceLeaveError, JoinError, MeshAgent, StateHooks
 from .asgi import answer_lifespan
 from .config import MeshConfig
 from .crypto import Keyring, KeyringError
@@ -112,10 +113,11 @@ async def join_with_retry(agent: MeshAgent, options: MeshOptions) -> bool:
 async def keep_seeds_joined(agent: MeshAgent, seeds: "tuple[str, ...] | list[str]", interval_s: float) -> None:
     """Every ``interval_s`` (jittered), join again the seeds that are not live members; runs until cancelled.
 
-    Why: a member held dead is forgotten ``reap_s`` after (5 min on ``lan``). Until then the reconnect attempts
-    to dead members (``reconnect_interval_s``) heal a partition; after a longer one neither side remembers the
-    other, and the halves ran on as two clusters for good, each granting the whole of every rate limit and
-    holding its own stored conversations (tests/sim/test_partition_heal.py). The seeds are the cluster the
+    Why: a member held dead is forgotten ``dead_reap_s`` after (24 h on ``lan``; it was 5 min), or at once by
+    ``force-leave``. Until then the reconnect attempts to dead members (``reconnect_interval_s``) heal a
+    partition; after a longer one neither side remembers the other, and the halves ran on as two clusters for
+    good, each granting the whole of every rate limit and holding its own stored conversations
+    (tests/sim/test_partition_heal.py). The seeds are the cluster the
     operator named: one we cannot see alive is joined again, as ``--router-selector`` does with router pods
     (gateway/discovery/seeds.py). A seed that is down costs one failed connection per interval; a live member
     costs nothing (its address is compared, resolved as the join resolves it).
@@ -223,6 +225,14 @@ class _AdminApp:
             if method == "POST" and path == "/v1/leave":
                 self.nursery.start_soon(self._leave)
                 return 202, {"leaving": True}
+            if method == "POST" and path == "/v1/force-leave":
+                member = body.get("member")
+                if not isinstance(member, str) or not member:
+                    return 400, {"error": "'member' must be a member's (or a node's) name"}
+                try:
+                    return 200, {"left": agent.force_leave(member)}
+                except ForceLeaveError as e:
+                    return (404 if e.missing else 409), {"error": str(e)}
             if method == "POST" and path.startswith("/v1/keyring/"):
                 key = body.get("key")
                 if not isinstance(key, str):

@@ -103,6 +103,14 @@ class Leave:
 
 
 @dataclasses.dataclass(frozen=True)
+class ForceLeave:
+    """An operator says a failed member is gone for good: it is marked left, cluster-wide (Serf's force-leave).
+    Only a member held DEAD moves; the driver checks and says why first (``MeshAgent.force_leave``)."""
+
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
 class SetTags:
     tags: "dict[str, str]"
 
@@ -115,7 +123,7 @@ class QueueUser:
     key: str | None = None
 
 
-Event = Tick | PacketIn | RemoteState | Leave | SetTags | QueueUser
+Event = Tick | PacketIn | RemoteState | Leave | ForceLeave | SetTags | QueueUser
 
 
 # -- actions --------------------------------------------------------------
@@ -209,7 +217,7 @@ class Swim:
         self._next_probe_at = now + rng.random() * config.probe_interval_s
         self._next_gossip_at = now + rng.random() * config.gossip_interval_s
         self._next_push_pull_at = now + config.push_pull_interval_s * (0.5 + rng.random())
-        self._next_reap_at = now + config.reap_s / 4
+        self._next_reap_at = now + config.left_reap_s / 4
         self._next_reconnect_at = now + config.reconnect_interval_s * (0.5 + rng.random())
         self.stats: collections.Counter[str] = collections.Counter()
         self.table.apply_alive(Alive(self.incarnation, name, addr, self.tags), now)
@@ -277,6 +285,8 @@ class Swim:
             self._merge(event.state, now, out)
         elif isinstance(event, Leave):
             self._leave(now, out)
+        elif isinstance(event, ForceLeave):
+            self._force_leave(event.name, now, out)
         elif isinstance(event, SetTags):
             self._set_tags(event.tags, now, out)
         elif isinstance(event, QueueUser):
@@ -326,8 +336,8 @@ class Swim:
                 self.stats["reconnect_attempts"] += 1
                 out.append(PushPullWith(self.rng.choice(dead).addr))
         if now >= self._next_reap_at:
-            self._next_reap_at = now + self.config.reap_s / 4
-            for member in self.table.reap(now, self.config.reap_s):
+            self._next_reap_at = now + self.config.left_reap_s / 4
+            for member in self.table.reap(now, self.config.left_reap_s, self.config.dead_reap_s):
                 self._probe_order = [n for n in self._probe_order if n != member.name]
                 self._refuted_at.pop(member.name, None)
                 out.append(MemberReaped(member.name))
@@ -588,6 +598,16 @@ class Swim:
         me.incarnation, me.status, me.changed_at = self.incarnation, MemberStatus.LEFT, now
         self._queue_message(Dead(self.incarnation, self.name, self.name), self.name)
         self._next_gossip_at = now  # spread it now
+
+    def _force_leave(self, name: str, now: float, out: list[Action]) -> None:
+        """A leave in the failed member's own name at the incarnation it died with: every member applies and
+        passes it on as it would the member's own goodbye (members.py), push-pull carries it to those gossip
+        missed. A member alive after all refutes it with a higher incarnation, as it does a suspicion."""
+        member = self.table.get(name)
+        if member is None or member.status is not MemberStatus.DEAD:
+            return
+        self.stats["forced_leaves"] += 1
+        self._apply(Dead(member.incarnation, name, name), now, out)
 
     def _set_tags(self, tags: "dict[str, str]", now: float, out: list[Action]) -> None:
         self.tags = tuple(sorted(tags.items()))

@@ -6,6 +6,13 @@ waiting for Ready would keep a new Deployment from ever forming. Its mesh port i
 ``sglang.ai/mesh-port`` annotation (smg's), else this node's own. This node's pod (its host name is the pod's
 name, or its seed is the mesh's own address) is left out. Seeds the mesh already counts as members are not
 joined again.
+
+A member that failed is counted as possibly cut off for a day (``MeshConfig.dead_reap_s``): rate limits share
+with it, history keeps room for what it may hold. When the router pod it ran in is deleted (gone from the API,
+or terminating: a pod never comes back from that), it is gone for good, and the node forces it to leave
+(``MeshAgent.force_leave``), as an operator would with ``smg-node force-leave``. Only members seen alive as a
+router pod (its name, its ``node`` tag or its mesh address) are judged so, and only while the watch is live: a
+member outside the selector, or a cache that may miss events, is left to the operator.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import Any
 
 import trio
 
-from mesh.agent import JoinError
+from mesh.agent import ForceLeaveError, JoinError
 from mesh.members import MemberStatus
 
 from .config import DiscoveryConfig
@@ -32,8 +39,7 @@ JOIN_RETRY_S = 5.0
 def seed_of(pod: Pod, mesh_port: int, config: DiscoveryConfig) -> str | None:
     if pod.ip is None or pod.phase != "Running" or pod.terminating:
         return None
-    port = annotated_port(pod.annotation(config.mesh_port_annotation)) or mesh_port
-    return f"{host_in_url(pod.ip)}:{port}"
+    return seed_of_any_phase(pod, mesh_port, config)
 
 
 class MeshSeeds:
@@ -46,6 +52,8 @@ class MeshSeeds:
         self.config = config
         self.changed = trio.Event()
         self.joins = 0
+        self.forced_leaves = 0
+        self._pod_of_member: dict[str, str] = {}  # member name -> the key of the router pod it was seen alive in
 
     def poke(self) -> None:
         self.changed.set()
@@ -65,6 +73,7 @@ class MeshSeeds:
         while True:
             changed = self.changed
             await self.join_new()
+            self.force_leave_deleted()
             with trio.move_on_after(JOIN_RETRY_S):
                 await changed.wait()
 
@@ -79,3 +88,40 @@ class MeshSeeds:
             log.info("mesh: joined %d of %d router pods found by --router-selector", answered, len(new))
         except JoinError as e:
             log.info("mesh: router pods %s not reachable yet: %s", ", ".join(new), e)
+
+    def force_leave_deleted(self) -> list[str]:
+        """Forces the failed members whose router pod was deleted to leave; returns their names."""
+        if not self.watcher.live:
+            return []
+        pods = self.watcher.cache.pods
+        by_name = {pod.name: pod.key for pod in pods.values()}
+        by_addr = {seed_of_any_phase(pod, self.mesh_port, self.config): pod.key for pod in pods.values() if pod.ip}
+        members = [m for m in self.agent.members() if m.name != self.agent.name]
+        self._pod_of_member = {m.name: pod for m, pod in ((m, self._pod_of_member.get(m.name)) for m in members)
+                               if pod is not None}  # bounded by the members: the forgotten ones go
+        forced = []
+        for member in members:
+            if member.status in (MemberStatus.ALIVE, MemberStatus.SUSPECT):
+                pod_key = by_name.get(member.tags.get("node", member.name)) or by_addr.get(member.addr)
+                if pod_key is not None:
+                    self._pod_of_member[member.name] = pod_key
+            elif member.status is MemberStatus.DEAD and member.name in self._pod_of_member:
+                pod_key = self._pod_of_member[member.name]
+                pod = pods.get(pod_key)
+                if pod is not None and not pod.terminating:
+                    continue
+                del self._pod_of_member[member.name]
+                try:
+                    forced += self.agent.force_leave(member.name)
+                except ForceLeaveError as e:  # changed meanwhile (refuted, or left on its own)
+                    log.info("mesh: member %s not forced to leave: %s", member.name, e)
+                    continue
+                log.info("mesh: member %s failed and its pod %s is deleted: forced to leave", member.name, pod_key)
+        self.forced_leaves += len(forced)
+        return forced
+
+
+def seed_of_any_phase(pod: Pod, mesh_port: int, config: DiscoveryConfig) -> str:
+    """A pod's mesh address, whatever its phase (the pod must have an IP)."""
+    port = annotated_port(pod.annotation(config.mesh_port_annotation)) or mesh_port
+    return f"{host_in_url(pod.ip or '')}:{port}"

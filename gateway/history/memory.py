@@ -9,7 +9,8 @@ of the owners and holds the shard (with three owners and three nodes, every read
 The guarantee. A write is acknowledged (the API answers 200) once it is held by at least two nodes
 (machines: the processes of ``--workers N`` share a node tag, and a shard's three owners are on
 three nodes when there are three), or by the only node when no other is known: a node's death, any
-node's, loses nothing acknowledged before it. Failed members count as known until they are reaped,
+node's, loses nothing acknowledged before it. Failed members count as known until they are reaped (a
+day, ``MeshConfig.dead_reap_s``, or at once by ``force-leave``),
 since one may be cut off rather than dead and serving clients on its side: a node alone on its side
 of a partition refuses writes, and a shard it cannot find while a possible holder does not answer is
 unknown (504), not missing (404). When fewer than two nodes can take a write (owners dead but still

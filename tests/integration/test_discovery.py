@@ -299,6 +299,15 @@ def test_pd_roles_from_selectors_and_a_mesh_formed_from_router_pods(api, tmp_pat
             r = _chat(n)
             assert r.status_code == 200, r.text
         assert sum(_metric(n, "smg_pd_pair_selections_total") for n in nodes) >= 2
+        # A node whose process dies is held failed (it may be cut off) until its pod is deleted: then it is gone
+        # for good, and the other forces it to leave (it no longer counts against rate limits and history).
+        nodes[1].kill()
+        _poll(lambda: _metric(nodes[0], 'smg_mesh_members{state="dead"}') == 1, "pd1 held dead")
+        assert _metric(nodes[0], 'smg_mesh_members{state="left"}') == 0
+        api.delete("smg-node-1", graceful=False)
+        _poll(lambda: _metric(nodes[0], 'smg_mesh_members{state="left"}') == 1, "pd1 forced to leave")
+        assert _metric(nodes[0], 'smg_mesh_members{state="dead"}') == 0
+        assert _metric(nodes[0], "smg_mesh_forced_leaves_total") == 1
     finally:
         for n in nodes:
             n.stop()

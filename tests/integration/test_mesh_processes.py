@@ -80,6 +80,15 @@ def test_five_nodes_kill_restart_leave_and_wrong_key(cluster, log_dir):
     time.sleep(3)
     assert all(view(i)["n2"] == "left" for i in (0, 1, 3, 4))  # left, never turned dead
 
+    cluster[4].kill()  # gone for good: held dead (it may be cut off) until an operator says so
+    eventually(lambda: all(view(i)["n4"] == "dead" for i in (0, 1, 3)), 30)
+    refused = cli(0, "force-leave", "n1")
+    assert refused.returncode != 0 and "n1 is alive" in refused.stderr
+    assert "no member ghost" in cli(0, "force-leave", "ghost").stderr
+    forced = cli(0, "force-leave", "n4")
+    assert forced.returncode == 0 and "marked left: n4" in forced.stdout, forced.stderr
+    eventually(lambda: all(view(i)["n4"] == "left" for i in (0, 1, 3)), 15)
+
     stranger = NodeProcess(node_args(7, key=generate_key()), log_dir, "mesh-stranger")
     try:
         time.sleep(3)

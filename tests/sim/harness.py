@@ -38,6 +38,15 @@ async def start_cluster(nursery: trio.Nursery, net: SimNetwork, n: int, config: 
     return agents
 
 
+async def start_agreed_cluster(nursery: trio.Nursery, n: int, seed: int,
+                               config: MeshConfig | None = None) -> "tuple[SimNetwork, list[MeshAgent]]":
+    """A new simulated network and ``n`` agents (``lan`` timers unless said) that all hold each other alive."""
+    net = SimNetwork(seed=seed)
+    agents = await start_cluster(nursery, net, n, config or MeshConfig.lan(), seed)
+    await wait_until(lambda: agree(agents, {a.name: MemberStatus.ALIVE for a in agents}), 60)
+    return net, agents
+
+
 def view(agent: MeshAgent) -> dict[str, MemberStatus]:
     return {m.name: m.status for m in agent.members()}
 

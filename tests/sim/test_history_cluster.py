@@ -141,8 +141,9 @@ async def test_a_restarted_node_gets_its_shards_back(autojump_clock, noticed):
 
 async def test_a_write_is_refused_when_no_other_node_can_take_it(autojump_clock):
     """Two nodes, one crashed: nothing can be acknowledged (504) while the other is known, even after
-    it is off the ring (it may be cut off rather than dead, serving clients on its side); the survivor
-    still reads what both held. Once the failed member is forgotten (reaped), the survivor is alone."""
+    it is off the ring and past the old 5-minute reap (it may be cut off rather than dead, serving clients on
+    its side); the survivor still reads what both held. Once an operator says the failed member is gone for
+    good (force-leave), the survivor is alone."""
     seed = 31
     async with trio.open_nursery() as nursery:
         net = SimNetwork(seed)
@@ -155,7 +156,11 @@ async def test_a_write_is_refused_when_no_other_node_can_take_it(autojump_clock)
         await wait_until(lambda: len(nodes[0].cluster.ring) == 1, 60)
         with pytest.raises(StoreUnavailable):
             await nodes[0].history.put_response(record(99))  # failed, not forgotten: may be cut off
-        await wait_until(lambda: nodes[0].cluster.known_members() == [nodes[0].name], MESH.reap_s + 120)
+        await trio.sleep(420)
+        with pytest.raises(StoreUnavailable):
+            await nodes[0].history.put_response(record(99))  # still: a partition may last that long
+        nodes[0].agent.force_leave(nodes[1].name)
+        assert nodes[0].cluster.known_members() == [nodes[0].name]
         await nodes[0].history.put_response(record(99))  # alone now: its own copy is all there is
         nursery.cancel_scope.cancel()
 

@@ -1,7 +1,9 @@
-"""A partition longer than ``reap_s`` heals: the seeds are joined again (mesh/service.py ``keep_seeds_joined``).
+"""A partition longer than the reap of failed members heals: the seeds are joined again (mesh/service.py
+``keep_seeds_joined``).
 
-Each side of a partition holds the other dead, then forgets it ``reap_s`` later (5 min on ``lan``). The
-reconnect attempts to dead members heal shorter partitions; after a longer one the two sides ran on as two
+Each side of a partition holds the other dead, then forgets it ``dead_reap_s`` later (24 h on ``lan``; it was
+5 min, as these tests still set, until the long partitions of the chaos harness showed what forgetting costs).
+The reconnect attempts to dead members heal shorter partitions; after a longer one the two sides ran on as two
 clusters for good (every node's view stayed its own half: measured with these tests before the fix).
 """
 
@@ -17,12 +19,13 @@ from mesh.simnet import SimNetwork
 from .harness import agree, start_cluster, view, wait_until
 
 ALIVE = MemberStatus.ALIVE
-PARTITION_S = 400.0  # longer than lan's reap_s (300 s): each side forgets the other
+REAP_S = 300.0  # the failed members' reap these tests set (lan's before 24 h)
+PARTITION_S = 400.0  # longer than REAP_S: each side forgets the other
 HEAL_BOUND_S = 90.0  # a rejoin tick (30 s, jittered up to 36 s), the push-pull, then gossip to everyone
 
 
 async def _partition_then_heal(nursery: trio.Nursery, seed: int, seeds_of) -> list:
-    config = MeshConfig.lan()
+    config = MeshConfig.lan(dead_reap_s=REAP_S)
     net = SimNetwork(seed=seed)
     agents = await start_cluster(nursery, net, 6, config, seed=seed)
     everyone = {a.name: ALIVE for a in agents}

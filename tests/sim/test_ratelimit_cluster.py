@@ -258,3 +258,28 @@ async def test_local_first_answers_from_shares_and_the_owner_keeps_the_count(aut
         assert owner.limiter.store.decide("hot:*", rate, trio.current_time(), 0, Mode.PEEK).reset_after_s > 0
         assert all(not n.limiter._debts for n in nodes)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_partition_longer_than_five_minutes_keeps_sharing_the_limit(autojump_clock):
+    """Each side keeps counting the other's members as known (failed, maybe cut off) for a day, not 5 minutes:
+    shares still sum to the limit 6 minutes in. With the old 5-minute reap each side forgot the other and
+    granted the whole limit (twice the limit together; chaos reports ``partition-halves-300s``)."""
+    seed = 11
+    net = SimNetwork(seed=seed)
+    async with trio.open_nursery() as nursery:
+        nodes = await start_cluster(nursery, net, 5, limits("proportional"), seed)
+        owner = owner_of_hot(nodes)
+        others = [n for n in nodes if n is not owner]
+        minority, majority = [owner, others[0]], others[1:]
+        net.partition([n.agent.transport.addr for n in minority], [n.agent.transport.addr for n in majority])
+        await trio.sleep(360)  # past the old reap (300 s): no load meanwhile, the mesh alone runs
+        assert all(n.cluster.member_counts()[1] == 5 for n in nodes), [n.cluster.member_counts() for n in nodes]
+        load = Load(nodes)
+        start = trio.current_time()
+        await load.run(30)
+        settled = start + 5
+        small = load.count(settled, start + 30, {n.name for n in minority}) / 25
+        big = load.count(settled, start + 30, {n.name for n in majority}) / 25
+        assert small == pytest.approx(LIMIT_PER_S * 2 / 5, rel=0.1), small
+        assert big == pytest.approx(LIMIT_PER_S * 3 / 5, rel=0.1), big
+        nursery.cancel_scope.cancel()

@@ -12,7 +12,9 @@ import pytest
 from gateway.discovery.config import DiscoveryConfig, SelectorError, parse_selector, selector_matches, selector_text
 from gateway.discovery.credentials import CredentialsError, TokenFile, from_kubeconfig, load_credentials
 from gateway.discovery.pods import PodCache, PodInvalid, desired_workers, parse_pod
-from gateway.discovery.seeds import seed_of
+from gateway.discovery.seeds import MeshSeeds, seed_of
+from mesh.agent import ForceLeaveError
+from mesh.members import MemberSnapshot, MemberStatus
 
 
 def pod(name="p", ip="10.0.0.5", ready=True, phase="Running", labels=None, annotations=None, deleting=False,
@@ -172,6 +174,63 @@ def test_router_pods_are_seeds_once_running_with_an_ip_ready_or_not():
     assert seed_of(parse_pod(pod(ip=None)), 7946, config) is None
     assert seed_of(parse_pod(pod(phase="Pending")), 7946, config) is None
     assert seed_of(parse_pod(pod(deleting=True)), 7946, config) is None
+
+
+class _Members:
+    """The agent's side MeshSeeds reads and calls: its members, and force_leave as the agent refuses it."""
+
+    name = "me"
+
+    def __init__(self) -> None:
+        self.states: dict[str, tuple[str, MemberStatus, dict]] = {}
+        self.forced: list[str] = []
+
+    def set(self, name: str, addr: str, status: MemberStatus, tags: "dict | None" = None) -> None:
+        self.states[name] = (addr, status, tags or {})
+
+    def members(self) -> list[MemberSnapshot]:
+        return [MemberSnapshot(n, a, 1, s, t, 0.0) for n, (a, s, t) in self.states.items()]
+
+    def force_leave(self, name: str) -> list[str]:
+        if self.states[name][1] is not MemberStatus.DEAD:
+            raise ForceLeaveError(f"{name} is not failed")
+        self.states[name] = (self.states[name][0], MemberStatus.LEFT, self.states[name][2])
+        self.forced.append(name)
+        return [name]
+
+
+class _Watcher:
+    def __init__(self) -> None:
+        self.live = True
+        self.cache = PodCache()
+
+    def pods(self, *pods: dict) -> None:
+        self.cache.replace([dict(p) for p in pods], "9")
+
+
+def test_a_failed_member_is_forced_to_leave_only_once_its_router_pod_is_deleted():
+    """A member seen alive as a router pod (by name or mesh address) and failed since: kept while the pod is in
+    the API (it may be cut off), forced to leave once the pod is gone or terminating; never while the watch is
+    not live, and never for a member no router pod was seen to run."""
+    agent, watcher = _Members(), _Watcher()
+    seeds = MeshSeeds(watcher, agent, 7946, DiscoveryConfig(), own_name="me")
+    watcher.pods(pod("a", ip="10.0.0.1"), pod("b", ip="10.0.0.2"), pod("c", ip="10.0.0.3"))
+    agent.set("a", "10.0.0.1:7946", MemberStatus.ALIVE)  # by its name
+    agent.set("b-w1", "10.0.0.2:7946", MemberStatus.ALIVE, {"node": "b"})  # a process of pod b, by its node tag
+    agent.set("x", "10.0.0.3:7946", MemberStatus.ALIVE)  # named otherwise, by its address
+    agent.set("outside", "10.9.9.9:7946", MemberStatus.ALIVE)  # joined by --join, no pod of ours
+    assert seeds.force_leave_deleted() == []
+    for name in ("a", "b-w1", "x", "outside"):
+        agent.set(name, agent.states[name][0], MemberStatus.DEAD)
+    assert seeds.force_leave_deleted() == []  # every pod still there: maybe cut off
+    watcher.pods(pod("b", ip="10.0.0.2", deleting=True), pod("c", ip="10.0.0.3"))
+    watcher.live = False
+    assert seeds.force_leave_deleted() == []  # the cache may miss events
+    watcher.live = True
+    assert sorted(seeds.force_leave_deleted()) == ["a", "b-w1"]  # a gone, b terminating
+    watcher.pods()
+    assert seeds.force_leave_deleted() == ["x"] and seeds.forced_leaves == 3
+    assert agent.states["outside"][1] is MemberStatus.DEAD  # left to the operator
 
 
 async def test_only_the_owner_writes_and_only_discovered_entries_are_removed():

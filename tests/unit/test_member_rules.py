@@ -76,9 +76,25 @@ def test_the_table_is_bounded():
     assert t.apply_alive(Alive(1, "c", "c:1", ()), 0).reason == "table_full"
 
 
-def test_reap_forgets_dead_and_left_after_reap_time():
+def test_reap_forgets_left_members_after_their_time_and_failed_ones_after_theirs():
+    t = table_with(L, 5)
+    assert t.reap(10, left_reap_s=20, dead_reap_s=100) == []
+    assert t.reap(21, left_reap_s=20, dead_reap_s=100)[0].name == "x" and t.get("x") is None
     t = table_with(D, 5)
-    assert t.reap(10, reap_s=20) == [] and t.reap(21, reap_s=20)[0].name == "x" and t.get("x") is None
+    assert t.reap(21, left_reap_s=20, dead_reap_s=100) == [] and t.get("x").status is D  # may be cut off
+    assert t.reap(101, left_reap_s=20, dead_reap_s=100)[0].name == "x" and t.get("x") is None
+
+
+def test_a_failed_member_said_to_leave_under_its_own_name_has_left():
+    """force-leave: a DEAD member becomes LEFT by a leave in its own name at (at least) its incarnation; no
+    other message moves it, and LEFT stays final."""
+    t = table_with(D, 5)
+    assert t.apply_dead(Dead(4, "x", "x"), 1).reason == "stale"
+    v = t.apply_dead(Dead(5, "x", "x"), 2)
+    assert v.reason == "left" and v.previous is D and t.get("x").status is L and t.get("x").changed_at == 2
+    assert t.apply_dead(Dead(5, "x", "x"), 3).reason == "final"
+    assert t.apply_dead(Dead(5, "x", "y"), 3).reason == "final"
+    assert t.apply_alive(Alive(6, "x", "10.0.0.2:1", ()), 4).changed  # alive after all: it refutes
 
 
 def swim(name="me", **cfg) -> Swim:
