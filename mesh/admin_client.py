@@ -94,6 +94,10 @@ def run_admin_command(args: argparse.Namespace) -> int:
     if args.command == "members":
         members = _call(args, "GET", "/v1/members")["members"]
         print(json.dumps(members, indent=2) if args.json else _table(members))
+        failed = sorted(m["name"] for m in members if m["state"] == "dead")
+        if failed and not args.json:
+            print(f"\nfailed: {', '.join(failed)}. Each is still counted as possibly cut off (rate-limit shares, "
+                  "stored history) for a day after it failed; one gone for good: smg-node force-leave NAME")
     elif args.command == "join":
         print(f"joined through {_call(args, 'POST', '/v1/join', {'seeds': args.seeds})['joined']} seed(s)")
     elif args.command == "leave":

@@ -82,6 +82,7 @@ def test_five_nodes_kill_restart_leave_and_wrong_key(cluster, log_dir):
 
     cluster[4].kill()  # gone for good: held dead (it may be cut off) until an operator says so
     eventually(lambda: all(view(i)["n4"] == "dead" for i in (0, 1, 3)), 30)
+    assert "failed: n4." in cli(0, "members").stdout  # and how to say it is gone for good
     refused = cli(0, "force-leave", "n1")
     assert refused.returncode != 0 and "n1 is alive" in refused.stderr
     assert "no member ghost" in cli(0, "force-leave", "ghost").stderr
