@@ -146,7 +146,9 @@ class BackgroundRuns:
                 log.info("cancel of %s not told to %s: %s", run_id, member, e)
 
         async with trio.open_nursery() as nursery:
-            for member in cluster.known_members():
+            # The members on the ring (alive or suspected): one held failed would not answer, only hold the
+            # cancel for its timeout (for a day after a crash: dead_reap_s); cut off, it cannot be told anyway.
+            for member in cluster.ring.members:
                 if member != cluster.node_name:
                     nursery.start_soon(tell, member)
         return found

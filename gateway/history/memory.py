@@ -326,10 +326,17 @@ class MemoryHistory:
             if change is not None:
                 found.append(change)
 
+        on_ring = set(self.cluster.ring.members)
         async with trio.open_nursery() as nursery:
             for member in candidates:
-                if member != self.name:
-                    nursery.start_soon(ask, member)
+                if member == self.name:
+                    continue
+                if member not in on_ring:
+                    # Held failed: it would not answer, only make the caller wait for its timeout (a day of
+                    # lookups of absent ids after a crash: dead_reap_s). It still counts as silent.
+                    silent += 1
+                    continue
+                nursery.start_soon(ask, member)
         if found:
             now = self.wall_clock()
             for change in found:  # the newest wins, whatever order they came in

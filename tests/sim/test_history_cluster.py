@@ -165,6 +165,26 @@ async def test_a_write_is_refused_when_no_other_node_can_take_it(autojump_clock)
         nursery.cancel_scope.cancel()
 
 
+async def test_a_lookup_of_an_absent_record_does_not_wait_for_a_failed_member(autojump_clock):
+    """A failed member may hold a record (cut off, it may have taken writes on its side): an absent one is
+    unknown (504) while it is known, for a day. Asking it would add its timeout to every such lookup; it is
+    counted silent without asking."""
+    seed = 51
+    async with trio.open_nursery() as nursery:
+        net = SimNetwork(seed)
+        nodes = await form_cluster(nursery, net, 4, lambda i: start_node(nursery, net, i, seed))
+        crash_node(net, nodes[3])
+        await wait_until(lambda: len(nodes[0].cluster.ring) == 3, 60)
+        history = nodes[0].history
+        absent = next(f"resp_absent{i}" for i in range(1000)
+                      if nodes[3].name in history.placement(history._known_ring(), f"resp_absent{i}"))
+        started = trio.current_time()
+        with pytest.raises(StoreUnavailable):
+            await history.get_response(absent, OWNER)
+        assert trio.current_time() - started < history.replication.replicate_timeout_s / 2
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_write_with_two_of_its_owners_down_lands_on_the_next_member(autojump_clock):
     """Two of a conversation's three owners crash together: the write is still acknowledged, held by the
     live owner and the next member on the ring (the one that becomes an owner once the dead are gone),

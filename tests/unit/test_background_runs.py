@@ -14,11 +14,18 @@ from gateway.api.response_stream import StreamLog
 
 
 class Net:
-    """Members that reach each other's peer-request handlers; ``down`` ones are unreachable."""
+    """Members that reach each other's peer-request handlers; ``down`` ones are unreachable, ``failed`` ones too
+    and off the ring (held dead by the mesh)."""
 
     def __init__(self) -> None:
         self.members: dict[str, FakeCluster] = {}
         self.down: set[str] = set()
+        self.failed: set[str] = set()
+
+
+class Ring:
+    def __init__(self, members: "list[str]") -> None:
+        self.members = members
 
 
 class FakeCluster:
@@ -33,12 +40,13 @@ class FakeCluster:
         assert mark == CANCEL_MARK
         self.handler = handler
 
-    def known_members(self) -> list[str]:
-        return sorted(self.net.members)
+    @property
+    def ring(self) -> Ring:
+        return Ring(sorted(set(self.net.members) - self.net.failed))
 
     async def request_peer(self, name: str, payload: bytes, timeout_s: float) -> bytes:
         self.sent.append((name, payload))
-        if name in self.net.down:
+        if name in self.net.down | self.net.failed:
             await trio.sleep(timeout_s)
             raise PeerUnreachable(f"{name}: timed out")
         return await self.net.members[name].handler(payload[1:])
@@ -106,6 +114,24 @@ async def test_a_cancel_made_on_another_member_stops_the_run_where_it_is(autojum
         assert run.cancelled and a.in_progress("tenant:x") == 0
         assert (a.cancels["peer"], b.cancels["local"], b.cancels["peer"]) == (1, 0, 0)
         assert not await b.cancel("resp_missing", "tenant:x")  # nobody holds it
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_cancel_does_not_wait_for_a_member_held_failed(autojump_clock):
+    """A failed member stays known a day (it may be cut off): asking it would hold every cancel for its timeout."""
+    net = Net()
+    a, b = (BackgroundRuns(FakeCluster(name, net), poll_store=False) for name in ("a", "b"))
+    BackgroundRuns(FakeCluster("dead", net), poll_store=False)
+    net.failed.add("dead")
+    async with trio.open_nursery() as nursery:
+        for runs in (a, b):
+            await nursery.start(runs.serve)
+        run = a.reserve("resp_4", "tenant:x", None)
+        a.start(run, forever)
+        started = trio.current_time()
+        assert await b.cancel("resp_4", "tenant:x")
+        assert trio.current_time() - started < 0.1
+        assert [name for name, _ in b._cluster.sent] == ["a"]
         nursery.cancel_scope.cancel()
 
 
