@@ -138,6 +138,9 @@ def test_keyring_rotation_through_the_cli(log_dir):
         # Without the token (on loopback too) the admin endpoint refuses everything.
         r = __import__("httpx2").get(f"http://127.0.0.1:{BASE_PORT + 120}/v1/keyring")
         assert r.status_code == 401 and "keys" not in r.json()
+        r = __import__("httpx2").post(f"http://127.0.0.1:{BASE_PORT + 120}/v1/force-leave", json={"member": "n0"},
+                                      headers={"authorization": "Bearer not-the-token"})
+        assert r.status_code == 401
         metrics = __import__("httpx2").get(a.url + "/metrics").text
         for name in ("smg_mesh_members{state=\"alive\"} 1.0", "smg_mesh_health_score", "smg_mesh_probes_total",
                      "smg_mesh_bytes_total", "smg_mesh_suspicions_raised_total", "smg_mesh_refutations_total"):
