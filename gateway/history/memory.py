@@ -20,7 +20,9 @@ it has it or leaves the ring. Two nodes dying together before repair can lose th
 held.
 
 Catching up. When the ring changes, the first surviving old owner of each shard pushes it to the
-owners that are new for it (a replacement for a dead member, a member that joined). A node that
+owners that are new for it (a replacement for a dead member, a member that joined). A node holding a
+copy it no longer owns (members joined or came back; a stand-in's write) forgets it once every owner
+says it holds it, as new or newer (``_trim``, every minute). A node that
 starts asks every peer for the shards it should hold (``sync``): a process restarted under the same
 name, before the others noticed it was gone, gets its shards back. Until then, a primary asked for
 a shard it lacks fetches it from the other owners before it answers.
@@ -30,6 +32,7 @@ A lone node (no mesh) is one member owning everything: the same code, no peers.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import time
@@ -55,6 +58,7 @@ log = logging.getLogger("gateway.history")
 OWNERS = 3  # a shard's primary and two replicas, on three different nodes when there are three
 SPARES_TRIED_MAX = 2  # stand-ins asked, one after the other, when owners do not take a write
 SYNC_PAGE_BYTES = 2 * 1024 * 1024  # one answer to "sync": well inside a mesh frame (8 MiB)
+HAVE_BATCH_MAX = 4096  # shards asked about in one "have" (~40 bytes each): well inside a mesh frame
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +73,9 @@ class ReplicationConfig:
     replicate_timeout_s: float = 0.75
     # After a ring change, wait this long before handing shards off: SWIM changes often come in bursts.
     handoff_settle_s: float = 1.0
+    # How often a node looks for copies it holds but no longer owns (members joined or came back, a stand-in's
+    # write): each is forgotten once every owner holds it. A pass hashes every shard id held (~5 us each).
+    trim_interval_s: float = 60.0
     repair_interval_s: float = 1.0
     sync_timeout_s: float = 10.0
 
@@ -99,6 +106,7 @@ class ReplicationStats:
     synced: int = 0  # shards received from peers when this node caught up with them
     peers_synced: int = 0  # peers this node caught up with (once each, when it first sees them)
     fetched: int = 0
+    trimmed: int = 0  # copies forgotten here: every owner held them and this node no longer is one
 
 
 class MemoryHistory:
@@ -364,9 +372,10 @@ class MemoryHistory:
         yield counter("smg_history_evicted", "Records forgotten to stay within the memory bounds", [],
                       [([], shards.evicted)])
         yield counter("smg_history_replication", "Replication events: copies a replica missed, repaired later, "
-                      "handed to new owners, received when catching up, fetched by a primary", ["event"],
+                      "handed to new owners, received when catching up, fetched by a primary, forgotten by a former owner", ["event"],
                       [(["replica_failed"], stats.replica_failures), (["repaired"], stats.repaired),
-                       (["handed_off"], stats.handed_off), (["synced"], stats.synced), (["fetched"], stats.fetched)])
+                       (["handed_off"], stats.handed_off), (["synced"], stats.synced), (["fetched"], stats.fetched),
+                       (["trimmed"], stats.trimmed)])
         yield counter("smg_history_peers_synced", "Peers this node caught up with when it first saw them", [],
                       [([], stats.peers_synced)])
         yield counter("smg_history_bad_frames", "Peers' history requests refused as malformed", [],
@@ -383,6 +392,7 @@ class MemoryHistory:
             nursery.start_soon(self._watch_ring)
             nursery.start_soon(self._repair_loop)
             nursery.start_soon(self._handoff_loop)
+            nursery.start_soon(self._trim_loop)
             task_status.started()
 
     async def _repair_loop(self) -> None:
@@ -442,13 +452,72 @@ class MemoryHistory:
                 if member != self.name and member not in old:
                     pushes.setdefault(member, []).append(shard.whole())
         for member, changes in pushes.items():
-            for batch in _batches(changes):
+            self.stats.handed_off += await self._push_whole(member, changes)
+
+    async def _push_whole(self, member: str, changes: list[Change]) -> int:
+        """Sends whole shards to a member, in batches; how many it was sent (a batch that failed is logged)."""
+        sent = 0
+        for batch in _batches(changes):
+            try:
+                await self._request(member, ["rep", [change_to_wire(c) for c in batch]], self.replication.sync_timeout_s)
+                sent += len(batch)
+            except PeerUnreachable as e:
+                log.info("history: sending %d shards to %s failed: %s", len(batch), member, e)
+        return sent
+
+    async def _trim_loop(self) -> None:
+        while True:
+            await trio.sleep(self.replication.trim_interval_s)
+            await self._trim()
+
+    async def _trim(self) -> None:
+        """Forgets the copies this node holds but no longer owns, once every owner holds them (as new or newer).
+
+        A node stops owning a shard when members join or come back after a partition, and a stand-in holds a
+        write its owners could not take; its copy stayed until retention (a week): memory, and its tenant's
+        count against the bounds here (a tenant at its bound stayed refused after the cluster grew). Each owner
+        is asked which it holds ("have"); a copy is forgotten only when all of them do, the ring still does not
+        make this node an owner, and the copy is the version they were asked about. Those an owner lacks are
+        pushed to it whole, and confirmed at the next pass: a push's acknowledgement does not prove it kept
+        them (a change stamped far ahead of its clock is refused and acknowledged alike)."""
+        assert self.cluster is not None
+        ring = self.cluster.ring
+        asks: dict[str, list[tuple[str, int]]] = {}
+        for index, shard_id in enumerate(self.shards.ids()):
+            if index % 512 == 511:
+                await trio.lowlevel.checkpoint()  # a large store must not stall requests
+            owners = self.placement(ring, shard_id)
+            shard = self.shards.peek(shard_id)
+            if shard is None or self.name in owners:
+                continue
+            for member in owners:
+                asks.setdefault(member, []).append((shard_id, shard.version))
+        confirmed: dict[tuple[str, int], set[str]] = collections.defaultdict(set)
+        for member, held in asks.items():
+            for start in range(0, len(held), HAVE_BATCH_MAX):
+                batch = held[start:start + HAVE_BATCH_MAX]
                 try:
-                    await self._request(member, ["rep", [change_to_wire(c) for c in batch]],
-                                        self.replication.sync_timeout_s)
-                    self.stats.handed_off += len(batch)
+                    reply = await self._request(member, ["have", [list(entry) for entry in batch]],
+                                                self.replication.sync_timeout_s)
                 except PeerUnreachable as e:
-                    log.info("history: handing %d shards to %s failed: %s", len(batch), member, e)
+                    log.info("history: asking %s which shards it holds failed: %s", member, e)
+                    continue
+                if reply[0] != "ok" or len(reply) != 2 or not isinstance(reply[1], list) or len(reply[1]) != len(batch):
+                    continue
+                lacking = []
+                for entry, has in zip(batch, reply[1]):
+                    if has is True:
+                        confirmed[entry].add(member)
+                    elif (shard := self.shards.peek(entry[0])) is not None:
+                        lacking.append(shard.whole())
+                await self._push_whole(member, lacking)
+        ring = self.cluster.ring  # as it is now: it may have changed while we asked
+        for (shard_id, version), members in confirmed.items():
+            shard = self.shards.peek(shard_id)
+            owners = self.placement(ring, shard_id)
+            if shard is not None and shard.version == version and self.name not in owners and members >= set(owners):
+                self.shards.forget(shard_id)
+                self.stats.trimmed += 1
 
     async def _sync_from(self, members: list[str]) -> None:
         for member in members:
@@ -498,6 +567,8 @@ class MemoryHistory:
         if kind == "rep" and len(frame) == 2:
             now = self.wall_clock()
             return ["ok", [self.shards.apply(c, now) for c in changes_from_wire(frame[1])]]
+        if kind == "have" and len(frame) == 2 and isinstance(frame[1], list) and len(frame[1]) <= HAVE_BATCH_MAX:
+            return ["ok", [self._holds(entry) for entry in frame[1]]]
         if kind == "fetch" and len(frame) == 2 and isinstance(frame[1], str):
             change = self._state_of(frame[1])
             return ["ok", change_to_wire(change) if change is not None else None]
@@ -507,6 +578,16 @@ class MemoryHistory:
                 raise BadFrame("sync: [\"sync\", member, after, budget]")
             return self._sync_page(member, after, min(max(budget, 1), SYNC_PAGE_BYTES))
         raise BadFrame(f"unknown request {kind!r}")
+
+    def _holds(self, entry: Any) -> bool:
+        """A "have" entry [shard id, version]: True when this node holds the shard at that version or newer (a
+        later deletion included)."""
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+                and isinstance(entry[1], int) and not isinstance(entry[1], bool)):
+            raise BadFrame("have: entries are [shard id, version]")
+        shard = self.shards.peek(entry[0])
+        held = max(shard.version if shard is not None else 0, self.shards.tombstone_version(entry[0]) or 0)
+        return held >= entry[1] > 0
 
     def _sync_page(self, member: str, after: str, budget_bytes: int) -> list[Any]:
         """The shards ``member`` is an owner of (on this node's ring, with it on it), ids after ``after``."""

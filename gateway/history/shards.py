@@ -241,6 +241,10 @@ class MemoryShards:
         self._bury(shard.id, version, now_s)
         return Change(shard.id, shard.kind, shard.owner, version, now_s, 0, None, (), (), deleted=True)
 
+    def forget(self, shard_id: str) -> None:
+        """Drops this node's copy, no tombstone: the shard lives on at its owners (memory.py's trim)."""
+        self._drop(shard_id)
+
     # -- changes from the primary -----------------------------------------------------------
 
     def apply(self, change: Change, now_s: float) -> bool:

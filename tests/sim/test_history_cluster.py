@@ -185,6 +185,54 @@ async def test_a_lookup_of_an_absent_record_does_not_wait_for_a_failed_member(au
         nursery.cancel_scope.cancel()
 
 
+def held_not_owned(nodes: "list[Node]") -> "list[tuple[str, str]]":
+    return [(n.name, shard_id) for n in nodes for shard_id in n.history.shards.ids()
+            if n.name not in n.history.placement(n.cluster.ring, shard_id)]
+
+
+@pytest.mark.parametrize("seed", [61, 62])
+async def test_copies_a_node_no_longer_owns_are_forgotten_once_every_owner_holds_them(autojump_clock, seed):
+    """Three nodes hold everything; three more join. The shards move to their new owners (handoff) and the
+    former owners forget their copies: three copies of each, on its owners, every one readable anywhere, and
+    the tenant's count on the first nodes down to what they own. Before, every copy stayed for a week."""
+    rng = random.Random(seed)
+    async with trio.open_nursery() as nursery:
+        net = SimNetwork(seed)
+        nodes = await form_cluster(nursery, net, 3, lambda i: start_node(nursery, net, i, seed))
+        written = await write_some(nodes, rng, 30)
+        assert nodes[0].history.shards.usage(OWNER).responses == 30
+        for i in range(3, 6):
+            nodes.append(await start_node(nursery, net, i, seed))
+            await nodes[-1].agent.join([nodes[0].agent.transport.addr])
+        await wait_until(lambda: all(len(n.cluster.ring) == 6 for n in nodes), 60)
+        await wait_until(lambda: not held_not_owned(nodes), 3 * ReplicationConfig().trim_interval_s)
+        assert all(holders(nodes, r.id) == 3 for r in written), f"seed={seed}"
+        await all_readable(nodes, written)
+        assert sum(n.history.stats.trimmed for n in nodes) > 0
+        assert all(n.history.shards.usage(OWNER).responses < 30 for n in nodes[:3]), f"seed={seed}"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_copy_is_kept_while_an_owner_does_not_answer(autojump_clock):
+    """A node joins and is cut off at once: the former owners cannot hear that it holds their shards, so they
+    keep their copies; when it is gone for good, nothing was lost."""
+    seed = 63
+    async with trio.open_nursery() as nursery:
+        net = SimNetwork(seed)
+        nodes = await form_cluster(nursery, net, 3, lambda i: start_node(nursery, net, i, seed))
+        written = await write_some(nodes, random.Random(seed), 30)
+        joiner = await start_node(nursery, net, 3, seed)
+        await joiner.agent.join([nodes[0].agent.transport.addr])
+        net.partition([joiner.agent.transport.addr], [n.agent.transport.addr for n in nodes])
+        await wait_until(lambda: all(len(n.cluster.ring) == 4 for n in nodes), 60)
+        await trio.sleep(2 * ReplicationConfig().trim_interval_s)  # trim passes ran while it was on the ring
+        assert all(holders(nodes, r.id) == 3 for r in written)  # the joiner confirmed nothing: all kept
+        crash_node(net, joiner)
+        await wait_until(lambda: all(len(n.cluster.ring) == 3 for n in nodes), 60)
+        await all_readable(nodes, written)
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_write_with_two_of_its_owners_down_lands_on_the_next_member(autojump_clock):
     """Two of a conversation's three owners crash together: the write is still acknowledged, held by the
     live owner and the next member on the ring (the one that becomes an owner once the dead are gone),

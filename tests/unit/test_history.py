@@ -10,6 +10,7 @@ import trio
 from mesh.ring import HashRing
 
 from gateway.history import HistoryConfig, MemoryHistory, RecordTooLarge, StorageQuotaExceeded, StoredResponse
+from gateway.history.memory import HAVE_BATCH_MAX
 from gateway.history.ops import HistoryOps
 from gateway.history.shards import REPLICA_QUOTA_SLACK, MemoryShards
 from gateway.history.wire import BadFrame, change_from_wire, change_to_wire, operation_from_wire, pack, unpack
@@ -261,6 +262,26 @@ async def test_a_peers_bad_frames_are_answered_refused_and_counted():
     # A good one still works: an operation run here as the primary (no other owners).
     answer = unpack(await serve(pack(["op", "get_response", "resp_x", "a", []])))
     assert answer == ["ok", None]
+
+
+
+async def test_a_peers_have_question_is_answered_by_version_and_bounded():
+    """"have" (a former owner asking before it forgets its copy): True only for a shard held at that version or
+    newer, a deletion included; entries that are not [id, version], or too many, are a bad frame."""
+    cluster = _Cluster()
+    history = MemoryHistory(HistoryConfig(**ONE_TENANT), cluster)
+    serve = cluster.handlers[b"H"]
+    await history.put_response(StoredResponse("resp_a", "a", {"id": "resp_a"}, (), ()))
+    await history.put_response(StoredResponse("resp_d", "a", {"id": "resp_d"}, (), ()))
+    held = history.shards.peek("resp_a").version
+    await history.delete_response("resp_d", "a")
+    answer = unpack(await serve(pack(["have", [["resp_a", held], ["resp_a", held + 1], ["resp_d", held],
+                                               ["resp_none", 1], ["resp_a", 0]]])))
+    assert answer == ["ok", [True, False, True, False, False]]
+    for frame in (["have", [["resp_a"]]], ["have", [["resp_a", "1"]]], ["have", [[1, 1]]], ["have", [["resp_a", True]]],
+                  ["have", [["x", 1]] * (HAVE_BATCH_MAX + 1)], ["have", "resp_a"]):
+        assert unpack(await serve(pack(frame)))[0] == "bad"
+    assert history.stats.bad_frames == 6
 
 
 @pytest.mark.parametrize("item_bytes", [40, 2_000, 45_000])
