@@ -122,6 +122,7 @@ class MemoryHistory:
         self.stats = ReplicationStats()
         self._repairs: set[tuple[str, str]] = set()  # (member, shard id) that missed a change
         self._known: tuple[tuple[str, ...], HashRing] = ((), HashRing.build([]))
+        self._trimmed_clean: tuple[HashRing, int] | None = None  # (ring, installs) of the last pass with nothing to do
         if cluster is not None:
             cluster.serve_requests(HISTORY_MARK, self._serve)
 
@@ -482,6 +483,8 @@ class MemoryHistory:
         them (a change stamped far ahead of its clock is refused and acknowledged alike)."""
         assert self.cluster is not None
         ring = self.cluster.ring
+        if self._trimmed_clean == (ring, self.shards.installed):
+            return  # the last pass left no copy to forget, and neither the ring nor what is held changed since
         asks: dict[str, list[tuple[str, int]]] = {}
         for index, shard_id in enumerate(self.shards.ids()):
             if index % 512 == 511:
@@ -492,6 +495,7 @@ class MemoryHistory:
                 continue
             for member in owners:
                 asks.setdefault(member, []).append((shard_id, shard.version))
+        self._trimmed_clean = (ring, self.shards.installed) if not asks else None
         confirmed: dict[tuple[str, int], set[str]] = collections.defaultdict(set)
         for member, held in asks.items():
             for start in range(0, len(held), HAVE_BATCH_MAX):

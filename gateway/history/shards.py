@@ -143,6 +143,7 @@ class MemoryShards:
         self.responses = 0
         self.items = 0  # conversation items, plus one per conversation
         self.evicted = 0
+        self.installed = 0  # shards created or received whole: a copy this node does not own comes only so
         self.evicted_over_quota = 0  # of which: an owner's own shards, past its bounds on a replica
         self.refused_quota = 0  # writes refused at this primary: their owner's bounds
         self.refused_future = 0  # peers' changes stamped too far ahead of our clock
@@ -278,6 +279,7 @@ class MemoryShards:
     # -- bookkeeping ------------------------------------------------------------------------
 
     def _install(self, shard: Shard, now_s: float) -> None:
+        self.installed += 1
         self._drop(shard.id)
         shard.measure()
         self._shards[shard.id] = shard
