@@ -247,6 +247,23 @@ class ChaosCluster:
                 node.kill_machine()
         self.start_node(i)
 
+    def force_leave(self, at: int, victim: int, wait_s: float = 30.0) -> None:
+        """What an operator does for a node gone for good: once node ``at`` holds it failed (``smg-node members``),
+        ``smg-node force-leave`` there (its admin endpoint). Waits, polling, while the victim is only suspected."""
+        import time
+
+        import httpx2
+        deadline = time.monotonic() + wait_s
+        with httpx2.Client(timeout=5, headers=self.admin_headers) as client:
+            while True:
+                r = client.post(f"http://{self.admin_addr(at)}/v1/force-leave", json={"member": self.name(victim)})
+                if r.status_code == 200:
+                    return
+                if r.status_code != 409 or time.monotonic() > deadline:
+                    raise RuntimeError(f"force-leave of {self.name(victim)} on {self.name(at)}: {r.status_code} "
+                                       f"{r.text[:300]}")
+                time.sleep(0.2)  # still alive or suspected there: the operator waits for "failed"
+
     def restart_engine(self, j: int) -> None:
         self.kill_engine(j)
         self.start_engine(j)

@@ -57,6 +57,19 @@ def kill_one(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Pl
                        lambda: cluster.restart(victim, graceful=False), (victim,))], back, 1)
 
 
+def lose_one(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
+    """A node lost for good: SIGKILLed and never restarted. The others hold it failed (it may be cut off: it
+    keeps its share of the rate limits) until an operator says it is gone (``smg-node force-leave`` on a
+    survivor); then they carry on as a cluster without it, every stored response still read back."""
+    victim = rng.randrange(cluster.spec.nodes)
+    operator = next(i for i in range(cluster.spec.nodes) if i != victim)
+    start, gone = 0.25 * duration_s, 0.45 * duration_s
+    return Plan([Event(start, f"SIGKILL {cluster.name(victim)} (for good)", "process", lambda: cluster.kill(victim),
+                       (victim,)),
+                 Event(gone, f"force-leave {cluster.name(victim)} (operator, on {cluster.name(operator)})", "heal",
+                       lambda: cluster.force_leave(operator, victim), (victim,))], gone, 1)
+
+
 def kill_owner(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
     owner = hot_key_owner(cluster)
     start, back = 0.25 * duration_s, 0.55 * duration_s
@@ -186,6 +199,8 @@ SCENARIO_SPECS: dict[str, dict[str, Any]] = {"kill-model-engines": {"models": 2}
 
 SCENARIOS: dict[str, tuple[Callable[[ChaosCluster, random.Random, float], Plan], str]] = {
     "kill-one": (kill_one, "SIGKILL one node under load, restart it later"),
+    "lose-one": (lose_one, "SIGKILL one node for good; an operator force-leaves it and the cluster goes on "
+                 "without it"),
     "kill-owner": (kill_owner, "SIGKILL the owner of the hot rate-limit key, restart it later"),
     "kill-owner-machine": (kill_owner_machine, "nodes of two processes: SIGKILL the machine owning the hot "
                            "rate-limit key, restart it later"),

@@ -25,8 +25,14 @@ def check(run) -> CheckResult:
     bound = run.per_key_limit * seconds + run.per_key_burst + run.plan.faults * per_fault
     floor = 0.5 * run.per_key_limit * seconds  # the limiter kept admitting: it did not fail closed
     passed = floor <= admitted <= bound and refused > 0
+    # The rate once the cluster settled after the last heal (2 s for the change to reach every node): a node
+    # lost for good and force-left no longer holds a share, so this is the whole limit again.
+    settled = run.heal_t + 2.0
+    after_s = max(0.0, run.t_end - settled)
+    after = sum(1 for r in hot if r.outcome == "ok" and r.start >= settled) / after_s if after_s >= 1.0 else None
     summary = (f"hot key: {admitted} admitted in {seconds:.0f} s ({admitted / seconds:.1f}/s, limit "
                f"{run.per_key_limit:g}/s), {refused} refused; bound {bound:.0f} ({run.plan.faults} fault(s) x "
                f"{per_fault:.0f})")
     return CheckResult(NAME, passed, summary, {"admitted": admitted, "refused": refused, "bound": bound,
-                                               "floor": floor, "seconds": seconds})
+                                               "floor": floor, "seconds": seconds,
+                                               "limit_per_s": run.per_key_limit, "admitted_per_s_after_heal": after})

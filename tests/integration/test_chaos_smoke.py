@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx not
     ("kill-model-engines", 26600),  # issue 40: one model's engines killed, the other model must see no error
     ("kill-prefill-engine", 27000),  # issue 35: two nodes on prefill/decode pairs, one prefill engine killed
     ("kill-owner-machine", 27400),  # issue 36: nodes of two processes; the hot key's owner machine killed whole
+    ("lose-one", 27800),  # a node lost for good: held failed (its share kept) until an operator force-leaves it
 ])
 def test_smoke_scenario_passes_every_check(tmp_path, scenario, base_port):
     import os
@@ -51,6 +52,9 @@ def test_smoke_scenario_passes_every_check(tmp_path, scenario, base_port):
     assert report["requests"]["ok"] > 100 and report["requests"]["rate_limited"] > 0
     if scenario == "kill-prefill-engine":  # a prefill lost before its hand-over is retried on the other pair
         assert report["requests"]["error"] == 0, report["failures"][:5]
+    if scenario == "lose-one":  # force-left: the two left share the whole limit again (2/3 of it before)
+        limits = next(c for c in report["checks"] if c["name"] == "rate limits held")["details"]
+        assert limits["admitted_per_s_after_heal"] >= 0.9 * limits["limit_per_s"], limits
     stored = next(c for c in report["checks"] if c["name"] == "stored responses kept")
     assert stored["details"]["acknowledged"] > 10, stored  # the chains ran, and were checked
     assert sum(report["requests_per_second"]["ok"]) == report["requests"]["ok"]
