@@ -478,9 +478,9 @@ class MemoryHistory:
         write its owners could not take; its copy stayed until retention (a week): memory, and its tenant's
         count against the bounds here (a tenant at its bound stayed refused after the cluster grew). Each owner
         is asked which it holds ("have"); a copy is forgotten only when all of them do, the ring still does not
-        make this node an owner, and the copy is the version they were asked about. Those an owner lacks are
-        pushed to it whole, and confirmed at the next pass: a push's acknowledgement does not prove it kept
-        them (a change stamped far ahead of its clock is refused and acknowledged alike)."""
+        make this node an owner, and the copy is the version they were asked about. One an owner lacks is kept,
+        not pushed: getting it there is the hand-off's and the repairs' job, and an owner may lack it because it
+        was deleted there and its tombstone is gone (a push would bring it back)."""
         assert self.cluster is not None
         ring = self.cluster.ring
         if self._trimmed_clean == (ring, self.shards.installed):
@@ -508,13 +508,9 @@ class MemoryHistory:
                     continue
                 if reply[0] != "ok" or len(reply) != 2 or not isinstance(reply[1], list) or len(reply[1]) != len(batch):
                     continue
-                lacking = []
                 for entry, has in zip(batch, reply[1]):
                     if has is True:
                         confirmed[entry].add(member)
-                    elif (shard := self.shards.peek(entry[0])) is not None:
-                        lacking.append(shard.whole())
-                await self._push_whole(member, lacking)
         ring = self.cluster.ring  # as it is now: it may have changed while we asked
         for (shard_id, version), members in confirmed.items():
             shard = self.shards.peek(shard_id)
