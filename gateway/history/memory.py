@@ -74,7 +74,8 @@ class ReplicationConfig:
     # After a ring change, wait this long before handing shards off: SWIM changes often come in bursts.
     handoff_settle_s: float = 1.0
     # How often a node looks for copies it holds but no longer owns (members joined or came back, a stand-in's
-    # write): each is forgotten once every owner holds it. A pass hashes every shard id held (~5 us each).
+    # write): each is forgotten once every owner holds it. A pass places every shard id held: 3.2 us each, 32 ms
+    # for 10,000 on a 6-member ring (a scratch timing of ``placement``, 2026-11-28), skipped while nothing changed.
     trim_interval_s: float = 60.0
     repair_interval_s: float = 1.0
     sync_timeout_s: float = 10.0
