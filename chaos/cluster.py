@@ -15,7 +15,10 @@ import json
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
+
+import httpx2
 
 from chaos.processes import EngineProcess, NodeProcess
 from deploy.balancer import start_balancer, stop_balancer
@@ -250,9 +253,6 @@ class ChaosCluster:
     def force_leave(self, at: int, victim: int, wait_s: float = 30.0) -> None:
         """What an operator does for a node gone for good: once node ``at`` holds it failed (``smg-node members``),
         ``smg-node force-leave`` there (its admin endpoint). Waits, polling, while the victim is only suspected."""
-        import time
-
-        import httpx2
         deadline = time.monotonic() + wait_s
         with httpx2.Client(timeout=5, headers=self.admin_headers) as client:
             while True:

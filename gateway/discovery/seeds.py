@@ -39,7 +39,7 @@ JOIN_RETRY_S = 5.0
 def seed_of(pod: Pod, mesh_port: int, config: DiscoveryConfig) -> str | None:
     if pod.ip is None or pod.phase != "Running" or pod.terminating:
         return None
-    return seed_of_any_phase(pod, mesh_port, config)
+    return mesh_addr_of(pod, mesh_port, config)
 
 
 class MeshSeeds:
@@ -95,10 +95,10 @@ class MeshSeeds:
             return []
         pods = self.watcher.cache.pods
         by_name = {pod.name: pod.key for pod in pods.values()}
-        by_addr = {seed_of_any_phase(pod, self.mesh_port, self.config): pod.key for pod in pods.values() if pod.ip}
+        by_addr = {mesh_addr_of(pod, self.mesh_port, self.config): pod.key for pod in pods.values() if pod.ip}
         members = [m for m in self.agent.members() if m.name != self.agent.name]
-        self._pod_of_member = {m.name: pod for m, pod in ((m, self._pod_of_member.get(m.name)) for m in members)
-                               if pod is not None}  # bounded by the members: the forgotten ones go
+        names = {m.name for m in members}  # bounded by the members: the forgotten ones go
+        self._pod_of_member = {name: pod for name, pod in self._pod_of_member.items() if name in names}
         forced = []
         for member in members:
             if member.status in (MemberStatus.ALIVE, MemberStatus.SUSPECT):
@@ -121,7 +121,7 @@ class MeshSeeds:
         return forced
 
 
-def seed_of_any_phase(pod: Pod, mesh_port: int, config: DiscoveryConfig) -> str:
+def mesh_addr_of(pod: Pod, mesh_port: int, config: DiscoveryConfig) -> str:
     """A pod's mesh address, whatever its phase (the pod must have an IP)."""
     port = annotated_port(pod.annotation(config.mesh_port_annotation)) or mesh_port
     return f"{host_in_url(pod.ip or '')}:{port}"

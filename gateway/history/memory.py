@@ -454,18 +454,13 @@ class MemoryHistory:
                 if member != self.name and member not in old:
                     pushes.setdefault(member, []).append(shard.whole())
         for member, changes in pushes.items():
-            self.stats.handed_off += await self._push_whole(member, changes)
-
-    async def _push_whole(self, member: str, changes: list[Change]) -> int:
-        """Sends whole shards to a member, in batches; how many it was sent (a batch that failed is logged)."""
-        sent = 0
-        for batch in _batches(changes):
-            try:
-                await self._request(member, ["rep", [change_to_wire(c) for c in batch]], self.replication.sync_timeout_s)
-                sent += len(batch)
-            except PeerUnreachable as e:
-                log.info("history: sending %d shards to %s failed: %s", len(batch), member, e)
-        return sent
+            for batch in _batches(changes):
+                try:
+                    await self._request(member, ["rep", [change_to_wire(c) for c in batch]],
+                                        self.replication.sync_timeout_s)
+                    self.stats.handed_off += len(batch)
+                except PeerUnreachable as e:
+                    log.info("history: handing %d shards to %s failed: %s", len(batch), member, e)
 
     async def _trim_loop(self) -> None:
         while True:

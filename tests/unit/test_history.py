@@ -282,6 +282,10 @@ async def test_a_peers_have_question_is_answered_by_version_and_bounded():
                   ["have", [["x", 1]] * (HAVE_BATCH_MAX + 1)], ["have", "resp_a"]):
         assert unpack(await serve(pack(frame)))[0] == "bad"
     assert history.stats.bad_frames == 6
+    # Extreme values a peer may send (msgpack's widest integers, a long id) are answered, not raised on.
+    extremes = [["resp_a", 2 ** 64 - 1], ["resp_a", -2 ** 63], ["r" * 100_000, 1], ["", held]]
+    assert unpack(await serve(pack(["have", extremes]))) == ["ok", [False, False, False, False]]
+    assert history.stats.bad_frames == 6
 
 
 @pytest.mark.parametrize("item_bytes", [40, 2_000, 45_000])
