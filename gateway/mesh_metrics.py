@@ -23,6 +23,10 @@ def mesh_metric_families(agent: MeshAgent) -> Iterator[Any]:
     yield counter("smg_mesh_probes", "Probes by outcome", ["outcome"],
                   [(["ack"], swim["probe_acks"]), (["failed"], swim["probe_failures"])])
     yield counter("smg_mesh_indirect_probes", "Indirect probe requests sent", [], [([], swim["indirect_probes"])])
+    yield counter("smg_mesh_listener_checks", "Members that failed a direct probe, checked for a process "
+                  "listening at their address: refused (the process is gone: a short suspicion) or not",
+                  ["outcome"], [(["refused"], swim["listeners_refused"]),
+                                (["not_refused"], swim["listener_checks"] - swim["listeners_refused"])])
     yield counter("smg_mesh_suspicions_raised", "Members this node started suspecting", [],
                   [([], swim["suspicions_raised"])])
     yield counter("smg_mesh_suspicions_refuted", "Suspected members that proved alive", [],

@@ -38,9 +38,11 @@ from .crypto import Keyring, Sealer
 from .members import MemberSnapshot, MemberStatus
 from .swim import (
     Action,
+    CheckListener,
     DeliverUser,
     ForceLeave,
     Leave,
+    ListenerRefused,
     MemberChanged,
     MemberReaped,
     PacketIn,
@@ -334,6 +336,9 @@ class MeshAgent:
         elif isinstance(action, PushPullWith):
             if self._nursery is not None:
                 self._nursery.start_soon(self._push_pull_quietly, action.addr)
+        elif isinstance(action, CheckListener):
+            if self._nursery is not None:
+                self._nursery.start_soon(self._check_listener, action)
         elif isinstance(action, MemberChanged):
             if action.member.name != self.name:
                 log.info("member %s: %s -> %s", action.member.name,
@@ -352,6 +357,17 @@ class MeshAgent:
                 except Exception:  # a subsystem's failure on one broadcast drops that broadcast only
                     self.stats.dropped["handler_error"] += 1
                     log.exception("a subsystem failed on a broadcast")
+
+    async def _check_listener(self, check: CheckListener) -> None:
+        try:
+            refused = await self.transport.connection_refused(check.addr, check.timeout_s)
+        except Exception:  # a member's odd address must not end the agent: the check is only a hint
+            self.stats.dropped["handler_error"] += 1
+            log.exception("checking whether anything listens at %s failed", check.addr)
+            return
+        if refused:
+            log.info("member %s: nothing listens at %s (its process is gone)", check.name, check.addr)
+            self._handle_safely(ListenerRefused(check.name, check.incarnation))
 
     # -- push-pull ----------------------------------------------------------
 

@@ -18,6 +18,16 @@ Consul run on LANs; n is the number of members):
   Longer suspicion means fewer false positives; shorter, faster detection. A member
   that hears of a suspicion probes the suspect at once (its confirmation, or the ack
   that withholds one, comes within a probe period).
+* no_listener_suspicion_s: when a direct probe gets no ack, the prober also asks the
+  kernel whether anything listens at the member's address (a TCP connection, closed
+  unused). Refused means no process holds the port: the member's process crashed or
+  exited, its host is up. A slow or paused process's kernel still accepts, and a
+  host or link that is gone answers nothing, so neither is affected. A suspicion
+  backed by our own refusal of the same incarnation ends after this long (from the
+  refusal), whatever the confirmations or slowness memories: time for an Alive
+  already in flight to arrive. None: never check (memberlist's behaviour). A refusal is
+  our own observation, never gossiped, and forging one needs the sequence number of
+  our SYN (off-path attackers cannot); one on-path can drop the packets anyway.
 * refuted_memory_s: a member that refuted a suspicion this recently has shown it is
   alive but slow (a crashed member never refutes); its next suspicions run the
   longest timeout whatever the confirmations, so it has time to refute again (held
@@ -79,6 +89,9 @@ class MeshConfig:
     # lossy half-minute, when most members had refuted, for the longest timeout (28.5 s p50 after 30 %
     # loss, 13.2 s with 20; mesh_bench.py and BENCHMARKS.md).
     refuted_memory_s: float = 20.0
+    # A crashed process's address refuses connections: its suspicion ends this long after our refusal, not
+    # after the 4 s minimum a slow member needs to refute (a crash detected in ~2 s rather than ~6).
+    no_listener_suspicion_s: float | None = 0.5
     retransmit_mult: int = 4
     gossip_interval_s: float = 0.2
     gossip_nodes: int = 3
@@ -106,7 +119,8 @@ class MeshConfig:
     def local(cls, **overrides) -> "MeshConfig":
         """One machine (loopback): 5x faster timers, for tests and demos."""
         values = dict(probe_interval_s=0.2, probe_timeout_s=0.1, gossip_interval_s=0.05,
-                      push_pull_interval_s=10.0, gossip_to_the_dead_s=6.0, reconnect_interval_s=6.0, left_reap_s=60.0)
+                      push_pull_interval_s=10.0, gossip_to_the_dead_s=6.0, reconnect_interval_s=6.0, left_reap_s=60.0,
+                      no_listener_suspicion_s=0.1)
         values.update(overrides)
         return cls(**values)
 

@@ -131,6 +131,15 @@ class FaultyTransport:
             await trio.sleep(rule.delay_s)
         return await self.inner.exchange(addr, data, timeout_s, hello)
 
+    async def connection_refused(self, addr: str, timeout_s: float) -> bool:
+        rule = self._rule(addr)
+        if rule.drop >= 1.0:  # a cut link answers nothing, as a partition's SYNs would get
+            await trio.sleep(timeout_s)
+            return False
+        if rule.delay_s > 0:
+            await trio.sleep(min(rule.delay_s, timeout_s))
+        return await self.inner.connection_refused(addr, timeout_s)
+
     async def serve_streams(self, handler: StreamHandler, check_hello: HelloCheck | None = None, *,
                             task_status=trio.TASK_STATUS_IGNORED) -> None:
         await self.inner.serve_streams(handler, check_hello, task_status=task_status)

@@ -6,7 +6,8 @@ a pure function of its seed: a failure prints the seed, and the seed replays it.
 
 Faults: packet loss, duplication, delay with jitter (which also reorders),
 partitions (cut links between groups), a crashed node (everything to and from
-it is lost), and a slow node (what it receives is handled late: a node
+it is lost: the host is gone), a stopped node (its process is gone and its host
+refuses connections to the port, as a SIGKILLed process's does), and a slow node (what it receives is handled late: a node
 starved of CPU, as in the Lifeguard paper's experiments).
 """
 
@@ -37,7 +38,8 @@ class SimNetwork:
         self.faults = faults or LinkFaults()
         self._nodes: dict[str, "SimTransport"] = {}
         self._cut: set[frozenset[str]] = set()
-        self.crashed: set[str] = set()
+        self.crashed: set[str] = set()  # hosts gone: nothing answers
+        self.stopped: set[str] = set()  # processes gone, hosts up: packets lost, connections refused
         self.slow_s: dict[str, float] = {}  # addr -> extra handling delay
         self.nursery: trio.Nursery | None = None
         self.packets_sent = 0
@@ -62,7 +64,8 @@ class SimNetwork:
         self._cut.clear()
 
     def linked(self, a: str, b: str) -> bool:
-        return frozenset((a, b)) not in self._cut and a not in self.crashed and b not in self.crashed
+        return frozenset((a, b)) not in self._cut and a not in self.crashed and b not in self.crashed \
+            and a not in self.stopped and b not in self.stopped
 
     # -- delivery ---------------------------------------------------------
 
@@ -104,6 +107,18 @@ class SimNetwork:
             raise TransportError(f"stream {src} -> {dst} timed out")
         raise TransportError(f"stream {src} -> {dst} failed")
 
+    async def connection_refused(self, src: str, dst: str, timeout_s: float) -> bool:
+        """Refused after a round trip when ``dst``'s process is stopped and its host reachable (the RST has to
+        come back); accepted after one when it runs (a slow process's kernel accepts at once); otherwise no
+        answer. No random draw: checking does not shift a seeded run's other choices."""
+        round_trip_s = 2 * self.faults.delay_s
+        host_up = dst in self._nodes and dst not in self.crashed and src not in self.crashed \
+            and src not in self.stopped and frozenset((src, dst)) not in self._cut
+        if host_up and (dst in self.stopped or self.linked(src, dst)):
+            await trio.sleep(min(round_trip_s, timeout_s))
+            return dst in self.stopped and round_trip_s <= timeout_s
+        await trio.sleep(timeout_s)
+        return False
 
 class SimTransport:
     def __init__(self, network: SimNetwork, addr: str) -> None:
@@ -129,6 +144,9 @@ class SimTransport:
         # A simulated stream is one exchange on a connection of its own, and no stranger can reach
         # it: the hello that guards real connections (mesh.transport) has nothing to guard here.
         return await self.network.exchange(self.addr, addr, data, timeout_s)
+
+    async def connection_refused(self, addr: str, timeout_s: float) -> bool:
+        return await self.network.connection_refused(self.addr, addr, timeout_s)
 
     async def serve_streams(self, handler: StreamHandler, check_hello: HelloCheck | None = None, *,
                             task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -17,6 +17,9 @@ awareness multiplier):
    other members to ping it for us (INDIRECT_PING); they answer with its ACK,
    or with a NACK if they heard nothing, so we can tell "it is down" from
    "I am the slow one".
+   At the same time the driver checks whether anything listens at its address
+   (``CheckListener``); a refusal (``ListenerRefused``: its process is gone, the
+   host is up) makes us suspect it at once, for ``no_listener_suspicion_s``.
 3. Still no ACK at the end of the period: suspect it (broadcast SUSPECT). It
    is declared DEAD when its suspicion times out; the timeout starts long and
    shrinks as other members independently confirm the suspicion. A member that
@@ -123,7 +126,15 @@ class QueueUser:
     key: str | None = None
 
 
-Event = Tick | PacketIn | RemoteState | Leave | ForceLeave | SetTags | QueueUser
+@dataclasses.dataclass(frozen=True)
+class ListenerRefused:
+    """The driver's answer to a ``CheckListener``: a connection to the member's address was refused."""
+
+    name: str
+    incarnation: int
+
+
+Event = Tick | PacketIn | RemoteState | Leave | ForceLeave | SetTags | QueueUser | ListenerRefused
 
 
 # -- actions --------------------------------------------------------------
@@ -138,6 +149,17 @@ class SendPacket:
 @dataclasses.dataclass(frozen=True)
 class PushPullWith:
     addr: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckListener:
+    """Ask the kernel, within ``timeout_s``, whether anything listens at ``addr`` (the member ``name`` at
+    ``incarnation`` failed a direct probe); answer with ``ListenerRefused`` only if the connection is refused."""
+
+    name: str
+    incarnation: int
+    addr: str
+    timeout_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +178,7 @@ class DeliverUser:
     payload: bytes
 
 
-Action = SendPacket | PushPullWith | MemberChanged | MemberReaped | DeliverUser
+Action = SendPacket | PushPullWith | CheckListener | MemberChanged | MemberReaped | DeliverUser
 
 
 # -- internal timers ------------------------------------------------------
@@ -213,6 +235,8 @@ class Swim:
         self._suspicions: dict[str, _Suspicion] = {}
         self._refuted_at: dict[str, float] = {}  # member -> when it last refuted a suspicion we held
         self._self_refuted_at: float | None = None  # when we last had to refute a suspicion of us
+        # member -> (incarnation, when) a connection to its address was refused: its process is gone.
+        self._no_listener: dict[str, tuple[int, float]] = {}
         # Start timers at random offsets so that nodes started together do not probe in lockstep.
         self._next_probe_at = now + rng.random() * config.probe_interval_s
         self._next_gossip_at = now + rng.random() * config.gossip_interval_s
@@ -289,6 +313,8 @@ class Swim:
             self._force_leave(event.name, now, out)
         elif isinstance(event, SetTags):
             self._set_tags(event.tags, now, out)
+        elif isinstance(event, ListenerRefused):
+            self._listener_refused(event.name, event.incarnation, now, out)
         elif isinstance(event, QueueUser):
             self._queue.queue(encode_message(User(event.payload)), None if event.key is None else "u:" + event.key)
         return out
@@ -340,6 +366,7 @@ class Swim:
             for member in self.table.reap(now, self.config.left_reap_s, self.config.dead_reap_s):
                 self._probe_order = [n for n in self._probe_order if n != member.name]
                 self._refuted_at.pop(member.name, None)
+                self._no_listener.pop(member.name, None)
                 out.append(MemberReaped(member.name))
 
     def _next_target(self):
@@ -383,6 +410,10 @@ class Swim:
             self.stats["indirect_probes"] += 1
             out.append(self._packet(helper.addr, [encode_message(IndirectPing(
                 probe.seq, probe.target, probe.addr, self.name, self.addr, want_nack))]))
+        target = self.table.get(probe.target)
+        if self.config.no_listener_suspicion_s is not None and target is not None:
+            self.stats["listener_checks"] += 1
+            out.append(CheckListener(target.name, target.incarnation, probe.addr, probe.end_deadline - now))
 
     def _probe_failed(self, probe: _Probe, now: float, out: list[Action]) -> None:
         self.stats["probe_failures"] += 1
@@ -399,6 +430,7 @@ class Swim:
 
     def _probe_succeeded(self, now: float) -> None:
         self.stats["probe_acks"] += 1
+        self._no_listener.pop(self._probe.target, None)  # it answered: whatever refused us is over
         self._probe = None
         self._adjust_awareness(-1, now)
 
@@ -483,6 +515,7 @@ class Swim:
                 self._probe_soon(member.name, now)
         else:
             suspicion = self._suspicions.pop(member.name, None)
+            self._no_listener.pop(member.name, None)  # a new incarnation, or the end of this one
             if isinstance(message, Alive) and (suspicion is not None or verdict.previous is MemberStatus.DEAD):
                 self.stats["suspicions_refuted"] += 1
                 self._refuted_at[member.name] = now
@@ -498,9 +531,30 @@ class Swim:
         suspicion.deadline = suspicion.started_at + self._suspicion_timeout_s(message.node, suspicion, now)
         self._queue_message(message, message.node)  # pass the confirmation on
 
+    def _listener_refused(self, name: str, incarnation: int, now: float, out: list[Action]) -> None:
+        member = self.table.get(name)
+        if member is None or member.incarnation != incarnation \
+                or member.status not in (MemberStatus.ALIVE, MemberStatus.SUSPECT):
+            return  # refuted, restarted or judged meanwhile: the refusal was about a life that is over
+        self.stats["listeners_refused"] += 1
+        self._no_listener[name] = (incarnation, now)
+        suspicion = self._suspicions.get(name)
+        if suspicion is not None and suspicion.incarnation == incarnation:
+            suspicion.deadline = suspicion.started_at + self._suspicion_timeout_s(name, suspicion, now)
+        elif member.status is MemberStatus.ALIVE:
+            # It failed our direct probe and nothing listens where it lived: suspect it now rather than at the
+            # end of the probe period (the probe runs on, and its nacks still tell us about ourselves).
+            self.stats["suspicions_raised"] += 1
+            self._apply(Suspect(incarnation, name, self.name), now, out)
+
     def _suspicion_timeout_s(self, name: str, suspicion: _Suspicion, now: float) -> float:
         config, n = self.config, self._n()
         timeout = config.suspicion_timeout_s(n, len(suspicion.confirmations) - 1)
+        refused = self._no_listener.get(name)
+        if refused is not None and refused[0] == suspicion.incarnation:
+            # Nothing listens where it lived: its process is gone. A slow member's kernel accepts, so neither
+            # its slowness nor ours is a reason to wait longer than it takes an Alive in flight to arrive.
+            return min(timeout, max(0.0, refused[1] - suspicion.started_at) + config.no_listener_suspicion_s)
         if not config.lifeguard:
             return timeout
         # The longest timeout, as for an unconfirmed suspicion, while either side was slow lately:

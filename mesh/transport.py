@@ -12,6 +12,12 @@ node buffer megabytes, and it must arrive within HELLO_TIMEOUT_S. At most
 STREAM_CONNECTIONS_MAX connections are served at once; more are closed at once
 (and counted), so connections alone cannot exhaust descriptors or tasks.
 
+``connection_refused`` asks the kernel whether anything listens at a member's address: a
+TCP connection refused there (a RST to our SYN) means no process holds the port, which
+tells a crashed process from a slow or paused one (whose kernel still accepts) and from
+a host or link that is gone (no answer at all). The probe connection closes unused;
+the server side does not count it as a refused hello.
+
 Optional mutual TLS for the streams (``MeshTls``: --mesh-tls-ca-cert,
 --mesh-tls-cert, --mesh-tls-key, smg's names): both ends present a certificate of
 the mesh's CA, checked in the handshake before any frame. Peers are addressed by
@@ -81,6 +87,10 @@ class Transport(Protocol):
                             task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Answer stream exchanges with ``handler`` until cancelled; a connection whose first frame
         fails ``check_hello`` is closed."""
+
+    async def connection_refused(self, addr: str, timeout_s: float) -> bool:
+        """True only when a stream connection to ``addr`` is refused: nothing listens there. False when it
+        is accepted, or times out, or fails otherwise (none of which says the process is gone)."""
 
 
 class MeshTls:
@@ -188,6 +198,7 @@ class UdpTcpTransport:
         self.connections = 0
         self.connections_refused = 0  # over STREAM_CONNECTIONS_MAX
         self.hellos_refused = 0  # first frame too large, late, or not a valid hello
+        self.connections_unused = 0  # closed by the peer before a byte: a member's connection_refused check
 
     def send_packet_nowait(self, addr: str, data: bytes) -> bool:
         try:
@@ -252,6 +263,26 @@ class UdpTcpTransport:
                 raise StreamClosed(f"stream to {addr} reset by the peer: {detail}") from None
             raise TransportError(f"stream to {addr} failed: {type(e).__name__}: {detail}") from None
 
+    async def connection_refused(self, addr: str, timeout_s: float) -> bool:
+        try:
+            host, port = split_addr(addr)
+        except ValueError:
+            return False  # an address we cannot read says nothing about a process
+        if not 0 < port < 65536:
+            return False
+        with trio.move_on_after(timeout_s):
+            try:
+                infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                family, kind, proto, _, sockaddr = infos[0]
+                with trio.socket.socket(family, kind, proto) as sock:
+                    await sock.connect(sockaddr)
+                return False
+            except ConnectionRefusedError:
+                return True
+            except OSError:
+                return False  # unreachable, reset, no address: nothing that says the process is gone
+        return False
+
     async def _round_trip(self, stream: trio.SocketStream, frame: bytes) -> bytes:
         try:
             await stream.send_all(frame)
@@ -277,10 +308,10 @@ class UdpTcpTransport:
             buf += chunk
         return bytes(buf)
 
-    async def _tls_handshake(self, stream: trio.SocketStream) -> trio.SSLStream | None:
+    async def _tls_handshake(self, stream: trio.SocketStream, hello_deadline: float) -> trio.SSLStream | None:
         """The server side of mutual TLS, within the hello's time; None when it failed."""
         tls = trio.SSLStream(stream, self._tls.server, server_side=True)
-        with trio.move_on_after(HELLO_TIMEOUT_S):
+        with trio.move_on_at(hello_deadline):
             try:
                 await tls.do_handshake()
                 return tls
@@ -288,9 +319,23 @@ class UdpTcpTransport:
                 return None
         return None
 
-    async def _passes_hello(self, stream: trio.SocketStream, check_hello: HelloCheck | None) -> bool:
+    @staticmethod
+    async def _closed_unused(stream: trio.SocketStream, hello_deadline: float) -> bool:
+        """The peer closed the connection before sending a byte: a member checking that we listen
+        (``connection_refused``), not a hello that failed. Waits for the first byte without taking it
+        (the TLS handshake or the hello reads it next), within the hello's time: a silent connection
+        is then a hello that did not come."""
+        with trio.move_on_at(hello_deadline):
+            try:
+                return await stream.socket.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True  # reset before a byte: nothing was tried either
+        return False
+
+    async def _passes_hello(self, stream: trio.SocketStream, check_hello: HelloCheck | None,
+                            hello_deadline: float) -> bool:
         try:
-            with trio.fail_after(HELLO_TIMEOUT_S):
+            with trio.fail_at(hello_deadline):
                 size = int.from_bytes(await self._read_exactly(stream, FRAME_HEADER_BYTES), "big")
                 if size > HELLO_BYTES_MAX:
                     return False
@@ -310,14 +355,18 @@ class UdpTcpTransport:
                 await trio.aclose_forcefully(stream)
                 return
             self.connections += 1
+            hello_deadline = trio.current_time() + HELLO_TIMEOUT_S  # TLS and the hello, together
             try:
+                if await self._closed_unused(stream, hello_deadline):
+                    self.connections_unused += 1
+                    return
                 if self._tls is not None:
-                    secured = await self._tls_handshake(stream)
+                    secured = await self._tls_handshake(stream, hello_deadline)
                     if secured is None:
                         self.hellos_refused += 1
                         return
                     stream = secured
-                if not await self._passes_hello(stream, check_hello):
+                if not await self._passes_hello(stream, check_hello, hello_deadline):
                     self.hellos_refused += 1
                     return
                 while True:  # a peer keeps its connection for its next exchanges

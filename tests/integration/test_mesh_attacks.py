@@ -211,3 +211,43 @@ async def test_a_loopback_mesh_is_sealed_by_default_and_in_the_clear_only_when_a
             assert "gossip sealed with a key derived from the admin token" in log_text
     finally:
         node.kill()
+
+
+async def test_a_crashed_process_is_told_from_a_live_one_by_its_port_and_the_check_is_no_failed_hello(tmp_path):
+    """The probers' check (mesh/transport.py ``connection_refused``) over real sockets: a bound port that
+    nobody listens on refuses; a live member's accepts, and its server counts the unused connection as
+    such, not as a refused hello (which is what an attacker's connections are counted as), with or
+    without mutual TLS; an address that cannot be read is no evidence and no exception."""
+    from mesh.transport import MeshTls
+
+    from .certs import CertAuthority
+
+    ca = CertAuthority(tmp_path, "mesh CA")
+    cert, key, _ = ca.issue("m0", "m0", server=True, client=True)
+    async with trio.open_nursery() as nursery:
+        for tls in (None, MeshTls(str(ca.path), str(cert), str(key))):
+            live = UdpTcpTransport("127.0.0.1:0", tls=tls)
+            await nursery.start(live.serve_streams, lambda request: trio.sleep(0, b""))
+            prober = UdpTcpTransport("127.0.0.1:0")
+            assert await prober.connection_refused(live.addr, 5.0) is False
+            await poll(lambda: live.connections_unused == 1 and live.connections == 0, "the check's connection")
+            assert live.hellos_refused == 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as bound:  # bound, never listening: as a dead port
+            bound.bind(("127.0.0.1", 0))
+            assert await prober.connection_refused(f"127.0.0.1:{bound.getsockname()[1]}", 5.0) is True
+        for odd in ("127.0.0.1:x", "no-port", "127.0.0.1:0", "127.0.0.1:70000", "nohost.invalid:7946"):
+            assert await prober.connection_refused(odd, 2.0) is False, odd
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_member_whose_process_is_gone_is_declared_dead_on_its_refusal():
+    """Two real agents; one's process ends (its sockets closed, nothing listening): the other sees the
+    refusal and declares it dead after the short suspicion, not the longest timeout of two members."""
+    async with trio.open_nursery() as nursery:
+        a, b = await start_pair(nursery, [KEY])
+        b.stop()
+        await b.stopped.wait()
+        b.transport.close()
+        await poll(lambda: a.member("n1").status is MemberStatus.DEAD, "declared dead")
+        assert a.protocol_stats["listeners_refused"] >= 1
+        nursery.cancel_scope.cancel()

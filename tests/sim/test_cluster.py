@@ -37,6 +37,36 @@ async def test_crashed_node_is_declared_dead_by_everyone(autojump_clock):
         # memberlist's LAN defaults: ~5-6 s typical, ~25 s worst (ARCHITECTURE.md, design notes).
         assert took < 25, f"detection took {took}s"
         assert trio.current_time() - crashed_at == took
+        # A lost host answers nothing, not even a refusal: no shortcut (a partition looks the same).
+        assert took >= MeshConfig.lan().suspicion_min_s(5), took
+        assert sum(a.protocol_stats["listener_checks"] for a in agents[:4]) >= 1
+        assert sum(a.protocol_stats["listeners_refused"] for a in agents[:4]) == 0
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("seed", [2, 7, 11])
+async def test_a_crashed_process_whose_host_refuses_its_port_is_dead_everywhere_within_three_seconds(
+        autojump_clock, seed):
+    """SIGKILL, OOM kill, panic: the host is up and refuses connections to the port, which a slow or paused
+    process's kernel never does. The probers' own refusals cut the suspicion to 0.5 s: ~2 s in all, where a
+    lost host (nothing answers, the test above) waits the 4 s minimum a slow member needs to refute."""
+    net = SimNetwork(seed=seed, faults=LinkFaults(delay_s=0.001, jitter_s=0.002))
+    async with trio.open_nursery() as nursery:
+        agents = await start_cluster(nursery, net, 5, MeshConfig.lan(), seed=seed)
+        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
+        await trio.sleep(5)
+        net.stopped.add(agents[4].transport.addr)
+        agents[4].stop()
+        took = await wait_until(lambda: agree(agents[:4], {"node-4": DEAD}), 60)
+        assert took <= 3.0, f"detection took {took} s"
+        assert sum(a.protocol_stats["listeners_refused"] for a in agents[:4]) >= 1
+        # The same process back at its address: it rejoins, and nothing refuses it any more.
+        net.stopped.discard(agents[4].transport.addr)
+        agents[4] = await start_agent(nursery, net, 4, MeshConfig.lan(), seed=seed + 100)
+        await agents[4].join([agents[0].transport.addr])
+        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
+        await trio.sleep(60)
+        assert agree(agents, {f"node-{i}": ALIVE for i in range(5)})
         nursery.cancel_scope.cancel()
 
 
