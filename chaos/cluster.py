@@ -55,6 +55,11 @@ class ClusterSpec:
     # hands out ports above it to outgoing connections, which could take a fixed port first.
     base_port: int = 21000
     lb: str = "nginx"
+    # The nodes' mesh timers: `local` (5x memberlist's, for one machine) unless a scenario measures the deployed
+    # `lan` preset (kill-in-turn's crash detection).
+    mesh_preset: str = "local"
+    # How often the observer reads every node's view: the resolution of what the checks see.
+    observe_interval_s: float = 0.5
     per_key_limit: float = 20.0  # requests per second per API key, cluster-wide
     per_key_burst: float = 5.0
     # Engines: a few milliseconds per token, so requests are in flight when faults strike.
@@ -194,7 +199,7 @@ class ChaosCluster:
     def start_node(self, i: int) -> None:
         args = ["--port", str(self.http_port(i)), "--node-name", self.name(i), "--mesh-bind", self.gossip_addr(i),
                 "--join", self.gossip_addr(0), self.gossip_addr(1 % self.spec.nodes),
-                "--mesh-preset", "local", "--rpc-addr", self.admin_addr(i), "--retry-join-interval-secs", "0.5",
+                "--mesh-preset", self.spec.mesh_preset, "--rpc-addr", self.admin_addr(i), "--retry-join-interval-secs", "0.5",
                 "--rate-limits", str(self.limits_file), "--health-check-interval-secs", "0.5",
                 "--health-failure-threshold", "2", "--log-level", os.environ.get("SMG_CHAOS_NODE_LOG_LEVEL", "warning"),
                 "--shutdown-grace-period-secs", "10", "--workers", str(self.spec.workers)]

@@ -180,7 +180,7 @@ def run_scenario(name: str, nodes: int, seed: int, duration_s: float, out_dir: P
     observer = workload = None
     try:  # whatever fails, from the start on, everything started is stopped
         cluster.start()
-        observer = Observer(cluster)
+        observer = Observer(cluster, spec.observe_interval_s)
         workload = Workload(cluster.lb_url, seed, models=cluster.models)
         _wait_ready(cluster)
         observer.start()

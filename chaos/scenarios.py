@@ -90,6 +90,29 @@ def kill_owner_machine(cluster: ChaosCluster, rng: random.Random, duration_s: fl
                        lambda: cluster.restart(owner, graceful=False), (owner,))], back, 1)
 
 
+KILL_EVERY_S = 20.0
+RESTART_AFTER_S = 8.0
+
+
+def kill_in_turn(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
+    """Crash detection under load, on the `lan` preset (memberlist's timers, as deployed): every KILL_EVERY_S
+    one node SIGKILLed, restarted RESTART_AFTER_S later; the victims take turns among all nodes but the first
+    two (the seeds stay up, and the no-false-dead check keeps two untouched nodes to judge each other). The
+    crash-detection check reads how long every other node took to list each victim dead."""
+    victims = list(range(2, cluster.spec.nodes)) or [cluster.spec.nodes - 1]
+    rng.shuffle(victims)
+    first, last = 0.15 * duration_s, 0.75 * duration_s
+    events, owner, faults = [], hot_key_owner(cluster), 0
+    for k in range(max(1, int((last - first) // KILL_EVERY_S))):
+        victim, at = victims[k % len(victims)], first + k * KILL_EVERY_S
+        faults += victim == owner
+        events += [Event(at, f"SIGKILL {cluster.name(victim)}", "process", lambda v=victim: cluster.kill(v),
+                         (victim,)),
+                   Event(at + RESTART_AFTER_S, f"restart {cluster.name(victim)}", "heal",
+                         lambda v=victim: cluster.restart(v, graceful=False), (victim,))]
+    return Plan(events, events[-1].at_s, max(1, faults))
+
+
 def pause_one(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
     victim = rng.randrange(cluster.spec.nodes)
     start = 0.25 * duration_s
@@ -195,7 +218,8 @@ ENGINE_SCENARIOS = frozenset({"restart-engines", "kill-model-engines", "kill-pre
 # What a scenario needs of the cluster beyond the defaults.
 SCENARIO_SPECS: dict[str, dict[str, Any]] = {"kill-model-engines": {"models": 2},
                                              "kill-prefill-engine": {"pd": True, "engines": 4},
-                                             "kill-owner-machine": {"workers": 2}}
+                                             "kill-owner-machine": {"workers": 2},
+                                             "kill-in-turn": {"mesh_preset": "lan", "observe_interval_s": 0.2}}
 
 SCENARIOS: dict[str, tuple[Callable[[ChaosCluster, random.Random, float], Plan], str]] = {
     "kill-one": (kill_one, "SIGKILL one node under load, restart it later"),
@@ -204,6 +228,8 @@ SCENARIOS: dict[str, tuple[Callable[[ChaosCluster, random.Random, float], Plan],
     "kill-owner": (kill_owner, "SIGKILL the owner of the hot rate-limit key, restart it later"),
     "kill-owner-machine": (kill_owner_machine, "nodes of two processes: SIGKILL the machine owning the hot "
                            "rate-limit key, restart it later"),
+    "kill-in-turn": (kill_in_turn, "lan timers: SIGKILL a node every 20 s, in turn, restarting each 8 s later; how "
+                     "soon every other node lists it dead"),
     "pause-one": (pause_one, "SIGSTOP one node for 10 s, then SIGCONT"),
     "partition-halves": (partition_halves, "split the nodes in two halves, then heal"),
     "isolate-one": (isolate_one, "cut one node off from the others, then heal"),

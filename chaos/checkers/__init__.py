@@ -18,7 +18,7 @@ class CheckResult:
 
 
 def all_checkers():
-    from . import (false_dead, kv_index, lost_requests, membership, models_apart, rate_limits, replicated_state,
-                   stored_responses)
-    return [lost_requests, models_apart, membership, false_dead, replicated_state, kv_index, rate_limits,
-            stored_responses]
+    from . import (crash_detection, false_dead, kv_index, lost_requests, membership, models_apart, rate_limits,
+                   replicated_state, stored_responses)
+    return [lost_requests, models_apart, membership, false_dead, crash_detection, replicated_state, kv_index,
+            rate_limits, stored_responses]

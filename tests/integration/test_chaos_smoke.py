@@ -46,7 +46,8 @@ def test_smoke_scenario_passes_every_check(tmp_path, scenario, base_port):
         assert f"ports from {base_port} are taken" in result.stdout
     report = json.loads((tmp_path / scenario / "report.json").read_text())
     assert report["passed"] and {c["name"] for c in report["checks"]} == {
-        "requests lost", "models apart", "membership converged", "no false dead", "replicated state equal",
+        "requests lost", "models apart", "membership converged", "no false dead", "crash detection",
+        "replicated state equal",
         "KV index equal",
         "rate limits held", "stored responses kept"}
     assert report["requests"]["ok"] > 100 and report["requests"]["rate_limited"] > 0
