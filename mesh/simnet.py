@@ -7,8 +7,9 @@ a pure function of its seed: a failure prints the seed, and the seed replays it.
 Faults: packet loss, duplication, delay with jitter (which also reorders),
 partitions (cut links between groups), a crashed node (everything to and from
 it is lost: the host is gone), a stopped node (its process is gone and its host
-refuses connections to the port, as a SIGKILLed process's does), and a slow node (what it receives is handled late: a node
-starved of CPU, as in the Lifeguard paper's experiments).
+refuses connections to the port, as a SIGKILLed process's does), and a slow node
+(what it receives is handled late: a node starved of CPU, as in the Lifeguard
+paper's experiments).
 """
 
 from __future__ import annotations
@@ -114,11 +115,12 @@ class SimNetwork:
         round_trip_s = 2 * self.faults.delay_s
         host_up = dst in self._nodes and dst not in self.crashed and src not in self.crashed \
             and src not in self.stopped and frozenset((src, dst)) not in self._cut
-        if host_up and (dst in self.stopped or self.linked(src, dst)):
+        if host_up:
             await trio.sleep(min(round_trip_s, timeout_s))
             return dst in self.stopped and round_trip_s <= timeout_s
         await trio.sleep(timeout_s)
         return False
+
 
 class SimTransport:
     def __init__(self, network: SimNetwork, addr: str) -> None:
