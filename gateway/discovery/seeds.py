@@ -89,22 +89,37 @@ class MeshSeeds:
         except JoinError as e:
             log.info("mesh: router pods %s not reachable yet: %s", ", ".join(new), e)
 
+    def member_changed(self, member: Any, previous: MemberStatus | None) -> None:
+        """A mesh listener: a member seen alive is matched to its router pod at once. Matched only by the loop,
+        every few seconds, a member that joined and crashed in between was never seen alive as a pod and so
+        never forced out (a crashed process is held dead within a second of its probe: its port refuses)."""
+        if member.name != self.agent.name and member.status in (MemberStatus.ALIVE, MemberStatus.SUSPECT):
+            self._remember_pod(member, *self._pod_indexes())
+        self.poke()  # a member that failed may be one whose pod is already gone
+
+    def _pod_indexes(self) -> "tuple[dict[str, str], dict[str, str]]":
+        pods = self.watcher.cache.pods
+        return ({pod.name: pod.key for pod in pods.values()},
+                {mesh_addr_of(pod, self.mesh_port, self.config): pod.key for pod in pods.values() if pod.ip})
+
+    def _remember_pod(self, member: Any, by_name: "dict[str, str]", by_addr: "dict[str, str]") -> None:
+        pod_key = by_name.get(member.tags.get("node", member.name)) or by_addr.get(member.addr)
+        if pod_key is not None:
+            self._pod_of_member[member.name] = pod_key
+
     def force_leave_deleted(self) -> list[str]:
         """Forces the failed members whose router pod was deleted to leave; returns their names."""
         if not self.watcher.live:
             return []
         pods = self.watcher.cache.pods
-        by_name = {pod.name: pod.key for pod in pods.values()}
-        by_addr = {mesh_addr_of(pod, self.mesh_port, self.config): pod.key for pod in pods.values() if pod.ip}
+        by_name, by_addr = self._pod_indexes()
         members = [m for m in self.agent.members() if m.name != self.agent.name]
         names = {m.name for m in members}  # bounded by the members: the forgotten ones go
         self._pod_of_member = {name: pod for name, pod in self._pod_of_member.items() if name in names}
         forced = []
         for member in members:
             if member.status in (MemberStatus.ALIVE, MemberStatus.SUSPECT):
-                pod_key = by_name.get(member.tags.get("node", member.name)) or by_addr.get(member.addr)
-                if pod_key is not None:
-                    self._pod_of_member[member.name] = pod_key
+                self._remember_pod(member, by_name, by_addr)
             elif member.status is MemberStatus.DEAD and member.name in self._pod_of_member:
                 pod_key = self._pod_of_member[member.name]
                 pod = pods.get(pod_key)

@@ -69,6 +69,7 @@ async def run_mesh_seeds(config: DiscoveryConfig, credentials: KubeCredentials, 
     try:
         watcher = PodWatcher(api, config.router_selector, config, config.namespace, lambda: seeds.poke())
         seeds = MeshSeeds(watcher, agent, mesh_port, config)
+        agent.listeners.append(seeds.member_changed)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(seeds.watcher.run)
             nursery.start_soon(seeds.run)

@@ -233,6 +233,22 @@ def test_a_failed_member_is_forced_to_leave_only_once_its_router_pod_is_deleted(
     assert agent.states["outside"][1] is MemberStatus.DEAD  # left to the operator
 
 
+def test_a_member_that_joins_and_crashes_between_two_passes_is_still_forced_out_with_its_pod():
+    """Found by CI: a member alive for three seconds, held dead a tenth of a second after its crash (its port
+    refused), was never seen alive by the every-5-s pass, so its deleted pod never forced it out. The mesh's
+    listener matches it to its pod as it joins."""
+    agent, watcher = _Members(), _Watcher()
+    seeds = MeshSeeds(watcher, agent, 7946, DiscoveryConfig(), own_name="me")
+    watcher.pods(pod("a", ip="10.0.0.1"))
+    agent.set("a", "10.0.0.1:7946", MemberStatus.ALIVE)
+    seeds.member_changed(agent.members()[0], None)  # joined; no pass ran while it was alive
+    agent.set("a", "10.0.0.1:7946", MemberStatus.DEAD)
+    seeds.member_changed(agent.members()[0], MemberStatus.ALIVE)
+    assert seeds.force_leave_deleted() == []  # its pod is still there
+    watcher.pods()
+    assert seeds.force_leave_deleted() == ["a"]
+
+
 async def test_only_the_owner_writes_and_only_discovered_entries_are_removed():
     from gateway.cluster import ClusterState
     from gateway.discovery.reconcile import DiscoveredWorkers
