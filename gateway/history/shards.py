@@ -39,7 +39,7 @@ import dataclasses
 
 import orjson
 
-from .store import HistoryConfig, StorageQuotaExceeded, check_record_size
+from .store import OPEN_DATA_PLANE_OWNER, HistoryConfig, StorageQuotaExceeded, check_record_size
 
 RESPONSE = "r"
 CONVERSATION = "c"
@@ -159,6 +159,8 @@ class MemoryShards:
         one held under ``shard_id`` would take ``owner`` past its bounds; RecordTooLarge past a record's."""
         check_record_size(size_bytes, self.config.record_bytes_max,
                           "the response" if kind == RESPONSE else "the conversation")
+        if owner == OPEN_DATA_PLANE_OWNER:
+            return  # one owner for everyone: the node's bounds alone, its oldest records evicted (store.py)
         usage, limits = self.usage(owner), self.tenant_bounds
         held = self._shards.get(shard_id)
         replaced = held if held is not None and held.owner == owner else None
@@ -340,7 +342,8 @@ class MemoryShards:
             heaviest = max(self._owners.values(), key=measure)
             self._drop(next(iter(heaviest.order)))
             self.evicted += 1
-        usage, limits = self._owners.get(written_by) if written_by is not None else None, self.replica_bounds
+        over_quota_possible = written_by is not None and written_by != OPEN_DATA_PLANE_OWNER
+        usage, limits = self._owners.get(written_by) if over_quota_possible else None, self.replica_bounds
         while usage is not None and usage.order and (
                 usage.bytes > limits.bytes or usage.responses > limits.responses
                 or usage.conversations > limits.conversations or usage.items > limits.items):

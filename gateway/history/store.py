@@ -24,6 +24,11 @@ from typing import Any, Protocol
 from ..errors import QuotaExceeded, TimedOut, TooLarge
 from ..options import Option
 
+# The owner of every request on an open data plane (no key or token required: gateway/auth's ANONYMOUS). Nobody
+# there can be told apart, so nobody's share is protected from anybody's: the per-tenant bounds do not apply to
+# it, only the node's own, which evict its least recently used records (a single user's gateway keeps its last
+# 10,000 responses rather than refusing every stored write past 2,500).
+OPEN_DATA_PLANE_OWNER = "anonymous"
 ID_CHARS_MAX = 128  # response, conversation and item ids: ours are ~30 characters
 OWNER_CHARS_MAX = 256
 ITEMS_PER_ADD_MAX = 20  # OpenAI's bound for one "create items" call

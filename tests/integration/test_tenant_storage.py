@@ -129,3 +129,23 @@ def test_background_responses_hold_at_most_their_tenants_share_of_the_slots(node
     assert other.choices[0].finish_reason == "length"
     for response_id in accepted:
         flood.responses.cancel(response_id)
+
+
+def test_a_single_user_node_without_keys_keeps_its_newest_responses_rather_than_refusing(log_dir):
+    """No key required: every client is the same owner. A quarter of the node for it refused every stored write
+    past 2,500 responses (here 2 of 8) with 429; now the node's bound applies and its oldest responses go."""
+    engine = EngineProcess([], log_dir, "open-plane-engine")
+    n = NodeProcess(["--worker-urls", engine.url, "--history-memory-max-responses", "8"], log_dir, "open-plane-node")
+    try:
+        client = openai.OpenAI(base_url=n.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        made = [client.responses.create(model=MODEL, input=f"turn {i}", max_output_tokens=2) for i in range(12)]
+        follow_up = client.responses.create(model=MODEL, input="and then?", max_output_tokens=2,
+                                            previous_response_id=made[-1].id)
+        assert follow_up.previous_response_id == made[-1].id and follow_up.output  # its chain was found
+        for old in made[:5]:  # 13 stored against a bound of 8: the 5 least recently used went
+            with pytest.raises(openai.NotFoundError):
+                client.responses.retrieve(old.id)
+        assert [client.responses.retrieve(r.id).id for r in made[5:]] == [r.id for r in made[5:]]
+    finally:
+        n.stop()
+        engine.stop()

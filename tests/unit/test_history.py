@@ -312,3 +312,27 @@ async def test_counted_bytes_match_what_the_process_holds(item_bytes):
         tracemalloc.stop()
     counted = store.shards.bytes
     assert 0.85 <= held / counted <= 1.15, f"the process holds {held} bytes for {counted} counted"
+
+
+def test_an_open_data_plane_is_one_owner_bounded_by_the_node_alone():
+    """No key or token required: every client is "anonymous" and none can be told apart, so a tenant's quarter
+    protects nobody; it refused every stored write of a single-user node past 2,500 (a quarter of 10,000).
+    The node's own bounds apply instead, its least recently used records going first, on primaries and
+    replicas alike; a key's owner on the same node is still held to its quarter."""
+    from gateway.auth.principal import ANONYMOUS
+    from gateway.history.store import OPEN_DATA_PLANE_OWNER
+    assert ANONYMOUS.key_id == OPEN_DATA_PLANE_OWNER
+    o = ops(max_responses=8)  # a quarter: 2
+    for n in range(12):
+        put(o, f"r{n}", owner=OPEN_DATA_PLANE_OWNER, now=float(n))
+    held = [n for n in range(12) if o.get_response(f"r{n}", OPEN_DATA_PLANE_OWNER, 20.0) is not None]
+    assert held == list(range(4, 12)) and o.shards.refused_quota == 0  # the newest 8: the node's bound
+    replica = ops(max_responses=8)
+    for n in range(8):
+        _, change = put(ops(max_responses=8), f"c{n}", owner=OPEN_DATA_PLANE_OWNER, now=float(n))
+        replica.shards.apply(change, float(n))
+    assert len(replica.shards) == 8 and replica.shards.evicted_over_quota == 0
+    put(o, "k1", owner="key:k")
+    put(o, "k2", owner="key:k")
+    with pytest.raises(StorageQuotaExceeded, match="2 stored responses"):
+        put(o, "k3", owner="key:k")
