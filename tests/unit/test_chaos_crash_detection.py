@@ -66,3 +66,10 @@ def test_runs_without_a_kill_have_nothing_to_measure():
     engine = ExecutedEvent(110.0, 10.0, "SIGKILL prefill engine0", "process", ())
     result = crash_detection.check(run([view(11, 0)], [pause, engine]))
     assert result.passed and result.details["kills"] == 0
+
+
+def test_a_node_restarted_after_the_kill_that_never_lists_the_victim_does_not_hold_it_alive():
+    without_n3 = {name: "alive" for name in NAMES if name != "n3"}
+    samples = [view(10.5, 0, n3="dead"), view(11.0, 1, n3="dead"), ViewSample(111.5, 2, without_n3, True)]
+    result = crash_detection.check(run(samples, [kill(10, 3), restart(18, 3)]))
+    assert result.passed and result.details["per_kill"][0]["detected_after_s"] == 1.5
