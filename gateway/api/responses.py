@@ -563,7 +563,7 @@ def _conversation_id(body: dict[str, Any]) -> str | None:
     return conversation_id
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)  # not frozen: made for every request (see gateway/generation.py)
 class Context:
     """What the model sees before this request's input, and what the new response stores to give it on."""
 
@@ -704,15 +704,18 @@ def _keeper(state: GatewayState, request: Request, shape: ResponseShape, items: 
         conversation, the conversation does not see this turn."""
         if state.history is None or not store:
             return
+        # This turn and the chain's ids: what came before is stored once, in the ancestors.
+        record = StoredResponse(shape.id, owner, response, tuple(items), (), unfinished_until_s, context.chain,
+                                shape.log.stored_events() if shape.log is not None else None)
+        joins_conversation = final and conversation_id is not None
+        if not joins_conversation and state.history.put_response_at_once(record):
+            return
         with trio.CancelScope(shield=True):  # bounded by the store's own timeouts; a half-kept turn helps nobody
-            if final and conversation_id is not None and not await state.history.add_items(
-                    conversation_id, owner, [*items, *shape.output]):
+            if joins_conversation and not await state.history.add_items(conversation_id, owner,
+                                                                         [*items, *shape.output]):
                 raise NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation",
                                code="conversation_not_found")
-            # This turn and the chain's ids: what came before is stored once, in the ancestors.
-            events = shape.log.stored_events() if shape.log is not None else None
-            await state.history.put_response(StoredResponse(shape.id, owner, response, tuple(items), (),
-                                                            unfinished_until_s, context.chain, events))
+            await state.history.put_response(record)
 
     return keep
 

@@ -23,7 +23,6 @@ class HistoryOps:
     # -- responses --
 
     def put_response(self, response_id: str, owner: str, head: bytes, now_s: float) -> tuple[None, Change]:
-        self.shards.admit(owner, RESPONSE, response_id, shard_size(response_id, head, ()), 0)
         return None, self.shards.create(response_id, RESPONSE, owner, head, [], now_s)
 
     def get_response(self, response_id: str, owner: str, now_s: float) -> bytes | None:
@@ -40,7 +39,6 @@ class HistoryOps:
 
     def create_conversation(self, conversation_id: str, owner: str, head: bytes, items: Items, now_s: float
                             ) -> tuple[None, Change]:
-        self.shards.admit(owner, CONVERSATION, conversation_id, shard_size(conversation_id, head, items), len(items))
         return None, self.shards.create(conversation_id, CONVERSATION, owner, head, items, now_s)
 
     def get_conversation(self, conversation_id: str, owner: str, now_s: float) -> bytes | None:

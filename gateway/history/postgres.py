@@ -171,6 +171,9 @@ class PostgresHistory:
         check_record_size(len(body), self.record_bytes_max, "the response")
         await self._run(lambda c: c.execute(self._q.put_response, (record.id, record.owner, body)))
 
+    def put_response_at_once(self, record: StoredResponse) -> bool:
+        return False  # a database round trip
+
     async def get_response(self, response_id: str, owner: str) -> StoredResponse | None:
         row = await self._run(lambda c: c.execute(self._q.get_response, (response_id, owner)).fetchone())
         return StoredResponse.from_json(response_id, owner, row[0]) if row is not None else None

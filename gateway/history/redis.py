@@ -189,6 +189,9 @@ class RedisHistory:
         check_record_size(len(body), self.record_bytes_max, "the response")
         await self._call(lambda: self._put(self._key("resp", record.id), record.owner, body))
 
+    def put_response_at_once(self, record: StoredResponse) -> bool:
+        return False  # a round trip to Redis
+
     async def get_response(self, response_id: str, owner: str) -> StoredResponse | None:
         body = await self._call(lambda: self._get(keys=[self._key("resp", response_id)], args=[owner]))
         return StoredResponse.from_json(response_id, owner, orjson.loads(body)) if body else None

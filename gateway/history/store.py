@@ -90,7 +90,10 @@ class TenantBounds:
 CHAIN_LENGTH_MAX = 1000
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+# Not frozen, as no dataclass made for every request is (gateway/generation.py): a frozen one's __init__ sets each
+# field through object.__setattr__, ~1 k instructions a field. Nothing changes a record once made
+# (dataclasses.replace makes another).
+@dataclasses.dataclass(slots=True)
 class StoredResponse:
     """A stored response and what a follow-up (``previous_response_id``) needs of it.
 
@@ -178,6 +181,10 @@ class HistoryStore(Protocol):
     def metric_families(self) -> "Iterator[Any]": ...  # its own figures, for /metrics (none for a durable one)
 
     async def put_response(self, record: StoredResponse) -> None: ...
+    def put_response_at_once(self, record: StoredResponse) -> bool:
+        """Stores ``record`` here and now when that takes no waiting (the memory store of a node with no mesh):
+        as ``put_response``, raising what it raises, without a checkpoint. False, having done nothing, for
+        every other store: await ``put_response``."""
     async def get_response(self, response_id: str, owner: str) -> StoredResponse | None: ...
     async def delete_response(self, response_id: str, owner: str) -> bool: ...
 

@@ -226,6 +226,24 @@ async def test_a_lone_node_stores_responses_and_conversations():
     await trio.lowlevel.checkpoint()
 
 
+def test_a_lone_node_stores_a_response_at_once_with_the_same_rules():
+    """Without a mesh a stored response is written without a checkpoint (no copies to wait for), read back as
+    put_response's, refused as put_response's; a store in a mesh takes nothing at once (its copies are awaited)."""
+    history = MemoryHistory(HistoryConfig(max_responses=8, record_bytes_max=2000))  # a tenant: 2 responses
+    record = StoredResponse("resp_1", "a", {"id": "resp_1"}, ({"id": "i", "type": "message"},), (), None, ("resp_0",))
+    assert history.put_response_at_once(record)
+    assert trio.run(history.get_response, "resp_1", "a") == record
+    assert trio.run(history.get_response, "resp_1", "b") is None
+    assert history.put_response_at_once(StoredResponse("resp_2", "a", {"id": "resp_2"}, (), ()))
+    with pytest.raises(StorageQuotaExceeded):
+        history.put_response_at_once(StoredResponse("resp_3", "a", {"id": "resp_3"}, (), ()))
+    with pytest.raises(RecordTooLarge):
+        history.put_response_at_once(StoredResponse("resp_4", "b", {"text": "x" * 3000}, (), ()))
+    assert len(history.shards) == 2
+    meshed = MemoryHistory(HistoryConfig(), _Cluster())
+    assert not meshed.put_response_at_once(record) and len(meshed.shards) == 0
+
+
 class _Cluster:
     """Just enough of ClusterState for a store to register its peer handler."""
 
