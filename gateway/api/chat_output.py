@@ -114,7 +114,9 @@ class ChatOutput:
         self.tools = tools
         self.reasoning = reasoning
         self.stream_reasoning = stream_reasoning
-        self._held_reasoning = ""  # reasoning not streamed yet (stream_reasoning false)
+        # Reasoning not streamed yet (stream_reasoning false), in pieces joined once it goes: a string grown a piece
+        # at a time is copied whole each time.
+        self._held_reasoning: list[str] = []
         # usage.completion_tokens_details.reasoning_tokens: the output tokens up to the end marker's id
         # when it is one token, else the reasoning text counted by the tokenizer (kept for that).
         self.reasoning_end_id = reasoning_end_id
@@ -269,10 +271,10 @@ class ChatOutput:
             if self.stream_reasoning:
                 deltas.append(Reasoning(reasoning))
             else:
-                self._held_reasoning += reasoning
+                self._held_reasoning.append(reasoning)
         if self._held_reasoning and (after or final):
-            deltas.append(Reasoning(self._held_reasoning))
-            self._held_reasoning = ""
+            deltas.append(Reasoning("".join(self._held_reasoning)))
+            self._held_reasoning = []
 
     def _reasoning_tokens(self, result: GenerationResult, reasoning_text: str) -> int:
         if self.reasoning_in_tools:

@@ -33,6 +33,11 @@ def test_a_templated_text_delta_is_the_event_event_makes():
     for text in texts:
         out += s.text_event(text, False)
     out += s.delta_events([Reasoning("thinking "), Content("again")], False)  # a second message, output_index 2
+    out += s.close()
+    done = {(data(f)["type"], data(f)["output_index"]): data(f) for f in frames(out) if data(f)["type"].endswith(".done")}
+    assert done[("response.output_text.done", 0)]["text"] == "".join(texts)  # the pieces, joined once it closed
+    assert done[("response.reasoning_text.done", 1)]["text"] == "thinking "
+    assert done[("response.output_item.done", 2)]["item"]["content"][0]["text"] == "again"
     deltas = [f for f in frames(out) if data(f)["type"] == "response.output_text.delta"]
     assert [data(f)["delta"] for f in deltas] == [*texts, "again"]
     assert [data(f)["output_index"] for f in deltas] == [0, 0, 0, 0, 2]
