@@ -665,7 +665,9 @@ async def create(state: GatewayState, request: Request) -> None:
                              code="invalid_value")
     metadata = metadata_of(body)
     conversation_id = _conversation_id(body)
-    context = await _context(state, body, request.owner, conversation_id)
+    # Most requests continue nothing: no store to read, no coroutine to make.
+    context = await _context(state, body, request.owner, conversation_id) if conversation_id is not None or \
+        body.get("previous_response_id") is not None else Context([])
     # The conversation's items get ids of their own (no clash with older ones).
     inputs = input_items(body.get("input"))
     items = with_ids(inputs, fresh=conversation_id is not None)

@@ -133,12 +133,13 @@ class MemoryHistory:
         await self._run("put_response", record.id, record.owner, [stored_json(record.to_json())])
 
     def put_response_at_once(self, record: StoredResponse) -> bool:
-        """Without a mesh the write is this node's alone (no copies to wait for): the primary's operation, run
-        now. Awaited, the caller's cancel shield and the routing coroutines cost more than the write itself:
-        ~110 k instructions a stored response against ~49 k at once (BENCHMARKS, Responses API)."""
+        """Without a mesh the write is this node's alone (no copies to wait for, so no change for replicas
+        either): the primary's write, run now. Awaited, the caller's cancel shield and the routing coroutines
+        cost more than the write itself: ~110 k instructions a stored response against ~49 k at once
+        (BENCHMARKS, Responses API)."""
         if self.cluster is not None:
             return False
-        self.ops.put_response(record.id, record.owner, stored_json(record.to_json()), self.wall_clock())
+        self.shards.create(record.id, RESPONSE, record.owner, stored_json(record.to_json()), [], self.wall_clock())
         return True
 
     async def get_response(self, response_id: str, owner: str) -> StoredResponse | None:

@@ -23,7 +23,7 @@ class HistoryOps:
     # -- responses --
 
     def put_response(self, response_id: str, owner: str, head: bytes, now_s: float) -> tuple[None, Change]:
-        return None, self.shards.create(response_id, RESPONSE, owner, head, [], now_s)
+        return None, self.shards.create(response_id, RESPONSE, owner, head, [], now_s).whole()
 
     def get_response(self, response_id: str, owner: str, now_s: float) -> bytes | None:
         shard = self.shards.find(response_id, RESPONSE, owner, now_s)
@@ -39,7 +39,7 @@ class HistoryOps:
 
     def create_conversation(self, conversation_id: str, owner: str, head: bytes, items: Items, now_s: float
                             ) -> tuple[None, Change]:
-        return None, self.shards.create(conversation_id, CONVERSATION, owner, head, items, now_s)
+        return None, self.shards.create(conversation_id, CONVERSATION, owner, head, items, now_s).whole()
 
     def get_conversation(self, conversation_id: str, owner: str, now_s: float) -> bytes | None:
         shard = self.shards.find(conversation_id, CONVERSATION, owner, now_s)

@@ -215,8 +215,9 @@ class MemoryShards:
     # -- writes at the primary --------------------------------------------------------------
 
     def create(self, shard_id: str, kind: str, owner: str, head: bytes, items: "list[tuple[str, bytes]]",
-               now_s: float) -> Change:
-        """Holds a new shard in place of any held under ``shard_id``, once ``admit`` lets its owner hold it."""
+               now_s: float) -> Shard:
+        """Holds a new shard in place of any held under ``shard_id``, once ``admit`` lets its owner hold it. Its
+        replicas take it whole (``whole()``)."""
         shard = Shard(shard_id, kind, owner, 0, now_s, head, dict(items))
         shard.measure()
         self.admit(owner, kind, shard_id, shard.size_bytes, len(shard.items))
@@ -225,7 +226,7 @@ class MemoryShards:
         shard.version = version_after(max(previous.version if previous is not None else 0,
                                           buried[0] if buried is not None else 0), now_s)
         self._install(shard, now_s)
-        return shard.whole()
+        return shard
 
     def update(self, shard: Shard, now_s: float, head: bytes | None = None,
                added: "list[tuple[str, bytes]]" = (), removed: "list[str]" = ()) -> Change:
