@@ -64,6 +64,7 @@ from .discovery.credentials import CredentialsError
 from .routing.policies import make_policy
 from .supervisor import SUPERVISED_ENV, exit_when_supervisor_dies
 from .tls import ServerTls, TlsConfig
+from .trio_instruments import use_dict_instruments
 from .workers import Router, WorkerAllowlist, WorkerError, WorkerExists, WorkerRegistry
 
 log = logging.getLogger("gateway.server")
@@ -426,6 +427,7 @@ def run_gateway(config: GatewayConfig) -> int:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
     async def main() -> None:
+        use_dict_instruments()  # trio's per-step hook checks at a dict's speed (gateway/trio_instruments.py)
         if os.environ.get("SMG_NODE_SLOW_STEP_MS"):
             trio.lowlevel.add_instrument(SlowStepLog(float(os.environ["SMG_NODE_SLOW_STEP_MS"]) / 1000, log))
         async with trio.open_nursery() as nursery:
