@@ -104,9 +104,9 @@ class Shard:
                       tuple(self.items.items()), ())
 
 
-# Not frozen: one is made for every write, and a frozen dataclass's __init__ sets each field through
-# object.__setattr__ (these ten were ~14 k of a lone node's ~45 k instructions per stored response). Nothing
-# changes a change once made.
+# Not frozen: one is made for every replicated write, and a frozen dataclass's __init__ sets each field through
+# object.__setattr__ (~14 k instructions for these ten, a third of a primary's write). Nothing changes a change
+# once made.
 @dataclasses.dataclass(slots=True)
 class Change:
     """What one write did to a shard, as its replicas receive it (see the module docstring)."""
