@@ -44,7 +44,7 @@ def _new_items(raw: Any, param: str) -> list[dict[str, Any]]:
     if not isinstance(raw, list) or len(raw) > ITEMS_PER_ADD_MAX:
         raise BadRequest(f"'{param}' must be a list of at most {ITEMS_PER_ADD_MAX} items", param=param,
                          code="invalid_value")
-    return [stored_item({**item, "id": new_id("item")}) for item in input_items(raw)]
+    return [stored_item(item, new_id("item")) for item in input_items(raw)]
 
 
 def _missing(conversation_id: str) -> NotFound:

@@ -81,16 +81,24 @@ def input_items(raw: Any) -> list[dict[str, Any]]:
                          f"{' (empty)' if raw == [] else ''}", param="input", code="invalid_type")
     items = []
     for i, item in enumerate(raw):
-        where = f"input[{i}]"
         if not isinstance(item, dict):
-            raise BadRequest(f"{where} must be an object, got {type_name(item)}", param=where, code="invalid_type")
+            raise BadRequest(f"input[{i}] must be an object, got {type_name(item)}", param=f"input[{i}]",
+                             code="invalid_type")
         kind = item.get("type", "message")
         if kind == "message":
             if item.get("role") not in INPUT_ROLES:
-                raise BadRequest(f"Invalid value for {where}.role: {shown(item.get('role'))}. Supported values are: "
-                                 f"{', '.join(map(repr, INPUT_ROLES))}.", param=f"{where}.role", code="invalid_value")
-            message_content(item.get("content"), f"{where}.content", None)
-        elif kind == "function_call":
+                raise BadRequest(f"Invalid value for input[{i}].role: {shown(item.get('role'))}. Supported values are: "
+                                 f"{', '.join(map(repr, INPUT_ROLES))}.", param=f"input[{i}].role",
+                                 code="invalid_value")
+            content = item.get("content")
+            if not isinstance(content, str):  # a string needs no check (the usual message: no path made for it)
+                message_content(content, f"input[{i}].content", None)
+            if "type" not in item:
+                item = {**item, "type": kind}
+            items.append(item)
+            continue
+        where = f"input[{i}]"
+        if kind == "function_call":
             if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
                 raise BadRequest(f"{where}: a function_call needs call_id, name and arguments", param=where,
                                  code="invalid_value")
@@ -103,7 +111,7 @@ def input_items(raw: Any) -> list[dict[str, Any]]:
         elif kind != "reasoning":
             raise BadRequest(f"{where}: items of type {shown(kind)} are not supported", param=where,
                              code="unsupported_content")
-        items.append({**item, "type": kind})
+        items.append(item if "type" in item else {**item, "type": kind})
     return items
 
 
@@ -128,21 +136,21 @@ def _check_mcp_item(item: dict[str, Any], kind: str, where: str) -> None:
         raise BadRequest(f"{where}: an {kind} item needs {needs}", param=where, code="invalid_value")
 
 
-def stored_item(item: dict[str, Any]) -> dict[str, Any]:
-    """An input item as it is stored and listed: a message's text as parts, with a status (OpenAI's shape)."""
+def stored_item(item: dict[str, Any], item_id: str) -> dict[str, Any]:
+    """An input item as it is stored and listed, under ``item_id``: a message's text as parts, with a status
+    (OpenAI's shape)."""
     if item["type"] == "message":
         content = item["content"]
         if isinstance(content, str):
-            kind = "output_text" if item["role"] == "assistant" else "input_text"
-            content = [{"type": kind, "text": content}]
-        return {"id": item["id"], "type": "message", "status": item.get("status", "completed"),
-                "role": item["role"], "content": content}
-    return item
+            content = [{"type": "output_text" if item["role"] == "assistant" else "input_text", "text": content}]
+        return {"id": item_id, "type": "message", "status": item.get("status", "completed"), "role": item["role"],
+                "content": content}
+    return item if item.get("id") == item_id else {**item, "id": item_id}
 
 
 def with_ids(items: "list[dict[str, Any]]", fresh: bool = False) -> list[dict[str, Any]]:
     """Items as stored, each with an id: its own unless ``fresh`` (a new one for every item) or it has none."""
-    return [stored_item(item if "id" in item and not fresh else {**item, "id": new_id("item")}) for item in items]
+    return [stored_item(item, item["id"] if "id" in item and not fresh else new_id("item")) for item in items]
 
 
 def metadata_of(body: dict[str, Any]) -> dict[str, str]:

@@ -41,7 +41,7 @@ from ..tokenizer.service import TokenizerService
 from .chat_output import ChatAnswer, ChatOutput, Delta, plain_answer
 from .errors import ApiError, BadRequest, ContextLengthExceeded, Forbidden, NotFound, Unavailable, UpstreamTimeout, \
     from_engine_error, to_api_error
-from .http import SSE_DONE, SSE_HEADERS, Request, sse_event
+from .http import JSON_HEADERS, SSE_DONE, SSE_HEADERS, Request, sse_event
 from .logprobs import LogprobShape
 from .protocol import ChatRequest, SamplingRequest
 from .ratelimits import rate_limited
@@ -522,20 +522,22 @@ class ChatRenderer(Protocol):
 
 async def answer_chat(state: GatewayState, request: Request, plan: GenerationPlan, tokenizer: TokenizerService,
                       output: ChatOutput | None, renderer: ChatRenderer,
-                      keep: "Callable[[dict[str, Any]], Awaitable[None]] | None" = None,
+                      keep: "Callable[[dict[str, Any]], Awaitable[bytes | None]] | None" = None,
                       finish: "Callable[[], Awaitable[bytes]] | None" = None) -> None:
     """Admit and run a chat generation, and answer in ``renderer``'s shape: through ``output``'s parsers when
-    some apply. ``keep`` gets a whole body before it is sent (the Responses API stores it); ``finish`` runs
-    after a stream's generation, before its last write (``run_streamed``)."""
+    some apply. ``keep`` gets a whole body before it is sent (the Responses API stores it) and may return it as
+    JSON, sent as it is; ``finish`` runs after a stream's generation, before its last write (``run_streamed``)."""
     async with admitted(state, request, plan):
         if not plan.stream:
             result = await run_unary(state, request, plan, tokenizer)
             if result is None:
                 return
             body = renderer.whole(output.whole(result) if output is not None else plain_answer(result))
-            if keep is not None:
-                await keep(body)
-            await request.send_json(200, body)
+            encoded = await keep(body) if keep is not None else None
+            if encoded is not None:
+                await request.send_bytes(200, encoded, JSON_HEADERS)
+            else:
+                await request.send_json(200, body)
             return
         if output is None:
             await run_streamed(state, request, plan, tokenizer, renderer.text_event,

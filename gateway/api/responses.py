@@ -158,8 +158,13 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
 def has_hosted_tools(body: dict[str, Any]) -> bool:
     """Tools the node runs (MCP), or an MCP approval being answered: the request takes the tool loop."""
     tools, raw = body.get("tools"), body.get("input")
-    return (isinstance(tools, list) and any(is_hosted(tool) for tool in tools)) or (isinstance(raw, list) and any(
-        isinstance(item, dict) and item.get("type") == "mcp_approval_response" for item in raw))
+    if isinstance(tools, list) and any(is_hosted(tool) for tool in tools):
+        return True
+    if isinstance(raw, list):
+        for item in raw:  # a loop, not any(): most inputs are a message or two, and a generator costs more
+            if isinstance(item, dict) and item.get("type") == "mcp_approval_response":
+                return True
+    return False
 
 
 def _tool_choice(choice: Any) -> Any:
@@ -709,25 +714,28 @@ def _keeper(state: GatewayState, request: Request, shape: ResponseShape, items: 
             ) -> Callable[..., Awaitable[None]]:
     owner = request.owner
 
-    async def keep(response: dict[str, Any], final: bool = True) -> None:
+    async def keep(response: dict[str, Any], final: bool = True) -> bytes | None:
         """Stored before the client hears of it: a follow-up sent at once, to any node, finds it. A final
         answer's items join its conversation; a background response's earlier states are stored alone.
         ``store: false`` keeps nothing, not even in the conversation (OpenAI's rule): the model saw the
-        conversation, the conversation does not see this turn."""
+        conversation, the conversation does not see this turn. Returns the response as the JSON stored, for
+        a caller sending it (encoded once), or None when nothing was stored."""
         if state.history is None or not store:
-            return
+            return None
         # This turn and the chain's ids: what came before is stored once, in the ancestors.
+        response_json = orjson.dumps(response)
         record = StoredResponse(shape.id, owner, response, tuple(items), (), unfinished_until_s, context.chain,
-                                shape.log.stored_events() if shape.log is not None else None)
+                                shape.log.stored_events() if shape.log is not None else None, response_json)
         joins_conversation = final and conversation_id is not None
         if not joins_conversation and state.history.put_response_at_once(record):
-            return
+            return response_json
         with trio.CancelScope(shield=True):  # bounded by the store's own timeouts; a half-kept turn helps nobody
             if joins_conversation and not await state.history.add_items(conversation_id, owner,
                                                                          [*items, *shape.output]):
                 raise NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation",
                                code="conversation_not_found")
             await state.history.put_response(record)
+        return response_json
 
     return keep
 

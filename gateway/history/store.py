@@ -21,6 +21,8 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+import orjson
+
 from ..errors import QuotaExceeded, TimedOut, TooLarge
 from ..options import Option
 
@@ -115,6 +117,9 @@ class StoredResponse:
     # A background response created with stream: true: its stream's events as (sequence number, SSE frame),
     # so that any node can replay them (GET /v1/responses/{id}?stream=true). None: there is no stream to replay.
     events: tuple[tuple[int, str], ...] | None = None
+    # ``response`` as JSON when the writer has it already (the bytes its client is sent): written as they are,
+    # not encoded a second time. Never read back (from_json leaves it None).
+    response_json: bytes | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def turn(self) -> list[dict[str, Any]]:
         """This response's own turn, as a follow-up's context holds it: its input, then its output."""
@@ -123,7 +128,8 @@ class StoredResponse:
         return [*self.input_items, *(self.response.get("output") or ())]
 
     def to_json(self) -> dict[str, Any]:
-        data = {"response": self.response, "input_items": self.input_items, "history": self.history}
+        data = {"response": self.response if self.response_json is None else orjson.Fragment(self.response_json),
+                "input_items": self.input_items, "history": self.history}
         if self.unfinished_until_s is not None:
             data["unfinished_until_s"] = self.unfinished_until_s
         if self.chain is not None:

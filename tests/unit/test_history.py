@@ -244,6 +244,20 @@ def test_a_lone_node_stores_a_response_at_once_with_the_same_rules():
     assert not meshed.put_response_at_once(record) and len(meshed.shards) == 0
 
 
+def test_a_response_already_encoded_is_stored_as_those_bytes_and_read_back_the_same():
+    """The Responses API hands its store the JSON it sends the client (encoded once): the record written is the
+    one the dict would have made, and reads back as it."""
+    import orjson
+    response = {"id": "resp_1", "output": [{"type": "message", "content": [{"text": "caf\u00e9 \u2603"}]}]}
+    plain = StoredResponse("resp_1", "a", response, ({"id": "i", "type": "message"},), (), None, ("resp_0",))
+    encoded = StoredResponse("resp_1", "a", response, plain.input_items, (), None, ("resp_0",),
+                             response_json=orjson.dumps(response))
+    assert orjson.dumps(encoded.to_json()) == orjson.dumps(plain.to_json())
+    history = MemoryHistory(HistoryConfig())
+    assert history.put_response_at_once(encoded)
+    assert trio.run(history.get_response, "resp_1", "a") == plain
+
+
 class _Cluster:
     """Just enough of ClusterState for a store to register its peer handler."""
 
