@@ -217,19 +217,28 @@ class Call:
 
     def feed(self, data: bytes) -> None:
         buffer = self.buffer
-        buffer += data
-        while len(buffer) >= 5:
-            compressed, length = _FRAME.unpack_from(buffer)
+        if buffer:
+            buffer += data
+            data = buffer
+        # Without bytes waiting (the usual DATA frame: whole messages) they are cut straight from the frame.
+        at, size = 0, len(data)
+        while size - at >= 5:
+            compressed, length = _FRAME.unpack_from(data, at)
             if length > GRPC_MESSAGE_BYTES_MAX:
                 self.fail(EngineCallError("RESOURCE_EXHAUSTED", f"a message of {length} bytes exceeds the limit"))
                 return
-            if len(buffer) < 5 + length:
+            end = at + 5 + length
+            if end > size:
                 break
             if compressed:
                 self.fail(EngineCallError("INTERNAL", "the engine sent a compressed message (never asked for)"))
                 return
-            self.messages.append(bytes(buffer[5:5 + length]))
-            del buffer[:5 + length]
+            self.messages.append(bytes(data[at + 5:end]))
+            at = end
+        if data is buffer:
+            del buffer[:at]
+        elif at < size:
+            buffer += memoryview(data)[at:]  # the start of a message still coming
 
     def fail(self, error: EngineCallError) -> None:
         if not self.finished:

@@ -121,8 +121,13 @@ def parse_goaway(payload: bytes) -> tuple[int, int, bytes]:
     return last_stream_id & STREAM_ID_LIMIT, code, payload[8:]
 
 
+_PADDED_OR_PRIORITY = PADDED | PRIORITY_FLAG
+
+
 def unpad(flags: int, payload: bytes) -> bytes:
     """The content of a DATA or HEADERS frame without its padding (and a HEADERS frame's priority)."""
+    if not flags & _PADDED_OR_PRIORITY:
+        return payload  # most frames: no slicing to do
     start, end = 0, len(payload)
     if flags & PADDED:
         if not payload:
@@ -150,15 +155,19 @@ class FrameReader:
 
     def feed(self, data: bytes) -> list[tuple[int, int, int, bytes]]:
         buffer = self._buffer
-        buffer += data
+        if buffer:
+            buffer += data
+            source: "bytes | bytearray" = buffer
+        else:  # the usual read: whole frames, cut straight from what was read (one copy each, not three)
+            source = data
         frames = []
-        at, size = 0, len(buffer)
+        at, size = 0, len(source)
         while size - at >= 9:
-            length_high, length_low, kind, flags, stream_id = _FRAME_HEADER.unpack_from(buffer, at)
+            length_high, length_low, kind, flags, stream_id = _FRAME_HEADER.unpack_from(source, at)
             if self._first:
                 if kind != SETTINGS or flags & ACK or stream_id:
                     raise ConnectionFailure(PROTOCOL_ERROR, "the peer does not speak HTTP/2 (no SETTINGS first): "
-                                            f"{bytes(buffer[:32])!r}")
+                                            f"{bytes(source[:32])!r}")
                 self._first = False
             length = length_high << 16 | length_low
             if length > self.max_frame_bytes:
@@ -167,10 +176,13 @@ class FrameReader:
             end = at + 9 + length
             if end > size:
                 break
-            frames.append((kind, flags, stream_id & STREAM_ID_LIMIT, bytes(buffer[at + 9:end])))
+            frames.append((kind, flags, stream_id & STREAM_ID_LIMIT, bytes(source[at + 9:end])))
             at = end
-        if at:
-            del buffer[:at]
+        if source is buffer:
+            if at:
+                del buffer[:at]
+        elif at < size:
+            buffer += memoryview(data)[at:]  # the start of a frame still coming
         return frames
 
 

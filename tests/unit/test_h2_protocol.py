@@ -15,7 +15,9 @@ import pytest
 
 from gateway.engine import http2_frames as h2f
 from gateway.engine.h2_protocol import (
+    GRPC_MESSAGE_BYTES_MAX,
     STREAM_MOVES,
+    Call,
     H2ClientProtocol,
     H2Config,
     KeepaliveAction,
@@ -193,6 +195,41 @@ def test_more_calls_than_the_engine_allows_wait_for_a_stream_to_close():
     pair.exchange()
     pair.answer(first.stream_id, [b"ok"])
     assert stream_closed.is_set() and pair.client.open_call(PATH, b"b", None) is not None
+
+
+@pytest.mark.parametrize("cut", ["one frame", "a frame each", "split in three", "byte by byte"])
+def test_a_calls_messages_are_the_same_however_data_frames_cut_them(cut):
+    """DATA frames holding whole messages are cut straight from the frame; a message across frames waits in
+    the buffer: both give the messages, in order, as bytes."""
+    messages = [b"", b"a", b"x" * 300, b"tail"]
+    wire = b"".join(grpc_message(m) for m in messages)
+    if cut == "one frame":
+        frames = [wire]
+    elif cut == "a frame each":
+        frames = [grpc_message(m) for m in messages]
+    elif cut == "split in three":  # a frame ends inside a header, one inside a body, then the rest
+        frames = [wire[:3], wire[3:100], wire[100:]]
+    else:
+        frames = [wire[i:i + 1] for i in range(len(wire))]
+    call = Call(Flag)
+    for frame in frames:
+        call.feed(frame)
+    assert call.messages == messages and all(type(m) is bytes for m in call.messages)
+    assert not call.buffer and call.error is None
+
+
+def test_a_message_over_the_bound_or_compressed_fails_the_call_on_either_path():
+    for buffered in (False, True):
+        too_large = Call(Flag)
+        if buffered:
+            too_large.feed(b"\x00")
+        too_large.feed((b"" if buffered else b"\x00") + (GRPC_MESSAGE_BYTES_MAX + 1).to_bytes(4, "big"))
+        assert too_large.error is not None and too_large.error.code == "RESOURCE_EXHAUSTED"
+        compressed = Call(Flag)
+        if buffered:
+            compressed.feed(b"\x01\x00")
+        compressed.feed((b"" if buffered else b"\x01\x00") + b"\x00\x00\x01x")
+        assert compressed.error is not None and compressed.error.code == "INTERNAL" and not compressed.messages
 
 
 def test_every_stream_move_is_in_the_table():

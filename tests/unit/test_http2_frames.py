@@ -46,6 +46,34 @@ def test_frames_are_cut_wherever_the_bytes_split():
     assert h2f.parse_goaway(goaway[3]) == (9, h2f.INTERNAL_ERROR, b"bye")
 
 
+@pytest.mark.parametrize("cut", ["whole", "by frame", "frame and a half", "byte by byte"])
+def test_frames_are_the_same_however_reads_fall_on_their_bounds(cut):
+    """A read holding whole frames is cut straight from it, one that ends mid-frame keeps the rest: both give
+    the frames a single read of everything gives."""
+    frames = [f.serialize() for f in _server_frames()]
+    wire = b"".join(frames)
+    if cut == "whole":
+        reads = [wire]
+    elif cut == "by frame":
+        reads = frames
+    elif cut == "frame and a half":  # each read ends halfway into the next frame, then a whole-frame read
+        reads, at = [], 0
+        for frame in frames:
+            reads += [wire[at:at + len(frame) // 2], wire[at + len(frame) // 2:at + len(frame)]]
+            at += len(frame)
+        reads = [reads[0] + reads[1] + reads[2], *reads[3:]]
+    else:
+        reads = [wire[i:i + 1] for i in range(len(wire))]
+    reader = h2f.FrameReader(h2f.DEFAULT_FRAME_BYTES)
+    got = [frame for data in reads for frame in reader.feed(data)]
+    assert got == h2f.FrameReader(h2f.DEFAULT_FRAME_BYTES).feed(wire)
+    assert [(kind, stream_id) for kind, _, stream_id, _ in got] == [
+        (h2f.SETTINGS, 0), (h2f.DATA, 1), (h2f.PING, 0), (h2f.WINDOW_UPDATE, 3), (h2f.RST_STREAM, 5),
+        (h2f.GOAWAY, 0)]
+    assert all(type(payload) is bytes for *_, payload in got)
+    assert h2f.unpad(0, b"abc") == b"abc" and h2f.unpad(h2f.PADDED, b"\x02abcXX") == b"abc"
+
+
 def test_our_frames_parse_with_hyperframe():
     for ours, kind in [(h2f.settings_frame({h2f.ENABLE_PUSH: 0, h2f.MAX_FRAME_SIZE: 1 << 20}), hf.SettingsFrame),
                        (h2f.window_update_frame(0, 12345), hf.WindowUpdateFrame),
