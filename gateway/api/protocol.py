@@ -199,6 +199,12 @@ def top_k_value(body: dict[str, Any]) -> int | None:
     return top_k
 
 
+# Sampling fields most requests leave out: looked at one by one only when the body has one of them.
+_RARELY_SET = frozenset({"top_k", "stop_token_ids", "seed", "min_p", "stop", "frequency_penalty", "presence_penalty",
+                         "repetition_penalty", "min_tokens", "skip_special_tokens", "include_stop_str_in_output",
+                         "logit_bias"})
+
+
 def parse_sampling(body: dict[str, Any], max_tokens_names: "tuple[str, ...]") -> SamplingRequest:
     max_tokens = None
     for name in max_tokens_names:
@@ -207,37 +213,38 @@ def parse_sampling(body: dict[str, Any], max_tokens_names: "tuple[str, ...]") ->
             max_tokens = value
             break
     n = positive_int(body, "n", 1, maximum=N_MAX) if "n" in body else 1
-    top_k = top_k_value(body)
-    stop_token_ids = token_ids(body["stop_token_ids"], "stop_token_ids") if body.get("stop_token_ids") else ()
     top_p = top_p_value(body)
+    constraint = constraint_field = None
+    if not _CONSTRAINT_FIELDS.isdisjoint(body):
+        constraint, constraint_field = parse_constraint(body)
+    sampling = SamplingRequest(max_tokens=max_tokens, temperature=temperature_value(body), top_p=top_p,
+                               ignore_eos=field(body, "ignore_eos", bool, False), constraint=constraint,
+                               constraint_field=constraint_field, n=n)
+    if not _RARELY_SET.isdisjoint(body):  # else each keeps SamplingRequest's default, as each check below gives
+        _rarely_set(body, sampling)
+    return sampling
+
+
+def _rarely_set(body: dict[str, Any], sampling: SamplingRequest) -> None:
+    """The ``_RARELY_SET`` fields of ``body`` into ``sampling``, checked."""
+    sampling.top_k = top_k_value(body)
+    if body.get("stop_token_ids"):
+        sampling.stop_token_ids = token_ids(body["stop_token_ids"], "stop_token_ids")
     seed = field(body, "seed", int, None)
     if seed is not None and not -INT32_MAX - 1 <= seed <= INT32_MAX:
         raise BadRequest(f"'seed' must be a 32-bit integer (between {-INT32_MAX - 1} and {INT32_MAX})", param="seed",
                          code="invalid_value")
-    constraint = constraint_field = None
-    if not _CONSTRAINT_FIELDS.isdisjoint(body):
-        constraint, constraint_field = parse_constraint(body)
-    return SamplingRequest(
-        max_tokens=max_tokens,
-        temperature=temperature_value(body),
-        top_p=top_p,
-        top_k=top_k,
-        min_p=number(body, "min_p", 0.0, 1.0),
-        seed=seed,
-        stop=stop_strings(body),
-        stop_token_ids=stop_token_ids,
-        frequency_penalty=number(body, "frequency_penalty", -2.0, 2.0) or 0.0,
-        presence_penalty=number(body, "presence_penalty", -2.0, 2.0) or 0.0,
-        repetition_penalty=number(body, "repetition_penalty", 0.01, 10.0),
-        min_tokens=positive_int(body, "min_tokens", 0, minimum=0),
-        ignore_eos=field(body, "ignore_eos", bool, False),
-        skip_special_tokens=field(body, "skip_special_tokens", bool, True),
-        include_stop_str_in_output=field(body, "include_stop_str_in_output", bool, False),
-        constraint=constraint,
-        constraint_field=constraint_field,
-        logit_bias=_logit_bias(body) if "logit_bias" in body else (),
-        n=n,
-    )
+    sampling.seed = seed
+    sampling.min_p = number(body, "min_p", 0.0, 1.0)
+    sampling.stop = stop_strings(body)
+    sampling.frequency_penalty = number(body, "frequency_penalty", -2.0, 2.0) or 0.0
+    sampling.presence_penalty = number(body, "presence_penalty", -2.0, 2.0) or 0.0
+    sampling.repetition_penalty = number(body, "repetition_penalty", 0.01, 10.0)
+    sampling.min_tokens = positive_int(body, "min_tokens", 0, minimum=0)
+    sampling.skip_special_tokens = field(body, "skip_special_tokens", bool, True)
+    sampling.include_stop_str_in_output = field(body, "include_stop_str_in_output", bool, False)
+    if "logit_bias" in body:
+        sampling.logit_bias = _logit_bias(body)
 
 
 def _unsupported(body: dict[str, Any], *names: str) -> None:

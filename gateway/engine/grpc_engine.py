@@ -129,7 +129,9 @@ class GenerateEvent(NamedTuple):
     object.__setattr__.
     """
 
-    token_ids: tuple[int, ...]
+    # A list as protobuf's slice gives it (twice as fast as tuple() over the repeated field, per token when
+    # streaming); nothing changes it after.
+    token_ids: "list[int] | tuple[int, ...]"
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -164,29 +166,43 @@ class _Runtime(abc.ABC):
         return request
 
 
+def _set_unless_default(sp: Any, sampling: SamplingOptions, min_tokens_field: str) -> None:
+    """The sampling fields both runtimes name alike, set on ``sp`` only when not at proto3's default (which is
+    never sent): most requests set none of them. ``min_tokens_field``: the runtime's name for min_new_tokens."""
+    if sampling.min_p:
+        sp.min_p = sampling.min_p
+    if sampling.frequency_penalty:
+        sp.frequency_penalty = sampling.frequency_penalty
+    if sampling.presence_penalty:
+        sp.presence_penalty = sampling.presence_penalty
+    if sampling.stop_token_ids:
+        sp.stop_token_ids.extend(sampling.stop_token_ids)
+    if sampling.ignore_eos:
+        sp.ignore_eos = True
+    if sampling.min_new_tokens:
+        setattr(sp, min_tokens_field, sampling.min_new_tokens)
+
+
 class _Sglang(_Runtime):
     name = "sglang"
     service = "sglang.grpc.scheduler.SglangScheduler"
     pb = sg
 
     def generate_request(self, request_id, input_ids, sampling, stream, handover=None, media=None, raw_pixels=False):
-        sp = sg.SamplingParams(
-            max_new_tokens=sampling.max_new_tokens,
-            temperature=1.0 if sampling.temperature is None else sampling.temperature,
-            top_p=1.0 if sampling.top_p is None else sampling.top_p,
-            top_k=-1 if sampling.top_k is None else sampling.top_k,
-            min_p=sampling.min_p or 0.0,
-            frequency_penalty=sampling.frequency_penalty,
-            presence_penalty=sampling.presence_penalty,
-            repetition_penalty=1.0 if sampling.repetition_penalty is None else sampling.repetition_penalty,
-            stop_token_ids=sampling.stop_token_ids,
-            ignore_eos=sampling.ignore_eos,
-            min_new_tokens=sampling.min_new_tokens,
-            # The gateway detokenizes and matches stop strings itself.
-            skip_special_tokens=False,
-            no_stop_trim=True,
-            n=sampling.n,
-        )
+        # Filled in place: a SamplingParams made apart is copied into the request (~1.5 us with upb). The
+        # gateway detokenizes and matches stop strings itself: skip_special_tokens stays false (the default,
+        # as every field _set_unless_default leaves out: proto3 scalars without presence are not sent at
+        # their default, so the message is the same).
+        request = sg.GenerateRequest(request_id=request_id, stream=stream)
+        sp = request.sampling_params
+        sp.max_new_tokens = sampling.max_new_tokens
+        sp.temperature = 1.0 if sampling.temperature is None else sampling.temperature
+        sp.top_p = 1.0 if sampling.top_p is None else sampling.top_p
+        sp.top_k = -1 if sampling.top_k is None else sampling.top_k
+        sp.repetition_penalty = 1.0 if sampling.repetition_penalty is None else sampling.repetition_penalty
+        sp.no_stop_trim = True
+        sp.n = sampling.n
+        _set_unless_default(sp, sampling, "min_new_tokens")
         if sampling.seed is not None:
             # SGLang's SamplingParams has no seed field: it travels as a custom param.
             sp.custom_params.update({"seed": sampling.seed})
@@ -195,7 +211,6 @@ class _Sglang(_Runtime):
         if sampling.logit_bias:
             for token_id, bias in sampling.logit_bias:
                 sp.logit_bias[str(token_id)] = bias  # SGLang's map is keyed by the id as text
-        request = sg.GenerateRequest(request_id=request_id, sampling_params=sp, stream=stream)
         if sampling.logprobs is not None:
             request.return_logprob = True
             request.top_logprobs_num = sampling.logprobs
@@ -220,20 +235,14 @@ class _Vllm(_Runtime):
     pb = vl
 
     def generate_request(self, request_id, input_ids, sampling, stream, handover=None, media=None, raw_pixels=False):
-        sp = vl.SamplingParams(
-            max_tokens=sampling.max_new_tokens,
-            top_p=1.0 if sampling.top_p is None else sampling.top_p,
-            top_k=0 if sampling.top_k is None or sampling.top_k < 0 else sampling.top_k,
-            min_p=sampling.min_p or 0.0,
-            frequency_penalty=sampling.frequency_penalty,
-            presence_penalty=sampling.presence_penalty,
-            repetition_penalty=1.0 if sampling.repetition_penalty is None else sampling.repetition_penalty,
-            stop_token_ids=sampling.stop_token_ids,
-            ignore_eos=sampling.ignore_eos,
-            min_tokens=sampling.min_new_tokens,
-            skip_special_tokens=False,
-            n=sampling.n,
-        )
+        request = vl.GenerateRequest(request_id=request_id, stream=stream)
+        sp = request.sampling_params  # in place, as SGLang's (skip_special_tokens false: the default)
+        sp.max_tokens = sampling.max_new_tokens
+        sp.top_p = 1.0 if sampling.top_p is None else sampling.top_p
+        sp.top_k = 0 if sampling.top_k is None or sampling.top_k < 0 else sampling.top_k
+        sp.repetition_penalty = 1.0 if sampling.repetition_penalty is None else sampling.repetition_penalty
+        sp.n = sampling.n
+        _set_unless_default(sp, sampling, "min_tokens")
         if sampling.temperature is not None:
             sp.temperature = sampling.temperature
         if sampling.seed is not None:
@@ -247,7 +256,6 @@ class _Vllm(_Runtime):
             sp.logprobs = sampling.logprobs
             if sampling.prompt_logprobs:
                 sp.prompt_logprobs = sampling.logprobs
-        request = vl.GenerateRequest(request_id=request_id, sampling_params=sp, stream=stream)
         request.tokenized.SetInParent()  # present even for an empty prompt, as before
         request.tokenized.input_ids.extend(input_ids)  # in place: no copy of a 7,800-id message (~0.14 ms)
         if handover is not None and handover.kv_transfer_params_json is not None:
@@ -581,7 +589,7 @@ def _events(batch: list[Any], stream: bool) -> list[GenerateEvent]:
             c = message.chunk
             if c.index != 0:
                 continue  # n=1 only
-            events.append(GenerateEvent(tuple(c.token_ids), c.prompt_tokens, c.completion_tokens,
+            events.append(GenerateEvent(c.token_ids[:], c.prompt_tokens, c.completion_tokens,
                                         c.cached_tokens))
         elif kind == "complete":
             c = message.complete
@@ -589,7 +597,7 @@ def _events(batch: list[Any], stream: bool) -> list[GenerateEvent]:
                 continue
             matched = c.matched_token_id if c.WhichOneof("matched_stop") == "matched_token_id" else None
             events.append(GenerateEvent(
-                () if stream else tuple(c.output_ids), c.prompt_tokens, c.completion_tokens,
+                () if stream else c.output_ids[:], c.prompt_tokens, c.completion_tokens,
                 c.cached_tokens, finish_reason=c.finish_reason or "stop", matched_token_id=matched))
     return events
 
@@ -606,13 +614,13 @@ def _events_full(batch: list[Any], stream: bool, logprobs: bool, all_indexes: bo
         prompt = _prompt_logprobs(c.input_logprobs) if logprobs and c.HasField("input_logprobs") else None
         if kind == "chunk":
             events.append(GenerateEvent(
-                tuple(c.token_ids), c.prompt_tokens, c.completion_tokens, c.cached_tokens,
+                c.token_ids[:], c.prompt_tokens, c.completion_tokens, c.cached_tokens,
                 logprobs=_output_logprobs(c.output_logprobs) if logprobs else None, prompt_logprobs=prompt,
                 index=c.index))
         elif kind == "complete":
             matched = c.matched_token_id if c.WhichOneof("matched_stop") == "matched_token_id" else None
             events.append(GenerateEvent(
-                () if stream else tuple(c.output_ids), c.prompt_tokens, c.completion_tokens, c.cached_tokens,
+                () if stream else c.output_ids[:], c.prompt_tokens, c.completion_tokens, c.cached_tokens,
                 finish_reason=c.finish_reason or "stop", matched_token_id=matched,
                 logprobs=(() if stream else _output_logprobs(c.output_logprobs)) if logprobs else None,
                 prompt_logprobs=prompt, index=c.index))
