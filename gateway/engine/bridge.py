@@ -148,11 +148,13 @@ class GrpcBridge:
     async def open_stream(self, target: str, method: str, request: Any, response_type: Any,
                           timeout_s: float | None, window_messages: int = STREAM_WINDOW_MESSAGES,
                           last_message: "Callable[[Any], bool] | None" = None,
-                          metadata: "tuple[tuple[bytes, bytes], ...]" = ()) -> AsyncIterator["ServerStream"]:
+                          metadata: "tuple[tuple[bytes, bytes], ...]" = (), merge_until_last: bool = False
+                          ) -> AsyncIterator["ServerStream"]:
         """A server stream whose batches are read with ``async for batch in stream``.
 
-        Leaving the block before the stream ends cancels the call (``last_message`` is accepted for
-        the H2 client's interface; grpcio decides itself what leaving a call sends).
+        Leaving the block before the stream ends cancels the call (``last_message`` and ``merge_until_last``
+        are accepted for the H2 client's interface; grpcio decides itself what leaving a call sends, and
+        hands over messages parsed one by one).
         """
         stream = ServerStream(self, window_messages)
         stream._start(target, method, request, response_type, timeout_s,

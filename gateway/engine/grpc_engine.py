@@ -484,7 +484,10 @@ class GrpcEngineClient:
                                            self.runtime.pb.GenerateResponse, timeout_s,
                                            # n > 1: one complete per answer, none of them surely the last
                                            last_message=_is_complete if sampling.n == 1 else None,
-                                           metadata=metadata)  # (a trace's traceparent: the engine's spans join)
+                                           metadata=metadata,  # (a trace's traceparent: the engine's spans join)
+                                           # One answer's chunks without logprobs add up as protobuf merges
+                                           # them (token ids appended; the counts are cumulative).
+                                           merge_until_last=sampling.n == 1 and sampling.logprobs is None)
         return Generation(messages, stream, sampling.logprobs is not None, sampling.n > 1)
 
     async def prefill(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions, handover: Handover,

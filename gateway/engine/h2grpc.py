@@ -318,15 +318,20 @@ class H2GrpcClient:
     def open_stream(self, target: str, method: str, request: Any, response_type: Any,
                     timeout_s: float | None, window_messages: int = 0,
                     last_message: "Callable[[Any], bool] | None" = None,
-                    metadata: "tuple[tuple[bytes, bytes], ...]" = ()) -> "ServerStream":
+                    metadata: "tuple[tuple[bytes, bytes], ...]" = (), merge_until_last: bool = False
+                    ) -> "ServerStream":
         """A server stream: ``async with client.open_stream(...) as stream: async for batch in stream``.
 
         Batches are lists of messages that arrived together. Leaving the block before the stream
         ends cancels the call, unless the message read last is one ``last_message`` says ends
-        the call: then the engine's own end is awaited.
+        the call: then the engine's own end is awaited. ``merge_until_last``: a batch's messages
+        before its last are parsed as one message (protobuf reads concatenated messages as their
+        merge: repeated fields appended, each scalar the last one set), for streams whose earlier
+        messages add up that way.
         """
         fields = b"".join(h2f.literal_field(name, value) for name, value in metadata) if metadata else b""
-        return ServerStream(self, target, method, request, timeout_s, response_type, last_message, fields)
+        return ServerStream(self, target, method, request, timeout_s, response_type, last_message, fields,
+                            merge_until_last)
 
     async def close_channel(self, target: str) -> None:
         connection = self._connections.pop(target, None)
@@ -343,6 +348,16 @@ def _parse(response_type: Any, data: bytes) -> Any:
         return response_type.FromString(data)
     except Exception as e:  # protobuf's DecodeError, or anything a broken message raises
         raise EngineCallError("INTERNAL", f"cannot parse the engine's message: {e}") from None
+
+
+def _parse_batch(response_type: Any, raw: "list[bytes]", merge_until_last: bool) -> list:
+    """Messages that arrived together, parsed; with ``merge_until_last`` those before the last as one (a
+    generation's token chunks when the gateway fell behind the engine: one parse and one event instead
+    of one per token). Raises what FromString raises."""
+    parse = response_type.FromString
+    if merge_until_last and len(raw) > 2:
+        return [parse(b"".join(raw[:-1])), parse(raw[-1])]
+    return [parse(data) for data in raw]
 
 
 class _OpenCall:
@@ -411,13 +426,15 @@ class _OpenCall:
 class ServerStream(_OpenCall):
     """A call answered by a stream of messages, read as lists of those that arrived together."""
 
-    __slots__ = ("_response_type", "_last_message")
+    __slots__ = ("_response_type", "_last_message", "_merge_until_last")
 
     def __init__(self, client: H2GrpcClient, target: str, method: str, request: Any, timeout_s: float | None,
-                 response_type: Any, last_message: "Callable[[Any], bool] | None", metadata: bytes = b"") -> None:
+                 response_type: Any, last_message: "Callable[[Any], bool] | None", metadata: bytes = b"",
+                 merge_until_last: bool = False) -> None:
         super().__init__(client, target, method, request, timeout_s, metadata)
         self._response_type = response_type
         self._last_message = last_message
+        self._merge_until_last = merge_until_last
 
     def __aiter__(self) -> "ServerStream":
         return self
@@ -429,8 +446,10 @@ class ServerStream(_OpenCall):
                 call.nudged = False
                 raw, call.messages = call.messages, []
                 await self.connection.consumed(call)
-                response_type = self._response_type
-                batch = [_parse(response_type, data) for data in raw]
+                try:
+                    batch = _parse_batch(self._response_type, raw, self._merge_until_last)
+                except Exception:
+                    batch = [_parse(self._response_type, data) for data in raw]  # raises, naming the bad one
                 if self._last_message is not None and self._last_message(batch[-1]):
                     call.last_read = True
                 return batch
@@ -465,7 +484,7 @@ class ServerStream(_OpenCall):
         if not raw:
             return None
         try:
-            batch = [self._response_type.FromString(data) for data in raw]
+            batch = _parse_batch(self._response_type, raw, self._merge_until_last)
         except Exception:  # the reader parses it again and fails the call
             return None
         if self._last_message is not None and self._last_message(batch[-1]):
