@@ -69,11 +69,11 @@ class OpenAIShape:
         self.prefix_text = prefix_text  # completions with echo: the prompt, before the first text
         self.echo = echo  # completions: the prompt's logprobs come first
         self.object = "chat.completion.chunk" if chat else "text_completion"
-        # Every content chunk after the first is the same JSON but for its text: rendered once, the text
-        # is spliced in (orjson of one string instead of a five-level dict per chunk).
-        marker = "\x00text\x00"
-        head, tail = sse_event(self.chunk(marker, None)).split(orjson.dumps(marker))
-        self._chunk_head, self._chunk_tail = head, tail
+        # Every content chunk after the first is the same JSON but for its text: rendered once (at the
+        # second chunk: an answer not streamed never needs it), the text is spliced in (orjson of one string
+        # instead of a five-level dict per chunk).
+        self._chunk_head: bytes | None = None
+        self._chunk_tail = b""
 
     # -- whole --
 
@@ -103,7 +103,12 @@ class OpenAIShape:
     def text_event(self, text: str, first: bool) -> bytes:
         if self.logprobs is None:
             if not first:
-                return self._chunk_head + orjson.dumps(text) + self._chunk_tail
+                head = self._chunk_head
+                if head is None:
+                    marker = "\x00text\x00"
+                    head, self._chunk_tail = sse_event(self.chunk(marker, None)).split(orjson.dumps(marker))
+                    self._chunk_head = head
+                return head + orjson.dumps(text) + self._chunk_tail
             return sse_event(self.chunk(self.prefix_text + text, None, first=True))
         # A stream whose chunks carry the logprobs of the tokens since the last one: not spliced.
         chunk = self.chunk(self.prefix_text + text if first else text, None, first=first)
