@@ -1,6 +1,9 @@
 """The tokenizer caches' storage: what they hand back, and what they cost the garbage collector."""
 
 import gc
+from array import array
+
+import pytest
 
 from gateway.tokenizer.cache import ExactCache, SegmentCache, pack_ids, unpack_ids
 
@@ -8,6 +11,14 @@ from gateway.tokenizer.cache import ExactCache, SegmentCache, pack_ids, unpack_i
 def test_packed_ids_round_trip():
     for ids in ([], [0], [151_645, 7, 2**32 - 1], list(range(10_000))):
         assert unpack_ids(pack_ids(ids)) == ids
+
+
+def test_packed_ids_are_four_native_bytes_each_from_a_list_or_any_sequence():
+    ids = [0, 1, 255, 256, 151_645, 2**32 - 1]
+    expected = b"".join(i.to_bytes(4, "little" if array("I", [1]).tobytes()[0] == 1 else "big") for i in ids)
+    assert pack_ids(ids) == pack_ids(tuple(ids)) == pack_ids(range(0)) + pack_ids(ids) == expected
+    with pytest.raises(OverflowError):  # an id past 32 bits is refused, not wrapped
+        pack_ids([2**32])
 
 
 def test_full_caches_leave_the_garbage_collector_nothing_to_walk():
