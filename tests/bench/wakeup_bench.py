@@ -11,6 +11,11 @@ trying a read first (``read-first``) or waiting first once the last read emptied
 frame, protobuf, detokenizing, the SSE event, the write); the difference between
 ``instructions.py`` with and without ``--token-interval-s``, per token, is their sum.
 
+Two references: the same reads by a plain Python loop on ``select.epoll`` without trio
+(``raw-epoll``: poll, read, re-arm; the floor for any Python event loop), and one pass of
+trio's scheduler with no I/O at all (``task-step``: a task rescheduling itself with
+``cancel_shielded_checkpoint``).
+
     python tests/bench/wakeup_bench.py [--reads 1000] [--interval-ms 2]
 
 Needs valgrind. User-space instructions only: the system calls' kernel time is not in them.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -40,7 +46,10 @@ def child_writes(sock: socket.socket, count: int, interval_s: float) -> None:
         time.sleep(interval_s)
 
 
-def measured(reads: int, wait_first: bool) -> None:
+MODES = ("read-first", "wait-first", "raw-epoll", "task-step")
+
+
+def measured(reads: int, mode: str) -> None:
     """The parent's side, run under callgrind: read ``reads`` bytes one wake-up each."""
     import trio
 
@@ -53,6 +62,11 @@ def measured(reads: int, wait_first: bool) -> None:
         child_writes(child, reads + WARMUP_READS, float(os.environ["WAKEUP_INTERVAL_S"]))
         os._exit(0)
     child.close()
+    if mode == "raw-epoll":
+        measured_raw_epoll(parent, reads)
+        os.waitpid(pid, 0)
+        return
+    wait_first = mode == "wait-first"
 
     async def main() -> None:
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(parent))
@@ -61,20 +75,44 @@ def measured(reads: int, wait_first: bool) -> None:
         subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True, capture_output=True)
         drained = False
         for _ in range(reads):
+            if mode == "task-step":
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                continue
             data = await receive_some(stream, 65536, drained and wait_first)
             drained = len(data) < 65536
         subprocess.run(["callgrind_control", "-d", str(os.getpid())], check=True, capture_output=True)
 
     trio.run(main)
+    if mode == "task-step":  # nothing read its bytes: the writer blocks once the socket's buffer is full
+        os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
 
 
-def count(reads: int, wait_first: bool, interval_ms: float, out_dir: Path) -> float:
+def measured_raw_epoll(sock: socket.socket, reads: int) -> None:
+    """The same reads without trio: epoll.poll, os.read, re-arm (one-shot, as trio registers)."""
+    import select
+
+    sock.setblocking(False)
+    fd, epoll = sock.fileno(), select.epoll()
+    epoll.register(fd, select.EPOLLIN | select.EPOLLONESHOT)
+
+    def read(count: int) -> None:
+        for _ in range(count):
+            epoll.poll()
+            os.read(fd, 65536)
+            epoll.modify(fd, select.EPOLLIN | select.EPOLLONESHOT)
+
+    read(WARMUP_READS)
+    subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True, capture_output=True)
+    read(reads)
+    subprocess.run(["callgrind_control", "-d", str(os.getpid())], check=True, capture_output=True)
+
+
+def count(reads: int, mode: str, interval_ms: float, out_dir: Path) -> float:
     """Instructions per wake-up (a fresh process under callgrind)."""
-    prefix = out_dir / f"callgrind.{'wait' if wait_first else 'read'}"
+    prefix = out_dir / f"callgrind.{mode}"
     subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={prefix}.%p",
-                    sys.executable, __file__, "--child", "wait-first" if wait_first else "read-first",
-                    "--reads", str(reads)], check=True, capture_output=True,
+                    sys.executable, __file__, "--child", mode, "--reads", str(reads)], check=True, capture_output=True,
                    env={**os.environ, "WAKEUP_INTERVAL_S": str(interval_ms / 1000)})
     totals = [int(line.split()[1]) for path in out_dir.glob(f"{prefix.name}.*.1")
               for line in path.read_text().splitlines() if line.startswith("totals:")]
@@ -87,19 +125,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reads", type=int, default=1000)
     parser.add_argument("--interval-ms", type=float, default=2.0)
-    parser.add_argument("--child", choices=("read-first", "wait-first"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        measured(args.reads, args.child == "wait-first")
+        measured(args.reads, args.child)
         return
     out_dir = Path(tempfile.mkdtemp(prefix="smg-node-wakeup-"))
     print(f"\nInstructions per wake-up (callgrind), {args.reads} reads of one byte every {args.interval_ms:g} ms, "
           f"Python {sys.version.split()[0]}. Files: {out_dir}\n")
-    print("| receive_some | instructions per wake-up |")
+    names = {"read-first": "trio, receive_some reading first", "wait-first": "trio, waiting first once drained "
+             "(the node)", "raw-epoll": "no trio: epoll.poll, os.read, re-arm", "task-step": "trio, one task step "
+             "without I/O"}
+    print("| wake-up | instructions each |")
     print("|---|---|")
-    for wait_first in (False, True):
-        per_wakeup = count(args.reads, wait_first, args.interval_ms, out_dir)
-        print(f"| {'wait first once drained' if wait_first else 'read first'} | {per_wakeup / 1000:.1f} k |")
+    for mode in MODES:
+        print(f"| {names[mode]} | {count(args.reads, mode, args.interval_ms, out_dir) / 1000:.1f} k |")
 
 
 if __name__ == "__main__":
