@@ -4,9 +4,9 @@ Why not ``trio.sleep``: trio wakes a sleeping task through a cancel scope's dead
 creates a ``Cancelled``, raises it through the sleep and catches it again: ~150 k instructions a
 wake-up on this project's CPython 3.11, where a readable file descriptor costs ~54 k
 (``tests/bench/wakeup_bench.py``'s measure, BENCHMARKS.md). A task that wakes many times a second
-for as long as the node serves (the loop-lag probe: 20 a second while requests run) pays that on
-every request in flight: a third of a paced stream's instructions went to it. A ``timerfd`` armed
-once with an interval ticks on its own; each wait is one readiness wait and one 8-byte read.
+for as long as the node serves (the loop-lag probe: 20 a second while requests run and 10 s after)
+spent ~3 M instructions a second on it. A ``timerfd`` armed once with an interval ticks on its own;
+each wait is one readiness wait and one 8-byte read.
 
 The ticker keeps its schedule: ``wait`` returns how late the loop came to the first tick it had
 not yet seen (ticks it slept through are counted, not waited for again), which is the lag a
