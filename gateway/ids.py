@@ -12,9 +12,12 @@ from __future__ import annotations
 import os
 
 ID_BYTES = 12  # 96 random bits: OpenAI-style ids (prefix, underscore, 24 hex characters)
+ID_CHARS = 2 * ID_BYTES
 POOL_BYTES = 4096 - 4096 % ID_BYTES
 
-_pool = b""
+# The pool as hex, made once per refill: a slice of it and one f-string per id took ~185 ns where a slice of
+# bytes, ``hex()`` and two concatenations took ~430 (three or more ids a Responses request).
+_pool = ""
 _taken = 0
 
 
@@ -22,15 +25,15 @@ def new_id(prefix: str) -> str:
     """``prefix``, an underscore and 24 hex characters of fresh randomness."""
     global _pool, _taken
     start = _taken
-    if start + ID_BYTES > len(_pool):
-        _pool, start = os.urandom(POOL_BYTES), 0
-    _taken = start + ID_BYTES
-    return prefix + "_" + _pool[start:_taken].hex()
+    if start + ID_CHARS > len(_pool):
+        _pool, start = os.urandom(POOL_BYTES).hex(), 0
+    _taken = start + ID_CHARS
+    return f"{prefix}_{_pool[start:_taken]}"
 
 
 def _forget_pool() -> None:
     global _pool, _taken
-    _pool, _taken = b"", 0
+    _pool, _taken = "", 0
 
 
 os.register_at_fork(after_in_child=_forget_pool)

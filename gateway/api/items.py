@@ -73,7 +73,8 @@ def _input_image(part: dict[str, Any], where: str) -> "tuple[str, str]":
 
 
 def input_items(raw: Any) -> list[dict[str, Any]]:
-    """The request's input as items (a string is one user message), each checked."""
+    """The request's input as items (a string is one user message), each checked and given its ``type`` (a
+    message may leave it out)."""
     if isinstance(raw, str):
         return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": raw}]}]
     if not isinstance(raw, list) or not raw:
@@ -94,7 +95,7 @@ def input_items(raw: Any) -> list[dict[str, Any]]:
             if not isinstance(content, str):  # a string needs no check (the usual message: no path made for it)
                 message_content(content, f"input[{i}].content", None)
             if "type" not in item:
-                item = {**item, "type": kind}
+                item["type"] = kind  # in place: the request's own parsed JSON, read by nothing else as sent
             items.append(item)
             continue
         where = f"input[{i}]"
@@ -111,7 +112,9 @@ def input_items(raw: Any) -> list[dict[str, Any]]:
         elif kind != "reasoning":
             raise BadRequest(f"{where}: items of type {shown(kind)} are not supported", param=where,
                              code="unsupported_content")
-        items.append(item if "type" in item else {**item, "type": kind})
+        if "type" not in item:
+            item["type"] = kind
+        items.append(item)
     return items
 
 
@@ -150,7 +153,10 @@ def stored_item(item: dict[str, Any], item_id: str) -> dict[str, Any]:
 
 def with_ids(items: "list[dict[str, Any]]", fresh: bool = False) -> list[dict[str, Any]]:
     """Items as stored, each with an id: its own unless ``fresh`` (a new one for every item) or it has none."""
-    return [stored_item(item, item["id"] if "id" in item and not fresh else new_id("item")) for item in items]
+    stored = []
+    for item in items:  # a loop, not a comprehension: most inputs are an item or two, and a comprehension is a call
+        stored.append(stored_item(item, item["id"] if not fresh and "id" in item else new_id("item")))
+    return stored
 
 
 def metadata_of(body: dict[str, Any]) -> dict[str, str]:

@@ -24,8 +24,9 @@ error status. After that, failures become the API's error event (OpenAI's is fol
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -89,7 +90,10 @@ async def ready_model_entry(state: GatewayState, model: str | None, principal: P
 
 # -- the prompt ---------------------------------------------------------------------------------------------
 
-class ChatPrompt(NamedTuple):
+# A dataclass, not a NamedTuple: one is made per request, and a NamedTuple's __new__ is Python code calling
+# tuple.__new__ (~3.3 k instructions against ~1.8 k).
+@dataclasses.dataclass(slots=True)
+class ChatPrompt:
     """A chat's prompt for its model: the ids (images' placeholders expanded), and with images their processed
     inputs and the ids routing reads (``MediaInputs.expand``)."""
 

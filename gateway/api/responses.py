@@ -40,7 +40,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -86,7 +86,7 @@ def chat_messages(items: "list[dict[str, Any]]", images: "list[ImageRef] | None"
     (the tools are the request's, the call not made)."""
     messages: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []  # MCP calls' results: after their calls' assistant message
-    approvals = {item.get("id"): item for item in items if item["type"] == "mcp_approval_request"}
+    approvals: dict[Any, dict[str, Any]] | None = None  # the approvals asked, by id: made when a refusal needs them
     reasoning = ""
     for item in items:
         kind = item["type"]
@@ -96,12 +96,15 @@ def chat_messages(items: "list[dict[str, Any]]", images: "list[ImageRef] | None"
             results.append({"role": "tool", "tool_call_id": item["id"], "content": item.get("output") or "" if error
                             is None else f"Error: {error_text(error) if isinstance(error, dict) else error}"})
             continue
-        if kind == "mcp_approval_response" and not item["approve"] and item["approval_request_id"] in approvals:
-            asked = approvals[item["approval_request_id"]]
-            reasoning = _add_call(messages, asked["id"], asked["name"], asked["arguments"], reasoning)
-            refusal = "The user did not approve this call" + (f": {item['reason']}" if item.get("reason") else ".")
-            results.append({"role": "tool", "tool_call_id": asked["id"], "content": refusal})
-            continue
+        if kind == "mcp_approval_response" and not item["approve"]:
+            if approvals is None:
+                approvals = {asked.get("id"): asked for asked in items if asked["type"] == "mcp_approval_request"}
+            asked = approvals.get(item["approval_request_id"])
+            if asked is not None:
+                reasoning = _add_call(messages, asked["id"], asked["name"], asked["arguments"], reasoning)
+                refusal = "The user did not approve this call" + (f": {item['reason']}" if item.get("reason") else ".")
+                results.append({"role": "tool", "tool_call_id": asked["id"], "content": refusal})
+                continue
         if kind == "function_call":
             reasoning = _add_call(messages, item["call_id"], item["name"], item["arguments"], reasoning)
             continue
@@ -155,15 +158,15 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
     return tools
 
 
-def has_hosted_tools(body: dict[str, Any]) -> bool:
-    """Tools the node runs (MCP), or an MCP approval being answered: the request takes the tool loop."""
-    tools, raw = body.get("tools"), body.get("input")
-    if isinstance(tools, list) and any(is_hosted(tool) for tool in tools):
+def has_hosted_tools(body: dict[str, Any], inputs: "list[dict[str, Any]]") -> bool:
+    """Tools the node runs (MCP), or an MCP approval being answered among the body's ``inputs`` (as
+    ``input_items`` checked them): the request takes the tool loop."""
+    tools = body.get("tools")
+    if tools and isinstance(tools, list) and any(is_hosted(tool) for tool in tools):
         return True
-    if isinstance(raw, list):
-        for item in raw:  # a loop, not any(): most inputs are a message or two, and a generator costs more
-            if isinstance(item, dict) and item.get("type") == "mcp_approval_response":
-                return True
+    for item in inputs:  # a loop, not any(): most inputs are a message or two, and a generator costs more
+        if item["type"] == "mcp_approval_response":
+            return True
     return False
 
 
@@ -202,7 +205,7 @@ def _reasoning_effort(body: dict[str, Any]) -> str | None:
     return effort
 
 
-def to_chat_request(body: dict[str, Any], history: "list[dict[str, Any]]", after: "list[dict[str, Any]]" = (),
+def to_chat_request(body: dict[str, Any], history: "Sequence[dict[str, Any]]", after: "list[dict[str, Any]]" = (),
                     hosted: "list[dict[str, Any]]" = (), tools_off: bool = False,
                     inputs: "list[dict[str, Any]] | None" = None) -> ChatRequest:
     """The chat request a Responses request means, after the stored conversation ``history``; in a tool loop,
@@ -220,19 +223,23 @@ def to_chat_request(body: dict[str, Any], history: "list[dict[str, Any]]", after
                              param="instructions", code="invalid_type")
         messages.insert(0, {"role": "system", "content": body["instructions"]})
     check_message_count(len(messages), "input")
-    sampling = SamplingRequest(max_tokens=positive_int(body, "max_output_tokens"), temperature=temperature_value(body),
-                               top_p=top_p_value(body))
-    if INCLUDE_LOGPROBS in _include(body):  # top_logprobs alone has nothing to show
+    # A field's check runs when the request has the field: most have two or three of them.
+    sampling = SamplingRequest(max_tokens=positive_int(body, "max_output_tokens"),
+                               temperature=temperature_value(body) if "temperature" in body else None,
+                               top_p=top_p_value(body) if "top_p" in body else None)
+    if "include" in body and INCLUDE_LOGPROBS in _include(body):  # top_logprobs alone has nothing to show
         sampling.logprobs = positive_int(body, "top_logprobs", None, minimum=0, maximum=TOP_LOGPROBS_MAX) or 0
-    response_format = _text_format(body.get("text"))
+    response_format = _text_format(body["text"]) if "text" in body else None
     if response_format is not None:
         sampling.constraint = response_format_constraint(response_format, "text.format")
         sampling.constraint_field = "text.format" if sampling.constraint is not None else None
     functions = [*_tools(body["tools"]), *hosted] if body.get("tools") else None
-    tools = tool_spec(functions or None, "none" if tools_off else _tool_choice(body.get("tool_choice")),
+    tools = tool_spec(functions or None, "none" if tools_off else
+                      (_tool_choice(body["tool_choice"]) if "tool_choice" in body else None),
                       body["parallel_tool_calls"] if body.get("parallel_tool_calls") is not None else True)
     template_kwargs: dict[str, Any] = {}
-    thinking = apply_reasoning_effort(_reasoning_effort(body), template_kwargs, "reasoning.effort")
+    thinking = apply_reasoning_effort(_reasoning_effort(body), template_kwargs, "reasoning.effort") \
+        if "reasoning" in body else True
     return chat_request(model, messages, sampling, stream=field(body, "stream", bool, False), tools=tools,
                         template_kwargs=template_kwargs, thinking=thinking, images=tuple(images))
 
@@ -261,52 +268,73 @@ def _include(body: dict[str, Any]) -> frozenset[str]:
 
 # -- the answer ----------------------------------------------------------------------------------------------
 
+# A response object's fields in OpenAI's order, with the values of a request that sets none of them: every
+# response starts as a copy. A dict display this size cost ~650 ns on CPython 3.11 (each key inserted in
+# turn), a copy of a made dict ~150 (its table copied whole). Only immutable values here: copies share them.
+_RESPONSE_FIELDS: dict[str, Any] = {
+    "id": None, "object": "response", "created_at": 0, "model": None, "instructions": None, "metadata": None,
+    "parallel_tool_calls": True, "temperature": None, "top_p": None, "tool_choice": "auto", "tools": None,
+    "max_output_tokens": None, "previous_response_id": None, "reasoning": None, "text": None, "store": True,
+    "truncation": "disabled", "error": None, "incomplete_details": None, "background": False, "completed_at": None,
+    "status": None, "output": None, "usage": None,
+}
+# The request's fields a response shows as they were sent (``tools`` and ``text`` are shown as made safe or
+# defaulted, below).
+_ECHOED_FIELDS = frozenset({"instructions", "parallel_tool_calls", "temperature", "top_p", "tool_choice",
+                            "max_output_tokens", "reasoning"})
+
+
 class ResponseShape:
     """One response object, its output items as they are decided, and its stream's events: the
     ``ChatRenderer`` of the Responses API."""
 
     done = b""  # the stream ends with the event of the final status, not [DONE]
+    # Set only by some requests (a class default each, not a store per request):
+    log: "StreamLog | None" = None  # a background stream's: every event is kept there (response_stream)
+    _open: "dict[str, Any] | None" = None  # the item being streamed
+    _delta_fields = b""  # its text deltas' fields between the sequence number and the delta
+    final: "dict[str, Any] | None" = None  # a stream's final response, once final_events made it
+    # A tool loop's (responses_tools.py): the tools the node runs, by name.
+    hosted: "HostedTools | None" = None
 
     def __init__(self, response_id: str, model: str, body: dict[str, Any], metadata: dict[str, str],
                  previous_response_id: str | None, store: bool, conversation_id: str | None = None,
                  background: bool = False, logprobs: LogprobShape | None = None) -> None:
         self.id = response_id
         self.created_at = int(time.time())
-        self.base = {
-            "id": response_id, "object": "response", "created_at": self.created_at, "model": model,
-            "instructions": body.get("instructions"), "metadata": metadata,
-            "parallel_tool_calls": body.get("parallel_tool_calls", True), "temperature": body.get("temperature"),
-            "top_p": body.get("top_p"), "tool_choice": body.get("tool_choice", "auto"),
-            "tools": without_secrets(body.get("tools")) or [],
-            "max_output_tokens": body.get("max_output_tokens"), "previous_response_id": previous_response_id,
-            "reasoning": body.get("reasoning"), "text": body.get("text") or {"format": {"type": "text"}},
-            "store": store, "truncation": "disabled", "error": None, "incomplete_details": None,
-            "background": background, "completed_at": None,
-        }
+        base = self.base = _RESPONSE_FIELDS.copy()
+        base["id"] = response_id
+        base["created_at"] = self.created_at
+        base["model"] = model
+        base["metadata"] = metadata
+        base["previous_response_id"] = previous_response_id
+        base["store"] = store
+        base["background"] = background
+        for key, value in body.items():  # a request's few fields, rather than a lookup of every echoed one
+            if key in _ECHOED_FIELDS:
+                base[key] = value
+        tools, text = body.get("tools"), body.get("text")
+        base["tools"] = without_secrets(tools) or [] if tools else []
+        base["text"] = text or {"format": {"type": "text"}}
         if conversation_id is not None:
-            self.base["conversation"] = {"id": conversation_id}
+            base["conversation"] = {"id": conversation_id}
         self.output: list[dict[str, Any]] = []
         self._sequence = 0
-        self.log: StreamLog | None = None  # a background stream's: every event is kept there (response_stream)
-        self._open: dict[str, Any] | None = None  # the item being streamed
         # The open item's text so far, in pieces: joined once when it closes. A string grown a token at a time is
         # copied whole each time: a 64,000-token stream took 244 ms of CPU here, 59 ms in pieces.
         self._text_parts: list[str] = []
-        self._delta_fields = b""  # its text deltas' fields between the sequence number and the delta
         # include message.output_text.logprobs: the shape of the tokens' entries; the entries not yet sent (they
         # go with the next output text delta), and the open message's so far.
         self.logprobs = logprobs
         self._pending_logprobs: list[dict[str, Any]] = []
         self._text_logprobs: list[dict[str, Any]] = []
-        self.final: dict[str, Any] | None = None  # a stream's final response, once final_events made it
-        # A tool loop's (responses_tools.py): the tools the node runs, by name; the calls to them of the step
-        # just generated (their items, waiting to be run or answered).
-        self.hosted: HostedTools | None = None
-        self.pending: list[tuple[dict[str, Any], Call]] = []
+        self.pending: list[tuple[dict[str, Any], Call]] = []  # a tool loop's hosted calls of the step just made
 
     def response(self, status: str, result: GenerationResult | None = None, reasoning_tokens: int = 0
                  ) -> dict[str, Any]:
-        body = {**self.base, "status": status, "output": self.output, "usage": None}
+        body = self.base.copy()
+        body["status"] = status
+        body["output"] = self.output
         if result is not None:
             body["usage"] = {"input_tokens": result.prompt_tokens,
                              "input_tokens_details": {"cached_tokens": result.cached_tokens},
@@ -314,9 +342,9 @@ class ResponseShape:
                              "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                              "total_tokens": result.prompt_tokens + result.completion_tokens}
             if result.finish_reason == "length":
-                body["status"] = "incomplete"
+                body["status"] = status = "incomplete"
                 body["incomplete_details"] = {"reason": "max_output_tokens"}
-        if body["status"] == "completed":  # OpenAI's: set when (and only when) the response completed
+        if status == "completed":  # OpenAI's: set when (and only when) the response completed
             body["completed_at"] = int(time.time())
         return body
 
@@ -343,7 +371,8 @@ class ResponseShape:
             self.output.append({"type": "reasoning", "id": new_id("rs"), "summary": [],
                                 "content": [{"type": "reasoning_text", "text": answer.reasoning}]})
         if answer.content:
-            self.output.append(_message_item(new_id("msg"), answer.content, "completed", self._token_logprobs(True)))
+            self.output.append(_message_item(new_id("msg"), answer.content, "completed",
+                                             self._token_logprobs(True) if self.logprobs is not None else None))
         for call in answer.calls:
             item = self._call_item(call)
             if item["type"] == "function_call":
@@ -582,8 +611,11 @@ def _conversation_id(body: dict[str, Any]) -> str | None:
 class Context:
     """What the model sees before this request's input, and what the new response stores to give it on."""
 
-    items: list[dict[str, Any]]
+    items: "Sequence[dict[str, Any]]"
     chain: tuple[str, ...] = ()  # the new response's ancestors (previous_response_id's chain and itself)
+
+
+_NO_CONTEXT = Context(())  # a request that continues nothing (most): immutable, so one serves them all
 
 
 # Ancestors of a chain read at once: a long chain is read in a few round trips, not one per turn.
@@ -612,7 +644,7 @@ async def _context(state: GatewayState, body: dict[str, Any], owner: str, conver
             raise NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation",
                            code="conversation_not_found")
         return Context(items)
-    return Context([])
+    return _NO_CONTEXT
 
 
 async def _chain_items(store: HistoryStore, last: StoredResponse, owner: str) -> list[dict[str, Any]]:
@@ -668,15 +700,15 @@ async def create(state: GatewayState, request: Request) -> None:
         if not store:
             raise BadRequest("a background response is stored: 'store' cannot be false", param="store",
                              code="invalid_value")
-    metadata = metadata_of(body)
-    conversation_id = _conversation_id(body)
-    # Most requests continue nothing: no store to read, no coroutine to make.
+    # Most requests set neither, and continue nothing: no store to read, no coroutine to make.
+    metadata = metadata_of(body) if "metadata" in body else {}
+    conversation_id = _conversation_id(body) if "conversation" in body else None
     context = await _context(state, body, request.owner, conversation_id) if conversation_id is not None or \
-        body.get("previous_response_id") is not None else Context([])
+        body.get("previous_response_id") is not None else _NO_CONTEXT
     # The conversation's items get ids of their own (no clash with older ones).
     inputs = input_items(body.get("input"))
     items = with_ids(inputs, fresh=conversation_id is not None)
-    if has_hosted_tools(body):  # tools the node runs: the tool loop (responses_tools.py)
+    if has_hosted_tools(body, inputs):  # tools the node runs: the tool loop (responses_tools.py)
         await _create_with_tools(state, request, body, context, items, metadata, conversation_id, store, background)
         return
     chat = to_chat_request(body, context.items, inputs=inputs)
@@ -700,6 +732,9 @@ async def create(state: GatewayState, request: Request) -> None:
         await limits.enter_async_context(rate_limited_generation(state, request, plan))
         await _start_in_background(state, request, shape, keep, chat.stream, limits, lambda run: _background_answer(
             state, request, plan, tokenizer, shape, output, keep, run))
+        return
+    if not chat.stream:
+        await answer_chat(state, request, plan, tokenizer, output, shape, keep=keep)
         return
 
     async def finish() -> bytes:

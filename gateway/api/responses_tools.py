@@ -23,7 +23,7 @@ background, and a cancel stops it (the call in flight too).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
@@ -50,7 +50,7 @@ class ToolLoop:
     state: GatewayState
     request: Request
     body: dict[str, Any]
-    history: list[dict[str, Any]]  # the context's items, before this request's input
+    history: "Sequence[dict[str, Any]]"  # the context's items, before this request's input
     shape: Any  # responses.ResponseShape
     to_chat: Callable[..., Any]  # responses.to_chat_request
     stream: bool
@@ -132,7 +132,7 @@ class ToolLoop:
         """Run the calls the input approves; how many ran."""
         answers = [item for item in _input_list(self.body) if isinstance(item, dict)
                    and item.get("type") == "mcp_approval_response" and item.get("approve") is True]
-        asked = {item.get("id"): item for item in self.history + _input_list(self.body)
+        asked = {item.get("id"): item for item in [*self.history, *_input_list(self.body)]
                  if isinstance(item, dict) and item.get("type") == "mcp_approval_request"}
         ran = 0
         for answer in answers:
@@ -189,7 +189,7 @@ def _input_list(body: dict[str, Any]) -> list[Any]:
     return raw if isinstance(raw, list) else []
 
 
-def _listed_before(items: "list[dict[str, Any]]", label: str) -> "list[ToolInfo] | None":
+def _listed_before(items: "Sequence[dict[str, Any]]", label: str) -> "list[ToolInfo] | None":
     """The tools the chain's last good ``mcp_list_tools`` of ``label`` listed; None when it has none."""
     for item in reversed(items):
         if item.get("type") == "mcp_list_tools" and item.get("server_label") == label and not item.get("error"):

@@ -48,8 +48,9 @@ from mesh.ring import HashRing
 from ..metrics import counter, gauge
 from .backends import HISTORY_BACKENDS, HistoryBackend
 from .ops import CREATING, OPERATIONS, HistoryOps
-from .shards import RESPONSE, Change, MemoryShards, stored_json
-from .store import HistoryConfig, ItemPage, RecordTooLarge, StorageQuotaExceeded, StoredResponse, StoreUnavailable
+from .shards import RESPONSE, Change, MemoryShards
+from .store import (HistoryConfig, ItemPage, RecordTooLarge, StorageQuotaExceeded, StoredResponse, StoreUnavailable,
+                    stored_json)
 from .wire import (HISTORY_MARK, BadFrame, change_from_wire, change_to_wire, changes_from_wire,
                    operation_from_wire, pack, unpack)
 
@@ -130,7 +131,7 @@ class MemoryHistory:
     # -- HistoryStore -------------------------------------------------------------------------
 
     async def put_response(self, record: StoredResponse) -> None:
-        await self._run("put_response", record.id, record.owner, [stored_json(record.to_json())])
+        await self._run("put_response", record.id, record.owner, [record.to_bytes()])
 
     def put_response_at_once(self, record: StoredResponse) -> bool:
         """Without a mesh the write is this node's alone (no copies to wait for, so no change for replicas
@@ -139,7 +140,7 @@ class MemoryHistory:
         (BENCHMARKS, Responses API)."""
         if self.cluster is not None:
             return False
-        self.shards.create(record.id, RESPONSE, record.owner, stored_json(record.to_json()), [], self.wall_clock())
+        self.shards.create(record.id, RESPONSE, record.owner, record.to_bytes(), [], self.wall_clock())
         return True
 
     async def get_response(self, response_id: str, owner: str) -> StoredResponse | None:

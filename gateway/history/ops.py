@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import orjson
 
-from .shards import CONVERSATION, RESPONSE, SHARD_OVERHEAD_BYTES, Change, MemoryShards, shard_size, stored_json
+from .shards import CONVERSATION, RESPONSE, SHARD_OVERHEAD_BYTES, Change, MemoryShards, shard_size
+from .store import stored_json
 
 Items = list[tuple[str, bytes]]
 

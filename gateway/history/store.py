@@ -92,6 +92,14 @@ class TenantBounds:
 CHAIN_LENGTH_MAX = 1000
 
 
+def stored_json(value: object) -> bytes:
+    """``value`` as JSON bytes of exactly their length, for keeping. orjson (3.x) returns bytes whose
+    allocation is about ten times their length (its worst case for escapes: 519 KB behind a 45 KB item,
+    4 KB behind 18 bytes), which a short-lived answer never notices and a store holding thousands of them
+    pays in full: a memory store counting 256 MiB held 1.1 GiB. The copy costs a memcpy."""
+    return bytes(memoryview(orjson.dumps(value)))
+
+
 # Not frozen, as no dataclass made for every request is (gateway/generation.py): a frozen one's __init__ sets each
 # field through object.__setattr__, ~1 k instructions a field. Nothing changes a record once made
 # (dataclasses.replace makes another).
@@ -128,8 +136,20 @@ class StoredResponse:
         return [*self.input_items, *(self.response.get("output") or ())]
 
     def to_json(self) -> dict[str, Any]:
-        data = {"response": self.response if self.response_json is None else orjson.Fragment(self.response_json),
-                "input_items": self.input_items, "history": self.history}
+        return {"response": self.response if self.response_json is None else orjson.Fragment(self.response_json),
+                **self._record_fields()}
+
+    def to_bytes(self) -> bytes:
+        """``to_json`` as JSON bytes of exactly their length, as a memory store keeps them (``stored_json``
+        says why). With ``response_json`` the record's other fields are encoded and joined around it: no copy
+        of the whole after encoding, and no dict made to hold a fragment (~0.4 us of each stored response)."""
+        if self.response_json is None:
+            return stored_json(self.to_json())
+        fields = orjson.dumps(self._record_fields())  # {"input_items":...}: joined after the response
+        return b"".join((b'{"response":', self.response_json, b",", memoryview(fields)[1:]))
+
+    def _record_fields(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"input_items": self.input_items, "history": self.history}
         if self.unfinished_until_s is not None:
             data["unfinished_until_s"] = self.unfinished_until_s
         if self.chain is not None:

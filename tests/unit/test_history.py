@@ -4,6 +4,8 @@ lone-node store (memory.py without a mesh)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import trio
 
@@ -253,6 +255,12 @@ def test_a_response_already_encoded_is_stored_as_those_bytes_and_read_back_the_s
     encoded = StoredResponse("resp_1", "a", response, plain.input_items, (), None, ("resp_0",),
                              response_json=orjson.dumps(response))
     assert orjson.dumps(encoded.to_json()) == orjson.dumps(plain.to_json())
+    # The bytes a memory store keeps: joined around the encoded response, the same as encoding the whole, and
+    # for every optional field a record may carry.
+    for record in (plain, encoded, dataclasses.replace(encoded, unfinished_until_s=12.5, events=((0, "e"),)),
+                   dataclasses.replace(encoded, chain=None, history=({"id": "h"},))):
+        assert record.to_bytes() == orjson.dumps(record.to_json())
+        assert type(record.to_bytes()) is bytes
     history = MemoryHistory(HistoryConfig())
     assert history.put_response_at_once(encoded)
     assert trio.run(history.get_response, "resp_1", "a") == plain

@@ -54,6 +54,7 @@ def test_a_templated_text_delta_is_the_event_event_makes():
 def test_ids_are_fresh_hex_of_the_pool_and_a_forked_child_draws_its_own():
     ids = [new_id("resp") for _ in range(1000)]
     assert len(set(ids)) == 1000 and all(len(i) == len("resp_") + 2 * ID_BYTES for i in ids)
+    assert all(i.startswith("resp_") and set(i[5:]) <= set("0123456789abcdef") for i in ids)  # across refills
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
