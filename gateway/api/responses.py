@@ -162,7 +162,7 @@ def has_hosted_tools(body: dict[str, Any], inputs: "list[dict[str, Any]]") -> bo
     """Tools the node runs (MCP), or an MCP approval being answered among the body's ``inputs`` (as
     ``input_items`` checked them): the request takes the tool loop."""
     tools = body.get("tools")
-    if tools and isinstance(tools, list) and any(is_hosted(tool) for tool in tools):
+    if isinstance(tools, list) and any(is_hosted(tool) for tool in tools):
         return True
     for item in inputs:  # a loop, not any(): most inputs are a message or two, and a generator costs more
         if item["type"] == "mcp_approval_response":
@@ -314,7 +314,7 @@ class ResponseShape:
             if key in _ECHOED_FIELDS:
                 base[key] = value
         tools, text = body.get("tools"), body.get("text")
-        base["tools"] = without_secrets(tools) or [] if tools else []
+        base["tools"] = (without_secrets(tools) or []) if tools else []
         base["text"] = text or {"format": {"type": "text"}}
         if conversation_id is not None:
             base["conversation"] = {"id": conversation_id}
@@ -732,9 +732,6 @@ async def create(state: GatewayState, request: Request) -> None:
         await limits.enter_async_context(rate_limited_generation(state, request, plan))
         await _start_in_background(state, request, shape, keep, chat.stream, limits, lambda run: _background_answer(
             state, request, plan, tokenizer, shape, output, keep, run))
-        return
-    if not chat.stream:
-        await answer_chat(state, request, plan, tokenizer, output, shape, keep=keep)
         return
 
     async def finish() -> bytes:
