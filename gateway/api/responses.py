@@ -292,7 +292,9 @@ class ResponseShape:
     # Set only by some requests (a class default each, not a store per request):
     log: "StreamLog | None" = None  # a background stream's: every event is kept there (response_stream)
     _open: "dict[str, Any] | None" = None  # the item being streamed
-    _delta_fields = b""  # its text deltas' fields between the sequence number and the delta
+    # When it is a message: its output_text.delta events without logprobs, a bytes format of the sequence number
+    # and the encoded delta (_ensure); None otherwise.
+    _delta_format: "bytes | None" = None
     final: "dict[str, Any] | None" = None  # a stream's final response, once final_events made it
     # A tool loop's (responses_tools.py): the tools the node runs, by name.
     hosted: "HostedTools | None" = None
@@ -438,29 +440,44 @@ class ResponseShape:
     # -- streamed --
 
     def event(self, kind: str, **fields: Any) -> bytes:
+        """The SSE event ``kind`` with its sequence number and ``fields`` (every event of the API has some): the
+        bytes of ``{"type": kind, "sequence_number": n, **fields}`` encoded, the fields encoded alone and spliced
+        after a head made once per kind (no merged dict, no second encode of the kind)."""
         sequence = self._sequence
-        data = {"type": kind, "sequence_number": sequence, **fields}
-        self._sequence += 1
-        frame = b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+        self._sequence = sequence + 1
+        frame = b"%s%d,%s\n\n" % (_EVENT_HEADS.get(kind) or _event_head(kind), sequence, orjson.dumps(fields)[1:])
+        if self.log is not None:
+            self.log.append(sequence, kind, frame)
+        return frame
+
+    def _response_event(self, kind: str, response_json: bytes) -> bytes:
+        """An event carrying the whole response, already encoded: response.created and response.in_progress
+        share one encoding, the terminal event reuses the one stored."""
+        sequence = self._sequence
+        self._sequence = sequence + 1
+        frame = b'%s%d,"response":%s}\n\n' % (_EVENT_HEADS.get(kind) or _event_head(kind), sequence, response_json)
         if self.log is not None:
             self.log.append(sequence, kind, frame)
         return frame
 
     def opening(self) -> bytes:
-        response = self.response("in_progress")
-        return self.event("response.created", response=response) + self.event("response.in_progress", response=response)
+        response = orjson.dumps(self.response("in_progress"))
+        return self._response_event("response.created", response) + \
+            self._response_event("response.in_progress", response)
 
     def text_event(self, text: str, first: bool) -> bytes:
-        if not first and self.logprobs is None and self._open is not None and self._open["type"] == "message":
+        if not first and self._delta_format is not None and self.logprobs is None:
             return self._templated_delta(text) if text else b""  # most tokens: the open message's next text
-        self._pending_logprobs += self._token_logprobs(False)
+        if self.logprobs is not None:
+            self._pending_logprobs += self._token_logprobs(False)
         out = self.opening() if first else b""
         if text:
             out += self._ensure("message") + self._text_delta("response.output_text.delta", text)
         return out
 
     def delta_events(self, deltas: "list[Delta]", first: bool) -> bytes:
-        self._pending_logprobs += self._token_logprobs(False)
+        if self.logprobs is not None:
+            self._pending_logprobs += self._token_logprobs(False)
         out = self.opening() if first else b""
         for delta in deltas:
             kind = type(delta)
@@ -477,17 +494,19 @@ class ResponseShape:
         return out
 
     def final_events(self, deltas: "list[Delta]", answer: ChatAnswer) -> bytes:
-        out = self.delta_events(deltas, False)
+        out = self.delta_events(deltas, False) if deltas or self.logprobs is not None else b""
         self.final = self.response("completed", answer.result, answer.reasoning_tokens)
         return out + self._close()
 
-    def terminal_event(self) -> bytes:
+    def terminal_event(self, final_json: bytes | None = None) -> bytes:
         """OpenAI's stream ends with the event of the response's status: response.completed, or
-        response.incomplete when max_output_tokens cut it (response.failed comes from error_event)."""
-        return self.event(f"response.{self.final['status']}", response=self.final)
+        response.incomplete when max_output_tokens cut it (response.failed comes from error_event).
+        ``final_json``: ``final`` as the store encoded it, when it was stored."""
+        return self._response_event(f"response.{self.final['status']}",
+                                    final_json if final_json is not None else orjson.dumps(self.final))
 
     def error_event(self, error: ApiError) -> bytes:
-        return self._close() + self.event("response.failed", response=self.failed(error))
+        return self._close() + self._response_event("response.failed", orjson.dumps(self.failed(error)))
 
     def close(self) -> bytes:
         return self._close()
@@ -496,19 +515,54 @@ class ResponseShape:
         if self._open is not None and self._open["type"] == kind:
             return b""
         out = self._close()
-        if kind == "reasoning":
-            item = {"type": "reasoning", "id": new_id("rs"), "summary": [], "content": []}
-            part = {"type": "reasoning_text", "text": ""}
-        else:
-            item = _message_item(new_id("msg"), None, "in_progress")
-            part = {"type": "output_text", "text": "", "annotations": []}
-        out += self._open_item(item)
         self._text_parts = []
         self._text_logprobs = []
-        self._delta_fields = b',"item_id":' + orjson.dumps(item["id"]) + b',"output_index":' + \
-            str(len(self.output) - 1).encode() + b',"content_index":0,"delta":'
+        if kind == "message":
+            return out + self._open_message()
+        item = {"type": "reasoning", "id": new_id("rs"), "summary": [], "content": []}
+        out += self._open_item(item)
         return out + self.event("response.content_part.added", item_id=item["id"], output_index=len(self.output) - 1,
-                                content_index=0, part=part)
+                                content_index=0, part={"type": "reasoning_text", "text": ""})
+
+    def _open_message(self) -> bytes:
+        """A message item opens: output_item.added and content_part.added, the events every answer with text
+        has, from templates (the bytes event() makes: tests/unit/test_response_shape.py)."""
+        item_id = new_id("msg")
+        self._open = item = _message_item(item_id, None, "in_progress")
+        self.output.append(item)
+        index = len(self.output) - 1
+        sequence = self._sequence
+        self._sequence = sequence + 2
+        quoted = item_id.encode()  # a prefix and hex: nothing JSON or a bytes format would escape
+        added = _MESSAGE_ADDED % (sequence, index, quoted)
+        part = _TEXT_PART_ADDED % (sequence + 1, quoted, index)
+        self._delta_format = _TEXT_DELTA_HEAD + b"%d" + \
+            b',"item_id":"%s","output_index":%d,"content_index":0,"delta":' % (quoted, index) + b"%s" + _TEXT_DELTA_END
+        if self.log is not None:
+            self.log.append(sequence, "response.output_item.added", added)
+            self.log.append(sequence + 1, "response.content_part.added", part)
+        return added + part
+
+    def _close_message(self, item: dict[str, Any], index: int) -> bytes:
+        """The open message's output_text.done, content_part.done and output_item.done, from templates: its text
+        and logprobs encoded once for the three."""
+        text = "".join(self._text_parts)
+        logprobs = self._text_logprobs
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+        item["status"] = "completed"
+        item["content"] = [part]
+        text_json, logprobs_json, quoted = orjson.dumps(text), orjson.dumps(logprobs), item["id"].encode()
+        part_json = _TEXT_PART % (text_json, logprobs_json)
+        sequence = self._sequence
+        self._sequence = sequence + 3
+        text_done = _TEXT_DONE % (sequence, quoted, index, text_json, logprobs_json)
+        part_done = _TEXT_PART_DONE % (sequence + 1, quoted, index, part_json)
+        item_done = _MESSAGE_DONE % (sequence + 2, index, quoted, part_json)
+        if self.log is not None:
+            self.log.append(sequence, "response.output_text.done", text_done)
+            self.log.append(sequence + 1, "response.content_part.done", part_done)
+            self.log.append(sequence + 2, "response.output_item.done", item_done)
+        return text_done + part_done + item_done
 
     def _open_item(self, item: dict[str, Any]) -> bytes:
         self.output.append(item)
@@ -528,12 +582,12 @@ class ResponseShape:
                           delta=text, logprobs=logprobs)
 
     def _templated_delta(self, text: str) -> bytes:
-        """The open message's output_text.delta without logprobs, the event of most tokens, from a template made
-        when the message opened: the bytes event() would make."""
+        """The open message's output_text.delta without logprobs, from the template made when the message opened:
+        the bytes event() would make (text_event has the same for a plain answer's tokens)."""
         self._text_parts.append(text)
         sequence = self._sequence
-        self._sequence += 1
-        frame = _TEXT_DELTA_HEAD + str(sequence).encode() + self._delta_fields + orjson.dumps(text) + _TEXT_DELTA_TAIL
+        self._sequence = sequence + 1
+        frame = self._delta_format % (sequence, orjson.dumps(text))
         if self.log is not None:
             self.log.append(sequence, "response.output_text.delta", frame)
         return frame
@@ -542,7 +596,7 @@ class ResponseShape:
         item = self._open
         if item is None:
             return b""
-        self._open = None
+        self._open = self._delta_format = None
         index = len(self.output) - 1
         out = b""
         if item["type"] == "function_call":
@@ -554,17 +608,13 @@ class ResponseShape:
                               arguments=item["arguments"])
         elif item["type"] == "mcp_approval_request":
             pass
+        elif item["type"] == "message":
+            return self._close_message(item, index)
         else:
             text = "".join(self._text_parts)
-            if item["type"] == "reasoning":
-                part = {"type": "reasoning_text", "text": text}
-                out += self.event("response.reasoning_text.done", item_id=item["id"], output_index=index,
-                                  content_index=0, text=text)
-            else:
-                part = {"type": "output_text", "text": text, "annotations": [], "logprobs": self._text_logprobs}
-                out += self.event("response.output_text.done", item_id=item["id"], output_index=index,
-                                  content_index=0, text=text, logprobs=self._text_logprobs)
-                item["status"] = "completed"
+            part = {"type": "reasoning_text", "text": text}
+            out += self.event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                              content_index=0, text=text)
             item["content"] = [part]
             out += self.event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
                               part=part)
@@ -572,9 +622,36 @@ class ResponseShape:
 
 
 _ARGUMENTS = {"function_call": "function_call_arguments", "mcp_call": "mcp_call_arguments"}
-# An output_text.delta event around its sequence number, item and delta (ResponseShape._templated_delta).
-_TEXT_DELTA_HEAD = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":'
-_TEXT_DELTA_TAIL = b',"logprobs":[]}\n\n'
+# An event's bytes up to its sequence number, by kind (ResponseShape.event): made once per kind, and every kind is
+# the code's own (none comes from a request), so this stays as small as the API's list of events.
+_EVENT_HEADS: dict[str, bytes] = {}
+
+
+def _event_head(kind: str) -> bytes:
+    encoded = orjson.dumps(kind)
+    head = _EVENT_HEADS[kind] = b"event: " + kind.encode() + b'\ndata: {"type":' + encoded + b',"sequence_number":'
+    return head
+
+
+# An output_text.delta event without logprobs around its sequence number, item and delta (ResponseShape._ensure's
+# template).
+_TEXT_DELTA_HEAD = _event_head("response.output_text.delta")
+_TEXT_DELTA_END = b',"logprobs":[]}\n\n'
+# A message's other events (ResponseShape._open_message, _close_message), the field order event() gives them.
+_MESSAGE_ADDED = _event_head("response.output_item.added") + \
+    b'%d,"output_index":%d,"item":{"type":"message","id":"%s","status":"in_progress","role":"assistant",' \
+    b'"content":[]}}\n\n'
+_TEXT_PART_ADDED = _event_head("response.content_part.added") + \
+    b'%d,"item_id":"%s","output_index":%d,"content_index":0,"part":{"type":"output_text","text":"","annotations":[]}}' \
+    b'\n\n'
+_TEXT_PART = b'{"type":"output_text","text":%s,"annotations":[],"logprobs":%s}'
+_TEXT_DONE = _event_head("response.output_text.done") + \
+    b'%d,"item_id":"%s","output_index":%d,"content_index":0,"text":%s,"logprobs":%s}\n\n'
+_TEXT_PART_DONE = _event_head("response.content_part.done") + \
+    b'%d,"item_id":"%s","output_index":%d,"content_index":0,"part":%s}\n\n'
+_MESSAGE_DONE = _event_head("response.output_item.done") + \
+    b'%d,"output_index":%d,"item":{"type":"message","id":"%s","status":"completed","role":"assistant","content":[%s]}}' \
+    b'\n\n'
 
 
 def _message_item(item_id: str, text: str | None, status: str,
@@ -735,8 +812,7 @@ async def create(state: GatewayState, request: Request) -> None:
         return
 
     async def finish() -> bytes:
-        await keep(shape.final)
-        return shape.terminal_event()
+        return shape.terminal_event(await keep(shape.final))
 
     await answer_chat(state, request, plan, tokenizer, output, shape, keep=keep, finish=finish)
 
@@ -802,9 +878,8 @@ async def _create_with_tools(state: GatewayState, request: Request, body: dict[s
         await request.start_stream(200, SSE_HEADERS)
         await request.send_chunk(shape.opening())
         try:
-            final = await loop.run(request.send_chunk)
-            await keep(final)
-            end = shape.terminal_event()
+            final = await loop.run(request.send_chunk)  # shape.final
+            end = shape.terminal_event(await keep(final))
         except Exception as e:
             error = to_api_error(e)
             if error is None:

@@ -329,7 +329,7 @@ def test_a_member_well_again_judges_on_the_usual_timeouts_at_once():
     for accuser in "abc":
         s.handle(PacketIn(f"{accuser}:1", [Suspect(1, "h", accuser)]), 2.0)
     assert s._suspicions["h"].deadline > 2.0 + s.config.suspicion_min_s(9)  # held: we may be the slow one
-    t, pinged = 2.0, None
+    t = 2.0
     while s.awareness:  # answer our probes (not h's: h is down) until we are well again
         t = max(t + 0.001, s.next_deadline())
         for action in s.handle(Tick(), t):

@@ -1,5 +1,5 @@
-"""The Responses API's streamed events (gateway/api/responses.py ``ResponseShape``): a text delta made from its
-template is the very event ``event()`` makes; ids are fresh and unguessable (gateway/ids.py)."""
+"""The Responses API's streamed events (gateway/api/responses.py ``ResponseShape``): an event made from a
+template (text deltas, a message's opening and closing) is the very event ``event()`` makes; ids are fresh and unguessable (gateway/ids.py)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_a_templated_text_delta_is_the_event_event_makes():
     deltas = [f for f in frames(out) if data(f)["type"] == "response.output_text.delta"]
     assert [data(f)["delta"] for f in deltas] == [*texts, "again"]
     assert [data(f)["output_index"] for f in deltas] == [0, 0, 0, 0, 2]
-    for frame in deltas:
+    for frame in frames(out):  # the templated ones (deltas, a message's opening and closing) too
         fields = data(frame)
         reference = shape()
         reference._sequence = fields.pop("sequence_number")
@@ -49,6 +49,46 @@ def test_a_templated_text_delta_is_the_event_event_makes():
     numbers = [data(f)["sequence_number"] for f in frames(out)]
     assert numbers == list(range(len(numbers)))
     assert [sequence for sequence, _ in s.log.stored_events()] == numbers  # the background log has every one
+
+
+def test_a_messages_templated_events_carry_what_the_api_names_in_its_order():
+    s = shape()
+    texts = ['50 % "off"', " %s %d %%", "\u00e9\U0001f98a"]
+    out = s.text_event(texts[0], True) + b"".join(s.text_event(text, False) for text in texts[1:]) + s.close()
+    events = [data(f) for f in frames(out)]
+    assert [e["type"] for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        *["response.output_text.delta"] * 3, "response.output_text.done", "response.content_part.done",
+        "response.output_item.done"]
+    item_id = s.output[0]["id"]
+    assert events[2] == {"type": "response.output_item.added", "sequence_number": 2, "output_index": 0,
+                         "item": {"type": "message", "id": item_id, "status": "in_progress", "role": "assistant",
+                                  "content": []}}
+    assert list(events[2]["item"]) == ["type", "id", "status", "role", "content"]
+    assert events[3] == {"type": "response.content_part.added", "sequence_number": 3, "item_id": item_id,
+                         "output_index": 0, "content_index": 0,
+                         "part": {"type": "output_text", "text": "", "annotations": []}}
+    part = {"type": "output_text", "text": "".join(texts), "annotations": [], "logprobs": []}
+    assert events[7] == {"type": "response.output_text.done", "sequence_number": 7, "item_id": item_id,
+                         "output_index": 0, "content_index": 0, "text": "".join(texts), "logprobs": []}
+    assert events[8] == {"type": "response.content_part.done", "sequence_number": 8, "item_id": item_id,
+                         "output_index": 0, "content_index": 0, "part": part}
+    done = {"type": "message", "id": item_id, "status": "completed", "role": "assistant", "content": [part]}
+    assert events[9] == {"type": "response.output_item.done", "sequence_number": 9, "output_index": 0, "item": done}
+    assert s.output == [done]  # the item the final response carries is the one the stream closed
+    assert orjson.dumps(s.output[0]) == orjson.dumps(events[9]["item"])  # in the same field order
+
+
+def test_a_closed_messages_events_carry_its_logprobs():
+    s = shape()
+    s.text_event("a", True)
+    s.text_event("b", False)
+    s._text_logprobs = [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []}]
+    events = [data(f) for f in frames(s.close())]
+    assert events[0]["logprobs"] == s._text_logprobs
+    assert events[1]["part"]["logprobs"] == events[2]["item"]["content"][0]["logprobs"] == s._text_logprobs
+    for frame in frames(s.close() or b""):
+        raise AssertionError(f"a second close made {frame!r}")
 
 
 def test_ids_are_fresh_hex_of_the_pool_and_a_forked_child_draws_its_own():
