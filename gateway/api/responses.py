@@ -293,7 +293,7 @@ class ResponseShape:
     log: "StreamLog | None" = None  # a background stream's: every event is kept there (response_stream)
     _open: "dict[str, Any] | None" = None  # the item being streamed
     # When it is a message: its output_text.delta events without logprobs, a bytes format of the sequence number
-    # and the encoded delta (_ensure); None otherwise.
+    # and the encoded delta (_open_message); None otherwise.
     _delta_format: "bytes | None" = None
     final: "dict[str, Any] | None" = None  # a stream's final response, once final_events made it
     # A tool loop's (responses_tools.py): the tools the node runs, by name.
@@ -580,7 +580,7 @@ class ResponseShape:
         return self.event("response.output_item.added", output_index=len(self.output) - 1, item=item)
 
     def _text_delta(self, kind: str, text: str) -> bytes:
-        if kind == "response.output_text.delta" and self.logprobs is None and text:
+        if kind == "response.output_text.delta" and self.logprobs is None and text and self._delta_format is not None:
             return self.text_event(text, False)  # the template (with logprobs asked for, event() below)
         self._text_parts.append(text)
         if kind != "response.output_text.delta":
@@ -649,8 +649,8 @@ _TEXT_DONE = _event_head("response.output_text.done") + \
 _TEXT_PART_DONE = _event_head("response.content_part.done") + \
     b'%d,"item_id":"%s","output_index":%d,"content_index":0,"part":%s}\n\n'
 _MESSAGE_DONE = _event_head("response.output_item.done") + \
-    b'%d,"output_index":%d,"item":{"type":"message","id":"%s","status":"completed","role":"assistant","content":[%s]}}' \
-    b'\n\n'
+    b'%d,"output_index":%d,"item":{"type":"message","id":"%s","status":"completed","role":"assistant",' \
+    b'"content":[%s]}}\n\n'
 
 
 def _message_item(item_id: str, text: str | None, status: str,
