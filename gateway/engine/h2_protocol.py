@@ -44,6 +44,8 @@ EventFactory = Callable[[], Event]
 # Same bound as the bridge: any real context fits, an engine cannot make us hold more.
 GRPC_MESSAGE_BYTES_MAX = 64 * 1024 * 1024
 
+_DATA = h2f.DATA  # read for every frame received: a module global, not the other module's attribute
+
 
 @dataclasses.dataclass(frozen=True)
 class H2Config:
@@ -346,7 +348,10 @@ class H2ClientProtocol:
         self.received_bytes += len(data)
         try:
             for kind, flags, stream_id, payload in self._reader.feed(data):
-                self._on_frame(kind, flags, stream_id, payload)
+                if kind == _DATA and not self._block_stream_id:  # a token's frame: no dispatch call
+                    self._on_data(flags, stream_id, payload)
+                else:
+                    self._on_frame(kind, flags, stream_id, payload)
         except h2f.ConnectionFailure as e:
             self._outbox += h2f.goaway_frame(0, e.code, str(e).encode()[:256])
             return f"HTTP/2 protocol error: {e}"
@@ -463,12 +468,15 @@ class H2ClientProtocol:
         return call
 
     def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        call = self._call_of(stream_id, "DATA")
+        # Every streamed token comes in one of these: the open call found without _call_of's checks (they
+        # tell a stream we left from one never opened), the payload unpadded only when it is padded.
+        call = self.calls.get(stream_id) or self._call_of(stream_id, "DATA")
         size = len(payload)  # padding included: it counts against the windows
         self._received_uncredited_bytes += size
         if self._received_uncredited_bytes > self._connection_window_bytes:
             raise h2f.ConnectionFailure(h2f.FLOW_CONTROL_ERROR, "the engine sent beyond the connection's window")
-        data = h2f.unpad(flags, payload)
+        # A DATA frame has no priority fields (RFC 9113 6.1): only PADDED changes its payload.
+        data = h2f.unpad(flags & ~h2f.PRIORITY_FLAG, payload) if flags & h2f.PADDED else payload
         if call is None:
             self._credit_connection(size)
             return

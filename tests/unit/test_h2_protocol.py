@@ -253,3 +253,26 @@ def test_keepalive_on_passed_in_time(received, calls_open, expected):
     second = rule.check(second_at, received[1], calls_open)
     assert [first, second] == expected
     assert second_at == (50.0 if first is KeepaliveAction.PING else 60.0)
+
+
+def test_data_frames_padded_on_stream_zero_and_on_a_stream_left_take_their_paths():
+    """_on_data finds an open call straight from the calls it holds and unpads only a padded frame; the rest still
+    goes through the checks: DATA on stream 0 is a connection error, on a stream we left it is credited."""
+    pair = Pair()
+    call = pair.client.open_call(PATH, b"q", None)
+    pair.exchange()
+    pair.server.send_headers(call.stream_id, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+    pair.exchange()
+    message = grpc_message(b"token")
+    padded = bytes([4]) + message + b"\x00" * 4  # pad length 4 (RFC 9113 6.1)
+    assert pair.client.receive(h2f.frame(h2f.DATA, h2f.PADDED, call.stream_id, padded)) is None
+    # 0x20 means nothing on DATA (no priority fields there): the payload is taken as it is.
+    assert pair.client.receive(h2f.frame(h2f.DATA, h2f.PRIORITY_FLAG, call.stream_id, message)) is None
+    assert call.messages == [b"token", b"token"] and call.error is None
+    left = pair.client.open_call(PATH, b"r", None)
+    pair.exchange()
+    pair.client.cancel(left)
+    assert pair.client.receive(h2f.frame(h2f.DATA, 0, left.stream_id, message)) is None  # credited, dropped
+    assert left.messages == []
+    reason = pair.client.receive(h2f.frame(h2f.DATA, 0, 0, message))
+    assert reason is not None and "stream 0" in reason
