@@ -49,7 +49,8 @@ sys.path.insert(0, str(ROOT))
 from chaos.processes import EngineProcess, default_log_dir  # noqa: E402
 from tests.bench.gateway_bench import Connection  # noqa: E402
 from tests.bench.smg_compare import (  # noqa: E402
-    MODEL, SMG_VERSION, agent_script, conversation_bodies, engine_pacing_args, ensure_smg, free_port, model_dir)
+    MODEL, SMG_VERSION, agent_script, conversation_bodies, engine_pacing_args, ensure_smg, free_port, model_dir,
+    stop_process)
 
 BENCH_API_KEY = "bench-key-0123456789"
 
@@ -196,12 +197,7 @@ def count_instructions(name: str, scenario: str, stream: bool, args, engine_url:
         idle_s = time.perf_counter() - started
         callgrind_control("-i", "off", str(process.pid))
     finally:
-        process.terminate()
-        try:
-            process.wait(120)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(30)
+        stop_process(process, 120)  # valgrind writes its last dump on the way out
     dumps = {}
     for path in log_dir.glob(f"callgrind.{tag}.*"):
         part = path.name.rsplit(".", 1)[1]

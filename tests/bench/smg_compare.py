@@ -116,12 +116,17 @@ class SmgProcess:
             self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
 
     def stop(self, timeout_s: float = 10.0) -> int:
-        self.process.terminate()
-        try:
-            return self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait(10)
+        return stop_process(self.process, timeout_s)
+
+
+def stop_process(process: subprocess.Popen, timeout_s: float = 10.0) -> int:
+    """SIGTERM, then SIGKILL if it is still there after ``timeout_s``; its exit status."""
+    process.terminate()
+    try:
+        return process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait(30)
 
 
 def ensure_smg(venv: Path) -> Path:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from chaos.processes import EngineProcess, default_log_dir  # noqa: E402
 from tests.bench.instructions import API_PATHS, gateway_argv, send_requests, wait_serving  # noqa: E402
 from tests.bench.smg_compare import (  # noqa: E402
-    MODEL, SMG_VERSION, conversation_bodies, engine_pacing_args, ensure_smg, free_port, model_dir)
+    MODEL, SMG_VERSION, conversation_bodies, engine_pacing_args, ensure_smg, free_port, model_dir, stop_process)
 
 ATTACH_SETTLE_S = 1.0  # strace -p attaches to each thread in turn before it reports anything
 
@@ -70,12 +70,7 @@ def count_calls(name: str, scenario: str, stream: bool, args, engine_url: str, m
         tracer.send_signal(signal.SIGINT)
         tracer.wait(60)
     finally:
-        process.terminate()
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(30)
+        stop_process(process, 60)
     return strace_summary(summary)
 
 
