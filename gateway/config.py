@@ -540,7 +540,8 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError(str(e)) from None
     mcp = config.mcp
     if not (mcp.connect_timeout_s > 0 and mcp.call_timeout_s > 0 and mcp.output_bytes_max > 0 and mcp.sessions_max > 0
-            and mcp.session_idle_s > 0 and mcp.tool_calls_max > 0 and mcp.response_time_max_s > 0):
+            and mcp.session_idle_s > 0 and mcp.tool_calls_max > 0 and mcp.response_time_max_s > 0
+            and mcp.answer_bytes_max > 0 and mcp.answer_items_max > 0):
         raise ConfigError("--mcp-* bounds must be positive")
     if mcp.config_path:
         try:

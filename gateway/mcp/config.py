@@ -25,6 +25,12 @@ class McpConfig:
     # A tool's output, in UTF-8 bytes, before it reaches the prompt (64 KiB is ~16 k tokens); what is over is
     # cut, and the model is told so. A tool list's JSON is bounded the same way, times 4.
     output_bytes_max: int = 64 * 1024
+    # One message a server answers (a JSON body, or one SSE event), read no further: 1 MiB, the SDK's own bound on
+    # an SSE event (a tool's output past output_bytes_max is cut, so more is no use to the prompt; a page of
+    # text still fits). And the typed items in one (a call's content parts, a list's tools): the SDK validates
+    # each into a model on the event loop at ~6.5 us, so 1,024 cost ~7 ms at most (gateway/mcp/answers.py).
+    answer_bytes_max: int = 1024 * 1024
+    answer_items_max: int = 1024
     # Open sessions on this process (each holds a connection, or a process for stdio), and how long an unused
     # one stays open: a follow-up turn reuses it without a new handshake.
     sessions_max: int = 64
@@ -48,6 +54,10 @@ OPTIONS = (
     Option("--mcp-call-timeout-secs", "mcp.call_timeout_s", float, "longest one MCP tool call may take", "tools"),
     Option("--mcp-max-output-bytes", "mcp.output_bytes_max", int, "most bytes of a tool's output that reach the "
            "prompt (the rest is cut)", "tools"),
+    Option("--mcp-max-answer-bytes", "mcp.answer_bytes_max", int, "most bytes of one MCP server answer (a JSON body "
+           "or an SSE event) the node reads; past it the call fails", "security"),
+    Option("--mcp-max-answer-items", "mcp.answer_items_max", int, "most content parts, tools, resources or prompts "
+           "one MCP server answer may hold", "security"),
     Option("--mcp-max-sessions", "mcp.sessions_max", int, "MCP sessions open at once on a process", "tools"),
     Option("--mcp-session-idle-secs", "mcp.session_idle_s", float, "an unused MCP session is closed after this "
            "long", "tools"),

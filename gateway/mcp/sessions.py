@@ -33,6 +33,7 @@ import trio
 from ..errors import Overloaded
 from ..metrics import counter, gauge
 from ..outbound import HostPolicy, PinnedTransport
+from .answers import GatedTransport, Trip
 from .config import McpConfig
 from .results import CallOutcome, ToolInfo, http_error, outcome_from_sdk, protocol_error, tool_from_sdk
 from .servers import ConfiguredServer
@@ -41,6 +42,9 @@ log = logging.getLogger("gateway.mcp")
 
 METRIC_LABELS_MAX = 64  # distinct server labels in the metrics; the rest are "other" (clients name servers)
 LIST_BYTES_FACTOR = 4  # a tool list may be this many times a tool output's bound
+# One owner's (a tenant's, or a key's) sessions to clients' URLs, as a share of sessions_max: a tenant naming many
+# servers cannot take every session of the node (its own least recently used make room first).
+OWNER_SESSIONS_SHARE = 4
 
 
 class McpUnavailable(Exception):
@@ -78,6 +82,8 @@ class _Session:
     last_used: float = 0.0
     dead: bool = False
     tools: "list[ToolInfo] | None" = None  # listed once per session
+    trip: Trip = dataclasses.field(default_factory=Trip)  # its answers' bounds (gateway/mcp/answers.py)
+    scope: str = ""
 
 
 class _Sdk:
@@ -142,12 +148,16 @@ class McpSessions:
     async def list_tools(self, ref: ServerRef) -> list[ToolInfo]:
         """The server's tools (listed once per session); McpUnavailable when it cannot say."""
         name = self._metric_name(ref)
+        trip: Trip | None = None
+        tools: list[ToolInfo] | None = None
         try:
             with trio.fail_after(self.config.connect_timeout_s):
                 async with self._using(ref) as held:
-                    if held.tools is None:
-                        held.tools = await self._listed(held.session)
-                    tools = held.tools
+                    trip = held.trip
+                    with trip.watching():
+                        if held.tools is None:
+                            held.tools = await self._listed(held.session)
+                        tools = held.tools
         except trio.TooSlowError:
             self.lists[name, "timeout"] += 1
             raise McpUnavailable(f"the MCP server '{ref.label}' did not list its tools within "
@@ -155,6 +165,15 @@ class McpSessions:
         except McpUnavailable:
             self.lists[name, "error"] += 1
             raise
+        except Overloaded:
+            raise
+        except Exception as e:
+            self.lists[name, "error"] += 1
+            reason = trip.reason if trip is not None and trip.reason else _reason(e)
+            raise McpUnavailable(f"the MCP server '{ref.label}' did not list its tools: {reason}") from None
+        if tools is None:  # the session tripped a bound: cancelled, and dropped
+            self.lists[name, "error"] += 1
+            raise McpUnavailable(f"the MCP server '{ref.label}' {trip.reason if trip else 'failed'}")
         self.lists[name, "ok"] += 1
         return tools
 
@@ -169,20 +188,27 @@ class McpSessions:
 
     async def _call(self, ref: ServerRef, tool: str, arguments: dict[str, Any]) -> CallOutcome:
         timeout_s = self.config.call_timeout_s
+        trip: Trip | None = None
+        result = None
         try:
             with trio.fail_after(self.config.connect_timeout_s + timeout_s):
                 async with self._using(ref) as held:
-                    with trio.fail_after(timeout_s):
+                    trip = held.trip
+                    with trio.fail_after(timeout_s), trip.watching():
                         result = await held.session.call_tool(tool, arguments)
         except trio.TooSlowError:
             return http_error(504, f"the MCP server '{ref.label}' did not answer within {timeout_s:g} s")
         except McpUnavailable as e:
             return http_error(502, str(e))
         except Exception as e:
+            if trip is not None and trip.reason:  # refused by a bound: the SDK saw a stream error, we say why
+                return http_error(502, f"the MCP server '{ref.label}' {trip.reason}")
             sdk = self._sdk
             if sdk is not None and isinstance(e, sdk.McpError):
                 return protocol_error(e.error.code, e.error.message)
             return http_error(502, f"the MCP server '{ref.label}' failed: {_reason(e)}")
+        if result is None:  # the session tripped a bound while the call waited: cancelled, and dropped
+            return http_error(502, f"the MCP server '{ref.label}' {trip.reason if trip else 'failed'}")
         return outcome_from_sdk(result, self.config.output_bytes_max)
 
     async def _listed(self, session: Any) -> list[ToolInfo]:
@@ -214,8 +240,8 @@ class McpSessions:
             yield held
         except Exception as e:
             sdk = self._sdk
-            if not (sdk is not None and isinstance(e, sdk.McpError)):  # a transport failure: reconnect next time
-                self._drop(ref.key, held)
+            if not (sdk is not None and isinstance(e, sdk.McpError)) or held.trip.reason:
+                self._drop(ref.key, held)  # a transport failure or a bound tripped: reconnect next time
             raise
         except BaseException:  # cancelled mid-call (a timeout, a client gone): its answer may still come; drop it
             self._drop(ref.key, held)
@@ -223,6 +249,8 @@ class McpSessions:
         finally:
             held.in_use -= 1
             held.last_used = trio.current_time()
+            if held.trip.reason:
+                self._drop(ref.key, held)
             self._changed.set()
 
     async def _session(self, ref: ServerRef) -> _Session:
@@ -235,7 +263,7 @@ class McpSessions:
                 return held
             if self._nursery is None:
                 raise McpUnavailable("MCP tools are not running on this node")
-            self._make_room()
+            self._make_room(ref.scope)
             sdk = await self._load_sdk()
             try:
                 held = await self._nursery.start(self._hold, ref, sdk)
@@ -246,14 +274,24 @@ class McpSessions:
             self._changed.set()
             return held
 
-    def _make_room(self) -> None:
+    def _make_room(self, scope: str) -> None:
+        """Room for one more session of ``scope``: within the owner's share first (its own least recently used
+        unused session closes), then within the node's bound (anyone's)."""
         live = [s for s in self._sessions.values() if not s.dead]
-        if len(live) < self.config.sessions_max:
+        share = max(1, self.config.sessions_max // OWNER_SESSIONS_SHARE)
+        own = [s for s in live if s.scope == scope]
+        if scope and len(own) >= share:
+            live, bound = own, share
+            busy = (f"this tenant's {share} MCP sessions ({self.config.sessions_max} // {OWNER_SESSIONS_SHARE}) "
+                    "are all in use: try again shortly")
+        elif len(live) < self.config.sessions_max:
             return
+        else:
+            bound = self.config.sessions_max
+            busy = f"all {bound} MCP sessions of this node are in use: try again shortly"
         unused = [s for s in live if not s.in_use]
         if not unused:
-            raise Overloaded(f"all {self.config.sessions_max} MCP sessions of this node are in use: try again shortly",
-                             code="mcp_sessions_busy", retry_after_s=1)
+            raise Overloaded(busy, code="mcp_sessions_busy", retry_after_s=1)
         oldest = min(unused, key=lambda s: s.last_used)
         oldest.closing.set()
         oldest.dead = True
@@ -268,12 +306,16 @@ class McpSessions:
         """One session, from connect to close, in one task (the SDK's contexts need it); started once it is
         initialized. A failure after that ends the session, not the service."""
         held: _Session | None = None
+        trip = Trip()
         try:
             async with contextlib.AsyncExitStack() as stack:
-                streams = await stack.enter_async_context(self._transport(ref, sdk, stack))
+                streams = await stack.enter_async_context(self._transport(ref, sdk, stack, trip))
                 session = await stack.enter_async_context(sdk.ClientSession(streams[0], streams[1]))
-                await session.initialize()
-                held = _Session(session, last_used=trio.current_time())
+                with trip.watching():
+                    await session.initialize()
+                if trip.reason:
+                    raise McpUnavailable(trip.reason)
+                held = _Session(session, last_used=trio.current_time(), trip=trip, scope=ref.scope)
                 task_status.started(held)
                 await held.closing.wait()
         except Exception as e:
@@ -286,7 +328,7 @@ class McpSessions:
                 if self._sessions.get(ref.key) is held:
                     del self._sessions[ref.key]
 
-    def _transport(self, ref: ServerRef, sdk: _Sdk, stack: contextlib.AsyncExitStack) -> Any:
+    def _transport(self, ref: ServerRef, sdk: _Sdk, stack: contextlib.AsyncExitStack, trip: Trip) -> Any:
         if ref.transport == "stdio":
             params = sdk.StdioServerParameters(command=ref.command, args=list(ref.args),
                                                env={**sdk.default_environment(), **dict(ref.env)})
@@ -295,16 +337,21 @@ class McpSessions:
         timeout = httpx2.Timeout(self.config.connect_timeout_s, read=max(300.0, self.config.call_timeout_s))
         if ref.transport == "sse":
             def factory(headers: Any = None, timeout: Any = None, auth: Any = None) -> httpx2.AsyncClient:
-                return self._http_client(ref, headers, timeout)
+                return self._http_client(ref, headers, timeout, trip)
             return sdk.sse_client(ref.url, headers=headers, timeout=self.config.connect_timeout_s,
                                   sse_read_timeout=max(300.0, self.config.call_timeout_s), httpx_client_factory=factory)
-        client = self._http_client(ref, headers, timeout)
+        client = self._http_client(ref, headers, timeout, trip)
         stack.push_async_callback(client.aclose)
-        return sdk.streamable_http_client(ref.url, http_client=client)
+        return sdk.streamable_http_client(ref.url, http_client=client, max_sse_event_size=self.config.answer_bytes_max)
 
-    def _http_client(self, ref: ServerRef, headers: Any, timeout: Any) -> httpx2.AsyncClient:
-        transport = PinnedTransport(self.policy, "MCP server URL") if ref.pinned else \
+    def _http_client(self, ref: ServerRef, headers: Any, timeout: Any, trip: Trip) -> httpx2.AsyncClient:
+        """The session's HTTP client: every answer through the gate (bounded as it arrives), and a client's URL
+        through the pinned transport (every request checked against --mcp-allowed-hosts)."""
+        inner = PinnedTransport(self.policy, "MCP server URL") if ref.pinned else \
             httpx2.AsyncHTTPTransport(trust_env=False)
+        config = self.config
+        transport = GatedTransport(inner, trip, config.answer_bytes_max, config.output_bytes_max * LIST_BYTES_FACTOR,
+                                   config.answer_items_max)
         return httpx2.AsyncClient(transport=transport, headers=headers, timeout=timeout, trust_env=False)
 
     async def _load_sdk(self) -> _Sdk:

@@ -165,8 +165,8 @@ class FakeServer:
                                      StdioServerParameters=dict, default_environment=dict)
 
 
-def ref(n: int = 0) -> ServerRef:
-    return ServerRef(f"s{n}", "streamable_http", f"https://s{n}.example.com/mcp", pinned=False, scope="me")
+def ref(n: int = 0, scope: str = "me") -> ServerRef:
+    return ServerRef(f"s{n}", "streamable_http", f"https://s{n}.example.com/mcp", pinned=False, scope=scope)
 
 
 async def pool(nursery, server: FakeServer, **config) -> McpSessions:
@@ -215,17 +215,36 @@ async def test_the_pool_is_bounded(autojump_clock):
     server = FakeServer()
     async with trio.open_nursery() as nursery:
         sessions = await pool(nursery, server, sessions_max=2, call_timeout_s=100)
-        await sessions.list_tools(ref(0))
-        await sessions.list_tools(ref(1))
-        await sessions.list_tools(ref(2))  # the least recently used idle one made room
+        await sessions.list_tools(ref(0, "a"))
+        await sessions.list_tools(ref(1, "b"))
+        await sessions.list_tools(ref(2, "c"))  # the least recently used idle one made room
         assert server.closed == 1 and sum(not s.dead for s in sessions._sessions.values()) == 2
         server.hang = True
         async with trio.open_nursery() as calls:  # both sessions busy: a third server must wait its turn
-            calls.start_soon(sessions.call, ref(1), "add", {"a": 1})
-            calls.start_soon(sessions.call, ref(2), "add", {"a": 1})
+            calls.start_soon(sessions.call, ref(1, "b"), "add", {"a": 1})
+            calls.start_soon(sessions.call, ref(2, "c"), "add", {"a": 1})
             await trio.sleep(1)
-            with pytest.raises(Overloaded):
-                await sessions.list_tools(ref(3))
+            with pytest.raises(Overloaded, match="all 2 MCP sessions of this node"):
+                await sessions.list_tools(ref(3, "d"))
+            calls.cancel_scope.cancel()
+        nursery.cancel_scope.cancel()
+
+
+async def test_one_tenant_holds_at_most_its_share_of_the_sessions(autojump_clock):
+    server = FakeServer()
+    async with trio.open_nursery() as nursery:
+        sessions = await pool(nursery, server, sessions_max=8, call_timeout_s=100)  # a share is 8 // 4 = 2
+        for n in range(3):
+            await sessions.list_tools(ref(n, "a"))  # the third: a's own least recently used made room
+        assert server.closed == 1 and sum(s.scope == "a" and not s.dead for s in sessions._sessions.values()) == 2
+        server.hang = True
+        async with trio.open_nursery() as calls:  # a's two sessions busy: a waits, b does not
+            calls.start_soon(sessions.call, ref(1, "a"), "add", {"a": 1})
+            calls.start_soon(sessions.call, ref(2, "a"), "add", {"a": 1})
+            await trio.sleep(1)
+            with pytest.raises(Overloaded, match="this tenant's 2 MCP sessions"):
+                await sessions.list_tools(ref(3, "a"))
+            assert [t.name for t in await sessions.list_tools(ref(4, "b"))] == ["add"]
             calls.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
 
