@@ -60,6 +60,12 @@ class ModelEntry:
         """What the model is served for (/v1/models): "generate" or "embed", and "vision" when it takes images."""
         return (["embed"] if self.embeds else ["generate"]) + (["vision"] if self.image_processor is not None else [])
 
+    def embedding_size(self) -> int | None:
+        """The size of the model's vectors as its config.json says (``hidden_size``); None when it does not."""
+        config = self.tokenizer.model_files["config.json"] if self.tokenizer is not None else {}
+        size = config.get("hidden_size")
+        return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
     def matryoshka_dimensions(self) -> "tuple[int, ...] | None":
         """The sizes an embedding may be cut to (``dimensions``), as vLLM reads them from the model's config.json:
         its ``matryoshka_dimensions``; () when ``is_matryoshka`` says any size will do; None: no cut (refused)."""

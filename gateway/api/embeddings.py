@@ -17,18 +17,19 @@ proxied as it is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
-from ..embeddings import cut, dimensions_problem, encoded
+from ..embeddings import EncodedAnswer, dimensions_problem
 from ..engine.errors import EngineCallError
 from ..generation import UsageTally
 from ..models import ModelEntry
 from ..routing.policies import RoutingRequest
 from ..tokenizer.service import TokenizerService
 from .errors import BadRequest, ContextLengthExceeded, from_engine_error
-from .http import Request
+from .http import JSON_HEADERS, Request
 from .pipeline import check_vocab, encode_text, ready_model_entry, timeout_error
 from .protocol import UINT32_MAX, field, parse_json_body, positive_int
 from .ratelimits import rate_limited
@@ -121,32 +122,33 @@ async def embeddings(state: GatewayState, request: Request) -> None:
         problem = dimensions_problem(entry.name, entry.matryoshka_dimensions(), dimensions)
         if problem is not None:
             raise BadRequest(problem, param="dimensions", code="unsupported_dimensions")
+    answer = EncodedAnswer(state.config.answer_bytes_max, dimensions, encoding_format, len(inputs))
+    size = dimensions or entry.embedding_size()
+    if size is not None:
+        answer.check_floor(size)
     ids = await _ids_of(entry, entry.tokenizer, inputs, bounds.tokens_max)
     total = sum(map(len, ids))
     usage = UsageTally(prompt_tokens=total)
-    vectors: list[Any] = [None] * len(ids)
     timeout_s = state.config.admission.request_timeout_s
     async with rate_limited(state.rate_limiter, request, entry.name, usage, total), \
             state.admission.slot(request.tenant_key):
         async with request.cancel_on_disconnect():
             with trio.move_on_after(timeout_s or float("inf")) as deadline:
-                await _embed_all(state, entry.name, ids, vectors, bounds.calls_at_once, timeout_s)
+                await _embed_all(state, entry.name, ids, answer.keep, bounds.calls_at_once, timeout_s)
     if request.disconnected:
         return
     if deadline.cancelled_caught:
         raise timeout_error()
     metrics = state.metrics
     metrics.child(metrics.tokens, entry.name, "prompt").inc(total)
-    data = [{"object": "embedding", "index": i, "embedding": encoded(cut(vector, dimensions), encoding_format)}
-            for i, vector in enumerate(vectors)]
-    await request.send_json(200, {"object": "list", "data": data, "model": entry.name,
-                                  "usage": {"prompt_tokens": total, "total_tokens": total}})
+    pieces, size = answer.body({"model": entry.name, "usage": {"prompt_tokens": total, "total_tokens": total}})
+    await request.send_pieces(200, pieces, size, JSON_HEADERS)
 
 
-async def _embed_all(state: GatewayState, model: str, ids: "list[list[int]]", vectors: "list[Any]",
+async def _embed_all(state: GatewayState, model: str, ids: "list[list[int]]", keep: Callable[[int, Any], None],
                      at_once: int, timeout_s: float | None) -> None:
-    """Every input's vector into ``vectors`` (by index), at most ``at_once`` engine calls in flight; the first
-    failure (after its retries) ends the others and is the answer."""
+    """Every input's vector to ``keep`` (with its index), at most ``at_once`` engine calls in flight; the first
+    failure (after its retries, or ``keep``'s refusal) ends the others and is the answer."""
     limiter = trio.CapacityLimiter(at_once)
     failures: list[Exception] = []
 
@@ -159,8 +161,11 @@ async def _embed_all(state: GatewayState, model: str, ids: "list[list[int]]", ve
             except Exception as e:  # no worker for it, a core error: the request's answer
                 failures.append(e)
             else:
-                vectors[index] = answer.vector
-                return
+                try:
+                    keep(index, answer.vector)
+                    return
+                except Exception as e:  # past the answer's bound
+                    failures.append(e)
         nursery.cancel_scope.cancel()  # one input's failure is the request's: the others stop
 
     async with trio.open_nursery() as nursery:

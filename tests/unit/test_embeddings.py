@@ -56,3 +56,34 @@ def test_bad_inputs_name_themselves(raw, param):
     with pytest.raises(BadRequest) as e:
         _inputs(raw, 10)
     assert e.value.param == param
+
+
+def test_the_answer_is_its_pieces_and_their_size_is_exact():
+    from gateway.embeddings import EncodedAnswer
+    import orjson
+    answer = EncodedAnswer(10_000, None, "float", 3)
+    for index in (2, 0, 1):  # as the engines answer: in any order
+        answer.keep(index, [0.5 * index, -0.25])
+    pieces, size = answer.body({"model": "m", "usage": {"prompt_tokens": 3, "total_tokens": 3}})
+    whole = b"".join(pieces)
+    assert len(whole) == size
+    assert orjson.loads(whole) == {"object": "list", "data": [
+        {"object": "embedding", "index": i, "embedding": [0.5 * i, -0.25]} for i in range(3)],
+        "model": "m", "usage": {"prompt_tokens": 3, "total_tokens": 3}}
+
+
+def test_an_answer_past_its_bound_is_refused_before_and_while_it_arrives():
+    from gateway.embeddings import EmbeddingsTooLarge, EncodedAnswer, answer_bytes_floor
+    assert answer_bytes_floor(2048, 4096, "float") > 128 * 2 ** 20  # the 188 MB answer
+    assert answer_bytes_floor(2048, 4096, "base64") == int(2048 * (4096 * 16 / 3 + 48))
+    answer = EncodedAnswer(32 * 2 ** 20, None, "float", 2048)
+    with pytest.raises(EmbeddingsTooLarge, match=r"at least \d+ bytes \(2048 vectors of 4096 values as float\).*"
+                                                 r"--max-answer-bytes.*base64"):
+        answer.check_floor(4096)
+    answer.check_floor(256)  # 2048 x 256 fits
+    answer = EncodedAnswer(1000, None, "base64", 8)
+    answer.keep(0, [0.1] * 64)
+    with pytest.raises(EmbeddingsTooLarge, match="grew past the bound"):
+        for index in range(1, 8):
+            answer.keep(index, [0.1] * 64)
+    assert answer.size > 1000
