@@ -531,7 +531,9 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--max-embedding-inputs and --max-embedding-tokens must be positive")
     media = config.media
     if not (media.fetch_timeout_s > 0 and media.image_bytes_max > 0 and media.image_pixels_max > 0
-            and media.images_per_request_max > 0 and media.cache_bytes_max >= 0 and media.threads >= 0):
+            and media.images_per_request_max > 0 and media.cache_bytes_max >= 0 and media.threads >= 0
+            and media.fetch_connections > 0 and media.fetch_connections_per_tenant > 0
+            and media.tenant_bytes_max > 0 and media.tenant_waiting_max > 0):
         raise ConfigError("--media-* bounds must be positive (the cache's and threads' may be 0)")
     try:
         HostPolicy(media.allowed_hosts)

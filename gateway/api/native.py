@@ -87,7 +87,7 @@ async def _tokenize(state: GatewayState, request: Request, body: dict[str, Any],
         add_generation_prompt = body.get("add_generation_prompt", True)
         ids = await encode_chat(state, request, entry, tokenizer, chat, bool(add_generation_prompt))
         if chat.images:  # counted as the engine will see them: each image's placeholder expanded
-            ids = (await with_images(state, entry, chat, ids))[0]
+            ids = (await with_images(state, entry, chat, ids, request.tenant_key))[0]
     else:
         text = body.get("prompt")
         if not isinstance(text, str):

@@ -224,7 +224,7 @@ async def chat_completions(state: GatewayState, request: Request) -> None:
     input_ids = await encode_chat(state, request, entry, tokenizer, chat, True, raw)
     media = routing_ids = None
     if chat.images:
-        input_ids, media, routing_ids = await with_images(state, entry, chat, input_ids)
+        input_ids, media, routing_ids = await with_images(state, entry, chat, input_ids, request.tenant_key)
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "messages", media,
                            routing_ids)
     response_id = "chatcmpl-" + request.request_id

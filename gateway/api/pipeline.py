@@ -115,23 +115,24 @@ async def chat_prompt(state: GatewayState, request: Request, chat: ChatRequest, 
     ids = await encode_chat(state, request, entry, tokenizer, chat, True)
     if not chat.images:
         return ChatPrompt(entry, tokenizer, ids)
-    return ChatPrompt(entry, tokenizer, *await with_images(state, entry, chat, ids))
+    return ChatPrompt(entry, tokenizer, *await with_images(state, entry, chat, ids, request.tenant_key))
 
 
-async def with_images(state: GatewayState, entry: ModelEntry, chat: ChatRequest, ids: "list[int]"
-                      ) -> "tuple[list[int], MediaInputs, list[int]]":
+async def with_images(state: GatewayState, entry: ModelEntry, chat: ChatRequest, ids: "list[int]",
+                      tenant: str | None) -> "tuple[list[int], MediaInputs, list[int]]":
     """The chat's images fetched and processed for the model (gateway/media), and its prompt ids with each
-    image's placeholder expanded: (ids, the images' inputs, the ids routing reads)."""
+    image's placeholder expanded: (ids, the images' inputs, the ids routing reads). ``tenant``: whose share of
+    the media pools the images take (the request's ``tenant_key``)."""
     processor = entry.image_processor
     if processor is None:
         raise _images_not_supported(entry, chat)
     tracing = state.tracing
     refs = list(chat.images)
     if tracing is None or not tracing.active():
-        media = await state.media.prepare(refs, processor, entry.normalize_images, entry.images_max)
+        media = await state.media.prepare(refs, processor, entry.normalize_images, entry.images_max, tenant)
     else:
         with tracing.span("media", attributes={"smg.images": len(chat.images)}):
-            media = await state.media.prepare(refs, processor, entry.normalize_images, entry.images_max)
+            media = await state.media.prepare(refs, processor, entry.normalize_images, entry.images_max, tenant)
     if entry.image_tokens_max is not None:
         for ref, image in zip(refs, media.images):
             if image.tokens > entry.image_tokens_max:

@@ -32,8 +32,18 @@ class MediaConfig:
     # for the next request that names them: bounded by bytes, least recently used out first.
     cache_bytes_max: int = 256 * 1024 * 1024
     # Decodes and resizes at once (in threads, off the event loop; Pillow and numpy release the GIL for
-    # most of the work); 0: one per core.
+    # most of the work); 0: one per core. Handed out fairly between tenants (gateway/media/fair.py): a freed
+    # thread goes to the next tenant in turn, so another tenant's image waits for one decode, not a queue.
     threads: int = 0
+    # Image fetches at once (connections), and one tenant's share of them: a quarter, so one tenant's slow servers
+    # (a byte a second, each held for fetch_timeout_s) leave three quarters to everyone else.
+    fetch_connections: int = 64
+    fetch_connections_per_tenant: int = 16
+    # One tenant's images in flight: their bytes (fetched or decoded from data: URIs, held until the request's
+    # images are processed: four requests at the per-request bound) and its decodes waiting for a thread. Past
+    # either, its next request is refused (429) rather than queued.
+    tenant_bytes_max: int = 256 * 1024 * 1024
+    tenant_waiting_max: int = 64
 
 
 # This subsystem's flags (gateway/options.py); their defaults are the config's above.
@@ -50,6 +60,12 @@ OPTIONS = (
     Option("--media-max-images", "media.images_per_request_max", int, "images one request may carry", "engines"),
     Option("--media-cache-bytes", "media.cache_bytes_max", int, "bytes of fetched and processed images kept for "
            "reuse; 0 turns the cache off", "performance"),
+    Option("--media-max-tenant-bytes", "media.tenant_bytes_max", int, "bytes of one tenant's images in flight at "
+           "once (fetched, not yet processed)", "security"),
+    Option("--media-fetch-connections", "media.fetch_connections", int, "image fetches at once; one tenant takes at "
+           "most a quarter (--media-fetch-connections-per-tenant)", "performance"),
+    Option("--media-fetch-connections-per-tenant", "media.fetch_connections_per_tenant", int, "image fetches one "
+           "tenant may have at once", "security"),
     Option("--media-threads", "media.threads", int, "image decodes and resizes at once, off the event loop "
            "(0: one per core)", "performance"),
 )

@@ -8,7 +8,9 @@ multicast or reserved address gets nothing). The connection goes to the address 
 request's Host header and TLS server name stay the URL's), so a second lookup cannot swap it. Redirects
 are not followed by the client: each Location is checked as the first URL was, at most ``redirects_max``
 of them. The whole fetch is bounded in time, the body in bytes (read no further than the bound), and no
-proxy from the environment is used (it would connect where we did not check).
+proxy from the environment is used (it would connect where we did not check). The bytes are reported as they
+arrive (``on_bytes``: a declared Content-Length at once, then what goes past it), so the request's total over
+all its images is checked against what is in flight, not what finished.
 
 Errors: ``FetchRefused`` (the URL is not one this node fetches: 400 with the reason), ``FetchFailed`` (the
 server did not give an image: 400 naming its status, or 504 for a timeout).
@@ -18,7 +20,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import urllib.parse
+from collections.abc import Callable
+from typing import Any
 
 import httpx2
 import trio
@@ -58,36 +63,45 @@ def data_uri_bytes(url: str, bytes_max: int) -> bytes:
 
 class Fetcher:
     def __init__(self, policy: HostPolicy, timeout_s: float, redirects_max: int, bytes_max: int,
-                 client: httpx2.AsyncClient | None = None) -> None:
+                 client: httpx2.AsyncClient | None = None, connections_max: int = 64) -> None:
         self.policy = policy
         self.timeout_s = timeout_s
         self.redirects_max = redirects_max
         self.bytes_max = bytes_max
         # No proxy from the environment, no redirects followed by the client: this module checks every hop.
         self._client = client or httpx2.AsyncClient(trust_env=False, follow_redirects=False, timeout=timeout_s,
-                                                    limits=httpx2.Limits(max_connections=64))
+                                                    limits=httpx2.Limits(max_connections=connections_max))
 
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def fetch(self, url: str) -> bytes:
-        """The body at ``url`` (http or https), every hop checked; FetchRefused, FetchFailed, FetchTimedOut."""
+    async def fetch(self, url: str, on_bytes: "Callable[[int], None]" = lambda n: None,
+                    slot: "contextlib.AbstractAsyncContextManager[Any] | None" = None) -> bytes:
+        """The body at ``url`` (http or https), every hop checked; FetchRefused, FetchFailed, FetchTimedOut.
+        ``on_bytes`` is told of the body's bytes as they come (and may raise to stop the fetch). ``slot``: held
+        for the fetch, its wait within the fetch's time (a fetch that waited its whole time for a connection
+        times out like one whose server was slow)."""
         if not self.policy.allows_anything:
             raise FetchRefused("this node fetches no image URLs (--media-allowed-hosts lists none): send the image "
                                "as a data: URI", code="image_url_not_allowed")
         try:
             with trio.fail_after(self.timeout_s):
-                for _ in range(self.redirects_max + 1):
-                    location = await self._hop(url)
-                    if location is None or isinstance(location, bytes):
-                        return location
-                    url = location
+                async with slot or contextlib.nullcontext():
+                    return await self._hops(url, on_bytes)
         except trio.TooSlowError:
             raise FetchTimedOut(f"the image at {_shown(url)} did not arrive within {self.timeout_s:g} s",
                                 code="image_fetch_timeout") from None
+
+    async def _hops(self, url: str, on_bytes: "Callable[[int], None]") -> bytes:
+        """The first hop that gives a body, following at most redirects_max redirects."""
+        for _ in range(self.redirects_max + 1):
+            location = await self._hop(url, on_bytes)
+            if isinstance(location, bytes):
+                return location
+            url = location
         raise FetchFailed(f"more than {self.redirects_max} redirects", code="image_fetch_failed")
 
-    async def _hop(self, url: str) -> "bytes | str":
+    async def _hop(self, url: str, on_bytes: "Callable[[int], None]") -> "bytes | str":
         """One request: the body, or the next URL to try (a redirect's Location, resolved)."""
         target_url, target = await self._checked(url)
         headers = {"host": target.host_header(), "user-agent": USER_AGENT, "accept": "image/*"}
@@ -105,13 +119,21 @@ class Fetcher:
                 if declared is not None and declared.isdigit() and int(declared) > self.bytes_max:
                     raise FetchRefused(f"the image at {_shown(url)} is larger than {self.bytes_max} bytes",
                                        code="image_too_large")
+                counted = int(declared) if declared is not None and declared.isdigit() else 0
+                if counted:
+                    on_bytes(counted)  # what is on its way, before it is read
                 parts, size = [], 0
                 async for chunk in response.aiter_raw():
                     size += len(chunk)
                     if size > self.bytes_max:
                         raise FetchRefused(f"the image at {_shown(url)} is larger than {self.bytes_max} bytes",
                                            code="image_too_large")
+                    if size > counted:
+                        on_bytes(size - counted)
+                        counted = size
                     parts.append(chunk)
+                if size < counted:
+                    on_bytes(size - counted)  # a body shorter than it said
                 return b"".join(parts)
         except httpx2.HTTPError as e:
             raise FetchFailed(f"the image at {_shown(url)} could not be fetched: {type(e).__name__}",

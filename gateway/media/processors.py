@@ -79,6 +79,8 @@ class ImageProcessor(Protocol):
 
     def describe(self) -> str: ...  # what it was built with, for hashes: a change of processor changes them
 
+    def size_problem(self, width: int, height: int) -> str | None: ...  # why it refuses that size, from the header
+
 
 def _number(config: dict[str, Any], key: str, default: Any, kinds: "tuple[type, ...]" = (int, float)) -> Any:
     value = config.get(key, default)
@@ -118,11 +120,19 @@ def rescaled_normalized(channels_first: np.ndarray, scale: float, mean: "tuple[f
 
 # -- Qwen2-VL, Qwen2.5-VL, Qwen3-VL -------------------------------------------------------------------------
 
+def aspect_problem(height: int, width: int) -> str | None:
+    """Why Qwen2-VL refuses an image of this size (past 200:1); None when it does not."""
+    if max(height, width) / min(height, width) > ASPECT_RATIO_MAX:
+        return f"the image's aspect ratio is over {ASPECT_RATIO_MAX}:1"
+    return None
+
+
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """Qwen2-VL's target size: each side a multiple of ``factor`` nearest the image's own, the pixels brought
     within [min_pixels, max_pixels] keeping the aspect ratio; ValueError past 200:1."""
-    if max(height, width) / min(height, width) > ASPECT_RATIO_MAX:
-        raise ValueError(f"the image's aspect ratio is over {ASPECT_RATIO_MAX}:1")
+    problem = aspect_problem(height, width)
+    if problem is not None:
+        raise ValueError(problem)
     h, w = round(height / factor) * factor, round(width / factor) * factor
     if h * w > max_pixels:
         shrink = math.sqrt(height * width / max_pixels)
@@ -173,6 +183,9 @@ class QwenVisionProcessor:
     def describe(self) -> str:
         return f"{self.family}:{self.patch_size}:{self.temporal_patch_size}:{self.merge_size}:{self.min_pixels}:" \
                f"{self.max_pixels}:{self.mean}:{self.std}:{self.rescale_factor}:{self.resample}"
+
+    def size_problem(self, width: int, height: int) -> str | None:
+        return aspect_problem(height, width)
 
     def process(self, image: Image.Image, normalize: bool) -> ProcessedImage:
         p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
@@ -243,6 +256,11 @@ class ClipStyleProcessor:
     def describe(self) -> str:
         return f"{self.family}:{self.shortest_edge}:{self.crop}:{self.do_center_crop}:{self.mean}:{self.std}:" \
                f"{self.rescale_factor}:{self.resample}"
+
+    def size_problem(self, width: int, height: int) -> str | None:
+        # Resized so its short side is shortest_edge, a 1 x 39,000,000 image would be 336 x 13 billion pixels before
+        # the crop: refused past the same ratio as Qwen2-VL's (no photograph is 200:1).
+        return aspect_problem(height, width)
 
     def process(self, image: Image.Image, normalize: bool) -> ProcessedImage:
         width, height = image.size

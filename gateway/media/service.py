@@ -8,8 +8,11 @@ Fetched bytes are kept by URL for a few minutes too. What comes out (``MediaInpu
 hash per image (content and processor: the engine's encoder cache key), and, once ``expand`` has seen the
 prompt, where each image's tokens are in it.
 
-Every image of a request counts against ``images_per_request_max`` and their bytes against
-``request_bytes_max`` before anything is decoded; a failure names the part it came from (``ImageRef.where``).
+Every image of a request counts against ``images_per_request_max``, and their bytes against ``request_bytes_max``
+as they arrive (``_Budget``: what is in flight, fetched or not yet; 16 URLs of ~20 MiB were fetched at once and
+checked only as each completed) and against the tenant's ``tenant_bytes_max`` until the request's images are
+processed; a failure names the part it came from (``ImageRef.where``). Threads and fetch connections are shared
+by tenant (``fair.FairLimiter``), so one tenant's large or slow images do not hold back another's.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from typing import Any
 import numpy as np
 import trio
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, Overloaded
 from ..metrics import counter, gauge
 from .config import MediaConfig
 from .decode import ImageRefused, decode_image
+from .fair import FairLimiter
 from ..outbound import HostPolicy
 from .fetch import Fetcher, FetchFailed, FetchRefused, FetchTimedOut, data_uri_bytes
 from .processors import ImageProcessor, ProcessedImage
@@ -123,6 +127,34 @@ def _routing_ids(image_hash: str, count: int) -> list[int]:
     return [(1 << 62) + base + i for i in range(count)]
 
 
+class _Budget:
+    """One request's image bytes in flight, and its tenant's: counted as they arrive, given back at the end."""
+
+    def __init__(self, service: "MediaService", tenant: str | None) -> None:
+        self.service = service
+        self.tenant = tenant
+        self.total = 0
+
+    def take(self, count: int, where: str) -> None:
+        config = self.service.config
+        self.total += count
+        held = self.service.tenant_bytes
+        held[self.tenant] += count
+        if count > 0 and self.total > config.request_bytes_max:
+            raise MediaError(f"the request's images are more than {config.request_bytes_max} bytes together",
+                             code="images_too_large", param=where)
+        if count > 0 and held[self.tenant] > config.tenant_bytes_max:
+            raise Overloaded(f"this caller's images in flight are more than {config.tenant_bytes_max} bytes "
+                             "(--media-max-tenant-bytes): try again shortly", code="media_busy", retry_after_s=1)
+
+    def close(self) -> None:
+        held = self.service.tenant_bytes
+        held[self.tenant] -= self.total
+        if held[self.tenant] <= 0:
+            del held[self.tenant]
+        self.total = 0
+
+
 class _ByteLru:
     """Values kept by key within a byte budget, least recently used out first; entries may expire."""
 
@@ -163,10 +195,14 @@ class MediaService:
     def __init__(self, config: MediaConfig, fetcher: Fetcher | None = None) -> None:
         self.config = config
         self.fetcher = fetcher or Fetcher(HostPolicy(config.allowed_hosts), config.fetch_timeout_s,
-                                          config.redirects_max, config.image_bytes_max)
+                                          config.redirects_max, config.image_bytes_max,
+                                          connections_max=config.fetch_connections)
         self._cache = _ByteLru(config.cache_bytes_max)
         threads = config.threads or max(1, len(os.sched_getaffinity(0)))
-        self._limiter = trio.CapacityLimiter(threads)
+        self.threads = FairLimiter(threads, threads, config.tenant_waiting_max, "image decodes")
+        self.fetches = FairLimiter(config.fetch_connections, config.fetch_connections_per_tenant,
+                                   config.tenant_waiting_max, "image fetches")
+        self.tenant_bytes: collections.Counter[str | None] = collections.Counter()  # in flight, by tenant
         self.fetched = 0  # URLs fetched (cache misses)
         self.processed = 0  # images decoded and processed (cache misses)
         self.refused = collections.Counter()  # images refused, by code
@@ -176,10 +212,11 @@ class MediaService:
         await self.fetcher.aclose()
 
     async def prepare(self, refs: "list[ImageRef]", processor: ImageProcessor, normalize: bool,
-                      images_max: int | None = None) -> MediaInputs:
+                      images_max: int | None = None, tenant: str | None = None) -> MediaInputs:
         """Every image of a request, processed for ``processor``, in order (``normalize``: the normalized floats
         too, for engines that take them); MediaError for the first that fails. ``images_max``: the engines' own
-        bound on images per prompt, when lower than this node's."""
+        bound on images per prompt, when lower than this node's. ``tenant``: whose share of the threads,
+        connections and bytes the request takes (None: the open data plane's)."""
         config = self.config
         bound = min(config.images_per_request_max, images_max or config.images_per_request_max)
         if len(refs) > bound:
@@ -188,34 +225,36 @@ class MediaService:
         images: list[ProcessedImage | None] = [None] * len(refs)
         hashes: list[str] = [""] * len(refs)
         failures: list[Exception] = []
-        total = [0]
+        budget = _Budget(self, tenant)
 
         async def one(index: int, nursery: trio.Nursery) -> None:
             try:
-                images[index], hashes[index] = await self._image(refs[index], processor, normalize, total)
+                images[index], hashes[index] = await self._image(refs[index], processor, normalize, budget)
             except Exception as e:
                 failures.append(e)
                 nursery.cancel_scope.cancel()
 
-        async with trio.open_nursery() as nursery:
-            for index in range(len(refs)):
-                nursery.start_soon(one, index, nursery)
+        try:
+            async with trio.open_nursery() as nursery:
+                for index in range(len(refs)):
+                    nursery.start_soon(one, index, nursery)
+        finally:
+            budget.close()
         if failures:
             raise failures[0]
         return MediaInputs(processor, images, hashes)
 
-    async def _image(self, ref: ImageRef, processor: ImageProcessor, normalize: bool, total: "list[int]"
+    async def _image(self, ref: ImageRef, processor: ImageProcessor, normalize: bool, budget: _Budget
                      ) -> tuple[ProcessedImage, str]:
         try:
-            data = await self._bytes(ref.url)
+            data = await self._bytes(ref, budget)
         except (FetchRefused, FetchFailed, FetchTimedOut) as e:
             self.refused[e.code or "image_fetch_failed"] += 1
             e.param = ref.where
             raise
-        total[0] += len(data)
-        if total[0] > self.config.request_bytes_max:
-            raise MediaError(f"the request's images are more than {self.config.request_bytes_max} bytes together",
-                             code="images_too_large", param=ref.where)
+        except MediaError as e:
+            self.refused[e.code or "images_too_large"] += 1
+            raise
         digest = hashlib.blake2b(data, digest_size=32).digest()
         image_hash = hashlib.blake2b(digest + processor.describe().encode(), digest_size=32).hexdigest()
         key = ("image", image_hash, normalize)
@@ -228,7 +267,8 @@ class MediaService:
             # Abandoned on cancel: a client that left does not wait for its decode (which the limiter still
             # counts until it ends, so abandoned work cannot pile up past the bound).
             processed = await trio.to_thread.run_sync(self._process, data, processor, normalize,
-                                                      limiter=self._limiter, abandon_on_cancel=True)
+                                                      limiter=self.threads.for_tenant(budget.tenant),
+                                                      abandon_on_cancel=True)
         except (ImageRefused, ValueError) as e:  # not an image taken here, or a shape the processor refuses
             self.refused["invalid_image"] += 1
             raise MediaError(f"{ref.where}: {e}", code="invalid_image", param=ref.where) from None
@@ -239,19 +279,25 @@ class MediaService:
         return processed, image_hash
 
     def _process(self, data: bytes, processor: ImageProcessor, normalize: bool) -> ProcessedImage:
-        image = decode_image(data, self.config.image_pixels_max)
+        image = decode_image(data, self.config.image_pixels_max, processor.size_problem)
         return processor.process(image, normalize)
 
-    async def _bytes(self, url: str) -> bytes:
+    async def _bytes(self, ref: ImageRef, budget: _Budget) -> bytes:
+        """The image's bytes, each counted by ``budget`` as it arrives (a fetch's before it ends)."""
+        url = ref.url
         if url[:5].lower() == "data:":
-            return data_uri_bytes(url, self.config.image_bytes_max)
+            data = data_uri_bytes(url, self.config.image_bytes_max)
+            budget.take(len(data), ref.where)
+            return data
         key = ("url", url)
         now = time.monotonic()
         data = self._cache.get(key, now)
-        if data is None:
-            data = await self.fetcher.fetch(url)
-            self.fetched += 1
-            self._cache.put(key, data, len(data), now + URL_CACHE_TTL_S)
+        if data is not None:
+            budget.take(len(data), ref.where)
+            return data
+        data = await self.fetcher.fetch(url, lambda count: budget.take(count, ref.where), self.fetches.slot(budget.tenant))
+        self.fetched += 1
+        self._cache.put(key, data, len(data), now + URL_CACHE_TTL_S)
         return data
 
     def metric_families(self) -> Iterator[Any]:
@@ -264,4 +310,10 @@ class MediaService:
         yield gauge("smg_media_cache_bytes", "Bytes the media cache holds", [], [([], float(self._cache.bytes))])
         yield counter("smg_media_process_seconds", "Thread time spent decoding and processing images", [],
                       [([], self.process_seconds)])
+        yield gauge("smg_media_slots_in_use", "Media threads and fetch connections in use", ["pool"],
+                    [(["threads"], float(self.threads.in_use)), (["fetches"], float(self.fetches.in_use))])
+        yield gauge("smg_media_waiting", "Image decodes and fetches waiting for a slot", ["pool"],
+                    [(["threads"], float(self.threads.waiting)), (["fetches"], float(self.fetches.waiting))])
+        yield gauge("smg_media_bytes_in_flight", "Bytes of requests' images fetched and not yet processed", [],
+                    [([], float(sum(self.tenant_bytes.values())))])
 

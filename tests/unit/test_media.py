@@ -76,3 +76,27 @@ def test_what_a_vision_engine_says_it_takes():
     garbled = vl.GetServerInfoResponse(mm_item_limits="image=,=3,image=x,video=1")
     assert media_facts_from_server_info("vllm", garbled) == MediaFacts(False, None, None)
     assert media_facts_from_server_info("sglang", sg.GetServerInfoResponse()) == MediaFacts()
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height and whose pixels are not there."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + \
+        chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+def test_a_size_the_processor_refuses_is_refused_from_the_header_before_decoding(family):
+    # A 1 x 39,000,000 PNG was decoded (3.5 s, +770 MiB) before its aspect ratio was refused (issue 59). Its
+    # pixels are not even there: refused for its ratio, not as a truncated file.
+    from gateway.media.decode import ImageRefused, decode_image
+    from gateway.media.processors import ClipStyleProcessor
+    processor = QwenVisionProcessor(placeholder_id=1) if family == "qwen2_vl" else ClipStyleProcessor(placeholder_id=1, tokens_per_image=576)
+    with pytest.raises(ImageRefused, match="aspect ratio is over 200:1"):
+        decode_image(_png_header(1, 39_000_000), 40_000_000, processor.size_problem)
+    with pytest.raises(ImageRefused, match="cannot be decoded"):  # a fine ratio: decoded, found truncated
+        decode_image(_png_header(300, 200), 40_000_000, processor.size_problem)
