@@ -23,8 +23,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from mesh.admin_token import AdminTokenError, default_token_path, load_or_create_token
-from mesh.crypto import KeyringError, decode_key, derive_key
+from mesh.admin_token import AdminTokenError, cluster_salt, default_token_path, load_or_create_token, read_token
+from mesh.crypto import KeyringError, WeakSecret, decode_key, derive_key
 from mesh.options import MeshOptions, is_loopback, parse_tags
 from mesh.transport import MeshTls
 
@@ -689,10 +689,19 @@ def with_admin_credentials(config: GatewayConfig) -> GatewayConfig:
         # machine share through its file (and a cluster through SMG_NODE_ADMIN_TOKEN). Off loopback,
         # validate() already asked for --encrypt.
         secret = auth.admin_token
-        if not secret:
-            try:
+        try:
+            if not secret:
                 secret, _ = load_or_create_token(path)
-            except (AdminTokenError, OSError) as e:
-                raise ConfigError(f"--admin-token-file (the mesh's key is derived from it): {e}") from None
-        mesh = dataclasses.replace(mesh, keys=(derive_key(secret),), key_source="admin-token")
+            # The file's token takes the salt kept beside it (nodes sharing the file share it); a token given by
+            # flag or environment, as a cluster on several machines shares it, the fixed one.
+            salt = cluster_salt(path) if secret == read_token(path) else None
+        except (AdminTokenError, OSError) as e:
+            raise ConfigError(f"--admin-token-file (the mesh's key is derived from it): {e}") from None
+        try:
+            key = derive_key(secret, salt)
+        except WeakSecret as e:
+            raise ConfigError(f"the admin token is too weak to derive the mesh's gossip key from ({e}): give the "
+                              "nodes a generated token (python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+                              ") or the mesh a key of its own (--encrypt $(smg-node keygen))") from None
+        mesh = dataclasses.replace(mesh, keys=(key,), key_source="admin-token")
     return dataclasses.replace(config, auth=auth, mesh=mesh)

@@ -9,9 +9,9 @@ load when first used, so importing one costs only its module.
     members and ownership      MemberSnapshot, MemberStatus, HashRing
     the worker document        WorkerDoc, DocError, USER_PAYLOAD_BYTES_MAX
     streams between members    TransportError, MeshTls, split_addr
-    keys and the admin token   generate_key, decode_key, derive_key, KeyringError, AdminTokenError, default_token_path,
-                               load_or_create_token, read_token, client_token, record_endpoint, forget_endpoint,
-                               TOKEN_ENV, FILE_ENV
+    keys and the admin token   generate_key, decode_key, derive_key, WeakSecret, KeyringError, AdminTokenError,
+                               default_token_path, load_or_create_token, read_token, cluster_salt, client_token,
+                               record_endpoint, forget_endpoint, TOKEN_ENV, FILE_ENV
     the CLI's side             run_admin_command, call_json
     HTTP apps                  answer_lifespan
     the chaos harness's faults FAULTS_ENV, SEED_ENV
@@ -31,6 +31,7 @@ _EXPORTS = {
     "WorkerDoc": "worker_doc", "DocError": "worker_doc", "USER_PAYLOAD_BYTES_MAX": "wire",
     "TransportError": "transport", "MeshTls": "transport", "split_addr": "transport",
     "generate_key": "crypto", "decode_key": "crypto", "derive_key": "crypto", "KeyringError": "crypto",
+    "WeakSecret": "crypto", "cluster_salt": "admin_token",
     "AdminTokenError": "admin_token", "default_token_path": "admin_token", "load_or_create_token": "admin_token",
     "read_token": "admin_token", "client_token": "admin_token", "record_endpoint": "admin_token", "forget_endpoint": "admin_token",
     "TOKEN_ENV": "admin_token", "FILE_ENV": "admin_token",

@@ -11,6 +11,12 @@ the commands need no flag.
 The file is created with O_EXCL and mode 0600 in a directory of mode 0700; a
 file others can read or write is refused rather than trusted (someone else may
 have planted or read it).
+
+Beside it, made just before it, the cluster's salt for a gossip key derived from
+the token (``<file>.mesh-salt``, 32 random bytes): nodes sharing the token file
+share the salt, and the key differs from every other cluster's even for the same
+token. A token file older than its salt keeps the fixed salt (``cluster_salt``
+says None), so an existing cluster's key does not change under it.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from pathlib import Path
 FILE_ENV = "SMG_NODE_ADMIN_TOKEN_FILE"
 TOKEN_ENV = "SMG_NODE_ADMIN_TOKEN"
 TOKEN_BYTES = 32
+SALT_SUFFIX = ".mesh-salt"
+SALT_BYTES = 32
 # A process that lost the O_EXCL race reads what the winner writes: it waits at most this long.
 WRITE_RACE_WAIT_S = 2.0
 
@@ -61,12 +69,44 @@ def read_token(path: Path) -> str | None:
     return token or None
 
 
+def salt_path(token_path: Path) -> Path:
+    return token_path.with_name(token_path.name + SALT_SUFFIX)
+
+
+def cluster_salt(token_path: Path) -> bytes | None:
+    """The salt beside the token file (see the module's docstring); None when there is none. AdminTokenError when
+    it is unsafe (others may read or write it) or not one."""
+    salt = read_token(salt_path(token_path))
+    if salt is None:
+        return None
+    try:
+        raw = bytes.fromhex(salt)
+    except ValueError:
+        raw = b""
+    if len(raw) != SALT_BYTES:
+        raise AdminTokenError(f"{salt_path(token_path)} is not a salt ({SALT_BYTES} bytes in hex)")
+    return raw
+
+
+def _create_salt(token_path: Path) -> None:
+    """The salt file, made once (O_EXCL): before the token file, so that a node that reads a new token finds it."""
+    try:
+        fd = os.open(salt_path(token_path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return
+    try:
+        os.write(fd, secrets.token_bytes(SALT_BYTES).hex().encode() + b"\n")
+    finally:
+        os.close(fd)
+
+
 def load_or_create_token(path: Path) -> tuple[str, bool]:
-    """(token, created): the file's token, or a new one written to a new file."""
+    """(token, created): the file's token, or a new one written to a new file (its salt first)."""
     token = read_token(path)
     if token is not None:
         return token, False
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _create_salt(path)
     token = secrets.token_urlsafe(TOKEN_BYTES)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

@@ -12,7 +12,9 @@ full state rides on push-pull, their broadcasts on gossip packets. Membership
 itself knows nothing about what they carry.
 
 Dropped packets are counted by reason: ``decrypt`` (no installed key opens it:
-a node without our key cannot join), ``replay`` and ``stale`` (a captured
+a node without our key cannot join; named per host in the log, and past a bound
+what the host sends from addresses that never opened is dropped unread, ``muted``:
+``mesh.auth_failures``), ``replay`` and ``stale`` (a captured
 packet played again: ``mesh.crypto``), ``bad_version``, ``malformed``,
 ``bad_incarnation``, ... and ``handler_error``: a packet whose handling raised
 (a bug of ours or of a subsystem) is dropped and logged; nothing a peer sends
@@ -25,7 +27,6 @@ import collections
 import contextlib
 import dataclasses
 import logging
-import math
 import random
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from typing import Protocol
 
 import trio
 
+from .auth_failures import AuthFailures
 from .config import MeshConfig
 from .crypto import Keyring, Sealer
 from .members import MemberSnapshot, MemberStatus
@@ -69,7 +71,6 @@ PUSH_PULL_TIMEOUT_S = 10.0
 PACKETS_READ_BEFORE_TIMERS_MAX = 256
 # A peer failing authentication is logged at most this often (with a count): a node with another key retries,
 # and an attacker can send any number of packets.
-AUTH_WARNING_INTERVAL_S = 60.0
 
 
 class StateHooks(Protocol):
@@ -140,8 +141,7 @@ class MeshAgent:
         self._wake = trio.Event()
         self._nursery: trio.Nursery | None = None
         self.stopped = trio.Event()
-        self._auth_failures = 0
-        self._auth_warned_at = -math.inf
+        self.auth_failures = AuthFailures()
 
     # -- public API ---------------------------------------------------------
 
@@ -274,12 +274,18 @@ class MeshAgent:
     def _on_packet(self, from_addr: str, sealed: bytes) -> None:
         self.stats.packets_received += 1
         self.stats.bytes_received += len(sealed)
+        host = from_addr.rpartition(":")[0]
+        now = trio.current_time()
+        if self.auth_failures.muted(host, from_addr, now) and not self._member_address(from_addr):
+            self.stats.dropped["muted"] += 1
+            return
         data, reason = self.sealer.open(sealed, UDP_LABEL, self._wall_clock())
         if data is None:
             self.stats.dropped[reason] += 1
             if reason == "decrypt":
-                self._note_failed_authentication()
+                self._note_failed_authentication(host, now, "packet")
             return
+        self.auth_failures.succeeded(host, from_addr, now)
         messages, reason = decode_packet(data, self.config.udp_packet_bytes_max + 64)
         if reason is not None:
             self.stats.dropped[reason] += 1
@@ -402,25 +408,31 @@ class MeshAgent:
         """The first frame of every stream connection we open: proof that we hold a key."""
         return self.sealer.seal(b"", HELLO_LABEL, self._wall_clock())
 
-    def _check_hello(self, hello: bytes) -> bool:
+    def _member_address(self, addr: str) -> bool:
+        """``addr`` is a member's (asked only of a muted host's packets: a member that just joined and has not
+        sent a packet yet is not muted with the guesser beside it)."""
+        return any(member.addr == addr for member in self.swim.members())
+
+    def _check_hello(self, hello: bytes, host: str = "") -> bool:
+        now = trio.current_time()
+        if self.auth_failures.muted(host, "", now):
+            self.stats.dropped["hello_muted"] += 1
+            return False
         data, reason = self.sealer.open(hello, HELLO_LABEL, self._wall_clock())
         if data is None:
             self.stats.dropped[f"hello_{reason}"] += 1
             if reason == "decrypt":
-                self._note_failed_authentication()
+                self._note_failed_authentication(host, now, "hello")
             return False
+        self.auth_failures.succeeded(host, "", now)
         return True
 
-    def _note_failed_authentication(self) -> None:
-        """A peer's hello or packet did not open with our keys: said in the log, at most once a minute (an
-        attacker's flood must not flood the log), with how many since."""
-        self._auth_failures += 1
-        now = trio.current_time()
-        if now - self._auth_warned_at >= AUTH_WARNING_INTERVAL_S:
-            log.warning("%d connection(s) or packet(s) from peers failed authentication since the last report: a node "
-                        "with another gossip key (--encrypt, or another admin token when the key is derived from it) "
-                        "is trying to reach this one", self._auth_failures)
-            self._auth_warned_at, self._auth_failures = now, 0
+    def _note_failed_authentication(self, host: str, now: float, what: str) -> None:
+        """A peer's hello or packet did not open with our keys: said in the log per host, at most once a window
+        (an attacker's flood must not flood the log), and the host muted when it sends nothing else."""
+        line = self.auth_failures.failed(host or "an unknown host", now, what)
+        if line is not None:
+            log.warning("%s", line)
 
     async def _push_pull(self, addr: str, join: bool) -> None:
         self.stats.push_pulls += 1

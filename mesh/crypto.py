@@ -50,6 +50,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import math
 import os
 import struct
 
@@ -93,17 +94,47 @@ def generate_key() -> str:
     return base64.b64encode(os.urandom(KEY_BYTES)).decode()
 
 
-# HKDF's salt and info for a gossip key derived from the admin token: a fixed label, so that every node
-# holding the same token derives the same key, and the key says nothing about the token.
+# HKDF's salt and info for a gossip key derived from the admin token. The salt is random per cluster where the
+# nodes share a place to keep it (the admin token file's folder: mesh/admin_token.py); else this fixed label, so
+# that every node holding the same token derives the same key. Either way the key says nothing about the token.
 _DERIVED_KEY_SALT = b"smg-node gossip key"
 _DERIVED_KEY_INFO = b"v1"
+# A secret a gossip key is derived from must resist guessing: whoever guesses it holds the cluster (any packet
+# sealed with the key is a member's). 128 bits is out of reach offline, where a captured packet lets every guess
+# be checked with one HKDF and one AES-GCM open; the node's own tokens carry 256 (secrets.token_urlsafe(32)).
+DERIVED_KEY_SECRET_BITS_MIN = 128
+_CHARACTER_CLASSES = ((str.islower, 26), (str.isupper, 26), (str.isdigit, 10))
+_OTHER_PRINTABLE = 33
 
 
-def derive_key(secret: str) -> str:
+class WeakSecret(ValueError):
+    """A secret too guessable to derive a gossip key from."""
+
+
+def secret_strength_bits(secret: str) -> float:
+    """An upper estimate of a secret's entropy, in bits: its length times the bits of a character, where a
+    character carries no more than the alphabet of the classes it uses allows (lower case 26, upper case 26,
+    digits 10, the rest 33) nor more than its distinct characters allow (``aaaa...`` carries nothing). It catches
+    short and repetitive secrets, not phrases of dictionary words: generated tokens are what it is for."""
+    if not secret:
+        return 0.0
+    alphabet = sum(size for test, size in _CHARACTER_CLASSES if any(test(c) for c in secret))
+    if any(not (c.islower() or c.isupper() or c.isdigit()) for c in secret):
+        alphabet += _OTHER_PRINTABLE
+    distinct = len(set(secret))
+    return len(secret) * min(math.log2(alphabet), math.log2(distinct)) if distinct > 1 else 0.0
+
+
+def derive_key(secret: str, salt: bytes | None = None) -> str:
     """A gossip key (base64, as ``generate_key``) derived from a shared secret, the admin token: the nodes
     of one user on one machine share the token's file, so they share this key without a flag. HKDF-SHA256
-    (RFC 5869): the token cannot be recovered from the key, and the key is as secret as the token."""
-    key = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=_DERIVED_KEY_SALT,
+    (RFC 5869): the token cannot be recovered from the key, and the key is as secret as the token. WeakSecret
+    for a secret of less than DERIVED_KEY_SECRET_BITS_MIN (``secret_strength_bits``). ``salt``: the cluster's
+    (None: the fixed one)."""
+    bits = secret_strength_bits(secret)
+    if bits < DERIVED_KEY_SECRET_BITS_MIN:
+        raise WeakSecret(f"about {bits:.0f} bits, at least {DERIVED_KEY_SECRET_BITS_MIN} needed")
+    key = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt or _DERIVED_KEY_SALT,
                info=_DERIVED_KEY_INFO).derive(secret.encode())
     return base64.b64encode(key).decode()
 

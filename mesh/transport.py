@@ -32,7 +32,7 @@ import errno
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -55,7 +55,14 @@ BIND_ATTEMPTS_MAX = 16
 
 StreamHandler = Callable[[bytes], Awaitable[bytes]]
 HelloMaker = Callable[[], bytes]
-HelloCheck = Callable[[bytes], bool]
+HelloCheck = Callable[[bytes, str], bool]  # (the hello, the host it came from)
+
+
+def _peer_host(stream: trio.SocketStream) -> str:
+    try:
+        return str(stream.socket.getpeername()[0])
+    except (OSError, IndexError):
+        return ""
 
 
 class TransportError(Exception):
@@ -332,8 +339,8 @@ class UdpTcpTransport:
                 return True  # reset before a byte: nothing was tried either
         return False
 
-    async def _passes_hello(self, stream: trio.SocketStream, check_hello: HelloCheck | None,
-                            hello_deadline: float) -> bool:
+    async def _passes_hello(self, stream: Any, check_hello: HelloCheck | None, hello_deadline: float,
+                            host: str) -> bool:
         try:
             with trio.fail_at(hello_deadline):
                 size = int.from_bytes(await self._read_exactly(stream, FRAME_HEADER_BYTES), "big")
@@ -342,7 +349,7 @@ class UdpTcpTransport:
                 hello = await self._read_exactly(stream, size)
         except (TransportError, trio.TooSlowError, trio.BrokenResourceError, OSError):
             return False
-        return check_hello is None or check_hello(hello)
+        return check_hello is None or check_hello(hello, host)
 
     async def serve_streams(self, handler: StreamHandler, check_hello: HelloCheck | None = None, *,
                             task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -355,6 +362,7 @@ class UdpTcpTransport:
                 await trio.aclose_forcefully(stream)
                 return
             self.connections += 1
+            host = _peer_host(stream)
             hello_deadline = trio.current_time() + HELLO_TIMEOUT_S  # TLS and the hello, together
             try:
                 if await self._closed_unused(stream, hello_deadline):
@@ -366,7 +374,7 @@ class UdpTcpTransport:
                         self.hellos_refused += 1
                         return
                     stream = secured
-                if not await self._passes_hello(stream, check_hello, hello_deadline):
+                if not await self._passes_hello(stream, check_hello, hello_deadline, host):
                     self.hellos_refused += 1
                     return
                 while True:  # a peer keeps its connection for its next exchanges

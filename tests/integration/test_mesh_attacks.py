@@ -80,6 +80,30 @@ async def test_forged_gossip_cannot_move_an_encrypted_mesh():
         nursery.cancel_scope.cancel()
 
 
+async def test_a_guesser_of_the_key_is_named_in_the_log_and_then_not_heard(caplog):
+    """Issue 59: a local process guessed a weak token's derived key one sealed packet per guess, unlogged beyond
+    decrypt drops. Now the host is named in the log, and past 64 failures in a minute what it sends from
+    addresses that never opened is dropped unopened, while the members on the same host go on."""
+    async with trio.open_nursery() as nursery:
+        a, b = await start_pair(nursery, [KEY])
+        frame = packet([MessageType.USER, b"guess"])
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as guesser:
+            host, port = a.transport.addr.rsplit(":", 1)
+            for _ in range(200):  # a guess a packet, each sealed with another key
+                guesser.sendto(Sealer(Keyring([generate_key()])).seal(frame, UDP_LABEL, trio.current_time()),
+                               (host, int(port)))
+        await poll(lambda: a.stats.dropped["decrypt"] + a.stats.dropped["muted"] >= 200, "the guesses")
+        assert a.stats.dropped["decrypt"] == 64 and a.stats.dropped["muted"] == 136
+        said = [r.getMessage() for r in caplog.records if "failed authentication" in r.getMessage()]
+        assert len(said) == 2 and "127.0.0.1" in said[0] and "64 packets or stream hellos from 127.0.0.1" in said[1]
+        # b shares the guesser's host: its packets still open, and it stays a live member.
+        before = a.stats.packets_received - a.stats.dropped["muted"] - a.stats.dropped["decrypt"]
+        await poll(lambda: a.stats.packets_received - a.stats.dropped["muted"] - a.stats.dropped["decrypt"]
+                   > before + 3, "b's packets opened")
+        assert {m.name: m.status for m in a.members()} == {"n0": MemberStatus.ALIVE, "n1": MemberStatus.ALIVE}
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_captured_packet_replayed_is_refused():
     import time
     async with trio.open_nursery() as nursery:

@@ -162,12 +162,43 @@ def test_a_mesh_without_encrypt_derives_its_key_from_the_admin_token_and_is_neve
     second = with_admin_credentials(_config(["--mesh-bind", "127.0.0.1:7947"], tmp_path)).mesh
     assert first.keys == second.keys and len(decode_key(first.keys[0])) == 32  # one token file, one key
     assert first.key_source == "admin-token" and read_token(tmp_path / "t") not in first.keys[0]
-    other = with_admin_credentials(_config(["--mesh-bind", "127.0.0.1:7946", "--admin-token", ADMIN], tmp_path))
+    strong = "Zq3-8vJx_Lk2Rw9tYpB4nHs7Gm1Dc6Fe"
+    other = with_admin_credentials(_config(["--mesh-bind", "127.0.0.1:7946", "--admin-token", strong], tmp_path))
     assert other.mesh.keys != first.keys  # another token, another key
     explicit = with_admin_credentials(_config(["--mesh-bind", "127.0.0.1:7946", "--encrypt", KEY], tmp_path))
     assert explicit.mesh.keys == (KEY,) and explicit.mesh.key_source == "flag"
     clear = with_admin_credentials(_config(["--mesh-bind", "127.0.0.1:7946", "--mesh-insecure"], tmp_path))
     assert clear.mesh.keys == ()  # only when asked
+
+
+@pytest.mark.parametrize("token", ["admin123", "admin-key-0123456789", "passwordpasswordpasswordpassword",
+                                   "correct horse battery staple", "a" * 100])
+def test_a_weak_admin_token_is_refused_as_the_mesh_key_s_secret(tmp_path, token):
+    """Issue 59: with `admin123` a local process guessing six words read a tenant's conversation over the mesh."""
+    with pytest.raises(ConfigError, match=r"the admin token is too weak to derive the mesh's gossip key from \(about "
+                                          r"\d+ bits, at least 128 needed\).*--encrypt"):
+        with_admin_credentials(_config(["--mesh-bind", "127.0.0.1:7946", "--admin-token", token], tmp_path))
+    # The same token is fine where nothing is derived from it: no mesh, or a mesh with its own key.
+    assert with_admin_credentials(_config(["--admin-token", token], tmp_path)).auth.admin_token == token
+    with_admin_credentials(_config(["--mesh-bind", "127.0.0.1:7946", "--admin-token", token, "--encrypt", KEY],
+                                   tmp_path))
+
+
+def test_the_token_files_salt_is_the_clusters_and_an_older_file_keeps_the_fixed_one(tmp_path):
+    from mesh.admin_token import cluster_salt, salt_path
+    from mesh.crypto import derive_key, secret_strength_bits
+    token = secrets_token = load_or_create_token(tmp_path / "t")[0]
+    assert secret_strength_bits(secrets_token) >= 200  # the node's own tokens pass with room to spare
+    salt = cluster_salt(tmp_path / "t")
+    assert len(salt) == 32 and stat.S_IMODE(salt_path(tmp_path / "t").stat().st_mode) == 0o600
+    mesh = with_admin_credentials(_config(["--mesh-bind", "127.0.0.1:7946"], tmp_path)).mesh
+    assert mesh.keys == (derive_key(token, salt),) != (derive_key(token),)
+    # A token file older than its salt (made before the salt was): the fixed salt, so its key does not change.
+    (tmp_path / "u").write_text(token)
+    os.chmod(tmp_path / "u", 0o600)
+    older = with_admin_credentials(_config(["--mesh-bind", "127.0.0.1:7946", "--admin-token-file",
+                                            str(tmp_path / "u")], tmp_path)).mesh
+    assert cluster_salt(tmp_path / "u") is None and older.keys == (derive_key(token),)
 
 
 def test_a_prompt_longer_than_its_context_can_hold_is_refused_before_encoding():
