@@ -132,14 +132,18 @@ class ToolLoop:
         """Run the calls the input approves; how many ran."""
         answers = [item for item in _input_list(self.body) if isinstance(item, dict)
                    and item.get("type") == "mcp_approval_response" and item.get("approve") is True]
-        asked = {item.get("id"): item for item in [*self.history, *_input_list(self.body)]
-                 if isinstance(item, dict) and item.get("type") == "mcp_approval_request"}
+        # Only requests the gateway issued and stored, in this tenant's chain: an input that carried its own
+        # mcp_approval_request (a call no model proposed, with any arguments) and its approval ran the tool past
+        # require_approval "always" (issue 59).
+        asked = {item.get("id"): item for item in self.history if item.get("type") == "mcp_approval_request"}
         ran = 0
         for answer in answers:
             request = asked.get(answer["approval_request_id"])
             if request is None:
                 raise BadRequest(f"no approval was asked with id {answer['approval_request_id']!r} in this response's "
-                                 "chain", param="input", code="unknown_approval_request")
+                                 "stored chain: an approval answers a request this gateway made and stored (continue "
+                                 "with previous_response_id or the conversation)", param="input",
+                                 code="unknown_approval_request")
             server = hosted.server_labelled(request["server_label"])
             if server is None or hosted.server_of(request["name"]) is not server:
                 raise BadRequest(f"the approved call is to {request['name']!r} of the MCP server "
