@@ -105,7 +105,10 @@ class HostPolicy:
             raise OutboundRefused(f"{host} is not a host this node may reach for an {what}: an address it resolves "
                                   f"to is private, loopback or link-local, or not in an allowed network ({self.flag})",
                                   code="url_not_allowed")
-        return Target(host, addresses[0], port, parts.scheme)
+        address = addresses[0]
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped  # reached as what it is: [::ffff:127.0.0.2] is 127.0.0.2
+        return Target(host, address, port, parts.scheme)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +143,8 @@ class PinnedTransport(httpx2.AsyncHTTPTransport):
             target = await self.policy.checked(str(request.url), self.what)
         except (OutboundRefused, OutboundUnresolved) as e:
             raise httpx2.ConnectError(str(e), request=request) from None
-        request.url = request.url.copy_with(netloc=target.netloc.encode("ascii"))
+        # host and port, not netloc: httpx2 splits a netloc at its first colon ("[::1]:80": "Invalid port").
+        request.url = request.url.copy_with(host=str(target.address), port=target.port)
         request.headers["host"] = target.host_header()
         if target.scheme == "https":
             request.extensions = {**request.extensions, "sni_hostname": target.host}

@@ -131,6 +131,10 @@ class DiscoveryConfig:
     # A discovered engine that could not be added (not answering yet) is tried again at this interval.
     retry_add_interval_s: float = 5.0
 
+    def pod_keys_read(self) -> "frozenset[str]":
+        """The label and annotation keys discovery reads of a pod (all that a pod keeps: gateway/discovery/pods.py)."""
+        return frozenset({self.model_label, self.bootstrap_port_annotation, self.mesh_port_annotation})
+
     def role_selectors(self) -> "list[tuple[str, Selector]]":
         """(role, selector) of every engine selector given."""
         return [(role, sel) for role, sel in (("regular", self.selector), ("prefill", self.prefill_selector),

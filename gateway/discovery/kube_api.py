@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx2
 import orjson
+import trio
 
 from .config import Selector, selector_text
 from .credentials import KubeCredentials
@@ -25,6 +26,8 @@ from .credentials import KubeCredentials
 EVENT_BYTES_MAX = 4 * 1024 * 1024
 # A list page larger than this likewise (500 pods of ~20 KB each fit several times).
 LIST_BYTES_MAX = 64 * 1024 * 1024
+# A page larger than this is parsed in a worker thread: orjson takes ~3 ms a MiB, which the event loop should not.
+THREAD_PARSE_BYTES = 1024 * 1024
 CONNECT_TIMEOUT_S = 10.0
 # Beyond the watch's own timeoutSeconds: the server ends the stream then; silence this much longer means the
 # connection is gone without a word (a node or network that vanished).
@@ -82,15 +85,9 @@ class KubeApi:
                     raise KubeApiError(f"list of pods: page larger than {LIST_BYTES_MAX} bytes")
             if response.status_code != 200:
                 raise _error(response.status_code, bytes(body), "list of pods")
-        try:
-            answer = orjson.loads(body)
-            meta = answer.get("metadata") or {}
-            items = answer.get("items") or []
-            if not isinstance(items, list):
-                raise TypeError
-        except (orjson.JSONDecodeError, AttributeError, TypeError):
-            raise KubeApiError("list of pods: not a PodList") from None
-        return items, str(meta.get("resourceVersion") or ""), str(meta.get("continue") or "")
+        if len(body) > THREAD_PARSE_BYTES:
+            return await trio.to_thread.run_sync(_pod_list, bytes(body))
+        return _pod_list(body)
 
     async def watch_pods(self, namespace: str | None, selector: Selector, resource_version: str,
                          timeout_s: float) -> "AsyncIterator[tuple[str, Any]]":
@@ -104,17 +101,37 @@ class KubeApi:
             if response.status_code != 200:
                 raise _error(response.status_code, await response.aread(), "watch of pods")
             yield OPENED, None
-            pending = b""
+            # Lines cut as they end, each byte looked at once: a bytearray that grows in place and a scan that
+            # starts where the last one stopped (appending to bytes and splitting off each line copied the rest
+            # every time: quadratic in an event's size).
+            pending = bytearray()
             async for chunk in response.aiter_bytes():
+                scan = len(pending)
                 pending += chunk
-                while b"\n" in pending:
-                    line, pending = pending.split(b"\n", 1)
+                start = 0
+                while (end := pending.find(b"\n", scan)) >= 0:
+                    line = bytes(pending[start:end])
+                    start = scan = end + 1
                     if line.strip():
                         yield _event(line)
+                del pending[:start]
                 if len(pending) > EVENT_BYTES_MAX:
                     raise KubeApiError(f"watch of pods: an event larger than {EVENT_BYTES_MAX} bytes")
             if pending.strip():
-                yield _event(pending)
+                yield _event(bytes(pending))
+
+
+def _pod_list(body: "bytes | bytearray") -> "tuple[list[Any], str, str]":
+    """(items, the list's resourceVersion, the continue token) of a PodList's JSON."""
+    try:
+        answer = orjson.loads(body)
+        meta = answer.get("metadata") or {}
+        items = answer.get("items") or []
+        if not isinstance(items, list):
+            raise TypeError
+    except (orjson.JSONDecodeError, AttributeError, TypeError):
+        raise KubeApiError("list of pods: not a PodList") from None
+    return items, str(meta.get("resourceVersion") or ""), str(meta.get("continue") or "")
 
 
 def _event(line: bytes) -> "tuple[str, Any]":

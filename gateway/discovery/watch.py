@@ -34,7 +34,7 @@ class PodWatcher:
         self.selector = selector
         self.config = config
         self.namespace = namespace
-        self.cache = PodCache()
+        self.cache = PodCache(config.pod_keys_read())
         self.on_change = on_change
         self.rng = rng or random.Random()
         self.live = False

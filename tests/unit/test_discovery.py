@@ -29,6 +29,24 @@ def pod(name="p", ip="10.0.0.5", ready=True, phase="Running", labels=None, annot
     return {"metadata": meta, "status": status}
 
 
+def test_a_pod_keeps_only_the_labels_and_annotations_discovery_reads():
+    # Issue 59: 2,000 pods of 250 KB of annotations were +477 MiB held, and the bounds allowed ~5 GB.
+    config = DiscoveryConfig()
+    cache = PodCache(config.pod_keys_read())
+    filler = {f"note-{i}": "x" * 1000 for i in range(240)}
+    items = [pod(name=f"p{i}", labels={"app": "sim", config.model_label: "m", "team": "x" * 1000},
+                 annotations={**filler, config.bootstrap_port_annotation: "9000"}) for i in range(50)]
+    assert cache.replace(items, "1")
+    held = sum(len(k) + len(v) for p in cache.pods.values() for k, v in (*p.labels, *p.annotations))
+    assert held < 50 * 100  # was 50 x ~241 KB
+    first = cache.pods["ns/p0"]
+    assert first.label(config.model_label) == "m" and first.annotation(config.bootstrap_port_annotation) == "9000"
+    assert first.label("team") is None and first.annotation("note-1") is None
+    # The whole map is still checked: a flood past the bound is no pod at all.
+    with pytest.raises(PodInvalid, match="annotations too large"):
+        parse_pod(pod(annotations={"a": "x" * (300 * 1024)}), config.pod_keys_read())
+
+
 def test_selectors_are_kubernetes_equality_and_set_based_terms_in_any_of_their_spellings():
     assert parse_selector(["app=sglang", "role==prefill"]) == (("app", "=", ("sglang",)), ("role", "=", ("prefill",)))
     assert parse_selector(["app=sglang,role=prefill"]) == parse_selector(["role=prefill", "app=sglang"]) == \

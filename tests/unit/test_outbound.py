@@ -108,3 +108,7 @@ async def test_a_pinned_client_reaches_only_what_the_policy_allows(servers):
         # A redirect out of the allowed hosts is checked as the first URL was: refused.
         with pytest.raises(httpx2.ConnectError):
             await client.get(f"http://127.0.0.2:{allowed_port}/away")
+        # An allowed address spelled as IPv4-mapped IPv6 is reached (it failed with "Invalid port": issue 59), as
+        # the IPv4 address it is, with the URL's own Host header.
+        answer = await client.get(f"http://[::ffff:127.0.0.2]:{allowed_port}/")
+        assert answer.status_code == 200 and answer.text == f"[::ffff:127.0.0.2]:{allowed_port}"
