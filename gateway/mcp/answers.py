@@ -19,8 +19,8 @@ A refusal trips the session's ``Trip``: the calls in flight on it are cancelled 
 (an ``http_error`` 502), and the session is dropped. The SDK sees ``AnswerRefused`` as a stream error (JSON: a
 JSON-RPC parse error for that request) or an SSE error (SSE: the stream ends), so it stops reading either way.
 
-stdio servers (configured by the operator, never by a client) are read by the SDK's own line reader, which this
-gate does not cover.
+stdio servers (configured by the operator, never by a client) are read by a transport of ours with the same bounds
+(``gateway/mcp/stdio.py``): the SDK's line reader keeps a line whole however long it grows.
 """
 
 from __future__ import annotations
@@ -37,6 +37,31 @@ THREAD_PARSE_BYTES = 64 * 1024
 # The lists inside an answer the SDK validates item by item into typed models.
 TYPED_LISTS = ("content", "tools", "resources", "resourceTemplates", "prompts")
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")  # an SSE event ends with a blank line
+
+
+def message_problem(message: bytes, items_max: int) -> str | None:
+    """Why one message (a JSON-RPC message or a batch of them) is refused; None when it is not. What does not
+    parse is left to the SDK, which says so itself."""
+    try:
+        value = orjson.loads(message)
+    except orjson.JSONDecodeError:
+        return None
+    for one in value if isinstance(value, list) else (value,):
+        result = one.get("result") if isinstance(one, dict) else None
+        if not isinstance(result, dict):
+            continue
+        for name in TYPED_LISTS:
+            items = result.get(name)
+            if isinstance(items, list) and len(items) > items_max:
+                return f"answered {len(items)} {name} items in one message; at most {items_max} are read"
+    return None
+
+
+async def checked_message(message: bytes, items_max: int) -> str | None:
+    """``message_problem``, in a worker thread when the message is over THREAD_PARSE_BYTES."""
+    if len(message) > THREAD_PARSE_BYTES:
+        return await trio.to_thread.run_sync(message_problem, message, items_max)
+    return message_problem(message, items_max)
 
 
 class AnswerRefused(httpx2.StreamError, httpx2.SSEError):
@@ -133,23 +158,6 @@ class GatedTransport(httpx2.AsyncBaseTransport):
         self.trip.trip(reason)
         return AnswerRefused(f"the MCP server {reason}")
 
-    def problem(self, message: bytes) -> str | None:
-        """Why one message (a JSON-RPC message or a batch of them) is refused; None when it is not. What does not
-        parse is left to the SDK, which says so itself."""
-        try:
-            value = orjson.loads(message)
-        except orjson.JSONDecodeError:
-            return None
-        for one in value if isinstance(value, list) else (value,):
-            result = one.get("result") if isinstance(one, dict) else None
-            if not isinstance(result, dict):
-                continue
-            for name in TYPED_LISTS:
-                items = result.get(name)
-                if isinstance(items, list) and len(items) > self.items_max:
-                    return f"answered {len(items)} {name} items in one message; at most {self.items_max} are read"
-        return None
-
 
 class _Refused(httpx2.AsyncByteStream):
     def __init__(self, gate: GatedTransport, reason: str) -> None:
@@ -175,10 +183,7 @@ class _GatedBody(httpx2.AsyncByteStream):
         await self.raw.aclose()
 
     async def _checked(self, message: bytes) -> None:
-        if len(message) > THREAD_PARSE_BYTES:
-            problem = await trio.to_thread.run_sync(self.gate.problem, message)
-        else:
-            problem = self.gate.problem(message)
+        problem = await checked_message(message, self.gate.items_max)
         if problem is not None:
             raise self.gate.refuse(problem)
 

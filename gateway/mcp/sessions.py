@@ -34,6 +34,7 @@ from ..errors import Overloaded
 from ..metrics import counter, gauge
 from ..outbound import HostPolicy, PinnedTransport
 from .answers import GatedTransport, Trip
+from .stdio import bounded_stdio
 from .config import McpConfig
 from .results import CallOutcome, ToolInfo, http_error, outcome_from_sdk, protocol_error, tool_from_sdk
 from .servers import ConfiguredServer
@@ -96,8 +97,9 @@ class _Sdk:
         self.streamable_http_client = importlib.import_module("mcp.client.streamable_http").streamable_http_client
         self.sse_client = importlib.import_module("mcp.client.sse").sse_client
         stdio = importlib.import_module("mcp.client.stdio")
-        self.stdio_client, self.StdioServerParameters = stdio.stdio_client, stdio.StdioServerParameters
         self.default_environment = stdio.get_default_environment
+        self.SessionMessage = importlib.import_module("mcp.shared.message").SessionMessage
+        self.jsonrpc_message_adapter = importlib.import_module("mcp_types").jsonrpc_message_adapter
 
 
 class McpSessions:
@@ -329,10 +331,10 @@ class McpSessions:
                     del self._sessions[ref.key]
 
     def _transport(self, ref: ServerRef, sdk: _Sdk, stack: contextlib.AsyncExitStack, trip: Trip) -> Any:
+        config = self.config
         if ref.transport == "stdio":
-            params = sdk.StdioServerParameters(command=ref.command, args=list(ref.args),
-                                               env={**sdk.default_environment(), **dict(ref.env)})
-            return sdk.stdio_client(params)
+            return bounded_stdio(sdk, ref.command or "", list(ref.args), {**sdk.default_environment(), **dict(ref.env)},
+                                 trip, config.answer_bytes_max, config.answer_items_max)
         headers = dict(ref.headers)
         timeout = httpx2.Timeout(self.config.connect_timeout_s, read=max(300.0, self.config.call_timeout_s))
         if ref.transport == "sse":

@@ -9,8 +9,10 @@ tenant's request, sent while the attack runs, is answered at once."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx2
 import openai
@@ -41,13 +43,21 @@ def hostile():
     server.close()
 
 
+STDIO_SCRIPT = Path(__file__).with_name("hostile_stdio.py")
+
+
 @pytest.fixture(scope="module")
 def node(log_dir, tmp_path_factory):
-    script = tmp_path_factory.mktemp("outside") / "answers.jsonl"
+    folder = tmp_path_factory.mktemp("outside")
+    script = folder / "answers.jsonl"
     script.write_text("".join(json.dumps({"match": m, "output": o}) + "\n" for m, o in RULES))
+    servers = folder / "mcp.toml"  # the operator's stdio servers, one per way to answer
+    servers.write_text("".join(f'[servers.stdio-{mode}]\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+                               f'args = ["{STDIO_SCRIPT}", "{mode}"]\n\n' for mode in ("endless", "parts", "ok")))
     engine = EngineProcess(["--zero-cost", "--script", str(script)], log_dir, "outside-engine")
     n = NodeProcess(["--worker-urls", engine.url, "--mcp-allowed-hosts", f"{HOST}/32", "--mcp-call-timeout-secs",
-                     "30", "--tenant-api-key", f"a:{KEY_A}", f"b:{KEY_B}"], log_dir, "outside-node")
+                     "30", "--mcp-config-path", str(servers), "--tenant-api-key", f"a:{KEY_A}", f"b:{KEY_B}"],
+                    log_dir, "outside-node")
     yield n
     n.stop()
     engine.stop()
@@ -59,6 +69,8 @@ def _rss_bytes(pid: int) -> int:
 
 
 def _tools(url: str) -> list[dict]:
+    if url.startswith("stdio-"):  # a server the operator configured, by name
+        return [{"type": "mcp", "server_label": url, "require_approval": "never"}]
     return [{"type": "mcp", "server_label": "hostile", "server_url": url, "require_approval": "never"}]
 
 
@@ -77,10 +89,10 @@ def _attack(node, hostile, path: str) -> tuple[dict, float, int]:
     before = _rss_bytes(node.process.pid)
     done: dict = {}
     thread = threading.Thread(target=lambda: done.update(
-        response=client.responses.create(model=MODEL, input="Please flood it", tools=_tools(hostile.url(path)))))
+        response=client.responses.create(model=MODEL, input="Please flood it", tools=_tools(path if path.startswith("stdio-") else hostile.url(path)))))
     thread.start()
     deadline = time.monotonic() + 60
-    while not hostile.calls[path] and not hostile.sent["/tools"] and thread.is_alive():
+    while not hostile.calls[path] and not hostile.sent["/tools"] and thread.is_alive() and "stdio" not in path:
         assert time.monotonic() < deadline, "the tool was never called"
         time.sleep(0.01)
     other_s = _other_tenant_seconds(node)
@@ -96,12 +108,15 @@ def _attack(node, hostile, path: str) -> tuple[dict, float, int]:
     ("/sse-endless", f"sent an event of more than {ANSWER_BYTES} bytes (--mcp-max-answer-bytes)"),
     ("/gzip", "sent a gzip-encoded answer"),
     ("/parts", "answered 30000 content items in one message; at most 1024 are read"),
+    ("stdio-endless", f"sent a message of more than {ANSWER_BYTES} bytes (--mcp-max-answer-bytes)"),
+    ("stdio-parts", "answered 30000 content items in one message; at most 1024 are read"),
 ])
 def test_a_tool_answer_past_its_bound_fails_the_call_without_taking_the_node(node, hostile, path, says):
     response, other_s, grown = _attack(node, hostile, path)
     call = next(item for item in response["output"] if item["type"] == "mcp_call")
     assert call["error"]["type"] == "http_error" and call["error"]["code"] == 502, call["error"]
-    assert says in call["error"]["message"] and "'hostile'" in call["error"]["message"]
+    label = path if path.startswith("stdio-") else "hostile"
+    assert says in call["error"]["message"] and f"'{label}'" in call["error"]["message"]
     assert response["output_text"] == "Done."  # the model was told, and answered
     assert grown < GROWTH_MAX, f"the node grew {grown / 2 ** 20:.0f} MiB"
     assert other_s < OTHER_TENANT_S, f"another tenant waited {other_s:.1f} s"
@@ -118,8 +133,10 @@ def test_a_tool_list_past_its_bound_is_an_error_item_and_costs_no_stall(node, ho
     assert grown < GROWTH_MAX and other_s < OTHER_TENANT_S, (grown, other_s)
 
 
-def test_an_honest_server_still_answers(node, hostile):
+@pytest.mark.parametrize("where", ["/ok", "stdio-ok"])
+def test_an_honest_server_still_answers(node, hostile, where):
     client = openai.OpenAI(base_url=node.url + "/v1", api_key=KEY_A, max_retries=0, timeout=60)
-    response = client.responses.create(model=MODEL, input="Please flood it", tools=_tools(hostile.url("/ok")))
+    url = where if where.startswith("stdio-") else hostile.url(where)
+    response = client.responses.create(model=MODEL, input="Please flood it", tools=_tools(url))
     call = next(item for item in response.output if item.type == "mcp_call")
     assert call.output == "fine" and call.error is None and response.output_text == "Done."
