@@ -18,7 +18,7 @@ _EXPORTS = {
     "RateLimiter": "ratelimit", "RateLimitConfig": "ratelimit", "LimitSet": "ratelimit",
     "parse_limit_set": "ratelimit", "Identity": "ratelimit",
     "default_tokenizer_dir": "tokenizer.bundled",
-    "port_holder": "ports",
+    "port_holder": "node.ports",
 }
 __all__ = sorted(_EXPORTS)
 

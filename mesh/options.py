@@ -28,7 +28,7 @@ class MeshOptions:
     retry_join_interval_s: float = 5.0
     node_name: str | None = None
     # Base64 AES-256 keys; the first encrypts. Without --encrypt the node derives one from its admin token
-    # (gateway.config.with_admin_credentials): empty only with --mesh-insecure, which the node says at start.
+    # (gateway.node.config.with_admin_credentials): empty only with --mesh-insecure, which the node says at start.
     keys: tuple[str, ...] = ()
     # Where the keys came from, for the start-up log: "flag" (--encrypt / SMG_NODE_ENCRYPT) or "admin-token".
     key_source: str = "flag"
@@ -38,7 +38,7 @@ class MeshOptions:
     # a node with --mesh-bind, a port the kernel picks for the private mesh of --workers N (the CLI finds either
     # in the node's endpoint record).
     rpc_addr: str | None = None
-    # Always set when the node runs (gateway.config.with_admin_credentials): the admin token by default.
+    # Always set when the node runs (gateway.node.config.with_admin_credentials): the admin token by default.
     rpc_token: str | None = None
     # A mesh reachable off loopback must be encrypted unless this says otherwise (--mesh-insecure).
     insecure: bool = False

@@ -28,7 +28,7 @@ import trio
 from mesh import PeerUnreachable
 
 from ..history.store import ID_CHARS_MAX, OWNER_CHARS_MAX
-from ..metrics import counter, gauge
+from ..observe.metrics import counter, gauge
 
 if TYPE_CHECKING:
     from ..cluster import ClusterState

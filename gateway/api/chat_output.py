@@ -22,20 +22,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..generation import GenerationResult
-from ..ids import new_id
-from ..parsers import (
-    HarmonyParser,
-    NamedArgumentsParser,
-    ReasoningParser,
-    RequiredCallsParser,
-    ToolCall,
-    ToolCallParser,
-    is_harmony,
-    reasoning_parser,
-    thinks,
-    tool_call_parser,
-)
+from ..serving.generation import GenerationResult
+from ..base.ids import new_id
+from ..parsers import (HarmonyParser, NamedArgumentsParser, ReasoningParser, RequiredCallsParser, ToolCall, ToolCallParser, is_harmony, reasoning_parser, thinks, tool_call_parser)
 from ..tracing.context import CURRENT, step
 
 

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from ..history import ITEMS_PER_ADD_MAX, HistoryStore
-from ..ids import new_id
+from ..base.ids import new_id
 from .errors import BadRequest, NotFound
 from .http import Request
 from .protocol import parse_json_body

@@ -1,4 +1,4 @@
-"""POST /v1/embeddings: OpenAI's embeddings API over the engines' ``Embed`` (``gateway/embeddings.py`` says how).
+"""POST /v1/embeddings: OpenAI's embeddings API over the engines' ``Embed`` (``gateway/serving/embeddings.py`` says how).
 
     input            a string, a list of strings, a list of token ids, or a list of lists of token ids
     model            an embedding model (/v1/models lists its tasks: "embed")
@@ -22,10 +22,10 @@ from typing import Any
 
 import trio
 
-from ..embeddings import EncodedAnswer, dimensions_problem
+from ..serving.embeddings import EncodedAnswer, dimensions_problem
 from ..engine.errors import EngineCallError
-from ..generation import UsageTally
-from ..models import ModelEntry
+from ..serving.generation import UsageTally
+from ..serving.models import ModelEntry
 from ..routing.policies import RoutingRequest
 from ..tokenizer.service import TokenizerService
 from .errors import BadRequest, ContextLengthExceeded, from_engine_error

@@ -13,7 +13,7 @@
       UpstreamError           502                         the engine failed after retries
       UpstreamTimeout         504                         the engine did not answer in time
 
-The core raises no HTTP: ``to_api_error`` maps what it raises (``gateway.errors``,
+The core raises no HTTP: ``to_api_error`` maps what it raises (``gateway.base.errors``,
 ``engine.errors.EngineCallError``, ``auth`` errors) to one of these, here and
 only here, so that a status and its body are decided once.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from .. import errors as core
+from ..base import errors as core
 from ..auth import AuthError, Unauthenticated
 from ..engine.errors import EngineCallError
 from ..workers.errors import WorkerError

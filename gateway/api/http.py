@@ -13,7 +13,7 @@ import trio
 
 from ..auth import ANONYMOUS, Principal
 from .errors import BadRequest, PayloadTooLarge
-from ..http1 import DISCONNECT_EXTENSION
+from ..net.http1 import DISCONNECT_EXTENSION
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 PIECES_WRITE_BYTES = 1024 * 1024  # send_pieces joins this much into one write

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..history import ID_CHARS_MAX, LIST_LIMIT_MAX
-from ..ids import new_id
+from ..base.ids import new_id
 from .errors import BadRequest, shown, type_name
 from .http import Request
 from .protocol import IMAGE_DETAILS, ImageRef, image_part, template_content, text_part

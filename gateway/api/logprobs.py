@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..generation import LogprobRecord
+from ..serving.generation import LogprobRecord
 from ..tokenizer.service import TokenizerService
 
 class LogprobShape:

@@ -29,7 +29,7 @@ from typing import Any
 from ..mcp.results import ToolInfo
 from ..mcp.servers import BUILTINS, ConfiguredServer
 from ..mcp.sessions import ServerRef
-from ..outbound import OutboundRefused, OutboundUnresolved
+from ..net.outbound import OutboundRefused, OutboundUnresolved
 from .errors import BadRequest, shown, type_name
 from .http import Request
 from .state import GatewayState

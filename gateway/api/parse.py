@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, HarmonyUnavailable, reasoning_parser, tool_call_parser
-from ..registry import Registry
+from ..base.registry import Registry
 from .errors import BadRequest, Unavailable
 from .http import Request
 from .protocol import parse_json_body

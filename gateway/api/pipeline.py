@@ -32,10 +32,10 @@ import trio
 
 from ..auth import Authenticator, Principal
 from ..engine.errors import EngineCallError
-from ..generation import AnswerTooLarge, GenerationPlan, GenerationResult, LogprobRecord, MidStreamError, UsageTally, \
-    answer_bytes_estimate
+from ..serving.generation import (AnswerTooLarge, GenerationPlan, GenerationResult, LogprobRecord, MidStreamError,
+                                  UsageTally, answer_bytes_estimate)
 from ..media.service import MediaError, MediaInputs
-from ..models import ModelEntry
+from ..serving.models import ModelEntry
 from ..routing.policies import RoutingRequest
 from ..tokenizer.chat_template import TemplateError
 from ..tokenizer.service import TokenizerService

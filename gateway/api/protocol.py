@@ -123,7 +123,7 @@ def token_ids(value: Any, name: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)
+@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/serving/generation.py)
 class SamplingRequest:
     """Sampling and stopping, common to every generation endpoint (the defaults: what a request that does
     not mention a field gets, so an API without the field leaves it out)."""
@@ -254,7 +254,7 @@ def _unsupported(body: dict[str, Any], *names: str) -> None:
             raise BadRequest(f"'{name}' is not supported by this gateway yet", param=name, code="unsupported_parameter")
 
 
-@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)
+@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/serving/generation.py)
 class ChatRequest:
     model: str
     messages: list[dict[str, Any]]
@@ -454,7 +454,7 @@ def apply_reasoning_effort(effort: str | None, template_kwargs: dict[str, Any], 
     return True
 
 
-@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)
+@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/serving/generation.py)
 class CompletionRequest:
     model: str
     prompt_text: str | None
@@ -502,7 +502,7 @@ def parse_completion(body: dict[str, Any]) -> CompletionRequest:
                              echo=echo)
 
 
-@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)
+@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/serving/generation.py)
 class GenerateRequest:
     """SGLang's native /generate: text or input_ids, sampling_params, token-level output."""
 

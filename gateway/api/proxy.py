@@ -11,7 +11,7 @@ from __future__ import annotations
 import trio
 
 from ..engine.errors import EngineCallError
-from ..generation import Generator, UsageTally
+from ..serving.generation import Generator, UsageTally
 from ..routing.policies import RoutingRequest
 from ..workers import AttemptFailed, Worker, WorkerAttempt
 from .errors import UpstreamError, UpstreamTimeout, from_engine_error

@@ -18,7 +18,7 @@ import contextlib
 import math
 from collections.abc import AsyncIterator
 
-from ..generation import UsageTally
+from ..serving.generation import UsageTally
 from ..ratelimit.limiter import KeyOutcome, RateLimiter, Verdict
 from ..ratelimit.limits import Unit
 from .errors import TooManyRequests

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import trio
 
-from ..errors import GatewayError
+from ..base.errors import GatewayError
 from ..history import StoredResponse
 from .errors import BadRequest
 from .http import SSE_HEADERS, Request

@@ -47,10 +47,10 @@ import orjson
 import trio
 
 from ..engine.errors import EngineCallError
-from ..errors import GatewayError
-from ..generation import GenerationPlan, GenerationResult, MidStreamError
+from ..base.errors import GatewayError
+from ..serving.generation import GenerationPlan, GenerationResult, MidStreamError
 from ..history import CHAIN_LENGTH_MAX, ID_CHARS_MAX, HistoryStore, StoredResponse
-from ..ids import new_id
+from ..base.ids import new_id
 from ..mcp.results import error_text
 from ..tokenizer.service import TokenizerService
 from .background import STORE_POLL_S, BackgroundRun
@@ -61,15 +61,11 @@ from .http import SSE_HEADERS, Request
 from .items import content_text, input_items, list_page, list_query, message_content, metadata_of, with_ids
 from .logprobs import LogprobShape
 from .mcp_tools import HostedTools, is_hosted, responses_servers, without_secrets
-from .pipeline import (answer_chat, chat_prompt, logprob_shape, plan_generation, rate_limited_generation,
-                       ready_model_entry)
-from .protocol import (TOP_LOGPROBS_MAX, ChatRequest, ImageRef, SamplingRequest, apply_reasoning_effort,
-                       chat_request, check_message_count, field, parse_json_body, positive_int, temperature_value,
-                       top_p_value)
+from .pipeline import (answer_chat, chat_prompt, logprob_shape, plan_generation, rate_limited_generation, ready_model_entry)
+from .protocol import (TOP_LOGPROBS_MAX, ChatRequest, ImageRef, SamplingRequest, apply_reasoning_effort, chat_request, check_message_count, field, parse_json_body, positive_int, temperature_value, top_p_value)
 from .ratelimits import counted_write
 from .responses_tools import ToolLoop, no_emit
-from .response_stream import (FLUSH_INTERVAL_S, StreamLog, follow_log, follow_store, starting_after,
-                              stored_events_bytes_max)
+from .response_stream import (FLUSH_INTERVAL_S, StreamLog, follow_log, follow_store, starting_after, stored_events_bytes_max)
 from .state import GatewayState
 from .structured import response_format_constraint
 from .tools import tool_spec
@@ -683,7 +679,7 @@ def _conversation_id(body: dict[str, Any]) -> str | None:
     return conversation_id
 
 
-@dataclasses.dataclass(slots=True)  # not frozen: made for every request (see gateway/generation.py)
+@dataclasses.dataclass(slots=True)  # not frozen: made for every request (see gateway/serving/generation.py)
 class Context:
     """What the model sees before this request's input, and what the new response stores to give it on."""
 

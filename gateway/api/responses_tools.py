@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from ..ids import new_id
+from ..base.ids import new_id
 from ..mcp.results import CallOutcome, ToolInfo
 from .errors import BadRequest, UpstreamTimeout
 from .http import Request

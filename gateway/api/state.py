@@ -1,4 +1,4 @@
-"""Everything a request handler may use, built once per node by ``gateway.server``."""
+"""Everything a request handler may use, built once per node by ``gateway.node.server``."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import itertools
 import os
 from typing import TYPE_CHECKING
 
-from ..admission import Admission
+from ..serving.admission import Admission
 from ..engine.grpc_engine import SamplingOptions
-from ..generation import GenerationResult, Generator
+from ..serving.generation import GenerationResult, Generator
 from ..history import HistoryStore, MemoryHistory
 from ..media.config import MediaConfig
 from ..mcp.config import McpConfig
 from ..mcp.sessions import McpSessions
 from ..media.service import MediaService
-from ..metrics import GatewayMetrics
-from ..models import ModelCatalog
+from ..observe.metrics import GatewayMetrics
+from ..serving.models import ModelCatalog
 from ..workers import Router, WorkerRegistry
 from .background import BackgroundRuns
 from .protocol import SamplingRequest
@@ -24,7 +24,7 @@ from .protocol import SamplingRequest
 if TYPE_CHECKING:
     from ..auth.key_store import KeyStore
     from ..cluster import ClusterState
-    from ..config import GatewayConfig
+    from ..node.config import GatewayConfig
     from ..ratelimit.limiter import RateLimiter
     from .proxy import HttpProxy
     from ..tracing import Tracing

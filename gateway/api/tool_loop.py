@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from ..engine.errors import EngineCallError
-from ..generation import GenerationResult, MidStreamError
+from ..serving.generation import GenerationResult, MidStreamError
 from ..mcp.results import CallOutcome
 from ..mcp.sessions import McpUnavailable
 from .chat_output import Call, ChatAnswer, ChatOutput, Content, Delta, Reasoning

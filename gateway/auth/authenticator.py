@@ -38,7 +38,7 @@ from .errors import Forbidden, Unauthenticated
 from .jwt_verifier import JwtConfig, JwtVerifier, looks_like_jwt
 from .key_store import KeyStore
 from .principal import ANONYMOUS, Principal, Role
-from ..options import Option
+from ..base.options import Option
 
 
 async def _no_fetch(url: str) -> Any:
@@ -222,7 +222,7 @@ class Authenticator:
             raise Forbidden(f"the key '{principal.name}' may not use the model '{model}'", "model_not_allowed")
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--admin-token", "auth.admin_token", str, "the node's admin credential (role admin; default: read from, "
            "or made into, --admin-token-file)", "security", secret=True),

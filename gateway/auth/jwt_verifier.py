@@ -36,7 +36,7 @@ import jwt
 
 from .errors import Unauthenticated
 from .principal import Principal, Role
-from ..options import Option
+from ..base.options import Option
 
 ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 # Which algorithms a key of each JWK type may verify.
@@ -200,7 +200,7 @@ class JwtVerifier:
                          tenant=tenant_id(str(tenant)) if isinstance(tenant, (str, int)) else None)
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--jwt-issuer", "jwt.issuer", str, "accept JWTs from this OIDC issuer (its keys from "
            "/.well-known/openid-configuration unless --jwt-jwks-uri)", "security"),

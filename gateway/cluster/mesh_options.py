@@ -5,9 +5,9 @@ the config folds them into ``mesh.*``)."""
 
 from __future__ import annotations
 
-from ..options import Option
+from ..base.options import Option
 
-# This subsystem's flags (gateway/options.py); their defaults are MeshOptions'.
+# This subsystem's flags (gateway/base/options.py); their defaults are MeshOptions'.
 OPTIONS = (
     Option("--mesh-bind", "mesh.bind", str, "gossip (UDP) and push-pull (TCP) address, e.g. 0.0.0.0:7946", "cluster"),
     Option("--mesh-advertise", "mesh.advertise", str, "address other members reach this one at", "cluster"),

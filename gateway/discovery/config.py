@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from ..options import Option
+from ..base.options import Option
 
 # Kubernetes' own syntax for label keys (an optional DNS prefix, then a name) and values (at most 63 of
 # alphanumerics, '-', '_', '.'): a selector that could never match a pod is refused at start.
@@ -141,7 +141,7 @@ class DiscoveryConfig:
                                               ("decode", self.decode_selector)) if sel]
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--service-discovery", "discovery.enabled", "bool", "find engines as Kubernetes pods by label: added "
            "once Ready with an IP, drained when they go (credentials: the pod's service account, else KUBECONFIG or "

@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from ..metrics import counter, gauge
+from ..observe.metrics import counter, gauge
 from ..workers import Worker, WorkerRegistry
 from .config import DiscoveryConfig
 from .credentials import KubeCredentials

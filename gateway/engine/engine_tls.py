@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import ssl
 from pathlib import Path
-from ..options import Option
+from ..base.options import Option
 
 TLS_TARGET_PREFIX = "grpcs://"
 
@@ -54,7 +54,7 @@ def grpc_credentials(config: EngineTlsConfig):
                                         certificate_chain=read(config.cert_path))
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--engine-tls-ca-path", "engine_tls.ca_path", Path, "CA that signs grpcs:// and https:// workers' "
            "certificates (default: the system's)", "engines"),

@@ -69,7 +69,7 @@ class Constraint:
     spec: "str | tuple[str, ...]" = ""
 
 
-@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)
+@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/serving/generation.py)
 class SamplingOptions:
     max_new_tokens: int
     temperature: float | None = None

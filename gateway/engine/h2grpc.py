@@ -60,13 +60,13 @@ from typing import Any
 
 import trio
 
-from ..fast_receive import receive_some
-from ..fast_send import send_now
+from ..net.fast_receive import receive_some
+from ..net.fast_send import send_now
 from .engine_tls import EngineTlsConfig, client_context, split_target
 from .errors import EngineCallError
 from . import http2_frames as h2f
 from .h2_protocol import Call, H2ClientProtocol, H2Config, KeepaliveAction, KeepaliveRule
-from ..options import Option
+from ..base.options import Option
 
 _READ_BYTES = 256 * 1024
 _BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
@@ -494,7 +494,7 @@ class ServerStream(_OpenCall):
         return batch
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--engine-keepalive-interval-secs", "engine_h2.keepalive_interval_s", float, "PING an engine connection "
            "with open calls after this long without a byte from it; 0 turns keepalive off", "engines"),

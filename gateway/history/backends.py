@@ -17,8 +17,8 @@ from typing import Any
 
 import trio
 
-from ..options import Option
-from ..registry import Registry
+from ..base.options import Option
+from ..base.registry import Registry
 from .store import HistoryConfig, HistoryStore
 
 Start = Callable[[Any, HistoryConfig, Any, trio.Nursery], Awaitable["HistoryStore | None"]]

@@ -31,7 +31,7 @@ import psycopg_pool
 import trio
 from psycopg import sql
 
-from ..options import Option
+from ..base.options import Option
 from .backends import HISTORY_BACKENDS, HistoryBackend
 from .store import HistoryConfig, ItemPage, StoredResponse, StoreUnavailable, check_record_size
 
@@ -310,7 +310,7 @@ class _Queries:
                              "WHERE {conversation_id} = %s")
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--postgres-db-url", "postgres.url", str, "postgres://user:password@host:port/db?sslmode=... (or "
            "SMG_NODE_POSTGRES_DB_URL, kept out of the process list)", "history", secret=True),

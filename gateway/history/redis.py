@@ -28,10 +28,9 @@ import orjson
 import redis
 import trio
 
-from ..options import Option
+from ..base.options import Option
 from .backends import HISTORY_BACKENDS, HistoryBackend
-from .store import (HistoryConfig, ItemPage, RecordTooLarge, StoredResponse, StoreUnavailable,
-                    check_record_size)
+from .store import HistoryConfig, ItemPage, RecordTooLarge, StoredResponse, StoreUnavailable, check_record_size
 
 T = TypeVar("T")
 
@@ -283,7 +282,7 @@ class RedisHistory:
         return orjson.loads(out[1]), bool(out[0])
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--redis-url", "redis.url", str, "redis://[:password@]host:port/db, rediss:// for TLS (or "
            "SMG_NODE_REDIS_URL)", "history", secret=True),

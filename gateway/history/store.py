@@ -23,8 +23,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from ..errors import QuotaExceeded, TimedOut, TooLarge
-from ..options import Option
+from ..base.errors import QuotaExceeded, TimedOut, TooLarge
+from ..base.options import Option
 
 # The owner of every request on an open data plane (no key or token required: gateway/auth's ANONYMOUS). Nobody
 # there can be told apart, so nobody's share is protected from anybody's: the per-tenant bounds do not apply to
@@ -100,7 +100,7 @@ def stored_json(value: object) -> bytes:
     return bytes(memoryview(orjson.dumps(value)))
 
 
-# Not frozen, as no dataclass made for every request is (gateway/generation.py): a frozen one's __init__ sets each
+# Not frozen, as no dataclass made for every request is (gateway/serving/generation.py): a frozen one's __init__ sets each
 # field through object.__setattr__, ~1 k instructions a field. Nothing changes a record once made
 # (dataclasses.replace makes another).
 @dataclasses.dataclass(slots=True)
@@ -237,7 +237,7 @@ class HistoryStore(Protocol):
         """Every item in order, for the model's prompt; None: no conversation."""
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--history-memory-max-responses", "history.max_responses", int, "stored responses kept in memory per "
            "node (least recently used out first)", "history"),

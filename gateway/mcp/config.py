@@ -3,7 +3,7 @@ much it takes back.
 
 A tool a client names with a ``server_url`` makes the node connect to that URL from inside the operator's
 network: nothing is reached until ``--mcp-allowed-hosts`` lists hosts (names, ``.domain``) or networks, and even
-then private, loopback and link-local addresses only when a listed network holds them (gateway/outbound.py).
+then private, loopback and link-local addresses only when a listed network holds them (gateway/net/outbound.py).
 Servers the operator configures (``--mcp-config-path``) need no entry: the operator chose them.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..options import Option
+from ..base.options import Option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,7 @@ class McpConfig:
     response_time_max_s: float = 600.0
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--mcp-allowed-hosts", "mcp.allowed_hosts", "list", "hosts (names, .domain for its subdomains) or networks "
            "(CIDRs) a client's MCP server_url may reach; default none. Private, loopback and link-local addresses "

@@ -30,9 +30,9 @@ from typing import Any
 import httpx2
 import trio
 
-from ..errors import Overloaded
-from ..metrics import counter, gauge
-from ..outbound import HostPolicy, PinnedTransport
+from ..base.errors import Overloaded
+from ..observe.metrics import counter, gauge
+from ..net.outbound import HostPolicy, PinnedTransport
 from .answers import GatedTransport, Trip
 from .stdio import bounded_stdio
 from .config import McpConfig

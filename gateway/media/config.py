@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..options import Option
+from ..base.options import Option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +46,7 @@ class MediaConfig:
     tenant_waiting_max: int = 64
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--media-allowed-hosts", "media.allowed_hosts", "list", "hosts (names, .domain for its subdomains) or "
            "networks (CIDRs) image URLs may be fetched from; default none: only data: URIs. Private, loopback and "

@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from ..errors import Overloaded
+from ..base.errors import Overloaded
 
 
 class _Waiter:

@@ -28,9 +28,9 @@ from typing import Any
 import httpx2
 import trio
 
-from ..errors import InvalidInput, TimedOut
-from ..outbound import HostPolicy, OutboundRefused, OutboundUnresolved, Target
-from ..outbound import shown as _shown
+from ..base.errors import InvalidInput, TimedOut
+from ..net.outbound import HostPolicy, OutboundRefused, OutboundUnresolved, Target
+from ..net.outbound import shown as _shown
 
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 USER_AGENT = "smg-node (image fetch)"

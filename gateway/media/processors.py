@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from ..registry import Registry
+from ..base.registry import Registry
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # CLIP's published normalization
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

@@ -28,12 +28,12 @@ from typing import Any
 import numpy as np
 import trio
 
-from ..errors import InvalidInput, Overloaded
-from ..metrics import counter, gauge
+from ..base.errors import InvalidInput, Overloaded
+from ..observe.metrics import counter, gauge
 from .config import MediaConfig
 from .decode import ImageRefused, decode_image
 from .fair import FairLimiter
-from ..outbound import HostPolicy
+from ..net.outbound import HostPolicy
 from .fetch import Fetcher, FetchFailed, FetchRefused, FetchTimedOut, data_uri_bytes
 from .processors import ImageProcessor, ProcessedImage
 

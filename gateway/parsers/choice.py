@@ -2,7 +2,7 @@
 a model whose id no pattern matches, by its architecture.
 
 Patterns are lower-case substrings of the model id (``Qwen/Qwen3-8B`` -> ``qwen3-8b``), declared by each parser
-where it registers (``ids``, ``architectures``: ``gateway/registry.py``). A model no pattern matches gets none:
+where it registers (``ids``, ``architectures``: ``gateway/base/registry.py``). A model no pattern matches gets none:
 its text passes through as content. ``--tool-call-parser`` and
 ``--reasoning-parser`` override this for every model; ``none`` (or smg's ``passthrough``) turns a
 kind off.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry import Registry
+from ..base.registry import Registry
 from .harmony import REASONING_PARSERS, TOOL_CALL_PARSERS
 
 def _patterns(registry: Registry[Any]) -> dict[str, str]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from ..registry import Registry
+from ..base.registry import Registry
 from .markers import held_back
 
 

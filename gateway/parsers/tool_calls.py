@@ -48,7 +48,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..registry import Registry
+from ..base.registry import Registry
 from .markers import held_back
 
 

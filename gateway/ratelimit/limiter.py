@@ -72,12 +72,10 @@ from proto import ratelimit_pb2 as pb
 
 from .algorithms import Decision, Mode, Rate
 from .limits import IDENTITY_CHARS_MAX, FailurePolicy, Identity, LimitSet, LimitSpec, Unit
-from .peer import (METHOD_DECIDE, METHOD_REPLICATE, RATE_LIMIT_MARK, BadRequest, Batcher, ItemError,
-                   PeerUnreachable, PendingItem, add_decision, check_item, parse_request, rate_from_pb,
-                   state_from_pb, state_to_pb)
+from .peer import (METHOD_DECIDE, METHOD_REPLICATE, RATE_LIMIT_MARK, BadRequest, Batcher, ItemError, PeerUnreachable, PendingItem, add_decision, check_item, parse_request, rate_from_pb, state_from_pb, state_to_pb)
 from .store import KeyStore
-from ..metrics import counter, gauge
-from ..options import Option, secs_ms
+from ..observe.metrics import counter, gauge
+from ..base.options import Option, secs_ms
 
 log = logging.getLogger("gateway.ratelimit")
 
@@ -552,7 +550,7 @@ class RateLimiter:
                     [([spec.name], self.overshoot_bound(spec, detection_s)) for spec in self.limits.limits])
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--rate-limits", "rate_limits_file", Path, "TOML file of rate limits ([[limits]]; see README)",
            "ratelimits"),

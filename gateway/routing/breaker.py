@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from ..options import Option
+from ..base.options import Option
 
 
 class CircuitState(enum.Enum):
@@ -122,7 +122,7 @@ class CircuitBreaker:
             self._probes_in_flight = max(0, self._probes_in_flight - 1)
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--cb-failure-threshold", "breaker.failure_threshold", int, "failures that open a circuit", "routing"),
     Option("--cb-success-threshold", "breaker.success_threshold", int, "half-open successes that close it", "routing"),

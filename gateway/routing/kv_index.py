@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 from .int_lru import IntLru
 from .prefix_index import chained_block_hashes
-from ..options import Option
+from ..base.options import Option
 
 
 class BatchOutcome(enum.Enum):
@@ -310,7 +310,7 @@ class KvIndex:
             self.evicted += 1
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--disable-kv-events", "kv_events", "disable", "do not follow the engines' KV events", "routing"),
     Option("--kv-events-always", "kv_events_always", "bool", "follow an engine's KV events even when no other "

@@ -23,8 +23,8 @@ from typing import Protocol
 
 from .kv_index import KvIndex, prompt_block_hashes
 from .prefix_index import ApproxPrefixIndex, chained_block_hashes
-from ..options import Option
-from ..registry import Registry
+from ..base.options import Option
+from ..base.registry import Registry
 
 
 class RoutableWorker(Protocol):
@@ -36,7 +36,7 @@ class RoutableWorker(Protocol):
     def load_score(self) -> int: ...
 
 
-@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)
+@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/serving/generation.py)
 class RoutingRequest:
     input_ids: "Sequence[int] | None" = None  # token ids (gRPC engines)
     text: str | None = None  # the text, for HTTP workers that get no ids
@@ -295,7 +295,7 @@ def make_policy(config: PolicyConfig, kv_index: KvIndex | None = None) -> Policy
     return cls(config, kv_index) if cls is CacheAware else cls(config)
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--policy", "policy.name", str, "routing policy", "routing", choices=POLICIES),
     Option("--cache-threshold", "policy.cache_threshold", float, "cache_aware: prefix match to route by", "routing"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from ..options import Option, secs_ms
+from ..base.options import Option, secs_ms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +37,7 @@ def backoff_s(config: RetryConfig, attempt: int, rng: random.Random) -> float:
     return max(0.0, delay)
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--retry-max-retries", "retry.max_retries", int, "retries of a failed attempt", "routing"),
     Option("--retry-initial-backoff-ms", "retry.initial_backoff_s", secs_ms, "first backoff", "routing"),

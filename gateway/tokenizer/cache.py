@@ -108,7 +108,7 @@ _SegmentNode = "tuple[int, bytes, int]"
 _NODE_ID, _IDS, _SIZE_BYTES = 0, 1, 2
 
 
-@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/generation.py)
+@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/serving/generation.py)
 class SegmentMatch:
     chars: int  # how many leading characters of the text the cached ids cover
     ids: list[int]  # a new list for each match: the caller may extend it

@@ -38,7 +38,7 @@ from .fast_bpe import FastBpe, NotEquivalent
 from .fast_decode import ByteLevelDecoder, ByteLevelStream
 from .literal_spans import LiteralSpans
 from .fast_template import FUEL
-from ..options import Option
+from ..base.options import Option
 
 log = logging.getLogger("gateway.tokenizer")
 
@@ -465,7 +465,7 @@ class IncrementalDecoder:
         return text or ""
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--disable-fast-tokenizer", "tokenizer.fast_bpe", "disable", "always encode with tokenizers, even where "
            "tiktoken's BPE is identical", "performance"),

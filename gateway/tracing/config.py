@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from ..options import Option
+from ..base.options import Option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +24,7 @@ class TracingConfig:
     export_timeout_s: float = 10.0  # one export call, the exporter's retries included
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--enable-trace", "tracing.enabled", "bool", "export traces of requests over OTLP (OpenTelemetry)",
            "tracing"),

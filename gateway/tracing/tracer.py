@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from ..metrics import counter
+from ..observe.metrics import counter
 from .config import TracingConfig
 from .context import CURRENT
 from .export import QueuedSpanProcessor

@@ -15,14 +15,7 @@ Other packages use the names below.
 """
 
 from .attempt import AttemptFailed, WorkerAttempt, abort_quietly
-from .errors import (
-           WorkerError,
-           WorkerExists,
-           WorkerHostRefused,
-           WorkerUnknown,
-           WorkerUnreachable,
-           WorkerUrlInvalid,
-)
+from .errors import WorkerError, WorkerExists, WorkerHostRefused, WorkerUnknown, WorkerUnreachable, WorkerUrlInvalid
 from .health import HealthConfig, HealthTracker, Verdict
 from .origin import WorkerAllowlist, WorkerUrlError, parse_worker_origin
 from .registry import WorkerRegistry

@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import (
-    AlreadyExists,
-    GatewayError,
-    InvalidInput,
-    NotAllowed,
-    NotKnown,
-    Unreachable,
-)
+from ..base.errors import AlreadyExists, GatewayError, InvalidInput, NotAllowed, NotKnown, Unreachable
 
 
 class WorkerError(GatewayError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from ..options import Option
+from ..base.options import Option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +82,7 @@ class HealthTracker:
         return Verdict.BECAME_HEALTHY if healthy else Verdict.BECAME_UNHEALTHY
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--health-failure-threshold", "health.failure_threshold", int, "failed checks to mark unhealthy", "engines"),
     Option("--health-success-threshold", "health.success_threshold", int, "good checks to mark healthy", "engines"),

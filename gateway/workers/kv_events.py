@@ -18,14 +18,7 @@ import trio
 from smg_grpc_proto.generated import common_pb2
 
 from ..engine.errors import EngineCallError
-from ..routing.kv_index import (
-    BatchOutcome,
-    Cleared,
-    KvEvent,
-    KvIndex,
-    RemovedBlocks,
-    StoredBlocks,
-)
+from ..routing.kv_index import BatchOutcome, Cleared, KvEvent, KvIndex, RemovedBlocks, StoredBlocks
 
 log = logging.getLogger("gateway.kv_events")
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import urllib.parse
-from ..options import Option
+from ..base.options import Option
 
 SCHEMES = {"grpc": None, "grpcs": None, "http": 80, "https": 443}  # scheme -> default port (None: required)
 
@@ -117,7 +117,7 @@ class WorkerAllowlist:
             raise WorkerNotAllowed(f"the address {origin.host} is not in --worker-allowed-hosts")
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--worker-allowed-hosts", "worker_allowed_hosts", "list", "hosts (names or networks like 10.0.0.0/8) "
            "where workers may be registered; default: any", "security"),

@@ -27,19 +27,14 @@ from ..engine.errors import EngineCallError
 from ..engine.grpc_engine import GrpcEngineClient
 from ..engine.http_worker import HttpWorkerClient
 from ..engine.pairing_info import PairingInfo
-from ..metrics import counter, gauge
+from ..observe.metrics import counter, gauge
 from ..routing.breaker import BreakerConfig, CircuitBreaker
 from ..routing.kv_index import KvIndex
 from .errors import WorkerExists, WorkerHostRefused, WorkerUnknown, WorkerUnreachable, WorkerUrlInvalid
 from .health import HealthConfig, HealthTracker, Verdict
 from .kv_following import follow_while_needed
 from .pairing import DECODE, PREFILL, REGULAR, role_conflict
-from .origin import (
-    WorkerAllowlist,
-    WorkerNotAllowed,
-    WorkerUrlError,
-    parse_worker_origin,
-)
+from .origin import WorkerAllowlist, WorkerNotAllowed, WorkerUrlError, parse_worker_origin
 from .worker import Worker, load_bucket, worker_id_for
 
 log = logging.getLogger("gateway.workers")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from ..errors import NoCapacity
+from ..base.errors import NoCapacity
 from ..routing.policies import Policy, RoutingRequest
 from .registry import WorkerRegistry
 from .worker import Worker

@@ -53,7 +53,7 @@ def measured(reads: int, mode: str) -> None:
     """The parent's side, run under callgrind: read ``reads`` bytes one wake-up each."""
     import trio
 
-    from gateway.fast_receive import receive_some
+    from gateway.net.fast_receive import receive_some
 
     parent, child = socket.socketpair()
     pid = os.fork()

@@ -64,7 +64,7 @@ class CertAuthority:
 def loopback_tls_contexts(directory: Path) -> "tuple[ssl.SSLContext, ssl.SSLContext]":
     """(the node's server context for 127.0.0.1, as ``--tls-cert-path`` builds it; a client context trusting its
     CA): what a test of our own TLS server needs."""
-    from gateway.tls import ServerTls, TlsConfig
+    from gateway.net.tls import ServerTls, TlsConfig
     authority = CertAuthority(directory)
     cert, key, _ = authority.issue("server", "127.0.0.1")
     return ServerTls(TlsConfig(cert_path=cert, key_path=key)).context, ssl.create_default_context(

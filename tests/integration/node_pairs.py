@@ -12,7 +12,7 @@ import httpx2
 
 from chaos.processes import NodeProcess
 
-from gateway.supervisor import free_udp_tcp_port
+from gateway.node.supervisor import free_udp_tcp_port
 
 
 def mesh_args(i: int, ports: "list[int]", prefix: str) -> list[str]:

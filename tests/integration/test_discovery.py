@@ -53,7 +53,7 @@ def _chat(node: NodeProcess, model: str = "qwen3-sim", **extra) -> httpx2.Respon
 
 @pytest.fixture(scope="module")
 def port():
-    from gateway.supervisor import free_udp_tcp_port
+    from gateway.node.supervisor import free_udp_tcp_port
     return free_udp_tcp_port("127.0.0.1")
 
 
@@ -223,7 +223,7 @@ def _partition(fault_files, between: bool) -> None:
 
 def test_every_node_watches_and_the_cluster_keeps_one_entry_per_pod_through_a_partition(
         api, engines, tmp_path, log_dir, port):
-    from gateway.supervisor import free_udp_tcp_port
+    from gateway.node.supervisor import free_udp_tcp_port
     ports = []
     while len(ports) < 4:
         p = free_udp_tcp_port("127.0.0.1")
@@ -269,7 +269,7 @@ def test_every_node_watches_and_the_cluster_keeps_one_entry_per_pod_through_a_pa
 def test_pd_roles_from_selectors_and_a_mesh_formed_from_router_pods(api, tmp_path, log_dir, port):
     """Prefill and decode engines found by their selectors (the bootstrap port from the pod's annotation) and two
     nodes started with no seed list that find each other as the router selector's pods."""
-    from gateway.supervisor import free_udp_tcp_port
+    from gateway.node.supervisor import free_udp_tcp_port
     bootstrap = free_udp_tcp_port("127.0.0.1")
     prefill = EngineProcess(["--host", "127.0.0.5", "--port", str(port), "--role", "prefill", "--bootstrap-port",
                              str(bootstrap)], log_dir, "pod-prefill")

@@ -25,7 +25,7 @@ import pytest
 
 from chaos.processes import EngineProcess, NodeProcess
 
-from gateway.supervisor import free_udp_tcp_port
+from gateway.node.supervisor import free_udp_tcp_port
 
 from .history_script import poll
 

@@ -195,7 +195,7 @@ async def test_mesh_streams_over_mutual_tls_admit_only_the_mesh_ca(tmp_path):
 
 
 def _free_mesh_port() -> int:
-    from gateway.supervisor import free_udp_tcp_port
+    from gateway.node.supervisor import free_udp_tcp_port
     return free_udp_tcp_port("127.0.0.1")
 
 

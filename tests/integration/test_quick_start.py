@@ -22,7 +22,7 @@ import time
 import httpx2
 import pytest
 
-from gateway.supervisor import available_cores
+from gateway.node.supervisor import available_cores
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

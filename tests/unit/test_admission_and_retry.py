@@ -5,9 +5,9 @@ import random
 import pytest
 import trio
 
-from gateway.admission import Admission, AdmissionConfig
+from gateway.serving.admission import Admission, AdmissionConfig
 from gateway.api.errors import to_api_error
-from gateway.errors import NoCapacity, Overloaded
+from gateway.base.errors import NoCapacity, Overloaded
 from gateway.routing.retry import RetryConfig, backoff_s
 
 

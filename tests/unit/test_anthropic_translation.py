@@ -9,7 +9,7 @@ import pytest
 
 from gateway.api.anthropic import stop_reason, to_chat_request
 from gateway.api.errors import BadRequest
-from gateway.generation import GenerationResult
+from gateway.serving.generation import GenerationResult
 
 BASE = {"model": "m", "max_tokens": 64}
 

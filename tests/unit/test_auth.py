@@ -11,7 +11,7 @@ from mesh.crypto import generate_key
 
 from gateway.auth import ANONYMOUS, Access, AuthConfig, Authenticator, Forbidden, Role, Unauthenticated
 from gateway.auth.authenticator import AuthConfigError
-from gateway.config import ConfigError, add_serve_arguments, build_config, with_admin_credentials
+from gateway.node.config import ConfigError, add_serve_arguments, build_config, with_admin_credentials
 from mesh.admin_token import AdminTokenError, load_or_create_token, read_token
 
 ADMIN = "admin-key-0123456789"

@@ -1,10 +1,10 @@
-"""The request body limit sized for the models' contexts (gateway/models.py, AdmissionConfig)."""
+"""The request body limit sized for the models' contexts (gateway/serving/models.py, AdmissionConfig)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from gateway.models import BODY_BYTES_MAX, BODY_BYTES_MIN, BODY_BYTES_UNKNOWN_CONTEXT, ModelCatalog
+from gateway.serving.models import BODY_BYTES_MAX, BODY_BYTES_MIN, BODY_BYTES_UNKNOWN_CONTEXT, ModelCatalog
 from gateway.tokenizer.service import TokenizerConfig
 
 

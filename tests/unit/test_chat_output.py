@@ -13,7 +13,7 @@ import pytest
 
 from gateway.api.chat_output import Call, ChatOutput, Content, Reasoning
 from gateway.api.openai import OpenAIShape
-from gateway.generation import GenerationResult
+from gateway.serving.generation import GenerationResult
 from gateway.parsers import reasoning_parser, tool_call_parser
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from gateway import config as cfg
-from gateway.cli import parse_args, version
+from gateway.node import config as cfg
+from gateway.cli.command import parse_args, version
 
 
 def test_every_option_is_declared_once_in_a_section_or_internal():
@@ -68,8 +68,8 @@ def test_version():
 
 def test_the_cli_imports_no_serving_machinery_for_its_other_commands():
     """Issue 34: members and --help took 1.3-5 s, importing every subsystem; they must start at once."""
-    probe = ("import sys, gateway.cli as cli; cli.build_parser(); "
-             "print(sorted(m for m in ('gateway.config', 'gateway.server', 'psycopg', 'redis', 'trio', 'tokenizers') "
+    probe = ("import sys, gateway.cli.command as cli; cli.build_parser(); "
+             "print(sorted(m for m in ('gateway.node.config', 'gateway.node.server', 'psycopg', 'redis', 'trio', 'tokenizers') "
              "if m in sys.modules))")
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr

@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from gateway.config import ConfigError, add_serve_arguments, build_config, validate
+from gateway.node.config import ConfigError, add_serve_arguments, build_config, validate
 
 
 def parse(argv, environ=None):

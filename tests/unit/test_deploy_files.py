@@ -16,10 +16,10 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from gateway.config import build_config
+from gateway.node.config import build_config
 from gateway.discovery.config import selector_matches
 from chaos.sim_engine.server import add_arguments as add_sim_engine_arguments
-from gateway.cli import parse_args
+from gateway.cli.command import parse_args
 from mesh.crypto import generate_key
 
 DEPLOY = pathlib.Path(__file__).resolve().parents[2] / "deploy"

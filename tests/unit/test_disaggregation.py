@@ -11,11 +11,11 @@ import trio
 from google.protobuf.struct_pb2 import Struct
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sg, vllm_engine_pb2 as vl
 
-from gateway.config import ConfigError, GatewayConfig, _prefill_engines, _validate_pd, validate
-from gateway.disaggregation import ROOM_MAX, PairRouter, PdConfig, RoomDraw
+from gateway.node.config import ConfigError, GatewayConfig, _prefill_engines, _validate_pd, validate
+from gateway.serving.disaggregation import ROOM_MAX, PairRouter, PdConfig, RoomDraw
 from gateway.engine.grpc_engine import RUNTIMES, Handover, SamplingOptions
 from gateway.engine.pairing_info import PairingInfo, pairing_from_server_info
-from gateway.errors import NoCapacity
+from gateway.base.errors import NoCapacity
 from gateway.routing.breaker import BreakerConfig, CircuitBreaker
 from gateway.routing.policies import PolicyConfig, RoutingRequest, make_policy
 from gateway.workers.pairing import pair_refusal, role_conflict

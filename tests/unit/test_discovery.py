@@ -300,7 +300,7 @@ async def test_only_the_owner_writes_and_only_discovered_entries_are_removed():
 
 
 def _validated(argv):
-    from gateway.config import add_serve_arguments, build_config, validate
+    from gateway.node.config import add_serve_arguments, build_config, validate
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)
     config = build_config(parser.parse_args(argv), environ={})
@@ -309,7 +309,7 @@ def _validated(argv):
 
 
 def test_the_flags_are_checked_at_start():
-    from gateway.config import ConfigError
+    from gateway.node.config import ConfigError
     config = _validated(["--service-discovery", "--selector", "app=sglang", "tier=gpu", "--service-discovery-port",
                          "30000", "--service-discovery-namespace", "inference"])
     assert selector_text(config.discovery.selector) == "app=sglang,tier=gpu" and config.discovery.port == 30000

@@ -1,4 +1,4 @@
-"""Embeddings without an engine (gateway/embeddings.py, gateway/api/embeddings.py): the matryoshka cut, the
+"""Embeddings without an engine (gateway/serving/embeddings.py, gateway/api/embeddings.py): the matryoshka cut, the
 base64 encoding, which dimensions a model takes, and the request's inputs in OpenAI's four forms."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from gateway.api.embeddings import _inputs
 from gateway.api.errors import BadRequest
-from gateway.embeddings import cut, dimensions_problem, encoded
+from gateway.serving.embeddings import cut, dimensions_problem, encoded
 
 
 def test_a_cut_is_the_head_made_unit_length_again():
@@ -59,7 +59,7 @@ def test_bad_inputs_name_themselves(raw, param):
 
 
 def test_the_answer_is_its_pieces_and_their_size_is_exact():
-    from gateway.embeddings import EncodedAnswer
+    from gateway.serving.embeddings import EncodedAnswer
     import orjson
     answer = EncodedAnswer(10_000, None, "float", 3)
     for index in (2, 0, 1):  # as the engines answer: in any order
@@ -73,7 +73,7 @@ def test_the_answer_is_its_pieces_and_their_size_is_exact():
 
 
 def test_an_answer_past_its_bound_is_refused_before_and_while_it_arrives():
-    from gateway.embeddings import EmbeddingsTooLarge, EncodedAnswer, answer_bytes_floor
+    from gateway.serving.embeddings import EmbeddingsTooLarge, EncodedAnswer, answer_bytes_floor
     assert answer_bytes_floor(2048, 4096, "float") > 128 * 2 ** 20  # the issue's 188 MB answer
     assert answer_bytes_floor(2048, 4096, "base64") == int(2048 * (4096 * 16 / 3 + 48))
     answer = EncodedAnswer(32 * 2 ** 20, None, "float", 2048)

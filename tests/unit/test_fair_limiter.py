@@ -6,7 +6,7 @@ import pytest
 import trio
 from trio.testing import wait_all_tasks_blocked
 
-from gateway.errors import Overloaded
+from gateway.base.errors import Overloaded
 from gateway.media.fair import FairLimiter
 
 

@@ -7,7 +7,7 @@ import socket
 import pytest
 import trio
 
-from gateway.fast_receive import receive_some
+from gateway.net.fast_receive import receive_some
 
 
 def stream_pair() -> tuple[trio.SocketStream, socket.socket]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ConfigError
+from gateway.node.config import ConfigError
 from gateway.tokenizer import fast_template
 from gateway.tokenizer.chat_template import ChatTemplate, TemplateError
 

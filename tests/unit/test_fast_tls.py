@@ -10,7 +10,7 @@ import ssl
 import pytest
 import trio
 
-from gateway.fast_tls import TlsSocket
+from gateway.net.fast_tls import TlsSocket
 from tests.integration.certs import loopback_tls_contexts
 
 

@@ -1,4 +1,4 @@
-"""The HTTP/1.1 protocol core (gateway/http1/protocol.py) in memory, against h11 as the independent
+"""The HTTP/1.1 protocol core (gateway/net/http1/protocol.py) in memory, against h11 as the independent
 implementation: the same bytes give the same requests, bodies and refusals; our responses read back
 through h11's client as we framed them. Each attack on the HTTP front is among the vectors."""
 
@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import h11
 import pytest
 
-from gateway.http1.protocol import (LAST_CHUNK, RESPONSE_MOVES, UPGRADE, LocalProtocolError, ReadState, Refusal,
+from gateway.net.http1.protocol import (LAST_CHUNK, RESPONSE_MOVES, UPGRADE, LocalProtocolError, ReadState, Refusal,
                                      RequestReader, ResponseState, chunk, response_head, response_move)
 
 DATE = b"date: Wed, 25 Nov 2026 15:00:00 GMT\r\n"
@@ -172,7 +172,7 @@ def test_an_upgrade_is_reported_and_reading_stops():
 
 
 def test_states_follow_the_table():
-    from gateway.http1.protocol import _MOVES
+    from gateway.net.http1.protocol import _MOVES
     sink = Collector()
     reader = RequestReader(sink, 1024, 4096)
     moves = []  # the callbacks' moves, one request through: each must be the table's

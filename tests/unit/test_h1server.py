@@ -1,6 +1,6 @@
 """The HTTP/1.1 server on real loopback sockets, with a small ASGI app: framing, limits, disconnects.
 
-Every test on the ``server`` fixture runs twice: in the clear and over TLS (``gateway.fast_tls``, OpenSSL on
+Every test on the ``server`` fixture runs twice: in the clear and over TLS (``gateway.net.fast_tls``, OpenSSL on
 the socket), with a trio TLS client."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from gateway.api.errors import transport_error_body
-from gateway.http1.server import DISCONNECT_EXTENSION, H1Config, H1Server
+from gateway.net.http1.server import DISCONNECT_EXTENSION, H1Config, H1Server
 from tests.integration.certs import loopback_tls_contexts
 
 
@@ -553,7 +553,7 @@ def test_the_server_context_refuses_renegotiation(tls_files):
 async def test_a_fault_of_ours_in_one_connection_ends_that_connection_not_the_server(nursery, monkeypatch):
     """An exception no handler expected (a bug, or a library raising what it should not) leaves the
     connection task: the server logs it and goes on serving the others."""
-    from gateway.http1 import server as server_module
+    from gateway.net.http1 import server as server_module
     real_answer_loop = server_module._Connection._answer_loop
     faults = []
 

@@ -82,7 +82,7 @@ def test_without_separation_the_analysis_is_content_and_the_reasoning_parser_alo
 
 def test_a_chat_answer_from_harmony_streamed_equals_whole():
     from gateway.api.chat_output import ChatOutput
-    from gateway.generation import GenerationResult
+    from gateway.serving.generation import GenerationResult
     from tests.unit.test_chat_output import Rendered, assemble
 
     text = VECTORS[3][1]
@@ -109,8 +109,8 @@ def test_without_the_vocabulary_the_node_refuses_the_flag_and_serves_a_chosen_mo
                                                                                              caplog):
     import dataclasses
 
-    from gateway.config import ConfigError, GatewayConfig, validate
-    from gateway.models import usable_parsers
+    from gateway.node.config import ConfigError, GatewayConfig, validate
+    from gateway.serving.models import usable_parsers
 
     monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(tmp_path))  # an empty directory: no o200k_base
     harmony_encoding.cache_clear()

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from gateway.engine.grpc_engine import EngineLoad
-from gateway.loop_lag import LoopLagMonitor
+from gateway.observe.loop_lag import LoopLagMonitor
 from gateway.routing.breaker import BreakerConfig
 from gateway.workers import HealthConfig, WorkerRegistry
 

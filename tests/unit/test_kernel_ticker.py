@@ -1,4 +1,4 @@
-"""The kernel ticker (gateway/kernel_ticker.py) and the loop-lag probe on it, on the real clock.
+"""The kernel ticker (gateway/observe/kernel_ticker.py) and the loop-lag probe on it, on the real clock.
 
 These run in real time, since a kernel timer does not follow trio's virtual clock; each wait has a
 bound, and the only sleeps are the stalls being measured (the loop held on purpose).
@@ -13,8 +13,8 @@ import time
 import pytest
 import trio
 
-from gateway.kernel_ticker import KernelTicker, _LibcTimerfd, _OsTimerfd
-from gateway.loop_lag import LoopLagMonitor, TrioSleeps, _ticks_for
+from gateway.observe.kernel_ticker import KernelTicker, _LibcTimerfd, _OsTimerfd
+from gateway.observe.loop_lag import LoopLagMonitor, TrioSleeps, _ticks_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux's")
 

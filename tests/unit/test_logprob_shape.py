@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.api.logprobs import LogprobShape
-from gateway.generation import LogprobRecord
+from gateway.serving.generation import LogprobRecord
 from gateway.tokenizer.bundled import default_tokenizer_dir
 from gateway.tokenizer.service import TokenizerService
 
@@ -57,7 +57,7 @@ def test_stream_chunks_add_up_and_completions_offsets(qwen):
 
 
 def test_a_streamed_record_lets_go_of_what_it_sent():
-    from gateway.generation import LogprobRecord
+    from gateway.serving.generation import LogprobRecord
     kept, streamed = LogprobRecord(keep=True), LogprobRecord(keep=False)
     for record in (kept, streamed):
         record.tokens.extend([(1, -0.1, ()), (2, -0.2, ())])
@@ -68,7 +68,7 @@ def test_a_streamed_record_lets_go_of_what_it_sent():
 
 
 def test_the_answer_estimate_is_the_json_an_answer_becomes():
-    from gateway.generation import LOGPROB_ENTRY_BYTES, answer_bytes_estimate
+    from gateway.serving.generation import LOGPROB_ENTRY_BYTES, answer_bytes_estimate
     assert answer_bytes_estimate(1, 100, None) == 800
     # The request: 16 answers x 16,000 tokens x (1 + 20) entries; the body it made was 447 MB.
     assert 400e6 < answer_bytes_estimate(16, 16000, 20) < 500e6 and LOGPROB_ENTRY_BYTES == 80

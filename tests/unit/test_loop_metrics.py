@@ -1,4 +1,4 @@
-"""The serving loop's lock-free counters and histograms (gateway/loop_metrics.py) export what
+"""The serving loop's lock-free counters and histograms (gateway/observe/loop_metrics.py) export what
 prometheus_client's own classes export for the same updates, and refuse what they refuse."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from gateway.loop_metrics import LoopCounter, LoopHistogram
-from gateway.metrics import GatewayMetrics
+from gateway.observe.loop_metrics import LoopCounter, LoopHistogram
+from gateway.observe.metrics import GatewayMetrics
 
 BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 

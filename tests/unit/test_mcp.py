@@ -12,7 +12,7 @@ import trio
 
 from gateway.api.errors import BadRequest
 from gateway.api.mcp_tools import HostedServer, HostedTools, ToolFilter, _approval, _headers, without_secrets
-from gateway.errors import Overloaded
+from gateway.base.errors import Overloaded
 from gateway.mcp.config import McpConfig
 from gateway.mcp.results import CallOutcome, ToolInfo, bounded, content_text
 from gateway.mcp.servers import ServerConfigError, parse_servers
@@ -271,7 +271,7 @@ async def test_a_server_that_never_answers_the_handshake(autojump_clock):
 def test_the_node_checks_its_mcp_flags_at_start(tmp_path):
     import argparse
 
-    from gateway.config import ConfigError, add_serve_arguments, build_config
+    from gateway.node.config import ConfigError, add_serve_arguments, build_config
 
     def parse(argv):
         parser = argparse.ArgumentParser()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.metrics import GatewayMetrics
+from gateway.observe.metrics import GatewayMetrics
 
 
 def _sample(metrics: GatewayMetrics, name: str, labels: dict[str, str]) -> float | None:

@@ -11,7 +11,7 @@ import threading
 import httpx2
 import pytest
 
-from gateway.outbound import HostPolicy, OutboundRefused, PinnedTransport
+from gateway.net.outbound import HostPolicy, OutboundRefused, PinnedTransport
 
 
 @pytest.mark.parametrize("allowed, host, address, ok", [

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from gateway.api.ratelimits import format_reset, rate_limit_error, rate_limit_headers
-from gateway.config import ConfigError, add_serve_arguments, build_config
+from gateway.node.config import ConfigError, add_serve_arguments, build_config
 from gateway.ratelimit import (FailurePolicy, Identity, LimitConfigError, LimitSet, RateLimitConfig, RateLimiter,
                                Scope, Unit, parse_limit_set)
 

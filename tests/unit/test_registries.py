@@ -1,4 +1,4 @@
-"""One registry per pluggable kind (gateway/registry.py): lookups by name and alias, the README's tables made
+"""One registry per pluggable kind (gateway/base/registry.py): lookups by name and alias, the README's tables made
 from them (a member missing from README fails here), and a member added in one place reaching every reader:
 the config's check, --help, the parser choice, the server's start of a history backend."""
 
@@ -9,13 +9,13 @@ import pathlib
 
 import pytest
 
-from gateway import catalog
-from gateway import config as cfg
+from gateway.cli import catalog
+from gateway.node import config as cfg
 from gateway.history import HISTORY_BACKENDS, HistoryBackend
 from gateway.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, tool_call_parser
 from gateway.parsers import choice
 from gateway.parsers.tool_calls import TaggedParser
-from gateway.registry import Registry
+from gateway.base.registry import Registry
 from gateway.routing.policies import POLICIES, PolicyConfig, make_policy
 
 README = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -25,7 +25,7 @@ README = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
 def test_the_readme_table_is_the_registrys(name):
     expected = catalog.TABLES[name]()
     assert catalog.readme_tables(README).get(name) == expected, \
-        f"README's '{name}' table is not the registry's; `python -m gateway.catalog` prints it:\n{expected}"
+        f"README's '{name}' table is not the registry's; `python -m gateway.cli.catalog` prints it:\n{expected}"
 
 
 def test_lookups_by_name_and_alias_and_refusals():
@@ -95,8 +95,8 @@ async def test_a_history_backend_registered_in_its_module_is_chosen_started_and_
         cfg.validate(config)
         with pytest.raises(cfg.ConfigError, match="no --sqlite-path"):
             cfg.validate(dataclasses.replace(config, plugin_sections=()))
-        from gateway.metrics import GatewayMetrics
-        from gateway.server import _start_history
+        from gateway.observe.metrics import GatewayMetrics
+        from gateway.node.server import _start_history
         assert await _start_history(config, None, GatewayMetrics(), nursery) is None
         assert started == ["/tmp/h.db"]
     finally:

@@ -1,6 +1,6 @@
 """The Responses API's streamed events (gateway/api/responses.py ``ResponseShape``): an event made from a
 template (text deltas, a message's opening and closing) is the very event ``event()`` makes; ids are fresh
-and unguessable (gateway/ids.py)."""
+and unguessable (gateway/base/ids.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import orjson
 from gateway.api.chat_output import Content, Reasoning
 from gateway.api.response_stream import StreamLog
 from gateway.api.responses import ResponseShape
-from gateway.ids import ID_BYTES, new_id
+from gateway.base.ids import ID_BYTES, new_id
 
 
 def shape() -> ResponseShape:

@@ -6,7 +6,7 @@ import time
 
 import trio
 
-from gateway.loop_lag import SlowStepLog
+from gateway.observe.loop_lag import SlowStepLog
 
 
 class _Lines(logging.Handler):

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from gateway.engine.grpc_engine import GenerateEvent, SamplingOptions
-from gateway.generation import GenerationPlan, _Progress
+from gateway.serving.generation import GenerationPlan, _Progress
 from gateway.routing.policies import RoutingRequest
 from gateway.tokenizer.bundled import default_tokenizer_dir
 from gateway.tokenizer.service import TokenizerService

@@ -249,7 +249,7 @@ async def test_requests_wait_for_a_tokenizer_that_is_loading_instead_of_failing(
     import trio.testing
 
     from gateway.api.pipeline import ready_model_entry
-    from gateway.models import ModelCatalog
+    from gateway.serving.models import ModelCatalog
     from gateway.tokenizer.bundled import default_tokenizer_dir
     from gateway.tokenizer.service import TokenizerConfig
 

@@ -1,4 +1,4 @@
-"""gateway/trio_instruments.py: the running loop's instruments swapped for a dict with trio's own methods. Reads
+"""gateway/node/trio_instruments.py: the running loop's instruments swapped for a dict with trio's own methods. Reads
 trio's internals, so this fails if a trio release moves them (the swap would then be skipped, not break)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from gateway.trio_instruments import DictInstruments, use_dict_instruments
+from gateway.node.trio_instruments import DictInstruments, use_dict_instruments
 
 
 class _Steps(trio.abc.Instrument):

@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from gateway.config import ConfigError, GatewayConfig, add_serve_arguments, build_config
+from gateway.node.config import ConfigError, GatewayConfig, add_serve_arguments, build_config
 from gateway.cluster import KvSharing
 from gateway.routing.kv_index import KvIndex
-from gateway.supervisor import ephemeral_port_low, worker_arguments
+from gateway.node.supervisor import ephemeral_port_low, worker_arguments
 from mesh.options import MeshOptions
 from mesh.ring import HashRing
 
@@ -76,7 +76,7 @@ def test_followers_flag_is_checked():
 
 def test_each_process_gets_its_share_of_encoder_threads(monkeypatch):
     """N processes with one encoder thread per core each would build N x cores encoders (~56 MB each)."""
-    monkeypatch.setattr("gateway.supervisor.available_cores", lambda: 8)
+    monkeypatch.setattr("gateway.node.supervisor.available_cores", lambda: 8)
     per_process, _ = worker_arguments(GatewayConfig(), 8, 30000)
     assert [flag_value(args, "--encode-threads") for args in per_process] == ["1"] * 8
     per_process, _ = worker_arguments(GatewayConfig(), 3, 30000)

@@ -65,7 +65,7 @@ from mesh.options import default_node_name
 from mesh.transport import split_addr
 
 from .config import GatewayConfig, secrets_to_environment
-from .logs import setup_logging
+from ..observe.logs import setup_logging
 
 log = logging.getLogger("gateway.supervisor")
 

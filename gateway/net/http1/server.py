@@ -65,9 +65,8 @@ import trio
 from ..fast_receive import receive_some
 from ..fast_send import send_now
 from ..fast_tls import TlsSocket
-from ..metrics import counter
-from .protocol import (CHUNK, LAST_CHUNK, UPGRADE, Refusal, RequestReader, ResponseState, response_head,
-                          response_move)
+from ...observe.metrics import counter
+from .protocol import CHUNK, LAST_CHUNK, UPGRADE, Refusal, RequestReader, ResponseState, response_head, response_move
 
 # The response states bound once: they are compared on every send.
 _R_IDLE, _R_STARTED, _R_BODY, _R_DONE = (ResponseState.IDLE, ResponseState.STARTED, ResponseState.BODY,
@@ -117,7 +116,7 @@ class H1Config:
     # A write the client's socket does not take within this ends the connection (and cancels its
     # request): a reader that stalls on purpose cannot hold a slot. Long enough for any real client.
     write_timeout_s: float = 60.0
-    # TLS (gateway/tls.py): every connection is wrapped in this context; None serves plain HTTP.
+    # TLS (gateway/net/tls.py): every connection is wrapped in this context; None serves plain HTTP.
     ssl_context: ssl.SSLContext | None = None
     tls_handshake_timeout_s: float = 10.0
     # Connections served at once; past it, a new one gets a 503 and is closed without reading it.

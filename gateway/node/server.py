@@ -31,41 +31,41 @@ from mesh.asgi import answer_lifespan
 from mesh.options import default_node_name
 from mesh.service import MeshBindError, serve_mesh
 
-from .admission import Admission
-from .api.background import BackgroundRuns
-from .api.app import GatewayApp
-from .api.errors import transport_error_body
-from .http1 import H1Config, H1Server
-from .api.proxy import HttpProxy
-from .api.state import GatewayState
-from .history import HISTORY_BACKENDS, HistoryStore, StoreUnavailable
-from .mcp.servers import load_servers
-from .mcp.sessions import McpSessions
-from .media.service import MediaService
-from .auth import Authenticator
-from .auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX
-from .auth.key_store import KeyStore, KeyStoreError, StoredKey
-from .cluster import ClusterState, KvSharing, follow_worker_document
+from ..serving.admission import Admission
+from ..api.background import BackgroundRuns
+from ..api.app import GatewayApp
+from ..api.errors import transport_error_body
+from ..net.http1 import H1Config, H1Server
+from ..api.proxy import HttpProxy
+from ..api.state import GatewayState
+from ..history import HISTORY_BACKENDS, HistoryStore, StoreUnavailable
+from ..mcp.servers import load_servers
+from ..mcp.sessions import McpSessions
+from ..media.service import MediaService
+from ..auth import Authenticator
+from ..auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX
+from ..auth.key_store import KeyStore, KeyStoreError, StoredKey
+from ..cluster import ClusterState, KvSharing, follow_worker_document
 from .config import GatewayConfig
-from .engine.bridge import GrpcBridge
-from .engine.engine_tls import client_context
-from .engine.h2grpc import H2GrpcClient
-from .generation import Generator
-from .logs import setup_logging
-from .loop_lag import LoopLagMonitor, SlowStepLog
+from ..engine.bridge import GrpcBridge
+from ..engine.engine_tls import client_context
+from ..engine.h2grpc import H2GrpcClient
+from ..serving.generation import Generator
+from ..observe.logs import setup_logging
+from ..observe.loop_lag import LoopLagMonitor, SlowStepLog
 from .mesh_metrics import cluster_metric_families, mesh_metric_families
-from .metrics import GatewayMetrics
-from .models import ModelCatalog
-from .ratelimit.limiter import RateLimiter
-from .ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
-from .routing.kv_index import KvIndex
-from .disaggregation import PairRouter, PdLegs
-from .discovery.credentials import CredentialsError
-from .routing.policies import make_policy
+from ..observe.metrics import GatewayMetrics
+from ..serving.models import ModelCatalog
+from ..ratelimit.limiter import RateLimiter
+from ..ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
+from ..routing.kv_index import KvIndex
+from ..serving.disaggregation import PairRouter, PdLegs
+from ..discovery.credentials import CredentialsError
+from ..routing.policies import make_policy
 from .supervisor import SUPERVISED_ENV, exit_when_supervisor_dies
-from .tls import ServerTls, TlsConfig
+from ..net.tls import ServerTls, TlsConfig
 from .trio_instruments import use_dict_instruments
-from .workers import Router, WorkerAllowlist, WorkerError, WorkerExists, WorkerRegistry
+from ..workers import Router, WorkerAllowlist, WorkerError, WorkerExists, WorkerRegistry
 
 log = logging.getLogger("gateway.server")
 
@@ -114,8 +114,8 @@ async def _start_discovery(config: GatewayConfig, registry: WorkerRegistry, clus
     """--service-discovery: the engines' pods watched, their engines added and drained (gateway/discovery). The
     credentials are found before the node serves, whatever discovery is for (engines or only --router-selector's
     seeds): without them the node does not start, saying why (CredentialsError)."""
-    from .discovery.credentials import load_credentials
-    from .discovery.service import discovery_metrics, run_worker_discovery
+    from ..discovery.credentials import load_credentials
+    from ..discovery.service import discovery_metrics, run_worker_discovery
     credentials = load_credentials()
     log.info("service discovery: Kubernetes API at %s (%s)", credentials.server, credentials.source)
     if not config.discovery.role_selectors():
@@ -211,7 +211,7 @@ async def _serve_http(config: GatewayConfig, app: Any, shutdown: trio.Event, met
 
 class _ReloadingHypercornConfig(HypercornConfig):
     """hypercorn's config, keeping the TLS context hypercorn makes so that a renewed certificate can be
-    loaded into it (gateway/tls.py), as the native server does."""
+    loaded into it (gateway/net/tls.py), as the native server does."""
 
     tls_config: TlsConfig | None = None
     reloader: ServerTls | None = None
@@ -307,7 +307,7 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         for source in (registry, admission, catalog):  # each subsystem's own figures (metric_families)
             metrics.add_state_source(source.metric_families)
         if config.tracing.enabled:
-            from .tracing.tracer import TracedCalls, Tracing  # OpenTelemetry loaded only when tracing is on
+            from ..tracing.tracer import TracedCalls, Tracing  # OpenTelemetry loaded only when tracing is on
             state.tracing = generator.tracing = generator.pd.tracing = Tracing.start(
                 config.tracing, cluster.node_name if cluster is not None else socket.gethostname())
             metrics.add_state_source(state.tracing.metric_families)
@@ -411,8 +411,8 @@ async def _serve_metrics_only(config: GatewayConfig, metrics: GatewayMetrics, *,
 
 async def _follow_router_pods(config: GatewayConfig, agent: Any) -> None:
     """--router-selector: the mesh joins the cluster's other pods as the API server lists them."""
-    from .discovery.credentials import load_credentials
-    from .discovery.service import run_mesh_seeds
+    from ..discovery.credentials import load_credentials
+    from ..discovery.service import run_mesh_seeds
     own_port = int(agent.transport.addr.rpartition(":")[2])  # the router pods' mesh port unless annotated
     await run_mesh_seeds(config.discovery, load_credentials(), agent, own_port)
 
@@ -427,7 +427,7 @@ def run_gateway(config: GatewayConfig) -> int:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
     async def main() -> None:
-        use_dict_instruments()  # trio's per-step hook checks at a dict's speed (gateway/trio_instruments.py)
+        use_dict_instruments()  # trio's per-step hook checks at a dict's speed (gateway/node/trio_instruments.py)
         if os.environ.get("SMG_NODE_SLOW_STEP_MS"):
             trio.lowlevel.add_instrument(SlowStepLog(float(os.environ["SMG_NODE_SLOW_STEP_MS"]) / 1000, log))
         async with trio.open_nursery() as nursery:

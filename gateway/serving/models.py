@@ -17,13 +17,13 @@ from typing import Any
 
 import trio
 
-from .engine.errors import EngineCallError
-from .media.processors import ProcessorConfigError, image_processor
-from .metrics import counter, gauge
-from .parsers import HarmonyUnavailable, harmony_encoding, is_harmony
-from .parsers.choice import choose
-from .tokenizer.service import TokenizerConfig, TokenizerLoadError, TokenizerService
-from .workers import Worker, WorkerUnreachable
+from ..engine.errors import EngineCallError
+from ..media.processors import ProcessorConfigError, image_processor
+from ..observe.metrics import counter, gauge
+from ..parsers import HarmonyUnavailable, harmony_encoding, is_harmony
+from ..parsers.choice import choose
+from ..tokenizer.service import TokenizerConfig, TokenizerLoadError, TokenizerService
+from ..workers import Worker, WorkerUnreachable
 
 log = logging.getLogger("gateway.models")
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from mesh.agent import MeshAgent
 
-from .cluster import ClusterState
-from .metrics import counter, gauge
+from ..cluster import ClusterState
+from ..observe.metrics import counter, gauge
 
 
 def mesh_metric_families(agent: MeshAgent) -> Iterator[Any]:

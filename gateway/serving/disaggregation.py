@@ -37,15 +37,15 @@ from typing import Any, TypeVar
 
 import trio
 
-from .engine.errors import EngineCallError
-from .engine.grpc_engine import Handover
-from .errors import NoCapacity
-from .metrics import GatewayMetrics
-from .options import Option
-from .routing.policies import POLICIES, Policy, RoutingRequest
-from .workers import AttemptFailed, Worker, WorkerAttempt, WorkerRegistry, abort_quietly
-from .workers.origin import parse_worker_origin
-from .workers.pairing import DECODE, DEFAULT_BOOTSTRAP_PORT, PREFILL, pair_refusal
+from ..engine.errors import EngineCallError
+from ..engine.grpc_engine import Handover
+from ..base.errors import NoCapacity
+from ..observe.metrics import GatewayMetrics
+from ..base.options import Option
+from ..routing.policies import POLICIES, Policy, RoutingRequest
+from ..workers import AttemptFailed, Worker, WorkerAttempt, WorkerRegistry, abort_quietly
+from ..workers.origin import parse_worker_origin
+from ..workers.pairing import DECODE, DEFAULT_BOOTSTRAP_PORT, PREFILL, pair_refusal
 
 log = logging.getLogger("gateway.disaggregation")
 
@@ -351,7 +351,7 @@ class PdLegs:
         await abort_quietly(worker, request_id, ABORT_TIMEOUT_S)
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--pd-disaggregation", "pd.enabled", "bool", "serve models on prefill/decode pairs of engines (SGLang: "
            "both at once with one bootstrap room; vLLM: prefill, then decode with its kv_transfer_params)",

@@ -22,7 +22,7 @@ import urllib.parse
 import httpx2
 import trio
 
-from .errors import InvalidInput
+from ..base.errors import InvalidInput
 
 SCHEMES = ("http", "https")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address

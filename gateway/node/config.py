@@ -28,42 +28,44 @@ from mesh.crypto import KeyringError, WeakSecret, decode_key, derive_key
 from mesh.options import MeshOptions, is_loopback, parse_tags
 from mesh.transport import MeshTls
 
-from . import admission, disaggregation, embeddings, parsers, tls
-from .admission import AdmissionConfig
-from .auth import AuthConfig, Authenticator, authenticator, jwt_verifier
-from .auth.authenticator import AuthConfigError
-from .cluster import mesh_options
-from .disaggregation import PdConfig
-from .discovery import config as discovery_config
-from .discovery.config import DiscoveryConfig, parse_selector
-from .engine import engine_tls, h2grpc
-from .engine.engine_tls import EngineTlsConfig
-from .embeddings import EmbeddingConfig
-from .engine.h2grpc import H2Config
-from .history import HISTORY_BACKENDS, RECORD_BYTES_MAX, HistoryConfig
-from .mcp import config as mcp_config
-from .mcp.config import McpConfig
-from .mcp.servers import ServerConfigError, load_servers
-from .media import config as media_config
-from .media.config import MediaConfig
-from .outbound import HostPolicy
-from .history import backends as history_backends
-from .history import store as history_store
-from .options import HELP_SECTIONS, Option, secs_ms
-from .parsers import HarmonyUnavailable, harmony_encoding, is_harmony
-from .ratelimit import limiter
-from .ratelimit.limiter import RateLimitConfig
-from .ratelimit.limits import FailurePolicy, LimitConfigError, LimitSet, parse_limit_set
-from .routing import breaker, kv_index, policies, retry
-from .routing.breaker import BreakerConfig
-from .routing.policies import PolicyConfig
-from .routing.retry import RetryConfig
-from .tls import ServerTls, TlsConfig
-from .tokenizer import service as tokenizer_service
-from .tokenizer.service import TokenizerConfig
-from .tracing import TracingConfig
-from .tracing import config as tracing_config
-from .workers import HealthConfig, WorkerAllowlist, WorkerUrlError, health, origin, parse_worker_origin
+from ..serving import admission, disaggregation, embeddings
+from .. import parsers
+from ..net import tls
+from ..serving.admission import AdmissionConfig
+from ..auth import AuthConfig, Authenticator, authenticator, jwt_verifier
+from ..auth.authenticator import AuthConfigError
+from ..cluster import mesh_options
+from ..serving.disaggregation import PdConfig
+from ..discovery import config as discovery_config
+from ..discovery.config import DiscoveryConfig, parse_selector
+from ..engine import engine_tls, h2grpc
+from ..engine.engine_tls import EngineTlsConfig
+from ..serving.embeddings import EmbeddingConfig
+from ..engine.h2grpc import H2Config
+from ..history import HISTORY_BACKENDS, RECORD_BYTES_MAX, HistoryConfig
+from ..mcp import config as mcp_config
+from ..mcp.config import McpConfig
+from ..mcp.servers import ServerConfigError, load_servers
+from ..media import config as media_config
+from ..media.config import MediaConfig
+from ..net.outbound import HostPolicy
+from ..history import backends as history_backends
+from ..history import store as history_store
+from ..base.options import HELP_SECTIONS, Option, secs_ms
+from ..parsers import HarmonyUnavailable, harmony_encoding, is_harmony
+from ..ratelimit import limiter
+from ..ratelimit.limiter import RateLimitConfig
+from ..ratelimit.limits import FailurePolicy, LimitConfigError, LimitSet, parse_limit_set
+from ..routing import breaker, kv_index, policies, retry
+from ..routing.breaker import BreakerConfig
+from ..routing.policies import PolicyConfig
+from ..routing.retry import RetryConfig
+from ..net.tls import ServerTls, TlsConfig
+from ..tokenizer import service as tokenizer_service
+from ..tokenizer.service import TokenizerConfig
+from ..tracing import TracingConfig
+from ..tracing import config as tracing_config
+from ..workers import HealthConfig, WorkerAllowlist, WorkerUrlError, health, origin, parse_worker_origin
 
 ENV_PREFIX = "SMG_NODE_"
 
@@ -92,7 +94,7 @@ class GatewayConfig:
     # max_tokens when neither the request nor the engine's context bounds it.
     default_max_tokens: int = 4096
     # An answer held whole before it is sent (not streamed, or a Responses API answer kept to be stored) is
-    # stopped past this many bytes of JSON (gateway.generation.LOGPROB_ENTRY_BYTES says how it is estimated):
+    # stopped past this many bytes of JSON (gateway.serving.generation.LOGPROB_ENTRY_BYTES says how it is estimated):
     # 32 MiB of JSON is ~200 MiB of Python objects at its peak and ~0.5 s of the event loop to shape and
     # encode. Streams hold nothing: they are not bounded by it. An answer asked for outright beyond it is
     # refused before it runs.
@@ -133,7 +135,7 @@ class GatewayConfig:
     rate_limit: RateLimitConfig = RateLimitConfig()
     # API keys, roles, the admin credential and the audit log (gateway/auth/authenticator.py).
     auth: AuthConfig = AuthConfig()
-    # TLS for clients (gateway/tls.py): off unless a certificate is given.
+    # TLS for clients (gateway/net/tls.py): off unless a certificate is given.
     tls: TlsConfig = TlsConfig()
     # TLS to engines (grpcs://, https://): the CA to trust and our client certificate (engine_tls.py).
     engine_tls: EngineTlsConfig = EngineTlsConfig()
@@ -148,29 +150,29 @@ class GatewayConfig:
     history_backend: str = "memory"
     history: HistoryConfig = HistoryConfig()
     tracing: TracingConfig = TracingConfig()  # --enable-trace (gateway/tracing)
-    pd: PdConfig = PdConfig()  # --pd-disaggregation: prefill/decode pairs (gateway/disaggregation.py)
+    pd: PdConfig = PdConfig()  # --pd-disaggregation: prefill/decode pairs (gateway/serving/disaggregation.py)
     discovery: DiscoveryConfig = DiscoveryConfig()  # --service-discovery: engines as Kubernetes pods (gateway/discovery)
-    embeddings: EmbeddingConfig = EmbeddingConfig()  # /v1/embeddings' bounds (gateway/embeddings.py)
+    embeddings: EmbeddingConfig = EmbeddingConfig()  # /v1/embeddings' bounds (gateway/serving/embeddings.py)
     media: MediaConfig = MediaConfig()  # images: what is fetched, the bounds, the cache (gateway/media)
     mcp: McpConfig = McpConfig()  # MCP tools: servers, where clients' URLs may go, bounds (gateway/mcp)
     # The settings of registered plugins that bring a config section of their own (a history backend's:
     # ``postgres``, ``redis``), by section name; read as attributes (``config.postgres``) or with section().
     plugin_sections: tuple[tuple[str, Any], ...] = ()
     reasoning_parser: str | None = None
-    # "native": the gateway's own HTTP/1.1 server (gateway/http1/server.py, ~20x less CPU per request
+    # "native": the gateway's own HTTP/1.1 server (gateway/net/http1/server.py, ~20x less CPU per request
     # than hypercorn on trio, BENCHMARKS.md); "hypercorn": hypercorn's, which also speaks HTTP/2.
     http_server: str = "native"
     # "h2": gRPC to engines over HTTP/2 from the event loop with our own framing
     # (gateway/engine/h2grpc.py, several times less CPU per call); "grpcio": through grpcio's asyncio
     # API on a thread of its own (engine/bridge.py).
     grpc_client: str = "h2"
-    # Gateway processes serving the HTTP port (SO_REUSEPORT; gateway/supervisor.py says how they share
+    # Gateway processes serving the HTTP port (SO_REUSEPORT; gateway/node/supervisor.py says how they share
     # the node's state); 0 = one per core this process may use (CPU affinity and cgroup quota).
     workers: int = 0
     # Bind the HTTP port with SO_REUSEPORT (set for each process of --workers N).
     http_reuse_port: bool = False
     # Client connections one gateway process serves at once; past it a new one gets a 503 at once
-    # (gateway/http1/server.py H1Config says why 8,192).
+    # (gateway/net/http1/server.py H1Config says why 8,192).
     max_connections: int = 8192
     # Which process of --workers N this is (0 for a single process); offsets its own ports.
     worker_index: int = 0
@@ -271,7 +273,7 @@ INTERNAL_FLAGS = frozenset(option.flag for option in OPTIONS if option.internal)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """``serve``'s flags, in --help's sections (``gateway/options.py`` HELP_SECTIONS), each from its declaration."""
+    """``serve``'s flags, in --help's sections (``gateway/base/options.py`` HELP_SECTIONS), each from its declaration."""
     parser.add_argument("--config", type=Path, default=None, help="TOML file with the same options (keys: flag "
                         "names with underscores)")
     for key, title in HELP_SECTIONS:

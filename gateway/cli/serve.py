@@ -11,12 +11,12 @@ import dataclasses
 import os
 import sys
 
-from .config import ConfigError, GatewayConfig, add_serve_arguments, build_config, secrets_on_command_line, \
+from ..node.config import ConfigError, GatewayConfig, add_serve_arguments, build_config, secrets_on_command_line, \
     with_admin_credentials
-from .ports import PortInUse, check_port_free
-from .server import run_gateway
+from ..node.ports import PortInUse, check_port_free
+from ..node.server import run_gateway
 from .sim_engines import SimEngineError, SimEngines
-from .supervisor import SUPERVISED_ENV, run_supervisor, worker_count
+from ..node.supervisor import SUPERVISED_ENV, run_supervisor, worker_count
 
 
 def serve_parser() -> argparse.ArgumentParser:

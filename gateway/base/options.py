@@ -1,7 +1,7 @@
 """How a subsystem declares its command-line options: beside its own frozen config.
 
 Each subsystem (admission, routing, the history backends, tracing, ...) lists its ``Option``s in its own
-module, next to the config class whose fields they set; ``gateway/config.py`` gathers them (and those of
+module, next to the config class whose fields they set; ``gateway/node/config.py`` gathers them (and those of
 every registered plugin, such as a history backend) into the flags, the environment variables and the TOML
 keys of ``smg-node serve``, and ``--help`` is laid out from them: each option names its ``section``, and the
 sections appear in ``HELP_SECTIONS``' order. An option's default is read from the config class, never
@@ -47,7 +47,7 @@ class Option:
     # processes of --workers N get it by environment.
     secret: bool = False
     internal: bool = False  # set by the node for its own processes, not by people: hidden from --help
-    # A registry (gateway/registry.py) whose names are the values: --help lists them and the config refuses
+    # A registry (gateway/base/registry.py) whose names are the values: --help lists them and the config refuses
     # others, both read when they are needed (a member registered later is listed).
     choices: Any = None
     then: "Callable[[Any], Any] | None" = None  # applied to the value its kind made (a list's items -> a config)

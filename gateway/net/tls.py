@@ -22,7 +22,7 @@ import ssl
 from pathlib import Path
 
 import trio
-from .options import Option
+from ..base.options import Option
 
 log = logging.getLogger("gateway.tls")
 
@@ -94,7 +94,7 @@ class ServerTls:
             self.reload_if_changed()
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--tls-cert-path", "tls.cert_path", Path, "serve HTTPS with this certificate chain (PEM); reloaded when "
            "the file changes", "security"),

@@ -61,7 +61,7 @@ class GatewayMetrics:
         self.rate_limit_batch_items = LoopHistogram(
             "smg_rate_limit_forwarded_batch_items", "Items per batch forwarded to a key's owner",
             buckets=_BATCH_ITEMS_BUCKETS, registry=r)
-        # Prefill/decode disaggregation (gateway/disaggregation.py), smg's names: what only the gateway sees, as
+        # Prefill/decode disaggregation (gateway/serving/disaggregation.py), smg's names: what only the gateway sees, as
         # the one component on both legs of a request.
         self.pd_pair_selections = LoopCounter("smg_pd_pair_selections", "Prefill/decode pairs chosen for an attempt",
                                               ["model"], registry=r)

@@ -1,8 +1,8 @@
-"""The README's tables of what can be plugged in, made from the registries (``gateway/registry.py``).
+"""The README's tables of what can be plugged in, made from the registries (``gateway/base/registry.py``).
 
 Each table sits in README.md between ``<!-- registry: NAME -->`` and ``<!-- /registry -->``;
 ``tests/unit/test_registries.py`` holds the README to these, so a member registered in its module and not
-in the README fails the suite. ``python -m gateway.catalog`` prints them (paste them in after adding one).
+in the README fails the suite. ``python -m gateway.cli.catalog`` prints them (paste them in after adding one).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import re
 import sys
 from collections.abc import Callable
 
-from .history import HISTORY_BACKENDS
-from .media.processors import IMAGE_PROCESSORS
-from .parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
-from .registry import named
-from .routing.policies import POLICIES
+from ..history import HISTORY_BACKENDS
+from ..media.processors import IMAGE_PROCESSORS
+from ..parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+from ..base.registry import named
+from ..routing.policies import POLICIES
 
 TABLES: dict[str, Callable[[], str]] = {
     "tool-call parsers": lambda: TOOL_CALL_PARSERS.markdown_table(

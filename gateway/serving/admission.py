@@ -27,9 +27,9 @@ from typing import Any
 
 import trio
 
-from .errors import NoCapacity, Overloaded
-from .metrics import counter, gauge
-from .options import Option
+from ..base.errors import NoCapacity, Overloaded
+from ..observe.metrics import counter, gauge
+from ..base.options import Option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +213,7 @@ class _Slot:
         self._admission._release(self._tenant)
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--max-concurrent-requests", "admission.max_concurrent_requests", int, "generations running at once; 0 = "
            "unlimited", "routing"),

@@ -11,8 +11,8 @@
     smg-node sim-engine --port P    run a simulated SGLang/vLLM gRPC engine
     smg-node --version
 
-``serve`` (``serve_command.py``) builds the configuration, starts the demo engines of ``--sim-engines``
-(``gateway/sim_engines.py``) and hands their URLs on as workers, then runs one
+``serve`` (``serve.py``) builds the configuration, starts the demo engines of ``--sim-engines``
+(``gateway/cli/sim_engines.py``) and hands their URLs on as workers, then runs one
 gateway process (``server.run_gateway``) or a supervisor of several
 (``supervisor.run_supervisor``). join, leave, members, tags and keyring talk to
 the local node's admin endpoint: --rpc-addr, else the one each node records for
@@ -30,7 +30,7 @@ import sys
 from mesh.admin_client import run_admin_command
 from mesh.crypto import generate_key
 
-from . import keys_client, workers_client
+from . import keys, workers
 
 # The CLI's commands other than serve (members, keys, --help...) must start at once: the serving machinery
 # (config with every subsystem's settings, the server, the drivers they import) costs ~0.6 s to import and
@@ -83,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("action", choices=("list", "install", "use", "remove"))
             sub.add_argument("key", nargs="?")
     commands.add_parser("keygen", help="print a new gossip encryption key")
-    keys_client.add_arguments(commands.add_parser("keys", help="create, list or revoke API keys"))
-    workers_client.add_arguments(commands.add_parser("workers", help="list, add or remove workers (prefill/decode "
+    keys.add_arguments(commands.add_parser("keys", help="create, list or revoke API keys"))
+    workers.add_arguments(commands.add_parser("workers", help="list, add or remove workers (prefill/decode "
                                                                      "roles included)"))
     return parser
 
@@ -92,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: "list[str]") -> argparse.Namespace:
     """The command line as the CLI reads it, serve's options included (tests and deploy checks read it so)."""
     if argv[:1] == ["serve"]:
-        from . import serve_command  # the serving machinery, for serve only (see above)
-        args = serve_command.serve_parser().parse_args(argv[1:])
+        from . import serve  # the serving machinery, for serve only (see above)
+        args = serve.serve_parser().parse_args(argv[1:])
         args.command = "serve"
         return args
     return build_parser().parse_args(argv)
@@ -105,13 +105,13 @@ def main(argv: "list[str] | None" = None) -> int:
         # A separate program (the gateway does not import the harness): become it.
         os.execv(sys.executable, [sys.executable, "-m", "chaos.sim_engine", *argv[1:]])
     if argv[:1] == ["serve"]:
-        from . import serve_command  # the serving machinery, for serve only (see above)
-        return serve_command.main(argv[1:])
+        from . import serve  # the serving machinery, for serve only (see above)
+        return serve.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "keys":
-        return keys_client.run(args)
+        return keys.run(args)
     if args.command == "workers":
-        return workers_client.run(args)
+        return workers.run(args)
     if args.command == "keygen":
         print(generate_key())
         return 0

@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
-from .engine.errors import EngineCallError
-from .errors import InvalidInput
-from .engine.grpc_engine import Embedding, Handover, SamplingOptions
-from .metrics import GatewayMetrics
-from .routing.policies import RoutingRequest
-from .routing.retry import RetryConfig, backoff_s
-from .tokenizer.service import TokenizerService
-from .tokenizer.stop import StopMatcher, StopResult
-from .workers import AttemptFailed, Router, Worker, WorkerAttempt, abort_quietly
+from ..engine.errors import EngineCallError
+from ..base.errors import InvalidInput
+from ..engine.grpc_engine import Embedding, Handover, SamplingOptions
+from ..observe.metrics import GatewayMetrics
+from ..routing.policies import RoutingRequest
+from ..routing.retry import RetryConfig, backoff_s
+from ..tokenizer.service import TokenizerService
+from ..tokenizer.stop import StopMatcher, StopResult
+from ..workers import AttemptFailed, Router, Worker, WorkerAttempt, abort_quietly
 
 if TYPE_CHECKING:
     from .disaggregation import Pair, PdLegs
@@ -205,7 +205,7 @@ class Generator:
         self._nursery = nursery  # long-lived: background aborts outlive the request
         self._rng = rng or random.Random()
         self.tracing: Any = None  # gateway.tracing.Tracing when --enable-trace: a span per engine attempt
-        # Prefill/decode pairs (gateway/disaggregation.py), when the node has prefill or decode workers.
+        # Prefill/decode pairs (gateway/serving/disaggregation.py), when the node has prefill or decode workers.
         self.pd: "PdLegs | None" = None
 
     async def run(self, plan: GenerationPlan, tokenizer: TokenizerService, sink: TextSink | None) -> GenerationResult:
@@ -461,7 +461,7 @@ class _Progress:
         self.delivered = False  # text reached the sink: no retry from here on
         self.flush_due = False  # send_now left bytes for the request's task to write
         self.failure: BaseException | None = None  # raised in on_arrival, for the request's task
-        self.on_first_token = on_first_token  # a decode leg's: its KV arrived (gateway/disaggregation.py)
+        self.on_first_token = on_first_token  # a decode leg's: its KV arrived (gateway/serving/disaggregation.py)
         if self.logprobs is not None:
             self.logprobs.reset()  # a new attempt: what an earlier one received is not this answer's
 

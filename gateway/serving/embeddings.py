@@ -31,8 +31,8 @@ from typing import Any
 
 import orjson
 
-from .errors import InvalidInput
-from .options import Option
+from ..base.errors import InvalidInput
+from ..base.options import Option
 
 # The fewest bytes one value takes in the answer: as JSON, a float32 value of a unit vector printed as a double is
 # 16-21 characters with its comma (0.015625476837158203,); only values such as 0.5 or 0.0 are shorter, which a
@@ -139,7 +139,7 @@ def dimensions_problem(model: str, sizes: "tuple[int, ...] | None", dimensions: 
     return None
 
 
-# This subsystem's flags (gateway/options.py); their defaults are the config's above.
+# This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
     Option("--max-embedding-inputs", "embeddings.inputs_max", int, "inputs one /v1/embeddings request may carry",
            "http"),

@@ -1,0 +1,1 @@
+"""A node's process: its configuration, the server that wires it, the supervisor of --workers N."""

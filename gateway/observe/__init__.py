@@ -1,0 +1,1 @@
+"""What the node says about itself: Prometheus metrics, logging, the event loop's lag."""

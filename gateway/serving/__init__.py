@@ -1,0 +1,1 @@
+"""The serving core: generations on engines, the models served, admission, embeddings, PD pairs."""
