@@ -44,6 +44,9 @@ class ReasoningParser:
         self._state = _START
         self._starts_in_reasoning = starts_in_reasoning
         self._buffer = ""
+        # Whitespace before anything else, kept apart (in pieces) while the start marker may still come: looking
+        # at it again on every piece was quadratic in a whitespace-only answer (0.17 s at 200,000 characters).
+        self._leading: list[str] = []
         self._left_reasoning = False  # the end marker came
 
     def feed(self, text: str) -> ReasoningResult:
@@ -52,12 +55,18 @@ class ReasoningParser:
         while True:
             if self._state == _START:
                 stripped = buffer.lstrip()
+                if len(stripped) != len(buffer):
+                    self._leading.append(buffer[:len(buffer) - len(stripped)])
+                    buffer = stripped
                 if stripped.startswith(self.start):
                     buffer = stripped[len(self.start):]
+                    self._leading.clear()  # the whitespace before the marker is dropped
                     self._state = _REASONING
                     continue
                 if self.start.startswith(stripped):
                     break  # empty, or the start marker still arriving
+                buffer = "".join(self._leading) + buffer  # no marker: the whitespace is the answer's own
+                self._leading.clear()
                 self._state = _REASONING if self._starts_in_reasoning else _CONTENT
                 continue
             if self._state == _REASONING:
@@ -90,7 +99,8 @@ class ReasoningParser:
 
     def finish(self) -> ReasoningResult:
         result = ReasoningResult()
-        buffer, self._buffer = self._buffer, ""
+        buffer, self._buffer = "".join(self._leading) + self._buffer, ""
+        self._leading.clear()
         if self._state == _START:
             # Only whitespace or a prefix of the start marker came: text of wherever this model starts.
             if self._starts_in_reasoning:
