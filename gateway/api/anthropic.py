@@ -42,7 +42,9 @@ from .http import Request
 from .mcp_tools import HostedTools
 from .messages_tools import answer_with_mcp
 from .pipeline import answer_chat, chat_prompt, plan_generation
-from .protocol import (INT32_MAX, ChatRequest, ImageRef, SamplingRequest, chat_request, check_message_count, field, image_part, parse_json_body, stop_strings, template_content, temperature_value, text_part, thinking_of, top_k_value, top_p_value)
+from .protocol import (INT32_MAX, ChatRequest, ImageRef, SamplingRequest, chat_request, check_message_count, field,
+                       image_part, parse_json_body, stop_strings, template_content, temperature_value, text_part,
+                       thinking_of, top_k_value, top_p_value)
 from .ratelimits import counted_tokens
 from .state import GatewayState
 from .tools import NO_TOOLS, tool_spec

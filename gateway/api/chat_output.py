@@ -24,7 +24,8 @@ from typing import Any
 
 from ..serving.generation import GenerationResult
 from ..base.ids import new_id
-from ..parsers import (HarmonyParser, NamedArgumentsParser, ReasoningParser, RequiredCallsParser, ToolCall, ToolCallParser, is_harmony, reasoning_parser, thinks, tool_call_parser)
+from ..parsers import (HarmonyParser, NamedArgumentsParser, ReasoningParser, RequiredCallsParser, ToolCall,
+                       ToolCallParser, is_harmony, reasoning_parser, thinks, tool_call_parser)
 from ..tracing.context import CURRENT, step
 
 

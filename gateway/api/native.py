@@ -8,7 +8,8 @@ from ..serving.generation import GenerationResult, UsageTally
 from ..serving.models import ModelEntry
 from .errors import BadRequest
 from .http import Request, sse_event
-from .pipeline import (admitted, check_vocab, encode_chat, encode_text, plan_generation, ready_model_entry, run_streamed, run_unary, with_images)
+from .pipeline import (admitted, check_vocab, encode_chat, encode_text, plan_generation, ready_model_entry,
+                       run_streamed, run_unary, with_images)
 from .protocol import parse_chat, parse_generate, parse_json_body, token_ids
 from .ratelimits import counted_tokens
 from .state import GatewayState

@@ -22,7 +22,9 @@ from .chat_output import Call, ChatAnswer, ChatOutput, Content, Delta, Reasoning
 from .errors import ApiError, BadRequest
 from .http import SSE_DONE, Request, sse_event
 from .logprobs import LogprobShape
-from .pipeline import (admitted, answer_chat, check_vocab, encode_chat, encode_text, logprob_shape, logprob_shapes, openai_error_event, plan_generation, ready_model_entry, run_streamed_choices, run_unary_choices, with_images)
+from .pipeline import (admitted, answer_chat, check_vocab, encode_chat, encode_text, logprob_shape, logprob_shapes,
+                       openai_error_event, plan_generation, ready_model_entry, run_streamed_choices, run_unary_choices,
+                       with_images)
 from .protocol import parse_chat, parse_completion, parse_json_body
 from .state import GatewayState
 

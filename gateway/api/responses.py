@@ -61,11 +61,14 @@ from .http import SSE_HEADERS, Request
 from .items import content_text, input_items, list_page, list_query, message_content, metadata_of, with_ids
 from .logprobs import LogprobShape
 from .mcp_tools import HostedTools, is_hosted, responses_servers, without_secrets
-from .pipeline import (answer_chat, chat_prompt, logprob_shape, plan_generation, rate_limited_generation, ready_model_entry)
-from .protocol import (TOP_LOGPROBS_MAX, ChatRequest, ImageRef, SamplingRequest, apply_reasoning_effort, chat_request, check_message_count, field, parse_json_body, positive_int, temperature_value, top_p_value)
+from .pipeline import (answer_chat, chat_prompt, logprob_shape, plan_generation, rate_limited_generation,
+                       ready_model_entry)
+from .protocol import (TOP_LOGPROBS_MAX, ChatRequest, ImageRef, SamplingRequest, apply_reasoning_effort, chat_request,
+                       check_message_count, field, parse_json_body, positive_int, temperature_value, top_p_value)
 from .ratelimits import counted_write
 from .responses_tools import ToolLoop, no_emit
-from .response_stream import (FLUSH_INTERVAL_S, StreamLog, follow_log, follow_store, starting_after, stored_events_bytes_max)
+from .response_stream import (FLUSH_INTERVAL_S, StreamLog, follow_log, follow_store, starting_after,
+                              stored_events_bytes_max)
 from .state import GatewayState
 from .structured import response_format_constraint
 from .tools import tool_spec

@@ -12,7 +12,9 @@ from .backends import HISTORY_BACKENDS, HistoryBackend
 from .memory import MemoryHistory, ReplicationConfig
 from .postgres import PostgresConfig, PostgresHistory, PostgresNames
 from .redis import RedisConfig, RedisHistory
-from .store import (CHAIN_LENGTH_MAX, ID_CHARS_MAX, ITEMS_PER_ADD_MAX, LIST_LIMIT_MAX, RECORD_BYTES_MAX, HistoryConfig, HistoryStore, ItemPage, RecordTooLarge, StorageQuotaExceeded, StoredResponse, StoreUnavailable, TenantBounds, check_record_size)
+from .store import (CHAIN_LENGTH_MAX, ID_CHARS_MAX, ITEMS_PER_ADD_MAX, LIST_LIMIT_MAX, RECORD_BYTES_MAX, HistoryConfig,
+                    HistoryStore, ItemPage, RecordTooLarge, StorageQuotaExceeded, StoredResponse, StoreUnavailable,
+                    TenantBounds, check_record_size)
 
 __all__ = ["HISTORY_BACKENDS", "HistoryBackend", "CHAIN_LENGTH_MAX", "HistoryConfig", "HistoryStore", "ID_CHARS_MAX", "ITEMS_PER_ADD_MAX", "ItemPage", "LIST_LIMIT_MAX",
            "MemoryHistory", "PostgresConfig", "RECORD_BYTES_MAX", "PostgresHistory", "PostgresNames", "RecordTooLarge", "RedisConfig",

@@ -49,8 +49,10 @@ from ..observe.metrics import counter, gauge
 from .backends import HISTORY_BACKENDS, HistoryBackend
 from .ops import CREATING, OPERATIONS, HistoryOps
 from .shards import RESPONSE, Change, MemoryShards
-from .store import (HistoryConfig, ItemPage, RecordTooLarge, StorageQuotaExceeded, StoredResponse, StoreUnavailable, stored_json)
-from .wire import (HISTORY_MARK, BadFrame, change_from_wire, change_to_wire, changes_from_wire, operation_from_wire, pack, unpack)
+from .store import (HistoryConfig, ItemPage, RecordTooLarge, StorageQuotaExceeded, StoredResponse, StoreUnavailable,
+                    stored_json)
+from .wire import (HISTORY_MARK, BadFrame, change_from_wire, change_to_wire, changes_from_wire, operation_from_wire,
+                   pack, unpack)
 
 log = logging.getLogger("gateway.history")
 

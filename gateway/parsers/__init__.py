@@ -11,7 +11,8 @@ config, ``--help``, the README's tables and ``choice.py`` read them.
 from ..base.options import Option
 from .harmony import HarmonyParser, HarmonyReasoningParser, HarmonyUnavailable, harmony_encoding, is_harmony
 from .reasoning import REASONING_PARSERS, ReasoningParser, reasoning_parser, thinks
-from .tool_calls import (TOOL_CALL_PARSERS, JsonParser, NamedArgumentsParser, RequiredCallsParser, ToolCall, ToolCallParser, ToolCallResult, tool_call_parser)
+from .tool_calls import (TOOL_CALL_PARSERS, JsonParser, NamedArgumentsParser, RequiredCallsParser, ToolCall,
+                         ToolCallParser, ToolCallResult, tool_call_parser)
 
 __all__ = ["REASONING_PARSERS", "TOOL_CALL_PARSERS", "HarmonyParser", "HarmonyReasoningParser", "HarmonyUnavailable", "JsonParser", "NamedArgumentsParser", "ReasoningParser",
            "RequiredCallsParser",

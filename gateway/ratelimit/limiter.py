@@ -72,7 +72,8 @@ from proto import ratelimit_pb2 as pb
 
 from .algorithms import Decision, Mode, Rate
 from .limits import IDENTITY_CHARS_MAX, FailurePolicy, Identity, LimitSet, LimitSpec, Unit
-from .peer import (METHOD_DECIDE, METHOD_REPLICATE, RATE_LIMIT_MARK, BadRequest, Batcher, ItemError, PeerUnreachable, PendingItem, add_decision, check_item, parse_request, rate_from_pb, state_from_pb, state_to_pb)
+from .peer import (METHOD_DECIDE, METHOD_REPLICATE, RATE_LIMIT_MARK, BadRequest, Batcher, ItemError, PeerUnreachable,
+                   PendingItem, add_decision, check_item, parse_request, rate_from_pb, state_from_pb, state_to_pb)
 from .store import KeyStore
 from ..observe.metrics import counter, gauge
 from ..base.options import Option, secs_ms
