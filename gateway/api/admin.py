@@ -54,7 +54,7 @@ async def readiness(state: GatewayState, request: Request) -> None:
     now = trio.current_time()
     healthy = sum(1 for w in state.registry.all() if w.available(now))
     reason = None
-    if state.shutting_down:
+    if state.status.shutting_down:
         reason = "shutting down"
     elif state.cluster is not None and not state.cluster.registry_received:
         reason = "not joined to the cluster yet (no worker registry received)"
@@ -67,7 +67,7 @@ async def health(state: GatewayState, request: Request) -> None:
     now = trio.current_time()
     workers = state.registry.all()
     healthy = sum(1 for w in workers if w.available(now))
-    status = 200 if healthy and not state.shutting_down else 503
+    status = 200 if healthy and not state.status.shutting_down else 503
     await request.send_json(status, {"status": "ok" if status == 200 else "degraded", "workers": len(workers),
                                      "healthy_workers": healthy,
                                      # Which process of the node answered (--workers N share the port).

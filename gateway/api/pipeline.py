@@ -60,10 +60,10 @@ def model_entry(state: GatewayState, model: str | None, principal: Principal) ->
             raise BadRequest("'model' is required when the node serves several models", param="model")
     entry = state.catalog.get(model)
     if entry is None:
-        if state.unreachable_engines:
+        if state.status.unreachable_engines:
             # An engine configured at start has not answered yet: the model may be its own. 503 says when to
             # come back (a 404 told a new user the model does not exist while the engine was starting).
-            engines = ", ".join(sorted(state.unreachable_engines))
+            engines = ", ".join(sorted(state.status.unreachable_engines))
             raise Unavailable(f"The model '{model}' is not served yet: the configured engine(s) {engines} do not "
                               "answer; retry when they do", code="engine_unreachable", retry_after_s=5)
         raise NotFound(f"The model '{model}' does not exist", param="model", code="model_not_found")

@@ -5,23 +5,24 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..serving.admission import Admission
 from ..engine.grpc_engine import SamplingOptions
-from ..serving.generation import GenerationResult, Generator
-from ..history import HistoryStore, MemoryHistory
-from ..media.config import MediaConfig
-from ..mcp.config import McpConfig
-from ..mcp.sessions import McpSessions
-from ..media.service import MediaService
-from ..observe.metrics import GatewayMetrics
-from ..serving.models import ModelCatalog
-from ..workers import Router, WorkerRegistry
-from .background import BackgroundRuns
+from ..serving.generation import GenerationResult
 from .protocol import SamplingRequest
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ..history import HistoryStore
+    from ..mcp.sessions import McpSessions
+    from ..media.service import MediaService
+    from ..observe.metrics import GatewayMetrics
+    from ..serving.admission import Admission
+    from ..serving.generation import Generator
+    from ..serving.models import ModelCatalog
+    from ..workers import Router, WorkerRegistry
+    from .background import BackgroundRuns
     from ..auth.key_store import KeyStore
     from ..cluster import ClusterState
     from ..node.config import GatewayConfig
@@ -31,39 +32,53 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass
-class GatewayState:
-    config: "GatewayConfig"
-    registry: WorkerRegistry
-    catalog: ModelCatalog
-    router: Router
-    generator: Generator
-    admission: Admission
-    metrics: GatewayMetrics
-    proxy: "HttpProxy"
-    shutting_down: bool = False
-    rate_limiter: "RateLimiter | None" = None
-    cluster: "ClusterState | None" = None
-    key_store: "KeyStore | None" = None
-    tracing: "Tracing | None" = None  # --enable-trace: every instrumented step reads it (None: off)
-    # Stored responses and conversations (gateway/history): the backend --history-backend chose, None
-    # with "none". The default here (a lone node's memory) is for states built without a server.
-    history: "HistoryStore | None" = dataclasses.field(default_factory=MemoryHistory)
-    # Background responses generating on this node (api/background.py): their runs, cancels from any node,
-    # their live streams. The default here (no mesh, not served) is for states built without a server.
-    background: BackgroundRuns = dataclasses.field(default_factory=lambda: BackgroundRuns(None, False))
-    # Images of vision requests: fetched (only where --media-allowed-hosts says), decoded, processed, cached.
-    media: MediaService = dataclasses.field(default_factory=lambda: MediaService(MediaConfig()))
-    # MCP tools (gateway/mcp): the configured servers, the policy for clients' server URLs, the sessions. The
-    # default here (nothing configured, no client URL allowed) is for states built without a server.
-    mcp: McpSessions = dataclasses.field(default_factory=lambda: McpSessions(McpConfig()))
+class NodeStatus:
+    """What changes while the node serves (the rest of the request context does not)."""
+
+    shutting_down: bool = False  # readiness fails at once: balancers drain the node
     # Engines of --worker-urls that have not answered since the node started (their models are unknown yet):
     # requests for a model nobody serves answer 503 naming them rather than 404.
     unreachable_engines: set[str] = dataclasses.field(default_factory=set)
 
-    def __post_init__(self) -> None:
+
+class GatewayState:
+    """Everything a request handler may use: the node's config, every subsystem's service by its name
+    (``state.generator``, ``state.history``, ``state.media``: gateway/node/subsystems.py lists them), built once
+    and frozen, and the node's status (the one thing that changes). The node's own resources are here too
+    (``state.metrics``, ``state.cluster``: None without a mesh)."""
+
+    def __init__(self, config: "GatewayConfig", services: "Mapping[str, Any]") -> None:
+        set_once = object.__setattr__
+        set_once(self, "config", config)
+        for name, service in services.items():
+            set_once(self, name, service)
+        set_once(self, "status", NodeStatus())
         # Engine request ids must be unique per engine; clients' ids need not be.
-        self._engine_ids = itertools.count(1)
-        self._engine_id_prefix = f"smg-{os.getpid():x}-{os.urandom(3).hex()}-"
+        set_once(self, "_engine_ids", itertools.count(1))
+        set_once(self, "_engine_id_prefix", f"smg-{os.getpid():x}-{os.urandom(3).hex()}-")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"the request context is built once: {name} cannot be set (a subsystem's service is "
+                             "given what it uses when it starts)")
+
+    if TYPE_CHECKING:  # what the API reads, for readers and type checkers (set from the services above)
+        config: "GatewayConfig"
+        status: NodeStatus
+        registry: WorkerRegistry
+        catalog: ModelCatalog
+        router: Router
+        generator: Generator
+        admission: Admission
+        metrics: GatewayMetrics
+        proxy: "HttpProxy"
+        rate_limiter: "RateLimiter"
+        cluster: "ClusterState | None"
+        key_store: "KeyStore"
+        tracing: "Tracing | None"
+        history: "HistoryStore | None"
+        background: BackgroundRuns
+        media: MediaService
+        mcp: McpSessions
 
     def new_engine_request_id(self) -> str:
         return f"{self._engine_id_prefix}{next(self._engine_ids)}"

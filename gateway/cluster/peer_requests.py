@@ -29,6 +29,11 @@ class PeerRequests:
         self.unrouted = 0
         self.tracing: Any = None  # gateway.tracing.tracer.Tracing when this node traces
 
+    def use_tracing(self, tracing: Any) -> None:
+        """Trace peers' requests with the node's tracer. Given once at start, after construction: the cluster's state
+        is made before the gateway (the mesh needs it to join), the tracer by the gateway's tracing subsystem."""
+        self.tracing = tracing
+
     def register(self, mark: bytes, handler: Handler) -> None:
         if len(mark) != 1:
             raise ValueError("a mark is one byte")

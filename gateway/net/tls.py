@@ -20,9 +20,12 @@ import logging
 import os
 import ssl
 from pathlib import Path
+from typing import Any
 
 import trio
+
 from ..base.options import Option
+from ..base.subsystem import ConfigProblem, Subsystem
 
 log = logging.getLogger("gateway.tls")
 
@@ -104,3 +107,15 @@ OPTIONS = (
     Option("--tls-reload-interval-secs", "tls.reload_interval_s", float, "how often the certificate files are "
            "checked for a renewal (default 10)", "security"),
 )
+
+
+def _check(config: Any) -> None:
+    if config.tls.enabled or config.tls.key_path is not None:
+        try:
+            ServerTls(config.tls)  # the files load, and the key matches the certificate
+        except (ValueError, OSError, ssl.SSLError) as e:
+            raise ConfigProblem(f"--tls-cert-path/--tls-key-path: {e}") from None
+
+
+# TLS for clients as a subsystem of the node (gateway/base/subsystem.py): the HTTP servers take it from the config.
+SUBSYSTEM = Subsystem("tls", TlsConfig(), OPTIONS, _check)

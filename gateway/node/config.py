@@ -18,60 +18,30 @@ import argparse
 import dataclasses
 import os
 import shlex
-import ssl
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from mesh.admin_token import AdminTokenError, cluster_salt, default_token_path, load_or_create_token, read_token
-from mesh.crypto import KeyringError, WeakSecret, decode_key, derive_key
-from mesh.options import MeshOptions, is_loopback, parse_tags
-from mesh.transport import MeshTls
+from mesh.crypto import WeakSecret, derive_key
+from mesh.options import parse_tags
 
-from ..serving import admission, disaggregation, embeddings
-from .. import parsers
-from ..net import tls
-from ..serving.admission import AdmissionConfig
-from ..auth import AuthConfig, Authenticator, authenticator, jwt_verifier
-from ..auth.authenticator import AuthConfigError
-from ..cluster import mesh_options
-from ..serving.disaggregation import PdConfig
-from ..discovery import config as discovery_config
-from ..discovery.config import DiscoveryConfig, parse_selector
-from ..engine import engine_tls, h2grpc
-from ..engine.engine_tls import EngineTlsConfig
-from ..serving.embeddings import EmbeddingConfig
-from ..engine.h2grpc import H2Config
-from ..history import HISTORY_BACKENDS, RECORD_BYTES_MAX, HistoryConfig
-from ..mcp import config as mcp_config
-from ..mcp.config import McpConfig
-from ..mcp.servers import ServerConfigError, load_servers
-from ..media import config as media_config
-from ..media.config import MediaConfig
-from ..net.outbound import HostPolicy
-from ..history import backends as history_backends
-from ..history import store as history_store
 from ..base.options import HELP_SECTIONS, Option, secs_ms
-from ..parsers import HarmonyUnavailable, harmony_encoding, is_harmony
-from ..ratelimit import limiter
-from ..ratelimit.limiter import RateLimitConfig
-from ..ratelimit.limits import FailurePolicy, LimitConfigError, LimitSet, parse_limit_set
-from ..routing import breaker, kv_index, policies, retry
-from ..routing.breaker import BreakerConfig
-from ..routing.policies import PolicyConfig
-from ..routing.retry import RetryConfig
-from ..net.tls import ServerTls, TlsConfig
-from ..tokenizer import service as tokenizer_service
-from ..tokenizer.service import TokenizerConfig
-from ..tracing import TracingConfig
-from ..tracing import config as tracing_config
-from ..workers import HealthConfig, WorkerAllowlist, WorkerUrlError, health, origin, parse_worker_origin
+from ..base.subsystem import ConfigProblem, Subsystem
+from ..discovery.config import parse_selector
+from ..history import HISTORY_BACKENDS
+from ..ratelimit.limits import LimitSet
+from ..ratelimit.subsystem import limit_set
+from ..workers import WorkerUrlError, parse_worker_origin
+from .subsystems import SUBSYSTEMS
 
 ENV_PREFIX = "SMG_NODE_"
 
 
 @dataclasses.dataclass(frozen=True)
-class GatewayConfig:
+class NodeConfig:
+    """The node's own settings; ``GatewayConfig`` adds a section per registered subsystem (below)."""
+
     host: str = "127.0.0.1"
     port: int = 30000
     worker_urls: tuple[str, ...] = ()
@@ -120,27 +90,11 @@ class GatewayConfig:
     # follower would decode and index every batch twice and send the other a copy it drops.
     kv_event_followers: int = 2
     sim_engine_args: tuple[str, ...] = ()
-    policy: PolicyConfig = PolicyConfig()
-    admission: AdmissionConfig = AdmissionConfig()
-    retry: RetryConfig = RetryConfig()
-    breaker: BreakerConfig = BreakerConfig()
-    health: HealthConfig = HealthConfig()
-    tokenizer: TokenizerConfig = TokenizerConfig()
-    mesh: MeshOptions = MeshOptions()
     # Rate limits: a TOML file of [[limits]] (gateway/ratelimit/limits.py), plus the shortcut
     # --global-rate-limit N (requests per second for the whole cluster) and a policy override.
     rate_limits_file: Path | None = None
     global_rate_limit: float | None = None
     rate_limit_policy: str | None = None
-    rate_limit: RateLimitConfig = RateLimitConfig()
-    # API keys, roles, the admin credential and the audit log (gateway/auth/authenticator.py).
-    auth: AuthConfig = AuthConfig()
-    # TLS for clients (gateway/net/tls.py): off unless a certificate is given.
-    tls: TlsConfig = TlsConfig()
-    # TLS to engines (grpcs://, https://): the CA to trust and our client certificate (engine_tls.py).
-    engine_tls: EngineTlsConfig = EngineTlsConfig()
-    # The HTTP/2 gRPC client's windows, timeouts and keepalive (gateway/engine/h2grpc.py H2Config).
-    engine_h2: H2Config = H2Config()
     # Parsers of chat answers for every model (gateway/parsers/); None: chosen by each model's id
     # (gateway/parsers/choice.py), "none" or "passthrough": off.
     tool_call_parser: str | None = None
@@ -148,13 +102,6 @@ class GatewayConfig:
     # (bounded by ``history``, each record on three nodes of the mesh) or "none" (nothing stored;
     # previous_response_id and conversations refused).
     history_backend: str = "memory"
-    history: HistoryConfig = HistoryConfig()
-    tracing: TracingConfig = TracingConfig()  # --enable-trace (gateway/tracing)
-    pd: PdConfig = PdConfig()  # --pd-disaggregation: prefill/decode pairs (gateway/serving/disaggregation.py)
-    discovery: DiscoveryConfig = DiscoveryConfig()  # --service-discovery: engines as Kubernetes pods (gateway/discovery)
-    embeddings: EmbeddingConfig = EmbeddingConfig()  # /v1/embeddings' bounds (gateway/serving/embeddings.py)
-    media: MediaConfig = MediaConfig()  # images: what is fetched, the bounds, the cache (gateway/media)
-    mcp: McpConfig = McpConfig()  # MCP tools: servers, where clients' URLs may go, bounds (gateway/mcp)
     # The settings of registered plugins that bring a config section of their own (a history backend's:
     # ``postgres``, ``redis``), by section name; read as attributes (``config.postgres``) or with section().
     plugin_sections: tuple[tuple[str, Any], ...] = ()
@@ -192,23 +139,22 @@ class GatewayConfig:
 
     def limit_set(self) -> LimitSet:
         """The limits this node starts with (ConfigError when the file or flags are wrong)."""
-        limits = LimitSet()
-        if self.rate_limits_file is not None:
-            try:
-                with open(self.rate_limits_file, "rb") as f:
-                    limits = parse_limit_set(tomllib.load(f))
-            except (OSError, tomllib.TOMLDecodeError, LimitConfigError) as e:
-                raise ConfigError(f"--rate-limits {self.rate_limits_file}: {e}") from None
-        if self.global_rate_limit is not None:
-            if not self.global_rate_limit > 0:
-                raise ConfigError("--global-rate-limit must be a positive number of requests per second")
-            limits = limits.with_global_limit(self.global_rate_limit)
-        if self.rate_limit_policy is not None:
-            try:
-                limits = dataclasses.replace(limits, failure_policy=FailurePolicy(self.rate_limit_policy))
-            except ValueError:
-                raise ConfigError("--rate-limit-policy must be proportional, open or closed") from None
-        return limits
+        try:
+            return limit_set(self)
+        except ConfigProblem as e:
+            raise ConfigError(str(e)) from None
+
+
+def config_class(subsystems: "tuple[Subsystem, ...]" = SUBSYSTEMS) -> type:
+    """The node's config class: its own fields and one section per subsystem that has settings (``config.media``,
+    ``config.mcp``...), each defaulting to the subsystem's config (gateway/node/subsystems.py)."""
+    sections = [(s.name, type(s.config), dataclasses.field(default=s.config)) for s in subsystems if s.config is not None]
+    return dataclasses.make_dataclass("GatewayConfig", sections, bases=(NodeConfig,), frozen=True, namespace={
+        "__module__": __name__,
+        "__doc__": "The node's configuration: its own settings and a section per subsystem; one frozen object."})
+
+
+GatewayConfig = config_class()
 
 
 # The node's own flags; every subsystem declares its own beside its config (``OPTIONS`` in its module).
@@ -256,15 +202,9 @@ def plugin_section_defaults() -> dict[str, Any]:
     return {plugin.make.section: plugin.make.defaults for plugin in HISTORY_BACKENDS.plugins() if plugin.make.section}
 
 
-def all_options() -> tuple[Option, ...]:
-    """Every flag of ``serve``: the node's own, each subsystem's, each registered plugin's."""
-    plugins = tuple(option for plugin in HISTORY_BACKENDS.plugins() for option in plugin.make.options)
-    return (*_OWN_OPTIONS, *parsers.OPTIONS, *admission.OPTIONS, *policies.OPTIONS, *kv_index.OPTIONS,
-            *retry.OPTIONS, *breaker.OPTIONS, *health.OPTIONS, *origin.OPTIONS, *engine_tls.OPTIONS, *h2grpc.OPTIONS,
-            *tokenizer_service.OPTIONS, *embeddings.OPTIONS, *media_config.OPTIONS, *mcp_config.OPTIONS, *history_store.OPTIONS,
-            *history_backends.OPTIONS,
-            *plugins, *disaggregation.OPTIONS, *discovery_config.OPTIONS, *tracing_config.OPTIONS,
-            *mesh_options.OPTIONS, *limiter.OPTIONS, *authenticator.OPTIONS, *jwt_verifier.OPTIONS, *tls.OPTIONS)
+def all_options(subsystems: "tuple[Subsystem, ...]" = SUBSYSTEMS) -> tuple[Option, ...]:
+    """Every flag of ``serve``: the node's own, then each registered subsystem's (its plugins' among them)."""
+    return (*_OWN_OPTIONS, *(option for subsystem in subsystems for option in subsystem.options))
 
 
 OPTIONS = all_options()
@@ -422,7 +362,12 @@ def _prefill_engines(raw: Any) -> "tuple[tuple[str, int | None], ...]":
     return tuple(engines)
 
 
-def build_config(args: argparse.Namespace, environ: "dict[str, str] | None" = None) -> GatewayConfig:
+def build_config(args: argparse.Namespace, environ: "dict[str, str] | None" = None,
+                 subsystems: "tuple[Subsystem, ...]" = SUBSYSTEMS) -> GatewayConfig:
+    """The config from flags (``args``), the environment and the --config file, checked (ConfigError). ``subsystems``:
+    the node's registrations (a test may add one)."""
+    options, config_type = (OPTIONS, GatewayConfig) if subsystems is SUBSYSTEMS else \
+        (all_options(subsystems), config_class(subsystems))
     environ = os.environ if environ is None else environ
     file_values: dict[str, Any] = {}
     if getattr(args, "config", None):
@@ -430,13 +375,13 @@ def build_config(args: argparse.Namespace, environ: "dict[str, str] | None" = No
             file_values = tomllib.loads(Path(args.config).read_text(encoding="utf-8"))
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise ConfigError(f"--config {args.config}: {e}") from None
-        known = {o.flag[2:].replace("-", "_") for o in OPTIONS}
+        known = {o.flag[2:].replace("-", "_") for o in options}
         unknown = sorted(set(file_values) - known)
         if unknown:
             raise ConfigError(f"--config {args.config}: unknown keys {', '.join(unknown)}")
     top: dict[str, Any] = {}
     sections: dict[str, dict[str, Any]] = {}
-    for opt in OPTIONS:
+    for opt in options:
         key = opt.flag[2:].replace("-", "_")
         raw = getattr(args, key, None)
         if raw is None:
@@ -452,7 +397,7 @@ def build_config(args: argparse.Namespace, environ: "dict[str, str] | None" = No
         else:
             top[opt.path] = value
     _smg_mesh_aliases(top, sections.setdefault("mesh", {}))
-    base = GatewayConfig()
+    base = config_type()
     jwt_values = sections.pop("jwt", None)
     if jwt_values:  # a section of a section: auth.jwt
         sections.setdefault("auth", {})["jwt"] = dataclasses.replace(base.auth.jwt, **jwt_values)
@@ -465,7 +410,7 @@ def build_config(args: argparse.Namespace, environ: "dict[str, str] | None" = No
             top[section] = dataclasses.replace(getattr(base, section), **values)
     top["plugin_sections"] = tuple(plugin_sections)
     config = dataclasses.replace(base, **top)
-    validate(config)
+    validate(config, subsystems)
     return config
 
 
@@ -495,70 +440,27 @@ def _smg_mesh_aliases(top: dict[str, Any], mesh: dict[str, Any]) -> None:
             raise ConfigError(f"--join: a seed is host:port or dns:NAME:PORT, got {seed!r}")
 
 
-def validate(config: GatewayConfig) -> None:
-    for opt in OPTIONS:  # values that name a registered member: a parser, a policy, a backend
+def validate(config: GatewayConfig, subsystems: "tuple[Subsystem, ...]" = SUBSYSTEMS) -> None:
+    """The node's own checks, then every subsystem's (gateway/node/subsystems.py): the first problem, in one line."""
+    for opt in (OPTIONS if subsystems is SUBSYSTEMS else all_options(subsystems)):  # values naming a registered member
         if opt.choices is not None:
             problem = opt.choices.check(_value_of(config, opt.path), opt.flag)
             if problem is not None:
                 raise ConfigError(problem)
+    _validate_node(config)
+    for subsystem in subsystems:
+        if subsystem.check is not None:
+            try:
+                subsystem.check(config)
+            except ConfigProblem as e:
+                raise ConfigError(str(e)) from None
+
+
+def _validate_node(config: GatewayConfig) -> None:
     if not 0 <= config.port <= 65535:
         raise ConfigError("--port must be between 0 and 65535")
-    backend = HISTORY_BACKENDS[config.history_backend]
-    problem = backend.check(config.section(backend.section) if backend.section else None)
-    if problem is not None:
-        raise ConfigError(problem)
-    history = config.history
-    if history.max_responses < 1 or history.max_items < 1 or history.retention_s <= 0 or history.max_bytes < 1:
-        raise ConfigError("--history-memory-max-responses, --history-memory-max-items, --history-memory-max-bytes "
-                          "and --history-memory-retention-secs must be positive")
-    if any(v is not None and v < 1 for v in (history.tenant_max_bytes, history.tenant_max_responses,
-                                             history.tenant_max_conversations, history.tenant_max_items)) \
-            or not 1 <= history.record_bytes_max <= RECORD_BYTES_MAX:
-        raise ConfigError(f"--history-tenant-max-* must be positive, and --history-record-max-bytes from 1 to "
-                          f"{RECORD_BYTES_MAX} (a record travels between nodes in one mesh frame)")
-    tracing = config.tracing
-    if not 0.0 <= tracing.sample_ratio <= 1.0 or tracing.export_timeout_s <= 0 or not tracing.endpoint:
-        raise ConfigError("--trace-sample-ratio must be from 0 to 1, --trace-export-timeout-secs positive, and "
-                          "--otlp-traces-endpoint given")
-    if is_harmony(config.tool_call_parser) or is_harmony(config.reasoning_parser):
-        try:
-            harmony_encoding()
-        except HarmonyUnavailable as e:
-            raise ConfigError(f"--tool-call-parser/--reasoning-parser gpt_oss: {e}") from None
-    if config.engine_h2.keepalive_interval_s > 0 and not config.engine_h2.keepalive_timeout_s > 0:
-        raise ConfigError("--engine-keepalive-timeout-secs must be positive while keepalive is on")
     if config.answer_bytes_max < 1:
         raise ConfigError("--max-answer-bytes must be positive")
-    if config.embeddings.inputs_max < 1 or config.embeddings.tokens_max < 1:
-        raise ConfigError("--max-embedding-inputs and --max-embedding-tokens must be positive")
-    media = config.media
-    if not (media.fetch_timeout_s > 0 and media.image_bytes_max > 0 and media.image_pixels_max > 0
-            and media.images_per_request_max > 0 and media.cache_bytes_max >= 0 and media.threads >= 0
-            and media.fetch_connections > 0 and media.fetch_connections_per_tenant > 0
-            and media.tenant_bytes_max > 0 and media.tenant_waiting_max > 0):
-        raise ConfigError("--media-* bounds must be positive (the cache's and threads' may be 0)")
-    try:
-        HostPolicy(media.allowed_hosts)
-        HostPolicy(config.mcp.allowed_hosts, "--mcp-allowed-hosts")
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    mcp = config.mcp
-    if not (mcp.connect_timeout_s > 0 and mcp.call_timeout_s > 0 and mcp.output_bytes_max > 0 and mcp.sessions_max > 0
-            and mcp.session_idle_s > 0 and mcp.tool_calls_max > 0 and mcp.response_time_max_s > 0
-            and mcp.answer_bytes_max > 0 and mcp.answer_items_max > 0):
-        raise ConfigError("--mcp-* bounds must be positive")
-    if mcp.config_path:
-        try:
-            load_servers(mcp.config_path)  # checked now: a bad file stops the start, in one line
-        except ServerConfigError as e:
-            raise ConfigError(str(e)) from None
-    if config.admission.max_concurrent_requests < 0 or config.admission.queue_size < 0:
-        raise ConfigError("--max-concurrent-requests and --queue-size must not be negative")
-    if any(v is not None and v < 1 for v in (config.admission.tenant_max_concurrent,
-                                             config.admission.tenant_queue_max)):
-        raise ConfigError("--max-concurrent-requests-per-tenant and --queue-size-per-tenant must be positive")
-    if config.admission.body_bytes_max is not None and config.admission.body_bytes_max <= 0:
-        raise ConfigError("--max-payload-size must be positive")
     if config.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
         raise ConfigError("--log-level must be debug, info, warning, error or critical")
     if config.tokenizer_path is not None and not (config.tokenizer_path / "tokenizer.json").is_file():
@@ -575,94 +477,13 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--max-connections must be at least 1")
     if config.workers < 0:
         raise ConfigError("--workers must not be negative (0: one per available core)")
-    if config.kv_event_followers < 1:
-        raise ConfigError("--kv-event-followers must be at least 1")
-    if config.tokenizer.encode_threads < 0:
-        raise ConfigError("--encode-threads must not be negative (0: one per core)")
-    if config.tokenizer.chat_template_fuel < 1:
-        raise ConfigError("--chat-template-fuel must be at least 1")
     if config.sim_engines < 0:
         raise ConfigError("--sim-engines must not be negative")
-    config.limit_set()  # raises ConfigError on a bad file or flag
-    rl = config.rate_limit
-    if rl.batch_wait_s < 0 or rl.batch_items_max < 1 or rl.sync_interval_s <= 0 or rl.forward_timeout_s <= 0:
-        raise ConfigError("--rate-limit-batch-wait-ms must be >= 0, --rate-limit-batch-max >= 1, and the sync "
-                          "interval and forward timeout positive")
-    mesh = config.mesh
-    if mesh.enabled:
-        if mesh.preset not in ("lan", "local"):
-            raise ConfigError("--mesh-preset must be lan or local")
-        try:
-            for key in mesh.keys:
-                decode_key(key)
-        except KeyringError as e:
-            raise ConfigError(f"--encrypt: {e}") from None
-        tls_parts = [mesh.tls_ca_cert, mesh.tls_cert, mesh.tls_key]
-        if any(tls_parts) and not all(tls_parts):
-            raise ConfigError("--mesh-tls-ca-cert, --mesh-tls-cert and --mesh-tls-key go together")
-        if all(tls_parts):
-            try:
-                MeshTls(*tls_parts)
-            except (OSError, ssl.SSLError) as e:
-                raise ConfigError(f"--mesh-tls-*: {e}") from None
-        if not mesh.keys and not mesh.insecure and not (is_loopback(mesh.bind) and is_loopback(
-                mesh.advertise or mesh.bind)):
-            raise ConfigError(f"--mesh-bind {mesh.bind} is reachable from the network: pass --encrypt KEY "
-                              "(smg-node keygen makes one), or --mesh-insecure to run it in the clear")
     for url in config.worker_urls:  # a mistake in a URL is the operator's to fix now, not a retry loop's
         try:
             parse_worker_origin(url)
         except WorkerUrlError as e:
             raise ConfigError(f"--worker-urls {url}: {e}") from None
-    _validate_pd(config.pd)
-    _validate_discovery(config.discovery, config.pd, config.mesh.enabled)
-    try:
-        Authenticator(config.auth)
-        WorkerAllowlist(config.worker_allowed_hosts)
-    except (AuthConfigError, ValueError) as e:
-        raise ConfigError(str(e)) from None
-    if config.tls.enabled or config.tls.key_path is not None:
-        try:
-            ServerTls(config.tls)  # the files load, and the key matches the certificate
-        except (ValueError, OSError, ssl.SSLError) as e:
-            raise ConfigError(f"--tls-cert-path/--tls-key-path: {e}") from None
-
-
-def _validate_discovery(discovery: DiscoveryConfig, pd: PdConfig, meshed: bool) -> None:
-    given = [flag for flag, selector in (("--selector", discovery.selector),
-                                         ("--prefill-selector", discovery.prefill_selector),
-                                         ("--decode-selector", discovery.decode_selector),
-                                         ("--router-selector", discovery.router_selector)) if selector]
-    if not discovery.enabled:
-        if given:
-            raise ConfigError(f"{given[0]} needs --service-discovery")
-        return
-    if not given:
-        raise ConfigError("--service-discovery needs --selector (or --prefill-selector and --decode-selector, or "
-                          "--router-selector): an empty selector would take every pod")
-    if (discovery.prefill_selector or discovery.decode_selector) and not pd.enabled:
-        raise ConfigError("--prefill-selector and --decode-selector need --pd-disaggregation")
-    if discovery.router_selector and not meshed:
-        raise ConfigError("--router-selector finds the mesh's seeds: it needs --mesh-bind")
-    if discovery.protocol not in ("grpc", "http"):
-        raise ConfigError(f"--service-discovery-protocol {discovery.protocol!r}: grpc or http")
-    if discovery.protocol != "grpc" and (discovery.prefill_selector or discovery.decode_selector):
-        raise ConfigError("prefill and decode engines are gRPC engines: --service-discovery-protocol grpc")
-    if not 0 < discovery.port < 65536:
-        raise ConfigError(f"--service-discovery-port {discovery.port} is not a port")
-
-
-def _validate_pd(pd: PdConfig) -> None:
-    if (pd.prefill or pd.decode) and not pd.enabled:
-        raise ConfigError("--prefill and --decode need --pd-disaggregation")
-    if not pd.bootstrap_timeout_s > 0:
-        raise ConfigError("--pd-bootstrap-timeout-secs must be positive")
-    for flag, url in [*(("--prefill", u) for u, _ in pd.prefill), *(("--decode", u) for u in pd.decode)]:
-        try:
-            if parse_worker_origin(url).kind != "grpc":
-                raise WorkerUrlError("prefill and decode engines are gRPC engines (grpc://host:port)")
-        except WorkerUrlError as e:
-            raise ConfigError(f"{flag} {url}: {e}") from None
 
 
 def with_admin_credentials(config: GatewayConfig) -> GatewayConfig:

@@ -10,13 +10,10 @@ second signal exits at once.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 import logging
 import os
-import random
 import signal
-import socket
 import ssl
 import sys
 from typing import Any
@@ -31,41 +28,27 @@ from mesh.asgi import answer_lifespan
 from mesh.options import default_node_name
 from mesh.service import MeshBindError, serve_mesh
 
-from ..serving.admission import Admission
-from ..api.background import BackgroundRuns
 from ..api.app import GatewayApp
 from ..api.errors import transport_error_body
-from ..net.http1 import H1Config, H1Server
-from ..api.proxy import HttpProxy
 from ..api.state import GatewayState
-from ..history import HISTORY_BACKENDS, HistoryStore, StoreUnavailable
-from ..mcp.servers import load_servers
-from ..mcp.sessions import McpSessions
-from ..media.service import MediaService
-from ..auth import Authenticator
-from ..auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX
-from ..auth.key_store import KeyStore, KeyStoreError, StoredKey
-from ..cluster import ClusterState, KvSharing, follow_worker_document
-from .config import GatewayConfig
+from ..base.subsystem import StartContext, Subsystem, start_order
+from ..cluster import ClusterState, follow_worker_document
+from ..discovery.credentials import CredentialsError
 from ..engine.bridge import GrpcBridge
 from ..engine.engine_tls import client_context
 from ..engine.h2grpc import H2GrpcClient
-from ..serving.generation import Generator
-from ..observe.logs import setup_logging
-from ..observe.loop_lag import LoopLagMonitor, SlowStepLog
-from .mesh_metrics import cluster_metric_families, mesh_metric_families
-from ..observe.metrics import GatewayMetrics
-from ..serving.models import ModelCatalog
-from ..ratelimit.limiter import RateLimiter
-from ..ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
-from ..routing.kv_index import KvIndex
-from ..serving.disaggregation import PairRouter, PdLegs
-from ..discovery.credentials import CredentialsError
-from ..routing.policies import make_policy
-from .supervisor import SUPERVISED_ENV, exit_when_supervisor_dies
+from ..history import StoreUnavailable
+from ..net.http1 import H1Config, H1Server
 from ..net.tls import ServerTls, TlsConfig
+from ..observe.logs import setup_logging
+from ..observe.loop_lag import SlowStepLog
+from ..observe.metrics import GatewayMetrics
+from ..workers import WorkerError, WorkerExists
+from .config import GatewayConfig
+from .mesh_metrics import cluster_metric_families, mesh_metric_families
+from .subsystems import NODE_RESOURCES, SUBSYSTEMS
+from .supervisor import SUPERVISED_ENV, exit_when_supervisor_dies
 from .trio_instruments import use_dict_instruments
-from ..workers import Router, WorkerAllowlist, WorkerError, WorkerExists, WorkerRegistry
 
 log = logging.getLogger("gateway.server")
 
@@ -89,73 +72,6 @@ class RunningGateway:
     shutdown: trio.Event  # set it to begin a graceful shutdown
 
 
-async def _start_rate_limiter(config: GatewayConfig, cluster: ClusterState | None, metrics: GatewayMetrics,
-                              nursery: trio.Nursery) -> RateLimiter:
-    """Always running (limits can be set at run time); it costs nothing while no limit is set."""
-    limiter = RateLimiter(config.rate_limit, config.limit_set(), cluster=cluster, metrics=metrics)
-    if cluster is not None:
-        def on_setting(name: str, value: Any) -> None:
-            if name != RATE_LIMITS_SETTING:
-                return
-            try:
-                limiter.set_limits(parse_limit_set(value))
-                log.info("rate limits changed by a peer: %d limits", len(limiter.limits.limits))
-            except LimitConfigError as e:
-                log.warning("ignored rate limits from a peer: %s", e)
-
-        cluster.follow_settings(on_setting)
-    await nursery.start(limiter.run)
-    metrics.add_state_source(limiter.metric_families)
-    return limiter
-
-
-async def _start_discovery(config: GatewayConfig, registry: WorkerRegistry, cluster: ClusterState | None,
-                           catalog: ModelCatalog, metrics: GatewayMetrics, nursery: trio.Nursery) -> None:
-    """--service-discovery: the engines' pods watched, their engines added and drained (gateway/discovery). The
-    credentials are found before the node serves, whatever discovery is for (engines or only --router-selector's
-    seeds): without them the node does not start, saying why (CredentialsError)."""
-    from ..discovery.credentials import load_credentials
-    from ..discovery.service import discovery_metrics, run_worker_discovery
-    credentials = load_credentials()
-    log.info("service discovery: Kubernetes API at %s (%s)", credentials.server, credentials.source)
-    if not config.discovery.role_selectors():
-        return  # --router-selector alone: the mesh's seeds, followed once the mesh runs (_follow_router_pods)
-    discovered = await nursery.start(functools.partial(
-        run_worker_discovery, config.discovery, credentials, registry, cluster,
-        lambda worker: catalog.ensure(worker, int(worker.registered_at))))
-    metrics.add_state_source(lambda: discovery_metrics(discovered))
-
-
-async def _start_history(config: GatewayConfig, cluster: ClusterState | None, metrics: GatewayMetrics,
-                         nursery: trio.Nursery) -> HistoryStore | None:
-    """The store --history-backend chose (gateway/history/backends.py), ready before the node serves: a durable
-    one connected (and Postgres migrated), the memory one replicating over the mesh when there is one."""
-    backend = HISTORY_BACKENDS[config.history_backend]
-    store = await backend.start(config.section(backend.section) if backend.section else None, config.history,
-                                cluster, nursery)
-    if store is not None:
-        metrics.add_state_source(store.metric_families)
-    return store
-
-
-def _start_key_store(cluster: ClusterState | None) -> KeyStore:
-    """The keys made at run time, and their replication through the cluster's shared document."""
-    store = KeyStore()
-    if cluster is None:
-        return store
-
-    def on_setting(name: str, value: Any) -> None:
-        if not name.startswith(KEY_SETTING_PREFIX):
-            return
-        try:
-            store.apply(StoredKey.from_record(value))
-        except KeyStoreError as e:
-            log.warning("ignored an API key record from a peer: %s", e)
-
-    cluster.follow_settings(on_setting)
-    return store
-
-
 async def _register_initial(state: GatewayState, url: str, model: str | None, role: str = "regular",
                             bootstrap_port: int | None = None) -> None:
     """Registers a --worker-urls (or --prefill, --decode) engine, trying until it answers. It counts as
@@ -168,10 +84,10 @@ async def _register_initial(state: GatewayState, url: str, model: str | None, ro
             await state.catalog.ensure(worker, int(worker.registered_at))
             if delay > 0.5:
                 log.info("worker %s answers now: registered", url)
-            state.unreachable_engines.discard(url)
+            state.status.unreachable_engines.discard(url)
             return
         except WorkerExists:
-            state.unreachable_engines.discard(url)
+            state.status.unreachable_engines.discard(url)
             return
         except WorkerError as e:
             log.warning("worker %s not registered yet: %s (retrying in %.1fs; requests for its model answer 503 "
@@ -265,64 +181,16 @@ async def serve_gateway(config: GatewayConfig, cluster: ClusterState | None = No
 async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metrics: GatewayMetrics,
                       http_client: httpx2.AsyncClient, bridge: Any, task_status) -> None:
     async with trio.open_nursery() as nursery:
+        services = await start_subsystems(config, nursery, {
+            "config": config, "metrics": metrics, "cluster": cluster, "http_client": http_client, "engine_bridge": bridge})
+        state = GatewayState(config, services)
+        registry, catalog = services["registry"], services["catalog"]
         # (URL, role, bootstrap port) of every engine the flags name: --worker-urls, --prefill, --decode.
         engines = [(url, "regular", None) for url in config.worker_urls]
         engines += [(url, "prefill", port) for url, port in config.pd.prefill]
         engines += [(url, "decode", None) for url in config.pd.decode]
-        urls = [url for url, _, _ in engines]
-        kv_index = KvIndex(config.kv_index_blocks_max) if config.kv_events else None
-        kv_sharing = None
-        if cluster is not None and kv_index is not None:
-            # Before any worker registers: its KV stream is then followed by its ring owners only.
-            kv_sharing = KvSharing(cluster, kv_index, config.kv_event_followers)
-            await nursery.start(kv_sharing.run)
-        registry = WorkerRegistry(bridge, http_client, config.health, config.breaker, nursery, kv_index, cluster,
-                                  config.kv_events_always, WorkerAllowlist(config.worker_allowed_hosts), kv_sharing)
-        catalog = ModelCatalog(config.tokenizer, config.tokenizer_path, config.chat_template, config.tool_call_parser,
-                               config.reasoning_parser)
-        router = Router(registry, make_policy(config.policy, kv_index))
-        generator = Generator(router, config.retry, metrics, nursery, random.Random())
-        # Pairs are chosen whenever prefill/decode workers are registered (here, or on another node of the cluster).
-        pairs = PairRouter(registry, *(make_policy(dataclasses.replace(config.policy, name=name or config.policy.name),
-                                                   kv_index)
-                                       for name in (config.pd.prefill_policy, config.pd.decode_policy)))
-        generator.pd = PdLegs(config.pd, pairs, metrics, nursery)
-        admission = Admission(config.admission)
-        rate_limiter = await _start_rate_limiter(config, cluster, metrics, nursery)
-        proxy = HttpProxy(generator, admission, config.admission.request_timeout_s, rate_limiter)
-        state = GatewayState(config, registry, catalog, router, generator, admission, metrics, proxy,
-                             rate_limiter=rate_limiter, cluster=cluster, key_store=_start_key_store(cluster),
-                             history=await _start_history(config, cluster, metrics, nursery))
-        # Background responses: their own nursery, and cancels from any node; only a store shared without a mesh
-        # leaves them to look at the store for cancels.
-        state.background = BackgroundRuns(cluster, poll_store=cluster is None and HISTORY_BACKENDS[
-            config.history_backend].shared)
-        await nursery.start(state.background.serve)
-        metrics.add_state_source(state.background.metric_families)
-        state.media = MediaService(config.media)
-        metrics.add_state_source(state.media.metric_families)
-        state.mcp = McpSessions(config.mcp, load_servers(config.mcp.config_path) if config.mcp.config_path else {})
-        await nursery.start(state.mcp.run)
-        metrics.add_state_source(state.mcp.metric_families)
-        for source in (registry, admission, catalog):  # each subsystem's own figures (metric_families)
-            metrics.add_state_source(source.metric_families)
-        if config.tracing.enabled:
-            from ..tracing.tracer import TracedCalls, Tracing  # OpenTelemetry loaded only when tracing is on
-            state.tracing = generator.tracing = generator.pd.tracing = Tracing.start(
-                config.tracing, cluster.node_name if cluster is not None else socket.gethostname())
-            metrics.add_state_source(state.tracing.metric_families)
-            if cluster is not None:  # peers' requests in a traced request's trace, both ways
-                cluster.peer_requests.tracing = state.tracing
-            if state.history is not None:
-                state.history = TracedCalls(state.history, state.tracing, "history")
-        if config.discovery.enabled:
-            await _start_discovery(config, registry, cluster, catalog, metrics, nursery)
-        lag = LoopLagMonitor(metrics.loop_lag, gc_pauses=metrics.gc_pauses,
-                             busy=lambda: admission.running > 0 or admission.waiting > 0)
-        nursery.start_soon(lag.run)
-        metrics.add_state_source(lag.metric_families)
         # Register the configured workers before serving when they answer; keep trying those that don't.
-        state.unreachable_engines.update(urls)
+        state.status.unreachable_engines.update(url for url, _, _ in engines)
         with trio.move_on_after(config.health.timeout_s * 2):
             async with trio.open_nursery() as first:
                 for url, role, port in engines:
@@ -342,49 +210,35 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
         shutdown = trio.Event()
         if config.prometheus_port is not None:
             await nursery.start(_serve_metrics_only, config, metrics)
-        authenticator = Authenticator(config.auth, _json_fetcher(http_client), state.key_store)
-        if authenticator.jwt is not None:
-            nursery.start_soon(_first_key_fetch, authenticator)
-        app = GatewayApp(state, nursery, authenticator)
+        app = GatewayApp(state, nursery, services["authenticator"])
         url = await nursery.start(_serve_http, config, app, shutdown, metrics)
         log.info("smg-node gateway serving on %s (%d workers, policy %s)", url, len(registry),
                  config.policy.name)
         task_status.started(RunningGateway(url, state, shutdown))
         await shutdown.wait()
-        state.shutting_down = True
+        state.status.shutting_down = True
         # hypercorn drains its connections for up to graceful_timeout after the trigger;
         # then everything else (health tasks, engines) is cancelled.
         with trio.move_on_after(config.shutdown_grace_period_s + 1):
-            await admission.wait_idle()
-        if state.tracing is not None:  # the last spans out, off the loop (bounded by the export timeout)
-            await trio.to_thread.run_sync(state.tracing.shutdown)
+            await services["admission"].wait_idle()
         nursery.cancel_scope.cancel()
 
 
-JWKS_BYTES_MAX = 1024 * 1024
-JWKS_FETCH_TIMEOUT_S = 5.0
-
-
-def _json_fetcher(http_client: httpx2.AsyncClient):
-    """How the authenticator fetches an issuer's discovery document and keys: bounded in time and size."""
-    async def fetch_json(url: str) -> Any:
-        response = await http_client.get(url, timeout=JWKS_FETCH_TIMEOUT_S)
-        response.raise_for_status()
-        if len(response.content) > JWKS_BYTES_MAX:
-            raise ValueError(f"{url} answered more than {JWKS_BYTES_MAX} bytes")
-        return response.json()
-    return fetch_json
-
-
-async def _first_key_fetch(authenticator: Authenticator) -> None:
-    """The issuer's keys before the first token needs them; an issuer down at start is tried again
-    when a token arrives."""
-    try:
-        await authenticator.jwt.refresh(force=True)
-        log.info("JWT issuer %s: %d signing keys", authenticator.config.jwt.issuer, authenticator.jwt.key_count)
-    except (httpx2.HTTPError, ValueError) as e:
-        log.warning("JWT issuer %s: keys not fetched yet (%s); tried again on the first token",
-                    authenticator.config.jwt.issuer, e)
+async def start_subsystems(config: GatewayConfig, nursery: trio.Nursery, resources: "dict[str, Any]",
+                           subsystems: "tuple[Subsystem, ...]" = SUBSYSTEMS) -> "dict[str, Any]":
+    """Every registered subsystem's service (gateway/node/subsystems.py), each started after what it needs and
+    given only that; a service with metric_families is scraped with the node's metrics. The node's own resources
+    (NODE_RESOURCES) come first."""
+    services = dict(resources)
+    metrics = resources["metrics"]
+    for subsystem in start_order(subsystems, NODE_RESOURCES):
+        given = {name: services[name] for name in subsystem.needs}
+        service = await subsystem.start(StartContext(config, nursery, given))
+        services[subsystem.name] = service
+        metric_families = getattr(service, "metric_families", None)
+        if metric_families is not None:
+            metrics.add_state_source(metric_families)
+    return services
 
 
 async def _serve_metrics_only(config: GatewayConfig, metrics: GatewayMetrics, *,
@@ -447,7 +301,7 @@ def run_gateway(config: GatewayConfig) -> int:
                 async def mesh_then_stop(task_status=trio.TASK_STATUS_IGNORED) -> None:
                     await serve_mesh(config.mesh, {"http": running.url, "proto": "1"}, cluster, cluster.node_name,
                                      cluster.attach, cluster.mark_joined, task_status=task_status)
-                    running.state.shutting_down = True
+                    running.state.status.shutting_down = True
                     running.shutdown.set()  # the node left the cluster (smg-node leave): it goes too
 
                 mesh = await nursery.start(mesh_then_stop)
@@ -468,14 +322,14 @@ def run_gateway(config: GatewayConfig) -> int:
                         log.warning("second signal: exiting now")
                         nursery.cancel_scope.cancel()
                         return
-                    if running.shutdown.is_set() or running.state.shutting_down:
+                    if running.shutdown.is_set() or running.state.status.shutting_down:
                         # Already leaving (`smg-node leave`, e.g. from a Kubernetes preStop hook, then the
                         # kubelet's SIGTERM): keep draining; only a second signal cuts it short.
                         log.info("signal %s: already leaving; draining goes on", signal.Signals(signum).name)
                         continue
                     log.info("signal %s: leaving and draining for up to %.0fs", signal.Signals(signum).name,
                              config.shutdown_grace_period_s)
-                    running.state.shutting_down = True  # readiness fails at once: load balancers drain us
+                    running.state.status.shutting_down = True  # readiness fails at once: load balancers drain us
                     if mesh is not None:
                         nursery.start_soon(mesh.agent.leave)  # when it is done, the gateway drains
                     else:

@@ -197,13 +197,13 @@ DecodeLeg = Callable[[Worker, Handover, Callable[[], None]], Awaitable[T]]
 
 class PdLegs:
     def __init__(self, config: PdConfig, pairs: PairRouter, metrics: GatewayMetrics, nursery: trio.Nursery,
-                 rooms: RoomDraw | None = None) -> None:
+                 tracing: Any = None, rooms: RoomDraw | None = None) -> None:
         self.config = config
         self.pairs = pairs
         self.metrics = metrics
         self._nursery = nursery  # long-lived: an SGLang prefill's answer may come after the decode's end
         self.rooms = rooms or RoomDraw()
-        self.tracing: Any = None  # gateway.tracing.Tracing when --enable-trace: a span per prefill leg
+        self.tracing = tracing  # gateway.tracing's Tracing when --enable-trace: a span per prefill leg
 
     async def run(self, pair: Pair, plan: Any, metadata: "tuple[tuple[bytes, bytes], ...]",
                   decode: "DecodeLeg[T]") -> T:

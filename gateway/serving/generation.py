@@ -198,15 +198,15 @@ class MidStreamError(Exception):
 
 class Generator:
     def __init__(self, router: Router, retry: RetryConfig, metrics: GatewayMetrics, nursery: trio.Nursery,
-                 rng: random.Random | None = None) -> None:
+                 pd: "PdLegs | None" = None, tracing: Any = None, rng: random.Random | None = None) -> None:
         self.router = router
         self.retry = retry
         self.metrics = metrics
         self._nursery = nursery  # long-lived: background aborts outlive the request
         self._rng = rng or random.Random()
-        self.tracing: Any = None  # gateway.tracing.Tracing when --enable-trace: a span per engine attempt
-        # Prefill/decode pairs (gateway/serving/disaggregation.py), when the node has prefill or decode workers.
-        self.pd: "PdLegs | None" = None
+        self.tracing = tracing  # gateway.tracing's Tracing when --enable-trace: a span per engine attempt
+        # Prefill/decode pairs (gateway/serving/disaggregation.py), run when the node has prefill or decode workers.
+        self.pd = pd
 
     async def run(self, plan: GenerationPlan, tokenizer: TokenizerService, sink: TextSink | None) -> GenerationResult:
         return await self.with_retries(

@@ -62,6 +62,11 @@ class Tracing:
     def shutdown(self) -> None:
         self.provider.shutdown()
 
+    def traced(self, target: Any, prefix: str) -> "TracedCalls":
+        """``target`` with a span per awaited method call inside a traced request (``{prefix}.{method}``): how
+        another subsystem's service (the history store) is traced without knowing this package."""
+        return TracedCalls(target, self, prefix)
+
     # -- spans ------------------------------------------------------------------
 
     def samples(self, headers: "dict[bytes, bytes]") -> bool:

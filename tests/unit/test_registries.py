@@ -95,9 +95,9 @@ async def test_a_history_backend_registered_in_its_module_is_chosen_started_and_
         cfg.validate(config)
         with pytest.raises(cfg.ConfigError, match="no --sqlite-path"):
             cfg.validate(dataclasses.replace(config, plugin_sections=()))
-        from gateway.observe.metrics import GatewayMetrics
-        from gateway.node.server import _start_history
-        assert await _start_history(config, None, GatewayMetrics(), nursery) is None
+        from gateway.base.subsystem import StartContext
+        from gateway.history.subsystem import SUBSYSTEM as HISTORY
+        assert await HISTORY.start(StartContext(config, nursery, {"cluster": None, "tracing": None})) is None
         assert started == ["/tmp/h.db"]
     finally:
         HISTORY_BACKENDS._plugins.pop("sqlite")
