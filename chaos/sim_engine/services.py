@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -19,6 +20,7 @@ import time
 import uuid
 import zipfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -100,18 +102,17 @@ class SharedEngineState:
             return "Qwen2VLForConditionalGeneration"
         return "Qwen3Model" if self.embeds else "Qwen3ForCausalLM"
 
-    async def with_images(self, params: GenerateParams, mm: Any, has_images: bool, runtime: str,
-                          context: grpc.aio.ServicerContext) -> GenerateParams:
-        """``params`` with the request's images checked and folded in; refused as a real engine would."""
+    async def with_images(self, params: GenerateParams, mm: Any, has_images: bool,
+                          check: "Callable[[Any, list[int]], Any]", context: grpc.aio.ServicerContext
+                          ) -> GenerateParams:
+        """``params`` with the request's images checked by the service's own ``check`` and folded in; refused as a
+        real engine would."""
         if not has_images:
             return params
         if not self.engine.config.vision:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "this model takes no images")
         try:
-            if runtime == "vllm":
-                checked = vision.check_vllm(mm, params.prompt_ids, self.engine.config)
-            else:
-                checked = vision.check_sglang(mm, params.prompt_ids)
+            checked = check(mm, params.prompt_ids)
         except vision.ImagesRefused as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"images: {e}")
         self.images_seen += len(mm.mm_placeholders)
@@ -197,6 +198,30 @@ class SharedEngineState:
         finally:
             for task in tasks:
                 task.cancel()
+
+    async def answers(self, params: GenerateParams, n: int, stream: bool, context, pb: Any,
+                      response: "Callable[..., Any]"):
+        """The Generate answers to ``params`` as ``pb``'s messages (both services' chunks and completes have the same
+        fields), each wrapped by ``response(chunk=...)`` or ``response(complete=...)``: the service's own answer."""
+        first = True
+        async for index, step, output_ids in self.indexed_steps(params, n, stream, context):
+            seeded = _answer_params(params, index, n)
+            if step.finish_reason is None:
+                chunk = pb.GenerateStreamChunk(
+                    token_ids=step.token_ids, prompt_tokens=step.prompt_tokens,
+                    completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens, index=index)
+                self.fill_logprobs(chunk, pb, seeded, step.token_ids, step.completion_tokens, first)
+                first = False
+                yield response(chunk=chunk)
+                continue
+            complete = pb.GenerateComplete(
+                output_ids=output_ids, finish_reason=step.finish_reason, prompt_tokens=step.prompt_tokens,
+                completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens, index=index)
+            if step.matched_token_id is not None:
+                complete.matched_token_id = step.matched_token_id
+            self.fill_logprobs(complete, pb, seeded, output_ids, step.completion_tokens, first)
+            first = False
+            yield response(complete=complete)
 
     def fill_logprobs(self, message, pb, params: GenerateParams, token_ids: "list[int]", produced: int,
                       first: bool) -> None:
@@ -338,7 +363,8 @@ class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
             logprobs=request.top_logprobs_num if request.return_logprob else None,
             prompt_logprobs=request.return_logprob and request.logprob_start_len >= 0,
         )
-        params = await self.s.with_images(params, request.mm_inputs, request.HasField("mm_inputs"), "sglang", context)
+        params = await self.s.with_images(params, request.mm_inputs, request.HasField("mm_inputs"), vision.check_sglang,
+                                          context)
         pd = self.s.pd
         handover = await pd.sglang_key(request, context)
         if handover is not None and pd.role == "prefill":
@@ -350,25 +376,9 @@ class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
             return
         if handover is not None:
             params = await pd.receive(self.s, params, handover[1], handover[2], handover[0], context)
-        first = True
-        async for index, step, output_ids in self.s.indexed_steps(params, sp.n, request.stream, context):
-            seeded = _answer_params(params, index, sp.n)
-            if step.finish_reason is None:
-                chunk = sg.GenerateStreamChunk(
-                    token_ids=step.token_ids, prompt_tokens=step.prompt_tokens,
-                    completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens, index=index)
-                self.s.fill_logprobs(chunk, sg, seeded, step.token_ids, step.completion_tokens, first)
-                first = False
-                yield sg.GenerateResponse(request_id=request.request_id, chunk=chunk)
-                continue
-            complete = sg.GenerateComplete(
-                output_ids=output_ids, finish_reason=step.finish_reason, prompt_tokens=step.prompt_tokens,
-                completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens, index=index)
-            if step.matched_token_id is not None:
-                complete.matched_token_id = step.matched_token_id
-            self.s.fill_logprobs(complete, sg, seeded, output_ids, step.completion_tokens, first)
-            first = False
-            yield sg.GenerateResponse(request_id=request.request_id, complete=complete)
+        async for answer in self.s.answers(params, sp.n, request.stream, context, sg, functools.partial(
+                sg.GenerateResponse, request_id=request.request_id)):
+            yield answer
 
     async def HealthCheck(self, request, context):
         return sg.HealthCheckResponse(healthy=True, message="ok")
@@ -427,7 +437,9 @@ class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
             logprobs=sp.logprobs if sp.HasField("logprobs") else None,
             prompt_logprobs=sp.HasField("prompt_logprobs"),
         )
-        params = await self.s.with_images(params, request.mm_inputs, request.HasField("mm_inputs"), "vllm", context)
+        config = self.s.engine.config
+        params = await self.s.with_images(params, request.mm_inputs, request.HasField("mm_inputs"),
+                                          lambda mm, ids: vision.check_vllm(mm, ids, config), context)
         pd = self.s.pd
         transfer = await pd.vllm_params(request, context)
         if transfer is not None and pd.role == "prefill":
@@ -441,25 +453,8 @@ class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
         if transfer is not None:
             params = await pd.receive(self.s, params, transfer["remote_host"], transfer["remote_port"],
                                       transfer["remote_request_id"], context)
-        first = True
-        async for index, step, output_ids in self.s.indexed_steps(params, sp.n, request.stream, context):
-            seeded = _answer_params(params, index, sp.n)
-            if step.finish_reason is None:
-                chunk = vl.GenerateStreamChunk(
-                    token_ids=step.token_ids, prompt_tokens=step.prompt_tokens,
-                    completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens, index=index)
-                self.s.fill_logprobs(chunk, vl, seeded, step.token_ids, step.completion_tokens, first)
-                first = False
-                yield vl.GenerateResponse(chunk=chunk)
-                continue
-            complete = vl.GenerateComplete(
-                output_ids=output_ids, finish_reason=step.finish_reason, prompt_tokens=step.prompt_tokens,
-                completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens, index=index)
-            if step.matched_token_id is not None:
-                complete.matched_token_id = step.matched_token_id
-            self.s.fill_logprobs(complete, vl, seeded, output_ids, step.completion_tokens, first)
-            first = False
-            yield vl.GenerateResponse(complete=complete)
+        async for answer in self.s.answers(params, sp.n, request.stream, context, vl, vl.GenerateResponse):
+            yield answer
 
     async def HealthCheck(self, request, context):
         return vl.HealthCheckResponse(healthy=True, message="ok")

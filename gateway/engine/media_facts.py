@@ -24,9 +24,8 @@ class MediaFacts:
     image_tokens_max: int | None = None  # tokens of one image (None: not said)
 
 
-def media_facts_from_server_info(runtime: str, response: Any) -> MediaFacts:
-    if runtime != "vllm":
-        return MediaFacts()
+def media_facts_of_vllm(response: Any) -> MediaFacts:
+    """vLLM's GetServerInfoResponse read for the three facts above (its runtime asks: runtimes/vllm.py)."""
     fields = response.DESCRIPTOR.fields_by_name  # an older proto may lack them: not said
     raw = bool(response.mm_device_do_normalize) if "mm_device_do_normalize" in fields else False
     limits = _limits(response.mm_item_limits) if "mm_item_limits" in fields else {}

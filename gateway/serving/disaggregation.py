@@ -39,6 +39,7 @@ import trio
 
 from ..engine.errors import EngineCallError
 from ..engine.grpc_engine import Handover
+from ..engine.runtimes import KV_TRANSFER_PARAMS
 from ..base.errors import NoCapacity
 from ..observe.metrics import GatewayMetrics
 from ..base.options import Option
@@ -209,7 +210,7 @@ class PdLegs:
                   decode: "DecodeLeg[T]") -> T:
         """One attempt on ``pair``: ``plan`` is the request's GenerationPlan; AttemptFailed when it may be retried."""
         self.metrics.child(self.metrics.pd_pair_selections, plan.model).inc()
-        if pair.decode.runtime == "vllm":
+        if pair.decode.handover == KV_TRANSFER_PARAMS:
             return await self._sequential(pair, plan, metadata, decode)
         return await self._simultaneous(pair, plan, metadata, decode)
 

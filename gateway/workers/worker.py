@@ -50,6 +50,7 @@ class Worker:
         self.client = client  # a WorkerClient; Any, so generation can call GrpcEngineClient.generate on it
         self.kind: str = client.kind
         self.runtime: str = client.runtime_name
+        self.handover: str = getattr(client, "handover", "")  # a gRPC engine's: how its PD legs meet (engine/runtimes)
         self.models = models
         self.max_context_tokens = max_context_tokens
         self.breaker = breaker

@@ -11,10 +11,11 @@ import trio
 from google.protobuf.struct_pb2 import Struct
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sg, vllm_engine_pb2 as vl
 
-from gateway.node.config import ConfigError, GatewayConfig, _prefill_engines, _validate_pd, validate
+from gateway.node.config import ConfigError, GatewayConfig, _prefill_engines, validate
 from gateway.serving.disaggregation import ROOM_MAX, PairRouter, PdConfig, RoomDraw
-from gateway.engine.grpc_engine import RUNTIMES, Handover, SamplingOptions
-from gateway.engine.pairing_info import PairingInfo, pairing_from_server_info
+from gateway.engine.grpc_engine import Handover, SamplingOptions
+from gateway.engine.runtimes import ENGINE_RUNTIMES as RUNTIMES
+from gateway.engine.pairing_info import PairingInfo
 from gateway.base.errors import NoCapacity
 from gateway.routing.breaker import BreakerConfig, CircuitBreaker
 from gateway.routing.policies import PolicyConfig, RoutingRequest, make_policy
@@ -144,15 +145,15 @@ def test_what_engines_report_about_disaggregation():
     args = Struct()
     args.update({"disaggregation_mode": "decode", "pairing_protocol": "p1", "disaggregation_transfer_backend":
                  "mooncake"})
-    info = pairing_from_server_info("sglang", sg.GetServerInfoResponse(server_args=args))
+    info = RUNTIMES["sglang"].pairing(sg.GetServerInfoResponse(server_args=args))
     assert (info.mode, info.protocol, info.kv_connector) == ("decode", "p1", "mooncake")
     args.update({"disaggregation_mode": "null"})
-    assert pairing_from_server_info("sglang", sg.GetServerInfoResponse(server_args=args)).mode == "regular"
-    assert pairing_from_server_info("sglang", sg.GetServerInfoResponse()).mode == ""
-    info = pairing_from_server_info("vllm", vl.GetServerInfoResponse(kv_role="kv_producer", pairing_protocol="x",
+    assert RUNTIMES["sglang"].pairing(sg.GetServerInfoResponse(server_args=args)).mode == "regular"
+    assert RUNTIMES["sglang"].pairing(sg.GetServerInfoResponse()).mode == ""
+    info = RUNTIMES["vllm"].pairing(vl.GetServerInfoResponse(kv_role="kv_producer", pairing_protocol="x",
                                                                      kv_connector="NixlConnector", block_size=16))
     assert (info.mode, info.protocol, info.block_size) == ("prefill", "x", 16)
-    assert pairing_from_server_info("vllm", vl.GetServerInfoResponse(kv_role="kv_both")).mode == ""
+    assert RUNTIMES["vllm"].pairing(vl.GetServerInfoResponse(kv_role="kv_both")).mode == ""
 
 
 def test_prefill_flags_take_an_optional_bootstrap_port():
@@ -165,12 +166,16 @@ def test_prefill_flags_take_an_optional_bootstrap_port():
             _prefill_engines(bad)
 
 
+def _validate_pd(pd: PdConfig) -> None:
+    validate(dataclasses.replace(GatewayConfig(), pd=pd))
+
+
 def test_pd_flags_are_checked():
     with pytest.raises(ConfigError, match="need --pd-disaggregation"):
         _validate_pd(PdConfig(decode=("grpc://d:1",)))
     with pytest.raises(ConfigError, match="gRPC engines"):
         _validate_pd(PdConfig(enabled=True, decode=("http://d:1",)))
     with pytest.raises(ConfigError, match="--prefill-policy: unknown routing policy 'fastest'"):
-        validate(dataclasses.replace(GatewayConfig(), pd=PdConfig(enabled=True, prefill_policy="fastest")))
+        _validate_pd(PdConfig(enabled=True, prefill_policy="fastest"))
     _validate_pd(PdConfig(enabled=True, prefill=(("grpc://p:1", 8998),), decode=("grpc://d:1",),
                           prefill_policy="cache_aware", decode_policy="power_of_two"))

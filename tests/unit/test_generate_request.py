@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.engine.grpc_engine import SamplingOptions, _Sglang, _Vllm, sg, vl
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as sg
+from smg_grpc_proto.generated import vllm_engine_pb2 as vl
+
+from gateway.engine.grpc_engine import SamplingOptions
+from gateway.engine.runtimes import SglangRuntime, VllmRuntime
 
 IDS = [151644, 872, 198, 15, 3555]
 
@@ -53,7 +57,7 @@ SAMPLINGS = [
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("runtime, reference", [(_Sglang(), _sglang_reference), (_Vllm(), _vllm_reference)],
+@pytest.mark.parametrize("runtime, reference", [(SglangRuntime(), _sglang_reference), (VllmRuntime(), _vllm_reference)],
                          ids=["sglang", "vllm"])
 def test_the_request_is_the_message_naming_every_field(runtime, reference, sampling, stream):
     made = runtime.generate_request("req-1", IDS, sampling, stream)

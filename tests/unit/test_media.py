@@ -69,13 +69,14 @@ def test_the_cache_keeps_within_its_bytes_and_lets_entries_expire():
 def test_what_a_vision_engine_says_it_takes():
     from smg_grpc_proto.generated import sglang_scheduler_pb2 as sg, vllm_engine_pb2 as vl
 
-    from gateway.engine.media_facts import MediaFacts, media_facts_from_server_info
+    from gateway.engine.media_facts import MediaFacts
+    from gateway.engine.runtimes import ENGINE_RUNTIMES
     said = vl.GetServerInfoResponse(mm_device_do_normalize=True, mm_item_limits="image=4,video=2", mm_encoder_budget=16384)
-    assert media_facts_from_server_info("vllm", said) == MediaFacts(True, 4, 16384)
-    assert media_facts_from_server_info("vllm", vl.GetServerInfoResponse()) == MediaFacts(False, None, None)
+    assert ENGINE_RUNTIMES["vllm"].media_facts(said) == MediaFacts(True, 4, 16384)
+    assert ENGINE_RUNTIMES["vllm"].media_facts(vl.GetServerInfoResponse()) == MediaFacts(False, None, None)
     garbled = vl.GetServerInfoResponse(mm_item_limits="image=,=3,image=x,video=1")
-    assert media_facts_from_server_info("vllm", garbled) == MediaFacts(False, None, None)
-    assert media_facts_from_server_info("sglang", sg.GetServerInfoResponse()) == MediaFacts()
+    assert ENGINE_RUNTIMES["vllm"].media_facts(garbled) == MediaFacts(False, None, None)
+    assert ENGINE_RUNTIMES["sglang"].media_facts(sg.GetServerInfoResponse()) == MediaFacts()
 
 
 def _png_header(width: int, height: int) -> bytes:

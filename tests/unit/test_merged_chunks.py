@@ -8,7 +8,12 @@ import random
 
 import pytest
 
-from gateway.engine.grpc_engine import _events, sg, vl
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as sg
+from smg_grpc_proto.generated import vllm_engine_pb2 as vl
+
+from gateway.engine.runtimes import ENGINE_RUNTIMES
+
+_events = ENGINE_RUNTIMES["sglang"].events  # both kinds read Generate answers alike (runtimes/base.py)
 from gateway.engine.h2grpc import _parse_batch
 
 

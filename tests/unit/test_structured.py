@@ -13,7 +13,8 @@ import pytest
 from gateway.api.errors import BadRequest
 from gateway.api.protocol import parse_chat, parse_completion, parse_generate
 from gateway.api.structured import CHOICES_MAX, SCHEMA_DEPTH_MAX, SPEC_CHARS_MAX, tool_call_schema
-from gateway.engine.grpc_engine import RUNTIMES, Constraint, SamplingOptions
+from gateway.engine.grpc_engine import Constraint, SamplingOptions
+from gateway.engine.runtimes import ENGINE_RUNTIMES as RUNTIMES
 
 OK = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
