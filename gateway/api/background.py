@@ -32,7 +32,7 @@ from ..observe.metrics import counter, gauge
 
 if TYPE_CHECKING:
     from ..cluster import ClusterState
-    from .response_stream import StreamLog
+    from .responses.stream_log import StreamLog
 
 log = logging.getLogger("gateway.api")
 
@@ -44,6 +44,45 @@ PEER_CANCEL_TIMEOUT_S = 2.0
 # engine may keep generating after a cancel made on another node of such a deployment.
 STORE_POLL_S = 1.0
 HERE, NOT_HERE = b"1", b"0"
+
+
+class BackgroundOut:
+    """Where a background response's stream goes when the pipeline runs it (``pipeline.run_streamed``, the same
+    runner a client's stream has): nowhere, for its events are in its log as they are made, and there is no client
+    to watch (a cancel reaches the run by its own scope). What a client's ``Request`` offers a stream, as no-ops."""
+
+    disconnected = False
+    response_started = True
+
+    def cancel_on_disconnect(self) -> "_NoClient":
+        return _NoClient()
+
+    async def start_stream(self, status: int, headers: Any) -> None:
+        pass
+
+    async def send_chunk(self, data: bytes) -> None:
+        pass
+
+    def can_send_chunk_now(self) -> bool:
+        return True  # the events are made where the engine's answers are read: no wake-up of the run's task
+
+    def send_chunk_now(self, data: bytes) -> bool:
+        return True
+
+    async def flush(self) -> None:
+        pass
+
+    async def end_stream(self, data: bytes = b"") -> None:
+        pass
+
+
+class _NoClient:
+    async def __aenter__(self) -> trio.CancelScope:
+        self.scope = trio.CancelScope()
+        return self.scope.__enter__()
+
+    async def __aexit__(self, *exc: Any) -> bool:
+        return self.scope.__exit__(*exc)
 
 
 class BackgroundRun:

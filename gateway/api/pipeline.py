@@ -372,12 +372,17 @@ async def run_streamed(state: GatewayState, request: Request, plan: GenerationPl
                        text_event: Callable[[str, bool], bytes],
                        final_events: Callable[[GenerationResult], bytes],
                        error_event: Callable[[ApiError], bytes] = openai_error_event, done: bytes = SSE_DONE,
-                       finish: "Callable[[], Awaitable[bytes]] | None" = None) -> None:
+                       finish: "Callable[[], Awaitable[bytes]] | None" = None, opened: bool = False) -> None:
     """Stream SSE: ``text_event(text, first)`` per decided piece, ``final_events(result)`` then ``done``
     ([DONE]); another API's stream (Anthropic's, the Responses API's) gives its own ``error_event`` and
     ends without [DONE]. ``finish``, when given, runs after a successful generation and before the last
-    write (the Responses API stores the response there); its events come last, or its error's."""
+    write (the Responses API stores the response there); its events come last, or its error's.
+
+    ``request`` is where the stream goes: the client's response, or a background response's
+    (``background.BackgroundOut``: the events are in its log already, no client to watch), whose opening
+    events were made before it ran (``opened``)."""
     sink = SseSink(request, text_event)
+    sink.started = opened
 
     def tail(result: GenerationResult | None) -> bytes:
         opening = b"" if sink.started else text_event("", True)  # no text came at all: an empty answer
@@ -544,12 +549,22 @@ async def answer_chat(state: GatewayState, request: Request, plan: GenerationPla
             else:
                 await request.send_json(200, body)
             return
-        if output is None:
-            await run_streamed(state, request, plan, tokenizer, renderer.text_event,
-                               lambda result: renderer.final_events([], plain_answer(result)),
-                               renderer.error_event, renderer.done, finish)
-            return
-        await run_streamed(state, request, plan, tokenizer,
-                           lambda text, first: renderer.delta_events(output.feed(text), first),
-                           lambda result: renderer.final_events(output.finish(), output.streamed_answer(result)),
-                           renderer.error_event, renderer.done, finish)
+        await stream_chat(state, request, plan, tokenizer, output, renderer, finish)
+
+
+async def stream_chat(state: GatewayState, out: Any, plan: GenerationPlan, tokenizer: TokenizerService,
+                      output: ChatOutput | None, renderer: ChatRenderer,
+                      finish: "Callable[[], Awaitable[bytes]] | None" = None, opened: bool = False,
+                      error_event: "Callable[[ApiError], bytes] | None" = None) -> None:
+    """A chat generation streamed in ``renderer``'s shape (through ``output``'s parsers when some apply) to
+    ``out``: the client's response, or a background response's (``run_streamed`` says how; ``error_event`` in
+    place of the renderer's, to see the error)."""
+    failed = error_event or renderer.error_event
+    if output is None:
+        await run_streamed(state, out, plan, tokenizer, renderer.text_event,
+                           lambda result: renderer.final_events([], plain_answer(result)), failed, renderer.done,
+                           finish, opened)
+        return
+    await run_streamed(state, out, plan, tokenizer, lambda text, first: renderer.delta_events(output.feed(text), first),
+                       lambda result: renderer.final_events(output.finish(), output.streamed_answer(result)), failed,
+                       renderer.done, finish, opened)

@@ -10,7 +10,7 @@ import trio
 from mesh import PeerUnreachable
 
 from gateway.api.background import CANCEL_MARK, HERE, NOT_HERE, BackgroundRuns
-from gateway.api.response_stream import StreamLog
+from gateway.api.responses.stream_log import StreamLog
 
 
 class Net:

@@ -1,6 +1,7 @@
-"""The Responses API's streamed events (gateway/api/responses.py ``ResponseShape``): an event made from a
-template (text deltas, a message's opening and closing) is the very event ``event()`` makes; ids are fresh
-and unguessable (gateway/base/ids.py)."""
+"""The Responses API's streamed events (gateway/api/responses/shape.py ``ResponseShape``, events.py): an event made
+from a template (text deltas, a message's opening and closing) is the very event ``event()`` makes; every event is
+numbered and logged by the one ``emit``, in the stream's grammar, and one out of it is refused; ids are fresh and
+unguessable (gateway/base/ids.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,21 @@ import os
 import orjson
 
 from gateway.api.chat_output import Content, Reasoning
-from gateway.api.response_stream import StreamLog
+from gateway.api.responses.stream_log import StreamLog
+import pytest
+
 from gateway.api.responses import ResponseShape
+from gateway.api.responses.events import FOLLOWS, HEADS, KINDS, START, EventOrderError, EventStream
 from gateway.base.ids import ID_BYTES, new_id
 
 
-def shape() -> ResponseShape:
-    return ResponseShape("resp_1", "sim-model", {}, {}, None, True)
+def shape(log: "StreamLog | None" = None) -> ResponseShape:
+    return ResponseShape("resp_1", "sim-model", {}, {}, None, True, log=log)
+
+
+def made(kind: str, sequence: int, fields: dict) -> bytes:
+    """The bytes ``event(kind, **fields)`` makes at ``sequence``: its head, the number, the fields encoded."""
+    return HEADS[kind] + b"%d" % sequence + b"," + orjson.dumps(fields)[1:] + b"\n\n"
 
 
 def frames(out: bytes) -> list[bytes]:
@@ -27,8 +36,7 @@ def data(frame: bytes) -> dict:
 
 
 def test_a_templated_text_delta_is_the_event_event_makes():
-    s = shape()
-    s.log = StreamLog(stored_bytes_max=1 << 20)
+    s = shape(StreamLog(stored_bytes_max=1 << 20))
     out = s.text_event("", True)
     texts = ["Hello", ' "quoted" \\ ', "ünïcödé 🦊", "\n\t\u2028"]
     for text in texts:
@@ -44,9 +52,8 @@ def test_a_templated_text_delta_is_the_event_event_makes():
     assert [data(f)["output_index"] for f in deltas] == [0, 0, 0, 0, 2]
     for frame in frames(out):  # the templated ones (deltas, a message's opening and closing) too
         fields = data(frame)
-        reference = shape()
-        reference._sequence = fields.pop("sequence_number")
-        assert frame == reference.event(fields.pop("type"), **fields)  # byte for byte
+        sequence, kind = fields.pop("sequence_number"), fields.pop("type")
+        assert frame == made(kind, sequence, fields)  # byte for byte
     numbers = [data(f)["sequence_number"] for f in frames(out)]
     assert numbers == list(range(len(numbers)))
     assert [sequence for sequence, _ in s.log.stored_events()] == numbers  # the background log has every one
@@ -103,3 +110,32 @@ def test_ids_are_fresh_hex_of_the_pool_and_a_forked_child_draws_its_own():
     os.waitpid(pid, 0)
     child = os.read(read, 100).decode()
     assert child != new_id("x")  # the parent's next id: the child did not reuse the inherited pool
+
+
+def test_an_event_out_of_the_streams_order_is_refused_and_the_end_is_the_end():
+    events = EventStream()
+    with pytest.raises(EventOrderError, match="response.output_text.delta cannot follow"):
+        events.emit("response.output_text.delta", b',"delta":"x"}\n\n')
+    s = shape()
+    s.text_event("hi", True)
+    with pytest.raises(EventOrderError, match="response.content_part.added cannot follow response.output_text.delta"):
+        s.event("response.content_part.added", item_id="x")
+    s.close()
+    s.final = s.response("completed")
+    s.terminal_event()
+    assert s.events.ended
+    with pytest.raises(EventOrderError, match="cannot follow response.completed"):
+        s.event("response.output_item.added", output_index=1, item={})
+
+
+def test_the_grammar_names_every_kind_once_and_failed_may_end_any_stream():
+    assert set(FOLLOWS) == KINDS | {START} and set().union(*FOLLOWS.values()) <= KINDS
+    for kind, nexts in FOLLOWS.items():
+        ended = kind in ("response.completed", "response.incomplete", "response.failed")
+        assert ("response.failed" in nexts) is (not ended and kind != START), kind
+
+
+def test_a_response_answered_whole_makes_no_events():
+    s = ResponseShape("resp_1", "sim-model", {}, {}, None, True, streamed=False)
+    assert s.event("response.mcp_call.in_progress", item_id="x", output_index=0) == b""  # a tool loop's step
+    assert s.events.sequence == 0

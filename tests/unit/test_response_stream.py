@@ -1,4 +1,4 @@
-"""A background response's stream (gateway/api/response_stream.py): what its log stores and publishes, and a
+"""A background response's stream (gateway/api/responses/stream_log.py): what its log stores and publishes, and a
 resume served from the store, on virtual time, through a real ``Request`` over an ASGI send that records."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import trio
 
 from gateway.api.errors import BadRequest
 from gateway.api.http import Request
-from gateway.api.response_stream import (RESUME_POLL_S, RESUME_READ_FAILURES_MAX, StreamLog, follow_log,
+from gateway.api.responses.stream_log import (RESUME_POLL_S, RESUME_READ_FAILURES_MAX, StreamLog, follow_log,
                                          follow_store, starting_after)
 from gateway.history import StoredResponse, StoreUnavailable
 

@@ -11,7 +11,8 @@ import pytest
 
 from gateway.api.errors import BadRequest
 from gateway.api.items import input_items, metadata_of
-from gateway.api.responses import _abandoned, chat_messages, to_chat_request
+from gateway.api.responses import chat_messages, to_chat_request
+from gateway.api.responses.endpoints import _abandoned
 from gateway.history import StoredResponse
 
 

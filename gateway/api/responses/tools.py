@@ -28,14 +28,14 @@ from typing import Any
 
 import trio
 
-from ..base.ids import new_id
-from ..mcp.results import CallOutcome, ToolInfo
-from .errors import BadRequest, UpstreamTimeout
-from .http import Request
-from .mcp_tools import HostedServer, HostedTools
-from .protocol import positive_int
-from .state import GatewayState
-from .tool_loop import Usage, call_hosted, generate_step, list_servers
+from ...base.ids import new_id
+from ...mcp.results import CallOutcome, ToolInfo
+from ..errors import BadRequest, UpstreamTimeout
+from ..http import Request
+from ..mcp_tools import HostedServer, HostedTools
+from ..protocol import positive_int
+from ..state import GatewayState
+from ..tool_loop import Usage, call_hosted, generate_step, list_servers
 
 Emit = Callable[[bytes], Awaitable[None]]
 

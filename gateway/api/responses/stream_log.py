@@ -21,10 +21,10 @@ from typing import Any
 import orjson
 import trio
 
-from ..base.errors import GatewayError
-from ..history import StoredResponse
-from .errors import BadRequest
-from .http import SSE_HEADERS, Request
+from ...base.errors import GatewayError
+from ...history import StoredResponse
+from ..errors import BadRequest
+from ..http import SSE_HEADERS, Request
 
 # The events that end a stream: their response is the final one.
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
