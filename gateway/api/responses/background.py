@@ -32,25 +32,34 @@ log = logging.getLogger("gateway.api")
 async def background_loop(state: GatewayState, loop: ToolLoop, shape: ResponseShape, keep: Any,
                            run: BackgroundRun) -> dict[str, Any]:
     """A background response's tool loop (each step admitted by itself): the final response, failed on an error."""
-    streamed = shape.log is not None
     try:
-        in_progress = shape.response("in_progress")
-        if streamed:
-            shape.response_event(IN_PROGRESS, in_progress)
-        if not run.cancelled:
-            await keep(in_progress, final=False)
+        await _in_progress(shape, keep, run)
         final = await loop.run(no_emit)
-        if streamed:
+        if shape.log is not None:
             shape.terminal_event()
         return final
     except Exception as e:
-        error = to_api_error(e)
-        if error is None:
-            log.exception("background response %s failed", shape.id)
-            error = ApiError("internal error", code="internal_error")
-        if streamed:
-            shape.error_event(error)
-        return shape.failed(error)
+        return _failed(shape, e)
+
+
+async def _in_progress(shape: ResponseShape, keep: Any, run: BackgroundRun) -> None:
+    """The response starts: in_progress in its stream and in the store (unless a cancel came first)."""
+    in_progress = shape.response("in_progress")
+    if shape.log is not None:
+        shape.response_event(IN_PROGRESS, in_progress)
+    if not run.cancelled:
+        await keep(in_progress, final=False)
+
+
+def _failed(shape: ResponseShape, e: Exception) -> dict[str, Any]:
+    """The failed response an exception makes (a stream's error event too), as a client's stream would end."""
+    error = to_api_error(e)
+    if error is None:
+        log.exception("background response %s failed", shape.id)
+        error = ApiError("internal error", code="internal_error")
+    if shape.log is not None:
+        shape.error_event(error)
+    return shape.failed(error)
 
 
 # -- background responses ------------------------------------------------------------------------------------
@@ -134,11 +143,7 @@ async def background_answer(state: GatewayState, request: Request, plan: Generat
 
     try:
         async with state.admission.slot(request.tenant_key):  # its rate limits were taken when it was created
-            in_progress = shape.response("in_progress")
-            if streamed:
-                shape.response_event(IN_PROGRESS, in_progress)
-            if not run.cancelled:
-                await keep(in_progress, final=False)
+            await _in_progress(shape, keep, run)
             if streamed:
                 await stream_chat(state, out, plan, tokenizer, output, shape, terminal, opened=True,
                                   error_event=failed)
@@ -146,13 +151,7 @@ async def background_answer(state: GatewayState, request: Request, plan: Generat
             result = await run_unary(state, out, plan, tokenizer)
         return shape.whole(output.whole(result) if output is not None else plain_answer(result))
     except Exception as e:  # the answer is a failed response, as a stream's would be
-        error = to_api_error(e)
-        if error is None:
-            log.exception("background response %s failed", shape.id)
-            error = ApiError("internal error", code="internal_error")
-        if streamed:
-            shape.error_event(error)
-        return shape.failed(error)
+        return _failed(shape, e)
 
 
 async def _store_events(shape: ResponseShape, keep: Any) -> None:
