@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from chaos.processes import NodeProcess, default_log_dir  # noqa: E402
 from mesh.crypto import generate_key  # noqa: E402
-from tests.real_servers import postgres_server, redis_server  # noqa: E402
+from tests.support.real_servers import postgres_server, redis_server  # noqa: E402
 
 BASE_PORT = 39946
 ITEM = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x" * 1024}]}

@@ -57,7 +57,7 @@ BENCH_API_KEY = "bench-key-0123456789"
 
 def make_certificate(directory: Path) -> "tuple[Path, Path, Path]":
     """(certificate, key, CA) for 127.0.0.1, made with cryptography as the tests make theirs."""
-    from tests.integration.certs import CertAuthority
+    from tests.support.certs import CertAuthority
     ca = CertAuthority(directory, "bench CA")
     cert, key, _ = ca.issue("bench-server", "127.0.0.1")
     return cert, key, ca.path

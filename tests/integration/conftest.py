@@ -10,11 +10,8 @@ from chaos.processes import EngineProcess, NodeProcess, default_log_dir
 from chaos.sim_engine.output import derive_seed, output_token_ids, word_token_ids
 from gateway.tokenizer.bundled import default_tokenizer_dir
 from gateway.tokenizer.service import TokenizerService
+from tests.support.nodes import ENGINE_ARGS
 
-# Fast but not instant engines: streams take a few milliseconds per token, so a
-# test can disconnect or kill mid-stream deterministically enough to observe.
-ENGINE_ARGS = ["--itl-base-s", "0.002", "--itl-per-running-s", "0", "--prefill-s-per-token", "0.000001"]
-MODEL = "qwen3-sim"
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +62,3 @@ def http(node):
         yield c
 
 
-def prompt_ids(http, messages):
-    r = http.post("/v1/tokenize", json={"model": MODEL, "messages": messages})
-    assert r.status_code == 200, r.text
-    return r.json()["tokens"]

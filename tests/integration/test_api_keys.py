@@ -11,7 +11,7 @@ import pytest
 
 from chaos.processes import NodeProcess
 
-from .conftest import MODEL
+from tests.support.nodes import MODEL
 
 USER_KEY = "sk-user-0123456789"
 TENANT_KEY = "sk-acme-0123456789"

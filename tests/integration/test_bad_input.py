@@ -7,7 +7,7 @@ import socket
 import openai
 import pytest
 
-from .conftest import MODEL
+from tests.support.nodes import MODEL
 
 USER = [{"role": "user", "content": "hi"}]
 

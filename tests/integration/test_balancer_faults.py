@@ -25,8 +25,8 @@ import pytest
 from chaos.processes import EngineProcess, NodeProcess
 from deploy.balancer import start_balancer, stop_balancer
 
-from ..real_servers import free_port
-from .conftest import MODEL
+from tests.support.real_servers import free_port
+from tests.support.nodes import MODEL
 
 OTHER_MODEL = "other-sim"
 FAULT_S = 6.0  # longer than nginx's fail_timeout (5 s) and HAProxy's check bound (inter 1 s x fall 2)

@@ -8,9 +8,9 @@ import openai
 from chaos.processes import EngineProcess, NodeProcess
 from tests.bench.cluster_cache_bench import run_mode
 
-from .conftest import MODEL
-from .test_cluster_registry import node_args, workers
-from .test_mesh_processes import eventually
+from tests.support.nodes import MODEL
+from tests.support.nodes import registry_node_args as node_args, workers
+from tests.support.waiting import eventually
 
 
 def test_shared_index_reaches_the_hit_rate_of_a_single_gateway(log_dir):

@@ -7,26 +7,10 @@ import openai
 import pytest
 
 from chaos.processes import EngineProcess, NodeProcess
-from mesh.crypto import generate_key
 
-from .conftest import MODEL
-from .test_mesh_processes import eventually
-
-BASE = 28946
-KEY = generate_key()
-
-
-def node_args(i: int, *extra: str, seed: int = 0) -> list[str]:
-    return ["--mesh-bind", f"127.0.0.1:{BASE + i}", "--join", f"127.0.0.1:{BASE + seed}", "--node-name", f"c{i}",
-            "--encrypt", KEY, "--mesh-preset", "local", "--rpc-addr", f"127.0.0.1:{BASE + 100 + i}",
-            "--retry-join-interval-secs", "0.5", "--health-check-interval-secs", "0.5",
-            "--health-failure-threshold", "2", *extra]
-
-
-def workers(node: NodeProcess) -> dict[str, dict]:
-    answer = httpx2.get(node.url + "/workers", timeout=10, headers=node.admin_headers)
-    return {w["url"]: w for w in answer.json()["workers"]}
-
+from tests.support.nodes import MODEL
+from tests.support.waiting import eventually
+from tests.support.nodes import registry_node_args as node_args, workers
 
 @pytest.fixture
 def cluster(log_dir):

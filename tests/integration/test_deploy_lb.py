@@ -8,8 +8,8 @@ import httpx2
 import openai
 import pytest
 
-from .conftest import MODEL
-from .test_mesh_processes import eventually
+from tests.support.nodes import MODEL
+from tests.support.waiting import eventually
 
 
 @pytest.fixture(params=["nginx", "haproxy"])

@@ -23,7 +23,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sg, sglang_schedule
 
 from chaos.processes import EngineProcess, NodeProcess
 
-from .conftest import MODEL, prompt_ids
+from tests.support.nodes import MODEL, prompt_ids
 
 RUNTIMES = ("sglang", "vllm")
 HANDOVER = ["--handover-timeout-s", "3"]
@@ -229,7 +229,7 @@ def test_a_prefill_that_never_answers_is_bounded(log_dir):
 
 
 def test_a_cluster_routes_pairs_registered_on_another_node(log_dir, predict):
-    from .node_pairs import mesh_args, start_pair
+    from tests.support.node_pairs import mesh_args, start_pair
 
     prefill = _engine("sglang", "prefill", log_dir, "mesh-prefill")
     decode = _engine("sglang", "decode", log_dir, "mesh-decode")

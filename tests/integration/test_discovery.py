@@ -1,5 +1,5 @@
 """Kubernetes service discovery (issue 35), against a local API server that lists and watches as the real one
-documents (tests/kube_api_server.py: TLS, bearer tokens, resourceVersion, bookmarks, 410, chunked watches), with
+documents (tests/support/kube_api_server.py: TLS, bearer tokens, resourceVersion, bookmarks, 410, chunked watches), with
 simulated engines behind the pod IPs (127.0.0.x, one port) and real smg-node processes."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import base64
 import json
 import re
 import threading
-import time
 import urllib.parse
 
 import httpx2
@@ -16,23 +15,14 @@ import pytest
 
 from chaos.processes import EngineProcess, NodeProcess
 
-from ..kube_api_server import FakeKubeApi
-from .certs import CertAuthority
-from .node_pairs import mesh_args
+from tests.support.kube_api_server import FakeKubeApi
+from tests.support.certs import CertAuthority
+from tests.support.node_pairs import mesh_args
+from tests.support.waiting import eventually
 
 TOKEN = "node-token-1"
 OTHER_TOKEN = "node-token-2"
 WAIT_S = 30.0
-
-
-def _poll(check, what: str, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        time.sleep(0.05)
 
 
 def _urls(node: NodeProcess) -> "dict[str, dict]":
@@ -93,29 +83,29 @@ def test_pods_become_workers_when_ready_and_are_drained_when_they_go(api, engine
     _ready_pod(api, "other", "127.0.0.4", {"app": "something-else"})  # another selector's pod
     node = _node(api, tmp_path, log_dir, port, "disc-alone")
     try:
-        _poll(lambda: _metric(node, "smg_discovery_watch_live") == 1, "the watch is live")
+        eventually(lambda: _metric(node, "smg_discovery_watch_live") == 1, WAIT_S, "the watch is live")
         assert _urls(node) == {}
         api.schedule("sim-0", "127.0.0.2")  # Running with an IP, not Ready yet
         api.set_ready("sim-0", True)
-        _poll(lambda: url[2] in _urls(node), "a Ready pod is a worker")
+        eventually(lambda: url[2] in _urls(node), WAIT_S, "a Ready pod is a worker")
         assert _chat(node).status_code == 200
         _ready_pod(api, "sim-1", "127.0.0.3")
-        _poll(lambda: set(_urls(node)) == {url[2], url[3]}, "a second pod")
+        eventually(lambda: set(_urls(node)) == {url[2], url[3]}, WAIT_S, "a second pod")
 
         api.set_ready("sim-1", False)  # NotReady: drained
-        _poll(lambda: set(_urls(node)) == {url[2]}, "a NotReady pod is drained")
+        eventually(lambda: set(_urls(node)) == {url[2]}, WAIT_S, "a NotReady pod is drained")
         api.set_ready("sim-1", True)
-        _poll(lambda: set(_urls(node)) == {url[2], url[3]}, "Ready again")
+        eventually(lambda: set(_urls(node)) == {url[2], url[3]}, WAIT_S, "Ready again")
 
         # Relabelled into the selector and out of it.
         api.relabel("other", {"app": "sim"})
-        _poll(lambda: url[4] in _urls(node), "a pod relabelled into the selector")
+        eventually(lambda: url[4] in _urls(node), WAIT_S, "a pod relabelled into the selector")
         api.relabel("other", {"app": "something-else"})
-        _poll(lambda: url[4] not in _urls(node), "and out of it")
+        eventually(lambda: url[4] not in _urls(node), WAIT_S, "and out of it")
 
         # A pod deleted while a stream runs on it: drained, the stream finishes whole.
         api.set_ready("sim-1", False)
-        _poll(lambda: set(_urls(node)) == {url[2]}, "one pod left")
+        eventually(lambda: set(_urls(node)) == {url[2]}, WAIT_S, "one pod left")
         answer = {}
 
         def stream() -> None:
@@ -127,11 +117,12 @@ def test_pods_become_workers_when_ready_and_are_drained_when_they_go(api, engine
         first_tokens = _metric(node, "smg_time_to_first_token_seconds_count")
         reader = threading.Thread(target=stream)
         reader.start()
-        _poll(lambda: _metric(node, "smg_time_to_first_token_seconds_count") > first_tokens, "the stream runs")
+        eventually(lambda: _metric(node, "smg_time_to_first_token_seconds_count") > first_tokens, WAIT_S,
+                   "the stream runs")
         api.delete("sim-0")  # 60 tokens at 20 ms: the stream has over a second to go
         reader.join(60)
         assert b'"finish_reason":"length"' in answer["body"] and answer["body"].endswith(b"data: [DONE]\n\n")
-        _poll(lambda: _urls(node) == {}, "the deleted pod's worker is gone")
+        eventually(lambda: _urls(node) == {}, WAIT_S, "the deleted pod's worker is gone")
         assert _metric(node, "smg_discovery_deregistrations_total") >= 4
     finally:
         node.stop()
@@ -143,36 +134,36 @@ def test_watch_resumes_from_bookmarks_relists_after_410_and_keeps_engines_while_
     _ready_pod(api, "sim-0", "127.0.0.2")
     node = _node(api, tmp_path, log_dir, port, "disc-watch")
     try:
-        _poll(lambda: url2 in _urls(node), "listed")
+        eventually(lambda: url2 in _urls(node), WAIT_S, "listed")
         list_version = int(api.version)
         for _ in range(3):  # the version moves on elsewhere (another selector's pods): only bookmarks say so
             api.create(f"noise-{_}", {"app": "noise"})
         bookmarks = api.bookmarks_sent
-        _poll(lambda: api.bookmarks_sent >= bookmarks + 2, "bookmarks sent past the noise")
+        eventually(lambda: api.bookmarks_sent >= bookmarks + 2, WAIT_S, "bookmarks sent past the noise")
         api.end_watches()  # as at its timeoutSeconds: resumed from the bookmark's version, not listed again
         watches = lambda: [q for t, q in api.requests if "watch=1" in q]  # noqa: E731
-        _poll(lambda: len(watches()) >= 2, "the watch resumed")
+        eventually(lambda: len(watches()) >= 2, WAIT_S, "the watch resumed")
         resumed_from = int(re.search(r"resourceVersion=(\d+)", watches()[-1]).group(1))
         assert resumed_from > list_version, (resumed_from, list_version)
         assert _metric(node, 'smg_discovery_lists_total{reason="listed"}') == 1
         api.drop_watches()  # cut mid-stream: events may have been missed, so it lists again
-        _poll(lambda: _metric(node, 'smg_discovery_lists_total{reason="listed"}') == 2, "listed again")
+        eventually(lambda: _metric(node, 'smg_discovery_lists_total{reason="listed"}') == 2, WAIT_S, "listed again")
 
         # Compacted while the watch is down: the resume is 410 Gone, the node lists again, and sees what changed.
         api.compact()
         api.block(TOKEN)
-        _poll(lambda: _metric(node, "smg_discovery_watch_live") == 0, "the watch is down")
+        eventually(lambda: _metric(node, "smg_discovery_watch_live") == 0, WAIT_S, "the watch is down")
         _ready_pod(api, "sim-1", "127.0.0.3")
         assert set(_urls(node)) == {url2}  # the engines found so far stay while the API server is away
         assert _chat(node).status_code == 200
         api.unblock(TOKEN)
-        _poll(lambda: set(_urls(node)) == {url2, url3}, "relisted after the API came back")
+        eventually(lambda: set(_urls(node)) == {url2, url3}, WAIT_S, "relisted after the API came back")
         api.compact()
         api.end_watches()  # resumed from a compacted version: an ERROR 410 event, then a list
-        _poll(lambda: _metric(node, 'smg_discovery_lists_total{reason="gone"}') >= 1, "relisted on 410")
-        _poll(lambda: _metric(node, "smg_discovery_watch_live") == 1, "live again")
+        eventually(lambda: _metric(node, 'smg_discovery_lists_total{reason="gone"}') >= 1, WAIT_S, "relisted on 410")
+        eventually(lambda: _metric(node, "smg_discovery_watch_live") == 1, WAIT_S, "live again")
         api.delete("sim-1")
-        _poll(lambda: set(_urls(node)) == {url2}, "the watch after the relist works")
+        eventually(lambda: set(_urls(node)) == {url2}, WAIT_S, "the watch after the relist works")
     finally:
         node.stop()
 
@@ -182,7 +173,7 @@ def test_the_model_label_names_the_model_and_a_refused_token_is_said(api, engine
     _ready_pod(api, "sim-legacy", "127.0.0.3", {"app": "sim", "legacy": "yes"})  # the set-based term keeps it out
     node = _node(api, tmp_path, log_dir, port, "disc-model", "--selector", "app in (sim, sim-next)", "!legacy")
     try:
-        _poll(lambda: f"grpc://127.0.0.2:{port}" in _urls(node), "the pod")
+        eventually(lambda: f"grpc://127.0.0.2:{port}" in _urls(node), WAIT_S, "the pod")
         assert set(_urls(node)) == {f"grpc://127.0.0.2:{port}"}
         assert _urls(node)[f"grpc://127.0.0.2:{port}"]["models"] == ["org/tiny-model"]
         sent = [urllib.parse.unquote_plus(q) for _, q in api.requests]
@@ -192,7 +183,7 @@ def test_the_model_label_names_the_model_and_a_refused_token_is_said(api, engine
         node.stop()
     refused = _node(api, tmp_path, log_dir, port, "disc-refused", token="wrong-token")
     try:
-        _poll(lambda: _metric(refused, "smg_discovery_watch_failures_total") >= 1, "the refusal counted")
+        eventually(lambda: _metric(refused, "smg_discovery_watch_failures_total") >= 1, WAIT_S, "the refusal counted")
         assert "HTTP 401" in refused.log_text() and "get/list/watch on pods" in refused.log_text()
         assert _urls(refused) == {} and refused.alive
     finally:
@@ -208,7 +199,7 @@ def test_the_model_label_names_the_model_and_a_refused_token_is_said(api, engine
     mitm = NodeProcess(["--service-discovery", "--selector", "app=sim", "--service-discovery-port", str(port)],
                        log_dir, "disc-mitm", env={"KUBECONFIG": str(tmp_path / "mitm.kubeconfig")})
     try:
-        _poll(lambda: _metric(mitm, "smg_discovery_watch_failures_total") >= 1, "the certificate refused")
+        eventually(lambda: _metric(mitm, "smg_discovery_watch_failures_total") >= 1, WAIT_S, "the certificate refused")
         assert "CERTIFICATE_VERIFY_FAILED" in mitm.log_text() and _urls(mitm) == {}
         assert len(api.requests) == requests_before  # no request (and no token) went past the handshake
     finally:
@@ -240,7 +231,7 @@ def test_every_node_watches_and_the_cluster_keeps_one_entry_per_pod_through_a_pa
             nodes.append(_node(api, tmp_path, log_dir, port, f"disc-c{i}", *mesh_args(i, ports, "k"), token=token,
                                env={"SMG_NODE_CHAOS_FAULTS": str(faults[i][0])}))
         for n in nodes:
-            _poll(lambda n=n: set(_urls(n)) == urls, "both nodes serve both pods")
+            eventually(lambda n=n: set(_urls(n)) == urls, WAIT_S, "both nodes serve both pods")
         for n in nodes:  # one entry per pod in the document both hold
             entries = httpx2.get(n.url + "/workers", headers=n.admin_headers, timeout=10).json()["workers"]
             assert sorted(w["url"] for w in entries) == sorted(urls)
@@ -248,15 +239,16 @@ def test_every_node_watches_and_the_cluster_keeps_one_entry_per_pod_through_a_pa
         # Node 1 is cut off from the mesh and from the API server; a pod is deleted meanwhile.
         api.block(OTHER_TOKEN)
         _partition(faults, between=True)
-        _poll(lambda: _metric(nodes[0], 'smg_mesh_members{state="alive"}') == 1, "the partition seen", 60)
+        eventually(lambda: _metric(nodes[0], 'smg_mesh_members{state="alive"}') == 1, 60, "the partition seen")
         api.delete("sim-1")
-        _poll(lambda: set(_urls(nodes[0])) == {f"grpc://127.0.0.2:{port}"}, "node 0 drains the deleted pod")
+        eventually(lambda: set(_urls(nodes[0])) == {f"grpc://127.0.0.2:{port}"}, WAIT_S,
+                   "node 0 drains the deleted pod")
         assert f"grpc://127.0.0.3:{port}" in _urls(nodes[1])  # node 1 knows nothing yet
 
         _partition(faults, between=False)  # healed; node 1's watch is still cut off: the mesh tells it
-        _poll(lambda: set(_urls(nodes[1])) == {f"grpc://127.0.0.2:{port}"}, "gone from node 1 after the heal", 60)
+        eventually(lambda: set(_urls(nodes[1])) == {f"grpc://127.0.0.2:{port}"}, 60, "gone from node 1 after the heal")
         api.unblock(OTHER_TOKEN)
-        _poll(lambda: _metric(nodes[1], "smg_discovery_watch_live") == 1, "node 1's watch is back")
+        eventually(lambda: _metric(nodes[1], "smg_discovery_watch_live") == 1, WAIT_S, "node 1's watch is back")
         for n in nodes:  # and it stays gone: node 1's old view wrote nothing back
             assert set(_urls(n)) == {f"grpc://127.0.0.2:{port}"}
         registrations = sum(_metric(n, "smg_discovery_registrations_total") for n in nodes)
@@ -291,8 +283,9 @@ def test_pd_roles_from_selectors_and_a_mesh_formed_from_router_pods(api, tmp_pat
                 "--mesh-bind", f"{ip}:{mesh_port}", "--mesh-preset", "local", "--node-name", f"pd{i}",
                 "--rpc-addr", f"{ip}:0"], log_dir, f"disc-pd{i}", env={"KUBECONFIG": str(kubeconfig)}))
         for n in nodes:
-            _poll(lambda n=n: _metric(n, 'smg_mesh_members{state="alive"}') == 2, "the mesh formed from router pods")
-            workers = _poll(lambda n=n: len(_urls(n)) == 2 and _urls(n), "both halves of the pair")
+            eventually(lambda n=n: _metric(n, 'smg_mesh_members{state="alive"}') == 2, WAIT_S,
+                       "the mesh formed from router pods")
+            workers = eventually(lambda n=n: len(_urls(n)) == 2 and _urls(n), WAIT_S, "both halves of the pair")
             assert workers[f"grpc://127.0.0.5:{port}"]["worker_type"] == "prefill"
             assert workers[f"grpc://127.0.0.5:{port}"]["bootstrap_port"] == bootstrap
             assert workers[f"grpc://127.0.0.6:{port}"]["worker_type"] == "decode"
@@ -302,10 +295,10 @@ def test_pd_roles_from_selectors_and_a_mesh_formed_from_router_pods(api, tmp_pat
         # A node whose process dies is held failed (it may be cut off) until its pod is deleted: then it is gone
         # for good, and the other forces it to leave (it no longer counts against rate limits and history).
         nodes[1].kill()
-        _poll(lambda: _metric(nodes[0], 'smg_mesh_members{state="dead"}') == 1, "pd1 held dead")
+        eventually(lambda: _metric(nodes[0], 'smg_mesh_members{state="dead"}') == 1, WAIT_S, "pd1 held dead")
         assert _metric(nodes[0], 'smg_mesh_members{state="left"}') == 0
         api.delete("smg-node-1", graceful=False)
-        _poll(lambda: _metric(nodes[0], 'smg_mesh_members{state="left"}') == 1, "pd1 forced to leave")
+        eventually(lambda: _metric(nodes[0], 'smg_mesh_members{state="left"}') == 1, WAIT_S, "pd1 forced to leave")
         assert _metric(nodes[0], 'smg_mesh_members{state="dead"}') == 0
         assert _metric(nodes[0], "smg_mesh_forced_leaves_total") == 1
     finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .conftest import MODEL
+from tests.support.nodes import MODEL
 
 
 def test_generate_token_level(http, predict):

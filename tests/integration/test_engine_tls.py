@@ -8,8 +8,8 @@ import pytest
 
 from chaos.processes import EngineProcess, NodeProcess
 
-from .certs import CertAuthority
-from .conftest import MODEL
+from tests.support.certs import CertAuthority
+from tests.support.nodes import MODEL
 
 
 @pytest.fixture(scope="module")

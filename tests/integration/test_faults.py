@@ -12,7 +12,8 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sg, sglang_schedule
 
 from chaos.processes import EngineProcess, NodeProcess
 
-from .conftest import MODEL
+from tests.support.nodes import MODEL
+from tests.support.waiting import eventually, time_until
 
 SLOW_ENGINE = ["--itl-base-s", "0.02", "--itl-per-running-s", "0"]
 LONG = {"model": MODEL, "messages": [{"role": "user", "content": "go on forever"}], "max_tokens": 2000,
@@ -23,16 +24,6 @@ def engine_running(engine: EngineProcess) -> int:
     with grpc.insecure_channel(engine.target) as channel:
         loads = sg_grpc.SglangSchedulerStub(channel).GetLoads(sg.GetLoadsRequest(), timeout=5)
     return loads.loads[0].num_running_reqs
-
-
-def wait_for(predicate, timeout_s: float) -> float:
-    """Poll another process's state (it cannot be awaited from here); return the time it took."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"condition not met within {timeout_s}s")
-        time.sleep(0.02)
-    return time.monotonic() - start
 
 
 @pytest.fixture
@@ -53,7 +44,7 @@ def test_client_disconnect_aborts_the_generation_on_the_engine(slow_setup):
             assert next(lines).startswith("data: ")
             assert engine_running(engine) == 1
         # Leaving the block closed the connection mid-stream (2000 tokens would take 40 s).
-        took = wait_for(lambda: engine_running(engine) == 0, timeout_s=5)
+        took = time_until(lambda: engine_running(engine) == 0, timeout_s=5)
         assert took < 5
         metrics = http.get("/metrics").text
         assert 'smg_engine_aborts_total{reason="cancelled_or_failed"} 1.0' in metrics
@@ -71,7 +62,7 @@ def test_client_disconnect_under_hypercorn_aborts_too(slow_setup, log_dir):
                 lines = r.iter_lines()  # kept: a dropped iterator closes the response
                 assert next(lines).startswith("data: ")
                 assert engine_running(engine) == 1
-            wait_for(lambda: engine_running(engine) == 0, timeout_s=5)
+            eventually(lambda: engine_running(engine) == 0, timeout_s=5)
             assert 'smg_engine_aborts_total{reason="cancelled_or_failed"} 1.0' in http.get("/metrics").text
     finally:
         node.stop()
@@ -82,7 +73,7 @@ def test_non_streaming_client_disconnect_aborts_too(slow_setup):
     with httpx2.Client(base_url=node.url, timeout=0.5) as http:
         with pytest.raises(httpx2.ReadTimeout):
             http.post("/v1/chat/completions", json={**LONG, "stream": False})
-    wait_for(lambda: engine_running(engine) == 0, timeout_s=5)
+    eventually(lambda: engine_running(engine) == 0, timeout_s=5)
 
 
 def test_engine_dying_mid_stream_gives_an_error_event_not_a_hang(slow_setup):
@@ -111,7 +102,7 @@ def test_no_healthy_engine_is_503_with_retry_after(slow_setup):
         # After the health checks notice, requests fail at once, naming the model. The node stays ready
         # (issue 40): the engine's outage is every node's, and a balancer that took nodes out for it would
         # take out the models that still have engines with them.
-        wait_for(lambda: http.post("/v1/chat/completions", json={**LONG, "stream": False, "max_tokens": 1}).json()
+        eventually(lambda: http.post("/v1/chat/completions", json={**LONG, "stream": False, "max_tokens": 1}).json()
                  ["error"]["code"] == "no_healthy_worker", timeout_s=10)
         r = http.post("/v1/chat/completions", json={**LONG, "stream": False, "max_tokens": 1})
         assert r.status_code == 503 and MODEL in r.json()["error"]["message"] and "retry-after" in r.headers

@@ -1,5 +1,5 @@
 """One contract, three backends: the memory store (a lone node), PostgreSQL and Redis, the last two
-against real servers started here (tests/real_servers.py). Then what each durable backend adds:
+against real servers started here (tests/support/real_servers.py). Then what each durable backend adds:
 migrations run once and configurable names (Postgres), the key prefix and the retention (Redis), and a
 server that is down answering StoreUnavailable (a 504) rather than hanging."""
 
@@ -13,7 +13,7 @@ import trio
 from gateway.history import (HistoryConfig, MemoryHistory, PostgresConfig, PostgresHistory, PostgresNames, RedisConfig,
                              RecordTooLarge, RedisHistory, StoredResponse, StoreUnavailable)
 
-from ..real_servers import free_port, postgres_server, redis_server
+from tests.support.real_servers import free_port, postgres_server, redis_server
 
 
 @pytest.fixture(scope="module")

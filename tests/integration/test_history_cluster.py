@@ -13,8 +13,8 @@ import pytest
 
 from mesh.ring import HashRing
 
-from .history_script import MODEL, TOOLS, write_script
-from .test_mesh_processes import eventually
+from tests.support.history_script import MODEL, TOOLS, write_script
+from tests.support.waiting import eventually
 
 NODES = 4  # one more than a shard's owners: one node holds no copy of a given response
 

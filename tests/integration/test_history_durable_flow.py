@@ -1,5 +1,5 @@
 """The Responses and Conversations flows with the durable backends, through the real openai SDK: two
-nodes with no mesh between them share one real PostgreSQL or Redis (tests/real_servers.py); the turns
+nodes with no mesh between them share one real PostgreSQL or Redis (tests/support/real_servers.py); the turns
 alternate between the nodes, the first node is killed before the last turn, and the chain and the
 conversation go on from what the database holds."""
 
@@ -10,8 +10,8 @@ import pytest
 
 from chaos.processes import EngineProcess, NodeProcess
 
-from ..real_servers import postgres_server, redis_server
-from .history_script import MODEL, TOOLS, write_script
+from tests.support.real_servers import postgres_server, redis_server
+from tests.support.history_script import MODEL, TOOLS, write_script
 
 
 @pytest.fixture(scope="module")

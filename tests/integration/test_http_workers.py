@@ -7,7 +7,7 @@ import pytest
 
 from chaos.processes import NodeProcess
 
-from .conftest import MODEL
+from tests.support.nodes import MODEL
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from jwt.algorithms import RSAAlgorithm
 
 from chaos.processes import NodeProcess
 
-from .conftest import MODEL
+from tests.support.nodes import MODEL
 
 
 class _Issuer(http.server.BaseHTTPRequestHandler):

@@ -13,8 +13,8 @@ import httpx2
 
 from chaos.processes import NodeProcess
 
-from .conftest import MODEL
-from .test_cluster_registry import node_args
+from tests.support.nodes import MODEL
+from tests.support.nodes import registry_node_args as node_args
 
 BOUND_S = 10.0  # MeshConfig.local().push_pull_interval_s
 

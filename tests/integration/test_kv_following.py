@@ -7,8 +7,8 @@ import openai
 
 from chaos.processes import EngineProcess, NodeProcess
 
-from .conftest import MODEL
-from .test_mesh_processes import eventually
+from tests.support.nodes import MODEL
+from tests.support.waiting import eventually
 
 # ~35 blocks of 16 tokens.
 PROMPT = "The lone engine keeps this prefix in its cache while nobody indexes it. " * 40

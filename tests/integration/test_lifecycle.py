@@ -10,9 +10,8 @@ import httpx2
 
 from chaos.processes import EngineProcess, NodeProcess
 
-from .conftest import ENGINE_ARGS, MODEL
-from .test_cluster_registry import node_args
-from .test_mesh_processes import eventually
+from tests.support.nodes import ENGINE_ARGS, MODEL, registry_node_args as node_args
+from tests.support.waiting import eventually, remains
 
 
 def readiness(node: NodeProcess) -> tuple[int, str]:
@@ -53,8 +52,7 @@ def test_ready_only_once_joined_and_the_registry_received(log_dir):
     a = None
     try:
         eventually(lambda: b.alive and readiness(b)[1].startswith("not ready: not joined"), 15)
-        time.sleep(1)
-        assert readiness(b)[0] == 503
+        remains(lambda: readiness(b)[0] == 503, 1)  # its engine is healthy meanwhile: joining is what it waits for
         a = NodeProcess(node_args(40, seed=40), log_dir, "life-a")  # the seed: ready with what b brings
         eventually(lambda: readiness(b)[0] == 200, 20)
         eventually(lambda: readiness(a)[0] == 200, 20)  # a got b's engine through the registry
@@ -63,6 +61,12 @@ def test_ready_only_once_joined_and_the_registry_received(log_dir):
             if n is not None:
                 n.kill()
         engine.kill()
+
+
+def in_flight(node: NodeProcess) -> float:
+    """Requests the node has on its engines (its metrics)."""
+    text = httpx2.get(node.url + "/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("smg_worker_in_flight"))
 
 
 def test_sigterm_drains_and_a_second_sigterm_stops_at_once(log_dir):
@@ -82,12 +86,11 @@ def test_sigterm_drains_and_a_second_sigterm_stops_at_once(log_dir):
 
         worker = threading.Thread(target=long_request)
         worker.start()
-        time.sleep(1)  # the generation is running (it takes ~40 s)
+        eventually(lambda: in_flight(node) == 1, 15)  # the generation is running (it takes ~40 s)
         node.signal(signal.SIGTERM)
         eventually(lambda: readiness(node)[0] in (0, 503), 5)  # load balancers stop sending at once
         assert "shutting down" in readiness(node)[1]
-        time.sleep(1)
-        assert node.alive  # still draining the in-flight request
+        remains(lambda: node.alive, 1)  # still draining the in-flight request
         node.signal(signal.SIGTERM)
         started = time.monotonic()
         node.process.wait(10)

@@ -27,13 +27,13 @@ from chaos.processes import EngineProcess, NodeProcess
 
 from gateway.node.supervisor import free_udp_tcp_port
 
-from .history_script import poll
+from tests.support.history_script import poll
 
 MODEL = "qwen3-sim"
 HOST = "127.0.0.2"  # the MCP servers' address: allowed as a network (--mcp-allowed-hosts 127.0.0.2/32)
 KEY_A, KEY_B = "sk-tenant-a-0123456789abcdef", "sk-tenant-b-0123456789abcdef"
 SECRET = "Bearer s3cret-token-of-the-client"
-SERVER_SCRIPT = Path(__file__).with_name("mcp_server.py")
+SERVER_SCRIPT = Path(__file__).parents[1] / "support" / "mcp_server.py"
 
 
 def call(name: str, **arguments) -> str:
@@ -376,7 +376,7 @@ def test_anthropic_messages_mcp_servers(node, servers, journal):
 
 
 def test_a_chain_goes_on_on_another_node_when_the_first_is_killed_mid_chain(engine, servers, log_dir):
-    from . import node_pairs
+    from tests.support import node_pairs
     flags = ["--worker-urls", engine.url, "--mcp-allowed-hosts", f"{HOST}/32"]
     # Three nodes: a record is written on two, so with one killed the other two still take writes (two alone
     # would refuse them until the dead one is reaped: a node alone may only be cut off).

@@ -15,6 +15,7 @@ from mesh.crypto import Keyring, Sealer, generate_key
 from mesh.members import MemberStatus
 from mesh.transport import FRAME_HEADER_BYTES, STREAM_CONNECTIONS_MAX, UdpTcpTransport
 from mesh.wire import INCARNATION_MAX, PROTOCOL_VERSION, MessageType
+from tests.support.waiting import eventually_trio
 
 KEY = generate_key()
 WAIT_S = 10.0
@@ -30,13 +31,6 @@ def udp_send(addr: str, data: bytes) -> None:
         s.sendto(data, (host, int(port)))
 
 
-async def poll(predicate, what: str) -> None:
-    """Packets cross real sockets: wait for their effect, bounded."""
-    with trio.fail_after(WAIT_S):
-        while not predicate():
-            await trio.sleep(0.01)
-
-
 async def start_pair(nursery, keys: "list[str]"):
     agents = []
     for i in range(2):
@@ -45,7 +39,7 @@ async def start_pair(nursery, keys: "list[str]"):
         await nursery.start(agent.run)
         agents.append(agent)
     await agents[1].join([agents[0].transport.addr])
-    await poll(lambda: len(agents[0].alive_members()) == 2, "joined")
+    await eventually_trio(lambda: len(agents[0].alive_members()) == 2, WAIT_S, "joined")
     return agents
 
 
@@ -54,10 +48,10 @@ async def test_poisoned_incarnation_is_dropped_and_no_agent_dies():
         a, b = await start_pair(nursery, [])  # in the clear: the packet needs no key
         for kind in (MessageType.SUSPECT, MessageType.DEAD):
             udp_send(a.transport.addr, packet([kind, 2 ** 64 - 1, "n0", "attacker"]))
-        await poll(lambda: a.stats.dropped["bad_incarnation"] == 2, "dropped")
+        await eventually_trio(lambda: a.stats.dropped["bad_incarnation"] == 2, WAIT_S, "dropped")
         # At the bound itself: refuted without ever encoding a number past it.
         udp_send(a.transport.addr, packet([MessageType.SUSPECT, INCARNATION_MAX, "n0", "attacker"]))
-        await poll(lambda: a.swim.stats["incarnation_exhausted"] == 1, "refuted at the bound")
+        await eventually_trio(lambda: a.swim.stats["incarnation_exhausted"] == 1, WAIT_S, "refuted at the bound")
         assert a.swim.incarnation == INCARNATION_MAX
         await trio.sleep(0.5)  # gossip carries the refutation to b, which must decode and keep it
         assert not a.stopped.is_set() and not b.stopped.is_set()
@@ -75,7 +69,7 @@ async def test_forged_gossip_cannot_move_an_encrypted_mesh():
         # Sealed with a key the cluster does not hold.
         udp_send(a.transport.addr, Sealer(Keyring([generate_key()])).seal(
             packet([MessageType.ALIVE, 1, "intruder", "127.0.0.1:1", {}]), UDP_LABEL, trio.current_time()))
-        await poll(lambda: a.stats.dropped["decrypt"] >= 4, "dropped")
+        await eventually_trio(lambda: a.stats.dropped["decrypt"] >= 4, WAIT_S, "dropped")
         assert {m.name: m.status for m in a.members()} == {"n0": MemberStatus.ALIVE, "n1": MemberStatus.ALIVE}
         nursery.cancel_scope.cancel()
 
@@ -92,14 +86,15 @@ async def test_a_guesser_of_the_key_is_named_in_the_log_and_then_not_heard(caplo
             for _ in range(200):  # a guess a packet, each sealed with another key
                 guesser.sendto(Sealer(Keyring([generate_key()])).seal(frame, UDP_LABEL, trio.current_time()),
                                (host, int(port)))
-        await poll(lambda: a.stats.dropped["decrypt"] + a.stats.dropped["muted"] >= 200, "the guesses")
+        await eventually_trio(lambda: a.stats.dropped["decrypt"] + a.stats.dropped["muted"] >= 200, WAIT_S,
+                              "the guesses")
         assert a.stats.dropped["decrypt"] == 64 and a.stats.dropped["muted"] == 136
         said = [r.getMessage() for r in caplog.records if "failed authentication" in r.getMessage()]
         assert len(said) == 2 and "127.0.0.1" in said[0] and "64 packets or stream hellos from 127.0.0.1" in said[1]
         # b shares the guesser's host: its packets still open, and it stays a live member.
         before = a.stats.packets_received - a.stats.dropped["muted"] - a.stats.dropped["decrypt"]
-        await poll(lambda: a.stats.packets_received - a.stats.dropped["muted"] - a.stats.dropped["decrypt"]
-                   > before + 3, "b's packets opened")
+        await eventually_trio(lambda: a.stats.packets_received - a.stats.dropped["muted"] - a.stats.dropped["decrypt"]
+                              > before + 3, WAIT_S, "b's packets opened")
         assert {m.name: m.status for m in a.members()} == {"n0": MemberStatus.ALIVE, "n1": MemberStatus.ALIVE}
         nursery.cancel_scope.cancel()
 
@@ -114,7 +109,7 @@ async def test_a_captured_packet_replayed_is_refused():
         before = a.stats.dropped["replay"]
         for _ in range(10):  # ...and sent ten times
             udp_send(a.transport.addr, captured)
-        await poll(lambda: a.stats.dropped["replay"] == before + 9, "replays refused")
+        await eventually_trio(lambda: a.stats.dropped["replay"] == before + 9, WAIT_S, "replays refused")
         nursery.cancel_scope.cancel()
 
 
@@ -137,7 +132,7 @@ async def test_a_stranger_cannot_make_the_stream_server_buffer_a_large_frame():
                     pass  # reset: our unread bytes were discarded
             await stream.aclose()
         assert a.transport.hellos_refused == 40
-        await poll(lambda: a.transport.connections == baseline, "connections released")
+        await eventually_trio(lambda: a.transport.connections == baseline, WAIT_S, "connections released")
         # Members still talk over streams (push-pull, peer requests).
         await b.join([a.transport.addr])
         nursery.cancel_scope.cancel()
@@ -149,7 +144,7 @@ async def test_stream_connections_beyond_the_cap_are_closed_at_once():
         host, port = a.transport.addr.rsplit(":", 1)
         baseline = a.transport.connections
         held = [await trio.open_tcp_stream(host, int(port)) for _ in range(STREAM_CONNECTIONS_MAX - baseline)]
-        await poll(lambda: a.transport.connections == STREAM_CONNECTIONS_MAX, "held")
+        await eventually_trio(lambda: a.transport.connections == STREAM_CONNECTIONS_MAX, WAIT_S, "held")
         extra = await trio.open_tcp_stream(host, int(port))
         with trio.fail_after(WAIT_S):
             try:
@@ -159,14 +154,14 @@ async def test_stream_connections_beyond_the_cap_are_closed_at_once():
         assert a.transport.connections_refused >= 1
         for s in [extra, *held]:
             await s.aclose()
-        await poll(lambda: a.transport.connections == baseline, "released")
+        await eventually_trio(lambda: a.transport.connections == baseline, WAIT_S, "released")
         nursery.cancel_scope.cancel()
 
 
 async def test_mesh_streams_over_mutual_tls_admit_only_the_mesh_ca(tmp_path):
     from mesh.transport import MeshTls
 
-    from .certs import CertAuthority
+    from tests.support.certs import CertAuthority
 
     ca, other = CertAuthority(tmp_path, "mesh CA"), CertAuthority(tmp_path, "other CA")
 
@@ -182,14 +177,14 @@ async def test_mesh_streams_over_mutual_tls_admit_only_the_mesh_ca(tmp_path):
             agents.append(agent)
         a, b, stranger = agents
         assert await b.join([a.transport.addr]) == 1  # both certificates of the mesh CA
-        await poll(lambda: len(a.alive_members()) == 2, "joined")
+        await eventually_trio(lambda: len(a.alive_members()) == 2, WAIT_S, "joined")
         with pytest.raises(JoinError):  # holds the gossip key, but not a certificate of the mesh CA
             await stranger.join([a.transport.addr])
         refused = a.transport.hellos_refused
         host, port = a.transport.addr.rsplit(":", 1)
         plain = await trio.open_tcp_stream(host, int(port))  # no TLS at all
         await plain.send_all((8).to_bytes(FRAME_HEADER_BYTES, "big") + b"12345678")
-        await poll(lambda: a.transport.hellos_refused > refused, "refused")
+        await eventually_trio(lambda: a.transport.hellos_refused > refused, WAIT_S, "refused")
         await plain.aclose()
         nursery.cancel_scope.cancel()
 
@@ -244,7 +239,7 @@ async def test_a_crashed_process_is_told_from_a_live_one_by_its_port_and_the_che
     without mutual TLS; an address that cannot be read is no evidence and no exception."""
     from mesh.transport import MeshTls
 
-    from .certs import CertAuthority
+    from tests.support.certs import CertAuthority
 
     ca = CertAuthority(tmp_path, "mesh CA")
     cert, key, _ = ca.issue("m0", "m0", server=True, client=True)
@@ -254,7 +249,8 @@ async def test_a_crashed_process_is_told_from_a_live_one_by_its_port_and_the_che
             await nursery.start(live.serve_streams, lambda request: trio.sleep(0, b""))
             prober = UdpTcpTransport("127.0.0.1:0")
             assert await prober.connection_refused(live.addr, 5.0) is False
-            await poll(lambda: live.connections_unused == 1 and live.connections == 0, "the check's connection")
+            await eventually_trio(lambda: live.connections_unused == 1 and live.connections == 0, WAIT_S,
+                                  "the check's connection")
             assert live.hellos_refused == 0
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as bound:  # bound, never listening: as a dead port
             bound.bind(("127.0.0.1", 0))
@@ -272,6 +268,6 @@ async def test_a_member_whose_process_is_gone_is_declared_dead_on_its_refusal():
         b.stop()
         await b.stopped.wait()
         b.transport.close()
-        await poll(lambda: a.member("n1").status is MemberStatus.DEAD, "declared dead")
+        await eventually_trio(lambda: a.member("n1").status is MemberStatus.DEAD, WAIT_S, "declared dead")
         assert a.protocol_stats["listeners_refused"] >= 1
         nursery.cancel_scope.cancel()

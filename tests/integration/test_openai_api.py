@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import orjson
 import pytest
 
-from .conftest import MODEL, prompt_ids
+from tests.support.nodes import MODEL, prompt_ids
 
 USER = [{"role": "user", "content": "Tell me about tokenizers."}]
 

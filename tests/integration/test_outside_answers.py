@@ -20,7 +20,7 @@ import pytest
 
 from chaos.processes import EngineProcess, NodeProcess
 
-from .hostile_servers import HostileMcpServer
+from tests.support.hostile_servers import HostileMcpServer
 
 MODEL = "qwen3-sim"
 HOST = "127.0.0.2"
@@ -43,7 +43,7 @@ def hostile():
     server.close()
 
 
-STDIO_SCRIPT = Path(__file__).with_name("hostile_stdio.py")
+STDIO_SCRIPT = Path(__file__).parents[1] / "support" / "hostile_stdio.py"
 
 
 @pytest.fixture(scope="module")

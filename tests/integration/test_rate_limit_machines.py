@@ -9,7 +9,6 @@ the other machine, and the survivor refuses what was already spent.
 from __future__ import annotations
 
 import re
-import time
 
 import httpx2
 
@@ -17,7 +16,8 @@ from chaos.processes import EngineProcess, NodeProcess
 from mesh.crypto import generate_key
 from mesh.ring import HashRing
 
-from .conftest import MODEL
+from tests.support.nodes import MODEL
+from tests.support.waiting import eventually
 
 PROCESSES = 3
 ALLOWANCE = 10  # requests per hour: nothing comes back during the test
@@ -47,11 +47,8 @@ def _metric(port: int, name: str) -> float:
     return float(match.group(1)) if match else -1.0
 
 
-def _poll(check, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        time.sleep(0.05)
+def _wait(check, what: str, timeout_s: float = 60.0) -> None:
+    eventually(check, timeout_s, what)
 
 
 def test_the_owner_machines_kill_keeps_the_counts_on_the_other_machine(log_dir, tmp_path):
@@ -78,7 +75,7 @@ def test_the_owner_machines_kill_keeps_the_counts_on_the_other_machine(log_dir, 
                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics[machine]),
                 "--rate-limits", str(limits), "--log-level", "warning"], log_dir, f"rlm-{machine}")
         ports = [metrics[m] + i for m in ("m0", "m1") for i in range(PROCESSES)]
-        _poll(lambda: all(_metric(p, 'smg_mesh_members{state="alive"}') == 2 * PROCESSES for p in ports),
+        _wait(lambda: all(_metric(p, 'smg_mesh_members{state="alive"}') == 2 * PROCESSES for p in ports),
               "six members seen by every process")
         owner = ring.owner(key)
         doomed, survivor = _machine(owner), "m1" if _machine(owner) == "m0" else "m0"
@@ -89,12 +86,12 @@ def test_the_owner_machines_kill_keeps_the_counts_on_the_other_machine(log_dir, 
                  for _ in range(ALLOWANCE + 1)]
         assert codes == [200] * ALLOWANCE + [429], codes
         # Every change the owner made is on its replicas (acknowledged) before its machine goes.
-        _poll(lambda: _metric(owner_port, "smg_rate_limit_replication_pending") == 0, "replicated")
+        _wait(lambda: _metric(owner_port, "smg_rate_limit_replication_pending") == 0, "replicated")
         assert len(nodes[doomed].children()) == PROCESSES
         nodes[doomed].kill_machine()  # processes and supervisor at once: nothing leaves the mesh or hands over
         # Declared dead, not merely suspected (a suspect stays on the ring, and its keys' requests go to the
         # failure policy meanwhile): then the ring is the survivor's own.
-        _poll(lambda: all(_metric(metrics[survivor] + i, 'smg_mesh_members{state="alive"}') == PROCESSES
+        _wait(lambda: all(_metric(metrics[survivor] + i, 'smg_mesh_members{state="alive"}') == PROCESSES
                           and _metric(metrics[survivor] + i, 'smg_mesh_members{state="suspect"}') == 0
                           for i in range(PROCESSES)), "the survivor's processes declared the machine dead")
         after = [httpx2.post(url + "/v1/completions", json=body, timeout=30).status_code for _ in range(5)]

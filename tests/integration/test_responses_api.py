@@ -15,7 +15,7 @@ import pytest
 
 from chaos.processes import EngineProcess, NodeProcess
 
-from .history_script import poll
+from tests.support.history_script import poll
 
 MODEL = "qwen3-sim"
 THOUGHT_CALL = ("<think>\nI need the weather.\n</think>\n\n<tool_call>\n"

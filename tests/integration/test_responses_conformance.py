@@ -22,9 +22,9 @@ import pytest
 
 from chaos.processes import EngineProcess, NodeProcess
 
-from ..real_servers import postgres_server, redis_server
-from . import node_pairs
-from .history_script import MODEL, RULES, poll
+from tests.support.real_servers import postgres_server, redis_server
+from tests.support import node_pairs
+from tests.support.history_script import MODEL, RULES, poll
 
 # Scripted where an answer must show what the model saw; any other prompt gets the simulated engine's words,
 # one every 20 ms: a background stream lasts long enough to drop out of it and resume.

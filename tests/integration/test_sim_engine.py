@@ -19,7 +19,7 @@ from smg_grpc_proto.generated import (
 
 from chaos.processes import EngineProcess, NodeProcess
 
-from .conftest import MODEL
+from tests.support.nodes import MODEL
 
 
 @pytest.fixture(scope="module")

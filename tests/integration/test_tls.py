@@ -15,8 +15,8 @@ from cryptography import x509
 
 from chaos.processes import NodeProcess
 
-from .certs import CertAuthority
-from .conftest import MODEL
+from tests.support.certs import CertAuthority
+from tests.support.nodes import MODEL
 
 
 def served_serial(url: str, ca_path, client: "tuple | None" = None) -> int:

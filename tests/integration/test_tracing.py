@@ -18,9 +18,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from chaos.processes import EngineProcess, NodeProcess
 
-from ..real_servers import free_port
-from .conftest import MODEL
-from .node_pairs import mesh_args, start_pair
+from tests.support.real_servers import free_port
+from tests.support.nodes import MODEL
+from tests.support.node_pairs import mesh_args, start_pair
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN_ID = "00f067aa0ba902b7"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import httpx2
 import openai
 
 from chaos.processes import EngineProcess, NodeProcess
 
-from .conftest import MODEL
+from tests.support.nodes import MODEL
+from tests.support.waiting import eventually
 
 WAIT_S = 30.0
 
@@ -34,14 +34,8 @@ def process_gone(pid: int) -> bool:
     return not os.path.exists(f"/proc/{pid}")
 
 
-def wait_for(predicate, what: str):
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+def _wait_for(check, what: str):
+    return eventually(check, WAIT_S, what)
 
 
 def test_two_processes_share_the_port_the_registry_and_survive_a_crash(log_dir):
@@ -49,7 +43,7 @@ def test_two_processes_share_the_port_the_registry_and_survive_a_crash(log_dir):
     second = EngineProcess(["--zero-cost"], log_dir, "workers-engine2")
     node = NodeProcess(["--workers", "2", "--worker-urls", engine.url], log_dir, "workers-node")
     try:
-        processes = wait_for(lambda: answering_processes(node.url) if len(answering_processes(node.url)) == 2
+        processes = _wait_for(lambda: answering_processes(node.url) if len(answering_processes(node.url)) == 2
                              else None, "both processes answering")
         assert sorted(p["process"]["index"] for p in processes.values()) == [0, 1]
         assert all(p["healthy_workers"] == 1 for p in processes.values())
@@ -63,7 +57,7 @@ def test_two_processes_share_the_port_the_registry_and_survive_a_crash(log_dir):
         # A worker added through one process reaches the other (the node's private mesh).
         with httpx2.Client(base_url=node.url, timeout=10, headers=node.admin_headers) as http:
             assert http.post("/workers", json={"url": second.url}).status_code in (200, 201, 202)
-        wait_for(lambda: all(p["workers"] == 2 for p in answering_processes(node.url).values())
+        _wait_for(lambda: all(p["workers"] == 2 for p in answering_processes(node.url).values())
                  and len(answering_processes(node.url)) == 2, "the added worker on both processes")
 
         # One process dies: the other keeps answering, the supervisor starts a new one.
@@ -72,15 +66,15 @@ def test_two_processes_share_the_port_the_registry_and_survive_a_crash(log_dir):
         # Until a killed process's last thread is gone its listening socket stays in the port's
         # SO_REUSEPORT group, and connections the kernel hands it are reset when it closes: no
         # server can answer those (a load balancer retries them). Wait for the teardown to end.
-        wait_for(lambda: process_gone(victim), "the killed process's teardown")
+        _wait_for(lambda: process_gone(victim), "the killed process's teardown")
         for _ in range(6):
             with httpx2.Client(base_url=node.url, timeout=10, headers=node.admin_headers) as fresh:
                 assert fresh.get("/health").status_code == 200
-        replaced = wait_for(lambda: (lambda seen: seen if len(seen) == 2 and victim not in seen else None)(
+        replaced = _wait_for(lambda: (lambda seen: seen if len(seen) == 2 and victim not in seen else None)(
             answering_processes(node.url)), "a new process 1")
         assert sorted(p["process"]["index"] for p in replaced.values()) == [0, 1]
         # The new process learnt the run-time worker from the mesh, not from its command line.
-        wait_for(lambda: all(p["workers"] == 2 for p in answering_processes(node.url).values()),
+        _wait_for(lambda: all(p["workers"] == 2 for p in answering_processes(node.url).values()),
                  "the new process's registry")
     finally:
         code = node.stop(timeout_s=30)

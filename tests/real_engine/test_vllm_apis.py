@@ -10,7 +10,7 @@ import time
 import anthropic
 import pytest
 
-from .test_vllm_engine import engine_running
+from tests.support.vllm import engine_running
 
 pytestmark = pytest.mark.real_engine
 

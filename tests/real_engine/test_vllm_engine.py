@@ -8,19 +8,12 @@ from __future__ import annotations
 
 import time
 
-import grpc
 import httpx2
 import pytest
-from smg_grpc_proto.generated import vllm_engine_pb2 as vl, vllm_engine_pb2_grpc as vl_grpc
+from tests.support.vllm import engine_running
 
 
 pytestmark = pytest.mark.real_engine
-
-
-def engine_running(vllm_url: str) -> int:
-    with grpc.insecure_channel(vllm_url.removeprefix("grpc://")) as channel:
-        loads = vl_grpc.VllmEngineStub(channel).GetLoads(vl.GetLoadsRequest(), timeout=10)
-    return sum(x.num_running_reqs for x in loads.loads)
 
 
 def test_tokenizer_came_from_the_engine(node):

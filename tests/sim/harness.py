@@ -11,6 +11,7 @@ from mesh.config import MeshConfig
 from mesh.crypto import Keyring
 from mesh.members import MemberStatus
 from mesh.simnet import SimNetwork
+from tests.support.waiting import time_until_trio
 
 # Fixed keys so tests are reproducible; never use these outside tests.
 KEY_A = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
@@ -43,7 +44,7 @@ async def start_agreed_cluster(nursery: trio.Nursery, n: int, seed: int,
     """A new simulated network and ``n`` agents (``lan`` timers unless said) that all hold each other alive."""
     net = SimNetwork(seed=seed)
     agents = await start_cluster(nursery, net, n, config or MeshConfig.lan(), seed)
-    await wait_until(lambda: agree(agents, {a.name: MemberStatus.ALIVE for a in agents}), 60)
+    await time_until_trio(lambda: agree(agents, {a.name: MemberStatus.ALIVE for a in agents}), 60)
     return net, agents
 
 
@@ -55,16 +56,6 @@ def agree(agents: "list[MeshAgent]", expected: dict[str, MemberStatus]) -> bool:
     return all(all(view(a).get(name) is status for name, status in expected.items()) for a in agents)
 
 
-async def wait_until(predicate, timeout_s: float, step_s: float = 0.05) -> float:
-    """Virtual seconds until predicate() holds; AssertionError after timeout_s."""
-    start = trio.current_time()
-    while not predicate():
-        if trio.current_time() - start > timeout_s:
-            raise AssertionError(f"not reached within {timeout_s} virtual seconds")
-        await trio.sleep(step_s)
-    return trio.current_time() - start
-
-
 async def form_cluster(nursery: trio.Nursery, net: SimNetwork, n: int, start_node) -> list:
     """``n`` nodes made by ``await start_node(i)`` (each with ``.agent`` and ``.cluster``), joined through
     the first; returns once every node's ring holds them all."""
@@ -72,7 +63,7 @@ async def form_cluster(nursery: trio.Nursery, net: SimNetwork, n: int, start_nod
     nodes = [await start_node(i) for i in range(n)]
     for node in nodes[1:]:
         await node.agent.join([nodes[0].agent.transport.addr])
-    await wait_until(lambda: all(len(node.cluster.ring) == len(nodes) for node in nodes), 30)
+    await time_until_trio(lambda: all(len(node.cluster.ring) == len(nodes) for node in nodes), 30)
     return nodes
 
 

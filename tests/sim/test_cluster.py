@@ -10,7 +10,8 @@ from mesh.config import MeshConfig
 from mesh.members import MemberStatus
 from mesh.simnet import LinkFaults, SimNetwork
 
-from .harness import KEY_B, agree, start_agent, start_cluster, view, wait_until
+from .harness import KEY_B, agree, start_agent, start_cluster, view
+from tests.support.waiting import time_until_trio
 
 ALIVE, DEAD, LEFT = MemberStatus.ALIVE, MemberStatus.DEAD, MemberStatus.LEFT
 
@@ -19,7 +20,7 @@ async def test_ten_nodes_join_through_one_seed(autojump_clock):
     net = SimNetwork(seed=1)
     async with trio.open_nursery() as nursery:
         agents = await start_cluster(nursery, net, 10, MeshConfig.lan(), seed=1)
-        took = await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(10)}), 30)
+        took = await time_until_trio(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(10)}), 30)
         assert took < 10
         assert all(m.tags == {"role": "gateway"} for m in agents[3].members())
         nursery.cancel_scope.cancel()
@@ -29,11 +30,11 @@ async def test_crashed_node_is_declared_dead_by_everyone(autojump_clock):
     net = SimNetwork(seed=2)
     async with trio.open_nursery() as nursery:
         agents = await start_cluster(nursery, net, 5, MeshConfig.lan(), seed=2)
-        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
+        await time_until_trio(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
         crashed_at = trio.current_time()
         net.crashed.add(agents[4].transport.addr)
         agents[4].stop()
-        took = await wait_until(lambda: agree(agents[:4], {"node-4": DEAD}), 60)
+        took = await time_until_trio(lambda: agree(agents[:4], {"node-4": DEAD}), 60)
         # memberlist's LAN defaults: ~5-6 s typical, ~25 s worst (ARCHITECTURE.md, design notes).
         assert took < 25, f"detection took {took}s"
         assert trio.current_time() - crashed_at == took
@@ -53,18 +54,18 @@ async def test_a_crashed_process_whose_host_refuses_its_port_is_dead_everywhere_
     net = SimNetwork(seed=seed, faults=LinkFaults(delay_s=0.001, jitter_s=0.002))
     async with trio.open_nursery() as nursery:
         agents = await start_cluster(nursery, net, 5, MeshConfig.lan(), seed=seed)
-        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
+        await time_until_trio(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
         await trio.sleep(5)
         net.stopped.add(agents[4].transport.addr)
         agents[4].stop()
-        took = await wait_until(lambda: agree(agents[:4], {"node-4": DEAD}), 60)
+        took = await time_until_trio(lambda: agree(agents[:4], {"node-4": DEAD}), 60)
         assert took <= 3.0, f"detection took {took} s"
         assert sum(a.protocol_stats["listeners_refused"] for a in agents[:4]) >= 1
         # The same process back at its address: it rejoins, and nothing refuses it any more.
         net.stopped.discard(agents[4].transport.addr)
         agents[4] = await start_agent(nursery, net, 4, MeshConfig.lan(), seed=seed + 100)
         await agents[4].join([agents[0].transport.addr])
-        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
+        await time_until_trio(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
         await trio.sleep(60)
         assert agree(agents, {f"node-{i}": ALIVE for i in range(5)})
         nursery.cancel_scope.cancel()
@@ -74,10 +75,10 @@ async def test_graceful_leave_is_left_not_dead(autojump_clock):
     net = SimNetwork(seed=3)
     async with trio.open_nursery() as nursery:
         agents = await start_cluster(nursery, net, 5, MeshConfig.lan(), seed=3)
-        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
+        await time_until_trio(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
         await agents[2].leave()
         rest = [a for i, a in enumerate(agents) if i != 2]
-        took = await wait_until(lambda: agree(rest, {"node-2": LEFT}), 30)
+        took = await time_until_trio(lambda: agree(rest, {"node-2": LEFT}), 30)
         assert took < 5
         await trio.sleep(30)
         assert agree(rest, {"node-2": LEFT})  # not turned into dead later
@@ -89,15 +90,15 @@ async def test_a_dead_node_that_restarts_rejoins_with_a_higher_incarnation(autoj
     config = MeshConfig.lan()
     async with trio.open_nursery() as nursery:
         agents = await start_cluster(nursery, net, 4, config, seed=4)
-        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(4)}), 30)
+        await time_until_trio(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(4)}), 30)
         net.crashed.add(agents[3].transport.addr)
         agents[3].stop()
-        await wait_until(lambda: agree(agents[:3], {"node-3": DEAD}), 60)
+        await time_until_trio(lambda: agree(agents[:3], {"node-3": DEAD}), 60)
         dead_incarnation = next(m.incarnation for m in agents[0].members() if m.name == "node-3")
         net.crashed.discard(agents[3].transport.addr)
         reborn = await start_agent(nursery, net, 3, config, seed=99)
         await reborn.join([agents[0].transport.addr])
-        await wait_until(lambda: agree(agents[:3] + [reborn], {f"node-{i}": ALIVE for i in range(4)}), 30)
+        await time_until_trio(lambda: agree(agents[:3] + [reborn], {f"node-{i}": ALIVE for i in range(4)}), 30)
         assert next(m.incarnation for m in agents[0].members() if m.name == "node-3") > dead_incarnation
         nursery.cancel_scope.cancel()
 
@@ -111,18 +112,18 @@ async def test_nodes_killed_and_restarted_in_turn_are_declared_dead_as_fast_each
     config = MeshConfig.lan()
     async with trio.open_nursery() as nursery:
         agents = await start_cluster(nursery, net, 5, config, seed=5)
-        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
+        await time_until_trio(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
         took = []
         for trial in range(8):
             victim = 1 + trial % 4
             net.crashed.add(agents[victim].transport.addr)
             agents[victim].stop()
             survivors = [a for i, a in enumerate(agents) if i != victim]
-            took.append(await wait_until(lambda: agree(survivors, {f"node-{victim}": DEAD}), 60))
+            took.append(await time_until_trio(lambda: agree(survivors, {f"node-{victim}": DEAD}), 60))
             net.crashed.discard(agents[victim].transport.addr)
             agents[victim] = await start_agent(nursery, net, victim, config, seed=100 + trial)
             await agents[victim].join([agents[0].transport.addr])
-            await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
+            await time_until_trio(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
         assert max(took) < 10, f"detection times {took}"
         nursery.cancel_scope.cancel()
 
@@ -137,13 +138,13 @@ async def test_a_crash_right_after_a_lossy_half_minute_is_declared_dead_without_
     net = SimNetwork(seed=seed, faults=LinkFaults(delay_s=0.001, jitter_s=0.002))
     async with trio.open_nursery() as nursery:
         agents = await start_cluster(nursery, net, 5, MeshConfig.lan(), seed=seed)
-        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
+        await time_until_trio(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(5)}), 30)
         net.faults = LinkFaults(drop=0.2, delay_s=0.001, jitter_s=0.002)
         await trio.sleep(30)
         net.faults = LinkFaults(delay_s=0.001, jitter_s=0.002)
         net.crashed.add(agents[4].transport.addr)
         agents[4].stop()
-        took = await wait_until(lambda: all(view(a).get("node-4") is DEAD for a in agents[:4]), 60)
+        took = await time_until_trio(lambda: all(view(a).get("node-4") is DEAD for a in agents[:4]), 60)
         assert took < 12, f"seed {seed}: detection took {took:.2f} s"
         nursery.cancel_scope.cancel()
 
@@ -155,10 +156,10 @@ async def test_three_nodes_declare_a_crashed_one_dead_as_fast_as_five_do(autojum
     net = SimNetwork(seed=seed, faults=LinkFaults(delay_s=0.001, jitter_s=0.002))
     async with trio.open_nursery() as nursery:
         agents = await start_cluster(nursery, net, 3, MeshConfig.lan(), seed=seed)
-        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(3)}), 30)
+        await time_until_trio(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(3)}), 30)
         net.crashed.add(agents[2].transport.addr)
         agents[2].stop()
-        took = await wait_until(lambda: agree(agents[:2], {"node-2": DEAD}), 60)
+        took = await time_until_trio(lambda: agree(agents[:2], {"node-2": DEAD}), 60)
         assert took < 8, f"seed {seed}: detection took {took:.2f} s"
         nursery.cancel_scope.cancel()
 
@@ -171,7 +172,7 @@ async def test_a_slow_member_of_three_declares_no_healthy_one_dead(autojump_cloc
     net = SimNetwork(seed=seed, faults=LinkFaults(delay_s=0.001, jitter_s=0.002))
     async with trio.open_nursery() as nursery:
         agents = await start_cluster(nursery, net, 3, MeshConfig.lan(), seed=seed)
-        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(3)}), 30)
+        await time_until_trio(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(3)}), 30)
         verdicts = []
         for agent in agents:
             agent.listeners.append(lambda member, previous, observer=agent.name: verdicts.append(
@@ -199,13 +200,13 @@ async def test_tag_changes_propagate(autojump_clock):
     net = SimNetwork(seed=6)
     async with trio.open_nursery() as nursery:
         agents = await start_cluster(nursery, net, 6, MeshConfig.lan(), seed=6)
-        await wait_until(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(6)}), 30)
+        await time_until_trio(lambda: agree(agents, {f"node-{i}": ALIVE for i in range(6)}), 30)
         agents[1].set_tags({"role": "gateway", "zone": "b"})
 
         def seen() -> bool:
             return all(next(m for m in a.members() if m.name == "node-1").tags.get("zone") == "b" for a in agents)
 
-        assert await wait_until(seen, 10) < 3
+        assert await time_until_trio(seen, 10) < 3
         nursery.cancel_scope.cancel()
 
 
@@ -216,7 +217,7 @@ async def test_partition_then_heal_converges(autojump_clock, seed):
     async with trio.open_nursery() as nursery:
         agents = await start_cluster(nursery, net, 8, config, seed=seed)
         everyone = {f"node-{i}": ALIVE for i in range(8)}
-        await wait_until(lambda: agree(agents, everyone), 60)
+        await time_until_trio(lambda: agree(agents, everyone), 60)
         left, right = [a.transport.addr for a in agents[:4]], [a.transport.addr for a in agents[4:]]
         net.partition(left, right)
         await trio.sleep(60)  # each side declares the other dead
@@ -224,7 +225,7 @@ async def test_partition_then_heal_converges(autojump_clock, seed):
         net.heal()
         # Dead members are still gossiped to for a while and push-pull repairs the rest:
         # within a stated bound everyone is alive again in every view.
-        took = await wait_until(lambda: agree(agents, everyone), 120)
+        took = await time_until_trio(lambda: agree(agents, everyone), 120)
         assert took < 120, f"seed={seed}"
         nursery.cancel_scope.cancel()
 
@@ -282,9 +283,9 @@ async def test_state_hooks_ride_on_push_pull_and_gossip(autojump_clock):
         # A joining node receives the whole state at once (push-pull with the seed).
         assert {"from-0", "from-3"} <= hooks[3].items
         hooks[2].outbox.append(b"news")  # the subsystem's own broadcasts ride on gossip packets
-        await wait_until(lambda: all("news" in h.items for h in hooks if h is not hooks[2]), 10)
+        await time_until_trio(lambda: all("news" in h.items for h in hooks if h is not hooks[2]), 10)
         agents[1].broadcast(b"queued", key="k")  # or it hands them to the mesh's retransmit queue
-        await wait_until(lambda: all("queued" in h.items for h in hooks if h is not hooks[1]), 10)
+        await time_until_trio(lambda: all("queued" in h.items for h in hooks if h is not hooks[1]), 10)
         nursery.cancel_scope.cancel()
 
 

@@ -24,7 +24,8 @@ from mesh.config import MeshConfig
 from mesh.crypto import Keyring
 from mesh.simnet import SimNetwork
 
-from .harness import KEY_A, addr, crash_node, form_cluster, wait_until
+from .harness import KEY_A, addr, crash_node, form_cluster
+from tests.support.waiting import time_until_trio
 
 MESH = MeshConfig.lan()
 HEALTH = HealthConfig(failure_threshold=2, success_threshold=1, interval_s=2.0, timeout_s=1.0)
@@ -113,11 +114,11 @@ async def test_a_registration_reaches_every_registry_and_a_removal_drains_everyw
     async with trio.open_nursery() as nursery:
         nodes = await start_cluster(nursery, SimNetwork(seed), 5, engines, seed)
         await nodes[0].registry.add(ENGINE)
-        took = await wait_until(lambda: all(n.registry.get(wid) is not None and n.registry.get(wid).healthy
+        took = await time_until_trio(lambda: all(n.registry.get(wid) is not None and n.registry.get(wid).healthy
                                             for n in nodes), 30)
         print(f"seed={seed}: registered everywhere in {took:.1f} virtual s")
         await nodes[3].registry.remove(wid)  # removed on another node than the one that added it
-        await wait_until(lambda: all(n.registry.get(wid) is None for n in nodes), 30)
+        await time_until_trio(lambda: all(n.registry.get(wid) is None for n in nodes), 30)
         nursery.cancel_scope.cancel()
 
 
@@ -130,15 +131,15 @@ async def test_health_checks_move_to_the_next_owner_when_the_owner_crashes(autoj
         net = SimNetwork(seed)
         nodes = await start_cluster(nursery, net, 5, engines, seed)
         await nodes[0].registry.add(ENGINE)
-        await wait_until(lambda: all(n.registry.get(wid) is not None for n in nodes), 30)
+        await time_until_trio(lambda: all(n.registry.get(wid) is not None for n in nodes), 30)
         owner = next(n for n in nodes if n.cluster.owns(wid))
         assert sum(n.cluster.owns(wid) for n in nodes) == 1, f"seed={seed}: one owner"
-        await wait_until(lambda: all((n.cluster.health_of(wid) or {}).get("by") == owner.name for n in nodes), 30)
+        await time_until_trio(lambda: all((n.cluster.health_of(wid) or {}).get("by") == owner.name for n in nodes), 30)
 
         crash_node(net, owner)
         survivors = [n for n in nodes if n is not owner]
         engines.healthy[ENGINE] = False  # only a live owner's checks can find this out
-        took = await wait_until(lambda: all(n.registry.get(wid) is not None and not n.registry.get(wid).healthy
+        took = await time_until_trio(lambda: all(n.registry.get(wid) is not None and not n.registry.get(wid).healthy
                                             for n in survivors), HANDOVER_BOUND_S)
         successor = next(n for n in survivors if n.cluster.owns(wid))
         assert all(n.cluster.owns(wid) == (n is successor) for n in survivors), f"seed={seed}"
@@ -165,12 +166,12 @@ async def test_a_worker_missing_from_the_document_is_kept_for_the_grace_period_o
         started = trio.current_time()
         await trio.sleep(ABSENT_WORKER_GRACE_S - 1)
         assert nodes[1].registry.get(wid) is not None and not nodes[1].registry.get(wid).draining
-        await wait_until(lambda: nodes[1].registry.get(wid) is None, HEALTH.interval_s + 5)
+        await time_until_trio(lambda: nodes[1].registry.get(wid) is None, HEALTH.interval_s + 5)
         assert trio.current_time() - started >= ABSENT_WORKER_GRACE_S
         # A removal someone wrote (a tombstone) drains at once, with no grace.
         await nodes[0].registry.add(ENGINE)
-        await wait_until(lambda: all(n.registry.get(worker_id_for(ENGINE)) is not None for n in nodes), 30)
+        await time_until_trio(lambda: all(n.registry.get(worker_id_for(ENGINE)) is not None for n in nodes), 30)
         await nodes[0].registry.remove(worker_id_for(ENGINE))
-        took = await wait_until(lambda: all(n.registry.get(worker_id_for(ENGINE)) is None for n in nodes), 15)
+        took = await time_until_trio(lambda: all(n.registry.get(worker_id_for(ENGINE)) is None for n in nodes), 15)
         assert took < ABSENT_WORKER_GRACE_S
         nursery.cancel_scope.cancel()

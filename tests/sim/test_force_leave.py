@@ -13,7 +13,8 @@ from mesh.agent import ForceLeaveError
 from mesh.config import MeshConfig
 from mesh.members import MemberStatus
 
-from .harness import agree, start_agent, start_agreed_cluster, view, wait_until
+from .harness import agree, start_agent, start_agreed_cluster, view
+from tests.support.waiting import time_until_trio
 
 ALIVE, DEAD, LEFT = MemberStatus.ALIVE, MemberStatus.DEAD, MemberStatus.LEFT
 # A reconnect attempt to a random dead member every 30 s: with 3 dead ones, a few attempts find one that answers.
@@ -31,7 +32,7 @@ async def test_a_partition_longer_than_the_old_reap_keeps_each_side_known_and_he
             far = agents[3:] if i < 3 else agents[:3]
             assert all(view(agent)[a.name] is DEAD for a in far), (agent.name, view(agent))
         net.heal()
-        await wait_until(lambda: agree(agents, everyone), HEAL_BOUND_S)
+        await time_until_trio(lambda: agree(agents, everyone), HEAL_BOUND_S)
         nursery.cancel_scope.cancel()
 
 
@@ -41,16 +42,16 @@ async def test_a_forced_leave_reaches_every_member_and_is_forgotten_as_a_goodbye
         gone, survivors = agents[3], agents[:3]
         net.crashed.add(gone.transport.addr)
         gone.stop()
-        await wait_until(lambda: agree(survivors, {gone.name: DEAD}), 60)
+        await time_until_trio(lambda: agree(survivors, {gone.name: DEAD}), 60)
         assert survivors[0].force_leave(gone.name) == [gone.name]
         assert view(survivors[0])[gone.name] is LEFT
-        await wait_until(lambda: agree(survivors, {gone.name: LEFT}), 10)  # by gossip
+        await time_until_trio(lambda: agree(survivors, {gone.name: LEFT}), 10)  # by gossip
         late = await start_agent(nursery, net, 4, MeshConfig.lan(), seed=22)
         await late.join([survivors[1].transport.addr])
-        await wait_until(lambda: agree([late], {a.name: ALIVE for a in survivors}), 10)
+        await time_until_trio(lambda: agree([late], {a.name: ALIVE for a in survivors}), 10)
         assert gone.name not in view(late)  # a join learns of no member that left (memberlist's mergeState)
         # Left members are forgotten after left_reap_s, as those that said goodbye themselves.
-        await wait_until(lambda: all(gone.name not in view(a) for a in [*survivors, late]), MeshConfig.lan().left_reap_s * 1.5)
+        await time_until_trio(lambda: all(gone.name not in view(a) for a in [*survivors, late]), MeshConfig.lan().left_reap_s * 1.5)
         nursery.cancel_scope.cancel()
 
 
@@ -60,11 +61,11 @@ async def test_a_member_forced_out_while_only_cut_off_comes_back_by_refuting(aut
         everyone = {a.name: ALIVE for a in agents}
         alone, others = agents[3], agents[:3]
         net.partition([alone.transport.addr], [a.transport.addr for a in others])
-        await wait_until(lambda: agree(others, {alone.name: DEAD}), 60)
+        await time_until_trio(lambda: agree(others, {alone.name: DEAD}), 60)
         others[0].force_leave(alone.name)  # a mistake: it was only cut off
-        await wait_until(lambda: agree(others, {alone.name: LEFT}), 10)
+        await time_until_trio(lambda: agree(others, {alone.name: LEFT}), 10)
         net.heal()
-        await wait_until(lambda: agree(agents, everyone), HEAL_BOUND_S)  # it heard of its leave and refuted
+        await time_until_trio(lambda: agree(agents, everyone), HEAL_BOUND_S)  # it heard of its leave and refuted
         assert view(others[0])[alone.name] is ALIVE and alone.swim.incarnation > 1
         nursery.cancel_scope.cancel()
 
@@ -91,16 +92,16 @@ async def test_a_node_name_forces_all_its_failed_processes_to_leave(autojump_clo
         net, agents = await start_agreed_cluster(nursery, 4, seed=25)
         for worker in agents[2:]:
             worker.set_tags({"node": "machine-b"})
-        await wait_until(lambda: all(view(agents[0]) and agents[0].member(w.name).tags.get("node") == "machine-b"
+        await time_until_trio(lambda: all(view(agents[0]) and agents[0].member(w.name).tags.get("node") == "machine-b"
                                      for w in agents[2:]), 30)
         net.crashed.add(agents[2].transport.addr)
         agents[2].stop()
-        await wait_until(lambda: view(agents[0])[agents[2].name] is DEAD, 60)
+        await time_until_trio(lambda: view(agents[0])[agents[2].name] is DEAD, 60)
         with pytest.raises(ForceLeaveError):  # one of its processes still answers
             agents[0].force_leave("machine-b")
         net.crashed.add(agents[3].transport.addr)
         agents[3].stop()
-        await wait_until(lambda: view(agents[0])[agents[3].name] is DEAD, 60)
+        await time_until_trio(lambda: view(agents[0])[agents[3].name] is DEAD, 60)
         assert sorted(agents[0].force_leave("machine-b")) == sorted(a.name for a in agents[2:])
-        await wait_until(lambda: agree(agents[:2], {a.name: LEFT for a in agents[2:]}), 10)
+        await time_until_trio(lambda: agree(agents[:2], {a.name: LEFT for a in agents[2:]}), 10)
         nursery.cancel_scope.cancel()

@@ -22,7 +22,8 @@ from mesh.config import MeshConfig
 from mesh.crypto import Keyring
 from mesh.simnet import SimNetwork
 
-from .harness import KEY_A, addr, crash_node, form_cluster, wait_until
+from .harness import KEY_A, addr, crash_node, form_cluster
+from tests.support.waiting import time_until_trio
 
 MESH = MeshConfig.lan()
 EPOCH_S = 1.8e9  # the stores' wall clock: virtual time after a plausible date
@@ -101,10 +102,10 @@ async def test_acknowledged_writes_survive_one_crash_then_another_after_handoff(
         crash_node(net, first)
         survivors = [n for n in nodes if n is not first]
         await all_readable(survivors, written)  # at once, before anyone noticed the crash
-        await wait_until(lambda: all(len(n.cluster.ring) == 4 for n in survivors), 60)
+        await time_until_trio(lambda: all(len(n.cluster.ring) == 4 for n in survivors), 60)
         # A turn after the crash, from any survivor.
         assert await survivors[-1].history.add_items("conv_x", OWNER, [{"id": "i2"}])
-        await wait_until(lambda: all(holders(survivors, r.id) == 3 for r in written), 30)
+        await time_until_trio(lambda: all(holders(survivors, r.id) == 3 for r in written), 30)
 
         second = rng.choice(survivors)
         crash_node(net, second)
@@ -130,11 +131,11 @@ async def test_a_restarted_node_gets_its_shards_back(autojump_clock, noticed):
         crash_node(net, victim)
         others = [n for n in nodes if n is not victim]
         if noticed:
-            await wait_until(lambda: all(len(n.cluster.ring) == 3 for n in others), 60)
+            await time_until_trio(lambda: all(len(n.cluster.ring) == 3 for n in others), 60)
         net.crashed.discard(victim.agent.transport.addr)
         reborn = await start_node(nursery, net, 2, seed, incarnation=1)
         await reborn.agent.join([nodes[0].agent.transport.addr])
-        await wait_until(lambda: all(reborn.history.shards.peek(rid) is not None for rid in should_hold), 60)
+        await time_until_trio(lambda: all(reborn.history.shards.peek(rid) is not None for rid in should_hold), 60)
         await all_readable([reborn, *others], written)
         nursery.cancel_scope.cancel()
 
@@ -153,7 +154,7 @@ async def test_a_write_is_refused_when_no_other_node_can_take_it(autojump_clock)
         with pytest.raises(StoreUnavailable):
             await nodes[0].history.put_response(record(99))
         await all_readable([nodes[0]], written)
-        await wait_until(lambda: len(nodes[0].cluster.ring) == 1, 60)
+        await time_until_trio(lambda: len(nodes[0].cluster.ring) == 1, 60)
         with pytest.raises(StoreUnavailable):
             await nodes[0].history.put_response(record(99))  # failed, not forgotten: may be cut off
         await trio.sleep(420)
@@ -174,7 +175,7 @@ async def test_a_lookup_of_an_absent_record_does_not_wait_for_a_failed_member(au
         net = SimNetwork(seed)
         nodes = await form_cluster(nursery, net, 4, lambda i: start_node(nursery, net, i, seed))
         crash_node(net, nodes[3])
-        await wait_until(lambda: len(nodes[0].cluster.ring) == 3, 60)
+        await time_until_trio(lambda: len(nodes[0].cluster.ring) == 3, 60)
         history = nodes[0].history
         absent = next(f"resp_absent{i}" for i in range(1000)
                       if nodes[3].name in history.placement(history._known_ring(), f"resp_absent{i}"))
@@ -204,8 +205,8 @@ async def test_copies_a_node_no_longer_owns_are_forgotten_once_every_owner_holds
         for i in range(3, 6):
             nodes.append(await start_node(nursery, net, i, seed))
             await nodes[-1].agent.join([nodes[0].agent.transport.addr])
-        await wait_until(lambda: all(len(n.cluster.ring) == 6 for n in nodes), 60)
-        await wait_until(lambda: not held_not_owned(nodes), 3 * ReplicationConfig().trim_interval_s)
+        await time_until_trio(lambda: all(len(n.cluster.ring) == 6 for n in nodes), 60)
+        await time_until_trio(lambda: not held_not_owned(nodes), 3 * ReplicationConfig().trim_interval_s)
         assert all(holders(nodes, r.id) == 3 for r in written), f"seed={seed}"
         await all_readable(nodes, written)
         assert sum(n.history.stats.trimmed for n in nodes) > 0
@@ -227,11 +228,11 @@ async def test_a_copy_is_kept_while_an_owner_does_not_answer(autojump_clock):
         joiner = await start_node(nursery, net, 3, seed)
         await joiner.agent.join([nodes[0].agent.transport.addr])
         net.partition([joiner.agent.transport.addr], [n.agent.transport.addr for n in nodes])
-        await wait_until(lambda: all(len(n.cluster.ring) == 4 for n in nodes), 60)
+        await time_until_trio(lambda: all(len(n.cluster.ring) == 4 for n in nodes), 60)
         await trio.sleep(2 * ReplicationConfig().trim_interval_s)  # trim passes ran while it was on the ring
         assert all(holders(nodes, r.id) == 3 for r in written)  # the joiner confirmed nothing: all kept
         crash_node(net, joiner)
-        await wait_until(lambda: all(len(n.cluster.ring) == 3 for n in nodes), 60)
+        await time_until_trio(lambda: all(len(n.cluster.ring) == 3 for n in nodes), 60)
         await all_readable(nodes, written)
         nursery.cancel_scope.cancel()
 
@@ -252,7 +253,7 @@ async def test_a_write_with_two_of_its_owners_down_lands_on_the_next_member(auto
         live = [n for n in nodes if n not in dead]
         assert await live[0].history.add_items("conv_y", OWNER, [{"id": "i1"}])  # before anyone noticed
         assert holders(live, "conv_y") >= 2
-        await wait_until(lambda: all(len(n.cluster.ring) == 3 for n in live), 60)
+        await time_until_trio(lambda: all(len(n.cluster.ring) == 3 for n in live), 60)
         for node in live:
             assert [i["id"] for i in await node.history.all_items("conv_y", OWNER)] == ["i0", "i1"]
         nursery.cancel_scope.cancel()
@@ -272,7 +273,7 @@ async def test_an_owner_cut_off_during_a_write_is_repaired_after(autojump_clock)
         assert await rest[0].history.add_items("conv_z", OWNER, [{"id": "i1"}])
         assert cut.history.shards.peek("conv_z").items.keys() == {"i0"}  # it missed the change
         net.heal()
-        await wait_until(lambda: "i1" in cut.history.shards.peek("conv_z").items, 30)
+        await time_until_trio(lambda: "i1" in cut.history.shards.peek("conv_z").items, 30)
         assert sum(n.history.stats.repaired for n in rest) >= 1
         nursery.cancel_scope.cancel()
 
@@ -309,7 +310,7 @@ async def test_a_node_cut_off_neither_acknowledges_alone_nor_calls_the_others_wr
         before = await write_some(nodes, random.Random(seed), 5)
         cut, rest = nodes[0], nodes[1:]
         net.partition([cut.agent.transport.addr], [n.agent.transport.addr for n in rest])
-        await wait_until(lambda: len(cut.cluster.ring) == 1 and all(len(n.cluster.ring) == 2 for n in rest), 60)
+        await time_until_trio(lambda: len(cut.cluster.ring) == 1 and all(len(n.cluster.ring) == 2 for n in rest), 60)
         with pytest.raises(StoreUnavailable):
             await cut.history.put_response(record(50))
         during = record(51)
@@ -318,7 +319,7 @@ async def test_a_node_cut_off_neither_acknowledges_alone_nor_calls_the_others_wr
             await cut.history.get_response(during.id, OWNER)  # unknown to it, not missing
         await all_readable([cut], before)  # what it held before the cut, it still serves
         net.heal()
-        await wait_until(lambda: all(len(n.cluster.ring) == 3 for n in nodes), 120)
+        await time_until_trio(lambda: all(len(n.cluster.ring) == 3 for n in nodes), 120)
         await all_readable(nodes, [*before, during])
         nursery.cancel_scope.cancel()
 
@@ -335,7 +336,7 @@ async def test_a_write_on_the_minority_side_is_unknown_not_missing_on_the_other(
         whole_ring = nodes[0].cluster.ring
         i = next(i for i in range(1000) if set(whole_ring.owners(record(i).id, 3)) <= {n.name for n in large})
         net.partition([n.agent.transport.addr for n in small], [n.agent.transport.addr for n in large])
-        await wait_until(lambda: all(len(n.cluster.ring) == 2 for n in small) and
+        await time_until_trio(lambda: all(len(n.cluster.ring) == 2 for n in small) and
                          all(len(n.cluster.ring) == 3 for n in large), 60)
         written = record(i)
         await small[0].history.put_response(written)  # acknowledged: both small-side nodes hold it
@@ -343,7 +344,7 @@ async def test_a_write_on_the_minority_side_is_unknown_not_missing_on_the_other(
             with pytest.raises(StoreUnavailable):
                 await node.history.get_response(written.id, OWNER)
         net.heal()
-        await wait_until(lambda: all(len(n.cluster.ring) == 5 for n in nodes), 120)
+        await time_until_trio(lambda: all(len(n.cluster.ring) == 5 for n in nodes), 120)
         await all_readable(nodes, [written])
         nursery.cancel_scope.cancel()
 

@@ -16,7 +16,8 @@ from mesh.members import MemberStatus
 from mesh.service import keep_seeds_joined, seeds_not_alive
 from mesh.simnet import SimNetwork
 
-from .harness import agree, start_cluster, view, wait_until
+from .harness import agree, start_cluster, view
+from tests.support.waiting import time_until_trio
 
 ALIVE = MemberStatus.ALIVE
 REAP_S = 300.0  # the failed members' reap these tests set (lan's before 24 h)
@@ -29,7 +30,7 @@ async def _partition_then_heal(nursery: trio.Nursery, seed: int, seeds_of) -> li
     net = SimNetwork(seed=seed)
     agents = await start_cluster(nursery, net, 6, config, seed=seed)
     everyone = {a.name: ALIVE for a in agents}
-    await wait_until(lambda: agree(agents, everyone), 60)
+    await time_until_trio(lambda: agree(agents, everyone), 60)
     for i, agent in enumerate(agents):
         if seeds_of(i):
             nursery.start_soon(keep_seeds_joined, agent, [agents[j].transport.addr for j in seeds_of(i)],
@@ -41,7 +42,7 @@ async def _partition_then_heal(nursery: trio.Nursery, seed: int, seeds_of) -> li
     assert all(sorted(view(a)) == sorted(b.name for b in (agents[:3] if i < 3 else agents[3:]))
                for i, a in enumerate(agents)), f"seed={seed}: {[sorted(view(a)) for a in agents]}"
     net.heal()
-    took = await wait_until(lambda: agree(agents, everyone), HEAL_BOUND_S)
+    took = await time_until_trio(lambda: agree(agents, everyone), HEAL_BOUND_S)
     assert all(len(view(a)) == 6 for a in agents)
     return [took]
 
@@ -66,7 +67,7 @@ async def test_live_seeds_are_not_joined_again(autojump_clock):
     net = SimNetwork(seed=5)
     async with trio.open_nursery() as nursery:
         agents = await start_cluster(nursery, net, 3, config, seed=5)
-        await wait_until(lambda: agree(agents, {a.name: ALIVE for a in agents}), 60)
+        await time_until_trio(lambda: agree(agents, {a.name: ALIVE for a in agents}), 60)
         node = agents[2]
         seeds = [agents[0].transport.addr, agents[1].transport.addr, node.transport.addr]
         assert await seeds_not_alive(node, seeds) == []  # members and itself
@@ -84,7 +85,7 @@ async def test_live_seeds_are_not_joined_again(autojump_clock):
         # A seed that is down is tried every interval, and only it.
         net.crashed.add(agents[0].transport.addr)
         agents[0].stop()
-        await wait_until(lambda: view(node).get(agents[0].name) is MemberStatus.DEAD, 60)
+        await time_until_trio(lambda: view(node).get(agents[0].name) is MemberStatus.DEAD, 60)
         await trio.sleep(3 * config.reconnect_interval_s)
         assert joins and all(j == [agents[0].transport.addr] for j in joins)
         nursery.cancel_scope.cancel()

@@ -23,7 +23,8 @@ from mesh.config import MeshConfig
 from mesh.crypto import Keyring
 from mesh.simnet import SimNetwork
 
-from .harness import KEY_A, addr, crash_node, form_cluster, wait_until
+from .harness import KEY_A, addr, crash_node, form_cluster
+from tests.support.waiting import time_until_trio
 
 LIMIT_PER_S = 20.0
 OFFERED_PER_S = 10 * LIMIT_PER_S
@@ -230,7 +231,7 @@ async def test_a_limit_change_on_one_node_reaches_every_node(autojump_clock):
         new = limits("closed")
         nodes[2].limiter.set_limits(new)
         nodes[2].cluster.set_setting(RATE_LIMITS_SETTING, new.to_dict())
-        await wait_until(lambda: all(n.limiter.limits == new for n in nodes), 10)
+        await time_until_trio(lambda: all(n.limiter.limits == new for n in nodes), 10)
         assert all(n.limiter.limits.failure_policy is FailurePolicy.CLOSED for n in nodes)
         nursery.cancel_scope.cancel()
 

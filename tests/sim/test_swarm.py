@@ -17,7 +17,8 @@ from mesh.config import MeshConfig
 from mesh.members import MemberStatus
 from mesh.simnet import LinkFaults, SimNetwork
 
-from .harness import agree, start_cluster, wait_until
+from .harness import agree, start_cluster
+from tests.support.waiting import time_until_trio
 
 ALIVE, DEAD = MemberStatus.ALIVE, MemberStatus.DEAD
 HEAL_BOUND_S = 120  # reconnect (30 s) + suspicion refutation + gossip spread, with margin
@@ -41,7 +42,7 @@ async def test_lossy_swarm_safety_and_liveness(autojump_clock, seed):
     async with trio.open_nursery() as nursery:
         agents = await start_cluster(nursery, net, n, MeshConfig.lan(), seed=seed)
         everyone = {a.name: ALIVE for a in agents}
-        await wait_until(lambda: agree(agents, everyone), 60)
+        await time_until_trio(lambda: agree(agents, everyone), 60)
         # A random crash and, for some seeds, a partition of a random minority.
         victim = agents[rng.randrange(1, n)]
         net.crashed.add(victim.transport.addr)
@@ -58,7 +59,7 @@ async def test_lossy_swarm_safety_and_liveness(autojump_clock, seed):
         net.faults = LinkFaults()
         survivors = [a for a in agents if a is not victim]
         expected = {**{a.name: ALIVE for a in survivors}, victim.name: DEAD}
-        took = await wait_until(lambda: agree(survivors, expected), HEAL_BOUND_S)
+        took = await time_until_trio(lambda: agree(survivors, expected), HEAL_BOUND_S)
         assert took <= HEAL_BOUND_S, f"seed={seed}"
         nursery.cancel_scope.cancel()
 
@@ -67,10 +68,10 @@ async def test_fifty_nodes_converge_and_detect_a_crash(autojump_clock):
     net = SimNetwork(seed=50, faults=LinkFaults(drop=0.01, delay_s=0.001, jitter_s=0.004))
     async with trio.open_nursery() as nursery:
         agents = await start_cluster(nursery, net, 50, MeshConfig.lan(), seed=50)
-        await wait_until(lambda: agree(agents, {a.name: ALIVE for a in agents}), 60)
+        await time_until_trio(lambda: agree(agents, {a.name: ALIVE for a in agents}), 60)
         net.crashed.add(agents[17].transport.addr)
         agents[17].stop()
         rest = agents[:17] + agents[18:]
-        took = await wait_until(lambda: agree(rest, {"node-17": DEAD}), 60)
+        took = await time_until_trio(lambda: agree(rest, {"node-17": DEAD}), 60)
         assert took < 25
         nursery.cancel_scope.cancel()

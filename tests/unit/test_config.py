@@ -1,16 +1,10 @@
 """Configuration: smg's flag names; flag > environment > TOML file > default."""
 
-import argparse
 
 import pytest
 
-from gateway.node.config import ConfigError, add_serve_arguments, build_config, validate
-
-
-def parse(argv, environ=None):
-    parser = argparse.ArgumentParser()
-    add_serve_arguments(parser)
-    return build_config(parser.parse_args(argv), environ or {})
+from gateway.node.config import ConfigError, validate
+from tests.support.config import parse
 
 
 def test_defaults():

@@ -120,7 +120,7 @@ def test_workers_from_pods_carry_role_url_bootstrap_port_and_model():
 def test_in_cluster_credentials_read_the_token_again_when_it_rotates(tmp_path):
     (tmp_path / "token").write_text("first\n")
     (tmp_path / "namespace").write_text("inference")
-    from tests.integration.certs import CertAuthority
+    from tests.support.certs import CertAuthority
     ca = CertAuthority(tmp_path)
     (tmp_path / "ca.crt").write_bytes(ca.path.read_bytes())
     creds = load_credentials({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"},
@@ -133,7 +133,7 @@ def test_in_cluster_credentials_read_the_token_again_when_it_rotates(tmp_path):
 
 
 def test_a_kubeconfig_gives_server_ca_token_and_client_certificate(tmp_path):
-    from tests.integration.certs import CertAuthority
+    from tests.support.certs import CertAuthority
     ca = CertAuthority(tmp_path)
     cert, key, _ = ca.issue("client", "node", server=False, client=True)
     (tmp_path / "tok").write_text("from-a-file")

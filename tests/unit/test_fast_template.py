@@ -21,8 +21,10 @@ from gateway.node.config import ConfigError
 from gateway.tokenizer import fast_template
 from gateway.tokenizer.chat_template import ChatTemplate, TemplateError
 
-from .test_config import parse
-from .test_tokenizer_service import load
+from tests.support.config import parse
+from tests.support.tokenizers import load
+
+pytestmark = pytest.mark.corpus  # llama.cpp's corpus of real chat templates against Jinja2
 
 SEED = int(os.environ.get("SMG_NODE_TEST_SEED", "20261123"))
 CORPUS_VERSION = "0.3.36"

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from gateway.net.fast_tls import TlsSocket
-from tests.integration.certs import loopback_tls_contexts
+from tests.support.certs import loopback_tls_contexts
 
 
 @pytest.fixture(scope="module")

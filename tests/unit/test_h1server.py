@@ -14,7 +14,7 @@ import trio
 
 from gateway.api.errors import transport_error_body
 from gateway.net.http1.server import DISCONNECT_EXTENSION, H1Config, H1Server
-from tests.integration.certs import loopback_tls_contexts
+from tests.support.certs import loopback_tls_contexts
 
 
 async def echo_app(scope, receive, send):

@@ -11,7 +11,8 @@ import random
 import pytest
 
 from gateway.parsers import HarmonyParser, ToolCall, harmony_encoding, reasoning_parser
-from tests.harmony_vocab import harmony_vocabulary
+from tests.support.harmony_vocab import harmony_vocabulary
+from tests.support.rendering import Rendered, assemble
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
          {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
@@ -83,7 +84,6 @@ def test_without_separation_the_analysis_is_content_and_the_reasoning_parser_alo
 def test_a_chat_answer_from_harmony_streamed_equals_whole():
     from gateway.api.chat_output import ChatOutput
     from gateway.serving.generation import GenerationResult
-    from tests.unit.test_chat_output import Rendered, assemble
 
     text = VECTORS[3][1]
     done = GenerationResult("", list(range(40)), "stop", None, 3, 40, 0, "w")

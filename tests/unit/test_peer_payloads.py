@@ -39,7 +39,7 @@ from mesh.ring import HashRing
 from mesh.wire import decode_packet, decode_push_pull, encode_message, encode_packet, encode_push_pull
 from mesh.worker_doc import EPOCH_MAX, STAMP_AHEAD_MAX_S, DocError, WorkerDoc
 from proto import ratelimit_pb2 as pb
-from tests.peer_values import extreme, mutate, mutate_bytes
+from tests.support.peer_values import extreme, mutate, mutate_bytes
 
 SEEDS = range(4)
 CASES = 150

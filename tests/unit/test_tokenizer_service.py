@@ -1,6 +1,5 @@
 """Tokenizer service: cached ids identical to uncached on real texts; caches bounded."""
 
-import json
 import random
 
 import pytest
@@ -10,15 +9,9 @@ from gateway.tokenizer.chat_template import ChatTemplate, TemplateError
 from gateway.tokenizer.service import TokenizerConfig, TokenizerService
 
 from .transcripts import MULTILINGUAL, dumps, real_texts, transcripts
+from tests.support.tokenizers import load
 
-
-def load(qwen_dir, post_processor=None, **config) -> TokenizerService:
-    files = {name: (qwen_dir / name).read_bytes() for name in ("tokenizer.json", "tokenizer_config.json")}
-    if post_processor is not None:
-        tok = json.loads(files["tokenizer.json"])
-        tok["post_processor"] = post_processor
-        files["tokenizer.json"] = json.dumps(tok).encode()
-    return TokenizerService(files, str(qwen_dir), TokenizerConfig(**config))
+pytestmark = pytest.mark.corpus  # real transcripts through the tokenizer's caches, the Qwen3 tokenizer loaded per test
 
 
 BOS_PREPEND = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
@@ -251,7 +244,6 @@ async def test_requests_wait_for_a_tokenizer_that_is_loading_instead_of_failing(
     from gateway.api.pipeline import ready_model_entry
     from gateway.serving.models import ModelCatalog
     from gateway.tokenizer.bundled import default_tokenizer_dir
-    from gateway.tokenizer.service import TokenizerConfig
 
     release = trio.Event()
     buffer = io.BytesIO()

@@ -1,6 +1,6 @@
 """A stdio MCP server that answers a tool call with a line that never ends (issue 59):
 
-    python tests/integration/hostile_stdio.py endless|parts|ok
+    python tests/support/hostile_stdio.py endless|parts|ok
 
 It answers initialize and tools/list (one tool, ``flood``) as a server should; a call to ``flood`` gets, by the
 mode: ``endless``, a JSON line written in 64 KB pieces until the node stops reading; ``parts``, 30,000 empty

@@ -1,7 +1,7 @@
 """A real MCP server for the tests, written with the official ``mcp`` SDK:
 
-    python tests/integration/mcp_server.py streamable-http|sse HOST PORT JOURNAL
-    python tests/integration/mcp_server.py stdio JOURNAL
+    python tests/support/mcp_server.py streamable-http|sse HOST PORT JOURNAL
+    python tests/support/mcp_server.py stdio JOURNAL
 
 Its tools: ``add`` (read-only), ``echo``, ``whoami`` (the Authorization header it got), ``slow`` (sleeps; a
 cancel is journaled), ``big`` (an output of N bytes), ``fail`` (an error the tool reports), ``search`` (for a

@@ -5,8 +5,8 @@ prompt, so a lost response or conversation item shows as a wrong answer."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
+from tests.support.waiting import eventually
 
 MODEL = "qwen3-sim"
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather",
@@ -26,10 +26,10 @@ def write_script(path: Path) -> Path:
 
 def poll(client, response_id: str, done, timeout_s: float = 20.0):
     """The stored response once ``done(response)``: read until then (another process decides it)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        response = client.responses.retrieve(response_id)
-        if done(response):
-            return response
-        assert time.monotonic() < deadline, f"{response_id} stayed {response.status}"
-        time.sleep(0.05)
+    last: list = [None]
+
+    def read():
+        last[0] = client.responses.retrieve(response_id)
+        return last[0] if done(last[0]) else None
+
+    return eventually(read, timeout_s, lambda: f"{response_id} stayed {last[0].status if last[0] else 'unread'}")

@@ -34,7 +34,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from .integration.certs import CertAuthority
+from .certs import CertAuthority
 
 
 def _status(code: int, reason: str, message: str) -> dict:
