@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import httpx2
 import openai
@@ -12,6 +11,7 @@ import pytest
 from chaos.processes import NodeProcess
 
 from tests.support.nodes import MODEL
+from tests.support.waiting import eventually
 
 USER_KEY = "sk-user-0123456789"
 TENANT_KEY = "sk-acme-0123456789"
@@ -103,13 +103,12 @@ def test_every_control_plane_change_is_audited(keyed_node):
     httpx2.delete(keyed_node.url + "/workers/w-000000000000", headers={"authorization": f"Bearer {USER_KEY}"})
     # The node's log reaches us through a pipe and a copying thread: the lines come a moment after the
     # answers. Read until both entries are there, for a bounded time.
-    deadline = time.monotonic() + 10
-    while True:
-        entries = _audit_entries(keyed_node)
-        actions = {e["action"] for e in entries}
-        if {"PUT /admin/rate-limits", "DELETE /workers/w-000000000000"} <= actions or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    def both_logged():
+        found = _audit_entries(keyed_node)
+        wanted = {"PUT /admin/rate-limits", "DELETE /workers/w-000000000000"}
+        return found if wanted <= {e["action"] for e in found} else None
+
+    entries = eventually(both_logged, 10, "both control-plane changes in the audit log")
     done = [e for e in entries if e["action"] == "PUT /admin/rate-limits" and e["who"] == "key:ops"]
     assert done and done[-1]["status"] == 200 and done[-1]["from"].startswith("127.0.0.1:")
     refused = [e for e in entries if e["action"] == "DELETE /workers/w-000000000000"]

@@ -24,6 +24,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sg, sglang_schedule
 from chaos.processes import EngineProcess, NodeProcess
 
 from tests.support.nodes import MODEL, prompt_ids
+from tests.support.waiting import eventually
 
 RUNTIMES = ("sglang", "vllm")
 HANDOVER = ["--handover-timeout-s", "3"]
@@ -162,10 +163,7 @@ def test_a_failing_decode_aborts_its_prefill(runtime, log_dir):
                            f"abort-{runtime}-node")
         with pytest.raises(openai.APIStatusError):
             _client(node).completions.create(model=MODEL, prompt="no decode", max_tokens=4)
-        deadline = time.monotonic() + 10
-        while "prefill of request" not in prefill.log_text() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert "prefill of request" in prefill.log_text(), "the prefill engine was never told to abort"
+        eventually(lambda: "prefill of request" in prefill.log_text(), 10, "the prefill engine was never told to abort")
         if runtime == "vllm":  # the KV its prefill kept for the decode is freed at once, not at the timeout
             assert "is freed" in prefill.log_text()
     finally:
@@ -237,12 +235,11 @@ def test_a_cluster_routes_pairs_registered_on_another_node(log_dir, predict):
     try:
         nodes = start_pair(lambda i, ports: [*mesh_args(i, ports, "pd-mesh"),
                                              *(_pd_args([prefill], [decode]) if i == 0 else [])], log_dir, "pd-mesh")
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            workers = httpx2.get(nodes[1].url + "/workers", headers=nodes[1].admin_headers).json()["workers"]
-            if len(workers) == 2 and all(w["healthy"] for w in workers):
-                break
-            time.sleep(0.2)
+        def both_healthy():
+            found = httpx2.get(nodes[1].url + "/workers", headers=nodes[1].admin_headers).json()["workers"]
+            return found if len(found) == 2 and all(w["healthy"] for w in found) else None
+
+        workers = eventually(both_healthy, 20, "both workers healthy on the second node")
         assert sorted((w["worker_type"], w["bootstrap_port"]) for w in workers) == \
             [("decode", None), ("prefill", prefill.bootstrap_port)], json.dumps(workers)
         # The CLI shows the roles too, read from the second node.

@@ -13,7 +13,6 @@ served by a configured server, SSE; background with cancel (the call in flight c
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from chaos.processes import EngineProcess, NodeProcess
 from gateway.node.supervisor import free_udp_tcp_port
 
 from tests.support.history_script import poll
+from tests.support.waiting import eventually, until_listening
 
 MODEL = "qwen3-sim"
 HOST = "127.0.0.2"  # the MCP servers' address: allowed as a network (--mcp-allowed-hosts 127.0.0.2/32)
@@ -66,15 +66,7 @@ WEATHER = {"type": "function", "name": "get_weather", "parameters": {
 
 
 def _wait_listening(port: int, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        assert process.poll() is None, "the MCP server exited"
-        try:
-            socket.create_connection((HOST, port), timeout=1).close()
-            return
-        except OSError:
-            assert time.monotonic() < deadline, "the MCP server did not listen"
-            time.sleep(0.1)
+    until_listening(port, process, 30, "the MCP server", HOST)
 
 
 @pytest.fixture(scope="module")
@@ -322,15 +314,11 @@ def test_background_loop_and_cancel_stops_the_call_in_flight(client, node, serve
         assert finished.status == "completed" and finished.output_text == "The sum is 5."
         queued = slow.responses.create(model=MODEL, input="nap time", background=True,
                                        tools=[mcp(servers["streamable-http"])])
-        deadline = time.monotonic() + 20
-        while not any(e.get("tool") == "slow" and "arguments" in e for e in journaled(journal)[-3:]):
-            assert time.monotonic() < deadline, "the slow call never reached the server"
-            time.sleep(0.1)
+        eventually(lambda: any(e.get("tool") == "slow" and "arguments" in e for e in journaled(journal)[-3:]), 20,
+                   "the slow call never reached the server")
         assert slow.responses.cancel(queued.id).status == "cancelled"
-        deadline = time.monotonic() + 20
-        while not any(e.get("tool") == "slow" and e.get("cancelled") for e in journaled(journal)):
-            assert time.monotonic() < deadline, "the call in flight was not cancelled on the server"
-            time.sleep(0.1)
+        eventually(lambda: any(e.get("tool") == "slow" and e.get("cancelled") for e in journaled(journal)), 20,
+                   "the call in flight was not cancelled on the server")
         assert slow.responses.retrieve(queued.id).status == "cancelled"
     finally:
         slow_node.stop()

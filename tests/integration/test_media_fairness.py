@@ -22,6 +22,7 @@ import pytest
 from PIL import Image
 
 from chaos.processes import EngineProcess, NodeProcess
+from tests.support.waiting import eventually
 
 MODEL = "qwen2-vl-sim"
 HOST = "127.0.0.2"
@@ -155,10 +156,8 @@ def test_another_tenants_image_waits_for_one_decode_not_for_a_queue(node, images
     heavy = [[data_uri(solid_png(3000, 16 * r + i)) for i in range(8)] for r in range(2)]  # 16 decodes, 1 thread
     started = time.monotonic()
     attacks = [_in_background(lambda batch=batch: _ask(node, KEY_A, batch)) for batch in heavy]
-    deadline = time.monotonic() + 60
-    while _metric(node, "smg_media_waiting", 'pool="threads"') < 8:  # a's decodes queued behind the thread
-        assert time.monotonic() < deadline, "tenant a's decodes never queued"
-        time.sleep(0.02)
+    eventually(lambda: _metric(node, "smg_media_waiting", 'pool="threads"') >= 8, 60,  # queued behind the thread
+               "tenant a's decodes never queued", interval_s=0.02)
     asked = time.monotonic()
     r = _ask(node, KEY_B, [data_uri(solid_png(64, 3))])
     b_s = time.monotonic() - asked
@@ -173,10 +172,8 @@ def test_another_tenants_image_waits_for_one_decode_not_for_a_queue(node, images
 def test_one_tenants_slow_servers_leave_the_other_tenants_share_of_the_connections(node, images):
     slow = [_in_background(lambda r=r: _ask(node, KEY_A, [f"{images.url}/slow.png?{r}-{i}" for i in range(16)], 30))
             for r in range(2)]  # 32 fetches: first come, first served, they would take all 32 connections
-    deadline = time.monotonic() + 30
-    while _metric(node, "smg_media_waiting", 'pool="fetches"') < 16:
-        assert time.monotonic() < deadline, "tenant a's fetches never queued"
-        time.sleep(0.02)
+    eventually(lambda: _metric(node, "smg_media_waiting", 'pool="fetches"') >= 16, 30,
+               "tenant a's fetches never queued", interval_s=0.02)
     assert _metric(node, "smg_media_slots_in_use", 'pool="fetches"') == 16  # its share: 16 of 32
     asked = time.monotonic()
     r = _ask(node, KEY_B, [f"{images.url}/small.png"])

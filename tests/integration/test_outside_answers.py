@@ -21,6 +21,7 @@ import pytest
 from chaos.processes import EngineProcess, NodeProcess
 
 from tests.support.hostile_servers import HostileMcpServer
+from tests.support.waiting import eventually
 
 MODEL = "qwen3-sim"
 HOST = "127.0.0.2"
@@ -91,10 +92,8 @@ def _attack(node, hostile, path: str) -> tuple[dict, float, int]:
     thread = threading.Thread(target=lambda: done.update(
         response=client.responses.create(model=MODEL, input="Please flood it", tools=_tools(path if path.startswith("stdio-") else hostile.url(path)))))
     thread.start()
-    deadline = time.monotonic() + 60
-    while not hostile.calls[path] and not hostile.sent["/tools"] and thread.is_alive() and "stdio" not in path:
-        assert time.monotonic() < deadline, "the tool was never called"
-        time.sleep(0.01)
+    eventually(lambda: hostile.calls[path] or hostile.sent["/tools"] or not thread.is_alive() or "stdio" in path,
+               60, "the tool was never called", interval_s=0.01)
     other_s = _other_tenant_seconds(node)
     thread.join(120)
     assert not thread.is_alive(), "the attacked response never ended"

@@ -23,6 +23,7 @@ import httpx2
 import pytest
 
 from gateway.node.supervisor import available_cores
+from tests.support.waiting import eventually
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -112,11 +113,8 @@ def test_the_readme_quick_start_works_and_leaves_nothing_behind(new_user_env, tm
         assert len(family) >= 2  # the simulated engines at least
         node.send_signal(signal.SIGTERM)
         node.wait(STOP_TIMEOUT_S)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while any(alive(p) for p in family) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = [p for p in family if alive(p)]
-        assert not left, f"processes left after SIGTERM: {left}"
+        eventually(lambda: not any(alive(p) for p in family), STOP_TIMEOUT_S,
+                   lambda: f"processes left after SIGTERM: {[p for p in family if alive(p)]}")
     finally:
         if node.poll() is None:
             os.killpg(node.pid, signal.SIGKILL)
@@ -151,10 +149,8 @@ def test_simulated_engines_end_with_a_killed_node(new_user_env, tmp_path, worker
         assert len(family) >= 2
         node.kill()
         node.wait()
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while any(alive(p) for p in family) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [p for p in family if alive(p)]
+        eventually(lambda: not any(alive(p) for p in family), STOP_TIMEOUT_S,
+                   lambda: f"processes left after SIGKILL: {[p for p in family if alive(p)]}")
     finally:
         if node.poll() is None:
             node.kill()

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 
 import httpx2
 import pytest
 
 from chaos.processes import NodeProcess
+from tests.support.waiting import eventually
 
 MODEL = "qwen3-sim"
 KEY = "sk-hardening-0123456789abcdef"
@@ -104,10 +104,8 @@ def test_hypercorn_refuses_content_length_with_chunked_and_closes(log_dir):
         assert closed and answer.count(b"HTTP/1.1 ") <= 1  # the connection ended after one answer at most
         assert not answer or (answer.startswith(b"HTTP/1.1 400") and b"ambiguous_framing" in answer)
         # What the node did, from its access log: the POST refused, the request behind it never served.
-        deadline = time.monotonic() + 10
-        while "POST /v1/tokenize 400" not in node.log_text() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert "POST /v1/tokenize 400" in node.log_text() and "GET /v1/models" not in node.log_text()
+        eventually(lambda: "POST /v1/tokenize 400" in node.log_text(), 10, "the refused POST in the access log")
+        assert "GET /v1/models" not in node.log_text()
     finally:
         node.stop()
 

@@ -1,4 +1,4 @@
-"""OpenAI's Responses API (gateway/api/responses.py) driven by the real openai SDK over a node and a
+"""OpenAI's Responses API (gateway/api/responses/) driven by the real openai SDK over a node and a
 scripted engine: text with reasoning, function calls and their outputs sent back with
 previous_response_id, streaming parsed by the SDK's own event types, structured output, GET / DELETE /
 input_items, and stored responses scoped to the tenant that made them."""
@@ -6,7 +6,6 @@ input_items, and stored responses scoped to the tenant that made them."""
 from __future__ import annotations
 
 import json
-import time
 
 import httpx2
 import jsonschema
@@ -16,6 +15,7 @@ import pytest
 from chaos.processes import EngineProcess, NodeProcess
 
 from tests.support.history_script import poll
+from tests.support.waiting import eventually
 
 MODEL = "qwen3-sim"
 THOUGHT_CALL = ("<think>\nI need the weather.\n</think>\n\n<tool_call>\n"
@@ -252,14 +252,13 @@ def test_a_background_response_is_cancelled(log_dir):
 
 
 def _eventually_idle(node, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def idle():
         metrics = httpx2.get(node.url + "/metrics").text
         running = [line for line in metrics.splitlines() if line.startswith("smg_requests_running ")]
-        if running and float(running[0].split()[1]) == 0:
-            return
-        assert time.monotonic() < deadline, running
-        time.sleep(0.05)
+        assert running and float(running[0].split()[1]) == 0, running
+        return True
+
+    eventually(idle, timeout_s, "requests still running")
 
 
 def test_include_output_text_logprobs(client):

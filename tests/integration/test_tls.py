@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import socket
 import ssl
-import time
 
 import httpx2
 import openai
@@ -17,6 +16,7 @@ from chaos.processes import NodeProcess
 
 from tests.support.certs import CertAuthority
 from tests.support.nodes import MODEL
+from tests.support.waiting import eventually
 
 
 def served_serial(url: str, ca_path, client: "tuple | None" = None) -> int:
@@ -50,10 +50,8 @@ def test_https_with_the_sdk_and_a_renewed_certificate_without_a_restart(engines,
         new_cert, new_key, new_serial = ca.issue("renewed", "127.0.0.1")
         shutil.move(new_key, key)
         shutil.move(new_cert, cert)
-        deadline = time.monotonic() + 10
-        while served_serial(node.url, ca.path) != new_serial:
-            assert time.monotonic() < deadline, "the renewed certificate was not picked up"
-            time.sleep(0.1)
+        eventually(lambda: served_serial(node.url, ca.path) == new_serial, 10,
+                   "the renewed certificate was not picked up", interval_s=0.1)
         assert client.models.list().data[0].id == MODEL  # the same client goes on working
     finally:
         node.kill()
@@ -96,9 +94,7 @@ def test_hypercorn_serves_the_same_tls_flags_and_reloads_too(engines, log_dir, t
         new_cert, new_key, new_serial = ca.issue("renewed", "127.0.0.1")
         shutil.move(new_key, key)
         shutil.move(new_cert, cert)
-        deadline = time.monotonic() + 10
-        while served_serial(url, ca.path) != new_serial:
-            assert time.monotonic() < deadline, "hypercorn did not pick up the renewed certificate"
-            time.sleep(0.1)
+        eventually(lambda: served_serial(url, ca.path) == new_serial, 10,
+                   "hypercorn did not pick up the renewed certificate", interval_s=0.1)
     finally:
         node.kill()

@@ -21,6 +21,7 @@ from chaos.processes import EngineProcess, NodeProcess
 from tests.support.real_servers import free_port
 from tests.support.nodes import MODEL
 from tests.support.node_pairs import mesh_args, start_pair
+from tests.support.waiting import eventually
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN_ID = "00f067aa0ba902b7"
@@ -46,14 +47,13 @@ class Receiver:
 
     def trace(self, trace_id: str, names: "set[str]", timeout_s: float = 15.0) -> dict:
         """The spans of ``trace_id`` by name, once every name in ``names`` arrived."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+        def arrived():
             with self._lock:
                 found = {s.name: s for s in self.spans if s.trace_id.hex() == trace_id}
-            if names <= set(found):
-                return found
-            assert time.monotonic() < deadline, f"spans of {trace_id}: {sorted(found)}, wanted {sorted(names)}"
-            time.sleep(0.05)
+            assert names <= set(found), f"spans of {trace_id}: {sorted(found)}, wanted {sorted(names)}"
+            return found
+
+        return eventually(arrived, timeout_s, "the trace's spans")
 
 
 class GrpcCollector(trace_service_pb2_grpc.TraceServiceServicer):
@@ -132,10 +132,7 @@ def test_one_request_is_one_trace_under_the_clients(request, collector, engine, 
                 assert root.start_time_unix_nano <= spans[name].start_time_unix_nano <= root.end_time_unix_nano
             # The engine got the attempt's context in the call's metadata (the simulated engine logs it).
             context = f"in trace 00-{trace_id}-{spans['engine.generate'].span_id.hex()}-01 state vendor=abc"
-            deadline = time.monotonic() + 10
-            while context not in engine.log_text():
-                assert time.monotonic() < deadline, f"the engine did not get {context}"
-                time.sleep(0.05)
+            eventually(lambda: context in engine.log_text(), 10, f"the engine did not get {context}")
             attempt = {a.key: a.value for a in spans["engine.generate"].attributes}
             assert spans["engine.generate"].kind == root.SPAN_KIND_CLIENT
             assert attempt["smg.worker.url"].string_value == engine.url and attempt["smg.attempt"].int_value == 1
@@ -182,10 +179,7 @@ def test_a_collector_that_is_away_costs_counted_spans_not_request_time(engine, l
             return sum(float(line.split()[1]) for line in text.splitlines()
                        if line.startswith("smg_trace_spans_total{") and 'outcome="exported"' not in line)
 
-        deadline = time.monotonic() + 20
-        while lost() == 0:
-            assert time.monotonic() < deadline, "no span counted as failed or dropped"
-            time.sleep(0.2)
+        eventually(lambda: lost() > 0, 20, "no span counted as failed or dropped", interval_s=0.2)
     finally:
         node.stop()
         plain.stop()
@@ -200,8 +194,7 @@ def traced_pair(engine, endpoint: str, log_dir, name: str, extra: "list[str]") -
 def cross_node(receiver: Receiver, trace_id: str, served: str, timeout_s: float = 15.0):
     """(a ``served`` span of one node, the peer.request span of the other node that is its parent), once
     both arrived; each with its node's name as ``.node``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def pair():
         with receiver._lock:
             spans = [(s, res["service.instance.id"]) for s, res in zip(receiver.spans, receiver.resources)
                      if s.trace_id.hex() == trace_id]
@@ -210,9 +203,9 @@ def cross_node(receiver: Receiver, trace_id: str, served: str, timeout_s: float 
             caller = callers.get(s.parent_span_id) if s.name == served else None
             if caller is not None and caller[1] != node:
                 return _Noded(s, node), _Noded(*caller)
-        assert time.monotonic() < deadline, f"no {served} span under another node's peer.request: " \
-            f"{sorted((s.name, node) for s, node in spans)}"
-        time.sleep(0.05)
+        raise AssertionError(f"{sorted((s.name, node) for s, node in spans)}")
+
+    return eventually(pair, timeout_s, f"no {served} span under another node's peer.request")
 
 
 class _Noded:
@@ -280,15 +273,14 @@ def test_an_http_worker_gets_the_attempts_context_and_the_clients_tracestate(grp
         r = httpx2.post(front.url + "/v1/chat/completions", json=CHAT, timeout=30, headers={
             "traceparent": f"00-{trace_id}-{CLIENT_SPAN_ID}-01", "tracestate": "vendor=abc,other=1"})
         assert r.status_code == 200, r.text
-        deadline = time.monotonic() + 15
-        while True:  # both nodes' request spans (each node exports its own batches)
+        def both_requests():  # both nodes' request spans (each node exports its own batches)
             with receiver._lock:
-                requests = [s for s in receiver.spans if s.trace_id.hex() == trace_id
-                            and s.name == "POST /v1/chat/completions"]
-            if len(requests) == 2:
-                break
-            assert time.monotonic() < deadline, f"request spans of {trace_id}: {len(requests)}"
-            time.sleep(0.05)
+                found = [s for s in receiver.spans if s.trace_id.hex() == trace_id
+                         and s.name == "POST /v1/chat/completions"]
+            assert len(found) == 2, f"request spans of {trace_id}: {len(found)}"
+            return found
+
+        requests = eventually(both_requests, 15, "both nodes' request spans")
         by_parent = {s.parent_span_id.hex(): s for s in requests}
         outer = by_parent[CLIENT_SPAN_ID]  # the front node's, under the client's span
         inner = next(s for s in requests if s is not outer)  # the back node's

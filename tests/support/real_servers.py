@@ -15,11 +15,12 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support.waiting import until_listening
 
 
 def free_port() -> int:
@@ -29,14 +30,7 @@ def free_port() -> int:
 
 
 def _wait_for_port(port: int, process: subprocess.Popen, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} did not listen on {port} within {timeout_s}s")
+    until_listening(port, process, timeout_s, what)
 
 
 def _stop(process: subprocess.Popen) -> None:

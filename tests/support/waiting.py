@@ -8,6 +8,8 @@
                                               hold over time, looked at throughout rather than once after a sleep
     eventually_trio, time_until_trio          the first two for a trio test: awaited between looks, so they run
                                               on virtual time too (``autojump_clock``)
+    until_listening(port, process, ...)       until a server process we started accepts connections; at once
+                                              if it exited
 
 Nothing here sleeps for a fixed time to let something happen: a look is bounded by the deadline, and a result is
 reported as soon as it holds. ``what`` may be a string or a callable returning one (the state when it failed).
@@ -15,6 +17,9 @@ reported as soon as it holds. ``what`` may be a string or a callable returning o
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -89,3 +94,18 @@ async def eventually_trio(check: Callable[[], Any], timeout_s: float = 10.0,
 async def time_until_trio(check: Callable[[], Any], timeout_s: float = 10.0,
                           what: "str | Callable[[], Any] | None" = None, interval_s: float = INTERVAL_S) -> float:
     return (await _until_trio(check, timeout_s, what, interval_s))[1]
+
+
+def until_listening(port: int, process: subprocess.Popen, timeout_s: float, what: str,
+                    host: str = "127.0.0.1") -> None:
+    """Until ``process`` accepts connections on ``host:port``; RuntimeError at once if it exited (no point waiting
+    out the bound), AssertionError after ``timeout_s``."""
+
+    def accepting() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
+            return True
+        return False
+
+    eventually(accepting, timeout_s, f"{what} did not listen on {host}:{port}")
