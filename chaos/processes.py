@@ -131,7 +131,7 @@ class NodeProcess(ManagedProcess):
         super().__init__(name, [python, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", "0",
                                 *workers, *args], log_dir, _NODE_READY, env, cwd)
         self.url = self.ready_match.group(1)
-        # The token the node took, by the node's own precedence: --admin-token, SMG_NODE_ADMIN_TOKEN (as the README
+        # The token the node took, by the node's own precedence: --admin-token, SMG_NODE_ADMIN_TOKEN (as docs/security.md
         # has a cluster's nodes take it), else the token file. Reading the file while the environment set the
         # token gave the harness a token the nodes refused (401, then a KeyError).
         self.admin_token = args[args.index("--admin-token") + 1] if "--admin-token" in args else \

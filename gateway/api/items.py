@@ -118,7 +118,7 @@ def input_items(raw: Any) -> list[dict[str, Any]]:
     return items
 
 
-# MCP items (api/responses_tools.py): an approval a client answers, and the output items a client without stored
+# MCP items (api/responses/tools.py): an approval a client answers, and the output items a client without stored
 # responses sends back as they came (the call with its output, the list, the approval asked).
 MCP_ITEMS = ("mcp_approval_response", "mcp_call", "mcp_list_tools", "mcp_approval_request")
 

@@ -4,7 +4,7 @@ its text streamed as typed deltas to the API's renderer; the tool calls it made;
 
 A loop is: generate; if the model called hosted tools, run them and generate again with their results, until
 it answers without them, a call waits for approval, the budget of calls is spent (then one last step with no
-tools, so the model answers), or its time is up. What each API shows of it is its own (responses_tools.py,
+tools, so the model answers), or its time is up. What each API shows of it is its own (responses/tools.py,
 anthropic.py).
 """
 

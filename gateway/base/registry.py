@@ -1,10 +1,11 @@
-"""One registry per pluggable kind: tool-call parsers, reasoning parsers, history backends, routing policies.
+"""One registry per pluggable kind: tool-call and reasoning parsers, routing policies,
+history backends, image processors, engine kinds.
 
 A kind's members register themselves in their own module (``REGISTRY.add(name, make, summary, ...)``), and
 everything that lists or chooses them reads the registry: the config's check of a flag's value and the
-choices it names, ``--help``, the README's tables (``markdown_table``; a test holds README to them), and
+choices it names, ``--help``, the docs' tables (``markdown_table``; a test holds the docs to them), and
 whatever picks one by name (the parser choice by model id, the server opening a history backend). Adding a
-member is then its module, its tests and the README line, and nothing that lists it can miss it.
+member is then its module, its tests and the docs' line, and nothing that lists it can miss it.
 
 A member has one name (smg's, where smg has it) and may have aliases (vLLM's and SGLang's names for the
 same thing); a lookup by either finds it. ``details`` are the kind's own fields (a parser's format and the
@@ -24,7 +25,7 @@ T = TypeVar("T")
 class Plugin(Generic[T]):
     name: str
     make: T  # what the kind's users call or use: a class, a factory, a backend description
-    summary: str  # one line: what it is (--help, README)
+    summary: str  # one line: what it is (--help, the docs)
     aliases: tuple[str, ...] = ()
     details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -87,7 +88,7 @@ class Registry(Generic[T]):
     # -- what people read ---------------------------------------------------------------------------------
 
     def choices(self) -> str:
-        """The names to choose from, as --help and error messages list them (aliases left to the README)."""
+        """The names to choose from, as --help and error messages list them (aliases left to the docs)."""
         return ", ".join([*self._plugins, *self.off])
 
     def check(self, name: str | None, flag: str) -> str | None:
@@ -97,13 +98,13 @@ class Registry(Generic[T]):
         return f"{flag}: unknown {self.kind} {name!r}; choose one of {self.choices()}"
 
     def markdown_table(self, header: "tuple[str, ...]", row: "Callable[[Plugin[T]], tuple[str, ...]]") -> str:
-        """The README's table of the members: ``header`` and one ``row(plugin)`` per member."""
+        """The docs' table of the members: ``header`` and one ``row(plugin)`` per member."""
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(row(plugin)) + " |" for plugin in self._plugins.values()]
         return "\n".join(lines)
 
 
 def named(plugin: Plugin[Any]) -> str:
-    """A member's name for a README table: `name` (`alias`, ...)."""
+    """A member's name for a docs table: `name` (`alias`, ...)."""
     aliases = f" ({', '.join(f'`{a}`' for a in plugin.aliases)})" if plugin.aliases else ""
     return f"`{plugin.name}`{aliases}"

@@ -1,21 +1,59 @@
-"""The README's tables of what can be plugged in, made from the registries (``gateway/base/registry.py``).
+"""The docs' tables of what can be plugged in and of ``serve``'s options, made from the registries
+(``gateway/base/registry.py``) and the subsystems' option declarations (``gateway/node/subsystems.py``).
 
-Each table sits in README.md between ``<!-- registry: NAME -->`` and ``<!-- /registry -->``;
-``tests/unit/test_registries.py`` holds the README to these, so a member registered in its module and not
-in the README fails the suite. ``python -m gateway.cli.catalog`` prints them (paste them in after adding one).
+Each table sits in README.md or a page of ``docs/`` between ``<!-- registry: NAME -->`` and ``<!-- /registry -->``;
+``tests/unit/test_registries.py`` holds the docs to these, so a member registered in its module, or an option
+declared beside its subsystem, that the docs do not show fails the suite. ``python -m gateway.cli.catalog``
+prints them all (paste the one you changed in after adding a member or an option).
 """
 
 from __future__ import annotations
 
+import pathlib
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
+from ..base.options import HELP_SECTIONS, Option
+from ..base.registry import named
 from ..history import HISTORY_BACKENDS
 from ..media.processors import IMAGE_PROCESSORS
+from ..node import config as node_config
 from ..parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
-from ..base.registry import named
 from ..routing.policies import POLICIES
+
+
+def _cell(text: Any) -> str:
+    """A value inside a markdown table cell: pipes escaped, no line breaks."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _default_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        return _cell(" ".join(str(item) for item in value))
+    return f"`{_cell(value)}`"
+
+
+def options_table(options: "Iterable[Option]") -> str:
+    """One section of ``serve``'s options: the flag, its environment variable (the TOML key is the flag's name
+    with underscores), its default and what it sets, in --help's order."""
+    lines = ["| flag | environment | default | what it sets |", "|---|---|---|---|"]
+    for option in options:
+        if option.internal:
+            continue
+        text, default = node_config.help_parts(option)
+        env = node_config.ENV_PREFIX + option.flag[2:].upper().replace("-", "_")
+        secret = " (a secret: give it by environment or the config file)" if option.secret else ""
+        lines.append(f"| `{option.flag}` | `{env}` | {_default_cell(default)} | {_cell(text)}{secret} |")
+    return "\n".join(lines)
+
+
+def _options_of(section: str) -> Callable[[], str]:
+    return lambda: options_table(option for option in node_config.OPTIONS if option.section == section)
+
 
 TABLES: dict[str, Callable[[], str]] = {
     "tool-call parsers": lambda: TOOL_CALL_PARSERS.markdown_table(
@@ -28,13 +66,23 @@ TABLES: dict[str, Callable[[], str]] = {
                                                                 lambda p: (named(p), p.summary)),
     "image processors": lambda: IMAGE_PROCESSORS.markdown_table(("image processor", "what it does"),
                                                                 lambda p: (named(p), p.summary)),
+    **{f"options: {key}": _options_of(key) for key, _ in HELP_SECTIONS},
 }
 _BLOCK = re.compile(r"<!-- registry: (?P<name>[^>]+?) -->\n(?P<table>.*?)\n<!-- /registry -->", re.S)
 
 
 def readme_tables(readme: str) -> dict[str, str]:
-    """The tables README holds, by name."""
+    """The tables a page holds, by name."""
     return {m.group("name"): m.group("table") for m in _BLOCK.finditer(readme)}
+
+
+def docs_tables(root: pathlib.Path) -> dict[str, list[tuple[str, str]]]:
+    """The tables README.md and the pages of ``docs/`` hold: by name, each page that holds one and its table."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for name, table in readme_tables(page.read_text(encoding="utf-8")).items():
+            found.setdefault(name, []).append((str(page.relative_to(root)), table))
+    return found
 
 
 def main() -> None:

@@ -1,12 +1,12 @@
 """The history backends (``--history-backend``), one registry: each backend registers itself in its module.
 
-A backend says what it is (``summary``: --help, README), the config section of its own settings (``section``
+A backend says what it is (``summary``: --help, the docs), the config section of its own settings (``section``
 and its ``defaults``: ``postgres``'s URL and pool, ``redis``'s), the options that set them (``options``), what
 makes those settings unusable (``check``), how it starts (``start``: the store, ready before the node serves,
 or None for a node that stores nothing), and whether nodes without a mesh share it (``shared``: PostgreSQL
 and Redis; a background response then learns of a cancel made on another node from the store). The config
-(choices, sections, validation), ``--help``, the README's table and the server read the registry: adding a
-backend is its own module, its tests and its README line.
+(choices, sections, validation), ``--help``, the docs' table and the server read the registry: adding a
+backend is its own module, its tests and its docs line.
 """
 
 from __future__ import annotations

@@ -243,8 +243,14 @@ def _add_option(parser: Any, opt: Option, help_text: str) -> None:
 
 
 def _help_with_default(opt: Option) -> str:
-    """The option's help with its choices (a registry's names) and its default, read from the config classes
-    (the one source of defaults).
+    """The option's help with its choices and default, as argparse prints it (``%`` doubled)."""
+    text, default = help_parts(opt)
+    return (text if default is None else f"{text} (default: {default})").replace("%", "%%")
+
+
+def help_parts(opt: Option) -> tuple[str, Any]:
+    """The option's help with its choices (a registry's names), and its default read from the config classes (the
+    one source of defaults), or None when it has none to show; --help and docs/options.md both say these.
 
     Switches (on or off) and options whose absence means "none" say so in their help instead.
     """
@@ -252,15 +258,17 @@ def _help_with_default(opt: Option) -> str:
     if opt.choices is not None:
         text = f"{text}: {opt.choices.choices()}"
     if opt.kind in ("bool", "disable") or "default" in opt.help:
-        return text.replace("%", "%%")
+        return text, None
     value = _default_of(opt.path)
     if value is None or value == ():
-        return text.replace("%", "%%")
+        return text, None
     if opt.kind is secs_ms:
         value = round(value * 1000, 3)
     elif isinstance(value, float) and value.is_integer():
         value = int(value)
-    return f"{text} (default: {value})".replace("%", "%%")
+    elif dataclasses.is_dataclass(value):  # a set of names (--postgres-names): as the flag takes them, KEY=VALUE
+        value = " ".join(f"{field.name}={getattr(value, field.name)}" for field in dataclasses.fields(value))
+    return text, value
 
 
 def _default_of(path: str) -> Any:

@@ -5,7 +5,7 @@ at the end what is left (``finish``); what it returns for a whole text is what i
 same text in any chunking. ``tool_calls.TOOL_CALL_PARSERS`` and ``reasoning.REASONING_PARSERS`` are the
 registries of the formats (``gateway/base/registry.py``), by smg's names with vLLM's and SGLang's as aliases: each
 parser registers itself in its module with its format, its models and which model ids choose it, and the
-config, ``--help``, the README's tables and ``choice.py`` read them.
+config, ``--help``, the docs' tables and ``choice.py`` read them.
 """
 
 from ..base.options import Option

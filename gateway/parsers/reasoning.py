@@ -120,7 +120,7 @@ class ReasoningParser:
 
 
 # The formats, by smg's names: whether the answer starts inside the reasoning (the template opened it in the
-# prompt) or the model opens it, its markers, the models that write it (README), and which models get it when
+# prompt) or the model opens it, its markers, the models that write it (docs/apis.md), and which models get it when
 # the operator names none (choice.py: ``ids`` in the model id, else ``architectures``). ``switches``: models that
 # think only when asked (their template's switch off by default, DeepSeek V3.1's ``thinking``): their parser
 # applies only when the request turns one of these on; otherwise the whole answer is content (issue 34: every

@@ -952,7 +952,7 @@ def _split_top_level(text: str, separator: str) -> list[str]:
 
 
 # The formats, by smg's names (vLLM's and SGLang's as aliases). Each says its format and the models that write it
-# (README), and which models get it when the operator names none (choice.py): model ids containing one of its
+# (docs/apis.md), and which models get it when the operator names none (choice.py): model ids containing one of its
 # ``ids`` (lower case; the longest match of any parser wins), else an engine-reported ``architectures`` entry.
 TOOL_CALL_PARSERS: Registry[Callable[..., ToolCallParser]] = Registry("tool-call parser", off=("passthrough", "none"))
 TOOL_CALL_PARSERS.add("qwen", TaggedParser, "`<tool_call>{json}</tool_call>`", aliases=("qwen25", "hermes"),

@@ -553,7 +553,7 @@ class RateLimiter:
 
 # This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
 OPTIONS = (
-    Option("--rate-limits", "rate_limits_file", Path, "TOML file of rate limits ([[limits]]; see README)",
+    Option("--rate-limits", "rate_limits_file", Path, "TOML file of rate limits ([[limits]]; see docs/cluster.md)",
            "ratelimits"),
     Option("--global-rate-limit", "global_rate_limit", float, "requests per second for the whole cluster",
            "ratelimits"),

@@ -1,6 +1,7 @@
-"""One registry per pluggable kind (gateway/base/registry.py): lookups by name and alias, the README's tables made
-from them (a member missing from README fails here), and a member added in one place reaching every reader:
-the config's check, --help, the parser choice, the server's start of a history backend."""
+"""One registry per pluggable kind (gateway/base/registry.py): lookups by name and alias, the docs' tables made
+from them and from the subsystems' options (a member or an option missing from the docs fails here), and a member
+added in one place reaching every reader: the config's check, --help, the parser choice, the server's start of a
+history backend."""
 
 from __future__ import annotations
 
@@ -18,14 +19,18 @@ from gateway.parsers.tool_calls import TaggedParser
 from gateway.base.registry import Registry
 from gateway.routing.policies import POLICIES, PolicyConfig, make_policy
 
-README = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DOCS_TABLES = catalog.docs_tables(ROOT)
 
 
 @pytest.mark.parametrize("name", sorted(catalog.TABLES))
-def test_the_readme_table_is_the_registrys(name):
+def test_the_docs_table_is_the_registrys(name):
     expected = catalog.TABLES[name]()
-    assert catalog.readme_tables(README).get(name) == expected, \
-        f"README's '{name}' table is not the registry's; `python -m gateway.cli.catalog` prints it:\n{expected}"
+    held = DOCS_TABLES.get(name, [])
+    assert len(held) == 1, f"the '{name}' table belongs on one page of README.md or docs/, not {held or 'none'}"
+    page, table = held[0]
+    assert table == expected, \
+        f"{page}'s '{name}' table is not the registry's; `python -m gateway.cli.catalog` prints it:\n{expected}"
 
 
 def test_lookups_by_name_and_alias_and_refusals():

@@ -1,4 +1,4 @@
-"""A Responses request as the chat request it means (gateway/api/responses.py to_chat_request, the typed
+"""A Responses request as the chat request it means (gateway/api/responses/translate.py to_chat_request, the typed
 request itself: no chat body in between): items to messages, a stored conversation first, and what is
 refused with a 400 naming the field (bounded metadata, item types, tools)."""
 

@@ -59,7 +59,7 @@ async def create(state: GatewayState, request: Request) -> None:
     # The conversation's items get ids of their own (no clash with older ones).
     inputs = input_items(body.get("input"))
     items = with_ids(inputs, fresh=conversation_id is not None)
-    if has_hosted_tools(body, inputs):  # tools the node runs: the tool loop (responses_tools.py)
+    if has_hosted_tools(body, inputs):  # tools the node runs: the tool loop (tools.py)
         await _create_with_tools(state, request, body, context, items, metadata, conversation_id, store, background)
         return
     chat = to_chat_request(body, context.items, inputs=inputs)

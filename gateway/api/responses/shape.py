@@ -54,7 +54,7 @@ class ResponseShape:
     # delta (_open_message); None otherwise.
     _delta_tail: "bytes | None" = None
     final: "dict[str, Any] | None" = None  # a stream's final response, once final_events made it
-    # A tool loop's (responses_tools.py): the tools the node runs, by name.
+    # A tool loop's (tools.py): the tools the node runs, by name.
     hosted: "HostedTools | None" = None
 
     def __init__(self, response_id: str, model: str, body: dict[str, Any], metadata: dict[str, str],
@@ -158,7 +158,7 @@ class ResponseShape:
         self.pending.append((item, call))
         return item
 
-    # -- a tool loop's own items (responses_tools.py) --
+    # -- a tool loop's own items (tools.py) --
 
     def listing_started(self, label: str) -> bytes:
         item = {"type": "mcp_list_tools", "id": new_id("mcpl"), "server_label": label, "tools": []}
