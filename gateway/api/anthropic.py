@@ -36,15 +36,16 @@ import orjson
 
 from ..serving.generation import GenerationResult, UsageTally
 from ..base.ids import new_id
-from .chat_output import Call, ChatAnswer, ChatOutput, Content, Delta, Reasoning
+from .chat_output import ChatOutput
+from ..serving.chat import Call, ChatAnswer, ChatRequest, Content, Delta, Reasoning, SamplingRequest
 from .errors import ApiError, BadRequest
 from .http import Request
 from .mcp_tools import HostedTools
 from .messages_tools import answer_with_mcp
 from .pipeline import answer_chat, chat_prompt, plan_generation
-from .protocol import (INT32_MAX, ChatRequest, ImageRef, SamplingRequest, chat_request, check_message_count, field,
-                       image_part, parse_json_body, stop_strings, template_content, temperature_value, text_part,
-                       thinking_of, top_k_value, top_p_value)
+from .protocol import (INT32_MAX, ImageRef, chat_request, check_message_count, field, image_part, parse_json_body,
+                       stop_strings, template_content, temperature_value, text_part, thinking_of, top_k_value,
+                       top_p_value)
 from .ratelimits import counted_tokens
 from .state import GatewayState
 from .tools import NO_TOOLS, tool_spec

@@ -17,84 +17,15 @@ by itself (``stop`` for a named ``tool_choice``, as OpenAI answers a forced func
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
 
+from ..serving.chat import Call, ChatAnswer, Content, Delta, Reasoning, new_call_id
 from ..serving.generation import GenerationResult
-from ..base.ids import new_id
 from ..parsers import (HarmonyParser, NamedArgumentsParser, ReasoningParser, RequiredCallsParser, ToolCall,
                        ToolCallParser, is_harmony, reasoning_parser, thinks, tool_call_parser)
 from ..tracing.context import CURRENT, step
-
-
-def new_call_id() -> str:
-    return new_id("call")
-
-
-class Reasoning:
-    """Reasoning text, as it comes."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Reasoning and other.text == self.text
-
-    def __repr__(self) -> str:
-        return f"Reasoning({self.text!r})"
-
-
-class Content:
-    """Answer text, as it comes."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Content and other.text == self.text
-
-    def __repr__(self) -> str:
-        return f"Content({self.text!r})"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Call:
-    """One tool call, whole: the ``index``-th of the answer."""
-
-    index: int
-    id: str
-    name: str
-    arguments: str  # JSON text
-
-
-Delta = Reasoning | Content | Call
-
-
-@dataclasses.dataclass(slots=True)
-class ChatAnswer:
-    """A chat answer's end: the whole of it (``ChatOutput.whole``, ``plain_answer``) or a stream's last word
-    (its text went out as deltas: ``content`` and ``reasoning`` are then None and ``calls`` empty)."""
-
-    result: GenerationResult
-    finish_reason: str  # OpenAI's: tool_calls when calls were made and the engine stopped by itself
-    called: bool  # calls were made (a stream's went out as deltas)
-    reasoning_tokens: int  # usage.completion_tokens_details.reasoning_tokens (0 without a reasoning parser)
-    content: str | None = None  # None: only calls (or a stream's end)
-    reasoning: str | None = None  # None: no reasoning came (or a stream's end)
-    calls: tuple[Call, ...] = ()
-    # A reasoning parser applies: the answer has a reasoning field (OpenAI's reasoning_content, null or not).
-    separates_reasoning: bool = False
-
-
-def plain_answer(result: GenerationResult) -> ChatAnswer:
-    """The answer of a request no parser applies to: its text as it is."""
-    return ChatAnswer(result, result.finish_reason, False, 0, result.text)
 
 
 class ChatOutput:

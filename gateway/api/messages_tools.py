@@ -21,7 +21,7 @@ import trio
 from .errors import BadRequest, UpstreamTimeout, to_api_error
 from .http import SSE_HEADERS, Request
 from .mcp_tools import HostedTools, messages_servers
-from .protocol import ChatRequest
+from ..serving.chat import ChatRequest
 from .pipeline import ready_model_entry
 from .state import GatewayState
 from .tool_loop import Usage, call_hosted, generate_step, list_servers

@@ -18,7 +18,8 @@ import orjson
 from ..serving.generation import GenerationPlan, GenerationResult
 from ..routing.policies import RoutingRequest
 from ..tokenizer.service import TokenizerService
-from .chat_output import Call, ChatAnswer, ChatOutput, Content, Delta, Reasoning, plain_answer
+from .chat_output import ChatOutput
+from ..serving.chat import Call, ChatAnswer, Content, Delta, Reasoning, plain_answer
 from .errors import ApiError, BadRequest
 from .http import SSE_DONE, Request, sse_event
 from .logprobs import LogprobShape

@@ -39,12 +39,12 @@ from ..serving.models import ModelEntry
 from ..routing.policies import RoutingRequest
 from ..tokenizer.chat_template import TemplateError
 from ..tokenizer.service import TokenizerService
-from .chat_output import ChatAnswer, ChatOutput, Delta, plain_answer
+from .chat_output import ChatOutput
+from ..serving.chat import ChatAnswer, ChatRequest, Delta, SamplingRequest, plain_answer
 from .errors import ApiError, BadRequest, ContextLengthExceeded, Forbidden, NotFound, Unavailable, UpstreamTimeout, \
     from_engine_error, to_api_error
 from .http import JSON_HEADERS, SSE_DONE, SSE_HEADERS, Request, sse_event
 from .logprobs import LogprobShape
-from .protocol import ChatRequest, SamplingRequest
 from .ratelimits import rate_limited
 from .state import GatewayState
 

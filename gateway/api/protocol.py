@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from ..engine.grpc_engine import Constraint
 from ..media.service import ImageRef
+from ..serving.chat import ChatRequest, SamplingRequest
 from .errors import BadRequest, shown, type_name
 from .structured import parse_constraint, tool_call_schema
 from .tools import NO_TOOLS, ToolSpec, parse_tools
@@ -123,34 +123,6 @@ def token_ids(value: Any, name: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/serving/generation.py)
-class SamplingRequest:
-    """Sampling and stopping, common to every generation endpoint (the defaults: what a request that does
-    not mention a field gets, so an API without the field leaves it out)."""
-
-    max_tokens: int | None = None  # None: bounded by the context, else --default-max-tokens
-    temperature: float | None = None  # None: the engine's (the model's generation config)
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float | None = None
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    constraint: Constraint | None = None  # structured output (api/structured.py)
-    constraint_field: str | None = None  # the request field it came from, for errors
-    logit_bias: "tuple[tuple[int, float], ...]" = ()  # ids checked against the vocabulary by plan_generation
-    n: int = 1  # answers to the one prompt (the engine's n)
-    logprobs: int | None = None  # alternatives per output token's logprob; None: no logprobs
-    prompt_logprobs: bool = False  # the prompt's too (completions with echo)
-
-
 LOGIT_BIAS_ENTRIES_MAX = 4096
 
 
@@ -252,30 +224,6 @@ def _unsupported(body: dict[str, Any], *names: str) -> None:
         value = body.get(name)
         if value not in (None, False, 0, [], {}):
             raise BadRequest(f"'{name}' is not supported by this gateway yet", param=name, code="unsupported_parameter")
-
-
-@dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/serving/generation.py)
-class ChatRequest:
-    model: str
-    messages: list[dict[str, Any]]
-    sampling: SamplingRequest
-    stream: bool
-    include_usage: bool
-    tools: list[dict[str, Any]] | None
-    tool_choice: str  # "none", "auto", "required" or "named" (api/tools.py)
-    template_kwargs: dict[str, Any]
-    # The model's reasoning apart (reasoning_content) when it has a reasoning parser; false: all content.
-    separate_reasoning: bool = True
-    # Asks for special-token spellings in messages to be tokenized as control tokens (admin keys only).
-    special_tokens_in_content: bool = False
-    tool_name: str | None = None  # the function a named tool_choice calls
-    # Reasoning streamed as it comes (SGLang's stream_reasoning); false: held and sent in one delta.
-    stream_reasoning: bool = True
-    # False when the request turns the model's thinking off (reasoning_effort none/minimal, or
-    # chat_template_kwargs enable_thinking/thinking false): no reasoning parser then.
-    thinking: bool = True
-    # The images the messages carry, in order (each message's {"type": "image"} parts stand for them).
-    images: tuple[ImageRef, ...] = ()
 
 
 def _message_content(message: dict[str, Any], index: int, images: "list[ImageRef]") -> "str | list[dict[str, Any]]":

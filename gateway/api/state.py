@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.grpc_engine import SamplingOptions
 from ..serving.generation import GenerationResult
-from .protocol import SamplingRequest
+from ..serving.chat import SamplingRequest
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

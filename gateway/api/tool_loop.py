@@ -21,12 +21,12 @@ from ..engine.errors import EngineCallError
 from ..serving.generation import GenerationResult, MidStreamError
 from ..mcp.results import CallOutcome
 from ..mcp.sessions import McpUnavailable
-from .chat_output import Call, ChatAnswer, ChatOutput, Content, Delta, Reasoning
+from .chat_output import ChatOutput
+from ..serving.chat import Call, ChatAnswer, ChatRequest, Content, Delta, Reasoning
 from .errors import BadRequest, from_engine_error
 from .http import Request
 from .mcp_tools import HostedServer, HostedTools
 from .pipeline import admitted, chat_prompt, plan_generation
-from .protocol import ChatRequest
 from .state import GatewayState
 
 DeltaWriter = Callable[["list[Delta]"], Awaitable[None]]

@@ -11,7 +11,8 @@ import random
 import orjson
 import pytest
 
-from gateway.api.chat_output import Call, ChatOutput, Content, Reasoning
+from gateway.api.chat_output import ChatOutput
+from gateway.serving.chat import Call, Content, Reasoning
 from gateway.serving.generation import GenerationResult
 from gateway.parsers import reasoning_parser, tool_call_parser
 from tests.support.rendering import Rendered, assemble

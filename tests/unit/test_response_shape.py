@@ -9,7 +9,7 @@ import os
 
 import orjson
 
-from gateway.api.chat_output import Content, Reasoning
+from gateway.serving.chat import Content, Reasoning
 from gateway.api.responses.stream_log import StreamLog
 import pytest
 

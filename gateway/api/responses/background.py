@@ -16,7 +16,8 @@ from ...base.errors import GatewayError
 from ...serving.generation import GenerationPlan
 from ...tokenizer.service import TokenizerService
 from ..background import STORE_POLL_S, BackgroundOut, BackgroundRun
-from ..chat_output import ChatOutput, plain_answer
+from ..chat_output import ChatOutput
+from ...serving.chat import plain_answer
 from ..errors import ApiError, TooManyRequests, to_api_error
 from ..http import Request
 from ..pipeline import run_unary, stream_chat

@@ -19,7 +19,7 @@ import orjson
 
 from ...base.ids import new_id
 from ...serving.generation import GenerationResult
-from ..chat_output import Call, ChatAnswer, Content, Delta, Reasoning
+from ...serving.chat import Call, ChatAnswer, Content, Delta, Reasoning
 from ..errors import ApiError
 from ..logprobs import LogprobShape
 from ..mcp_tools import HostedTools, without_secrets

@@ -11,8 +11,9 @@ from ...mcp.results import error_text
 from ..errors import BadRequest, shown, type_name
 from ..items import content_text, input_items, message_content
 from ..mcp_tools import is_hosted
-from ..protocol import (TOP_LOGPROBS_MAX, ChatRequest, ImageRef, SamplingRequest, apply_reasoning_effort, chat_request,
-                        check_message_count, field, positive_int, temperature_value, top_p_value)
+from ..protocol import (TOP_LOGPROBS_MAX, ImageRef, apply_reasoning_effort, chat_request, check_message_count, field,
+                        positive_int, temperature_value, top_p_value)
+from ...serving.chat import ChatRequest, SamplingRequest
 from ..structured import response_format_constraint
 from ..tools import tool_spec
 
