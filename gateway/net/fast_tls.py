@@ -1,4 +1,5 @@
-"""A server-side TLS connection on the kernel socket, driven by trio's readiness waits.
+"""A TLS connection on the kernel socket, driven by trio's readiness waits: the node's server side, and the client
+side of its outside calls (``http_client.py``).
 
 ``trio.SSLStream`` runs OpenSSL on memory BIOs: every read copies the ciphertext
 out of the socket into Python bytes and into the BIO, every write takes the
@@ -78,11 +79,23 @@ class TlsSocket:
     async def accept(cls, stream: trio.SocketStream, context: ssl.SSLContext) -> "TlsSocket":
         """Take over ``stream``'s socket and run the server's handshake on it (the caller bounds it
         in time). On any failure the socket is closed and the error raised."""
+        return await cls._handshake(stream, context, server_side=True)
+
+    @classmethod
+    async def connect(cls, stream: trio.SocketStream, context: ssl.SSLContext, server_hostname: str) -> "TlsSocket":
+        """Take over a connected ``stream``'s socket and run the client's handshake, checking the server's
+        certificate for ``server_hostname`` as ``context`` says (the caller bounds it in time). A server that asks
+        to renegotiate later fails the write that meets it, as the server side's does."""
+        return await cls._handshake(stream, context, server_side=False, server_hostname=server_hostname)
+
+    @classmethod
+    async def _handshake(cls, stream: trio.SocketStream, context: ssl.SSLContext, server_side: bool,
+                         server_hostname: "str | None" = None) -> "TlsSocket":
         raw = socket.socket(fileno=stream.socket.detach())
         try:
             raw.setblocking(False)
-            ssl_socket = context.wrap_socket(raw, server_side=True, do_handshake_on_connect=False,
-                                             suppress_ragged_eofs=True)
+            ssl_socket = context.wrap_socket(raw, server_side=server_side, do_handshake_on_connect=False,
+                                             suppress_ragged_eofs=True, server_hostname=server_hostname)
         except BaseException:
             raw.close()
             raise
