@@ -235,6 +235,7 @@ def to_chat_request(body: dict[str, Any], count_only: bool = False, hosted: "lis
         functions = [*(_tools(body["tools"]) if body.get("tools") else ()), *hosted]
         tools = tool_spec(functions or None, choice, parallel)
     template_kwargs: dict[str, Any] = {}
+    budget = None
     thinking = body.get("thinking")
     if thinking is not None:
         if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled"):
@@ -251,7 +252,8 @@ def to_chat_request(body: dict[str, Any], count_only: bool = False, hosted: "lis
     sampling = SamplingRequest(max_tokens=max_tokens, temperature=temperature_value(body), top_p=top_p_value(body),
                                top_k=top_k_value(body), stop=stop_strings(body, "stop_sequences"))
     return chat_request(model, messages, sampling, stream=field(body, "stream", bool, False), tools=tools,
-                        template_kwargs=template_kwargs, thinking=thinking_of(template_kwargs), images=tuple(images))
+                        template_kwargs=template_kwargs, thinking=thinking_of(template_kwargs), images=tuple(images),
+                        reasoning_budget=budget)
 
 
 # -- the answer ----------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from .pipeline import (admitted, answer_chat, check_vocab, encode_chat, encode_t
                        openai_error_event, plan_generation, ready_model_entry, run_streamed_choices, run_unary_choices,
                        with_images)
 from .protocol import parse_chat, parse_completion, parse_json_body
+from .routed import answer_provider, answer_routed, route_of
 from .state import GatewayState
 
 
@@ -211,7 +212,26 @@ async def _respond_choices(state: GatewayState, request: Request, plan: Generati
 
 async def chat_completions(state: GatewayState, request: Request) -> None:
     raw = await request.body()
-    chat = parse_chat(parse_json_body(raw))
+    body = parse_json_body(raw)
+    chat = parse_chat(body)
+    route = route_of(state, chat.model, request)
+    if route is None:
+        await _chat_on_pool(state, request, raw, chat)
+        return
+    response_id = "chatcmpl-" + request.request_id
+
+    async def on_pool(model: str) -> None:
+        same = model == chat.model
+        await _chat_on_pool(state, request, raw if same else orjson.dumps({**body, "model": model}),
+                            chat if same else dataclasses.replace(chat, model=model))
+
+    await answer_routed(state, request, route, on_pool, lambda target: answer_provider(
+        state, request, chat, target, route.name, OpenAIShape(True, response_id, target.model, chat.include_usage)),
+        len(raw))
+
+
+async def _chat_on_pool(state: GatewayState, request: Request, raw: bytes, chat: Any) -> None:
+    """A chat request answered by the fleet's workers serving ``chat.model`` (an HTTP worker's, relayed)."""
     entry = await ready_model_entry(state, chat.model, request.principal)
     if entry.tokenizer is None:
         await state.proxy.forward(request, raw, entry.name, "/v1/chat/completions", chat.stream,

@@ -438,17 +438,24 @@ async def _stream_sse(request: Request, plan: GenerationPlan, sink: Any, generat
         # The last write carries the head too when no text came at all (an empty answer).
         if not sink.started:
             await request.start_stream(200, SSE_HEADERS)
-        end = tail(None if error is not None else outcome)
-        if error is None and finish is not None:
-            try:
-                end += await finish()
-            except Exception as e:
-                error = to_api_error(e)
-                if error is None:
-                    raise
-        if error is not None:
-            end += error_event(error)
-        await request.end_stream(end + done)  # the last events and the end: one write
+        await end_sse(request, tail(None if error is not None else outcome), error, finish, error_event, done)
+
+
+async def end_sse(request: Request, end: bytes, error: ApiError | None,
+                  finish: "Callable[[], Awaitable[bytes]] | None", error_event: Callable[[ApiError], bytes],
+                  done: bytes) -> None:
+    """A stream's last write, in one: its last events, then what ``finish`` adds (the Responses API's stored
+    terminal event) unless it failed already, the error event of whatever failed, and the end."""
+    if error is None and finish is not None:
+        try:
+            end += await finish()
+        except Exception as e:
+            error = to_api_error(e)
+            if error is None:
+                raise
+    if error is not None:
+        end += error_event(error)
+    await request.end_stream(end + done)
 
 
 class SseSink:
@@ -542,14 +549,21 @@ async def answer_chat(state: GatewayState, request: Request, plan: GenerationPla
             result = await run_unary(state, request, plan, tokenizer)
             if result is None:
                 return
-            body = renderer.whole(output.whole(result) if output is not None else plain_answer(result))
-            encoded = await keep(body) if keep is not None else None
-            if encoded is not None:
-                await request.send_bytes(200, encoded, JSON_HEADERS)
-            else:
-                await request.send_json(200, body)
+            await send_whole(request, renderer.whole(output.whole(result) if output is not None else
+                                                     plain_answer(result)), keep)
             return
         await stream_chat(state, request, plan, tokenizer, output, renderer, finish)
+
+
+async def send_whole(request: Request, body: dict[str, Any],
+                     keep: "Callable[[dict[str, Any]], Awaitable[bytes | None]] | None") -> None:
+    """A whole answer's body sent, after ``keep`` (the Responses API stores it, and gives back the JSON it stored,
+    sent as it is)."""
+    encoded = await keep(body) if keep is not None else None
+    if encoded is not None:
+        await request.send_bytes(200, encoded, JSON_HEADERS)
+    else:
+        await request.send_json(200, body)
 
 
 async def stream_chat(state: GatewayState, out: Any, plan: GenerationPlan, tokenizer: TokenizerService,

@@ -347,7 +347,8 @@ def chat_request(model: str, messages: "list[dict[str, Any]]", sampling: Samplin
                  include_usage: bool = False, tools: ToolSpec = NO_TOOLS,
                  template_kwargs: "dict[str, Any] | None" = None, separate_reasoning: bool = True,
                  special_tokens_in_content: bool = False, stream_reasoning: bool = True,
-                 thinking: bool = True, images: "tuple[ImageRef, ...]" = ()) -> ChatRequest:
+                 thinking: bool = True, images: "tuple[ImageRef, ...]" = (),
+                 reasoning_budget: int | None = None) -> ChatRequest:
     """The chat request every API's translation ends in, with the rule across its fields: ``tool_choice``
     required or a named function is the engine's constraint (api/structured.py), which no other constraint
     may join. ``messages`` are the chat template's messages, checked by the caller."""
@@ -363,7 +364,8 @@ def chat_request(model: str, messages: "list[dict[str, Any]]", sampling: Samplin
         tools=tools.tools, tool_choice=tools.choice,
         template_kwargs=template_kwargs if template_kwargs is not None else {},
         separate_reasoning=separate_reasoning, special_tokens_in_content=special_tokens_in_content,
-        tool_name=tools.name, stream_reasoning=stream_reasoning, thinking=thinking, images=images)
+        tool_name=tools.name, stream_reasoning=stream_reasoning, thinking=thinking, images=images,
+        parallel_tool_calls=tools.parallel, reasoning_budget=reasoning_budget)
 
 
 def check_message_count(count: int, param: str) -> None:

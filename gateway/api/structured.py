@@ -91,7 +91,7 @@ def response_format_constraint(value: Any, param: str = "response_format") -> Co
         schema = spec.get("schema")
         if schema is None:  # OpenAI: the schema is optional; without one any JSON object will do
             return Constraint("json_object")
-        return Constraint("json_schema", _schema_text(schema, f"{param}.json_schema.schema"))
+        return Constraint("json_schema", _schema_text(schema, f"{param}.json_schema.schema"), name, spec.get("strict"))
     if kind == "structural_tag":
         return Constraint("structural_tag", _json_text(value, param))
     raise BadRequest(f"{param} type must be 'text', 'json_object', 'json_schema' or 'structural_tag', "

@@ -24,6 +24,7 @@ HELP_SECTIONS: tuple[tuple[str, str], ...] = (
     ("tracing", "tracing: OpenTelemetry over OTLP"),
     ("engines", "engines: where generations run"),
     ("tools", "tools: MCP servers the node runs for the Responses and Messages APIs"),
+    ("providers", "providers: hosted models beside the fleet, models as routes, fallbacks, cooldowns"),
     ("routing", "routing: which engine takes a request, admission, retries, circuits"),
     ("cluster", "cluster: the mesh of nodes"),
     ("ratelimits", "rate limits: cluster-wide, per key, tenant or model"),

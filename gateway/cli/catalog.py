@@ -4,7 +4,7 @@
 Each table sits in README.md or a page of ``docs/`` between ``<!-- registry: NAME -->`` and ``<!-- /registry -->``;
 ``tests/unit/test_registries.py`` holds the docs to these, so a member registered in its module, or an option
 declared beside its subsystem, that the docs do not show fails the suite. ``python -m gateway.cli.catalog``
-prints them all (paste the one you changed in after adding a member or an option).
+prints them all; ``--write`` puts them in place (a new table's block is written by hand first).
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ TABLES: dict[str, Callable[[], str]] = {
                                                                 lambda p: (named(p), p.summary)),
     **{f"options: {key}": _options_of(key) for key, _ in HELP_SECTIONS},
 }
-_BLOCK = re.compile(r"<!-- registry: (?P<name>[^>]+?) -->\n(?P<table>.*?)\n<!-- /registry -->", re.S)
+# A block's table holds no HTML comment: a block with no table yet (a new one) does not run into the next.
+_BLOCK = re.compile(r"<!-- registry: (?P<name>[^>]+?) -->\n(?P<table>(?:(?!<!--).)*?)\n?<!-- /registry -->", re.S)
 
 
 def readme_tables(readme: str) -> dict[str, str]:
@@ -85,7 +86,27 @@ def docs_tables(root: pathlib.Path) -> dict[str, list[tuple[str, str]]]:
     return found
 
 
-def main() -> None:
+def write(root: pathlib.Path, tables: "dict[str, Callable[[], str]]") -> list[str]:
+    """Rewrite, in README.md and docs/, every table of ``tables`` to what its source makes now; the pages changed."""
+    changed = []
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        made = _BLOCK.sub(lambda m: (f"<!-- registry: {m.group('name')} -->\n{tables[m.group('name')]()}\n"
+                                     "<!-- /registry -->") if m.group("name") in tables else m.group(0), text)
+        if made != text:
+            page.write_text(made, encoding="utf-8")
+            changed.append(str(page.relative_to(root)))
+    return changed
+
+
+def main(argv: "list[str] | None" = None) -> None:
+    """Print every table; ``--write``: put them in place in README.md and docs/ (a new table's block, with its
+    name, is written by hand first: where it goes is the page's to say)."""
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--write"]:
+        for page in write(pathlib.Path(__file__).resolve().parents[2], TABLES):
+            sys.stdout.write(f"rewrote {page}\n")
+        return
     for name, table in TABLES.items():
         sys.stdout.write(f"<!-- registry: {name} -->\n{table()}\n<!-- /registry -->\n\n")
 

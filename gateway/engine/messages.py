@@ -50,6 +50,10 @@ class Constraint:
 
     kind: str
     spec: "str | tuple[str, ...]" = ""
+    # A json_schema's name and strictness as the client gave them (response_format's): engines ignore both; a
+    # hosted provider that takes a named schema is given them back (gateway/providers/).
+    name: str = ""
+    strict: bool | None = None
 
 
 @dataclasses.dataclass(slots=True)  # not frozen: made per request (see GenerationPlan, gateway/serving/generation.py)

@@ -23,6 +23,7 @@ from ..media import subsystem as media
 from ..net import tls
 from ..observe.loop_lag import LoopLagMonitor
 from ..parsers import subsystem as parsers
+from ..providers import subsystem as providers
 from ..ratelimit import subsystem as ratelimit
 from ..routing import subsystem as routing
 from ..serving import subsystem as serving
@@ -59,6 +60,7 @@ SUBSYSTEMS: tuple[Subsystem, ...] = (
     serving.EMBEDDINGS,
     media.SUBSYSTEM,
     mcp.SUBSYSTEM,
+    providers.SUBSYSTEM,
     history.SUBSYSTEM,
     serving.PD,
     discovery.SUBSYSTEM,

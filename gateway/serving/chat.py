@@ -73,6 +73,12 @@ class ChatRequest:
     thinking: bool = True
     # The images the messages carry, in order (each message's {"type": "image"} parts stand for them).
     images: tuple[ImageRef, ...] = ()
+    # The client allows several calls in one answer (OpenAI's parallel_tool_calls, Anthropic's
+    # disable_parallel_tool_use): an engine's constraint holds it already; a hosted provider is told.
+    parallel_tool_calls: bool = True
+    # How many tokens the model may think (Anthropic's thinking.budget_tokens): engines have no such bound; a
+    # hosted provider with one is given it.
+    reasoning_budget: int | None = None
 
 
 def new_call_id() -> str:

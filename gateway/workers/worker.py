@@ -64,7 +64,7 @@ class Worker:
         self.draining = False
         self.in_flight = 0
         self.engine_load: EngineLoad | None = None
-        self._in_flight_at_poll = 0
+        self.in_flight_at_poll = 0
         self.registered_at = time.time()
         self.idle = trio.Event()  # set whenever in_flight is 0
         self.idle.set()
@@ -81,12 +81,12 @@ class Worker:
     def load_score(self) -> int:
         if self.engine_load is None:
             return self.in_flight
-        started_since_poll = max(0, self.in_flight - self._in_flight_at_poll)
+        started_since_poll = max(0, self.in_flight - self.in_flight_at_poll)
         return self.engine_load.running + self.engine_load.waiting + started_since_poll
 
     def set_engine_load(self, load: EngineLoad | None) -> None:
         self.engine_load = load
-        self._in_flight_at_poll = self.in_flight
+        self.in_flight_at_poll = self.in_flight
 
     def begin_request(self) -> None:
         self.in_flight += 1

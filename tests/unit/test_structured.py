@@ -28,7 +28,7 @@ TIME = {"type": "function", "function": {"name": "get_time"}}
 @pytest.mark.parametrize("extra, constraint", [
     ({"response_format": {"type": "json_object"}}, Constraint("json_object")),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}}},
-     Constraint("json_schema", json.dumps(SCHEMA, separators=(",", ":")))),
+     Constraint("json_schema", json.dumps(SCHEMA, separators=(",", ":")), "city", True)),  # name, strict: providers'
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "any"}}}, Constraint("json_object")),
     ({"regex": "[0-9]+"}, Constraint("regex", "[0-9]+")),
     ({"guided_regex": "a|b"}, Constraint("regex", "a|b")),

@@ -1,0 +1,229 @@
+"""A request for a routed model (``gateway/providers/routes.py``): its targets tried in order, each a hosted provider
+or a pool of the fleet's workers, until one answers; the answer rendered in the client's API as any other.
+
+    answer_routed     the route's loop: a target cooling down is skipped, a pool past its overflow threshold too;
+                      an attempt that fails before anything was sent, with a kind the route's ``fallback_on`` names,
+                      moves to the next target (counted); any other failure, or the last, is the client's answer
+    answer_provider   one provider target's answer in a renderer's shape (``pipeline.ChatRenderer``), whole or
+                      streamed, with ``keep`` and ``finish`` as ``pipeline.answer_chat`` takes them (the Responses
+                      API stores through them)
+
+A provider's failure is the client's answer in its API's error shape: the provider's status (a 429 with its
+retry-after) and message, the target named. A feature the target cannot do is a 400 naming the model and the
+feature, before anything is sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+import trio
+
+from ..providers import PROVIDERS, ProviderError, Route, Target, Unsupported
+from ..providers.base import CONTEXT_LENGTH, RATE_LIMITED
+from ..providers.overflow import saturated
+from ..serving.chat import Call, ChatAnswer, ChatRequest
+from ..serving.generation import GenerationResult, UsageTally
+from .errors import ApiError, BadRequest, NotFound, TooManyRequests, UpstreamError, UpstreamTimeout
+from .http import SSE_HEADERS, Request
+from .pipeline import end_sse, send_whole
+from .ratelimits import rate_limited
+from .state import GatewayState
+
+
+def route_of(state: GatewayState, model: str, request: Request) -> Route | None:
+    """The route a request's model names, if one does; a tenant the route does not allow is told the model does
+    not exist (as for any model it may not use)."""
+    providers = getattr(state, "providers", None)
+    route = providers.route(model) if providers is not None else None
+    if route is not None and not route.allows(request.principal.tenant):
+        raise NotFound(f"The model '{model}' does not exist", param="model", code="model_not_found")
+    return route
+
+
+async def answer_routed(state: GatewayState, request: Request, route: Route,
+                        pool: Callable[[str], Awaitable[None]],
+                        provider: Callable[[Target], Awaitable[None]],
+                        prompt_chars: int = 0) -> None:
+    """Try ``route``'s targets in order: ``pool(model)`` runs the fleet's path for a pool target, ``provider(target)``
+    a provider's. ``prompt_chars``: the prompt's size, to skip targets whose stated window cannot hold it."""
+    providers = state.providers
+    last: ApiError | None = None
+    tried = 0
+    for entry in providers.plan(route):
+        target = entry.target
+        if target is not None:
+            now = providers.now()
+            if not providers.cooldowns.available(entry.name, now):
+                providers.count(route, entry, "cooling")
+                continue
+            if target.context_tokens is not None and prompt_chars > target.context_tokens * 4:  # surely too long
+                providers.count(route, entry, "context")
+                continue
+            probing = providers.cooldowns.probe(entry.name, now)
+        else:
+            probing = False
+            if route.overflow is not None and saturated(
+                    state.registry.candidates(entry.pool, trio.current_time()), route.overflow):
+                providers.count(route, entry, "overflow")
+                continue
+        tried += 1
+        try:
+            if target is not None:
+                await provider(target)
+            else:
+                await pool(entry.pool)
+        except ProviderError as e:
+            providers.failed(entry, e.kind, e.retry_after_s)
+            error = provider_api_error(e, route.name, target)
+            if request.response_started or e.kind not in route.fallback_on:
+                raise error from None
+            providers.count(route, entry, "fallback")
+            last = error
+            continue
+        except ApiError as e:
+            if target is None and not request.response_started and _pool_failure(e) in route.fallback_on:
+                providers.count(route, entry, "fallback")
+                last = e
+                continue
+            raise
+        except BaseException:
+            if probing:
+                providers.cooldowns.succeeded(entry.name)  # not the target's fault: the next request probes again
+            raise
+        providers.succeeded(entry)
+        providers.count(route, entry, "answered")
+        return
+    if last is not None:
+        raise last
+    raise TooManyRequests(f"every target of the model '{route.name}' is cooling down or full; retry later"
+                          if tried == 0 else f"no target of the model '{route.name}' could answer",
+                          code="no_target_available", retry_after_s=_soonest(state, route))
+
+
+def _pool_failure(error: ApiError) -> str:
+    """The fallback kind of a pool's failure before its first byte (gateway/api/errors.py's answers to engines)."""
+    if error.code in ("engine_unavailable", "no_healthy_worker", "engine_overloaded", "no_decode_worker",
+                      "no_prefill_worker", "no_compatible_pd_pair"):
+        return "server"
+    if error.code in ("engine_timeout", "request_timeout"):
+        return "timeout"
+    if error.code == "context_length_exceeded":
+        return CONTEXT_LENGTH
+    if error.status == 429:
+        return RATE_LIMITED
+    return "bad_request"
+
+
+def _soonest(state: GatewayState, route: Route) -> int:
+    now = state.providers.now()
+    waits = [state.providers.cooldowns.cooling(e.name, now) for e in route.targets if e.target is not None]
+    return max(1, int(min(waits, default=1.0) + 0.999))
+
+
+def provider_api_error(error: ProviderError, model: str, target: Target | None) -> ApiError:
+    """A provider's failure as the client's answer: its status and message, the target named (never its
+    credential or URL)."""
+    name = target.name if target is not None else "?"
+    message = f"the model '{model}' (target {name}) failed: {error.message}"
+    retry = int(error.retry_after_s + 0.999) if error.retry_after_s is not None else None
+    if error.status == 429:
+        return TooManyRequests(message, code=error.code or "rate_limited", retry_after_s=retry or 1)
+    if error.kind == "timeout":
+        return UpstreamTimeout(message, code="provider_timeout")
+    if error.kind == CONTEXT_LENGTH:
+        return BadRequest(message, code="context_length_exceeded", param="messages")
+    if 400 <= error.status < 500:
+        answer = ApiError(message, code=error.code or error.kind)
+        answer.status = error.status
+        answer.error_type = "invalid_request_error"
+        return answer
+    answer = UpstreamError(message, code=error.code or f"provider_{error.kind}", retry_after_s=retry)
+    answer.status = error.status if 500 <= error.status < 600 else 502
+    return answer
+
+
+def unsupported(e: Unsupported, model: str, target: Target) -> BadRequest:
+    return BadRequest(f"the model '{model}' (target {target.name}, {target.provider}) does not support {e.feature}",
+                      param=e.param, code="unsupported_feature")
+
+
+def _result(answer_text: str, finish_reason: str, usage: Any, target: Target,
+            stop_sequence: str | None = None) -> GenerationResult:
+    return GenerationResult(text=answer_text, output_ids=[], finish_reason=finish_reason,
+                            matched_stop=stop_sequence, prompt_tokens=usage.prompt_tokens,
+                            completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
+                            worker_id=target.name)
+
+
+def _estimate_tokens(chat: ChatRequest) -> int:
+    """The tokens a provider request may use, for the rate limits' reservation (settled with the real usage):
+    ~4 characters a token of its messages (OpenAI's rule of thumb), and its max_tokens."""
+    size = len(orjson.dumps(chat.messages)) + (len(orjson.dumps(chat.tools)) if chat.tools else 0)
+    return max(1, size // 4) + (chat.sampling.max_tokens or 0)
+
+
+async def answer_provider(state: GatewayState, request: Request, chat: ChatRequest, target: Target, model: str,
+                          renderer: Any, keep: "Callable[[dict[str, Any]], Awaitable[bytes | None]] | None" = None,
+                          finish: "Callable[[], Awaitable[bytes]] | None" = None) -> None:
+    """``chat`` answered by ``target`` in ``renderer``'s shape (the module's docstring); ``model``: the route's
+    public name, which the client's answer and the rate limits carry."""
+    provider = PROVIDERS[target.provider]
+    try:
+        provider.check(chat, target)
+    except Unsupported as e:
+        raise unsupported(e, model, target) from None
+    usage = UsageTally()
+    async with rate_limited(state.rate_limiter, request, model, usage, _estimate_tokens(chat)), \
+            state.admission.slot(request.tenant_key), request.cancel_on_disconnect():
+        calls = state.providers.calls
+        if not chat.stream:
+            answer = await calls.whole(chat, target)
+            usage.prompt_tokens, usage.completion_tokens = answer.usage.prompt_tokens, answer.usage.completion_tokens
+            result = _result(answer.content or "", answer.finish_reason, answer.usage, target, answer.stop_sequence)
+            state.count_tokens(model, result)
+            await send_whole(request, renderer.whole(ChatAnswer(
+                result, answer.finish_reason, bool(answer.calls), answer.usage.reasoning_tokens, answer.content,
+                answer.reasoning, tuple(answer.calls), separates_reasoning=answer.reasoning is not None)), keep)
+            return
+        await _stream(state, request, calls.stream(chat, target), model, renderer, usage, finish)
+
+
+async def _stream(state: GatewayState, request: Request, stream: Any, model: str, renderer: Any, usage: UsageTally,
+                  finish: "Callable[[], Awaitable[bytes]] | None") -> None:
+    """A provider's stream in the renderer's events: the head with the first deltas (a failure before them is the
+    route's to fall back from), the last deltas and the end after."""
+    started = False
+    error: ApiError | None = None
+    called = False
+    async with stream:
+        try:
+            async for deltas in stream.deltas():
+                called = called or any(type(d) is Call for d in deltas)
+                events = renderer.delta_events(deltas, not started)
+                if not started:
+                    started = True
+                    await request.start_stream(200, SSE_HEADERS)
+                await request.send_chunk(events)
+        except ProviderError as e:
+            if not started:
+                raise
+            error = provider_api_error(e, model, stream.target)
+        if request.disconnected:
+            return
+        end = b""
+        if not started:
+            await request.start_stream(200, SSE_HEADERS)
+            end = renderer.delta_events([], True)
+        if error is None:
+            last = stream.end
+            usage.prompt_tokens, usage.completion_tokens = last.usage.prompt_tokens, last.usage.completion_tokens
+            called = called or any(type(d) is Call for d in last.deltas)
+            result = _result("", last.finish_reason, last.usage, stream.target, last.stop_sequence)
+            state.count_tokens(model, result)
+            end += renderer.final_events(last.deltas, ChatAnswer(result, last.finish_reason, called,
+                                                                 last.usage.reasoning_tokens))
+        await end_sse(request, end, error, finish, renderer.error_event, renderer.done)
+

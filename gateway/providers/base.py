@@ -1,0 +1,217 @@
+"""What a hosted provider is to the gateway: a wire format both ways, for the one typed chat request every front API
+makes (``gateway/serving/chat.py``).
+
+A ``Provider`` (one module per wire format, registered in ``PROVIDERS``) answers four questions for a ``Target``
+(one provider model the operator configured: ``targets.py``):
+
+    check       what of the request it cannot do: ``Unsupported``, a 400 naming the model and the feature, never a
+                silent drop
+    call        the HTTP request that asks it (method, URL, headers with the target's credential, body)
+    answer      a whole answer's body as a ``ProviderAnswer``: text, reasoning, calls, finish reason, usage
+    stream      a ``StreamReader`` that turns the streamed body, as it arrives, into the same typed deltas the
+                engines' parsers make (``Reasoning``, ``Content``, ``Call``), then the finish reason and usage
+    error       a failed answer (status, headers, body) as a ``ProviderError``: its kind (what a route's fallback
+                reads), status, the provider's own message, the retry-after it asked for
+
+Finish reasons are OpenAI's (``stop``, ``length``, ``tool_calls``, ``content_filter``); each client API renders
+them its own way, as it renders the engines'. Nothing here does I/O: ``dispatch.py`` sends the call with the
+node's HTTP client and reads the answer within its bounds.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from ..base.registry import Registry
+from ..serving.chat import Call, ChatRequest, Delta
+
+# Kinds of failure a route's fallback can name (targets.py FALLBACK_KINDS), each a ProviderError's kind.
+CONNECT = "connect"  # no connection (refused, unreachable, TLS failed)
+TIMEOUT = "timeout"  # no answer within the target's timeout
+SERVER = "server"  # a 5xx, or a connection broken mid-answer
+RATE_LIMITED = "rate_limited"  # a 429 (its retry-after kept), or the account's quota here
+CONTEXT_LENGTH = "context_length"  # the prompt is longer than the target's window
+BAD_REQUEST = "bad_request"  # the provider refused the request itself: a 4xx that another target would refuse too
+AUTH = "auth"  # 401/403: the target's credential
+NOT_FOUND = "not_found"  # 404: the target's model or deployment does not exist
+OVERLOADED = "overloaded"  # 529 (Anthropic's) and the like: busy, not broken
+
+
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, read from the provider's cache
+    reasoning_tokens: int = 0  # of the completion
+    cache_write_tokens: int = 0  # of the prompt, written to the provider's cache (Anthropic's)
+
+
+@dataclasses.dataclass
+class ProviderAnswer:
+    """A provider's whole answer, in the gateway's vocabulary."""
+
+    content: str | None
+    reasoning: str | None
+    calls: list[Call]
+    finish_reason: str
+    usage: Usage
+    stop_sequence: str | None = None  # the stop sequence that ended it, when the provider says
+
+
+@dataclasses.dataclass
+class StreamEnd:
+    """What a stream says at its end: its last deltas (a call still being assembled), finish reason and usage."""
+
+    finish_reason: str
+    usage: Usage
+    stop_sequence: str | None = None
+    deltas: "list[Delta]" = dataclasses.field(default_factory=list)
+
+
+class ProviderError(Exception):
+    """A target that did not answer: ``kind`` (this module's constants), the HTTP ``status`` the client is given
+    (the provider's own where it answered), the provider's message, and the seconds it asked to wait."""
+
+    def __init__(self, kind: str, status: int, message: str, retry_after_s: float | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+        self.message = message
+        self.retry_after_s = retry_after_s
+        self.code = code
+
+
+class Unsupported(Exception):
+    """A feature of the request the target cannot do: the client's 400 names the model and the feature."""
+
+    def __init__(self, feature: str, param: str | None = None) -> None:
+        super().__init__(feature)
+        self.feature = feature
+        self.param = param
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One provider model a route can send requests to (``targets.py`` reads them from the models config)."""
+
+    name: str  # the operator's name for it: metrics, logs, spans, cooldowns, quotas
+    provider: str  # a PROVIDERS name
+    model: str  # the provider's model id (Azure: the deployment; Bedrock: the model or inference profile id)
+    base_url: str  # scheme, host and the path every call starts with
+    credential: Any = None  # a credentials.Credential (a reference, resolved when the call is made)
+    headers: tuple[tuple[str, str], ...] = ()  # sent with every call (an organization, a beta feature)
+    timeout_s: float = 120.0  # a whole answer, or a stream's first byte and each gap after it
+    context_tokens: int | None = None  # its window, when the operator states it (a longer prompt skips it)
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the provider's own (api_version, region)
+
+
+@dataclasses.dataclass
+class HttpCall:
+    """The request that asks a provider: the dispatcher sends it as it is."""
+
+    method: bytes
+    url: str
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+class StreamReader(abc.ABC):
+    """A streamed answer read as it arrives: ``feed`` each piece of the body, get the deltas it completes."""
+
+    @abc.abstractmethod
+    def feed(self, data: bytes) -> "list[Delta]": ...
+
+    @abc.abstractmethod
+    def finish(self) -> StreamEnd:
+        """The stream ended (the body is over): its finish reason and usage; ProviderError if it ended before
+        the provider said it was done (or it said it failed)."""
+
+
+class Provider(abc.ABC):
+    """One wire format (the module's docstring)."""
+
+    name: str
+
+    def check(self, chat: ChatRequest, target: Target) -> None:
+        """Unsupported for what the request asks and the target cannot do; the default refuses what no provider
+        here takes (the engines' own sampling fields)."""
+        refuse_engine_only(chat, target)
+
+    @abc.abstractmethod
+    def call(self, chat: ChatRequest, target: Target, stream: bool, secret: Any) -> HttpCall:
+        """The HTTP request; ``secret`` is the target's credential, resolved (a key, or AWS credentials)."""
+
+    @abc.abstractmethod
+    def answer(self, body: bytes) -> ProviderAnswer: ...
+
+    @abc.abstractmethod
+    def stream(self) -> StreamReader: ...
+
+    @abc.abstractmethod
+    def error(self, status: int, headers: "list[tuple[bytes, bytes]]", body: bytes) -> ProviderError: ...
+
+
+PROVIDERS: Registry[Provider] = Registry("provider")
+
+
+def refuse_engine_only(chat: ChatRequest, target: Target) -> None:
+    """What only our engines do: token-level controls and constraints no hosted API takes."""
+    sampling = chat.sampling
+    for value, feature, param in (
+            (sampling.stop_token_ids, "stop_token_ids", "stop_token_ids"),
+            (sampling.logit_bias and target.provider not in ("openai", "azure", "openai_compatible"), "logit_bias",
+             "logit_bias"),
+            (sampling.min_tokens, "min_tokens", "min_tokens"),
+            (sampling.ignore_eos, "ignore_eos", "ignore_eos"),
+            (sampling.repetition_penalty is not None and target.provider != "openai_compatible",
+             "repetition_penalty", "repetition_penalty"),
+            (sampling.min_p is not None and target.provider != "openai_compatible", "min_p", "min_p"),
+            (sampling.prompt_logprobs, "prompt logprobs", "echo"),
+            (sampling.include_stop_str_in_output, "include_stop_str_in_output", "include_stop_str_in_output")):
+        if value:
+            raise Unsupported(feature, param)
+    constraint = sampling.constraint
+    if constraint is not None and sampling.constraint_field != "tool_choice" \
+            and constraint.kind not in ("json_schema", "json_object"):
+        raise Unsupported(f"{constraint.kind} constraints", sampling.constraint_field)
+    if chat.special_tokens_in_content:
+        raise Unsupported("special_tokens_in_content", "special_tokens_in_content")
+
+
+def retry_after_s(headers: "list[tuple[bytes, bytes]]") -> float | None:
+    """The seconds a ``retry-after`` header asks for (its delta-seconds form; a date is read as none), or the
+    milliseconds of OpenAI's ``retry-after-ms``."""
+    for name, value in headers:
+        if name == b"retry-after-ms":
+            try:
+                return max(0.0, float(value) / 1000.0)
+            except ValueError:
+                continue
+    for name, value in headers:
+        if name == b"retry-after":
+            try:
+                return max(0.0, float(value))
+            except ValueError:
+                return None
+    return None
+
+
+def kind_of_status(status: int) -> str:
+    """The failure kind of an HTTP status a provider answered with (its body may say more: context_length)."""
+    if status == 429:
+        return RATE_LIMITED
+    if status in (401, 403):
+        return AUTH
+    if status == 404:
+        return NOT_FOUND
+    if status == 408:
+        return TIMEOUT
+    if status == 529:
+        return OVERLOADED
+    if status >= 500:
+        return SERVER
+    return BAD_REQUEST

@@ -1,0 +1,191 @@
+"""Calling one provider target: the request sent with the node's HTTP client, the answer read within its bounds
+and its time, every outcome counted by target.
+
+``ProviderCalls.whole`` returns a ``ProviderAnswer``; ``ProviderCalls.stream`` opens a ``ProviderStream`` whose
+``deltas()`` yields the typed deltas as the provider sends them and whose ``end`` holds the finish reason and usage
+after. Either raises ``ProviderError`` before anything was answered: the route (``gateway/api/routed.py``) then
+tries its next target when the route's ``fallback_on`` names the error's kind. A failure after a stream's first
+delta is the client's, in its API's error event.
+
+Time: a whole answer must come within the target's ``timeout_s``; a stream's first byte too, and then each next
+piece within the same time (a provider that stops sending mid-answer is a timeout, not a stuck request).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import trio
+
+from ..net.http_client import HttpClient, HttpClientError
+from ..observe.metrics import counter
+from ..serving.chat import ChatRequest, Delta
+from .base import CONNECT, PROVIDERS, SERVER, TIMEOUT, ProviderAnswer, ProviderError, StreamEnd, Target
+from .credentials import CredentialError, Secrets
+
+log = logging.getLogger("gateway.providers")
+
+
+@dataclasses.dataclass(frozen=True)
+class CallBounds:
+    # A whole answer's body, read before it is parsed: the largest chat answer a provider sends is its longest
+    # output (~64k tokens of JSON, a few MiB) with logprobs at most; 32 MiB is the node's own bound for an answer
+    # held whole (--max-answer-bytes' default).
+    answer_bytes_max: int = 32 * 1024 * 1024
+    # An error answer's body: a message, not a document.
+    error_bytes_max: int = 64 * 1024
+
+
+class ProviderCalls:
+    """The node's calls to provider targets (one per process: its connections are the process's)."""
+
+    def __init__(self, http: HttpClient, secrets: Secrets | None = None, bounds: CallBounds = CallBounds(),
+                 tracing: Any = None) -> None:
+        self.http = http
+        self.secrets = secrets or Secrets()
+        self.bounds = bounds
+        self.tracing = tracing
+        # Per target: outcomes, seconds, tokens.
+        self.outcomes: dict[tuple[str, str], int] = {}
+        self.seconds: dict[str, float] = {}
+        self.tokens: dict[tuple[str, str], int] = {}
+
+    async def _secret(self, target: Target) -> Any:
+        credential = target.credential
+        try:
+            if credential is not None and credential.kind == "aws" and not self.secrets.aws_ready(credential.ref):
+                return await trio.to_thread.run_sync(self.secrets.resolve, credential)  # the chain's first lookup
+            return self.secrets.resolve(credential)
+        except CredentialError as e:
+            raise ProviderError("auth", 503, f"the target {target.name}'s credential: {e}") from None
+
+    async def _send(self, chat: ChatRequest, target: Target, stream: bool) -> Any:
+        provider = PROVIDERS[target.provider]
+        call = provider.call(chat, target, stream, await self._secret(target))
+        try:
+            answer = await self.http.request(call.method, call.url, call.headers, call.body)
+        except HttpClientError as e:
+            raise ProviderError(CONNECT if e.kind == "connect" else SERVER, 502,
+                                f"the target {target.name} did not answer: {e}") from None
+        if answer.status != 200:
+            try:
+                body = await answer.read(self.bounds.error_bytes_max)
+            except HttpClientError:
+                body = b""
+            finally:
+                await answer.aclose()
+            raise provider.error(answer.status, answer.headers, body)
+        return provider, answer
+
+    async def whole(self, chat: ChatRequest, target: Target) -> ProviderAnswer:
+        started = time.monotonic()
+        try:
+            with trio.fail_after(target.timeout_s):
+                provider, answer = await self._send(chat, target, False)
+                try:
+                    body = await answer.read(self.bounds.answer_bytes_max)
+                finally:
+                    await answer.aclose()
+            result = provider.answer(body)
+        except trio.TooSlowError:
+            self._count(target, TIMEOUT, started)
+            raise ProviderError(TIMEOUT, 504, f"the target {target.name} did not answer within "
+                                              f"{target.timeout_s:g} s") from None
+        except HttpClientError as e:
+            self._count(target, SERVER, started)
+            raise ProviderError(SERVER, 502, f"the target {target.name}'s answer broke off: {e}") from None
+        except ProviderError as e:
+            self._count(target, e.kind, started)
+            raise
+        self._count(target, "ok", started)
+        self._count_tokens(target, result.usage)
+        return result
+
+    def stream(self, chat: ChatRequest, target: Target) -> "ProviderStream":
+        return ProviderStream(self, chat, target)
+
+    def _count(self, target: Target, outcome: str, started: float) -> None:
+        key = (target.name, outcome)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        self.seconds[target.name] = self.seconds.get(target.name, 0.0) + time.monotonic() - started
+
+    def _count_tokens(self, target: Target, usage: Any) -> None:
+        for kind, n in (("prompt", usage.prompt_tokens), ("completion", usage.completion_tokens),
+                        ("cached", usage.cached_tokens), ("reasoning", usage.reasoning_tokens)):
+            if n:
+                self.tokens[(target.name, kind)] = self.tokens.get((target.name, kind), 0) + n
+
+    def metric_families(self) -> Iterator[Any]:
+        yield counter("smg_provider_requests", "Calls to provider targets, by target and outcome (ok, or the "
+                      "failure's kind)", ["target", "outcome"],
+                      [([t, o], float(n)) for (t, o), n in sorted(self.outcomes.items())])
+        yield counter("smg_provider_request_seconds", "Time spent in calls to provider targets", ["target"],
+                      [([t], s) for t, s in sorted(self.seconds.items())])
+        yield counter("smg_provider_tokens", "Tokens provider targets counted, by kind (prompt, completion, cached, "
+                      "reasoning)", ["target", "kind"], [([t, k], float(n)) for (t, k), n in sorted(self.tokens.items())])
+
+
+class ProviderStream:
+    """A streamed call: ``async with`` it to send the request (ProviderError if it is refused, before anything
+    was answered), then ``deltas()``; ``end`` after the last."""
+
+    def __init__(self, calls: ProviderCalls, chat: ChatRequest, target: Target) -> None:
+        self._calls = calls
+        self._chat = chat
+        self.target = target
+        self.end: StreamEnd | None = None
+        self._answer: Any = None
+        self._reader: Any = None
+        self._started = 0.0
+
+    async def __aenter__(self) -> "ProviderStream":
+        self._started = time.monotonic()
+        target = self.target
+        try:
+            with trio.fail_after(target.timeout_s):
+                provider, self._answer = await self._calls._send(self._chat, target, True)
+        except trio.TooSlowError:
+            self._calls._count(target, TIMEOUT, self._started)
+            raise ProviderError(TIMEOUT, 504, f"the target {target.name} did not answer within "
+                                              f"{target.timeout_s:g} s") from None
+        except ProviderError as e:
+            self._calls._count(target, e.kind, self._started)
+            raise
+        self._reader = provider.stream()
+        return self
+
+    async def deltas(self) -> AsyncIterator["list[Delta]"]:
+        """The deltas of each piece of the answer (a piece may complete none); a gap longer than the target's
+        timeout is a ProviderError, as is an answer that breaks off."""
+        target, reader = self.target, self._reader
+        pieces = self._answer.__aiter__()
+        try:
+            while True:
+                with trio.move_on_after(target.timeout_s) as gap:
+                    try:
+                        piece = await pieces.__anext__()
+                    except StopAsyncIteration:
+                        break
+                if gap.cancelled_caught:
+                    raise ProviderError(TIMEOUT, 504, f"the target {target.name} stopped sending for "
+                                                      f"{target.timeout_s:g} s")
+                deltas = reader.feed(piece)
+                if deltas:
+                    yield deltas
+            self.end = reader.finish()
+        except HttpClientError as e:
+            self._calls._count(target, SERVER, self._started)
+            raise ProviderError(SERVER, 502, f"the target {target.name}'s stream broke off: {e}") from None
+        except ProviderError as e:
+            self._calls._count(target, e.kind, self._started)
+            raise
+        self._calls._count(target, "ok", self._started)
+        self._calls._count_tokens(target, self.end.usage)
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._answer is not None:
+            await self._answer.aclose()

@@ -1,0 +1,236 @@
+"""Hosted providers on OpenAI's wire (gateway/providers/openai.py) behind a node, driven with the openai SDK: models
+as routes, answers whole and streamed with text, reasoning and tool calls, fallbacks on 5xx, 429 and timeouts, a
+cooldown that skips a failing target, errors in the client's shape, features a target cannot do refused by name.
+
+The providers are fake servers of the test's own (tests/support/fake_providers.py) that hold every request to the
+openai SDK's request types and answer with bodies its response models parse."""
+
+from __future__ import annotations
+
+import httpx2
+import openai
+import pytest
+
+from chaos.processes import EngineProcess, NodeProcess
+from tests.support.fake_providers import Failure, FakeOpenAI, Reply
+from tests.support.nodes import ENGINE_ARGS, MODEL
+
+KEYS = {"FAKE_PRIMARY_KEY": "sk-primary-secret", "FAKE_BACKUP_KEY": "sk-backup-secret"}
+
+
+@pytest.fixture(scope="module")
+def fakes():
+    servers = {name: FakeOpenAI(name) for name in ("primary", "backup", "flaky", "slow", "lone")}
+    yield servers
+    for server in servers.values():
+        server.close()
+
+
+@pytest.fixture(autouse=True)
+def clean(fakes):
+    for server in fakes.values():
+        server.requests.clear()
+        server.failures.clear()
+        server.reply = (lambda name: lambda body: Reply(content=f"Hello from {name}."))(server.name)
+    yield
+    for server in fakes.values():
+        assert server.problems == [], f"{server.name} got requests its SDK would not send: {server.problems}"
+
+
+@pytest.fixture(scope="module")
+def routed(fakes, log_dir, tmp_path_factory):
+    config = tmp_path_factory.mktemp("routes") / "models.toml"
+    config.write_text(f"""
+[targets.primary]
+provider = "openai"
+model = "gpt-fake"
+base_url = "{fakes['primary'].url}/v1"
+credential = "env:FAKE_PRIMARY_KEY"
+organization = "org-test"
+
+[targets.backup]
+provider = "openai_compatible"
+model = "backup-model"
+base_url = "{fakes['backup'].url}/v1"
+credential = "env:FAKE_BACKUP_KEY"
+
+[targets.flaky]
+provider = "openai"
+model = "gpt-flaky"
+base_url = "{fakes['flaky'].url}/v1"
+credential = "env:FAKE_PRIMARY_KEY"
+
+[targets.slow]
+provider = "openai"
+model = "gpt-slow"
+base_url = "{fakes['slow'].url}/v1"
+credential = "env:FAKE_PRIMARY_KEY"
+timeout_secs = 1
+
+[targets.lone]
+provider = "azure"
+model = "my-deployment"
+base_url = "{fakes['lone'].url}"
+credential = "env:FAKE_PRIMARY_KEY"
+api_version = "2024-10-21"
+
+[models.smart]
+targets = [{{ target = "primary" }}, {{ target = "backup", priority = 1 }}]
+
+[models.flaky]
+targets = [{{ target = "flaky" }}, {{ target = "backup", priority = 1 }}]
+
+[models.slow]
+targets = [{{ target = "slow" }}, {{ target = "backup", priority = 1 }}]
+
+[models.azure]
+targets = ["lone"]
+
+[models.fleet-first]
+targets = [{{ pool = "{MODEL}" }}, {{ target = "backup", priority = 1 }}]
+fallback_on = ["server"]
+""")
+    engine = EngineProcess(ENGINE_ARGS, log_dir, "providers-engine")
+    node = NodeProcess(["--worker-urls", engine.url, "--models-config", str(config)], log_dir, "providers-node",
+                       env=KEYS)
+    yield node
+    node.stop()
+    engine.stop()
+
+
+@pytest.fixture
+def client(routed):
+    return openai.OpenAI(base_url=routed.url + "/v1", api_key="client-key", max_retries=0, timeout=30)
+
+
+def test_a_routed_model_is_answered_by_its_provider(client, fakes):
+    reply = client.chat.completions.create(model="smart", messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}], max_tokens=20,
+        temperature=0.5)
+    assert reply.choices[0].message.content == "Hello from primary." and reply.choices[0].finish_reason == "stop"
+    assert reply.model == "gpt-fake" and reply.usage.prompt_tokens == 11 and reply.usage.completion_tokens == 7
+    path, headers, body = fakes["primary"].requests[0]
+    assert path == "/v1/chat/completions" and headers["authorization"] == "Bearer sk-primary-secret"
+    assert headers["openai-organization"] == "org-test"
+    assert body["model"] == "gpt-fake" and body["max_completion_tokens"] == 20 and body["temperature"] == 0.5
+    assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    assert "client-key" not in str(headers)  # the client's credential is the gateway's, never a provider's
+    assert not fakes["backup"].requests
+
+
+def test_a_stream_arrives_in_pieces_with_its_usage(client, fakes):
+    fakes["primary"].reply = lambda body: Reply(content="one two three four", completion_tokens=4)
+    chunks = list(client.chat.completions.create(model="smart", messages=[{"role": "user", "content": "Count"}],
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "one two three four"
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 2  # streamed, not one piece
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert chunks[-1].usage.completion_tokens == 4
+    assert fakes["primary"].requests[0][2]["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_calls_and_reasoning_come_back_in_openais_fields(client, fakes, stream):
+    fakes["backup"].reply = lambda body: Reply(content=None, reasoning="The user wants weather.",
+                                              calls=[("get_weather", {"city": "Oslo"})], reasoning_tokens=5)
+    fakes["primary"].failures.append(Failure(503))  # the backup (a compatible server that reasons) answers
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    asked = dict(model="smart", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=tools,
+                 tool_choice="required", parallel_tool_calls=False)
+    if not stream:
+        reply = client.chat.completions.create(**asked)
+        message = reply.choices[0].message
+        assert reply.choices[0].finish_reason == "tool_calls"
+        calls = message.tool_calls
+        reasoning = message.model_extra["reasoning_content"]
+        assert reply.usage.completion_tokens_details.reasoning_tokens == 5
+    else:
+        chunks = list(client.chat.completions.create(**asked, stream=True))
+        pieces = [call for c in chunks if c.choices for call in (c.choices[0].delta.tool_calls or ())]
+        calls = [openai.types.chat.ChatCompletionMessageToolCall(
+            id=next(p.id for p in pieces if p.index == index and p.id), type="function", function={
+                "name": "".join(p.function.name or "" for p in pieces if p.index == index),
+                "arguments": "".join(p.function.arguments or "" for p in pieces if p.index == index)})
+            for index in sorted({p.index for p in pieces})]  # OpenAI's stream: a call's pieces by index
+        reasoning = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks if c.choices)
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == \
+            ["tool_calls"]
+    assert [(c.function.name, c.function.arguments) for c in calls] == [("get_weather", '{"city": "Oslo"}')]
+    assert reasoning == "The user wants weather."
+    body = fakes["backup"].requests[0][2]
+    assert body["tool_choice"] == "required" and body["parallel_tool_calls"] is False and body["tools"] == tools
+    assert "max_completion_tokens" not in body  # a compatible server reads max_tokens
+
+
+def test_a_5xx_falls_back_to_the_next_target_and_three_cool_the_target_down(client, fakes, routed):
+    fakes["flaky"].failures = [Failure(502), Failure(500), Failure(503)]
+    for _ in range(3):
+        reply = client.chat.completions.create(model="flaky", messages=[{"role": "user", "content": "Hi"}])
+        assert reply.choices[0].message.content == "Hello from backup."
+    assert len(fakes["flaky"].requests) == 3
+    # Cooling down: the next request goes straight to the backup.
+    reply = client.chat.completions.create(model="flaky", messages=[{"role": "user", "content": "Hi"}])
+    assert reply.choices[0].message.content == "Hello from backup." and len(fakes["flaky"].requests) == 3
+    metrics = httpx2.get(routed.url + "/metrics").text
+    assert 'smg_route_events_total{event="fallback",route="flaky",target="flaky"} 3.0' in metrics
+    assert 'smg_route_events_total{event="cooling",route="flaky",target="flaky"} 1.0' in metrics
+    assert 'smg_provider_requests_total{outcome="server",target="flaky"} 3.0' in metrics
+
+
+def test_a_429_with_retry_after_cools_the_target_for_that_long(client, fakes):
+    fakes["primary"].failures.append(Failure(429, "Rate limit reached", {"retry-after": "30"}, code="rate_limit_exceeded"))
+    for _ in range(2):
+        reply = client.chat.completions.create(model="smart", messages=[{"role": "user", "content": "Hi"}])
+        assert reply.choices[0].message.content == "Hello from backup."
+    assert len(fakes["primary"].requests) == 1  # asked once, then skipped while it cools down
+
+
+def test_a_target_that_answers_too_late_is_left_for_the_next(client, fakes):
+    fakes["slow"].failures.append(Failure(200, delay_s=2.5))  # its bound is 1 s
+    reply = client.chat.completions.create(model="slow", messages=[{"role": "user", "content": "Hi"}])
+    assert reply.choices[0].message.content == "Hello from backup."
+
+
+def test_azure_is_called_at_its_deployment_with_its_api_key_header(client, fakes):
+    reply = client.chat.completions.create(model="azure", messages=[{"role": "user", "content": "Hi"}])
+    assert reply.choices[0].message.content == "Hello from lone."
+    path, headers, body = fakes["lone"].requests[0]
+    assert path == "/openai/deployments/my-deployment/chat/completions?api-version=2024-10-21"
+    assert headers["api-key"] == "sk-primary-secret" and "authorization" not in headers and "model" not in body
+
+
+def test_the_last_targets_error_is_the_clients_in_openais_shape(client, fakes):
+    fakes["lone"].failures.append(Failure(400, "Invalid 'messages': something the provider dislikes",
+                                          code="invalid_value"))
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="azure", messages=[{"role": "user", "content": "Hi"}])
+    assert refused.value.status_code == 400 and "something the provider dislikes" in refused.value.message
+    assert "lone" in refused.value.message and "sk-primary-secret" not in refused.value.message
+    fakes["lone"].failures.append(Failure(429, "Slow down", {"retry-after": "7"}))
+    with pytest.raises(openai.RateLimitError) as limited:
+        client.chat.completions.create(model="azure", messages=[{"role": "user", "content": "Hi"}])
+    assert limited.value.response.headers["retry-after"] == "7"
+    # It asked for 7 s: until then the route has no target to try, and says so without asking it.
+    with pytest.raises(openai.RateLimitError) as cooling:
+        client.chat.completions.create(model="azure", messages=[{"role": "user", "content": "Hi"}])
+    assert "cooling down" in cooling.value.message and 1 <= int(cooling.value.response.headers["retry-after"]) <= 7
+    assert len(fakes["lone"].requests) == 2
+
+
+def test_what_a_target_cannot_do_is_a_400_naming_the_model_and_the_feature(client, fakes):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="smart", messages=[{"role": "user", "content": "Hi"}], n=2)
+    assert "'smart'" in refused.value.message and "n above 1" in refused.value.message
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="smart", messages=[{"role": "user", "content": "Hi"}],
+                                       extra_body={"regex": "[a-z]+"})
+    assert "regex constraints" in refused.value.message
+    assert not fakes["primary"].requests and not fakes["backup"].requests
+
+
+def test_a_pool_first_route_is_answered_by_the_fleet_and_its_model_listed(client, fakes):
+    reply = client.chat.completions.create(model="fleet-first", messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=4)
+    assert reply.model == MODEL and reply.usage.completion_tokens == 4 and not fakes["backup"].requests

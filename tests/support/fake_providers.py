@@ -1,0 +1,249 @@
+"""Hosted providers played on loopback, in a thread of the test process: each speaks its provider's documented wire
+format, holds every request the gateway sends to the provider SDK's own request types (``sdk_types.problems``;
+what fails is kept in ``problems``, which a test asserts empty), and answers with bodies and events the provider's
+official SDK parses (each is built through the SDK's response models before it is sent).
+
+A test scripts a server: ``reply`` (the answer to a request: text, reasoning, tool calls, finish reason, usage)
+and ``failures`` (the next requests' failures, in order: a status with the provider's error body and headers, a
+delay, a connection dropped mid-answer). ``requests`` keeps what came (path, headers, body).
+
+    FakeOpenAI      chat completions: /v1/chat/completions, and Azure's deployment and v1 paths
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.server
+import json
+import socketserver
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tests.support.sdk_types import problems
+
+
+@dataclasses.dataclass
+class Reply:
+    content: str | None = "Hello from the provider."
+    reasoning: str | None = None
+    calls: list[tuple[str, dict]] = dataclasses.field(default_factory=list)  # (name, arguments)
+    finish: str | None = None  # None: tool_calls when there are calls, else stop
+    prompt_tokens: int = 11
+    completion_tokens: int = 7
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+@dataclasses.dataclass
+class Failure:
+    status: int = 500
+    message: str = "the provider is having a bad day"
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    delay_s: float = 0.0  # before answering (a timeout test waits longer than the target's bound)
+    drop_after_bytes: int | None = None  # a 200 whose connection is dropped after this many body bytes
+    code: str | None = None
+
+
+class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class FakeProvider:
+    """The common part: a threaded HTTP/1.1 server, the script, the record of requests."""
+
+    def __init__(self, name: str = "fake") -> None:
+        self.name = name
+        self.requests: list[tuple[str, dict[str, str], Any]] = []
+        self.problems: list[str] = []
+        self.failures: list[Failure] = []
+        self.reply: Callable[[Any], Reply] = lambda body: Reply(content=f"Hello from {name}.")
+        self._lock = threading.Lock()
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                length = int(self.headers.get("content-length", "0"))
+                raw = self.rfile.read(length)
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    body = None
+                    owner.problems.append(f"{self.path}: the body is not JSON")
+                with owner._lock:
+                    owner.requests.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+                    failure = owner.failures.pop(0) if owner.failures else None
+                owner.handle(self, body, failure)
+
+        self._server = _Server(("127.0.0.1", 0), Handler)
+        self.port = self._server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> "FakeProvider":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- answering helpers --
+    @staticmethod
+    def send_json(handler: Any, status: int, value: Any, headers: "dict[str, str] | None" = None) -> None:
+        data = json.dumps(value).encode()
+        handler.send_response(status)
+        handler.send_header("content-type", "application/json")
+        handler.send_header("content-length", str(len(data)))
+        for k, v in (headers or {}).items():
+            handler.send_header(k, v)
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    @staticmethod
+    def start_events(handler: Any) -> None:
+        handler.send_response(200)
+        handler.send_header("content-type", "text/event-stream")
+        handler.send_header("transfer-encoding", "chunked")
+        handler.end_headers()
+
+    @staticmethod
+    def send_chunk(handler: Any, data: bytes) -> None:
+        handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        handler.wfile.flush()
+
+    @staticmethod
+    def end_events(handler: Any) -> None:
+        handler.wfile.write(b"0\r\n\r\n")
+        handler.wfile.flush()
+
+    def fail(self, handler: Any, failure: Failure) -> bool:
+        """Play ``failure`` when it is one (True: answered)."""
+        if failure.delay_s:
+            time.sleep(failure.delay_s)
+        if failure.drop_after_bytes is not None or failure.status == 200:
+            return False
+        self.send_json(handler, failure.status, self.error_body(failure), failure.headers)
+        return True
+
+    def error_body(self, failure: Failure) -> Any:
+        raise NotImplementedError
+
+    def handle(self, handler: Any, body: Any, failure: Failure | None) -> None:
+        raise NotImplementedError
+
+    def check(self, value: Any, typ: Any, where: str) -> None:
+        found = problems(value, typ, where)
+        if found:
+            self.problems.extend(found)
+
+
+class FakeOpenAI(FakeProvider):
+    """OpenAI's chat completions (and Azure's paths to them): requests checked against the openai SDK's
+    ``CompletionCreateParams``, answers built as its ``ChatCompletion`` and ``ChatCompletionChunk``."""
+
+    def error_body(self, failure: Failure) -> Any:
+        return {"error": {"message": failure.message, "type": "server_error" if failure.status >= 500 else
+                          "invalid_request_error", "param": None, "code": failure.code}}
+
+    def handle(self, handler: Any, body: Any, failure: Failure | None) -> None:
+        from openai.types.chat import completion_create_params as params
+
+        path = handler.path.split("?")[0]
+        if not (path.endswith("/chat/completions")):
+            self.send_json(handler, 404, {"error": {"message": f"no route {path}", "type": "invalid_request_error"}})
+            return
+        if not isinstance(body, dict):
+            self.send_json(handler, 400, {"error": {"message": "not JSON", "type": "invalid_request_error"}})
+            return
+        stream = bool(body.get("stream"))
+        checked = dict(body)
+        if "/openai/deployments/" in path:  # Azure names the deployment in the path, not the body
+            checked.setdefault("model", path.split("/openai/deployments/")[1].split("/")[0])
+        self.check(checked, params.CompletionCreateParamsStreaming if stream else
+                   params.CompletionCreateParamsNonStreaming, "chat.completions")
+        if failure is not None and self.fail(handler, failure):
+            return
+        reply = self.reply(body)
+        calls = [{"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                 for i, (name, args) in enumerate(reply.calls)]
+        finish = reply.finish or ("tool_calls" if calls else "stop")
+        usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+                 "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+                 "prompt_tokens_details": {"cached_tokens": reply.cached_tokens},
+                 "completion_tokens_details": {"reasoning_tokens": reply.reasoning_tokens}}
+        model = body.get("model", "deployment")
+        if not stream:
+            from openai.types.chat import ChatCompletion
+
+            message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+            if calls:
+                message["tool_calls"] = calls
+            if reply.reasoning is not None:
+                message["reasoning_content"] = reply.reasoning  # compatible servers' (vLLM, DeepSeek)
+            answer = {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()), "model": model,
+                      "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                      "usage": usage}
+            ChatCompletion.model_validate(answer)
+            self.send_json(handler, 200, answer)
+            return
+        from openai.types.chat import ChatCompletionChunk
+
+        def chunk(delta: dict[str, Any], finish_reason: str | None = None, with_usage: bool = False) -> bytes:
+            value = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": model,
+                     "choices": [] if with_usage else [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+            if with_usage:
+                value["usage"] = usage
+            ChatCompletionChunk.model_validate(value)
+            return b"data: " + json.dumps(value).encode() + b"\n\n"
+
+        self.start_events(handler)
+        sent = 0
+        pieces = [chunk({"role": "assistant", "content": ""})]
+        if reply.reasoning:
+            pieces += [chunk({"reasoning_content": word}) for word in _words(reply.reasoning)]
+        if reply.content:
+            pieces += [chunk({"content": word}) for word in _words(reply.content)]
+        for i, call in enumerate(calls):
+            arguments = call["function"]["arguments"]
+            half = len(arguments) // 2
+            pieces.append(chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                                 "function": {"name": call["function"]["name"], "arguments": ""}}]}))
+            pieces.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": arguments[:half]}}]}))
+            pieces.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": arguments[half:]}}]}))
+        pieces.append(chunk({}, finish))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            pieces.append(chunk({}, with_usage=True))
+        pieces.append(b"data: [DONE]\n\n")
+        for piece in pieces:
+            if failure is not None and failure.drop_after_bytes is not None and sent >= failure.drop_after_bytes:
+                handler.close_connection = True
+                handler.wfile.flush()
+                handler.connection.shutdown(2)
+                return
+            self.send_chunk(handler, piece)
+            sent += len(piece)
+        self.end_events(handler)
+
+
+def _words(text: str) -> list[str]:
+    """Text in stream-sized pieces (a word and its space)."""
+    out, current = [], ""
+    for ch in text:
+        current += ch
+        if ch == " ":
+            out.append(current)
+            current = ""
+    if current:
+        out.append(current)
+    return out

@@ -1,0 +1,131 @@
+"""The models config (gateway/providers/routes.py), a target's cooldown (cooldowns.py), a pool's saturation
+(overflow.py) and the events of a provider's stream (sse.py): rules without I/O, time given."""
+
+from __future__ import annotations
+
+import collections
+import random
+
+import pytest
+
+from gateway.engine.messages import EngineLoad
+from gateway.providers.base import ProviderError
+from gateway.providers.cooldowns import CooldownConfig, Cooldowns
+from gateway.providers.credentials import Credential, CredentialError, Secrets
+from gateway.providers.overflow import saturated
+from gateway.providers.routes import DEFAULT_FALLBACK_ON, Overflow, RoutesError, parse_routes
+from gateway.providers.sse import SseDecoder
+
+CONFIG = {
+    "targets": {
+        "a": {"provider": "openai", "model": "gpt-a", "credential": "env:A_KEY", "rpm": 100},
+        "b": {"provider": "openai_compatible", "model": "b", "base_url": "http://10.0.0.5:8000/v1"},
+        "az": {"provider": "azure", "model": "dep", "base_url": "https://x.openai.azure.com", "api_version": "v",
+               "credential": "file:/run/secrets/az"},
+    },
+    "models": {
+        "smart": {"targets": [{"target": "a", "weight": 3}, {"target": "b", "weight": 1},
+                              {"pool": "Qwen/Qwen3-8B", "priority": 1}],
+                  "tenants": ["team-a"], "overflow": {"waiting": 4}},
+        "plain": {"targets": ["az"], "fallback_on": ["server"]},
+    },
+}
+
+
+def test_a_config_is_read_into_routes_and_targets():
+    routes = parse_routes(CONFIG)
+    smart = routes.get("smart")
+    assert [t.name for t in smart.targets] == ["a", "b", "pool:Qwen/Qwen3-8B"]
+    assert smart.targets[0].target.base_url == "https://api.openai.com/v1"  # OpenAI's own, when not given
+    assert str(smart.targets[0].target.credential) == "env:A_KEY" and smart.fallback_on == DEFAULT_FALLBACK_ON
+    assert smart.allows("team-a") and not smart.allows("team-b") and not smart.allows(None)
+    assert routes.get("plain").fallback_on == {"server"} and routes.get("plain").allows(None)
+    assert routes.targets["az"].options == {"api_version": "v"} and routes.quotas["a"].requests_per_minute == 100
+    assert routes.get("nothing") is None
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"targets": {"x": {"provider": "nope", "model": "m"}}}, "provider must be one of"),
+    ({"targets": {"x": {"provider": "openai", "model": "m", "credential": "sk-live-123"}}}, "never the secret"),
+    ({"targets": {"x": {"provider": "openai", "model": "m", "credential": "env:K", "api_key": "sk"}}}, "unknown keys"),
+    ({"targets": {"x": {"provider": "azure", "model": "m"}}}, "no default"),
+    ({"targets": {"x": {"provider": "openai", "model": "m", "headers": {"Authorization": "Bearer sk"}}}},
+     "may not set credentials"),
+    ({"models": {"m": {"targets": [{"target": "missing"}]}}}, "no target named 'missing'"),
+    ({"models": {"m": {"targets": [{"target": "a", "pool": "p"}]}}}, "names a target or a pool"),
+    ({"models": {"m": {"targets": [{"target": "a", "weight": 0}]}}}, "weight must be a positive number"),
+    ({"models": {"m": {"targets": ["a"], "fallback_on": ["sometimes"]}}}, "fallback_on lists failure kinds"),
+    ({"models": {"m": {"targets": ["a"], "overflow": {"waiting": 2}}}}, "applies to a pool target"),
+    ({"models": {"m": {"targets": []}}}, "non-empty list"),
+])
+def test_a_config_that_cannot_be_used_is_refused_naming_the_entry(change, said):
+    config = {"targets": {**CONFIG["targets"], **change.get("targets", {})}, "models": change.get("models", {})}
+    with pytest.raises(RoutesError, match=said):
+        parse_routes(config)
+
+
+def test_targets_are_tried_by_priority_then_a_draw_weighted_by_weight():
+    smart = parse_routes(CONFIG).get("smart")
+    rng = random.Random(7)
+    firsts = collections.Counter(smart.ordered(rng)[0].name for _ in range(4000))
+    assert 0.70 < firsts["a"] / 4000 < 0.80  # weight 3 of 4
+    assert all(smart.ordered(rng)[2].name == "pool:Qwen/Qwen3-8B" for _ in range(100))  # priority 1: last
+
+
+def test_a_target_cools_after_three_failures_or_at_once_for_a_retry_after_then_one_probe_ends_it():
+    cool = Cooldowns(CooldownConfig(failures_to_cool=3, failure_window_s=60, cooldown_s=10, cooldown_max_s=300))
+    assert cool.failed("t", "server", None, 0.0) is None and cool.failed("t", "server", None, 1.0) is None
+    assert cool.failed("t", "bad_request", None, 2.0) is None  # the request's fault, not the target's
+    assert cool.failed("t", "server", None, 3.0) == 13.0 and not cool.available("t", 5.0)
+    assert cool.available("t", 13.0) and cool.probe("t", 13.0) and not cool.available("t", 13.5)  # one probe
+    assert cool.failed("t", "server", None, 14.0) == 34.0  # the probe failed: twice as long
+    assert cool.probe("t", 34.0)
+    cool.succeeded("t")
+    assert cool.available("t", 34.1) and cool.cooling("t", 34.1) == 0.0
+    assert cool.failed("u", "rate_limited", 30.0, 100.0) == 130.0  # a 429's retry-after, at once
+    assert cool.failed("v", "rate_limited", 3600.0, 0.0) == 300.0  # at most the longest
+    cool.told("w", 50.0, 10.0)  # another node's cooldown
+    assert not cool.available("w", 20.0) and cool.cooling_targets(20.0) == {"u": 110.0, "v": 280.0, "w": 30.0}
+
+
+class _Worker:
+    def __init__(self, waiting: "int | None", kv: float = 0.1, in_flight: int = 0) -> None:
+        self.engine_load = None if waiting is None else EngineLoad(running=2, waiting=waiting, token_usage=kv,
+                                                                  max_running=8)
+        self.in_flight = in_flight
+        self.in_flight_at_poll = 0
+
+
+def test_a_pool_is_saturated_only_when_every_worker_is_past_a_threshold():
+    by_queue = Overflow(waiting=4)
+    assert saturated([_Worker(4), _Worker(9)], by_queue)
+    assert not saturated([_Worker(4), _Worker(3)], by_queue)
+    assert saturated([_Worker(2, in_flight=2)], by_queue)  # two sent since the last poll count as waiting
+    assert not saturated([_Worker(None)], by_queue)  # no report: room, until the evidence says otherwise
+    assert not saturated([], by_queue)  # no worker: the pool's attempt fails on its own
+    assert saturated([_Worker(0, kv=0.97)], Overflow(kv_usage=0.95))
+
+
+def test_events_cut_anywhere_are_read_whole_and_an_endless_one_is_refused():
+    stream = b'event: delta\r\ndata: {"a":\r\ndata: 1}\r\n\r\n: keep-alive\n\ndata: [DONE]\n\n'
+    for cut in range(1, len(stream)):
+        decoder = SseDecoder()
+        events = decoder.feed(stream[:cut]) + decoder.feed(stream[cut:])
+        assert events == [("delta", '{"a":\n1}'), ("message", "[DONE]")], cut
+    decoder = SseDecoder(event_bytes_max=1000)
+    with pytest.raises(ProviderError, match="larger than 1000"):
+        for _ in range(100):
+            decoder.feed(b"data: " + b"x" * 100 + b"\n")
+
+
+def test_credentials_are_references_resolved_when_used(tmp_path):
+    with pytest.raises(ValueError, match="never the secret"):
+        Credential.parse("sk-abc", "targets.a.credential")
+    secret_file = tmp_path / "key"
+    secret_file.write_text("from-file\n")
+    secrets = Secrets({"A_KEY": "from-env"})
+    assert secrets.resolve(Credential.parse("env:A_KEY", "x")) == "from-env"
+    assert secrets.resolve(Credential.parse(f"file:{secret_file}", "x")) == "from-file"
+    with pytest.raises(CredentialError, match="B_KEY is not set"):
+        secrets.resolve(Credential.parse("env:B_KEY", "x"))
+    assert str(Credential.parse("env:A_KEY", "x")) == "env:A_KEY"  # what is shown: the reference
