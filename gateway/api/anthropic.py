@@ -30,6 +30,7 @@ but not enforced: the engine contract has no thinking budget.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import orjson
@@ -47,6 +48,7 @@ from .protocol import (INT32_MAX, ImageRef, chat_request, check_message_count, f
                        stop_strings, template_content, temperature_value, text_part, thinking_of, top_k_value,
                        top_p_value)
 from .ratelimits import counted_tokens
+from .routed import answer_provider, answer_routed, route_of
 from .state import GatewayState
 from .tools import NO_TOOLS, tool_spec
 
@@ -425,12 +427,25 @@ def _input(call: Call) -> Any:
 # -- the endpoints -------------------------------------------------------------------------------------------
 
 async def messages(state: GatewayState, request: Request) -> None:
-    body = parse_json_body(await request.body())
+    raw = await request.body()
+    body = parse_json_body(raw)
     if body.get("mcp_servers"):  # tools the node runs: the loop (messages_tools.py)
         await answer_with_mcp(state, request, body, to_chat_request,
                               lambda model: MessagesShape(new_message_id(), model, 0))
         return
     chat = to_chat_request(body)
+    route = route_of(state, chat.model, request)
+    if route is None:
+        await _messages_on_pool(state, request, chat)
+        return
+    await answer_routed(state, request, route,
+                        lambda model: _messages_on_pool(state, request, dataclasses.replace(chat, model=model)),
+                        lambda target: answer_provider(state, request, chat, target, route.name,
+                                                       MessagesShape(new_message_id(), target.model, 0)), len(raw))
+
+
+async def _messages_on_pool(state: GatewayState, request: Request, chat: ChatRequest) -> None:
+    """A Messages request answered by the fleet's workers serving ``chat.model``."""
     prompt = await chat_prompt(state, request, chat, "Messages API")
     entry = prompt.entry
     plan = plan_generation(state, request, entry, prompt.ids, chat.sampling, chat.stream, "messages", prompt.media,

@@ -20,7 +20,7 @@ KEYS = {"FAKE_PRIMARY_KEY": "sk-primary-secret", "FAKE_BACKUP_KEY": "sk-backup-s
 
 @pytest.fixture(scope="module")
 def fakes():
-    servers = {name: FakeOpenAI(name) for name in ("primary", "backup", "flaky", "slow", "lone")}
+    servers = {name: FakeOpenAI(name) for name in ("primary", "backup", "flaky", "slow", "lone", "limited")}
     yield servers
     for server in servers.values():
         server.close()
@@ -67,6 +67,12 @@ base_url = "{fakes['slow'].url}/v1"
 credential = "env:FAKE_PRIMARY_KEY"
 timeout_secs = 1
 
+[targets.limited]
+provider = "openai"
+model = "gpt-limited"
+base_url = "{fakes['limited'].url}/v1"
+credential = "env:FAKE_PRIMARY_KEY"
+
 [targets.lone]
 provider = "azure"
 model = "my-deployment"
@@ -82,6 +88,9 @@ targets = [{{ target = "flaky" }}, {{ target = "backup", priority = 1 }}]
 
 [models.slow]
 targets = [{{ target = "slow" }}, {{ target = "backup", priority = 1 }}]
+
+[models.limited]
+targets = [{{ target = "limited" }}, {{ target = "backup", priority = 1 }}]
 
 [models.azure]
 targets = ["lone"]
@@ -180,11 +189,12 @@ def test_a_5xx_falls_back_to_the_next_target_and_three_cool_the_target_down(clie
 
 
 def test_a_429_with_retry_after_cools_the_target_for_that_long(client, fakes):
-    fakes["primary"].failures.append(Failure(429, "Rate limit reached", {"retry-after": "30"}, code="rate_limit_exceeded"))
+    fakes["limited"].failures.append(Failure(429, "Rate limit reached", {"retry-after": "30"},
+                                             code="rate_limit_exceeded"))
     for _ in range(2):
-        reply = client.chat.completions.create(model="smart", messages=[{"role": "user", "content": "Hi"}])
+        reply = client.chat.completions.create(model="limited", messages=[{"role": "user", "content": "Hi"}])
         assert reply.choices[0].message.content == "Hello from backup."
-    assert len(fakes["primary"].requests) == 1  # asked once, then skipped while it cools down
+    assert len(fakes["limited"].requests) == 1  # asked once, then skipped while it cools down
 
 
 def test_a_target_that_answers_too_late_is_left_for_the_next(client, fakes):
@@ -234,3 +244,50 @@ def test_a_pool_first_route_is_answered_by_the_fleet_and_its_model_listed(client
     reply = client.chat.completions.create(model="fleet-first", messages=[{"role": "user", "content": "Hi"}],
                                            max_tokens=4)
     assert reply.model == MODEL and reply.usage.completion_tokens == 4 and not fakes["backup"].requests
+
+
+def test_anthropics_messages_reach_a_provider_and_come_back_as_blocks(routed, fakes):
+    import anthropic
+
+    fakes["primary"].reply = lambda body: Reply(content=None, calls=[("get_weather", {"city": "Oslo"})])
+    client = anthropic.Anthropic(base_url=routed.url, api_key="client-key", max_retries=0)
+    tools = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    message = client.messages.create(model="smart", max_tokens=64, system="Be brief.", tools=tools,
+                                     messages=[{"role": "user", "content": "Weather in Oslo?"}])
+    assert message.stop_reason == "tool_use" and message.model == "gpt-fake"
+    assert [(b.type, b.name, b.input) for b in message.content if b.type == "tool_use"] == \
+        [("tool_use", "get_weather", {"city": "Oslo"})]
+    body = fakes["primary"].requests[0][2]
+    assert body["messages"][0] == {"role": "system", "content": "Be brief."} and body["max_completion_tokens"] == 64
+    fakes["primary"].reply = lambda body: Reply(content="It is 14 degrees.")
+    with client.messages.stream(model="smart", max_tokens=64, messages=[
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                               "input": {"city": "Oslo"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "14"}]}],
+            tools=tools) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == "It is 14 degrees." and final.stop_reason == "end_turn" and final.usage.output_tokens == 7
+    sent = fakes["primary"].requests[1][2]["messages"]
+    assert sent[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city":"Oslo"}'}
+    assert sent[2] == {"role": "tool", "tool_call_id": "toolu_1", "content": "14"}
+
+
+def test_a_responses_conversation_moves_between_the_fleet_and_a_provider(client, fakes):
+    first = client.responses.create(model=MODEL, input="Remember the word 'plum'.", max_output_tokens=4)
+    assert first.status == "incomplete" and first.model == MODEL and first.output_text  # cut at 4 tokens
+    second = client.responses.create(model="smart", previous_response_id=first.id, input="Which word?")
+    assert second.output_text == "Hello from primary." and second.model == "gpt-fake"
+    sent = fakes["primary"].requests[0][2]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+    assert sent[0]["content"] == "Remember the word 'plum'." and sent[1]["content"] == first.output_text
+    third = client.responses.create(model=MODEL, previous_response_id=second.id, input="Again?", max_output_tokens=4)
+    assert third.model == MODEL and third.output_text
+    assert [i.type for i in client.responses.input_items.list(third.id).data] == ["message"]
+    streamed = list(client.responses.create(model="smart", previous_response_id=third.id, input="Once more",
+                                            stream=True))
+    assert [e.type for e in streamed][0] == "response.created" and streamed[-1].type == "response.completed"
+    assert streamed[-1].response.output_text == "Hello from primary."
+    assert client.responses.retrieve(streamed[-1].response.id).output_text == "Hello from primary."
+    assert len(fakes["primary"].requests[1][2]["messages"]) == 7  # the whole chain, fleet and provider turns

@@ -11,6 +11,8 @@ import dataclasses
 import time
 from typing import Any
 
+import orjson
+
 from ...base.ids import new_id
 from ...history import StoredResponse
 from ..background import BackgroundRun
@@ -23,6 +25,7 @@ from ..pipeline import (answer_chat, chat_prompt, logprob_shape, plan_generation
                         ready_model_entry)
 from ..protocol import field, parse_json_body
 from ..ratelimits import counted_write
+from ..routed import answer_provider, answer_routed, route_of
 from ..state import GatewayState
 from .background import background_answer, background_loop, start_in_background
 from .chain import NO_CONTEXT, Context, context_of, conversation_id_of, history_store, keeper
@@ -63,6 +66,60 @@ async def create(state: GatewayState, request: Request) -> None:
         await _create_with_tools(state, request, body, context, items, metadata, conversation_id, store, background)
         return
     chat = to_chat_request(body, context.items, inputs=inputs)
+    answer = _Answer(state, request, body, context, items, metadata, conversation_id, store, background)
+    route = route_of(state, chat.model, request)
+    if route is None:
+        await answer.on_pool(chat)
+        return
+    if background:
+        raise BadRequest(f"the model '{chat.model}' is routed (its targets may be hosted providers): background "
+                         "responses are not available for it yet", param="background", code="unsupported_parameter")
+    await answer_routed(state, request, route, lambda model: answer.on_pool(dataclasses.replace(chat, model=model)),
+                        lambda target: answer.on_provider(chat, target, route.name), len(orjson.dumps(chat.messages)))
+
+
+@dataclasses.dataclass
+class _Answer:
+    """A create request's answer by whichever target a route gives it (the fleet's pool, or a hosted provider):
+    the same response shape, keeper and store for both, so a conversation moves between them mid-chain."""
+
+    state: GatewayState
+    request: Request
+    body: dict[str, Any]
+    context: Context
+    items: "list[dict[str, Any]]"
+    metadata: dict[str, str]
+    conversation_id: str | None
+    store: bool
+    background: bool
+
+    def _keep(self, shape: ResponseShape, deadline_s: float | None) -> Any:
+        return keeper(self.state, self.request, shape, self.items, self.context, self.conversation_id, self.store,
+                      deadline_s)
+
+    async def on_provider(self, chat: Any, target: Any, model: str) -> None:
+        body = self.body
+        if INCLUDE_LOGPROBS in included(body):
+            raise BadRequest(f"the model '{model}' (target {target.name}) does not give logprobs here",
+                             param="include", code="unsupported_feature")
+        shape = ResponseShape(new_id("resp"), target.model, body, self.metadata, body.get("previous_response_id"),
+                              self.store, self.conversation_id, False, None, chat.stream, None)
+        keep = self._keep(shape, None)
+
+        async def finish() -> bytes:
+            return shape.terminal_event(await keep(shape.final))
+
+        await answer_provider(self.state, self.request, chat, target, model, shape, keep=keep, finish=finish)
+
+    async def on_pool(self, chat: Any) -> None:
+        await _create_on_pool(self, chat)
+
+
+async def _create_on_pool(answer: _Answer, chat: Any) -> None:
+    """A create request answered by the fleet's workers serving ``chat.model``."""
+    state, request, body = answer.state, answer.request, answer.body
+    metadata, conversation_id, store, background = answer.metadata, answer.conversation_id, answer.store, \
+        answer.background
     prompt = await chat_prompt(state, request, chat, "Responses API")
     entry, tokenizer = prompt.entry, prompt.tokenizer
     plan = plan_generation(state, request, entry, prompt.ids, chat.sampling, chat.stream, "input", prompt.media,
@@ -77,8 +134,8 @@ async def create(state: GatewayState, request: Request) -> None:
     # A background response must be over by then (queue wait, then the generation's own timeout); a
     # minute more for the last write. Past it, readers know the node running it stopped.
     admission = state.config.admission
-    keep = keeper(state, request, shape, items, context, conversation_id, store, time.time() + admission.queue_timeout_s
-                   + (admission.request_timeout_s or 86_400.0) + 60.0 if background else None)
+    keep = answer._keep(shape, time.time() + admission.queue_timeout_s + (admission.request_timeout_s or 86_400.0)
+                        + 60.0 if background else None)
     if background:
         limits = contextlib.AsyncExitStack()
         await limits.enter_async_context(rate_limited_generation(state, request, plan))
