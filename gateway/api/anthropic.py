@@ -149,16 +149,19 @@ def _assistant_blocks(blocks: list[Any], where: str) -> list[dict[str, Any]]:
     call: the calls so far, their results as tool messages, then the rest as the next assistant message."""
     out: list[dict[str, Any]] = []
     texts, thinking, calls, results = [], [], [], []
+    signatures: list[str] = []
 
     def flush() -> None:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
         if thinking:
             message["reasoning_content"] = "".join(thinking)
+            if signatures:  # Anthropic's, for a turn sent back to Anthropic (gateway/providers/anthropic.py)
+                message["reasoning_signature"] = signatures[-1]
         if calls:
             message["tool_calls"] = list(calls)
         out.append(message)
         out.extend(results)
-        texts.clear(), thinking.clear(), calls.clear(), results.clear()
+        texts.clear(), thinking.clear(), calls.clear(), results.clear(), signatures.clear()
 
     for j, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
@@ -168,6 +171,8 @@ def _assistant_blocks(blocks: list[Any], where: str) -> list[dict[str, Any]]:
             texts.append(block["text"])
         elif kind == "thinking" and isinstance(block.get("thinking"), str):
             thinking.append(block["thinking"])
+            if isinstance(block.get("signature"), str) and block["signature"]:
+                signatures.append(block["signature"])
         elif kind == "redacted_thinking":
             continue  # nothing the model can read back
         elif kind in ("tool_use", "mcp_tool_use") and isinstance(block.get("id"), str) \

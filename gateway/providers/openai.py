@@ -50,8 +50,8 @@ def messages_out(chat: ChatRequest) -> list[dict[str, Any]]:
                 else:
                     parts.append({"type": "text", "text": part.get("text", "")})
             message = {**message, "content": parts}
-        if "reasoning_content" in message:
-            message = {k: v for k, v in message.items() if k != "reasoning_content"}
+        if "reasoning_content" in message or "reasoning_signature" in message:
+            message = {k: v for k, v in message.items() if k not in ("reasoning_content", "reasoning_signature")}
         if message.get("role") == "assistant" and not message.get("content") and message.get("tool_calls"):
             message = {**message, "content": None}
         out.append(message)

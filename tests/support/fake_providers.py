@@ -250,3 +250,92 @@ def _words(text: str) -> list[str]:
     if current:
         out.append(current)
     return out
+
+
+class FakeAnthropic(FakeProvider):
+    """Anthropic's Messages API: requests checked against the anthropic SDK's ``MessageCreateParams`` (and its
+    x-api-key and anthropic-version headers), answers built as its ``Message`` and stream events."""
+
+    signature = "sig-fake-thinking"
+
+    def error_body(self, failure: Failure) -> Any:
+        kind = {429: "rate_limit_error", 529: "overloaded_error", 400: "invalid_request_error",
+                401: "authentication_error", 404: "not_found_error"}.get(failure.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": failure.message}}
+
+    def handle(self, handler: Any, body: Any, failure: Failure | None) -> None:
+        from anthropic.types import message_create_params as params
+
+        if handler.path != "/v1/messages":
+            self.send_json(handler, 404, {"type": "error", "error": {"type": "not_found_error", "message": "no"}})
+            return
+        if not handler.headers.get("x-api-key") or not handler.headers.get("anthropic-version"):
+            self.problems.append("/v1/messages: no x-api-key or anthropic-version header")
+        stream = bool(body.get("stream"))
+        self.check(body, params.MessageCreateParamsStreaming if stream else params.MessageCreateParamsNonStreaming,
+                   "messages")
+        roles = [m.get("role") for m in body.get("messages", [])]
+        if any(a == b for a, b in zip(roles, roles[1:])) or (roles and roles[0] != "user"):
+            self.problems.append(f"messages: roles must alternate from user, got {roles}")
+        if failure is not None and self.fail(handler, failure):
+            return
+        reply = self.reply(body)
+        blocks: list[dict[str, Any]] = []
+        if reply.reasoning:
+            blocks.append({"type": "thinking", "thinking": reply.reasoning, "signature": self.signature})
+        if reply.content:
+            blocks.append({"type": "text", "text": reply.content, "citations": None})
+        for i, (name, args) in enumerate(reply.calls):
+            blocks.append({"type": "tool_use", "id": f"toolu_{i}", "name": name, "input": args})
+        stop = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}.get(
+            reply.finish or ("tool_calls" if reply.calls else "stop"), "end_turn")
+        usage = {"input_tokens": reply.prompt_tokens - reply.cached_tokens, "output_tokens": reply.completion_tokens,
+                 "cache_read_input_tokens": reply.cached_tokens, "cache_creation_input_tokens": 0}
+        message = {"id": "msg_fake", "type": "message", "role": "assistant", "model": body.get("model"),
+                   "content": blocks, "stop_reason": stop, "stop_sequence": None, "usage": usage}
+        if not stream:
+            from anthropic.types import Message
+
+            Message.model_validate(message)
+            self.send_json(handler, 200, message)
+            return
+        from anthropic.types import RawMessageStreamEvent
+        from pydantic import TypeAdapter
+
+        events = TypeAdapter(RawMessageStreamEvent)
+
+        def event(value: dict[str, Any]) -> bytes:
+            events.validate_python(value)
+            return b"event: " + value["type"].encode() + b"\ndata: " + json.dumps(value).encode() + b"\n\n"
+
+        self.start_events(handler)
+        pieces = [event({"type": "message_start", "message": {**message, "content": [], "stop_reason": None,
+                                                               "usage": {**usage, "output_tokens": 1}}}),
+                  b"event: ping\ndata: {\"type\": \"ping\"}\n\n"]
+        for index, block in enumerate(blocks):
+            if block["type"] == "thinking":
+                pieces.append(event({"type": "content_block_start", "index": index,
+                                     "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
+                pieces += [event({"type": "content_block_delta", "index": index,
+                                  "delta": {"type": "thinking_delta", "thinking": w}}) for w in _words(block["thinking"])]
+                pieces.append(event({"type": "content_block_delta", "index": index,
+                                     "delta": {"type": "signature_delta", "signature": self.signature}}))
+            elif block["type"] == "text":
+                pieces.append(event({"type": "content_block_start", "index": index,
+                                     "content_block": {"type": "text", "text": ""}}))
+                pieces += [event({"type": "content_block_delta", "index": index,
+                                  "delta": {"type": "text_delta", "text": w}}) for w in _words(block["text"])]
+            else:
+                pieces.append(event({"type": "content_block_start", "index": index, "content_block": {
+                    "type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}}))
+                text = json.dumps(block["input"])
+                pieces += [event({"type": "content_block_delta", "index": index,
+                                  "delta": {"type": "input_json_delta", "partial_json": part}})
+                           for part in (text[:len(text) // 2], text[len(text) // 2:])]
+            pieces.append(event({"type": "content_block_stop", "index": index}))
+        pieces.append(event({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+                             "usage": {"output_tokens": reply.completion_tokens}}))
+        pieces.append(event({"type": "message_stop"}))
+        for piece in pieces:
+            self.send_chunk(handler, piece)
+        self.end_events(handler)

@@ -1,0 +1,304 @@
+"""Anthropic's Messages wire: ``POST {base_url}/v1/messages`` with ``x-api-key`` and ``anthropic-version``.
+
+From the typed chat request (OpenAI-shaped messages, ``gateway/serving/chat.py``):
+
+* system messages become ``system``; the rest alternate user and assistant, as Anthropic requires: consecutive
+  messages of one role are merged into one, a tool message becomes a ``tool_result`` block of a user message;
+* an assistant's ``tool_calls`` become ``tool_use`` blocks (their arguments parsed back into ``input``), its
+  reasoning a ``thinking`` block when the turn carries the signature Anthropic gave it (``reasoning_signature``),
+  else left out (Anthropic refuses unsigned thinking);
+* images become ``image`` blocks: a data URI as base64 with its media type, a URL as a URL source;
+* tools and ``tool_choice`` map to Anthropic's (``required`` is ``any``; ``parallel_tool_calls: false`` is
+  ``disable_parallel_tool_use``); a JSON schema constraint is ``output_config.format``; thinking is
+  ``{"type": "enabled", "budget_tokens"}`` from the client's budget (Anthropic's own Messages API in front) or
+  its reasoning effort (``output_config.effort``);
+* ``max_tokens`` is required by Anthropic: the request's, else the target's ``max_tokens`` option, else 4096.
+
+Back: text, thinking and tool_use blocks; ``stop_reason`` as OpenAI's finish reason (end_turn and stop_sequence
+stop, max_tokens length, tool_use tool_calls, refusal content_filter), usage with the cache's reads counted as
+cached prompt tokens (and in the prompt, as OpenAI counts them). A stream's ``input_json_delta`` pieces are
+assembled into one call, handed on when its block stops.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning
+from .base import (CONTEXT_LENGTH, OVERLOADED, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError,
+                   StreamEnd, StreamReader, Target, Unsupported, Usage, kind_of_status, refuse_engine_only,
+                   retry_after_s)
+from .sse import SseDecoder
+
+VERSION = "2023-06-01"
+MAX_TOKENS = 4096  # Anthropic requires max_tokens: what a request that names none gets
+MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
+           "refusal": "content_filter", "pause_turn": "stop", "model_context_window_exceeded": "length"}
+# An effort, when the client gave one and no budget: Anthropic's own levels.
+_EFFORTS = {"low": "low", "medium": "medium", "high": "high"}
+
+
+def _image_block(url: str) -> dict[str, Any]:
+    if url.startswith("data:"):
+        head, _, data = url.partition(",")
+        media_type = head[5:].split(";")[0]
+        if media_type not in MEDIA_TYPES or ";base64" not in head:
+            raise Unsupported(f"images of type {media_type or 'unknown'} (it takes {', '.join(MEDIA_TYPES)})",
+                              "messages")
+        return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+    return {"type": "image", "source": {"type": "url", "url": url}}
+
+
+def _content_blocks(content: Any, images: Any) -> list[dict[str, Any]]:
+    if content is None or content == "":
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    blocks = []
+    for part in content:
+        if part.get("type") == "image":
+            blocks.append(_image_block(next(images).url))
+        elif part.get("text"):
+            blocks.append({"type": "text", "text": part["text"]})
+    return blocks
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(text or "{}")
+    except orjson.JSONDecodeError:
+        raise Unsupported("tool call arguments that are not a JSON object", "messages") from None
+    if not isinstance(value, dict):
+        raise Unsupported("tool call arguments that are not a JSON object", "messages")
+    return value
+
+
+def messages_out(chat: ChatRequest) -> "tuple[list[dict[str, Any]], str | None]":
+    """(Anthropic's messages, its system prompt) for the request's messages."""
+    images = iter(chat.images)
+    system: list[str] = []
+    out: list[dict[str, Any]] = []
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if not blocks:
+            return
+        if out and out[-1]["role"] == role:
+            out[-1]["content"] += blocks
+        else:
+            out.append({"role": role, "content": blocks})
+
+    for message in chat.messages:
+        role = message.get("role")
+        if role == "system":
+            text = message.get("content")
+            system.append(text if isinstance(text, str) else "".join(p.get("text", "") for p in text or ()))
+        elif role == "tool":
+            add("user", [{"type": "tool_result", "tool_use_id": message.get("tool_call_id", ""),
+                          "content": message.get("content") if isinstance(message.get("content"), str) else
+                          "".join(p.get("text", "") for p in message.get("content") or ())}])
+        elif role == "assistant":
+            blocks: list[dict[str, Any]] = []
+            if message.get("reasoning_content") and message.get("reasoning_signature"):
+                blocks.append({"type": "thinking", "thinking": message["reasoning_content"],
+                               "signature": message["reasoning_signature"]})
+            blocks += _content_blocks(message.get("content"), images)
+            for call in message.get("tool_calls") or ():
+                function = call.get("function") or {}
+                blocks.append({"type": "tool_use", "id": call.get("id", ""), "name": function.get("name", ""),
+                               "input": _arguments(function.get("arguments", "{}"))})
+            add("assistant", blocks)
+        else:
+            add("user", _content_blocks(message.get("content"), images))
+    return out, "\n\n".join(system) if system else None
+
+
+def usage_of(raw: Any) -> Usage:
+    if not isinstance(raw, dict):
+        return Usage()
+    read = int(raw.get("cache_read_input_tokens") or 0)
+    written = int(raw.get("cache_creation_input_tokens") or 0)
+    return Usage(prompt_tokens=int(raw.get("input_tokens") or 0) + read + written,
+                 completion_tokens=int(raw.get("output_tokens") or 0), cached_tokens=read,
+                 cache_write_tokens=written)
+
+
+def error_of(status: int, headers: "list[tuple[bytes, bytes]]", body: bytes) -> ProviderError:
+    """Anthropic's error body: ``{"type": "error", "error": {"type", "message"}}``."""
+    message, kind_name = f"the provider answered {status}", None
+    try:
+        error = orjson.loads(body).get("error") or {}
+        message = str(error.get("message") or message)
+        kind_name = error.get("type")
+    except (orjson.JSONDecodeError, AttributeError):
+        message = body[:512].decode("utf-8", "replace").strip() or message
+    kind = kind_of_status(status)
+    if kind_name == "overloaded_error":
+        kind = OVERLOADED
+    if status == 400 and ("prompt is too long" in message or "context window" in message):
+        kind = CONTEXT_LENGTH
+    return ProviderError(kind, status, message, retry_after_s(headers), kind_name)
+
+
+class AnthropicMessages(Provider):
+    name = "anthropic"
+
+    def check(self, chat: ChatRequest, target: Target) -> None:
+        refuse_engine_only(chat, target)
+        sampling = chat.sampling
+        for value, feature, param in ((sampling.n != 1, "n above 1", "n"),
+                                      (sampling.logprobs is not None, "logprobs", "logprobs"),
+                                      (sampling.seed is not None, "seed", "seed"),
+                                      (sampling.frequency_penalty, "frequency_penalty", "frequency_penalty"),
+                                      (sampling.presence_penalty, "presence_penalty", "presence_penalty"),
+                                      (sampling.logit_bias, "logit_bias", "logit_bias"),
+                                      (sampling.constraint is not None and sampling.constraint_field != "tool_choice"
+                                       and sampling.constraint.kind == "json_object",
+                                       "a JSON object without a schema (give a json_schema)", "response_format")):
+            if value:
+                raise Unsupported(feature, param)
+
+    def call(self, chat: ChatRequest, target: Target, stream: bool, secret: Any) -> HttpCall:
+        sampling = chat.sampling
+        messages, system = messages_out(chat)
+        body: dict[str, Any] = {"model": target.model, "messages": messages,
+                                "max_tokens": sampling.max_tokens or int(target.options.get("max_tokens", MAX_TOKENS))}
+        if system is not None:
+            body["system"] = system
+        for name, value in (("temperature", sampling.temperature), ("top_p", sampling.top_p),
+                            ("top_k", sampling.top_k)):
+            if value is not None:
+                body[name] = value
+        if sampling.stop:
+            body["stop_sequences"] = list(sampling.stop)
+        if chat.tools:
+            body["tools"] = [_tool(tool) for tool in chat.tools]
+            choice: dict[str, Any] = {"auto": {"type": "auto"}, "required": {"type": "any"},
+                                      "none": {"type": "none"}}.get(chat.tool_choice) or \
+                {"type": "tool", "name": chat.tool_name}
+            if not chat.parallel_tool_calls and choice["type"] != "none":
+                choice["disable_parallel_tool_use"] = True
+            body["tool_choice"] = choice
+        output_config: dict[str, Any] = {}
+        constraint = sampling.constraint
+        if constraint is not None and sampling.constraint_field != "tool_choice":
+            output_config["format"] = {"type": "json_schema", "schema": orjson.loads(constraint.spec)}
+        if chat.reasoning_budget is not None:
+            body["thinking"] = {"type": "enabled", "budget_tokens": chat.reasoning_budget}
+        elif chat.template_kwargs.get("enable_thinking") is False or chat.template_kwargs.get("thinking") is False:
+            body["thinking"] = {"type": "disabled"}
+        effort = chat.template_kwargs.get("reasoning_effort")
+        if effort in _EFFORTS:
+            output_config["effort"] = _EFFORTS[effort]
+        if output_config:
+            body["output_config"] = output_config
+        if stream:
+            body["stream"] = True
+        headers = [(b"content-type", b"application/json"),
+                   (b"anthropic-version", str(target.options.get("anthropic_version", VERSION)).encode())]
+        if secret:
+            headers.append((b"x-api-key", secret.encode()))
+        headers += [(name.lower().encode(), value.encode()) for name, value in target.headers]
+        return HttpCall(b"POST", target.base_url.rstrip("/") + "/v1/messages", headers, orjson.dumps(body))
+
+    def answer(self, body: bytes) -> ProviderAnswer:
+        try:
+            data = orjson.loads(body)
+            blocks = data["content"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            raise ProviderError(SERVER, 502, "the provider's answer is not a message") from None
+        texts, thinking, calls = [], [], []
+        for block in blocks:
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text":
+                texts.append(block.get("text", ""))
+            elif kind == "thinking":
+                thinking.append(block.get("thinking", ""))
+            elif kind == "tool_use":
+                calls.append(Call(len(calls), str(block.get("id")), str(block.get("name")),
+                                  orjson.dumps(block.get("input") or {}).decode()))
+        return ProviderAnswer("".join(texts) if texts or not calls else None,
+                              "".join(thinking) if thinking else None, calls,
+                              _FINISH.get(data.get("stop_reason"), "stop"), usage_of(data.get("usage")),
+                              data.get("stop_sequence"))
+
+    def stream(self) -> StreamReader:
+        return _MessagesStream()
+
+    def error(self, status: int, headers: "list[tuple[bytes, bytes]]", body: bytes) -> ProviderError:
+        return error_of(status, headers, body)
+
+
+def _tool(tool: dict[str, Any]) -> dict[str, Any]:
+    function = tool.get("function") or {}
+    out = {"name": function.get("name", ""), "input_schema": function.get("parameters") or {"type": "object"}}
+    if function.get("description"):
+        out["description"] = function["description"]
+    return out
+
+
+class _MessagesStream(StreamReader):
+    def __init__(self) -> None:
+        self._events = SseDecoder()
+        self._blocks: dict[int, dict[str, Any]] = {}  # open tool_use blocks by index: id, name, input pieces
+        self._calls = 0
+        self._usage: dict[str, Any] = {}
+        self._finish: str | None = None
+        self._stop_sequence: str | None = None
+        self._stopped = False
+
+    def feed(self, data: bytes) -> "list[Delta]":
+        deltas: list[Delta] = []
+        for _, text in self._events.feed(data):
+            try:
+                event = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                raise ProviderError(SERVER, 502, "the provider streamed an event that is not JSON") from None
+            kind = event.get("type") if isinstance(event, dict) else None
+            if kind == "content_block_delta":
+                delta = event.get("delta") or {}
+                dtype = delta.get("type")
+                if dtype == "text_delta" and delta.get("text"):
+                    deltas.append(Content(delta["text"]))
+                elif dtype == "thinking_delta" and delta.get("thinking"):
+                    deltas.append(Reasoning(delta["thinking"]))
+                elif dtype == "input_json_delta":
+                    block = self._blocks.get(event.get("index"))
+                    if block is not None:
+                        block["input"].append(delta.get("partial_json", ""))
+            elif kind == "content_block_start":
+                block = event.get("content_block") or {}
+                if block.get("type") == "tool_use":
+                    self._blocks[event.get("index")] = {"id": str(block.get("id")), "name": str(block.get("name")),
+                                                        "input": []}
+            elif kind == "content_block_stop":
+                block = self._blocks.pop(event.get("index"), None)
+                if block is not None:
+                    deltas.append(Call(self._calls, block["id"], block["name"], "".join(block["input"]) or "{}"))
+                    self._calls += 1
+            elif kind == "message_start":
+                self._usage.update((event.get("message") or {}).get("usage") or {})
+            elif kind == "message_delta":
+                delta = event.get("delta") or {}
+                if delta.get("stop_reason"):
+                    self._finish = _FINISH.get(delta["stop_reason"], "stop")
+                    self._stop_sequence = delta.get("stop_sequence")
+                self._usage.update({k: v for k, v in (event.get("usage") or {}).items() if v is not None})
+            elif kind == "message_stop":
+                self._stopped = True
+            elif kind == "error":
+                error = event.get("error") or {}
+                raise error_of(529 if error.get("type") == "overloaded_error" else 500, [],
+                               orjson.dumps({"error": error}))
+        return deltas
+
+    def finish(self) -> StreamEnd:
+        if not self._stopped or self._finish is None:
+            raise ProviderError(SERVER, 502, "the provider's stream ended before its message did")
+        return StreamEnd(self._finish, usage_of(self._usage), self._stop_sequence)
+
+
+PROVIDERS.add("anthropic", AnthropicMessages(), "Anthropic's Messages API: x-api-key, anthropic-version, thinking and "
+              "tool use, prompt caching's usage")

@@ -1,0 +1,182 @@
+"""Anthropic's Messages wire as a target (gateway/providers/anthropic.py), reached from every client API: OpenAI chat,
+Anthropic's Messages and the Responses API, streamed and not, with tools, thinking, images, structured output,
+prompt caching's usage, its overloaded and too-long answers. The provider is a fake of the test's own
+(tests/support/fake_providers.py) holding every request to the anthropic SDK's request types."""
+
+from __future__ import annotations
+
+import base64
+
+import anthropic
+import openai
+import pytest
+
+from chaos.processes import NodeProcess
+from tests.support.fake_providers import Failure, FakeAnthropic, FakeOpenAI, Reply
+
+KEYS = {"FAKE_ANTHROPIC_KEY": "sk-ant-secret", "FAKE_OPENAI_KEY": "sk-openai-secret"}
+PNG = base64.b64encode(bytes.fromhex("89504e470d0a1a0a")).decode()
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+@pytest.fixture(scope="module")
+def fakes():
+    servers = {"claude": FakeAnthropic("claude"), "busy": FakeAnthropic("busy"), "gpt": FakeOpenAI("gpt")}
+    yield servers
+    for server in servers.values():
+        server.close()
+
+
+@pytest.fixture(autouse=True)
+def clean(fakes):
+    for server in fakes.values():
+        server.requests.clear()
+        server.failures.clear()
+        server.reply = (lambda name: lambda body: Reply(content=f"Hello from {name}."))(server.name)
+    yield
+    for server in fakes.values():
+        assert server.problems == [], f"{server.name} got requests its SDK would not send: {server.problems}"
+
+
+@pytest.fixture(scope="module")
+def node(fakes, log_dir, tmp_path_factory):
+    config = tmp_path_factory.mktemp("routes") / "models.yaml"
+    config.write_text(f"""
+targets:
+  claude:
+    provider: anthropic
+    model: claude-fake-4
+    base_url: {fakes['claude'].url}
+    credential: env:FAKE_ANTHROPIC_KEY
+    headers: {{anthropic-beta: "fine-grained-tool-streaming-2025-05-14"}}
+  busy:
+    provider: anthropic
+    model: claude-busy
+    base_url: {fakes['busy'].url}
+    credential: env:FAKE_ANTHROPIC_KEY
+  gpt:
+    provider: openai
+    model: gpt-fake
+    base_url: {fakes['gpt'].url}/v1
+    credential: env:FAKE_OPENAI_KEY
+models:
+  claude:
+    targets: [claude]
+  busy:
+    targets: [{{target: busy}}, {{target: gpt, priority: 1}}]
+""")
+    node = NodeProcess(["--models-config", str(config)], log_dir, "anthropic-node", env=KEYS)
+    yield node
+    node.stop()
+
+
+@pytest.fixture
+def oai(node):
+    return openai.OpenAI(base_url=node.url + "/v1", api_key="client-key", max_retries=0, timeout=30)
+
+
+@pytest.fixture
+def ant(node):
+    return anthropic.Anthropic(base_url=node.url, api_key="client-key", max_retries=0, timeout=30)
+
+
+def test_openai_chat_reaches_anthropic_with_its_system_tools_images_and_headers(oai, fakes):
+    fakes["claude"].reply = lambda body: Reply(content=None, reasoning="Oslo, then.",
+                                               calls=[("get_weather", {"city": "Oslo"})], prompt_tokens=30,
+                                               cached_tokens=20)
+    reply = oai.chat.completions.create(model="claude", tools=TOOLS, tool_choice={
+        "type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False, max_tokens=300,
+        stop=["END"], messages=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Weather here?"},
+                                         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}]}])
+    message = reply.choices[0].message
+    assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == [("get_weather", '{"city":"Oslo"}')]
+    assert message.model_extra["reasoning_content"] == "Oslo, then." and reply.model == "claude-fake-4"
+    assert reply.usage.prompt_tokens == 30 and reply.usage.prompt_tokens_details.cached_tokens == 20
+    path, headers, body = fakes["claude"].requests[0]
+    assert headers["x-api-key"] == "sk-ant-secret" and headers["anthropic-version"] == "2023-06-01"
+    assert headers["anthropic-beta"] == "fine-grained-tool-streaming-2025-05-14"
+    assert body["system"] == "Be brief." and body["max_tokens"] == 300 and body["stop_sequences"] == ["END"]
+    assert body["messages"] == [{"role": "user", "content": [
+        {"type": "text", "text": "Weather here?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]}]
+    assert body["tools"] == [{"name": "get_weather", "description": "Weather now",
+                              "input_schema": TOOLS[0]["function"]["parameters"]}]
+    assert body["tool_choice"] == {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
+
+
+def test_a_tool_result_turn_is_folded_into_alternating_roles(oai, fakes):
+    oai.chat.completions.create(model="claude", tools=TOOLS, messages=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}},
+            {"id": "toolu_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Bergen"}'}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "14"},
+        {"role": "tool", "tool_call_id": "toolu_2", "content": "11"},
+        {"role": "user", "content": "And tomorrow?"}])
+    body = fakes["claude"].requests[0][2]
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]
+    assert body["messages"][1]["content"][1] == {"type": "tool_use", "id": "toolu_2", "name": "get_weather",
+                                                 "input": {"city": "Bergen"}}
+    assert [b["type"] for b in body["messages"][2]["content"]] == ["tool_result", "tool_result", "text"]
+    assert body["max_tokens"] == 4096  # Anthropic requires one: the default when the client names none
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropics_own_clients_get_thinking_text_and_tool_use_blocks(ant, fakes, stream):
+    fakes["claude"].reply = lambda body: Reply(content="Looking it up.", reasoning="Need the tool.",
+                                               calls=[("get_weather", {"city": "Oslo"})])
+    asked = dict(model="claude", max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 1024},
+                 tools=[{"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}],
+                 messages=[{"role": "user", "content": "Weather in Oslo?"}])
+    if stream:
+        with ant.messages.stream(**asked) as events:
+            message = events.get_final_message()
+    else:
+        message = ant.messages.create(**asked)
+    assert [b.type for b in message.content] == ["thinking", "text", "tool_use"]
+    assert message.content[0].thinking == "Need the tool." and message.content[2].input == {"city": "Oslo"}
+    assert message.stop_reason == "tool_use"
+    body = fakes["claude"].requests[0][2]
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 1024} and body.get("stream", False) == stream
+
+
+def test_a_signed_thinking_turn_goes_back_to_anthropic_signed(ant, fakes):
+    ant.messages.create(model="claude", max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 1024},
+                        tools=[{"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}], messages=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "Need the tool.", "signature": "sig-1"},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "14"}]}])
+    assistant = fakes["claude"].requests[0][2]["messages"][1]["content"]
+    assert assistant[0] == {"type": "thinking", "thinking": "Need the tool.", "signature": "sig-1"}
+
+
+def test_the_responses_api_streams_from_anthropic_and_stores_the_turn(oai, fakes):
+    fakes["claude"].reply = lambda body: Reply(content="Fourteen degrees.", reasoning="Easy.")
+    events = list(oai.responses.create(model="claude", input="Weather?", reasoning={"effort": "low"}, stream=True,
+                                       text={"format": {"type": "json_schema", "name": "w", "schema": {
+                                           "type": "object", "properties": {"t": {"type": "number"}}}}}))
+    final = events[-1].response
+    assert events[-1].type == "response.completed" and final.output_text == "Fourteen degrees."
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert oai.responses.retrieve(final.id).output_text == "Fourteen degrees."
+    body = fakes["claude"].requests[0][2]
+    assert body["output_config"] == {"format": {"type": "json_schema", "schema": {
+        "type": "object", "properties": {"t": {"type": "number"}}}}, "effort": "low"}
+
+
+def test_an_overloaded_anthropic_falls_back_and_its_errors_reach_clients_in_their_shape(oai, ant, fakes):
+    fakes["busy"].failures.append(Failure(529, "Overloaded"))
+    reply = oai.chat.completions.create(model="busy", messages=[{"role": "user", "content": "Hi"}])
+    assert reply.choices[0].message.content == "Hello from gpt."
+    fakes["claude"].failures.append(Failure(400, "prompt is too long: 250000 tokens > 200000 maximum"))
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        ant.messages.create(model="claude", max_tokens=10, messages=[{"role": "user", "content": "Hi"}])
+    assert "prompt is too long" in str(refused.value) and refused.value.body["type"] == "error"
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.chat.completions.create(model="claude", messages=[{"role": "user", "content": "Hi"}], seed=3)
+    assert "does not support seed" in refused.value.message
