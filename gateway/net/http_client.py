@@ -304,7 +304,8 @@ class HttpResponse:
 class HttpClient:
     """Connections to any number of origins, kept alive per origin (``HttpClientConfig`` says how many, how long)."""
 
-    def __init__(self, config: HttpClientConfig = HttpClientConfig(), ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, config: HttpClientConfig = HttpClientConfig(),
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.config = config
         self._idle: dict[Origin, list[_Connection]] = {}
         self._ssl = ssl_context

@@ -126,7 +126,8 @@ class ProviderCalls:
         yield counter("smg_provider_request_seconds", "Time spent in calls to provider targets", ["target"],
                       [([t], s) for t, s in sorted(self.seconds.items())])
         yield counter("smg_provider_tokens", "Tokens provider targets counted, by kind (prompt, completion, cached, "
-                      "reasoning)", ["target", "kind"], [([t, k], float(n)) for (t, k), n in sorted(self.tokens.items())])
+                      "reasoning)", ["target", "kind"],
+                      [([t, k], float(n)) for (t, k), n in sorted(self.tokens.items())])
 
 
 class ProviderStream:

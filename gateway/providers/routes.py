@@ -250,8 +250,9 @@ def _route(name: str, spec: Any, targets: Mapping[str, Target]) -> Route:
             entry = {"target": entry}
         if not isinstance(entry, dict) or ("target" in entry) == ("pool" in entry):
             raise RoutesError(f"{at} names a target or a pool: {{ target = NAME }} or {{ pool = MODEL }}")
-        if set(entry) - {"target", "pool", "weight", "priority"}:
-            raise RoutesError(f"{at} has unknown keys: {', '.join(sorted(set(entry) - {'target', 'pool', 'weight', 'priority'}))}")
+        unknown = set(entry) - {"target", "pool", "weight", "priority"}
+        if unknown:
+            raise RoutesError(f"{at} has unknown keys: {', '.join(sorted(unknown))}")
         weight = entry.get("weight", 1)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
             raise RoutesError(f"{at}.weight must be a positive number")

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from chaos.processes import NodeProcess
-from tests.support.fake_providers import Failure, FakeAnthropic, FakeOpenAI, Reply
+from tests.support.fake_providers import Failure, FakeAnthropic, FakeOpenAI, Reply, each_test, started
 
 KEYS = {"FAKE_ANTHROPIC_KEY": "sk-ant-secret", "FAKE_OPENAI_KEY": "sk-openai-secret"}
 PNG = base64.b64encode(bytes.fromhex("89504e470d0a1a0a")).decode()
@@ -22,21 +22,15 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 
 @pytest.fixture(scope="module")
 def fakes():
-    servers = {"claude": FakeAnthropic("claude"), "busy": FakeAnthropic("busy"), "gpt": FakeOpenAI("gpt")}
-    yield servers
-    for server in servers.values():
-        server.close()
+    with started({"claude": FakeAnthropic("claude"), "busy": FakeAnthropic("busy"),
+                  "gpt": FakeOpenAI("gpt")}) as servers:
+        yield servers
 
 
 @pytest.fixture(autouse=True)
 def clean(fakes):
-    for server in fakes.values():
-        server.requests.clear()
-        server.failures.clear()
-        server.reply = (lambda name: lambda body: Reply(content=f"Hello from {name}."))(server.name)
-    yield
-    for server in fakes.values():
-        assert server.problems == [], f"{server.name} got requests its SDK would not send: {server.problems}"
+    with each_test(fakes):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +106,8 @@ def test_a_tool_result_turn_is_folded_into_alternating_roles(oai, fakes):
         {"role": "user", "content": "Weather in Oslo?"},
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}},
-            {"id": "toolu_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Bergen"}'}}]},
+            {"id": "toolu_2", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city":"Bergen"}'}}]},
         {"role": "tool", "tool_call_id": "toolu_1", "content": "14"},
         {"role": "tool", "tool_call_id": "toolu_2", "content": "11"},
         {"role": "user", "content": "And tomorrow?"}])

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from chaos.processes import EngineProcess, NodeProcess
-from tests.support.fake_providers import Failure, FakeOpenAI, Reply
+from tests.support.fake_providers import Failure, FakeOpenAI, Reply, each_test, started
 from tests.support.nodes import ENGINE_ARGS, MODEL
 
 KEYS = {"FAKE_PRIMARY_KEY": "sk-primary-secret", "FAKE_BACKUP_KEY": "sk-backup-secret"}
@@ -20,21 +20,15 @@ KEYS = {"FAKE_PRIMARY_KEY": "sk-primary-secret", "FAKE_BACKUP_KEY": "sk-backup-s
 
 @pytest.fixture(scope="module")
 def fakes():
-    servers = {name: FakeOpenAI(name) for name in ("primary", "backup", "flaky", "slow", "lone", "limited")}
-    yield servers
-    for server in servers.values():
-        server.close()
+    names = ("primary", "backup", "flaky", "slow", "lone", "limited")
+    with started({name: FakeOpenAI(name) for name in names}) as servers:
+        yield servers
 
 
 @pytest.fixture(autouse=True)
 def clean(fakes):
-    for server in fakes.values():
-        server.requests.clear()
-        server.failures.clear()
-        server.reply = (lambda name: lambda body: Reply(content=f"Hello from {name}."))(server.name)
-    yield
-    for server in fakes.values():
-        assert server.problems == [], f"{server.name} got requests its SDK would not send: {server.problems}"
+    with each_test(fakes):
+        yield
 
 
 @pytest.fixture(scope="module")

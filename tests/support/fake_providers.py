@@ -12,6 +12,7 @@ delay, a connection dropped mid-answer). ``requests`` keeps what came (path, hea
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.server
 import json
@@ -44,6 +45,29 @@ class Failure:
     delay_s: float = 0.0  # before answering (a timeout test waits longer than the target's bound)
     drop_after_bytes: int | None = None  # a 200 whose connection is dropped after this many body bytes
     code: str | None = None
+
+
+@contextlib.contextmanager
+def each_test(servers: "dict[str, FakeProvider]") -> Any:
+    """Around one test: every server's script, record and reply reset to its default ("Hello from NAME."), and
+    after it, what any server got that its SDK would not send is the test's failure."""
+    for server in servers.values():
+        server.requests.clear()
+        server.failures.clear()
+        server.reply = (lambda name: lambda body: Reply(content=f"Hello from {name}."))(server.name)
+    yield
+    for server in servers.values():
+        assert server.problems == [], f"{server.name} got requests its SDK would not send: {server.problems}"
+
+
+@contextlib.contextmanager
+def started(servers: "dict[str, FakeProvider]") -> Any:
+    """The servers for a module's tests, closed after them."""
+    try:
+        yield servers
+    finally:
+        for server in servers.values():
+            server.close()
 
 
 class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
@@ -317,7 +341,8 @@ class FakeAnthropic(FakeProvider):
                 pieces.append(event({"type": "content_block_start", "index": index,
                                      "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
                 pieces += [event({"type": "content_block_delta", "index": index,
-                                  "delta": {"type": "thinking_delta", "thinking": w}}) for w in _words(block["thinking"])]
+                                  "delta": {"type": "thinking_delta", "thinking": w}})
+                           for w in _words(block["thinking"])]
                 pieces.append(event({"type": "content_block_delta", "index": index,
                                      "delta": {"type": "signature_delta", "signature": self.signature}}))
             elif block["type"] == "text":
