@@ -28,8 +28,8 @@ import orjson
 
 from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning
 from .base import (CONTEXT_LENGTH, OVERLOADED, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError,
-                   StreamEnd, StreamReader, Target, Unsupported, Usage, kind_of_status, refuse_engine_only,
-                   retry_after_s)
+                   StreamEnd, StreamReader, Target, Unsupported, Usage, call_arguments, fold_turn, kind_of_status,
+                   put_sampling, refuse_engine_only, retry_after_s)
 from .sse import SseDecoder
 
 VERSION = "2023-06-01"
@@ -66,16 +66,6 @@ def _content_blocks(content: Any, images: Any) -> list[dict[str, Any]]:
     return blocks
 
 
-def _arguments(text: str) -> dict[str, Any]:
-    try:
-        value = orjson.loads(text or "{}")
-    except orjson.JSONDecodeError:
-        raise Unsupported("tool call arguments that are not a JSON object", "messages") from None
-    if not isinstance(value, dict):
-        raise Unsupported("tool call arguments that are not a JSON object", "messages")
-    return value
-
-
 def messages_out(chat: ChatRequest) -> "tuple[list[dict[str, Any]], str | None]":
     """(Anthropic's messages, its system prompt) for the request's messages."""
     images = iter(chat.images)
@@ -83,12 +73,7 @@ def messages_out(chat: ChatRequest) -> "tuple[list[dict[str, Any]], str | None]"
     out: list[dict[str, Any]] = []
 
     def add(role: str, blocks: list[dict[str, Any]]) -> None:
-        if not blocks:
-            return
-        if out and out[-1]["role"] == role:
-            out[-1]["content"] += blocks
-        else:
-            out.append({"role": role, "content": blocks})
+        fold_turn(out, role, blocks, "content")
 
     for message in chat.messages:
         role = message.get("role")
@@ -108,7 +93,7 @@ def messages_out(chat: ChatRequest) -> "tuple[list[dict[str, Any]], str | None]"
             for call in message.get("tool_calls") or ():
                 function = call.get("function") or {}
                 blocks.append({"type": "tool_use", "id": call.get("id", ""), "name": function.get("name", ""),
-                               "input": _arguments(function.get("arguments", "{}"))})
+                               "input": call_arguments(function.get("arguments", "{}"))})
             add("assistant", blocks)
         else:
             add("user", _content_blocks(message.get("content"), images))
@@ -167,12 +152,8 @@ class AnthropicMessages(Provider):
                                 "max_tokens": sampling.max_tokens or int(target.options.get("max_tokens", MAX_TOKENS))}
         if system is not None:
             body["system"] = system
-        for name, value in (("temperature", sampling.temperature), ("top_p", sampling.top_p),
-                            ("top_k", sampling.top_k)):
-            if value is not None:
-                body[name] = value
-        if sampling.stop:
-            body["stop_sequences"] = list(sampling.stop)
+        put_sampling(body, sampling, {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                                      "stop": "stop_sequences"})
         if chat.tools:
             body["tools"] = [_tool(tool) for tool in chat.tools]
             choice: dict[str, Any] = {"auto": {"type": "auto"}, "required": {"type": "any"},
@@ -251,12 +232,8 @@ class _MessagesStream(StreamReader):
 
     def feed(self, data: bytes) -> "list[Delta]":
         deltas: list[Delta] = []
-        for _, text in self._events.feed(data):
-            try:
-                event = orjson.loads(text)
-            except orjson.JSONDecodeError:
-                raise ProviderError(SERVER, 502, "the provider streamed an event that is not JSON") from None
-            kind = event.get("type") if isinstance(event, dict) else None
+        for event in self._events.objects(data):
+            kind = event.get("type")
             if kind == "content_block_delta":
                 delta = event.get("delta") or {}
                 dtype = delta.get("type")

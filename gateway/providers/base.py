@@ -25,6 +25,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from ..base.registry import Registry
 from ..serving.chat import Call, ChatRequest, Delta
 
@@ -215,3 +217,39 @@ def kind_of_status(status: int) -> str:
     if status >= 500:
         return SERVER
     return BAD_REQUEST
+
+
+def put_sampling(out: "dict[str, Any]", sampling: Any, names: "dict[str, str]") -> None:
+    """The request's sampling fields that are set, into ``out`` under the wire's names (``names``: ours to theirs):
+    a field left at its default (no stop strings, a penalty of 0, None) is left out, as the provider's default."""
+    for field, wire in names.items():
+        value = getattr(sampling, field)
+        if field == "stop":
+            value = list(value) if value else None
+        elif field in ("frequency_penalty", "presence_penalty"):
+            value = value or None
+        if value is not None:
+            out[wire] = value
+
+
+def call_arguments(text: str) -> "dict[str, Any]":
+    """A tool call's arguments (JSON text, as OpenAI's messages carry them) as the object the wires that take
+    objects want (Anthropic's input, Gemini's args, Bedrock's input)."""
+    try:
+        value = orjson.loads(text or "{}")
+    except orjson.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise Unsupported("tool call arguments that are not a JSON object", "messages")
+    return value
+
+
+def fold_turn(turns: "list[dict[str, Any]]", role: str, items: "list[Any]", key: str) -> None:
+    """Append ``items`` as a turn of ``role`` (its list under ``key``), merged into the last turn when that one has
+    the same role: the wires that want roles to alternate (Anthropic, Gemini, Bedrock)."""
+    if not items:
+        return
+    if turns and turns[-1]["role"] == role:
+        turns[-1][key] += items
+    else:
+        turns.append({"role": role, key: items})

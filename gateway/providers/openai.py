@@ -27,7 +27,8 @@ import orjson
 
 from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, new_call_id
 from .base import (CONTEXT_LENGTH, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError, StreamEnd,
-                   StreamReader, Target, Unsupported, Usage, kind_of_status, refuse_engine_only, retry_after_s)
+                   StreamReader, Target, Unsupported, Usage, kind_of_status, put_sampling, refuse_engine_only,
+                   retry_after_s)
 from .sse import SseDecoder
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls",
@@ -108,16 +109,8 @@ class OpenAIChat(Provider):
             body["model"] = target.model
         if sampling.max_tokens is not None:
             body["max_tokens" if self.name == "openai_compatible" else "max_completion_tokens"] = sampling.max_tokens
-        for name, value in (("temperature", sampling.temperature), ("top_p", sampling.top_p),
-                            ("seed", sampling.seed)):
-            if value is not None:
-                body[name] = value
-        if sampling.stop:
-            body["stop"] = list(sampling.stop)
-        if sampling.frequency_penalty:
-            body["frequency_penalty"] = sampling.frequency_penalty
-        if sampling.presence_penalty:
-            body["presence_penalty"] = sampling.presence_penalty
+        put_sampling(body, sampling, {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "stop": "stop",
+                                      "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty"})
         if sampling.logit_bias:
             body["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias}
         if self.name == "openai_compatible":
@@ -204,20 +197,10 @@ class _ChatStream(StreamReader):
         self._calls = 0
         self._finish: str | None = None
         self._usage = Usage()
-        self._done = False
 
     def feed(self, data: bytes) -> "list[Delta]":
         deltas: list[Delta] = []
-        for _, text in self._events.feed(data):
-            if text == "[DONE]":
-                self._done = True
-                continue
-            try:
-                chunk = orjson.loads(text)
-            except orjson.JSONDecodeError:
-                raise ProviderError(SERVER, 502, "the provider streamed an event that is not JSON") from None
-            if not isinstance(chunk, dict):
-                continue
+        for chunk in self._events.objects(data):
             if isinstance(chunk.get("error"), dict):  # an error mid-stream (OpenAI sends it as an event)
                 raise error_of(500, [], orjson.dumps(chunk))
             if chunk.get("usage"):

@@ -10,6 +10,8 @@ unbounded one is a server that would take the node's memory.
 
 from __future__ import annotations
 
+import orjson
+
 from .base import SERVER, ProviderError
 
 # The largest event a provider sends is its last (Anthropic's message_stop is small; OpenAI's final chunk with
@@ -60,6 +62,22 @@ class SseDecoder:
             elif name == b"event":
                 self._event = value.decode("utf-8", "replace")
         return events
+
+    def objects(self, data: bytes) -> "list[dict]":
+        """The JSON objects the events ``data`` completes carry (every provider's events are JSON objects; OpenAI's
+        last, ``[DONE]``, and anything else that is not an object, are skipped); an event that is not JSON at all is
+        a ProviderError."""
+        out = []
+        for _, text in self.feed(data):
+            if text == "[DONE]":
+                continue
+            try:
+                value = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                raise ProviderError(SERVER, 502, "the provider streamed an event that is not JSON") from None
+            if isinstance(value, dict):
+                out.append(value)
+        return out
 
     def finish(self) -> "list[tuple[str, str]]":
         """The body ended: an event not closed by a blank line is dropped, as the standard says."""

@@ -11,8 +11,8 @@ import httpx2
 import openai
 import pytest
 
-from chaos.processes import EngineProcess, NodeProcess
-from tests.support.fake_providers import Failure, FakeOpenAI, Reply, each_test, started
+from chaos.processes import EngineProcess
+from tests.support.fake_providers import Failure, FakeOpenAI, Reply, each_test, routed_node, started
 from tests.support.nodes import ENGINE_ARGS, MODEL
 
 KEYS = {"FAKE_PRIMARY_KEY": "sk-primary-secret", "FAKE_BACKUP_KEY": "sk-backup-secret"}
@@ -33,8 +33,8 @@ def clean(fakes):
 
 @pytest.fixture(scope="module")
 def routed(fakes, log_dir, tmp_path_factory):
-    config = tmp_path_factory.mktemp("routes") / "models.toml"
-    config.write_text(f"""
+    engine = EngineProcess(ENGINE_ARGS, log_dir, "providers-engine")
+    node = routed_node(f"""
 [targets.primary]
 provider = "openai"
 model = "gpt-fake"
@@ -92,10 +92,7 @@ targets = ["lone"]
 [models.fleet-first]
 targets = [{{ pool = "{MODEL}" }}, {{ target = "backup", priority = 1 }}]
 fallback_on = ["server"]
-""")
-    engine = EngineProcess(ENGINE_ARGS, log_dir, "providers-engine")
-    node = NodeProcess(["--worker-urls", engine.url, "--models-config", str(config)], log_dir, "providers-node",
-                       env=KEYS)
+""", tmp_path_factory.mktemp("routes"), log_dir, "providers-node", KEYS, ("--worker-urls", engine.url))
     yield node
     node.stop()
     engine.stop()

@@ -60,6 +60,17 @@ def each_test(servers: "dict[str, FakeProvider]") -> Any:
         assert server.problems == [], f"{server.name} got requests its SDK would not send: {server.problems}"
 
 
+def routed_node(config: str, directory: Any, log_dir: Any, name: str, env: "dict[str, str]",
+                args: "tuple[str, ...]" = ()) -> Any:
+    """A node (chaos.processes.NodeProcess) whose models config is ``config`` (TOML; written in ``directory``), its
+    credentials' variables in ``env``."""
+    from chaos.processes import NodeProcess
+
+    path = directory / "models.toml"
+    path.write_text(config)
+    return NodeProcess([*args, "--models-config", str(path)], log_dir, name, env=env)
+
+
 @contextlib.contextmanager
 def started(servers: "dict[str, FakeProvider]") -> Any:
     """The servers for a module's tests, closed after them."""
@@ -363,4 +374,103 @@ class FakeAnthropic(FakeProvider):
         pieces.append(event({"type": "message_stop"}))
         for piece in pieces:
             self.send_chunk(handler, piece)
+        self.end_events(handler)
+
+
+class FakeGemini(FakeProvider):
+    """Google Gemini's generateContent and streamGenerateContent (alt=sse): each part of a request held to the
+    google-genai SDK's own models (camelCase, unknown fields refused), answers built as its
+    ``GenerateContentResponse``. A function call's part carries a thought signature, as Gemini's thinking models
+    sign theirs; ``signatures`` keeps the ones sent back."""
+
+    signature = "c2lnbmF0dXJlLWZha2U="
+    BODY_KEYS = {"contents", "systemInstruction", "tools", "toolConfig", "generationConfig", "safetySettings",
+                 "cachedContent"}
+
+    def error_body(self, failure: Failure) -> Any:
+        status = {429: "RESOURCE_EXHAUSTED", 400: "INVALID_ARGUMENT", 500: "INTERNAL", 503: "UNAVAILABLE"}.get(
+            failure.status, "UNKNOWN")
+        error: dict[str, Any] = {"code": failure.status, "message": failure.message, "status": status}
+        if failure.status == 429 and "retry-after" not in failure.headers:
+            error["details"] = [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "20s"}]
+        return {"error": error}
+
+    def _check_body(self, body: Any) -> None:
+        from google.genai import types
+
+        unknown = set(body) - self.BODY_KEYS
+        if unknown:
+            self.problems.append(f"generateContent: unknown fields {sorted(unknown)}")
+        for key, model in (("systemInstruction", types.Content), ("toolConfig", types.ToolConfig),
+                           ("generationConfig", types.GenerationConfig)):
+            if key in body:
+                try:
+                    model.model_validate(body[key])
+                except Exception as e:
+                    self.problems.append(f"generateContent.{key}: {e}")
+        for key, model in (("contents", types.Content), ("tools", types.Tool)):
+            for i, item in enumerate(body.get(key) or ()):
+                try:
+                    model.model_validate(item)
+                except Exception as e:
+                    self.problems.append(f"generateContent.{key}[{i}]: {e}")
+        for content in body.get("contents") or ():
+            if content.get("role") not in ("user", "model"):
+                self.problems.append(f"generateContent.contents: role {content.get('role')!r}")
+
+    def handle(self, handler: Any, body: Any, failure: Failure | None) -> None:
+        from google.genai import types
+
+        path, _, query = handler.path.partition("?")
+        stream = path.endswith(":streamGenerateContent")
+        if not (path.startswith("/v1beta/models/") and (stream or path.endswith(":generateContent"))):
+            self.send_json(handler, 404, {"error": {"code": 404, "message": "no", "status": "NOT_FOUND"}})
+            return
+        if stream and query != "alt=sse":
+            self.problems.append(f"{handler.path}: a stream is asked for as server-sent events (alt=sse)")
+        if not handler.headers.get("x-goog-api-key"):
+            self.problems.append(f"{handler.path}: no x-goog-api-key")
+        self._check_body(body)
+        self.signatures = [part.get("thoughtSignature") for content in body.get("contents") or ()
+                           for part in content.get("parts") or () if "functionCall" in part]
+        if failure is not None and self.fail(handler, failure):
+            return
+        reply = self.reply(body)
+        parts: list[dict[str, Any]] = []
+        if reply.reasoning:
+            parts.append({"text": reply.reasoning, "thought": True})
+        if reply.content:
+            parts.append({"text": reply.content})
+        for name, args in reply.calls:
+            parts.append({"functionCall": {"name": name, "args": args}, "thoughtSignature": self.signature})
+        finish = {"stop": "STOP", "length": "MAX_TOKENS", "content_filter": "SAFETY"}.get(reply.finish or "stop",
+                                                                                          "STOP")
+        usage = {"promptTokenCount": reply.prompt_tokens, "candidatesTokenCount": reply.completion_tokens,
+                 "totalTokenCount": reply.prompt_tokens + reply.completion_tokens + reply.reasoning_tokens,
+                 "cachedContentTokenCount": reply.cached_tokens, "thoughtsTokenCount": reply.reasoning_tokens}
+        model = path.split("/v1beta/models/")[1].split(":")[0]
+
+        def answer(answer_parts: list[dict[str, Any]], last: bool) -> dict[str, Any]:
+            candidate: dict[str, Any] = {"content": {"role": "model", "parts": answer_parts}, "index": 0}
+            if last:
+                candidate["finishReason"] = finish
+            value = {"candidates": [candidate], "modelVersion": model, "responseId": "fake"}
+            if last:
+                value["usageMetadata"] = usage
+            types.GenerateContentResponse.model_validate(value)
+            return value
+
+        if not stream:
+            self.send_json(handler, 200, answer(parts, True))
+            return
+        pieces = []
+        for part in parts:
+            if "text" in part:
+                pieces += [{**part, "text": word} for word in _words(part["text"])]
+            else:
+                pieces.append(part)
+        self.start_events(handler)
+        for i, piece in enumerate(pieces):
+            self.send_chunk(handler, b"data: " + json.dumps(answer([piece], i == len(pieces) - 1)).encode() +
+                            b"\r\n\r\n")
         self.end_events(handler)
