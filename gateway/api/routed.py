@@ -170,11 +170,16 @@ async def answer_provider(state: GatewayState, request: Request, chat: ChatReque
                           finish: "Callable[[], Awaitable[bytes]] | None" = None) -> None:
     """``chat`` answered by ``target`` in ``renderer``'s shape (the module's docstring); ``model``: the route's
     public name, which the client's answer and the rate limits carry."""
-    provider = PROVIDERS[target.provider]
     try:
-        provider.check(chat, target)
-    except Unsupported as e:
+        PROVIDERS[target.provider].check(chat, target)
+        await _answer_provider(state, request, chat, target, model, renderer, keep, finish)
+    except Unsupported as e:  # from the check, or from building the call (an image a wire cannot carry)
         raise unsupported(e, model, target) from None
+
+
+async def _answer_provider(state: GatewayState, request: Request, chat: ChatRequest, target: Target, model: str,
+                           renderer: Any, keep: "Callable[[dict[str, Any]], Awaitable[bytes | None]] | None",
+                           finish: "Callable[[], Awaitable[bytes]] | None") -> None:
     usage = UsageTally()
     async with rate_limited(state.rate_limiter, request, model, usage, _estimate_tokens(chat)), \
             state.admission.slot(request.tenant_key), request.cancel_on_disconnect():

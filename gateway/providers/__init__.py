@@ -5,6 +5,8 @@ targets, fallbacks and cooldowns, the calls made with the node's own HTTP client
     openai.py       OpenAI's chat completions wire: openai, azure, openai_compatible
     anthropic.py    Anthropic's Messages wire
     gemini.py       Google Gemini's generateContent wire
+    bedrock.py      AWS Bedrock's Converse wire, SigV4-signed
+    eventstream.py  AWS's binary event stream, read as it arrives
     sse.py          server-sent events, read as they arrive, bounded
     credentials.py  credentials by reference (env:, file:, aws), resolved when a call is made
     routes.py       the models config: targets, routes, fallback kinds, quotas, overflow
@@ -16,7 +18,7 @@ targets, fallbacks and cooldowns, the calls made with the node's own HTTP client
 The front APIs reach them through ``gateway/api/routed.py``.
 """
 
-from . import anthropic, gemini, openai  # noqa: F401  (each registers its wire formats)
+from . import anthropic, bedrock, gemini, openai  # noqa: F401  (each registers its wire formats)
 from .base import PROVIDERS, ProviderAnswer, ProviderError, StreamEnd, Target, Unsupported, Usage
 from .routes import Route, Routes, RouteTarget, RoutesError
 

@@ -29,7 +29,7 @@ import orjson
 from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning
 from .base import (CONTEXT_LENGTH, OVERLOADED, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError,
                    StreamEnd, StreamReader, Target, Unsupported, Usage, call_arguments, fold_turn, kind_of_status,
-                   put_sampling, refuse_engine_only, retry_after_s)
+                   put_sampling, refuse, retry_after_s)
 from .sse import SseDecoder
 
 VERSION = "2023-06-01"
@@ -131,19 +131,8 @@ class AnthropicMessages(Provider):
     name = "anthropic"
 
     def check(self, chat: ChatRequest, target: Target) -> None:
-        refuse_engine_only(chat, target)
-        sampling = chat.sampling
-        for value, feature, param in ((sampling.n != 1, "n above 1", "n"),
-                                      (sampling.logprobs is not None, "logprobs", "logprobs"),
-                                      (sampling.seed is not None, "seed", "seed"),
-                                      (sampling.frequency_penalty, "frequency_penalty", "frequency_penalty"),
-                                      (sampling.presence_penalty, "presence_penalty", "presence_penalty"),
-                                      (sampling.logit_bias, "logit_bias", "logit_bias"),
-                                      (sampling.constraint is not None and sampling.constraint_field != "tool_choice"
-                                       and sampling.constraint.kind == "json_object",
-                                       "a JSON object without a schema (give a json_schema)", "response_format")):
-            if value:
-                raise Unsupported(feature, param)
+        refuse(chat, target, "n", "logprobs", "seed", "frequency_penalty", "presence_penalty", "logit_bias",
+               "json_object")
 
     def call(self, chat: ChatRequest, target: Target, stream: bool, secret: Any) -> HttpCall:
         sampling = chat.sampling

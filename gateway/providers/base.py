@@ -184,6 +184,30 @@ def refuse_engine_only(chat: ChatRequest, target: Target) -> None:
         raise Unsupported("special_tokens_in_content", "special_tokens_in_content")
 
 
+# Features a wire may not have, each with what the client's 400 names (refuse() below).
+_FEATURES: "dict[str, tuple[Any, str, str]]" = {
+    "n": (lambda chat: chat.sampling.n != 1, "n above 1", "n"),
+    "logprobs": (lambda chat: chat.sampling.logprobs is not None, "logprobs", "logprobs"),
+    "seed": (lambda chat: chat.sampling.seed is not None, "seed", "seed"),
+    "frequency_penalty": (lambda chat: chat.sampling.frequency_penalty, "frequency_penalty", "frequency_penalty"),
+    "presence_penalty": (lambda chat: chat.sampling.presence_penalty, "presence_penalty", "presence_penalty"),
+    "logit_bias": (lambda chat: chat.sampling.logit_bias, "logit_bias", "logit_bias"),
+    "json_object": (lambda chat: chat.sampling.constraint is not None and chat.sampling.constraint_field !=
+                    "tool_choice" and chat.sampling.constraint.kind == "json_object",
+                    "a JSON object without a schema (give a json_schema)", "response_format"),
+}
+
+
+def refuse(chat: ChatRequest, target: Target, *features: str) -> None:
+    """Unsupported for what no provider takes (``refuse_engine_only``) and for each of ``features`` (``_FEATURES``'
+    names) the request asks for: a wire's ``check`` names what it lacks."""
+    refuse_engine_only(chat, target)
+    for name in features:
+        asks, feature, param = _FEATURES[name]
+        if asks(chat):
+            raise Unsupported(feature, param)
+
+
 def retry_after_s(headers: "list[tuple[bytes, bytes]]") -> float | None:
     """The seconds a ``retry-after`` header asks for (its delta-seconds form; a date is read as none), or the
     milliseconds of OpenAI's ``retry-after-ms``."""

@@ -99,6 +99,9 @@ class Secrets:
         return credentials.get_frozen_credentials()
 
     def aws_ready(self, profile: str) -> bool:
-        """Whether ``profile``'s chain was looked up already (the next resolve does no I/O but a refresh)."""
-        return profile in self._aws
+        """Whether ``profile``'s credentials can be given now without I/O: looked up already, and not temporary ones
+        due for a refresh (a role's, which botocore fetches again from the metadata service)."""
+        credentials = self._aws.get(profile)
+        refresh_needed = getattr(credentials, "refresh_needed", None)
+        return credentials is not None and not (refresh_needed is not None and refresh_needed())
 

@@ -28,7 +28,7 @@ import orjson
 from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, new_call_id
 from .base import (CONTEXT_LENGTH, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError, StreamEnd,
                    StreamReader, Target, Unsupported, Usage, call_arguments, fold_turn, kind_of_status, put_sampling,
-                   refuse_engine_only, retry_after_s)
+                   refuse, retry_after_s)
 from .sse import SseDecoder
 
 _FINISH = {"STOP": "stop", "MAX_TOKENS": "length", "SAFETY": "content_filter", "RECITATION": "content_filter",
@@ -164,13 +164,7 @@ class GeminiGenerate(Provider):
     name = "gemini"
 
     def check(self, chat: ChatRequest, target: Target) -> None:
-        refuse_engine_only(chat, target)
-        sampling = chat.sampling
-        for value, feature, param in ((sampling.n != 1, "n above 1", "n"),
-                                      (sampling.logprobs is not None, "logprobs", "logprobs"),
-                                      (sampling.logit_bias, "logit_bias", "logit_bias")):
-            if value:
-                raise Unsupported(feature, param)
+        refuse(chat, target, "n", "logprobs", "logit_bias")
 
     def call(self, chat: ChatRequest, target: Target, stream: bool, secret: Any) -> HttpCall:
         sampling = chat.sampling

@@ -27,7 +27,7 @@ import orjson
 
 from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, new_call_id
 from .base import (CONTEXT_LENGTH, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError, StreamEnd,
-                   StreamReader, Target, Unsupported, Usage, kind_of_status, put_sampling, refuse_engine_only,
+                   StreamReader, Target, Unsupported, Usage, kind_of_status, put_sampling, refuse,
                    retry_after_s)
 from .sse import SseDecoder
 
@@ -96,11 +96,7 @@ class OpenAIChat(Provider):
         self.name = flavor
 
     def check(self, chat: ChatRequest, target: Target) -> None:
-        refuse_engine_only(chat, target)
-        if chat.sampling.n != 1:
-            raise Unsupported("n above 1", "n")
-        if chat.sampling.logprobs is not None:
-            raise Unsupported("logprobs", "logprobs")
+        refuse(chat, target, "n", "logprobs")
 
     def call(self, chat: ChatRequest, target: Target, stream: bool, secret: Any) -> HttpCall:
         sampling = chat.sampling

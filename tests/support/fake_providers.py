@@ -106,7 +106,7 @@ class FakeProvider:
 
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 length = int(self.headers.get("content-length", "0"))
-                raw = self.rfile.read(length)
+                raw = self.raw_body = self.rfile.read(length)
                 try:
                     body = json.loads(raw) if raw else None
                 except ValueError:
@@ -473,4 +473,146 @@ class FakeGemini(FakeProvider):
         for i, piece in enumerate(pieces):
             self.send_chunk(handler, b"data: " + json.dumps(answer([piece], i == len(pieces) - 1)).encode() +
                             b"\r\n\r\n")
+        self.end_events(handler)
+
+
+AWS_KEYS = {"AWS_ACCESS_KEY_ID": "AKIDFAKEEXAMPLE", "AWS_SECRET_ACCESS_KEY": "fake-secret-access-key",
+            "AWS_SESSION_TOKEN": "fake-session-token", "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+
+
+def event_message(headers: "dict[str, str]", payload: bytes) -> bytes:
+    """One message of AWS's event stream (string headers only, as Bedrock's are), checked by botocore's own
+    decoder before it is sent."""
+    import struct
+    import zlib
+
+    from botocore.eventstream import EventStreamBuffer
+
+    encoded = b"".join(bytes([len(k)]) + k.encode() + b"\x07" + struct.pack(">H", len(v)) + v.encode()
+                       for k, v in headers.items())
+    total = 16 + len(encoded) + len(payload)
+    prelude = struct.pack(">II", total, len(encoded))
+    message = prelude + struct.pack(">I", zlib.crc32(prelude)) + encoded + payload
+    message += struct.pack(">I", zlib.crc32(message))
+    buffer = EventStreamBuffer()
+    buffer.add_data(message)
+    assert [m.payload for m in buffer] == [payload]
+    return message
+
+
+class FakeBedrock(FakeProvider):
+    """AWS Bedrock's Converse and ConverseStream: the SigV4 signature checked again with botocore (the region and
+    credentials of ``AWS_KEYS``), the body held to botocore's bedrock-runtime service model, answers parsed by its
+    rest-json parser, streams as AWS event stream messages botocore decodes."""
+
+    region = "us-east-1"
+
+    def error_body(self, failure: Failure) -> Any:
+        return {"message": failure.message}
+
+    def fail(self, handler: Any, failure: Failure) -> bool:
+        exception = {429: "ThrottlingException", 400: "ValidationException", 503: "ServiceUnavailableException",
+                     500: "InternalServerException", 403: "AccessDeniedException"}.get(failure.status)
+        if exception and "x-amzn-errortype" not in {k.lower() for k in failure.headers}:
+            failure.headers = {**failure.headers, "x-amzn-ErrorType": f"{exception}:http://internal.amazon.com/"}
+        return super().fail(handler, failure)
+
+    def _check_signature(self, handler: Any, raw_headers: "dict[str, str]", body: bytes) -> None:
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import Credentials
+
+        given = raw_headers.get("authorization", "")
+        signed = given.split("SignedHeaders=")[1].split(",")[0].split(";") if "SignedHeaders=" in given else []
+        url = f"http://127.0.0.1:{self.port}{handler.path}"
+        request = AWSRequest(method="POST", url=url, data=body,
+                             headers={k: v for k, v in raw_headers.items() if k in signed and k != "host"})
+        request.context["timestamp"] = raw_headers.get("x-amz-date", "")
+        auth = SigV4Auth(Credentials(AWS_KEYS["AWS_ACCESS_KEY_ID"], AWS_KEYS["AWS_SECRET_ACCESS_KEY"],
+                                     AWS_KEYS["AWS_SESSION_TOKEN"]), "bedrock", self.region)
+        expected = auth.signature(auth.string_to_sign(request, auth.canonical_request(request)), request)
+        if f"Signature={expected}" not in given or "/bedrock/aws4_request" not in given:
+            self.problems.append(f"{handler.path}: the SigV4 signature does not verify ({given[:80]}...)")
+        if raw_headers.get("x-amz-security-token") != AWS_KEYS["AWS_SESSION_TOKEN"]:
+            self.problems.append(f"{handler.path}: no session token with the temporary credentials")
+
+    def handle(self, handler: Any, body: Any, failure: Failure | None) -> None:
+        import urllib.parse
+
+        import botocore.session
+        from botocore.validate import ParamValidator
+
+        path = handler.path
+        stream = path.endswith("/converse-stream")
+        if not (path.startswith("/model/") and (stream or path.endswith("/converse"))):
+            self.send_json(handler, 404, {"message": "no such route"})
+            return
+        model = urllib.parse.unquote(path[len("/model/"):].rsplit("/", 1)[0])
+        self._check_signature(handler, {k.lower(): v for k, v in handler.headers.items()}, handler.raw_body)
+        service = botocore.session.get_session().get_service_model("bedrock-runtime")
+        operation = service.operation_model("ConverseStream" if stream else "Converse")
+        report = ParamValidator().validate({"modelId": model, **body}, operation.input_shape)
+        if report.has_errors():
+            self.problems.append(f"{path}: {report.generate_report()}")
+        roles = [m.get("role") for m in body.get("messages", [])]
+        if any(r not in ("user", "assistant") for r in roles) or any(a == b for a, b in zip(roles, roles[1:])):
+            self.problems.append(f"{path}: roles must alternate user and assistant, got {roles}")
+        if failure is not None and self.fail(handler, failure):
+            return
+        reply = self.reply(body)
+        blocks: list[dict[str, Any]] = []
+        if reply.reasoning:
+            blocks.append({"reasoningContent": {"reasoningText": {"text": reply.reasoning,
+                                                                  "signature": "sig-bedrock"}}})
+        if reply.content:
+            blocks.append({"text": reply.content})
+        for i, (name, args) in enumerate(reply.calls):
+            blocks.append({"toolUse": {"toolUseId": f"tooluse_{i}", "name": name, "input": args}})
+        stop = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}.get(
+            reply.finish or ("tool_calls" if reply.calls else "stop"), "end_turn")
+        usage = {"inputTokens": reply.prompt_tokens - reply.cached_tokens, "outputTokens": reply.completion_tokens,
+                 "totalTokens": reply.prompt_tokens + reply.completion_tokens,
+                 "cacheReadInputTokens": reply.cached_tokens, "cacheWriteInputTokens": 0}
+        if not stream:
+            from botocore.parsers import create_parser
+
+            answer = {"output": {"message": {"role": "assistant", "content": blocks}}, "stopReason": stop,
+                      "usage": usage, "metrics": {"latencyMs": 12}}
+            data = json.dumps(answer).encode()
+            create_parser("rest-json").parse({"status_code": 200, "headers": {}, "body": data},
+                                             operation.output_shape)
+            self.send_json(handler, 200, answer)
+            return
+
+        def event(kind: str, value: dict[str, Any]) -> bytes:
+            return event_message({":event-type": kind, ":content-type": "application/json", ":message-type": "event"},
+                                 json.dumps(value).encode())
+
+        pieces = [event("messageStart", {"role": "assistant"})]
+        for index, block in enumerate(blocks):
+            if "text" in block:
+                pieces += [event("contentBlockDelta", {"contentBlockIndex": index, "delta": {"text": w}})
+                           for w in _words(block["text"])]
+            elif "reasoningContent" in block:
+                thought = block["reasoningContent"]["reasoningText"]["text"]
+                pieces += [event("contentBlockDelta", {"contentBlockIndex": index, "delta": {
+                    "reasoningContent": {"text": w}}}) for w in _words(thought)]
+            else:
+                use = block["toolUse"]
+                pieces.append(event("contentBlockStart", {"contentBlockIndex": index, "start": {
+                    "toolUse": {"toolUseId": use["toolUseId"], "name": use["name"]}}}))
+                text = json.dumps(use["input"])
+                pieces += [event("contentBlockDelta", {"contentBlockIndex": index,
+                                                       "delta": {"toolUse": {"input": part}}})
+                           for part in (text[:len(text) // 2], text[len(text) // 2:])]
+            pieces.append(event("contentBlockStop", {"contentBlockIndex": index}))
+        pieces.append(event("messageStop", {"stopReason": stop}))
+        pieces.append(event("metadata", {"usage": usage, "metrics": {"latencyMs": 12}}))
+        handler.send_response(200)
+        handler.send_header("content-type", "application/vnd.amazon.eventstream")
+        handler.send_header("transfer-encoding", "chunked")
+        handler.end_headers()
+        for piece in pieces:
+            self.send_chunk(handler, piece)
         self.end_events(handler)

@@ -1,6 +1,6 @@
 """Hosted providers on OpenAI's wire (gateway/providers/openai.py) behind a node, driven with the openai SDK: models
 as routes, answers whole and streamed with text, reasoning and tool calls, fallbacks on 5xx, 429 and timeouts, a
-cooldown that skips a failing target, errors in the client's shape, features a target cannot do refused by name.
+cooldown that skips a failing target, errors in the oai's shape, features a target cannot do refused by name.
 
 The providers are fake servers of the test's own (tests/support/fake_providers.py) that hold every request to the
 openai SDK's request types and answer with bodies its response models parse."""
@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from chaos.processes import EngineProcess
-from tests.support.fake_providers import Failure, FakeOpenAI, Reply, each_test, routed_node, started
+from tests.support.fake_providers import Failure, FakeOpenAI, Reply, routed_node, started
 from tests.support.nodes import ENGINE_ARGS, MODEL
 
 KEYS = {"FAKE_PRIMARY_KEY": "sk-primary-secret", "FAKE_BACKUP_KEY": "sk-backup-secret"}
@@ -25,14 +25,9 @@ def fakes():
         yield servers
 
 
-@pytest.fixture(autouse=True)
-def clean(fakes):
-    with each_test(fakes):
-        yield
-
 
 @pytest.fixture(scope="module")
-def routed(fakes, log_dir, tmp_path_factory):
+def node(fakes, log_dir, tmp_path_factory):
     engine = EngineProcess(ENGINE_ARGS, log_dir, "providers-engine")
     node = routed_node(f"""
 [targets.primary]
@@ -98,13 +93,9 @@ fallback_on = ["server"]
     engine.stop()
 
 
-@pytest.fixture
-def client(routed):
-    return openai.OpenAI(base_url=routed.url + "/v1", api_key="client-key", max_retries=0, timeout=30)
 
-
-def test_a_routed_model_is_answered_by_its_provider(client, fakes):
-    reply = client.chat.completions.create(model="smart", messages=[
+def test_a_routed_model_is_answered_by_its_provider(oai, fakes):
+    reply = oai.chat.completions.create(model="smart", messages=[
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}], max_tokens=20,
         temperature=0.5)
     assert reply.choices[0].message.content == "Hello from primary." and reply.choices[0].finish_reason == "stop"
@@ -118,9 +109,9 @@ def test_a_routed_model_is_answered_by_its_provider(client, fakes):
     assert not fakes["backup"].requests
 
 
-def test_a_stream_arrives_in_pieces_with_its_usage(client, fakes):
+def test_a_stream_arrives_in_pieces_with_its_usage(oai, fakes):
     fakes["primary"].reply = lambda body: Reply(content="one two three four", completion_tokens=4)
-    chunks = list(client.chat.completions.create(model="smart", messages=[{"role": "user", "content": "Count"}],
+    chunks = list(oai.chat.completions.create(model="smart", messages=[{"role": "user", "content": "Count"}],
                                                  stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "one two three four"
@@ -131,7 +122,7 @@ def test_a_stream_arrives_in_pieces_with_its_usage(client, fakes):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_tool_calls_and_reasoning_come_back_in_openais_fields(client, fakes, stream):
+def test_tool_calls_and_reasoning_come_back_in_openais_fields(oai, fakes, stream):
     fakes["backup"].reply = lambda body: Reply(content=None, reasoning="The user wants weather.",
                                               calls=[("get_weather", {"city": "Oslo"})], reasoning_tokens=5)
     fakes["primary"].failures.append(Failure(503))  # the backup (a compatible server that reasons) answers
@@ -140,14 +131,14 @@ def test_tool_calls_and_reasoning_come_back_in_openais_fields(client, fakes, str
     asked = dict(model="smart", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=tools,
                  tool_choice="required", parallel_tool_calls=False)
     if not stream:
-        reply = client.chat.completions.create(**asked)
+        reply = oai.chat.completions.create(**asked)
         message = reply.choices[0].message
         assert reply.choices[0].finish_reason == "tool_calls"
         calls = message.tool_calls
         reasoning = message.model_extra["reasoning_content"]
         assert reply.usage.completion_tokens_details.reasoning_tokens == 5
     else:
-        chunks = list(client.chat.completions.create(**asked, stream=True))
+        chunks = list(oai.chat.completions.create(**asked, stream=True))
         pieces = [call for c in chunks if c.choices for call in (c.choices[0].delta.tool_calls or ())]
         calls = [openai.types.chat.ChatCompletionMessageToolCall(
             id=next(p.id for p in pieces if p.index == index and p.id), type="function", function={
@@ -164,94 +155,91 @@ def test_tool_calls_and_reasoning_come_back_in_openais_fields(client, fakes, str
     assert "max_completion_tokens" not in body  # a compatible server reads max_tokens
 
 
-def test_a_5xx_falls_back_to_the_next_target_and_three_cool_the_target_down(client, fakes, routed):
+def test_a_5xx_falls_back_to_the_next_target_and_three_cool_the_target_down(oai, fakes, node):
     fakes["flaky"].failures = [Failure(502), Failure(500), Failure(503)]
     for _ in range(3):
-        reply = client.chat.completions.create(model="flaky", messages=[{"role": "user", "content": "Hi"}])
+        reply = oai.chat.completions.create(model="flaky", messages=[{"role": "user", "content": "Hi"}])
         assert reply.choices[0].message.content == "Hello from backup."
     assert len(fakes["flaky"].requests) == 3
     # Cooling down: the next request goes straight to the backup.
-    reply = client.chat.completions.create(model="flaky", messages=[{"role": "user", "content": "Hi"}])
+    reply = oai.chat.completions.create(model="flaky", messages=[{"role": "user", "content": "Hi"}])
     assert reply.choices[0].message.content == "Hello from backup." and len(fakes["flaky"].requests) == 3
-    metrics = httpx2.get(routed.url + "/metrics").text
+    metrics = httpx2.get(node.url + "/metrics").text
     assert 'smg_route_events_total{event="fallback",route="flaky",target="flaky"} 3.0' in metrics
     assert 'smg_route_events_total{event="cooling",route="flaky",target="flaky"} 1.0' in metrics
     assert 'smg_provider_requests_total{outcome="server",target="flaky"} 3.0' in metrics
 
 
-def test_a_429_with_retry_after_cools_the_target_for_that_long(client, fakes):
+def test_a_429_with_retry_after_cools_the_target_for_that_long(oai, fakes):
     fakes["limited"].failures.append(Failure(429, "Rate limit reached", {"retry-after": "30"},
                                              code="rate_limit_exceeded"))
     for _ in range(2):
-        reply = client.chat.completions.create(model="limited", messages=[{"role": "user", "content": "Hi"}])
+        reply = oai.chat.completions.create(model="limited", messages=[{"role": "user", "content": "Hi"}])
         assert reply.choices[0].message.content == "Hello from backup."
     assert len(fakes["limited"].requests) == 1  # asked once, then skipped while it cools down
 
 
-def test_a_target_that_answers_too_late_is_left_for_the_next(client, fakes):
+def test_a_target_that_answers_too_late_is_left_for_the_next(oai, fakes):
     fakes["slow"].failures.append(Failure(200, delay_s=2.5))  # its bound is 1 s
-    reply = client.chat.completions.create(model="slow", messages=[{"role": "user", "content": "Hi"}])
+    reply = oai.chat.completions.create(model="slow", messages=[{"role": "user", "content": "Hi"}])
     assert reply.choices[0].message.content == "Hello from backup."
 
 
-def test_azure_is_called_at_its_deployment_with_its_api_key_header(client, fakes):
-    reply = client.chat.completions.create(model="azure", messages=[{"role": "user", "content": "Hi"}])
+def test_azure_is_called_at_its_deployment_with_its_api_key_header(oai, fakes):
+    reply = oai.chat.completions.create(model="azure", messages=[{"role": "user", "content": "Hi"}])
     assert reply.choices[0].message.content == "Hello from lone."
     path, headers, body = fakes["lone"].requests[0]
     assert path == "/openai/deployments/my-deployment/chat/completions?api-version=2024-10-21"
     assert headers["api-key"] == "sk-primary-secret" and "authorization" not in headers and "model" not in body
 
 
-def test_the_last_targets_error_is_the_clients_in_openais_shape(client, fakes):
+def test_the_last_targets_error_is_the_clients_in_openais_shape(oai, fakes):
     fakes["lone"].failures.append(Failure(400, "Invalid 'messages': something the provider dislikes",
                                           code="invalid_value"))
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model="azure", messages=[{"role": "user", "content": "Hi"}])
+        oai.chat.completions.create(model="azure", messages=[{"role": "user", "content": "Hi"}])
     assert refused.value.status_code == 400 and "something the provider dislikes" in refused.value.message
     assert "lone" in refused.value.message and "sk-primary-secret" not in refused.value.message
     fakes["lone"].failures.append(Failure(429, "Slow down", {"retry-after": "7"}))
     with pytest.raises(openai.RateLimitError) as limited:
-        client.chat.completions.create(model="azure", messages=[{"role": "user", "content": "Hi"}])
+        oai.chat.completions.create(model="azure", messages=[{"role": "user", "content": "Hi"}])
     assert limited.value.response.headers["retry-after"] == "7"
     # It asked for 7 s: until then the route has no target to try, and says so without asking it.
     with pytest.raises(openai.RateLimitError) as cooling:
-        client.chat.completions.create(model="azure", messages=[{"role": "user", "content": "Hi"}])
+        oai.chat.completions.create(model="azure", messages=[{"role": "user", "content": "Hi"}])
     assert "cooling down" in cooling.value.message and 1 <= int(cooling.value.response.headers["retry-after"]) <= 7
     assert len(fakes["lone"].requests) == 2
 
 
-def test_what_a_target_cannot_do_is_a_400_naming_the_model_and_the_feature(client, fakes):
+def test_what_a_target_cannot_do_is_a_400_naming_the_model_and_the_feature(oai, fakes):
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model="smart", messages=[{"role": "user", "content": "Hi"}], n=2)
+        oai.chat.completions.create(model="smart", messages=[{"role": "user", "content": "Hi"}], n=2)
     assert "'smart'" in refused.value.message and "n above 1" in refused.value.message
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model="smart", messages=[{"role": "user", "content": "Hi"}],
+        oai.chat.completions.create(model="smart", messages=[{"role": "user", "content": "Hi"}],
                                        extra_body={"regex": "[a-z]+"})
     assert "regex constraints" in refused.value.message
     assert not fakes["primary"].requests and not fakes["backup"].requests
 
 
-def test_a_pool_first_route_is_answered_by_the_fleet_and_its_model_listed(client, fakes):
-    reply = client.chat.completions.create(model="fleet-first", messages=[{"role": "user", "content": "Hi"}],
+def test_a_pool_first_route_is_answered_by_the_fleet_and_its_model_listed(oai, fakes):
+    reply = oai.chat.completions.create(model="fleet-first", messages=[{"role": "user", "content": "Hi"}],
                                            max_tokens=4)
     assert reply.model == MODEL and reply.usage.completion_tokens == 4 and not fakes["backup"].requests
 
 
-def test_anthropics_messages_reach_a_provider_and_come_back_as_blocks(routed, fakes):
-    import anthropic
-
+def test_anthropics_messages_reach_a_provider_and_come_back_as_blocks(ant, fakes):
     fakes["primary"].reply = lambda body: Reply(content=None, calls=[("get_weather", {"city": "Oslo"})])
-    client = anthropic.Anthropic(base_url=routed.url, api_key="client-key", max_retries=0)
     tools = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
-    message = client.messages.create(model="smart", max_tokens=64, system="Be brief.", tools=tools,
-                                     messages=[{"role": "user", "content": "Weather in Oslo?"}])
+    message = ant.messages.create(model="smart", max_tokens=64, system="Be brief.", tools=tools,
+                                  messages=[{"role": "user", "content": "Weather in Oslo?"}])
     assert message.stop_reason == "tool_use" and message.model == "gpt-fake"
     assert [(b.type, b.name, b.input) for b in message.content if b.type == "tool_use"] == \
         [("tool_use", "get_weather", {"city": "Oslo"})]
     body = fakes["primary"].requests[0][2]
     assert body["messages"][0] == {"role": "system", "content": "Be brief."} and body["max_completion_tokens"] == 64
     fakes["primary"].reply = lambda body: Reply(content="It is 14 degrees.")
-    with client.messages.stream(model="smart", max_tokens=64, messages=[
+    with ant.messages.stream(model="smart", max_tokens=64, messages=[
             {"role": "user", "content": "Weather in Oslo?"},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
                                                "input": {"city": "Oslo"}}]},
@@ -265,20 +253,20 @@ def test_anthropics_messages_reach_a_provider_and_come_back_as_blocks(routed, fa
     assert sent[2] == {"role": "tool", "tool_call_id": "toolu_1", "content": "14"}
 
 
-def test_a_responses_conversation_moves_between_the_fleet_and_a_provider(client, fakes):
-    first = client.responses.create(model=MODEL, input="Remember the word 'plum'.", max_output_tokens=4)
+def test_a_responses_conversation_moves_between_the_fleet_and_a_provider(oai, fakes):
+    first = oai.responses.create(model=MODEL, input="Remember the word 'plum'.", max_output_tokens=4)
     assert first.status == "incomplete" and first.model == MODEL and first.output_text  # cut at 4 tokens
-    second = client.responses.create(model="smart", previous_response_id=first.id, input="Which word?")
+    second = oai.responses.create(model="smart", previous_response_id=first.id, input="Which word?")
     assert second.output_text == "Hello from primary." and second.model == "gpt-fake"
     sent = fakes["primary"].requests[0][2]["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant", "user"]
     assert sent[0]["content"] == "Remember the word 'plum'." and sent[1]["content"] == first.output_text
-    third = client.responses.create(model=MODEL, previous_response_id=second.id, input="Again?", max_output_tokens=4)
+    third = oai.responses.create(model=MODEL, previous_response_id=second.id, input="Again?", max_output_tokens=4)
     assert third.model == MODEL and third.output_text
-    assert [i.type for i in client.responses.input_items.list(third.id).data] == ["message"]
-    streamed = list(client.responses.create(model="smart", previous_response_id=third.id, input="Once more",
+    assert [i.type for i in oai.responses.input_items.list(third.id).data] == ["message"]
+    streamed = list(oai.responses.create(model="smart", previous_response_id=third.id, input="Once more",
                                             stream=True))
     assert [e.type for e in streamed][0] == "response.created" and streamed[-1].type == "response.completed"
     assert streamed[-1].response.output_text == "Hello from primary."
-    assert client.responses.retrieve(streamed[-1].response.id).output_text == "Hello from primary."
+    assert oai.responses.retrieve(streamed[-1].response.id).output_text == "Hello from primary."
     assert len(fakes["primary"].requests[1][2]["messages"]) == 7  # the whole chain, fleet and provider turns

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from chaos.processes import NodeProcess
-from tests.support.fake_providers import Failure, FakeAnthropic, FakeOpenAI, Reply, each_test, started
+from tests.support.fake_providers import Failure, FakeAnthropic, FakeOpenAI, Reply, started
 
 KEYS = {"FAKE_ANTHROPIC_KEY": "sk-ant-secret", "FAKE_OPENAI_KEY": "sk-openai-secret"}
 PNG = base64.b64encode(bytes.fromhex("89504e470d0a1a0a")).decode()
@@ -26,11 +26,6 @@ def fakes():
                   "gpt": FakeOpenAI("gpt")}) as servers:
         yield servers
 
-
-@pytest.fixture(autouse=True)
-def clean(fakes):
-    with each_test(fakes):
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +60,6 @@ models:
     node.stop()
 
 
-@pytest.fixture
-def oai(node):
-    return openai.OpenAI(base_url=node.url + "/v1", api_key="client-key", max_retries=0, timeout=30)
-
-
-@pytest.fixture
-def ant(node):
-    return anthropic.Anthropic(base_url=node.url, api_key="client-key", max_retries=0, timeout=30)
 
 
 def test_openai_chat_reaches_anthropic_with_its_system_tools_images_and_headers(oai, fakes):

@@ -11,7 +11,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.support.fake_providers import Failure, FakeGemini, FakeOpenAI, Reply, each_test, routed_node, started
+from tests.support.fake_providers import Failure, FakeGemini, FakeOpenAI, Reply, routed_node, started
 
 KEYS = {"FAKE_GEMINI_KEY": "gemini-secret", "FAKE_OPENAI_KEY": "sk-openai-secret"}
 JPEG = base64.b64encode(b"\xff\xd8\xff\xe0fake").decode()
@@ -24,11 +24,6 @@ def fakes():
     with started({"gemini": FakeGemini("gemini"), "spare": FakeOpenAI("spare")}) as servers:
         yield servers
 
-
-@pytest.fixture(autouse=True)
-def clean(fakes):
-    with each_test(fakes):
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +50,6 @@ targets = [{{ target = "gemini" }}, {{ target = "spare", priority = 1 }}]
     yield node
     node.stop()
 
-
-@pytest.fixture
-def oai(node):
-    return openai.OpenAI(base_url=node.url + "/v1", api_key="client-key", max_retries=0, timeout=30)
 
 
 @pytest.mark.parametrize("stream", [False, True])
