@@ -10,6 +10,7 @@ from typing import Any
 import trio
 
 from ..auth import Role
+from ..providers import RoutesError
 from ..auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX, KeyStoreError, StoredKey
 from ..ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
 from ..workers.pairing import PREFILL, REGULAR, ROLES
@@ -27,18 +28,58 @@ def _model_object(state: GatewayState, name: str) -> dict:
             "max_model_len": entry.max_context_tokens, "tasks": entry.tasks}
 
 
+def _route_object(state: GatewayState, route: Any) -> dict:
+    """A routed model as /v1/models shows it: what serves it (its targets in order: a provider's model, or the
+    fleet's pool), and the pool's facts when its first target is one."""
+    pool = next((entry.pool for entry in route.targets if entry.pool is not None), None)
+    entry = state.catalog.get(pool) if pool is not None else None
+    base = _model_object(state, pool) if entry is not None else {"created": int(state.providers.routes.loaded_at),
+                                                                  "max_model_len": None, "tasks": ["generate"]}
+    served_by = [{"target": e.target.name, "provider": e.target.provider, "model": e.target.model}
+                 if e.target is not None else {"pool": e.pool} for e in route.targets]
+    return {**base, "id": route.name, "object": "model", "owned_by": "smg-node", "served_by": served_by}
+
+
+def _visible_models(state: GatewayState, request: Request) -> "dict[str, dict]":
+    """Every model this caller may use, by name: the fleet's, and the routed ones (which win a shared name)."""
+    principal = request.principal
+    models = {name: _model_object(state, name) for name in state.catalog.names() if principal.may_use(name)}
+    providers = getattr(state, "providers", None)
+    if providers is not None:
+        for name, route in providers.routes.routes.items():
+            if principal.may_use(name) and route.allows(principal.tenant):
+                models[name] = _route_object(state, route)
+    return models
+
+
 async def list_models(state: GatewayState, request: Request) -> None:
-    # A key limited to some models sees only those.
-    data = [_model_object(state, name) for name in state.catalog.names() if request.principal.may_use(name)]
-    await request.send_json(200, {"object": "list", "data": data})
+    # A key limited to some models sees only those; a tenant, the routes open to it.
+    await request.send_json(200, {"object": "list", "data": list(_visible_models(state, request).values())})
 
 
 async def retrieve_model(state: GatewayState, request: Request) -> None:
     """GET /v1/models/{model} (the SDK's models.retrieve): a model this caller may use, or OpenAI's 404."""
     name = request.path_params["model"]
-    if state.catalog.get(name) is None or not request.principal.may_use(name):
+    model = _visible_models(state, request).get(name)
+    if model is None:
         raise NotFound(f"The model `{name}` does not exist or you do not have access to it.", code="model_not_found")
-    await request.send_json(200, _model_object(state, name))
+    await request.send_json(200, model)
+
+
+async def get_models_config(state: GatewayState, request: Request) -> None:
+    """GET /admin/models: the routes and targets in use, with each target's cooldown left (smg-node models)."""
+    providers = state.providers
+    await request.send_json(200, providers.routes.describe(providers.cooldowns.cooling_targets(providers.now())))
+
+
+async def put_models_config(state: GatewayState, request: Request) -> None:
+    """PUT /admin/models: a models config whole (the file's structure, as JSON), checked, then in force on every
+    node of the cluster (its document keeps it)."""
+    try:
+        routes = state.providers.publish_models(parse_json_body(await request.body()))
+    except RoutesError as e:
+        raise BadRequest(f"models config: {e}", code="invalid_models_config") from None
+    await request.send_json(200, routes.describe({}))
 
 
 async def liveness(state: GatewayState, request: Request) -> None:

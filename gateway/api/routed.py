@@ -22,7 +22,8 @@ import orjson
 import trio
 
 from ..providers import PROVIDERS, ProviderError, Route, Target, Unsupported
-from ..providers.base import CONTEXT_LENGTH, RATE_LIMITED
+from ..providers.base import CONTEXT_LENGTH, QUOTA, RATE_LIMITED
+from ..providers.quotas import take
 from ..providers.overflow import saturated
 from ..serving.chat import Call, ChatAnswer, ChatRequest
 from ..serving.generation import GenerationResult, UsageTally
@@ -38,7 +39,7 @@ def route_of(state: GatewayState, model: str, request: Request) -> Route | None:
     not exist (as for any model it may not use)."""
     providers = getattr(state, "providers", None)
     route = providers.route(model) if providers is not None else None
-    if route is not None and not route.allows(request.principal.tenant):
+    if route is not None and not (route.allows(request.principal.tenant) and request.principal.may_use(model)):
         raise NotFound(f"The model '{model}' does not exist", param="model", code="model_not_found")
     return route
 
@@ -76,6 +77,10 @@ async def answer_routed(state: GatewayState, request: Request, route: Route,
             else:
                 await pool(entry.pool)
         except ProviderError as e:
+            if e.kind == QUOTA:  # past the account's quota: not sent, the next target answers
+                providers.count(route, entry, "quota")
+                last = provider_api_error(e, route.name, target)
+                continue
             providers.failed(entry, e.kind, e.retry_after_s)
             error = provider_api_error(e, route.name, target)
             if request.response_started or e.kind not in route.fallback_on:
@@ -181,7 +186,26 @@ async def _answer_provider(state: GatewayState, request: Request, chat: ChatRequ
                            renderer: Any, keep: "Callable[[dict[str, Any]], Awaitable[bytes | None]] | None",
                            finish: "Callable[[], Awaitable[bytes]] | None") -> None:
     usage = UsageTally()
-    async with rate_limited(state.rate_limiter, request, model, usage, _estimate_tokens(chat)), \
+    estimate = _estimate_tokens(chat)
+    quota = state.providers.quota(target.name)
+    verdict = None
+    if quota is not None and state.rate_limiter is not None:
+        verdict = await take(state.rate_limiter, quota, estimate)
+        if not verdict.allowed:
+            wait = verdict.denied_by.decision.retry_after_s
+            raise ProviderError(QUOTA, 429, f"the account's quota of target {target.name} is used up for now",
+                                wait if wait < float("inf") else None, "quota_exceeded")
+    try:
+        await _call_provider(state, request, chat, target, model, renderer, keep, finish, usage, estimate)
+    finally:
+        if verdict is not None:
+            state.rate_limiter.settle(verdict, usage.total())
+
+
+async def _call_provider(state: GatewayState, request: Request, chat: ChatRequest, target: Target, model: str,
+                         renderer: Any, keep: "Callable[[dict[str, Any]], Awaitable[bytes | None]] | None",
+                         finish: "Callable[[], Awaitable[bytes]] | None", usage: UsageTally, estimate: int) -> None:
+    async with rate_limited(state.rate_limiter, request, model, usage, estimate), \
             state.admission.slot(request.tenant_key), request.cancel_on_disconnect():
         calls = state.providers.calls
         if not chat.stream:

@@ -40,6 +40,7 @@ BAD_REQUEST = "bad_request"  # the provider refused the request itself: a 4xx th
 AUTH = "auth"  # 401/403: the target's credential
 NOT_FOUND = "not_found"  # 404: the target's model or deployment does not exist
 OVERLOADED = "overloaded"  # 529 (Anthropic's) and the like: busy, not broken
+QUOTA = "quota"  # the account's quota, held here (quotas.py): the request was not sent
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import time
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -130,9 +131,38 @@ class Routes:
     routes: Mapping[str, Route]
     targets: Mapping[str, Target]
     quotas: Mapping[str, Quota]  # by target name, those with one
+    loaded_at: float = 0.0  # when the config was read (its routes' "created" in /v1/models)
 
     def get(self, model: str) -> Route | None:
         return self.routes.get(model)
+
+    def describe(self, cooling: "dict[str, float]") -> dict[str, Any]:
+        """What the routes are, for the admin API and ``smg-node models``: every route's targets in order and every
+        target's provider, model, credential reference (never the secret), quota and cooldown left."""
+        targets = {}
+        for name, target in self.targets.items():
+            quota = self.quotas.get(name)
+            targets[name] = {"provider": target.provider, "model": target.model, "base_url": target.base_url,
+                             "credential": str(target.credential) if target.credential is not None else None,
+                             "timeout_s": target.timeout_s, "context_tokens": target.context_tokens,
+                             "rpm": quota.requests_per_minute if quota else None,
+                             "tpm": quota.tokens_per_minute if quota else None,
+                             "cooldown_s": round(cooling.get(name, 0.0), 1)}
+        routes = {name: {"targets": [entry_of(entry) for entry in route.targets],
+                         "fallback_on": sorted(route.fallback_on),
+                         "tenants": sorted(route.tenants) if route.tenants is not None else None,
+                         "overflow": dataclasses.asdict(route.overflow) if route.overflow is not None else None}
+                  for name, route in self.routes.items()}
+        return {"routes": routes, "targets": targets}
+
+
+def entry_of(entry: RouteTarget) -> dict[str, Any]:
+    out: dict[str, Any] = {"target": entry.target.name} if entry.target is not None else {"pool": entry.pool}
+    if entry.weight != 1.0:
+        out["weight"] = entry.weight
+    if entry.priority:
+        out["priority"] = entry.priority
+    return out
 
 
 NO_ROUTES = Routes({}, {}, {})
@@ -176,7 +206,7 @@ def parse_routes(raw: Any) -> Routes:
         if quota is not None:
             quotas[name] = quota
     routes = {str(name): _route(str(name), spec, targets) for name, spec in raw_models.items()}
-    return Routes(routes, targets, quotas)
+    return Routes(routes, targets, quotas, time.time())
 
 
 def _target(name: str, spec: Any) -> "tuple[Target, Quota | None]":

@@ -27,7 +27,8 @@ def _check(config: Any) -> None:
 async def _start(context: StartContext) -> Providers:
     config = context.config.providers
     routes = load_routes(config.models_config) if config.models_config else NO_ROUTES
-    service = Providers(config, ProviderCalls(HttpClient(), tracing=context.need("tracing")), routes)
+    service = Providers(config, ProviderCalls(HttpClient(), tracing=context.need("tracing")), routes,
+                        cluster=context.need("cluster"))
     if config.models_config:
         try:
             await context.nursery.start(service.reload_on_sighup)
@@ -36,4 +37,4 @@ async def _start(context: StartContext) -> Providers:
     return service
 
 
-SUBSYSTEM = Subsystem("providers", ProvidersConfig(), OPTIONS, _check, _start, needs=("tracing",))
+SUBSYSTEM = Subsystem("providers", ProvidersConfig(), OPTIONS, _check, _start, needs=("tracing", "cluster"))

@@ -199,6 +199,12 @@ class RateLimiter:
                 wanted.append((spec, key, 1.0 if spec.unit is Unit.REQUESTS else float(estimated_tokens)))
         if not wanted:
             return Verdict(True, [])
+        return await self.check_keys(wanted)
+
+    async def check_keys(self, wanted: "list[tuple[LimitSpec, str, float]]") -> Verdict:
+        """Decide the counters ``wanted`` names (a limit, its key, the hits), each by its owner as any limit's: the
+        client's limits (``check``) and the counters other subsystems hold cluster-wide (a provider account's quota,
+        gateway/providers/quotas.py). When one denies, what the others took is given back."""
         outcomes: list[KeyOutcome | None] = [None] * len(wanted)
         waits = []
         for i, (spec, key, hits) in enumerate(wanted):

@@ -4,7 +4,6 @@ store, rate limits and the registry), returned once each sees the other."""
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import httpx2
 from chaos.processes import NodeProcess
 
 from gateway.node.supervisor import free_udp_tcp_port
+from tests.support.waiting import eventually
 
 
 def mesh_args(i: int, ports: "list[int]", prefix: str) -> list[str]:
@@ -37,19 +37,17 @@ def free_ports(count: int) -> list[int]:
 
 
 def start_pair(argv: "Callable[[int, list[int]], list[str]]", log_dir: Path, name: str,
-               count: int = 2) -> list[NodeProcess]:
+               count: int = 2, env: "dict[str, str] | None" = None) -> list[NodeProcess]:
     """``argv(i, ports)``: node i's serve arguments, given two free ports a node for the group's mesh (``count``
-    nodes: a pair unless said)."""
+    nodes: a pair unless said); ``env``: the nodes' environment besides the test's."""
     nodes: list[NodeProcess] = []
     ports = free_ports(2 * count)
     try:
         for i in range(count):
-            nodes.append(NodeProcess(argv(i, ports), log_dir, f"{name}{i}"))
+            nodes.append(NodeProcess(argv(i, ports), log_dir, f"{name}{i}", env=env))
         if "--mesh-bind" in nodes[0].argv:  # each sees all: each record is on two of them
-            deadline = time.monotonic() + 30
-            while not all(alive_members(n) == count for n in nodes):
-                assert time.monotonic() < deadline, "the group's mesh did not form"
-                time.sleep(0.1)
+            eventually(lambda: all(alive_members(n) == count for n in nodes), 30, "the group's mesh did not form",
+                       interval_s=0.1)
         return nodes
     except BaseException:
         for n in nodes:

@@ -129,3 +129,79 @@ def test_credentials_are_references_resolved_when_used(tmp_path):
     with pytest.raises(CredentialError, match="B_KEY is not set"):
         secrets.resolve(Credential.parse("env:B_KEY", "x"))
     assert str(Credential.parse("env:A_KEY", "x")) == "env:A_KEY"  # what is shown: the reference
+
+
+class _Cluster:
+    """What the providers' service needs of the cluster's document: settings set here, and a peer's arriving."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, object] = {}
+        self.callbacks: list = []
+
+    def follow_settings(self, callback) -> None:
+        self.callbacks.append(callback)
+
+    def set_setting(self, name: str, value: object) -> None:
+        self.sent[name] = value
+
+    def peer_sets(self, name: str, value: object) -> None:
+        for callback in self.callbacks:
+            callback(name, value)
+
+
+def _service(cluster: _Cluster, now: list[float]):
+    from gateway.net.http_client import HttpClient
+    from gateway.providers.config import ProvidersConfig
+    from gateway.providers.dispatch import ProviderCalls
+    from gateway.providers.service import Providers
+
+    return Providers(ProvidersConfig(), ProviderCalls(HttpClient()), parse_routes(CONFIG), random.Random(1),
+                     clock=lambda: now[0], cluster=cluster)
+
+
+def test_cooldowns_travel_through_the_cluster_and_a_peers_bad_ones_are_dropped():
+    now = [1000.0]
+    cluster, peer = _Cluster(), _Cluster()
+    here, there = _service(cluster, now), _service(peer, now)
+    target = parse_routes(CONFIG).get("smart").targets[0]
+    here.failed(target, "rate_limited", 30.0)
+    assert cluster.sent == {"provider-cooldown:a": {"until": 1030.0}}
+    peer.peer_sets("provider-cooldown:a", cluster.sent["provider-cooldown:a"])
+    assert not there.cooldowns.available("a", 1010.0) and there.cooldowns.available("a", 1031.0)
+    # A probe's success ends it everywhere.
+    now[0] = 1031.0
+    assert here.cooldowns.probe("a", 1031.0)
+    here.succeeded(target)
+    assert cluster.sent["provider-cooldown:a"] == {"until": 0.0}
+    there.cooldowns.told("a", 1100.0, 1031.0)
+    peer.peer_sets("provider-cooldown:a", {"until": 0.0})
+    assert there.cooldowns.available("a", 1032.0)
+    for name, value in (("provider-cooldown:unknown", {"until": 1100.0}), ("provider-cooldown:a", {"until": 10 ** 9}),
+                        ("provider-cooldown:a", {"until": "soon"}), ("provider-cooldown:a", None),
+                        ("models-config", {"models": {"x": {"targets": ["missing"]}}})):
+        peer.peer_sets(name, value)
+    assert there.refused_settings == 5 and there.cooldowns.available("a", 1033.0) and "x" not in there.routes.routes
+
+
+def test_a_models_config_put_here_is_published_for_every_node():
+    now = [0.0]
+    cluster, peer = _Cluster(), _Cluster()
+    here, there = _service(cluster, now), _service(peer, now)
+    new = {"targets": {"b": CONFIG["targets"]["b"]}, "models": {"only": {"targets": ["b"]}}}
+    here.publish_models(new)
+    assert set(here.routes.routes) == {"only"} and cluster.sent["models-config"] == new
+    peer.peer_sets("models-config", cluster.sent["models-config"])
+    assert set(there.routes.routes) == {"only"}
+    with pytest.raises(RoutesError):
+        here.publish_models({"models": {"bad": {"targets": ["none"]}}})
+    assert set(here.routes.routes) == {"only"}  # the routes in use stay
+
+
+def test_smg_node_models_shows_routes_targets_references_and_cooldowns():
+    from gateway.cli.models import tables
+
+    lines = [line.split() for line in tables(parse_routes(CONFIG).describe({"a": 12.3})).splitlines()]
+    assert ["smart", "a", "w3,", "b,", "pool:Qwen/Qwen3-8B", "p1",
+            "connect,context_length,overloaded,rate_limited,server,timeout", "team-a"] in lines
+    assert ["a", "openai", "gpt-a", "env:A_KEY", "100", "-", "12.3", "s"] in lines
+    assert ["az", "azure", "dep", "file:/run/secrets/az", "-", "-", "no"] in lines

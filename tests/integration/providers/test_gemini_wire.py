@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 
-import anthropic
 import openai
 import pytest
 
@@ -95,11 +94,10 @@ def test_a_function_call_comes_back_and_its_signature_returns_to_gemini(oai, fak
     assert sent[2]["parts"] == [{"functionResponse": {"name": "get_weather", "response": {"result": "14"}}}]
 
 
-def test_messages_and_responses_clients_reach_gemini_with_thinking_and_schemas(node, oai, fakes):
+def test_messages_and_responses_clients_reach_gemini_with_thinking_and_schemas(ant, oai, fakes):
     fakes["gemini"].reply = lambda body: Reply(content='{"t": 14}', reasoning="Simple.")
-    client = anthropic.Anthropic(base_url=node.url, api_key="client-key", max_retries=0)
-    message = client.messages.create(model="gemini", max_tokens=2000, messages=[{"role": "user", "content": "Weather?"}],
-                                     thinking={"type": "enabled", "budget_tokens": 1024})
+    message = ant.messages.create(model="gemini", max_tokens=2000, messages=[{"role": "user", "content": "Weather?"}],
+                                  thinking={"type": "enabled", "budget_tokens": 1024})
     assert [b.type for b in message.content] == ["thinking", "text"] and message.stop_reason == "end_turn"
     config = fakes["gemini"].requests[0][2]["generationConfig"]
     assert config["thinkingConfig"] == {"thinkingBudget": 1024, "includeThoughts": True}
