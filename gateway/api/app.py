@@ -179,8 +179,13 @@ class GatewayApp:
             elapsed = time.perf_counter() - started
             metrics.child(metrics.request_duration, route).observe(elapsed)
             if access_log.isEnabledFor(logging.INFO):
-                access_log.info("%s %s %d %.1fms", _printable(request.method), _printable(request.path), status,
-                                elapsed * 1000, extra={"request_id": request.request_id})
+                if request.target is None:
+                    access_log.info("%s %s %d %.1fms", _printable(request.method), _printable(request.path), status,
+                                    elapsed * 1000, extra={"request_id": request.request_id})
+                else:  # a routed model's request: the target that answered (the operator's name for it)
+                    access_log.info("%s %s %d %.1fms target=%s", _printable(request.method), _printable(request.path),
+                                    status, elapsed * 1000, request.target,
+                                    extra={"request_id": request.request_id, "target": request.target})
             if self._audit and access is ADMIN and request.method not in ("GET", "HEAD"):
                 self._audit_entry(request, status)
 

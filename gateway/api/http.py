@@ -41,6 +41,8 @@ class Request:
         self._background = background
         # Added to every response head (the rate-limit headers, decided before the answer is).
         self.extra_headers: list[tuple[bytes, bytes]] = []
+        # The route's target that answered (a routed model, gateway/api/routed.py): the access log names it.
+        self.target: str | None = None
         # The native server's request cycle (gateway/http1): None under another ASGI server.
         self._native = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
 

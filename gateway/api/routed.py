@@ -71,6 +71,7 @@ async def answer_routed(state: GatewayState, request: Request, route: Route,
                 providers.count(route, entry, "overflow")
                 continue
         tried += 1
+        request.target = entry.name
         try:
             if target is not None:
                 await provider(target)

@@ -13,8 +13,10 @@ piece within the same time (a provider that stops sending mid-answer is a timeou
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -81,7 +83,22 @@ class ProviderCalls:
             raise provider.error(answer.status, answer.headers, body)
         return provider, answer
 
+    def span(self, target: Target, stream: bool) -> Any:
+        """The provider attempt's client span (None outside a sampled request, or without tracing): the target, its
+        provider and model; its usage and outcome are set when it ends."""
+        if self.tracing is None:
+            return contextlib.nullcontext()
+        return self.tracing.client_span("provider.call", {"smg.target": target.name, "smg.provider": target.provider,
+                                                          "gen_ai.request.model": target.model, "smg.stream": stream})
+
     async def whole(self, chat: ChatRequest, target: Target) -> ProviderAnswer:
+        with self.span(target, False) as span:
+            result = await self._whole(chat, target)
+            if span is not None:
+                span.set_attributes(_usage_attributes(result.usage))
+            return result
+
+    async def _whole(self, chat: ChatRequest, target: Target) -> ProviderAnswer:
         started = time.monotonic()
         try:
             with trio.fail_after(target.timeout_s):
@@ -130,6 +147,11 @@ class ProviderCalls:
                       [([t, k], float(n)) for (t, k), n in sorted(self.tokens.items())])
 
 
+def _usage_attributes(usage: Any) -> dict[str, int]:
+    return {"gen_ai.usage.input_tokens": usage.prompt_tokens, "gen_ai.usage.output_tokens": usage.completion_tokens,
+            "smg.cached_tokens": usage.cached_tokens}
+
+
 class ProviderStream:
     """A streamed call: ``async with`` it to send the request (ProviderError if it is refused, before anything
     was answered), then ``deltas()``; ``end`` after the last."""
@@ -142,10 +164,20 @@ class ProviderStream:
         self._answer: Any = None
         self._reader: Any = None
         self._started = 0.0
+        self._span = contextlib.ExitStack()
+        self._span_value: Any = None
 
     async def __aenter__(self) -> "ProviderStream":
         self._started = time.monotonic()
         target = self.target
+        self._span_value = self._span.enter_context(self._calls.span(target, True))
+        try:
+            return await self._open(target)
+        except BaseException:
+            self._span.__exit__(*sys.exc_info())
+            raise
+
+    async def _open(self, target: Target) -> "ProviderStream":
         try:
             with trio.fail_after(target.timeout_s):
                 provider, self._answer = await self._calls._send(self._chat, target, True)
@@ -188,5 +220,10 @@ class ProviderStream:
         self._calls._count_tokens(target, self.end.usage)
 
     async def __aexit__(self, *exc: Any) -> None:
-        if self._answer is not None:
-            await self._answer.aclose()
+        try:
+            if self._answer is not None:
+                await self._answer.aclose()
+        finally:
+            if self._span_value is not None and self.end is not None:
+                self._span_value.set_attributes(_usage_attributes(self.end.usage))
+            self._span.__exit__(*exc)

@@ -18,6 +18,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from chaos.processes import EngineProcess, NodeProcess
 
+from tests.support.fake_providers import FakeOpenAI
 from tests.support.real_servers import free_port
 from tests.support.nodes import MODEL
 from tests.support.node_pairs import mesh_args, start_pair
@@ -292,3 +293,32 @@ def test_an_http_worker_gets_the_attempts_context_and_the_clients_tracestate(grp
     finally:
         front.stop()
         back.stop()
+
+
+def test_a_provider_attempt_is_a_client_span_with_its_target_and_usage(grpc_collector, log_dir, tmp_path):
+    receiver, endpoint = grpc_collector
+    with FakeOpenAI("traced") as provider:
+        config = tmp_path / "models.toml"
+        config.write_text(f'[targets.t]\nprovider = "openai"\nmodel = "gpt-traced"\nbase_url = "{provider.url}/v1"\n'
+                          'credential = "env:TRACED_KEY"\n[models.routed]\ntargets = ["t"]\n')
+        node = NodeProcess(["--models-config", str(config), "--enable-trace", "--otlp-traces-endpoint", endpoint],
+                           log_dir, "trace-provider-node", env={"TRACED_KEY": "sk-traced"})
+        try:
+            for stream in (False, True):
+                trace_id = TRACE_ID[:-2] + ("a1" if stream else "a0")
+                r = httpx2.post(node.url + "/v1/chat/completions", json={**CHAT, "model": "routed", "stream": stream},
+                                headers={"traceparent": f"00-{trace_id}-{CLIENT_SPAN_ID}-01"}, timeout=30)
+                assert r.status_code == 200
+                spans = receiver.trace(trace_id, {"POST /v1/chat/completions", "provider.call"})
+                call = spans["provider.call"]
+                attributes = {a.key: a.value for a in call.attributes}
+                assert call.kind == call.SPAN_KIND_CLIENT
+                assert call.parent_span_id == spans["POST /v1/chat/completions"].span_id
+                assert attributes["smg.target"].string_value == "t" and attributes["smg.provider"].string_value == \
+                    "openai" and attributes["gen_ai.request.model"].string_value == "gpt-traced"
+                assert attributes["gen_ai.usage.output_tokens"].int_value == 7
+            # The access log names the target that answered.
+            assert "POST /v1/chat/completions 200" in node.log_text() and "target=t" in node.log_text()
+            assert "sk-traced" not in node.log_text()
+        finally:
+            node.stop()
