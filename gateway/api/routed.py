@@ -228,25 +228,31 @@ async def _stream(state: GatewayState, request: Request, stream: Any, model: str
     started = False
     error: ApiError | None = None
     called = False
+    held: list[bytes] = []  # events made once the whole answer was in: they go out with the end, in one write
     async with stream:
         try:
             async for deltas in stream.deltas():
                 called = called or any(type(d) is Call for d in deltas)
                 events = renderer.delta_events(deltas, not started)
-                if not started:
-                    started = True
+                started = True
+                if stream.complete:
+                    held.append(events)
+                    continue
+                if not request.response_started:
                     await request.start_stream(200, SSE_HEADERS)
-                await request.send_chunk(events)
+                await request.send_chunk(b"".join(held) + events if held else events)
+                held.clear()
         except ProviderError as e:
-            if not started:
+            if not request.response_started:
                 raise
             error = provider_api_error(e, model, stream.target)
         if request.disconnected:
             return
-        end = b""
+        end = b"".join(held)
         if not started:
-            await request.start_stream(200, SSE_HEADERS)
             end = renderer.delta_events([], True)
+        if not request.response_started:
+            await request.start_stream(200, SSE_HEADERS)
         if error is None:
             last = stream.end
             usage.prompt_tokens, usage.completion_tokens = last.usage.prompt_tokens, last.usage.completion_tokens

@@ -238,6 +238,12 @@ class HttpResponse:
         self.status = connection.status
         self.headers = connection.headers
 
+    @property
+    def complete(self) -> bool:
+        """The whole body has arrived: what is left to read is here already (no read will wait)."""
+        connection = self._connection
+        return connection is None or connection.complete
+
     def header(self, name: bytes) -> "bytes | None":
         """The first value of the header ``name`` (lower case), or None."""
         for key, value in self.headers:

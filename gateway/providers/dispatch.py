@@ -26,7 +26,7 @@ import trio
 from ..net.http_client import HttpClient, HttpClientError
 from ..observe.metrics import counter
 from ..serving.chat import ChatRequest, Delta
-from .base import CONNECT, PROVIDERS, SERVER, TIMEOUT, ProviderAnswer, ProviderError, StreamEnd, Target
+from .base import CONNECT, PROVIDERS, SERVER, TIMEOUT, ProviderAnswer, ProviderError, StreamEnd, Target, joined
 from .credentials import CredentialError, Secrets
 
 log = logging.getLogger("gateway.providers")
@@ -196,19 +196,22 @@ class ProviderStream:
         timeout is a ProviderError, as is an answer that breaks off."""
         target, reader = self.target, self._reader
         pieces = self._answer.__aiter__()
+        timeout_s = target.timeout_s
         try:
-            while True:
-                with trio.move_on_after(target.timeout_s) as gap:
+            # One scope for the whole stream, its deadline moved on by each piece (a scope per piece cost more
+            # than the piece's own reading).
+            with trio.CancelScope(deadline=trio.current_time() + timeout_s) as gap:
+                while True:
                     try:
                         piece = await pieces.__anext__()
                     except StopAsyncIteration:
                         break
-                if gap.cancelled_caught:
-                    raise ProviderError(TIMEOUT, 504, f"the target {target.name} stopped sending for "
-                                                      f"{target.timeout_s:g} s")
-                deltas = reader.feed(piece)
-                if deltas:
-                    yield deltas
+                    gap.deadline = trio.current_time() + timeout_s
+                    deltas = reader.feed(piece)
+                    if deltas:
+                        yield joined(deltas)
+            if gap.cancelled_caught:
+                raise ProviderError(TIMEOUT, 504, f"the target {target.name} stopped sending for {timeout_s:g} s")
             self.end = reader.finish()
         except HttpClientError as e:
             self._calls._count(target, SERVER, self._started)
@@ -218,6 +221,11 @@ class ProviderStream:
             raise
         self._calls._count(target, "ok", self._started)
         self._calls._count_tokens(target, self.end.usage)
+
+    @property
+    def complete(self) -> bool:
+        """The provider's whole answer has arrived: the rest of the deltas come without waiting."""
+        return self._answer is not None and self._answer.complete
 
     async def __aexit__(self, *exc: Any) -> None:
         try:

@@ -33,6 +33,7 @@ from .sse import SseDecoder
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls",
            "content_filter": "content_filter"}
+_TEXT_KEYS = {"content", "role"}  # a delta with only these is plain text (the stream's fast path)
 
 
 def messages_out(chat: ChatRequest) -> list[dict[str, Any]]:
@@ -197,25 +198,40 @@ class _ChatStream(StreamReader):
     def feed(self, data: bytes) -> "list[Delta]":
         deltas: list[Delta] = []
         for chunk in self._events.objects(data):
-            if isinstance(chunk.get("error"), dict):  # an error mid-stream (OpenAI sends it as an event)
-                raise error_of(500, [], orjson.dumps(chunk))
-            if chunk.get("usage"):
-                self._usage = usage_of(chunk["usage"])
-            for choice in chunk.get("choices") or ():
-                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            choices = chunk.get("choices")
+            choice = choices[0] if type(choices) is list and len(choices) == 1 else None
+            # Most chunks: one choice whose delta is text (with the role, once), no usage, no finish: its text.
+            if type(choice) is dict and choice.get("finish_reason") is None and not choice.get("index") \
+                    and chunk.get("usage") is None and "error" not in chunk:
+                delta = choice.get("delta")
+                if type(delta) is dict and delta.keys() <= _TEXT_KEYS:
+                    content = delta.get("content")
+                    if type(content) is str and content:
+                        deltas.append(Content(content))
                     continue
-                delta = choice.get("delta") or {}
-                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                if isinstance(reasoning, str) and reasoning:
-                    deltas.append(Reasoning(reasoning))
-                content = delta.get("content")
-                if isinstance(content, str) and content:
-                    deltas.append(Content(content))
-                for piece in delta.get("tool_calls") or ():
-                    self._call_piece(piece, deltas)
-                if choice.get("finish_reason"):
-                    self._finish = _FINISH.get(choice["finish_reason"], "stop")
+            self._chunk(chunk, deltas)
         return deltas
+
+    def _chunk(self, chunk: "dict[str, Any]", deltas: "list[Delta]") -> None:
+        """Any chunk but plain text: an error, usage, reasoning, tool calls, the finish."""
+        if isinstance(chunk.get("error"), dict):  # an error mid-stream (OpenAI sends it as an event)
+            raise error_of(500, [], orjson.dumps(chunk))
+        if chunk.get("usage"):
+            self._usage = usage_of(chunk["usage"])
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(reasoning, str) and reasoning:
+                deltas.append(Reasoning(reasoning))
+            content = delta.get("content")
+            if isinstance(content, str) and content:
+                deltas.append(Content(content))
+            for piece in delta.get("tool_calls") or ():
+                self._call_piece(piece, deltas)
+            if choice.get("finish_reason"):
+                self._finish = _FINISH.get(choice["finish_reason"], "stop")
 
     def _call_piece(self, piece: Any, deltas: "list[Delta]") -> None:
         if not isinstance(piece, dict):

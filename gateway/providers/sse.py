@@ -21,63 +21,75 @@ EVENT_BYTES_MAX = 8 * 1024 * 1024
 
 
 class SseDecoder:
-    __slots__ = ("_buffer", "_event", "_data", "_size", "_limit", "_cr")
+    __slots__ = ("_buffer", "_limit", "_cr")
 
     def __init__(self, event_bytes_max: int = EVENT_BYTES_MAX) -> None:
-        self._buffer = b""  # a line not ended yet
-        self._event = ""
-        self._data: list[bytes] = []
-        self._size = 0  # the event's bytes so far
+        self._buffer = b""  # an event not ended yet (by a blank line)
         self._limit = event_bytes_max
         self._cr = False  # the last piece ended with \r: a \n that starts the next belongs to it
 
     def feed(self, data: bytes) -> "list[tuple[str, str]]":
+        """The events ``data`` completes: (name, data), ``message`` when unnamed."""
+        return [(name or "message", value.decode("utf-8", "replace")) for name, value in self._raw(data)]
+
+    def _raw(self, data: bytes) -> "list[tuple[str, bytes]]":
         if self._cr and data.startswith(b"\n"):
             data = data[1:]
         self._cr = data.endswith(b"\r")
         buffer = self._buffer + data if self._buffer else data
         if b"\r" in buffer:
             buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        lines = buffer.split(b"\n")
-        self._buffer = lines.pop()
-        if len(self._buffer) + self._size > self._limit:
+        blocks = buffer.split(b"\n\n")  # events end at a blank line
+        self._buffer = blocks.pop()
+        if len(self._buffer) > self._limit:
             raise ProviderError(SERVER, 502, f"a streamed event is larger than {self._limit} bytes")
-        events: list[tuple[str, str]] = []
-        for line in lines:
-            if not line:
-                if self._data or self._event:
-                    events.append((self._event or "message", b"\n".join(self._data).decode("utf-8", "replace")))
-                self._event, self._data, self._size = "", [], 0
+        events: list[tuple[str, bytes]] = []
+        for block in blocks:
+            if block.startswith(b"data: ") and b"\n" not in block:  # the usual event: one data line
+                events.append(("", block[6:]))
+            elif block:
+                event = self._event(block)
+                if event is not None:
+                    events.append(event)
+        return events
+
+    @staticmethod
+    def _event(block: bytes) -> "tuple[str, bytes] | None":
+        """An event of several lines: its name, its data lines joined, comments (keep-alives) skipped."""
+        name, data = "", []
+        for line in block.split(b"\n"):
+            if not line or line[0] == 58:  # ":" a comment
                 continue
-            self._size += len(line)
-            if self._size > self._limit:
-                raise ProviderError(SERVER, 502, f"a streamed event is larger than {self._limit} bytes")
-            if line[0] == 58:  # ":" a comment (keep-alives)
-                continue
-            name, _, value = line.partition(b":")
+            field, _, value = line.partition(b":")
             if value[:1] == b" ":
                 value = value[1:]
-            if name == b"data":
-                self._data.append(value)
-            elif name == b"event":
-                self._event = value.decode("utf-8", "replace")
-        return events
+            if field == b"data":
+                data.append(value)
+            elif field == b"event":
+                name = value.decode("utf-8", "replace")
+        if not data and not name:
+            return None
+        return name, b"\n".join(data)
 
     def objects(self, data: bytes) -> "list[dict]":
         """The JSON objects the events ``data`` completes carry (every provider's events are JSON objects; OpenAI's
         last, ``[DONE]``, and anything else that is not an object, are skipped); an event that is not JSON at all is
-        a ProviderError."""
-        out = []
-        for _, text in self.feed(data):
-            if text == "[DONE]":
-                continue
-            try:
-                value = orjson.loads(text)
-            except orjson.JSONDecodeError:
-                raise ProviderError(SERVER, 502, "the provider streamed an event that is not JSON") from None
-            if isinstance(value, dict):
-                out.append(value)
-        return out
+        a ProviderError. The events of one piece are read as one JSON array: one parse instead of one an event."""
+        texts = [value for _, value in self._raw(data) if value != b"[DONE]"]
+        if not texts:
+            return []
+        try:
+            values = orjson.loads(b"[" + b",".join(texts) + b"]")
+        except orjson.JSONDecodeError:
+            values = None
+        if values is None or len(values) != len(texts):  # one is not JSON, or spelled several values ("1, 2")
+            values = []
+            for text in texts:
+                try:
+                    values.append(orjson.loads(text))
+                except orjson.JSONDecodeError:
+                    raise ProviderError(SERVER, 502, "the provider streamed an event that is not JSON") from None
+        return [value for value in values if type(value) is dict]
 
     def finish(self) -> "list[tuple[str, str]]":
         """The body ended: an event not closed by a blank line is dropped, as the standard says."""

@@ -108,8 +108,13 @@ def test_an_accounts_quota_is_held_by_the_whole_cluster(nodes, fakes):
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda i: ask(nodes[i % 3], "metered"), range(asked)))
     # The quota's owner decides every node's requests: the account gets its minute's quota, the rest the spare.
-    assert len(fakes["metered"].requests) <= QUOTA_RPM + 1  # + the bound's slack for a decision in flight
-    assert len(fakes["metered"].requests) >= QUOTA_RPM - 1
+    # A node whose decision did not come back in time (the limiter's forward timeout: a loaded machine) admits
+    # from its own share instead, the proportional policy's bound (gateway/providers/quotas.py): at most the
+    # other nodes' shares over the quota.
+    fallbacks = sum(httpx2.get(node.url + "/admin/rate-limits", headers=node.admin_headers).json()["node"]
+                    ["fallback_units"] for node in nodes)
+    bound = QUOTA_RPM if fallbacks == 0 else QUOTA_RPM + QUOTA_RPM * (len(nodes) - 1) / len(nodes)
+    assert QUOTA_RPM <= len(fakes["metered"].requests) <= bound, (len(fakes["metered"].requests), fallbacks)
     assert answers.count("Hello from metered.") == len(fakes["metered"].requests)
     assert answers.count("Hello from spare.") == asked - len(fakes["metered"].requests)
 
