@@ -21,6 +21,7 @@ from ..history import HISTORY_BACKENDS
 from ..media.processors import IMAGE_PROCESSORS
 from ..node import config as node_config
 from ..parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+from ..providers import PROVIDERS
 from ..routing.policies import POLICIES
 
 
@@ -66,6 +67,7 @@ TABLES: dict[str, Callable[[], str]] = {
                                                                 lambda p: (named(p), p.summary)),
     "image processors": lambda: IMAGE_PROCESSORS.markdown_table(("image processor", "what it does"),
                                                                 lambda p: (named(p), p.summary)),
+    "providers": lambda: PROVIDERS.markdown_table(("`provider`", "what it speaks"), lambda p: (named(p), p.summary)),
     **{f"options: {key}": _options_of(key) for key, _ in HELP_SECTIONS},
 }
 # A block's table holds no HTML comment: a block with no table yet (a new one) does not run into the next.
