@@ -72,8 +72,8 @@ def _pieces(label: str) -> int:
 def _timed(run) -> float:
     """The CPU time of this thread running ``run``: what other processes take of the machine is not in it, nor the
     collector's passes (a full one walks every object the whole test session made: it fell on the larger run, 16x
-    of a linear parser's time, once in a full suite)."""
-    gc.collect()
+    of a linear parser's time, once in a full suite). The collector is off while it runs, not run before it: a
+    full collection per timed run, 240 a parser, took most of an hour in a full suite's heap."""
     gc.disable()
     try:
         started = time.thread_time()
