@@ -22,7 +22,7 @@ import orjson
 import trio
 
 from ..providers import PROVIDERS, ProviderError, Route, Target, Unsupported
-from ..providers.base import CONTEXT_LENGTH, QUOTA, RATE_LIMITED
+from ..providers.base import CONTEXT_LENGTH, QUOTA
 from ..providers.quotas import take
 from ..providers.overflow import saturated
 from ..serving.chat import Call, ChatAnswer, ChatRequest
@@ -72,16 +72,19 @@ async def answer_routed(state: GatewayState, request: Request, route: Route,
                 continue
         tried += 1
         request.target = entry.name
+        judged = False  # the attempt said something of the target (it answered, or failed as the target fails)
         try:
             if target is not None:
                 await provider(target)
             else:
                 await pool(entry.pool)
+            judged = True
         except ProviderError as e:
             if e.kind == QUOTA:  # past the account's quota: not sent, the next target answers
                 providers.count(route, entry, "quota")
                 last = provider_api_error(e, route.name, target)
                 continue
+            judged = True
             providers.failed(entry, e.kind, e.retry_after_s)
             error = provider_api_error(e, route.name, target)
             if request.response_started or e.kind not in route.fallback_on:
@@ -95,10 +98,9 @@ async def answer_routed(state: GatewayState, request: Request, route: Route,
                 last = e
                 continue
             raise
-        except BaseException:
-            if probing:
-                providers.cooldowns.succeeded(entry.name)  # not the target's fault: the next request probes again
-            raise
+        finally:
+            if probing and not judged:  # not the target's doing (the request's, the client's): another request probes
+                providers.cooldowns.release(entry.name)
         providers.succeeded(entry)
         providers.count(route, entry, "answered")
         return
@@ -118,8 +120,8 @@ def _pool_failure(error: ApiError) -> str:
         return "timeout"
     if error.code == "context_length_exceeded":
         return CONTEXT_LENGTH
-    if error.status == 429:
-        return RATE_LIMITED
+    # A 429 is the client's own (its rate limits, its tenant's share of the node): another target would refuse it
+    # the same way, or let it past its limits.
     return "bad_request"
 
 

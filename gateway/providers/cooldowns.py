@@ -66,6 +66,13 @@ class Cooldowns:
         target.probing = True
         return True
 
+    def release(self, name: str) -> None:
+        """A probe that said nothing of the target (the request was refused for its own reasons): the cooldown
+        stays over, and the next request that reaches the target probes it."""
+        target = self._targets.get(name)
+        if target is not None:
+            target.probing = False
+
     def cooling(self, name: str, now: float) -> float:
         """Seconds left of ``name``'s cooldown (0: none)."""
         target = self._targets.get(name)

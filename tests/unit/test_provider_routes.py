@@ -205,3 +205,11 @@ def test_smg_node_models_shows_routes_targets_references_and_cooldowns():
             "connect,context_length,overloaded,rate_limited,server,timeout", "team-a"] in lines
     assert ["a", "openai", "gpt-a", "env:A_KEY", "100", "-", "12.3", "s"] in lines
     assert ["az", "azure", "dep", "file:/run/secrets/az", "-", "-", "no"] in lines
+
+
+def test_a_probe_the_request_itself_spoiled_leaves_the_next_request_to_probe():
+    cool = Cooldowns(CooldownConfig(failures_to_cool=1, cooldown_s=10))
+    assert cool.failed("t", "server", None, 0.0) == 10.0
+    assert cool.probe("t", 10.0) and not cool.available("t", 10.5)
+    cool.release("t")  # the probe's request was refused for its own reasons (a feature the target lacks)
+    assert cool.available("t", 10.6) and cool.probe("t", 10.6)
