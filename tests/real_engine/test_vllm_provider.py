@@ -76,7 +76,7 @@ def test_messages_and_responses_clients_reach_vllm_through_the_route(routed, vll
         model=served_model, messages=[{"role": "user", "content": "Tell me about the sea."}], max_tokens=12,
         temperature=0).choices[0].message.content
     client = anthropic.Anthropic(base_url=routed.url, api_key="x", max_retries=0, timeout=300)
-    message = client.messages.create(model="hosted", max_tokens=12, temperature=0,
+    message = client.messages.create(model="hosted", max_tokens=12, extra_body={"temperature": 0},
                                      messages=[{"role": "user", "content": "Tell me about the sea."}])
     assert "".join(b.text for b in message.content if b.type == "text") == own
     response = openai.OpenAI(base_url=routed.url + "/v1", api_key="x", max_retries=0, timeout=300).responses.create(

@@ -66,11 +66,12 @@ async def create(state: GatewayState, request: Request) -> None:
         await _create_with_tools(state, request, body, context, items, metadata, conversation_id, store, background)
         return
     chat = to_chat_request(body, context.items, inputs=inputs)
-    answer = _Answer(state, request, body, context, items, metadata, conversation_id, store, background)
     route = route_of(state, chat.model, request)
-    if route is None:
-        await answer.on_pool(chat)
+    if route is None:  # most requests: no object of the route's made for them
+        await _create_on_pool(state, request, body, context, items, metadata, conversation_id, store, background,
+                              chat)
         return
+    answer = _Answer(state, request, body, context, items, metadata, conversation_id, store, background)
     if background:
         raise BadRequest(f"the model '{chat.model}' is routed (its targets may be hosted providers): background "
                          "responses are not available for it yet", param="background", code="unsupported_parameter")
@@ -78,7 +79,7 @@ async def create(state: GatewayState, request: Request) -> None:
                         lambda target: answer.on_provider(chat, target, route.name), len(orjson.dumps(chat.messages)))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Answer:
     """A create request's answer by whichever target a route gives it (the fleet's pool, or a hosted provider):
     the same response shape, keeper and store for both, so a conversation moves between them mid-chain."""
@@ -93,10 +94,6 @@ class _Answer:
     store: bool
     background: bool
 
-    def _keep(self, shape: ResponseShape, deadline_s: float | None) -> Any:
-        return keeper(self.state, self.request, shape, self.items, self.context, self.conversation_id, self.store,
-                      deadline_s)
-
     async def on_provider(self, chat: Any, target: Any, model: str) -> None:
         body = self.body
         if INCLUDE_LOGPROBS in included(body):
@@ -104,7 +101,7 @@ class _Answer:
                              param="include", code="unsupported_feature")
         shape = ResponseShape(new_id("resp"), target.model, body, self.metadata, body.get("previous_response_id"),
                               self.store, self.conversation_id, False, None, chat.stream, None)
-        keep = self._keep(shape, None)
+        keep = keeper(self.state, self.request, shape, self.items, self.context, self.conversation_id, self.store, None)
 
         async def finish() -> bytes:
             return shape.terminal_event(await keep(shape.final))
@@ -112,14 +109,14 @@ class _Answer:
         await answer_provider(self.state, self.request, chat, target, model, shape, keep=keep, finish=finish)
 
     async def on_pool(self, chat: Any) -> None:
-        await _create_on_pool(self, chat)
+        await _create_on_pool(self.state, self.request, self.body, self.context, self.items, self.metadata,
+                              self.conversation_id, self.store, self.background, chat)
 
 
-async def _create_on_pool(answer: _Answer, chat: Any) -> None:
+async def _create_on_pool(state: GatewayState, request: Request, body: dict[str, Any], context: Context,
+                          items: "list[dict[str, Any]]", metadata: dict[str, str], conversation_id: str | None,
+                          store: bool, background: bool, chat: Any) -> None:
     """A create request answered by the fleet's workers serving ``chat.model``."""
-    state, request, body = answer.state, answer.request, answer.body
-    metadata, conversation_id, store, background = answer.metadata, answer.conversation_id, answer.store, \
-        answer.background
     prompt = await chat_prompt(state, request, chat, "Responses API")
     entry, tokenizer = prompt.entry, prompt.tokenizer
     plan = plan_generation(state, request, entry, prompt.ids, chat.sampling, chat.stream, "input", prompt.media,
@@ -134,8 +131,8 @@ async def _create_on_pool(answer: _Answer, chat: Any) -> None:
     # A background response must be over by then (queue wait, then the generation's own timeout); a
     # minute more for the last write. Past it, readers know the node running it stopped.
     admission = state.config.admission
-    keep = answer._keep(shape, time.time() + admission.queue_timeout_s + (admission.request_timeout_s or 86_400.0)
-                        + 60.0 if background else None)
+    keep = keeper(state, request, shape, items, context, conversation_id, store, time.time() + admission.queue_timeout_s
+                  + (admission.request_timeout_s or 86_400.0) + 60.0 if background else None)
     if background:
         limits = contextlib.AsyncExitStack()
         await limits.enter_async_context(rate_limited_generation(state, request, plan))
