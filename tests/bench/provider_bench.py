@@ -151,6 +151,8 @@ def start_gateways(names: "list[str]", upstream: str, log_dir: Path, smg_venv: P
             config.write_text(f"model_list:\n  - model_name: relay\n    litellm_params:\n      model: openai/relay\n"
                               f"      api_base: {upstream}/v1\n      api_key: sk-bench\n")
             port = free_port()
+            # No key, as the other gateways here run: LiteLLM refuses to start so unless told it is local.
+            os.environ["LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY"] = "true"
             process = SmgProcess([str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
                                   "--num_workers", "1"], log_dir, name)
             out.append(Target(name, process, "127.0.0.1", port))
