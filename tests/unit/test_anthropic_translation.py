@@ -27,7 +27,9 @@ def test_blocks_become_chat_messages():
     assert chat.messages == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": "Checking.", "reasoning_content": "call it", "tool_calls": [
+        # the thinking block's signature rides along so an Anthropic or Bedrock provider can send the block back
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "call it", "reasoning_signature": "s",
+         "tool_calls": [
             {"id": "toolu_1", "type": "function", "function": {"name": "w", "arguments": json.dumps({"c": "Oslo"},
                                                                                                     separators=(",", ":"))}}]},
         {"role": "tool", "tool_call_id": "toolu_1", "content": "12C"},
