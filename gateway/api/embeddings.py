@@ -12,7 +12,9 @@ with the model's special tokens (as the model's own server does); token ids are 
 vocabulary. Refused with a 400 naming the input: an empty input, more inputs or tokens than the node's
 bounds, an input longer than the context. Rate limits count the inputs' tokens; the request holds one
 admission slot while its inputs are embedded. A model served by OpenAI-compatible HTTP workers is
-proxied as it is.
+proxied as it is. A routed model (``gateway/providers/routes.py``) tries its targets in order as chat does: a pool
+answers as above, a provider with embeddings (OpenAI, Azure, OpenAI-compatible) is sent the body as it came with
+the target's model; a provider without them is a 400 naming the target.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import trio
 
+from ..providers import PROVIDERS, Target, Unsupported
 from ..serving.embeddings import EncodedAnswer, dimensions_problem
 from ..engine.errors import EngineCallError
 from ..serving.generation import UsageTally
@@ -33,6 +37,7 @@ from .http import JSON_HEADERS, Request
 from .pipeline import check_vocab, encode_text, ready_model_entry, timeout_error
 from .protocol import UINT32_MAX, field, parse_json_body, positive_int
 from .ratelimits import rate_limited
+from .routed import account_quota, answer_routed, route_of, unsupported
 from .state import GatewayState
 
 ENCODING_FORMATS = ("float", "base64")
@@ -108,6 +113,46 @@ async def embeddings(state: GatewayState, request: Request) -> None:
         raise BadRequest(f"'user' is longer than {USER_CHARS_MAX} characters", param="user", code="invalid_value")
     bounds = state.config.embeddings
     inputs = _inputs(body.get("input"), bounds.inputs_max)
+    route = route_of(state, model, request)
+    if route is None:
+        await _embed_on_pool(state, request, raw, model, inputs, dimensions, encoding_format)
+        return
+
+    async def on_pool(pool: str) -> None:
+        await _embed_on_pool(state, request, raw if pool == model else orjson.dumps({**body, "model": pool}), pool,
+                             inputs, dimensions, encoding_format)
+
+    await answer_routed(state, request, route, on_pool,
+                        lambda target: _embed_on_provider(state, request, body, inputs, target, route.name), len(raw))
+
+
+async def _embed_on_provider(state: GatewayState, request: Request, body: "dict[str, Any]",
+                             inputs: "list[tuple[str, str | tuple[int, ...]]]", target: Target, model: str) -> None:
+    """The request answered by a provider target: its body sent as it came (the target's model in it), the answer's
+    vectors as the provider made them (base64 too), in OpenAI's list with the provider's usage."""
+    if not PROVIDERS[target.provider].embeds:
+        raise unsupported(Unsupported("embeddings", "model"), model, target)
+    # ~4 characters a token (OpenAI's rule of thumb) for the reservation; settled with the provider's count.
+    estimate = max(1, sum(len(item) // 4 if isinstance(item, str) else len(item) for _, item in inputs))
+    usage = UsageTally()
+    async with account_quota(state, target, estimate, usage), \
+            rate_limited(state.rate_limiter, request, model, usage, estimate), \
+            state.admission.slot(request.tenant_key), request.cancel_on_disconnect():
+        data, tokens = await state.providers.calls.embeddings(body, target)
+        usage.prompt_tokens = tokens
+    if request.disconnected:
+        return
+    metrics = state.metrics
+    metrics.child(metrics.tokens, model, "prompt").inc(usage.prompt_tokens)
+    await request.send_bytes(200, orjson.dumps({"object": "list", "data": data, "model": target.model, "usage": {
+        "prompt_tokens": usage.prompt_tokens, "total_tokens": usage.prompt_tokens}}), JSON_HEADERS)
+
+
+async def _embed_on_pool(state: GatewayState, request: Request, raw: bytes, model: str,
+                         inputs: "list[tuple[str, str | tuple[int, ...]]]", dimensions: int | None,
+                         encoding_format: str) -> None:
+    """The request answered by the fleet's workers serving ``model`` (an HTTP worker's, relayed as it is)."""
+    bounds = state.config.embeddings
     entry = await ready_model_entry(state, model, request.principal)
     if entry.tokenizer is None:  # an OpenAI-compatible HTTP worker's model: relayed as it is
         text = " ".join(item for _, item in inputs if isinstance(item, str))

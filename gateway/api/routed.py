@@ -15,7 +15,8 @@ feature, before anything is sent.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
@@ -153,6 +154,30 @@ def provider_api_error(error: ProviderError, model: str, target: Target | None) 
     return answer
 
 
+@asynccontextmanager
+async def account_quota(state: GatewayState, target: Target, estimate: int, usage: UsageTally) -> AsyncIterator[None]:
+    """The target's account quota (if it has one) charged ``estimate`` tokens before the call, refused with the
+    quota's 429 when spent, and settled with what ``usage`` counted once the call is over, however it ended."""
+    quota = state.providers.quota(target.name)
+    if quota is None or state.rate_limiter is None:
+        yield
+        return
+    verdict = await take(state.rate_limiter, quota, estimate)
+    if not verdict.allowed:
+        raise quota_refused(verdict, target)
+    try:
+        yield
+    finally:
+        state.rate_limiter.settle(verdict, usage.total())
+
+
+def quota_refused(verdict: Any, target: Target) -> ProviderError:
+    """A target's account quota refusing a request: the route moves to its next target."""
+    wait = verdict.denied_by.decision.retry_after_s
+    return ProviderError(QUOTA, 429, f"the account's quota of target {target.name} is used up for now",
+                         wait if wait < float("inf") else None, "quota_exceeded")
+
+
 def unsupported(e: Unsupported, model: str, target: Target) -> BadRequest:
     return BadRequest(f"the model '{model}' (target {target.name}, {target.provider}) does not support {e.feature}",
                       param=e.param, code="unsupported_feature")
@@ -190,19 +215,8 @@ async def _answer_provider(state: GatewayState, request: Request, chat: ChatRequ
                            finish: "Callable[[], Awaitable[bytes]] | None") -> None:
     usage = UsageTally()
     estimate = _estimate_tokens(chat)
-    quota = state.providers.quota(target.name)
-    verdict = None
-    if quota is not None and state.rate_limiter is not None:
-        verdict = await take(state.rate_limiter, quota, estimate)
-        if not verdict.allowed:
-            wait = verdict.denied_by.decision.retry_after_s
-            raise ProviderError(QUOTA, 429, f"the account's quota of target {target.name} is used up for now",
-                                wait if wait < float("inf") else None, "quota_exceeded")
-    try:
+    async with account_quota(state, target, estimate, usage):
         await _call_provider(state, request, chat, target, model, renderer, keep, finish, usage, estimate)
-    finally:
-        if verdict is not None:
-            state.rate_limiter.settle(verdict, usage.total())
 
 
 async def _call_provider(state: GatewayState, request: Request, chat: ChatRequest, target: Target, model: str,

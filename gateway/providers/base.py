@@ -157,6 +157,13 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     def error(self, status: int, headers: "list[tuple[bytes, bytes]]", body: bytes) -> ProviderError: ...
 
+    # Whether the wire has embeddings (``embeddings_call`` then builds their request).
+    embeds = False
+
+    def embeddings_call(self, body: "dict[str, Any]", target: Target, secret: Any) -> HttpCall:
+        """The HTTP request for an embeddings request (OpenAI's body, its model already the target's)."""
+        raise Unsupported("embeddings", "model")
+
 
 PROVIDERS: Registry[Provider] = Registry("provider")
 

@@ -18,15 +18,17 @@ import dataclasses
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import orjson
 import trio
 
 from ..net.http_client import HttpClient, HttpClientError
 from ..observe.metrics import counter
 from ..serving.chat import ChatRequest, Delta
-from .base import CONNECT, PROVIDERS, SERVER, TIMEOUT, ProviderAnswer, ProviderError, StreamEnd, Target, joined
+from .base import (CONNECT, PROVIDERS, SERVER, TIMEOUT, HttpCall, Provider, ProviderAnswer, ProviderError, StreamEnd,
+                   Target, joined)
 from .credentials import CredentialError, Secrets
 
 log = logging.getLogger("gateway.providers")
@@ -65,9 +67,10 @@ class ProviderCalls:
         except CredentialError as e:
             raise ProviderError("auth", 503, f"the target {target.name}'s credential: {e}") from None
 
-    async def _send(self, chat: ChatRequest, target: Target, stream: bool) -> Any:
+    async def _send(self, target: Target, build: "Callable[[Provider, Any], HttpCall]") -> Any:
+        """``build(provider, secret)``'s request sent; the provider and its answer's head (a refusal raised)."""
         provider = PROVIDERS[target.provider]
-        call = provider.call(chat, target, stream, await self._secret(target))
+        call = build(provider, await self._secret(target))
         try:
             answer = await self.http.request(call.method, call.url, call.headers, call.body)
         except HttpClientError as e:
@@ -99,15 +102,34 @@ class ProviderCalls:
             return result
 
     async def _whole(self, chat: ChatRequest, target: Target) -> ProviderAnswer:
+        result = await self._exchange(target, lambda provider, secret: provider.call(chat, target, False, secret),
+                                      lambda provider, body: provider.answer(body))
+        self._count_tokens(target, result.usage)
+        return result
+
+    async def embeddings(self, body: "dict[str, Any]", target: Target) -> "tuple[list[Any], int]":
+        """An embeddings request (OpenAI's body) answered by ``target``: the answer's ``data`` (as OpenAI shapes it)
+        and the prompt tokens it counted; ProviderError as for a chat call."""
+        request = {**body, "model": target.model}
+        data, tokens = await self._exchange(
+            target, lambda provider, secret: provider.embeddings_call(request, target, secret),
+            lambda provider, raw: _embeddings_of(raw, target))
+        if tokens:
+            self.tokens[(target.name, "prompt")] = self.tokens.get((target.name, "prompt"), 0) + tokens
+        return data, tokens
+
+    async def _exchange(self, target: Target, build: "Callable[[Provider, Any], HttpCall]",
+                        parse: "Callable[[Provider, bytes], Any]") -> Any:
+        """One whole request and answer: sent, read within the bounds and the target's time, parsed, counted."""
         started = time.monotonic()
         try:
             with trio.fail_after(target.timeout_s):
-                provider, answer = await self._send(chat, target, False)
+                provider, answer = await self._send(target, build)
                 try:
                     body = await answer.read(self.bounds.answer_bytes_max)
                 finally:
                     await answer.aclose()
-            result = provider.answer(body)
+            result = parse(provider, body)
         except trio.TooSlowError:
             self._count(target, TIMEOUT, started)
             raise ProviderError(TIMEOUT, 504, f"the target {target.name} did not answer within "
@@ -119,7 +141,6 @@ class ProviderCalls:
             self._count(target, e.kind, started)
             raise
         self._count(target, "ok", started)
-        self._count_tokens(target, result.usage)
         return result
 
     def stream(self, chat: ChatRequest, target: Target) -> "ProviderStream":
@@ -180,7 +201,8 @@ class ProviderStream:
     async def _open(self, target: Target) -> "ProviderStream":
         try:
             with trio.fail_after(target.timeout_s):
-                provider, self._answer = await self._calls._send(self._chat, target, True)
+                provider, self._answer = await self._calls._send(
+                    target, lambda provider, secret: provider.call(self._chat, target, True, secret))
         except trio.TooSlowError:
             self._calls._count(target, TIMEOUT, self._started)
             raise ProviderError(TIMEOUT, 504, f"the target {target.name} did not answer within "
@@ -235,3 +257,16 @@ class ProviderStream:
             if self._span_value is not None and self.end is not None:
                 self._span_value.set_attributes(_usage_attributes(self.end.usage))
             self._span.__exit__(*exc)
+
+
+def _embeddings_of(raw: bytes, target: Target) -> "tuple[list[Any], int]":
+    """An OpenAI embeddings answer's ``data`` and prompt tokens; a 502 when it is not one."""
+    try:
+        value = orjson.loads(raw)
+        data = value["data"]
+        tokens = int((value.get("usage") or {}).get("prompt_tokens") or 0)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        data, tokens = None, 0
+    if not isinstance(data, list):
+        raise ProviderError(SERVER, 502, f"the target {target.name}'s answer is not an embeddings list")
+    return data, tokens

@@ -143,21 +143,7 @@ class OpenAIChat(Provider):
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
-        headers = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream" if stream else
-                                                            b"application/json")]
-        if self.name == "azure":
-            version = target.options.get("api_version")
-            base = target.base_url.rstrip("/")
-            url = (f"{base}/openai/deployments/{target.model}/chat/completions?api-version={version}" if version
-                   else f"{base}/openai/v1/chat/completions")
-            if secret:
-                headers.append((b"authorization", b"Bearer " + secret.encode()) if target.options.get("auth") ==
-                               "bearer" else (b"api-key", secret.encode()))
-        else:
-            url = target.base_url.rstrip("/") + "/chat/completions"
-            if secret:
-                headers.append((b"authorization", b"Bearer " + secret.encode()))
-        headers += [(name.lower().encode(), value.encode()) for name, value in target.headers]
+        url, headers = self._where(target, "chat/completions", secret, stream)
         return HttpCall(b"POST", url, headers, orjson.dumps(body))
 
     def answer(self, body: bytes) -> ProviderAnswer:
@@ -178,6 +164,34 @@ class OpenAIChat(Provider):
 
     def stream(self) -> StreamReader:
         return _ChatStream()
+
+    embeds = True
+
+    def embeddings_call(self, body: "dict[str, Any]", target: Target, secret: Any) -> HttpCall:
+        """OpenAI's embeddings, at the same place as its chat completions (Azure: the deployment's)."""
+        url, headers = self._where(target, "embeddings", secret, False)
+        if self.name == "azure" and target.options.get("api_version"):
+            body = {k: v for k, v in body.items() if k != "model"}
+        return HttpCall(b"POST", url, headers, orjson.dumps(body))
+
+    def _where(self, target: Target, path: str, secret: Any, stream: bool) -> "tuple[str, list[tuple[bytes, bytes]]]":
+        """The URL of ``path`` (chat/completions, embeddings) for the target, and the headers with its credential."""
+        headers = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream" if stream else
+                                                            b"application/json")]
+        if self.name == "azure":
+            version = target.options.get("api_version")
+            base = target.base_url.rstrip("/")
+            url = (f"{base}/openai/deployments/{target.model}/{path}?api-version={version}" if version
+                   else f"{base}/openai/v1/{path}")
+            if secret:
+                headers.append((b"authorization", b"Bearer " + secret.encode()) if target.options.get("auth") ==
+                               "bearer" else (b"api-key", secret.encode()))
+        else:
+            url = target.base_url.rstrip("/") + "/" + path
+            if secret:
+                headers.append((b"authorization", b"Bearer " + secret.encode()))
+        headers += [(name.lower().encode(), value.encode()) for name, value in target.headers]
+        return url, headers
 
     def error(self, status: int, headers: "list[tuple[bytes, bytes]]", body: bytes) -> ProviderError:
         return error_of(status, headers, body)

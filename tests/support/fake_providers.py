@@ -12,11 +12,13 @@ delay, a connection dropped mid-answer). ``requests`` keeps what came (path, hea
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import http.server
 import json
 import socketserver
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -198,6 +200,9 @@ class FakeOpenAI(FakeProvider):
         from openai.types.chat import completion_create_params as params
 
         path = handler.path.split("?")[0]
+        if path.endswith("/embeddings") and isinstance(body, dict):
+            self.embeddings(handler, path, body, failure)
+            return
         if not (path.endswith("/chat/completions")):
             self.send_json(handler, 404, {"error": {"message": f"no route {path}", "type": "invalid_request_error"}})
             return
@@ -272,6 +277,35 @@ class FakeOpenAI(FakeProvider):
             self.send_chunk(handler, piece)
             sent += len(piece)
         self.end_events(handler)
+
+    def embeddings(self, handler: Any, path: str, body: "dict[str, Any]", failure: Failure | None) -> None:
+        """OpenAI's embeddings: the request checked as ``EmbeddingCreateParams``; each input's vector made from its
+        text (``dimensions`` long, 4 by default), base64 float32 when asked; the usage one token a word or id."""
+        from openai.types import CreateEmbeddingResponse, embedding_create_params
+
+        checked = dict(body)
+        if "/openai/deployments/" in path:
+            checked.setdefault("model", path.split("/openai/deployments/")[1].split("/")[0])
+        self.check(checked, embedding_create_params.EmbeddingCreateParams, "embeddings")
+        if failure is not None and self.fail(handler, failure):
+            return
+        raw = body["input"]
+        inputs = [raw] if isinstance(raw, str) or (raw and isinstance(raw[0], int)) else raw
+        size = body.get("dimensions") or 4
+        data, tokens = [], 0
+        for index, item in enumerate(inputs):
+            text = item if isinstance(item, str) else " ".join(map(str, item))
+            tokens += len(text.split())
+            vector = [((len(text) * (k + 1)) % 97) / 97.0 for k in range(size)]
+            encoded: Any = vector
+            if body.get("encoding_format") == "base64":
+                encoded = base64.b64encode(struct.pack(f"<{size}f", *vector)).decode()
+            data.append({"object": "embedding", "index": index, "embedding": encoded})
+        answer = {"object": "list", "data": data, "model": checked["model"],
+                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        if body.get("encoding_format") != "base64":
+            CreateEmbeddingResponse.model_validate(answer)
+        self.send_json(handler, 200, answer)
 
 
 def _words(text: str) -> list[str]:

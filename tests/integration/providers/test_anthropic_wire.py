@@ -106,6 +106,13 @@ def test_a_tool_result_turn_is_folded_into_alternating_roles(oai, fakes):
     assert body["max_tokens"] == 4096  # Anthropic requires one: the default when the client names none
 
 
+def test_a_wire_without_embeddings_refuses_them_by_name(oai, fakes):
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.embeddings.create(model="claude", input="hello")
+    assert "'claude'" in refused.value.message and "embeddings" in refused.value.message
+    assert refused.value.code == "unsupported_feature" and not fakes["claude"].requests
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_anthropics_own_clients_get_thinking_text_and_tool_use_blocks(ant, fakes, stream):
     fakes["claude"].reply = lambda body: Reply(content="Looking it up.", reasoning="Need the tool.",

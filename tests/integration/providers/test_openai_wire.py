@@ -191,6 +191,10 @@ def test_azure_is_called_at_its_deployment_with_its_api_key_header(oai, fakes):
     path, headers, body = fakes["lone"].requests[0]
     assert path == "/openai/deployments/my-deployment/chat/completions?api-version=2024-10-21"
     assert headers["api-key"] == "sk-primary-secret" and "authorization" not in headers and "model" not in body
+    oai.embeddings.create(model="azure", input="hello")
+    path, headers, body = fakes["lone"].requests[1]
+    assert path == "/openai/deployments/my-deployment/embeddings?api-version=2024-10-21"
+    assert headers["api-key"] == "sk-primary-secret" and "model" not in body
 
 
 def test_the_last_targets_error_is_the_clients_in_openais_shape(oai, fakes):
@@ -270,3 +274,30 @@ def test_a_responses_conversation_moves_between_the_fleet_and_a_provider(oai, fa
     assert streamed[-1].response.output_text == "Hello from primary."
     assert oai.responses.retrieve(streamed[-1].response.id).output_text == "Hello from primary."
     assert len(fakes["primary"].requests[1][2]["messages"]) == 7  # the whole chain, fleet and provider turns
+
+
+def test_embeddings_reach_the_provider_as_sent_and_come_back_in_openais_list(oai, fakes, node):
+    answer = oai.embeddings.create(model="smart", input=["a cat", "a dog sat"], dimensions=6)  # base64 by default
+    assert [len(e.embedding) for e in answer.data] == [6, 6] and [e.index for e in answer.data] == [0, 1]
+    assert answer.model == "gpt-fake" and answer.usage.prompt_tokens == 5 and answer.usage.total_tokens == 5
+    path, headers, body = fakes["primary"].requests[0]
+    assert path == "/v1/embeddings" and headers["authorization"] == "Bearer sk-primary-secret"
+    assert body == {"model": "gpt-fake", "input": ["a cat", "a dog sat"], "dimensions": 6,
+                    "encoding_format": "base64"}
+    floats = oai.embeddings.create(model="smart", input=[[1, 2, 3]], encoding_format="float")
+    assert len(floats.data[0].embedding) == 4 and floats.usage.prompt_tokens == 3
+    assert 'smg_provider_requests_total{outcome="ok",target="primary"}' in httpx2.get(node.url + "/metrics").text
+
+
+def test_embeddings_fall_back_on_a_5xx(oai, fakes):
+    fakes["slow"].failures.append(Failure(503))
+    answer = oai.embeddings.create(model="slow", input="hello there")
+    assert answer.model == "backup-model" and len(fakes["slow"].requests) == 1
+    assert fakes["backup"].requests[0][0] == "/v1/embeddings"
+
+
+def test_embeddings_of_a_routed_model_are_checked_before_anything_is_sent(oai, fakes):
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.embeddings.create(model="smart", input=[])
+    assert refused.value.body["param"] == "input"
+    assert not fakes["primary"].requests
