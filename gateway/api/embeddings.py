@@ -25,7 +25,8 @@ from typing import Any
 import orjson
 import trio
 
-from ..providers import PROVIDERS, Target, Unsupported
+from ..providers import Target, Unsupported
+from ..providers.base import wire_of
 from ..serving.embeddings import EncodedAnswer, dimensions_problem
 from ..engine.errors import EngineCallError
 from ..serving.generation import UsageTally
@@ -130,7 +131,7 @@ async def _embed_on_provider(state: GatewayState, request: Request, body: "dict[
                              inputs: "list[tuple[str, str | tuple[int, ...]]]", target: Target, model: str) -> None:
     """The request answered by a provider target: its body sent as it came (the target's model in it), the answer's
     vectors as the provider made them (base64 too), in OpenAI's list with the provider's usage."""
-    if not PROVIDERS[target.provider].embeds:
+    if not wire_of(target).embeds:
         raise unsupported(Unsupported("embeddings", "model"), model, target)
     # ~4 characters a token (OpenAI's rule of thumb) for the reservation; settled with the provider's count.
     estimate = max(1, sum(len(item) // 4 if isinstance(item, str) else len(item) for _, item in inputs))

@@ -22,8 +22,8 @@ from typing import Any
 import orjson
 import trio
 
-from ..providers import PROVIDERS, ProviderError, Route, Target, Unsupported
-from ..providers.base import CONTEXT_LENGTH, QUOTA
+from ..providers import ProviderError, Route, Target, Unsupported
+from ..providers.base import CONTEXT_LENGTH, QUOTA, wire_of
 from ..providers.quotas import take
 from ..providers.overflow import saturated
 from ..serving.chat import Call, ChatAnswer, ChatRequest
@@ -204,7 +204,7 @@ async def answer_provider(state: GatewayState, request: Request, chat: ChatReque
     """``chat`` answered by ``target`` in ``renderer``'s shape (the module's docstring); ``model``: the route's
     public name, which the client's answer and the rate limits carry."""
     try:
-        PROVIDERS[target.provider].check(chat, target)
+        wire_of(target).check(chat, target)
         await _answer_provider(state, request, chat, target, model, renderer, keep, finish)
     except Unsupported as e:  # from the check, or from building the call (an image a wire cannot carry)
         raise unsupported(e, model, target) from None

@@ -3,6 +3,7 @@ targets, fallbacks and cooldowns, the calls made with the node's own HTTP client
 
     base.py         what a provider is (request built, answer and stream read, errors kinded), ``PROVIDERS``
     openai.py       OpenAI's chat completions wire: openai, azure, openai_compatible
+    openai_responses.py  the same three on OpenAI's Responses API (a target's api = "responses")
     anthropic.py    Anthropic's Messages wire
     gemini.py       Google Gemini's generateContent wire
     bedrock.py      AWS Bedrock's Converse wire, SigV4-signed
@@ -18,7 +19,7 @@ targets, fallbacks and cooldowns, the calls made with the node's own HTTP client
 The front APIs reach them through ``gateway/api/routed.py``.
 """
 
-from . import anthropic, bedrock, gemini, openai  # noqa: F401  (each registers its wire formats)
+from . import anthropic, bedrock, gemini, openai, openai_responses  # noqa: F401  (each registers its wire formats)
 from .base import PROVIDERS, ProviderAnswer, ProviderError, StreamEnd, Target, Unsupported, Usage
 from .routes import Route, Routes, RouteTarget, RoutesError
 

@@ -157,6 +157,11 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     def error(self, status: int, headers: "list[tuple[bytes, bytes]]", body: bytes) -> ProviderError: ...
 
+    def wire(self, target: Target) -> "Provider":
+        """The wire that speaks to ``target``: this one, unless the target chose another API of the same provider
+        (an OpenAI target's ``api = "responses"``)."""
+        return self
+
     # Whether the wire has embeddings (``embeddings_call`` then builds their request).
     embeds = False
 
@@ -166,6 +171,11 @@ class Provider(abc.ABC):
 
 
 PROVIDERS: Registry[Provider] = Registry("provider")
+
+
+def wire_of(target: Target) -> Provider:
+    """The wire format that asks ``target`` (its provider's, or the other API it chose)."""
+    return PROVIDERS[target.provider].wire(target)
 
 
 def refuse_engine_only(chat: ChatRequest, target: Target) -> None:

@@ -27,8 +27,8 @@ import trio
 from ..net.http_client import HttpClient, HttpClientError
 from ..observe.metrics import counter
 from ..serving.chat import ChatRequest, Delta
-from .base import (CONNECT, PROVIDERS, SERVER, TIMEOUT, HttpCall, Provider, ProviderAnswer, ProviderError, StreamEnd,
-                   Target, joined)
+from .base import (CONNECT, SERVER, TIMEOUT, HttpCall, Provider, ProviderAnswer, ProviderError, StreamEnd,
+                   Target, joined, wire_of)
 from .credentials import CredentialError, Secrets
 
 log = logging.getLogger("gateway.providers")
@@ -69,7 +69,7 @@ class ProviderCalls:
 
     async def _send(self, target: Target, build: "Callable[[Provider, Any], HttpCall]") -> Any:
         """``build(provider, secret)``'s request sent; the provider and its answer's head (a refusal raised)."""
-        provider = PROVIDERS[target.provider]
+        provider = wire_of(target)
         call = build(provider, await self._secret(target))
         try:
             answer = await self.http.request(call.method, call.url, call.headers, call.body)

@@ -34,6 +34,8 @@ from .sse import SseDecoder
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls",
            "content_filter": "content_filter"}
 _TEXT_KEYS = {"content", "role"}  # a delta with only these is plain text (the stream's fast path)
+# Each flavor on OpenAI's Responses API (openai_responses.py fills it): a target's ``api = "responses"``.
+RESPONSES_WIRES: "dict[str, Provider]" = {}
 
 
 def messages_out(chat: ChatRequest) -> list[dict[str, Any]]:
@@ -58,6 +60,15 @@ def messages_out(chat: ChatRequest) -> list[dict[str, Any]]:
             message = {**message, "content": None}
         out.append(message)
     return out
+
+
+def json_schema_of(constraint: Any) -> "dict[str, Any]":
+    """A JSON-schema constraint as OpenAI names it: its name (``response`` when the client gave none), the schema,
+    and its strictness when the client said."""
+    schema: dict[str, Any] = {"name": constraint.name or "response", "schema": orjson.loads(constraint.spec)}
+    if constraint.strict is not None:
+        schema["strict"] = constraint.strict
+    return schema
 
 
 def usage_of(raw: Any) -> Usage:
@@ -132,11 +143,7 @@ class OpenAIChat(Provider):
             if constraint.kind == "json_object":
                 body["response_format"] = {"type": "json_object"}
             else:
-                schema: dict[str, Any] = {"name": constraint.name or "response",
-                                          "schema": orjson.loads(constraint.spec)}
-                if constraint.strict is not None:
-                    schema["strict"] = constraint.strict
-                body["response_format"] = {"type": "json_schema", "json_schema": schema}
+                body["response_format"] = {"type": "json_schema", "json_schema": json_schema_of(constraint)}
         effort = chat.template_kwargs.get("reasoning_effort")
         if isinstance(effort, str) and self.name != "openai_compatible":
             body["reasoning_effort"] = effort
@@ -174,22 +181,28 @@ class OpenAIChat(Provider):
             body = {k: v for k, v in body.items() if k != "model"}
         return HttpCall(b"POST", url, headers, orjson.dumps(body))
 
+    def wire(self, target: Target) -> Provider:
+        return RESPONSES_WIRES[self.name] if target.options.get("api") == "responses" else self
+
+    def _url(self, target: Target, path: str) -> str:
+        """Where ``path`` (chat/completions, embeddings) is for the target (Azure: its deployment's)."""
+        base = target.base_url.rstrip("/")
+        if self.name != "azure":
+            return base + "/" + path
+        version = target.options.get("api_version")
+        return (f"{base}/openai/deployments/{target.model}/{path}?api-version={version}" if version
+                else f"{base}/openai/v1/{path}")
+
     def _where(self, target: Target, path: str, secret: Any, stream: bool) -> "tuple[str, list[tuple[bytes, bytes]]]":
-        """The URL of ``path`` (chat/completions, embeddings) for the target, and the headers with its credential."""
+        """The URL of ``path`` for the target, and the headers with its credential."""
         headers = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream" if stream else
                                                             b"application/json")]
-        if self.name == "azure":
-            version = target.options.get("api_version")
-            base = target.base_url.rstrip("/")
-            url = (f"{base}/openai/deployments/{target.model}/{path}?api-version={version}" if version
-                   else f"{base}/openai/v1/{path}")
-            if secret:
-                headers.append((b"authorization", b"Bearer " + secret.encode()) if target.options.get("auth") ==
-                               "bearer" else (b"api-key", secret.encode()))
-        else:
-            url = target.base_url.rstrip("/") + "/" + path
-            if secret:
+        url = self._url(target, path)
+        if secret:
+            if self.name != "azure" or target.options.get("auth") == "bearer":
                 headers.append((b"authorization", b"Bearer " + secret.encode()))
+            else:
+                headers.append((b"api-key", secret.encode()))
         headers += [(name.lower().encode(), value.encode()) for name, value in target.headers]
         return url, headers
 
@@ -275,7 +288,8 @@ class _ChatStream(StreamReader):
         return StreamEnd(self._finish, self._usage, deltas=deltas)
 
 
-PROVIDERS.add("openai", OpenAIChat("openai"), "OpenAI's API: chat completions with a bearer key")
+PROVIDERS.add("openai", OpenAIChat("openai"), "OpenAI's API: chat completions (or the Responses API), embeddings, a "
+              "bearer key")
 PROVIDERS.add("azure", OpenAIChat("azure"), "Azure OpenAI: deployments and api-version, an api-key or a bearer token")
 PROVIDERS.add("openai_compatible", OpenAIChat("openai_compatible"),
               "any OpenAI-compatible server (xAI, Mistral, Together, vLLM, SGLang): a base URL and a key")

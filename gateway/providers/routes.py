@@ -12,7 +12,8 @@
     rpm = 4000                             # optional: the account's quota, held by the whole cluster
     tpm = 400000                           #   (requests and tokens per minute; past it: the next target)
     headers = { "anthropic-beta" = "..." } # optional: sent with every call
-    # and the provider's own: api_version, auth (azure), region (bedrock), anthropic_version
+    # and the provider's own: api_version, auth (azure), region (bedrock), anthropic_version; api = "responses"
+    # and reasoning_summary (openai, azure, openai_compatible: OpenAI's Responses API instead of chat completions)
 
     [models.smart]                         # the public name clients ask for
     targets = [                            # tried by priority (lower first); weights split within a priority
@@ -57,8 +58,13 @@ DEFAULT_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https:
 _TARGET_KEYS = frozenset({"provider", "model", "credential", "base_url", "timeout_secs", "context_tokens", "rpm",
                           "tpm", "headers"})
 # What each provider reads of its own (anything else is refused: a typo would otherwise be silently ignored).
-PROVIDER_OPTIONS = {"azure": frozenset({"api_version", "auth"}), "bedrock": frozenset({"region"}),
-                    "anthropic": frozenset({"anthropic_version"}), "openai": frozenset({"organization", "project"})}
+_OPENAI_APIS = frozenset({"api", "reasoning_summary"})  # api = "chat" (the default) or "responses"
+PROVIDER_OPTIONS = {"azure": frozenset({"api_version", "auth"}) | _OPENAI_APIS, "bedrock": frozenset({"region"}),
+                    "anthropic": frozenset({"anthropic_version"}),
+                    "openai": frozenset({"organization", "project"}) | _OPENAI_APIS,
+                    "openai_compatible": _OPENAI_APIS}
+_OPTION_VALUES = {"api": ("chat", "responses"), "reasoning_summary": ("auto", "concise", "detailed"),
+                  "auth": ("key", "bearer")}
 TARGETS_MAX = 256
 ROUTES_MAX = 1024
 
@@ -256,6 +262,9 @@ def _target(name: str, spec: Any) -> "tuple[Target, Quota | None]":
         headers = {**headers, **({"OpenAI-Organization": spec["organization"]} if spec.get("organization") else {}),
                    **({"OpenAI-Project": spec["project"]} if spec.get("project") else {})}
     options = {key: spec[key] for key in own if key in spec}
+    for key, allowed in _OPTION_VALUES.items():
+        if key in options and options[key] not in allowed:
+            raise RoutesError(f"{where}.{key} must be one of {', '.join(allowed)}, got {options[key]!r}")
     quota = None
     if spec.get("rpm") is not None or spec.get("tpm") is not None:
         quota = Quota(_count(spec, "rpm", where), _count(spec, "tpm", where))

@@ -1,6 +1,7 @@
 """vLLM's own OpenAI server as a hosted provider (a route's openai_compatible target, gateway/providers/openai.py):
 the node's answers through the route equal vLLM's own (greedy), whole and streamed, from OpenAI chat, Anthropic's
-Messages and the Responses API; a dead first target falls back to it."""
+Messages and the Responses API; a dead first target falls back to it. vLLM's Responses API and its
+Anthropic-compatible Messages endpoint are targets too (``api = "responses"``, and the anthropic wire)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,19 @@ model = "{served_model}"
 base_url = "{vllm_openai_url}/v1"
 timeout_secs = 300
 
+[targets.vllm-responses]
+provider = "openai_compatible"
+model = "{served_model}"
+base_url = "{vllm_openai_url}/v1"
+api = "responses"
+timeout_secs = 300
+
+[targets.vllm-messages]
+provider = "anthropic"
+model = "{served_model}"
+base_url = "{vllm_openai_url}"
+timeout_secs = 300
+
 [targets.gone]
 provider = "openai_compatible"
 model = "{served_model}"
@@ -40,6 +54,12 @@ base_url = "http://127.0.0.1:{dead}/v1"
 
 [models.hosted]
 targets = ["vllm"]
+
+[models.hosted-responses]
+targets = ["vllm-responses"]
+
+[models.hosted-messages]
+targets = ["vllm-messages"]
 
 [models.gone-first]
 targets = [{{ target = "gone" }}, {{ target = "vllm", priority = 1 }}]
@@ -82,3 +102,18 @@ def test_messages_and_responses_clients_reach_vllm_through_the_route(routed, vll
     response = openai.OpenAI(base_url=routed.url + "/v1", api_key="x", max_retries=0, timeout=300).responses.create(
         model="hosted", input="Tell me about the sea.", max_output_tokens=12, temperature=0)
     assert response.output_text == own
+
+
+@pytest.mark.parametrize("route", ["hosted-responses", "hosted-messages"])
+def test_vllms_responses_and_messages_endpoints_as_targets_answer_as_its_chat_does(routed, vllm_openai_url,
+                                                                                   served_model, route):
+    messages = [{"role": "user", "content": "Tell me about the sea."}]
+    own = _direct(vllm_openai_url).chat.completions.create(model=served_model, messages=messages, max_tokens=12,
+                                                           temperature=0)
+    through = openai.OpenAI(base_url=routed.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    answer = through.chat.completions.create(model=route, messages=messages, max_tokens=12, temperature=0)
+    assert answer.choices[0].message.content == own.choices[0].message.content
+    assert answer.usage.prompt_tokens == own.usage.prompt_tokens and answer.choices[0].finish_reason == own.choices[0].finish_reason
+    streamed = "".join(c.choices[0].delta.content or "" for c in through.chat.completions.create(
+        model=route, messages=messages, max_tokens=12, temperature=0, stream=True) if c.choices)
+    assert streamed == own.choices[0].message.content

@@ -7,7 +7,8 @@ A test scripts a server: ``reply`` (the answer to a request: text, reasoning, to
 and ``failures`` (the next requests' failures, in order: a status with the provider's error body and headers, a
 delay, a connection dropped mid-answer). ``requests`` keeps what came (path, headers, body).
 
-    FakeOpenAI      chat completions: /v1/chat/completions, and Azure's deployment and v1 paths
+    FakeOpenAI      chat completions: /v1/chat/completions, and Azure's deployment and v1 paths; embeddings;
+                    the Responses API (/v1/responses)
 """
 
 from __future__ import annotations
@@ -162,6 +163,20 @@ class FakeProvider:
         handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         handler.wfile.flush()
 
+    def send_events(self, handler: Any, pieces: "list[bytes]", failure: Failure | None) -> None:
+        """A 200 stream of ``pieces``, its connection dropped where ``failure`` says."""
+        self.start_events(handler)
+        sent = 0
+        for piece in pieces:
+            if failure is not None and failure.drop_after_bytes is not None and sent >= failure.drop_after_bytes:
+                handler.close_connection = True
+                handler.wfile.flush()
+                handler.connection.shutdown(2)
+                return
+            self.send_chunk(handler, piece)
+            sent += len(piece)
+        self.end_events(handler)
+
     @staticmethod
     def end_events(handler: Any) -> None:
         handler.wfile.write(b"0\r\n\r\n")
@@ -202,6 +217,9 @@ class FakeOpenAI(FakeProvider):
         path = handler.path.split("?")[0]
         if path.endswith("/embeddings") and isinstance(body, dict):
             self.embeddings(handler, path, body, failure)
+            return
+        if path.endswith("/responses") and isinstance(body, dict):
+            self.responses(handler, body, failure)
             return
         if not (path.endswith("/chat/completions")):
             self.send_json(handler, 404, {"error": {"message": f"no route {path}", "type": "invalid_request_error"}})
@@ -250,8 +268,6 @@ class FakeOpenAI(FakeProvider):
             ChatCompletionChunk.model_validate(value)
             return b"data: " + json.dumps(value).encode() + b"\n\n"
 
-        self.start_events(handler)
-        sent = 0
         pieces = [chunk({"role": "assistant", "content": ""})]
         if reply.reasoning:
             pieces += [chunk({"reasoning_content": word}) for word in _words(reply.reasoning)]
@@ -268,15 +284,7 @@ class FakeOpenAI(FakeProvider):
         if (body.get("stream_options") or {}).get("include_usage"):
             pieces.append(chunk({}, with_usage=True))
         pieces.append(b"data: [DONE]\n\n")
-        for piece in pieces:
-            if failure is not None and failure.drop_after_bytes is not None and sent >= failure.drop_after_bytes:
-                handler.close_connection = True
-                handler.wfile.flush()
-                handler.connection.shutdown(2)
-                return
-            self.send_chunk(handler, piece)
-            sent += len(piece)
-        self.end_events(handler)
+        self.send_events(handler, pieces, failure)
 
     def embeddings(self, handler: Any, path: str, body: "dict[str, Any]", failure: Failure | None) -> None:
         """OpenAI's embeddings: the request checked as ``EmbeddingCreateParams``; each input's vector made from its
@@ -306,6 +314,79 @@ class FakeOpenAI(FakeProvider):
         if body.get("encoding_format") != "base64":
             CreateEmbeddingResponse.model_validate(answer)
         self.send_json(handler, 200, answer)
+
+
+    def responses(self, handler: Any, body: "dict[str, Any]", failure: Failure | None) -> None:
+        """OpenAI's Responses API: the request checked as ``ResponseCreateParams``; the answer a ``Response`` (a
+        reasoning item with its summary, the message, the function calls), streamed as its typed events."""
+        from openai.types.responses import Response, ResponseStreamEvent, response_create_params as params
+        from pydantic import TypeAdapter
+
+        stream = bool(body.get("stream"))
+        self.check(body, params.ResponseCreateParamsStreaming if stream else params.ResponseCreateParamsNonStreaming,
+                   "responses")
+        if failure is not None and self.fail(handler, failure):
+            return
+        reply = self.reply(body)
+        output: list[dict[str, Any]] = []
+        if reply.reasoning is not None:
+            output.append({"id": "rs_1", "type": "reasoning", "status": "completed",
+                           "summary": [{"type": "summary_text", "text": reply.reasoning}]})
+        if reply.content is not None:
+            output.append({"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+                           "content": [{"type": "output_text", "text": reply.content, "annotations": []}]})
+        for i, (name, args) in enumerate(reply.calls):
+            output.append({"id": f"fc_{i}", "type": "function_call", "call_id": f"call_{i}", "name": name,
+                           "arguments": json.dumps(args), "status": "completed"})
+        incomplete = reply.finish == "length"
+        response = {"id": "resp_fake", "object": "response", "created_at": 1, "model": body["model"],
+                    "status": "incomplete" if incomplete else "completed",
+                    "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+                    "output": output, "parallel_tool_calls": body.get("parallel_tool_calls", True),
+                    "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools", []),
+                    "usage": {"input_tokens": reply.prompt_tokens, "output_tokens": reply.completion_tokens,
+                              "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+                              "input_tokens_details": {"cached_tokens": reply.cached_tokens, "cache_write_tokens": 0},
+                              "output_tokens_details": {"reasoning_tokens": reply.reasoning_tokens}}}
+        Response.model_validate(response)
+        if not stream:
+            self.send_json(handler, 200, response)
+            return
+        events = TypeAdapter(ResponseStreamEvent)
+        sequence = iter(range(1_000_000))
+
+        def event(value: dict[str, Any]) -> bytes:
+            value = {**value, "sequence_number": next(sequence)}
+            events.validate_python(value)
+            return b"event: " + value["type"].encode() + b"\ndata: " + json.dumps(value).encode() + b"\n\n"
+
+        pieces = [event({"type": "response.created", "response": {**response, "status": "in_progress",
+                                                                  "output": [], "usage": None}})]
+        for index, item in enumerate(output):
+            pieces.append(event({"type": "response.output_item.added", "output_index": index,
+                                 "item": {**item, "status": "in_progress"} if item["type"] != "reasoning" else
+                                 {**item, "summary": []}}))
+            if item["type"] == "reasoning":
+                text = item["summary"][0]["text"]
+                pieces.append(event({"type": "response.reasoning_summary_part.added", "item_id": item["id"],
+                                     "output_index": index, "summary_index": 0,
+                                     "part": {"type": "summary_text", "text": ""}}))
+                pieces += [event({"type": "response.reasoning_summary_text.delta", "item_id": item["id"],
+                                  "output_index": index, "summary_index": 0, "delta": word})
+                           for word in _words(text)]
+            elif item["type"] == "message":
+                pieces += [event({"type": "response.output_text.delta", "item_id": item["id"], "output_index": index,
+                                  "content_index": 0, "delta": word, "logprobs": []})
+                           for word in _words(item["content"][0]["text"])]
+            else:
+                half = len(item["arguments"]) // 2
+                pieces += [event({"type": "response.function_call_arguments.delta", "item_id": item["id"],
+                                  "output_index": index, "delta": part})
+                           for part in (item["arguments"][:half], item["arguments"][half:])]
+            pieces.append(event({"type": "response.output_item.done", "output_index": index, "item": item}))
+        pieces.append(event({"type": "response.incomplete" if incomplete else "response.completed",
+                             "response": response}))
+        self.send_events(handler, pieces, failure)
 
 
 def _words(text: str) -> list[str]:

@@ -49,6 +49,8 @@ def test_a_config_is_read_into_routes_and_targets():
     ({"targets": {"x": {"provider": "openai", "model": "m", "credential": "sk-live-123"}}}, "never the secret"),
     ({"targets": {"x": {"provider": "openai", "model": "m", "credential": "env:K", "api_key": "sk"}}}, "unknown keys"),
     ({"targets": {"x": {"provider": "azure", "model": "m"}}}, "no default"),
+    ({"targets": {"x": {"provider": "openai", "model": "m", "api": "assistants"}}}, r"x\.api must be one of chat"),
+    ({"targets": {"x": {"provider": "anthropic", "model": "m", "api": "responses"}}}, "unknown keys: api"),
     ({"targets": {"x": {"provider": "openai", "model": "m", "headers": {"Authorization": "Bearer sk"}}}},
      "may not set credentials"),
     ({"models": {"m": {"targets": [{"target": "missing"}]}}}, "no target named 'missing'"),
