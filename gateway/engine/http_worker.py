@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import httpx2
 
+from ..net.http_client import HttpClient, HttpClientError, HttpResponse
 from .errors import EngineCallError
 
 # Status codes of a worker's answer that mean "try another worker" (smg's list).
@@ -20,9 +21,13 @@ _STATUS_TO_CODE = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMIS
                    408: "DEADLINE_EXCEEDED", 413: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT",
                    429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 502: "UNAVAILABLE", 503: "UNAVAILABLE",
                    504: "DEADLINE_EXCEEDED"}
-# Hop-by-hop headers (RFC 9110 7.6.1) and ones the server recomputes.
-_DROP_HEADERS = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                           "transfer-encoding", "upgrade", "content-length", "host", "date", "server"})
+# Hop-by-hop headers (RFC 9110 7.6.1) and ones the server recomputes (the relay client sends its own host,
+# content-length and accept-encoding).
+_DROP_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+                           b"trailer", b"transfer-encoding", b"upgrade", b"content-length", b"host", b"date", b"server",
+                           b"accept-encoding"})
+# A retryable answer's body is read for its message only (the first 512 bytes are kept); past this it is not read.
+_DETAIL_BYTES_MAX = 64 * 1024
 
 
 def _call_error(exc: Exception) -> EngineCallError:
@@ -36,18 +41,17 @@ def _call_error(exc: Exception) -> EngineCallError:
 class HttpUpstreamResponse:
     """A worker's answer being relayed: status, headers to pass on, body chunks."""
 
-    def __init__(self, response: httpx2.Response) -> None:
-        self.status = response.status_code
-        self.headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()
-                        if k.lower() not in _DROP_HEADERS]
+    def __init__(self, response: HttpResponse) -> None:
+        self.status = response.status
+        self.headers = [(k, v) for k, v in response.headers if k not in _DROP_HEADERS]
         self._response = response
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self._response.aiter_raw():
+            async for chunk in self._response:
                 yield chunk
-        except httpx2.HTTPError as e:
-            raise _call_error(e) from None
+        except HttpClientError as e:
+            raise EngineCallError("UNAVAILABLE", f"the worker's answer broke off: {e}") from None
 
 
 class HttpWorkerClient:
@@ -60,13 +64,17 @@ class HttpWorkerClient:
     publishes_kv_events = False
 
     def __init__(self, base_url: str, client: httpx2.AsyncClient, api_key: str | None = None,
-                 health_endpoint: str = "/health") -> None:
+                 health_endpoint: str = "/health", relay: HttpClient | None = None) -> None:
         """``api_key``: the worker's own key, configured by the operator (the clients' keys are the
-        gateway's and never reach a worker: gateway/api/proxy.py)."""
+        gateway's and never reach a worker: gateway/api/proxy.py). ``client`` asks the worker's health and
+        models (now and then); ``relay``, the node's own HTTP/1.1 client, carries the requests (the hot path:
+        the library client cost a quarter of a relayed request's CPU)."""
         self.architectures: tuple[str, ...] = ()  # an OpenAI-compatible server does not say
         self.base_url = base_url.rstrip("/")
         self._client = client
+        self._relay = relay or HttpClient()
         self._auth = [("authorization", f"Bearer {api_key}")] if api_key else []
+        self._relay_auth = [(b"authorization", f"Bearer {api_key}".encode("latin-1"))] if api_key else []
         self._health_endpoint = health_endpoint
 
     async def health(self, timeout_s: float) -> bool:
@@ -98,20 +106,21 @@ class HttpWorkerClient:
     @contextlib.asynccontextmanager
     async def forward(self, path: str, body: bytes, headers: "list[tuple[bytes, bytes]]",
                       timeout_s: float | None) -> AsyncIterator[HttpUpstreamResponse]:
-        """Send the request; a retryable status raises (nothing was relayed yet)."""
-        send_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers
-                        if k.decode("latin-1").lower() not in _DROP_HEADERS] + self._auth
-        request = self._client.build_request("POST", self.base_url + path, content=body, headers=send_headers,
-                                             timeout=timeout_s)
+        """Send the request; a retryable status raises (nothing was relayed yet). The time is the caller's (its
+        cancel scope: gateway/api/proxy.py)."""
+        send_headers = [(k, v) for k, v in headers if k.lower() not in _DROP_HEADERS] + self._relay_auth
         try:
-            response = await self._client.send(request, stream=True)
-        except httpx2.HTTPError as e:
-            raise _call_error(e) from None
+            response = await self._relay.request(b"POST", self.base_url + path, send_headers, body)
+        except HttpClientError as e:
+            raise EngineCallError("UNAVAILABLE", str(e)) from None
         try:
-            if response.status_code in RETRYABLE_STATUSES:
-                detail = (await response.aread())[:512].decode("utf-8", "replace")
-                raise EngineCallError(_STATUS_TO_CODE.get(response.status_code, "UNAVAILABLE"),
-                                      f"worker answered {response.status_code}: {detail}")
+            if response.status in RETRYABLE_STATUSES:
+                try:
+                    detail = (await response.read(_DETAIL_BYTES_MAX))[:512].decode("utf-8", "replace")
+                except HttpClientError:
+                    detail = ""
+                raise EngineCallError(_STATUS_TO_CODE.get(response.status, "UNAVAILABLE"),
+                                      f"worker answered {response.status}: {detail}")
             yield HttpUpstreamResponse(response)
         finally:
             await response.aclose()

@@ -26,6 +26,7 @@ from ..engine.bridge import GrpcBridge
 from ..engine.errors import EngineCallError
 from ..engine.grpc_engine import GrpcEngineClient
 from ..engine.http_worker import HttpWorkerClient
+from ..net.http_client import HttpClient
 from ..engine.pairing_info import PairingInfo
 from ..observe.metrics import counter, gauge
 from ..routing.breaker import BreakerConfig, CircuitBreaker
@@ -94,8 +95,9 @@ class WorkerRegistry:
                  breaker: BreakerConfig, nursery: trio.Nursery, kv_index: KvIndex | None = None,
                  cluster: Replication | None = None, kv_events_always: bool = False,
                  allowlist: WorkerAllowlist | None = None, kv_sharing: KvFollowers | None = None,
-                 connect: Connect | None = None) -> None:
+                 connect: Connect | None = None, relay: HttpClient | None = None) -> None:
         self._bridge = bridge
+        self._relay = relay  # HTTP workers' requests go through it (their health and models through http_client)
         self._allowlist = allowlist
         self._http = http_client
         # How a worker's client is made; the simulated cluster (tests/sim) passes clients of its own.
@@ -255,7 +257,7 @@ class WorkerRegistry:
             client: Any = await GrpcEngineClient.detect(self._bridge, target, timeout_s)
             info = await client.model_info(timeout_s)
             return client, (model or info.served_model_name,), info.max_context_tokens or None
-        client = HttpWorkerClient(target, self._http, api_key, self.health_config.endpoint)
+        client = HttpWorkerClient(target, self._http, api_key, self.health_config.endpoint, self._relay)
         return client, (model,) if model else tuple(await client.models(timeout_s)), None
 
     async def remove(self, worker_id: str, drain_timeout_s: float = 300.0, replicate: bool = True) -> Worker:

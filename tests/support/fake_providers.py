@@ -107,6 +107,13 @@ class FakeProvider:
             def log_message(self, *args: Any) -> None:
                 pass
 
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                # What a node asks of an OpenAI-compatible HTTP worker: its health and its model.
+                if self.path.split("?")[0] in ("/health", "/v1/models"):
+                    owner.send_json(self, 200, {"object": "list", "data": [{"id": owner.name, "object": "model"}]})
+                else:
+                    owner.send_json(self, 404, {"error": {"message": f"no route {self.path}"}})
+
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 length = int(self.headers.get("content-length", "0"))
                 raw = self.raw_body = self.rfile.read(length)
