@@ -76,6 +76,36 @@ class BackgroundOut:
         pass
 
 
+class BackgroundRequest(BackgroundOut):
+    """A routed background response's stand-in for its request while its route picks a target
+    (``gateway/api/routed.py``): who asked is the request's, read through; what a target sends goes nowhere (its
+    events are in the log, its final response returned), but marks the answer begun, so a target that fails after
+    that is not left for the next one, as for a client's request."""
+
+    def __init__(self, request: Any) -> None:
+        self._request = request
+        self.response_started = False
+        self.target: str | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._request, name)
+
+    async def start_stream(self, status: int, headers: Any) -> None:
+        self.response_started = True
+
+    async def send_chunk(self, data: bytes) -> None:
+        self.response_started = True
+
+    async def send_bytes(self, status: int, data: bytes, headers: Any = None) -> None:
+        self.response_started = True
+
+    async def send_json(self, status: int, value: Any) -> None:
+        self.response_started = True
+
+    async def end_stream(self, data: bytes = b"") -> None:
+        self.response_started = True
+
+
 class _NoClient:
     async def __aenter__(self) -> trio.CancelScope:
         self.scope = trio.CancelScope()

@@ -44,7 +44,11 @@ async def background_loop(state: GatewayState, loop: ToolLoop, shape: ResponseSh
 
 
 async def _in_progress(shape: ResponseShape, keep: Any, run: BackgroundRun) -> None:
-    """The response starts: in_progress in its stream and in the store (unless a cancel came first)."""
+    """The response starts: in_progress in its stream and in the store (unless a cancel came first); once, though
+    a routed one may try several targets."""
+    if shape.in_progress_told:
+        return
+    shape.in_progress_told = True
     in_progress = shape.response("in_progress")
     if shape.log is not None:
         shape.response_event(IN_PROGRESS, in_progress)
@@ -153,6 +157,51 @@ async def background_answer(state: GatewayState, request: Request, plan: Generat
         return shape.whole(output.whole(result) if output is not None else plain_answer(result))
     except Exception as e:  # the answer is a failed response, as a stream's would be
         return _failed(shape, e)
+
+
+class ProviderInBackground:
+    """The shape as a hosted provider's answer renders into it in the background (``gateway/api/routed.py``'s
+    ``answer_provider``): the opening events were made when it was queued and started, so none again; the
+    whole answer and a stream's error are kept for the run's final response."""
+
+    def __init__(self, shape: ResponseShape, keep: Any, run: BackgroundRun) -> None:
+        self.shape = shape
+        self._keep = keep
+        self._run = run
+        self.final: "dict[str, Any] | None" = None
+        self.failure: ApiError | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.shape, name)
+
+    async def begin(self, model: str) -> None:
+        """A target was chosen: the response names its model, and is in progress."""
+        self.shape.base["model"] = model
+        await _in_progress(self.shape, self._keep, self._run)
+
+    def delta_events(self, deltas: Any, first: bool) -> bytes:
+        return self.shape.delta_events(deltas, False)
+
+    def error_event(self, error: ApiError) -> bytes:
+        self.failure = error
+        return self.shape.error_event(error)
+
+    async def keep_whole(self, answer: "dict[str, Any]") -> None:
+        self.final = answer  # stored by the run when it ends (``_run_in_background``)
+
+    async def terminal(self) -> bytes:
+        return self.shape.terminal_event()
+
+    def result(self) -> "dict[str, Any]":
+        """The run's final response: failed by the stream's error, else the answer."""
+        if self.failure is not None:
+            return self.shape.failed(self.failure)
+        return self.final if self.final is not None else self.shape.final
+
+
+def failed_response(shape: ResponseShape, e: Exception) -> dict[str, Any]:
+    """The failed response an exception of a background run makes (its stream's error event too)."""
+    return _failed(shape, e)
 
 
 async def _store_events(shape: ResponseShape, keep: Any) -> None:

@@ -15,7 +15,7 @@ import orjson
 
 from ...base.ids import new_id
 from ...history import StoredResponse
-from ..background import BackgroundRun
+from ..background import BackgroundRequest, BackgroundRun
 from ..chat_output import ChatOutput
 from ..errors import BadRequest, NotFound, shown, to_api_error
 from ..http import SSE_HEADERS, Request
@@ -27,7 +27,8 @@ from ..protocol import field, parse_json_body
 from ..ratelimits import counted_write
 from ..routed import answer_provider, answer_routed, route_of
 from ..state import GatewayState
-from .background import background_answer, background_loop, start_in_background
+from .background import (ProviderInBackground, background_answer, background_loop, failed_response,
+                         start_in_background)
 from .chain import NO_CONTEXT, Context, context_of, conversation_id_of, history_store, keeper
 from .shape import ResponseShape
 from .stream_log import StreamLog, follow_log, follow_store, starting_after, stored_events_bytes_max
@@ -71,10 +72,11 @@ async def create(state: GatewayState, request: Request) -> None:
         await _create_on_pool(state, request, body, context, items, metadata, conversation_id, store, background,
                               chat)
         return
-    answer = _Answer(state, request, body, context, items, metadata, conversation_id, store, background)
     if background:
-        raise BadRequest(f"the model '{chat.model}' is routed (its targets may be hosted providers): background "
-                         "responses are not available for it yet", param="background", code="unsupported_parameter")
+        await _create_routed_in_background(state, request, body, context, items, metadata, conversation_id, chat,
+                                           route)
+        return
+    answer = _Answer(state, request, body, context, items, metadata, conversation_id, store, background)
     await answer_routed(state, request, route, lambda model: answer.on_pool(dataclasses.replace(chat, model=model)),
                         lambda target: answer.on_provider(chat, target, route.name), len(orjson.dumps(chat.messages)))
 
@@ -96,9 +98,7 @@ class _Answer:
 
     async def on_provider(self, chat: Any, target: Any, model: str) -> None:
         body = self.body
-        if INCLUDE_LOGPROBS in included(body):
-            raise BadRequest(f"the model '{model}' (target {target.name}) does not give logprobs here",
-                             param="include", code="unsupported_feature")
+        _refuse_provider_logprobs(body, target, model)
         shape = ResponseShape(new_id("resp"), target.model, body, self.metadata, body.get("previous_response_id"),
                               self.store, self.conversation_id, False, None, chat.stream, None)
         keep = keeper(self.state, self.request, shape, self.items, self.context, self.conversation_id, self.store, None)
@@ -113,10 +113,61 @@ class _Answer:
                               self.conversation_id, self.store, self.background, chat)
 
 
-async def _create_on_pool(state: GatewayState, request: Request, body: dict[str, Any], context: Context,
-                          items: "list[dict[str, Any]]", metadata: dict[str, str], conversation_id: str | None,
-                          store: bool, background: bool, chat: Any) -> None:
-    """A create request answered by the fleet's workers serving ``chat.model``."""
+def _refuse_provider_logprobs(body: dict[str, Any], target: Any, model: str) -> None:
+    if INCLUDE_LOGPROBS in included(body):
+        raise BadRequest(f"the model '{model}' (target {target.name}) does not give logprobs here",
+                         param="include", code="unsupported_feature")
+
+
+def _background_expiry_s(state: GatewayState) -> float:
+    """When a background response must be over by (queue wait, then the generation's own timeout; a minute more
+    for the last write): past it, readers know the node running it stopped."""
+    admission = state.config.admission
+    return time.time() + admission.queue_timeout_s + (admission.request_timeout_s or 86_400.0) + 60.0
+
+
+async def _create_routed_in_background(state: GatewayState, request: Request, body: dict[str, Any],
+                                       context: Context, items: "list[dict[str, Any]]", metadata: dict[str, str],
+                                       conversation_id: str | None, chat: Any, route: Any) -> None:
+    """A background response of a routed model: queued and stored at once, like any; its target chosen when it
+    runs (the route's order, cooldowns, quotas and overflow as they are then), with fallbacks as for a client's
+    request until its answer begins. It names the route until a target answers, then the target's model."""
+    shape = ResponseShape(new_id("resp"), route.name, body, metadata, body.get("previous_response_id"), True,
+                          conversation_id, True, None, chat.stream, _stream_log(state) if chat.stream else None)
+    keep = keeper(state, request, shape, items, context, conversation_id, True, _background_expiry_s(state))
+
+    async def answer(run: BackgroundRun) -> dict[str, Any]:
+        out = BackgroundRequest(request)
+        finals: list[dict[str, Any]] = []
+
+        async def on_pool(model: str) -> None:
+            pooled = dataclasses.replace(chat, model=model)
+            plan, tokenizer, output = await _pool_plan(state, out, pooled)
+            shape.base["model"] = plan.model
+            shape.logprobs = logprob_shape(plan, tokenizer, chat=True)
+            async with rate_limited_generation(state, out, plan):
+                finals.append(await background_answer(state, out, plan, tokenizer, shape, output, keep, run))
+
+        async def on_provider(target: Any) -> None:
+            _refuse_provider_logprobs(body, target, route.name)
+            rendered = ProviderInBackground(shape, keep, run)
+            await rendered.begin(target.model)
+            await answer_provider(state, out, chat, target, route.name, rendered, keep=rendered.keep_whole,
+                                  finish=rendered.terminal)
+            finals.append(rendered.result())
+
+        try:
+            await answer_routed(state, out, route, on_pool, on_provider, len(orjson.dumps(chat.messages)))
+        except Exception as e:  # every target failed, or the request was refused: the response failed
+            return failed_response(shape, e)
+        return finals[-1]
+
+    await start_in_background(state, request, shape, keep, chat.stream, contextlib.AsyncExitStack(), answer)
+
+
+async def _pool_plan(state: GatewayState, request: Any, chat: Any) -> "tuple[Any, Any, ChatOutput | None]":
+    """The generation that answers ``chat`` on the fleet's workers serving its model: the plan, the model's
+    tokenizer and the output's parsers (None: plain text)."""
     prompt = await chat_prompt(state, request, chat, "Responses API")
     entry, tokenizer = prompt.entry, prompt.tokenizer
     plan = plan_generation(state, request, entry, prompt.ids, chat.sampling, chat.stream, "input", prompt.media,
@@ -125,14 +176,19 @@ async def _create_on_pool(state: GatewayState, request: Request, body: dict[str,
     output = ChatOutput.for_request(entry, chat)
     if output is not None:
         plan.kept_special = output.kept_special
-    shape = ResponseShape(new_id("resp"), entry.name, body, metadata, body.get("previous_response_id"), store,
+    return plan, tokenizer, output
+
+
+async def _create_on_pool(state: GatewayState, request: Request, body: dict[str, Any], context: Context,
+                          items: "list[dict[str, Any]]", metadata: dict[str, str], conversation_id: str | None,
+                          store: bool, background: bool, chat: Any) -> None:
+    """A create request answered by the fleet's workers serving ``chat.model``."""
+    plan, tokenizer, output = await _pool_plan(state, request, chat)
+    shape = ResponseShape(new_id("resp"), plan.model, body, metadata, body.get("previous_response_id"), store,
                           conversation_id, background, logprob_shape(plan, tokenizer, chat=True), chat.stream,
                           _stream_log(state) if background and chat.stream else None)
-    # A background response must be over by then (queue wait, then the generation's own timeout); a
-    # minute more for the last write. Past it, readers know the node running it stopped.
-    admission = state.config.admission
-    keep = keeper(state, request, shape, items, context, conversation_id, store, time.time() + admission.queue_timeout_s
-                  + (admission.request_timeout_s or 86_400.0) + 60.0 if background else None)
+    keep = keeper(state, request, shape, items, context, conversation_id, store,
+                  _background_expiry_s(state) if background else None)
     if background:
         limits = contextlib.AsyncExitStack()
         await limits.enter_async_context(rate_limited_generation(state, request, plan))

@@ -54,6 +54,7 @@ class ResponseShape:
     # delta (_open_message); None otherwise.
     _delta_tail: "bytes | None" = None
     final: "dict[str, Any] | None" = None  # a stream's final response, once final_events made it
+    in_progress_told = False  # a background response's in_progress was stored and logged (background.py)
     # A tool loop's (tools.py): the tools the node runs, by name.
     hosted: "HostedTools | None" = None
 

@@ -14,6 +14,7 @@ import pytest
 from chaos.processes import EngineProcess
 from tests.support.fake_providers import Failure, FakeOpenAI, Reply, routed_node, started
 from tests.support.nodes import ENGINE_ARGS, MODEL
+from tests.support.waiting import eventually
 
 KEYS = {"FAKE_PRIMARY_KEY": "sk-primary-secret", "FAKE_BACKUP_KEY": "sk-backup-secret"}
 
@@ -301,3 +302,44 @@ def test_embeddings_of_a_routed_model_are_checked_before_anything_is_sent(oai, f
         oai.embeddings.create(model="smart", input=[])
     assert refused.value.body["param"] == "input"
     assert not fakes["primary"].requests
+
+
+def _finished(oai, response_id: str):
+    return eventually(lambda: (lambda r: r if r.status not in ("queued", "in_progress") else None)(
+        oai.responses.retrieve(response_id)), 20, f"the background response {response_id} did not finish")
+
+
+def test_a_background_response_of_a_routed_model_falls_back_and_is_stored_as_it_goes(oai, fakes):
+    fakes["primary"].failures.append(Failure(503))  # the backup answers: the route's fallback holds in the background
+    queued = oai.responses.create(model="smart", input="Hello there", background=True)
+    assert queued.status in ("queued", "in_progress") and queued.background and queued.model in ("smart", "gpt-fake",
+                                                                                                "backup-model")
+    done = _finished(oai, queued.id)
+    assert done.status == "completed" and done.output_text == "Hello from backup." and done.model == "backup-model"
+    assert done.usage.output_tokens == 7 and len(fakes["primary"].requests) == 1
+    fakes["primary"].reply = lambda body: Reply(content="one two three")
+    events = list(oai.responses.create(model="smart", previous_response_id=done.id, input="Count", background=True,
+                                       stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:3] == ["response.created", "response.queued", "response.in_progress"] and kinds.count(
+        "response.in_progress") == 1
+    assert kinds[-1] == "response.completed" and events[-1].response.output_text == "one two three"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert [e.type for e in oai.responses.retrieve(events[0].response.id, stream=True)] == kinds  # resumed whole
+    assert [m["role"] for m in fakes["primary"].requests[1][2]["messages"]] == ["user", "assistant", "user"]
+    pooled = _finished(oai, oai.responses.create(model="fleet-first", input="Hi", background=True,
+                                                 max_output_tokens=4).id)  # the route's pool answers it
+    assert pooled.model == MODEL and pooled.status == "incomplete" and pooled.output_text
+
+
+def test_a_background_response_whose_targets_all_fail_is_failed_and_one_can_be_cancelled(oai, fakes):
+    fakes["lone"].failures.append(Failure(503, "no such thing"))  # the route's one target (or cooling already)
+    failed = _finished(oai, oai.responses.create(model="azure", input="Hi", background=True).id)
+    assert failed.status == "failed" and ("no such thing" in failed.error.message or
+                                          failed.error.code == "no_target_available")
+    fakes["primary"].failures.append(Failure(200, delay_s=3))  # answers, but late
+    queued = oai.responses.create(model="smart", input="Take your time", background=True)
+    eventually(lambda: oai.responses.retrieve(queued.id).status == "in_progress", 10, "the run did not start")
+    assert oai.responses.cancel(queued.id).status == "cancelled"
+    assert oai.responses.retrieve(queued.id).status == "cancelled"
+    assert not fakes["backup"].requests  # a cancel is not a failure: nothing falls back
