@@ -215,3 +215,30 @@ def test_a_probe_the_request_itself_spoiled_leaves_the_next_request_to_probe():
     assert cool.probe("t", 10.0) and not cool.available("t", 10.5)
     cool.release("t")  # the probe's request was refused for its own reasons (a feature the target lacks)
     assert cool.available("t", 10.6) and cool.probe("t", 10.6)
+
+
+@pytest.mark.parametrize("body", [
+    b'data: {"a":1}\n\ndata: {"b":2}\n\ndata: [DONE]\n\n',  # the usual: read in one pass
+    b'data: {"a":1}\n\n',
+    b'data: [DONE]\n\n',
+    b'data: {"a":1}\n\nevent: x\ndata: {"b":2}\n\n',  # another field: the general reading
+    b'data: {"a":1}\n\n: keep-alive\n\ndata: {"b":2}\n\n',  # a comment
+    b'data: {"a":1}\r\n\r\ndata: {"b":2}\n\n',  # \r
+    b'data: [DONE]\n\ndata: {"a":1}\n\n',  # [DONE] not last
+    b'data: {"a":1}\n\ndata: 7\n\ndata: "s"\n\n',  # values that are not objects are skipped
+    b'data: {"a":\ndata: 1}\n\n',  # two data lines of one event
+])
+def test_whole_events_read_in_one_pass_give_what_the_general_reading_gives(body):
+    general = SseDecoder()
+    expected = [o for i in range(len(body)) for o in general.objects(body[i:i + 1])]  # byte by byte: never whole
+    assert SseDecoder().objects(body) == expected
+
+
+@pytest.mark.parametrize("body", [b'data: 1, 2\n\n', b'data: {"a":1}\n\ndata: nope\n\n'])
+def test_an_event_that_is_not_one_json_value_is_refused_whole_or_in_pieces(body):
+    with pytest.raises(ProviderError, match="not JSON"):
+        SseDecoder().objects(body)
+    with pytest.raises(ProviderError, match="not JSON"):
+        decoder = SseDecoder()
+        for i in range(len(body)):
+            decoder.objects(body[i:i + 1])
