@@ -224,6 +224,7 @@ class _ChatStream(StreamReader):
 
     def feed(self, data: bytes) -> "list[Delta]":
         deltas: list[Delta] = []
+        texts: list[str] = []  # the plain texts of consecutive chunks: one Content (one event for the client)
         for chunk in self._events.objects(data):
             choices = chunk.get("choices")
             choice = choices[0] if type(choices) is list and len(choices) == 1 else None
@@ -234,9 +235,14 @@ class _ChatStream(StreamReader):
                 if type(delta) is dict and delta.keys() <= _TEXT_KEYS:
                     content = delta.get("content")
                     if type(content) is str and content:
-                        deltas.append(Content(content))
+                        texts.append(content)
                     continue
+            if texts:
+                deltas.append(Content("".join(texts)))
+                texts.clear()
             self._chunk(chunk, deltas)
+        if texts:
+            deltas.append(Content("".join(texts)))
         return deltas
 
     def _chunk(self, chunk: "dict[str, Any]", deltas: "list[Delta]") -> None:
