@@ -211,12 +211,15 @@ class MeshAgent:
 
     async def leave(self, propagate_s: float | None = None) -> None:
         """Announce the leave, give gossip time to carry it, then stop."""
+        log.info("member %s leaving the cluster (asked by an operator, or a signal): telling %d members",
+                    self.name, max(0, len(self.swim.table.members) - 1))
         self._handle(Leave())
         limit = propagate_s if propagate_s is not None else 3 * self.config.gossip_interval_s * max(
             1, self.config.retransmit_limit(len(self.swim.table.members)))
         with trio.move_on_after(limit):
             while self.swim.broadcasts_pending():
                 await trio.sleep(self.config.gossip_interval_s)
+        log.info("member %s left the cluster", self.name)
         self.stop()
 
     def force_leave(self, name: str) -> list[str]:

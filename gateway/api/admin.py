@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import trio
 
@@ -164,11 +165,44 @@ async def add_worker(state: GatewayState, request: Request) -> None:
     api_key = body.get("api_key")  # the worker's own key (OpenAI-compatible HTTP workers); never shown
     if api_key is not None and (not isinstance(api_key, str) or not 0 < len(api_key) <= 4096):
         raise BadRequest("'api_key' must be a non-empty string", param="api_key")
+    if _is_this_node(state, request, url):
+        raise BadRequest(f"'{url}' is this node's own address, not an engine's: name the engine's URL (a node "
+                         "registered as its own worker would send its requests to itself)", param="url",
+                         code="worker_is_this_node")
     role, bootstrap_port = _role(body)
     worker = await state.registry.add(url, _labels(body), model, api_key=api_key, role=role,
                                       bootstrap_port=bootstrap_port)
     await state.catalog.ensure(worker, int(worker.registered_at))
     await request.send_json(201, worker.describe(trio.current_time()))
+
+
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"})
+
+
+def _is_this_node(state: GatewayState, request: Request, url: str) -> bool:
+    """``url`` is where this node serves HTTP: the address the admin request came to (its Host), or the node's
+    port on a loopback name. (A gRPC URL is never the node: it serves no gRPC.)"""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return False
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return False  # not a port at all: the registry refuses it with its own words
+    host = parts.hostname.lower()
+    asked = request.header("host")
+    if asked:
+        try:
+            reached = urlsplit("//" + asked)
+            if (reached.hostname or "").lower() == host and (reached.port or 80) == port:
+                return True
+        except ValueError:
+            pass  # a Host no URL can have: only the port check below
+    own = state.status.own_url
+    if own is None:
+        return False
+    own_parts = urlsplit(own)
+    return own_parts.port == port and (host in _LOOPBACK_HOSTS or host == (own_parts.hostname or "").lower())
 
 
 async def remove_worker(state: GatewayState, request: Request) -> None:

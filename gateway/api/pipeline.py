@@ -66,10 +66,31 @@ def model_entry(state: GatewayState, model: str | None, principal: Principal) ->
             engines = ", ".join(sorted(state.status.unreachable_engines))
             raise Unavailable(f"The model '{model}' is not served yet: the configured engine(s) {engines} do not "
                               "answer; retry when they do", code="engine_unreachable", retry_after_s=5)
-        raise NotFound(f"The model '{model}' does not exist", param="model", code="model_not_found")
+        raise model_not_found(state, model, principal)
     if principal.models is not None:
         Authenticator.check_model(principal, entry.name)
     return entry
+
+
+# The names a 404 for an unknown model lists (a node with more says how many more).
+NAMES_LISTED_MAX = 20
+
+
+def model_not_found(state: GatewayState, model: str, principal: Principal) -> NotFound:
+    """OpenAI's 404 for a model, with what this caller may use instead (never a model it may not: a tenant
+    learns nothing of another's routes or a key's forbidden models)."""
+    names = sorted(name for name in state.catalog.names() if principal.may_use(name))
+    providers = getattr(state, "providers", None)
+    if providers is not None:
+        names = sorted(set(names) | {name for name, route in providers.routes.routes.items()
+                                     if principal.may_use(name) and route.allows(principal.tenant)})
+    if not names:
+        served = "no model is served here yet"
+    else:
+        shown = ", ".join(names[:NAMES_LISTED_MAX])
+        more = f" and {len(names) - NAMES_LISTED_MAX} more (GET /v1/models)" if len(names) > NAMES_LISTED_MAX else ""
+        served = f"the models served here: {shown}{more}"
+    return NotFound(f"The model '{model}' does not exist; {served}", param="model", code="model_not_found")
 
 
 # How long a request waits for its model's tokenizer when a gRPC engine just registered.

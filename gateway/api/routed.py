@@ -28,9 +28,9 @@ from ..providers.quotas import take
 from ..providers.overflow import saturated
 from ..serving.chat import Call, ChatAnswer, ChatRequest
 from ..serving.generation import GenerationResult, UsageTally
-from .errors import ApiError, BadRequest, NotFound, TooManyRequests, UpstreamError, UpstreamTimeout
+from .errors import ApiError, BadRequest, TooManyRequests, UpstreamError, UpstreamTimeout
 from .http import SSE_HEADERS, Request
-from .pipeline import end_sse, send_whole
+from .pipeline import end_sse, model_not_found, send_whole
 from .ratelimits import rate_limited
 from .state import GatewayState
 
@@ -41,7 +41,7 @@ def route_of(state: GatewayState, model: str, request: Request) -> Route | None:
     providers = getattr(state, "providers", None)
     route = providers.route(model) if providers is not None else None
     if route is not None and not (route.allows(request.principal.tenant) and request.principal.may_use(model)):
-        raise NotFound(f"The model '{model}' does not exist", param="model", code="model_not_found")
+        raise model_not_found(state, model, request.principal)
     return route
 
 

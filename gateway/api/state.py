@@ -39,6 +39,8 @@ class NodeStatus:
     # Engines of --worker-urls that have not answered since the node started (their models are unknown yet):
     # requests for a model nobody serves answer 503 naming them rather than 404.
     unreachable_engines: set[str] = dataclasses.field(default_factory=set)
+    # Where this node serves (http://host:port, once it listens): a worker at that address would be the node itself.
+    own_url: str | None = None
 
 
 class GatewayState:

@@ -35,7 +35,10 @@ def run(args: argparse.Namespace) -> int:
                 "expires_in_s": args.expires_in_secs}
         print(json.dumps(call_node(args, "POST", "/admin/api-keys", body), indent=2))
     elif args.action == "list":
-        for key in call_node(args, "GET", "/admin/api-keys")["keys"]:
+        keys = call_node(args, "GET", "/admin/api-keys")["keys"]
+        if not keys:
+            print("no run-time API keys (make one: smg-node keys create NAME)")
+        for key in keys:
             state = "active" if key["active"] else ("revoked" if key["revoked"] else "expired")
             print(f"{key['id']}  {key['name']}  {key['role']}  {key['tenant'] or '-'}  {state}")
     else:

@@ -25,7 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--json", action="store_true", help="the node's JSON instead of a table")
     add = actions.add_parser("add", help="register a worker on every node")
     node_options(add, nested=True)
-    add.add_argument("url", help="grpc://host:port (SGLang/vLLM gRPC) or http(s)://host:port (OpenAI-compatible)")
+    # Its own name: --url is the node the command talks to (one argparse destination for both made `workers add
+    # URL --url NODE` register the node itself).
+    add.add_argument("worker_url", metavar="URL",
+                     help="grpc://host:port (SGLang/vLLM gRPC) or http(s)://host:port (OpenAI-compatible)")
     add.add_argument("--worker-type", choices=("regular", "prefill", "decode"), default="regular",
                      help="prefill or decode: one half of a disaggregated pair")
     add.add_argument("--bootstrap-port", type=int, default=None, help="a prefill engine's bootstrap port "
@@ -51,9 +54,10 @@ def table(workers: "list[dict[str, Any]]") -> str:
 def run(args: argparse.Namespace) -> int:
     if args.action == "list":
         workers = call_node(args, "GET", "/workers")["workers"]
-        print(json.dumps(workers, indent=2) if args.json else table(workers))
+        print(json.dumps(workers, indent=2) if args.json else table(workers) if workers else
+              "no workers (add one: smg-node workers add URL)")
     elif args.action == "add":
-        body = {"url": args.url, "worker_type": args.worker_type, "bootstrap_port": args.bootstrap_port,
+        body = {"url": args.worker_url, "worker_type": args.worker_type, "bootstrap_port": args.bootstrap_port,
                 "model": args.model}
         worker = call_node(args, "POST", "/workers", {k: v for k, v in body.items() if v is not None})
         print(table([worker]))

@@ -158,6 +158,24 @@ def _hypercorn_config(config: GatewayConfig) -> HypercornConfig:
     return hc
 
 
+def ready_note(state: GatewayState, cluster: "ClusterState | None") -> str:
+    """What the READY line adds after the URL: the workers it has, and what it still misses (engines that do not
+    answer, a cluster not joined yet), so a node that serves nothing yet says so where the operator looks."""
+    count = len(state.registry.all())
+    parts = [f"{count} worker{'' if count == 1 else 's'}"]
+    waiting = sorted(state.status.unreachable_engines)
+    if waiting:
+        parts.append(f"not answering yet: {', '.join(waiting[:4])}" + (f" and {len(waiting) - 4} more"
+                                                                       if len(waiting) > 4 else ""))
+    else:
+        routes = getattr(getattr(state, "providers", None), "routes", None)
+        if count == 0 and not (routes is not None and routes.routes):  # nothing to answer with at all
+            parts.append("no engine: add one with smg-node workers add URL")
+    if cluster is not None:
+        parts.append("cluster joined" if cluster.registry_received else "not joined yet")
+    return ", ".join(parts)
+
+
 async def serve_gateway(config: GatewayConfig, cluster: ClusterState | None = None, *,
                         task_status=trio.TASK_STATUS_IGNORED) -> None:
     metrics = GatewayMetrics()
@@ -212,6 +230,7 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metri
             await nursery.start(_serve_metrics_only, config, metrics)
         app = GatewayApp(state, nursery, services["authenticator"])
         url = await nursery.start(_serve_http, config, app, shutdown, metrics)
+        state.status.own_url = url
         log.info("smg-node gateway serving on %s (%d workers, policy %s)", url, len(registry),
                  config.policy.name)
         task_status.started(RunningGateway(url, state, shutdown))
@@ -313,7 +332,7 @@ def run_gateway(config: GatewayConfig) -> int:
                 if config.discovery.enabled and config.discovery.router_selector:
                     nursery.start_soon(_follow_router_pods, config, mesh.agent)
             # One line on stdout, whatever the log level: scripts and supervisors wait for it.
-            print(f"READY {running.url}", flush=True)
+            print(f"READY {running.url}  ({ready_note(running.state, cluster)})", flush=True)
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 signals_seen = 0
                 async for signum in signals:

@@ -214,6 +214,7 @@ class _Worker:
         self.argv = argv
         self.process: trio.Process | None = None
         self.ready = trio.Event()
+        self.ready_note = ""  # what its READY line said after the URL: "  (1 worker, ...)"
         self.started_at = 0.0
         self.backoff_s = RESTART_BACKOFF_FIRST_S
 
@@ -278,7 +279,7 @@ class Supervisor:
         self._announced = True
         log.info("smg-node serving on %s with %d worker processes", self._url, self.count)
         # One line on stdout, whatever the log level: scripts and supervisors wait for it.
-        print(f"READY {self._url}", flush=True)
+        print(f"READY {self._url}{workers[0].ready_note if workers else ''}", flush=True)
 
     async def _keep_running(self, worker: _Worker) -> None:
         while not self._stopping:
@@ -327,6 +328,8 @@ class Supervisor:
             *lines, buffered = buffered.split(b"\n")
             for line in lines:
                 if line.startswith(b"READY "):
+                    _, _, note = line.decode("utf-8", "replace").partition(" ")[2].partition(" ")
+                    worker.ready_note = " " + note if note else ""
                     worker.ready.set()
                 else:
                     sys.stdout.buffer.write(line + b"\n")

@@ -56,6 +56,7 @@ def test_unknown_model_is_404_with_the_sdk(client):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-9", messages=USER)
     assert e.value.body["code"] == "model_not_found"
+    assert e.value.body["message"] == f"The model 'gpt-9' does not exist; the models served here: {MODEL}"
 
 
 def test_prompt_longer_than_the_context(http):

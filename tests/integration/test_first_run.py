@@ -103,6 +103,8 @@ def test_a_configured_engine_that_does_not_answer_is_named_in_a_503_not_a_404(lo
             "model": "qwen3-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
         assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unreachable" and url in r.text
         assert "not registered yet" in node.log_text() and url in node.log_text()  # said at start
+        ready = node.ready_match.string
+        assert f"(0 workers, not answering yet: {url}" in ready, ready  # and on its READY line
         engine = EngineProcess(["--port", str(port)], log_dir, "first-run-late-engine")
         for _ in range(200):  # the node retries with a growing wait (at most 10 s)
             r = httpx2.post(node.url + "/v1/chat/completions", timeout=30, json={

@@ -63,6 +63,8 @@ def test_five_nodes_kill_restart_leave_and_wrong_key(cluster, log_dir):
     assert cli(2, "leave").returncode == 0
     eventually(lambda: all(view(i)["n2"] == "left" for i in (0, 1, 3, 4)), 15)
     assert cluster[2].process.wait(15) == 0  # the node exits after leaving
+    assert "member n2 leaving the cluster" in cluster[2].log_text() and "member n2 left the cluster" in \
+        cluster[2].log_text()  # and says so in its log
     # Left, never turned dead: held through the suspicion timeout (local preset: ~1.5 s) twice over.
     remains(lambda: all(view(i)["n2"] == "left" for i in (0, 1, 3, 4)), 3)
 

@@ -88,3 +88,11 @@ def test_the_control_plane_is_closed_without_the_admin_key(node):
             assert r.status_code == 401, (method, path, r.text)
             assert r.headers["www-authenticate"].startswith('Bearer realm="smg-node"')
             assert r.json()["error"]["code"] in ("missing_api_key", "invalid_api_key")
+
+
+def test_the_node_itself_is_refused_as_its_own_worker(node, http):
+    port = node.url.rpartition(":")[2]
+    for url in (node.url, f"http://localhost:{port}", f"http://[::1]:{port}", node.url + "/"):
+        r = http.post("/workers", json={"url": url})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "worker_is_this_node", (url, r.text)
+    assert all(w["url"] != node.url for w in http.get("/workers").json()["workers"])

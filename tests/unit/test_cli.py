@@ -84,6 +84,13 @@ def test_node_options_are_taken_before_and_after_the_command():
     assert parse_args(["--node", "30001", "leave"]).node == "30001" and parse_args(["members"]).rpc_addr is None
 
 
+def test_workers_add_keeps_the_workers_url_apart_from_the_nodes():
+    for argv in (["workers", "add", "grpc://engine:5000", "--url", "http://node:30001"],
+                 ["workers", "--url", "http://node:30001", "add", "grpc://engine:5000"]):
+        args = parse_args(argv)
+        assert (args.worker_url, args.url) == ("grpc://engine:5000", "http://node:30001"), argv
+
+
 def test_an_unknown_serve_flag_prints_serves_usage():
     run = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--no-such-flag"], capture_output=True,
                          text=True, timeout=60)
