@@ -23,7 +23,7 @@ import orjson
 import trio
 
 from ..providers import ProviderError, Route, Target, Unsupported
-from ..providers.base import CONTEXT_LENGTH, QUOTA, wire_of
+from ..providers.base import CONNECT, CONTEXT_LENGTH, QUOTA, wire_of
 from ..providers.quotas import take
 from ..providers.overflow import saturated
 from ..serving.chat import Call, ChatAnswer, ChatRequest
@@ -157,7 +157,8 @@ def provider_api_error(error: ProviderError, model: str, target: Target | None) 
 @asynccontextmanager
 async def account_quota(state: GatewayState, target: Target, estimate: int, usage: UsageTally) -> AsyncIterator[None]:
     """The target's account quota (if it has one) charged ``estimate`` tokens before the call, refused with the
-    quota's 429 when spent, and settled with what ``usage`` counted once the call is over, however it ended."""
+    quota's 429 when spent, and settled with what ``usage`` counted once the call is over, however it ended; a
+    call that found no connection gives its request back."""
     quota = state.providers.quota(target.name)
     if quota is None or state.rate_limiter is None:
         yield
@@ -165,10 +166,16 @@ async def account_quota(state: GatewayState, target: Target, estimate: int, usag
     verdict = await take(state.rate_limiter, quota, estimate)
     if not verdict.allowed:
         raise quota_refused(verdict, target)
+    sent = True
     try:
         yield
+    except ProviderError as e:
+        sent = e.kind != CONNECT  # no connection: the provider never saw it, the account's minute did not count it
+        raise
     finally:
         state.rate_limiter.settle(verdict, usage.total())
+        if not sent:
+            state.rate_limiter.refund_requests(verdict)
 
 
 def quota_refused(verdict: Any, target: Target) -> ProviderError:

@@ -250,6 +250,13 @@ class RateLimiter:
             if abs(delta) >= 1e-9:
                 self._adjust(outcome, delta)
 
+    def refund_requests(self, verdict: Verdict) -> None:
+        """The request was never sent (no connection to where it was going): give back the request it counted
+        against each requests-per-window limit, as a refusal would not have counted it."""
+        for outcome in verdict.outcomes:
+            if outcome.spec.unit is Unit.REQUESTS and outcome.decision.allowed and outcome.hits > 0:
+                self._adjust(outcome, -outcome.hits)
+
     def _decide_now(self, spec: LimitSpec, key: str, hits: float, owner: str) -> KeyOutcome | None:
         """A decision that needs no peer, or None (ask the owner)."""
         if hits > spec.rate.capacity:

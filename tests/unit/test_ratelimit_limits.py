@@ -174,3 +174,16 @@ async def test_the_background_loop_sleeps_while_nothing_is_held(autojump_clock):
         await trio.sleep(60)
         assert len(rounds) == held_rounds
         nursery.cancel_scope.cancel()
+
+
+async def test_a_provider_quota_request_never_sent_is_given_back(autojump_clock):
+    from gateway.providers.quotas import counters, take
+    from gateway.providers.routes import Quota
+
+    limiter = RateLimiter(RateLimitConfig(), LimitSet(), clock=trio.current_time)
+    quota = counters("acct", Quota(2, None))
+    first = await take(limiter, quota, 10)
+    assert first.allowed
+    limiter.refund_requests(first)  # no connection: the provider never saw it
+    assert (await take(limiter, quota, 10)).allowed and (await take(limiter, quota, 10)).allowed
+    assert not (await take(limiter, quota, 10)).allowed  # two sent: the minute's two are spent
