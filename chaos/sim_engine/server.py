@@ -151,6 +151,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--script", type=Path, default=None, help="JSON-lines file of scripted answers: "
                         '{"match": REGEX, "output": TEXT, "finish": "stop"|"length"} per line, first match in the '
                         "decoded prompt wins (chaos/sim_engine/script.py)")
+    parser.add_argument("--demo-answers", action="store_true",
+                        help="the quick start's scripted answers (chaos/sim_engine/demo_answers.jsonl: the docs' "
+                             "weather tool call and its result) unless --script names others")
     parser.add_argument("--role", choices=ROLES, default=d.role, help="prefill/decode disaggregation: a prefill "
                         "engine computes prompts and hands their KV over on --bootstrap-port; a decode engine fetches "
                         "it from there before producing tokens, and refuses requests without a hand-over "
@@ -183,6 +186,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit when stdin reaches end-of-file (the parent that started us is gone)")
 
 
+# The answers the docs' examples need from the quick start's engines (``smg-node serve --sim-engines``).
+DEMO_ANSWERS = Path(__file__).with_name("demo_answers.jsonl")
+
+
 def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
     values = dict(
         model_name=args.model_name, tokenizer_dir=args.tokenizer_path, max_context_tokens=args.max_context_tokens,
@@ -207,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
     if (args.tls_cert_path is None) != (args.tls_key_path is None):
         raise SystemExit("sim-engine: --tls-cert-path and --tls-key-path go together")
     tls = (args.tls_cert_path, args.tls_key_path) if args.tls_cert_path is not None else None
+    if args.demo_answers and args.script is None:
+        args.script = DEMO_ANSWERS
     if args.script is not None:
         try:
             Script.load(args.script)  # a bad script is refused before anything listens

@@ -23,9 +23,10 @@ import time
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 5.0
-# Demo engines end answers with EOS after 64 tokens (like a model that finishes its sentence) unless
-# --sim-engine-args says otherwise: later flags win.
-DEMO_ARGS = ("--eos-after-tokens", "64")
+# Demo engines end answers with EOS after 64 tokens (like a model that finishes its sentence), and answer the docs'
+# examples (a weather tool call and its result: --demo-answers) unless --sim-engine-args says otherwise: later flags
+# win.
+DEMO_ARGS = ("--eos-after-tokens", "64", "--demo-answers")
 
 
 class SimEngineError(Exception):

@@ -96,6 +96,17 @@ def test_the_readme_quick_start_works_and_leaves_nothing_behind(new_user_env, tm
                              timeout=120)
         assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr
 
+        # The API docs' weather examples (a tool call with its reasoning, a Responses chain through the tool's
+        # result, Anthropic's tool_use), each as written after the docs' client: the quick start's engines ship
+        # the answers they need (--demo-answers).
+        for example in docs_weather_examples():
+            ran = subprocess.run([sys.executable, "-c", example], env=new_user_env, capture_output=True, text=True,
+                                 timeout=120)
+            assert ran.returncode == 0, (example, ran.stderr)
+            said = ran.stdout
+            assert 'get_weather {"city": "Oslo"}' in said or "It is 14 degrees in Oslo" in said or \
+                "tool_use ['thinking', 'tool_use']" in said, (example, said)
+
         # `smg-node members` finds the local node with no flags, and shows the node with its processes.
         members = subprocess.run([smg_node, "members"], env=new_user_env, capture_output=True, text=True,
                                  timeout=60)
@@ -119,6 +130,15 @@ def test_the_readme_quick_start_works_and_leaves_nothing_behind(new_user_env, tm
         if node.poll() is None:
             os.killpg(node.pid, signal.SIGKILL)
             node.wait()
+
+
+def docs_weather_examples() -> "list[str]":
+    """docs/apis.md's Python examples that ask about Oslo's weather, each after the docs' first block (the
+    client)."""
+    blocks = [body for kind, body in code_blocks((ROOT / "docs" / "apis.md").read_text()) if kind == "python"]
+    examples = [blocks[0] + body for body in blocks[1:] if "Weather in Oslo" in body]
+    assert len(examples) == 3, "the tool call, the Responses chain and Anthropic's tool_use"
+    return examples
 
 
 def _wait_ready(node: subprocess.Popen) -> str:
