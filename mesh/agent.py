@@ -36,7 +36,9 @@ import trio
 
 from .auth_failures import AuthFailures
 from .config import MeshConfig
-from .crypto import Keyring, Sealer
+from .crypto import Keyring, KeyringError, Sealer, fingerprint_of
+from .keyring_rotation import (KEYRING_STREAM_MARK, PHASES, KeyringRequestError, RotationReport, decode_answer,
+                               decode_request, encode_answer, encode_request)
 from .members import MemberSnapshot, MemberStatus
 from .swim import (
     Action,
@@ -65,6 +67,9 @@ UDP_LABEL = b"smg-node/gossip"
 TCP_LABEL = b"smg-node/push-pull"
 HELLO_LABEL = b"smg-node/stream-hello"
 PUSH_PULL_TIMEOUT_S = 10.0
+# A member asked one phase of a rotation answers within this or is named in the report (three phases fit in the
+# CLI's wait).
+ROTATION_PHASE_TIMEOUT_S = 5.0
 # Packets already arrived that a due timer reads first (_read_arrived): more than a busy member receives in a
 # second at 5 members (~2 packets a second each way idle, a few dozen under churn), few enough that a flood
 # cannot hold the timers off.
@@ -465,11 +470,67 @@ class MeshAgent:
             raise TransportError(f"{addr} gave no readable answer")
         return data[1:]
 
+    def _keyring_op(self, data: bytes) -> bytes:
+        """A rotation's phase asked by a member, done here: its answer (our fingerprints, or why not)."""
+        try:
+            op, key = decode_request(data)
+            {"install": self.keyring.install, "use": self.keyring.use, "remove": self.keyring.remove}[op](key)
+        except (KeyringRequestError, KeyringError, ValueError) as e:
+            self.stats.dropped["bad_keyring_request"] += 1
+            return encode_answer(None, str(e))
+        log.info("gossip keyring: %s asked by a member (primary now %s)", op, self.keyring.fingerprints()[0])
+        return encode_answer(self.keyring.fingerprints())
+
+    async def rotate_keyring(self, new_key: str, timeout_s: float = ROTATION_PHASE_TIMEOUT_S) -> RotationReport:
+        """Make ``new_key`` every alive member's gossip key and remove the old one everywhere, in the three phases
+        of keyring_rotation.py; the report says how far it went. Raises KeyringError before anything changes when
+        the key cannot be used (not a key, encryption off, already the primary)."""
+        if not self.keyring.enabled:
+            raise KeyringError("gossip encryption is off here (--encrypt, or a key derived from the admin token): "
+                               "there is no key to rotate")
+        new_fingerprint, old_fingerprint = fingerprint_of(new_key), self.keyring.fingerprints()[0]
+        if new_fingerprint == old_fingerprint:
+            raise KeyringError("that key is the primary already")
+        old_key = self.keyring.primary_text()
+        report = RotationReport(new_fingerprint, old_fingerprint)
+        peers = [m for m in self.members() if m.name != self.name and m.status is MemberStatus.ALIVE]
+        report.not_asked = sorted(m.name for m in self.members() if m.name != self.name
+                                  and m.status in (MemberStatus.SUSPECT, MemberStatus.DEAD))
+        local = {"install": self.keyring.install, "use": self.keyring.use, "remove": self.keyring.remove}
+        for phase in PHASES:
+            key = old_key if phase == "remove" else new_key
+            outcomes: dict[str, str] = {}
+
+            async def ask(member: MemberSnapshot) -> None:
+                try:
+                    answer = await self.transport.exchange(member.addr, self.sealer.seal(
+                        encode_request(phase, key), TCP_LABEL, self._wall_clock()), timeout_s, self._make_hello)
+                    data, _ = self.sealer.open(answer, TCP_LABEL, self._wall_clock())
+                    _, error = decode_answer(data) if data is not None else (None, "an answer we cannot open")
+                except TransportError as e:
+                    error = f"not reached: {e}"
+                outcomes[member.name] = error or "ok"
+
+            async with trio.open_nursery() as nursery:
+                for member in peers:
+                    nursery.start_soon(ask, member)
+            local[phase](key)
+            outcomes[self.name] = "ok"
+            report.members = dict(sorted(outcomes.items()))
+            log.info("gossip keyring rotation: %s done by %d of %d members", phase,
+                     sum(1 for v in outcomes.values() if v == "ok"), len(outcomes))
+            if any(v != "ok" for v in outcomes.values()):
+                break
+            report.phases_done.append(phase)
+        return report
+
     async def _answer_stream(self, request: bytes) -> bytes:
         data, reason = self.sealer.open(request, TCP_LABEL, self._wall_clock())
         if data is None:
             self.stats.dropped[reason] += 1
             return b""
+        if data.startswith(KEYRING_STREAM_MARK):  # a member's rotation (keyring_rotation.py): sealed, so a member's
+            return self.sealer.seal(self._keyring_op(data), TCP_LABEL, self._wall_clock())
         if data.startswith(USER_STREAM_MARK):
             if self.hooks is None:
                 return b""

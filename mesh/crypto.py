@@ -183,6 +183,10 @@ class Keyring:
         if key in self._keys:
             self._keys.remove(key)
 
+    def primary_text(self) -> str:
+        """The primary key as ``--encrypt`` spells it (for a rotation to name it when it removes it)."""
+        return base64.b64encode(self._keys[0]).decode("ascii")
+
     def fingerprints(self) -> list[str]:
         """What may be shown of the keys (primary first): never the keys themselves."""
         return [key_fingerprint(k) for k in self._keys]

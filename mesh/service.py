@@ -9,7 +9,9 @@ API the ``smg-node join|leave|members|keyring`` commands call:
     POST /v1/leave                leave gracefully, then stop gossiping
     POST /v1/force-leave {"member": "..."}  mark a failed member (or node) left, cluster-wide
     GET  /v1/keyring              fingerprints of the installed keys (primary first), never the keys
-    POST /v1/keyring/{install,use,remove}  {"key": "..."}
+    POST /v1/keyring/{install,use,remove}  {"key": "..."}  (this node only)
+    POST /v1/keyring/rotate       {"key": "..."}: install, use, remove the old, on every alive member
+                                  (keyring_rotation.py); 409 with the report when a member did not follow
     POST /v1/tags  {"tags": {}}   replace this node's tags
 
 Every call needs ``Authorization: Bearer <token>`` (the node's admin token
@@ -233,6 +235,12 @@ class _AdminApp:
                     return 200, {"left": agent.force_leave(member)}
                 except ForceLeaveError as e:
                     return (404 if e.missing else 409), {"error": str(e)}
+            if method == "POST" and path == "/v1/keyring/rotate":
+                key = body.get("key")
+                if not isinstance(key, str):
+                    return 400, {"error": "'key' is required"}
+                report = await agent.rotate_keyring(key)
+                return (200 if report.completed else 409), report.to_json()
             if method == "POST" and path.startswith("/v1/keyring/"):
                 key = body.get("key")
                 if not isinstance(key, str):

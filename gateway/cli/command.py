@@ -8,7 +8,7 @@
     smg-node keygen                 a new gossip encryption key
     smg-node keys create|list|revoke   API keys through a node's control plane
     smg-node models                    the routed models, their targets and cooldowns
-    smg-node keyring list|install|use|remove [KEY]
+    smg-node keyring list|install|use|remove|rotate [KEY]   (rotate: on every member)
     smg-node sim-engine --port P    run a simulated SGLang/vLLM gRPC engine
     smg-node --version
 
@@ -81,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
         elif name == "tags":
             sub.add_argument("tags", nargs="*", metavar="KEY=VALUE")
         elif name == "keyring":
-            sub.add_argument("action", choices=("list", "install", "use", "remove"))
+            sub.add_argument("action", choices=("list", "install", "use", "remove", "rotate"),
+                             help="install, use and remove act on this node; rotate: on every member (install the "
+                                  "new key, use it, remove the old one)")
             sub.add_argument("key", nargs="?")
     commands.add_parser("keygen", help="print a new gossip encryption key")
     keys.add_arguments(commands.add_parser("keys", help="create, list or revoke API keys"))

@@ -137,6 +137,64 @@ def test_keyring_rotation_through_the_cli(log_dir):
         a.kill()
 
 
+def test_a_running_cluster_rotates_its_gossip_key_in_one_command_under_load(log_dir):
+    """Issue 62: a rotation was nine commands on three nodes. Now one: every member installs the new key, then
+    uses it, then removes the old one; requests go on meanwhile, nobody is cut off, and a node that has only the
+    new key joins while one with only the old key is refused."""
+    import threading
+
+    import httpx2
+
+    from chaos.processes import EngineProcess
+
+    engine = EngineProcess(["--zero-cost"], log_dir, "mesh-rotate-engine")
+    nodes = [NodeProcess([*node_args(i, seed=40), "--worker-urls", engine.url], log_dir, f"mesh-rotate-{i}")
+             for i in (40, 41, 42)]
+    joiner = stale = None
+    stop, failures, answered = threading.Event(), [], [0]
+
+    def load() -> None:
+        with httpx2.Client(timeout=30) as http:
+            k = 0
+            while not stop.is_set():
+                node = nodes[k % 3]
+                k += 1
+                r = http.post(node.url + "/v1/chat/completions", json={
+                    "model": "qwen3-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+                if r.status_code != 200:
+                    failures.append((r.status_code, r.text[:200]))
+                answered[0] += 1
+
+    try:
+        names = {"n40", "n41", "n42"}
+        eventually(lambda: all(view(i) == {n: "alive" for n in names} for i in (40, 41, 42)), 30)
+        driver = threading.Thread(target=load, daemon=True)
+        driver.start()
+        new = generate_key()
+        rotated = cli(40, "keyring", "rotate", new)
+        assert rotated.returncode == 0, rotated.stderr
+        assert "install: done on 3 members" in rotated.stdout and "remove: done on 3 members" in rotated.stdout
+        for i in (40, 41, 42):  # every member: the new key alone, primary
+            assert cli(i, "keyring", "list").stdout.split() == [fingerprint_of(new), "(primary)"]
+        remains(lambda: all(view(i) == {n: "alive" for n in names} for i in (40, 41, 42)), 3)  # nobody cut off
+        stop.set()
+        driver.join(30)
+        assert failures == [] and answered[0] > 0, failures[:5]
+        assert "asked by a member" in nodes[1].log_text()
+        joiner = NodeProcess(node_args(43, key=new, seed=40), log_dir, "mesh-rotate-joiner")
+        eventually(lambda: view(40).get("n43") == "alive", 20)
+        stale = NodeProcess(node_args(44, key=KEY, seed=40), log_dir, "mesh-rotate-stale")  # the old key only
+        eventually(lambda: "their gossip key is not ours" in stale.log_text(), 15)
+        assert "n44" not in view(40)
+        again = cli(40, "keyring", "rotate", new)  # already the primary: refused, nothing changes
+        assert again.returncode != 0 and "primary already" in again.stderr
+    finally:
+        stop.set()
+        for process in (*nodes, joiner, stale, engine):
+            if process is not None:
+                process.kill()
+
+
 def test_keygen_prints_a_usable_key():
     r = subprocess.run([sys.executable, "-m", "gateway.cli", "keygen"], capture_output=True, text=True, timeout=30)
     from mesh.crypto import decode_key
