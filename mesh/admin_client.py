@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from urllib.parse import urlsplit
 from typing import Any
 
 import httpx2
@@ -63,7 +64,14 @@ def admin_addr(explicit: str | None, node: str | None = None) -> str:
 
 def _call(args: argparse.Namespace, method: str, path: str, body: "dict[str, Any] | None" = None,
           **options: Any) -> Any:
-    addr = admin_addr(args.rpc_addr, getattr(args, "node", None))
+    node = getattr(args, "node", None)
+    url = getattr(args, "url", None)
+    if node is None and url:  # a local node by its HTTP URL: its port names its recorded endpoint
+        try:
+            node = str(urlsplit(url).port or "")
+        except ValueError:
+            raise SystemExit(f"smg-node: --url {url!r} is not a URL") from None
+    addr = admin_addr(args.rpc_addr, node or None)
     try:
         return call_json(method, f"http://{addr}{path}", client_token(args.rpc_token), body, **options)
     except SystemExit as e:

@@ -49,11 +49,14 @@ def _admin_options(parser: argparse.ArgumentParser, nested: bool) -> None:
     """The admin endpoint's options, accepted before and after the command (the later one wins)."""
     default = argparse.SUPPRESS if nested else None
     parser.add_argument("--rpc-addr", default=default, help="admin endpoint (default: $SMG_NODE_RPC_ADDR, else the "
-                        "only local node's recorded endpoint, else 127.0.0.1:7373)")
+                        "recorded endpoint of the local node --url or --node names, else of the only local node, "
+                        "else 127.0.0.1:7373)")
     parser.add_argument("--node", default=default, metavar="HTTP_PORT", help="which local node, by its HTTP port, "
                         "when this user runs several")
-    parser.add_argument("--rpc-token", default=default, help="bearer token (default: $SMG_NODE_RPC_TOKEN, "
-                        "$SMG_NODE_ADMIN_TOKEN, else the admin token file)")
+    parser.add_argument("--url", default=default, help="which local node, by its HTTP URL (as the keys, workers "
+                        "and models commands take it)")
+    parser.add_argument("--admin-token", "--rpc-token", dest="rpc_token", default=default,
+                        help="admin credential (default: $SMG_NODE_ADMIN_TOKEN, else the admin token file)")
 
 
 def build_parser() -> argparse.ArgumentParser:

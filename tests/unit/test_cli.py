@@ -84,6 +84,19 @@ def test_node_options_are_taken_before_and_after_the_command():
     assert parse_args(["--node", "30001", "leave"]).node == "30001" and parse_args(["members"]).rpc_addr is None
 
 
+def test_every_command_takes_the_same_node_flags_before_or_after_it():
+    from gateway.cli.node_client import node_url
+
+    for argv in (["--node", "30005", "keys", "list"], ["keys", "--node", "30005", "list"],
+                 ["workers", "list", "--node", "30005"], ["models", "--node", "30005"]):
+        assert node_url(parse_args(argv)) == "http://127.0.0.1:30005", argv
+    for argv in (["keys", "list", "--rpc-token", "t"], ["--admin-token", "t", "workers", "list"],
+                 ["members", "--admin-token", "t"], ["keyring", "list", "--rpc-token", "t"]):
+        args = parse_args(argv)
+        assert "t" in (getattr(args, "admin_token", None), getattr(args, "rpc_token", None)), argv
+    assert parse_args(["members", "--url", "http://127.0.0.1:30001"]).url == "http://127.0.0.1:30001"
+
+
 def test_workers_add_keeps_the_workers_url_apart_from_the_nodes():
     for argv in (["workers", "add", "grpc://engine:5000", "--url", "http://node:30001"],
                  ["workers", "--url", "http://node:30001", "add", "grpc://engine:5000"]):
