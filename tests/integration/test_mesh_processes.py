@@ -176,7 +176,10 @@ def test_a_running_cluster_rotates_its_gossip_key_in_one_command_under_load(log_
         assert "install: done on 3 members" in rotated.stdout and "remove: done on 3 members" in rotated.stdout
         for i in (40, 41, 42):  # every member: the new key alone, primary
             assert cli(i, "keyring", "list").stdout.split() == [fingerprint_of(new), "(primary)"]
-        remains(lambda: all(view(i) == {n: "alive" for n in names} for i in (40, 41, 42)), 3)  # nobody cut off
+        # Nobody cut off: a member that could no longer open the others' packets would be failed within ~1.5 s
+        # (the local preset); a moment's suspicion on a busy machine is not that.
+        remains(lambda: all("dead" not in view(i).values() for i in (40, 41, 42)), 3)
+        eventually(lambda: all(view(i) == {n: "alive" for n in names} for i in (40, 41, 42)), 10)
         stop.set()
         driver.join(30)
         assert failures == [] and answered[0] > 0, failures[:5]
