@@ -12,7 +12,7 @@ load when first used, so importing one costs only its module.
     keys and the admin token   generate_key, decode_key, derive_key, WeakSecret, KeyringError, AdminTokenError,
                                default_token_path, load_or_create_token, read_token, cluster_salt, client_token,
                                record_endpoint, forget_endpoint, TOKEN_ENV, FILE_ENV
-    the CLI's side             run_admin_command, call_json
+    the CLI's side             run_admin_command, call_json, live_endpoints
     HTTP apps                  answer_lifespan
     the chaos harness's faults FAULTS_ENV, SEED_ENV
 """
@@ -34,7 +34,7 @@ _EXPORTS = {
     "WeakSecret": "crypto", "cluster_salt": "admin_token",
     "AdminTokenError": "admin_token", "default_token_path": "admin_token", "load_or_create_token": "admin_token",
     "read_token": "admin_token", "client_token": "admin_token", "record_endpoint": "admin_token", "forget_endpoint": "admin_token",
-    "TOKEN_ENV": "admin_token", "FILE_ENV": "admin_token",
+    "TOKEN_ENV": "admin_token", "FILE_ENV": "admin_token", "live_endpoints": "admin_token",
     "run_admin_command": "admin_client", "call_json": "admin_client",
     "answer_lifespan": "asgi",
     "FAULTS_ENV": "faults", "SEED_ENV": "faults",
