@@ -212,7 +212,9 @@ class ChaosCluster:
             args += ["--worker-urls", *[f"grpc://127.0.0.1:{p}" for p in self.engine_ports]]
         # The gossip key by environment: a command line is every local user's to read.
         env = {FAULTS_ENV: str(self.rules_path(i)), SEED_ENV: str(self.spec.seed), "SMG_NODE_ENCRYPT": self.key}
-        self.nodes[i] = NodeProcess(args, self.dir, f"{self.name(i)}", env=env)
+        # A node started again keeps its data directory, as a restarted machine keeps its disk.
+        self.nodes[i] = NodeProcess(args, self.dir, f"{self.name(i)}", env=env,
+                                    data_dir=self.dir / f"data-{self.name(i)}")
         self.admin_headers = self.nodes[i].admin_headers
 
     def stop(self) -> None:

@@ -61,10 +61,11 @@ class LocalCluster:
         self.balancer = self._start_balancer()
 
     def restart(self, i: int) -> NodeProcess:
-        """Node ``i`` again (after a kill): same name and mesh address, a fresh process and memory. Its HTTP
-        port is new, so the balancer does not know it: reach it at ``nodes[i].url``."""
+        """Node ``i`` again (after a kill): same name, mesh address and data directory, a fresh process and memory.
+        Its HTTP port is new, so the balancer does not know it: reach it at ``nodes[i].url``."""
         self.nodes[i].stop()
-        self.nodes[i] = NodeProcess(self._node_args[i], self.dir, f"node{i}-again", env=self._env)
+        self.nodes[i] = NodeProcess(self._node_args[i], self.dir, f"node{i}-again", env=self._env,
+                                    data_dir=self.nodes[i].data_dir)
         return self.nodes[i]
 
     def _start_balancer(self) -> subprocess.Popen:

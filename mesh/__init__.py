@@ -15,6 +15,7 @@ load when first used, so importing one costs only its module.
     the CLI's side             run_admin_command, call_json, live_endpoints
     HTTP apps                  answer_lifespan
     the chaos harness's faults FAULTS_ENV, SEED_ENV
+    state kept on disk         Journal, JournalError, Recovered (a node's data directory), key_fingerprint
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ _EXPORTS = {
     "AdminTokenError": "admin_token", "default_token_path": "admin_token", "load_or_create_token": "admin_token",
     "read_token": "admin_token", "client_token": "admin_token", "record_endpoint": "admin_token", "forget_endpoint": "admin_token",
     "TOKEN_ENV": "admin_token", "FILE_ENV": "admin_token", "live_endpoints": "admin_token",
+    "user_state_dir": "admin_token",
     "run_admin_command": "admin_client", "call_json": "admin_client",
     "answer_lifespan": "asgi",
     "FAULTS_ENV": "faults", "SEED_ENV": "faults",
+    "Journal": "journal", "JournalError": "journal", "Recovered": "journal", "key_fingerprint": "crypto",
 }
 __all__ = sorted(_EXPORTS)
 

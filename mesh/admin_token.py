@@ -41,11 +41,16 @@ class AdminTokenError(Exception):
     """The token file cannot be used (unsafe permissions, unreadable, empty)."""
 
 
+def user_state_dir() -> Path:
+    """smg-node's folder in the user's state directory (``$XDG_STATE_HOME``, else ``~/.local/state``)."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "smg-node"
+
+
 def default_token_path() -> Path:
     if os.environ.get(FILE_ENV):
         return Path(os.environ[FILE_ENV])
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(state) / "smg-node" / "admin-token"
+    return user_state_dir() / "admin-token"
 
 
 def read_token(path: Path) -> str | None:

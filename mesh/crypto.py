@@ -152,10 +152,21 @@ def decode_key(text: str) -> bytes:
 class Keyring:
     def __init__(self, keys: "list[str]", primary: str | None = None) -> None:
         self._keys: list[bytes] = []
+        # Called after every change (install, use, remove that changed something): the node keeps its keyring
+        # on disk there (mesh/keyring_file.py) before the change is acknowledged.
+        self.listeners: list = []
         for text in keys:
             self.install(text)
         if primary is not None:
             self.use(primary)
+
+    def _changed(self) -> None:
+        for listener in self.listeners:
+            listener(self)
+
+    def texts(self) -> list[str]:
+        """Every key as ``--encrypt`` spells it, primary first (for the node's own file, never for display)."""
+        return [base64.b64encode(k).decode("ascii") for k in self._keys]
 
     @property
     def enabled(self) -> bool:
@@ -168,13 +179,17 @@ class Keyring:
         if len(self._keys) >= KEYS_MAX:
             raise KeyringError(f"at most {KEYS_MAX} keys")
         self._keys.append(key)  # the first key installed is primary until `use`
+        self._changed()
 
     def use(self, text: str) -> None:
         key = decode_key(text)
         if key not in self._keys:
             raise KeyringError("install a key before making it primary")
+        if self._keys[0] == key:
+            return
         self._keys.remove(key)
         self._keys.insert(0, key)
+        self._changed()
 
     def remove(self, text: str) -> None:
         key = decode_key(text)
@@ -182,6 +197,7 @@ class Keyring:
             raise KeyringError("cannot remove the primary key; make another one primary first")
         if key in self._keys:
             self._keys.remove(key)
+            self._changed()
 
     def primary_text(self) -> str:
         """The primary key as ``--encrypt`` spells it (for a rotation to name it when it removes it)."""

@@ -46,6 +46,12 @@ class MeshOptions:
     tls_ca_cert: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    # The node's data directory (gateway/node/data_dir.py): the keyring is kept there (mesh/keyring_file.py).
+    # None: kept nowhere (a rotated node restarted with its old --encrypt cannot rejoin).
+    data_dir: str | None = None
+    # The private mesh of a lone node's --workers N processes: its key is made anew at each start (the
+    # supervisor's), so a keyring kept from the last start would lock the processes out of each other.
+    private: bool = False
 
     @property
     def rpc_bind(self) -> str:

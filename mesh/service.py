@@ -31,6 +31,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -43,6 +44,7 @@ from .asgi import answer_lifespan
 from .config import MeshConfig
 from .crypto import Keyring, KeyringError
 from .faults import maybe_faulty
+from .keyring_file import keyring_kept_in
 from .members import MemberSnapshot, MemberStatus
 from .options import MeshOptions, default_node_name
 from .transport import MeshTls, UdpTcpTransport, join_addr
@@ -296,7 +298,8 @@ async def serve_mesh(options: MeshOptions, extra_tags: "dict[str, str]", hooks: 
         transport = UdpTcpTransport(options.bind, options.advertise, config.tcp_state_bytes_max, tls)
     except OSError as e:  # a port another process holds: said as such, not as a traceback
         raise MeshBindError(f"cannot listen for the mesh on {options.bind}: {_reason(e)}") from e
-    keyring = Keyring(list(options.keys))
+    keyring = keyring_kept_in(Path(options.data_dir), list(options.keys)) if options.data_dir is not None \
+        else Keyring(list(options.keys))
     if not keyring.enabled:
         log.warning("--mesh-insecure: the mesh on %s runs in the clear; any process that reaches it can read the "
                     "cluster's state (stored conversations included) and change it. Pass --encrypt KEY (smg-node "

@@ -123,6 +123,15 @@ class WorkerDoc:
         """The whole document, for push-pull."""
         return msgpack.packb([self.epoch, self._doc.get_update()])
 
+    def update_since(self, state_vector: bytes | None) -> bytes:
+        """What changed since ``state_vector`` (one ``state_vector()`` returned), as ``merge`` takes it: a delta
+        within the same epoch, else the whole document (a journal keeps the document this way)."""
+        if state_vector is not None:
+            epoch, vector = msgpack.unpackb(state_vector)
+            if epoch == self.epoch:
+                return msgpack.packb([self.epoch, self._doc.get_update(vector)])
+        return self.state()
+
     # -- writing --------------------------------------------------------
 
     def register(self, worker_id: str, spec: dict[str, Any]) -> bytes:

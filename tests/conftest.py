@@ -21,3 +21,13 @@ def admin_token_file(tmp_path_factory):
         os.environ.pop(FILE_ENV, None)
     else:
         os.environ[FILE_ENV] = previous
+
+
+@pytest.fixture(autouse=True)
+def data_root(tmp_path_factory, monkeypatch):
+    """Nodes started by a test keep their data directories (gateway/node/data_dir.py) under a folder of that test's
+    own: a node restarted within the test finds its state, and no test finds another's (or the user's)."""
+    from gateway.node.data_dir import ROOT_ENV
+    root = tmp_path_factory.mktemp("data")
+    monkeypatch.setenv(ROOT_ENV, str(root))
+    return root

@@ -3,6 +3,7 @@ API keys (/admin/api-keys)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -19,6 +20,8 @@ from .errors import BadRequest, NotFound, Unavailable
 from .http import Request
 from .protocol import parse_json_body
 from .state import GatewayState
+
+log = logging.getLogger("gateway.api")
 
 WORKER_LABELS_MAX = 32
 
@@ -227,8 +230,7 @@ async def put_rate_limits(state: GatewayState, request: Request) -> None:
     except LimitConfigError as e:
         raise BadRequest(f"rate limits: {e}", code="invalid_rate_limits") from None
     limiter.set_limits(limits)
-    if state.cluster is not None:
-        state.cluster.set_setting(RATE_LIMITS_SETTING, limits.to_dict())
+    state.settings.set_setting(RATE_LIMITS_SETTING, limits.to_dict())  # every node's, and kept on disk
     await request.send_json(200, limits.to_dict())
 
 
@@ -270,7 +272,30 @@ async def revoke_api_key(state: GatewayState, request: Request) -> None:
     await request.send_json(200, key.public(time.time()))
 
 
+def _data_status(state: GatewayState) -> dict:
+    settings = state.settings
+    journal = settings.journal
+    return {"data_dir": str(journal.journal.directory) if journal is not None else None,
+            "set_aside": [str(p) for p in journal.set_aside()] if journal is not None else [],
+            "keys_may_be_lost": settings.keys_may_be_lost}
+
+
+async def data_status(state: GatewayState, request: Request) -> None:
+    """Where the node keeps its state (gateway/node/data_dir.py), and what it could not read back."""
+    await request.send_json(200, _data_status(state))
+
+
+async def accept_data_loss(state: GatewayState, request: Request) -> None:
+    """The operator accepts what a start could not read back: a node that knows no key serves inference again."""
+    accepted = state.settings.accept_loss()
+    state.authenticator.keys_unknown = None
+    log.warning("data directory: the loss of what could not be read back was accepted (%d files set aside)",
+                len(accepted))
+    await request.send_json(200, {"accepted": [str(p) for p in accepted],
+                                  "data_plane_open": state.authenticator.data_plane_open})
+
+
 def _replicate_key(state: GatewayState, key: StoredKey) -> None:
-    """Write the record (never the secret) to the cluster's shared document: every node applies it."""
-    if state.cluster is not None:
-        state.cluster.set_setting(KEY_SETTING_PREFIX + key.id, key.to_record())
+    """Write the record (never the secret) to the settings document: every node of the cluster applies it, and
+    with a data directory it is on disk before the key is shown."""
+    state.settings.set_setting(KEY_SETTING_PREFIX + key.id, key.to_record())

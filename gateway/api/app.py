@@ -59,6 +59,8 @@ _ROUTES: dict[str, dict[str, Route]] = {
     "/admin/rate-limits": {"GET": (admin.get_rate_limits, ADMIN), "PUT": (admin.put_rate_limits, ADMIN)},
     "/admin/api-keys": {"GET": (admin.list_api_keys, ADMIN), "POST": (admin.create_api_key, ADMIN)},
     "/admin/models": {"GET": (admin.get_models_config, ADMIN), "PUT": (admin.put_models_config, ADMIN)},
+    "/admin/data": {"GET": (admin.data_status, ADMIN)},
+    "/admin/data/accept": {"POST": (admin.accept_data_loss, ADMIN)},
     # Operators' tools (smg lists them with the control plane): a parser on a text, no engine.
     "/parse/function_call": {"POST": (parse.parse_function_call, ADMIN)},
     "/parse/reasoning": {"POST": (parse.parse_reasoning, ADMIN)},

@@ -9,7 +9,7 @@
       Conflict                409                         a worker registered twice
       PayloadTooLarge         413
       TooManyRequests         429 + Retry-After           queue full, rate limit reached
-      Unavailable             503 + Retry-After           no healthy engine, queue wait timed out
+      Unavailable             503 + Retry-After           no healthy engine, queue wait timed out, keys unknown
       UpstreamError           502                         the engine failed after retries
       UpstreamTimeout         504                         the engine did not answer in time
 
@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from ..base import errors as core
-from ..auth import AuthError, Unauthenticated
+from ..auth import AuthError, KeysUnknown, Unauthenticated
 from ..engine.errors import EngineCallError
 from ..workers.errors import WorkerError
 
@@ -188,6 +188,8 @@ def from_engine_error(e: EngineCallError, model: str | None = None) -> ApiError:
 def from_auth_error(e: AuthError) -> ApiError:
     if isinstance(e, Unauthenticated):
         return Unauthorized(e.message, code=e.code, credential_given=e.credential_given)
+    if isinstance(e, KeysUnknown):
+        return Unavailable(e.message, code=e.code, retry_after_s=5)
     return Forbidden(e.message, code=e.code)
 
 

@@ -23,8 +23,10 @@ if TYPE_CHECKING:
     from ..serving.models import ModelCatalog
     from ..workers import Router, WorkerRegistry
     from .background import BackgroundRuns
+    from ..auth import Authenticator
     from ..auth.key_store import KeyStore
     from ..cluster import ClusterState
+    from ..cluster.settings_doc import SettingsDocument
     from ..node.config import GatewayConfig
     from ..ratelimit.limiter import RateLimiter
     from .proxy import HttpProxy
@@ -75,7 +77,9 @@ class GatewayState:
         proxy: "HttpProxy"
         rate_limiter: "RateLimiter"
         cluster: "ClusterState | None"
+        settings: "SettingsDocument"
         key_store: "KeyStore"
+        authenticator: "Authenticator"
         tracing: "Tracing | None"
         history: "HistoryStore | None"
         background: BackgroundRuns

@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import Forbidden, Unauthenticated
+from .errors import Forbidden, KeysUnknown, Unauthenticated
 from .jwt_verifier import JwtConfig, JwtVerifier, looks_like_jwt
 from .key_store import KeyStore
 from .principal import ANONYMOUS, Principal, Role
@@ -127,6 +127,9 @@ class Authenticator:
             self._add(config.admin_token, Principal("key:admin-token", "admin token", Role.ADMIN))
         # No key for inference in the flags and no JWT issuer: open, until the store holds a user key.
         self._open_unless_stored = user_keys == 0 and self.jwt is None
+        # Why inference is refused while it would be open: the node's keys on disk could not all be read back
+        # (gateway/node/durable.py). None once a key arrives or an operator accepts the loss.
+        self.keys_unknown: str | None = None
 
     @property
     def data_plane_open(self) -> bool:
@@ -194,6 +197,8 @@ class Authenticator:
             return ANONYMOUS
         if access is Access.DATA and self._open_unless_stored and not self.store.user_keys \
                 and b"authorization" not in headers and b"x-api-key" not in headers:
+            if self.keys_unknown is not None:
+                raise KeysUnknown(self.keys_unknown, "keys_unknown")
             return ANONYMOUS  # the open data plane's usual request: nothing to look up (data_plane_open, inlined)
         credential = self.credential(headers)
         principal = self.lookup(credential) if credential is not None else None
@@ -201,6 +206,8 @@ class Authenticator:
             if principal is not None:
                 return principal
             if self.data_plane_open:
+                if self.keys_unknown is not None:
+                    raise KeysUnknown(self.keys_unknown, "keys_unknown")
                 return ANONYMOUS  # whatever was presented: an open data plane has no keys to match
             raise self._unauthenticated(credential)
         if principal is None:

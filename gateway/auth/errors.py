@@ -3,6 +3,7 @@
     AuthError
       Unauthenticated   no credential where one is needed, or one we do not know
       Forbidden         a known credential without the right to this (role, model)
+      KeysUnknown       inference refused: the node's keys on disk could not be read whole, and none are known yet
 """
 
 from __future__ import annotations
@@ -23,3 +24,9 @@ class Unauthenticated(AuthError):
 
 class Forbidden(AuthError):
     pass
+
+
+class KeysUnknown(AuthError):
+    """The node could not read all of its durable state back and knows no key for inference: it may have had some,
+    so it refuses inference rather than open it (issue 62) until the keys arrive from a peer or an operator says
+    the loss is accepted (``smg-node data accept``)."""

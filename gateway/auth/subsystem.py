@@ -28,17 +28,19 @@ def _check(config: Any) -> None:
 
 
 async def _start_key_store(context: StartContext) -> KeyStore:
-    store, cluster = KeyStore(), context.need("cluster")
-    if cluster is not None:
-        def on_setting(name: str, value: Any) -> None:
-            if not name.startswith(SETTING_PREFIX):
-                return
-            try:
-                store.apply(StoredKey.from_record(value))
-            except KeyStoreError as e:
-                log.warning("ignored an API key record from a peer: %s", e)
+    """The keys made at run time: those the node's settings document holds (the cluster's, or a lone node's own;
+    both kept on disk with a data directory), then every one a peer writes."""
+    store = KeyStore()
 
-        cluster.follow_settings(on_setting)
+    def on_setting(name: str, value: Any) -> None:
+        if not name.startswith(SETTING_PREFIX):
+            return
+        try:
+            store.apply(StoredKey.from_record(value))
+        except KeyStoreError as e:
+            log.warning("ignored an API key record from a peer: %s", e)
+
+    context.need("settings").follow_settings(on_setting)
     return store
 
 
@@ -66,11 +68,12 @@ async def _first_key_fetch(auth: Authenticator) -> None:
 
 async def _start_authenticator(context: StartContext) -> Authenticator:
     auth = Authenticator(context.config.auth, _json_fetcher(context.need("http_client")), context.need("key_store"))
+    auth.keys_unknown = context.need("settings").keys_may_be_lost  # before the first request (issue 62)
     if auth.jwt is not None:
         context.nursery.start_soon(_first_key_fetch, auth)
     return auth
 
 
 AUTH = Subsystem("auth", AuthConfig(), (*authenticator.OPTIONS, *jwt_verifier.OPTIONS), _check)
-KEY_STORE = Subsystem("key_store", start=_start_key_store, needs=("cluster",))
-AUTHENTICATOR = Subsystem("authenticator", start=_start_authenticator, needs=("http_client", "key_store"))
+KEY_STORE = Subsystem("key_store", start=_start_key_store, needs=("settings",))
+AUTHENTICATOR = Subsystem("authenticator", start=_start_authenticator, needs=("http_client", "key_store", "settings"))

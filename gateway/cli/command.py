@@ -7,6 +7,7 @@
     smg-node tags KEY=VALUE...      replace the local node's tags (the change propagates)
     smg-node keygen                 a new gossip encryption key
     smg-node keys create|list|revoke   API keys through a node's control plane
+    smg-node data status|accept        the node's data directory: what it kept, what it could not read back
     smg-node models                    the routed models, their targets and cooldowns
     smg-node keyring list|install|use|remove|rotate [KEY]   (rotate: on every member)
     smg-node sim-engine --port P    run a simulated SGLang/vLLM gRPC engine
@@ -31,7 +32,7 @@ import sys
 from mesh.admin_client import run_admin_command
 from mesh.crypto import generate_key
 
-from . import keys, models, workers
+from . import data, keys, models, workers
 
 # The CLI's commands other than serve (members, keys, --help...) must start at once: the serving machinery
 # (config with every subsystem's settings, the server, the drivers they import) costs ~0.6 s to import and
@@ -90,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("key", nargs="?")
     commands.add_parser("keygen", help="print a new gossip encryption key")
     keys.add_arguments(commands.add_parser("keys", help="create, list or revoke API keys"))
+    data.add_arguments(commands.add_parser("data", help="the node's data directory: status, or accept what could "
+                                                        "not be read back"))
     models.add_arguments(commands.add_parser("models", help="the routed models, their targets and cooldowns"))
     workers.add_arguments(commands.add_parser("workers", help="list, add or remove workers (prefill/decode "
                                                                      "roles included)"))
@@ -117,6 +120,8 @@ def main(argv: "list[str] | None" = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "keys":
         return keys.run(args)
+    if args.command == "data":
+        return data.run(args)
     if args.command == "workers":
         return workers.run(args)
     if args.command == "models":

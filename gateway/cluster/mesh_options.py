@@ -29,6 +29,8 @@ OPTIONS = (
     Option("--mesh-insecure", "mesh.insecure", "bool", "run the mesh in the clear (anyone who can send it a packet "
            "can read and change the cluster). Without it and without --encrypt, the gossip key is derived from the "
            "admin token; off loopback --encrypt is required", "cluster"),
+    Option("--mesh-private", "mesh.private", "bool", "this process's mesh is the private one of --workers N (set "
+           "by the node: its key is made at each start, so its keyring is not kept)", "cluster", internal=True),
     Option("--enable-mesh", "_enable_mesh", "bool", "smg alias: run the mesh (on 0.0.0.0:7946 by default)", "cluster"),
     Option("--mesh-host", "_mesh_host", str, "smg alias: host part of --mesh-bind", "cluster"),
     Option("--mesh-port", "_mesh_port", int, "smg alias: port part of --mesh-bind", "cluster"),

@@ -14,7 +14,8 @@ gateway's ``WorkerRegistry`` (which workers exist, and who health-checks them):
   checks at its next interval.
 
 Cluster-wide settings changed at run time (the rate limits, API keys) live in the
-same document; ``follow_settings`` callbacks run when a peer's change arrives.
+same document; ``follow_settings`` callbacks run when a peer's change arrives (settings_doc.py, which a lone
+node uses alone). With a data directory every change is on disk before it is acknowledged (doc_journal.py).
 Ownership is the ``RingView``'s (``ring_view.py``); requests from peers over the
 mesh streams go to the subsystem whose mark they carry (``peer_requests.py``).
 
@@ -33,10 +34,11 @@ from mesh.members import MemberSnapshot, MemberStatus
 from mesh.ring import HashRing
 from mesh.transport import TransportError
 from mesh.wire import USER_PAYLOAD_BYTES_MAX
-from mesh.worker_doc import DocError, WorkerDoc
+from mesh.worker_doc import DocError
 
 from .peer_requests import TRACE_MARK, Handler, PeerRequests
 from .ring_view import RingView
+from .settings_doc import SettingsDocument
 
 log = logging.getLogger("gateway.cluster")
 
@@ -47,17 +49,14 @@ GOSSIP_UPDATE_BYTES_MAX = 1200
 MACHINES_REMEMBERED_MAX = 10_000
 
 
-class ClusterState:
+class ClusterState(SettingsDocument):
     def __init__(self, node_name: str) -> None:
-        self.node_name = node_name
-        self.doc = WorkerDoc(node_name)
+        super().__init__(node_name)
         self.ring_view = RingView(node_name)
         self.peer_requests = PeerRequests()
         self.agent: Any = None  # the MeshAgent, set once it runs
         self.changed = trio.Event()  # the worker set in the document changed: reconcile
         self.dropped_updates = 0  # peers' document updates refused (unreadable, out of bounds)
-        self.bad_settings = 0  # settings a subsystem failed on (each subsystem also refuses bad values itself)
-        self.on_setting: list[Any] = []  # callables (name, value) for settings changed by peers
         # True once a peer's whole document arrived (or there was nobody to join): until then the
         # node does not know the cluster's workers and limits, so it is not ready.
         self.registry_received = False
@@ -162,6 +161,7 @@ class ClusterState:
         compacted = self.doc.maybe_compact()
         if compacted is not None and self.agent is not None and len(compacted) <= GOSSIP_UPDATE_BYTES_MAX:
             self.agent.broadcast(compacted)
+        self._persist()  # before the write is acknowledged (an admin answer follows this call)
 
     def register(self, worker_id: str, spec: dict[str, Any]) -> None:
         self.publish(self.doc.register(worker_id, spec))
@@ -176,13 +176,6 @@ class ClusterState:
         self.publish(update)
         if len(update) > GOSSIP_UPDATE_BYTES_MAX and self.agent is not None:
             self.agent.sync_with_all()  # too big for a gossip packet: push it to everyone now
-
-    def follow_settings(self, callback: Any) -> None:
-        """Call ``callback(name, value)`` for every setting the document holds now, and for each one a
-        peer changes from now on: a subsystem sees the cluster's value whether it came first or later."""
-        self.on_setting.append(callback)
-        for name, entry in self.doc.settings().items():
-            callback(name, entry.get("value"))
 
     def set_health(self, worker_id: str, health: dict[str, Any]) -> None:
         self.publish(self.doc.set_health(worker_id, health))
@@ -227,17 +220,11 @@ class ClusterState:
             return
         for extra in extras:
             self.publish(extra)
+        self._persist()
         changed = self.doc.changed
         if changed.get("workers"):
             self._notify()
-        for name in sorted(changed.get("settings", ())):
-            entry = self.doc.get("settings", name)
-            for callback in self.on_setting:
-                try:
-                    callback(name, entry.get("value") if entry is not None else None)
-                except Exception:  # one subsystem's trouble with a peer's value must not stop the others
-                    self.bad_settings += 1
-                    log.exception("a subsystem failed on the cluster setting %r", name)
+        self._tell(changed.get("settings", set()))
 
     def _notify(self) -> None:
         self.changed.set()

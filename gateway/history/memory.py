@@ -47,6 +47,7 @@ from mesh.ring import HashRing
 
 from ..observe.metrics import counter, gauge
 from .backends import HISTORY_BACKENDS, HistoryBackend
+from .journal import HistoryJournal
 from .ops import CREATING, OPERATIONS, HistoryOps
 from .shards import RESPONSE, Change, MemoryShards
 from .store import (HistoryConfig, ItemPage, RecordTooLarge, StorageQuotaExceeded, StoredResponse, StoreUnavailable,
@@ -125,6 +126,7 @@ class MemoryHistory:
         self._repairs: set[tuple[str, str]] = set()  # (member, shard id) that missed a change
         self._known: tuple[tuple[str, ...], HashRing] = ((), HashRing.build([]))
         self._trimmed_clean: tuple[HashRing, int] | None = None  # (ring, installs) of the last pass with nothing to do
+        self.journal: HistoryJournal | None = None  # the shards on disk (keep_on_disk)
         if cluster is not None:
             cluster.serve_requests(HISTORY_MARK, self._serve)
 
@@ -396,11 +398,19 @@ class MemoryHistory:
         yield counter("smg_history_refused_changes", "Peers' shard changes dropped: stamped too far ahead of this "
                       "node's clock", [], [([], shards.refused_future)])
 
+    def keep_on_disk(self, directory: Any, fsync_each: bool = False) -> Any:
+        """Read the shards back from ``directory`` (before ``run``, before the node serves) and from now on write
+        every change there as it is made (journal.py). Returns what was read (mesh.journal.Recovered)."""
+        self.journal = HistoryJournal(directory, self.shards, fsync_each)
+        return self.journal.restore(self.wall_clock())
+
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        if self.cluster is None:
-            task_status.started()
-            return
         async with trio.open_nursery() as nursery:
+            if self.journal is not None:
+                nursery.start_soon(self.journal.run)
+            if self.cluster is None:
+                task_status.started()
+                return
             self._ring_since = (self.cluster.ring, self.wall_clock())
             nursery.start_soon(self._watch_ring)
             nursery.start_soon(self._repair_loop)
@@ -649,6 +659,12 @@ def _batches(changes: list[Change]) -> list[list[Change]]:
 
 async def _start(section: None, history: HistoryConfig, cluster: Any, nursery: trio.Nursery) -> MemoryHistory:
     store = MemoryHistory(history, cluster)
+    if history.data_dir is not None:
+        recovered = store.keep_on_disk(history.data_dir, history.data_fsync)
+        for problem in recovered.problems:
+            log.warning("stored responses and conversations on disk: %s", problem)
+        log.info("stored responses and conversations: %d shards read back from %s", len(store.shards),
+                 history.data_dir)
     await nursery.start(store.run)
     return store
 

@@ -145,6 +145,10 @@ class MemoryShards:
         self.evicted_over_quota = 0  # of which: an owner's own shards, past its bounds on a replica
         self.refused_quota = 0  # writes refused at this primary: their owner's bounds
         self.refused_future = 0  # peers' changes stamped too far ahead of our clock
+        # Told of every change this node's copy takes (its own writes, replicas' changes) and every copy it
+        # forgets, as it happens: the node's journal on disk (journal.py). None: kept in memory only.
+        self.on_change: "collections.abc.Callable[[Change], None] | None" = None
+        self.on_forget: "collections.abc.Callable[[str], None] | None" = None
 
     def usage(self, owner: str) -> OwnerUsage:
         return self._owners.get(owner) or OwnerUsage()
@@ -223,11 +227,20 @@ class MemoryShards:
             base = buried[0]
         shard = Shard(shard_id, kind, owner, version_after(base, now_s), now_s, head, by_id, size_bytes)
         self._install(shard, now_s)
+        if self.on_change is not None:
+            self.on_change(shard.whole())
         return shard
 
     def update(self, shard: Shard, now_s: float, head: bytes | None = None,
                added: "list[tuple[str, bytes]]" = (), removed: "list[str]" = ()) -> Change:
         """Changes a held shard (found with ``find``) and returns the delta for its replicas."""
+        change = self._update(shard, now_s, head, added, removed)
+        if self.on_change is not None:
+            self.on_change(change)
+        return change
+
+    def _update(self, shard: Shard, now_s: float, head: bytes | None, added: "list[tuple[str, bytes]]",
+                removed: "list[str]") -> Change:
         base = shard.version
         self._account(shard, -1)
         if head is not None:
@@ -248,11 +261,24 @@ class MemoryShards:
         version = version_after(shard.version, now_s)
         self._drop(shard.id)
         self._bury(shard.id, version, now_s)
-        return Change(shard.id, shard.kind, shard.owner, version, now_s, 0, None, (), (), deleted=True)
+        change = Change(shard.id, shard.kind, shard.owner, version, now_s, 0, None, (), (), deleted=True)
+        if self.on_change is not None:
+            self.on_change(change)
+        return change
 
     def forget(self, shard_id: str) -> None:
         """Drops this node's copy, no tombstone: the shard lives on at its owners (memory.py's trim)."""
         self._drop(shard_id)
+        if self.on_forget is not None:
+            self.on_forget(shard_id)
+
+    def snapshot(self) -> "list[Change]":
+        """Everything held, as the changes that would make it again: each shard whole, each tombstone a
+        deletion (under a placeholder kind and owner: a deletion needs neither). For the journal's snapshot."""
+        held = [shard.whole() for shard in self._shards.values()]
+        buried = [Change(shard_id, RESPONSE, "~", version, buried_at_s, 0, None, (), (), deleted=True)
+                  for shard_id, (version, buried_at_s) in self._tombstones.items()]
+        return buried + held
 
     # -- changes from the primary -----------------------------------------------------------
 
@@ -272,18 +298,19 @@ class MemoryShards:
             if held is not None:
                 self._drop(change.id)
             self._bury(change.id, change.version, now_s)
-            return True
-        if change.base_version == 0:
+        elif change.base_version == 0:
             self._tombstones.pop(change.id, None)
             shard = Shard(change.id, change.kind, change.owner, change.version, change.written_at_s,
                           change.head or b"", dict(change.added))
             shard.measure()
             self._install(shard, now_s)
-            return True
-        if held is None or held.version != change.base_version:
+        elif held is None or held.version != change.base_version:
             return False
-        self.update(held, change.written_at_s, change.head, list(change.added), list(change.removed))
-        held.version = change.version
+        else:
+            self._update(held, change.written_at_s, change.head, list(change.added), list(change.removed))
+            held.version = change.version
+        if self.on_change is not None:
+            self.on_change(change)
         return True
 
     # -- bookkeeping ------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
@@ -63,6 +64,10 @@ class HistoryConfig:
     tenant_max_responses: int | None = None
     tenant_max_conversations: int | None = None
     tenant_max_items: int | None = None
+    # The node's data directory, set by the node (not a flag of this section: --data-dir): the memory backend keeps
+    # its shards there (journal.py). None: in memory only. data_fsync: fsync every record (--data-fsync).
+    data_dir: Path | None = None
+    data_fsync: bool = False
 
     @property
     def tenant_bounds(self) -> "TenantBounds":

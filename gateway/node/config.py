@@ -123,6 +123,11 @@ class NodeConfig:
     max_connections: int = 8192
     # Which process of --workers N this is (0 for a single process); offsets its own ports.
     worker_index: int = 0
+    # Where the node keeps the cluster's state it holds across restarts (gateway/node/data_dir.py): None, a
+    # directory of its own under the user's state directory; "none", nothing kept.
+    data_dir: str | None = None
+    # fsync every record before the change is acknowledged: survives a power cut, not only a crash (data_dir.py).
+    data_fsync: bool = False
 
     def section(self, name: str) -> Any:
         """A plugin's config section: as set, else its defaults."""
@@ -188,6 +193,11 @@ _OWN_OPTIONS = (
            "performance"),
     Option("--workers", "workers", int, "gateway processes on the HTTP port (0: one per available core)",
            "performance"),
+    Option("--data-dir", "data_dir", str, "where the node keeps run-time API keys, settings, workers, the gossip "
+           "keyring and stored conversations across restarts (default: ~/.local/state/smg-node/nodes/NAME; none: "
+           "keep nothing)", "cluster"),
+    Option("--data-fsync", "data_fsync", "bool", "fsync each change to the data directory before answering "
+           "(survives a power cut; by default a process crash loses nothing acknowledged)", "cluster"),
     Option("--worker-index", "worker_index", int, "which process of --workers N this is (set by the node)",
            "http", internal=True),
     Option("--http-reuse-port", "http_reuse_port", "bool", "bind the HTTP port with SO_REUSEPORT (--workers)",

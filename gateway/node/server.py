@@ -32,7 +32,7 @@ from ..api.app import GatewayApp
 from ..api.errors import transport_error_body
 from ..api.state import GatewayState
 from ..base.subsystem import StartContext, Subsystem, start_order
-from ..cluster import ClusterState, follow_worker_document
+from ..cluster import ClusterState, SettingsDocument, follow_worker_document
 from ..discovery.credentials import CredentialsError
 from ..engine.bridge import GrpcBridge
 from ..engine.engine_tls import client_context
@@ -43,8 +43,9 @@ from ..net.tls import ServerTls, TlsConfig
 from ..observe.logs import setup_logging
 from ..observe.loop_lag import SlowStepLog
 from ..observe.metrics import GatewayMetrics
-from ..workers import WorkerError, WorkerExists
+from ..workers import WorkerError, WorkerExists, parse_worker_url, worker_id_for
 from .config import GatewayConfig
+from .data_dir import DataDir, DataDirError, data_dir_of
 from .mesh_metrics import cluster_metric_families, mesh_metric_families
 from .subsystems import NODE_RESOURCES, SUBSYSTEMS
 from .supervisor import SUPERVISED_ENV, exit_when_supervisor_dies
@@ -80,7 +81,7 @@ async def _register_initial(state: GatewayState, url: str, model: str | None, ro
     while True:
         try:
             worker = await state.registry.add(url, model=model, api_key=state.config.worker_api_key, role=role,
-                                              bootstrap_port=bootstrap_port)
+                                              bootstrap_port=bootstrap_port, from_flags=True)
             await state.catalog.ensure(worker, int(worker.registered_at))
             if delay > 0.5:
                 log.info("worker %s answers now: registered", url)
@@ -94,6 +95,24 @@ async def _register_initial(state: GatewayState, url: str, model: str | None, ro
                         "until it answers)", url, e, delay)
         await trio.sleep(delay)
         delay = min(delay * 2, WORKER_RETRY_BACKOFF_MAX_S)
+
+
+def retract_unnamed(cluster: ClusterState, urls: "list[str]") -> None:
+    """Remove the workers this node registered from its flags at an earlier start (its document, kept on disk,
+    still lists them) that its flags no longer name: an engine moved or dropped from --worker-urls (each start of
+    --sim-engines has new ports) would otherwise stay registered for ever. This node wrote those entries, so only
+    it retracts them; workers added at run time (POST /workers) stay until removed."""
+    named = set()
+    for url in urls:
+        try:
+            named.add(worker_id_for(parse_worker_url(url)[2]))
+        except WorkerError:
+            continue
+    for worker_id, spec in cluster.doc.workers().items():
+        if spec.get("flags") and spec.get("by") == cluster.node_name and worker_id not in named:
+            log.info("worker %s (%s): registered from this node's flags at an earlier start, which its flags no "
+                     "longer name: removed", worker_id, spec.get("url"))
+            cluster.remove(worker_id)
 
 
 async def _serve_http(config: GatewayConfig, app: Any, shutdown: trio.Event, metrics: GatewayMetrics, *,
@@ -177,7 +196,10 @@ def ready_note(state: GatewayState, cluster: "ClusterState | None") -> str:
 
 
 async def serve_gateway(config: GatewayConfig, cluster: ClusterState | None = None, *,
-                        task_status=trio.TASK_STATUS_IGNORED) -> None:
+                        settings: SettingsDocument | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve until shut down. ``settings``: a lone node's settings document (the cluster's is ``cluster``), read
+    back from its data directory already; None: one in memory."""
+    settings = cluster or settings or SettingsDocument(f"port-{config.port}")
     metrics = GatewayMetrics()
     limits = httpx2.Limits(max_connections=1024, max_keepalive_connections=256)
     # https:// workers are verified with the engines' CA (else the system's) and see our client certificate.
@@ -189,24 +211,27 @@ async def serve_gateway(config: GatewayConfig, cluster: ClusterState | None = No
         # cancelled at shutdown, so closing it stays orderly.
         bridge = H2GrpcClient(outer, tls, config.engine_h2) if config.grpc_client == "h2" else GrpcBridge(tls)
         try:
-            await _serve_with(config, cluster, metrics, http_client, bridge, task_status)
+            await _serve_with(config, cluster, settings, metrics, http_client, bridge, task_status)
         finally:
             with trio.CancelScope(shield=True):
                 await bridge.aclose()
             outer.cancel_scope.cancel()
 
 
-async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, metrics: GatewayMetrics,
-                      http_client: httpx2.AsyncClient, bridge: Any, task_status) -> None:
+async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, settings: SettingsDocument,
+                      metrics: GatewayMetrics, http_client: httpx2.AsyncClient, bridge: Any, task_status) -> None:
     async with trio.open_nursery() as nursery:
         services = await start_subsystems(config, nursery, {
-            "config": config, "metrics": metrics, "cluster": cluster, "http_client": http_client, "engine_bridge": bridge})
+            "config": config, "metrics": metrics, "cluster": cluster, "settings": settings, "http_client": http_client,
+            "engine_bridge": bridge})
         state = GatewayState(config, services)
         registry, catalog = services["registry"], services["catalog"]
         # (URL, role, bootstrap port) of every engine the flags name: --worker-urls, --prefill, --decode.
         engines = [(url, "regular", None) for url in config.worker_urls]
         engines += [(url, "prefill", port) for url, port in config.pd.prefill]
         engines += [(url, "decode", None) for url in config.pd.decode]
+        if cluster is not None:
+            retract_unnamed(cluster, [url for url, _, _ in engines])
         # Register the configured workers before serving when they answer; keep trying those that don't.
         state.status.unreachable_engines.update(url for url, _, _ in engines)
         with trio.move_on_after(config.health.timeout_s * 2):
@@ -300,21 +325,35 @@ def run_gateway(config: GatewayConfig) -> int:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
     async def main() -> None:
+        nonlocal config
         use_dict_instruments()  # trio's per-step hook checks at a dict's speed (gateway/node/trio_instruments.py)
         if os.environ.get("SMG_NODE_SLOW_STEP_MS"):
             trio.lowlevel.add_instrument(SlowStepLog(float(os.environ["SMG_NODE_SLOW_STEP_MS"]) / 1000, log))
         async with trio.open_nursery() as nursery:
             if os.environ.get(SUPERVISED_ENV):
                 nursery.start_soon(exit_when_supervisor_dies, nursery.cancel_scope)
-            async def serve_then_stop(cluster, task_status=trio.TASK_STATUS_IGNORED) -> None:
-                await serve_gateway(config, cluster, task_status=task_status)
+            async def serve_then_stop(cluster, settings, task_status=trio.TASK_STATUS_IGNORED) -> None:
+                await serve_gateway(config, cluster, settings=settings, task_status=task_status)
                 nursery.cancel_scope.cancel()  # drained: stop listening for signals too
 
             cluster = mesh = None
             if config.mesh.enabled:
                 cluster = ClusterState(config.mesh.node_name or default_node_name(
                     config.mesh.advertise or config.mesh.bind))
-            running: RunningGateway = await nursery.start(serve_then_stop, cluster)
+            settings = cluster or SettingsDocument(f"port-{config.port}")
+            data_path = data_dir_of(config)
+            if data_path is not None:
+                # Read back before anything serves or joins (gateway/node/data_dir.py).
+                data.append(DataDir(data_path, config.data_fsync))
+                keyring_dir = None if config.mesh.private else str(data_path)  # a private mesh's key is new each start
+                config = dataclasses.replace(
+                    config, mesh=dataclasses.replace(config.mesh, data_dir=keyring_dir),
+                    history=dataclasses.replace(config.history, data_dir=data_path, data_fsync=config.data_fsync))
+                settings.keep_on_disk(data_path, config.data_fsync)
+            else:
+                log.warning("--data-dir none: nothing is kept across a restart (run-time API keys, workers, stored "
+                            "conversations)")
+            running: RunningGateway = await nursery.start(serve_then_stop, cluster, settings)
             if cluster is not None:
 
                 async def mesh_then_stop(task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -356,6 +395,7 @@ def run_gateway(config: GatewayConfig) -> int:
 
     cannot_start: list[str] = []  # why the node could not start, said in one line rather than a traceback
     recorded: list[tuple[str, str]] = []  # (HTTP port, admin endpoint) this node recorded for the CLI
+    data: list[DataDir] = []  # the data directory this process holds (locked), once opened
     try:
         trio.run(main)
     except* StoreUnavailable as failed:  # the history database or Redis cannot be reached at start
@@ -364,7 +404,11 @@ def run_gateway(config: GatewayConfig) -> int:
         cannot_start.append(str(_first_of(failed)))
     except* CredentialsError as failed:  # --service-discovery with no way to reach the API server
         cannot_start.append(str(_first_of(failed)))
+    except* DataDirError as failed:  # the data directory is another node's, or cannot be made
+        cannot_start.append(str(_first_of(failed)))
     finally:
+        for directory in data:
+            directory.close()
         for port, addr in recorded:
             forget_endpoint(port, addr)
     if cannot_start:

@@ -6,7 +6,8 @@ subsystem is its own package (its config, its flags, its ``Subsystem``) and one 
 within a section, and the start order where ``needs`` leaves a choice.
 
 The node's own resources, which no subsystem starts, are ``NODE_RESOURCES``: its config, its metrics, the cluster's
-state (None without a mesh), the HTTP client of workers and issuers, and the engines' gRPC client.
+state (None without a mesh), the settings document (the cluster's, or a lone node's own), the HTTP client of workers
+and issuers, and the engines' gRPC client.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..tokenizer import subsystem as tokenizer
 from ..tracing import subsystem as tracing
 from ..workers import subsystem as workers
 
-NODE_RESOURCES = ("config", "metrics", "cluster", "http_client", "engine_bridge")
+NODE_RESOURCES = ("config", "metrics", "cluster", "settings", "http_client", "engine_bridge")
 
 
 async def _start_loop_lag(context: StartContext) -> LoopLagMonitor:

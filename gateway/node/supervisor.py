@@ -183,7 +183,7 @@ def worker_arguments(config: GatewayConfig, count: int, http_port: int) -> tuple
         advertises = [None] * count
         base_name = f"{socket.gethostname()}-{http_port}"
         rpc_addr = mesh.rpc_addr or "127.0.0.1:0"  # --rpc-addr when given (it was ignored here), else the kernel's
-        shared += ["--mesh-preset", "local", "--kv-event-followers", "1"]
+        shared += ["--mesh-preset", "local", "--kv-event-followers", "1", "--mesh-private"]
         env["SMG_NODE_ENCRYPT"] = generate_key()
     if config.tokenizer.encode_threads == 0:
         # Each process's share of the cores: one encoder thread per core in every process would

@@ -50,20 +50,20 @@ def _check(config: Any) -> None:
 async def _start_limiter(context: StartContext) -> RateLimiter:
     config, cluster = context.config, context.need("cluster")
     rate_limiter = RateLimiter(config.rate_limit, limit_set(config), cluster=cluster, metrics=context.need("metrics"))
-    if cluster is not None:
-        def on_setting(name: str, value: Any) -> None:
-            if name != RATE_LIMITS_SETTING:
-                return
-            try:
-                rate_limiter.set_limits(parse_limit_set(value))
-                log.info("rate limits changed by a peer: %d limits", len(rate_limiter.limits.limits))
-            except LimitConfigError as e:
-                log.warning("ignored rate limits from a peer: %s", e)
 
-        cluster.follow_settings(on_setting)
+    def on_setting(name: str, value: Any) -> None:
+        if name != RATE_LIMITS_SETTING:
+            return
+        try:
+            rate_limiter.set_limits(parse_limit_set(value))
+            log.info("rate limits changed by a peer (or kept on disk): %d limits", len(rate_limiter.limits.limits))
+        except LimitConfigError as e:
+            log.warning("ignored rate limits from a peer: %s", e)
+
+    context.need("settings").follow_settings(on_setting)
     await context.nursery.start(rate_limiter.run)
     return rate_limiter
 
 
 RATE_LIMIT = Subsystem("rate_limit", RateLimitConfig(), limiter.OPTIONS, _check)
-RATE_LIMITER = Subsystem("rate_limiter", start=_start_limiter, needs=("cluster", "metrics"))
+RATE_LIMITER = Subsystem("rate_limiter", start=_start_limiter, needs=("cluster", "settings", "metrics"))

@@ -18,11 +18,11 @@ from .attempt import AttemptFailed, WorkerAttempt, abort_quietly
 from .errors import WorkerError, WorkerExists, WorkerHostRefused, WorkerUnknown, WorkerUnreachable, WorkerUrlInvalid
 from .health import HealthConfig, HealthTracker, Verdict
 from .origin import WorkerAllowlist, WorkerUrlError, parse_worker_origin
-from .registry import WorkerRegistry
+from .registry import WorkerRegistry, parse_worker_url
 from .router import Router
 from .worker import Worker, WorkerClient, worker_id_for
 
 __all__ = ["AttemptFailed", "HealthConfig", "HealthTracker", "Router", "Verdict", "Worker", "WorkerAllowlist",
            "WorkerAttempt", "WorkerClient", "abort_quietly", "WorkerError", "WorkerExists", "WorkerHostRefused", "WorkerRegistry",
            "WorkerUnknown", "WorkerUnreachable", "WorkerUrlError", "WorkerUrlInvalid", "parse_worker_origin",
-           "worker_id_for"]
+           "parse_worker_url", "worker_id_for"]

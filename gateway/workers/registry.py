@@ -192,9 +192,11 @@ class WorkerRegistry:
 
     async def add(self, url: str, labels: dict[str, str] | None = None, model: str | None = None,
                   replicate: bool = True, api_key: str | None = None, role: str = REGULAR,
-                  bootstrap_port: int | None = None) -> Worker:
+                  bootstrap_port: int | None = None, from_flags: bool = False) -> Worker:
         """Connect to a worker and route to it once a health check passed; with a cluster, every node
-        then does the same. ``role`` prefill or decode: one half of a disaggregated pair (pairing.py)."""
+        then does the same. ``role`` prefill or decode: one half of a disaggregated pair (pairing.py).
+        ``from_flags``: named by this node's command line (it retracts the worker at a later start whose flags no
+        longer name it: ``retract_unnamed``)."""
         kind, target, url = parse_worker_url(url, self._allowlist)
         if role != REGULAR and kind != "grpc":
             raise WorkerUrlInvalid(f"worker {url}: prefill and decode workers are gRPC engines (grpc://host:port)")
@@ -245,6 +247,7 @@ class WorkerRegistry:
             # it; it is never shown (describe) nor logged.
             self.cluster.register(wid, {"url": url, "labels": labels or {}, "model": model,
                                         **({"api_key": api_key} if api_key else {}),
+                                        **({"flags": True} if from_flags else {}),
                                         **({"worker_type": role, "bootstrap_port": bootstrap_port}
                                            if role != REGULAR else {})})
         self._notify()

@@ -16,7 +16,7 @@ def test_every_option_is_declared_once_in_a_section_or_internal():
     assert len(set(flags)) == len(flags)
     keys = {key for key, _ in cfg.HELP_SECTIONS}
     assert all(opt.section in keys for opt in cfg.OPTIONS)
-    assert cfg.INTERNAL_FLAGS == {"--worker-index", "--http-reuse-port"}
+    assert cfg.INTERNAL_FLAGS == {"--worker-index", "--http-reuse-port", "--mesh-private"}
 
 
 def test_serve_help_has_the_sections_and_hides_internal_flags(capsys):

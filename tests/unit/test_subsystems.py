@@ -13,6 +13,7 @@ import trio
 
 from gateway.api.state import GatewayState
 from gateway.base.options import Option
+from gateway.cluster import SettingsDocument
 from gateway.base.subsystem import ConfigProblem, StartContext, Subsystem, start_order
 from gateway.node import config as cfg
 from gateway.node.server import start_subsystems
@@ -76,7 +77,8 @@ def test_a_subsystem_added_with_one_registration_has_its_section_flags_and_check
 async def test_a_subsystem_added_with_one_registration_starts_after_what_it_needs(nursery):
     config = _build(["--echo-times", "2"])
     metrics = GatewayMetrics()
-    resources = {"config": config, "metrics": metrics, "cluster": None, "http_client": None, "engine_bridge": None}
+    resources = {"config": config, "metrics": metrics, "cluster": None, "settings": SettingsDocument("local"),
+                 "http_client": None, "engine_bridge": None}
     services = await start_subsystems(config, nursery, resources, WITH_ECHO)
     echo = services["echo"]
     assert echo.ran and echo.catalog is services["catalog"]
