@@ -243,13 +243,16 @@ class Journal:
         refuses (the caller must not acknowledge what it could not write)."""
         if len(payload) > RECORD_BYTES_MAX:
             raise ValueError(f"a journal record of {len(payload)} bytes, past {RECORD_BYTES_MAX}")
-        frame = _frame(payload)
-        view = memoryview(frame)
-        while view:
-            view = view[os.write(self._fd, view):]
+        header = _RECORD.pack(len(payload), zlib.crc32(payload))
+        size = len(header) + len(payload)
+        written = os.writev(self._fd, (header, payload))  # one call, no copy of the payload into a frame
+        if written < size:  # a short write (a full disk, a signal): the rest, in order
+            view = memoryview(header + payload)[written:]
+            while view:
+                view = view[os.write(self._fd, view):]
         if self.fsync_each:
             os.fsync(self._fd)
-        self.log_bytes += len(frame)
+        self.log_bytes += size
         self.appended += 1
 
     def rotate(self) -> int:
