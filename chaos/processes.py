@@ -120,14 +120,14 @@ class EngineProcess(ManagedProcess):
 class NodeProcess(ManagedProcess):
     def __init__(self, args: "list[str]", log_dir: Path, name: str = "node",
                  env: "dict[str, str] | None" = None, cwd: "Path | None" = None, python: str = sys.executable,
-                 data_dir: "Path | None" = None) -> None:
+                 data_dir: "Path | None" = None, keep_data: bool = True) -> None:
         # One gateway process per node unless the caller asks for more: tests and the chaos harness run
         # many nodes on two cores.
         workers = [] if "--workers" in args else ["--workers", "1"]
         # Each node keeps its state in a directory of its own beside its log, never the user's state directory: a
         # new one unless the caller passes the one a node had before (a restart, as of a machine, finds it).
         self.data_dir = data_dir or Path(tempfile.mkdtemp(prefix=f"data-{name}-", dir=log_dir))
-        if "--data-dir" not in args:
+        if "--data-dir" not in args and keep_data:  # (keep_data=False: a version before --data-dir)
             workers += ["--data-dir", str(self.data_dir)]
         # Nodes started together share one admin token file (theirs, not the user's): the control plane
         # is never open, and whoever started them finds the token there.

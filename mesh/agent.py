@@ -36,7 +36,7 @@ import trio
 
 from .auth_failures import AuthFailures
 from .config import MeshConfig
-from .crypto import Keyring, KeyringError, Sealer, fingerprint_of
+from .crypto import SEAL_VERSION, Keyring, KeyringError, Sealer, fingerprint_of
 from .keyring_rotation import (KEYRING_STREAM_MARK, PHASES, KeyringRequestError, RotationReport, decode_answer,
                                decode_request, encode_answer, encode_request)
 from .members import MemberSnapshot, MemberStatus
@@ -59,7 +59,7 @@ from .swim import (
     Tick,
 )
 from .transport import StreamClosed, Transport, TransportError
-from .wire import PushPull, decode_packet, decode_push_pull, encode_packet, encode_push_pull
+from .wire import PROTOCOL_VERSION, PushPull, decode_packet, decode_push_pull, encode_packet, encode_push_pull
 
 log = logging.getLogger("mesh.agent")
 
@@ -67,6 +67,10 @@ UDP_LABEL = b"smg-node/gossip"
 TCP_LABEL = b"smg-node/push-pull"
 HELLO_LABEL = b"smg-node/stream-hello"
 PUSH_PULL_TIMEOUT_S = 10.0
+# Traffic of another version (a rolling upgrade half done) is said once a minute per host, for at most this many
+# hosts before the memory starts over (a forger's sources must not grow it).
+VERSION_NOTE_INTERVAL_S = 60.0
+VERSION_NOTE_HOSTS_MAX = 1024
 # A member asked one phase of a rotation answers within this or is named in the report (three phases fit in the
 # CLI's wait).
 ROTATION_PHASE_TIMEOUT_S = 5.0
@@ -147,6 +151,7 @@ class MeshAgent:
         self._nursery: trio.Nursery | None = None
         self.stopped = trio.Event()
         self.auth_failures = AuthFailures()
+        self._versions_said: dict[str, float] = {}  # host -> when another version's traffic from it was said
 
     # -- public API ---------------------------------------------------------
 
@@ -290,13 +295,17 @@ class MeshAgent:
         data, reason = self.sealer.open(sealed, UDP_LABEL, self._wall_clock())
         if data is None:
             self.stats.dropped[reason] += 1
-            if reason == "decrypt":
+            if reason == "seal_version":
+                self._note_other_version(host, now, f"a packet sealed in format {sealed[0]}")
+            elif reason == "decrypt":
                 self._note_failed_authentication(host, now, "packet")
             return
         self.auth_failures.succeeded(host, from_addr, now)
         messages, reason = decode_packet(data, self.config.udp_packet_bytes_max + 64)
         if reason is not None:
             self.stats.dropped[reason] += 1
+            if reason == "bad_version":
+                self._note_other_version(host, now, "a packet of another mesh protocol version")
             return
         self._handle_safely(PacketIn(from_addr, messages))
 
@@ -429,11 +438,26 @@ class MeshAgent:
         data, reason = self.sealer.open(hello, HELLO_LABEL, self._wall_clock())
         if data is None:
             self.stats.dropped[f"hello_{reason}"] += 1
-            if reason == "decrypt":
+            if reason == "seal_version":
+                self._note_other_version(host, now, f"a stream hello sealed in format {hello[0]}")
+            elif reason == "decrypt":
                 self._note_failed_authentication(host, now, "hello")
             return False
         self.auth_failures.succeeded(host, "", now)
         return True
+
+    def _note_other_version(self, host: str, now: float, what: str) -> None:
+        """Traffic in a format of another smg-node version (during a rolling upgrade, a node left behind or ahead):
+        dropped, and said in one line per host a minute, so that a half-done upgrade is seen where people look."""
+        said = self._versions_said.get(host)
+        if said is not None and now - said < VERSION_NOTE_INTERVAL_S:
+            return
+        if len(self._versions_said) >= VERSION_NOTE_HOSTS_MAX:
+            self._versions_said.clear()
+        self._versions_said[host] = now
+        log.warning("%s from %s: this node speaks mesh protocol %d, sealed format %d, and drops it. A node of "
+                    "another smg-node version: upgrade node by node to one version (docs/cluster.md, upgrades)",
+                    what, host or "an unknown host", PROTOCOL_VERSION, SEAL_VERSION)
 
     def _note_failed_authentication(self, host: str, now: float, what: str) -> None:
         """A peer's hello or packet did not open with our keys: said in the log per host, at most once a window

@@ -322,12 +322,13 @@ class Sealer:
         return self.keyring.seal(_TIME.pack(max(0, int(now_s))) + payload, label, nonce)
 
     def open(self, sealed: bytes, label: bytes, now_s: float) -> tuple[bytes | None, str | None]:
-        """(payload, None), or (None, reason): "decrypt", "malformed", "stale", "replay", ..."""
+        """(payload, None), or (None, reason): "decrypt", "seal_version" (sealed in a format this version does not
+        read: another smg-node version, or a forger), "malformed", "stale", "replay", ..."""
         if not self.keyring.enabled:
             return sealed, None
         plain = self.keyring.open(sealed, label)
         if plain is None:
-            return None, "decrypt"
+            return None, "seal_version" if sealed and sealed[0] != SEAL_VERSION else "decrypt"
         if len(plain) < TIME_BYTES:
             return None, "malformed"
         sender = sealed[1:1 + SENDER_BYTES]  # authenticated: the nonce is part of what GCM checks

@@ -90,3 +90,28 @@ async def test_the_udp_transport_reads_what_waits_without_waiting():
     finally:
         a.close()
         b.close()
+
+
+async def test_traffic_of_another_version_is_dropped_and_said_once_a_minute_per_host(autojump_clock, caplog):
+    """A rolling upgrade half done: a member of another version seals in another format, or speaks another mesh
+    protocol inside a packet that opens. Dropped and counted, and said in one line per host a minute (issue 62)."""
+    import msgpack
+
+    from mesh.crypto import SEAL_VERSION
+    agent = MeshAgent(MeshConfig.lan(), "me", HeldUpTransport(), Keyring([KEY_A]), rng=random.Random(1))
+    sealer = Sealer(Keyring([KEY_A]))
+    def newer_protocol() -> bytes:  # sealed anew each time: a packet played twice is a replay, dropped as such
+        return sealer.seal(msgpack.packb([99, []]), UDP_LABEL, time.time())
+
+    newer_seal = bytes([SEAL_VERSION + 1]) + sealer.seal(b"x", UDP_LABEL, time.time())[1:]
+    for _ in range(3):
+        agent._on_packet(X_ADDR, newer_protocol())
+        agent._on_packet("10.0.0.3:7946", newer_seal)
+    assert agent.stats.dropped["bad_version"] == 3 and agent.stats.dropped["seal_version"] == 3
+    lines = [r.getMessage() for r in caplog.records if "another smg-node version" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "another mesh protocol version from 10.0.0.2" in lines[0]
+    assert f"sealed in format {SEAL_VERSION + 1} from 10.0.0.3" in lines[1]
+    await trio.sleep(61)
+    agent._on_packet(X_ADDR, newer_protocol())
+    assert len([r for r in caplog.records if "another smg-node version" in r.getMessage()]) == 3
