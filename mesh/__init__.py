@@ -36,7 +36,7 @@ _EXPORTS = {
     "AdminTokenError": "admin_token", "default_token_path": "admin_token", "load_or_create_token": "admin_token",
     "read_token": "admin_token", "client_token": "admin_token", "record_endpoint": "admin_token", "forget_endpoint": "admin_token",
     "TOKEN_ENV": "admin_token", "FILE_ENV": "admin_token", "live_endpoints": "admin_token",
-    "user_state_dir": "admin_token",
+    "user_state_dir": "admin_token", "member_json": "service",
     "run_admin_command": "admin_client", "call_json": "admin_client",
     "answer_lifespan": "asgi",
     "FAULTS_ENV": "faults", "SEED_ENV": "faults",

@@ -20,10 +20,10 @@ import trio
 from mesh.asgi import answer_lifespan
 
 from ..auth import Access, Authenticator, KeysMissing, Unauthenticated
-from . import admin, anthropic, conversations, embeddings, native, openai, parse, responses
+from . import admin, anthropic, console, conversations, embeddings, native, openai, parse, responses
 from .errors import ApiError, BadRequest, MethodNotAllowed, NotFound, Unavailable, to_api_error
 from .http import ClientGone, Request
-from .state import GatewayState
+from .state import ERROR_MESSAGE_CHARS_MAX, GatewayState
 
 log = logging.getLogger("gateway.api")
 access_log = logging.getLogger("gateway.access")
@@ -60,6 +60,10 @@ _ROUTES: dict[str, dict[str, Route]] = {
     "/admin/api-keys": {"GET": (admin.list_api_keys, ADMIN), "POST": (admin.create_api_key, ADMIN)},
     "/admin/models": {"GET": (admin.get_models_config, ADMIN), "PUT": (admin.put_models_config, ADMIN)},
     "/admin/data": {"GET": (admin.data_status, ADMIN)},
+    # The console checks the admin credential itself: it also takes it as HTTP Basic's password, which a browser asks
+    # for (console/__init__.py).
+    "/console": {"GET": (console.page, PUBLIC)},
+    "/console/state": {"GET": (console.state_json, PUBLIC)},
     "/admin/data/accept": {"POST": (admin.accept_data_loss, ADMIN)},
     # Operators' tools (smg lists them with the control plane): a parser on a text, no engine.
     "/parse/function_call": {"POST": (parse.parse_function_call, ADMIN)},
@@ -171,6 +175,9 @@ class GatewayApp:
                 log.exception("request %s %s %s failed", request.request_id, request.method, request.path)
                 error = ApiError(f"internal error (request id {request.request_id})", code="internal_error")
             body = anthropic.anthropic_error_body(error) if route in _ANTHROPIC_ROUTES else error.body_bytes()
+            self.state.status.recent_errors.append({
+                "time": time.time(), "route": route, "status": error.status, "code": error.code,
+                "message": error.message[:ERROR_MESSAGE_CHARS_MAX], "request_id": request.request_id})
             await self._fail(request, error.status, body, error.headers())
         finally:
             status = request.status if request.response_started else 499  # 499: client closed first

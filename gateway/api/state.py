@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..engine.grpc_engine import SamplingOptions
@@ -33,6 +35,10 @@ if TYPE_CHECKING:
     from ..tracing import Tracing
 
 
+RECENT_ERRORS_MAX = 100  # what the console lists; each ~300 bytes (a message is cut at ERROR_MESSAGE_CHARS_MAX)
+ERROR_MESSAGE_CHARS_MAX = 200
+
+
 @dataclasses.dataclass
 class NodeStatus:
     """What changes while the node serves (the rest of the request context does not)."""
@@ -43,6 +49,10 @@ class NodeStatus:
     unreachable_engines: set[str] = dataclasses.field(default_factory=set)
     # Where this node serves (http://host:port, once it listens): a worker at that address would be the node itself.
     own_url: str | None = None
+    # The last error answers (time, route, status, code, message), newest last: the console shows them.
+    recent_errors: "collections.deque[dict[str, Any]]" = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=RECENT_ERRORS_MAX))
+    started_at: float = dataclasses.field(default_factory=time.time)
 
 
 class GatewayState:

@@ -10,10 +10,12 @@ way a subsystem writes with ``set_setting`` and reads with ``follow_settings``, 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from mesh.worker_doc import WorkerDoc
 
+from ..observe.metrics import gauge
 from .doc_journal import DocJournal
 
 log = logging.getLogger("gateway.cluster")
@@ -48,6 +50,15 @@ class SettingsDocument:
         log.info("keys and settings: %d settings and %d workers read back from %s", len(self.doc.settings()),
                  len(self.doc.workers()), directory)
         return recovered
+
+    def metric_families(self) -> "Iterator[Any]":
+        """What the data directory says of this node (deploy/prometheus/ alerts on the first)."""
+        yield gauge("smg_data_keys_may_be_lost", "1 while this node refuses inference because the keys it kept could "
+                    "not all be read back (smg-node data status)", [], [([], 1.0 if self.keys_may_be_lost else 0.0)])
+        journal = self.journal
+        if journal is not None:
+            yield gauge("smg_data_log_bytes", "Bytes of the settings document's journal log since its last snapshot",
+                        ["journal"], [(["cluster-doc"], float(journal.journal.log_bytes))])
 
     def accept_loss(self) -> "list[Any]":
         """The operator accepts what could not be read back: inference opens again where no key is known."""

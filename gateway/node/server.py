@@ -225,6 +225,7 @@ async def _serve_with(config: GatewayConfig, cluster: ClusterState | None, setti
             "config": config, "metrics": metrics, "cluster": cluster, "settings": settings, "http_client": http_client,
             "engine_bridge": bridge})
         state = GatewayState(config, services)
+        metrics.add_state_source(settings.metric_families)
         registry, catalog = services["registry"], services["catalog"]
         # (URL, role, bootstrap port) of every engine the flags name: --worker-urls, --prefill, --decode.
         engines = [(url, "regular", None) for url in config.worker_urls]

@@ -222,3 +222,58 @@ def test_the_schema_check_catches_misspelt_fields_wrong_types_and_missing_ones()
     del missing["spec"]["template"]["spec"]["containers"]
     with pytest.raises(ValueError, match="containers"):
         k8s.ApiClient()._ApiClient__deserialize(missing, "V1Deployment")
+
+
+# -- Prometheus alert rules and the Grafana dashboard ------------------------------------------------------------------
+
+_GATEWAY = DEPLOY.parent / "gateway"
+_MESH_METRICS = re.compile(r"\bsmg_[a-z0-9_]+")
+# What the Prometheus client adds to a family's name on the wire: counters' _total, histograms' series.
+_WIRE_SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
+
+
+def _exported_metric_names() -> set[str]:
+    """Every metric family name the node's code declares (each literal ``smg_...`` in gateway/), as exported."""
+    names = set()
+    for path in _GATEWAY.rglob("*.py"):
+        for name in _MESH_METRICS.findall(path.read_text()):
+            names.add(name)
+            names.update(name + suffix for suffix in _WIRE_SUFFIXES)
+    return names
+
+
+def _named_metrics(expr: str) -> set[str]:
+    return set(_MESH_METRICS.findall(expr))
+
+
+def test_alert_rules_are_well_formed_and_name_only_exported_metrics():
+    rules_file = yaml.safe_load((DEPLOY / "prometheus" / "smg-node-alerts.yaml").read_text())
+    exported = _exported_metric_names()
+    rules = [rule for group in rules_file["groups"] for rule in group["rules"]]
+    assert len(rules) >= 8 and len({r["alert"] for r in rules}) == len(rules)
+    for rule in rules:
+        assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]
+        assert re.fullmatch(r"[0-9]+[smh]", rule["for"]), rule["alert"]
+        assert rule["labels"]["severity"] in ("warning", "critical") and rule["annotations"]["summary"]
+        unknown = _named_metrics(rule["expr"]) - exported
+        assert not unknown, f"{rule['alert']} names metrics no node exports: {unknown}"
+        assert rule["expr"].count("(") == rule["expr"].count(")"), rule["alert"]
+    # The node's own alerts: a member held dead, no healthy worker, inference refused for lost keys.
+    assert {"SmgNodeMemberDead", "SmgNodeNoHealthyWorker", "SmgNodeInferenceRefusedKeysUnknown"} <= \
+        {r["alert"] for r in rules}
+
+
+def test_the_dashboard_is_grafana_json_on_exported_metrics():
+    import json
+    dashboard = json.loads((DEPLOY / "grafana" / "smg-node-dashboard.json").read_text())
+    assert dashboard["uid"] == "smg-node" and dashboard["schemaVersion"] >= 36
+    assert [v["type"] for v in dashboard["templating"]["list"]] == ["datasource"]
+    exported = _exported_metric_names()
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids)) >= 10
+    for panel in dashboard["panels"]:
+        assert panel["type"] in ("timeseries", "stat") and panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            unknown = _named_metrics(target["expr"]) - exported
+            assert not unknown, f"panel {panel['title']!r} names metrics no node exports: {unknown}"
+            assert target["datasource"]["uid"] == "${datasource}"
