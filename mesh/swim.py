@@ -413,7 +413,8 @@ class Swim:
         target = self.table.get(probe.target)
         if self.config.no_listener_suspicion_s is not None and target is not None:
             self.stats["listener_checks"] += 1
-            out.append(CheckListener(target.name, target.incarnation, probe.addr, probe.end_deadline - now))
+            # (a loop that ran late reaches here past the deadline: the check then gets no time, never a negative one)
+            out.append(CheckListener(target.name, target.incarnation, probe.addr, max(0.0, probe.end_deadline - now)))
 
     def _probe_failed(self, probe: _Probe, now: float, out: list[Action]) -> None:
         self.stats["probe_failures"] += 1

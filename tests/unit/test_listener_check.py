@@ -149,3 +149,17 @@ def test_no_check_when_switched_off():
     d.x_up = False
     d.run_until(40, stop=lambda: d.dead_at is not None)
     assert not d.checks and d.dead_at is not None
+
+
+def test_a_loop_that_runs_late_asks_with_no_time_left_never_a_negative_one():
+    """Under load the agent's timer fires past the probe's end: the check then has 0 s, and the driver's
+    ``trio.move_on_after`` must not be handed a negative timeout (it raised, logged as a handler error)."""
+    d = Driver()
+    d.run_until(10)
+    d.x_up = False
+    for _ in range(200):
+        if d.checks:
+            break
+        d.now = d.swim.next_deadline() + 5.0  # every timer handled five seconds late
+        d.handle(Tick())
+    assert d.checks and all(check.timeout_s >= 0 for check in d.checks), d.checks
