@@ -257,6 +257,21 @@ class ChaosCluster:
                 node.kill_machine()
         self.start_node(i)
 
+    def wait_ready(self, i: int, bound_s: float = 30.0) -> bool:
+        """Until node ``i`` says it is ready (``/readiness``: joined, the cluster's registry received), polling, at most
+        ``bound_s``; whether it did. What an operator waits for before taking the next node down."""
+        deadline = time.monotonic() + bound_s
+        with httpx2.Client(timeout=2) as client:
+            while time.monotonic() < deadline:
+                node = self.nodes[i]
+                try:
+                    if node is not None and client.get(node.url + "/readiness").status_code == 200:
+                        return True
+                except httpx2.HTTPError:
+                    pass
+                time.sleep(0.1)
+        return False
+
     def force_leave(self, at: int, victim: int, wait_s: float = 30.0) -> None:
         """What an operator does for a node gone for good: once node ``at`` holds it failed (``smg-node members``),
         ``smg-node force-leave`` there (its admin endpoint). Waits, polling, while the victim is only suspected."""

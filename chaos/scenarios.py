@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -166,17 +167,30 @@ def restart_engines(cluster: ChaosCluster, rng: random.Random, duration_s: float
 
 
 def kill_history_owners(cluster: ChaosCluster, rng: random.Random, duration_s: float) -> Plan:
-    """Two owners of stored responses killed one after the other, each restarted with an empty memory;
-    with three nodes every node owns every response. Responses acknowledged before each kill must
-    survive it, and those only the first victim got back from its peers must survive the second."""
+    """Two owners of stored responses killed one after the other, each restarted with an empty memory (its data
+    directory kept, as a machine keeps its disk); with three nodes every node owns every response. Responses
+    acknowledged before each kill must survive it, and those only the first victim got back from its peers must
+    survive the second. The second kill waits until the first victim is ready again (joined, the registry
+    received), as an operator does: on a busy machine a restart can take longer than the plan's gap, and a second
+    kill before the first victim rejoined leaves one node alone to refuse writes (a harness race, not a store's
+    loss). The second victim then stays dead for the plan's gap, whenever its kill came, so that every node sees
+    it dead before it is back."""
     first, second = rng.sample(range(cluster.spec.nodes), 2)
     times = [f * duration_s for f in (0.2, 0.4, 0.5, 0.7)]
+
+    def restart_first() -> None:
+        cluster.restart(first, graceful=False)
+        cluster.wait_ready(first)
+
+    def kill_second() -> None:
+        cluster.kill(second)
+        time.sleep(times[3] - times[2])  # dead for the plan's gap even when this kill came late: the restart follows
+
     return Plan([Event(times[0], f"SIGKILL {cluster.name(first)} (owns stored responses)", "process",
                        lambda: cluster.kill(first), (first,)),
-                 Event(times[1], f"restart {cluster.name(first)} (empty memory)", "heal",
-                       lambda: cluster.restart(first, graceful=False), (first,)),
-                 Event(times[2], f"SIGKILL {cluster.name(second)} (owns stored responses)", "process",
-                       lambda: cluster.kill(second), (second,)),
+                 Event(times[1], f"restart {cluster.name(first)} (empty memory)", "heal", restart_first, (first,)),
+                 Event(times[2], f"SIGKILL {cluster.name(second)} (owns stored responses)", "process", kill_second,
+                       (second,)),
                  Event(times[3], f"restart {cluster.name(second)} (empty memory)", "heal",
                        lambda: cluster.restart(second, graceful=False), (second,))], times[3], 2)
 

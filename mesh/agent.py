@@ -434,10 +434,12 @@ class MeshAgent:
         now = trio.current_time()
         if self.auth_failures.muted(host, "", now):
             self.stats.dropped["hello_muted"] += 1
+            log.debug("refused a stream hello from %s: the host is muted", host)
             return False
         data, reason = self.sealer.open(hello, HELLO_LABEL, self._wall_clock())
         if data is None:
             self.stats.dropped[f"hello_{reason}"] += 1
+            log.debug("refused a stream hello from %s: %s", host or "an unknown host", reason)
             if reason == "seal_version":
                 self._note_other_version(host, now, f"a stream hello sealed in format {hello[0]}")
             elif reason == "decrypt":

@@ -29,12 +29,15 @@ mesh CA is a member. Gossip (UDP) is unchanged: the keyring seals it.
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import trio
+
+log = logging.getLogger("mesh.transport")
 
 FRAME_HEADER_BYTES = 4
 # Connections are kept for the next exchange with the same peer. The server forgets an idle one
@@ -359,6 +362,7 @@ class UdpTcpTransport:
         async def serve_one(stream: trio.SocketStream) -> None:
             if self.connections >= STREAM_CONNECTIONS_MAX:
                 self.connections_refused += 1
+                log.debug("refused a stream connection: %d open already", self.connections)
                 await trio.aclose_forcefully(stream)
                 return
             self.connections += 1
