@@ -26,7 +26,8 @@ DEPLOY = pathlib.Path(__file__).resolve().parents[2] / "deploy"
 K8S_MODELS = {("v1", "ConfigMap"): "V1ConfigMap", ("v1", "Service"): "V1Service",
               ("v1", "ServiceAccount"): "V1ServiceAccount", ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
               ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
-              ("apps/v1", "Deployment"): "V1Deployment", ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget"}
+              ("apps/v1", "StatefulSet"): "V1StatefulSet",
+              ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget"}
 ENV = {"SMG_NODE_ENCRYPT": generate_key()}
 
 
@@ -94,8 +95,14 @@ def test_kubernetes_manifests_match_the_official_schema():
 
 def test_kubernetes_manifests_agree_with_each_other_and_with_the_cli(tmp_path):
     objects = {(o["kind"], o["metadata"]["name"]): o for o in k8s_objects()}
-    deployment = objects[("Deployment", "smg-node")]
-    pod = deployment["spec"]["template"]
+    nodes = objects[("StatefulSet", "smg-node")]
+    pod = nodes["spec"]["template"]
+    # The data directory is a claim of each pod's own (it outlives the pod), mounted where --data-dir points.
+    (claim,) = nodes["spec"]["volumeClaimTemplates"]
+    (container,) = pod["spec"]["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert container["args"][container["args"].index("--data-dir") + 1] == mounts[claim["metadata"]["name"]]
+    assert nodes["spec"]["serviceName"] in {name for kind, name in objects if kind == "Service"}
     labels = pod["metadata"]["labels"]
     for kind, name in objects:
         selector = objects[(kind, name)].get("spec", {}).get("selector")
@@ -208,20 +215,20 @@ def test_systemd_analyze_verifies_the_unit():
 
 def test_the_schema_check_catches_misspelt_fields_wrong_types_and_missing_ones():
     import copy
-    deployment = next(o for o in k8s_objects() if o["kind"] == "Deployment")
-    misspelt = copy.deepcopy(deployment)
+    statefulset = next(o for o in k8s_objects() if o["kind"] == "StatefulSet")
+    misspelt = copy.deepcopy(statefulset)
     container = misspelt["spec"]["template"]["spec"]["containers"][0]
     container["readynessProbe"] = container.pop("readinessProbe")
     with pytest.raises(AssertionError, match="V1Container has no field 'readynessProbe'"):
-        check_against_model(misspelt, "V1Deployment", "deployment")
-    wrong_type = copy.deepcopy(deployment)
+        check_against_model(misspelt, "V1StatefulSet", "statefulset")
+    wrong_type = copy.deepcopy(statefulset)
     wrong_type["spec"]["replicas"] = "3"
     with pytest.raises(AssertionError, match="expected int"):
-        check_against_model(wrong_type, "V1Deployment", "deployment")
-    missing = copy.deepcopy(deployment)
+        check_against_model(wrong_type, "V1StatefulSet", "statefulset")
+    missing = copy.deepcopy(statefulset)
     del missing["spec"]["template"]["spec"]["containers"]
     with pytest.raises(ValueError, match="containers"):
-        k8s.ApiClient()._ApiClient__deserialize(missing, "V1Deployment")
+        k8s.ApiClient()._ApiClient__deserialize(missing, "V1StatefulSet")
 
 
 # -- Prometheus alert rules and the Grafana dashboard ------------------------------------------------------------------
