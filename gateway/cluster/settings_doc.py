@@ -20,6 +20,10 @@ from .doc_journal import DocJournal
 
 log = logging.getLogger("gateway.cluster")
 
+# The settings that are API keys' records (gateway/auth/key_store.py SETTING_PREFIX; the cluster package does not
+# import auth): counted for the READY line.
+API_KEY_SETTING_PREFIX = "api_key:"
+
 
 class SettingsDocument:
     def __init__(self, node_name: str) -> None:
@@ -31,6 +35,7 @@ class SettingsDocument:
         # Why the keys this node held may be lost (its document on disk could not all be read back, now or at an
         # earlier start nobody accepted): the node then refuses inference while it knows no key. None: nothing lost.
         self.keys_may_be_lost: str | None = None
+        self.keys_read_back = 0  # run-time API keys the node read back from its data directory at start
 
     def keep_on_disk(self, directory: Any, fsync_each: bool = False) -> Any:
         """Read the document back from ``directory`` (before the node serves, and joins a cluster) and from now on
@@ -47,8 +52,9 @@ class SettingsDocument:
                 f"this node could not read back all of the API keys and settings it kept ({why}); while it knows "
                 "no key it refuses inference rather than serve it to anyone: it takes the keys from a peer when it "
                 "joins one, or an operator runs `smg-node data accept` once the loss is understood")
-        log.info("keys and settings: %d settings and %d workers read back from %s", len(self.doc.settings()),
-                 len(self.doc.workers()), directory)
+        self.keys_read_back = sum(1 for name in self.doc.settings() if name.startswith(API_KEY_SETTING_PREFIX))
+        log.info("keys and settings: %d settings (%d API keys) and %d workers read back from %s",
+                 len(self.doc.settings()), self.keys_read_back, len(self.doc.workers()), directory)
         return recovered
 
     def metric_families(self) -> "Iterator[Any]":

@@ -192,6 +192,12 @@ def ready_note(state: GatewayState, cluster: "ClusterState | None") -> str:
             parts.append("no engine: add one with smg-node workers add URL")
     if cluster is not None:
         parts.append("cluster joined" if cluster.registry_received else "not joined yet")
+    settings = getattr(state, "settings", None)
+    kept = settings.keys_read_back if settings is not None else 0
+    if kept:  # a node that starts with keys from an earlier start requires them: said where the operator looks
+        parts.append(f"{kept} API key{'' if kept == 1 else 's'} kept from an earlier start")
+    if settings is not None and settings.keys_may_be_lost:
+        parts.append("inference refused: kept keys unreadable (smg-node data status)")
     return ", ".join(parts)
 
 

@@ -215,3 +215,30 @@ def test_where_a_node_keeps_its_state(tmp_path, monkeypatch):
     assert data_dir_of(dataclasses.replace(base, port=0)) is None
     explicit = dataclasses.replace(base, data_dir=str(tmp_path / "x"), worker_index=2)
     assert data_dir_of(explicit) == tmp_path / "x" / "process-2"
+
+
+def test_the_ready_line_says_keys_were_kept_and_that_inference_is_refused():
+    import types
+
+    from gateway.node.server import ready_note
+    settings = SettingsDocument("n1")
+    state = types.SimpleNamespace(registry=types.SimpleNamespace(all=lambda: [1]),
+                                  status=types.SimpleNamespace(unreachable_engines=set()), settings=settings)
+    assert ready_note(state, None) == "1 worker"
+    settings.keys_read_back = 2
+    settings.keys_may_be_lost = "why"
+    assert ready_note(state, None) == ("1 worker, 2 API keys kept from an earlier start, inference refused: kept keys "
+                                       "unreadable (smg-node data status)")
+
+
+def test_the_settings_document_counts_the_keys_it_read_back(tmp_path):
+    from gateway.auth.key_store import SETTING_PREFIX
+    from gateway.cluster.settings_doc import API_KEY_SETTING_PREFIX
+    assert API_KEY_SETTING_PREFIX == SETTING_PREFIX
+    node = SettingsDocument("n1")
+    node.keep_on_disk(tmp_path)
+    node.set_setting("api_key:ab", {})
+    node.set_setting("rate_limits", {})
+    again = SettingsDocument("n1")
+    again.keep_on_disk(tmp_path)
+    assert again.keys_read_back == 1
