@@ -297,7 +297,7 @@ class MeshAgent:
             self.stats.dropped[reason] += 1
             if reason == "seal_version":
                 self._note_other_version(host, now, f"a packet sealed in format {sealed[0]}")
-            elif reason == "decrypt":
+            if reason in ("decrypt", "seal_version"):  # either way it did not open: counted towards the mute
                 self._note_failed_authentication(host, now, "packet")
             return
         self.auth_failures.succeeded(host, from_addr, now)
@@ -442,7 +442,7 @@ class MeshAgent:
             log.debug("refused a stream hello from %s: %s", host or "an unknown host", reason)
             if reason == "seal_version":
                 self._note_other_version(host, now, f"a stream hello sealed in format {hello[0]}")
-            elif reason == "decrypt":
+            if reason in ("decrypt", "seal_version"):  # either way it did not open: counted towards the mute
                 self._note_failed_authentication(host, now, "hello")
             return False
         self.auth_failures.succeeded(host, "", now)

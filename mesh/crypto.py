@@ -66,6 +66,8 @@ TAG_BYTES = 16
 # random nonce; 3 makes sender and counter the nonce and the time 4 bytes. Nodes on different versions
 # cannot read each other: upgrade a cluster with a new key (a rolling restart with --encrypt).
 SEAL_VERSION = 3
+# Version bytes below this are read as another smg-node's seal (named as such in the log); above, as garbage.
+SEAL_VERSIONS_PLAUSIBLE_MAX = 15
 SENDER_BYTES = 8
 COUNTER_MAX = 2 ** 32 - 1  # the nonce's last 4 bytes; a sender id is drawn again before they wrap
 TIME_BYTES = 4  # whole seconds: the replay window is minutes wide
@@ -328,7 +330,10 @@ class Sealer:
             return sealed, None
         plain = self.keyring.open(sealed, label)
         if plain is None:
-            return None, "seal_version" if sealed and sealed[0] != SEAL_VERSION else "decrypt"
+            # A small version byte other than ours: most likely a node of another version (it counts as a failed
+            # authentication all the same). Anything else (a plain packet, garbage) is a failure to decrypt.
+            other_version = bool(sealed) and sealed[0] != SEAL_VERSION and 0 < sealed[0] <= SEAL_VERSIONS_PLAUSIBLE_MAX
+            return None, "seal_version" if other_version else "decrypt"
         if len(plain) < TIME_BYTES:
             return None, "malformed"
         sender = sealed[1:1 + SENDER_BYTES]  # authenticated: the nonce is part of what GCM checks
