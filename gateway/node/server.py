@@ -358,8 +358,8 @@ def run_gateway(config: GatewayConfig) -> int:
                     history=dataclasses.replace(config.history, data_dir=data_path, data_fsync=config.data_fsync))
                 settings.keep_on_disk(data_path, config.data_fsync)
             else:
-                log.warning("--data-dir none: nothing is kept across a restart (run-time API keys, workers, stored "
-                            "conversations)")
+                log.warning("no data directory (--data-dir none, or --port 0 without --data-dir): nothing is kept "
+                            "across a restart (run-time API keys, workers, stored conversations)")
             running: RunningGateway = await nursery.start(serve_then_stop, cluster, settings)
             if cluster is not None:
 
