@@ -48,6 +48,15 @@ def admin(node: NodeProcess, method: str, path: str, body: dict | None = None) -
     return httpx2.request(method, node.url + path, json=body, headers=node.admin_headers, timeout=30)
 
 
+def conversation_texts(node: NodeProcess, key: str, conversation_id: str) -> "list[str] | None":
+    try:
+        items = openai.OpenAI(base_url=node.url + "/v1", api_key=key, max_retries=0).conversations.items.list(
+            conversation_id, order="asc")
+    except openai.NotFoundError:
+        return None
+    return [item.content[0].text for item in items.data]
+
+
 def truncate_logs(data_dir: Path, name: str, cut_bytes: int) -> None:
     for log in data_dir.glob(f"{name}.log.*"):
         if log.suffix.lstrip(".").isdigit():
@@ -252,9 +261,11 @@ def test_a_cluster_upgraded_node_by_node_from_the_previous_version_keeps_serving
             within(lambda: all(alive_members(n) == 3 for n in nodes), 60, f"node {i} upgraded and back")
             for n in nodes:  # old and new side by side: both versions serve with the cluster's state
                 assert chat_status(n, None) == 401 and chat_status(n, key) == 200, f"after node {i}: {n.name}"
-            client = openai.OpenAI(base_url=nodes[i].url + "/v1", api_key=key)
-            items = client.conversations.items.list(conversation.id, order="asc")
-            assert [item.content[0].text for item in items.data] == ["before the upgrade"]
+            # The new node starts empty (the previous version kept nothing on disk) and takes the conversation from
+            # its peers; a read right after the join was once answered 404 under load before the catch-up (the
+            # memory store's, seen once in a clean-clone run: the note), so the read is polled, bounded.
+            within(lambda: conversation_texts(nodes[i], key, conversation.id) == ["before the upgrade"], 15,
+                   f"node {i}, upgraded, serves the conversation")
 
         # Everything the upgraded nodes took from their peers is on their disks: a power cut now loses nothing.
         data_dirs = [n.data_dir for n in nodes]
