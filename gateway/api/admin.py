@@ -275,7 +275,7 @@ async def revoke_api_key(state: GatewayState, request: Request) -> None:
 def _data_status(state: GatewayState) -> dict:
     settings = state.settings
     journal = settings.journal
-    return {"data_dir": str(journal.journal.directory) if journal is not None else None,
+    return {"data_dir": str(settings.data_dir) if settings.data_dir is not None else None,
             "set_aside": [str(p) for p in journal.set_aside()] if journal is not None else [],
             "keys_may_be_lost": settings.keys_may_be_lost}
 

@@ -84,6 +84,3 @@ class DocJournal:
             path.rename(target)
             accepted.append(target)
         return accepted
-
-    def close(self) -> None:
-        self.journal.close()

@@ -71,6 +71,11 @@ class SettingsDocument:
         self.keys_may_be_lost = None
         return self.journal.accept_loss() if self.journal is not None else []
 
+    @property
+    def data_dir(self) -> Any:
+        """The directory the document is kept in; None when it is kept nowhere."""
+        return self.journal.journal.directory if self.journal is not None else None
+
     def _persist(self) -> None:
         if self.journal is not None:
             self.journal.record()

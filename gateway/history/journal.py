@@ -91,7 +91,3 @@ class HistoryJournal:
         while True:
             await self.compact_wanted.wait()
             await self.compact()
-
-    def close(self) -> None:
-        self.shards.on_change = self.shards.on_forget = None
-        self.journal.close()

@@ -87,8 +87,6 @@ class DataDir:
                                "(--data-dir, or --node-name for the default one)") from None
         os.ftruncate(self._lock, 0)
         os.write(self._lock, f"{os.getpid()}\n".encode())
-        # Why inference stays closed after a start that could not read everything (DurableState's verdict).
-        self.problems: list[str] = []
 
     def close(self) -> None:
         os.close(self._lock)  # the lock goes with it

@@ -96,14 +96,13 @@ def snapshot(state: GatewayState) -> dict[str, Any]:
     now = trio.current_time()
     limiter = state.rate_limiter
     settings = state.settings
-    journal = settings.journal
     return {
         "node": {"name": state.cluster.node_name if state.cluster is not None else settings.node_name,
                  "url": state.status.own_url, "pid": os.getpid(), "process": state.config.worker_index,
                  "uptime_s": round(time.time() - state.status.started_at, 1),
                  "ready": not state.status.shutting_down and (
                      state.cluster is None or state.cluster.registry_received),
-                 "data_dir": str(journal.journal.directory) if journal is not None else None,
+                 "data_dir": str(settings.data_dir) if settings.data_dir is not None else None,
                  "keys_may_be_lost": settings.keys_may_be_lost, "time": time.time()},
         "members": _members(state),
         "workers": [state.registry.describe(w, now) for w in state.registry.all()],
