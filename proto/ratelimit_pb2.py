@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fratelimit.proto\x12\x10smg_node.peer.v1\"k\n\tLimitSpec\x12.\n\talgorithm\x18\x01 \x01(\x0e\x32\x1b.smg_node.peer.v1.Algorithm\x12\r\n\x05limit\x18\x02 \x01(\x01\x12\x10\n\x08window_s\x18\x03 \x01(\x01\x12\r\n\x05\x62urst\x18\x04 \x01(\x01\"x\n\nDecideItem\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x04spec\x18\x02 \x01(\x0b\x32\x1b.smg_node.peer.v1.LimitSpec\x12\x0c\n\x04hits\x18\x03 \x01(\x01\x12$\n\x04mode\x18\x04 \x01(\x0e\x32\x16.smg_node.peer.v1.Mode\"L\n\rDecideRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12+\n\x05items\x18\x02 \x03(\x0b\x32\x1c.smg_node.peer.v1.DecideItem\"\x99\x01\n\x0c\x44\x65\x63ideResult\x12*\n\x07outcome\x18\x01 \x01(\x0e\x32\x19.smg_node.peer.v1.Outcome\x12\r\n\x05limit\x18\x02 \x01(\x01\x12\x11\n\tremaining\x18\x03 \x01(\x01\x12\x15\n\rreset_after_s\x18\x04 \x01(\x01\x12\x15\n\rretry_after_s\x18\x05 \x01(\x01\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"A\n\x0e\x44\x65\x63ideResponse\x12/\n\x07results\x18\x01 \x03(\x0b\x32\x1e.smg_node.peer.v1.DecideResult\"\x96\x01\n\x08KeyState\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x04spec\x18\x02 \x01(\x0b\x32\x1b.smg_node.peer.v1.LimitSpec\x12\r\n\x05tat_s\x18\x03 \x01(\x01\x12\x14\n\x0cwindow_index\x18\x04 \x01(\x03\x12\x15\n\rcurrent_count\x18\x05 \x01(\x01\x12\x16\n\x0eprevious_count\x18\x06 \x01(\x01\"N\n\x10ReplicateRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12*\n\x06states\x18\x02 \x03(\x0b\x32\x1a.smg_node.peer.v1.KeyState\"%\n\x11ReplicateResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r*E\n\tAlgorithm\x12\x1a\n\x16\x41LGORITHM_TOKEN_BUCKET\x10\x00\x12\x1c\n\x18\x41LGORITHM_SLIDING_WINDOW\x10\x01*G\n\x04Mode\x12\x0f\n\x0bMODE_DECIDE\x10\x00\x12\x0e\n\nMODE_FORCE\x10\x01\x12\x0f\n\x0bMODE_REFUND\x10\x02\x12\r\n\tMODE_PEEK\x10\x03*E\n\x07Outcome\x12\x11\n\rOUTCOME_ERROR\x10\x00\x12\x13\n\x0fOUTCOME_ALLOWED\x10\x01\x12\x12\n\x0eOUTCOME_DENIED\x10\x02\x32\xb3\x01\n\x0ePeerRateLimits\x12K\n\x06\x44\x65\x63ide\x12\x1f.smg_node.peer.v1.DecideRequest\x1a .smg_node.peer.v1.DecideResponse\x12T\n\tReplicate\x12\".smg_node.peer.v1.ReplicateRequest\x1a#.smg_node.peer.v1.ReplicateResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fratelimit.proto\x12\x10smg_node.peer.v1\"k\n\tLimitSpec\x12.\n\talgorithm\x18\x01 \x01(\x0e\x32\x1b.smg_node.peer.v1.Algorithm\x12\r\n\x05limit\x18\x02 \x01(\x01\x12\x10\n\x08window_s\x18\x03 \x01(\x01\x12\r\n\x05\x62urst\x18\x04 \x01(\x01\"x\n\nDecideItem\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x04spec\x18\x02 \x01(\x0b\x32\x1b.smg_node.peer.v1.LimitSpec\x12\x0c\n\x04hits\x18\x03 \x01(\x01\x12$\n\x04mode\x18\x04 \x01(\x0e\x32\x16.smg_node.peer.v1.Mode\"L\n\rDecideRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12+\n\x05items\x18\x02 \x03(\x0b\x32\x1c.smg_node.peer.v1.DecideItem\"\x99\x01\n\x0c\x44\x65\x63ideResult\x12*\n\x07outcome\x18\x01 \x01(\x0e\x32\x19.smg_node.peer.v1.Outcome\x12\r\n\x05limit\x18\x02 \x01(\x01\x12\x11\n\tremaining\x18\x03 \x01(\x01\x12\x15\n\rreset_after_s\x18\x04 \x01(\x01\x12\x15\n\rretry_after_s\x18\x05 \x01(\x01\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"A\n\x0e\x44\x65\x63ideResponse\x12/\n\x07results\x18\x01 \x03(\x0b\x32\x1e.smg_node.peer.v1.DecideResult\"\x96\x01\n\x08KeyState\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x04spec\x18\x02 \x01(\x0b\x32\x1b.smg_node.peer.v1.LimitSpec\x12\r\n\x05tat_s\x18\x03 \x01(\x01\x12\x14\n\x0cwindow_index\x18\x04 \x01(\x03\x12\x15\n\rcurrent_count\x18\x05 \x01(\x01\x12\x16\n\x0eprevious_count\x18\x06 \x01(\x01\"N\n\x10ReplicateRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12*\n\x06states\x18\x02 \x03(\x0b\x32\x1a.smg_node.peer.v1.KeyState\"%\n\x11ReplicateResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r*a\n\tAlgorithm\x12\x1a\n\x16\x41LGORITHM_TOKEN_BUCKET\x10\x00\x12\x1c\n\x18\x41LGORITHM_SLIDING_WINDOW\x10\x01\x12\x1a\n\x16\x41LGORITHM_FIXED_PERIOD\x10\x02*G\n\x04Mode\x12\x0f\n\x0bMODE_DECIDE\x10\x00\x12\x0e\n\nMODE_FORCE\x10\x01\x12\x0f\n\x0bMODE_REFUND\x10\x02\x12\r\n\tMODE_PEEK\x10\x03*E\n\x07Outcome\x12\x11\n\rOUTCOME_ERROR\x10\x00\x12\x13\n\x0fOUTCOME_ALLOWED\x10\x01\x12\x12\n\x0eOUTCOME_DENIED\x10\x02\x32\xb3\x01\n\x0ePeerRateLimits\x12K\n\x06\x44\x65\x63ide\x12\x1f.smg_node.peer.v1.DecideRequest\x1a .smg_node.peer.v1.DecideResponse\x12T\n\tReplicate\x12\".smg_node.peer.v1.ReplicateRequest\x1a#.smg_node.peer.v1.ReplicateResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,11 +32,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ratelimit_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ALGORITHM']._serialized_start=841
-  _globals['_ALGORITHM']._serialized_end=910
-  _globals['_MODE']._serialized_start=912
-  _globals['_MODE']._serialized_end=983
-  _globals['_OUTCOME']._serialized_start=985
-  _globals['_OUTCOME']._serialized_end=1054
+  _globals['_ALGORITHM']._serialized_end=938
+  _globals['_MODE']._serialized_start=940
+  _globals['_MODE']._serialized_end=1011
+  _globals['_OUTCOME']._serialized_start=1013
+  _globals['_OUTCOME']._serialized_end=1082
   _globals['_LIMITSPEC']._serialized_start=37
   _globals['_LIMITSPEC']._serialized_end=144
   _globals['_DECIDEITEM']._serialized_start=146
@@ -53,6 +53,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPLICATEREQUEST']._serialized_end=800
   _globals['_REPLICATERESPONSE']._serialized_start=802
   _globals['_REPLICATERESPONSE']._serialized_end=839
-  _globals['_PEERRATELIMITS']._serialized_start=1057
-  _globals['_PEERRATELIMITS']._serialized_end=1236
+  _globals['_PEERRATELIMITS']._serialized_start=1085
+  _globals['_PEERRATELIMITS']._serialized_end=1264
 # @@protoc_insertion_point(module_scope)

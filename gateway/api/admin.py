@@ -15,6 +15,7 @@ from ..auth import Role
 from ..providers import RoutesError
 from ..auth.key_store import SETTING_PREFIX as KEY_SETTING_PREFIX, KeyStoreError, StoredKey
 from ..ratelimit.limits import RATE_LIMITS_SETTING, LimitConfigError, parse_limit_set
+from ..spend import BudgetError, parse_budget
 from ..workers.pairing import PREFILL, REGULAR, ROLES
 from .errors import BadRequest, NotFound, Unavailable
 from .http import Request
@@ -239,6 +240,15 @@ async def create_api_key(state: GatewayState, request: Request) -> None:
     of gateway/auth/key_store.py."""
     body = parse_json_body(await request.body())
     name, tenant, models, expires = body.get("name"), body.get("tenant"), body.get("models"), body.get("expires_in_s")
+    budget = body.get("budget")  # {amount_usd, period, mode, ...}: the key's own budget (gateway/spend/budgets.py)
+    if budget is not None:
+        if not isinstance(budget, dict):
+            raise BadRequest("'budget' is an object: {amount_usd, period, mode, ...}", param="budget")
+        try:
+            # Checked before the key exists (its fields, and room for one more budget).
+            state.spend.budgets.with_budget(parse_budget({**budget, "key": "0"}, "budget"))
+        except BudgetError as e:
+            raise BadRequest(str(e), param="budget", code="invalid_budgets") from None
     try:
         role = Role(body.get("role", "user"))
     except ValueError:
@@ -254,7 +264,12 @@ async def create_api_key(state: GatewayState, request: Request) -> None:
     except KeyStoreError as e:
         raise BadRequest(str(e), code="invalid_api_key_request") from None
     _replicate_key(state, key)
-    await request.send_json(201, {**key.public(time.time()), "key": secret})
+    answer = {**key.public(time.time()), "key": secret}
+    if budget is not None:
+        own = parse_budget({**budget, "key": key.id}, "budget")
+        state.spend.publish_budgets(state.spend.budgets.with_budget(own))
+        answer["budget"] = own.to_dict()
+    await request.send_json(201, answer)
 
 
 async def list_api_keys(state: GatewayState, request: Request) -> None:

@@ -20,7 +20,7 @@ import trio
 from mesh.asgi import answer_lifespan
 
 from ..auth import Access, Authenticator, KeysMissing, Unauthenticated
-from . import admin, anthropic, console, conversations, embeddings, native, openai, parse, responses
+from . import admin, anthropic, console, conversations, embeddings, native, openai, parse, responses, spend
 from .errors import ApiError, BadRequest, MethodNotAllowed, NotFound, Unavailable, to_api_error
 from .http import ClientGone, Request
 from .state import ERROR_MESSAGE_CHARS_MAX, GatewayState
@@ -60,6 +60,8 @@ _ROUTES: dict[str, dict[str, Route]] = {
     "/admin/api-keys": {"GET": (admin.list_api_keys, ADMIN), "POST": (admin.create_api_key, ADMIN)},
     "/admin/models": {"GET": (admin.get_models_config, ADMIN), "PUT": (admin.put_models_config, ADMIN)},
     "/admin/data": {"GET": (admin.data_status, ADMIN)},
+    "/admin/spend": {"GET": (spend.get_spend, ADMIN)},
+    "/admin/budgets": {"GET": (spend.get_budgets, ADMIN), "PUT": (spend.put_budgets, ADMIN)},
     # The console checks the admin credential itself: it also takes it as HTTP Basic's password, which a browser asks
     # for (console/__init__.py).
     "/console": {"GET": (console.page, PUBLIC)},
@@ -72,6 +74,8 @@ _ROUTES: dict[str, dict[str, Route]] = {
 # Routes with a parameter: (pattern, methods, the route's name in metrics and logs). A model id may hold
 # slashes (Qwen/Qwen3-8B): the SDK's models.retrieve sends it as it is.
 _PARAM_ROUTES: "tuple[tuple[re.Pattern[str], dict[str, Route], str], ...]" = (
+    (re.compile(r"^/admin/budgets/(?P<scope>key|tenant)/(?P<name>[^/\x00-\x1f\x7f]{1,256})$"),
+     {"PUT": (spend.put_budget, ADMIN), "DELETE": (spend.delete_budget, ADMIN)}, "/admin/budgets/{scope}/{name}"),
     (re.compile(r"^/v1/models/(?P<model>[^\x00-\x20\x7f]{1,256})$"), {"GET": (admin.retrieve_model, DATA)},
      "/v1/models/{model}"),
     (re.compile(r"^/v1/responses/(?P<response_id>[A-Za-z0-9_-]{1,128})$"),
@@ -108,6 +112,7 @@ class GatewayApp:
         self._body_bytes_max = state.config.admission.body_bytes_max  # None: the catalog sizes it
         self._auth = authenticator
         self._audit = state.config.auth.audit
+        self._cost_of = state.spend.cost_of if state.config.spend.cost_header else None  # --cost-header
         # A node of a cluster serves the data plane once it holds the cluster's worker registry; until
         # then (its first moment after a start) a request waits for it (JOIN_WAIT_S), rather than get a
         # 404 or 503 for models the node does not know yet. nginx cannot see /readiness (passive checks
@@ -123,6 +128,7 @@ class GatewayApp:
             return  # websockets are not served
         request = Request(scope, receive, send, self._request_id(scope),
                           self._body_bytes_max or self.state.catalog.body_bytes_max_auto, self._background)
+        request.cost_of = self._cost_of
         tracing = self.state.tracing
         if tracing is None or not tracing.samples(request.headers):
             await self._serve(request, None)
@@ -187,8 +193,14 @@ class GatewayApp:
             metrics.child(metrics.requests, route, str(status)).inc()
             elapsed = time.perf_counter() - started
             metrics.child(metrics.request_duration, route).observe(elapsed)
+            cost = self.state.spend.record(request, status) if request.usage is not None else None
             if access_log.isEnabledFor(logging.INFO):
-                if request.target is None:
+                if cost:  # a priced answer: its target (if a route's) and its cost in dollars
+                    access_log.info("%s %s %d %.1fms target=%s cost=%.8f", _printable(request.method),
+                                    _printable(request.path), status, elapsed * 1000, request.target or "-", cost,
+                                    extra={"request_id": request.request_id, "target": request.target,
+                                           "cost_usd": cost})
+                elif request.target is None:
                     access_log.info("%s %s %d %.1fms", _printable(request.method), _printable(request.path), status,
                                     elapsed * 1000, extra={"request_id": request.request_id})
                 else:  # a routed model's request: the target that answered (the operator's name for it)

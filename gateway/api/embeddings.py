@@ -135,9 +135,10 @@ async def _embed_on_provider(state: GatewayState, request: Request, body: "dict[
         raise unsupported(Unsupported("embeddings", "model"), model, target)
     # ~4 characters a token (OpenAI's rule of thumb) for the reservation; settled with the provider's count.
     estimate = max(1, sum(len(item) // 4 if isinstance(item, str) else len(item) for _, item in inputs))
-    usage = UsageTally()
+    usage = request.usage = UsageTally()
+    request.model = model
     async with account_quota(state, target, estimate, usage), \
-            rate_limited(state.rate_limiter, request, model, usage, estimate), \
+            rate_limited(state, request, model, usage, estimate), \
             state.admission.slot(request.tenant_key), request.cancel_on_disconnect():
         data, tokens = await state.providers.calls.embeddings(body, target)
         usage.prompt_tokens = tokens
@@ -174,9 +175,10 @@ async def _embed_on_pool(state: GatewayState, request: Request, raw: bytes, mode
         answer.check_floor(size)
     ids = await _ids_of(entry, entry.tokenizer, inputs, bounds.tokens_max)
     total = sum(map(len, ids))
-    usage = UsageTally(prompt_tokens=total)
+    usage = request.usage = UsageTally(prompt_tokens=total)
+    request.model = entry.name
     timeout_s = state.config.admission.request_timeout_s
-    async with rate_limited(state.rate_limiter, request, entry.name, usage, total), \
+    async with rate_limited(state, request, entry.name, usage, total), \
             state.admission.slot(request.tenant_key):
         async with request.cancel_on_disconnect():
             with trio.move_on_after(timeout_s or float("inf")) as deadline:

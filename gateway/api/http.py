@@ -6,6 +6,7 @@ No framework: the request path is short and every step is ours to measure.
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -43,6 +44,13 @@ class Request:
         self.extra_headers: list[tuple[bytes, bytes]] = []
         # The route's target that answered (a routed model, gateway/api/routed.py): the access log names it.
         self.target: str | None = None
+        # What the request generated and for which model (its public name, and the route's when one answered
+        # it): its cost is counted from these when the answer ends (gateway/spend).
+        self.usage: Any = None  # a UsageTally
+        self.model: str | None = None
+        self.route: str | None = None
+        # Set when the node adds x-smg-cost to whole answers (--cost-header): the request's cost in dollars.
+        self.cost_of: "Callable[[Request], float] | None" = None
         # The native server's request cycle (gateway/http1): None under another ASGI server.
         self._native = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
 
@@ -94,11 +102,17 @@ class Request:
     def _base_headers(self, headers: "list[tuple[bytes, bytes]]") -> list[tuple[bytes, bytes]]:
         return [*headers, *self.extra_headers, (b"x-request-id", self.request_id.encode("latin-1"))]
 
+    def _whole_headers(self, headers: "list[tuple[bytes, bytes]]") -> list[tuple[bytes, bytes]]:
+        """A whole answer's head: its usage is final, so its cost may be said."""
+        if self.cost_of is not None and self.usage is not None and self.usage.total() > 0:
+            headers = [*headers, (b"x-smg-cost", f"{self.cost_of(self):.8f}".encode())]
+        return self._base_headers(headers)
+
     async def send_bytes(self, status: int, body: bytes, headers: "list[tuple[bytes, bytes]]") -> None:
         self.response_started = True
         self.status = status
         await self._send({"type": "http.response.start", "status": status,
-                          "headers": self._base_headers([*headers, (b"content-length", str(len(body)).encode())])})
+                          "headers": self._whole_headers([*headers, (b"content-length", str(len(body)).encode())])})
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def send_pieces(self, status: int, pieces: "list[bytes]", size: int,
@@ -108,7 +122,7 @@ class Request:
         self.response_started = True
         self.status = status
         await self._send({"type": "http.response.start", "status": status,
-                          "headers": self._base_headers([*headers, (b"content-length", b"%d" % size)])})
+                          "headers": self._whole_headers([*headers, (b"content-length", b"%d" % size)])})
         batch: list[bytes] = []
         batched = 0
         for piece in pieces:

@@ -45,7 +45,7 @@ from .errors import ApiError, BadRequest, ContextLengthExceeded, Forbidden, NotF
     from_engine_error, to_api_error
 from .http import JSON_HEADERS, SSE_DONE, SSE_HEADERS, Request, sse_event
 from .logprobs import LogprobShape
-from .ratelimits import rate_limited
+from .ratelimits import checks_anything, rate_limited
 from .state import GatewayState
 
 
@@ -280,6 +280,8 @@ def plan_generation(state: GatewayState, request: Request, entry: ModelEntry, in
     if answer_bytes_max and sampling.max_tokens is not None and \
             answer_bytes_estimate(sampling.n, max_tokens, sampling.logprobs) > answer_bytes_max:
         raise AnswerTooLarge(answer_bytes_max)
+    usage = request.usage = UsageTally(prompt_tokens=n)  # what the answer's cost is counted from (gateway/spend)
+    request.model = entry.name
     return GenerationPlan(
         request_id=state.new_engine_request_id(),
         model=entry.name,
@@ -292,7 +294,7 @@ def plan_generation(state: GatewayState, request: Request, entry: ModelEntry, in
         routing=RoutingRequest(input_ids=input_ids if routing_ids is None else routing_ids,
                                routing_key=request.header(state.config.routing_key_header)),
         timeout_s=state.config.admission.request_timeout_s,
-        usage=UsageTally(prompt_tokens=n),
+        usage=usage,
         answer_bytes_max=answer_bytes_max,
         media=media,
     )
@@ -320,15 +322,14 @@ def logprob_shapes(plan: GenerationPlan, tokenizer: TokenizerService, chat: bool
 def admitted(state: GatewayState, request: Request, plan: GenerationPlan) -> Any:
     """``async with admitted(...)``: rate limits first (a denied request never queues), then a slot
     of the admission queue."""
-    limiter = state.rate_limiter
-    if limiter is None or not limiter.active:  # no limits: the slot alone, no manager around it
+    if not checks_anything(state.rate_limiter, state.spend):  # no limits: the slot alone, no manager around it
         return state.admission.slot(request.tenant_key)
-    return _rate_limited_then_admitted(state, request, plan, limiter)
+    return _rate_limited_then_admitted(state, request, plan)
 
 
 def rate_limited_generation(state: GatewayState, request: Request, plan: GenerationPlan) -> Any:
     """The rate limits of a generation alone (its slot taken later: a background response)."""
-    return rate_limited(state.rate_limiter, request, plan.model, plan.usage, estimated_tokens(plan))
+    return rate_limited(state, request, plan.model, plan.usage, estimated_tokens(plan), len(plan.input_ids))
 
 
 def estimated_tokens(plan: GenerationPlan) -> int:
@@ -336,9 +337,9 @@ def estimated_tokens(plan: GenerationPlan) -> int:
 
 
 @contextlib.asynccontextmanager
-async def _rate_limited_then_admitted(state: GatewayState, request: Request, plan: GenerationPlan,
-                                      limiter: Any) -> AsyncIterator[None]:
-    async with rate_limited(limiter, request, plan.model, plan.usage, estimated_tokens(plan)), \
+async def _rate_limited_then_admitted(state: GatewayState, request: Request,
+                                      plan: GenerationPlan) -> AsyncIterator[None]:
+    async with rate_limited(state, request, plan.model, plan.usage, estimated_tokens(plan), len(plan.input_ids)), \
             state.admission.slot(request.tenant_key):
         yield
 

@@ -64,7 +64,8 @@ class HttpProxy:
         # The body is not tokenized here: token limits reserve ~1 token per 4 bytes (OpenAI's rule of
         # thumb) and keep that reservation, since the worker's usage is not parsed out of its answer.
         estimate = max(1, len(body) // 4)
-        async with rate_limited(self.rate_limiter, request, model, UsageTally(prompt_tokens=estimate), estimate), \
+        # ``self``: the limiter alone, no budgets (an HTTP worker's answer is relayed unread: no usage to charge).
+        async with rate_limited(self, request, model, UsageTally(prompt_tokens=estimate), estimate), \
                 self._admission.slot(request.tenant_key):
             async with request.cancel_on_disconnect():
                 with trio.move_on_after(self._timeout_s) as timeout:

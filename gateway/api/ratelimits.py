@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from ..serving.generation import UsageTally
 from ..ratelimit.limiter import KeyOutcome, RateLimiter, Verdict
 from ..ratelimit.limits import Unit
-from .errors import TooManyRequests
+from .errors import ApiError, TooManyRequests, Unavailable
 from .http import Request
 from .state import GatewayState
 
@@ -49,7 +51,7 @@ def _tightest(outcomes: list[KeyOutcome], unit: Unit) -> KeyOutcome | None:
 
 def rate_limit_headers(verdict: Verdict) -> list[tuple[bytes, bytes]]:
     headers = []
-    for unit in Unit:
+    for unit in (Unit.REQUESTS, Unit.TOKENS):  # a budget's money has headers of its own (gateway/spend)
         outcome = _tightest(verdict.outcomes, unit)
         if outcome is None:
             continue
@@ -80,11 +82,19 @@ def rate_limit_error(verdict: Verdict) -> TooManyRequests:
                            code="rate_limit_exceeded", retry_after_s=max(1, math.ceil(d.retry_after_s)))
 
 
+def checks_anything(limiter: RateLimiter | None, spend: Any) -> bool:
+    """Whether a request has limits or budgets to pass (else nothing is asked of anyone)."""
+    return (limiter is not None and limiter.active) or (spend is not None and spend.budgets_active)
+
+
 @contextlib.asynccontextmanager
-async def rate_limited(limiter: RateLimiter | None, request: Request, model: str | None,
-                       usage: UsageTally, estimated_tokens: int) -> AsyncIterator[None]:
-    """Admit the request under every limit that applies (or raise 429); settle its tokens when it ends."""
-    if limiter is None or not limiter.active:
+async def rate_limited(state: Any, request: Request, model: str | None, usage: UsageTally, estimated_tokens: int,
+                       prompt_tokens: int | None = None) -> AsyncIterator[None]:
+    """Admit the request under every limit and budget that applies (or raise 429); settle its tokens and cost when
+    it ends. ``state``: what holds the node's ``rate_limiter`` and ``spend``; ``prompt_tokens``: of the estimate,
+    the prompt's (a budget reserves them at the input price, the rest at the output price)."""
+    limiter, spend = state.rate_limiter, getattr(state, "spend", None)
+    if not checks_anything(limiter, spend):
         yield
         return
     principal = request.principal
@@ -93,20 +103,84 @@ async def rate_limited(limiter: RateLimiter | None, request: Request, model: str
     else:
         identity = limiter.identity(request.header("authorization"), request.header(limiter.config.tenant_header),
                                     model)
-    verdict = await limiter.check(identity, estimated_tokens)
+    price = None
+    wanted = limiter.wanted(identity, estimated_tokens)
+    if spend is not None and spend.budgets_active:
+        price = spend.price(model, request.route, request.target)
+        if price.free:  # costs nothing: no budget to ask (a stored conversation's write, a free model)
+            price = None
+        else:
+            prompt = estimated_tokens if prompt_tokens is None else prompt_tokens
+            wanted += spend.budget_counters(principal, price.estimate_usd(prompt, max(0, estimated_tokens - prompt)))
+    verdict = await limiter.check_keys(wanted) if wanted else NOTHING_CHECKED
     request.extra_headers = rate_limit_headers(verdict)
+    if price is not None:
+        observe_budgets(spend, verdict)
     if not verdict.allowed:
+        if verdict.denied_by.spec.unit is Unit.USD:
+            raise budget_error(spend, verdict)
         raise rate_limit_error(verdict)
     try:
         yield
     finally:
-        limiter.settle(verdict, usage.total())
+        cost = 0.0
+        if price is not None:
+            cost = price.cost_usd(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
+                                  usage.reasoning_tokens)
+        limiter.settle(verdict, usage.total(), cost)
+
+
+NOTHING_CHECKED = Verdict(True, [])
+
+
+def observe_budgets(spend: Any, verdict: Verdict) -> None:
+    """Each budget's decision: its spend seen here, its thresholds crossed, a budget header."""
+    for outcome in verdict.outcomes:
+        if outcome.spec.unit is not Unit.USD:
+            continue
+        budget = spend.budget_of(outcome.spec.name, outcome.key)
+        if budget is None:
+            continue
+        decision = outcome.decision
+        spent = max(0.0, decision.limit - decision.remaining)
+        spend.observe(budget, spent, outcome.hits if decision.allowed else 0.0)
+
+
+def budget_error(spend: Any, verdict: Verdict) -> ApiError:
+    """A hard budget refusing a request: which budget, what is spent, when it is whole again (429
+    budget_exceeded); or that its owner cannot be reached (503 budget_unavailable)."""
+    denied = verdict.denied_by
+    assert denied is not None
+    budget = spend.budget_of(denied.spec.name, denied.key)
+    scope = denied.spec.name.removeprefix("budget-")
+    who = f"{scope} '{budget.name}'" if budget is not None else scope
+    spend.refused[scope] = spend.refused.get(scope, 0) + 1
+    if verdict.owner_unreachable:
+        return Unavailable(f"The budget of {who} cannot be checked right now (the node that holds it is unreachable)."
+                           " Please try again shortly.", code="budget_unavailable", retry_after_s=1)
+    d = denied.decision
+    spent = max(0.0, d.limit - d.remaining)
+    amount = budget.describe() if budget is not None else f"${d.limit:,.2f}"
+    if math.isinf(d.retry_after_s):
+        return TooManyRequests(f"Request too large for the budget of {who}: it may cost up to ${denied.hits:,.4f} "
+                               f"and the budget is {amount}. Lower max_tokens.", code="budget_exceeded")
+    resets = ""
+    retry = max(1, math.ceil(d.retry_after_s))
+    if budget is not None and budget.period != "rolling":
+        ends = budget.counter(spend.clock())[2]
+        if ends is not None:
+            resets = f" It resets at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(ends.ends_s))}."
+            retry = max(1, math.ceil(ends.ends_s - spend.clock()))
+    error = TooManyRequests(f"Budget exceeded for {who}: {amount}, ${spent:,.4f} spent, and this request may cost "
+                            f"up to ${denied.hits:,.4f}.{resets}", code="budget_exceeded", retry_after_s=retry)
+    error.error_type = "insufficient_quota"  # OpenAI's type for a spent quota
+    return error
 
 
 def counted_write(state: GatewayState, request: Request) -> contextlib.AbstractAsyncContextManager[None]:
     """A write that stores without generating (a conversation, its items, a deletion, a cancel): one request
     against the caller's limits, no tokens. A denied one changes nothing."""
-    return rate_limited(state.rate_limiter, request, None, UsageTally(), 0)
+    return rate_limited(state, request, None, UsageTally(), 0)
 
 
 @contextlib.asynccontextmanager
@@ -115,5 +189,5 @@ async def counted_tokens(state: GatewayState, request: Request, body_bytes: int,
     """Work measured in tokens without a generation (tokenize, count_tokens): a request against the caller's
     limits, and its tokens, estimated from the body (OpenAI's 4 bytes a token) before the work and settled
     with ``usage`` (the tokens counted) after. A caller at its limit is refused before any tokenizing."""
-    async with rate_limited(state.rate_limiter, request, model, usage, max(1, body_bytes // 4)):
+    async with rate_limited(state, request, model, usage, max(1, body_bytes // 4)):
         yield

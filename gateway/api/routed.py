@@ -73,6 +73,7 @@ async def answer_routed(state: GatewayState, request: Request, route: Route,
                 continue
         tried += 1
         request.target = entry.name
+        request.route = route.name
         judged = False  # the attempt said something of the target (it answered, or failed as the target fails)
         try:
             if target is not None:
@@ -198,6 +199,12 @@ def _result(answer_text: str, finish_reason: str, usage: Any, target: Target,
                             worker_id=target.name)
 
 
+def usage_of(tally: UsageTally, usage: Any) -> None:
+    """A provider's usage (OpenAI's meaning: cached of the prompt, reasoning of the completion) into the tally."""
+    tally.prompt_tokens, tally.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+    tally.cached_tokens, tally.reasoning_tokens = usage.cached_tokens, usage.reasoning_tokens
+
+
 def _estimate_tokens(chat: ChatRequest) -> int:
     """The tokens a provider request may use, for the rate limits' reservation (settled with the real usage):
     ~4 characters a token of its messages (OpenAI's rule of thumb), and its max_tokens."""
@@ -220,7 +227,8 @@ async def answer_provider(state: GatewayState, request: Request, chat: ChatReque
 async def _answer_provider(state: GatewayState, request: Request, chat: ChatRequest, target: Target, model: str,
                            renderer: Any, keep: "Callable[[dict[str, Any]], Awaitable[bytes | None]] | None",
                            finish: "Callable[[], Awaitable[bytes]] | None") -> None:
-    usage = UsageTally()
+    usage = request.usage = UsageTally()  # this attempt's: what the answer's cost is counted from (gateway/spend)
+    request.model = model
     estimate = _estimate_tokens(chat)
     async with account_quota(state, target, estimate, usage):
         await _call_provider(state, request, chat, target, model, renderer, keep, finish, usage, estimate)
@@ -229,12 +237,13 @@ async def _answer_provider(state: GatewayState, request: Request, chat: ChatRequ
 async def _call_provider(state: GatewayState, request: Request, chat: ChatRequest, target: Target, model: str,
                          renderer: Any, keep: "Callable[[dict[str, Any]], Awaitable[bytes | None]] | None",
                          finish: "Callable[[], Awaitable[bytes]] | None", usage: UsageTally, estimate: int) -> None:
-    async with rate_limited(state.rate_limiter, request, model, usage, estimate), \
+    async with rate_limited(state, request, model, usage, estimate, prompt_tokens=estimate - (
+            chat.sampling.max_tokens or 0)), \
             state.admission.slot(request.tenant_key), request.cancel_on_disconnect():
         calls = state.providers.calls
         if not chat.stream:
             answer = await calls.whole(chat, target)
-            usage.prompt_tokens, usage.completion_tokens = answer.usage.prompt_tokens, answer.usage.completion_tokens
+            usage_of(usage, answer.usage)
             result = _result(answer.content or "", answer.finish_reason, answer.usage, target, answer.stop_sequence)
             state.count_tokens(model, result)
             await send_whole(request, renderer.whole(ChatAnswer(
@@ -278,7 +287,7 @@ async def _stream(state: GatewayState, request: Request, stream: Any, model: str
             await request.start_stream(200, SSE_HEADERS)
         if error is None:
             last = stream.end
-            usage.prompt_tokens, usage.completion_tokens = last.usage.prompt_tokens, last.usage.completion_tokens
+            usage_of(usage, last.usage)
             called = called or any(type(d) is Call for d in last.deltas)
             result = _result("", last.finish_reason, last.usage, stream.target, last.stop_sequence)
             state.count_tokens(model, result)

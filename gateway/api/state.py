@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ..cluster.settings_doc import SettingsDocument
     from ..node.config import GatewayConfig
     from ..ratelimit.limiter import RateLimiter
+    from ..spend import Spend
     from .proxy import HttpProxy
     from ..tracing import Tracing
 
@@ -86,6 +87,7 @@ class GatewayState:
         metrics: GatewayMetrics
         proxy: "HttpProxy"
         rate_limiter: "RateLimiter"
+        spend: "Spend"
         cluster: "ClusterState | None"
         settings: "SettingsDocument"
         key_store: "KeyStore"

@@ -9,6 +9,8 @@
     smg-node keys create|list|revoke   API keys through a node's control plane
     smg-node data status|accept        the node's data directory: what it kept, what it could not read back
     smg-node models                    the routed models, their targets and cooldowns
+    smg-node spend                     the cluster's spend by key, tenant, model, target, day (table, CSV, JSON)
+    smg-node budgets list|set|remove   budgets per key and tenant
     smg-node keyring list|install|use|remove|rotate [KEY]   (rotate: on every member)
     smg-node sim-engine --port P    run a simulated SGLang/vLLM gRPC engine
     smg-node --version
@@ -32,7 +34,7 @@ import sys
 from mesh.admin_client import run_admin_command
 from mesh.crypto import generate_key
 
-from . import data, keys, models, workers
+from . import data, keys, models, spend, workers
 
 # The CLI's commands other than serve (members, keys, --help...) must start at once: the serving machinery
 # (config with every subsystem's settings, the server, the drivers they import) costs ~0.6 s to import and
@@ -94,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_arguments(commands.add_parser("data", help="the node's data directory: status, or accept what could "
                                                         "not be read back"))
     models.add_arguments(commands.add_parser("models", help="the routed models, their targets and cooldowns"))
+    spend.add_spend_arguments(commands.add_parser("spend", help="the cluster's spend by key, tenant, model, target, "
+                                                                "day or month (table, CSV or JSON)"))
+    spend.add_budget_arguments(commands.add_parser("budgets", help="list, set or remove budgets per key and tenant"))
     workers.add_arguments(commands.add_parser("workers", help="list, add or remove workers (prefill/decode "
                                                                      "roles included)"))
     return parser
@@ -126,6 +131,10 @@ def main(argv: "list[str] | None" = None) -> int:
         return workers.run(args)
     if args.command == "models":
         return models.run(args)
+    if args.command == "spend":
+        return spend.run_spend(args)
+    if args.command == "budgets":
+        return spend.run_budgets(args)
     if args.command == "keygen":
         print(generate_key())
         return 0

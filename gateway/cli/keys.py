@@ -11,6 +11,7 @@ import argparse
 import json
 
 from .node_client import call_node, node_options
+from .spend import budget_body, budget_options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     create.add_argument("--tenant", default=None)
     create.add_argument("--models", nargs="+", default=None, help="the only models the key may use")
     create.add_argument("--expires-in-secs", type=float, default=None)
+    create.add_argument("--budget", type=float, default=None, metavar="USD", help="the key's budget in dollars "
+                        "per period (hard unless --budget-soft)")
+    budget_options(create, prefix="budget-")
     node_options(actions.add_parser("list", help="the keys (never their secrets)"), nested=True)
     revoke = actions.add_parser("revoke", help="revoke a key on every node")
     node_options(revoke, nested=True)
@@ -33,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "create":
         body = {"name": args.name, "role": args.role, "tenant": args.tenant, "models": args.models,
                 "expires_in_s": args.expires_in_secs}
+        if args.budget is not None:
+            body["budget"] = budget_body(args, args.budget)
         print(json.dumps(call_node(args, "POST", "/admin/api-keys", body), indent=2))
     elif args.action == "list":
         keys = call_node(args, "GET", "/admin/api-keys")["keys"]

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import msgpack
-
+from ..base import packing
+from ..base.packing import pack  # noqa: F401  (the history package packs through here)
 from .ops import OPERATIONS
 from .shards import KINDS, VERSION_MAX, Change
 from .store import ID_CHARS_MAX, OWNER_CHARS_MAX
@@ -38,15 +38,8 @@ class BadFrame(Exception):
     pass
 
 
-def pack(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
-
-
 def unpack(data: bytes) -> Any:
-    try:
-        return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
-    except Exception as e:  # msgpack's ExtraData, FormatError, ValueError and friends
-        raise BadFrame(f"not msgpack: {e}") from None
+    return packing.unpack(data, BadFrame)
 
 
 def change_to_wire(change: Change) -> list[Any]:

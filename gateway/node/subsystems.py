@@ -28,6 +28,7 @@ from ..providers import subsystem as providers
 from ..ratelimit import subsystem as ratelimit
 from ..routing import subsystem as routing
 from ..serving import subsystem as serving
+from ..spend import subsystem as spend
 from ..tokenizer import subsystem as tokenizer
 from ..tracing import subsystem as tracing
 from ..workers import subsystem as workers
@@ -68,6 +69,7 @@ SUBSYSTEMS: tuple[Subsystem, ...] = (
     tracing.SUBSYSTEM,
     cluster.MESH,
     ratelimit.RATE_LIMIT,
+    spend.SUBSYSTEM,
     auth.AUTH,
     tls.SUBSYSTEM,
     # Services only: what every request stands on.

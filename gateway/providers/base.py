@@ -110,6 +110,7 @@ class Target:
     timeout_s: float = 120.0  # a whole answer, or a stream's first byte and each gap after it
     context_tokens: int | None = None  # its window, when the operator states it (a longer prompt skips it)
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the provider's own (api_version, region)
+    price: Any = None  # a gateway.spend.Price, when the models config gives it one (else its route's)
 
 
 @dataclasses.dataclass

@@ -12,6 +12,7 @@
     rpm = 4000                             # optional: the account's quota, held by the whole cluster
     tpm = 400000                           #   (requests and tokens per minute; past it: the next target)
     headers = { "anthropic-beta" = "..." } # optional: sent with every call
+    price_usd_per_mtok = { input = 3.0, cached_input = 0.3, output = 15.0 }  # optional (gateway/spend/prices.py)
     # and the provider's own: api_version, auth (azure), region (bedrock), anthropic_version; api = "responses"
     # and reasoning_summary (openai, azure, openai_compatible: OpenAI's Responses API instead of chat completions)
 
@@ -25,6 +26,8 @@
     tenants = ["team-a"]                   # optional: who may use it (others are told it does not exist)
     overflow = { waiting = 8, kv_usage = 0.95 }   # optional: a pool target past either, on every worker, is
                                                   # skipped for the next target (``overflow.py``)
+    price_usd_per_mtok = { input = 0.1, output = 0.4 }  # optional: what its pool targets cost (and targets
+                                                        # without a price of their own); zero when unsaid
 
 A model the config does not name is served as before, by the workers that serve it. A route may name its own pool
 (``[models."Qwen/Qwen3-8B"]`` with ``{ pool = "Qwen/Qwen3-8B" }`` first and a provider after: overflow and
@@ -44,6 +47,7 @@ from typing import Any
 
 from .base import (AUTH, BAD_REQUEST, CONNECT, CONTEXT_LENGTH, NOT_FOUND, OVERLOADED, PROVIDERS, RATE_LIMITED, SERVER,
                    TIMEOUT, Target)
+from ..spend.prices import FREE, Price, PriceError, parse_price
 from .credentials import Credential
 
 FALLBACK_KINDS = (CONNECT, TIMEOUT, SERVER, RATE_LIMITED, OVERLOADED, CONTEXT_LENGTH, AUTH, NOT_FOUND, BAD_REQUEST)
@@ -55,8 +59,9 @@ DEFAULT_FALLBACK_ON = frozenset({CONNECT, TIMEOUT, SERVER, RATE_LIMITED, OVERLOA
 # the account: they must be given).
 DEFAULT_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com",
                      "gemini": "https://generativelanguage.googleapis.com"}
+_PRICE_KEYS = frozenset({"price_usd_per_mtok", "price_usd_per_request"})
 _TARGET_KEYS = frozenset({"provider", "model", "credential", "base_url", "timeout_secs", "context_tokens", "rpm",
-                          "tpm", "headers"})
+                          "tpm", "headers"}) | _PRICE_KEYS
 # What each provider reads of its own (anything else is refused: a typo would otherwise be silently ignored).
 _OPENAI_APIS = frozenset({"api", "reasoning_summary"})  # api = "chat" (the default) or "responses"
 PROVIDER_OPTIONS = {"azure": frozenset({"api_version", "auth"}) | _OPENAI_APIS, "bedrock": frozenset({"region"}),
@@ -112,6 +117,15 @@ class Route:
     fallback_on: frozenset[str] = DEFAULT_FALLBACK_ON
     tenants: frozenset[str] | None = None  # None: everyone
     overflow: Overflow | None = None
+    price: Price | None = None
+
+    def price_of(self, entry_name: str | None, targets: "Mapping[str, Target]") -> Price:
+        """What an answer of the target named ``entry_name`` (a RouteTarget's name) costs: the target's price, else
+        the route's, else nothing."""
+        target = targets.get(entry_name) if entry_name is not None else None
+        if target is not None and target.price is not None:
+            return target.price
+        return self.price or FREE
 
     def allows(self, tenant: str | None) -> bool:
         return self.tenants is None or (tenant is not None and tenant in self.tenants)
@@ -153,11 +167,13 @@ class Routes:
                              "timeout_s": target.timeout_s, "context_tokens": target.context_tokens,
                              "rpm": quota.requests_per_minute if quota else None,
                              "tpm": quota.tokens_per_minute if quota else None,
-                             "cooldown_s": round(cooling.get(name, 0.0), 1)}
+                             "cooldown_s": round(cooling.get(name, 0.0), 1),
+                             **(target.price.to_dict() if target.price is not None else {})}
         routes = {name: {"targets": [entry_of(entry) for entry in route.targets],
                          "fallback_on": sorted(route.fallback_on),
                          "tenants": sorted(route.tenants) if route.tenants is not None else None,
-                         "overflow": dataclasses.asdict(route.overflow) if route.overflow is not None else None}
+                         "overflow": dataclasses.asdict(route.overflow) if route.overflow is not None else None,
+                         **(route.price.to_dict() if route.price is not None else {})}
                   for name, route in self.routes.items()}
         return {"routes": routes, "targets": targets}
 
@@ -269,14 +285,21 @@ def _target(name: str, spec: Any) -> "tuple[Target, Quota | None]":
     if spec.get("rpm") is not None or spec.get("tpm") is not None:
         quota = Quota(_count(spec, "rpm", where), _count(spec, "tpm", where))
     return Target(name, provider, model, base_url, credential, tuple(headers.items()), timeout_s, context,
-                  options), quota
+                  options, _price(spec, where)), quota
+
+
+def _price(spec: dict[str, Any], where: str) -> Price | None:
+    try:
+        return parse_price(spec, where)
+    except PriceError as e:
+        raise RoutesError(str(e)) from None
 
 
 def _route(name: str, spec: Any, targets: Mapping[str, Target]) -> Route:
     where = f"models.{name}"
     if not isinstance(spec, dict):
         raise RoutesError(f"{where} is a table")
-    unknown = set(spec) - {"targets", "fallback_on", "tenants", "overflow"}
+    unknown = set(spec) - {"targets", "fallback_on", "tenants", "overflow"} - _PRICE_KEYS
     if unknown:
         raise RoutesError(f"{where} has unknown keys: {', '.join(sorted(unknown))}")
     raw = spec.get("targets")
@@ -331,7 +354,7 @@ def _route(name: str, spec: Any, targets: Mapping[str, Target]) -> Route:
         if not any(entry.pool for entry in entries):
             raise RoutesError(f"{where}.overflow applies to a pool target, and the route has none")
         overflow = Overflow(waiting, float(kv) if kv is not None else None)
-    return Route(name, tuple(entries), fallback_on, tenants, overflow)
+    return Route(name, tuple(entries), fallback_on, tenants, overflow, _price(spec, where))
 
 
 def _positive(spec: dict[str, Any], key: str, where: str, default: float) -> float:

@@ -11,6 +11,11 @@ the last ``window_s`` is estimated as ``previous * (1 - elapsed fraction) +
 current``. No burst beyond the limit, at the price of an estimate that assumes
 the previous window's requests were spread evenly.
 
+Fixed period, for budgets (gateway/spend/budgets.py): a plain count that never decays. The period (a
+calendar day, week or month) is part of the counter's key, so the next period is another key that starts
+at zero; ``window_s`` is the longest the period can last, and the state's ``tat_s`` when the owner first
+counted it: a key is idle (may be forgotten) once that long has passed, or while it counts nothing.
+
 Times are wall-clock seconds (``time.time()`` in a node): states travel between
 nodes as absolute times, so nodes must share NTP time. A skew of d seconds
 makes a peer's bucket look d * limit / window_s units fuller or emptier.
@@ -37,6 +42,7 @@ RATE_VALUE_MAX = 1e15
 class Algorithm(enum.Enum):
     TOKEN_BUCKET = "token_bucket"
     SLIDING_WINDOW = "sliding_window"
+    FIXED_PERIOD = "fixed_period"
 
 
 class Mode(enum.IntEnum):
@@ -99,6 +105,8 @@ def decide(rate: Rate, state: KeyState, now: float, hits: float, mode: Mode = Mo
     """Apply ``hits`` in ``mode`` to ``state`` (changed in place) and report the outcome."""
     if rate.algorithm is Algorithm.TOKEN_BUCKET:
         return _token_bucket(rate, state, now, hits, mode)
+    if rate.algorithm is Algorithm.FIXED_PERIOD:
+        return _fixed_period(rate, state, now, hits, mode)
     return _sliding_window(rate, state, now, hits, mode)
 
 
@@ -122,6 +130,23 @@ def _token_bucket(rate: Rate, state: KeyState, now: float, hits: float, mode: Mo
     used_s = max(0.0, state.tat_s - now)
     remaining = max(0.0, math.floor((tolerance - used_s) / interval + EPSILON))
     return Decision(allowed, rate.limit, remaining, used_s, retry_after)
+
+
+def _fixed_period(rate: Rate, state: KeyState, now: float, hits: float, mode: Mode) -> Decision:
+    allowed = True
+    retry_after = 0.0
+    reset_after = max(0.0, state.tat_s + rate.window_s - now)  # at the latest: the caller knows the calendar
+    if mode is Mode.DECIDE:
+        if state.current + hits <= rate.limit + EPSILON:
+            state.current += hits
+        else:
+            allowed = False
+            retry_after = math.inf if hits > rate.limit + EPSILON else reset_after
+    elif mode is Mode.FORCE:
+        state.current += hits
+    elif mode is Mode.REFUND:
+        state.current = max(0.0, state.current - hits)
+    return Decision(allowed, rate.limit, max(0.0, rate.limit - state.current), reset_after, retry_after)
 
 
 def _roll(rate: Rate, state: KeyState, now: float) -> int:
@@ -183,6 +208,8 @@ def is_idle(rate: Rate, state: KeyState, now: float) -> bool:
     """True when the key is back to its full allowance: forgetting it loses nothing."""
     if rate.algorithm is Algorithm.TOKEN_BUCKET:
         return state.tat_s <= now
+    if rate.algorithm is Algorithm.FIXED_PERIOD:
+        return state.current <= 0 or now >= state.tat_s + rate.window_s
     _roll(rate, state, now)
     return state.current <= 0 and state.previous <= 0
 
@@ -196,6 +223,10 @@ def merge_max(rate: Rate, ours: KeyState, theirs: KeyState, now: float) -> None:
     """
     if rate.algorithm is Algorithm.TOKEN_BUCKET:
         ours.tat_s = max(ours.tat_s, theirs.tat_s)
+        return
+    if rate.algorithm is Algorithm.FIXED_PERIOD:
+        ours.current = max(ours.current, theirs.current)
+        ours.tat_s = min(ours.tat_s, theirs.tat_s)  # the first count of the period: it is idle no sooner
         return
     theirs = theirs.copy()
     _roll(rate, ours, now)

@@ -139,8 +139,9 @@ class Verdict:
     denied_by: KeyOutcome | None = None
     owner_unreachable: bool = False  # denied by the closed policy, not by the count
 
-    def reserved_tokens(self) -> list[KeyOutcome]:
-        return [o for o in self.outcomes if o.spec.unit is Unit.TOKENS and o.decision.allowed]
+    def reserved(self) -> list[KeyOutcome]:
+        """The outcomes that reserved an estimate (tokens, money), to settle with what was used."""
+        return [o for o in self.outcomes if o.spec.unit is not Unit.REQUESTS and o.decision.allowed]
 
 
 class RateLimiter:
@@ -192,14 +193,19 @@ class RateLimiter:
 
     async def check(self, identity: Identity, estimated_tokens: int) -> Verdict:
         """Decide every limit that applies; when one denies, give back what the others took."""
+        wanted = self.wanted(identity, estimated_tokens)
+        if not wanted:
+            return Verdict(True, [])
+        return await self.check_keys(wanted)
+
+    def wanted(self, identity: Identity, estimated_tokens: int) -> "list[tuple[LimitSpec, str, float]]":
+        """The counters (limit, key, hits) the limits in force take from a request of ``identity``."""
         wanted = []
         for spec in self.limits.limits:
             key = spec.key_for(identity)
             if key is not None:
                 wanted.append((spec, key, 1.0 if spec.unit is Unit.REQUESTS else float(estimated_tokens)))
-        if not wanted:
-            return Verdict(True, [])
-        return await self.check_keys(wanted)
+        return wanted
 
     async def check_keys(self, wanted: "list[tuple[LimitSpec, str, float]]") -> Verdict:
         """Decide the counters ``wanted`` names (a limit, its key, the hits), each by its owner as any limit's: the
@@ -215,7 +221,8 @@ class RateLimiter:
                 outcomes[i] = outcome
                 self._observe(spec, outcome, time.perf_counter() - started)
             else:
-                batch, index = self.batcher.submit(owner, PendingItem(key, spec.rate, hits, Mode.DECIDE))
+                mode = Mode.FORCE if spec.counts_only else Mode.DECIDE
+                batch, index = self.batcher.submit(owner, PendingItem(key, spec.rate, hits, mode))
                 waits.append((i, owner, batch, index, started))
         for i, owner, batch, index, started in waits:
             spec, key, hits = wanted[i]
@@ -241,12 +248,14 @@ class RateLimiter:
             if outcome.decision.allowed:
                 self._adjust(outcome, -outcome.hits)
         return Verdict(False, done, denied, owner_unreachable=denied.path == "fallback" and
-                       self.limits.failure_policy is FailurePolicy.CLOSED)
+                       (denied.spec.failure_policy or self.limits.failure_policy) is FailurePolicy.CLOSED)
 
-    def settle(self, verdict: Verdict, actual_tokens: int) -> None:
-        """The request ended (finished, failed or aborted): replace token reservations by real usage."""
-        for outcome in verdict.reserved_tokens():
-            delta = float(actual_tokens) - outcome.hits
+    def settle(self, verdict: Verdict, actual_tokens: int, actual_usd: float = 0.0) -> None:
+        """The request ended (finished, failed or aborted): replace reservations (tokens, a budget's money) by what
+        it really used."""
+        for outcome in verdict.reserved():
+            actual = float(actual_tokens) if outcome.spec.unit is Unit.TOKENS else actual_usd
+            delta = actual - outcome.hits
             if abs(delta) >= 1e-9:
                 self._adjust(outcome, delta)
 
@@ -259,7 +268,8 @@ class RateLimiter:
 
     def _decide_now(self, spec: LimitSpec, key: str, hits: float, owner: str) -> KeyOutcome | None:
         """A decision that needs no peer, or None (ask the owner)."""
-        if hits > spec.rate.capacity:
+        mode = Mode.FORCE if spec.counts_only else Mode.DECIDE
+        if hits > spec.rate.capacity and mode is Mode.DECIDE:
             decision = Decision(False, spec.rate.limit, 0, 0, math.inf)  # no amount of waiting admits it
             return KeyOutcome(spec, key, hits, decision, "owned")
         if spec.local_first:
@@ -268,14 +278,16 @@ class RateLimiter:
                 self._add_debt(key, spec.rate, hits)
             return KeyOutcome(spec, key, hits, decision, "local_first")
         if owner == self.node_name:
-            return KeyOutcome(spec, key, hits, self.decide_owned(key, spec.rate, hits, Mode.DECIDE), "owned")
+            return KeyOutcome(spec, key, hits, self.decide_owned(key, spec.rate, hits, mode), "owned")
         if self._unreachable_until.get(owner, -math.inf) > trio.current_time():
             return self._fallback(spec, key, hits)
         return None
 
     def _fallback(self, spec: LimitSpec, key: str, hits: float) -> KeyOutcome:
-        policy = self.limits.failure_policy
-        if policy is FailurePolicy.CLOSED:
+        policy = spec.failure_policy or self.limits.failure_policy
+        if spec.counts_only:  # counted whatever happens: the owner gets the hits as a debt
+            decision = Decision(True, spec.rate.limit, 0, 0, 0)
+        elif policy is FailurePolicy.CLOSED:
             decision = Decision(False, spec.rate.limit, 0, 0, self.config.unreachable_hold_s)
         elif policy is FailurePolicy.OPEN:
             decision = Decision(True, spec.rate.limit, 0, 0, 0)
@@ -291,7 +303,8 @@ class RateLimiter:
         mode, amount = (Mode.FORCE, delta) if delta > 0 else (Mode.REFUND, -delta)
         key, rate = outcome.key, outcome.spec.rate
         if outcome.path in ("local_first", "fallback"):
-            if outcome.path == "local_first" or self.limits.failure_policy is FailurePolicy.PROPORTIONAL:
+            policy = outcome.spec.failure_policy or self.limits.failure_policy
+            if outcome.path == "local_first" or policy is FailurePolicy.PROPORTIONAL:
                 self.shares.decide(key, self._share_rate(rate), self.clock(), amount, mode)
             self._add_debt(key, rate, delta)
             return

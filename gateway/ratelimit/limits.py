@@ -56,6 +56,7 @@ class Scope(enum.Enum):
 class Unit(enum.Enum):
     REQUESTS = "requests"
     TOKENS = "tokens"
+    USD = "usd"  # a budget's money (gateway/spend/budgets.py); never a rate limit's unit
 
 
 class FailurePolicy(enum.Enum):
@@ -74,6 +75,10 @@ class LimitSpec:
     rate: Rate
     match: str | None = None
     local_first: bool = False
+    # A soft budget's counter: every hit is counted (FORCE), none is refused.
+    counts_only: bool = False
+    # When the key's owner cannot be reached: this instead of the limit set's policy (a hard budget refuses).
+    failure_policy: "FailurePolicy | None" = None
 
     def key_for(self, identity: "Identity") -> str | None:
         """The counter this limit uses for ``identity``; None when the limit does not apply."""
@@ -157,6 +162,10 @@ def parse_limit(raw: Any, where: str) -> LimitSpec:
     scope = _enum(Scope, raw.get("scope", "global"), f"{where}.scope")
     unit = _enum(Unit, raw.get("unit", "requests"), f"{where}.unit")
     algorithm = _enum(Algorithm, raw.get("algorithm", "token_bucket"), f"{where}.algorithm")
+    if algorithm is Algorithm.FIXED_PERIOD:  # a budget's counter: its key names the period, a limit's does not
+        raise LimitConfigError(f"{where}.algorithm: fixed_period is a budget's (see budgets), not a rate limit's")
+    if unit is Unit.USD:
+        raise LimitConfigError(f"{where}.unit: money is limited by budgets, not rate limits")
     limit = _number(raw, "limit", where)
     window_s = _number(raw, "window_s", where, 1.0)
     burst = _number(raw, "burst", where, limit)

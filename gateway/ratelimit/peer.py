@@ -40,7 +40,8 @@ STATE_TIME_MAX_S = float(2 ** 40)
 WINDOW_INDEX_MAX = 2 ** 53  # window indices are floor(now / window_s): exact as floats up to here
 COUNT_MAX = 1e18
 _ALGORITHM_TO_PB = {Algorithm.TOKEN_BUCKET: pb.ALGORITHM_TOKEN_BUCKET,
-                    Algorithm.SLIDING_WINDOW: pb.ALGORITHM_SLIDING_WINDOW}
+                    Algorithm.SLIDING_WINDOW: pb.ALGORITHM_SLIDING_WINDOW,
+                    Algorithm.FIXED_PERIOD: pb.ALGORITHM_FIXED_PERIOD}
 _ALGORITHM_FROM_PB = {v: k for k, v in _ALGORITHM_TO_PB.items()}
 
 

@@ -88,6 +88,8 @@ class UsageTally:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt's, read from a cache (a provider's, the engine's prefix cache)
+    reasoning_tokens: int = 0  # of the completion's, spent reasoning (where the answer says)
 
     def total(self) -> int:
         return self.prompt_tokens + self.completion_tokens
@@ -516,6 +518,8 @@ class _Progress:
                 text="".join(self.text_parts), output_ids=output_ids, finish_reason=reason, matched_stop=matched,
                 prompt_tokens=last.prompt_tokens or len(plan.input_ids), completion_tokens=len(output_ids),
                 cached_tokens=last.cached_tokens, worker_id=self.worker_id)
+            if last.cached_tokens > plan.usage.cached_tokens:  # the prompt read from the engine's prefix cache
+                plan.usage.cached_tokens = last.cached_tokens
         return text
 
     def _match_each(self, ids: list[int]) -> tuple[StopResult, int]:

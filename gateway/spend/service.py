@@ -1,0 +1,183 @@
+"""The spend subsystem's service: what each answered request cost, the cluster's ledger of it, and budgets.
+
+``record`` is called once per request when its answer ends (gateway/api/app.py), with the usage it reported:
+its cost is the price of what answered it (prices.py) times that usage, added to this node's ledger row and to
+the node's counters. ``budget_counters`` gives the rate limiter the counters a request reserves before it runs
+(budgets.py), ``crossed`` says which thresholds a decision passed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..base.options import Option, secs_ms
+from ..observe.metrics import counter, gauge
+from .budgets import BUDGETS_SETTING, Budget, BudgetSet, crossed
+from .exchange import SpendExchange
+from .ledger import LedgerConfig, SpendLedger
+from .prices import FREE, Price
+
+log = logging.getLogger("gateway.spend")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpendConfig:
+    budgets_file: Path | None = None
+    # x-smg-cost on whole answers (the dollars this answer cost): opt-in, it tells clients the operator's prices.
+    cost_header: bool = False
+    # Rows sent to peers and journaled this often: what a crash may lose of this node's ledger (not of budgets).
+    push_interval_s: float = 1.0
+    # A whole peer's ledger pulled this often (and at start): what a push missed comes back within it.
+    pull_interval_s: float = 60.0
+    peer_timeout_s: float = 2.0
+    ledger: LedgerConfig = LedgerConfig()
+
+
+class Spend:
+    def __init__(self, config: SpendConfig, budgets: BudgetSet, providers: Any = None, cluster: Any = None,
+                 clock: Any = time.time, node_name: str = "local", settings: Any = None) -> None:
+        self.config = config
+        self.budgets = budgets
+        self.settings = settings  # the cluster's document (or a lone node's): budgets set at run time go there
+        self.providers = providers
+        self.clock = clock
+        self.ledger = SpendLedger(cluster.node_name if cluster is not None else node_name, config.ledger)
+        self.exchange = SpendExchange(self.ledger, cluster, clock, config.push_interval_s, config.pull_interval_s,
+                                      config.peer_timeout_s)
+        # This node's counters since it started: (tenant, model, target) -> [requests, in, cached, out, reasoning,
+        # dollars]; for Prometheus, never pruned (a counter only grows).
+        self.counted: dict[tuple[str, str, str], list[float]] = {}
+        self.alerts: dict[tuple[str, str], int] = {}  # (scope, threshold) -> crossings seen here
+        self.last_ratio: dict[tuple[str, str], float] = {}  # (scope, name) -> spent / amount, last seen here
+        self.refused: dict[str, int] = {}  # scope -> requests refused by a hard budget here
+
+    @property
+    def budgets_active(self) -> bool:
+        return bool(self.budgets.by_scope)
+
+    def set_budgets(self, budgets: BudgetSet) -> None:
+        self.budgets = budgets
+
+    def publish_budgets(self, budgets: BudgetSet) -> None:
+        """Budgets set at run time: in force here at once, on every node through the document, kept on disk."""
+        self.budgets = budgets
+        if self.settings is not None:
+            self.settings.set_setting(BUDGETS_SETTING, budgets.to_dict())
+
+    # -- prices and costs -------------------------------------------------------
+
+    def price(self, model: str | None, route: str | None, target: str | None) -> Price:
+        """What answers of ``target`` (a route entry's name) for the public ``route`` (else ``model``) cost."""
+        providers = self.providers
+        if providers is None:
+            return FREE
+        routes = providers.routes
+        found = routes.get(route or model) if (route or model) else None
+        if found is None:
+            return FREE
+        return found.price_of(target, routes.targets)
+
+    def cost_of(self, request: Any) -> float:
+        usage = request.usage
+        price = self.price(request.model, request.route, request.target)
+        return price.cost_usd(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
+                              usage.reasoning_tokens)
+
+    def record(self, request: Any, status: int) -> float | None:
+        """The request's answer ended with ``status``: its cost, counted. None when there is nothing to charge: a
+        request refused or failed before it generated (a 429, an engine that never answered); one cut off after it
+        generated (a client gone, a stream's error) is charged what it generated."""
+        usage = request.usage
+        if usage.prompt_tokens + usage.completion_tokens <= 0 or (status >= 400 and usage.completion_tokens <= 0):
+            return None
+        cost = self.cost_of(request)
+        principal = request.principal
+        tenant = principal.tenant if principal.authenticated else request.header("x-smg-tenant")
+        target = request.target or (f"pool:{request.model}" if request.model else "")
+        self.ledger.add(self.clock(), principal.key_id, tenant, request.model, target, usage.prompt_tokens,
+                        usage.cached_tokens, usage.completion_tokens, usage.reasoning_tokens, cost)
+        labels = (tenant or "", request.model or "", target)
+        values = self.counted.get(labels)
+        if values is None:
+            values = self.counted[labels] = [0.0] * 6
+        values[0] += 1
+        values[1] += usage.prompt_tokens
+        values[2] += usage.cached_tokens
+        values[3] += usage.completion_tokens
+        values[4] += usage.reasoning_tokens
+        values[5] += cost
+        return cost
+
+    # -- budgets ------------------------------------------------------------------
+
+    def budget_counters(self, principal: Any, estimate_usd: float) -> list[tuple[Any, str, float]]:
+        """The counters (spec, key, dollars) a request of ``principal`` reserves: its key's and tenant's budgets.
+        Only an authenticated caller has budgets: a tenant header anyone may set names nobody."""
+        if not principal.authenticated:
+            return []
+        key_id = principal.key_id[4:] if principal.key_id.startswith("key:") else principal.key_id
+        now = self.clock()
+        return [(*budget.counter(now)[:2], estimate_usd) for budget in self.budgets.of(key_id, principal.tenant)]
+
+    def budget_of(self, spec_name: str, key: str) -> Budget | None:
+        """The budget a counter of the limiter is (``budget-tenant:team-a:2026-11``)."""
+        scope = spec_name.removeprefix("budget-")
+        name = key[len(spec_name) + 1:]
+        found = self.budgets.by_scope.get((scope, name))
+        if found is None and ":" in name:  # a calendar period's counter ends with its period
+            found = self.budgets.by_scope.get((scope, name.rsplit(":", 1)[0]))
+        return found
+
+    def observe(self, budget: Budget, spent_usd: float, hits_usd: float) -> None:
+        """A decision on ``budget``'s counter: ``spent_usd`` counted after it, ``hits_usd`` of them this one's."""
+        ratio = spent_usd / budget.amount_usd
+        self.last_ratio[(budget.scope, budget.name)] = ratio
+        for threshold in crossed(budget.thresholds, (spent_usd - hits_usd) / budget.amount_usd, ratio):
+            key = (budget.scope, f"{threshold:g}")
+            self.alerts[key] = self.alerts.get(key, 0) + 1
+            log.warning("budget of %s %s at %d %% (%s, $%.2f spent)", budget.scope, budget.name,
+                        round(threshold * 100), budget.describe(), spent_usd)
+
+    # -- background and metrics ----------------------------------------------------
+
+    async def run(self, *, task_status: Any = None) -> None:
+        import trio
+
+        await self.exchange.run(task_status=task_status or trio.TASK_STATUS_IGNORED)
+
+    def metric_families(self) -> Iterator[Any]:
+        rows = list(self.counted.items())
+        yield counter("smg_spend_usd", "Dollars this node's answers cost, at the models config's prices",
+                      ["tenant", "model", "target"], [(list(k), v[5]) for k, v in rows])
+        yield counter("smg_spend_requests", "Answered requests this node counted in the spend ledger",
+                      ["tenant", "model", "target"], [(list(k), v[0]) for k, v in rows])
+        kinds = (("input", 1), ("cached_input", 2), ("output", 3), ("reasoning", 4))
+        yield counter("smg_spend_tokens", "Tokens of this node's answers, by kind (cached_input of input, reasoning "
+                      "of output)", ["tenant", "model", "target", "kind"],
+                      [([*k, kind], v[i]) for k, v in rows for kind, i in kinds])
+        yield counter("smg_budget_alerts", "Budget thresholds crossed by a decision of this node", ["scope",
+                      "threshold"], [(list(k), v) for k, v in self.alerts.items()])
+        yield counter("smg_budget_refused", "Requests refused by a hard budget on this node", ["scope"],
+                      [([k], v) for k, v in self.refused.items()])
+        yield gauge("smg_budget_spent_ratio", "Spent over amount of each budget, as last decided for this node",
+                    ["scope", "name"], [(list(k), v) for k, v in self.last_ratio.items()])
+        exchange = self.exchange
+        yield gauge("smg_spend_ledger_rows", "Rows of the spend ledger this node holds (every node's)", [],
+                    [([], self.ledger.rows)])
+        yield counter("smg_spend_exchange_events", "The spend ledger's exchanges with peers", ["event"],
+                      [(["bad_frame"], exchange.bad_frames), (["push_failed"], exchange.pushes_failed),
+                       (["pull"], exchange.pulls), (["rows_dropped"], self.ledger.rows_dropped)])
+
+
+OPTIONS = (
+    Option("--budgets", "spend.budgets_file", Path, "TOML file of budgets per key and tenant ([[budgets]]; see "
+           "docs/spend.md)", "spend"),
+    Option("--cost-header", "spend.cost_header", "bool", "add x-smg-cost (dollars) to whole answers", "spend"),
+    Option("--spend-push-interval-ms", "spend.push_interval_s", secs_ms, "spend rows sent to peers and journaled "
+           "this often", "spend"),
+)
