@@ -21,6 +21,7 @@ from mesh.asgi import answer_lifespan
 
 from ..auth import Access, Authenticator, KeysMissing, Unauthenticated
 from . import admin, anthropic, console, conversations, embeddings, native, openai, parse, responses, spend
+from .cached import CACHED_ROUTES, answer_cached
 from .errors import ApiError, BadRequest, MethodNotAllowed, NotFound, Unavailable, to_api_error
 from .http import ClientGone, Request
 from .state import ERROR_MESSAGE_CHARS_MAX, GatewayState
@@ -113,6 +114,7 @@ class GatewayApp:
         self._auth = authenticator
         self._audit = state.config.auth.audit
         self._cost_of = state.spend.cost_of if state.config.spend.cost_header else None  # --cost-header
+        self._cached_routes = CACHED_ROUTES if state.config.cache.enabled else {}  # --response-cache
         # A node of a cluster serves the data plane once it holds the cluster's worker registry; until
         # then (its first moment after a start) a request waits for it (JOIN_WAIT_S), rather than get a
         # 404 or 503 for models the node does not know yet. nginx cannot see /readiness (passive checks
@@ -128,7 +130,8 @@ class GatewayApp:
             return  # websockets are not served
         request = Request(scope, receive, send, self._request_id(scope),
                           self._body_bytes_max or self.state.catalog.body_bytes_max_auto, self._background)
-        request.cost_of = self._cost_of
+        if self._cost_of is not None:
+            request.cost_of = self._cost_of
         tracing = self.state.tracing
         if tracing is None or not tracing.samples(request.headers):
             await self._serve(request, None)
@@ -172,7 +175,11 @@ class GatewayApp:
                                           credential_given=True) from None
             if self._joining and access is DATA:
                 await self._wait_joined()
-            await handler(self.state, request)
+            cached_api = self._cached_routes.get(route) if self._cached_routes else None
+            if cached_api is not None and request.method == "POST":
+                await answer_cached(self.state, request, cached_api, handler)
+            else:
+                await handler(self.state, request)
         except ClientGone:
             pass
         except Exception as e:

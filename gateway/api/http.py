@@ -24,6 +24,23 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-
 
 
 class Request:
+    # Set on the requests they concern (the class holds the defaults: a plain request assigns none of them).
+    # The route's target that answered (a routed model, gateway/api/routed.py): the access log names it.
+    target: str | None = None
+    # What the request generated and for which model (its public name, and the route's when one answered it): its
+    # cost is counted from these when the answer ends (gateway/spend).
+    usage: Any = None  # a UsageTally
+    model: str | None = None
+    route: str | None = None
+    # Set when the node adds x-smg-cost to whole answers (--cost-header): the request's cost in dollars.
+    cost_of: "Callable[[Request], float] | None" = None
+    # The response cache (gateway/api/cached.py): x-smg-cache's value, and the answer's bytes and content type
+    # while they are recorded to be kept.
+    cache_status: bytes | None = None
+    recording: "list[bytes] | None" = None
+    recorded_type: bytes | None = None
+    _body: bytes | None = None  # read once, kept for a second reader
+
     def __init__(self, scope: dict[str, Any], receive: Any, send: Any, request_id: str, body_bytes_max: int,
                  background: trio.Nursery) -> None:
         self.scope = scope
@@ -42,15 +59,6 @@ class Request:
         self._background = background
         # Added to every response head (the rate-limit headers, decided before the answer is).
         self.extra_headers: list[tuple[bytes, bytes]] = []
-        # The route's target that answered (a routed model, gateway/api/routed.py): the access log names it.
-        self.target: str | None = None
-        # What the request generated and for which model (its public name, and the route's when one answered
-        # it): its cost is counted from these when the answer ends (gateway/spend).
-        self.usage: Any = None  # a UsageTally
-        self.model: str | None = None
-        self.route: str | None = None
-        # Set when the node adds x-smg-cost to whole answers (--cost-header): the request's cost in dollars.
-        self.cost_of: "Callable[[Request], float] | None" = None
         # The native server's request cycle (gateway/http1): None under another ASGI server.
         self._native = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
 
@@ -76,6 +84,12 @@ class Request:
         return value.decode("latin-1") if value is not None else None
 
     async def body(self) -> bytes:
+        if self._body is not None:
+            return self._body
+        self._body = body = await self._read_body()
+        return body
+
+    async def _read_body(self) -> bytes:
         declared = self.headers.get(b"content-length")
         if declared is not None:
             try:
@@ -100,7 +114,16 @@ class Request:
                 return b"".join(parts) if len(parts) != 1 else parts[0]
 
     def _base_headers(self, headers: "list[tuple[bytes, bytes]]") -> list[tuple[bytes, bytes]]:
+        if self.cache_status is not None:
+            headers = [*headers, (b"x-smg-cache", self.cache_status)]
         return [*headers, *self.extra_headers, (b"x-request-id", self.request_id.encode("latin-1"))]
+
+    def _record(self, headers: "list[tuple[bytes, bytes]]", body: bytes) -> None:
+        """The answer's head and first bytes, while the response cache records it."""
+        assert self.recording is not None
+        self.recorded_type = next((v for k, v in headers if k == b"content-type"), None)
+        if body:
+            self.recording.append(body)
 
     def _whole_headers(self, headers: "list[tuple[bytes, bytes]]") -> list[tuple[bytes, bytes]]:
         """A whole answer's head: its usage is final, so its cost may be said."""
@@ -111,6 +134,8 @@ class Request:
     async def send_bytes(self, status: int, body: bytes, headers: "list[tuple[bytes, bytes]]") -> None:
         self.response_started = True
         self.status = status
+        if self.recording is not None:
+            self._record(headers, body)
         await self._send({"type": "http.response.start", "status": status,
                           "headers": self._whole_headers([*headers, (b"content-length", str(len(body)).encode())])})
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
@@ -121,6 +146,8 @@ class Request:
         answer held once, not twice)."""
         self.response_started = True
         self.status = status
+        if self.recording is not None:
+            self._record(headers, b"".join(pieces))
         await self._send({"type": "http.response.start", "status": status,
                           "headers": self._whole_headers([*headers, (b"content-length", b"%d" % size)])})
         batch: list[bytes] = []
@@ -139,9 +166,13 @@ class Request:
     async def start_stream(self, status: int, headers: "list[tuple[bytes, bytes]]") -> None:
         self.response_started = True
         self.status = status
+        if self.recording is not None:
+            self._record(headers, b"")
         await self._send({"type": "http.response.start", "status": status, "headers": self._base_headers(headers)})
 
     async def send_chunk(self, data: bytes) -> None:
+        if self.recording is not None:
+            self.recording.append(data)
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
     def can_send_chunk_now(self) -> bool:
@@ -151,6 +182,8 @@ class Request:
 
     def send_chunk_now(self, data: bytes) -> bool:
         """``send_chunk`` without awaiting, from any task; False when ``flush()`` must follow."""
+        if self.recording is not None:
+            self.recording.append(data)
         return self._native.send_body_now(data)
 
     async def flush(self) -> None:
@@ -158,6 +191,8 @@ class Request:
         await self._native.flush()
 
     async def end_stream(self, data: bytes = b"") -> None:
+        if self.recording is not None and data:
+            self.recording.append(data)
         await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
     def cancel_on_disconnect(self) -> "_CancelOnDisconnect":

@@ -45,7 +45,7 @@ from .errors import ApiError, BadRequest, ContextLengthExceeded, Forbidden, NotF
     from_engine_error, to_api_error
 from .http import JSON_HEADERS, SSE_DONE, SSE_HEADERS, Request, sse_event
 from .logprobs import LogprobShape
-from .ratelimits import checks_anything, rate_limited
+from .ratelimits import rate_limited
 from .state import GatewayState
 
 
@@ -322,8 +322,9 @@ def logprob_shapes(plan: GenerationPlan, tokenizer: TokenizerService, chat: bool
 def admitted(state: GatewayState, request: Request, plan: GenerationPlan) -> Any:
     """``async with admitted(...)``: rate limits first (a denied request never queues), then a slot
     of the admission queue."""
-    if not checks_anything(state.rate_limiter, state.spend):  # no limits: the slot alone, no manager around it
-        return state.admission.slot(request.tenant_key)
+    limiter = state.rate_limiter
+    if (limiter is None or not limiter.active) and not state.spend.budgets_active:
+        return state.admission.slot(request.tenant_key)  # no limits nor budgets: the slot alone, nothing around it
     return _rate_limited_then_admitted(state, request, plan)
 
 

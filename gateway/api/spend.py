@@ -31,6 +31,7 @@ async def get_spend(state: GatewayState, request: Request) -> None:
     filters = {f: query[f] for f in ("key", "tenant", "model", "target") if query.get(f)}
     if "key" in filters and not filters["key"].startswith(("key:", "anonymous")):
         filters["key"] = f"key:{filters['key']}"  # as smg-node keys list shows ids
+    state.spend.fold()  # this node's latest requests too
     try:
         entries = report(state.spend.ledger, group_by, query.get("since"), query.get("until"), filters)
     except ReportError as e:

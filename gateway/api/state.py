@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ..cluster.settings_doc import SettingsDocument
     from ..node.config import GatewayConfig
     from ..ratelimit.limiter import RateLimiter
+    from ..cache import ResponseCache
     from ..spend import Spend
     from .proxy import HttpProxy
     from ..tracing import Tracing
@@ -88,6 +89,7 @@ class GatewayState:
         proxy: "HttpProxy"
         rate_limiter: "RateLimiter"
         spend: "Spend"
+        cache: "ResponseCache"
         cluster: "ClusterState | None"
         settings: "SettingsDocument"
         key_store: "KeyStore"

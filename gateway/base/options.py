@@ -28,7 +28,7 @@ HELP_SECTIONS: tuple[tuple[str, str], ...] = (
     ("routing", "routing: which engine takes a request, admission, retries, circuits"),
     ("cluster", "cluster: the mesh of nodes"),
     ("ratelimits", "rate limits: cluster-wide, per key, tenant or model"),
-    ("spend", "spend: what requests cost, budgets per key and tenant"),
+    ("spend", "spend: what requests cost, budgets per key and tenant, the response cache"),
     ("security", "security: credentials, TLS, what clients may send"),
     ("performance", "performance: processes, threads, caches, fast paths"),
 )

@@ -15,6 +15,7 @@ from __future__ import annotations
 from ..api import subsystem as api
 from ..auth import subsystem as auth
 from ..base.subsystem import StartContext, Subsystem
+from ..cache import subsystem as cache
 from ..cluster import subsystem as cluster
 from ..discovery import subsystem as discovery
 from ..engine import subsystem as engine
@@ -70,6 +71,7 @@ SUBSYSTEMS: tuple[Subsystem, ...] = (
     cluster.MESH,
     ratelimit.RATE_LIMIT,
     spend.SUBSYSTEM,
+    cache.SUBSYSTEM,
     auth.AUTH,
     tls.SUBSYSTEM,
     # Services only: what every request stands on.

@@ -28,6 +28,8 @@
                                                   # skipped for the next target (``overflow.py``)
     price_usd_per_mtok = { input = 0.1, output = 0.4 }  # optional: what its pool targets cost (and targets
                                                         # without a price of their own); zero when unsaid
+    cache = true                           # optional, with --response-cache: answer repeats from the cache even
+    cache_ttl_secs = 600                   #   when sampled (false: never); how long its answers are kept
 
 A model the config does not name is served as before, by the workers that serve it. A route may name its own pool
 (``[models."Qwen/Qwen3-8B"]`` with ``{ pool = "Qwen/Qwen3-8B" }`` first and a provider after: overflow and
@@ -118,6 +120,10 @@ class Route:
     tenants: frozenset[str] | None = None  # None: everyone
     overflow: Overflow | None = None
     price: Price | None = None
+    # The response cache (gateway/cache): True answers every request of this model from it (with
+    # --response-cache), not only deterministic ones; False, none; None, the deterministic ones.
+    cache: bool | None = None
+    cache_ttl_s: float | None = None
 
     def price_of(self, entry_name: str | None, targets: "Mapping[str, Target]") -> Price:
         """What an answer of the target named ``entry_name`` (a RouteTarget's name) costs: the target's price, else
@@ -299,7 +305,7 @@ def _route(name: str, spec: Any, targets: Mapping[str, Target]) -> Route:
     where = f"models.{name}"
     if not isinstance(spec, dict):
         raise RoutesError(f"{where} is a table")
-    unknown = set(spec) - {"targets", "fallback_on", "tenants", "overflow"} - _PRICE_KEYS
+    unknown = set(spec) - {"targets", "fallback_on", "tenants", "overflow", "cache", "cache_ttl_secs"} - _PRICE_KEYS
     if unknown:
         raise RoutesError(f"{where} has unknown keys: {', '.join(sorted(unknown))}")
     raw = spec.get("targets")
@@ -354,7 +360,11 @@ def _route(name: str, spec: Any, targets: Mapping[str, Target]) -> Route:
         if not any(entry.pool for entry in entries):
             raise RoutesError(f"{where}.overflow applies to a pool target, and the route has none")
         overflow = Overflow(waiting, float(kv) if kv is not None else None)
-    return Route(name, tuple(entries), fallback_on, tenants, overflow, _price(spec, where))
+    cache = spec.get("cache")
+    if cache is not None and not isinstance(cache, bool):
+        raise RoutesError(f"{where}.cache is true (answer its requests from the response cache) or false")
+    cache_ttl_s = _positive(spec, "cache_ttl_secs", where, 0.0) if spec.get("cache_ttl_secs") is not None else None
+    return Route(name, tuple(entries), fallback_on, tenants, overflow, _price(spec, where), cache, cache_ttl_s)
 
 
 def _positive(spec: dict[str, Any], key: str, where: str, default: float) -> float:

@@ -15,7 +15,8 @@ cluster's spend rate on that budget in dollars per second; D the failure-detecti
   max_tokens at the target's price) from the budget's owner before it runs and settles with its real cost after:
   a reservation that does not fit is refused, and a real cost is never above its reservation.
 * the owner dies: its successor, a replica, continues from the count last replicated: at most R * S more (the
-  reservations decided after the last replication). Until the death is detected (D) the other nodes cannot reach
+  reservations decided after the last replication); it applies B times the share of members it sees (4/5 of B
+  in a cluster of 5 until the dead member is reaped), so it errs on the side of refusing. Until the death is detected (D) the other nodes cannot reach
   the owner: with ``when_owner_unreachable = "refuse"`` (the default) they refuse the budget's requests (503
   budget_unavailable, retry in a second) rather than guess; with ``"share"`` each admits up to B / N of its own,
   so at most B * (N - 1) / N more, once.

@@ -63,6 +63,8 @@ class SpendExchange:
         self.pushes_failed = 0
         self.pulls = 0
         self.compactions = 0
+        self._forgot_on = ""
+        self.before_round: Any = None  # what brings the ledger up to date first (the service's fold)
         if cluster is not None:
             cluster.serve_requests(SPEND_MARK, self.on_peer_request)
 
@@ -187,8 +189,13 @@ class SpendExchange:
 
     async def round(self) -> None:
         """Send what this node counted, journal what changed, forget what is past the retention."""
+        if self.before_round is not None:
+            self.before_round()
         ledger = self.ledger
-        ledger.forget_before(ledger.today(self.clock()))
+        today = ledger.today(self.clock())
+        if today != self._forgot_on:  # a scan of every row: once a day
+            ledger.forget_before(today)
+            self._forgot_on = today
         rows = ledger.take_dirty()
         self._journal()
         if rows and self.cluster is not None:

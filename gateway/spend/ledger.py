@@ -89,8 +89,9 @@ class SpendLedger:
         return self._day
 
     def add(self, now_s: float, key: str | None, tenant: str | None, model: str | None, target: str | None,
-            input_tokens: int, cached_tokens: int, output_tokens: int, reasoning_tokens: int, cost_usd: float) -> None:
-        """One answered request of this node."""
+            requests: int, input_tokens: int, cached_tokens: int, output_tokens: int, reasoning_tokens: int,
+            cost_usd: float) -> None:
+        """Answered requests of this node (their sums)."""
         row = (self.today(now_s), _cut(key), _cut(tenant), _cut(model), _cut(target))
         own = self.origins[self.origin]
         values = own.get(row)
@@ -99,7 +100,7 @@ class SpendLedger:
             self.rows += 1
             if self.rows > self.config.rows_max:
                 self._drop_oldest_day()
-        values[0] += 1
+        values[0] += requests
         values[1] += input_tokens
         values[2] += cached_tokens
         values[3] += output_tokens

@@ -23,6 +23,7 @@ from .ledger import LedgerConfig, SpendLedger
 from .prices import FREE, Price
 
 log = logging.getLogger("gateway.spend")
+PRICES_REMEMBERED_MAX = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,10 +56,21 @@ class Spend:
         self.alerts: dict[tuple[str, str], int] = {}  # (scope, threshold) -> crossings seen here
         self.last_ratio: dict[tuple[str, str], float] = {}  # (scope, name) -> spent / amount, last seen here
         self.refused: dict[str, int] = {}  # scope -> requests refused by a hard budget here
+        # (key, tenant, model, target) -> [requests, input, cached, output, reasoning, dollars] since the last fold
+        self._pending: dict[tuple[Any, ...], list[Any]] = {}
+        self.hit_price = "free"  # a response cache hit's price (gateway/cache): "free" or "cached"
+        self._prices: dict[tuple[Any, ...], Price] = {}
+        self._prices_of: Any = None  # the routes _prices was made from
+        self.exchange.before_round = self.fold
 
     @property
-    def budgets_active(self) -> bool:
-        return bool(self.budgets.by_scope)
+    def budgets(self) -> BudgetSet:
+        return self._budgets
+
+    @budgets.setter
+    def budgets(self, budgets: BudgetSet) -> None:
+        self._budgets = budgets
+        self.budgets_active = bool(budgets.by_scope)  # read by every request: an attribute, not a computation
 
     def set_budgets(self, budgets: BudgetSet) -> None:
         self.budgets = budgets
@@ -82,36 +94,76 @@ class Spend:
             return FREE
         return found.price_of(target, routes.targets)
 
+    def _price_of(self, model: str | None, route: str | None, target: str | None) -> Price:
+        """``price``, remembered per (model, route, target) until the routes are replaced (the request path's)."""
+        routes = self.providers.routes if self.providers is not None else None
+        if routes is not self._prices_of:
+            self._prices = {}
+            self._prices_of = routes
+        key = (model, route, target)
+        price = self._prices.get(key)
+        if price is None:
+            if len(self._prices) >= PRICES_REMEMBERED_MAX:
+                self._prices.clear()
+            price = self._prices[key] = self.price(model, route, target)
+        return price
+
     def cost_of(self, request: Any) -> float:
         usage = request.usage
-        price = self.price(request.model, request.route, request.target)
+        price = self._price_of(request.model, request.route, request.target)
         return price.cost_usd(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
                               usage.reasoning_tokens)
 
     def record(self, request: Any, status: int) -> float | None:
         """The request's answer ended with ``status``: its cost, counted. None when there is nothing to charge: a
         request refused or failed before it generated (a 429, an engine that never answered); one cut off after it
-        generated (a client gone, a stream's error) is charged what it generated."""
+        generated (a client gone, a stream's error) is charged what it generated.
+
+        On the request path the request is only added to its (key, tenant, model, target) sum since the last
+        ``fold``, which adds the sums to the ledger and the counters (each round, and before anything reads them)."""
         usage = request.usage
-        if usage.prompt_tokens + usage.completion_tokens <= 0 or (status >= 400 and usage.completion_tokens <= 0):
+        completion = usage.completion_tokens
+        prompt = usage.prompt_tokens
+        if prompt + completion <= 0 or (status >= 400 and completion <= 0):
             return None
-        cost = self.cost_of(request)
+        model, target = request.model, request.target
+        price = self._price_of(model, request.route, target)
+        if price is FREE:
+            cost = 0.0
+        elif request.cache_status == b"hit":
+            cost = 0.0 if self.hit_price == "free" else (prompt + completion) * price.cached_input_usd_per_mtok / 1e6
+        else:
+            cost = price.cost_usd(prompt, completion, usage.cached_tokens, usage.reasoning_tokens)
         principal = request.principal
-        tenant = principal.tenant if principal.authenticated else request.header("x-smg-tenant")
-        target = request.target or (f"pool:{request.model}" if request.model else "")
-        self.ledger.add(self.clock(), principal.key_id, tenant, request.model, target, usage.prompt_tokens,
-                        usage.cached_tokens, usage.completion_tokens, usage.reasoning_tokens, cost)
-        labels = (tenant or "", request.model or "", target)
-        values = self.counted.get(labels)
-        if values is None:
-            values = self.counted[labels] = [0.0] * 6
-        values[0] += 1
-        values[1] += usage.prompt_tokens
-        values[2] += usage.cached_tokens
-        values[3] += usage.completion_tokens
-        values[4] += usage.reasoning_tokens
-        values[5] += cost
+        key = (principal.key_id, principal.tenant if principal.authenticated else request.header("x-smg-tenant"),
+               model, target)
+        sums = self._pending.get(key)
+        if sums is None:
+            sums = self._pending[key] = [0, 0, 0, 0, 0, 0.0]
+        sums[0] += 1
+        sums[1] += prompt
+        sums[2] += usage.cached_tokens
+        sums[3] += completion
+        sums[4] += usage.reasoning_tokens
+        sums[5] += cost
         return cost
+
+    def fold(self) -> None:
+        """The sums recorded since the last fold, into the ledger (today's rows) and the node's counters."""
+        pending, self._pending = self._pending, {}
+        if not pending:
+            return
+        now = self.clock()
+        add, counted = self.ledger.add, self.counted
+        for (key, tenant, model, target), sums in pending.items():
+            target = target or (f"pool:{model}" if model else "")
+            add(now, key, tenant, model, target, *sums)
+            labels = (tenant or "", model or "", target)
+            values = counted.get(labels)
+            if values is None:
+                values = counted[labels] = [0.0] * 6
+            for i, v in enumerate(sums):
+                values[i] += v
 
     # -- budgets ------------------------------------------------------------------
 
@@ -151,6 +203,7 @@ class Spend:
         await self.exchange.run(task_status=task_status or trio.TASK_STATUS_IGNORED)
 
     def metric_families(self) -> Iterator[Any]:
+        self.fold()
         rows = list(self.counted.items())
         yield counter("smg_spend_usd", "Dollars this node's answers cost, at the models config's prices",
                       ["tenant", "model", "target"], [(list(k), v[5]) for k, v in rows])

@@ -36,6 +36,7 @@ async def _start(context: StartContext) -> Spend:
     settings = context.need("settings")
     spend = Spend(config, budget_set(config), providers=context.need("providers"), cluster=context.need("cluster"),
                   settings=settings)
+    spend.hit_price = context.config.cache.hit_price  # what a response cache hit costs (gateway/cache)
     if settings.data_dir is not None:
         for problem in spend.exchange.keep_on_disk(settings.data_dir, context.config.data_fsync):
             log.warning("spend ledger on disk: %s", problem)

@@ -15,6 +15,10 @@ call ``RateLimiter.check`` back to back for keys that
 and report decisions per second, the latency p50/p99 of one decision, and for
 the forwarded path the batch size and the time per forwarded item (wall time /
 items). Limits are high so every decision is an admit (the cost is the same).
+
+``--kind budgets`` decides budgets' counters instead (gateway/spend/budgets.py: a
+key's monthly budget, a reservation in dollars per decision, through
+``RateLimiter.check_keys`` as a request's budgets are).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from chaos.processes import NodeProcess, default_log_dir  # noqa: E402
 from gateway.cluster import ClusterState  # noqa: E402
 from gateway.ratelimit import RateLimitConfig, RateLimiter, parse_limit_set  # noqa: E402
+from gateway.spend import parse_budget  # noqa: E402
 from mesh.agent import MeshAgent  # noqa: E402
 from mesh.config import MeshConfig  # noqa: E402
 from mesh.crypto import Keyring, generate_key  # noqa: E402
@@ -55,6 +60,19 @@ def keys_owned_by(cluster: ClusterState, limiter: RateLimiter, owner: str, n: in
     return out
 
 
+def budgets_owned_by(cluster: ClusterState, owner: str, n: int) -> list:
+    """Counters of keys' monthly budgets whose owner is ``owner``: (spec, key, dollars) as a request reserves."""
+    out = []
+    i = 0
+    now = time.time()
+    while len(out) < n:
+        spec, key, _ = parse_budget({"key": f"{i:x}", "amount_usd": 1e9, "period": "month"}, "b").counter(now)
+        if cluster.ring.owner(key) == owner:
+            out.append([(spec, key, 0.0125)])
+        i += 1
+    return out
+
+
 async def measure(limiter: RateLimiter, identities: list, concurrency: int, seconds: float, path: str) -> dict:
     latencies: list[float] = []
     other_path = 0
@@ -68,7 +86,10 @@ async def measure(limiter: RateLimiter, identities: list, concurrency: int, seco
             identity = identities[j % len(identities)]
             j += concurrency
             started = time.perf_counter()
-            verdict = await limiter.check(identity, 1)
+            if isinstance(identity, list):  # budgets' counters
+                verdict = await limiter.check_keys(identity)
+            else:
+                verdict = await limiter.check(identity, 1)
             latencies.append(time.perf_counter() - started)
             assert verdict.allowed, verdict
             if verdict.outcomes[0].path != ("owned" if path == "local" else path):
@@ -108,9 +129,13 @@ async def main(args: argparse.Namespace) -> None:
             await nursery.start(limiter.run)
             while len(cluster.ring) < 2:
                 await trio.sleep(0.05)
-            local = keys_owned_by(cluster, limiter, "driver", args.keys)
-            remote = keys_owned_by(cluster, limiter, "owner", args.keys)
-            print(f"# {time.strftime('%Y-%m-%d')}, {args.seconds}s per row, sealed mesh streams, batch wait "
+            if args.kind == "budgets":
+                local = budgets_owned_by(cluster, "driver", args.keys)
+                remote = budgets_owned_by(cluster, "owner", args.keys)
+            else:
+                local = keys_owned_by(cluster, limiter, "driver", args.keys)
+                remote = keys_owned_by(cluster, limiter, "owner", args.keys)
+            print(f"# {args.kind}, {time.strftime('%Y-%m-%d')}, {args.seconds}s per row, sealed mesh streams, batch wait "
                   f"{limiter.config.batch_wait_s * 1e6:.0f} us")
             print("| path | concurrency | decisions/s | p50 ms | p99 ms | items/batch | us per forwarded item |")
             print("|---|---|---|---|---|---|---|")
@@ -138,4 +163,5 @@ if __name__ == "__main__":
     parser.add_argument("--keys", type=int, default=1000, help="distinct keys per path (API keys)")
     parser.add_argument("--batch-wait-us", type=float, default=RateLimitConfig().batch_wait_s * 1e6)
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 256])
+    parser.add_argument("--kind", choices=("limits", "budgets"), default="limits")
     trio.run(main, parser.parse_args())

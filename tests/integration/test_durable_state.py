@@ -20,7 +20,7 @@ import openai
 from chaos.processes import NodeProcess
 from mesh.crypto import decode_key, generate_key, key_fingerprint
 
-from tests.support.node_pairs import alive_members
+from tests.support.node_pairs import admin, alive_members
 from tests.support.nodes import MODEL
 
 BASE = 23600  # this file's mesh ports: below the kernel's outgoing range, used by no other test
@@ -42,10 +42,6 @@ def chat_status(node: NodeProcess, key: str | None) -> int:
 def cli(node: NodeProcess, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gateway.cli", *args, "--url", node.url], capture_output=True,
                           text=True, timeout=60, env={**os.environ, **node.admin_env})
-
-
-def admin(node: NodeProcess, method: str, path: str, body: dict | None = None) -> httpx2.Response:
-    return httpx2.request(method, node.url + path, json=body, headers=node.admin_headers, timeout=30)
 
 
 def conversation_texts(node: NodeProcess, key: str, conversation_id: str) -> "list[str] | None":

@@ -21,8 +21,9 @@ from chaos.processes import NodeProcess
 from gateway.spend.budgets import period_of
 from mesh.ring import HashRing
 
-from tests.support.node_pairs import alive_members
+from tests.support.node_pairs import admin, alive_members
 from tests.support.nodes import MODEL
+from tests.support.waiting import eventually
 
 BASE = 23700  # this file's mesh ports
 INPUT_USD = 0.001  # per token
@@ -34,17 +35,6 @@ targets = [{{ pool = "{MODEL}" }}]
 price_usd_per_mtok = {{ input = {INPUT_USD * 1e6}, output = {OUTPUT_USD * 1e6} }}
 """
 CONCURRENCY = 6
-
-
-def within(predicate, bound_s: float, what: str) -> None:
-    deadline = time.monotonic() + bound_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {bound_s}s: {what() if callable(what) else what}"
-        time.sleep(0.1)
-
-
-def admin(node: NodeProcess, method: str, path: str, body: dict | None = None) -> httpx2.Response:
-    return httpx2.request(method, node.url + path, json=body, headers=node.admin_headers, timeout=30)
 
 
 def cost_of(usage) -> float:
@@ -99,7 +89,7 @@ def cluster(engines, log_dir, tmp_path):
                 "--mesh-preset", "local", "--rpc-addr", f"127.0.0.1:{BASE + 100 + i}", "--retry-join-interval-secs",
                 "0.5", "--worker-urls", *[e.url for e in engines], "--models-config", str(models),
                 "--spend-push-interval-ms", "200", "--workers", "1"], log_dir, f"spend-s{i}"))
-        within(lambda: all(alive_members(n) == 3 for n in nodes), 60, "three members alive on every node")
+        eventually(lambda: all(alive_members(n) == 3 for n in nodes), 60, "three members alive on every node")
         yield nodes
     finally:
         for n in nodes:
@@ -113,9 +103,9 @@ def test_a_hard_tenant_budget_holds_under_load_from_every_node_and_after_its_own
     budget_usd = 1.5
     assert admin(b, "PUT", "/admin/budgets/tenant/team", {"amount_usd": budget_usd, "period": "month"}).status_code \
         == 200
-    within(lambda: all(admin(n, "GET", "/admin/budgets").json()["budgets"] for n in cluster), 30,
+    eventually(lambda: all(admin(n, "GET", "/admin/budgets").json()["budgets"] for n in cluster), 30,
            "the budget known on every node")
-    within(lambda: all(httpx2.post(n.url + "/v1/chat/completions", timeout=30, json={
+    eventually(lambda: all(httpx2.post(n.url + "/v1/chat/completions", timeout=30, json={
         "model": MODEL, "messages": [{"role": "user", "content": "x"}]}).status_code == 401 for n in cluster), 30,
         "the key required everywhere")
 
@@ -129,7 +119,7 @@ def test_a_hard_tenant_budget_holds_under_load_from_every_node_and_after_its_own
     assert budget_usd * 0.6 <= answered <= budget_usd, f"answered ${answered:.4f} of a ${budget_usd} budget"
     # The ledger counted every answer once, on whichever node: each node reports the cluster's sum.
     for n in cluster:
-        within(lambda n=n: abs(spent(n, "team") - answered) < 1e-6, 20,
+        eventually(lambda n=n: abs(spent(n, "team") - answered) < 1e-6, 20,
                lambda n=n: f"{n.name}'s ledger ({spent(n, 'team')}) equal to the answers ({answered})")
     refused = httpx2.post(a.url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=30,
                           json={"model": MODEL, "max_tokens": MAX_TOKENS, "messages": [{"role": "user",
@@ -144,9 +134,9 @@ def test_a_hard_tenant_budget_holds_under_load_from_every_node_and_after_its_own
     counter = f"budget-tenant:team2:{period_of('month', time.time()).id}"
     owner = names[HashRing.build(list(names)).owner(counter)]
     survivors = [n for n in cluster if n is not owner]
-    within(lambda: all(len(admin(n, "GET", "/admin/budgets").json()["budgets"]) == 2 for n in survivors), 30,
+    eventually(lambda: all(len(admin(n, "GET", "/admin/budgets").json()["budgets"]) == 2 for n in survivors), 30,
            "the second budget known")
-    within(lambda: all(httpx2.get(n.url + "/v1/models", headers={"authorization": f"Bearer {key2}"},
+    eventually(lambda: all(httpx2.get(n.url + "/v1/models", headers={"authorization": f"Bearer {key2}"},
                                   timeout=30).status_code == 200 for n in survivors), 30, "the second key known")
     load2 = Load(key2)
     load2.run(survivors, 120, during=lambda: (time.sleep(1.0), owner.kill_machine()))
@@ -157,7 +147,7 @@ def test_a_hard_tenant_budget_holds_under_load_from_every_node_and_after_its_own
     answered2 = sum(load2.costs)
     assert answered2 <= budget_usd + CONCURRENCY * most_per_request, f"${answered2:.4f} of ${budget_usd}"
     assert load2.statuses.count(429) > 0
-    within(lambda: abs(spent(survivors[0], "team2") - answered2) < 1e-6, 20, "the survivors' ledger")
+    eventually(lambda: abs(spent(survivors[0], "team2") - answered2) < 1e-6, 20, "the survivors' ledger")
 
     # The report through the CLI, as CSV.
     report = subprocess.run([sys.executable, "-m", "gateway.cli", "spend", "--by", "tenant", "--format", "csv",
@@ -167,3 +157,30 @@ def test_a_hard_tenant_budget_holds_under_load_from_every_node_and_after_its_own
     lines = report.stdout.splitlines()
     assert lines[0].startswith("tenant,requests,input_tokens")
     assert {line.split(",")[0] for line in lines[1:]} == {"team", "team2"}
+
+
+def test_a_nodes_spend_and_budgets_survive_a_sigkill(engines, log_dir, tmp_path):
+    models = tmp_path / "models.toml"
+    models.write_text(MODELS_TOML)
+    args = ["--worker-urls", engines[0].url, "--models-config", str(models), "--spend-push-interval-ms", "100",
+            "--workers", "1"]
+    node = NodeProcess(args, log_dir, "spend-lone")
+    try:
+        created = admin(node, "POST", "/admin/api-keys", {"name": "app", "tenant": "solo",
+                                                          "budget": {"amount_usd": 5, "period": "day"}}).json()
+        assert created["budget"]["key"] == created["id"] and created["budget"]["period"] == "day"
+        load = Load(created["key"])
+        load.run([node], 6)
+        assert load.statuses == [200] * 6
+        answered = sum(load.costs)
+        eventually(lambda: abs(spent(node, "solo") - answered) < 1e-6, 10, "the ledger counted the answers")
+        time.sleep(0.5)  # a round journals them (100 ms)
+        node.kill_machine()
+        node = NodeProcess(args, log_dir, "spend-lone", data_dir=node.data_dir)
+        assert abs(spent(node, "solo") - answered) < 1e-6
+        by_key = admin(node, "GET", "/admin/spend?group_by=key,model").json()["data"]
+        assert by_key[0]["key"] == f"key:{created['id']}" and by_key[0]["model"] == MODEL
+        assert by_key[0]["requests"] == 6
+        assert admin(node, "GET", "/admin/budgets").json()["budgets"][0]["key"] == created["id"]
+    finally:
+        node.kill()

@@ -59,3 +59,8 @@ def alive_members(node: NodeProcess) -> float:
     text = httpx2.get(node.url + "/metrics").text
     match = re.search(r'^smg_mesh_members\{state="alive"\} (\S+)', text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
+
+
+def admin(node: NodeProcess, method: str, path: str, body: "dict | None" = None) -> httpx2.Response:
+    """A call to the node's control plane with its admin credential."""
+    return httpx2.request(method, node.url + path, json=body, headers=node.admin_headers, timeout=30)

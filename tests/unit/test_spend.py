@@ -70,7 +70,7 @@ def test_the_models_config_prices_targets_and_routes():
 
 def _add(ledger: SpendLedger, now: float, key: str = "key:a", tenant: str = "t", model: str = "m",
          target: str = "pool:m", cost: float = 1.0) -> None:
-    ledger.add(now, key, tenant, model, target, 100, 10, 50, 5, cost)
+    ledger.add(now, key, tenant, model, target, 1, 100, 10, 50, 5, cost)
 
 
 def test_rows_merge_as_grow_only_counters_in_any_order_and_any_number_of_times():

@@ -1,0 +1,129 @@
+"""The response cache the cluster shares (issue 63), on three real nodes driven by the openai and anthropic SDKs:
+the same deterministic request through every node reaches the engines once; another tenant's identical request
+reaches them again; a streamed replay parses exactly as the original stream did; an answer's cost is charged once
+(hits are free by default)."""
+
+from __future__ import annotations
+
+
+import anthropic
+import httpx2
+import openai
+import pytest
+
+from chaos.processes import NodeProcess
+
+from tests.support.node_pairs import admin, alive_members
+from tests.support.nodes import MODEL
+from tests.support.waiting import eventually
+
+BASE = 23800  # this file's mesh ports
+
+
+def completion_tokens(nodes: "list[NodeProcess]") -> float:
+    """Tokens the engines generated for the cluster's requests (counted by the node that asked them)."""
+    total = 0.0
+    for node in nodes:
+        for line in httpx2.get(node.url + "/metrics", timeout=10).text.splitlines():
+            if line.startswith("smg_tokens_total{") and 'kind="completion"' in line:
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.fixture(scope="module")
+def cluster(engines, log_dir):
+    nodes = []
+    try:
+        for i in range(3):
+            nodes.append(NodeProcess([
+                "--mesh-bind", f"127.0.0.1:{BASE + i}", "--join", f"127.0.0.1:{BASE}", "--node-name", f"c{i}",
+                "--mesh-preset", "local", "--rpc-addr", f"127.0.0.1:{BASE + 100 + i}", "--retry-join-interval-secs",
+                "0.5", "--worker-urls", *[e.url for e in engines], "--response-cache", "--workers", "1"],
+                log_dir, f"cache-c{i}"))
+        eventually(lambda: all(alive_members(n) == 3 for n in nodes), 60, "three members alive on every node")
+        keys = {tenant: admin(nodes[0], "POST", "/admin/api-keys", {"name": tenant, "tenant": tenant}).json()["key"]
+                for tenant in ("red", "blue")}
+        eventually(lambda: all(httpx2.get(n.url + "/v1/models", headers={"authorization": f"Bearer {k}"},
+                                      timeout=10).status_code == 200 for n in nodes for k in keys.values()), 30,
+               "the keys known everywhere")
+        yield nodes, keys
+    finally:
+        for n in nodes:
+            n.kill()
+
+
+def chat(node: NodeProcess, key: str, text: str, **extra):
+    client = openai.OpenAI(base_url=node.url + "/v1", api_key=key, max_retries=0)
+    return client.chat.completions.with_raw_response.create(
+        model=MODEL, max_tokens=8, temperature=0, messages=[{"role": "user", "content": text}], **extra)
+
+
+def cached_on(node: NodeProcess, key: str, text: str, **extra):
+    """The request through ``node`` once its answer is there (kept on its owners in the background)."""
+    answers = []
+    eventually(lambda: answers.append(chat(node, key, text, **extra)) or answers[-1].headers["x-smg-cache"] == "hit",
+           10, f"a hit on {node.name}")
+    return answers[-1]
+
+
+def test_one_deterministic_request_through_three_nodes_reaches_the_engines_once(cluster):
+    nodes, keys = cluster
+    before = completion_tokens(nodes)
+    first = chat(nodes[0], keys["red"], "what is a cache?")
+    assert first.headers["x-smg-cache"] == "miss"
+    answer = first.parse()
+    generated = completion_tokens(nodes) - before
+    assert generated == answer.usage.completion_tokens > 0
+    for node in nodes[1:]:
+        hit = cached_on(node, keys["red"], "what is a cache?")
+        assert hit.parse().model_dump() == answer.model_dump()
+    # Order and defaults do not matter: the same question asked otherwise is the same answer.
+    same = chat(nodes[2], keys["red"], "what is a cache?", n=1, presence_penalty=0)
+    assert same.headers["x-smg-cache"] == "hit"
+    assert completion_tokens(nodes) - before == generated, "a hit reached an engine"
+
+    # Another tenant's identical request is its own: the engines answer it again.
+    other = chat(nodes[1], keys["blue"], "what is a cache?")
+    assert other.headers["x-smg-cache"] == "miss"
+    assert completion_tokens(nodes) - before == 2 * generated
+
+    # Opted out: answered by an engine whatever the cache holds.
+    fresh = openai.OpenAI(base_url=nodes[0].url + "/v1", api_key=keys["red"], max_retries=0)
+    raw = fresh.chat.completions.with_raw_response.create(
+        model=MODEL, max_tokens=8, temperature=0, messages=[{"role": "user", "content": "what is a cache?"}],
+        extra_headers={"cache-control": "no-cache"})
+    assert "x-smg-cache" not in raw.headers
+    assert completion_tokens(nodes) - before == 3 * generated
+
+
+def test_a_streamed_replay_parses_as_the_original_stream_did(cluster):
+    nodes, keys = cluster
+
+    def stream(node: NodeProcess):
+        client = openai.OpenAI(base_url=node.url + "/v1", api_key=keys["red"], max_retries=0)
+        with client.chat.completions.with_streaming_response.create(
+                model=MODEL, max_tokens=8, seed=11, stream=True, stream_options={"include_usage": True},
+                messages=[{"role": "user", "content": "stream it"}]) as response:
+            return response.headers["x-smg-cache"], [chunk.model_dump() for chunk in response.parse()]
+
+    status, original = stream(nodes[0])
+    assert status == "miss" and original[-1]["usage"]["completion_tokens"] > 0
+    replays = []
+    eventually(lambda: replays.append(stream(nodes[1])) or replays[-1][0] == "hit", 10, "a streamed hit")
+    assert replays[-1][1] == original
+
+
+def test_anthropic_messages_are_cached_too(cluster):
+    nodes, keys = cluster
+
+    def ask(node: NodeProcess):
+        client = anthropic.Anthropic(base_url=node.url, api_key=keys["blue"], max_retries=0)
+        raw = client.messages.with_raw_response.create(model=MODEL, max_tokens=8, extra_body={"temperature": 0},
+                                                       messages=[{"role": "user", "content": "bonjour"}])
+        return raw.headers["x-smg-cache"], raw.parse()
+
+    status, first = ask(nodes[2])
+    assert status == "miss"
+    answers = []
+    eventually(lambda: answers.append(ask(nodes[0])) or answers[-1][0] == "hit", 10, "a Messages hit")
+    assert answers[-1][1].model_dump() == first.model_dump()
