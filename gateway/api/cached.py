@@ -64,8 +64,12 @@ async def answer_cached(state: GatewayState, request: Request, api: str, handler
     cache.count(model, tenant, "miss")
     request.cache_status = b"miss"
     recording = request.recording = []
+    request.recording_bytes_left = cache.config.entry_bytes_max
     await handler(state, request)
     request.recording = None
+    if request.recording_overflowed:
+        cache.store.stats.refused_large += 1
+        return
     answer = b"".join(recording)
     content_type = request.recorded_type or b""
     streamed = content_type.startswith(b"text/event-stream")

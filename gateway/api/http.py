@@ -38,6 +38,8 @@ class Request:
     # while they are recorded to be kept.
     cache_status: bytes | None = None
     recording: "list[bytes] | None" = None
+    recording_bytes_left = 0  # past it the recording stops (recording_overflowed): an answer too large to keep
+    recording_overflowed = False
     recorded_type: bytes | None = None
     _body: bytes | None = None  # read once, kept for a second reader
 
@@ -123,7 +125,16 @@ class Request:
         assert self.recording is not None
         self.recorded_type = next((v for k, v in headers if k == b"content-type"), None)
         if body:
-            self.recording.append(body)
+            self._keep(body)
+
+    def _keep(self, data: bytes) -> None:
+        left = self.recording_bytes_left - len(data)
+        if left < 0:  # never held whole: a long stream would cost its size again in memory
+            self.recording = None
+            self.recording_overflowed = True
+            return
+        self.recording_bytes_left = left
+        self.recording.append(data)  # type: ignore[union-attr]
 
     def _whole_headers(self, headers: "list[tuple[bytes, bytes]]") -> list[tuple[bytes, bytes]]:
         """A whole answer's head: its usage is final, so its cost may be said."""
@@ -147,7 +158,10 @@ class Request:
         self.response_started = True
         self.status = status
         if self.recording is not None:
-            self._record(headers, b"".join(pieces))
+            if size > self.recording_bytes_left:  # too large to keep: never joined whole for it
+                self.recording, self.recording_overflowed = None, True
+            else:
+                self._record(headers, b"".join(pieces))
         await self._send({"type": "http.response.start", "status": status,
                           "headers": self._whole_headers([*headers, (b"content-length", b"%d" % size)])})
         batch: list[bytes] = []
@@ -172,7 +186,7 @@ class Request:
 
     async def send_chunk(self, data: bytes) -> None:
         if self.recording is not None:
-            self.recording.append(data)
+            self._keep(data)
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
     def can_send_chunk_now(self) -> bool:
@@ -183,7 +197,7 @@ class Request:
     def send_chunk_now(self, data: bytes) -> bool:
         """``send_chunk`` without awaiting, from any task; False when ``flush()`` must follow."""
         if self.recording is not None:
-            self.recording.append(data)
+            self._keep(data)
         return self._native.send_body_now(data)
 
     async def flush(self) -> None:
@@ -192,7 +206,7 @@ class Request:
 
     async def end_stream(self, data: bytes = b"") -> None:
         if self.recording is not None and data:
-            self.recording.append(data)
+            self._keep(data)
         await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
     def cancel_on_disconnect(self) -> "_CancelOnDisconnect":

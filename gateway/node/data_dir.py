@@ -6,6 +6,8 @@ What is in it, each written as it is accepted and read back before the node serv
                                    doc_journal.py)
     history.log.G / .snap.G        the memory backend's stored responses and conversations (gateway/history/
                                    journal.py)
+    spend.log.G / .snap.G          the spend ledger: every node's rows (gateway/spend/exchange.py; written each round,
+                                   once a second: a SIGKILL may lose this node's last second no peer had yet)
     keyring                        the gossip keys, primary first (mesh/keyring_file.py)
     lock                           held (flock) while a process uses the directory: two nodes never share one
 

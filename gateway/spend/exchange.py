@@ -17,6 +17,7 @@ not parse is dropped and counted (``bad_frames``).
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +65,7 @@ class SpendExchange:
         self.pulls = 0
         self.compactions = 0
         self._forgot_on = ""
+        self._work = trio.Event()
         self.before_round: Any = None  # what brings the ledger up to date first (the service's fold)
         if cluster is not None:
             cluster.serve_requests(SPEND_MARK, self.on_peer_request)
@@ -120,7 +122,8 @@ class SpendExchange:
         try:
             if method == METHOD_PUSH:
                 origin, rows = _origin_rows(unpack(body))
-                self.ledger.merge(origin, rows, self.ledger.today(self.clock()))
+                if self.ledger.merge(origin, rows, self.ledger.today(self.clock())):
+                    self.wake()  # journaled at the next round
                 return b"k"
             if method == METHOD_PULL:
                 page = unpack(body)
@@ -165,6 +168,8 @@ class SpendExchange:
                     raise BadRows("a page is [tables, more]")
                 for origin, rows in tables.items():
                     taken += self.ledger.merge(*_origin_rows([origin, rows]), today)
+                if taken:
+                    self.wake()
             except (BadRows, ValueError, TypeError) as e:
                 self.bad_frames += 1
                 log.debug("dropped %s's spend page: %s", peer, e)
@@ -213,11 +218,20 @@ class SpendExchange:
         except PeerUnreachable as e:
             log.debug("spend: could not pull from %s: %s", peer, e)
 
+    def wake(self) -> None:
+        """Something to send or journal arrived (a request counted, a peer's rows): a round follows."""
+        self._work.set()
+
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Rounds while there is work (a node without requests sleeps: no idle cost), and the pulls."""
         task_status.started()
         next_pull = trio.current_time()  # at once: a node that (re)starts catches up with its peers
         while True:
-            await trio.sleep(self.push_interval_s)
+            wait_s = max(0.0, next_pull - trio.current_time()) if self.cluster is not None else math.inf
+            with trio.move_on_after(wait_s):
+                await self._work.wait()
+                await trio.sleep(self.push_interval_s)  # a round's worth gathers
+            self._work = trio.Event()
             try:
                 await self.round()
                 if self.cluster is not None and trio.current_time() >= next_pull:

@@ -139,6 +139,8 @@ class Spend:
                model, target)
         sums = self._pending.get(key)
         if sums is None:
+            if not self._pending:
+                self.exchange.wake()  # the first since the last round: a round follows
             sums = self._pending[key] = [0, 0, 0, 0, 0, 0.0]
         sums[0] += 1
         sums[1] += prompt

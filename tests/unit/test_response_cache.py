@@ -191,3 +191,52 @@ async def test_a_peers_put_keeps_no_longer_than_this_nodes_ttl():
     frame = b"P" + packing.pack(["k", "p", b"application/json", b"{}", False, [1, 1, 0, 0], 10_000.0])
     assert await cache.on_peer_request(frame) == b"k"
     assert cache.store.get("k", "p", 1000.0).expires_at_s == 1060.0
+
+
+# -- recording an answer to keep -----------------------------------------------------------------------------
+
+class Sink:
+    def __init__(self) -> None:
+        self.body = b""
+
+    async def receive(self):
+        await trio.sleep_forever()
+
+    async def send(self, message) -> None:
+        if message["type"] == "http.response.body":
+            self.body += message["body"]
+
+
+def recorded_request(bytes_left: int) -> "tuple[Any, Sink]":
+    from gateway.api.http import Request
+
+    sink = Sink()
+    scope = {"method": "POST", "path": "/v1/chat/completions", "headers": []}
+    request = Request(scope, sink.receive, sink.send, "req-1", 1024, None)
+    request.recording, request.recording_bytes_left = [], bytes_left
+    return request, sink
+
+
+async def test_a_recorded_stream_is_kept_whole_within_its_bound():
+    request, sink = recorded_request(100)
+    recording = request.recording
+    await request.start_stream(200, [(b"content-type", b"text/event-stream")])
+    await request.send_chunk(b"data: 1\n\n")
+    await request.end_stream(b"data: [DONE]\n\n")
+    assert b"".join(recording) == sink.body and request.recorded_type == b"text/event-stream"
+    assert not request.recording_overflowed
+
+
+async def test_a_stream_longer_than_an_entry_may_be_stops_being_recorded_and_is_still_sent():
+    request, sink = recorded_request(20)
+    await request.start_stream(200, [(b"content-type", b"text/event-stream")])
+    for i in range(10):
+        await request.send_chunk(b"data: %d\n\n" % i)
+    assert request.recording is None and request.recording_overflowed  # never held past its bound
+    assert sink.body.count(b"data: ") == 10
+
+
+async def test_a_whole_answer_larger_than_an_entry_may_be_is_not_joined_for_it():
+    request, sink = recorded_request(10)
+    await request.send_pieces(200, [b"x" * 8, b"y" * 8], 16, [(b"content-type", b"application/json")])
+    assert request.recording is None and request.recording_overflowed and sink.body == b"x" * 8 + b"y" * 8
