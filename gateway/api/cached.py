@@ -41,7 +41,8 @@ async def answer_cached(state: GatewayState, request: Request, api: str, handler
     if route is not None and not route.allows(request.principal.tenant):
         await handler(state, request)
         return
-    if not cacheable(body, request.header("cache-control"), route is not None and route.cache is True):
+    model_default = route.cache if route is not None else None
+    if model_default is False or not cacheable(body, request.header("cache-control"), model_default is True):
         await handler(state, request)
         return
     partition = request.owner

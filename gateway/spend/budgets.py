@@ -50,6 +50,10 @@ class Period:
     starts_s: float
     ends_s: float  # when the budget is whole again (a rolling window: never at once)
 
+    def days(self) -> list[str]:
+        """The UTC days the period holds (the spend ledger's rows are by day)."""
+        return [time.strftime("%Y-%m-%d", time.gmtime(t)) for t in range(int(self.starts_s), int(self.ends_s), 86_400)]
+
 
 def period_of(kind: str, now_s: float) -> Period:
     """The calendar period (UTC) holding ``now_s``."""

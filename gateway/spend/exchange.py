@@ -66,6 +66,7 @@ class SpendExchange:
         self.compactions = 0
         self._forgot_on = ""
         self._work = trio.Event()
+        self.after_pull: Any = None  # called when a pull brought rows (the service reconciles budgets)
         self.before_round: Any = None  # what brings the ledger up to date first (the service's fold)
         if cluster is not None:
             cluster.serve_requests(SPEND_MARK, self.on_peer_request)
@@ -170,6 +171,8 @@ class SpendExchange:
                     taken += self.ledger.merge(*_origin_rows([origin, rows]), today)
                 if taken:
                     self.wake()
+                    if self.after_pull is not None:
+                        self.after_pull()
             except (BadRows, ValueError, TypeError) as e:
                 self.bad_frames += 1
                 log.debug("dropped %s's spend page: %s", peer, e)
@@ -222,7 +225,29 @@ class SpendExchange:
         """Something to send or journal arrived (a request counted, a peer's rows): a round follows."""
         self._work.set()
 
+    async def _follow_ring(self) -> None:
+        """A member that (re)appears on the ring is pulled from at once: what it counted while it was away (a
+        partition, a restart) comes back within a round trip, not at the next minute's pull."""
+        seen = set(self.cluster.ring.members)
+        while True:
+            await self.cluster.ring_changed.wait()
+            members = set(self.cluster.ring.members)
+            for member in sorted(members - seen - {self.cluster.node_name}):
+                try:
+                    await self.pull_from(member)
+                except PeerUnreachable as e:
+                    log.debug("spend: could not pull from %s: %s", member, e)
+            seen = members
+
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        if self.cluster is None:
+            await self._rounds(task_status)
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._follow_ring)
+            await self._rounds(task_status)
+
+    async def _rounds(self, task_status: Any) -> None:
         """Rounds while there is work (a node without requests sleeps: no idle cost), and the pulls."""
         task_status.started()
         next_pull = trio.current_time()  # at once: a node that (re)starts catches up with its peers

@@ -81,6 +81,9 @@ class SpendLedger:
         self._changed: dict[tuple[str, Row], None] = {}  # any origin's rows changed since last journaled
         self._day = ""
         self._day_ends_s = 0.0
+        # Dollars by (scope, name, day) over every origin, kept up to date as rows grow: what a budget's owner
+        # reconciles its counter with (``spent``). Scope "key" is named by the key's id, "tenant" by the tenant.
+        self._spent: dict[tuple[str, str, str], float] = {}
 
     def today(self, now_s: float) -> str:
         if now_s >= self._day_ends_s or now_s < self._day_ends_s - DAY_S:
@@ -100,6 +103,8 @@ class SpendLedger:
             self.rows += 1
             if self.rows > self.config.rows_max:
                 self._drop_oldest_day()
+        if cost_usd:
+            self._count_spent(row, cost_usd)
         values[0] += requests
         values[1] += input_tokens
         values[2] += cached_tokens
@@ -142,7 +147,11 @@ class SpendLedger:
             if known is None:
                 table[row] = values
                 self.rows += 1
+                if values[COST]:
+                    self._count_spent(row, values[COST])
             elif any(v > k for v, k in zip(values, known)):
+                if values[COST] > known[COST]:
+                    self._count_spent(row, values[COST] - known[COST])
                 table[row] = [max(v, k) for v, k in zip(values, known)]
             else:
                 continue
@@ -167,8 +176,24 @@ class SpendLedger:
             oldest = min(days)
             self.rows_dropped += self._drop(lambda day: day == oldest)
 
+    def _count_spent(self, row: Row, cost_usd: float) -> None:
+        day, key, tenant = row[0], row[1], row[2]
+        spent = self._spent
+        if key.startswith("key:"):
+            index = ("key", key[4:], day)
+            spent[index] = spent.get(index, 0.0) + cost_usd
+        if tenant:
+            index = ("tenant", tenant, day)
+            spent[index] = spent.get(index, 0.0) + cost_usd
+
+    def spent(self, scope: str, name: str, days: "list[str]") -> float:
+        """Dollars the ledger holds for a key's id or a tenant over these days, every node's requests."""
+        return sum(self._spent.get((scope, name, day), 0.0) for day in days)
+
     def _drop(self, old: Any) -> int:
         dropped = 0
+        for index in [i for i in self._spent if old(i[2])]:
+            del self._spent[index]
         for table in self.origins.values():
             for row in [r for r in table if old(r[0])]:
                 del table[row]
@@ -192,7 +217,8 @@ class SpendLedger:
 
 
 def _days_before(today: str, days: int) -> str:
-    return day_of(calendar.timegm(time.strptime(today, "%Y-%m-%d")) - days * DAY_S)
+    year, month, day = (int(part) for part in today.split("-"))  # not strptime: its first call compiles regexes
+    return day_of(calendar.timegm((year, month, day, 0, 0, 0)) - days * DAY_S)
 
 
 GROUPS = ("day", "month", "key", "tenant", "model", "target")

@@ -11,12 +11,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+
+import trio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..base.options import Option, secs_ms
 from ..observe.metrics import counter, gauge
+from ..ratelimit.algorithms import Mode
 from .budgets import BUDGETS_SETTING, Budget, BudgetSet, crossed
 from .exchange import SpendExchange
 from .ledger import LedgerConfig, SpendLedger
@@ -24,6 +27,9 @@ from .prices import FREE, Price
 
 log = logging.getLogger("gateway.spend")
 PRICES_REMEMBERED_MAX = 4096
+# How often a budget's owner checks its counter against the ledger (and at once after a pull brought rows): what a
+# healed partition or a successor may have under-counted is caught within it.
+RECONCILE_INTERVAL_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +47,13 @@ class SpendConfig:
 
 class Spend:
     def __init__(self, config: SpendConfig, budgets: BudgetSet, providers: Any = None, cluster: Any = None,
-                 clock: Any = time.time, node_name: str = "local", settings: Any = None) -> None:
+                 clock: Any = time.time, node_name: str = "local", settings: Any = None, limiter: Any = None) -> None:
         self.config = config
         self.budgets = budgets
         self.settings = settings  # the cluster's document (or a lone node's): budgets set at run time go there
+        self.cluster = cluster
+        self.limiter = limiter  # the rate limiter whose counters hold the budgets (reconcile)
+        self.reconciled = 0  # budget counters raised to the ledger's spend
         self.providers = providers
         self.clock = clock
         self.ledger = SpendLedger(cluster.node_name if cluster is not None else node_name, config.ledger)
@@ -62,6 +71,8 @@ class Spend:
         self._prices: dict[tuple[Any, ...], Price] = {}
         self._prices_of: Any = None  # the routes _prices was made from
         self.exchange.before_round = self.fold
+        self._reconcile_now = trio.Event()
+        self.exchange.after_pull = self._reconcile_now.set
 
     @property
     def budgets(self) -> BudgetSet:
@@ -197,12 +208,64 @@ class Spend:
             log.warning("budget of %s %s at %d %% (%s, $%.2f spent)", budget.scope, budget.name,
                         round(threshold * 100), budget.describe(), spent_usd)
 
+    def reconcile(self) -> int:
+        """As the owner of calendar budgets' counters: each raised to the spend the ledger holds for its period.
+
+        A counter can under-count: a healed partition merges the two sides' counts as the larger of the two (each
+        side spent from the same start), a successor misses what was decided after the last replication. The
+        ledger sums every node's answers exactly (ledger.py), so the owner takes the larger of the two; it never
+        lowers a count (a count holds reservations not settled yet). Rolling budgets have no calendar period to
+        sum: they are left to the counter. The budgets raised."""
+        if self.cluster is None or self.limiter is None or not self.budgets_active:
+            return 0
+        self.fold()
+        now = self.clock()
+        raised = 0
+        node = self.cluster.node_name
+        for budget in list(self.budgets.by_scope.values()):
+            if budget.period == "rolling":
+                continue
+            spec, key, period = budget.counter(now)
+            if self.cluster.ring.owner(key) != node:
+                continue
+            spent = self.ledger.spent(budget.scope, budget.name, period.days())
+            entry = self.limiter.store.get(key)
+            counted = entry.state.current if entry is not None else 0.0
+            if spent > counted + 1e-9:
+                self.limiter.decide_owned(key, spec.rate, spent - counted, Mode.FORCE)
+                raised += 1
+        if raised:
+            log.info("budgets: %d counters raised to the spend the ledger holds", raised)
+        self.reconciled += raised
+        return raised
+
     # -- background and metrics ----------------------------------------------------
 
-    async def run(self, *, task_status: Any = None) -> None:
-        import trio
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            if self.cluster is not None:
+                nursery.start_soon(self._reconcile_loop)
+            await nursery.start(self.exchange.run)
+            task_status.started()
 
-        await self.exchange.run(task_status=task_status or trio.TASK_STATUS_IGNORED)
+    async def _reconcile_loop(self) -> None:
+        """Now and then, at once after a pull brought rows, and after a ring change (a heal, a death)."""
+        while True:
+            with trio.move_on_after(RECONCILE_INTERVAL_S):
+                async with trio.open_nursery() as race:
+                    async def now() -> None:
+                        await self._reconcile_now.wait()
+                        race.cancel_scope.cancel()
+
+                    async def ring() -> None:
+                        await self.cluster.ring_changed.wait()
+                        race.cancel_scope.cancel()
+
+                    race.start_soon(now)
+                    race.start_soon(ring)
+            self._reconcile_now = trio.Event()
+            self.exchange.after_pull = self._reconcile_now.set
+            self.reconcile()
 
     def metric_families(self) -> Iterator[Any]:
         self.fold()

@@ -35,7 +35,7 @@ async def _start(context: StartContext) -> Spend:
     config = context.config.spend
     settings = context.need("settings")
     spend = Spend(config, budget_set(config), providers=context.need("providers"), cluster=context.need("cluster"),
-                  settings=settings)
+                  settings=settings, limiter=context.need("rate_limiter"))
     spend.hit_price = context.config.cache.hit_price  # what a response cache hit costs (gateway/cache)
     if settings.data_dir is not None:
         for problem in spend.exchange.keep_on_disk(settings.data_dir, context.config.data_fsync):
@@ -55,4 +55,5 @@ async def _start(context: StartContext) -> Spend:
     return spend
 
 
-SUBSYSTEM = Subsystem("spend", SpendConfig(), OPTIONS, _check, _start, needs=("providers", "cluster", "settings"))
+SUBSYSTEM = Subsystem("spend", SpendConfig(), OPTIONS, _check, _start,
+                      needs=("providers", "cluster", "settings", "rate_limiter"))

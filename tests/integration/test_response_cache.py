@@ -30,15 +30,30 @@ def completion_tokens(nodes: "list[NodeProcess]") -> float:
     return total
 
 
+MODELS_TOML = f"""
+[models.always]
+targets = [{{ pool = "{MODEL}" }}]
+cache = true
+cache_ttl_secs = 600
+
+[models.never]
+targets = [{{ pool = "{MODEL}" }}]
+cache = false
+"""
+
+
 @pytest.fixture(scope="module")
-def cluster(engines, log_dir):
+def cluster(engines, log_dir, tmp_path_factory):
+    models = tmp_path_factory.mktemp("cache-routes") / "models.toml"
+    models.write_text(MODELS_TOML)
     nodes = []
     try:
         for i in range(3):
             nodes.append(NodeProcess([
                 "--mesh-bind", f"127.0.0.1:{BASE + i}", "--join", f"127.0.0.1:{BASE}", "--node-name", f"c{i}",
                 "--mesh-preset", "local", "--rpc-addr", f"127.0.0.1:{BASE + 100 + i}", "--retry-join-interval-secs",
-                "0.5", "--worker-urls", *[e.url for e in engines], "--response-cache", "--workers", "1"],
+                "0.5", "--worker-urls", *[e.url for e in engines], "--response-cache", "--workers", "1",
+                "--models-config", str(models)],
                 log_dir, f"cache-c{i}"))
         eventually(lambda: all(alive_members(n) == 3 for n in nodes), 60, "three members alive on every node")
         keys = {tenant: admin(nodes[0], "POST", "/admin/api-keys", {"name": tenant, "tenant": tenant}).json()["key"]
@@ -127,3 +142,17 @@ def test_anthropic_messages_are_cached_too(cluster):
     answers = []
     eventually(lambda: answers.append(ask(nodes[0])) or answers[-1][0] == "hit", 10, "a Messages hit")
     assert answers[-1][1].model_dump() == first.model_dump()
+
+
+def test_a_routes_setting_caches_every_request_of_its_model_or_none(cluster):
+    nodes, keys = cluster
+    client = openai.OpenAI(base_url=nodes[0].url + "/v1", api_key=keys["red"], max_retries=0)
+
+    def ask(model: str, **sampling):
+        return client.chat.completions.with_raw_response.create(
+            model=model, max_tokens=8, messages=[{"role": "user", "content": "routes decide"}], **sampling)
+
+    assert ask("always", temperature=0.9).headers["x-smg-cache"] == "miss"  # sampled, cached all the same
+    eventually(lambda: ask("always", temperature=0.9).headers["x-smg-cache"] == "hit", 10, "a hit of a sampled one")
+    never = ask("never", temperature=0)
+    assert never.status_code == 200 and "x-smg-cache" not in never.headers  # deterministic, never cached

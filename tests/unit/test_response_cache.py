@@ -240,3 +240,14 @@ async def test_a_whole_answer_larger_than_an_entry_may_be_is_not_joined_for_it()
     request, sink = recorded_request(10)
     await request.send_pieces(200, [b"x" * 8, b"y" * 8], 16, [(b"content-type", b"application/json")])
     assert request.recording is None and request.recording_overflowed and sink.body == b"x" * 8 + b"y" * 8
+
+
+def test_a_routes_cache_setting_is_a_boolean_and_its_ttl_positive():
+    from gateway.providers.routes import RoutesError, parse_routes
+
+    route = parse_routes({"models": {"m": {"targets": [{"pool": "p"}], "cache": True, "cache_ttl_secs": 60}}}).get("m")
+    assert (route.cache, route.cache_ttl_s) == (True, 60.0)
+    assert parse_routes({"models": {"m": {"targets": [{"pool": "p"}]}}}).get("m").cache is None
+    for bad in ({"cache": "yes"}, {"cache_ttl_secs": 0}, {"cache_ttl_secs": "1h"}):
+        with pytest.raises(RoutesError, match="models.m.cache"):
+            parse_routes({"models": {"m": {"targets": [{"pool": "p"}], **bad}}})

@@ -219,3 +219,41 @@ def test_a_rate_limit_file_may_not_use_a_budgets_counter():
         parse_limit_set({"limits": [{"name": "x", "limit": 1, "algorithm": "fixed_period"}]})
     with pytest.raises(LimitConfigError, match="budgets"):
         parse_limit_set({"limits": [{"name": "x", "limit": 1, "unit": "usd"}]})
+
+
+# -- a budget's owner reconciles its counter with the ledger --------------------------------------------------
+
+def test_an_owner_raises_an_under_counting_budget_to_the_ledgers_spend_and_never_lowers_one():
+    from gateway.ratelimit import LimitSet, RateLimitConfig, RateLimiter
+    from gateway.spend import Spend, SpendConfig, parse_budget_set
+
+    class Ring:
+        members = ("a", "b")
+
+        def owner(self, key: str) -> str:
+            return "a"
+
+    class Cluster:
+        node_name = "a"
+        ring = Ring()
+
+        def serve_requests(self, mark, handler) -> None:
+            pass
+
+    limiter = RateLimiter(RateLimitConfig(), LimitSet(), node_name="a")
+    budgets = parse_budget_set({"budgets": [{"tenant": "t", "amount_usd": 10}, {"key": "abc", "amount_usd": 10},
+                                            {"tenant": "r", "amount_usd": 10, "period": "rolling",
+                                             "window_secs": 3600}]})
+    spend = Spend(SpendConfig(), budgets, cluster=Cluster(), clock=lambda: NOV_29, limiter=limiter)
+    tenant_spec, tenant_key, _ = budgets.by_scope[("tenant", "t")].counter(NOV_29)
+    limiter.decide_owned(tenant_key, tenant_spec.rate, 2.0, Mode.DECIDE)  # what this owner decided itself
+    # A healed partition: the other side's node b answered $5 of tenant t and $3 of key abc, in the same period.
+    spend.ledger.merge("b", [["2026-11-03", "key:abc", "t", "m", "pool:m", 3, 30, 0, 15, 0, 3.0],
+                             ["2026-11-20", "key:other", "t", "m", "pool:m", 2, 20, 0, 10, 0, 2.0],
+                             ["2026-10-31", "key:abc", "t", "m", "pool:m", 9, 90, 0, 45, 0, 9.0]], "2026-11-29")
+    assert spend.reconcile() == 2
+    assert limiter.store.get(tenant_key).state.current == pytest.approx(5.0)  # October's $9 is another period
+    key_spec, key_key, _ = budgets.by_scope[("key", "abc")].counter(NOV_29)
+    assert limiter.store.get(key_key).state.current == pytest.approx(3.0)
+    limiter.decide_owned(tenant_key, tenant_spec.rate, 4.0, Mode.DECIDE)  # a reservation not settled yet
+    assert spend.reconcile() == 0 and limiter.store.get(tenant_key).state.current == pytest.approx(9.0)
