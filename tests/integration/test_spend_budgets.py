@@ -249,5 +249,20 @@ def test_a_nodes_spend_and_budgets_survive_a_sigkill(engines, log_dir, tmp_path)
         assert by_key[0]["key"] == f"key:{created['id']}" and by_key[0]["model"] == MODEL
         assert by_key[0]["requests"] == 6
         assert admin(node, "GET", "/admin/budgets").json()["budgets"][0]["key"] == created["id"]
+
+        def cli(*args: str) -> str:
+            done = subprocess.run([sys.executable, "-m", "gateway.cli", *args, "--url", node.url], capture_output=True,
+                                  text=True, timeout=60, env={**os.environ, **node.admin_env})
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        cli("budgets", "set", "tenant", "solo", "7", "--period", "week", "--soft")
+        listed = cli("budgets", "list")
+        assert "tenant solo  $7.00 per week  soft" in listed and f"key {created['id']}" in listed
+        cli("budgets", "remove", "tenant", "solo")
+        assert "tenant solo" not in cli("budgets", "list")
+        table = cli("spend", "--by", "tenant,model")
+        assert table.splitlines()[0].split() == ["tenant", "model", "requests", "input", "output", "cost_usd"]
+        assert f"total: ${answered:.6f}" in table
     finally:
         node.kill()
