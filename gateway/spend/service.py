@@ -17,12 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..auth import ANONYMOUS
 from ..base.options import Option, secs_ms
 from ..observe.metrics import counter, gauge
 from ..ratelimit.algorithms import Mode
 from .budgets import BUDGETS_SETTING, Budget, BudgetSet, crossed
 from .exchange import SpendExchange
-from .ledger import LedgerConfig, SpendLedger
+from .ledger import ROW_CHARS_MAX, LedgerConfig, SpendLedger
 from .prices import FREE, Price
 
 log = logging.getLogger("gateway.spend")
@@ -70,6 +71,8 @@ class Spend:
         self.hit_price = "free"  # a response cache hit's price (gateway/cache): "free" or "cached"
         self._prices: dict[tuple[Any, ...], Price] = {}
         self._prices_of: Any = None  # the routes _prices was made from
+        self._priced = False  # whether they price anything
+        self.tenant_header = b"x-smg-tenant"  # the rate limits' (--tenant-header), for unauthenticated requests
         self.exchange.before_round = self.fold
         self._reconcile_now = trio.Event()
         self.exchange.after_pull = self._reconcile_now.set
@@ -111,6 +114,10 @@ class Spend:
         if routes is not self._prices_of:
             self._prices = {}
             self._prices_of = routes
+            self._priced = routes is not None and (any(t.price is not None for t in routes.targets.values()) or any(
+                r.price is not None for r in routes.routes.values()))
+        if not self._priced:  # no price anywhere: every answer is free
+            return FREE
         key = (model, route, target)
         price = self._prices.get(key)
         if price is None:
@@ -138,16 +145,22 @@ class Spend:
         if prompt + completion <= 0 or (status >= 400 and completion <= 0):
             return None
         model, target = request.model, request.target
-        price = self._price_of(model, request.route, target)
-        if price is FREE:
+        providers = self.providers
+        if not self._priced and (providers is None or providers.routes is self._prices_of):
+            cost = 0.0  # nothing is priced (the usual case without a models config): no lookup
+        elif (price := self._price_of(model, request.route, target)) is FREE:
             cost = 0.0
         elif request.cache_status == b"hit":
             cost = 0.0 if self.hit_price == "free" else (prompt + completion) * price.cached_input_usd_per_mtok / 1e6
         else:
             cost = price.cost_usd(prompt, completion, usage.cached_tokens, usage.reasoning_tokens)
         principal = request.principal
-        key = (principal.key_id, principal.tenant if principal.authenticated else request.header("x-smg-tenant"),
-               model, target)
+        if principal is ANONYMOUS:  # the open data plane: the tenant its header names, as the rate limits take it
+            tenant = request.headers.get(self.tenant_header)
+            tenant = tenant.decode("latin-1")[:ROW_CHARS_MAX] if tenant is not None else None
+        else:
+            tenant = principal.tenant
+        key = (principal.key_id, tenant, model, target)
         sums = self._pending.get(key)
         if sums is None:
             if not self._pending:

@@ -37,6 +37,7 @@ async def _start(context: StartContext) -> Spend:
     spend = Spend(config, budget_set(config), providers=context.need("providers"), cluster=context.need("cluster"),
                   settings=settings, limiter=context.need("rate_limiter"))
     spend.hit_price = context.config.cache.hit_price  # what a response cache hit costs (gateway/cache)
+    spend.tenant_header = context.config.rate_limit.tenant_header.lower().encode("latin-1")
     if settings.data_dir is not None:
         for problem in spend.exchange.keep_on_disk(settings.data_dir, context.config.data_fsync):
             log.warning("spend ledger on disk: %s", problem)
