@@ -125,9 +125,10 @@ class SharedEngineState:
         if not self.embeds:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{config.model_name} is a generation model: it "
                                 "does not embed")
-        if not input_ids or len(input_ids) >= config.max_context_tokens:
+        # A pooling prompt may fill the context: no room is kept for an output token (vLLM embeds it).
+        if not input_ids or len(input_ids) > config.max_context_tokens:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(input_ids)} input tokens: the model takes "
-                                f"1 to {config.max_context_tokens - 1}")
+                                f"1 to {config.max_context_tokens}")
         if config.prefill_s_per_token:
             await asyncio.sleep(config.prefill_s_per_token * len(input_ids))
         self.embedded += 1

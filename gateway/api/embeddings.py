@@ -35,7 +35,7 @@ from ..routing.policies import RoutingRequest
 from ..tokenizer.service import TokenizerService
 from .errors import BadRequest, ContextLengthExceeded, from_engine_error
 from .http import JSON_HEADERS, Request
-from .pipeline import check_vocab, encode_text, ready_model_entry, timeout_error
+from .pipeline import check_prompt_ids, encode_text, ready_model_entry, timeout_error
 from .protocol import UINT32_MAX, field, parse_json_body, positive_int
 from .ratelimits import rate_limited
 from .routed import account_quota, answer_routed, route_of, unsupported
@@ -86,9 +86,9 @@ async def _ids_of(entry: ModelEntry, tokenizer: TokenizerService,
         if isinstance(item, str):
             ids = await encode_text(entry, tokenizer, item, where)
         else:
-            check_vocab(item, tokenizer, where)
+            check_prompt_ids(item, entry, where)
             ids = list(item)
-        if context and len(ids) >= context:
+        if context and len(ids) > context:  # a pooling prompt needs no room for an output token: all of it fits
             raise ContextLengthExceeded(f"This model's maximum context length is {context} tokens, however you "
                                         f"requested {len(ids)} tokens in {where}. Please reduce your input.",
                                         param=where)
@@ -166,7 +166,7 @@ async def _embed_on_pool(state: GatewayState, request: Request, raw: bytes, mode
                          "embedding model; /v1/models lists each model's tasks)", param="model",
                          code="model_not_embedding")
     if dimensions is not None:
-        problem = dimensions_problem(entry.name, entry.matryoshka_dimensions(), dimensions)
+        problem = dimensions_problem(entry.name, entry.matryoshka_dimensions(), dimensions, entry.embedding_size())
         if problem is not None:
             raise BadRequest(problem, param="dimensions", code="unsupported_dimensions")
     answer = EncodedAnswer(state.config.answer_bytes_max, dimensions, encoding_format, len(inputs))

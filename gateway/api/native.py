@@ -8,8 +8,8 @@ from ..serving.generation import GenerationResult, UsageTally
 from ..serving.models import ModelEntry
 from .errors import BadRequest
 from .http import Request, sse_event
-from .pipeline import (admitted, check_vocab, encode_chat, encode_text, plan_generation, ready_model_entry,
-                       run_streamed, run_unary, with_images)
+from .pipeline import (admitted, check_prompt_ids, check_vocab, encode_chat, encode_text, plan_generation,
+                       ready_model_entry, run_streamed, run_unary, with_images)
 from .protocol import parse_chat, parse_generate, parse_json_body, token_ids
 from .ratelimits import counted_tokens
 from .state import GatewayState
@@ -34,7 +34,7 @@ async def generate(state: GatewayState, request: Request) -> None:
         raise BadRequest(f"the model '{entry.name}' is served by HTTP workers only; /generate needs a gRPC engine",
                          code="unsupported_model")
     if gen.input_ids is not None:
-        check_vocab(gen.input_ids, tokenizer)
+        check_prompt_ids(gen.input_ids, entry)
         input_ids = list(gen.input_ids)
     else:
         input_ids = await encode_text(entry, tokenizer, gen.text, "text")

@@ -23,7 +23,7 @@ from ..serving.chat import Call, ChatAnswer, Content, Delta, Reasoning, plain_an
 from .errors import ApiError, BadRequest
 from .http import SSE_DONE, Request, sse_event
 from .logprobs import LogprobShape
-from .pipeline import (admitted, answer_chat, check_vocab, encode_chat, encode_text, logprob_shape, logprob_shapes,
+from .pipeline import (admitted, answer_chat, check_prompt_ids, encode_chat, encode_text, logprob_shape, logprob_shapes,
                        openai_error_event, plan_generation, ready_model_entry, run_streamed_choices, run_unary_choices,
                        with_images)
 from .protocol import parse_chat, parse_completion, parse_json_body
@@ -277,7 +277,7 @@ async def completions(state: GatewayState, request: Request) -> None:
         return
     tokenizer = entry.tokenizer
     if comp.prompt_ids is not None:
-        check_vocab(comp.prompt_ids, tokenizer)
+        check_prompt_ids(comp.prompt_ids, entry)
         input_ids = list(comp.prompt_ids)
         prompt_text = tokenizer.decode(input_ids, skip_special_tokens=False) if comp.echo else ""
     else:

@@ -234,11 +234,23 @@ def check_prompt_chars(entry: ModelEntry, tokenizer: TokenizerService, text: str
             f"more than that many tokens can hold. Please reduce the length of the prompt.", param=param)
 
 
-def check_vocab(ids: "tuple[int, ...] | list[int]", tokenizer: TokenizerService, param: str = "prompt") -> None:
-    bad = next((t for t in ids if t >= tokenizer.vocab_size), None)
+def check_vocab(ids: "tuple[int, ...] | list[int]", tokenizer: TokenizerService, param: str = "prompt",
+                model_vocab_size: int = 0) -> None:
+    """Token ids a client sent: each below the tokenizer's size, or the model's when it is larger."""
+    size = max(tokenizer.vocab_size, model_vocab_size)
+    bad = next((t for t in ids if t >= size), None)
     if bad is not None:
-        raise BadRequest(f"token id {bad} is outside the vocabulary (size {tokenizer.vocab_size})", param=param,
+        raise BadRequest(f"token id {bad} is outside the vocabulary (size {size})", param=param,
                          code="invalid_token_id")
+
+
+def check_prompt_ids(ids: "tuple[int, ...] | list[int]", entry: ModelEntry, param: str = "prompt") -> None:
+    """A prompt given as token ids, checked as vLLM's server checks it: out of vocabulary only past both the
+    tokenizer's ids and the model's embedding rows (GetModelInfo's vocab_size). Qwen models have rows past their
+    tokenizer's last id, some vision models placeholder ids past their rows: the engine takes any id below
+    either, so refusing one that vLLM's own server takes would be a wrong answer."""
+    assert entry.tokenizer is not None
+    check_vocab(ids, entry.tokenizer, param, entry.model_vocab_size)
 
 
 # -- the plan -----------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ class GrpcEngineClient:
         self.architectures: tuple[str, ...] = ()  # the model's, as GetModelInfo last said (parser choice)
         self.is_generation = True  # GetModelInfo's: False for an embedding (pooling) model
         self.supports_vision = False
+        self.vocab_size = 0  # GetModelInfo's: the model's embedding rows (a tokenizer may hold fewer or more ids)
         self.media_facts = MediaFacts()  # GetServerInfo's, for a vision model: how it takes images
 
     @property
@@ -86,8 +87,8 @@ class GrpcEngineClient:
         pb = self.runtime.pb
         info = self.runtime.model_info(
             await self._unary("GetModelInfo", pb.GetModelInfoRequest(), pb.GetModelInfoResponse, timeout_s))
-        self.architectures, self.is_generation, self.supports_vision = \
-            info.architectures, info.is_generation, info.supports_vision
+        self.architectures, self.is_generation, self.supports_vision, self.vocab_size = \
+            info.architectures, info.is_generation, info.supports_vision, info.vocab_size
         if self.supports_vision:
             self.media_facts = await self._media_facts(timeout_s)
         return info

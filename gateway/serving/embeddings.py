@@ -129,11 +129,17 @@ class EncodedAnswer:
         return out, self.size + len(rest)
 
 
-def dimensions_problem(model: str, sizes: "tuple[int, ...] | None", dimensions: int) -> str | None:
-    """Why ``dimensions`` cannot be asked of a model with these matryoshka ``sizes`` (None: it can)."""
+def dimensions_problem(model: str, sizes: "tuple[int, ...] | None", dimensions: int,
+                       embedding_size: int | None = None) -> str | None:
+    """Why ``dimensions`` cannot be asked of a model with these matryoshka ``sizes`` whose vectors have
+    ``embedding_size`` values (None: it can). vLLM's checks, in its order (PoolingParams): a matryoshka model, a
+    size from 1 to the model's, one of its listed sizes."""
     if sizes is None:
         return (f"the model '{model}' does not support 'dimensions' (it is not a matryoshka model: changing the "
                 "output dimensions would give poor embeddings)")
+    if embedding_size is not None and not 1 <= dimensions <= embedding_size:
+        return (f"the model '{model}' only supports dimensions in range [1, {embedding_size}], got {dimensions}: "
+                "a vector cannot be cut longer than it is")
     if sizes and dimensions not in sizes:
         return f"the model '{model}' supports only these dimensions: {', '.join(map(str, sizes))}"
     return None

@@ -54,6 +54,8 @@ class ModelEntry:
     normalize_images: bool = False
     images_max: int | None = None
     image_tokens_max: int | None = None
+    # The model's vocabulary as its engine says (GetModelInfo's vocab_size: its embedding rows); 0 when unsaid.
+    model_vocab_size: int = 0
 
     @property
     def tasks(self) -> list[str]:
@@ -159,6 +161,9 @@ class ModelCatalog:
                          reasoning or "none")
             if worker.max_context_tokens and not entry.max_context_tokens:
                 entry.max_context_tokens = worker.max_context_tokens
+            vocab = getattr(worker.client, "vocab_size", 0)
+            if isinstance(vocab, int) and vocab > entry.model_vocab_size:
+                entry.model_vocab_size = vocab
             facts = getattr(worker.client, "media_facts", None)
             if facts is not None and getattr(worker.client, "supports_vision", False):
                 _take_media_facts(entry, facts)

@@ -127,6 +127,8 @@ def test_dimensions_cut_a_matryoshka_models_vectors_and_are_refused_otherwise(cl
     ({"input": ["x"] * 7}, "input"),  # --max-embedding-inputs 6
     ({"input": ["word " * 40] * 5}, "input"),  # 5 x 41 tokens > --max-embedding-tokens 200
     ({"input": ["short", "word " * 80]}, "input[1]"),  # longer than the 64-token context
+    ({"input": [[5] * 64]}, None),  # exactly the context: a pooling prompt needs no room for an output token
+    ({"input": [[5] * 65]}, "input[0]"),
     ({"input": [[999_999_999]]}, "input[0]"),  # outside the vocabulary
     ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
     ({"input": "x", "dimensions": 0}, "dimensions"),

@@ -82,3 +82,17 @@ def test_the_model_list_says_it_embeds_and_long_inputs_are_refused(embedders):
     assert "context" in refused.value.message
     with pytest.raises(openai.BadRequestError):  # a chat on an embedding model
         ours.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+
+
+def test_an_input_of_exactly_the_context_is_embedded_and_sizes_past_the_vector_are_refused_as_vllm_does(embedders):
+    ours, theirs, model = embedders
+    context = ours.get("/models", cast_to=object)["data"][0]["max_model_len"]
+    full = [[7] * context]
+    mine, reference = (client.embeddings.create(model=model, input=full) for client in (ours, theirs))
+    assert _cosine(mine.data[0].embedding, reference.data[0].embedding) > 0.9999
+    assert mine.usage.prompt_tokens == reference.usage.prompt_tokens == context
+    for client in (ours, theirs):  # one token past it: both refuse
+        with pytest.raises(openai.BadRequestError):
+            client.embeddings.create(model=model, input=[[7] * (context + 1)])
+        with pytest.raises(openai.BadRequestError):  # longer than the model's vectors: both refuse (not cut short)
+            client.embeddings.create(model=model, input="x", dimensions=100_000)

@@ -125,3 +125,36 @@ def test_responses_input_image_and_messages_image_blocks(vision):
     message = claude.messages.create(model=model, max_tokens=12, extra_body={"temperature": 0},
                                      messages=[{"role": "user", "content": blocks}])
     assert "".join(block.text for block in message.content if block.type == "text") == reference
+
+
+def _turned(exif_orientation: int) -> str:
+    """The photo-like JPEG stored sideways with an EXIF orientation (a phone's photo): seen upright once turned."""
+    x, y = np.meshgrid(np.linspace(0, 1, 480), np.linspace(0, 1, 320))
+    pixels = np.stack([x * 255, y * 255, (1 - x * y) * 255], axis=-1).astype(np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = exif_orientation
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=90, exif=exif.tobytes())
+    return _uri(out.getvalue(), "image/jpeg")
+
+
+def _transparent() -> str:
+    """A grey-and-alpha PNG, half of it transparent black: vLLM composites it over white (not RGBA only)."""
+    pixels = np.zeros((200, 300, 2), dtype=np.uint8)
+    pixels[:, :150, 0], pixels[:, :150, 1] = 90, 255  # the left half grey and opaque, the right transparent black
+    out = io.BytesIO()
+    Image.fromarray(pixels, "LA").save(out, "PNG")
+    return _uri(out.getvalue())
+
+
+def test_a_turned_photo_and_a_transparent_image_reach_the_model_as_on_vllms_own_server(vision):
+    ours, theirs, model, _ = vision
+    seen = {}
+    for name, uri in (("upright", _turned(1)), ("turned", _turned(6)), ("transparent", _transparent())):
+        mine = _first_logprobs(_chat(ours, model, [uri], logprobs=True, top_logprobs=5))
+        reference = _first_logprobs(_chat(theirs, model, [uri], logprobs=True, top_logprobs=5))
+        shared = mine.keys() & reference.keys()
+        assert len(shared) >= 4, (name, mine, reference)
+        assert max(abs(mine[t] - reference[t]) for t in shared) < 0.05, (name, mine, reference)
+        seen[name] = mine
+    assert seen["upright"] != seen["turned"], "the EXIF turn did not reach the model"

@@ -34,6 +34,9 @@ def test_dimensions_only_for_matryoshka_models_and_their_sizes():
     assert dimensions_problem("m", (), 17) is None  # is_matryoshka: any size
     assert dimensions_problem("m", (64, 128), 128) is None
     assert "64, 128" in dimensions_problem("m", (64, 128), 100)
+    # Longer than the model's vectors: refused as vLLM refuses it (a 200 with a shorter vector before).
+    assert "[1, 384]" in dimensions_problem("m", (), 1024, embedding_size=384)
+    assert dimensions_problem("m", (), 384, embedding_size=384) is None
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -87,3 +90,25 @@ def test_an_answer_past_its_bound_is_refused_before_and_while_it_arrives():
         for index in range(1, 8):
             answer.keep(index, [0.1] * 64)
     assert answer.size > 1000
+
+
+def test_prompt_ids_are_out_of_vocabulary_only_past_the_tokenizer_and_the_models_rows():
+    """vLLM's server's rule (renderers/base.py validate_token_ids): an id is refused only past both the tokenizer's
+    last id and the model's embedding rows, which differ both ways (Qwen's rows past its tokenizer, some vision
+    models' placeholders past their rows)."""
+    import types
+
+    from gateway.api.pipeline import check_prompt_ids
+    from gateway.serving.models import ModelEntry
+
+    tokenizer = types.SimpleNamespace(vocab_size=100)
+    entry = ModelEntry("m", tokenizer, 64, 0)
+    check_prompt_ids([0, 99], entry)
+    with pytest.raises(BadRequest, match="token id 100"):
+        check_prompt_ids([100], entry)
+    entry.model_vocab_size = 128  # the engine's GetModelInfo: 128 rows
+    check_prompt_ids([100, 127], entry)
+    with pytest.raises(BadRequest, match="size 128"):
+        check_prompt_ids([128], entry)
+    entry.model_vocab_size = 50  # fewer rows than the tokenizer's ids: the tokenizer's bound holds
+    check_prompt_ids([99], entry)

@@ -125,6 +125,48 @@ def test_decoding_converts_as_vllm_does():
         assert decode_image(encoded(Image.new("RGB", (8, 8), (200, 0, 0)), fmt), 100).mode == "RGB"
 
 
+def test_an_image_is_turned_as_its_exif_orientation_says_before_anything_else():
+    # 3 wide, 2 high as stored, red at its top-left; orientation 6 (a phone held upright): seen turned 90 degrees
+    # clockwise, 2 wide and 3 high, the red corner at the top-right.
+    stored = Image.new("RGB", (3, 2), (0, 0, 255))
+    stored.putpixel((0, 0), (255, 0, 0))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    seen = decode_image(encoded(stored, "PNG", exif=exif), 100)
+    assert seen.size == (2, 3)
+    assert seen.getpixel((1, 0)) == (255, 0, 0) and seen.getpixel((0, 0)) == (0, 0, 255)
+    exif[0x0112] = 3  # upside down
+    flipped = decode_image(encoded(stored, "PNG", exif=exif), 100)
+    assert flipped.size == (3, 2) and flipped.getpixel((2, 1)) == (255, 0, 0)
+    # A JPEG (where phones write it): the same turn, within the codec's loss.
+    big = stored.resize((48, 32), Image.NEAREST)
+    assert decode_image(encoded(big, "JPEG", exif=exif.tobytes(), quality=95), 10_000).size == (48, 32)
+    exif[0x0112] = 8
+    assert decode_image(encoded(big, "JPEG", exif=exif.tobytes(), quality=95), 10_000).size == (32, 48)
+
+
+@pytest.mark.parametrize("mode", ["LA", "P", "L", "RGB", "GIF"])  # PA: no file format stores it
+def test_every_image_that_carries_transparency_is_composited_over_white(mode):
+    """vLLM composites any image with transparency (convert_image_mode), not only RGBA: ``convert("RGB")`` would
+    keep the transparent pixels' hidden colour (black here) where vLLM's engine sees white. An RGB image is the
+    exception, as in vLLM."""
+    if mode == "LA":
+        image, fmt, options = Image.new("LA", (4, 4), (0, 0)), "PNG", {}  # black, fully transparent
+    elif mode in ("P", "GIF"):
+        image = Image.new("P", (4, 4), 1)
+        image.putpalette([255, 0, 0] + [0, 0, 0] * 255)  # index 1: black, transparent below
+        image, fmt, options = image, "PNG" if mode == "P" else "GIF", {"transparency": 1}
+    elif mode == "L":
+        image, fmt, options = Image.new("L", (4, 4), 0), "PNG", {"transparency": 0}
+    else:
+        image, fmt, options = Image.new("RGB", (4, 4), (0, 0, 0)), "PNG", {"transparency": (0, 0, 0)}
+    decoded = decode_image(encoded(image, fmt, **options), 100)
+    # An RGB image is taken as it is, its transparent colour too: vLLM's loader returns an image already in the
+    # mode it wants before it looks for transparency (ImageMediaIO._convert_image_mode).
+    expected = (0, 0, 0) if mode == "RGB" else (255, 255, 255)
+    assert decoded.mode == "RGB" and decoded.getpixel((2, 2)) == expected, mode
+
+
 def png_claiming(width: int, height: int) -> bytes:
     """A PNG whose header says width x height, and no pixel data at all: what a bomb looks like before it is
     decompressed."""
