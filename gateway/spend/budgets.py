@@ -23,6 +23,7 @@ from __future__ import annotations
 import calendar
 import dataclasses
 import datetime
+import functools
 import math
 import time
 from typing import Any
@@ -50,9 +51,14 @@ class Period:
     starts_s: float
     ends_s: float  # when the budget is whole again (a rolling window: never at once)
 
-    def days(self) -> list[str]:
+    def days(self) -> "tuple[str, ...]":
         """The UTC days the period holds (the spend ledger's rows are by day)."""
-        return [time.strftime("%Y-%m-%d", time.gmtime(t)) for t in range(int(self.starts_s), int(self.ends_s), 86_400)]
+        return _days(int(self.starts_s), int(self.ends_s))
+
+
+@functools.lru_cache(maxsize=64)  # a few periods are current at once; each budget's owner asks every 5 s
+def _days(starts_s: int, ends_s: int) -> "tuple[str, ...]":
+    return tuple(time.strftime("%Y-%m-%d", time.gmtime(t)) for t in range(starts_s, ends_s, 86_400))
 
 
 def period_of(kind: str, now_s: float) -> Period:

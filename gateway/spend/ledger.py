@@ -186,7 +186,7 @@ class SpendLedger:
             index = ("tenant", tenant, day)
             spent[index] = spent.get(index, 0.0) + cost_usd
 
-    def spent(self, scope: str, name: str, days: "list[str]") -> float:
+    def spent(self, scope: str, name: str, days: "Iterable[str]") -> float:
         """Dollars the ledger holds for a key's id or a tenant over these days, every node's requests."""
         return sum(self._spent.get((scope, name, day), 0.0) for day in days)
 
