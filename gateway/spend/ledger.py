@@ -202,18 +202,10 @@ class SpendLedger:
         self.rows -= dropped
         return dropped
 
-    def totals(self) -> Iterator[tuple[Row, list[float]]]:
-        """Every row summed over the origins that counted it."""
-        summed: dict[Row, list[float]] = {}
+    def rows_of_every_origin(self) -> Iterator[tuple[Row, list[float]]]:
+        """Every origin's rows (a row counted by two nodes comes twice: their sum is the cluster's)."""
         for table in self.origins.values():
-            for row, values in table.items():
-                known = summed.get(row)
-                if known is None:
-                    summed[row] = list(values)
-                else:
-                    for i, v in enumerate(values):
-                        known[i] += v
-        return iter(summed.items())
+            yield from table.items()
 
 
 def _days_before(today: str, days: int) -> str:
@@ -241,7 +233,7 @@ def report(ledger: SpendLedger, group_by: "tuple[str, ...]" = ("key",), since: s
         raise ReportError(f"filters: {', '.join(bad)} is not one of {', '.join(ROW_FIELDS[1:])}")
     index = {name: i for i, name in enumerate(ROW_FIELDS)}
     sums: dict[tuple[str, ...], list[float]] = {}
-    for row, values in ledger.totals():
+    for row, values in ledger.rows_of_every_origin():  # summed once, into the groups
         day = row[0]
         if (since is not None and day < since) or (until is not None and day > until):
             continue

@@ -127,8 +127,19 @@ class Spend:
         return price
 
     def cost_of(self, request: Any) -> float:
-        usage = request.usage
+        """What the request's usage cost: its target's price (a response cache hit's: ``hit_price``). The one rule
+        for the ledger and for x-smg-cost."""
+        providers = self.providers
+        if not self._priced and (providers is None or providers.routes is self._prices_of):
+            return 0.0  # nothing is priced (the usual case without a models config): no lookup
         price = self._price_of(request.model, request.route, request.target)
+        if price is FREE:
+            return 0.0
+        usage = request.usage
+        if request.cache_status == b"hit":
+            if self.hit_price == "free":
+                return 0.0
+            return (usage.prompt_tokens + usage.completion_tokens) * price.cached_input_usd_per_mtok / 1e6
         return price.cost_usd(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
                               usage.reasoning_tokens)
 
@@ -145,15 +156,7 @@ class Spend:
         if prompt + completion <= 0 or (status >= 400 and completion <= 0):
             return None
         model, target = request.model, request.target
-        providers = self.providers
-        if not self._priced and (providers is None or providers.routes is self._prices_of):
-            cost = 0.0  # nothing is priced (the usual case without a models config): no lookup
-        elif (price := self._price_of(model, request.route, target)) is FREE:
-            cost = 0.0
-        elif request.cache_status == b"hit":
-            cost = 0.0 if self.hit_price == "free" else (prompt + completion) * price.cached_input_usd_per_mtok / 1e6
-        else:
-            cost = price.cost_usd(prompt, completion, usage.cached_tokens, usage.reasoning_tokens)
+        cost = self.cost_of(request)
         principal = request.principal
         if principal is ANONYMOUS:  # the open data plane: the tenant its header names, as the rate limits take it
             tenant = request.headers.get(self.tenant_header)

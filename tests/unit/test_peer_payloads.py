@@ -339,3 +339,57 @@ async def test_a_whole_node_survives_the_issue_33_frame_through_its_cluster_stat
     cluster.register("w1", {"url": "grpc://10.0.0.1:1", "model": "m"})  # the write that ended every node
     assert cluster.doc.epoch == 1 and set(cluster.doc.workers()) == {"w1"}
     await trio.lowlevel.checkpoint()
+
+
+# -- the spend ledger's rows and the response cache's answers ------------------------------------------------
+
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_spend_ledger_frames(seed):
+    from gateway.base import packing
+    from gateway.spend.exchange import METHOD_PULL, METHOD_PUSH, SpendExchange
+    from gateway.spend.ledger import VALUE_FIELDS, SpendLedger, report
+
+    rng = random.Random(seed)
+    ledger = SpendLedger("me")
+    exchange = SpendExchange(ledger, None, clock=lambda: NOW_S)
+    row = ["2026-09-20", "key:a", "t", "m", "pool:m", 1, 10, 0, 5, 0, 0.5]
+    for case in range(CASES):
+        where = _where(seed, case)
+        if rng.random() < 0.5:
+            payload = METHOD_PUSH + packing.pack(mutate(rng, ["peer", [row, row]]))
+        else:
+            payload = METHOD_PULL + packing.pack(mutate(rng, 0))
+        if rng.random() < 0.2:
+            payload = mutate_bytes(rng, payload)
+        await exchange.on_peer_request(payload)  # never raises: a refusal is an empty answer, counted
+        for origin, table in ledger.origins.items():
+            assert isinstance(origin, str) and 0 < len(origin) <= 256, where
+            for values in table.values():
+                assert len(values) == len(VALUE_FIELDS), where
+                assert all(math.isfinite(v) and 0 <= v <= 1e18 for v in values), where
+        report(ledger, ("day", "key", "tenant", "model", "target"))  # still reads
+        ledger.add(NOW_S, "key:b", None, "m", "pool:m", 1, 1, 0, 1, 0, 0.1)  # still counts
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_response_cache_frames(seed):
+    from gateway.base import packing
+    from gateway.cache import CacheConfig, Entry, ResponseCache
+
+    rng = random.Random(seed)
+    cache = ResponseCache(CacheConfig(enabled=True), clock=lambda: NOW_S)
+    put = ["k", "tenant:a", b"application/json", b"{}", False, [10, 5, 0, 0], 60.0]
+    for case in range(CASES):
+        where = _where(seed, case)
+        payload = (b"P" + packing.pack(mutate(rng, put)) if rng.random() < 0.6
+                   else b"G" + packing.pack(mutate(rng, ["k", "tenant:a"])))
+        if rng.random() < 0.2:
+            payload = mutate_bytes(rng, payload)
+        await cache.on_peer_request(payload)  # never raises
+        store = cache.store
+        assert 0 <= store.bytes <= cache.config.bytes_max, where
+        for key in list(store._entries):
+            entry = store._entries[key]
+            assert isinstance(entry.body, bytes) and math.isfinite(entry.expires_at_s), where
+            assert entry.expires_at_s <= NOW_S + cache.config.ttl_s, where
+        assert cache.store.put("ok", Entry("tenant:b", b"t", b"x", False, (1, 1, 0, 0), NOW_S + 1), NOW_S), where
