@@ -115,15 +115,15 @@ class Disaggregation:
             await context.abort(grpc.StatusCode.ABORTED, str(e))
         return dataclasses.replace(params, prefilled=True)
 
-    # SGLang's request fields.
-    async def sglang_key(self, request, context) -> "tuple[str, str, int] | None":
-        """(room key, bootstrap host, port) of a prefill or decode engine's request; None on a regular engine."""
+    # SGLang's request fields (``disaggregated_params``), TokenSpeed's (``kv_bootstrap_info``).
+    async def room_key(self, request, field: str, context) -> "tuple[str, str, int] | None":
+        """(room key, bootstrap host, port) of a prefill or decode engine's request, from its ``field``; None on a
+        regular engine."""
         if self.role == "regular":
             return None
-        if not request.HasField("disaggregated_params"):
-            await context.abort(*self._missing("disaggregated_params (bootstrap_host, bootstrap_port, "
-                                               "bootstrap_room)"))
-        dp = request.disaggregated_params
+        if not request.HasField(field):
+            await context.abort(*self._missing(f"{field} (bootstrap_host, bootstrap_port, bootstrap_room)"))
+        dp = getattr(request, field)
         return f"room-{dp.bootstrap_room}", dp.bootstrap_host, dp.bootstrap_port
 
     # vLLM's request fields.

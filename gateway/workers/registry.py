@@ -212,6 +212,10 @@ class WorkerRegistry:
         if not models:
             raise WorkerUrlInvalid(f"worker {url} serves no model")
         pairing = PairingInfo()
+        if role != REGULAR and client.handover is None:
+            await client.aclose()
+            raise WorkerUrlInvalid(f"worker {url} cannot be registered as {role}: a {client.runtime_name} engine has "
+                                   "no prefill/decode legs")
         if role != REGULAR:
             try:
                 pairing = await client.pairing_info(self.health_config.timeout_s)

@@ -26,7 +26,7 @@ from chaos.processes import EngineProcess, NodeProcess
 from tests.support.nodes import MODEL, prompt_ids
 from tests.support.waiting import eventually
 
-RUNTIMES = ("sglang", "vllm")
+RUNTIMES = ("sglang", "vllm", "tokenspeed")  # the kinds with prefill/decode legs
 HANDOVER = ["--handover-timeout-s", "3"]
 ENGINE = ["--itl-base-s", "0.002", "--itl-per-running-s", "0", "--prefill-s-per-token", "0.000001"]
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 import pathlib
 import re
 
+from smg_grpc_proto.generated import mlx_engine_pb2 as ml
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sg
+from smg_grpc_proto.generated import tokenspeed_scheduler_pb2 as ts
+from smg_grpc_proto.generated import trtllm_service_pb2 as tr
 from smg_grpc_proto.generated import vllm_engine_pb2 as vl
 
 from gateway.engine.grpc_engine import Handover, SamplingOptions
@@ -18,13 +21,17 @@ SAMPLING = SamplingOptions(max_new_tokens=4)
 
 
 def test_each_kind_speaks_its_own_service():
-    assert list(ENGINE_RUNTIMES) == ["sglang", "vllm"]  # detection's order
-    for name, pb, handover in (("sglang", sg, BOOTSTRAP_ROOM), ("vllm", vl, KV_TRANSFER_PARAMS)):
+    assert list(ENGINE_RUNTIMES) == ["sglang", "vllm", "trtllm", "mlx", "tokenspeed"]  # detection's order
+    for name, pb, handover in (("sglang", sg, BOOTSTRAP_ROOM), ("vllm", vl, KV_TRANSFER_PARAMS), ("trtllm", tr, None),
+                               ("mlx", ml, None), ("tokenspeed", ts, BOOTSTRAP_ROOM)):
         runtime = ENGINE_RUNTIMES[name]
         assert runtime.pb is pb and runtime.handover == handover
+        # The service's name as its proto declares it: a call to another kind's path is UNIMPLEMENTED.
+        assert [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()] == [runtime.service]
         assert isinstance(runtime.generate_request("r", [1, 2], SAMPLING, True), pb.GenerateRequest)
         assert isinstance(runtime.abort_request("r"), pb.AbortRequest)
-        assert isinstance(runtime.embed_request("r", [1]), pb.EmbedRequest)
+        if "EmbedRequest" in pb.DESCRIPTOR.message_types_by_name:
+            assert isinstance(runtime.embed_request("r", [1]), pb.EmbedRequest)
         assert runtime.method("Generate") == f"/{runtime.service}/Generate"
 
 

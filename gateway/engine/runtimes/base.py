@@ -6,9 +6,10 @@ An ``EngineRuntime`` holds, for one gRPC service of smg-grpc-proto, both directi
                 ``embed_request``, and the method path of each call (``method``)
     answers     ``events`` (a batch of Generate answers as ``GenerateEvent``s; ``events_full`` with logprobs and every
                 answer's index), ``prefill_answer`` (what a prefill leg hands the decode), ``model_info``, ``loads``
-    facts       ``media_facts`` and ``pairing`` (what its GetServerInfo says about images and disaggregation), and
+    facts       ``media_facts`` and ``pairing`` (what its GetServerInfo says about images and disaggregation),
                 ``handover``: how its prefill/decode legs meet (``BOOTSTRAP_ROOM``: both at once, one room;
-                ``KV_TRANSFER_PARAMS``: prefill first, its parameters to the decode)
+                ``KV_TRANSFER_PARAMS``: prefill first, its parameters to the decode; None: it has no such legs), and
+                ``support``: what it can be asked (``EngineSupport``: its proto, refined by its GetModelInfo)
 
 Each kind is one module in this package, registered in ``ENGINE_RUNTIMES`` (the order is detection's: the first
 whose GetModelInfo answers is the engine's kind). Nothing outside this package compares a runtime's name: it asks
@@ -19,12 +20,13 @@ the runtime. The answer readers here serve every kind whose Generate answers hav
 from __future__ import annotations
 
 import abc
+import re
 from typing import Any
 
 from ...base.registry import Registry
 from ..media_facts import MediaFacts
-from ..messages import (EngineLoad, GenerateEvent, Handover, ModelInfo, PrefillAnswer, SamplingOptions,
-                        TokenLogprob)
+from ..messages import (FULL_SUPPORT, Constraint, EngineLoad, EngineSupport, GenerateEvent, Handover, ModelInfo, PrefillAnswer,
+                        SamplingOptions, TokenLogprob)
 from ..pairing_info import PairingInfo
 
 BOOTSTRAP_ROOM = "bootstrap_room"  # SGLang: both legs at once, meeting in a room at the prefill's bootstrap port
@@ -37,10 +39,19 @@ class EngineRuntime(abc.ABC):
     name: str  # as the worker's "runtime" and metrics' labels show it
     service: str  # the gRPC service's full name
     pb: Any  # its generated messages
-    handover: str  # BOOTSTRAP_ROOM or KV_TRANSFER_PARAMS
+    handover: str | None  # BOOTSTRAP_ROOM, KV_TRANSFER_PARAMS or None (no prefill/decode legs)
 
     def method(self, name: str) -> str:
         return f"/{self.service}/{name}"
+
+    def support(self, model_info: Any) -> EngineSupport:
+        """What an engine of this kind can be asked, from its GetModelInfo answer (everything, by default)."""
+        return FULL_SUPPORT
+
+    def bind(self, eos_token_ids: "frozenset[int]", vocab_size: int) -> "EngineRuntime":
+        """This kind for one engine whose model's end-of-sequence ids (its tokenizer's and generation config's) and
+        vocabulary are known: a kind whose requests must carry them answers a copy holding them; itself otherwise."""
+        return self
 
     # -- requests ---------------------------------------------------------------------------------------------
 
@@ -61,10 +72,17 @@ class EngineRuntime(abc.ABC):
 
     def model_info(self, r: Any) -> ModelInfo:
         """A GetModelInfoResponse in the gateway's words."""
+        # MLX's says nothing of vision, TokenSpeed's nothing of pooling: a field a kind lacks is its default.
         return ModelInfo(model_path=r.model_path, served_model_name=r.served_model_name or r.model_path,
                          max_context_tokens=int(r.max_context_length), vocab_size=int(r.vocab_size),
-                         eos_token_ids=tuple(r.eos_token_ids), is_generation=bool(r.is_generation),
-                         supports_vision=bool(r.supports_vision), architectures=tuple(r.architectures))
+                         eos_token_ids=tuple(r.eos_token_ids), is_generation=bool(getattr(r, "is_generation", True)),
+                         supports_vision=bool(getattr(r, "supports_vision", False)),
+                         architectures=tuple(r.architectures))
+
+    @staticmethod
+    def healthy(r: Any) -> bool:
+        """A HealthCheckResponse's verdict."""
+        return bool(r.healthy)
 
     def loads(self, r: Any) -> EngineLoad:
         """A GetLoadsResponse, summed over its data-parallel ranks."""
@@ -88,10 +106,9 @@ class EngineRuntime(abc.ABC):
                 c = message.complete
                 if c.index != 0:
                     continue
-                matched = c.matched_token_id if c.WhichOneof("matched_stop") == "matched_token_id" else None
                 events.append(GenerateEvent(
                     () if stream else c.output_ids[:], c.prompt_tokens, c.completion_tokens,
-                    c.cached_tokens, finish_reason=c.finish_reason or "stop", matched_token_id=matched))
+                    c.cached_tokens, finish_reason=c.finish_reason or "stop", matched_token_id=self.matched(c)))
         return events
 
     def events_full(self, batch: "list[Any]", stream: bool, logprobs: bool, all_indexes: bool) -> list[GenerateEvent]:
@@ -103,20 +120,29 @@ class EngineRuntime(abc.ABC):
             c = message.chunk if kind == "chunk" else message.complete
             if c.index != 0 and not all_indexes:
                 continue
-            prompt = _prompt_logprobs(c.input_logprobs) if logprobs and c.HasField("input_logprobs") else None
+            prompt = self.prompt_logprobs(c) if logprobs else None
             if kind == "chunk":
                 events.append(GenerateEvent(
                     c.token_ids[:], c.prompt_tokens, c.completion_tokens, c.cached_tokens,
                     logprobs=_output_logprobs(c.output_logprobs) if logprobs else None, prompt_logprobs=prompt,
                     index=c.index))
             elif kind == "complete":
-                matched = c.matched_token_id if c.WhichOneof("matched_stop") == "matched_token_id" else None
                 events.append(GenerateEvent(
                     () if stream else c.output_ids[:], c.prompt_tokens, c.completion_tokens, c.cached_tokens,
-                    finish_reason=c.finish_reason or "stop", matched_token_id=matched,
+                    finish_reason=c.finish_reason or "stop", matched_token_id=self.matched(c),
                     logprobs=(() if stream else _output_logprobs(c.output_logprobs)) if logprobs else None,
                     prompt_logprobs=prompt, index=c.index))
         return events
+
+    @staticmethod
+    def matched(complete: Any) -> int | None:
+        """The stop token a complete answer ended on, if it names one (once per answer)."""
+        return complete.matched_token_id if complete.WhichOneof("matched_stop") == "matched_token_id" else None
+
+    @staticmethod
+    def prompt_logprobs(message: Any) -> "tuple[TokenLogprob, ...] | None":
+        """The prompt's log probabilities a chunk or complete carries (``input_logprobs``), if any."""
+        return _prompt_logprobs(message.input_logprobs) if message.HasField("input_logprobs") else None
 
     @staticmethod
     def is_last(message: Any) -> bool:
@@ -164,6 +190,42 @@ def _prompt_logprobs(lp: Any) -> "tuple[TokenLogprob, ...] | None":
     return tuple(out)
 
 
+JSON_OBJECT_SCHEMA = '{"type": "object"}'  # any JSON object, for kinds without a json_object constraint
+
+
+def choice_regex(choices: "tuple[str, ...]") -> str:
+    """A choice among strings as the regex of its alternatives, for kinds without a choice constraint (as SGLang's
+    own OpenAI server does)."""
+    return "(" + "|".join(re.escape(c) for c in choices) + ")"
+
+
+# SGLang's field per constraint kind, which TokenSpeed's messages share (no json_object nor choice of their own).
+SGLANG_CONSTRAINT_FIELDS = {"json_schema": "json_schema", "json_object": "json_schema", "regex": "regex",
+                            "grammar": "ebnf_grammar", "structural_tag": "structural_tag", "choice": "regex"}
+
+
+def set_sglang_constraint(sp: Any, constraint: Constraint) -> None:
+    """A constraint into SGLang-style sampling params: a JSON object as its schema, a choice as a regex."""
+    kind, spec = constraint.kind, constraint.spec
+    field = SGLANG_CONSTRAINT_FIELDS[kind]
+    if kind == "choice":
+        setattr(sp, field, choice_regex(spec))  # type: ignore[arg-type]
+    elif kind == "json_object":
+        setattr(sp, field, JSON_OBJECT_SCHEMA)
+    else:
+        setattr(sp, field, spec)
+
+
+def pairing_of_server_args(server_info: Any) -> PairingInfo:
+    """Disaggregation as SGLang-style servers say it: their server arguments as a Struct, where
+    disaggregation_mode is prefill, decode or "null"."""
+    args = dict(server_info.server_args.items()) if server_info.HasField("server_args") else {}
+    mode = str(args.get("disaggregation_mode") or "")
+    return PairingInfo(protocol=str(args.get("pairing_protocol") or ""),
+                       mode="regular" if mode == "null" else mode if mode in ("prefill", "decode") else "",
+                       kv_connector=str(args.get("disaggregation_transfer_backend") or ""))
+
+
 def set_unless_default(sp: Any, sampling: SamplingOptions, min_tokens_field: str) -> None:
     """The sampling fields SGLang's and vLLM's messages name alike, set on ``sp`` only when not at proto3's default
     (which is never sent): most requests set none of them. ``min_tokens_field``: the runtime's name for
@@ -180,6 +242,20 @@ def set_unless_default(sp: Any, sampling: SamplingOptions, min_tokens_field: str
         sp.ignore_eos = True
     if sampling.min_new_tokens:
         setattr(sp, min_tokens_field, sampling.min_new_tokens)
+
+
+def set_given(sp: Any, sampling: SamplingOptions) -> None:
+    """The sampling scalars whose absence means "the engine's default" (the model's generation config), on ``sp``
+    whose fields have presence (TensorRT-LLM's, TokenSpeed's): each only when the request set it; a top_k of 0 or
+    less is no top-k, left unset."""
+    if sampling.temperature is not None:
+        sp.temperature = sampling.temperature
+    if sampling.top_p is not None:
+        sp.top_p = sampling.top_p
+    if sampling.top_k is not None and sampling.top_k > 0:
+        sp.top_k = sampling.top_k
+    if sampling.repetition_penalty is not None:
+        sp.repetition_penalty = sampling.repetition_penalty
 
 
 def tensor(td: Any, array: Any, inline: bool) -> None:

@@ -10,18 +10,17 @@ nothing said about images (its engines take normalized floats, with no bound sai
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sg
 
-from ..messages import Constraint, Handover, SamplingOptions
+from ..messages import Handover, SamplingOptions
 from ..pairing_info import PairingInfo
-from .base import ENGINE_RUNTIMES, BOOTSTRAP_ROOM, EngineRuntime, set_unless_default, tensor
+from .base import (ENGINE_RUNTIMES, BOOTSTRAP_ROOM, SGLANG_CONSTRAINT_FIELDS, EngineRuntime, pairing_of_server_args,
+                   set_sglang_constraint, set_unless_default, tensor)
 
 # Its field per constraint kind (see the module's docstring for the two it lacks).
-CONSTRAINT_FIELDS = {"json_schema": "json_schema", "json_object": "json_schema", "regex": "regex",
-                     "grammar": "ebnf_grammar", "structural_tag": "structural_tag", "choice": "regex"}
+CONSTRAINT_FIELDS = SGLANG_CONSTRAINT_FIELDS
 
 
 class SglangRuntime(EngineRuntime):
@@ -49,7 +48,7 @@ class SglangRuntime(EngineRuntime):
         if sampling.seed is not None:
             sp.custom_params.update({"seed": sampling.seed})
         if sampling.constraint is not None:
-            _set_constraint(sp, sampling.constraint)
+            set_sglang_constraint(sp, sampling.constraint)
         if sampling.logit_bias:
             for token_id, bias in sampling.logit_bias:
                 sp.logit_bias[str(token_id)] = bias  # its map is keyed by the id as text
@@ -71,27 +70,11 @@ class SglangRuntime(EngineRuntime):
         return sg.AbortRequest(request_id=request_id, reason="client gone")
 
     def pairing(self, server_info: Any) -> PairingInfo:
-        # Its server arguments as a Struct: disaggregation_mode is prefill, decode or "null".
-        args = dict(server_info.server_args.items()) if server_info.HasField("server_args") else {}
-        mode = str(args.get("disaggregation_mode") or "")
-        return PairingInfo(protocol=str(args.get("pairing_protocol") or ""),
-                           mode="regular" if mode == "null" else mode if mode in ("prefill", "decode") else "",
-                           kv_connector=str(args.get("disaggregation_transfer_backend") or ""))
+        return pairing_of_server_args(server_info)
 
 
 
 ENGINE_RUNTIMES.add("sglang", SglangRuntime(), "SGLang's scheduler (sglang.grpc.scheduler.SglangScheduler)")
-
-def _set_constraint(sp: Any, constraint: Constraint) -> None:
-    kind, spec = constraint.kind, constraint.spec
-    field = CONSTRAINT_FIELDS[kind]
-    if kind == "choice":
-        setattr(sp, field, "(" + "|".join(re.escape(c) for c in spec) + ")")
-    elif kind == "json_object":
-        setattr(sp, field, '{"type": "object"}')
-    else:
-        setattr(sp, field, spec)
-
 
 def _media(mm: Any, media: Any) -> None:
     """A request's images as its servicer reads them: one item of every image's pixels (normalized floats), the

@@ -1,0 +1,82 @@
+"""TokenSpeed's scheduler service (``tokenspeed.grpc.scheduler.TokenSpeedScheduler`` of smg-grpc-proto) as an engine
+kind.
+
+Its requests: SGLang's shape with presence: every sampling scalar is optional and set only when the request set it
+(its defaults are the engine's, the model's generation config), the seed as ``sampling_seed`` (a uint64), constraints
+by SGLang's field names (no json_object or choice: any JSON object is the schema {"type": "object"} and a choice the
+regex of its alternatives), logit bias keyed by the id as text, the stop token kept in the output (no_stop_trim: the
+gateway trims stops itself), output log probabilities from the first output token (``logprob_start_len`` unset).
+Prefill/decode: both legs at once with the same bootstrap address and room (``BOOTSTRAP_ROOM``), its disaggregation
+read from its server arguments as SGLang's.
+
+What it lacks, refused with a 400 before a request is sent (its support): the prompt's log probabilities (its
+answers carry none), embeddings (no Embed). Images are not sent to it yet: its items carry one encoder input per
+image, which the gateway's processors do not split per image today (a 400 says so).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from smg_grpc_proto.generated import tokenspeed_scheduler_pb2 as ts
+
+from ..messages import EngineSupport, Handover, SamplingOptions, TokenLogprob
+from ..pairing_info import PairingInfo
+from .base import (BOOTSTRAP_ROOM, ENGINE_RUNTIMES, SGLANG_CONSTRAINT_FIELDS, EngineRuntime, pairing_of_server_args,
+                   set_given, set_sglang_constraint, set_unless_default)
+
+CONSTRAINT_FIELDS = SGLANG_CONSTRAINT_FIELDS
+SEED_MODULUS = 2 ** 64  # its sampling_seed is a uint64
+SUPPORT = EngineSupport(prompt_logprobs=False, embeddings=False, images=False)
+
+
+class TokenSpeedRuntime(EngineRuntime):
+    name = "tokenspeed"
+    service = "tokenspeed.grpc.scheduler.TokenSpeedScheduler"
+    pb = ts
+    handover = BOOTSTRAP_ROOM
+
+    def support(self, model_info: Any) -> EngineSupport:
+        return SUPPORT
+
+    def generate_request(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions, stream: bool,
+                         handover: Handover | None = None, media: Any = None, raw_pixels: bool = False) -> Any:
+        if media is not None:  # refused before (its support): never sent without its images
+            raise ValueError("images are not sent to a TokenSpeed engine")
+        request = ts.GenerateRequest(request_id=request_id, stream=stream)
+        sp = request.sampling_params
+        sp.max_new_tokens = sampling.max_new_tokens
+        sp.no_stop_trim = True
+        sp.n = sampling.n
+        set_given(sp, sampling)
+        set_unless_default(sp, sampling, "min_new_tokens")
+        if sampling.seed is not None:
+            sp.sampling_seed = sampling.seed % SEED_MODULUS
+        if sampling.constraint is not None:
+            set_sglang_constraint(sp, sampling.constraint)
+        for token_id, bias in sampling.logit_bias:
+            sp.logit_bias[str(token_id)] = bias  # its map is keyed by the id as text
+        if sampling.logprobs is not None:
+            request.return_logprob = True
+            request.top_logprobs_num = sampling.logprobs
+        request.tokenized.SetInParent()  # present even for an empty prompt
+        request.tokenized.input_ids.extend(input_ids)
+        if handover is not None and handover.bootstrap_room is not None:
+            kv = request.kv_bootstrap_info
+            kv.bootstrap_host, kv.bootstrap_port = handover.bootstrap_host, handover.bootstrap_port
+            kv.bootstrap_room = handover.bootstrap_room
+        return request
+
+    def abort_request(self, request_id: str) -> Any:
+        return ts.AbortRequest(request_id=request_id, reason="client gone")
+
+    @staticmethod
+    def prompt_logprobs(message: Any) -> "tuple[TokenLogprob, ...] | None":
+        return None  # its answers carry none (refused before: its support)
+
+    def pairing(self, server_info: Any) -> PairingInfo:
+        return pairing_of_server_args(server_info)
+
+
+ENGINE_RUNTIMES.add("tokenspeed", TokenSpeedRuntime(),
+                    "TokenSpeed's scheduler (tokenspeed.grpc.scheduler.TokenSpeedScheduler)")
