@@ -76,7 +76,7 @@ def _inputs(raw: Any, inputs_max: int) -> "list[tuple[str, str | tuple[int, ...]
     return inputs
 
 
-async def _ids_of(entry: ModelEntry, tokenizer: TokenizerService,
+async def ids_of_inputs(entry: ModelEntry, tokenizer: TokenizerService,
                   inputs: "list[tuple[str, str | tuple[int, ...]]]", tokens_max: int) -> list[list[int]]:
     """Each input's token ids, each checked against the context, all against the request's token bound."""
     context = entry.max_context_tokens
@@ -173,7 +173,7 @@ async def _embed_on_pool(state: GatewayState, request: Request, raw: bytes, mode
     size = dimensions or entry.embedding_size()
     if size is not None:
         answer.check_floor(size)
-    ids = await _ids_of(entry, entry.tokenizer, inputs, bounds.tokens_max)
+    ids = await ids_of_inputs(entry, entry.tokenizer, inputs, bounds.tokens_max)
     total = sum(map(len, ids))
     usage = request.usage = UsageTally(prompt_tokens=total)
     request.model = entry.name
@@ -182,7 +182,7 @@ async def _embed_on_pool(state: GatewayState, request: Request, raw: bytes, mode
             state.admission.slot(request.tenant_key):
         async with request.cancel_on_disconnect():
             with trio.move_on_after(timeout_s or float("inf")) as deadline:
-                await _embed_all(state, entry.name, ids, answer.keep, bounds.calls_at_once, timeout_s)
+                await embed_all(state, entry.name, ids, answer.keep, bounds.calls_at_once, timeout_s)
     if request.disconnected:
         return
     if deadline.cancelled_caught:
@@ -193,7 +193,7 @@ async def _embed_on_pool(state: GatewayState, request: Request, raw: bytes, mode
     await request.send_pieces(200, pieces, size, JSON_HEADERS)
 
 
-async def _embed_all(state: GatewayState, model: str, ids: "list[list[int]]", keep: Callable[[int, Any], None],
+async def embed_all(state: GatewayState, model: str, ids: "list[list[int]]", keep: Callable[[int, Any], None],
                      at_once: int, timeout_s: float | None) -> None:
     """Every input's vector to ``keep`` (with its index), at most ``at_once`` engine calls in flight; the first
     failure (after its retries, or ``keep``'s refusal) ends the others and is the answer."""

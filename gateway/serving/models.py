@@ -65,8 +65,10 @@ class ModelEntry:
 
     @property
     def tasks(self) -> list[str]:
-        """What the model is served for (/v1/models): "generate" or "embed", and "vision" when it takes images."""
-        return (["embed"] if self.embeds else ["generate"]) + (["vision"] if self.image_processor is not None else [])
+        """What the model is served for (/v1/models): "generate", or "embed" and "score" (/v1/score and /v1/rerank
+        over its vectors), and "vision" when it takes images."""
+        return (["embed", "score"] if self.embeds else ["generate"]) + \
+            (["vision"] if self.image_processor is not None else [])
 
     def embedding_size(self) -> int | None:
         """The size of the model's vectors as its config.json says (``hidden_size``); None when it does not."""

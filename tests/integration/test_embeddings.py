@@ -144,7 +144,7 @@ def test_bad_requests_are_400s_naming_the_input(node, body, param):
 
 def test_models_say_which_embed_and_each_kind_refuses_the_others_api(client, node):
     tasks = {m.id: m.model_extra["tasks"] for m in client.models.list().data}
-    assert tasks == {EMBED: ["embed"], PLAIN: ["embed"], CHAT: ["generate"]}
+    assert tasks == {EMBED: ["embed", "score"], PLAIN: ["embed", "score"], CHAT: ["generate"]}
     with pytest.raises(openai.BadRequestError) as e:
         client.embeddings.create(model=CHAT, input="x")
     assert e.value.body["code"] == "model_not_embedding"
@@ -184,3 +184,58 @@ def test_an_engine_that_dies_mid_batch_costs_retries_not_the_request(log_dir, to
         n.stop()
         for e in engines:
             e.stop()
+
+
+def _cosine(a, b) -> float:
+    return math.fsum(x * y for x, y in zip(a, b)) / math.sqrt(math.fsum(x * x for x in a) * math.fsum(y * y for y in b))
+
+
+def test_scores_and_reranks_are_the_cosines_of_the_engines_vectors(node, tokenizer):
+    """/v1/score and /v1/rerank as vLLM's server answers them for an embedding model: each text embedded once (with
+    its special tokens), each pair's cosine, a rerank sorted from the most relevant, usage counting each text once."""
+    query, docs = "where do gateways run", ["gateways run beside engines", "bananas are yellow", "a node serves"]
+    vectors = {text: embedding_of(ids_of(tokenizer, text), DIM) for text in [query, *docs]}
+    expected = [_cosine(vectors[query], vectors[d]) for d in docs]
+    tokens = sum(len(ids_of(tokenizer, t)) for t in [query, *docs])
+    for path in ("/v1/score", "/score"):
+        r = httpx2.post(node.url + path, json={"model": EMBED, "queries": query, "documents": docs}, timeout=30)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["object"] == "list" and body["model"] == EMBED and body["id"].startswith("score")
+        assert [d["index"] for d in body["data"]] == [0, 1, 2] and all(d["object"] == "score" for d in body["data"])
+        assert all(abs(d["score"] - e) < 1e-6 for d, e in zip(body["data"], expected))
+        assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}
+    pairwise = httpx2.post(node.url + "/v1/score", json={"model": EMBED, "text_1": [docs[0], docs[1]],
+                                                         "text_2": [docs[2], query]}, timeout=30).json()
+    assert abs(pairwise["data"][1]["score"] - _cosine(vectors[docs[1]], vectors[query])) < 1e-6
+    order = sorted(range(3), key=lambda i: expected[i], reverse=True)
+    for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+        r = httpx2.post(node.url + path, json={"model": EMBED, "query": query, "documents": [
+            docs[0], {"text": docs[1]}, docs[2]], "top_n": 2}, timeout=30)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert [x["index"] for x in body["results"]] == order[:2]
+        assert [x["document"]["text"] for x in body["results"]] == [docs[i] for i in order[:2]]
+        assert all(abs(x["relevance_score"] - expected[x["index"]]) < 1e-6 for x in body["results"])
+        assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    bare = httpx2.post(node.url + "/v1/rerank", json={"model": EMBED, "query": query, "documents": docs,
+                                                      "return_documents": False}, timeout=30).json()
+    assert len(bare["results"]) == 3 and "document" not in bare["results"][0]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/score", {"model": CHAT, "queries": "a", "documents": ["b"]}, "model"),  # a generation model
+    ("/v1/score", {"model": EMBED, "queries": ["a", "b"], "documents": ["c", "d", "e"]}, "documents"),  # 2:3
+    ("/v1/score", {"model": EMBED, "queries": "a"}, "queries"),
+    ("/v1/score", {"model": EMBED, "queries": "a", "documents": [""]}, "documents[0]"),
+    ("/v1/rerank", {"model": EMBED, "query": "a", "documents": [3]}, "documents[0]"),
+    ("/v1/rerank", {"model": EMBED, "query": "a", "documents": ["b"] * 6}, "documents"),  # past the inputs bound
+    ("/v1/rerank", {"model": EMBED, "query": "a", "documents": ["b"], "top_n": -1}, "top_n"),
+    ("/v1/rerank", {"model": EMBED, "query": "a", "documents": ["b"], "truncate_prompt_tokens": 3},
+     "truncate_prompt_tokens"),
+    ("/v1/rerank", {"model": EMBED, "query": "word " * 80, "documents": ["b"]}, "query[0]"),  # past the context
+])
+def test_bad_score_and_rerank_requests_are_400s_naming_the_field(node, path, body, param):
+    r = httpx2.post(node.url + path, json=body, timeout=30)
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["error"]["param"] == param, r.text

@@ -96,3 +96,29 @@ def test_an_input_of_exactly_the_context_is_embedded_and_sizes_past_the_vector_a
             client.embeddings.create(model=model, input=[[7] * (context + 1)])
         with pytest.raises(openai.BadRequestError):  # longer than the model's vectors: both refuse (not cut short)
             client.embeddings.create(model=model, input="x", dimensions=100_000)
+
+
+QUERY = "Where does a gateway tokenize?"
+DOCUMENTS = ["A gateway tokenizes text so that the engine only sees token ids.", "Bananas are yellow.",
+             "Hello, world.", "x" * 120]
+
+
+def test_scores_and_reranks_equal_vllms_own_server(embedders):
+    """/v1/score and /v1/rerank over the embedding model (vLLM's bi-encoder scoring: each text embedded, each
+    pair's cosine): the same scores within float32's rounding, the same order, the same token counts."""
+    ours, theirs, model = embedders
+    for body in ({"queries": QUERY, "documents": DOCUMENTS}, {"text_1": DOCUMENTS[:2], "text_2": DOCUMENTS[2:]}):
+        mine = ours.post("/score", body={"model": model, **body}, cast_to=object)
+        reference = theirs.post("/score", body={"model": model, **body}, cast_to=object)
+        assert [d["index"] for d in mine["data"]] == [d["index"] for d in reference["data"]]
+        for a, b in zip(mine["data"], reference["data"]):
+            assert abs(a["score"] - b["score"]) < 1e-5, (a, b)
+        assert mine["usage"]["prompt_tokens"] == reference["usage"]["prompt_tokens"]
+    body = {"model": model, "query": QUERY, "documents": DOCUMENTS, "top_n": 3}
+    mine, reference = ours.post("/rerank", body=body, cast_to=object), theirs.post("/rerank", body=body,
+                                                                                  cast_to=object)
+    assert [r["index"] for r in mine["results"]] == [r["index"] for r in reference["results"]]
+    assert [r["document"] for r in mine["results"]] == [{"text": r["document"]["text"]} for r in reference["results"]]
+    for a, b in zip(mine["results"], reference["results"]):
+        assert abs(a["relevance_score"] - b["relevance_score"]) < 1e-5
+    assert mine["usage"] == reference["usage"]
