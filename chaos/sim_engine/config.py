@@ -87,6 +87,8 @@ class SimEngineConfig:
     vision_takes_floats: bool = False
     vision_images_max: int = 0
     vision_image_tokens_max: int = 0
+    # LoRA adapters held at once (SGLang's service: Load/Unload/ListLoadedLoRAAdapters; its max_loras_per_batch).
+    lora_slots: int = 8
 
     @classmethod
     def zero_cost(cls, **overrides) -> "SimEngineConfig":

@@ -198,6 +198,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "may carry, said in GetServerInfo's mm_item_limits (0: not said)")
     parser.add_argument("--vision-image-tokens-max", type=int, default=d.vision_image_tokens_max, help="(vLLM) "
                         "tokens one image may take, said in GetServerInfo's mm_encoder_budget (0: not said)")
+    parser.add_argument("--max-loras", dest="lora_slots", type=int, default=d.lora_slots, help="(SGLang) LoRA "
+                        "adapters held at once")
     parser.add_argument("--stop-with-parent", action="store_true",
                         help="exit when stdin reaches end-of-file (the parent that started us is gone)")
 
@@ -218,7 +220,7 @@ def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
         handover_timeout_s=args.handover_timeout_s, pairing_protocol=args.pairing_protocol, task=args.task,
         embedding_dim=args.embedding_dim, matryoshka_dimensions=tuple(args.matryoshka_dimensions), vision=args.vision,
         vision_takes_floats=args.vision_takes_floats, vision_images_max=args.vision_images_max,
-        vision_image_tokens_max=args.vision_image_tokens_max)
+        vision_image_tokens_max=args.vision_image_tokens_max, lora_slots=args.lora_slots)
     if args.zero_cost:
         return SimEngineConfig.zero_cost(**{k: v for k, v in values.items()
                                             if k not in ("prefill_s_per_token", "itl_base_s", "itl_per_running_s")})

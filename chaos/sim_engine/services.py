@@ -34,6 +34,7 @@ from smg_grpc_proto.generated import (
     vllm_engine_pb2_grpc as vl_grpc,
 )
 
+from .adapters import SimAdapters, adapter_seed
 from .core import EngineOverloaded, GenerateParams, InvalidRequest, SimEngine
 from .disaggregation import Disaggregation
 from . import vision
@@ -79,6 +80,7 @@ class SharedEngineState:
         self._bundle: tuple[bytes, str] | None = None
         self.embedded = 0  # Embed calls answered (tests count them)
         self.images_seen = 0
+        self.adapters = SimAdapters(engine.config.lora_slots)  # SGLang's service loads LoRA adapters
 
     def bundle(self) -> tuple[bytes, str]:
         if self._bundle is None:
@@ -387,11 +389,30 @@ class SglangService(CommonRpcs, sg_grpc.SglangSchedulerServicer):
         )
         params = await self.s.with_images(params, request.mm_inputs, request.HasField("mm_inputs"), vision.check_sglang,
                                           context)
+        if request.lora_id:
+            if request.lora_id not in self.s.adapters.loaded:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"LoRA adapter {request.lora_id} is not loaded")
+            params = dataclasses.replace(params, seed=adapter_seed(request.lora_id, params.prompt_ids, params.seed))
         async for answer in self.s.room_answers(request, "disaggregated_params", params, sp.n, context, sg):
             yield answer
 
     async def HealthCheck(self, request, context):
         return sg.HealthCheckResponse(healthy=True, message="ok")
+
+    async def LoadLoRAAdapter(self, request: sg.LoadLoRAAdapterRequest, context):
+        problem = self.s.adapters.load(request.lora_name, request.lora_path, request.pinned, request.lora_id)
+        return sg.LoadLoRAAdapterResponse(success=problem is None, message=problem or "",
+                                          loaded_lora_ids=sorted(self.s.adapters.loaded))
+
+    async def UnloadLoRAAdapter(self, request: sg.UnloadLoRAAdapterRequest, context):
+        problem = self.s.adapters.unload(request.lora_name, request.lora_id)
+        return sg.UnloadLoRAAdapterResponse(success=problem is None, message=problem or "",
+                                            loaded_lora_ids=sorted(self.s.adapters.loaded))
+
+    async def ListLoadedLoRAAdapters(self, request, context):
+        return sg.ListLoadedLoRAAdaptersResponse(loaded_adapters=[
+            sg.LoadedLoRAAdapter(lora_id=i, lora_name=name, lora_path=path, pinned=pinned)
+            for i, (name, path, pinned) in sorted(self.s.adapters.loaded.items())])
 
     async def Abort(self, request: sg.AbortRequest, context):
         self.s.engine.abort([request.request_id])

@@ -54,6 +54,9 @@ def _visible_models(state: GatewayState, request: Request) -> "dict[str, dict]":
         for name, route in providers.routes.routes.items():
             if principal.may_use(name) and route.allows(principal.tenant):
                 models[name] = _route_object(state, route)
+    for spec in state.adapters.specs.values():  # as vLLM lists its LoRA modules: root the weights, parent the base
+        if spec.name not in models and spec.base in models and principal.may_use(spec.name):
+            models[spec.name] = {**models[spec.base], "id": spec.name, "root": spec.path, "parent": spec.base}
     return models
 
 

@@ -20,7 +20,7 @@ import trio
 from mesh.asgi import answer_lifespan
 
 from ..auth import Access, Authenticator, KeysMissing, Unauthenticated
-from . import admin, anthropic, console, conversations, embeddings, native, openai, parse, responses, scoring, spend
+from . import adapters, admin, anthropic, console, conversations, embeddings, native, openai, parse, responses, scoring, spend
 from .cached import CACHED_ROUTES, answer_cached
 from .errors import ApiError, BadRequest, MethodNotAllowed, NotFound, Unavailable, to_api_error
 from .http import ClientGone, Request
@@ -68,6 +68,7 @@ _ROUTES: dict[str, dict[str, Route]] = {
     "/admin/models": {"GET": (admin.get_models_config, ADMIN), "PUT": (admin.put_models_config, ADMIN)},
     "/admin/data": {"GET": (admin.data_status, ADMIN)},
     "/admin/spend": {"GET": (spend.get_spend, ADMIN)},
+    "/admin/adapters": {"GET": (adapters.list_adapters, ADMIN)},
     "/admin/budgets": {"GET": (spend.get_budgets, ADMIN), "PUT": (spend.put_budgets, ADMIN)},
     # The console checks the admin credential itself: it also takes it as HTTP Basic's password, which a browser asks
     # for (console/__init__.py).
@@ -81,6 +82,12 @@ _ROUTES: dict[str, dict[str, Route]] = {
 # Routes with a parameter: (pattern, methods, the route's name in metrics and logs). A model id may hold
 # slashes (Qwen/Qwen3-8B): the SDK's models.retrieve sends it as it is.
 _PARAM_ROUTES: "tuple[tuple[re.Pattern[str], dict[str, Route], str], ...]" = (
+    (re.compile(r"^/admin/adapters/(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,127})/load$"),
+     {"POST": (adapters.load_adapter, ADMIN)}, "/admin/adapters/{name}/load"),
+    (re.compile(r"^/admin/adapters/(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,127})/unload$"),
+     {"POST": (adapters.unload_adapter, ADMIN)}, "/admin/adapters/{name}/unload"),
+    (re.compile(r"^/admin/adapters/(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,127})$"),
+     {"PUT": (adapters.put_adapter, ADMIN), "DELETE": (adapters.delete_adapter, ADMIN)}, "/admin/adapters/{name}"),
     (re.compile(r"^/admin/budgets/(?P<scope>key|tenant)/(?P<name>[^/\x00-\x1f\x7f]{1,256})$"),
      {"PUT": (spend.put_budget, ADMIN), "DELETE": (spend.delete_budget, ADMIN)}, "/admin/budgets/{scope}/{name}"),
     (re.compile(r"^/v1/models/(?P<model>[^\x00-\x20\x7f]{1,256})$"), {"GET": (admin.retrieve_model, DATA)},

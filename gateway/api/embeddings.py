@@ -161,6 +161,9 @@ async def _embed_on_pool(state: GatewayState, request: Request, raw: bytes, mode
         routing = RoutingRequest(text=text, routing_key=request.header(state.config.routing_key_header))
         await state.proxy.forward(request, raw, entry.name, "/v1/embeddings", False, routing)
         return
+    if entry.adapter is not None:
+        raise BadRequest(f"'{entry.name}' is a LoRA adapter: adapters answer generations, not embeddings",
+                         param="model", code="model_not_embedding")
     if not entry.embeds:
         raise BadRequest(f"the model '{entry.name}' is a generation model: it does not make embeddings (use an "
                          "embedding model; /v1/models lists each model's tasks)", param="model",

@@ -60,6 +60,8 @@ def model_entry(state: GatewayState, model: str | None, principal: Principal) ->
             raise BadRequest("'model' is required when the node serves several models", param="model")
     entry = state.catalog.get(model)
     if entry is None:
+        entry = _adapter_entry(state, model)
+    if entry is None:
         if state.status.unreachable_engines:
             # An engine configured at start has not answered yet: the model may be its own. 503 says when to
             # come back (a 404 told a new user the model does not exist while the engine was starting).
@@ -70,6 +72,17 @@ def model_entry(state: GatewayState, model: str | None, principal: Principal) ->
     if principal.models is not None:
         Authenticator.check_model(principal, entry.name)
     return entry
+
+
+def _adapter_entry(state: GatewayState, model: str) -> ModelEntry | None:
+    """The entry of the LoRA adapter ``model`` names (gateway/adapters), on its base model's; None if none."""
+    spec = state.adapters.resolve(model)
+    if spec is None:
+        return None
+    base = state.catalog.get(spec.base)
+    if base is None or base.tokenizer is None and not base.tokenizer_wanted:
+        return None  # its base is not served (or only by HTTP workers, which are relayed as they are): not found
+    return base.as_adapter(spec)
 
 
 # The names a 404 for an unknown model lists (a node with more says how many more).
@@ -299,7 +312,7 @@ def plan_generation(state: GatewayState, request: Request, entry: ModelEntry, in
         raise AnswerTooLarge(answer_bytes_max)
     usage = request.usage = UsageTally(prompt_tokens=n)  # what the answer's cost is counted from (gateway/spend)
     request.model = entry.name
-    return GenerationPlan(
+    plan = GenerationPlan(
         request_id=state.new_engine_request_id(),
         model=entry.name,
         input_ids=input_ids,
@@ -315,6 +328,11 @@ def plan_generation(state: GatewayState, request: Request, entry: ModelEntry, in
         answer_bytes_max=answer_bytes_max,
         media=media,
     )
+    if entry.adapter is not None:  # the base's workers that hold the adapter, asked to answer with it
+        plan.model = entry.adapter.base
+        plan.routing.adapter = entry.adapter
+        plan.sampling.adapter = entry.adapter.adapter_id
+    return plan
 
 
 def check_engine_support(entry: ModelEntry, sampling: SamplingRequest) -> None:

@@ -153,7 +153,7 @@ async def _on_pool(state: GatewayState, request: Request, raw: bytes, model: str
             state.config.routing_key_header))
         await state.proxy.forward(request, raw, entry.name, path, False, routing)
         return
-    if not entry.embeds:
+    if not entry.embeds or entry.adapter is not None:
         raise BadRequest(f"the model '{entry.name}' is a generation model: scores come from an embedding model's "
                          "vectors (/v1/models lists each model's tasks)", param="model", code="model_not_embedding")
     texts = [*queries, *documents]

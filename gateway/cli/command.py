@@ -11,6 +11,7 @@
     smg-node models                    the routed models, their targets and cooldowns
     smg-node spend                     the cluster's spend by key, tenant, model, target, day (table, CSV, JSON)
     smg-node budgets list|set|remove   budgets per key and tenant
+    smg-node adapters list|add|remove|load|unload   LoRA adapters served on the fleet's engines
     smg-node keyring list|install|use|remove|rotate [KEY]   (rotate: on every member)
     smg-node sim-engine --port P    run a simulated SGLang/vLLM gRPC engine
     smg-node --version
@@ -34,7 +35,7 @@ import sys
 from mesh.admin_client import run_admin_command
 from mesh.crypto import generate_key
 
-from . import data, keys, models, spend, workers
+from . import adapters, data, keys, models, spend, workers
 
 # The CLI's commands other than serve (members, keys, --help...) must start at once: the serving machinery
 # (config with every subsystem's settings, the server, the drivers they import) costs ~0.6 s to import and
@@ -101,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     spend.add_budget_arguments(commands.add_parser("budgets", help="list, set or remove budgets per key and tenant"))
     workers.add_arguments(commands.add_parser("workers", help="list, add or remove workers (prefill/decode "
                                                                      "roles included)"))
+    adapters.add_arguments(commands.add_parser("adapters", help="list, define, remove, load or unload LoRA adapters"))
     return parser
 
 
@@ -131,6 +133,8 @@ def main(argv: "list[str] | None" = None) -> int:
         return workers.run(args)
     if args.command == "models":
         return models.run(args)
+    if args.command == "adapters":
+        return adapters.run(args)
     if args.command == "spend":
         return spend.run_spend(args)
     if args.command == "budgets":

@@ -142,6 +142,37 @@ class GrpcEngineClient:
             raise EngineCallError("INTERNAL", "the engine answered Embed with an empty vector")
         return Embedding(r.embedding, int(r.prompt_tokens) or len(input_ids))
 
+    @property
+    def takes_adapters(self) -> bool:
+        """Its kind loads LoRA adapters at run time (gateway/adapters)."""
+        return self.runtime.adapters
+
+    async def load_adapter(self, name: str, path: str, pinned: bool, adapter_id: str,
+                           timeout_s: float | None) -> frozenset[str]:
+        """Load an adapter from ``path`` on the engine's disk under ``adapter_id``: the ids loaded after it (the
+        engine's own snapshot); an engine that says it could not is FAILED_PRECONDITION with its message."""
+        pb = self.runtime.pb
+        r = await self._unary("LoadLoRAAdapter", self.runtime.load_adapter_request(name, path, pinned, adapter_id),
+                              pb.LoadLoRAAdapterResponse, timeout_s)
+        if not r.success:
+            raise EngineCallError("FAILED_PRECONDITION", r.message or f"the engine did not load adapter {name}")
+        return frozenset(r.loaded_lora_ids)
+
+    async def unload_adapter(self, name: str, adapter_id: str, timeout_s: float | None) -> frozenset[str]:
+        pb = self.runtime.pb
+        r = await self._unary("UnloadLoRAAdapter", self.runtime.unload_adapter_request(name, adapter_id),
+                              pb.UnloadLoRAAdapterResponse, timeout_s)
+        if not r.success:
+            raise EngineCallError("FAILED_PRECONDITION", r.message or f"the engine did not unload adapter {name}")
+        return frozenset(r.loaded_lora_ids)
+
+    async def list_adapters(self, timeout_s: float | None) -> frozenset[str]:
+        """The ids of the adapters loaded on the engine (however they were loaded)."""
+        pb = self.runtime.pb
+        r = await self._unary("ListLoadedLoRAAdapters", pb.ListLoadedLoRAAdaptersRequest(),
+                              pb.ListLoadedLoRAAdaptersResponse, timeout_s)
+        return frozenset(a.lora_id for a in r.loaded_adapters)
+
     async def abort(self, request_id: str, timeout_s: float = 5.0) -> None:
         pb = self.runtime.pb
         await self._unary("Abort", self.runtime.abort_request(request_id), pb.AbortResponse, timeout_s)

@@ -111,6 +111,7 @@ class SamplingOptions:
     logprobs: int | None = None
     prompt_logprobs: bool = False
     n: int = 1  # answers to sample from the one prompt (the engine's n: its prefill is done once)
+    adapter: str | None = None  # the id of the LoRA adapter loaded on the engine to answer with (gateway/adapters)
 
 
 # One token's log probability: (token id, logprob, ((alternative id, logprob), ...) most likely first).

@@ -12,6 +12,7 @@ and issuers, and the engines' gRPC client.
 
 from __future__ import annotations
 
+from ..adapters import subsystem as adapters
 from ..api import subsystem as api
 from ..auth import subsystem as auth
 from ..base.subsystem import StartContext, Subsystem
@@ -77,6 +78,7 @@ SUBSYSTEMS: tuple[Subsystem, ...] = (
     # Services only: what every request stands on.
     cluster.KV_SHARING,
     workers.REGISTRY,
+    adapters.SUBSYSTEM,
     workers.ROUTER,
     serving.CATALOG,
     serving.GENERATOR,

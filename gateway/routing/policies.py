@@ -19,7 +19,7 @@ import hashlib
 import itertools
 import random
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from .kv_index import KvIndex, prompt_block_hashes
 from .prefix_index import ApproxPrefixIndex, chained_block_hashes
@@ -41,6 +41,7 @@ class RoutingRequest:
     input_ids: "Sequence[int] | None" = None  # token ids (gRPC engines)
     text: str | None = None  # the text, for HTTP workers that get no ids
     routing_key: str | None = None  # from the routing-key header
+    adapter: Any = None  # the LoRA adapter the answer needs (gateway/adapters' AdapterSpec): its workers only
 
     def units(self) -> "Sequence[int] | str":
         if self.input_ids is not None:

@@ -260,6 +260,9 @@ class Generator:
             worker = self.router.select(model, routing, exclude=tried, kind=kind)
             tried.add(worker.id)
             try:
+                if routing.adapter is not None:  # the adapter loaded there (room made) and held while it answers
+                    async with self.router.adapters.ready(worker, routing.adapter):
+                        return await attempt_fn(worker)
                 if self.tracing is None or not self.tracing.active():
                     return await attempt_fn(worker)
                 with self.tracing.client_span(span, {

@@ -62,6 +62,9 @@ class ModelEntry:
     # of the model lacks is refused until the node restarts, never sent to that engine by chance of routing.
     engine_support: Any = None
     engine_kinds: tuple[str, ...] = ()
+    # A LoRA adapter's view of its base model (gateway/adapters' AdapterSpec): its name is the adapter's (what the
+    # client asked for, what usage and limits count), its generations go to the base's workers that hold it.
+    adapter: Any = None
 
     @property
     def tasks(self) -> list[str]:
@@ -69,6 +72,10 @@ class ModelEntry:
         over its vectors), and "vision" when it takes images."""
         return (["embed", "score"] if self.embeds else ["generate"]) + \
             (["vision"] if self.image_processor is not None else [])
+
+    def as_adapter(self, spec: Any) -> "ModelEntry":
+        """The entry requests for the adapter ``spec`` (of this model) answer with."""
+        return dataclasses.replace(self, name=spec.name, adapter=spec)
 
     def embedding_size(self) -> int | None:
         """The size of the model's vectors as its config.json says (``hidden_size``); None when it does not."""

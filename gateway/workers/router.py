@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import trio
 
 from ..base.errors import NoCapacity
@@ -11,9 +13,11 @@ from .worker import Worker
 
 
 class Router:
-    def __init__(self, registry: WorkerRegistry, policy: Policy) -> None:
+    def __init__(self, registry: WorkerRegistry, policy: Policy, adapters: Any = None) -> None:
         self.registry = registry
         self.policy = policy
+        # gateway/adapters' service: a request naming an adapter goes to the workers that may answer with it
+        self.adapters = adapters
         registry.on_removed.append(policy.forget)
 
     def select(self, model: str | None, request: RoutingRequest, exclude: "set[str]" = frozenset(),
@@ -24,6 +28,8 @@ class Router:
         """
         now = trio.current_time()
         candidates = self.registry.candidates(model, now, kind)
+        if request.adapter is not None and self.adapters is not None:
+            candidates = self.adapters.candidates(candidates, request.adapter)
         if exclude and len(candidates) > 1:
             # A retry prefers another worker, but falls back to the same one if it is the only one.
             others = [w for w in candidates if w.id not in exclude]

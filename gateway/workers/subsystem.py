@@ -39,11 +39,12 @@ async def _start_registry(context: StartContext) -> WorkerRegistry:
 
 
 async def _start_router(context: StartContext) -> Router:
-    return Router(context.need("registry"), make_policy(context.config.policy, context.need("kv_index")))
+    return Router(context.need("registry"), make_policy(context.config.policy, context.need("kv_index")),
+                  context.need("adapters"))
 
 
 HEALTH = Subsystem("health", HealthConfig(), (*health.OPTIONS, *origin.OPTIONS), _check)
 # The KV sharing starts before any worker registers: an engine's KV stream is then followed by its ring owners only.
 REGISTRY = Subsystem("registry", start=_start_registry,
                      needs=("engine_bridge", "http_client", "kv_index", "cluster", "kv_sharing"))
-ROUTER = Subsystem("router", start=_start_router, needs=("registry", "kv_index"))
+ROUTER = Subsystem("router", start=_start_router, needs=("registry", "kv_index", "adapters"))

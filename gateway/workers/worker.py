@@ -73,6 +73,9 @@ class Worker:
         self.checked_by: str | None = None  # the node whose health checks decide (cluster mode)
         self.kv_following = False  # this node subscribes to the engine's KV events
         self.kv_events_unsupported = False  # the engine answered SubscribeKvEvents with UNIMPLEMENTED
+        # The ids of the LoRA adapters loaded on the engine, as last known (gateway/adapters: the engine's own list,
+        # its answers to loads, the cluster's document); empty for a kind that loads none.
+        self.adapters: frozenset[str] = frozenset()
 
     @property
     def healthy(self) -> bool:
@@ -110,6 +113,7 @@ class Worker:
             "labels": self.labels, "max_context_tokens": self.max_context_tokens, "checked_by": self.checked_by,
             "worker_type": self.role, "bootstrap_port": self.bootstrap_port,
             **({"pairing": self.pairing.to_dict()} if self.role != REGULAR else {}),
+            **({"adapters": sorted(self.adapters)} if self.adapters else {}),
         }
 
 

@@ -44,6 +44,16 @@ class EngineRuntime(abc.ABC):
     def method(self, name: str) -> str:
         return f"/{self.service}/{name}"
 
+    # Whether its service loads LoRA adapters at run time and answers with one a request names (Load/Unload/List
+    # and a request's adapter id): SGLang's does; vLLM's contract has no field for an adapter.
+    adapters = False
+
+    def load_adapter_request(self, name: str, path: str, pinned: bool, adapter_id: str) -> Any:
+        raise NotImplementedError(f"{self.name} engines load no adapters")
+
+    def unload_adapter_request(self, name: str, adapter_id: str) -> Any:
+        raise NotImplementedError(f"{self.name} engines load no adapters")
+
     def support(self, model_info: Any) -> EngineSupport:
         """What an engine of this kind can be asked, from its GetModelInfo answer (everything, by default)."""
         return FULL_SUPPORT

@@ -3,7 +3,8 @@
 Its requests: sampling in place (its defaults for what is unset), the seed as a custom parameter (its
 SamplingParams has no field for it), constraints by its field names (no json_object or choice: any JSON object is
 the schema {"type": "object"} and a choice the regex of its alternatives, as its own OpenAI server does), logit bias
-keyed by the id as text, images as one item of every image's pixels. Prefill/decode: both legs at once with the
+keyed by the id as text, images as one item of every image's pixels, a LoRA adapter by the id it was loaded under
+(Load/Unload/ListLoadedLoRAAdapters load and unload them at run time). Prefill/decode: both legs at once with the
 same bootstrap room (``BOOTSTRAP_ROOM``). Its server facts: disaggregation from its server arguments (a Struct);
 nothing said about images (its engines take normalized floats, with no bound said).
 """
@@ -52,6 +53,8 @@ class SglangRuntime(EngineRuntime):
         if sampling.logit_bias:
             for token_id, bias in sampling.logit_bias:
                 sp.logit_bias[str(token_id)] = bias  # its map is keyed by the id as text
+        if sampling.adapter is not None:
+            request.lora_id = sampling.adapter
         if sampling.logprobs is not None:
             request.return_logprob = True
             request.top_logprobs_num = sampling.logprobs
@@ -68,6 +71,14 @@ class SglangRuntime(EngineRuntime):
 
     def abort_request(self, request_id: str) -> Any:
         return sg.AbortRequest(request_id=request_id, reason="client gone")
+
+    adapters = True
+
+    def load_adapter_request(self, name: str, path: str, pinned: bool, adapter_id: str) -> Any:
+        return sg.LoadLoRAAdapterRequest(lora_name=name, lora_path=path, pinned=pinned, lora_id=adapter_id)
+
+    def unload_adapter_request(self, name: str, adapter_id: str) -> Any:
+        return sg.UnloadLoRAAdapterRequest(lora_name=name, lora_id=adapter_id)
 
     def pairing(self, server_info: Any) -> PairingInfo:
         return pairing_of_server_args(server_info)
