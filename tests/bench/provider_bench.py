@@ -50,14 +50,15 @@ UPSTREAM = textwrap.dedent('''
     import asyncio, json, sys
     words = [f"w{i} " for i in range(%(tokens)d)]
     usage = {"prompt_tokens": 12, "completion_tokens": %(tokens)d, "total_tokens": 12 + %(tokens)d}
-    whole = json.dumps({"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "relay",
+    dumps = lambda value: json.dumps(value, separators=(",", ":"))  # compact, as OpenAI writes its JSON
+    whole = dumps({"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "relay",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(words)}, "finish_reason": "stop"}],
         "usage": usage}).encode()
     def chunk(delta, finish=None):
-        return b"data: " + json.dumps({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1,
+        return b"data: " + dumps({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1,
             "model": "relay", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).encode() + b"\\n\\n"
     events = b"".join([chunk({"role": "assistant", "content": ""})] + [chunk({"content": w}) for w in words]
-        + [chunk({}, "stop"), b"data: " + json.dumps({"id": "chatcmpl-up", "object": "chat.completion.chunk",
+        + [chunk({}, "stop"), b"data: " + dumps({"id": "chatcmpl-up", "object": "chat.completion.chunk",
         "created": 1, "model": "relay", "choices": [], "usage": usage}).encode() + b"\\n\\n", b"data: [DONE]\\n\\n"])
     models = json.dumps({"object": "list", "data": [{"id": "relay", "object": "model", "created": 1,
         "owned_by": "bench"}]}).encode()

@@ -273,7 +273,7 @@ class FakeOpenAI(FakeProvider):
             if with_usage:
                 value["usage"] = usage
             ChatCompletionChunk.model_validate(value)
-            return b"data: " + json.dumps(value).encode() + b"\n\n"
+            return b"data: " + json.dumps(value, separators=(",", ":")).encode() + b"\n\n"  # compact, as OpenAI's
 
         pieces = [chunk({"role": "assistant", "content": ""})]
         if reply.reasoning:
