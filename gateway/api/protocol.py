@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from ..media.processors import IMAGE_PROCESSORS
 from ..media.service import ImageRef
 from ..serving.chat import ChatRequest, SamplingRequest
 from .errors import BadRequest, shown, type_name
@@ -243,12 +244,21 @@ def _message_content(message: dict[str, Any], index: int, images: "list[ImageRef
             elif kind == "image_url" and message.get("role") == "user":
                 where = f"messages[{index}].content[{j}]"
                 parts.append(image_part(_image_url(part.get("image_url"), where), where, images))
+            elif kind in MEDIA_PARTS:
+                raise BadRequest(f"messages[{index}].content[{j}]: {MEDIA_PARTS[kind]} inputs are not taken here: "
+                                 "images are, for the families " + ", ".join(IMAGE_PROCESSORS), param=f"messages[{index}]"
+                                 f".content[{j}]", code="unsupported_modality")
             else:
                 raise BadRequest(f"messages[{index}].content[{j}]: a part must be text (or image_url in a user "
                                  f"message), got {kind!r}", param=f"messages[{index}].content", code="unsupported_content")
         return template_content(parts)
     raise BadRequest(f"messages[{index}].content must be a string or an array of text parts",
                      param=f"messages[{index}].content", code="invalid_type")
+
+
+# Chat parts of the other modalities vLLM's server takes (its video_url and audio_url, OpenAI's input_audio): refused
+# by name, with the image families this node preprocesses.
+MEDIA_PARTS = {"video_url": "video", "audio_url": "audio", "input_audio": "audio", "video": "video"}
 
 
 def _image_url(value: Any, where: str) -> "tuple[str, str]":

@@ -24,7 +24,7 @@ OK = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     ({**OK, "messages": [{"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content"),
     ({**OK, "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
-     "messages[0].content"),
+     "messages[0].content[0]"),
     ({**OK, "max_tokens": 0}, "max_tokens"),
     ({**OK, "max_tokens": "10"}, "max_tokens"),
     ({**OK, "max_tokens": True}, "max_tokens"),
@@ -133,3 +133,15 @@ def test_a_bad_reasoning_effort_and_stream_reasoning_are_400s():
         parse_chat({**OK, "stream_reasoning": "no"})
     assert e.value.param == "stream_reasoning"
     assert parse_chat({**OK, "stream_reasoning": False}).stream_reasoning is False
+
+
+@pytest.mark.parametrize("part, modality", [
+    ({"type": "video_url", "video_url": {"url": "https://example.com/v.mp4"}}, "video"),
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "audio"),
+    ({"type": "audio_url", "audio_url": {"url": "https://example.com/a.wav"}}, "audio"),
+])
+def test_video_and_audio_parts_are_refused_naming_the_image_families_taken(part, modality):
+    with pytest.raises(BadRequest) as refused:
+        parse_chat({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}, part]}]})
+    assert refused.value.code == "unsupported_modality" and refused.value.param == "messages[0].content[1]"
+    assert f"{modality} inputs are not taken" in str(refused.value) and "qwen2_vl" in str(refused.value)
