@@ -77,12 +77,6 @@ class OpenAIShape:
         self._chunk_head: bytes | None = None
         self._chunk_tail = b""
 
-    @property
-    def relays(self) -> bool:
-        """A provider's OpenAI chat stream may reach this client as it comes (gateway/api/routed.py's relay): one
-        chat answer, no logprobs of the gateway's making."""
-        return self.chat and self.logprobs is None and self.index == 0
-
     # -- whole --
 
     def whole(self, answer: ChatAnswer) -> dict[str, Any]:

@@ -250,87 +250,48 @@ async def _call_provider(state: GatewayState, request: Request, chat: ChatReques
                 result, answer.finish_reason, bool(answer.calls), answer.usage.reasoning_tokens, answer.content,
                 answer.reasoning, tuple(answer.calls), separates_reasoning=answer.reasoning is not None)), keep)
             return
-        relay = _relay_for(target, renderer, keep, finish)
-        if relay is not None:
-            await _relayed(state, request, calls.stream(chat, target, relay), model, renderer, usage)
-            return
         await _stream(state, request, calls.stream(chat, target), model, renderer, usage, finish)
-
-
-def _relay_for(target: Target, renderer: Any, keep: Any, finish: Any) -> Any:
-    """A reader that passes the provider's stream on as it comes (providers/openai_relay.py), when the target's wire
-    is the client's API (one answer, nothing kept from it); None: the general reading."""
-    make = getattr(wire_of(target), "relay", None)
-    if make is None or keep is not None or finish is not None or not getattr(renderer, "relays", False):
-        return None
-    return make(renderer.id, renderer.model, renderer.include_usage)
-
-
-async def _relayed(state: GatewayState, request: Request, stream: Any, model: str, renderer: Any,
-                   usage: UsageTally) -> None:
-    """``_stream`` for a relay: the provider's events as they come, then the end (its usage and finish counted)."""
-    async with stream:
-        end, error = await _sent_as_they_come(request, stream, stream.relayed(), model)
-        if request.disconnected:
-            return
-        if not request.response_started:
-            await request.start_stream(200, SSE_HEADERS)
-        if error is None:
-            last = stream.end
-            usage_of(usage, last.usage)
-            state.count_tokens(model, _result("", last.finish_reason, last.usage, stream.target))
-        await end_sse(request, end, error, None, renderer.error_event, renderer.done)
 
 
 async def _stream(state: GatewayState, request: Request, stream: Any, model: str, renderer: Any, usage: UsageTally,
                   finish: "Callable[[], Awaitable[bytes]] | None") -> None:
     """A provider's stream in the renderer's events: the head with the first deltas (a failure before them is the
     route's to fall back from), the last deltas and the end after."""
-    seen = {"started": False, "called": False}
-
-    async def events() -> AsyncIterator[bytes]:
-        async for deltas in stream.deltas():
-            seen["called"] = seen["called"] or any(type(d) is Call for d in deltas)
-            yield renderer.delta_events(deltas, not seen["started"])
-            seen["started"] = True
-
+    started = False
+    error: ApiError | None = None
+    called = False
+    held: list[bytes] = []  # events made once the whole answer was in: they go out with the end, in one write
     async with stream:
-        end, error = await _sent_as_they_come(request, stream, events(), model)
+        try:
+            async for deltas in stream.deltas():
+                called = called or any(type(d) is Call for d in deltas)
+                events = renderer.delta_events(deltas, not started)
+                started = True
+                if stream.complete:
+                    held.append(events)
+                    continue
+                if not request.response_started:
+                    await request.start_stream(200, SSE_HEADERS)
+                await request.send_chunk(b"".join(held) + events if held else events)
+                held.clear()
+        except ProviderError as e:
+            if not request.response_started:
+                raise
+            error = provider_api_error(e, model, stream.target)
         if request.disconnected:
             return
-        if not seen["started"]:
+        end = b"".join(held)
+        if not started:
             end = renderer.delta_events([], True)
         if not request.response_started:
             await request.start_stream(200, SSE_HEADERS)
         if error is None:
             last = stream.end
             usage_of(usage, last.usage)
-            called = seen["called"] or any(type(d) is Call for d in last.deltas)
+            called = called or any(type(d) is Call for d in last.deltas)
             result = _result("", last.finish_reason, last.usage, stream.target, last.stop_sequence)
             state.count_tokens(model, result)
             end += renderer.final_events(last.deltas, ChatAnswer(result, last.finish_reason, called,
                                                                  last.usage.reasoning_tokens))
         await end_sse(request, end, error, finish, renderer.error_event, renderer.done)
-
-
-async def _sent_as_they_come(request: Request, stream: Any, events: "AsyncIterator[bytes]",
-                             model: str) -> "tuple[bytes, ApiError | None]":
-    """A stream's events to the client as they come, the head with the first (a failure before them is the route's
-    to fall back from: raised); those made once the whole answer was in are held, to go out with the end in one
-    write. Returns them, and the failure that ended a stream the client already had."""
-    held: list[bytes] = []
-    try:
-        async for made in events:
-            if stream.complete:
-                held.append(made)
-                continue
-            if not request.response_started:
-                await request.start_stream(200, SSE_HEADERS)
-            await request.send_chunk(b"".join(held) + made if held else made)
-            held.clear()
-    except ProviderError as e:
-        if not request.response_started:
-            raise
-        return b"".join(held), provider_api_error(e, model, stream.target)
-    return b"".join(held), None
 

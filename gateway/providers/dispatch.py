@@ -143,10 +143,8 @@ class ProviderCalls:
         self._count(target, "ok", started)
         return result
 
-    def stream(self, chat: ChatRequest, target: Target, relay: Any = None) -> "ProviderStream":
-        """A streamed call; ``relay``: a reader that passes the provider's events on as they are (its
-        ``relayed()``), where the wire and the client's API are the same (openai_relay.py)."""
-        return ProviderStream(self, chat, target, relay)
+    def stream(self, chat: ChatRequest, target: Target) -> "ProviderStream":
+        return ProviderStream(self, chat, target)
 
     def _count(self, target: Target, outcome: str, started: float) -> None:
         key = (target.name, outcome)
@@ -179,10 +177,9 @@ class ProviderStream:
     """A streamed call: ``async with`` it to send the request (ProviderError if it is refused, before anything
     was answered), then ``deltas()``; ``end`` after the last."""
 
-    def __init__(self, calls: ProviderCalls, chat: ChatRequest, target: Target, relay: Any = None) -> None:
+    def __init__(self, calls: ProviderCalls, chat: ChatRequest, target: Target) -> None:
         self._calls = calls
         self._chat = chat
-        self._relay = relay
         self.target = target
         self.end: StreamEnd | None = None
         self._answer: Any = None
@@ -213,21 +210,12 @@ class ProviderStream:
         except ProviderError as e:
             self._calls._count(target, e.kind, self._started)
             raise
-        self._reader = provider.stream() if self._relay is None else self._relay
+        self._reader = provider.stream()
         return self
 
     async def deltas(self) -> AsyncIterator["list[Delta]"]:
         """The deltas of each piece of the answer (a piece may complete none); a gap longer than the target's
         timeout is a ProviderError, as is an answer that breaks off."""
-        async for deltas in self._read():
-            yield joined(deltas)
-
-    def relayed(self) -> "AsyncIterator[bytes]":
-        """The client's events of each piece, as the relay passes them on (``deltas`` otherwise)."""
-        return self._read()
-
-    async def _read(self) -> AsyncIterator[Any]:
-        """What the reader makes of each piece (when it makes anything), the stream's end kept in ``end``."""
         target, reader = self.target, self._reader
         pieces = self._answer.__aiter__()
         timeout_s = target.timeout_s
@@ -241,9 +229,9 @@ class ProviderStream:
                     except StopAsyncIteration:
                         break
                     gap.deadline = trio.current_time() + timeout_s
-                    made = reader.feed(piece)
-                    if made:
-                        yield made
+                    deltas = reader.feed(piece)
+                    if deltas:
+                        yield joined(deltas)
             if gap.cancelled_caught:
                 raise ProviderError(TIMEOUT, 504, f"the target {target.name} stopped sending for {timeout_s:g} s")
             self.end = reader.finish()

@@ -29,7 +29,6 @@ from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, new_cal
 from .base import (CONTEXT_LENGTH, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError, StreamEnd,
                    StreamReader, Target, Unsupported, Usage, kind_of_status, put_sampling, refuse,
                    retry_after_s)
-from .openai_relay import ChatRelay
 from .sse import SseDecoder
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls",
@@ -172,10 +171,6 @@ class OpenAIChat(Provider):
 
     def stream(self) -> StreamReader:
         return _ChatStream()
-
-    def relay(self, response_id: str, model: str, include_usage: bool) -> ChatRelay:
-        """Its stream passed on to an OpenAI chat client as it comes (openai_relay.py)."""
-        return ChatRelay(response_id, model, include_usage, _FINISH, usage_of, error_of)
 
     embeds = True
 

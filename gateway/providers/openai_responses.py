@@ -47,8 +47,6 @@ class OpenAIResponses(OpenAIChat):
     def wire(self, target: Target) -> "OpenAIResponses":
         return self
 
-    relay = None  # its events are the Responses API's: a chat client's stream is always translated
-
     def check(self, chat: ChatRequest, target: Target) -> None:
         refuse(chat, target, "n", "logprobs", "seed", "frequency_penalty", "presence_penalty", "logit_bias")
         sampling = chat.sampling

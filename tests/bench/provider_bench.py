@@ -19,7 +19,7 @@ Not a test: it prints figures. What it does:
    same cell run straight against the upstream).
 
     python tests/bench/provider_bench.py [--seconds 5] [--repeats 2] [--concurrency 1 64] [--stream both]
-        [--gateways smg-node smg-node-worker smg litellm]
+        [--gateways smg-node smg-node-worker smg litellm]   (smg-node@DIR: the node of another tree, to compare)
 """
 
 from __future__ import annotations
@@ -122,13 +122,15 @@ def start_gateways(names: "list[str]", upstream: str, log_dir: Path, smg_venv: P
                    ) -> "list[Target]":
     out = []
     for name in names:
-        if name == "smg-node":
+        if name.split("@")[0] == "smg-node":  # smg-node@DIR: the node of another tree (a worktree of a commit before)
+            tree = Path(name.split("@", 1)[1]) if "@" in name else None
             config = log_dir / "models.toml"
             config.write_text(f'[targets.up]\nprovider = "openai_compatible"\nmodel = "relay"\n'
                               f'base_url = "{upstream}/v1"\ncredential = "env:UPSTREAM_KEY"\n'
                               '[models.relay]\ntargets = ["up"]\n')
             node = NodeProcess(["--models-config", str(config), "--log-level", "warning",
-                                "--max-concurrent-requests", "0"], log_dir, name, env={"UPSTREAM_KEY": "sk-bench"})
+                                "--max-concurrent-requests", "0"], log_dir, name.replace("/", "_"),
+                               env={"UPSTREAM_KEY": "sk-bench"}, cwd=tree)
             host, port = node.url.removeprefix("http://").rsplit(":", 1)
             out.append(Target(name, node, host, int(port)))
         elif name == "smg-node-worker":

@@ -120,8 +120,8 @@ def test_a_stream_arrives_in_pieces_with_its_usage(oai, fakes):
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
     assert chunks[-1].usage.completion_tokens == 4
     assert fakes["primary"].requests[0][2]["stream_options"] == {"include_usage": True}
-    # Relayed as they came (gateway/providers/openai_relay.py): the answer's own id on every chunk, the provider's
-    # usage chunk (always asked for) only for a client that asked.
+    # The answer's own id on every chunk; the provider's usage (always asked for) in a chunk only for a client
+    # that asked.
     assert len({c.id for c in chunks}) == 1 and chunks[0].id != "chatcmpl-fake"
     plain = list(oai.chat.completions.create(model="smart", messages=[{"role": "user", "content": "Count"}],
                                              stream=True))
