@@ -118,7 +118,7 @@ class SharedEngineState:
             checked = check(mm, params.prompt_ids)
         except vision.ImagesRefused as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"images: {e}")
-        self.images_seen += len(mm.mm_placeholders)
+        self.images_seen += len(mm.items) if hasattr(mm, "items") else len(mm.mm_placeholders)  # (TokenSpeed: items)
         return dataclasses.replace(params, media_digest=checked.digest, cache_ids=checked.cache_ids)
 
     async def embedding(self, request_id: str, input_ids: "list[int]", context: grpc.aio.ServicerContext

@@ -3,7 +3,8 @@ engine, its wire habits.
 
 SGLang's shape with optional sampling scalars, the seed as ``sampling_seed``, prefill/decode legs meeting by
 ``kv_bootstrap_info`` (host, port, room) as SGLang's do by ``disaggregated_params``. Its proto has no Embed and its
-answers no prompt log probabilities: asked for them (``logprob_start_len`` set), it refuses.
+answers no prompt log probabilities: asked for them (``logprob_start_len`` set), it refuses. Images come as items, one
+an image (vision.check_tokenspeed holds them to the prompt).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import grpc
 from smg_grpc_proto.generated import tokenspeed_scheduler_pb2 as ts
 from smg_grpc_proto.generated import tokenspeed_scheduler_pb2_grpc as ts_grpc
 
+from . import vision
 from .core import GenerateParams
 from .services import CommonRpcs, log_trace, sglang_constraint, sglang_server_args
 
@@ -23,8 +25,9 @@ class TokenSpeedService(CommonRpcs, ts_grpc.TokenSpeedSchedulerServicer):
     async def Generate(self, request: ts.GenerateRequest, context):
         log_trace(request.request_id, context)
         await self.s.refuse_generation(context)
-        if request.HasField("mm_inputs") or request.HasField("encode_bootstrap_info"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the simulated TokenSpeed engine takes no images")
+        if request.HasField("encode_bootstrap_info"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the simulated TokenSpeed engine has no encode "
+                                "workers: a prefill computes its images")
         if request.HasField("logprob_start_len"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the simulated TokenSpeed engine reports no input "
                                 "logprobs (its answers have no field for them)")
@@ -39,6 +42,8 @@ class TokenSpeedService(CommonRpcs, ts_grpc.TokenSpeedSchedulerServicer):
             constraint=sglang_constraint(sp),  # its constraint fields are SGLang's
             logprobs=request.top_logprobs_num if request.return_logprob else None,
         )
+        params = await self.s.with_images(params, request.mm_inputs, len(request.mm_inputs.items) > 0,
+                                          vision.check_tokenspeed, context)
         async for answer in self.s.room_answers(request, "kv_bootstrap_info", params, sp.n, context, ts):
             yield answer
 
@@ -56,7 +61,7 @@ class TokenSpeedService(CommonRpcs, ts_grpc.TokenSpeedSchedulerServicer):
             model_path=e.config.model_name, tokenizer_path=str(self.s.tokenizer_dir),
             served_model_name=e.config.model_name, model_type="qwen3", architectures=[self.s.architecture],
             max_context_length=e.config.max_context_tokens, max_req_input_len=e.config.max_context_tokens - 1,
-            vocab_size=self.s.vocab_size, eos_token_ids=[e.eos_token_id])
+            vocab_size=self.s.vocab_size, eos_token_ids=[e.eos_token_id], supports_vision=e.config.vision)
 
     async def GetServerInfo(self, request, context):
         e = self.s.engine

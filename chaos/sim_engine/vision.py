@@ -146,3 +146,28 @@ def check_sglang(mm: Any, input_ids: "list[int]") -> CheckedImages:
     pixels = _array(mm.pixel_values.data, mm.pixel_values.shape, mm.pixel_values.dtype)
     return check(input_ids, pixels, tensors["image_grid_thw"], [(p.offset, p.length) for p in mm.mm_placeholders],
                  mm.im_token_id if mm.HasField("im_token_id") else None, [])
+
+
+def check_tokenspeed(mm: Any, input_ids: "list[int]") -> CheckedImages:
+    """TokenSpeed's items, one an image: its own pixel rows as the encoder input, its grid a batch of one row, one
+    placeholder range, the image token, a content hash."""
+    pixels, grids, ranges, hashes = [], [], [], []
+    token_ids = set()
+    for item in mm.items:
+        if item.modality != common_pb2.IMAGE:
+            raise ImagesRefused(f"an item's modality is {item.modality}, not IMAGE")
+        if "image_grid_thw" not in item.model_specific_tensors or len(item.placeholders) != 1 or not item.content_hash:
+            raise ImagesRefused("an item needs its image_grid_thw, one placeholder range and its content hash")
+        grid = _array(item.model_specific_tensors["image_grid_thw"].inline,
+                      item.model_specific_tensors["image_grid_thw"].shape, item.model_specific_tensors[
+                          "image_grid_thw"].dtype)
+        if grid.shape != (1, 3):
+            raise ImagesRefused(f"an item's image_grid_thw is {list(grid.shape)}, not one row of (t, h, w)")
+        pixels.append(_array(item.encoder_input.inline, item.encoder_input.shape, item.encoder_input.dtype))
+        grids.append(grid)
+        ranges.append((item.placeholders[0].offset, item.placeholders[0].length))
+        hashes.append(item.content_hash.hex())
+        token_ids.add(item.placeholder_token_id if item.HasField("placeholder_token_id") else None)
+    if not pixels or len(token_ids) != 1:
+        raise ImagesRefused("items without images, or with different image tokens")
+    return check(input_ids, np.concatenate(pixels), np.concatenate(grids), ranges, token_ids.pop(), hashes)

@@ -262,16 +262,23 @@ class Generator:
             try:
                 if routing.adapter is not None:  # the adapter loaded there (room made) and held while it answers
                     async with self.router.adapters.ready(worker, routing.adapter):
-                        return await attempt_fn(worker)
+                        return await self._traced(attempt_fn, worker, attempt, span, model)
                 if self.tracing is None or not self.tracing.active():
                     return await attempt_fn(worker)
-                with self.tracing.client_span(span, {
-                        "smg.worker.id": worker.id, "smg.worker.url": worker.url, "smg.attempt": attempt + 1,
-                        "smg.policy": self.router.policy.name, "gen_ai.request.model": model}):
-                    return await attempt_fn(worker)
+                return await self._traced(attempt_fn, worker, attempt, span, model)
             except AttemptFailed as failed:
                 await trio.sleep(self._backoff_after(failed, attempt, request_id, worker.id))
         raise AssertionError("unreachable: the last attempt raises")
+
+    async def _traced(self, attempt_fn: "Callable[[Worker], Awaitable[T]]", worker: Worker, attempt: int, span: str,
+                      model: str) -> T:
+        """One attempt, in a span of its own when the node traces."""
+        if self.tracing is None or not self.tracing.active():
+            return await attempt_fn(worker)
+        with self.tracing.client_span(span, {
+                "smg.worker.id": worker.id, "smg.worker.url": worker.url, "smg.attempt": attempt + 1,
+                "smg.policy": self.router.policy.name, "gen_ai.request.model": model}):
+            return await attempt_fn(worker)
 
     async def _with_pair_retries(self, request_id: str, model: str, routing: RoutingRequest,
                                  pair_fn: "Callable[[Pair], Awaitable[T]]") -> T:

@@ -25,6 +25,9 @@ def engines(log_dir):
                for kind, model in KINDS.items()}
     started["trtllm-embed"] = EngineProcess([*ENGINE_ARGS, "--services", "trtllm", "--model-name", "trt-embed",
                                              "--task", "embed", "--embedding-dim", "16"], log_dir, "kind-trtllm-embed")
+    for kind in ("tokenspeed", "sglang"):  # the same vision model behind two kinds' services
+        started[f"{kind}-vision"] = EngineProcess([*ENGINE_ARGS, "--services", kind, "--vision", "--model-name",
+                                                   f"{kind}-vision"], log_dir, f"kind-{kind}-vision")
     yield started
     for e in started.values():
         e.stop()
@@ -52,7 +55,8 @@ def _prompt_ids(node, model: str, messages) -> list[int]:
 def test_each_engine_is_detected_as_its_kind(node, engines):
     workers = httpx2.get(node.url + "/workers", headers=node.admin_headers).json()["workers"]
     kinds = {w["url"]: w["runtime"] for w in workers}
-    assert kinds == {engines[k].url: k for k in KINDS} | {engines["trtllm-embed"].url: "trtllm"}
+    assert kinds == {engines[k].url: k for k in KINDS} | {engines["trtllm-embed"].url: "trtllm"} | {
+        engines[f"{k}-vision"].url: k for k in ("tokenspeed", "sglang")}
     assert all(w["healthy"] for w in workers)  # TensorRT-LLM's health is its status text
 
 
@@ -142,3 +146,27 @@ def test_kinds_without_prefill_decode_legs_are_refused_as_such(node, engines):
         "url": engines["mlx"].url.replace("127.0.0.1", "localhost"), "worker_type": "prefill", "bootstrap_port": 9},
         timeout=30)
     assert r.status_code == 400 and "no prefill/decode legs" in r.text, r.text
+
+
+def _png(color: "tuple[int, int, int]") -> str:
+    import base64
+    import io
+
+    from PIL import Image
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48), color).save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_tokenspeed_takes_images_as_items_and_answers_as_sglang_does(client):
+    """Each image one item (its pixels, its grid, its range, its hash): the simulated engine folds what it received
+    into its answer, so the same image through TokenSpeed's items and SGLang's one batch answers alike, and another
+    image otherwise."""
+    def ask(model: str, *colors) -> str:
+        parts = [{"type": "image_url", "image_url": {"url": _png(c)}} for c in colors]
+        return client.chat.completions.create(model=model, max_tokens=6, messages=[{"role": "user", "content": [
+            *parts, {"type": "text", "text": "what is it?"}]}]).choices[0].message.content
+
+    red, blue = (255, 0, 0), (0, 0, 255)
+    assert ask("tokenspeed-vision", red, blue) == ask("sglang-vision", red, blue)
+    assert ask("tokenspeed-vision", red) != ask("tokenspeed-vision", blue)

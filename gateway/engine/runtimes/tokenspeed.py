@@ -9,25 +9,30 @@ gateway trims stops itself), output log probabilities from the first output toke
 Prefill/decode: both legs at once with the same bootstrap address and room (``BOOTSTRAP_ROOM``), its disaggregation
 read from its server arguments as SGLang's.
 
+Images as its items carry them: one item an image, its encoder input the image's own normalized pixels, its other
+tensors the image's (a grid as a batch of one row, as smg slices them per item), its placeholder range and token,
+its content hash (the image's digest, the engine's encoder-cache key).
+
 What it lacks, refused with a 400 before a request is sent (its support): the prompt's log probabilities (its
-answers carry none), embeddings (no Embed). Images are not sent to it yet: its items carry one encoder input per
-image, which the gateway's processors do not split per image today (a 400 says so).
+answers carry none), embeddings (no Embed). Its encode workers (tokenspeed_encoder.proto, EPD) are not used: the
+prefill computes its images' embeddings itself.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import tokenspeed_scheduler_pb2 as ts
 
 from ..messages import EngineSupport, Handover, SamplingOptions, TokenLogprob
 from ..pairing_info import PairingInfo
 from .base import (BOOTSTRAP_ROOM, ENGINE_RUNTIMES, SGLANG_CONSTRAINT_FIELDS, EngineRuntime, pairing_of_server_args,
-                   set_given, set_sglang_constraint, set_unless_default)
+                   set_given, set_sglang_constraint, set_unless_default, tensor)
 
 CONSTRAINT_FIELDS = SGLANG_CONSTRAINT_FIELDS
 SEED_MODULUS = 2 ** 64  # its sampling_seed is a uint64
-SUPPORT = EngineSupport(prompt_logprobs=False, embeddings=False, images=False)
+SUPPORT = EngineSupport(prompt_logprobs=False, embeddings=False)
 
 
 class TokenSpeedRuntime(EngineRuntime):
@@ -41,8 +46,6 @@ class TokenSpeedRuntime(EngineRuntime):
 
     def generate_request(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions, stream: bool,
                          handover: Handover | None = None, media: Any = None, raw_pixels: bool = False) -> Any:
-        if media is not None:  # refused before (its support): never sent without its images
-            raise ValueError("images are not sent to a TokenSpeed engine")
         request = ts.GenerateRequest(request_id=request_id, stream=stream)
         sp = request.sampling_params
         sp.max_new_tokens = sampling.max_new_tokens
@@ -65,6 +68,8 @@ class TokenSpeedRuntime(EngineRuntime):
             kv = request.kv_bootstrap_info
             kv.bootstrap_host, kv.bootstrap_port = handover.bootstrap_host, handover.bootstrap_port
             kv.bootstrap_room = handover.bootstrap_room
+        if media is not None:
+            _items(request.mm_inputs, media)
         return request
 
     def abort_request(self, request_id: str) -> Any:
@@ -80,3 +85,16 @@ class TokenSpeedRuntime(EngineRuntime):
 
 ENGINE_RUNTIMES.add("tokenspeed", TokenSpeedRuntime(),
                     "TokenSpeed's scheduler (tokenspeed.grpc.scheduler.TokenSpeedScheduler)")
+
+
+def _items(mm: Any, media: Any) -> None:
+    """A request's images as its items: one an image (see the module's docstring)."""
+    processor = media.processor
+    for image, (offset, length), image_hash in zip(media.images, media.ranges, media.hashes):
+        item = mm.items.add(modality=common_pb2.IMAGE, content_hash=bytes.fromhex(image_hash),
+                            placeholder_token_id=processor.placeholder_id)
+        pixels = image.normalized if image.normalized is not None else processor.normalized(image.raw)
+        tensor(item.encoder_input, pixels, inline=True)
+        for key, array in image.tensors.items():
+            tensor(item.model_specific_tensors[key], array[None], inline=True)
+        item.placeholders.add(offset=offset, length=length)
