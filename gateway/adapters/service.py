@@ -240,6 +240,8 @@ class AdapterService:
         task_status.started()
         while True:
             await trio.sleep(self.config.poll_interval_s)
+            if not self.specs:
+                continue  # no adapter defined: nothing to route by (an engine's preloaded ones are not named here)
             for worker in self._registry.all():
                 if getattr(worker.client, "takes_adapters", False) and worker.healthy and self._owns(worker):
                     await self._poll(worker)
