@@ -311,6 +311,11 @@ class SharedEngineState:
         finally:
             cache.remove_listener(on_batch)
 
+    def loads_answer(self, pb: Any) -> Any:
+        """GetLoads in ``pb``'s messages (SGLang's, vLLM's and TokenSpeed's are alike): one data-parallel rank."""
+        return pb.GetLoadsResponse(timestamp=str(time.time()), version="sim", dp_rank_count=1,
+                                   loads=[pb.SchedulerLoad(dp_rank=0, **self.load_numbers())])
+
     def load_numbers(self) -> dict:
         e = self.engine
         cfg = e.config
@@ -437,8 +442,7 @@ class SglangService(CommonRpcs, sg_grpc.SglangSchedulerServicer):
             server_args=sglang_server_args(self.s.pd))
 
     async def GetLoads(self, request, context):
-        return sg.GetLoadsResponse(timestamp=str(time.time()), version="sim", dp_rank_count=1,
-                                   loads=[sg.SchedulerLoad(dp_rank=0, **self.s.load_numbers())])
+        return self.s.loads_answer(sg)
 
 
 class VllmService(CommonRpcs, vl_grpc.VllmEngineServicer):
@@ -514,8 +518,7 @@ class VllmService(CommonRpcs, vl_grpc.VllmEngineServicer):
             **_vllm_kv_transfer(self.s.pd), **vision.server_info(e.config))
 
     async def GetLoads(self, request, context):
-        return vl.GetLoadsResponse(timestamp=str(time.time()), version="sim", dp_rank_count=1,
-                                   loads=[vl.SchedulerLoad(dp_rank=0, **self.s.load_numbers())])
+        return self.s.loads_answer(vl)
 
 
 def sglang_server_args(pd: Disaggregation) -> Struct:

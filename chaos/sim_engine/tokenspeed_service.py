@@ -71,5 +71,4 @@ class TokenSpeedService(CommonRpcs, ts_grpc.TokenSpeedSchedulerServicer):
             max_total_num_tokens=e.config.kv_capacity_blocks * e.config.block_size)
 
     async def GetLoads(self, request, context):
-        return ts.GetLoadsResponse(timestamp=str(time.time()), version="sim", dp_rank_count=1,
-                                   loads=[ts.SchedulerLoad(dp_rank=0, **self.s.load_numbers())])
+        return self.s.loads_answer(ts)

@@ -43,6 +43,9 @@ from .state import GatewayState
 
 # vLLM's spellings of a score request's two sides, in the order it tries them.
 SCORE_SIDES = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))
+# Pairs scored on the event loop: ~5 us each for 1,024 values; more go to a thread so that a 2,048-document rerank
+# does not hold the loop for ~10 ms.
+SCORES_INLINE_MAX = 64
 # Fields vLLM takes that change which tokens are scored; refused rather than ignored (a silently different score).
 UNSUPPORTED_FIELDS = ("truncate_prompt_tokens", "max_tokens_per_query", "max_tokens_per_doc", "instruction",
                       "chat_template_kwargs")
@@ -173,13 +176,9 @@ async def _on_pool(state: GatewayState, request: Request, raw: bytes, model: str
         return
     if deadline.cancelled_caught:
         raise timeout_error()
-    scores = await trio.to_thread.run_sync(pair_scores, vectors[:len(queries)], vectors[len(queries):]) \
-        if len(documents) > SCORES_INLINE_MAX else pair_scores(vectors[:len(queries)], vectors[len(queries):])
+    of_queries, of_documents = vectors[:len(queries)], vectors[len(queries):]
+    scores = await trio.to_thread.run_sync(pair_scores, of_queries, of_documents) \
+        if len(documents) > SCORES_INLINE_MAX else pair_scores(of_queries, of_documents)
     metrics = state.metrics
     metrics.child(metrics.tokens, entry.name, "prompt").inc(total)
     await request.send_bytes(200, answer(scores, total, entry.name), JSON_HEADERS)
-
-
-# Pairs scored on the event loop: ~5 us each for 1,024 values; more go to a thread so that a 2,048-document rerank
-# does not hold the loop for ~10 ms.
-SCORES_INLINE_MAX = 64
