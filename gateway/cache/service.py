@@ -177,7 +177,8 @@ class ResponseCache:
         stats = self.store.stats
         yield counter("smg_cache_store_events", "The response cache's store on this node", ["event"],
                       [(["stored"], stats.stored), (["evicted"], stats.evicted_bytes), (["expired"], stats.expired),
-                       (["too_large"], stats.refused_large), (["peer_failure"], self.peer_failures),
+                       (["too_large"], stats.refused_large), (["kept_first"], stats.kept_first),
+                       (["peer_failure"], self.peer_failures),
                        (["bad_frame"], self.bad_frames)])
         yield gauge("smg_cache_bytes", "Bytes of answers this node holds for the response cache", [],
                     [([], self.store.bytes)])

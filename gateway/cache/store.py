@@ -3,7 +3,8 @@ No I/O, no clock of its own (``now_s`` is given).
 
 The least recently used entry goes first when a bound is reached: the node's (``bytes_max``) over all entries,
 a partition's (``partition_bytes_max``) over its own, so one tenant filling the cache evicts its own answers, not
-the others'. An entry past its TTL is never served, and is dropped when met or when the bound needs room.
+the others'. An entry past its TTL is never served, and is dropped when met or when the bound needs room. A key holds the first
+answer put for it until that answer expires.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class StoreStats:
     evicted_bytes: int = 0  # entries dropped for room (the node's bound or the partition's)
     expired: int = 0
     refused_large: int = 0  # an entry larger than a bound allows
+    kept_first: int = 0  # a put on a key whose live answer was kept instead
 
 
 class AnswerStore:
@@ -67,6 +69,11 @@ class AnswerStore:
             return False
         known = self._entries.get(key)
         if known is not None:
+            if known.expires_at_s > now_s:
+                # The first answer kept stays: two nodes that missed at once both put theirs, and every node must
+                # serve the same one for the TTL (a later put would replace the answer some clients already got).
+                self.stats.kept_first += 1
+                return False
             self._remove(key, known)
         self._make_room(entry.partition, size, now_s)
         self._entries[key] = entry

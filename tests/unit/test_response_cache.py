@@ -64,6 +64,18 @@ def test_an_entry_is_served_to_its_partition_only_and_not_past_its_ttl():
     assert store.get("k", "tenant:a", 100.0) is None and store.stats.expired == 1 and store.bytes == 0
 
 
+def test_a_key_keeps_its_first_answer_until_it_expires():
+    """Two nodes that missed at once both put their answer: every node serves the first one for its TTL."""
+    store = AnswerStore(10_000, 10_000)
+    first = entry(size=10, expires_at_s=100.0)
+    assert store.put("k", first, now_s=0.0)
+    assert not store.put("k", entry(size=20, expires_at_s=200.0), now_s=1.0)
+    assert store.get("k", "tenant:a", 2.0) is first and store.stats.kept_first == 1 and store.bytes == first.size
+    later = entry(size=30, expires_at_s=300.0)
+    assert store.put("k", later, now_s=150.0)  # the first expired: the next answer is kept
+    assert store.get("k", "tenant:a", 151.0) is later and store.bytes == later.size
+
+
 def test_the_node_bound_evicts_the_least_recently_used_first():
     size = entry().size
     store = AnswerStore(3 * size, 10 * size)
