@@ -392,4 +392,4 @@ async def test_response_cache_frames(seed):
             entry = store._entries[key]
             assert isinstance(entry.body, bytes) and math.isfinite(entry.expires_at_s), where
             assert entry.expires_at_s <= NOW_S + cache.config.ttl_s, where
-        assert cache.store.put("ok", Entry("tenant:b", b"t", b"x", False, (1, 1, 0, 0), NOW_S + 1), NOW_S), where
+        assert cache.store.put(f"ok{case}", Entry("tenant:b", b"t", b"x", False, (1, 1, 0, 0), NOW_S + 1), NOW_S), where
