@@ -191,6 +191,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vision", action="store_true", help="a Qwen2-VL-style vision model: its bundle carries an "
                         "image processor config and an image-aware chat template; Generate takes preprocessed images, "
                         "checks them against the prompt and folds them into the answer (chaos/sim_engine/vision.py)")
+    parser.add_argument("--vision-family", choices=("qwen2_vl", "gemma3"), default=d.vision_family,
+                        help="which vision model --vision is: Qwen2-VL-style (vision.py) or Gemma 3 (vision_gemma3.py)")
     parser.add_argument("--vision-takes-floats", action="store_true", help="(vLLM) the engine takes normalized "
                         "float pixels; by default it normalizes on its device and takes uint8 pixels, as vLLM does "
                         "for Qwen-VL models (GetServerInfo's mm_device_do_normalize)")
@@ -219,6 +221,7 @@ def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
         script_path=args.script, role=args.role, bootstrap_port=args.bootstrap_port,
         handover_timeout_s=args.handover_timeout_s, pairing_protocol=args.pairing_protocol, task=args.task,
         embedding_dim=args.embedding_dim, matryoshka_dimensions=tuple(args.matryoshka_dimensions), vision=args.vision,
+        vision_family=args.vision_family,
         vision_takes_floats=args.vision_takes_floats, vision_images_max=args.vision_images_max,
         vision_image_tokens_max=args.vision_image_tokens_max, lora_slots=args.lora_slots)
     if args.zero_cost:

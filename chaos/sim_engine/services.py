@@ -37,7 +37,7 @@ from smg_grpc_proto.generated import (
 from .adapters import SimAdapters, adapter_seed
 from .core import EngineOverloaded, GenerateParams, InvalidRequest, SimEngine
 from .disaggregation import Disaggregation
-from . import vision
+from . import vision, vision_gemma3
 from .embedding import embedding_of, model_config
 from .logprobs import prompt_logprobs, token_logprobs
 from .output import derive_seed
@@ -89,7 +89,9 @@ class SharedEngineState:
             if config.task == "embed":
                 extra["config.json"] = json.dumps(model_config(config.embedding_dim, config.matryoshka_dimensions)
                                                   ).encode()
-            if config.vision:
+            if config.vision and config.vision_family == "gemma3":
+                extra.update(vision_gemma3.bundle_files(self.gemma3_tokens.tokenizer_json))
+            elif config.vision:
                 extra["preprocessor_config.json"] = json.dumps(vision.PREPROCESSOR_CONFIG).encode()
                 extra["chat_template.jinja"] = vision.CHAT_TEMPLATE.encode()
             self._bundle = build_tokenizer_bundle(self.tokenizer_dir, extra)
@@ -99,8 +101,26 @@ class SharedEngineState:
     def embeds(self) -> bool:
         return self.engine.config.task == "embed"
 
+    @functools.cached_property
+    def gemma3_tokens(self) -> vision_gemma3.Gemma3Tokens:
+        return vision_gemma3.Gemma3Tokens((self.tokenizer_dir / "tokenizer.json").read_bytes())
+
+    def image_check(self, service: str) -> "Callable[[Any, list[int]], Any]":
+        """How the ``service`` ("vllm", "sglang", "tokenspeed") checks a request's images for this model's family."""
+        config = self.engine.config
+        if config.vision_family == "gemma3":
+            if service == "vllm":
+                return lambda mm, ids: vision_gemma3.check_vllm(self.gemma3_tokens, mm, ids, config)
+            if service == "sglang":
+                return lambda mm, ids: vision_gemma3.check_sglang(self.gemma3_tokens, mm, ids)
+        if service == "vllm":
+            return lambda mm, ids: vision.check_vllm(mm, ids, config)
+        return vision.check_sglang if service == "sglang" else vision.check_tokenspeed
+
     @property
     def architecture(self) -> str:
+        if self.engine.config.vision and self.engine.config.vision_family == "gemma3":
+            return "Gemma3ForConditionalGeneration"
         if self.engine.config.vision:
             return "Qwen2VLForConditionalGeneration"
         return "Qwen3Model" if self.embeds else "Qwen3ForCausalLM"
@@ -392,8 +412,8 @@ class SglangService(CommonRpcs, sg_grpc.SglangSchedulerServicer):
             logprobs=request.top_logprobs_num if request.return_logprob else None,
             prompt_logprobs=request.return_logprob and request.logprob_start_len >= 0,
         )
-        params = await self.s.with_images(params, request.mm_inputs, request.HasField("mm_inputs"), vision.check_sglang,
-                                          context)
+        params = await self.s.with_images(params, request.mm_inputs, request.HasField("mm_inputs"),
+                                          self.s.image_check("sglang"), context)
         if request.lora_id:
             if request.lora_id not in self.s.adapters.loaded:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"LoRA adapter {request.lora_id} is not loaded")
@@ -472,9 +492,8 @@ class VllmService(CommonRpcs, vl_grpc.VllmEngineServicer):
             logprobs=sp.logprobs if sp.HasField("logprobs") else None,
             prompt_logprobs=sp.HasField("prompt_logprobs"),
         )
-        config = self.s.engine.config
         params = await self.s.with_images(params, request.mm_inputs, request.HasField("mm_inputs"),
-                                          lambda mm, ids: vision.check_vllm(mm, ids, config), context)
+                                          self.s.image_check("vllm"), context)
         pd = self.s.pd
         transfer = await pd.vllm_params(request, context)
         if transfer is not None and pd.role == "prefill":

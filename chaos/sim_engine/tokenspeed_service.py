@@ -15,7 +15,6 @@ import grpc
 from smg_grpc_proto.generated import tokenspeed_scheduler_pb2 as ts
 from smg_grpc_proto.generated import tokenspeed_scheduler_pb2_grpc as ts_grpc
 
-from . import vision
 from .core import GenerateParams
 from .services import CommonRpcs, log_trace, sglang_constraint, sglang_server_args
 
@@ -43,7 +42,7 @@ class TokenSpeedService(CommonRpcs, ts_grpc.TokenSpeedSchedulerServicer):
             logprobs=request.top_logprobs_num if request.return_logprob else None,
         )
         params = await self.s.with_images(params, request.mm_inputs, len(request.mm_inputs.items) > 0,
-                                          vision.check_tokenspeed, context)
+                                          self.s.image_check("tokenspeed"), context)
         async for answer in self.s.room_answers(request, "kv_bootstrap_info", params, sp.n, context, ts):
             yield answer
 

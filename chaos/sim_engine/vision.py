@@ -92,11 +92,7 @@ def check(input_ids: "list[int]", pixels: np.ndarray, grid: np.ndarray, ranges: 
         raise ImagesRefused(f"im_token_id is {im_token_id}; this model's image token is {IMAGE_TOKEN_ID}")
     if hashes and len(hashes) != len(ranges):
         raise ImagesRefused(f"{len(hashes)} mm_hashes for {len(ranges)} images")
-    if not hashes:  # (SGLang's form carries none: each image's rows say who it is)
-        bounds = np.cumsum([0, *grid.prod(axis=1).tolist()])
-        hashes = [hashlib.sha256(pixels[a:b].tobytes()).hexdigest() for a, b in zip(bounds, bounds[1:])]
-    cache_ids = list(input_ids)
-    for (t, h, w), (offset, length), image_hash in zip(grid.tolist(), ranges, hashes):
+    for (t, h, w), (offset, length) in zip(grid.tolist(), ranges):
         if t != 1 or h % MERGE or w % MERGE or length != t * h * w // (MERGE * MERGE):
             raise ImagesRefused(f"an image of grid {(t, h, w)} takes {t * h * w // (MERGE * MERGE)} tokens, its "
                                 f"range {length}")
@@ -104,15 +100,31 @@ def check(input_ids: "list[int]", pixels: np.ndarray, grid: np.ndarray, ranges: 
             raise ImagesRefused(f"an image of {length} tokens is over the encoder budget of {image_tokens_max}")
         if offset + length > len(input_ids) or any(i != IMAGE_TOKEN_ID for i in input_ids[offset:offset + length]):
             raise ImagesRefused(f"the range ({offset}, {length}) is not the image token in the prompt")
-        key = int.from_bytes(hashlib.sha256(image_hash.encode() + struct.pack("<III", t, h, w)).digest()[:4], "big")
-        # Ids the cache hashes (as uint32) in place of the image's tokens: above any vocabulary, the image's own.
-        cache_ids[offset:offset + length] = [(1 << 31) + (key + i) % (1 << 31) for i in range(length)]
+    bounds = np.cumsum([0, *grid.prod(axis=1).tolist()])
+    cache_ids = cache_ids_of(input_ids, [pixels[a:b] for a, b in zip(bounds, bounds[1:])], ranges, hashes,
+                             [struct.pack("<III", *row) for row in grid.tolist()])
     placed = sum(length for _, length in ranges)
     if input_ids.count(IMAGE_TOKEN_ID) != placed:
         raise ImagesRefused(f"the prompt has {input_ids.count(IMAGE_TOKEN_ID)} image tokens outside the ranges' "
                             f"{placed}")
     digest = zlib.crc32(pixels.tobytes(), zlib.crc32(grid.tobytes()))
     return CheckedImages(digest, cache_ids)
+
+
+def cache_ids_of(input_ids: "list[int]", pixels: "list[np.ndarray] | np.ndarray", ranges: "list[tuple[int, int]]",
+                 hashes: "list[str]", shapes: "list[bytes] | None" = None) -> "list[int]":
+    """The ids the prefix cache keys by: each image's range replaced by ids of its own (from its hash, or its pixels'
+    when the form carries none, as SGLang's; with its shape), above any vocabulary, as a real engine's block
+    hashes take the image's."""
+    if not hashes:  # (SGLang's form carries none: each image's rows say who it is)
+        hashes = [hashlib.sha256(rows.tobytes()).hexdigest() for rows in pixels]
+    cache_ids = list(input_ids)
+    for index, ((offset, length), image_hash) in enumerate(zip(ranges, hashes)):
+        shape = shapes[index] if shapes else b""
+        key = int.from_bytes(hashlib.sha256(image_hash.encode() + shape).digest()[:4], "big")
+        # Ids the cache hashes (as uint32) in place of the image's tokens: above any vocabulary, the image's own.
+        cache_ids[offset:offset + length] = [(1 << 31) + (key + i) % (1 << 31) for i in range(length)]
+    return cache_ids
 
 
 def check_vllm(mm: Any, input_ids: "list[int]", config: Any) -> CheckedImages:

@@ -19,6 +19,13 @@ Families:
     llava      LLaVA 1.5 and CLIP-style processors (CLIPImageProcessor, LlavaImageProcessor): resized so its
                shortest side is the size, center-cropped, rescaled, normalized; (crop/patch)^2 <image> tokens
                (one fewer with the default feature strategy that drops CLS... as the model's config says)
+    gemma3     Gemma 3 (Gemma3ImageProcessor*): resized to one square, rescaled, normalized; the placeholder
+               <start_of_image> becomes "\n\n<start_of_image>" + soft tokens + "<end_of_image>\n\n", its newlines
+               joined with their neighbours as the tokenizer joins them (pan and scan refused at load)
+
+Families whose prompt expansion is more than the placeholder repeated give ``expansion`` (the ids that replace it)
+and ``newline_pieces`` (the newline tokens its edges join with); ``embed_id`` is the token whose positions take the
+features.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 RESAMPLE = {0: Image.Resampling.NEAREST, 1: Image.Resampling.LANCZOS, 2: Image.Resampling.BILINEAR,
             3: Image.Resampling.BICUBIC, 4: Image.Resampling.BOX, 5: Image.Resampling.HAMMING}
 ASPECT_RATIO_MAX = 200  # Qwen2-VL's bound on an image's long side over its short one
+NEWLINE_RUN_MAX = 32  # the longest run of newlines looked for as one token (Gemma's vocabulary stops at 31)
 
 
 class ProcessorConfigError(ValueError):
@@ -65,7 +73,12 @@ class ProcessedImage:
 
 class ImageProcessor(Protocol):
     family: str
-    placeholder_id: int  # the token the chat template writes once per image, expanded to ``tokens`` of it
+    placeholder_id: int  # the token the chat template writes once per image, replaced by ``expansion``
+    embed_id: int  # the token whose positions take the image's features (the engines' im_token_id)
+    # The tokenizer's tokens that are only newlines, as (id, newlines): an expansion that begins or ends with
+    # newlines (Gemma 3's) is written as text by the model's own processor, and the tokenizer joins those with the
+    # newlines beside them ("\n" + "\n\n" is one token); empty when nothing is joined.
+    newline_pieces: "tuple[tuple[int, int], ...]"
     # How the engine lays the batch out (vLLM's MultiModalFieldConfig): pixel rows per image (flat, sized by
     # the named tensor) or one entry per image (batched).
     flat_pixels_by: str | None
@@ -74,6 +87,8 @@ class ImageProcessor(Protocol):
     cpu_tensors: "tuple[str, ...]"
 
     def process(self, image: Image.Image, normalize: bool) -> ProcessedImage: ...  # normalized too when asked
+
+    def expansion(self, image: ProcessedImage) -> "list[int]": ...  # the ids that replace the placeholder
 
     def normalized(self, raw: np.ndarray) -> np.ndarray: ...  # a ProcessedImage's raw pixels rescaled, normalized
 
@@ -118,6 +133,21 @@ def rescaled_normalized(channels_first: np.ndarray, scale: float, mean: "tuple[f
     return out
 
 
+class RepeatedPlaceholder:
+    """The placeholder repeated once per image token, which are the embedding positions themselves (Qwen-VL's,
+    LLaVA's): nothing around them, nothing merged."""
+
+    placeholder_id: int
+    newline_pieces: "tuple[tuple[int, int], ...]" = ()
+
+    @property
+    def embed_id(self) -> int:
+        return self.placeholder_id
+
+    def expansion(self, image: ProcessedImage) -> "list[int]":
+        return [self.placeholder_id] * image.tokens
+
+
 # -- Qwen2-VL, Qwen2.5-VL, Qwen3-VL -------------------------------------------------------------------------
 
 def aspect_problem(height: int, width: int) -> str | None:
@@ -145,7 +175,7 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 
 
 @dataclasses.dataclass(frozen=True)
-class QwenVisionProcessor:
+class QwenVisionProcessor(RepeatedPlaceholder):
     placeholder_id: int
     patch_size: int = 14
     temporal_patch_size: int = 2
@@ -216,7 +246,7 @@ class QwenVisionProcessor:
 # -- LLaVA and CLIP-style ------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class ClipStyleProcessor:
+class ClipStyleProcessor(RepeatedPlaceholder):
     placeholder_id: int
     tokens_per_image: int
     shortest_edge: int = 336
@@ -293,6 +323,85 @@ def _center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     return out[top:top + height, left:left + width]
 
 
+# -- Gemma 3 ---------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Gemma3Processor:
+    """Gemma 3 (Gemma3ImageProcessor): every image resized to one square (896 x 896 published, bilinear), rescaled,
+    normalized (0.5, 0.5); it stands in the prompt as "\n\n<start_of_image>" + ``tokens_per_image`` soft tokens +
+    "<end_of_image>\n\n" where the template wrote <start_of_image>, and those newlines join the newlines beside
+    them as Gemma's tokenizer joins them ("\n" + "\n\n" is one token), as the processor vLLM's server runs does."""
+
+    placeholder_id: int  # <start_of_image>
+    embed_id: int  # <image_soft_token>
+    end_id: int  # <end_of_image>
+    double_newline_id: int
+    newline_pieces: "tuple[tuple[int, int], ...]" = ()
+    tokens_per_image: int = 256
+    height: int = 896
+    width: int = 896
+    mean: "tuple[float, ...]" = (0.5, 0.5, 0.5)
+    std: "tuple[float, ...]" = (0.5, 0.5, 0.5)
+    rescale_factor: float = 1 / 255
+    resample: int = 2
+    family = "gemma3"
+    flat_pixels_by = "num_patches"  # vLLM's layout: crops per image (one: pan and scan is not served)
+    cpu_tensors = ("num_patches",)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], token_to_id: Callable[[str], "int | None"],
+                    model_config: dict[str, Any]) -> "Gemma3Processor":
+        if config.get("do_pan_and_scan"):
+            # Crops add "Here is the original image ... and here are some crops" around the images, which vLLM
+            # itself warns gives poor answers on its engine: not served rather than served differently.
+            raise ProcessorConfigError("preprocessor_config.json: do_pan_and_scan is not served (Gemma 3's default "
+                                       "is off)")
+        size = config.get("size", {"height": 896, "width": 896})
+        if not (isinstance(size, dict) and all(isinstance(size.get(k), int) and size[k] > 0
+                                               for k in ("height", "width"))):
+            raise ProcessorConfigError(f"preprocessor_config.json: size is {size!r}")
+        tokens = config.get("image_seq_length", model_config.get("mm_tokens_per_image", 256))
+        two = token_to_id("\n\n")
+        if two is None:
+            raise ProcessorConfigError("the tokenizer has no \"\\n\\n\" token for Gemma 3's image sequence")
+        # Gemma's vocabulary has a token for each run of up to 31 newlines.
+        pieces = tuple((token, n) for n in range(1, NEWLINE_RUN_MAX + 1)
+                       if (token := token_to_id("\n" * n)) is not None)
+        processor = cls(placeholder_id=_token_id(token_to_id, "<start_of_image>"),
+                        embed_id=_token_id(token_to_id, "<image_soft_token>"),
+                        end_id=_token_id(token_to_id, "<end_of_image>"), double_newline_id=two,
+                        newline_pieces=pieces, tokens_per_image=_number({"n": tokens}, "n", 256, (int,)),
+                        height=size["height"], width=size["width"],
+                        mean=_triple(config, "image_mean", (0.5, 0.5, 0.5)),
+                        std=_triple(config, "image_std", (0.5, 0.5, 0.5)),
+                        rescale_factor=float(_number(config, "rescale_factor", 1 / 255)),
+                        resample=_number(config, "resample", 2, (int,)))
+        if processor.tokens_per_image < 1 or processor.resample not in RESAMPLE:
+            raise ProcessorConfigError(f"preprocessor_config.json: unusable {processor}")
+        return processor
+
+    def describe(self) -> str:
+        return f"{self.family}:{self.height}x{self.width}:{self.tokens_per_image}:{self.mean}:{self.std}:" \
+               f"{self.rescale_factor}:{self.resample}"
+
+    def size_problem(self, width: int, height: int) -> str | None:
+        return None  # every image becomes one square: no size is refused beyond decoding's pixel bound
+
+    def process(self, image: Image.Image, normalize: bool) -> ProcessedImage:
+        if image.size != (self.width, self.height):
+            image = image.resize((self.width, self.height), resample=RESAMPLE[self.resample])
+        raw = np.ascontiguousarray(np.asarray(image).transpose(2, 0, 1)[None])  # one crop, CHW
+        return ProcessedImage(raw, {}, self.tokens_per_image, self.normalized(raw) if normalize else None)
+
+    def normalized(self, raw: np.ndarray) -> np.ndarray:
+        return rescaled_normalized(raw.transpose(1, 0, 2, 3), self.rescale_factor, self.mean,
+                                   self.std).transpose(1, 0, 2, 3).copy()
+
+    def expansion(self, image: ProcessedImage) -> "list[int]":
+        newline = self.double_newline_id
+        return [newline, self.placeholder_id, *([self.embed_id] * image.tokens), self.end_id, newline]
+
+
 # -- the registry -------------------------------------------------------------------------------------------
 
 IMAGE_PROCESSORS: Registry[Callable[..., ImageProcessor]] = Registry("image processor")
@@ -303,6 +412,9 @@ IMAGE_PROCESSORS.add("llava", ClipStyleProcessor.from_config, "LLaVA 1.5 and CLI
                      "crop, normalized", types=("CLIPImageProcessor", "CLIPImageProcessorFast", "CLIPImageProcessorPil",
                                                 "LlavaImageProcessor", "LlavaImageProcessorFast",
                                                 "LlavaImageProcessorPil"))
+IMAGE_PROCESSORS.add("gemma3", Gemma3Processor.from_config, "Gemma 3: one square (896 published), bilinear, "
+                     "normalized 0.5; soft tokens between <start_of_image> and <end_of_image>",
+                     types=("Gemma3ImageProcessor", "Gemma3ImageProcessorFast", "Gemma3ImageProcessorPil"))
 
 
 def image_processor(files: dict[str, dict[str, Any]], token_to_id: Callable[[str], "int | None"]
@@ -310,9 +422,12 @@ def image_processor(files: dict[str, dict[str, Any]], token_to_id: Callable[[str
     """The processor a model's files call for (its preprocessor_config.json, or processor_config.json's nested
     image_processor), None when they name none this node has; ProcessorConfigError when they name one wrongly."""
     config = files.get("preprocessor_config.json") or {}
-    nested = (files.get("processor_config.json") or {}).get("image_processor")
+    processor_config = files.get("processor_config.json") or {}
+    nested = processor_config.get("image_processor")
     if not config.get("image_processor_type") and isinstance(nested, dict):
         config = nested
+    if "image_seq_length" in processor_config and "image_seq_length" not in config:  # the processor's own setting
+        config = {**config, "image_seq_length": processor_config["image_seq_length"]}
     kind = config.get("image_processor_type")
     for plugin in IMAGE_PROCESSORS.plugins():
         if kind in plugin.detail("types", ()):

@@ -17,6 +17,7 @@ by tenant (``fair.FairLimiter``), so one tenant's large or slow images do not ho
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import hashlib
@@ -89,12 +90,14 @@ class MediaInputs:
         return sum(image.nbytes for image in self.images)
 
     def expand(self, ids: "list[int]") -> tuple[list[int], list[int]]:
-        """(the prompt's ids with each image's placeholder expanded to its tokens, the same ids for routing):
-        the chat template wrote the placeholder once per image, in order. The routing ids carry each image's
-        hash in place of its tokens, so two prompts that differ only in an image share no prefix past it."""
-        placeholder = self.processor.placeholder_id
+        """(the prompt's ids with each image's placeholder replaced by its expansion, the same ids for routing):
+        the chat template wrote the placeholder once per image, in order. A family's merges then join the token
+        pairs its tokenizer would have joined in the expanded text; an image's range starts at the token its
+        expansion's first became and keeps the expansion's length, as vLLM places it. The routing ids carry each
+        image's hash over its range, so two prompts that differ only in an image share no prefix past it."""
+        processor = self.processor
+        placeholder = processor.placeholder_id
         expanded: list[int] = []
-        routing: list[int] = []
         ranges: list[tuple[int, int]] = []
         found = 0
         start = 0
@@ -104,11 +107,9 @@ class MediaInputs:
             if found >= len(self.images):
                 break
             expanded += ids[start:position]
-            routing += ids[start:position]
-            count = self.images[found].tokens
-            ranges.append((len(expanded), count))
-            expanded += [placeholder] * count
-            routing += _routing_ids(self.hashes[found], count)
+            sequence = processor.expansion(self.images[found])
+            ranges.append((len(expanded), len(sequence)))
+            expanded += sequence
             found += 1
             start = position + 1
         if found != len(self.images) or placeholder in ids[start:]:
@@ -116,9 +117,66 @@ class MediaInputs:
                              f"{len(self.images)} images: this model's template does not take images this way",
                              code="image_placeholder_mismatch")
         expanded += ids[start:]
-        routing += ids[start:]
+        if processor.newline_pieces:
+            expanded, ranges = joined_newlines(expanded, ranges, dict(processor.newline_pieces))
+        routing = list(expanded)
+        for (offset, length), image_hash in zip(ranges, self.hashes):
+            routing[offset:offset + length] = _routing_ids(image_hash, length)
         self.ranges = ranges
         return expanded, routing
+
+
+def joined_newlines(ids: "list[int]", ranges: "list[tuple[int, int]]", pieces: "dict[int, int]"
+                    ) -> "tuple[list[int], list[tuple[int, int]]]":
+    """``ids`` with each run of newline tokens that an expansion begins or ends in written again as the tokenizer
+    writes that many newlines (the longest token first, as it matches them), and the ranges moved onto it: from the
+    token holding a range's first newline to the one holding its last. ``pieces``: newline token -> newlines. A
+    run of the text's own newlines is left as the tokenizer made it."""
+    by_count = {count: token for token, count in pieces.items()}
+    edges = {offset for offset, _ in ranges} | {offset + length - 1 for offset, length in ranges}
+    out: list[int] = []
+    first: list[int] = []  # old index -> the new token holding its first character
+    last: list[int] = []  # ... its last
+    i = 0
+    while i < len(ids):
+        j = i
+        while j < len(ids) and ids[j] in pieces:
+            j += 1
+        if j == i or not any(i <= edge < j for edge in edges):
+            for k in range(i, max(j, i + 1)):
+                first.append(len(out))
+                last.append(len(out))
+                out.append(ids[k])
+            i = max(j, i + 1)
+            continue
+        written = _newline_tokens(sum(pieces[ids[k]] for k in range(i, j)), by_count)
+        starts = [0]  # the character each new token starts at, within the run
+        for token in written:
+            starts.append(starts[-1] + pieces[token])
+        base = len(out)
+        out += written
+        at = 0
+        for k in range(i, j):
+            first.append(base + bisect.bisect_right(starts, at) - 1)
+            at += pieces[ids[k]]
+            last.append(base + bisect.bisect_right(starts, at - 1) - 1)
+        i = j
+    moved = [(first[offset], last[offset + length - 1] - first[offset] + 1) for offset, length in ranges]
+    return out, moved
+
+
+def _newline_tokens(count: int, by_count: "dict[int, int]") -> "list[int]":
+    """``count`` newlines as tokens, the longest that fits first (a tokenizer's added tokens match longest first;
+    Gemma's, one token up to 31)."""
+    out: list[int] = []
+    while count:
+        fits = [n for n in by_count if n <= count]
+        if not fits:
+            raise ValueError(f"the tokenizer has no token for {count} newlines")
+        longest = max(fits)
+        out.append(by_count[longest])
+        count -= longest
+    return out
 
 
 def _routing_ids(image_hash: str, count: int) -> list[int]:

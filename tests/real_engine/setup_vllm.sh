@@ -48,5 +48,11 @@ fi
 if [ ! -f "$vision/config.json" ]; then
   PYTHONPATH="$vision_path" "$venv/bin/python" "$here/make_tiny_qwen2_vl.py" "$vision" "$tokenizer_dir"
 fi
+# A tiny Gemma 3 (its processor configs and image sequence; the Qwen tokenizer with Gemma 3's tokens added).
+gemma3="$(dirname "$model")/tiny-gemma3"
+if [ ! -f "$gemma3/config.json" ]; then
+  "$venv/bin/python" "$here/make_tiny_gemma3.py" "$gemma3" "$tokenizer_dir"
+fi
 echo "SMG_VLLM_PYTHON=$venv/bin/python SMG_VLLM_MODEL=$model SMG_VLLM_EMBED_MODEL=$embed" \
-     "SMG_VLLM_VISION_MODEL=$vision SMG_VLLM_VISION_PYTHONPATH=$vision_path python -m pytest -m real_engine tests/real_engine"
+     "SMG_VLLM_VISION_MODEL=$vision SMG_VLLM_VISION_PYTHONPATH=$vision_path SMG_VLLM_GEMMA3_MODEL=$gemma3" \
+     "python -m pytest -m real_engine tests/real_engine"

@@ -93,6 +93,6 @@ def _media(mm: Any, media: Any) -> None:
     tensor(mm.pixel_values, media.pixel_values(False), inline=False)
     for key, array in media.tensors().items():
         tensor(mm.model_specific_tensors[key], array, inline=False)
-    mm.im_token_id = media.processor.placeholder_id
+    mm.im_token_id = media.processor.embed_id
     for offset, length in media.ranges:
         mm.mm_placeholders.add(offset=offset, length=length)

@@ -92,7 +92,7 @@ def _items(mm: Any, media: Any) -> None:
     processor = media.processor
     for image, (offset, length), image_hash in zip(media.images, media.ranges, media.hashes):
         item = mm.items.add(modality=common_pb2.IMAGE, content_hash=bytes.fromhex(image_hash),
-                            placeholder_token_id=processor.placeholder_id)
+                            placeholder_token_id=processor.embed_id)
         pixels = image.normalized if image.normalized is not None else processor.normalized(image.raw)
         tensor(item.encoder_input, pixels, inline=True)
         for key, array in image.tensors.items():

@@ -110,12 +110,12 @@ def _media(mm: Any, media: Any, raw_pixels: bool) -> None:
     flat = media.processor.flat_pixels_by
     if flat is not None:
         mm.flat_keys["pixel_values"] = flat
-        mm.batched_keys.extend(key for key in media.tensors() if key != flat)
+        mm.batched_keys.extend(media.tensors())  # the sizes one too: a model input for some (Gemma 3's crops)
     else:
         mm.batched_keys.append("pixel_values")
         mm.batched_keys.extend(media.tensors())
     mm.keep_on_cpu_keys.extend(media.processor.cpu_tensors)
-    mm.im_token_id = media.processor.placeholder_id
+    mm.im_token_id = media.processor.embed_id
     for offset, length in media.ranges:
         mm.mm_placeholders.add(offset=offset, length=length)
     mm.mm_hashes.extend(media.hashes)

@@ -1,0 +1,102 @@
+"""The simulated engine as a Gemma 3 vision model (``--vision-family gemma3``): its bundle carries Gemma 3's image
+processor config (a small square, so tests stay cheap), a chat template that writes ``<start_of_image>`` for each
+image part as Gemma 3's does, and the tokenizer with Gemma 3's image tokens and newline tokens added (written here,
+in that format, onto the tokenizer it is given). A Generate carrying images is checked as vLLM's and SGLang's
+Gemma 3 need them: one crop of the square a image (vLLM: pixel rows flat by ``num_patches``, which is batched and
+kept on the CPU), the soft token as the image token, each range the whole image sequence ("\\n\\n" or the newline
+token it joined, <start_of_image>, the soft tokens, <end_of_image>, its newlines) and no soft token outside them;
+refused with INVALID_ARGUMENT naming what is off. What a Qwen2-VL-style engine checks otherwise is vision.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Any
+
+import numpy as np
+import tokenizers
+
+from .vision import CheckedImages, ImagesRefused, _array, cache_ids_of
+
+SIZE = 32  # pixels a side
+TOKENS_PER_IMAGE = 4
+IMAGE_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
+PREPROCESSOR_CONFIG = {
+    "image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor", "do_resize": True,
+    "do_rescale": True, "do_normalize": True, "do_pan_and_scan": None, "resample": 2, "rescale_factor": 1 / 255,
+    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "size": {"height": SIZE, "width": SIZE},
+    "image_seq_length": TOKENS_PER_IMAGE,
+}
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\\n' }}"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
+    "{%- else -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{ '<start_of_image>' }}"
+    "{%- elif item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}{{ '<end_of_turn>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}")
+
+
+class Gemma3Tokens:
+    """The tokenizer the bundle carries (the given one with Gemma 3's tokens added) and the ids the checks need."""
+
+    def __init__(self, tokenizer_json: bytes) -> None:
+        tok = tokenizers.Tokenizer.from_str(tokenizer_json.decode())
+        tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
+                                for t in (*IMAGE_TOKENS, "<start_of_turn>", "<end_of_turn>")])
+        tok.add_tokens([tokenizers.AddedToken("\n" * n, normalized=False) for n in (4, 3, 2, 1)])
+        self.tokenizer_json = tok.to_str().encode()
+        self.boi, self.eoi, self.soft = (tok.token_to_id(t) for t in IMAGE_TOKENS)
+        self.newlines = {tok.token_to_id("\n" * n) for n in (2, 3, 4)}  # what an image's "\n\n" may have joined
+
+
+def bundle_files(tokenizer_json: bytes) -> dict[str, bytes]:
+    return {"preprocessor_config.json": json.dumps(PREPROCESSOR_CONFIG).encode(),
+            "chat_template.jinja": CHAT_TEMPLATE.encode(),
+            "tokenizer.json": Gemma3Tokens(tokenizer_json).tokenizer_json}
+
+
+def check(tokens: Gemma3Tokens, input_ids: "list[int]", pixels: np.ndarray, ranges: "list[tuple[int, int]]",
+          im_token_id: int | None, hashes: "list[str]", raw: bool) -> CheckedImages:
+    kind = np.uint8 if raw else np.float32
+    if pixels.shape != (len(ranges), 3, SIZE, SIZE) or pixels.dtype != kind:
+        raise ImagesRefused(f"pixel_values is {pixels.dtype}{list(pixels.shape)}; this engine takes one "
+                            f"{kind.__name__} crop of 3 x {SIZE} x {SIZE} an image, {len(ranges)} images")
+    if im_token_id != tokens.soft:
+        raise ImagesRefused(f"im_token_id is {im_token_id}; this model's image token is {tokens.soft}")
+    if hashes and len(hashes) != len(ranges):
+        raise ImagesRefused(f"{len(hashes)} mm_hashes for {len(ranges)} images")
+    n = TOKENS_PER_IMAGE
+    for offset, length in ranges:
+        window = input_ids[offset:offset + length]
+        if length != n + 4 or len(window) != length or window[0] not in tokens.newlines or \
+                window[-1] not in tokens.newlines or window[1:n + 3] != [tokens.boi, *[tokens.soft] * n, tokens.eoi]:
+            raise ImagesRefused(f"the range ({offset}, {length}) is not an image sequence (\\n\\n <start_of_image> "
+                                f"{n} soft tokens <end_of_image> \\n\\n) in the prompt")
+    if input_ids.count(tokens.soft) != n * len(ranges):
+        raise ImagesRefused(f"the prompt has {input_ids.count(tokens.soft)} soft tokens for {len(ranges)} images")
+    digest = zlib.crc32(pixels.tobytes())
+    return CheckedImages(digest, cache_ids_of(input_ids, pixels.reshape(len(ranges), -1), ranges, hashes))
+
+
+def check_vllm(tokens: Gemma3Tokens, mm: Any, input_ids: "list[int]", config: Any) -> CheckedImages:
+    tensors = {key: _array(td.inline, td.shape, td.dtype) for key, td in mm.model_specific_tensors.items()}
+    pixels = _array(mm.pixel_values.inline, mm.pixel_values.shape, mm.pixel_values.dtype)
+    if dict(mm.flat_keys) != {"pixel_values": "num_patches"} or "num_patches" not in mm.batched_keys or \
+            "num_patches" not in mm.keep_on_cpu_keys or "num_patches" not in tensors:
+        raise ImagesRefused("vLLM's Gemma 3 layout is pixel_values flat by num_patches, num_patches batched and kept "
+                            "on the CPU")
+    if tensors["num_patches"].tolist() != [1] * len(mm.mm_placeholders):
+        raise ImagesRefused(f"num_patches is {tensors['num_patches'].tolist()}: one crop an image (no pan and scan)")
+    return check(tokens, input_ids, pixels, [(p.offset, p.length) for p in mm.mm_placeholders],
+                 mm.im_token_id if mm.HasField("im_token_id") else None, list(mm.mm_hashes),
+                 not config.vision_takes_floats)
+
+
+def check_sglang(tokens: Gemma3Tokens, mm: Any, input_ids: "list[int]") -> CheckedImages:
+    pixels = _array(mm.pixel_values.data, mm.pixel_values.shape, mm.pixel_values.dtype)
+    return check(tokens, input_ids, pixels, [(p.offset, p.length) for p in mm.mm_placeholders],
+                 mm.im_token_id if mm.HasField("im_token_id") else None, [], False)
