@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..base.options import Option
+from .processors import REFERENCES as PIXEL_REFERENCES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,16 @@ class MediaConfig:
     # either, its next request is refused (429) rather than queued.
     tenant_bytes_max: int = 256 * 1024 * 1024
     tenant_waiting_max: int = 64
+    # Whose pixels the processors compute: "torchvision", as transformers' torchvision-backed processors do, which
+    # vLLM's server runs (torchvision is a dependency of vLLM): bit for bit, but its resize costs 3-4x Pillow's in
+    # numpy; or "pil", as transformers' PIL processors do (Pillow's kernel: a level of the 255 off on a few values).
+    pixel_reference: str = "torchvision"
+
+
+def pixel_reference(value: str) -> str:
+    if value not in PIXEL_REFERENCES:
+        raise ValueError(f"--media-pixel-reference is one of {', '.join(PIXEL_REFERENCES)}")
+    return value
 
 
 # This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
@@ -68,4 +79,7 @@ OPTIONS = (
            "tenant may have at once", "security"),
     Option("--media-threads", "media.threads", int, "image decodes and resizes at once, off the event loop "
            "(0: one per core)", "performance"),
+    Option("--media-pixel-reference", "media.pixel_reference", pixel_reference, "whose pixels image processors "
+           "compute: torchvision (transformers' torchvision processors, which vLLM's server runs; bit for bit) or "
+           "pil (transformers' PIL processors: a quarter of the resize's CPU)", "engines"),
 )

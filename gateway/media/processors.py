@@ -4,11 +4,12 @@ Each family registers itself in ``IMAGE_PROCESSORS`` with the ``image_processor_
 ``preprocessor_config.json`` it reads (the engine ships that file in its tokenizer bundle, so the gateway's
 numbers are the model's own), and is built from that file: sizes, means, patch and merge sizes. An image
 goes in as RGB; out come its pixel tensor (float32), the model's other tensors (a grid), and the prompt
-tokens that stand for it. The reference is transformers' PIL processor of the family (resize with
-Pillow, then rescale in float64 cast to float32, normalize in float32, as ``transformers.image_transforms``
-does): tests/unit/test_image_processors.py holds them equal on the same images. The raw pixels (resized, in
-the family's layout, not yet rescaled) are what an engine that normalizes on its device takes. transformers' torchvision
-("Fast") variants resize with another kernel and differ from these by at most a level or two of the 255.
+tokens that stand for it. Two references, a processor's ``reference``: "torchvision" (the default), transformers'
+torchvision-backed processor of the family, which vLLM's server runs (torch's integer resize, resize.py; the
+rescale folded into the mean and std), held equal to the bit by tests/unit/test_torchvision_pixels.py; or "pil",
+its PIL processor (Pillow's resize, then rescale in float64 cast to float32, normalize in float32), held equal by
+tests/unit/test_image_processors.py. The raw pixels (resized, in the family's layout, not yet rescaled) are what
+an engine that normalizes on its device takes.
 
 Families:
 
@@ -39,12 +40,15 @@ import numpy as np
 from PIL import Image
 
 from ..base.registry import Registry
+from .resize import resize_uint8
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # CLIP's published normalization
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 # Pillow's resampling filters by the numbers preprocessor configs give them.
 RESAMPLE = {0: Image.Resampling.NEAREST, 1: Image.Resampling.LANCZOS, 2: Image.Resampling.BILINEAR,
             3: Image.Resampling.BICUBIC, 4: Image.Resampling.BOX, 5: Image.Resampling.HAMMING}
+TORCH_KERNELS = {1: "bicubic", 2: "bilinear", 3: "bicubic"}  # torchvision's kernel for a config's filter
+REFERENCES = ("torchvision", "pil")  # whose pixels: transformers' torchvision processors (vLLM's server), or PIL ones
 ASPECT_RATIO_MAX = 200  # Qwen2-VL's bound on an image's long side over its short one
 NEWLINE_RUN_MAX = 32  # the longest run of newlines looked for as one token (Gemma's vocabulary stops at 31)
 
@@ -121,13 +125,33 @@ def _token_id(token_to_id: Callable[[str], "int | None"], text: str) -> int:
     return token_id
 
 
+def resized(image: Image.Image, width: int, height: int, resample: int, reference: str) -> np.ndarray:
+    """``image`` resized to ``width`` x ``height``, HWC uint8, as the reference processor resizes it: Pillow's
+    kernel ("pil"), or torch's antialiased integer kernel ("torchvision", resize.py) for the bilinear and bicubic
+    filters (transformers' torchvision processors take Lanczos as bicubic; others are Pillow's either way)."""
+    if image.size == (width, height):
+        return np.asarray(image)
+    kind = TORCH_KERNELS.get(resample) if reference == "torchvision" else None
+    if kind is None:
+        return np.asarray(image.resize((width, height), resample=RESAMPLE[resample]))
+    return resize_uint8(np.asarray(image), width, height, kind)
+
+
 def rescaled_normalized(channels_first: np.ndarray, scale: float, mean: "tuple[float, ...]",
-                        std: "tuple[float, ...]") -> np.ndarray:
-    """uint8 pixels whose first axis is the channel (any layout after it) to float32, as transformers computes
-    it: rescaled in float64 then cast to float32, normalized in float32 per channel. Each value's arithmetic is
-    its own, so normalizing after the family's reshuffle of the pixels equals normalizing before it."""
+                        std: "tuple[float, ...]", reference: str = "torchvision") -> np.ndarray:
+    """uint8 pixels whose first axis is the channel (any layout after it) to float32, as the reference processor
+    computes it: transformers' PIL processors rescale in float64, cast to float32 and normalize in float32 per
+    channel; its torchvision processors fold the rescale into the mean and std (each times 1 / scale, in float32)
+    and normalize the float32 pixels with them. Each value's arithmetic is its own, so normalizing after the
+    family's reshuffle of the pixels equals normalizing before it."""
+    shape = (-1,) + (1,) * (channels_first.ndim - 1)
+    if reference == "torchvision":
+        factor = np.float32(1.0 / scale)
+        out = channels_first.astype(np.float32)
+        out -= (np.asarray(mean, dtype=np.float32) * factor).reshape(shape)
+        out /= (np.asarray(std, dtype=np.float32) * factor).reshape(shape)
+        return out
     out = (channels_first.astype(np.float64) * scale).astype(np.float32)
-    shape = (-1,) + (1,) * (out.ndim - 1)
     out -= np.asarray(mean, dtype=np.float32).reshape(shape)
     out /= np.asarray(std, dtype=np.float32).reshape(shape)
     return out
@@ -186,6 +210,7 @@ class QwenVisionProcessor(RepeatedPlaceholder):
     std: "tuple[float, ...]" = OPENAI_CLIP_STD
     rescale_factor: float = 1 / 255
     resample: int = 3
+    reference: str = "torchvision"
     family = "qwen2_vl"
     flat_pixels_by = "patches_per_image"
     cpu_tensors = ("image_grid_thw",)
@@ -212,7 +237,7 @@ class QwenVisionProcessor(RepeatedPlaceholder):
 
     def describe(self) -> str:
         return f"{self.family}:{self.patch_size}:{self.temporal_patch_size}:{self.merge_size}:{self.min_pixels}:" \
-               f"{self.max_pixels}:{self.mean}:{self.std}:{self.rescale_factor}:{self.resample}"
+               f"{self.max_pixels}:{self.mean}:{self.std}:{self.rescale_factor}:{self.resample}:{self.reference}"
 
     def size_problem(self, width: int, height: int) -> str | None:
         return aspect_problem(height, width)
@@ -221,9 +246,7 @@ class QwenVisionProcessor(RepeatedPlaceholder):
         p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
         width, height = image.size
         h, w = smart_resize(height, width, p * m, self.min_pixels, self.max_pixels)
-        if (w, h) != image.size:
-            image = image.resize((w, h), resample=RESAMPLE[self.resample])
-        chw = np.asarray(image).transpose(2, 0, 1)
+        chw = resized(image, w, h, self.resample, self.reference).transpose(2, 0, 1)
         channels = chw.shape[0]
         frames = np.broadcast_to(chw, (t, *chw.shape))  # one picture repeated over the temporal patch
         gh, gw = h // p, w // p
@@ -239,7 +262,7 @@ class QwenVisionProcessor(RepeatedPlaceholder):
     def normalized(self, raw: np.ndarray) -> np.ndarray:
         rows = raw.shape[0]
         per_channel = raw.reshape(rows, len(self.mean), -1).transpose(1, 0, 2)  # a patch row is (channel, frame, y, x)
-        out = rescaled_normalized(per_channel, self.rescale_factor, self.mean, self.std)
+        out = rescaled_normalized(per_channel, self.rescale_factor, self.mean, self.std, self.reference)
         return np.ascontiguousarray(out.transpose(1, 0, 2).reshape(raw.shape))
 
 
@@ -256,6 +279,7 @@ class ClipStyleProcessor(RepeatedPlaceholder):
     std: "tuple[float, ...]" = OPENAI_CLIP_STD
     rescale_factor: float = 1 / 255
     resample: int = 3
+    reference: str = "torchvision"
     family = "llava"
     flat_pixels_by = None
     cpu_tensors = ()
@@ -285,7 +309,7 @@ class ClipStyleProcessor(RepeatedPlaceholder):
 
     def describe(self) -> str:
         return f"{self.family}:{self.shortest_edge}:{self.crop}:{self.do_center_crop}:{self.mean}:{self.std}:" \
-               f"{self.rescale_factor}:{self.resample}"
+               f"{self.rescale_factor}:{self.resample}:{self.reference}"
 
     def size_problem(self, width: int, height: int) -> str | None:
         # Resized so its short side is shortest_edge, a 1 x 39,000,000 image would be 336 x 13 billion pixels before
@@ -297,16 +321,14 @@ class ClipStyleProcessor(RepeatedPlaceholder):
         short, long = (width, height) if width <= height else (height, width)
         new_long = int(self.shortest_edge * long / short)  # transformers' size for shortest_edge: truncated
         size = (self.shortest_edge, new_long) if width <= height else (new_long, self.shortest_edge)
-        if size != image.size:
-            image = image.resize(size, resample=RESAMPLE[self.resample])
-        pixels = np.asarray(image)
+        pixels = resized(image, *size, self.resample, self.reference)
         if self.do_center_crop:
             pixels = _center_crop(pixels, *self.crop)
         raw = np.ascontiguousarray(pixels.transpose(2, 0, 1))  # CHW
         return ProcessedImage(raw, {}, self.tokens_per_image, self.normalized(raw) if normalize else None)
 
     def normalized(self, raw: np.ndarray) -> np.ndarray:
-        return rescaled_normalized(raw, self.rescale_factor, self.mean, self.std)
+        return rescaled_normalized(raw, self.rescale_factor, self.mean, self.std, self.reference)
 
 
 def _center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -344,6 +366,7 @@ class Gemma3Processor:
     std: "tuple[float, ...]" = (0.5, 0.5, 0.5)
     rescale_factor: float = 1 / 255
     resample: int = 2
+    reference: str = "torchvision"
     family = "gemma3"
     flat_pixels_by = "num_patches"  # vLLM's layout: crops per image (one: pan and scan is not served)
     cpu_tensors = ("num_patches",)
@@ -382,20 +405,19 @@ class Gemma3Processor:
 
     def describe(self) -> str:
         return f"{self.family}:{self.height}x{self.width}:{self.tokens_per_image}:{self.mean}:{self.std}:" \
-               f"{self.rescale_factor}:{self.resample}"
+               f"{self.rescale_factor}:{self.resample}:{self.reference}"
 
     def size_problem(self, width: int, height: int) -> str | None:
         return None  # every image becomes one square: no size is refused beyond decoding's pixel bound
 
     def process(self, image: Image.Image, normalize: bool) -> ProcessedImage:
-        if image.size != (self.width, self.height):
-            image = image.resize((self.width, self.height), resample=RESAMPLE[self.resample])
-        raw = np.ascontiguousarray(np.asarray(image).transpose(2, 0, 1)[None])  # one crop, CHW
+        pixels = resized(image, self.width, self.height, self.resample, self.reference)
+        raw = np.ascontiguousarray(pixels.transpose(2, 0, 1)[None])  # one crop, CHW
         return ProcessedImage(raw, {}, self.tokens_per_image, self.normalized(raw) if normalize else None)
 
     def normalized(self, raw: np.ndarray) -> np.ndarray:
-        return rescaled_normalized(raw.transpose(1, 0, 2, 3), self.rescale_factor, self.mean,
-                                   self.std).transpose(1, 0, 2, 3).copy()
+        return rescaled_normalized(raw.transpose(1, 0, 2, 3), self.rescale_factor, self.mean, self.std,
+                                   self.reference).transpose(1, 0, 2, 3).copy()
 
     def expansion(self, image: ProcessedImage) -> "list[int]":
         newline = self.double_newline_id
@@ -417,10 +439,11 @@ IMAGE_PROCESSORS.add("gemma3", Gemma3Processor.from_config, "Gemma 3: one square
                      types=("Gemma3ImageProcessor", "Gemma3ImageProcessorFast", "Gemma3ImageProcessorPil"))
 
 
-def image_processor(files: dict[str, dict[str, Any]], token_to_id: Callable[[str], "int | None"]
-                    ) -> "ImageProcessor | None":
+def image_processor(files: dict[str, dict[str, Any]], token_to_id: Callable[[str], "int | None"],
+                    reference: str = "torchvision") -> "ImageProcessor | None":
     """The processor a model's files call for (its preprocessor_config.json, or processor_config.json's nested
-    image_processor), None when they name none this node has; ProcessorConfigError when they name one wrongly."""
+    image_processor), None when they name none this node has; ProcessorConfigError when they name one wrongly.
+    ``reference``: whose pixels it computes (REFERENCES)."""
     config = files.get("preprocessor_config.json") or {}
     processor_config = files.get("processor_config.json") or {}
     nested = processor_config.get("image_processor")
@@ -431,5 +454,6 @@ def image_processor(files: dict[str, dict[str, Any]], token_to_id: Callable[[str
     kind = config.get("image_processor_type")
     for plugin in IMAGE_PROCESSORS.plugins():
         if kind in plugin.detail("types", ()):
-            return plugin.make(config, token_to_id, files.get("config.json") or {})
+            return dataclasses.replace(plugin.make(config, token_to_id, files.get("config.json") or {}),
+                                       reference=reference)
     return None

@@ -131,10 +131,10 @@ def _take_support(entry: ModelEntry, client: Any) -> None:
     entry.engine_support = support if entry.engine_support is None else entry.engine_support.both(support)
 
 
-def _image_processor(model: str, tokenizer: TokenizerService) -> Any:
+def _image_processor(model: str, tokenizer: TokenizerService, pixel_reference: str) -> Any:
     """The model's image processor, when its files name one this node has (logged either way)."""
     try:
-        processor = image_processor(tokenizer.model_files, tokenizer.token_to_id)
+        processor = image_processor(tokenizer.model_files, tokenizer.token_to_id, pixel_reference)
     except ProcessorConfigError as e:
         log.warning("model %s: its image processor cannot be used (%s): it takes no images here", model, e)
         return None
@@ -146,8 +146,9 @@ def _image_processor(model: str, tokenizer: TokenizerService) -> Any:
 class ModelCatalog:
     def __init__(self, tokenizer_config: TokenizerConfig, tokenizer_path: Path | None,
                  chat_template_path: Path | None, tool_call_parser: str | None = None,
-                 reasoning_parser: str | None = None) -> None:
+                 reasoning_parser: str | None = None, pixel_reference: str = "torchvision") -> None:
         self._tokenizer_config = tokenizer_config
+        self._pixel_reference = pixel_reference  # whose pixels image processors compute (MediaConfig)
         self._parsers = (tool_call_parser, reasoning_parser)  # the operator's; None: chosen by model id
         self._tokenizer_path = tokenizer_path
         self._chat_template_path = chat_template_path
@@ -199,7 +200,7 @@ class ModelCatalog:
                 async with self._locks.setdefault(name, trio.Lock()):
                     if entry.tokenizer is None:
                         entry.tokenizer = await self.local_tokenizer() or await self._fetch(worker)
-                        entry.image_processor = _image_processor(name, entry.tokenizer)
+                        entry.image_processor = _image_processor(name, entry.tokenizer, self._pixel_reference)
                         entry.tokenizer_loaded.set()
             learn = getattr(worker.client, "learn_model_files", None)
             if learn is not None and entry.tokenizer is not None:

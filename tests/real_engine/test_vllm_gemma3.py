@@ -2,7 +2,8 @@
 tiny random Gemma 3 (make_tiny_gemma3.py: Gemma 3's processor configs and image sequence) preprocessed in the
 gateway and sent over the servicer's preprocessed path, against vLLM's server running transformers' processor: the
 same prompt tokens (the image sequence and the newlines it joins), the same greedy text for one image and for two
-side by side (streamed), the first token's probabilities within 0.05 where the two resize differently.
+side by side (streamed), and the same first token's probabilities on resized images (the gateway's pixels are
+transformers' torchvision processor's to the bit).
 
 Needs SMG_VLLM_PYTHON, SMG_VLLM_GEMMA3_MODEL and SMG_VLLM_VISION_PYTHONPATH (setup_vllm.sh prints them). The
 module starts its two engines (~3 minutes) and stops them at its end.
@@ -16,7 +17,7 @@ import pytest
 
 from .conftest import engine_pair
 from .media_engines import clients, configured, node_on
-from .test_vllm_vision import IMAGES, _chat, _first_logprobs, _png, _uri
+from .test_vllm_vision import IMAGES, LOGPROB_TOLERANCE, _chat, _first_logprobs
 
 pytestmark = pytest.mark.real_engine
 
@@ -44,12 +45,9 @@ def test_one_image_gives_vllms_own_prompt_and_greedy_answer(gemma3, name):
 
 
 def test_two_images_side_by_side_streamed(gemma3):
-    # Their sequences meet as "\n\n" + "\n\n": one token of four newlines, as Gemma's tokenizer writes it. Images
-    # of the model's own size, which neither side resizes: the pixels are equal to the bit, so the greedy text
-    # must be (a resized one differs by the resize kernels, see the next test, which a random model's flat
-    # probabilities can turn into another word).
+    # Their sequences meet as "\n\n" + "\n\n": one token of four newlines, as Gemma's tokenizer writes it.
     ours, theirs, model = gemma3
-    both = [_uri(_png(64, 64, 3)), _uri(_png(64, 64, 4))]
+    both = [IMAGES["noise 300x200"], IMAGES["photo 640x480"]]
     reference = _chat(theirs, model, both)
     streamed = list(_chat(ours, model, both, stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == \
@@ -58,8 +56,7 @@ def test_two_images_side_by_side_streamed(gemma3):
 
 
 def test_the_image_moves_the_models_probabilities_as_on_vllms_own_server(gemma3):
-    # Resized images: vLLM's server resizes with transformers' torchvision processor, the gateway with Pillow's
-    # bilinear (Gemma3ImageProcessorPil, the tests' oracle): a level of the 255 differs at some edges.
+    # Resized images: vLLM's server resizes with transformers' torchvision processor, and so does the gateway.
     ours, theirs, model = gemma3
     seen = []
     for uri in [*IMAGES.values(), [IMAGES["noise 300x200"], IMAGES["photo 640x480"]]]:
@@ -68,6 +65,6 @@ def test_the_image_moves_the_models_probabilities_as_on_vllms_own_server(gemma3)
         reference = _first_logprobs(_chat(theirs, model, uri, logprobs=True, top_logprobs=5))
         shared = mine.keys() & reference.keys()
         assert len(shared) >= 4, (mine, reference)
-        assert max(abs(mine[t] - reference[t]) for t in shared) < 0.05, (mine, reference)
+        assert max(abs(mine[t] - reference[t]) for t in shared) < LOGPROB_TOLERANCE, (mine, reference)
         seen.append(mine)
     assert seen[0] != seen[1] != seen[2] != seen[3], "different images gave the same probabilities"

@@ -47,8 +47,8 @@ def oracle(tokenizer: tokenizers.Tokenizer, seq_length: int, size: int) -> HfGem
                              tokenizer=hf_tokenizer, image_seq_length=seq_length)
 
 
-def ours(tokenizer: tokenizers.Tokenizer, config: dict) -> Gemma3Processor:
-    processor = image_processor({"preprocessor_config.json": config}, tokenizer.token_to_id)
+def ours(tokenizer: tokenizers.Tokenizer, config: dict, reference: str = "pil") -> Gemma3Processor:
+    processor = image_processor({"preprocessor_config.json": config}, tokenizer.token_to_id, reference)
     assert isinstance(processor, Gemma3Processor)
     return processor
 

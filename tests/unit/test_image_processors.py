@@ -49,7 +49,7 @@ def images(seed: int):
 ])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_qwen_vl_pixels_and_grid_equal_transformers(config, reference, seed):
-    ours = image_processor({"preprocessor_config.json": config}, TOKENS)
+    ours = image_processor({"preprocessor_config.json": config}, TOKENS, "pil")
     assert isinstance(ours, QwenVisionProcessor)
     ref = reference()
     raw_reference = reference()  # what an engine that normalizes on its device takes: no rescale, no normalize
@@ -88,7 +88,7 @@ def test_clip_style_pixels_equal_transformers(reference):
     ours = image_processor({"preprocessor_config.json": {"image_processor_type": "CLIPImageProcessor",
                                                          "size": {"shortest_edge": 336},
                                                          "crop_size": {"height": 336, "width": 336}},
-                            "config.json": {"vision_config": {"patch_size": 14}}}, TOKENS)
+                            "config.json": {"vision_config": {"patch_size": 14}}}, TOKENS, "pil")
     assert isinstance(ours, ClipStyleProcessor) and ours.tokens_per_image == 576  # LLaVA 1.5: 24 x 24 patches
     ref = reference()
     for image in images(3):

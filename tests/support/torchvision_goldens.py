@@ -1,0 +1,102 @@
+"""What transformers' torchvision-backed image processors compute (the processors vLLM's server runs), kept as
+digests for the tests that cannot import torch: the cases (preprocessor configs, seeded images, resize sizes)
+and, run as a script with a Python that has torch, torchvision and transformers (the vLLM venv), the goldens.
+
+    PYTHONPATH=.venv-vllm/vision-path .venv-vllm/bin/python tests/support/torchvision_goldens.py
+
+writes tests/unit/torchvision_pixels.json: per case the shape and sha256 of the pixels (float32, as the
+processor returns them) and of the resized uint8 images torchvision's resize gives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+GOLDENS = Path(__file__).resolve().parents[1] / "unit" / "torchvision_pixels.json"
+SIZES = [(200, 123), (28, 28), (1000, 20), (13, 600), (1280, 720), (57, 57), (640, 480), (1, 1), (29, 27),
+         (336, 336), (897, 895)]
+# (name, preprocessor_config.json, the transformers class that reads it, its keyword arguments)
+CONFIGS = {
+    "qwen2_vl": {"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 3136, "max_pixels": 12845056},
+    "qwen3_vl": {"image_processor_type": "Qwen2VLImageProcessorFast", "patch_size": 16, "temporal_patch_size": 2,
+                 "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                 "size": {"shortest_edge": 65536, "longest_edge": 16777216}},
+    "gemma3": {"image_processor_type": "Gemma3ImageProcessor", "image_seq_length": 256, "resample": 2,
+               "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "size": {"height": 896, "width": 896}},
+    "clip": {"image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": 336},
+             "crop_size": {"height": 336, "width": 336}},
+}
+# Resizes on their own: (width, height) in, (width, height) out, the kernel.
+RESIZES = [((200, 123), (64, 64), "bilinear"), ((640, 480), (896, 896), "bilinear"),
+           ((640, 480), (336, 252), "bicubic"), ((1000, 20), (28, 560), "bicubic"), ((13, 600), (896, 896), "bicubic"),
+           ((1280, 720), (644, 364), "bicubic"), ((57, 57), (56, 56), "bilinear"), ((733, 411), (300, 170), "bilinear"),
+           ((3000, 2000), (896, 896), "bicubic")]
+
+
+def image(width: int, height: int, seed: int) -> np.ndarray:
+    """HWC uint8: seeded noise for odd seeds, smooth gradients (as photographs mostly are) for even ones."""
+    if seed % 2:
+        return (np.random.default_rng(seed).random((height, width, 3)) * 255).astype(np.uint8)
+    x, y = np.meshgrid(np.linspace(0, 255, width), np.linspace(0, 255, height))
+    return np.stack([x, y, (x + y) / 2], axis=-1).astype(np.uint8)
+
+
+def digest(array: np.ndarray) -> "list[object]":
+    return [list(array.shape), hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()]
+
+
+def processor_cases():
+    for name in CONFIGS:
+        for index, (width, height) in enumerate(SIZES):
+            for seed in (2 * index + 1, 2 * index + 2):
+                yield f"{name} {width}x{height} seed {seed}", name, image(width, height, seed)
+
+
+def resize_cases():
+    for (width, height), (out_width, out_height), kind in RESIZES:
+        for seed in (1, 2):
+            yield f"{kind} {width}x{height} to {out_width}x{out_height} seed {seed}", image(width, height, seed), \
+                out_width, out_height, kind
+
+
+def main() -> None:
+    import torch
+    from PIL import Image
+    from torchvision.transforms.v2 import functional as F
+    from transformers.models.clip.image_processing_clip import CLIPImageProcessor
+    from transformers.models.gemma3.image_processing_gemma3 import Gemma3ImageProcessor
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    readers = {"Qwen2VLImageProcessor": Qwen2VLImageProcessor, "Qwen2VLImageProcessorFast": Qwen2VLImageProcessor,
+               "Gemma3ImageProcessor": Gemma3ImageProcessor, "CLIPImageProcessor": CLIPImageProcessor}
+    processors = {}
+    for name, config in CONFIGS.items():
+        kwargs = {k: v for k, v in config.items() if k not in ("image_processor_type", "image_seq_length")}
+        processors[name] = readers[config["image_processor_type"]](**kwargs)
+        assert "Torchvision" in type(processors[name]).__mro__[1].__name__, "not transformers' torchvision processor"
+    goldens = {"transformers": __import__("transformers").__version__, "torch": torch.__version__,
+               "processors": {}, "resizes": {}}
+    for case, name, pixels in processor_cases():
+        out = processors[name](images=[Image.fromarray(pixels)], return_tensors="np")["pixel_values"]
+        goldens["processors"][case] = digest(np.asarray(out, dtype=np.float32))
+    modes = {"bilinear": F.InterpolationMode.BILINEAR, "bicubic": F.InterpolationMode.BICUBIC}
+    for case, pixels, width, height, kind in resize_cases():
+        tensor = torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
+        out = F.resize(tensor, [height, width], interpolation=modes[kind], antialias=True)
+        goldens["resizes"][case] = digest(out.permute(1, 2, 0).numpy())
+    lines = [f'"{key}": {json.dumps(value)}' for key, value in goldens.items() if not isinstance(value, dict)]
+    for section in ("processors", "resizes"):  # a case a line
+        cases = ",\n  ".join(f"{json.dumps(case)}: {json.dumps(value)}" for case, value in goldens[section].items())
+        lines.append(f'"{section}": {{\n  {cases}\n }}')
+    GOLDENS.write_text("{\n " + ",\n ".join(lines) + "\n}\n")
+    print(GOLDENS, len(goldens["processors"]), "processor cases,", len(goldens["resizes"]), "resizes")
+
+
+if __name__ == "__main__":
+    # The repository instead of this folder (its tokenizers.py would stand for the tokenizers package).
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+    main()
