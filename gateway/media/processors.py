@@ -286,7 +286,8 @@ class ClipStyleProcessor(RepeatedPlaceholder):
 
     @classmethod
     def from_config(cls, config: dict[str, Any], token_to_id: Callable[[str], "int | None"],
-                    model_config: dict[str, Any]) -> "ClipStyleProcessor":
+                    files: dict[str, Any]) -> "ClipStyleProcessor":
+        model_config = files.get("config.json") or {}
         size = config.get("size", {"shortest_edge": 336})
         shortest = size.get("shortest_edge") if isinstance(size, dict) else size
         crop = config.get("crop_size", {"height": shortest, "width": shortest})
@@ -373,7 +374,8 @@ class Gemma3Processor:
 
     @classmethod
     def from_config(cls, config: dict[str, Any], token_to_id: Callable[[str], "int | None"],
-                    model_config: dict[str, Any]) -> "Gemma3Processor":
+                    files: dict[str, Any]) -> "Gemma3Processor":
+        model_config = files.get("config.json") or {}
         if config.get("do_pan_and_scan"):
             # Crops add "Here is the original image ... and here are some crops" around the images, which vLLM
             # itself warns gives poor answers on its engine: not served rather than served differently.
@@ -424,16 +426,106 @@ class Gemma3Processor:
         return [newline, self.placeholder_id, *([self.embed_id] * image.tokens), self.end_id, newline]
 
 
+# -- Pixtral, Mistral 3 ---------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class PixtralProcessor:
+    """Pixtral and Mistral 3 (PixtralImageProcessor, PixtralProcessor): shrunk, keeping its aspect ratio, until
+    its longest side fits ``longest_edge``, then each side rounded up to a whole number of (merged) patches;
+    rescaled, normalized; kept at its own size. It stands in the prompt where the template wrote [IMG] as rows
+    of [IMG] tokens, one a merged patch, each row ended by [IMG_BREAK], the last by [IMG_END]."""
+
+    placeholder_id: int  # [IMG]
+    break_id: int  # [IMG_BREAK]
+    end_id: int  # [IMG_END]
+    patch: int = 16  # the image processor's patch times the processor's spatial merge: one [IMG] a square
+    longest_edge: int = 1024
+    mean: "tuple[float, ...]" = OPENAI_CLIP_MEAN
+    std: "tuple[float, ...]" = OPENAI_CLIP_STD
+    rescale_factor: float = 1 / 255
+    resample: int = 3
+    reference: str = "torchvision"
+    newline_pieces: "tuple[tuple[int, int], ...]" = ()
+    family = "pixtral"
+    flat_pixels_by = None  # one (3, h, w) an image, each its own size (vLLM's Mistral 3 and Pixtral layouts)
+    cpu_tensors = ()
+
+    @property
+    def embed_id(self) -> int:
+        return self.placeholder_id
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], token_to_id: Callable[[str], "int | None"],
+                    files: dict[str, Any]) -> "PixtralProcessor":
+        model_config = files.get("config.json") or {}
+        outer = files.get("processor_config.json") or {}  # PixtralProcessor's: its patch, merge and tokens
+        size = config.get("size", {"longest_edge": 1024})
+        longest = size.get("longest_edge") if isinstance(size, dict) else None
+        patch = outer.get("patch_size", config.get("patch_size", {"height": 16, "width": 16}))
+        patch = patch.get("height") if isinstance(patch, dict) and patch.get("height") == patch.get("width") else patch
+        merge = outer.get("spatial_merge_size", model_config.get("spatial_merge_size", 1))
+        if not (isinstance(longest, int) and longest > 0 and isinstance(patch, int) and patch > 0
+                and isinstance(merge, int) and merge > 0):
+            raise ProcessorConfigError(f"preprocessor_config.json: unusable sizes {size} / patch {patch} / merge "
+                                       f"{merge}")
+        tokens = {name: outer.get(key, default) for name, key, default in (
+            ("image", "image_token", "[IMG]"), ("break", "image_break_token", "[IMG_BREAK]"),
+            ("end", "image_end_token", "[IMG_END]"))}
+        processor = cls(placeholder_id=_token_id(token_to_id, tokens["image"]),
+                        break_id=_token_id(token_to_id, tokens["break"]), end_id=_token_id(token_to_id, tokens["end"]),
+                        patch=patch * merge, longest_edge=longest,
+                        mean=_triple(config, "image_mean", OPENAI_CLIP_MEAN),
+                        std=_triple(config, "image_std", OPENAI_CLIP_STD),
+                        rescale_factor=float(_number(config, "rescale_factor", 1 / 255)),
+                        resample=_number(config, "resample", 3, (int,)))
+        if processor.resample not in RESAMPLE:
+            raise ProcessorConfigError(f"preprocessor_config.json: resample {processor.resample}")
+        return processor
+
+    def describe(self) -> str:
+        return f"{self.family}:{self.patch}:{self.longest_edge}:{self.mean}:{self.std}:{self.rescale_factor}:" \
+               f"{self.resample}:{self.reference}"
+
+    def size_problem(self, width: int, height: int) -> str | None:
+        return aspect_problem(height, width)  # a 1 x 39,000,000 strip would still be 1024 patches long
+
+    def target_size(self, width: int, height: int) -> "tuple[int, int]":
+        """(width, height) it is resized to, as transformers' get_resize_output_image_size computes it."""
+        ratio = max(height / self.longest_edge, width / self.longest_edge)
+        if ratio > 1:
+            height, width = int(math.floor(height / ratio)), int(math.floor(width / ratio))
+        p = self.patch
+        return ((width - 1) // p + 1) * p, ((height - 1) // p + 1) * p
+
+    def process(self, image: Image.Image, normalize: bool) -> ProcessedImage:
+        width, height = self.target_size(*image.size)
+        raw = np.ascontiguousarray(resized(image, width, height, self.resample, self.reference).transpose(2, 0, 1))
+        rows, columns = height // self.patch, width // self.patch
+        return ProcessedImage(raw, {}, rows * (columns + 1), self.normalized(raw) if normalize else None)
+
+    def normalized(self, raw: np.ndarray) -> np.ndarray:
+        return rescaled_normalized(raw, self.rescale_factor, self.mean, self.std, self.reference)
+
+    def expansion(self, image: ProcessedImage) -> "list[int]":
+        rows, columns = image.raw.shape[1] // self.patch, image.raw.shape[2] // self.patch
+        ids = ([self.placeholder_id] * columns + [self.break_id]) * rows
+        ids[-1] = self.end_id
+        return ids
+
+
 # -- the registry -------------------------------------------------------------------------------------------
 
 IMAGE_PROCESSORS: Registry[Callable[..., ImageProcessor]] = Registry("image processor")
-IMAGE_PROCESSORS.add("qwen2_vl", lambda config, token_to_id, model_config: QwenVisionProcessor.from_config(
+IMAGE_PROCESSORS.add("qwen2_vl", lambda config, token_to_id, files: QwenVisionProcessor.from_config(
     config, token_to_id), "Qwen2-VL, Qwen2.5-VL, Qwen3-VL: smart_resize, patches by merge window, grid (t, h, w)",
     types=("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImageProcessorPil"))
 IMAGE_PROCESSORS.add("llava", ClipStyleProcessor.from_config, "LLaVA 1.5 and CLIP-style: shortest side, center "
                      "crop, normalized", types=("CLIPImageProcessor", "CLIPImageProcessorFast", "CLIPImageProcessorPil",
                                                 "LlavaImageProcessor", "LlavaImageProcessorFast",
                                                 "LlavaImageProcessorPil"))
+IMAGE_PROCESSORS.add("pixtral", PixtralProcessor.from_config, "Pixtral, Mistral 3: longest side within bounds, "
+                     "sides in whole merged patches; rows of [IMG] ended by [IMG_BREAK], the last by [IMG_END]",
+                     types=("PixtralImageProcessor", "PixtralImageProcessorFast", "PixtralImageProcessorPil"))
 IMAGE_PROCESSORS.add("gemma3", Gemma3Processor.from_config, "Gemma 3: one square (896 published), bilinear, "
                      "normalized 0.5; soft tokens between <start_of_image> and <end_of_image>",
                      types=("Gemma3ImageProcessor", "Gemma3ImageProcessorFast", "Gemma3ImageProcessorPil"))
@@ -454,6 +546,5 @@ def image_processor(files: dict[str, dict[str, Any]], token_to_id: Callable[[str
     kind = config.get("image_processor_type")
     for plugin in IMAGE_PROCESSORS.plugins():
         if kind in plugin.detail("types", ()):
-            return dataclasses.replace(plugin.make(config, token_to_id, files.get("config.json") or {}),
-                                       reference=reference)
+            return dataclasses.replace(plugin.make(config, token_to_id, files), reference=reference)
     return None

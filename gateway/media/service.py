@@ -300,6 +300,13 @@ class MediaService:
             budget.close()
         if failures:
             raise failures[0]
+        if processor.flat_pixels_by is None and len({image.raw.shape for image in images}) > 1:
+            # One tensor carries a request's images when each is one entry of it (the contract has no list of
+            # them), and an engine would read a padded image's padding as picture (Pixtral's own size each).
+            sizes = ", ".join(f"{image.raw.shape[-1]}x{image.raw.shape[-2]}" for image in images)
+            raise MediaError(f"this model's images keep their own size ({sizes} here) and the engine takes a "
+                             "request's images as one tensor: send images that come out the same size, or one a "
+                             "request", code="images_differ_in_size", param=refs[0].where)
         return MediaInputs(processor, images, hashes)
 
     async def _image(self, ref: ImageRef, processor: ImageProcessor, normalize: bool, budget: _Budget

@@ -3,6 +3,7 @@ our client and vLLM's own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import openai
@@ -27,3 +28,20 @@ def clients(node: NodeProcess, reference_url: str) -> "tuple[openai.OpenAI, open
             openai.OpenAI(base_url=reference_url + "/v1", api_key="x", max_retries=0, timeout=300))
 
 
+
+
+@contextlib.contextmanager
+def vision_pair(model_variable: str, name: str, grpc_port: int, http_port: int):
+    """A vision model (its directory in ``model_variable``) served by a gRPC engine behind a node and by vLLM's own
+    server, on the vision engines' PYTHONPATH (torchvision): yields our client, theirs and the model's name."""
+    from .conftest import engine_pair  # (conftest imports this module's neighbours)
+    configured(model_variable, "SMG_VLLM_VISION_PYTHONPATH")
+    env = {"PYTHONPATH": os.environ["SMG_VLLM_VISION_PYTHONPATH"]}
+    with engine_pair(name, os.environ[model_variable], grpc_port, http_port,
+                     ["--limit-mm-per-prompt", '{"image": 3}'], env) as (grpc_url, http_url):
+        node = node_on(grpc_url, f"node-{name}")
+        try:
+            ours, theirs = clients(node, http_url)
+            yield ours, theirs, ours.models.list().data[0].id
+        finally:
+            node.stop()

@@ -53,6 +53,11 @@ gemma3="$(dirname "$model")/tiny-gemma3"
 if [ ! -f "$gemma3/config.json" ]; then
   "$venv/bin/python" "$here/make_tiny_gemma3.py" "$gemma3" "$tokenizer_dir"
 fi
+# A tiny Mistral 3 (Pixtral's processor configs and image rows; the Qwen tokenizer with its image tokens added).
+mistral3="$(dirname "$model")/tiny-mistral3"
+if [ ! -f "$mistral3/config.json" ]; then
+  "$venv/bin/python" "$here/make_tiny_mistral3.py" "$mistral3" "$tokenizer_dir"
+fi
 echo "SMG_VLLM_PYTHON=$venv/bin/python SMG_VLLM_MODEL=$model SMG_VLLM_EMBED_MODEL=$embed" \
      "SMG_VLLM_VISION_MODEL=$vision SMG_VLLM_VISION_PYTHONPATH=$vision_path SMG_VLLM_GEMMA3_MODEL=$gemma3" \
-     "python -m pytest -m real_engine tests/real_engine"
+     "SMG_VLLM_MISTRAL3_MODEL=$mistral3 python -m pytest -m real_engine tests/real_engine"

@@ -11,12 +11,9 @@ module starts its two engines (~3 minutes) and stops them at its end.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from .conftest import engine_pair
-from .media_engines import clients, configured, node_on
+from .media_engines import vision_pair
 from .test_vllm_vision import IMAGES, LOGPROB_TOLERANCE, _chat, _first_logprobs
 
 pytestmark = pytest.mark.real_engine
@@ -24,16 +21,8 @@ pytestmark = pytest.mark.real_engine
 
 @pytest.fixture(scope="module")
 def gemma3():
-    configured("SMG_VLLM_GEMMA3_MODEL", "SMG_VLLM_VISION_PYTHONPATH")
-    env = {"PYTHONPATH": os.environ["SMG_VLLM_VISION_PYTHONPATH"]}
-    with engine_pair("vllm-gemma3", os.environ["SMG_VLLM_GEMMA3_MODEL"], 18057, 18067,
-                     ["--limit-mm-per-prompt", '{"image": 3}'], env) as (grpc_url, http_url):
-        node = node_on(grpc_url, "node-vllm-gemma3")
-        try:
-            ours, theirs = clients(node, http_url)
-            yield ours, theirs, ours.models.list().data[0].id
-        finally:
-            node.stop()
+    with vision_pair("SMG_VLLM_GEMMA3_MODEL", "vllm-gemma3", 18057, 18067) as pair:
+        yield pair
 
 
 @pytest.mark.parametrize("name", sorted(IMAGES))

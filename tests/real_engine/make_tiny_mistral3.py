@@ -1,0 +1,73 @@
+"""Write a tiny random-weight Mistral 3 vision model (Mistral Small 3.1's architecture: a Pixtral vision tower,
+patches merged 2 x 2) for test_vllm_mistral3.py: Pixtral's processor configs (PixtralImageProcessor,
+PixtralProcessor) and its image rows, with a tokenizer made from the Qwen one (Mistral's is not on this machine)
+that has the [IMG], [IMG_BREAK], [IMG_END], [INST] and [/INST] tokens, and a chat template in Mistral's shape.
+
+Run with the vLLM virtual environment's Python (it has transformers and torch):
+    .venv-vllm/bin/python tests/real_engine/make_tiny_mistral3.py OUT_DIR TOKENIZER_DIR
+The weights are random, so the text is gibberish; the processor's numbers, the image rows and every gRPC message
+are Mistral 3's. Sizes: text hidden 64 (2 heads of 32), 2 layers; vision 1 layer, patch 14, images at most 112
+pixels a side (at most 4 x 4 merged patches, 20 tokens with the row ends), so a CPU engine answers in seconds.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import tokenizers
+import torch
+from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+LONGEST_EDGE, PATCH, MERGE = 112, 14, 2
+TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]", "[INST]", "[/INST]")
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}{{ '[INST]' }}"
+    "{%- if message['content'] is string -%}{{ message['content'] }}"
+    "{%- else -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{ '[IMG]' }}"
+    "{%- elif item['type'] == 'text' -%}{{ item['text'] }}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}{{ '[/INST]' }}"
+    "{%- else -%}{{ message['content'] }}{{ eos_token }}{%- endif -%}"
+    "{%- endfor -%}")
+
+
+def main(out_dir: str, tokenizer_dir: str) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = tokenizers.Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+    tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in TOKENS])
+    tok.save(str(out / "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in TOKENS}
+    tokenizer_config = json.loads((Path(tokenizer_dir) / "tokenizer_config.json").read_text())
+    tokenizer_config.pop("added_tokens_decoder", None)
+    tokenizer_config.update(chat_template=CHAT_TEMPLATE, tokenizer_class="PreTrainedTokenizerFast")
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1))
+    torch.manual_seed(0)
+    config = Mistral3Config(
+        text_config={"model_type": "mistral", "vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+                     "max_position_embeddings": 4096, "eos_token_id": 151645, "bos_token_id": 151643,
+                     "sliding_window": None},
+        vision_config={"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "head_dim": 16, "image_size": LONGEST_EDGE, "patch_size": PATCH,
+                       "num_channels": 3},
+        image_token_index=ids["[IMG]"], spatial_merge_size=MERGE, vision_feature_layer=-1,
+        multimodal_projector_bias=False, projector_hidden_act="gelu")
+    model = Mistral3ForConditionalGeneration(config).to(torch.bfloat16)
+    model.save_pretrained(out)
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": 151645, "bos_token_id": 151643}))
+    (out / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "PixtralImageProcessor", "processor_class": "PixtralProcessor",
+        "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3,
+        "rescale_factor": 1 / 255, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711], "patch_size": {"height": PATCH, "width": PATCH},
+        "size": {"longest_edge": LONGEST_EDGE}}, indent=1))
+    (out / "processor_config.json").write_text(json.dumps({
+        "processor_class": "PixtralProcessor", "patch_size": PATCH, "spatial_merge_size": MERGE,
+        "image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}, indent=1))
+    print(out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
