@@ -19,12 +19,12 @@ from ..serving.generation import LogprobRecord
 from ..tokenizer.service import TokenizerService
 
 class LogprobShape:
-    def __init__(self, record: LogprobRecord, tokenizer: TokenizerService, chat: bool, top: int,
-                 skip_special_tokens: bool = True) -> None:
+    def __init__(self, record: LogprobRecord, tokenizer: TokenizerService, chat: bool, top: int) -> None:
         self.record = record
         self.tokenizer = tokenizer
-        # Tokens the text leaves out (EOS, end of turn) are left out of the logprobs too.
-        self.hidden = tokenizer.special_ids if skip_special_tokens else frozenset()
+        # Every generated token has its entry, the special ones the text leaves out too (the end of sequence that
+        # stopped it, an end of turn): vLLM's server lists them (checked on vLLM 0.32: "<|im_end|>" with its
+        # logprob where the content is "").
         self.chat = chat
         self.top = top
         self._offset = 0  # completions: where the next token's text starts in the answer
@@ -52,9 +52,6 @@ class LogprobShape:
 
     def _shape(self, entries: "list[Any] | tuple[Any, ...]", prompt: "tuple[Any, ...] | None"
                ) -> "dict[str, Any] | None":
-        hidden = self.hidden
-        if hidden:
-            entries = [entry for entry in entries if entry[0] not in hidden]
         if self.chat:
             return {"content": [self._chat_entry(entry) for entry in entries]}
         if prompt:

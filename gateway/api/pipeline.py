@@ -366,7 +366,7 @@ def logprob_shape(plan: GenerationPlan, tokenizer: TokenizerService, chat: bool)
     if plan.sampling.logprobs is None:
         return None
     plan.logprobs = LogprobRecord(keep=not plan.stream)
-    return LogprobShape(plan.logprobs, tokenizer, chat, plan.sampling.logprobs, plan.skip_special_tokens)
+    return LogprobShape(plan.logprobs, tokenizer, chat, plan.sampling.logprobs)
 
 
 def logprob_shapes(plan: GenerationPlan, tokenizer: TokenizerService, chat: bool) -> "list[LogprobShape] | None":
@@ -374,7 +374,7 @@ def logprob_shapes(plan: GenerationPlan, tokenizer: TokenizerService, chat: bool
     if plan.sampling.logprobs is None:
         return None
     plan.choice_logprobs = [LogprobRecord(keep=not plan.stream) for _ in range(plan.sampling.n)]
-    return [LogprobShape(record, tokenizer, chat, plan.sampling.logprobs, plan.skip_special_tokens)
+    return [LogprobShape(record, tokenizer, chat, plan.sampling.logprobs)
             for record in plan.choice_logprobs]
 
 

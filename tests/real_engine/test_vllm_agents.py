@@ -138,3 +138,25 @@ def test_usage_with_stop_strings_agrees_with_vllms_own_server(client, reference,
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
             theirs.choices[0].message.content
         assert chunks[-1].usage.completion_tokens == theirs.usage.completion_tokens
+
+
+def test_the_end_of_sequence_has_its_logprob_entry_as_on_vllms_own_server(client, reference, model):
+    # The model's end of turn biased to come first: the answer is "" and stopped by it, and vLLM's server lists its
+    # entry ("<|im_end|>") in chat and completions logprobs alike; so must the gateway, whole and streamed.
+    ref_model = reference.models.list().data[0].id
+    eos = {"151645": 100}
+    kwargs = dict(messages=MESSAGES, temperature=0, max_tokens=4, logprobs=True, top_logprobs=2, logit_bias=eos)
+    ours = client.chat.completions.create(model=model, **kwargs)
+    theirs = reference.chat.completions.create(model=ref_model, **kwargs)
+    assert ours.choices[0].finish_reason == theirs.choices[0].finish_reason == "stop"
+    want = [(t.token, t.bytes) for t in theirs.choices[0].logprobs.content]
+    assert want and [(t.token, t.bytes) for t in ours.choices[0].logprobs.content] == want
+    for a, b in zip(ours.choices[0].logprobs.content, theirs.choices[0].logprobs.content):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-3)
+    streamed = [t for chunk in client.chat.completions.create(model=model, stream=True, **kwargs) if chunk.choices
+                and chunk.choices[0].logprobs for t in chunk.choices[0].logprobs.content]
+    assert [(t.token, t.bytes) for t in streamed] == want
+    text_kwargs = dict(prompt="hi", temperature=0, max_tokens=4, logprobs=1, logit_bias=eos)
+    ours_text = client.completions.create(model=model, **text_kwargs).choices[0].logprobs
+    theirs_text = reference.completions.create(model=ref_model, **text_kwargs).choices[0].logprobs
+    assert ours_text.tokens == theirs_text.tokens and ours_text.text_offset == theirs_text.text_offset

@@ -36,11 +36,12 @@ def test_a_character_split_over_tokens_gives_its_bytes(qwen):
     assert all(len(t["top_logprobs"]) == 2 for t in content)
 
 
-def test_special_tokens_are_left_out_unless_the_text_keeps_them(qwen):
+def test_special_tokens_have_their_entries_though_the_text_leaves_them_out(qwen):
+    # As vLLM's server lists them: the end of sequence that stopped the answer has its entry.
     ids = qwen.tokenizer.encode("hi<|im_end|>", add_special_tokens=False).ids
-    assert [t["token"] for t in LogprobShape(_record(ids), qwen, True, 0).whole()["content"]] == ["hi"]
-    kept = LogprobShape(_record(ids), qwen, True, 0, skip_special_tokens=False).whole()["content"]
-    assert [t["token"] for t in kept] == ["hi", "<|im_end|>"]
+    assert [t["token"] for t in LogprobShape(_record(ids), qwen, True, 0).whole()["content"]] == ["hi", "<|im_end|>"]
+    completion = LogprobShape(_record(ids), qwen, False, 0).whole()
+    assert completion["tokens"] == ["hi", "<|im_end|>"] and completion["text_offset"] == [0, 2]
 
 
 def test_stream_chunks_add_up_and_completions_offsets(qwen):
