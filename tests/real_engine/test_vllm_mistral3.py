@@ -22,9 +22,8 @@ pytestmark = pytest.mark.real_engine
 
 
 def _chat(client, model, images, **kwargs):
-    # This random model's likeliest tokens are the added special ones ([/INST]): shown, so the text and the
-    # logprobs have something to compare (the gateway leaves special tokens out of logprobs when it skips them
-    # in the text, where vLLM's server lists them; noted in issue 64).
+    # This random model's likeliest tokens are the added special ones ([/INST]): shown, so the text has something
+    # to compare (found here: the gateway left them out of logprobs too, where vLLM's server lists them; fixed).
     return _any_chat(client, model, images, extra_body={"skip_special_tokens": False}, **kwargs)
 
 
