@@ -81,8 +81,8 @@ class SimEngineConfig:
     # A Qwen2-VL-style vision model (vision.py): its bundle carries an image processor config and a chat template
     # for images, and Generate takes preprocessed images, checked and folded into the answer.
     vision: bool = False
-    # Which family: "qwen2_vl" (vision.py) or "gemma3" (vision_gemma3.py: Gemma 3's processor config, template,
-    # image tokens and image sequence).
+    # Which family: "qwen2_vl" (vision.py), "gemma3" (vision_gemma3.py: Gemma 3's processor config, template, image
+    # tokens and image sequence) or "pixtral" (vision_pixtral.py: Mistral 3's, images at their own size).
     vision_family: str = "qwen2_vl"
     # How it takes them, as vLLM's GetServerInfo says: normalized on its device (vLLM's default for the Qwen-VL
     # families: uint8 pixels in) unless it takes floats; at most this many images a prompt and tokens an image

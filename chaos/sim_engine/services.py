@@ -37,7 +37,7 @@ from smg_grpc_proto.generated import (
 from .adapters import SimAdapters, adapter_seed
 from .core import EngineOverloaded, GenerateParams, InvalidRequest, SimEngine
 from .disaggregation import Disaggregation
-from . import vision, vision_gemma3
+from . import vision, vision_gemma3, vision_pixtral
 from .embedding import embedding_of, model_config
 from .logprobs import prompt_logprobs, token_logprobs
 from .output import derive_seed
@@ -48,7 +48,7 @@ TOKENIZER_CHUNK_BYTES = 64 * 1024  # as the real servicers chunk the bundle
 # Files of a tokenizer directory that go into the GetTokenizer bundle.
 BUNDLE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                 "generation_config.json", "config.json", "chat_template.json", "chat_template.jinja",
-                "preprocessor_config.json")
+                "preprocessor_config.json", "processor_config.json")
 KV_SUBSCRIBER_QUEUE_MAX = 10_000  # batches; a subscriber further behind is cut off and must resume
 
 
@@ -91,6 +91,8 @@ class SharedEngineState:
                                                   ).encode()
             if config.vision and config.vision_family == "gemma3":
                 extra.update(vision_gemma3.bundle_files(self.gemma3_tokens.tokenizer_json))
+            elif config.vision and config.vision_family == "pixtral":
+                extra.update(vision_pixtral.bundle_files(self.pixtral_tokens.tokenizer_json))
             elif config.vision:
                 extra["preprocessor_config.json"] = json.dumps(vision.PREPROCESSOR_CONFIG).encode()
                 extra["chat_template.jinja"] = vision.CHAT_TEMPLATE.encode()
@@ -105,6 +107,10 @@ class SharedEngineState:
     def gemma3_tokens(self) -> vision_gemma3.Gemma3Tokens:
         return vision_gemma3.Gemma3Tokens((self.tokenizer_dir / "tokenizer.json").read_bytes())
 
+    @functools.cached_property
+    def pixtral_tokens(self) -> vision_pixtral.PixtralTokens:
+        return vision_pixtral.PixtralTokens((self.tokenizer_dir / "tokenizer.json").read_bytes())
+
     def image_check(self, service: str) -> "Callable[[Any, list[int]], Any]":
         """How the ``service`` ("vllm", "sglang", "tokenspeed") checks a request's images for this model's family."""
         config = self.engine.config
@@ -113,6 +119,11 @@ class SharedEngineState:
                 return lambda mm, ids: vision_gemma3.check_vllm(self.gemma3_tokens, mm, ids, config)
             if service == "sglang":
                 return lambda mm, ids: vision_gemma3.check_sglang(self.gemma3_tokens, mm, ids)
+        if config.vision_family == "pixtral":
+            if service == "vllm":
+                return lambda mm, ids: vision_pixtral.check_vllm(self.pixtral_tokens, mm, ids, config)
+            if service == "sglang":
+                return lambda mm, ids: vision_pixtral.check_sglang(self.pixtral_tokens, mm, ids)
         if service == "vllm":
             return lambda mm, ids: vision.check_vllm(mm, ids, config)
         return vision.check_sglang if service == "sglang" else vision.check_tokenspeed
@@ -121,6 +132,8 @@ class SharedEngineState:
     def architecture(self) -> str:
         if self.engine.config.vision and self.engine.config.vision_family == "gemma3":
             return "Gemma3ForConditionalGeneration"
+        if self.engine.config.vision and self.engine.config.vision_family == "pixtral":
+            return "Mistral3ForConditionalGeneration"
         if self.engine.config.vision:
             return "Qwen2VLForConditionalGeneration"
         return "Qwen3Model" if self.embeds else "Qwen3ForCausalLM"

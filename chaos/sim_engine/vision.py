@@ -60,6 +60,16 @@ def _array(data: bytes, shape: Any, dtype: str) -> np.ndarray:
         raise ImagesRefused(f"a tensor's bytes do not match its shape {list(shape)} and dtype {dtype!r}: {e}") from None
 
 
+def tokenizer_with(tokenizer_json: bytes, special: "tuple[str, ...]", plain: "tuple[str, ...]" = ()) -> Any:
+    """The tokenizer of ``tokenizer_json`` with a family's tokens added (special ones, then plain ones): what a
+    family's simulated bundle carries, its ids above the base vocabulary."""
+    import tokenizers
+    tok = tokenizers.Tokenizer.from_str(tokenizer_json.decode())
+    tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in special])
+    tok.add_tokens([tokenizers.AddedToken(t, normalized=False) for t in plain])
+    return tok
+
+
 def server_info(config: Any) -> dict[str, Any]:
     """What vLLM's GetServerInfo says of a vision engine: whether it normalizes on its device, its bounds."""
     if not config.vision:

@@ -15,9 +15,8 @@ import zlib
 from typing import Any
 
 import numpy as np
-import tokenizers
 
-from .vision import CheckedImages, ImagesRefused, _array, cache_ids_of
+from .vision import CheckedImages, ImagesRefused, _array, cache_ids_of, tokenizer_with
 
 SIZE = 32  # pixels a side
 TOKENS_PER_IMAGE = 4
@@ -44,10 +43,8 @@ class Gemma3Tokens:
     """The tokenizer the bundle carries (the given one with Gemma 3's tokens added) and the ids the checks need."""
 
     def __init__(self, tokenizer_json: bytes) -> None:
-        tok = tokenizers.Tokenizer.from_str(tokenizer_json.decode())
-        tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
-                                for t in (*IMAGE_TOKENS, "<start_of_turn>", "<end_of_turn>")])
-        tok.add_tokens([tokenizers.AddedToken("\n" * n, normalized=False) for n in (4, 3, 2, 1)])
+        tok = tokenizer_with(tokenizer_json, (*IMAGE_TOKENS, "<start_of_turn>", "<end_of_turn>"),
+                             tuple("\n" * n for n in (4, 3, 2, 1)))
         self.tokenizer_json = tok.to_str().encode()
         self.boi, self.eoi, self.soft = (tok.token_to_id(t) for t in IMAGE_TOKENS)
         self.newlines = {tok.token_to_id("\n" * n) for n in (2, 3, 4)}  # what an image's "\n\n" may have joined

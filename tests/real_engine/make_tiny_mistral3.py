@@ -1,7 +1,8 @@
 """Write a tiny random-weight Mistral 3 vision model (Mistral Small 3.1's architecture: a Pixtral vision tower,
 patches merged 2 x 2) for test_vllm_mistral3.py: Pixtral's processor configs (PixtralImageProcessor,
 PixtralProcessor) and its image rows, with a tokenizer made from the Qwen one (Mistral's is not on this machine)
-that has the [IMG], [IMG_BREAK], [IMG_END], [INST] and [/INST] tokens, and a chat template in Mistral's shape.
+that has the [IMG], [IMG_BREAK], [IMG_END], [INST] and [/INST] tokens, and a chat template in Mistral's shape (the
+simulated Mistral 3's, chaos/sim_engine/vision_pixtral.py).
 
 Run with the vLLM virtual environment's Python (it has transformers and torch):
     .venv-vllm/bin/python tests/real_engine/make_tiny_mistral3.py OUT_DIR TOKENIZER_DIR
@@ -14,31 +15,22 @@ import json
 import sys
 from pathlib import Path
 
-import tokenizers
 import torch
 from transformers import Mistral3Config, Mistral3ForConditionalGeneration
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script, from the vLLM venv
+from chaos.sim_engine.vision_pixtral import CHAT_TEMPLATE, PixtralTokens  # noqa: E402
+
 LONGEST_EDGE, PATCH, MERGE = 112, 14, 2
-TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]", "[INST]", "[/INST]")
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if message['role'] == 'user' -%}{{ '[INST]' }}"
-    "{%- if message['content'] is string -%}{{ message['content'] }}"
-    "{%- else -%}{%- for item in message['content'] -%}"
-    "{%- if item['type'] == 'image' -%}{{ '[IMG]' }}"
-    "{%- elif item['type'] == 'text' -%}{{ item['text'] }}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}{{ '[/INST]' }}"
-    "{%- else -%}{{ message['content'] }}{{ eos_token }}{%- endif -%}"
-    "{%- endfor -%}")
 
 
 def main(out_dir: str, tokenizer_dir: str) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = tokenizers.Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
-    tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in TOKENS])
-    tok.save(str(out / "tokenizer.json"))
-    ids = {t: tok.token_to_id(t) for t in TOKENS}
+    # The simulated Mistral 3's tokenizer and template: the same tokens added, the same template.
+    tokens = PixtralTokens((Path(tokenizer_dir) / "tokenizer.json").read_bytes())
+    (out / "tokenizer.json").write_bytes(tokens.tokenizer_json)
+    ids = {"[IMG]": tokens.image}
     tokenizer_config = json.loads((Path(tokenizer_dir) / "tokenizer_config.json").read_text())
     tokenizer_config.pop("added_tokens_decoder", None)
     tokenizer_config.update(chat_template=CHAT_TEMPLATE, tokenizer_class="PreTrainedTokenizerFast")
