@@ -91,9 +91,9 @@ class MediaInputs:
 
     def expand(self, ids: "list[int]") -> tuple[list[int], list[int]]:
         """(the prompt's ids with each image's placeholder replaced by its expansion, the same ids for routing):
-        the chat template wrote the placeholder once per image, in order. A family's merges then join the token
-        pairs its tokenizer would have joined in the expanded text; an image's range starts at the token its
-        expansion's first became and keeps the expansion's length, as vLLM places it. The routing ids carry each
+        the chat template wrote the placeholder once per image, in order. A family whose expansion begins or ends
+        with newlines has them joined with the text's as its tokenizer joins them (``joined_newlines``), each
+        range then starting at the token holding its first newline, as vLLM places it. The routing ids carry each
         image's hash over its range, so two prompts that differ only in an image share no prefix past it."""
         processor = self.processor
         placeholder = processor.placeholder_id
@@ -131,48 +131,63 @@ def joined_newlines(ids: "list[int]", ranges: "list[tuple[int, int]]", pieces: "
     """``ids`` with each run of newline tokens that an expansion begins or ends in written again as the tokenizer
     writes that many newlines (the longest token first, as it matches them), and the ranges moved onto it: from the
     token holding a range's first newline to the one holding its last. ``pieces``: newline token -> newlines. A
-    run of the text's own newlines is left as the tokenizer made it."""
+    run of the text's own newlines is left as the tokenizer made it, and so is one it has no tokens to write.
+    Only the runs at the ranges' edges are visited: a long prompt costs its slices, not a look at every token."""
     by_count = {count: token for token, count in pieces.items()}
-    edges = {offset for offset, _ in ranges} | {offset + length - 1 for offset, length in ranges}
-    out: list[int] = []
-    first: list[int] = []  # old index -> the new token holding its first character
-    last: list[int] = []  # ... its last
-    i = 0
-    while i < len(ids):
-        j = i
-        while j < len(ids) and ids[j] in pieces:
-            j += 1
-        if j == i or not any(i <= edge < j for edge in edges):
-            for k in range(i, max(j, i + 1)):
-                first.append(len(out))
-                last.append(len(out))
-                out.append(ids[k])
-            i = max(j, i + 1)
+    runs: list[tuple[int, int, list[int]]] = []  # (start, end, its tokens written again), in order
+    for edge in sorted({offset for offset, _ in ranges} | {offset + length - 1 for offset, length in ranges}):
+        if ids[edge] not in pieces or (runs and runs[-1][0] <= edge < runs[-1][1]):
             continue
-        written = _newline_tokens(sum(pieces[ids[k]] for k in range(i, j)), by_count)
-        starts = [0]  # the character each new token starts at, within the run
+        start, end = edge, edge + 1
+        while start > 0 and ids[start - 1] in pieces:
+            start -= 1
+        while end < len(ids) and ids[end] in pieces:
+            end += 1
+        written = _newline_tokens(sum(pieces[token] for token in ids[start:end]), by_count)
+        if written is not None:
+            runs.append((start, end, written))
+    out: list[int] = []
+    moved_to: dict[int, tuple[int, int]] = {}  # an old index in a run -> (new index of its first, of its last)
+    shifts: list[tuple[int, int]] = []  # (old end of a run, how much it moved what follows)
+    previous = 0
+    for start, end, written in runs:
+        out += ids[previous:start]
+        base = len(out)
+        starts = [0]  # the newline each new token starts at, within the run
         for token in written:
             starts.append(starts[-1] + pieces[token])
-        base = len(out)
-        out += written
         at = 0
-        for k in range(i, j):
-            first.append(base + bisect.bisect_right(starts, at) - 1)
-            at += pieces[ids[k]]
-            last.append(base + bisect.bisect_right(starts, at - 1) - 1)
-        i = j
-    moved = [(first[offset], last[offset + length - 1] - first[offset] + 1) for offset, length in ranges]
+        for old in range(start, end):
+            first = base + bisect.bisect_right(starts, at) - 1
+            at += pieces[ids[old]]
+            moved_to[old] = (first, base + bisect.bisect_right(starts, at - 1) - 1)
+        out += written
+        shifts.append((end, len(out) - end))
+        previous = end
+    out += ids[previous:]
+    run_ends = [run_end for run_end, _ in shifts]
+
+    def new_index(old: int, which: int) -> int:
+        if old in moved_to:
+            return moved_to[old][which]
+        before = bisect.bisect_right(run_ends, old)
+        return old + (shifts[before - 1][1] if before else 0)
+
+    moved = []
+    for offset, length in ranges:
+        first = new_index(offset, 0)
+        moved.append((first, new_index(offset + length - 1, 1) - first + 1))
     return out, moved
 
 
-def _newline_tokens(count: int, by_count: "dict[int, int]") -> "list[int]":
+def _newline_tokens(count: int, by_count: "dict[int, int]") -> "list[int] | None":
     """``count`` newlines as tokens, the longest that fits first (a tokenizer's added tokens match longest first;
-    Gemma's, one token up to 31)."""
+    Gemma's has one token for each run up to 31); None when its tokens cannot write that many."""
     out: list[int] = []
     while count:
         fits = [n for n in by_count if n <= count]
         if not fits:
-            raise ValueError(f"the tokenizer has no token for {count} newlines")
+            return None
         longest = max(fits)
         out.append(by_count[longest])
         count -= longest

@@ -121,6 +121,11 @@ def test_newlines_at_an_expansions_edges_are_written_again_and_the_text_s_own_ar
     # Two images side by side: their newlines join as four, the token both ranges share.
     ids, ranges = joined_newlines([20, 7, 20, 20, 8, 20], [(0, 3), (3, 3)], pieces)
     assert ids == [20, 7, 40, 8, 20] and ranges == [(0, 3), (2, 3)]
+    # What follows a joined run moves with it; a run its tokens cannot write again (no "\n" of its own to end four
+    # newlines written 3 + 1) is left as it was.
+    ids, ranges = joined_newlines([10, 20, 7, 20, 5, 6, 20, 9, 20], [(1, 3), (6, 3)], pieces)
+    assert ids == [30, 7, 20, 5, 6, 20, 9, 20] and ranges == [(0, 3), (5, 3)]
+    assert joined_newlines([20, 20, 7, 20], [(1, 3)], {20: 2, 30: 3}) == ([20, 20, 7, 20], [(1, 3)])
 
 
 def test_vllm_gets_the_crops_per_image_batched_and_the_soft_token(tokenizer):
