@@ -47,7 +47,8 @@ OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 # Pillow's resampling filters by the numbers preprocessor configs give them.
 RESAMPLE = {0: Image.Resampling.NEAREST, 1: Image.Resampling.LANCZOS, 2: Image.Resampling.BILINEAR,
             3: Image.Resampling.BICUBIC, 4: Image.Resampling.BOX, 5: Image.Resampling.HAMMING}
-TORCH_KERNELS = {1: "bicubic", 2: "bilinear", 3: "bicubic"}  # torchvision's kernel for a config's filter
+# torchvision's kernel for a config's filter (its Lanczos on a CPU since 0.27, which vLLM's requirements exceed).
+TORCH_KERNELS = {1: "lanczos", 2: "bilinear", 3: "bicubic"}
 REFERENCES = ("torchvision", "pil")  # whose pixels: transformers' torchvision processors (vLLM's server), or PIL ones
 ASPECT_RATIO_MAX = 200  # Qwen2-VL's bound on an image's long side over its short one
 NEWLINE_RUN_MAX = 32  # the longest run of newlines looked for as one token (Gemma's vocabulary stops at 31)
@@ -127,8 +128,8 @@ def _token_id(token_to_id: Callable[[str], "int | None"], text: str) -> int:
 
 def resized(image: Image.Image, width: int, height: int, resample: int, reference: str) -> np.ndarray:
     """``image`` resized to ``width`` x ``height``, HWC uint8, as the reference processor resizes it: Pillow's
-    kernel ("pil"), or torch's antialiased integer kernel ("torchvision", resize.py) for the bilinear and bicubic
-    filters (transformers' torchvision processors take Lanczos as bicubic; others are Pillow's either way)."""
+    kernel ("pil"), or torch's antialiased integer kernel ("torchvision", resize.py) for the bilinear, bicubic and
+    Lanczos filters (the others are Pillow's either way)."""
     if image.size == (width, height):
         return np.asarray(image)
     kind = TORCH_KERNELS.get(resample) if reference == "torchvision" else None

@@ -36,7 +36,17 @@ def _bicubic(x: np.ndarray) -> np.ndarray:
     return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
 
 
-FILTERS = {"bilinear": (_bilinear, 1.0), "bicubic": (_bicubic, 2.0)}  # the filter and its half width
+def _sinc(x: np.ndarray) -> np.ndarray:
+    safe = np.where(x == 0.0, 1.0, x)
+    return np.where(x == 0.0, 1.0, np.sin(np.pi * safe) / (np.pi * safe))
+
+
+def _lanczos(x: np.ndarray) -> np.ndarray:
+    return np.where(np.abs(x) < 3.0, _sinc(x) * _sinc(x / 3.0), 0.0)
+
+
+# The filter and its half width, by the name torchvision's interpolation modes have.
+FILTERS = {"bilinear": (_bilinear, 1.0), "bicubic": (_bicubic, 2.0), "lanczos": (_lanczos, 3.0)}
 
 
 def pass_weights(in_size: int, out_size: int, kind: str) -> tuple[np.ndarray, np.ndarray, int]:

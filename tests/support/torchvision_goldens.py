@@ -45,7 +45,8 @@ PROMPT_SIZES = [(200, 123), (3000, 20), (1, 1), (2000, 1600), (1540, 1541)]
 RESIZES = [((200, 123), (64, 64), "bilinear"), ((640, 480), (896, 896), "bilinear"),
            ((640, 480), (336, 252), "bicubic"), ((1000, 20), (28, 560), "bicubic"), ((13, 600), (896, 896), "bicubic"),
            ((1280, 720), (644, 364), "bicubic"), ((57, 57), (56, 56), "bilinear"), ((733, 411), (300, 170), "bilinear"),
-           ((3000, 2000), (896, 896), "bicubic")]
+           ((3000, 2000), (896, 896), "bicubic"), ((1280, 720), (1456, 819), "lanczos"),
+           ((733, 411), (364, 364), "lanczos")]
 
 
 def image(width: int, height: int, seed: int) -> np.ndarray:
@@ -102,7 +103,8 @@ def main() -> None:
     for case, name, pixels in processor_cases():
         out = processors[name](images=[Image.fromarray(pixels)], return_tensors="np")["pixel_values"]
         goldens["processors"][case] = digest(np.asarray(out, dtype=np.float32))
-    modes = {"bilinear": F.InterpolationMode.BILINEAR, "bicubic": F.InterpolationMode.BICUBIC}
+    modes = {"bilinear": F.InterpolationMode.BILINEAR, "bicubic": F.InterpolationMode.BICUBIC,
+             "lanczos": F.InterpolationMode.LANCZOS}
     for case, pixels, width, height, kind in resize_cases():
         tensor = torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
         out = F.resize(tensor, [height, width], interpolation=modes[kind], antialias=True)
