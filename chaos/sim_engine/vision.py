@@ -60,6 +60,11 @@ def _array(data: bytes, shape: Any, dtype: str) -> np.ndarray:
         raise ImagesRefused(f"a tensor's bytes do not match its shape {list(shape)} and dtype {dtype!r}: {e}") from None
 
 
+def placeholders(mm: Any) -> "tuple[list[tuple[int, int]], int | None]":
+    """A request's placeholder ranges and the image token it names (None when it names none)."""
+    return [(p.offset, p.length) for p in mm.mm_placeholders], mm.im_token_id if mm.HasField("im_token_id") else None
+
+
 def tokenizer_with(tokenizer_json: bytes, special: "tuple[str, ...]", plain: "tuple[str, ...]" = ()) -> Any:
     """The tokenizer of ``tokenizer_json`` with a family's tokens added (special ones, then plain ones): what a
     family's simulated bundle carries, its ids above the base vocabulary."""
@@ -155,8 +160,7 @@ def check_vllm(mm: Any, input_ids: "list[int]", config: Any) -> CheckedImages:
     if tensors[sizes_key].tolist() != grid.prod(axis=1).tolist():
         raise ImagesRefused(f"{sizes_key} is {tensors[sizes_key].tolist()}, the grids' patches "
                             f"{grid.prod(axis=1).tolist()}")
-    return check(input_ids, pixels, grid, [(p.offset, p.length) for p in mm.mm_placeholders],
-                 mm.im_token_id if mm.HasField("im_token_id") else None, list(mm.mm_hashes),
+    return check(input_ids, pixels, grid, *placeholders(mm), list(mm.mm_hashes),
                  not config.vision_takes_floats, config.vision_images_max, config.vision_image_tokens_max)
 
 
@@ -166,8 +170,7 @@ def check_sglang(mm: Any, input_ids: "list[int]") -> CheckedImages:
     if "image_grid_thw" not in tensors:
         raise ImagesRefused("image_grid_thw is missing")
     pixels = _array(mm.pixel_values.data, mm.pixel_values.shape, mm.pixel_values.dtype)
-    return check(input_ids, pixels, tensors["image_grid_thw"], [(p.offset, p.length) for p in mm.mm_placeholders],
-                 mm.im_token_id if mm.HasField("im_token_id") else None, [])
+    return check(input_ids, pixels, tensors["image_grid_thw"], *placeholders(mm), [])
 
 
 def check_tokenspeed(mm: Any, input_ids: "list[int]") -> CheckedImages:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .vision import CheckedImages, ImagesRefused, _array, cache_ids_of, tokenizer_with
+from .vision import CheckedImages, ImagesRefused, _array, cache_ids_of, placeholders, tokenizer_with
 
 SIZE = 32  # pixels a side
 TOKENS_PER_IMAGE = 4
@@ -88,12 +88,9 @@ def check_vllm(tokens: Gemma3Tokens, mm: Any, input_ids: "list[int]", config: An
                             "on the CPU")
     if tensors["num_patches"].tolist() != [1] * len(mm.mm_placeholders):
         raise ImagesRefused(f"num_patches is {tensors['num_patches'].tolist()}: one crop an image (no pan and scan)")
-    return check(tokens, input_ids, pixels, [(p.offset, p.length) for p in mm.mm_placeholders],
-                 mm.im_token_id if mm.HasField("im_token_id") else None, list(mm.mm_hashes),
-                 not config.vision_takes_floats)
+    return check(tokens, input_ids, pixels, *placeholders(mm), list(mm.mm_hashes), not config.vision_takes_floats)
 
 
 def check_sglang(tokens: Gemma3Tokens, mm: Any, input_ids: "list[int]") -> CheckedImages:
     pixels = _array(mm.pixel_values.data, mm.pixel_values.shape, mm.pixel_values.dtype)
-    return check(tokens, input_ids, pixels, [(p.offset, p.length) for p in mm.mm_placeholders],
-                 mm.im_token_id if mm.HasField("im_token_id") else None, [], False)
+    return check(tokens, input_ids, pixels, *placeholders(mm), [], False)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .vision import CheckedImages, ImagesRefused, _array, cache_ids_of, tokenizer_with
+from .vision import CheckedImages, ImagesRefused, _array, cache_ids_of, placeholders, tokenizer_with
 
 LONGEST_EDGE, PATCH, MERGE = 64, 8, 2
 SQUARE = PATCH * MERGE  # pixels a side of what one [IMG] stands for
@@ -85,12 +85,9 @@ def check_vllm(tokens: PixtralTokens, mm: Any, input_ids: "list[int]", config: A
     if dict(mm.flat_keys) or list(mm.batched_keys) != ["pixel_values"]:
         raise ImagesRefused("vLLM's Mistral 3 layout is pixel_values batched, one image an entry, and nothing else")
     pixels = _array(mm.pixel_values.inline, mm.pixel_values.shape, mm.pixel_values.dtype)
-    return check(tokens, input_ids, pixels, [(p.offset, p.length) for p in mm.mm_placeholders],
-                 mm.im_token_id if mm.HasField("im_token_id") else None, list(mm.mm_hashes),
-                 not config.vision_takes_floats)
+    return check(tokens, input_ids, pixels, *placeholders(mm), list(mm.mm_hashes), not config.vision_takes_floats)
 
 
 def check_sglang(tokens: PixtralTokens, mm: Any, input_ids: "list[int]") -> CheckedImages:
     pixels = _array(mm.pixel_values.data, mm.pixel_values.shape, mm.pixel_values.dtype)
-    return check(tokens, input_ids, pixels, [(p.offset, p.length) for p in mm.mm_placeholders],
-                 mm.im_token_id if mm.HasField("im_token_id") else None, [], False)
+    return check(tokens, input_ids, pixels, *placeholders(mm), [], False)

@@ -3,8 +3,8 @@ No I/O, no clock of its own (``now_s`` is given).
 
 The least recently used entry goes first when a bound is reached: the node's (``bytes_max``) over all entries,
 a partition's (``partition_bytes_max``) over its own, so one tenant filling the cache evicts its own answers, not
-the others'. An entry past its TTL is never served, and is dropped when met or when the bound needs room. A key holds the first
-answer put for it until that answer expires.
+the others'. An entry past its TTL is never served, and is dropped when met or when the bound needs room. A
+key holds the first answer put for it until that answer expires.
 """
 
 from __future__ import annotations

@@ -46,8 +46,9 @@ class MediaConfig:
     tenant_bytes_max: int = 256 * 1024 * 1024
     tenant_waiting_max: int = 64
     # Whose pixels the processors compute: "torchvision", as transformers' torchvision-backed processors do, which
-    # vLLM's server runs (torchvision is a dependency of vLLM): bit for bit, but its resize costs 3-4x Pillow's in
-    # numpy; or "pil", as transformers' PIL processors do (Pillow's kernel: a level of the 255 off on a few values).
+    # vLLM's server runs (torchvision is a dependency of vLLM): bit for bit, but its resize costs about twice
+    # Pillow's, in numpy (image_bench.py); or "pil", as transformers' PIL processors do (Pillow's kernel: a level of
+    # the 255 off on a few values).
     pixel_reference: str = "torchvision"
 
 
@@ -81,5 +82,5 @@ OPTIONS = (
            "(0: one per core)", "performance"),
     Option("--media-pixel-reference", "media.pixel_reference", pixel_reference, "whose pixels image processors "
            "compute: torchvision (transformers' torchvision processors, which vLLM's server runs; bit for bit) or "
-           "pil (transformers' PIL processors: a quarter of the resize's CPU)", "engines"),
+           "pil (transformers' PIL processors: about half the resize's CPU)", "engines"),
 )

@@ -119,6 +119,15 @@ def _triple(config: dict[str, Any], key: str, default: "tuple[float, ...]") -> "
     return tuple(float(v) for v in value)
 
 
+def _pixel_fields(config: dict[str, Any], mean: "tuple[float, ...]", std: "tuple[float, ...]", resample: int
+                  ) -> dict[str, Any]:
+    """What every family reads alike from preprocessor_config.json (its defaults given): mean, std, rescale
+    factor, resampling filter."""
+    return {"mean": _triple(config, "image_mean", mean), "std": _triple(config, "image_std", std),
+            "rescale_factor": float(_number(config, "rescale_factor", 1 / 255)),
+            "resample": _number(config, "resample", resample, (int,))}
+
+
 def _token_id(token_to_id: Callable[[str], "int | None"], text: str) -> int:
     token_id = token_to_id(text)
     if token_id is None:
@@ -158,9 +167,8 @@ def rescaled_normalized(channels_first: np.ndarray, scale: float, mean: "tuple[f
     return out
 
 
-class RepeatedPlaceholder:
-    """The placeholder repeated once per image token, which are the embedding positions themselves (Qwen-VL's,
-    LLaVA's): nothing around them, nothing merged."""
+class PlaceholderIsImageToken:
+    """The token the template writes is the one whose positions take the features, and no newline is joined."""
 
     placeholder_id: int
     newline_pieces: "tuple[tuple[int, int], ...]" = ()
@@ -168,6 +176,11 @@ class RepeatedPlaceholder:
     @property
     def embed_id(self) -> int:
         return self.placeholder_id
+
+
+class RepeatedPlaceholder(PlaceholderIsImageToken):
+    """The placeholder repeated once per image token, which are the embedding positions themselves (Qwen-VL's,
+    LLaVA's): nothing around them, nothing merged."""
 
     def expansion(self, image: ProcessedImage) -> "list[int]":
         return [self.placeholder_id] * image.tokens
@@ -228,9 +241,7 @@ class QwenVisionProcessor(RepeatedPlaceholder):
             merge_size=_number(config, "merge_size", 2, (int,)),
             min_pixels=_number({"min_pixels": min_pixels}, "min_pixels", 0, (int,)),
             max_pixels=_number({"max_pixels": max_pixels}, "max_pixels", 0, (int,)),
-            mean=_triple(config, "image_mean", OPENAI_CLIP_MEAN), std=_triple(config, "image_std", OPENAI_CLIP_STD),
-            rescale_factor=float(_number(config, "rescale_factor", 1 / 255)),
-            resample=_number(config, "resample", 3, (int,)))
+            **_pixel_fields(config, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, 3))
         if min(processor.patch_size, processor.temporal_patch_size, processor.merge_size) < 1 or \
                 not 0 < processor.min_pixels <= processor.max_pixels or processor.resample not in RESAMPLE:
             raise ProcessorConfigError(f"preprocessor_config.json: unusable sizes {processor}")
@@ -304,10 +315,7 @@ class ClipStyleProcessor(RepeatedPlaceholder):
             tokens += 1
         return cls(placeholder_id=_token_id(token_to_id, "<image>"), tokens_per_image=tokens, shortest_edge=shortest,
                    crop=crop, do_center_crop=config.get("do_center_crop", True) is True,
-                   mean=_triple(config, "image_mean", OPENAI_CLIP_MEAN), std=_triple(config, "image_std",
-                                                                                      OPENAI_CLIP_STD),
-                   rescale_factor=float(_number(config, "rescale_factor", 1 / 255)),
-                   resample=_number(config, "resample", 3, (int,)))
+                   **_pixel_fields(config, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, 3))
 
     def describe(self) -> str:
         return f"{self.family}:{self.shortest_edge}:{self.crop}:{self.do_center_crop}:{self.mean}:{self.std}:" \
@@ -398,10 +406,7 @@ class Gemma3Processor:
                         end_id=_token_id(token_to_id, "<end_of_image>"), double_newline_id=two,
                         newline_pieces=pieces, tokens_per_image=_number({"n": tokens}, "n", 256, (int,)),
                         height=size["height"], width=size["width"],
-                        mean=_triple(config, "image_mean", (0.5, 0.5, 0.5)),
-                        std=_triple(config, "image_std", (0.5, 0.5, 0.5)),
-                        rescale_factor=float(_number(config, "rescale_factor", 1 / 255)),
-                        resample=_number(config, "resample", 2, (int,)))
+                        **_pixel_fields(config, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), 2))
         if processor.tokens_per_image < 1 or processor.resample not in RESAMPLE:
             raise ProcessorConfigError(f"preprocessor_config.json: unusable {processor}")
         return processor
@@ -430,7 +435,7 @@ class Gemma3Processor:
 # -- Pixtral, Mistral 3 ---------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class PixtralProcessor:
+class PixtralProcessor(PlaceholderIsImageToken):
     """Pixtral and Mistral 3 (PixtralImageProcessor, PixtralProcessor): shrunk, keeping its aspect ratio, until
     its longest side fits ``longest_edge``, then each side rounded up to a whole number of (merged) patches;
     rescaled, normalized; kept at its own size. It stands in the prompt where the template wrote [IMG] as rows
@@ -446,14 +451,9 @@ class PixtralProcessor:
     rescale_factor: float = 1 / 255
     resample: int = 3
     reference: str = "torchvision"
-    newline_pieces: "tuple[tuple[int, int], ...]" = ()
     family = "pixtral"
     flat_pixels_by = None  # one (3, h, w) an image, each its own size (vLLM's Mistral 3 and Pixtral layouts)
     cpu_tensors = ()
-
-    @property
-    def embed_id(self) -> int:
-        return self.placeholder_id
 
     @classmethod
     def from_config(cls, config: dict[str, Any], token_to_id: Callable[[str], "int | None"],
@@ -475,10 +475,7 @@ class PixtralProcessor:
         processor = cls(placeholder_id=_token_id(token_to_id, tokens["image"]),
                         break_id=_token_id(token_to_id, tokens["break"]), end_id=_token_id(token_to_id, tokens["end"]),
                         patch=patch * merge, longest_edge=longest,
-                        mean=_triple(config, "image_mean", OPENAI_CLIP_MEAN),
-                        std=_triple(config, "image_std", OPENAI_CLIP_STD),
-                        rescale_factor=float(_number(config, "rescale_factor", 1 / 255)),
-                        resample=_number(config, "resample", 3, (int,)))
+                        **_pixel_fields(config, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, 3))
         if processor.resample not in RESAMPLE:
             raise ProcessorConfigError(f"preprocessor_config.json: resample {processor.resample}")
         return processor

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from .media_engines import vision_pair
-from .test_vllm_vision import IMAGES, LOGPROB_TOLERANCE, _chat, _first_logprobs
+from .test_vllm_vision import IMAGES, LOGPROB_TOLERANCE, _chat, _first_logprobs, streamed_as_vllm_answers
 
 pytestmark = pytest.mark.real_engine
 
@@ -36,12 +36,7 @@ def test_one_image_gives_vllms_own_prompt_and_greedy_answer(gemma3, name):
 def test_two_images_side_by_side_streamed(gemma3):
     # Their sequences meet as "\n\n" + "\n\n": one token of four newlines, as Gemma's tokenizer writes it.
     ours, theirs, model = gemma3
-    both = [IMAGES["noise 300x200"], IMAGES["photo 640x480"]]
-    reference = _chat(theirs, model, both)
-    streamed = list(_chat(ours, model, both, stream=True, stream_options={"include_usage": True}))
-    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == \
-        reference.choices[0].message.content
-    assert streamed[-1].usage.prompt_tokens == reference.usage.prompt_tokens
+    streamed_as_vllm_answers(ours, theirs, model, [IMAGES["noise 300x200"], IMAGES["photo 640x480"]])
 
 
 def test_the_image_moves_the_models_probabilities_as_on_vllms_own_server(gemma3):

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from .media_engines import vision_pair
-from .test_vllm_vision import IMAGES, LOGPROB_TOLERANCE, _first_logprobs, _png, _uri
+from .test_vllm_vision import IMAGES, LOGPROB_TOLERANCE, _first_logprobs, _png, _uri, streamed_as_vllm_answers
 from .test_vllm_vision import _chat as _any_chat
 
 pytestmark = pytest.mark.real_engine
@@ -47,11 +47,7 @@ def test_one_image_gives_vllms_own_prompt_answer_and_probabilities(mistral3, nam
 def test_two_images_of_one_size_streamed(mistral3):
     ours, theirs, model = mistral3
     both = [IMAGES["noise 300x200"], IMAGES["photo 640x480"]]  # both 112 x 84 once resized: 3 rows of 4
-    reference = _chat(theirs, model, both)
-    streamed = list(_chat(ours, model, both, stream=True, stream_options={"include_usage": True}))
-    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == \
-        reference.choices[0].message.content
-    assert streamed[-1].usage.prompt_tokens == reference.usage.prompt_tokens
+    streamed_as_vllm_answers(ours, theirs, model, both, _chat)
 
 
 def test_two_images_of_different_sizes_are_a_clear_400(mistral3):

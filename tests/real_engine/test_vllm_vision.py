@@ -95,6 +95,15 @@ def test_two_images_streamed(vision):
 LOGPROB_TOLERANCE = 1e-4
 
 
+def streamed_as_vllm_answers(ours, theirs, model, images, chat=_chat) -> None:
+    """``images`` streamed through the node: the text and prompt tokens vLLM's own server answers whole."""
+    reference = chat(theirs, model, images)
+    streamed = list(chat(ours, model, images, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == \
+        reference.choices[0].message.content
+    assert streamed[-1].usage.prompt_tokens == reference.usage.prompt_tokens
+
+
 def _first_logprobs(reply) -> "dict[str, float]":
     return {t.token: t.logprob for t in reply.choices[0].logprobs.content[0].top_logprobs}
 

@@ -105,15 +105,15 @@ def _media(mm: Any, media: Any, raw_pixels: bool) -> None:
     cache key)."""
     mm.modality = common_pb2.IMAGE
     tensor(mm.pixel_values, media.pixel_values(raw_pixels), inline=True)
-    for key, array in media.tensors().items():
+    tensors = media.tensors()  # (stacked per call: once)
+    for key, array in tensors.items():
         tensor(mm.model_specific_tensors[key], array, inline=True)
     flat = media.processor.flat_pixels_by
     if flat is not None:
         mm.flat_keys["pixel_values"] = flat
-        mm.batched_keys.extend(media.tensors())  # the sizes one too: a model input for some (Gemma 3's crops)
     else:
         mm.batched_keys.append("pixel_values")
-        mm.batched_keys.extend(media.tensors())
+    mm.batched_keys.extend(tensors)  # the sizes one of a flat layout too: a model input for some (Gemma 3's crops)
     mm.keep_on_cpu_keys.extend(media.processor.cpu_tensors)
     mm.im_token_id = media.processor.embed_id
     for offset, length in media.ranges:
