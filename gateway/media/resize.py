@@ -21,6 +21,10 @@ import numpy as np
 
 BICUBIC_A = -0.5  # Pillow's and torch's antialiased cubic
 BLOCK_VALUES = 1 << 18  # int32 values a block of rows holds (1 MiB): the pass's temporaries stay in cache
+# A pass's weights (outputs x taps, float64 while computed): 32 MiB. The taps grow with how far a side shrinks, so a
+# 1 x 4,000,000 strip brought to 896 would need 8 M of them (and as many passes over the image); every image the
+# families' other bounds let through (200:1 at most, 40 M pixels) needs under a tenth of this.
+WEIGHTS_MAX = 1 << 22
 
 
 def _bilinear(x: np.ndarray) -> np.ndarray:
@@ -50,12 +54,16 @@ FILTERS = {"bilinear": (_bilinear, 1.0), "bicubic": (_bicubic, 2.0), "lanczos": 
 
 
 def pass_weights(in_size: int, out_size: int, kind: str) -> tuple[np.ndarray, np.ndarray, int]:
-    """(first input index per output, int16 weights per output and tap, the precision in bits) of one pass."""
+    """(first input index per output, int16 weights per output and tap, the precision in bits) of one pass;
+    ValueError when the pass would need more than WEIGHTS_MAX weights."""
     function, half_width = FILTERS[kind]
     scale = in_size / out_size
     stretch = max(scale, 1.0)
     support = half_width * stretch
     taps = int(math.ceil(support)) * 2 + 1
+    if taps * out_size > WEIGHTS_MAX:
+        raise ValueError(f"a side of {in_size} pixels cannot be resized to {out_size} here: its shape is too far "
+                         "from the model's")
     centres = scale * (np.arange(out_size, dtype=np.float64) + 0.5)
     first = np.maximum((centres - support + 0.5).astype(np.int64), 0)  # truncated, as C casts
     ends = np.minimum((centres + support + 0.5).astype(np.int64), in_size)

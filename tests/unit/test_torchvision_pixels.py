@@ -52,3 +52,15 @@ def test_weights_sum_to_one_at_their_precision_and_stay_within_the_image():
         assert 0 < precision <= 22 and np.abs(weights).max() < 1 << 15
         assert np.all(np.abs(weights.sum(axis=1) - (1 << precision)) <= weights.shape[1])
         assert first.min() >= 0 and first.max() < in_size
+
+
+def test_a_strip_whose_resize_would_take_a_memory_of_weights_is_refused_before_it_starts():
+    """The attack: a 1 x 4,000,000 image (12 MB, within the pixel bound) to Gemma 3's 896 square would need 8 M
+    weights and 8,900 passes over it; refused as a shape the processor cannot take (a 400 invalid_image)."""
+    strip = Image.fromarray(np.zeros((1, 4_000_000, 3), dtype=np.uint8))
+    gemma3 = image_processor({"preprocessor_config.json": CONFIGS["gemma3"]}, TOKENS)
+    with pytest.raises(ValueError, match="too far from the model's"):
+        gemma3.process(strip, False)
+    with pytest.raises(ValueError):
+        pass_weights(4_000_000, 896, "bilinear")
+    assert pass_weights(89_442, 896, "lanczos")[1].size < 1 << 22  # 200:1 at 40 M pixels, the widest others allow
