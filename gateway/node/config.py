@@ -114,7 +114,8 @@ class NodeConfig:
     # API on a thread of its own (engine/bridge.py).
     grpc_client: str = "h2"
     # Gateway processes serving the HTTP port (SO_REUSEPORT; gateway/node/supervisor.py says how they share
-    # the node's state); 0 = one per core this process may use (CPU affinity and cgroup quota).
+    # the node's state); 0 = one per core this process may use (CPU affinity and cgroup quota) less one,
+    # at least one: supervisor.default_worker_count says why.
     workers: int = 0
     # Bind the HTTP port with SO_REUSEPORT (set for each process of --workers N).
     http_reuse_port: bool = False
@@ -191,7 +192,8 @@ _OWN_OPTIONS = (
     Option("--http-server", "http_server", str, "native (default, HTTP/1.1) or hypercorn (HTTP/1.1 and h2)", "http"),
     Option("--grpc-client", "grpc_client", str, "h2 (default: from the event loop) or grpcio (on a thread)",
            "performance"),
-    Option("--workers", "workers", int, "gateway processes on the HTTP port (0: one per available core)",
+    Option("--workers", "workers", int, "gateway processes on the HTTP port (0: one per available core less one, at "
+           "least one: 1 on 2 cores, 15 on 16)",
            "performance"),
     Option("--data-dir", "data_dir", str, "where the node keeps run-time API keys, settings, workers, the gossip "
            "keyring and stored conversations across restarts (default: ~/.local/state/smg-node/nodes/NAME; none: "
@@ -494,7 +496,7 @@ def _validate_node(config: GatewayConfig) -> None:
     if config.max_connections < 1:
         raise ConfigError("--max-connections must be at least 1")
     if config.workers < 0:
-        raise ConfigError("--workers must not be negative (0: one per available core)")
+        raise ConfigError("--workers must not be negative (0: one per available core less one)")
     if config.sim_engines < 0:
         raise ConfigError("--sim-engines must not be negative")
     for url in config.worker_urls:  # a mistake in a URL is the operator's to fix now, not a retry loop's

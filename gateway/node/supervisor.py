@@ -94,8 +94,22 @@ def available_cores() -> int:
     return cores
 
 
+def default_worker_count(cores: int) -> int:
+    """``--workers 0``: one process per core less one, at least one (1 on 2 cores, 3 on 4, 15 on 16).
+
+    A process is more than its event loop: its encoder and media threads (long prompts and images,
+    outside the GIL), the kernel's work on its sockets and the mesh beside it use another core's worth
+    between them when it is busy. And every process costs a share per request that does not shrink
+    with load: each engine's decode step wakes every process that holds one of its streams, so N
+    processes take N wake-ups per step where one takes one. On 2 cores, one process per core cost
+    1.35-1.49x the CPU per request of one process on a mix of chats at 64 and 256 clients
+    (tests/bench/mixed_traffic.py, BENCHMARKS), for a second event loop that only a load above one
+    core's worth of the gateway's own work uses; ``--workers 2`` keeps it for such a load."""
+    return max(1, cores - 1)
+
+
 def worker_count(config: GatewayConfig) -> int:
-    return config.workers or available_cores()
+    return config.workers or default_worker_count(available_cores())
 
 
 async def exit_when_supervisor_dies(cancel_scope: trio.CancelScope) -> None:

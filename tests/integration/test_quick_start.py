@@ -22,7 +22,7 @@ import time
 import httpx2
 import pytest
 
-from gateway.node.supervisor import available_cores
+from gateway.node.supervisor import available_cores, default_worker_count
 from tests.support.waiting import eventually
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -110,13 +110,14 @@ def test_the_readme_quick_start_works_and_leaves_nothing_behind(new_user_env, tm
         # `smg-node members` finds the local node with no flags, and shows the node with its processes.
         members = subprocess.run([smg_node, "members"], env=new_user_env, capture_output=True, text=True,
                                  timeout=60)
-        if available_cores() == 1:  # one process and no mesh: nothing to list, and the CLI says why
+        processes = default_worker_count(available_cores())
+        if processes == 1:  # one process and no mesh: nothing to list, and the CLI says why
             assert members.returncode != 0 and "--mesh-bind" in members.stderr, members.stderr
         else:
             assert members.returncode == 0, members.stderr
             lines = members.stdout.strip().splitlines()
             assert lines[0].split()[:2] == ["NODE", "MEMBER"]
-            assert len(lines) - 1 == available_cores() and lines[1].split()[0] != "", members.stdout
+            assert len(lines) - 1 == processes and lines[1].split()[0] != "", members.stdout
             assert all(line.startswith(" ") for line in lines[2:]), "a node's processes are grouped under it"
             assert all(" alive " in f" {line.lower()} " for line in lines[1:]), members.stdout
 

@@ -10,7 +10,7 @@ import pytest
 from gateway.node.config import ConfigError, GatewayConfig, add_serve_arguments, build_config
 from gateway.cluster import KvSharing
 from gateway.routing.kv_index import KvIndex
-from gateway.node.supervisor import ephemeral_port_low, worker_arguments
+from gateway.node.supervisor import default_worker_count, ephemeral_port_low, worker_arguments, worker_count
 from mesh.options import MeshOptions
 from mesh.ring import HashRing
 
@@ -84,6 +84,14 @@ def test_each_process_gets_its_share_of_encoder_threads(monkeypatch):
     chosen = GatewayConfig(tokenizer=dataclasses.replace(GatewayConfig().tokenizer, encode_threads=5))
     per_process, _ = worker_arguments(chosen, 8, 30000)
     assert all(flag_value(args, "--encode-threads") is None for args in per_process)  # the user's own stays
+
+
+def test_the_default_leaves_a_core_to_what_runs_beside_the_event_loops(monkeypatch):
+    """One process on 2 cores (a second cost 1.35-1.49x the CPU per request of one: BENCHMARKS), N - 1 on N."""
+    assert [default_worker_count(cores) for cores in (1, 2, 3, 4, 16, 64)] == [1, 1, 2, 3, 15, 63]
+    monkeypatch.setattr("gateway.node.supervisor.available_cores", lambda: 8)
+    assert worker_count(GatewayConfig()) == 7
+    assert worker_count(GatewayConfig(workers=2)) == 2  # the user's own count stays
 
 
 def test_encode_threads_flag_is_checked():
