@@ -36,9 +36,12 @@ the cores the engine and wrk used (a saturated engine or client would bound the 
 
     python tests/bench/mixed_traffic.py [--gateways smg-node-all smg-node-w1 smg smg-cache]
         [--connections 64 256] [--seconds 20] [--repeats 2] [--seed 1] [--decode-step-s 0.03]
+        [--only short|turn|document] [--stream-share 0.5]
 
-Gateway names as in ``workers_scaling.py`` (``smg-node-all``: ``serve``'s default ``--workers 0``,
-one process per core; ``smg-node-w1@/tmp/base``: the checkout at /tmp/base). Needs ``wrk``.
+``--only`` sends one kind of the mix alone and ``--stream-share`` sets the streamed share (0: none,
+so no TTFT): where a gap between the gateways comes from. Gateway names as in ``workers_scaling.py``
+(``smg-node-all``: ``serve``'s default ``--workers 0``, one process per core less one;
+``smg-node-w1@/tmp/base``: the checkout at /tmp/base). Needs ``wrk``.
 Markdown to stdout, progress to stderr.
 """
 
@@ -260,14 +263,15 @@ class TtftProbe:
         self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
 
     def __enter__(self) -> "TtftProbe":
-        for thread in self._threads:
+        for thread in self._threads if self._entries else ():  # a mix with nothing streamed has no TTFT
             thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         for thread in self._threads:
-            thread.join(60)
+            if thread.is_alive():
+                thread.join(60)
 
     def _run(self, index: int) -> None:
         connection = http.client.HTTPConnection(self._gateway.host, self._gateway.port, timeout=60)
@@ -335,6 +339,10 @@ def measure(gateway: Gateway, engine: EngineProcess, mix: Mix, script: Path, con
     }
 
 
+_ONLY = {"short": {"short_share": 1.0, "document_share": 0.0}, "turn": {"short_share": 0.0, "document_share": 0.0},
+         "document": {"short_share": 0.0, "document_share": 1.0}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gateways", nargs="+", default=["smg-node-all", "smg-node-w1", "smg", "smg-cache"])
@@ -343,13 +351,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=MixConfig.seed)
     parser.add_argument("--decode-step-s", type=float, default=0.03)
+    parser.add_argument("--only", choices=("short", "turn", "document"),
+                        help="one kind of the mix alone (where a gap between the gateways comes from)")
+    parser.add_argument("--stream-share", type=float, default=MixConfig.stream_share)
     parser.add_argument("--smg-venv", type=Path, default=ROOT / ".bench" / "smg-venv")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (Debian: apt-get install wrk)")
     smg = ensure_smg(args.smg_venv) if any(not g.startswith("smg-node") for g in args.gateways) else None
 
-    mix = make_mix(MixConfig(seed=args.seed))
+    mix = make_mix(MixConfig(seed=args.seed, stream_share=args.stream_share, **_ONLY.get(args.only, {})))
     log_dir = default_log_dir()
     model = model_dir(log_dir)
     script = lua_script(mix, Path(tempfile.mkdtemp(prefix="mixed-")))
@@ -401,7 +412,9 @@ def print_report(args, mix: Mix, rows: dict[tuple[int, str], list[dict]], starte
     print(f"Run {started}, {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
           f"`python tests/bench/mixed_traffic.py --gateways {' '.join(args.gateways)} --connections "
           f"{' '.join(map(str, args.connections))} --seconds {args.seconds} --repeats {args.repeats} "
-          f"--seed {args.seed} --decode-step-s {args.decode_step_s:g}`; medians of {args.repeats}. The plan: "
+          f"--seed {args.seed} --decode-step-s {args.decode_step_s:g}"
+          f"{f' --only {args.only}' if args.only else ''} --stream-share {args.stream_share:g}`; "
+          f"medians of {args.repeats}. The plan: "
           f"{kinds.count(SHORT)} short chats, {kinds.count(TURN)} session turns, {kinds.count(DOCUMENT)} "
           f"document questions, {sum(e[4] for e in mix.plan)} streamed, of {len(mix.plan)}.\n")
     print("| clients | gateway | req/s | CPU ms/req | vs smg | vs smg-cache | TTFT p50 / p99 ms "
