@@ -13,7 +13,7 @@ seconds the requests took) is taken out, as ``smg_compare.py`` takes out idle CP
 
 What it counts: user-space instructions of every thread of the gateway's process (the
 kernel's share of socket calls is not in it, nor are cache misses: a figure of work done,
-not of seconds). What it leaves out: ``--workers 0``'s second process (one process is
+not of seconds). What it leaves out: ``--workers N``'s other processes (one process is
 measured; ``smg_compare.py`` has the scaling), and concurrency (requests are sequential,
 so batching across requests never happens here; the per-request cost at 16 clients is
 lower for both gateways).

@@ -9,7 +9,7 @@ Not a test: it prints figures. What it does:
    once, the gateways under comparison, each on its own port and all pointed
    at that engine with the same Qwen3 tokenizer files, laid out as a model
    directory (tokenizer files plus a ``config.json``; see ``model_dir``):
-   ``smg-node --workers 1``, ``smg-node --workers 0`` (one per core), ``smg``
+   ``smg-node --workers 1``, ``smg-node --workers 0`` (one per core less one), ``smg``
    with its defaults (tokenizer caches off) and ``smg`` with its L0 and L1
    tokenizer caches on.
 3. For every scenario and concurrency, drives each gateway in turn (the

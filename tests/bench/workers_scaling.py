@@ -20,7 +20,7 @@ hashes every 16-token block of a prompt and builds KV events in Python, ~3.7 ms 
 scenario; no gateway here follows the events of a single engine anyway.
 
 Gateways (``--gateways``): ``smg-node-w<N>`` (``serve --workers N``), ``smg-node-all``
-(``--workers 0``: one process per core), either with ``@PATH`` for the code of the checkout at
+(``--workers 0``: one process per core less one), either with ``@PATH`` for the code of the checkout at
 PATH (``smg-node-w1@/tmp/base``: a change against its parent) or for the Python interpreter at
 PATH (``smg-node-w1@/work/venv-deb/bin/python``: another CPython build), in the same run;
 ``smg`` (``smg launch``, its defaults: tokenizer caches off) and ``smg-cache`` (its L0 and L1
