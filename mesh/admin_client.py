@@ -77,8 +77,8 @@ def _call(args: argparse.Namespace, method: str, path: str, body: "dict[str, Any
     except SystemExit as e:
         if "cannot reach" in str(e) and not args.rpc_addr:
             raise SystemExit(f"{e}\nsmg-node: no node answers at {addr}. A node runs an admin endpoint when it has "
-                             f"a mesh (--mesh-bind) or several processes (--workers; by default one per core less one); "
-                             f"it records where in {endpoint_dir()}.") from None
+                             f"a mesh (--mesh-bind) or several processes (--workers; by default one per core less "
+                             f"one); it records where in {endpoint_dir()}.") from None
         raise
 
 

@@ -99,12 +99,12 @@ def default_worker_count(cores: int) -> int:
 
     A process is more than its event loop: its encoder and media threads (long prompts and images,
     outside the GIL), the kernel's work on its sockets and the mesh beside it use another core's worth
-    between them when it is busy. And every process costs a share per request that does not shrink
-    with load: each engine's decode step wakes every process that holds one of its streams, so N
-    processes take N wake-ups per step where one takes one. On 2 cores, one process per core cost
-    1.35-1.49x the CPU per request of one process on a mix of chats at 64 and 256 clients
-    (tests/bench/mixed_traffic.py, BENCHMARKS), for a second event loop that only a load above one
-    core's worth of the gateway's own work uses; ``--workers 2`` keeps it for such a load."""
+    between them when it is busy. And every process adds its own costs to the node's (measured as a
+    whole: among them its wake-ups for each engine decode step that carries one of its streams, its
+    health and load polls, its share of the private mesh): on 2 cores, one process per core cost
+    1.15-1.49x the CPU per request of one process on a mix of chats at 64 and 256 clients, in three
+    runs (tests/bench/mixed_traffic.py, BENCHMARKS), for a second event loop that only a load above
+    one core's worth of the gateway's own work uses; ``--workers 2`` keeps it for such a load."""
     return max(1, cores - 1)
 
 

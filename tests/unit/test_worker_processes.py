@@ -87,7 +87,7 @@ def test_each_process_gets_its_share_of_encoder_threads(monkeypatch):
 
 
 def test_the_default_leaves_a_core_to_what_runs_beside_the_event_loops(monkeypatch):
-    """One process on 2 cores (a second cost 1.35-1.49x the CPU per request of one: BENCHMARKS), N - 1 on N."""
+    """One process on 2 cores (a second cost 1.15-1.49x the CPU per request of one: BENCHMARKS), N - 1 on N."""
     assert [default_worker_count(cores) for cores in (1, 2, 3, 4, 16, 64)] == [1, 1, 2, 3, 15, 63]
     monkeypatch.setattr("gateway.node.supervisor.available_cores", lambda: 8)
     assert worker_count(GatewayConfig()) == 7
