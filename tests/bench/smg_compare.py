@@ -71,8 +71,8 @@ IDLE_MEASURE_S = 5.0
 _NUMBERS = itertools.count()
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """user+system CPU of a process and all its descendants (the supervisor's workers, smg's threads)."""
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and every process descended from it (the supervisor's workers)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -82,15 +82,22 @@ def tree_cpu_seconds(pid: int) -> float:
         except OSError:
             continue
         children.setdefault(parent, []).append(int(entry.name))
-    total = 0.0
-    todo = [pid]
+    out, todo = [], [pid]
     while todo:
         current = todo.pop()
+        out.append(current)
+        todo += children.get(current, [])
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """user+system CPU of a process and all its descendants (the supervisor's workers, smg's threads)."""
+    total = 0.0
+    for member in tree_pids(pid):
         try:
-            total += cpu_seconds(current)
+            total += cpu_seconds(member)
         except OSError:
             continue  # it exited meanwhile
-        todo += children.get(current, [])
     return total
 
 

@@ -24,25 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from chaos.processes import EngineProcess, NodeProcess, default_log_dir  # noqa: E402
-from tests.bench.smg_compare import MODEL, model_dir, tree_cpu_seconds  # noqa: E402
-
-
-def tree_pids(pid: int) -> list[int]:
-    """``pid`` and every descendant."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        out.append(current)
-        todo += children.get(current, [])
-    return out
+from tests.bench.smg_compare import MODEL, model_dir, tree_cpu_seconds, tree_pids  # noqa: E402
 
 
 def pss_mib_and_threads(pid: int) -> "tuple[float, int]":
