@@ -37,7 +37,7 @@ from smg_grpc_proto.generated import (
 from .adapters import SimAdapters, adapter_seed
 from .core import EngineOverloaded, GenerateParams, InvalidRequest, SimEngine
 from .disaggregation import Disaggregation
-from . import vision, vision_gemma3, vision_pixtral
+from . import vision, vision_gemma3, vision_llama4, vision_pixtral
 from .embedding import embedding_of, model_config
 from .logprobs import prompt_logprobs, token_logprobs
 from .output import derive_seed
@@ -50,6 +50,21 @@ BUNDLE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.j
                 "generation_config.json", "config.json", "chat_template.json", "chat_template.jinja",
                 "preprocessor_config.json", "processor_config.json")
 KV_SUBSCRIBER_QUEUE_MAX = 10_000  # batches; a subscriber further behind is cut off and must resume
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionFamily:
+    module: Any  # bundle_files(tokenizer_json), check_vllm(tokens, mm, ids, config), check_sglang(tokens, mm, ids)
+    tokens: Callable[[bytes], Any]  # the family's tokenizer (its tokens added) and the ids its checks need
+    architecture: str  # what GetModelInfo says the model is
+
+
+# The families beside the Qwen2-VL-style default (vision.py), by --vision-family.
+VISION_FAMILIES = {
+    "gemma3": VisionFamily(vision_gemma3, vision_gemma3.Gemma3Tokens, "Gemma3ForConditionalGeneration"),
+    "pixtral": VisionFamily(vision_pixtral, vision_pixtral.PixtralTokens, "Mistral3ForConditionalGeneration"),
+    "llama4": VisionFamily(vision_llama4, vision_llama4.Llama4Tokens, "Llama4ForConditionalGeneration"),
+}
 
 
 def build_tokenizer_bundle(tokenizer_dir: Path, extra: "dict[str, bytes] | None" = None) -> tuple[bytes, str]:
@@ -89,10 +104,9 @@ class SharedEngineState:
             if config.task == "embed":
                 extra["config.json"] = json.dumps(model_config(config.embedding_dim, config.matryoshka_dimensions)
                                                   ).encode()
-            if config.vision and config.vision_family == "gemma3":
-                extra.update(vision_gemma3.bundle_files(self.gemma3_tokens.tokenizer_json))
-            elif config.vision and config.vision_family == "pixtral":
-                extra.update(vision_pixtral.bundle_files(self.pixtral_tokens.tokenizer_json))
+            if config.vision and config.vision_family in VISION_FAMILIES:
+                family = VISION_FAMILIES[config.vision_family]
+                extra.update(family.module.bundle_files(self.family_tokens.tokenizer_json))
             elif config.vision:
                 extra["preprocessor_config.json"] = json.dumps(vision.PREPROCESSOR_CONFIG).encode()
                 extra["chat_template.jinja"] = vision.CHAT_TEMPLATE.encode()
@@ -104,36 +118,27 @@ class SharedEngineState:
         return self.engine.config.task == "embed"
 
     @functools.cached_property
-    def gemma3_tokens(self) -> vision_gemma3.Gemma3Tokens:
-        return vision_gemma3.Gemma3Tokens((self.tokenizer_dir / "tokenizer.json").read_bytes())
-
-    @functools.cached_property
-    def pixtral_tokens(self) -> vision_pixtral.PixtralTokens:
-        return vision_pixtral.PixtralTokens((self.tokenizer_dir / "tokenizer.json").read_bytes())
+    def family_tokens(self) -> Any:
+        """The vision family's tokenizer and the ids its checks need (VISION_FAMILIES)."""
+        return VISION_FAMILIES[self.engine.config.vision_family].tokens(
+            (self.tokenizer_dir / "tokenizer.json").read_bytes())
 
     def image_check(self, service: str) -> "Callable[[Any, list[int]], Any]":
         """How the ``service`` ("vllm", "sglang", "tokenspeed") checks a request's images for this model's family."""
         config = self.engine.config
-        if config.vision_family == "gemma3":
-            if service == "vllm":
-                return lambda mm, ids: vision_gemma3.check_vllm(self.gemma3_tokens, mm, ids, config)
-            if service == "sglang":
-                return lambda mm, ids: vision_gemma3.check_sglang(self.gemma3_tokens, mm, ids)
-        if config.vision_family == "pixtral":
-            if service == "vllm":
-                return lambda mm, ids: vision_pixtral.check_vllm(self.pixtral_tokens, mm, ids, config)
-            if service == "sglang":
-                return lambda mm, ids: vision_pixtral.check_sglang(self.pixtral_tokens, mm, ids)
+        family = VISION_FAMILIES.get(config.vision_family)
+        if family is not None and service == "vllm":
+            return lambda mm, ids: family.module.check_vllm(self.family_tokens, mm, ids, config)
+        if family is not None and service == "sglang":
+            return lambda mm, ids: family.module.check_sglang(self.family_tokens, mm, ids)
         if service == "vllm":
             return lambda mm, ids: vision.check_vllm(mm, ids, config)
         return vision.check_sglang if service == "sglang" else vision.check_tokenspeed
 
     @property
     def architecture(self) -> str:
-        if self.engine.config.vision and self.engine.config.vision_family == "gemma3":
-            return "Gemma3ForConditionalGeneration"
-        if self.engine.config.vision and self.engine.config.vision_family == "pixtral":
-            return "Mistral3ForConditionalGeneration"
+        if self.engine.config.vision and self.engine.config.vision_family in VISION_FAMILIES:
+            return VISION_FAMILIES[self.engine.config.vision_family].architecture
         if self.engine.config.vision:
             return "Qwen2VLForConditionalGeneration"
         return "Qwen3Model" if self.embeds else "Qwen3ForCausalLM"

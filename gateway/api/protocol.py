@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from ..media.processors import IMAGE_PROCESSORS
+from ..media.families import IMAGE_PROCESSORS
 from ..media.service import ImageRef
 from ..serving.chat import ChatRequest, SamplingRequest
 from .errors import BadRequest, shown, type_name

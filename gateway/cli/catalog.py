@@ -18,7 +18,7 @@ from typing import Any
 from ..base.options import HELP_SECTIONS, Option
 from ..base.registry import named
 from ..history import HISTORY_BACKENDS
-from ..media.processors import IMAGE_PROCESSORS
+from ..media.families import IMAGE_PROCESSORS
 from ..node import config as node_config
 from ..parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from ..providers import PROVIDERS

@@ -1,6 +1,6 @@
 """Image processors per model family, computing what the model's own Hugging Face processor computes.
 
-Each family registers itself in ``IMAGE_PROCESSORS`` with the ``image_processor_type`` names of the
+Each family is registered in families.py's ``IMAGE_PROCESSORS`` with the ``image_processor_type`` names of the
 ``preprocessor_config.json`` it reads (the engine ships that file in its tokenizer bundle, so the gateway's
 numbers are the model's own), and is built from that file: sizes, means, patch and merge sizes. An image
 goes in as RGB; out come its pixel tensor (float32), the model's other tensors (a grid), and the prompt
@@ -39,7 +39,6 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from ..base.registry import Registry
 from .resize import resize_uint8
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # CLIP's published normalization
@@ -509,40 +508,3 @@ class PixtralProcessor(PlaceholderIsImageToken):
         ids = ([self.placeholder_id] * columns + [self.break_id]) * rows
         ids[-1] = self.end_id
         return ids
-
-
-# -- the registry -------------------------------------------------------------------------------------------
-
-IMAGE_PROCESSORS: Registry[Callable[..., ImageProcessor]] = Registry("image processor")
-IMAGE_PROCESSORS.add("qwen2_vl", lambda config, token_to_id, files: QwenVisionProcessor.from_config(
-    config, token_to_id), "Qwen2-VL, Qwen2.5-VL, Qwen3-VL: smart_resize, patches by merge window, grid (t, h, w)",
-    types=("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImageProcessorPil"))
-IMAGE_PROCESSORS.add("llava", ClipStyleProcessor.from_config, "LLaVA 1.5 and CLIP-style: shortest side, center "
-                     "crop, normalized", types=("CLIPImageProcessor", "CLIPImageProcessorFast", "CLIPImageProcessorPil",
-                                                "LlavaImageProcessor", "LlavaImageProcessorFast",
-                                                "LlavaImageProcessorPil"))
-IMAGE_PROCESSORS.add("pixtral", PixtralProcessor.from_config, "Pixtral, Mistral 3: longest side within bounds, "
-                     "sides in whole merged patches; rows of [IMG] ended by [IMG_BREAK], the last by [IMG_END]",
-                     types=("PixtralImageProcessor", "PixtralImageProcessorFast", "PixtralImageProcessorPil"))
-IMAGE_PROCESSORS.add("gemma3", Gemma3Processor.from_config, "Gemma 3: one square (896 published), bilinear, "
-                     "normalized 0.5; soft tokens between <start_of_image> and <end_of_image>",
-                     types=("Gemma3ImageProcessor", "Gemma3ImageProcessorFast", "Gemma3ImageProcessorPil"))
-
-
-def image_processor(files: dict[str, dict[str, Any]], token_to_id: Callable[[str], "int | None"],
-                    reference: str = "torchvision") -> "ImageProcessor | None":
-    """The processor a model's files call for (its preprocessor_config.json, or processor_config.json's nested
-    image_processor), None when they name none this node has; ProcessorConfigError when they name one wrongly.
-    ``reference``: whose pixels it computes (REFERENCES)."""
-    config = files.get("preprocessor_config.json") or {}
-    processor_config = files.get("processor_config.json") or {}
-    nested = processor_config.get("image_processor")
-    if not config.get("image_processor_type") and isinstance(nested, dict):
-        config = nested
-    if "image_seq_length" in processor_config and "image_seq_length" not in config:  # the processor's own setting
-        config = {**config, "image_seq_length": processor_config["image_seq_length"]}
-    kind = config.get("image_processor_type")
-    for plugin in IMAGE_PROCESSORS.plugins():
-        if kind in plugin.detail("types", ()):
-            return dataclasses.replace(plugin.make(config, token_to_id, files), reference=reference)
-    return None

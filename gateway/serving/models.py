@@ -18,7 +18,8 @@ from typing import Any
 import trio
 
 from ..engine.errors import EngineCallError
-from ..media.processors import ProcessorConfigError, image_processor
+from ..media.families import image_processor
+from ..media.processors import ProcessorConfigError
 from ..observe.metrics import counter, gauge
 from ..parsers import HarmonyUnavailable, harmony_encoding, is_harmony
 from ..parsers.choice import choose

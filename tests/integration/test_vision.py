@@ -42,6 +42,20 @@ def png(width: int, height: int, seed: int) -> bytes:
     return out.getvalue()
 
 
+def family_client(log_dir, family: str, services: "dict[str, str]", node_name: str):
+    """(a generator fixture's body) The openai client of a node in front of simulated engines of a vision family,
+    one per service (model name: "vllm" or "sglang"); stopped after."""
+    engines = [EngineProcess(["--vision", "--vision-family", family, "--model-name", name, "--zero-cost",
+                              "--services", service], log_dir, name) for name, service in services.items()]
+    node = NodeProcess(["--worker-urls", *(e.url for e in engines)], log_dir, node_name)
+    try:
+        yield openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    finally:
+        node.stop()
+        for e in engines:
+            e.stop()
+
+
 def data_uri(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from chaos.processes import EngineProcess, NodeProcess
 
-from .test_vision import BLUE, RED, data_uri, png
+from .test_vision import BLUE, RED, data_uri, family_client, png
 from .test_vision_gemma3 import ask
 
 SERVICES = {"mistral3-vllm": "vllm", "mistral3-sglang": "sglang"}
@@ -22,13 +21,7 @@ IMAGE_TOKENS = 3 * (4 + 1)
 
 @pytest.fixture(scope="module")
 def client(log_dir):
-    engines = [EngineProcess(["--vision", "--vision-family", "pixtral", "--model-name", name, "--zero-cost",
-                              "--services", service], log_dir, name) for name, service in SERVICES.items()]
-    node = NodeProcess(["--worker-urls", *(e.url for e in engines)], log_dir, "mistral3-node")
-    yield openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0, timeout=30)
-    node.stop()
-    for e in engines:
-        e.stop()
+    yield from family_client(log_dir, "pixtral", SERVICES, "mistral3-node")
 
 
 @pytest.mark.parametrize("model", sorted(SERVICES))

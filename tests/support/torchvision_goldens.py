@@ -32,6 +32,10 @@ CONFIGS = {
              "crop_size": {"height": 336, "width": 336}},
     "pixtral": {"image_processor_type": "PixtralImageProcessor", "size": {"longest_edge": 512},
                 "patch_size": {"height": 16, "width": 16}},
+    # A smaller tile than the published 336 (and 6 tiles at most, against 16) keeps the cases cheap; the canvas
+    # choice, the padding, the global view and the bfloat16 arithmetic are the same code at any size.
+    "llama4": {"image_processor_type": "Llama4ImageProcessor", "size": {"height": 56, "width": 56},
+               "max_patches": 6},
 }
 # Prompts transformers' PixtralProcessor makes (its module needs torch): Mistral Small 3.1's processor (patch 14
 # merged 2 x 2, the longest side 1540) on one image of each size, over the Qwen tokenizer with these tokens added.
@@ -41,6 +45,16 @@ MISTRAL3_CONFIG = {"image_processor_type": "PixtralImageProcessor", "size": {"lo
                    "patch_size": {"height": 14, "width": 14}}
 MISTRAL3_PROCESSOR = {"processor_class": "PixtralProcessor", "patch_size": 14, "spatial_merge_size": 2}
 PROMPT_SIZES = [(200, 123), (3000, 20), (1, 1), (2000, 1600), (1540, 1541)]
+# Prompts transformers' Llama4Processor makes: the published processor (tile 336, 16 tiles, patch 14, pixel shuffle
+# 0.5: 144 patches a tile), the Qwen tokenizer with Llama 4's tokens added.
+LLAMA4_TOKENS = ("<|image|>", "<|patch|>", "<|image_start|>", "<|image_end|>", "<|tile_x_separator|>",
+                 "<|tile_y_separator|>", "<|header_start|>", "<|header_end|>", "<|eot|>")
+LLAMA4_PROMPT = "<|header_start|>user<|header_end|>\n\n<|image|>Describe the picture.<|eot|>"
+LLAMA4_CONFIG = {"image_processor_type": "Llama4ImageProcessorFast", "size": {"height": 336, "width": 336},
+                 "max_patches": 16, "resample": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+LLAMA4_PROCESSOR = {"processor_class": "Llama4Processor", "patch_size": 14, "fake_image_token": "<|image|>",
+                    "image_token": "<|image|>"}
+LLAMA4_PROMPT_SIZES = [(200, 123), (1280, 720), (3000, 20), (336, 672), (1009, 1013)]
 # Resizes on their own: (width, height) in, (width, height) out, the kernel.
 RESIZES = [((200, 123), (64, 64), "bilinear"), ((640, 480), (896, 896), "bilinear"),
            ((640, 480), (336, 252), "bicubic"), ((1000, 20), (28, 560), "bicubic"), ((13, 600), (896, 896), "bicubic"),
@@ -61,6 +75,18 @@ def digest(array: np.ndarray) -> "list[object]":
     return [list(array.shape), hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()]
 
 
+def prompt_digest(ids) -> "list[object]":
+    """A prompt's ids as the goldens keep them: how many, and the sha256 of them as int64."""
+    return [len(ids), digest(np.asarray(ids, dtype=np.int64))[1]]
+
+
+def expanded_prompt(processor, processed, ids: "list[int]"):
+    """(the prompt ``ids`` with their one image placeholder expanded for ``processed``, the MediaInputs that did it)."""
+    from gateway.media.service import MediaInputs
+    inputs = MediaInputs(processor, [processed], ["a" * 64])
+    return inputs.expand(ids)[0], inputs
+
+
 def processor_cases():
     for name in CONFIGS:
         for index, (width, height) in enumerate(SIZES):
@@ -75,11 +101,19 @@ def resize_cases():
                 out_width, out_height, kind
 
 
-def pixtral_tokenizer(tokenizer_json: str):
+def tokenizer_with(tokenizer_json: str, added: "tuple[str, ...]"):
     import tokenizers
     tok = tokenizers.Tokenizer.from_str(tokenizer_json)
-    tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in PIXTRAL_TOKENS])
+    tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in added])
     return tok
+
+
+def pixtral_tokenizer(tokenizer_json: str):
+    return tokenizer_with(tokenizer_json, PIXTRAL_TOKENS)
+
+
+def llama4_tokenizer(tokenizer_json: str):
+    return tokenizer_with(tokenizer_json, LLAMA4_TOKENS)
 
 
 def main() -> None:
@@ -88,11 +122,12 @@ def main() -> None:
     from torchvision.transforms.v2 import functional as F
     from transformers.models.clip.image_processing_clip import CLIPImageProcessor
     from transformers.models.gemma3.image_processing_gemma3 import Gemma3ImageProcessor
+    from transformers.models.llama4.image_processing_llama4 import Llama4ImageProcessor
     from transformers.models.pixtral.image_processing_pixtral import PixtralImageProcessor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
     readers = {"Qwen2VLImageProcessor": Qwen2VLImageProcessor, "Qwen2VLImageProcessorFast": Qwen2VLImageProcessor,
                "Gemma3ImageProcessor": Gemma3ImageProcessor, "CLIPImageProcessor": CLIPImageProcessor,
-               "PixtralImageProcessor": PixtralImageProcessor}
+               "PixtralImageProcessor": PixtralImageProcessor, "Llama4ImageProcessor": Llama4ImageProcessor}
     processors = {}
     for name, config in CONFIGS.items():
         kwargs = {k: v for k, v in config.items() if k not in ("image_processor_type", "image_seq_length")}
@@ -101,8 +136,9 @@ def main() -> None:
     goldens = {"transformers": __import__("transformers").__version__, "torch": torch.__version__,
                "processors": {}, "resizes": {}}
     for case, name, pixels in processor_cases():
-        out = processors[name](images=[Image.fromarray(pixels)], return_tensors="np")["pixel_values"]
-        goldens["processors"][case] = digest(np.asarray(out, dtype=np.float32))
+        # As torch tensors: Llama 4's are bfloat16, which numpy has not (widened to float32 exactly).
+        out = processors[name](images=[Image.fromarray(pixels)], return_tensors="pt")["pixel_values"]
+        goldens["processors"][case] = digest(out.float().numpy())
     modes = {"bilinear": F.InterpolationMode.BILINEAR, "bicubic": F.InterpolationMode.BICUBIC,
              "lanczos": F.InterpolationMode.LANCZOS}
     for case, pixels, width, height, kind in resize_cases():
@@ -121,8 +157,16 @@ def main() -> None:
     for index, (width, height) in enumerate(PROMPT_SIZES):
         out = oracle(text=[PIXTRAL_PROMPT], images=[[Image.fromarray(image(width, height, index + 1))]],
                      return_tensors="np")
-        goldens["prompts"][f"mistral3 {width}x{height}"] = [len(out["input_ids"][0]), digest(
-            np.asarray(out["input_ids"][0], dtype=np.int64))[1]]
+        goldens["prompts"][f"mistral3 {width}x{height}"] = prompt_digest(out["input_ids"][0])
+    from transformers.models.llama4.processing_llama4 import Llama4Processor
+    oracle = Llama4Processor(image_processor=Llama4ImageProcessor(**{k: v for k, v in LLAMA4_CONFIG.items()
+                                                                   if k != "image_processor_type"}),
+                             tokenizer=PreTrainedTokenizerFast(tokenizer_object=llama4_tokenizer(qwen.read_text())),
+                             **{k: v for k, v in LLAMA4_PROCESSOR.items() if k != "processor_class"})
+    for index, (width, height) in enumerate(LLAMA4_PROMPT_SIZES):
+        out = oracle(text=[LLAMA4_PROMPT], images=[Image.fromarray(image(width, height, index + 1))],
+                     return_tensors="pt")
+        goldens["prompts"][f"llama4 {width}x{height}"] = prompt_digest(out["input_ids"][0])
     lines = [f'"{key}": {json.dumps(value)}' for key, value in goldens.items() if not isinstance(value, dict)]
     for section in ("processors", "resizes", "prompts"):  # a case a line
         cases = ",\n  ".join(f"{json.dumps(case)}: {json.dumps(value)}" for case, value in goldens[section].items())

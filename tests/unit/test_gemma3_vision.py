@@ -14,7 +14,8 @@ import tokenizers
 from PIL import Image
 
 from gateway.engine.runtimes.vllm import _media
-from gateway.media.processors import Gemma3Processor, ProcessorConfigError, image_processor
+from gateway.media.families import image_processor
+from gateway.media.processors import Gemma3Processor, ProcessorConfigError
 from gateway.media.service import MediaInputs, joined_newlines
 from gateway.tokenizer.bundled import default_tokenizer_dir
 

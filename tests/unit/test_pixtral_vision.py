@@ -18,11 +18,12 @@ import tokenizers
 from PIL import Image
 
 from gateway.media.config import MediaConfig
-from gateway.media.processors import PixtralProcessor, image_processor
-from gateway.media.service import ImageRef, MediaError, MediaInputs, MediaService
+from gateway.media.families import image_processor
+from gateway.media.processors import PixtralProcessor
+from gateway.media.service import ImageRef, MediaError, MediaService
 from gateway.tokenizer.bundled import default_tokenizer_dir
 from tests.support.torchvision_goldens import (GOLDENS, MISTRAL3_CONFIG, MISTRAL3_PROCESSOR, PIXTRAL_PROMPT,
-                                               PROMPT_SIZES, digest, image, pixtral_tokenizer)
+                                               PROMPT_SIZES, expanded_prompt, image, pixtral_tokenizer, prompt_digest)
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil  # noqa: E402
@@ -64,10 +65,8 @@ def test_mistral3s_prompt_is_the_one_transformers_tokenizes(index, size):
     ours = image_processor(files, tokenizer.token_to_id)
     assert ours.patch == 28  # 14 merged 2 x 2
     processed = ours.process(Image.fromarray(image(*size, index + 1)), False)
-    inputs = MediaInputs(ours, [processed], ["a" * 64])
-    expanded, _ = inputs.expand(tokenizer.encode(PIXTRAL_PROMPT, add_special_tokens=False).ids)
-    assert [len(expanded), digest(np.asarray(expanded, dtype=np.int64))[1]] == EXPECTED["prompts"][
-        f"mistral3 {size[0]}x{size[1]}"]
+    expanded, inputs = expanded_prompt(ours, processed, tokenizer.encode(PIXTRAL_PROMPT, add_special_tokens=False).ids)
+    assert prompt_digest(expanded) == EXPECTED["prompts"][f"mistral3 {size[0]}x{size[1]}"]
     (offset, length), = inputs.ranges
     assert expanded[offset + length - 1] == tokenizer.token_to_id("[IMG_END]") and length == processed.tokens
 

@@ -12,12 +12,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gateway.media.processors import image_processor, resized
+from gateway.media.families import image_processor
+from gateway.media.processors import resized
 from gateway.media.resize import pass_weights, resize_uint8
 from tests.support.torchvision_goldens import CONFIGS, GOLDENS, digest, processor_cases, resize_cases
 
 TOKENS = {"<|image_pad|>": 151655, "<image>": 32000, "<start_of_image>": 1, "<image_soft_token>": 2,
-          "<end_of_image>": 3, "\n\n": 4, "[IMG]": 5, "[IMG_BREAK]": 6, "[IMG_END]": 7}.get
+          "<end_of_image>": 3, "\n\n": 4, "[IMG]": 5, "[IMG_BREAK]": 6, "[IMG_END]": 7, "<|image|>": 8,
+          "<|patch|>": 9, "<|image_start|>": 10, "<|image_end|>": 11, "<|tile_x_separator|>": 12,
+          "<|tile_y_separator|>": 13}.get
 EXPECTED = json.loads(GOLDENS.read_text())
 
 

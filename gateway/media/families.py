@@ -1,0 +1,54 @@
+"""The image processors by family, and the choice of one from a model's own files.
+
+Each family is registered with the ``image_processor_type`` names of the ``preprocessor_config.json`` it reads (the
+engine ships that file in its tokenizer bundle, so the gateway's numbers are the model's own) and built from it;
+the families themselves live in processors.py (Qwen-VL, LLaVA/CLIP, Gemma 3, Pixtral) and a module each for the
+larger ones (llama4.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from ..base.registry import Registry
+from .llama4 import Llama4Processor
+from .processors import ClipStyleProcessor, Gemma3Processor, ImageProcessor, PixtralProcessor, QwenVisionProcessor
+
+IMAGE_PROCESSORS: Registry[Callable[..., ImageProcessor]] = Registry("image processor")
+IMAGE_PROCESSORS.add("qwen2_vl", lambda config, token_to_id, files: QwenVisionProcessor.from_config(
+    config, token_to_id), "Qwen2-VL, Qwen2.5-VL, Qwen3-VL: smart_resize, patches by merge window, grid (t, h, w)",
+    types=("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImageProcessorPil"))
+IMAGE_PROCESSORS.add("llava", ClipStyleProcessor.from_config, "LLaVA 1.5 and CLIP-style: shortest side, center "
+                     "crop, normalized", types=("CLIPImageProcessor", "CLIPImageProcessorFast", "CLIPImageProcessorPil",
+                                                "LlavaImageProcessor", "LlavaImageProcessorFast",
+                                                "LlavaImageProcessorPil"))
+IMAGE_PROCESSORS.add("pixtral", PixtralProcessor.from_config, "Pixtral, Mistral 3: longest side within bounds, "
+                     "sides in whole merged patches; rows of [IMG] ended by [IMG_BREAK], the last by [IMG_END]",
+                     types=("PixtralImageProcessor", "PixtralImageProcessorFast", "PixtralImageProcessorPil"))
+IMAGE_PROCESSORS.add("gemma3", Gemma3Processor.from_config, "Gemma 3: one square (896 published), bilinear, "
+                     "normalized 0.5; soft tokens between <start_of_image> and <end_of_image>",
+                     types=("Gemma3ImageProcessor", "Gemma3ImageProcessorFast", "Gemma3ImageProcessorPil"))
+IMAGE_PROCESSORS.add("llama4", Llama4Processor.from_config, "Llama 4: a canvas of up to 16 tiles of 336 plus a "
+                     "global view, normalized in bfloat16; <|patch|> runs between tile separators",
+                     types=("Llama4ImageProcessor", "Llama4ImageProcessorFast"))
+
+
+def image_processor(files: dict[str, dict[str, Any]], token_to_id: Callable[[str], "int | None"],
+                    reference: str = "torchvision") -> "ImageProcessor | None":
+    """The processor a model's files call for (its preprocessor_config.json, or processor_config.json's nested
+    image_processor), None when they name none this node has; ProcessorConfigError when they name one wrongly.
+    ``reference``: whose pixels it computes (processors.REFERENCES)."""
+    config = files.get("preprocessor_config.json") or {}
+    processor_config = files.get("processor_config.json") or {}
+    nested = processor_config.get("image_processor")
+    if not config.get("image_processor_type") and isinstance(nested, dict):
+        config = nested
+    if "image_seq_length" in processor_config and "image_seq_length" not in config:  # the processor's own setting
+        config = {**config, "image_seq_length": processor_config["image_seq_length"]}
+    kind = config.get("image_processor_type")
+    for plugin in IMAGE_PROCESSORS.plugins():
+        if kind in plugin.detail("types", ()):
+            return dataclasses.replace(plugin.make(config, token_to_id, files), reference=reference)
+    return None
