@@ -443,13 +443,17 @@ class IncrementalDecoder:
 
     ``tokenizers``' ``DecodeStream`` holds back ids until they decode to whole
     characters (byte-level BPE spreads an emoji over several tokens), so each
-    piece of text it returns is final.
+    piece of text it returns is final. Given several ids at once it holds them
+    all back when the last ends inside a character, so a batch is stepped one
+    id at a time: a non-streamed answer cut in the middle of a character is its
+    text less that character (as vLLM's per-token detokenizer gives it).
     """
 
     def __init__(self, tokenizer: tokenizers.Tokenizer, skip_special_tokens: bool,
                  dropped_ids: "frozenset[int]" = frozenset()) -> None:
         self._tokenizer = tokenizer
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self._skip_special = skip_special_tokens
         self._dropped_ids = dropped_ids  # special tokens skipped by hand when some others are kept
 
     def step(self, ids: "list[int] | tuple[int, ...]") -> str:
@@ -457,12 +461,20 @@ class IncrementalDecoder:
             ids = [i for i in ids if i not in self._dropped_ids]
         if not ids:
             return ""
+        step, tokenizer = self._stream.step, self._tokenizer
+        if len(ids) == 1:
+            try:
+                return step(tokenizer, ids[0]) or ""
+            except Exception:  # an id the vocabulary does not have: skipped
+                return ""
         try:
-            text = self._stream.step(self._tokenizer, list(ids))
-        except Exception:  # an id the vocabulary does not have: decode what we can, skip the rest
-            text = "".join(self._stream.step(self._tokenizer, i) or "" for i in ids
-                           if self._tokenizer.id_to_token(i) is not None)
-        return text or ""
+            # The batch at once when its own text ends on a whole character (then so does the stream's window,
+            # which ends with the same bytes): one call; else its ids one at a time.
+            if not tokenizer.decode(list(ids), skip_special_tokens=self._skip_special).endswith("\ufffd"):
+                return step(tokenizer, list(ids)) or ""
+        except Exception:  # an id the vocabulary does not have: one at a time, skipping it
+            pass
+        return "".join([self.step((i,)) for i in ids])
 
 
 # This subsystem's flags (gateway/base/options.py); their defaults are the config's above.

@@ -166,6 +166,24 @@ def test_incremental_decode_never_splits_a_character(qwen_dir, seed):
     assert "".join(pieces) == svc.decode(ids, skip_special_tokens=False)
 
 
+@pytest.mark.parametrize("fast_decode", [True, False])
+def test_an_answer_cut_inside_a_character_keeps_the_text_before_it(qwen_dir, fast_decode):
+    """Found against a real vLLM: a non-streamed answer arrives as one batch of ids, and one that max_tokens cut
+    in the middle of a character (an emoji is several byte tokens) came out empty, the whole text held back with
+    the partial character and never released. Stepped as its ids one at a time, it is the text before that
+    character, as vLLM's per-token detokenizer gives it; the partial character is left out, streamed or not."""
+    svc = load(qwen_dir, fast_decode=fast_decode)
+    ids = svc.encode_uncached("Cut here: 🦩")  # " \xf0\x9f", "\xa6", "\xa9": the flamingo in three tokens
+    before = len(svc.encode_uncached("Cut here:"))
+    cut = ids[:before + 1]  # the first of the flamingo's tokens: a space and part of its UTF-8
+    assert svc.decode(cut).endswith("\ufffd")
+    assert svc.new_decode_stream().step(cut) == "Cut here:"
+    streamed = svc.new_decode_stream()
+    assert "".join(streamed.step([i]) for i in cut) == "Cut here:"
+    whole = svc.new_decode_stream()  # and the rest of the character, when it comes, completes it
+    assert whole.step(cut) + whole.step(ids[before + 1:]) == "Cut here: 🦩"
+
+
 def test_qwen_chat_template_renders_the_real_format(qwen_dir):
     svc = load(qwen_dir)
     text = svc.chat_template.render([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}],
