@@ -22,6 +22,7 @@ from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script, from the vLLM venv
 from chaos.sim_engine.vision_gemma3 import CHAT_TEMPLATE, Gemma3Tokens  # noqa: E402
+from tests.real_engine.tiny_models import write_tokenizer  # noqa: E402
 
 IMAGE_SIZE, PATCH, TOKENS_PER_IMAGE = 64, 16, 4
 SPECIAL = ("<start_of_image>", "<end_of_image>", "<image_soft_token>", "<start_of_turn>", "<end_of_turn>")
@@ -29,19 +30,13 @@ SPECIAL = ("<start_of_image>", "<end_of_image>", "<image_soft_token>", "<start_o
 
 def main(out_dir: str, tokenizer_dir: str) -> None:
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     # The simulated Gemma 3's tokenizer and template: the same tokens added, the same template.
     tokens = Gemma3Tokens((Path(tokenizer_dir) / "tokenizer.json").read_bytes())
-    (out / "tokenizer.json").write_bytes(tokens.tokenizer_json)
+    write_tokenizer(out, tokenizer_dir, tokens.tokenizer_json, CHAT_TEMPLATE, eos_token="<end_of_turn>",
+                    extra_special_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                                          "image_token": "<image_soft_token>"})
     tok = tokenizers.Tokenizer.from_str(tokens.tokenizer_json.decode())
     ids = {t: tok.token_to_id(t) for t in SPECIAL}
-    tokenizer_config = json.loads((Path(tokenizer_dir) / "tokenizer_config.json").read_text())
-    tokenizer_config.pop("added_tokens_decoder", None)
-    tokenizer_config.update(chat_template=CHAT_TEMPLATE, tokenizer_class="PreTrainedTokenizerFast",
-                            eos_token="<end_of_turn>", extra_special_tokens={
-                                "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
-                                "image_token": "<image_soft_token>"})
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1))
     torch.manual_seed(0)
     config = Gemma3Config(
         text_config={"vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,

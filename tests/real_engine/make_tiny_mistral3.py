@@ -20,21 +20,17 @@ from transformers import Mistral3Config, Mistral3ForConditionalGeneration
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script, from the vLLM venv
 from chaos.sim_engine.vision_pixtral import CHAT_TEMPLATE, PixtralTokens  # noqa: E402
+from tests.real_engine.tiny_models import write_tokenizer  # noqa: E402
 
 LONGEST_EDGE, PATCH, MERGE = 112, 14, 2
 
 
 def main(out_dir: str, tokenizer_dir: str) -> None:
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     # The simulated Mistral 3's tokenizer and template: the same tokens added, the same template.
     tokens = PixtralTokens((Path(tokenizer_dir) / "tokenizer.json").read_bytes())
-    (out / "tokenizer.json").write_bytes(tokens.tokenizer_json)
+    write_tokenizer(out, tokenizer_dir, tokens.tokenizer_json, CHAT_TEMPLATE)
     ids = {"[IMG]": tokens.image}
-    tokenizer_config = json.loads((Path(tokenizer_dir) / "tokenizer_config.json").read_text())
-    tokenizer_config.pop("added_tokens_decoder", None)
-    tokenizer_config.update(chat_template=CHAT_TEMPLATE, tokenizer_class="PreTrainedTokenizerFast")
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1))
     torch.manual_seed(0)
     config = Mistral3Config(
         text_config={"model_type": "mistral", "vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from .media_engines import vision_pair
-from .test_vllm_vision import IMAGES, LOGPROB_TOLERANCE, _chat, _first_logprobs, streamed_as_vllm_answers
+from .test_vllm_vision import IMAGES, _chat, probabilities_as_vllms, streamed_as_vllm_answers
 
 pytestmark = pytest.mark.real_engine
 
@@ -42,13 +42,5 @@ def test_two_images_side_by_side_streamed(gemma3):
 def test_the_image_moves_the_models_probabilities_as_on_vllms_own_server(gemma3):
     # Resized images: vLLM's server resizes with transformers' torchvision processor, and so does the gateway.
     ours, theirs, model = gemma3
-    seen = []
-    for uri in [*IMAGES.values(), [IMAGES["noise 300x200"], IMAGES["photo 640x480"]]]:
-        uri = uri if isinstance(uri, list) else [uri]
-        mine = _first_logprobs(_chat(ours, model, uri, logprobs=True, top_logprobs=5))
-        reference = _first_logprobs(_chat(theirs, model, uri, logprobs=True, top_logprobs=5))
-        shared = mine.keys() & reference.keys()
-        assert len(shared) >= 4, (mine, reference)
-        assert max(abs(mine[t] - reference[t]) for t in shared) < LOGPROB_TOLERANCE, (mine, reference)
-        seen.append(mine)
-    assert seen[0] != seen[1] != seen[2] != seen[3], "different images gave the same probabilities"
+    probabilities_as_vllms(ours, theirs, model, [*([uri] for uri in IMAGES.values()),
+                                                 [IMAGES["noise 300x200"], IMAGES["photo 640x480"]]])

@@ -108,20 +108,26 @@ def _first_logprobs(reply) -> "dict[str, float]":
     return {t.token: t.logprob for t in reply.choices[0].logprobs.content[0].top_logprobs}
 
 
+def probabilities_as_vllms(ours, theirs, model, requests: "list[list[str]]") -> None:
+    """Each request's images (a list of data URIs) give the first token's top probabilities vLLM's own server
+    gives (within LOGPROB_TOLERANCE), and no two requests give the same: each image reached the model."""
+    seen = set()
+    for uris in requests:
+        mine = _first_logprobs(_chat(ours, model, uris, logprobs=True, top_logprobs=5))
+        reference = _first_logprobs(_chat(theirs, model, uris, logprobs=True, top_logprobs=5))
+        shared = mine.keys() & reference.keys()
+        assert len(shared) >= 4, (mine, reference)
+        assert max(abs(mine[t] - reference[t]) for t in shared) < LOGPROB_TOLERANCE, (mine, reference)
+        seen.add(tuple(sorted(mine.items())))
+    assert len(seen) == len(requests), "different images gave the same probabilities"
+
+
 def test_the_image_moves_the_models_probabilities_as_on_vllms_own_server(vision):
     # Random weights answer the same text for most images; the probabilities show the image reached the model
     # and was read as vLLM's server reads it: the same pixels (its torchvision processor's, to the bit), so the
     # same probabilities.
     ours, theirs, model, _ = vision
-    seen = []
-    for uri in IMAGES.values():
-        mine = _first_logprobs(_chat(ours, model, [uri], logprobs=True, top_logprobs=5))
-        reference = _first_logprobs(_chat(theirs, model, [uri], logprobs=True, top_logprobs=5))
-        shared = mine.keys() & reference.keys()
-        assert len(shared) >= 4, (mine, reference)
-        assert max(abs(mine[t] - reference[t]) for t in shared) < LOGPROB_TOLERANCE, (mine, reference)
-        seen.append(mine)
-    assert seen[0] != seen[1] != seen[2], "three different images gave the same probabilities"
+    probabilities_as_vllms(ours, theirs, model, [[uri] for uri in IMAGES.values()])
 
 
 def test_responses_input_image_and_messages_image_blocks(vision):
