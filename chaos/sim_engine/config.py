@@ -82,8 +82,8 @@ class SimEngineConfig:
     # for images, and Generate takes preprocessed images, checked and folded into the answer.
     vision: bool = False
     # Which family: "qwen2_vl" (vision.py), "gemma3" (vision_gemma3.py: Gemma 3's processor config, template, image
-    # tokens and image sequence), "pixtral" (vision_pixtral.py: Mistral 3's, images at their own size) or "llama4"
-    # (vision_llama4.py: Llama 4's tiles, global view and tile separators).
+    # tokens and image sequence), "pixtral" (vision_pixtral.py: Mistral 3's, images at their own size), "llama4"
+    # (vision_llama4.py: Llama 4's tiles, global view and tile separators) or "internvl" (vision_internvl.py).
     vision_family: str = "qwen2_vl"
     # How it takes them, as vLLM's GetServerInfo says: normalized on its device (vLLM's default for the Qwen-VL
     # families: uint8 pixels in) unless it takes floats; at most this many images a prompt and tokens an image

@@ -60,6 +60,20 @@ def _array(data: bytes, shape: Any, dtype: str) -> np.ndarray:
         raise ImagesRefused(f"a tensor's bytes do not match its shape {list(shape)} and dtype {dtype!r}: {e}") from None
 
 
+def check_pixels_and_token(pixels: np.ndarray, shape: "tuple[int, ...]", raw: bool, im_token_id: int | None,
+                           image_token: int, hashes: "list[str]", images: int, what: str) -> None:
+    """What every family's engine checks first: the pixels' dtype (uint8 when the engine normalizes, else float32)
+    and ``shape`` (``what`` says it in the refusal), the image token, one hash an image when hashes come."""
+    kind = np.uint8 if raw else np.float32
+    if pixels.shape != shape or pixels.dtype != kind:
+        raise ImagesRefused(f"pixel_values is {pixels.dtype}{list(pixels.shape)}; this engine takes {kind.__name__} "
+                            f"{what}")
+    if im_token_id != image_token:
+        raise ImagesRefused(f"im_token_id is {im_token_id}; this model's image token is {image_token}")
+    if hashes and len(hashes) != images:
+        raise ImagesRefused(f"{len(hashes)} mm_hashes for {images} images")
+
+
 def placeholders(mm: Any) -> "tuple[list[tuple[int, int]], int | None]":
     """A request's placeholder ranges and the image token it names (None when it names none)."""
     return [(p.offset, p.length) for p in mm.mm_placeholders], mm.im_token_id if mm.HasField("im_token_id") else None

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .vision import CheckedImages, ImagesRefused, _array, cache_ids_of, placeholders, tokenizer_with
+from .vision import (CheckedImages, ImagesRefused, _array, cache_ids_of, check_pixels_and_token, placeholders,
+                     tokenizer_with)
 
 SIZE = 32  # pixels a side
 TOKENS_PER_IMAGE = 4
@@ -58,14 +59,8 @@ def bundle_files(tokenizer_json: bytes) -> dict[str, bytes]:
 
 def check(tokens: Gemma3Tokens, input_ids: "list[int]", pixels: np.ndarray, ranges: "list[tuple[int, int]]",
           im_token_id: int | None, hashes: "list[str]", raw: bool) -> CheckedImages:
-    kind = np.uint8 if raw else np.float32
-    if pixels.shape != (len(ranges), 3, SIZE, SIZE) or pixels.dtype != kind:
-        raise ImagesRefused(f"pixel_values is {pixels.dtype}{list(pixels.shape)}; this engine takes one "
-                            f"{kind.__name__} crop of 3 x {SIZE} x {SIZE} an image, {len(ranges)} images")
-    if im_token_id != tokens.soft:
-        raise ImagesRefused(f"im_token_id is {im_token_id}; this model's image token is {tokens.soft}")
-    if hashes and len(hashes) != len(ranges):
-        raise ImagesRefused(f"{len(hashes)} mm_hashes for {len(ranges)} images")
+    check_pixels_and_token(pixels, (len(ranges), 3, SIZE, SIZE), raw, im_token_id, tokens.soft, hashes, len(ranges),
+                           f"one crop of 3 x {SIZE} x {SIZE} an image, {len(ranges)} images")
     n = TOKENS_PER_IMAGE
     for offset, length in ranges:
         window = input_ids[offset:offset + length]

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .vision import CheckedImages, ImagesRefused, _array, cache_ids_of, placeholders, tokenizer_with
+from .vision import (CheckedImages, ImagesRefused, _array, cache_ids_of, check_pixels_and_token, placeholders,
+                     tokenizer_with)
 
 TILE, MAX_TILES, PATCH = 28, 4, 7
 PATCHES_PER_TILE = (TILE // PATCH) ** 2 // 4  # a pixel shuffle of 0.5 merges 2 x 2 patches
@@ -76,21 +77,15 @@ def bundle_files(tokenizer_json: bytes) -> dict[str, bytes]:
 
 def check(tokens: Llama4Tokens, input_ids: "list[int]", pixels: np.ndarray, ratios: np.ndarray,
           ranges: "list[tuple[int, int]]", im_token_id: int | None, hashes: "list[str]", raw: bool) -> CheckedImages:
-    kind = np.uint8 if raw else np.float32
     if ratios.shape != (len(ranges), 2) or ratios.min(initial=1) < 1 or \
             (ratios[:, 0] * ratios[:, 1]).max(initial=1) > MAX_TILES:
         raise ImagesRefused(f"aspect_ratios is {ratios.tolist()}: (rows, columns) of at most {MAX_TILES} tiles an "
                             f"image, {len(ranges)} images")
     views = [int(r * c) + (1 if r * c > 1 else 0) for r, c in ratios]  # tiles, and the global view of a tiled one
-    if pixels.shape != (sum(views), 3, TILE, TILE) or pixels.dtype != kind:
-        raise ImagesRefused(f"pixel_values is {pixels.dtype}{list(pixels.shape)}; this engine takes {kind.__name__} "
-                            f"tiles of 3 x {TILE} x {TILE}, {sum(views)} for these aspect ratios")
+    check_pixels_and_token(pixels, (sum(views), 3, TILE, TILE), raw, im_token_id, tokens.patch, hashes, len(ranges),
+                           f"tiles of 3 x {TILE} x {TILE}, {sum(views)} for these aspect ratios")
     if not raw and (pixels.min() < -1 or pixels.max() > 1 or not _is_bfloat16(pixels)):
         raise ImagesRefused("pixel_values are not Llama 4's: normalized levels in [-1, 1], each a bfloat16")
-    if im_token_id != tokens.patch:
-        raise ImagesRefused(f"im_token_id is {im_token_id}; this model's image token is {tokens.patch}")
-    if hashes and len(hashes) != len(ranges):
-        raise ImagesRefused(f"{len(hashes)} mm_hashes for {len(ranges)} images")
     for (offset, length), (rows, columns) in zip(ranges, ratios.tolist()):
         if input_ids[offset:offset + length] != tokens.sequence(rows, columns):
             raise ImagesRefused(f"the range ({offset}, {length}) is not the image sequence of {rows} x {columns} "

@@ -7,7 +7,8 @@ processor does, so the engine receives pixel tensors and the prompt its placehol
                             unless listed, redirects checked again, bounded; cached by URL
     decode                  bytes to an RGB image: allowed formats only, the pixel bound checked before a
                             decompression, as vLLM converts them (RGBA over white)
-    processors, llama4      per model family (Qwen2-VL / 2.5-VL / 3-VL, LLaVA, Gemma 3, Pixtral, Llama 4):
+    processors, llama4,     per model family (Qwen2-VL / 2.5-VL / 3-VL, LLaVA, Gemma 3, Pixtral, Llama 4,
+    internvl                InternVL):
                             resize, rescale, normalize, patches, tiles and grids, the placeholder's expansion;
                             chosen from the engine's own preprocessor_config.json (families.IMAGE_PROCESSORS)
     inputs                  a request's images, processed: the tensors the engine takes, the expanded prompt,

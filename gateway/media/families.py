@@ -3,7 +3,7 @@
 Each family is registered with the ``image_processor_type`` names of the ``preprocessor_config.json`` it reads (the
 engine ships that file in its tokenizer bundle, so the gateway's numbers are the model's own) and built from it;
 the families themselves live in processors.py (Qwen-VL, LLaVA/CLIP, Gemma 3, Pixtral) and a module each for the
-larger ones (llama4.py).
+larger ones (llama4.py, internvl.py).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..base.registry import Registry
+from .internvl import InternVLProcessor
 from .llama4 import Llama4Processor
 from .processors import ClipStyleProcessor, Gemma3Processor, ImageProcessor, PixtralProcessor, QwenVisionProcessor
 
@@ -33,6 +34,10 @@ IMAGE_PROCESSORS.add("gemma3", Gemma3Processor.from_config, "Gemma 3: one square
 IMAGE_PROCESSORS.add("llama4", Llama4Processor.from_config, "Llama 4: a canvas of up to 16 tiles of 336 plus a "
                      "global view, normalized in bfloat16; <|patch|> runs between tile separators",
                      types=("Llama4ImageProcessor", "Llama4ImageProcessorFast"))
+IMAGE_PROCESSORS.add("internvl", InternVLProcessor.from_config, "InternVL 2.5 / 3 (HF format): a grid of up to 12 "
+                     "tiles of 448 nearest the aspect ratio plus a thumbnail; <IMG_CONTEXT> per tile between <img> "
+                     "and </img>",
+                     types=("GotOcr2ImageProcessor", "GotOcr2ImageProcessorFast", "GotOcr2ImageProcessorPil"))
 
 
 def image_processor(files: dict[str, dict[str, Any]], token_to_id: Callable[[str], "int | None"],

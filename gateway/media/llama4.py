@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .processors import (ProcessedImage, ProcessorConfigError, _number, _pixel_fields, _token_id, aspect_problem,
-                         resized)
+from .processors import (RESAMPLE, ProcessedImage, ProcessorConfigError, _number, _pixel_fields, _token_id,
+                         aspect_problem, resized)
 
 # The prompt's tokens, by the names Llama4Processor gives them (its defaults, which the published processor keeps).
 TOKENS = {"image": "<|image|>", "start": "<|image_start|>", "end": "<|image_end|>", "patch": "<|patch|>",
@@ -171,7 +171,7 @@ class Llama4Processor:
                         patches_per_tile=(tile // patch) ** 2 // downsample, tile=tile, max_tiles=max_tiles,
                         to_max_canvas=config.get("resize_to_max_canvas", False) is True,
                         **_pixel_fields(config, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), 2))
-        if not 0 < max_tiles <= 64 or processor.patches_per_tile < 1 or processor.resample not in (0, 1, 2, 3, 4, 5):
+        if not 0 < max_tiles <= 64 or processor.patches_per_tile < 1 or processor.resample not in RESAMPLE:
             raise ProcessorConfigError(f"preprocessor_config.json: unusable {processor}")
         return processor
 

@@ -56,6 +56,23 @@ def family_client(log_dir, family: str, services: "dict[str, str]", node_name: s
             e.stop()
 
 
+def tiles_counted_and_answered(client, model: str, tiled: int, single: int, small: bytes) -> None:
+    """For a tiling family (Llama 4, InternVL): RED and BLUE take ``tiled`` more prompt tokens than the text alone,
+    ``small`` (one tile) ``single`` more, both in one request the sum; each request's answer is its own (the
+    images reached the engine), and the two streamed give the whole answer."""
+    from .test_vision_gemma3 import ask  # (here: that module imports this one; this one has an ask of its own)
+    text_only, red, blue, one, mixed = (
+        ask(client, model), ask(client, model, data_uri(RED)), ask(client, model, data_uri(BLUE)),
+        ask(client, model, data_uri(small)), ask(client, model, data_uri(RED), data_uri(small)))
+    assert red.usage.prompt_tokens - text_only.usage.prompt_tokens == tiled
+    assert blue.usage.prompt_tokens == red.usage.prompt_tokens
+    assert one.usage.prompt_tokens - text_only.usage.prompt_tokens == single
+    assert mixed.usage.prompt_tokens - text_only.usage.prompt_tokens == tiled + single
+    assert len({r.choices[0].message.content for r in (text_only, red, blue, one, mixed)}) == 5
+    chunks = ask(client, model, data_uri(RED), data_uri(small), stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == mixed.choices[0].message.content
+
+
 def data_uri(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 

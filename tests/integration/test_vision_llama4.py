@@ -11,8 +11,7 @@ import pytest
 
 from chaos.sim_engine.vision_llama4 import PATCHES_PER_TILE
 
-from .test_vision import BLUE, RED, data_uri, family_client, png
-from .test_vision_gemma3 import ask
+from .test_vision import family_client, png, tiles_counted_and_answered
 
 SERVICES = {"llama4-vllm": "vllm", "llama4-sglang": "sglang"}
 # RED (120 x 90) and BLUE (300 x 200) both fit the 2 x 2 canvas of 28-pixel tiles best: <|image_start|>, 4 tiles'
@@ -30,16 +29,7 @@ def client(log_dir):
 
 @pytest.mark.parametrize("model", sorted(SERVICES))
 def test_the_tiles_are_counted_and_the_image_reaches_the_answer(client, model):
-    text_only, red, blue, small, mixed = (
-        ask(client, model), ask(client, model, data_uri(RED)), ask(client, model, data_uri(BLUE)),
-        ask(client, model, data_uri(SMALL)), ask(client, model, data_uri(RED), data_uri(SMALL)))
-    assert red.usage.prompt_tokens - text_only.usage.prompt_tokens == TILED  # the text-only prompt has no <|image|>
-    assert blue.usage.prompt_tokens == red.usage.prompt_tokens
-    assert small.usage.prompt_tokens - text_only.usage.prompt_tokens == SINGLE
-    assert mixed.usage.prompt_tokens - text_only.usage.prompt_tokens == TILED + SINGLE
-    assert len({r.choices[0].message.content for r in (text_only, red, blue, small, mixed)}) == 5
-    chunks = ask(client, model, data_uri(RED), data_uri(SMALL), stream=True)
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == mixed.choices[0].message.content
+    tiles_counted_and_answered(client, model, TILED, SINGLE, SMALL)
 
 
 def test_listed_as_vision_models(client):

@@ -36,6 +36,10 @@ CONFIGS = {
     # choice, the padding, the global view and the bfloat16 arithmetic are the same code at any size.
     "llama4": {"image_processor_type": "Llama4ImageProcessor", "size": {"height": 56, "width": 56},
                "max_patches": 6},
+    # The same for InternVL's tiles (448 and 12 published): the grid, the thumbnail and ImageNet's normalization.
+    "internvl": {"image_processor_type": "GotOcr2ImageProcessor", "size": {"height": 56, "width": 56},
+                 "max_patches": 6, "crop_to_patches": True, "image_mean": [0.485, 0.456, 0.406],
+                 "image_std": [0.229, 0.224, 0.225]},
 }
 # Prompts transformers' PixtralProcessor makes (its module needs torch): Mistral Small 3.1's processor (patch 14
 # merged 2 x 2, the longest side 1540) on one image of each size, over the Qwen tokenizer with these tokens added.
@@ -55,6 +59,15 @@ LLAMA4_CONFIG = {"image_processor_type": "Llama4ImageProcessorFast", "size": {"h
 LLAMA4_PROCESSOR = {"processor_class": "Llama4Processor", "patch_size": 14, "fake_image_token": "<|image|>",
                     "image_token": "<|image|>"}
 LLAMA4_PROMPT_SIZES = [(200, 123), (1280, 720), (3000, 20), (336, 672), (1009, 1013)]
+# Prompts transformers' InternVLProcessor makes: InternVL3's published processor (tile 448, up to 12, 256 tokens a
+# tile), the Qwen tokenizer with InternVL's tokens added.
+INTERNVL_TOKENS = ("<img>", "</img>", "<IMG_CONTEXT>", "<video>")
+INTERNVL_PROMPT = "<|im_start|>user\n<IMG_CONTEXT>\nDescribe the picture.<|im_end|>\n<|im_start|>assistant\n"
+INTERNVL_CONFIG = {"image_processor_type": "GotOcr2ImageProcessorFast", "size": {"height": 448, "width": 448},
+                   "min_patches": 1, "max_patches": 12, "crop_to_patches": False, "resample": 3,
+                   "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
+INTERNVL_PROCESSOR = {"processor_class": "InternVLProcessor", "image_seq_length": 256}
+INTERNVL_PROMPT_SIZES = [(200, 123), (1280, 720), (3000, 40), (448, 448), (1009, 1013)]
 # Resizes on their own: (width, height) in, (width, height) out, the kernel.
 RESIZES = [((200, 123), (64, 64), "bilinear"), ((640, 480), (896, 896), "bilinear"),
            ((640, 480), (336, 252), "bicubic"), ((1000, 20), (28, 560), "bicubic"), ((13, 600), (896, 896), "bicubic"),
@@ -78,6 +91,16 @@ def digest(array: np.ndarray) -> "list[object]":
 def prompt_digest(ids) -> "list[object]":
     """A prompt's ids as the goldens keep them: how many, and the sha256 of them as int64."""
     return [len(ids), digest(np.asarray(ids, dtype=np.int64))[1]]
+
+
+def golden_prompt(processor, tokenizer, prompt: str, family: str, index: int, size: "tuple[int, int]"):
+    """(the prompt's ids with the seeded image of ``size`` (seed ``index`` + 1, as main() made it) expanded, the
+    MediaInputs that did it, the processed image), and the golden it must equal (``prompt_digest`` of them)."""
+    from PIL import Image
+    processed = processor.process(Image.fromarray(image(*size, index + 1)), False)
+    expanded, inputs = expanded_prompt(processor, processed, tokenizer.encode(prompt, add_special_tokens=False).ids)
+    golden = json.loads(GOLDENS.read_text())["prompts"][f"{family} {size[0]}x{size[1]}"]
+    return expanded, inputs, processed, golden
 
 
 def expanded_prompt(processor, processed, ids: "list[int]"):
@@ -116,18 +139,24 @@ def llama4_tokenizer(tokenizer_json: str):
     return tokenizer_with(tokenizer_json, LLAMA4_TOKENS)
 
 
+def internvl_tokenizer(tokenizer_json: str):
+    return tokenizer_with(tokenizer_json, INTERNVL_TOKENS)
+
+
 def main() -> None:
     import torch
     from PIL import Image
     from torchvision.transforms.v2 import functional as F
     from transformers.models.clip.image_processing_clip import CLIPImageProcessor
     from transformers.models.gemma3.image_processing_gemma3 import Gemma3ImageProcessor
+    from transformers.models.got_ocr2.image_processing_got_ocr2 import GotOcr2ImageProcessor
     from transformers.models.llama4.image_processing_llama4 import Llama4ImageProcessor
     from transformers.models.pixtral.image_processing_pixtral import PixtralImageProcessor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
     readers = {"Qwen2VLImageProcessor": Qwen2VLImageProcessor, "Qwen2VLImageProcessorFast": Qwen2VLImageProcessor,
                "Gemma3ImageProcessor": Gemma3ImageProcessor, "CLIPImageProcessor": CLIPImageProcessor,
-               "PixtralImageProcessor": PixtralImageProcessor, "Llama4ImageProcessor": Llama4ImageProcessor}
+               "PixtralImageProcessor": PixtralImageProcessor, "Llama4ImageProcessor": Llama4ImageProcessor,
+               "GotOcr2ImageProcessor": GotOcr2ImageProcessor}
     processors = {}
     for name, config in CONFIGS.items():
         kwargs = {k: v for k, v in config.items() if k not in ("image_processor_type", "image_seq_length")}
@@ -167,6 +196,20 @@ def main() -> None:
         out = oracle(text=[LLAMA4_PROMPT], images=[Image.fromarray(image(width, height, index + 1))],
                      return_tensors="pt")
         goldens["prompts"][f"llama4 {width}x{height}"] = prompt_digest(out["input_ids"][0])
+    from transformers.models.internvl.processing_internvl import InternVLProcessor
+    from transformers.models.internvl.video_processing_internvl import InternVLVideoProcessor
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=internvl_tokenizer(qwen.read_text()), extra_special_tokens={
+        "start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+        "video_token": "<video>"})
+    # crop_to_patches off in the image processor's config, as published: InternVLProcessor crops all the same.
+    oracle = InternVLProcessor(image_processor=GotOcr2ImageProcessor(**{k: v for k, v in INTERNVL_CONFIG.items()
+                                                                       if k != "image_processor_type"}),
+                               tokenizer=tokenizer, video_processor=InternVLVideoProcessor(),
+                               image_seq_length=INTERNVL_PROCESSOR["image_seq_length"])
+    for index, (width, height) in enumerate(INTERNVL_PROMPT_SIZES):
+        out = oracle(text=[INTERNVL_PROMPT], images=[Image.fromarray(image(width, height, index + 1))],
+                     return_tensors="pt")
+        goldens["prompts"][f"internvl {width}x{height}"] = prompt_digest(out["input_ids"][0])
     lines = [f'"{key}": {json.dumps(value)}' for key, value in goldens.items() if not isinstance(value, dict)]
     for section in ("processors", "resizes", "prompts"):  # a case a line
         cases = ",\n  ".join(f"{json.dumps(case)}: {json.dumps(value)}" for case, value in goldens[section].items())

@@ -21,7 +21,7 @@ from gateway.media.processors import ProcessorConfigError
 from gateway.media.service import MediaInputs
 from gateway.tokenizer.bundled import default_tokenizer_dir
 from tests.support.torchvision_goldens import (GOLDENS, LLAMA4_CONFIG, LLAMA4_PROCESSOR, LLAMA4_PROMPT,
-                                               LLAMA4_PROMPT_SIZES, expanded_prompt, image, llama4_tokenizer,
+                                               LLAMA4_PROMPT_SIZES, golden_prompt, image, llama4_tokenizer,
                                                prompt_digest)
 
 EXPECTED = json.loads(GOLDENS.read_text())
@@ -44,9 +44,8 @@ def scout(tokenizer) -> Llama4Processor:
 
 @pytest.mark.parametrize("index, size", list(enumerate(LLAMA4_PROMPT_SIZES)))
 def test_the_prompt_is_the_one_transformers_tokenizes(tokenizer, scout, index, size):
-    processed = scout.process(Image.fromarray(image(*size, index + 1)), False)
-    expanded, inputs = expanded_prompt(scout, processed, tokenizer.encode(LLAMA4_PROMPT, add_special_tokens=False).ids)
-    assert prompt_digest(expanded) == EXPECTED["prompts"][f"llama4 {size[0]}x{size[1]}"]
+    expanded, inputs, processed, golden = golden_prompt(scout, tokenizer, LLAMA4_PROMPT, "llama4", index, size)
+    assert prompt_digest(expanded) == golden
     (offset, length), = inputs.ranges
     window = expanded[offset:offset + length]
     assert window[0] == tokenizer.token_to_id("<|image_start|>")
