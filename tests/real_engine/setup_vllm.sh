@@ -63,6 +63,13 @@ llama4="$(dirname "$model")/tiny-llama4"
 if [ ! -f "$llama4/config.json" ]; then
   "$venv/bin/python" "$here/make_tiny_llama4.py" "$llama4" "$tokenizer_dir"
 fi
+# A tiny InternVL in the Hugging Face format (GotOcr2's and InternVL's processor configs; the Qwen tokenizer with
+# its tokens added).
+internvl="$(dirname "$model")/tiny-internvl"
+if [ ! -f "$internvl/config.json" ]; then
+  "$venv/bin/python" "$here/make_tiny_internvl.py" "$internvl" "$tokenizer_dir"
+fi
 echo "SMG_VLLM_PYTHON=$venv/bin/python SMG_VLLM_MODEL=$model SMG_VLLM_EMBED_MODEL=$embed" \
      "SMG_VLLM_VISION_MODEL=$vision SMG_VLLM_VISION_PYTHONPATH=$vision_path SMG_VLLM_GEMMA3_MODEL=$gemma3" \
-     "SMG_VLLM_MISTRAL3_MODEL=$mistral3 SMG_VLLM_LLAMA4_MODEL=$llama4 python -m pytest -m real_engine tests/real_engine"
+     "SMG_VLLM_MISTRAL3_MODEL=$mistral3 SMG_VLLM_LLAMA4_MODEL=$llama4 SMG_VLLM_INTERNVL_MODEL=$internvl" \
+     "python -m pytest -m real_engine tests/real_engine"

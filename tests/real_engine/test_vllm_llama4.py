@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from .media_engines import vision_pair
-from .test_vllm_vision import IMAGES, _chat, _png, _uri, probabilities_as_vllms, streamed_as_vllm_answers
+from .test_vllm_vision import IMAGES, answers_as_vllm, _png, _uri, probabilities_as_vllms, streamed_as_vllm_answers
 
 pytestmark = pytest.mark.real_engine
 # With 56-pixel tiles, 4 at most: the shared images all fit 2 x 2 canvases; these a row of 4 and a column of 4.
@@ -34,9 +34,7 @@ def llama4():
 def test_one_image_gives_vllms_own_prompt_and_greedy_answer(llama4, name):
     ours, theirs, model = llama4
     uri = {**IMAGES, **TILINGS}[name]
-    mine, reference = _chat(ours, model, [uri]), _chat(theirs, model, [uri])
-    assert mine.usage.prompt_tokens == reference.usage.prompt_tokens
-    assert mine.choices[0].message.content == reference.choices[0].message.content
+    answers_as_vllm(ours, theirs, model, [uri])
 
 
 def test_two_images_of_different_tilings_streamed(llama4):

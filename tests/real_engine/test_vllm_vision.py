@@ -75,10 +75,7 @@ IMAGES = {"noise 300x200": _uri(_png(300, 200, 1)), "noise 100x80": _uri(_png(10
 @pytest.mark.parametrize("name", sorted(IMAGES))
 def test_one_image_gives_vllms_own_greedy_answer(vision, name):
     ours, theirs, model, _ = vision
-    mine, reference = _chat(ours, model, [IMAGES[name]]), _chat(theirs, model, [IMAGES[name]])
-    # The prompt's tokens are the placeholder expanded as the model's processor expands it.
-    assert mine.usage.prompt_tokens == reference.usage.prompt_tokens
-    assert mine.choices[0].message.content == reference.choices[0].message.content
+    answers_as_vllm(ours, theirs, model, [IMAGES[name]])
 
 
 def test_two_images_streamed(vision):
@@ -93,6 +90,14 @@ def test_two_images_streamed(vision):
 # The same pixels and prompt on the same engine: the same probabilities (the bound is a float's printing, not a
 # kernel's difference: with Pillow's resize, --media-pixel-reference pil, they differ by up to ~0.03).
 LOGPROB_TOLERANCE = 1e-4
+
+
+def answers_as_vllm(ours, theirs, model, images) -> None:
+    """``images`` through the node: the prompt tokens (each placeholder expanded as the model's processor expands
+    it) and greedy text vLLM's own server answers."""
+    mine, reference = _chat(ours, model, images), _chat(theirs, model, images)
+    assert mine.usage.prompt_tokens == reference.usage.prompt_tokens
+    assert mine.choices[0].message.content == reference.choices[0].message.content
 
 
 def streamed_as_vllm_answers(ours, theirs, model, images, chat=_chat) -> None:
