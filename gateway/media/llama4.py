@@ -34,7 +34,7 @@ from PIL import Image
 from .processors import (RESAMPLE, ProcessedImage, ProcessorConfigError, _number, _pixel_fields, _token_id,
                          aspect_problem, resized)
 
-# The prompt's tokens, by the names Llama4Processor gives them (its defaults, which the published processor keeps).
+# The prompt's tokens (Llama4Processor's defaults, which the published processor keeps).
 TOKENS = {"image": "<|image|>", "start": "<|image_start|>", "end": "<|image_end|>", "patch": "<|patch|>",
           "tile_x": "<|tile_x_separator|>", "tile_y": "<|tile_y_separator|>"}
 
@@ -161,10 +161,10 @@ class Llama4Processor:
                                        f"shuffle {shuffle} / the vision tower's image size {image_size}")
         downsample = int(round(1.0 / shuffle ** 2))
         max_tiles = _number(config, "max_patches", 16, (int,))
-        names = {key: outer.get(f"{key}_token" if key != "tile_x" else "tile_x_separator_token", default)
-                 for key, default in TOKENS.items()}
-        processor = cls(placeholder_id=_token_id(token_to_id, names["image"]),
-                        embed_id=_token_id(token_to_id, names["patch"]),
+        # The placeholder and the embed token as the processor's config names them (what vLLM matches and selects
+        # by); the sequence's other tokens are written literally by Llama4Processor._prompt_split_image.
+        processor = cls(placeholder_id=_token_id(token_to_id, outer.get("image_token", TOKENS["image"])),
+                        embed_id=_token_id(token_to_id, outer.get("patch_token", TOKENS["patch"])),
                         start_id=_token_id(token_to_id, TOKENS["start"]), end_id=_token_id(token_to_id, TOKENS["end"]),
                         tile_x_id=_token_id(token_to_id, TOKENS["tile_x"]),
                         tile_y_id=_token_id(token_to_id, TOKENS["tile_y"]),
