@@ -79,10 +79,9 @@ class InternVLProcessor:
     @classmethod
     def from_config(cls, config: dict[str, Any], token_to_id: Callable[[str], "int | None"],
                     files: dict[str, Any]) -> "InternVLProcessor":
-        outer = files.get("processor_config.json") or {}
         size = config.get("size", {"height": 448, "width": 448})
         tile = size.get("height") if isinstance(size, dict) and size.get("height") == size.get("width") else None
-        tokens = config.get("image_seq_length", outer.get("image_seq_length", 256))
+        tokens = config.get("image_seq_length", 256)  # (processor_config.json's, merged in by families.py)
         min_tiles, max_tiles = _number(config, "min_patches", 1, (int,)), _number(config, "max_patches", 12, (int,))
         if not (isinstance(tile, int) and tile > 0 and isinstance(tokens, int) and tokens > 0
                 and 1 <= min_tiles <= max_tiles <= 64):

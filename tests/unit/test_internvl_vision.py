@@ -76,3 +76,8 @@ def test_unusable_configs_are_refused(tokenizer):
             image_processor({"preprocessor_config.json": {**INTERNVL_CONFIG, **config}}, tokenizer.token_to_id)
     with pytest.raises(ProcessorConfigError, match="no <img>"):  # GOT-OCR 2's own models use other tokens
         image_processor({"preprocessor_config.json": INTERNVL_CONFIG}, {"<IMG_CONTEXT>": 1}.get)
+
+
+def test_a_strip_is_refused_by_its_header_size(internvl3):
+    """The thumbnail squeezes the long side into one tile: past 200:1 refused from the header, before a resize."""
+    assert internvl3.size_problem(30_000, 100) is not None and internvl3.size_problem(3000, 40) is None
