@@ -111,6 +111,7 @@ class SharedEngineState:
             elif config.vision:
                 extra["preprocessor_config.json"] = json.dumps(vision.PREPROCESSOR_CONFIG).encode()
                 extra["chat_template.jinja"] = vision.CHAT_TEMPLATE.encode()
+                extra["config.json"] = json.dumps(vision.MODEL_CONFIG).encode()
             self._bundle = build_tokenizer_bundle(self.tokenizer_dir, extra)
         return self._bundle
 
@@ -128,12 +129,15 @@ class SharedEngineState:
         """How the ``service`` ("vllm", "sglang", "tokenspeed") checks a request's images for this model's family."""
         config = self.engine.config
         family = VISION_FAMILIES.get(config.vision_family)
-        if family is not None and service == "vllm":
-            return lambda mm, ids: family.module.check_vllm(self.family_tokens, mm, ids, config)
+        if family is not None and service == "vllm":  # (these families take no videos)
+            return lambda request, ids: vision.check_vllm_batches(
+                request, ids, lambda mm, ids: family.module.check_vllm(self.family_tokens, mm, ids, config), None)
         if family is not None and service == "sglang":
             return lambda mm, ids: family.module.check_sglang(self.family_tokens, mm, ids)
-        if service == "vllm":
-            return lambda mm, ids: vision.check_vllm(mm, ids, config)
+        if service == "vllm":  # a request of vLLM's: its image and video batches
+            return lambda request, ids: vision.check_vllm_batches(
+                request, ids, lambda mm, ids: vision.check_vllm(mm, ids, config),
+                lambda mm, ids: vision.check_vllm_video(mm, ids, config))
         return vision.check_sglang if service == "sglang" else vision.check_tokenspeed
 
     @property
@@ -157,7 +161,7 @@ class SharedEngineState:
             checked = check(mm, params.prompt_ids)
         except vision.ImagesRefused as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"images: {e}")
-        self.images_seen += len(mm.items) if hasattr(mm, "items") else len(mm.mm_placeholders)  # (TokenSpeed: items)
+        self.images_seen += checked.items or (len(mm.items) if hasattr(mm, "items") else len(mm.mm_placeholders))
         return dataclasses.replace(params, media_digest=checked.digest, cache_ids=checked.cache_ids)
 
     async def embedding(self, request_id: str, input_ids: "list[int]", context: grpc.aio.ServicerContext
@@ -511,8 +515,8 @@ class VllmService(CommonRpcs, vl_grpc.VllmEngineServicer):
             logprobs=sp.logprobs if sp.HasField("logprobs") else None,
             prompt_logprobs=sp.HasField("prompt_logprobs"),
         )
-        params = await self.s.with_images(params, request.mm_inputs, request.HasField("mm_inputs"),
-                                          self.s.image_check("vllm"), context)
+        params = await self.s.with_images(params, request, request.HasField("mm_inputs"),
+                                          self.s.image_check("vllm"), context)  # (every batch: vision.py)
         pd = self.s.pd
         transfer = await pd.vllm_params(request, context)
         if transfer is not None and pd.role == "prefill":

@@ -22,6 +22,7 @@ import numpy as np
 from smg_grpc_proto.generated import common_pb2
 
 IMAGE_TOKEN_ID = 151655  # <|image_pad|> in the Qwen tokenizers
+VIDEO_TOKEN_ID = 151656  # <|video_pad|>
 PATCH, TEMPORAL, MERGE = 14, 2, 2
 PATCH_VALUES = 3 * TEMPORAL * PATCH * PATCH  # 1,176 values a patch row
 PREPROCESSOR_CONFIG = {
@@ -37,6 +38,7 @@ CHAT_TEMPLATE = (
     "{%- if message['content'] is string -%}{{ message['content'] }}"
     "{%- else -%}{%- for part in message['content'] -%}"
     "{%- if part['type'] == 'image' -%}<|vision_start|><|image_pad|><|vision_end|>"
+    "{%- elif part['type'] == 'video' -%}<|vision_start|><|video_pad|><|vision_end|>"
     "{%- elif part['type'] == 'text' -%}{{ part['text'] }}{%- endif -%}"
     "{%- endfor -%}{%- endif -%}<|im_end|>\n"
     "{%- endfor -%}"
@@ -47,10 +49,16 @@ class ImagesRefused(ValueError):
     """A request's images that do not add up (what a real engine would fail on)."""
 
 
+# What the bundle's config.json says of the model: Qwen2-VL, whose videos the gateway processes too.
+MODEL_CONFIG = {"model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"],
+                "image_token_id": IMAGE_TOKEN_ID, "video_token_id": VIDEO_TOKEN_ID}
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckedImages:
     digest: int  # folded into the answer's seed
     cache_ids: list[int]  # the prompt's ids with each image's tokens replaced by its hash's: prefix cache keys
+    items: int = 0  # images (or videos) checked
 
 
 def _array(data: bytes, shape: Any, dtype: str) -> np.ndarray:
@@ -176,6 +184,65 @@ def check_vllm(mm: Any, input_ids: "list[int]", config: Any) -> CheckedImages:
                             f"{grid.prod(axis=1).tolist()}")
     return check(input_ids, pixels, grid, *placeholders(mm), list(mm.mm_hashes),
                  not config.vision_takes_floats, config.vision_images_max, config.vision_image_tokens_max)
+
+
+def check_vllm_video(mm: Any, input_ids: "list[int]", config: Any) -> CheckedImages:
+    """A VIDEO batch on vLLM's preprocessed path, as Qwen2-VL's videos need it (the servicer passes the pixels as
+    pixel_values_videos): pixel rows flat by a sizes tensor, video_grid_thw batched and kept on the CPU, each range
+    t * h * w / merge^2 of the video token, one hash a video."""
+    tensors = {key: _array(td.inline, td.shape, td.dtype) for key, td in mm.model_specific_tensors.items()}
+    pixels = _array(mm.pixel_values.inline, mm.pixel_values.shape, mm.pixel_values.dtype)
+    grid = tensors.get("video_grid_thw")
+    sizes_key = mm.flat_keys.get("pixel_values")
+    if grid is None or sizes_key is None or sizes_key not in tensors or "video_grid_thw" not in mm.batched_keys \
+            or "video_grid_thw" not in mm.keep_on_cpu_keys:
+        raise ImagesRefused("vLLM's Qwen2-VL videos are pixel_values flat by a sizes tensor, video_grid_thw batched "
+                            "and kept on the CPU")
+    ranges, token = placeholders(mm)
+    kind = np.float32 if config.vision_takes_floats else np.uint8
+    if pixels.ndim != 2 or pixels.shape[1] != PATCH_VALUES or pixels.dtype != kind:
+        raise ImagesRefused(f"pixel_values (a video's) is {pixels.dtype}{list(pixels.shape)}; this engine takes "
+                            f"{kind.__name__} rows of {PATCH_VALUES}")
+    if token != VIDEO_TOKEN_ID:
+        raise ImagesRefused(f"im_token_id is {token}; this model's video token is {VIDEO_TOKEN_ID}")
+    if grid.ndim != 2 or grid.shape[1] != 3 or len(grid) != len(ranges) or len(mm.mm_hashes) != len(ranges):
+        raise ImagesRefused(f"video_grid_thw is {list(grid.shape)}, {len(mm.mm_hashes)} hashes, for {len(ranges)} "
+                            "placeholder ranges")
+    if tensors[sizes_key].tolist() != grid.prod(axis=1).tolist() or int(grid.prod(axis=1).sum()) != len(pixels):
+        raise ImagesRefused(f"{sizes_key} is {tensors[sizes_key].tolist()}, the grids' patches "
+                            f"{grid.prod(axis=1).tolist()}, pixel_values {len(pixels)} rows")
+    for (t, h, w), (offset, length) in zip(grid.tolist(), ranges):
+        if h % MERGE or w % MERGE or length != t * h * w // (MERGE * MERGE):
+            raise ImagesRefused(f"a video of grid {(t, h, w)} takes {t * h * w // (MERGE * MERGE)} tokens, its "
+                                f"range {length}")
+        if any(i != VIDEO_TOKEN_ID for i in input_ids[offset:offset + length]) or offset + length > len(input_ids):
+            raise ImagesRefused(f"the range ({offset}, {length}) is not the video token in the prompt")
+    if input_ids.count(VIDEO_TOKEN_ID) != sum(length for _, length in ranges):
+        raise ImagesRefused("the prompt has video tokens outside the ranges")
+    bounds = np.cumsum([0, *grid.prod(axis=1).tolist()])
+    cache_ids = cache_ids_of(input_ids, [pixels[a:b] for a, b in zip(bounds, bounds[1:])], ranges,
+                             list(mm.mm_hashes), [struct.pack("<III", *row) for row in grid.tolist()])
+    return CheckedImages(zlib.crc32(pixels.tobytes(), zlib.crc32(grid.tobytes())), cache_ids, len(ranges))
+
+
+def check_vllm_batches(request: Any, input_ids: "list[int]", image_check: Any, video_check: Any) -> CheckedImages:
+    """Every batch of a vLLM request (mm_inputs, then extra_mm_inputs: one a modality), each by its modality's
+    check (None: this model takes none of it), folded into one digest and one list of cache ids."""
+    batches = [request.mm_inputs, *request.extra_mm_inputs]
+    modalities = [mm.modality or common_pb2.IMAGE for mm in batches]
+    if len(set(modalities)) != len(modalities):
+        raise ImagesRefused(f"batches of modalities {modalities}: one batch a modality")
+    digest, cache_ids, items = 0, list(input_ids), 0
+    for mm, modality in zip(batches, modalities):
+        check = video_check if modality == common_pb2.VIDEO else image_check
+        if check is None:
+            raise ImagesRefused(f"this model takes no {common_pb2.Modality.Name(modality).lower()} inputs")
+        checked = check(mm, input_ids)
+        for offset, length in placeholders(mm)[0]:
+            cache_ids[offset:offset + length] = checked.cache_ids[offset:offset + length]
+        digest = zlib.crc32(digest.to_bytes(4, "little"), checked.digest)
+        items += len(mm.mm_placeholders)
+    return CheckedImages(digest, cache_ids, items)
 
 
 def check_sglang(mm: Any, input_ids: "list[int]") -> CheckedImages:

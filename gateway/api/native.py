@@ -86,7 +86,7 @@ async def _tokenize(state: GatewayState, request: Request, body: dict[str, Any],
             raise BadRequest("this model has no chat template", code="no_chat_template")
         add_generation_prompt = body.get("add_generation_prompt", True)
         ids = await encode_chat(state, request, entry, tokenizer, chat, bool(add_generation_prompt))
-        if chat.images:  # counted as the engine will see them: each image's placeholder expanded
+        if chat.images or chat.videos:  # counted as the engine will see them: each placeholder expanded
             ids = (await with_images(state, entry, chat, ids, request.tenant_key))[0]
     else:
         text = body.get("prompt")

@@ -244,7 +244,7 @@ async def _chat_on_pool(state: GatewayState, request: Request, raw: bytes, chat:
                          f"--chat-template", code="no_chat_template")
     input_ids = await encode_chat(state, request, entry, tokenizer, chat, True, raw)
     media = routing_ids = None
-    if chat.images:
+    if chat.images or chat.videos:
         input_ids, media, routing_ids = await with_images(state, entry, chat, input_ids, request.tenant_key)
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "messages", media,
                            routing_ids)

@@ -34,7 +34,8 @@ from ..auth import Authenticator, Principal
 from ..engine.errors import EngineCallError
 from ..serving.generation import (AnswerTooLarge, GenerationPlan, GenerationResult, LogprobRecord, MidStreamError,
                                   UsageTally, answer_bytes_estimate)
-from ..media.service import MediaError, MediaInputs
+from ..media.service import MediaError, MediaInputs, expand_batches
+from ..media.video import VIDEO_MODEL_TYPES
 from ..serving.models import ModelEntry
 from ..routing.policies import RoutingRequest
 from ..tokenizer.chat_template import TemplateError
@@ -134,7 +135,7 @@ class ChatPrompt:
     entry: ModelEntry
     tokenizer: TokenizerService
     ids: list[int]
-    media: "MediaInputs | None" = None
+    media: "tuple[MediaInputs, ...] | None" = None  # a batch per modality: images, then videos
     routing_ids: "list[int] | None" = None
 
 
@@ -147,34 +148,42 @@ async def chat_prompt(state: GatewayState, request: Request, chat: ChatRequest, 
         raise BadRequest(f"the model '{entry.name}' has no chat template on this node (the {api} needs a gRPC "
                          f"engine's model)", param="model", code="unsupported_model")
     ids = await encode_chat(state, request, entry, tokenizer, chat, True)
-    if not chat.images:
+    if not chat.images and not chat.videos:
         return ChatPrompt(entry, tokenizer, ids)
     return ChatPrompt(entry, tokenizer, *await with_images(state, entry, chat, ids, request.tenant_key))
 
 
 async def with_images(state: GatewayState, entry: ModelEntry, chat: ChatRequest, ids: "list[int]",
-                      tenant: str | None) -> "tuple[list[int], MediaInputs, list[int]]":
-    """The chat's images fetched and processed for the model (gateway/media), and its prompt ids with each
-    image's placeholder expanded: (ids, the images' inputs, the ids routing reads). ``tenant``: whose share of
-    the media pools the images take (the request's ``tenant_key``)."""
-    processor = entry.image_processor
-    if processor is None:
-        raise _images_not_supported(entry, chat)
+                      tenant: str | None) -> "tuple[list[int], tuple[MediaInputs, ...], list[int]]":
+    """The chat's images and videos fetched and processed for the model (gateway/media), and its prompt ids with
+    each one's placeholder expanded: (ids, a batch of inputs per modality, the ids routing reads). ``tenant``:
+    whose share of the media pools they take (the request's ``tenant_key``)."""
+    batches: list[MediaInputs] = []
+    for refs, processor, items_max in ((chat.images, entry.image_processor, entry.images_max),
+                                       (chat.videos, entry.video_processor, entry.videos_max)):
+        if not refs:
+            continue
+        if processor is None:
+            raise (_images_not_supported if refs is chat.images else _videos_not_supported)(entry, chat)
+        media = await _prepared(state, list(refs), processor, entry.normalize_images, items_max, tenant)
+        if entry.image_tokens_max is not None:
+            for ref, item in zip(refs, media.images):
+                if item.tokens > entry.image_tokens_max:
+                    raise MediaError(f"{ref.where}: the {ref.modality} takes {item.tokens} tokens; this model's "
+                                     f"engines take at most {entry.image_tokens_max} per item: send a smaller one",
+                                     code=f"{ref.modality}_too_large", param=ref.where)
+        batches.append(media)
+    expanded, routing_ids = expand_batches(ids, tuple(batches))
+    return expanded, tuple(batches), routing_ids
+
+
+async def _prepared(state: GatewayState, refs: list[Any], processor: Any, normalize: bool, items_max: int | None,
+                    tenant: str | None) -> MediaInputs:
     tracing = state.tracing
-    refs = list(chat.images)
     if tracing is None or not tracing.active():
-        media = await state.media.prepare(refs, processor, entry.normalize_images, entry.images_max, tenant)
-    else:
-        with tracing.span("media", attributes={"smg.images": len(chat.images)}):
-            media = await state.media.prepare(refs, processor, entry.normalize_images, entry.images_max, tenant)
-    if entry.image_tokens_max is not None:
-        for ref, image in zip(refs, media.images):
-            if image.tokens > entry.image_tokens_max:
-                raise MediaError(f"{ref.where}: the image takes {image.tokens} tokens; this model's engines take at "
-                                 f"most {entry.image_tokens_max} per image: send a smaller one",
-                                 code="image_too_large", param=ref.where)
-    expanded, routing_ids = media.expand(ids)
-    return expanded, media, routing_ids
+        return await state.media.prepare(refs, processor, normalize, items_max, tenant)
+    with tracing.span("media", attributes={f"smg.{refs[0].modality}s": len(refs)}):
+        return await state.media.prepare(refs, processor, normalize, items_max, tenant)
 
 
 async def encode_chat(state: GatewayState, request: Request, entry: ModelEntry, tokenizer: TokenizerService,
@@ -199,6 +208,13 @@ async def _encode_chat(state: GatewayState, request: Request, entry: ModelEntry,
     if chat.images and entry.engine_support is not None and not entry.engine_support.images:
         raise BadRequest(f"the model '{entry.name}' is served by {_kinds(entry)} engines, to which this node does not "
                          "send images", param=chat.images[0].where, code="images_not_supported")
+    if chat.videos:
+        if entry.video_processor is None:
+            raise _videos_not_supported(entry, chat)
+        if entry.kinds_without_videos:
+            raise BadRequest(f"the model '{entry.name}' is served by {' and '.join(entry.kinds_without_videos)} "
+                             "engines, to which this node sends no videos (vLLM's engines take them)",
+                             param=chat.videos[0].where, code="videos_not_supported")
     if chat.special_tokens_in_content and not request.principal.is_admin:
         raise Forbidden("'special_tokens_in_content' needs an admin key", code="insufficient_role")
     literal_spans = tokenizer.literal_spans
@@ -212,6 +228,11 @@ async def _encode_chat(state: GatewayState, request: Request, entry: ModelEntry,
     if spans:
         return await tokenizer.encode_with_literals(literal_spans.split(prompt, spans))
     return await tokenizer.encode(prompt, add_special_tokens=False)
+
+
+def _videos_not_supported(entry: ModelEntry, chat: ChatRequest) -> BadRequest:
+    return BadRequest(f"the model '{entry.name}' does not take videos here (videos are preprocessed for the model "
+                      f"types {', '.join(VIDEO_MODEL_TYPES)})", param=chat.videos[0].where, code="videos_not_supported")
 
 
 def _images_not_supported(entry: ModelEntry, chat: ChatRequest) -> BadRequest:

@@ -18,7 +18,8 @@ from typing import Any
 import orjson
 
 from ..media.families import IMAGE_PROCESSORS
-from ..media.service import ImageRef
+from ..media.service import ImageRef, VideoRef
+from ..media.video import VIDEO_MODEL_TYPES
 from ..serving.chat import ChatRequest, SamplingRequest
 from .errors import BadRequest, shown, type_name
 from .structured import parse_constraint, tool_call_schema
@@ -227,9 +228,11 @@ def _unsupported(body: dict[str, Any], *names: str) -> None:
             raise BadRequest(f"'{name}' is not supported by this gateway yet", param=name, code="unsupported_parameter")
 
 
-def _message_content(message: dict[str, Any], index: int, images: "list[ImageRef]") -> "str | list[dict[str, Any]]":
-    """A message's content for the template: its text, or (a user message with images) its parts in order, each
-    image an ``{"type": "image"}`` part, the images themselves appended to ``images``."""
+def _message_content(message: dict[str, Any], index: int, images: "list[ImageRef]", videos: "list[VideoRef]"
+                     ) -> "str | list[dict[str, Any]]":
+    """A message's content for the template: its text, or (a user message with images or videos) its parts in
+    order, each image an ``{"type": "image"}`` part and each video a ``{"type": "video"}`` one (what Qwen2-VL's
+    template reads), the images and videos themselves appended to ``images`` and ``videos``."""
     content = message.get("content")
     if content is None:
         return ""
@@ -244,10 +247,15 @@ def _message_content(message: dict[str, Any], index: int, images: "list[ImageRef
             elif kind == "image_url" and message.get("role") == "user":
                 where = f"messages[{index}].content[{j}]"
                 parts.append(image_part(_image_url(part.get("image_url"), where), where, images))
+            elif kind == "video_url" and message.get("role") == "user":
+                where = f"messages[{index}].content[{j}]"
+                videos.append(VideoRef(_media_url(part.get("video_url"), where, "video_url"), where))
+                parts.append({"type": "video"})
             elif kind in MEDIA_PARTS:
                 raise BadRequest(f"messages[{index}].content[{j}]: {MEDIA_PARTS[kind]} inputs are not taken here: "
-                                 "images are, for the families " + ", ".join(IMAGE_PROCESSORS), param=f"messages[{index}]"
-                                 f".content[{j}]", code="unsupported_modality")
+                                 "images are, for the families " + ", ".join(IMAGE_PROCESSORS) + ", and videos "
+                                 "(as video_url parts) for " + ", ".join(VIDEO_MODEL_TYPES),
+                                 param=f"messages[{index}].content[{j}]", code="unsupported_modality")
             else:
                 raise BadRequest(f"messages[{index}].content[{j}]: a part must be text (or image_url in a user "
                                  f"message), got {kind!r}", param=f"messages[{index}].content", code="unsupported_content")
@@ -256,9 +264,19 @@ def _message_content(message: dict[str, Any], index: int, images: "list[ImageRef
                      param=f"messages[{index}].content", code="invalid_type")
 
 
-# Chat parts of the other modalities vLLM's server takes (its video_url and audio_url, OpenAI's input_audio): refused
-# by name, with the image families this node preprocesses.
+# Chat parts of the other modalities vLLM's server takes (its audio_url, OpenAI's input_audio; a video other than as
+# a user's video_url): refused by name, with the families this node preprocesses.
 MEDIA_PARTS = {"video_url": "video", "audio_url": "audio", "input_audio": "audio", "video": "video"}
+
+
+def _media_url(value: Any, where: str, kind: str) -> str:
+    """A ``video_url`` part's URL: {"url": ...} (or the URL alone)."""
+    if isinstance(value, str):
+        value = {"url": value}
+    if not isinstance(value, dict) or not isinstance(value.get("url"), str) or not value["url"]:
+        raise BadRequest(f"{where}: {kind} needs a url (https://..., data:video/mp4;base64,... or "
+                         "data:video/jpeg;base64,<frame>,<frame>,...)", param=where, code="invalid_value")
+    return value["url"]
 
 
 def _image_url(value: Any, where: str) -> "tuple[str, str]":
@@ -309,6 +327,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     check_message_count(len(raw_messages), "messages")
     messages: list[dict[str, Any]] = []
     images: list[ImageRef] = []
+    videos: list[VideoRef] = []
     for i, m in enumerate(raw_messages):
         if not isinstance(m, dict):
             raise BadRequest(f"messages[{i}] must be an object, got {type_name(m)}", param=f"messages[{i}]",
@@ -320,7 +339,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
                              code="invalid_value")
         message = dict(m)
         message["role"] = "system" if role == "developer" else role
-        message["content"] = _message_content(m, i, images)
+        message["content"] = _message_content(m, i, images, videos)
         messages.append(message)
     _unsupported(body, "audio", "prediction")
     stream = field(body, "stream", bool, False)
@@ -350,7 +369,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         special_tokens_in_content=field(body, "special_tokens_in_content", bool, False)
         if "special_tokens_in_content" in body else False,
         stream_reasoning=field(body, "stream_reasoning", bool, True) if "stream_reasoning" in body else True,
-        thinking=thinking, images=tuple(images))
+        thinking=thinking, images=tuple(images), videos=tuple(videos))
 
 
 def chat_request(model: str, messages: "list[dict[str, Any]]", sampling: SamplingRequest, *, stream: bool = False,
@@ -358,7 +377,7 @@ def chat_request(model: str, messages: "list[dict[str, Any]]", sampling: Samplin
                  template_kwargs: "dict[str, Any] | None" = None, separate_reasoning: bool = True,
                  special_tokens_in_content: bool = False, stream_reasoning: bool = True,
                  thinking: bool = True, images: "tuple[ImageRef, ...]" = (),
-                 reasoning_budget: int | None = None) -> ChatRequest:
+                 reasoning_budget: int | None = None, videos: "tuple[VideoRef, ...]" = ()) -> ChatRequest:
     """The chat request every API's translation ends in, with the rule across its fields: ``tool_choice``
     required or a named function is the engine's constraint (api/structured.py), which no other constraint
     may join. ``messages`` are the chat template's messages, checked by the caller."""
@@ -375,7 +394,7 @@ def chat_request(model: str, messages: "list[dict[str, Any]]", sampling: Samplin
         template_kwargs=template_kwargs if template_kwargs is not None else {},
         separate_reasoning=separate_reasoning, special_tokens_in_content=special_tokens_in_content,
         tool_name=tools.name, stream_reasoning=stream_reasoning, thinking=thinking, images=images,
-        parallel_tool_calls=tools.parallel, reasoning_budget=reasoning_budget)
+        parallel_tool_calls=tools.parallel, reasoning_budget=reasoning_budget, videos=videos)
 
 
 def check_message_count(count: int, param: str) -> None:

@@ -6,7 +6,7 @@ vLLM's servicer advertises three facts the gateway must follow when it preproces
   Qwen-VL families since 0.2x) and takes the resized pixels' own uint8 values; anything else it would
   normalize twice (the answer is then garbage, with no error anywhere).
 - ``mm_item_limits``: its ``--limit-mm-per-prompt`` as ``image=8,video=2``; its own server refuses more.
-- ``mm_encoder_budget``: the most tokens one image may take and still be scheduled.
+- ``mm_encoder_budget``: the most tokens one image (or video) may take and still be scheduled.
 
 SGLang's servicer advertises none of them: its engines take normalized floats, with no bound said.
 """
@@ -21,6 +21,7 @@ from typing import Any
 class MediaFacts:
     raw_pixels: bool = False  # the engine normalizes: send uint8 pixels
     images_max: int | None = None  # images per prompt (None: not said)
+    videos_max: int | None = None  # videos per prompt (None: not said)
     image_tokens_max: int | None = None  # tokens of one image (None: not said)
 
 
@@ -30,7 +31,8 @@ def media_facts_of_vllm(response: Any) -> MediaFacts:
     raw = bool(response.mm_device_do_normalize) if "mm_device_do_normalize" in fields else False
     limits = _limits(response.mm_item_limits) if "mm_item_limits" in fields else {}
     budget = int(response.mm_encoder_budget) if "mm_encoder_budget" in fields else 0
-    return MediaFacts(raw_pixels=raw, images_max=limits.get("image"), image_tokens_max=budget or None)
+    return MediaFacts(raw_pixels=raw, images_max=limits.get("image"), videos_max=limits.get("video"),
+                      image_tokens_max=budget or None)
 
 
 def _limits(label: str) -> dict[str, int]:

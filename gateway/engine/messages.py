@@ -39,6 +39,7 @@ class EngineSupport:
     logit_bias: bool = True
     embeddings: bool = True  # the Embed call (a pooling model's)
     images: bool = True  # preprocessed images in Generate (when the model has an image processor here)
+    videos: bool = True  # preprocessed videos in Generate (vLLM's servicer: a VIDEO batch)
     kv_events: bool = True  # SubscribeKvEvents (cache-aware routing reads them)
     loads: bool = True  # GetLoads (load-aware policies read them; without, the node's own counts)
     disaggregation: bool = True  # prefill/decode legs (the runtime's handover)
@@ -50,7 +51,9 @@ class EngineSupport:
 
     @property
     def everything(self) -> bool:
-        return self == FULL_SUPPORT
+        """All the plain request path checks for: videos are checked apart, on the requests that carry them, so a
+        kind that takes no videos (SGLang's) costs the others nothing."""
+        return self == FULL_SUPPORT or dataclasses.replace(self, videos=True) == FULL_SUPPORT
 
 
 FULL_SUPPORT = EngineSupport()

@@ -29,6 +29,16 @@ class MediaConfig:
     # here costs a decode and a resize of up to image_pixels_max), and their bytes together.
     images_per_request_max: int = 16
     request_bytes_max: int = 64 * 1024 * 1024
+    # Videos (vLLM's video_url parts, for the models whose videos this node processes: gateway/media/video.py):
+    # frames taken from a JPEG frame list (the first ones: vLLM's num_frames, 32 by default), frames a second
+    # sampled from a video file (vLLM's Qwen2-VL loader's fps, 2 by default: an engine given another through
+    # --media-io-kwargs needs the same here), a video's encoded bytes, its sampled frames' pixels together (each
+    # frame within image_pixels_max; 32 frames of 1080p are 66 M pixels, ~200 MB decoded), videos in one request.
+    video_frames: int = 32
+    video_fps: float = 2.0
+    video_bytes_max: int = 48 * 1024 * 1024
+    video_pixels_max: int = 1 << 26
+    videos_per_request_max: int = 2
     # Fetched images (their bytes, by URL) and processed ones (their tensors, by content and processor) kept
     # for the next request that names them: bounded by bytes, least recently used out first.
     cache_bytes_max: int = 256 * 1024 * 1024
@@ -70,6 +80,15 @@ OPTIONS = (
     Option("--media-max-image-pixels", "media.image_pixels_max", int, "most pixels an image may decode to "
            "(decompression bombs are refused before they decompress)", "engines"),
     Option("--media-max-images", "media.images_per_request_max", int, "images one request may carry", "engines"),
+    Option("--media-video-frames", "media.video_frames", int, "frames taken from a JPEG frame list (the first "
+           "ones), as vLLM's num_frames", "engines"),
+    Option("--media-video-fps", "media.video_fps", float, "frames a second sampled from a video file, as the "
+           "engine's --media-io-kwargs video fps (vLLM's default 2)", "engines"),
+    Option("--media-max-video-bytes", "media.video_bytes_max", int, "largest video (encoded) a request may bring",
+           "engines"),
+    Option("--media-max-video-pixels", "media.video_pixels_max", int, "most pixels a video's sampled frames may "
+           "decode to together", "engines"),
+    Option("--media-max-videos", "media.videos_per_request_max", int, "videos one request may carry", "engines"),
     Option("--media-cache-bytes", "media.cache_bytes_max", int, "bytes of fetched and processed images kept for "
            "reuse; 0 turns the cache off", "performance"),
     Option("--media-max-tenant-bytes", "media.tenant_bytes_max", int, "bytes of one tenant's images in flight at "

@@ -48,17 +48,17 @@ class FetchTimedOut(TimedOut):
     """The image did not arrive in time."""
 
 
-def data_uri_bytes(url: str, bytes_max: int) -> bytes:
+def data_uri_bytes(url: str, bytes_max: int, noun: str = "image") -> bytes:
     """The bytes of a base64 ``data:`` URI (``data:image/png;base64,...``), bounded before they are decoded."""
     head, sep, payload = url.partition(",")
     if not sep or not head.lower().endswith(";base64"):
-        raise FetchRefused("a data: URI must be base64 (data:<mime>;base64,<data>)", code="invalid_image_url")
+        raise FetchRefused("a data: URI must be base64 (data:<mime>;base64,<data>)", code=f"invalid_{noun}_url")
     if len(payload) * 3 // 4 > bytes_max:
-        raise FetchRefused(f"the image is larger than {bytes_max} bytes", code="image_too_large")
+        raise FetchRefused(f"the {noun} is larger than {bytes_max} bytes", code=f"{noun}_too_large")
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise FetchRefused("the data: URI is not valid base64", code="invalid_image_url") from None
+        raise FetchRefused("the data: URI is not valid base64", code=f"invalid_{noun}_url") from None
 
 
 class Fetcher:
@@ -76,58 +76,60 @@ class Fetcher:
         await self._client.aclose()
 
     async def fetch(self, url: str, on_bytes: "Callable[[int], None]" = lambda n: None,
-                    slot: "contextlib.AbstractAsyncContextManager[Any] | None" = None) -> bytes:
+                    slot: "contextlib.AbstractAsyncContextManager[Any] | None" = None, bytes_max: int | None = None,
+                    noun: str = "image") -> bytes:
         """The body at ``url`` (http or https), every hop checked; FetchRefused, FetchFailed, FetchTimedOut.
         ``on_bytes`` is told of the body's bytes as they come (and may raise to stop the fetch). ``slot``: held
         for the fetch, its wait within the fetch's time (a fetch that waited its whole time for a connection
-        times out like one whose server was slow)."""
+        times out like one whose server was slow). ``bytes_max``: this body's bound (the fetcher's by default);
+        ``noun``: what it is, as errors say it ("image", "video")."""
         if not self.policy.allows_anything:
-            raise FetchRefused("this node fetches no image URLs (--media-allowed-hosts lists none): send the image "
-                               "as a data: URI", code="image_url_not_allowed")
+            raise FetchRefused(f"this node fetches no {noun} URLs (--media-allowed-hosts lists none): send the "
+                               f"{noun} as a data: URI", code=f"{noun}_url_not_allowed")
         try:
             with trio.fail_after(self.timeout_s):
                 async with slot or contextlib.nullcontext():
-                    return await self._hops(url, on_bytes)
+                    return await self._hops(url, on_bytes, bytes_max or self.bytes_max, noun)
         except trio.TooSlowError:
-            raise FetchTimedOut(f"the image at {_shown(url)} did not arrive within {self.timeout_s:g} s",
-                                code="image_fetch_timeout") from None
+            raise FetchTimedOut(f"the {noun} at {_shown(url)} did not arrive within {self.timeout_s:g} s",
+                                code=f"{noun}_fetch_timeout") from None
 
-    async def _hops(self, url: str, on_bytes: "Callable[[int], None]") -> bytes:
+    async def _hops(self, url: str, on_bytes: "Callable[[int], None]", bytes_max: int, noun: str) -> bytes:
         """The first hop that gives a body, following at most redirects_max redirects."""
         for _ in range(self.redirects_max + 1):
-            location = await self._hop(url, on_bytes)
+            location = await self._hop(url, on_bytes, bytes_max, noun)
             if isinstance(location, bytes):
                 return location
             url = location
-        raise FetchFailed(f"more than {self.redirects_max} redirects", code="image_fetch_failed")
+        raise FetchFailed(f"more than {self.redirects_max} redirects", code=f"{noun}_fetch_failed")
 
-    async def _hop(self, url: str, on_bytes: "Callable[[int], None]") -> "bytes | str":
+    async def _hop(self, url: str, on_bytes: "Callable[[int], None]", bytes_max: int, noun: str) -> "bytes | str":
         """One request: the body, or the next URL to try (a redirect's Location, resolved)."""
-        target_url, target = await self._checked(url)
-        headers = {"host": target.host_header(), "user-agent": USER_AGENT, "accept": "image/*"}
+        target_url, target = await self._checked(url, noun)
+        headers = {"host": target.host_header(), "user-agent": USER_AGENT, "accept": f"{noun}/*"}
         extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
         try:
             async with self._client.stream("GET", target_url, headers=headers, extensions=extensions) as response:
                 if response.status_code in REDIRECTS:
                     location = response.headers.get("location")
                     if not location:
-                        raise FetchFailed(f"{_shown(url)} redirected without a Location", code="image_fetch_failed")
+                        raise FetchFailed(f"{_shown(url)} redirected without a Location", code=f"{noun}_fetch_failed")
                     return urllib.parse.urljoin(url, location)
                 if response.status_code != 200:
-                    raise FetchFailed(f"{_shown(url)} answered {response.status_code}", code="image_fetch_failed")
+                    raise FetchFailed(f"{_shown(url)} answered {response.status_code}", code=f"{noun}_fetch_failed")
                 declared = response.headers.get("content-length")
-                if declared is not None and declared.isdigit() and int(declared) > self.bytes_max:
-                    raise FetchRefused(f"the image at {_shown(url)} is larger than {self.bytes_max} bytes",
-                                       code="image_too_large")
+                if declared is not None and declared.isdigit() and int(declared) > bytes_max:
+                    raise FetchRefused(f"the {noun} at {_shown(url)} is larger than {bytes_max} bytes",
+                                       code=f"{noun}_too_large")
                 counted = int(declared) if declared is not None and declared.isdigit() else 0
                 if counted:
                     on_bytes(counted)  # what is on its way, before it is read
                 parts, size = [], 0
                 async for chunk in response.aiter_raw():
                     size += len(chunk)
-                    if size > self.bytes_max:
-                        raise FetchRefused(f"the image at {_shown(url)} is larger than {self.bytes_max} bytes",
-                                           code="image_too_large")
+                    if size > bytes_max:
+                        raise FetchRefused(f"the {noun} at {_shown(url)} is larger than {bytes_max} bytes",
+                                           code=f"{noun}_too_large")
                     if size > counted:
                         on_bytes(size - counted)
                         counted = size
@@ -136,18 +138,18 @@ class Fetcher:
                     on_bytes(size - counted)  # a body shorter than it said
                 return b"".join(parts)
         except httpx2.HTTPError as e:
-            raise FetchFailed(f"the image at {_shown(url)} could not be fetched: {type(e).__name__}",
-                              code="image_fetch_failed") from None
+            raise FetchFailed(f"the {noun} at {_shown(url)} could not be fetched: {type(e).__name__}",
+                              code=f"{noun}_fetch_failed") from None
 
-    async def _checked(self, url: str) -> tuple[str, Target]:
+    async def _checked(self, url: str, noun: str) -> tuple[str, Target]:
         """(the URL to request, aimed at the checked address; where that is)."""
         try:
-            target = await self.policy.checked(url, "image URL")
+            target = await self.policy.checked(url, f"{noun} URL")
         except OutboundUnresolved as e:
-            raise FetchFailed(e.message, code="image_fetch_failed") from None
+            raise FetchFailed(e.message, code=f"{noun}_fetch_failed") from None
         except OutboundRefused as e:
-            raise FetchRefused(e.message, code="invalid_image_url" if e.code == "invalid_url"
-                               else "image_url_not_allowed") from None
+            raise FetchRefused(e.message, code=f"invalid_{noun}_url" if e.code == "invalid_url"
+                               else f"{noun}_url_not_allowed") from None
         parts = urllib.parse.urlsplit(url)
         target_url = urllib.parse.urlunsplit((parts.scheme, target.netloc, parts.path or "/", parts.query, ""))
         return target_url, target

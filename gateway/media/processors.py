@@ -227,14 +227,21 @@ class QwenVisionProcessor(RepeatedPlaceholder):
     family = "qwen2_vl"
     flat_pixels_by = "patches_per_image"
     cpu_tensors = ("image_grid_thw",)
+    placeholder_token = "<|image_pad|>"
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], token_to_id: Callable[[str], "int | None"]) -> "QwenVisionProcessor":
+    def from_config(cls, config: dict[str, Any], token_to_id: Callable[[str], "int | None"], **more: Any
+                    ) -> "QwenVisionProcessor":
+        """From a preprocessor config; the sizes it does not give are the class's own defaults (the video
+        processor's differ: video.py); ``more``: a subclass's own fields."""
+        defaults = cls.__dataclass_fields__
         size = config.get("size") if isinstance(config.get("size"), dict) else {}
-        min_pixels = config.get("min_pixels", size.get("shortest_edge", size.get("min_pixels", 56 * 56)))
-        max_pixels = config.get("max_pixels", size.get("longest_edge", size.get("max_pixels", 28 * 28 * 1280)))
+        min_pixels = config.get("min_pixels", size.get("shortest_edge", size.get("min_pixels",
+                                                                                 defaults["min_pixels"].default)))
+        max_pixels = config.get("max_pixels", size.get("longest_edge", size.get("max_pixels",
+                                                                                 defaults["max_pixels"].default)))
         processor = cls(
-            placeholder_id=_token_id(token_to_id, "<|image_pad|>"),
+            placeholder_id=_token_id(token_to_id, cls.placeholder_token), **more,
             patch_size=_number(config, "patch_size", 14, (int,)),
             temporal_patch_size=_number(config, "temporal_patch_size", 2, (int,)),
             merge_size=_number(config, "merge_size", 2, (int,)),

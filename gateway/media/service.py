@@ -37,6 +37,7 @@ from .fair import FairLimiter
 from ..net.outbound import HostPolicy
 from .fetch import Fetcher, FetchFailed, FetchRefused, FetchTimedOut, data_uri_bytes
 from .processors import ImageProcessor, ProcessedImage
+from .video import VideoRefused, decode_container, decode_jpeg_frames, is_jpeg_frames, jpeg_frames_payload
 
 URL_CACHE_TTL_S = 300.0  # a fetched URL's bytes are reused this long: an image behind a URL may change
 
@@ -48,6 +49,17 @@ class ImageRef:
     url: str
     where: str  # the request field, for errors: messages[0].content[1]
     detail: str = "auto"  # OpenAI's; no open model's processor reads it (as vLLM, accepted and left)
+    modality = "image"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class VideoRef:
+    """A video a request names (vLLM's ``video_url`` part): a URL (http(s), data: with a video file, or
+    ``data:video/jpeg;base64,`` followed by frames) and where in the request it came from."""
+
+    url: str
+    where: str
+    modality = "video"
 
 
 class MediaError(InvalidInput):
@@ -89,6 +101,11 @@ class MediaInputs:
     def nbytes(self) -> int:
         return sum(image.nbytes for image in self.images)
 
+    @property
+    def modality(self) -> str:
+        """"image", or "video" for a video processor's batch."""
+        return getattr(self.processor, "modality", "image")
+
     def expand(self, ids: "list[int]") -> tuple[list[int], list[int]]:
         """(the prompt's ids with each image's placeholder replaced by its expansion, the same ids for routing):
         the chat template wrote the placeholder once per image, in order. A family whose expansion begins or ends
@@ -113,9 +130,10 @@ class MediaInputs:
             found += 1
             start = position + 1
         if found != len(self.images) or placeholder in ids[start:]:
-            raise MediaError(f"the chat template placed {ids.count(placeholder)} image placeholders for "
-                             f"{len(self.images)} images: this model's template does not take images this way",
-                             code="image_placeholder_mismatch")
+            kind = self.modality
+            raise MediaError(f"the chat template placed {ids.count(placeholder)} {kind} placeholders for "
+                             f"{len(self.images)} {kind}s: this model's template does not take {kind}s this way",
+                             code=f"{kind}_placeholder_mismatch")
         expanded += ids[start:]
         if processor.newline_pieces:
             expanded, ranges = joined_newlines(expanded, ranges, dict(processor.newline_pieces))
@@ -124,6 +142,32 @@ class MediaInputs:
             routing[offset:offset + length] = _routing_ids(image_hash, length)
         self.ranges = ranges
         return expanded, routing
+
+
+def expand_batches(ids: "list[int]", batches: "tuple[MediaInputs, ...]") -> tuple[list[int], list[int]]:
+    """``MediaInputs.expand`` for a prompt with several modalities (images and videos, each its own placeholder):
+    each batch expanded in turn, the ranges of those expanded before moved by what the later ones inserted ahead of
+    them; the routing ids from every batch's ranges. Only families that join no newlines take part (their
+    expansions are the placeholder repeated): the one with videos, Qwen2-VL, is one."""
+    if len(batches) == 1:
+        return batches[0].expand(ids)
+    if any(batch.processor.newline_pieces for batch in batches):
+        raise MediaError("this model's media cannot be mixed in one request", code="mixed_media_not_supported")
+    expanded = ids
+    for index, batch in enumerate(batches):
+        expanded, _ = batch.expand(expanded)
+        grown, growths = 0, []  # (where a placeholder stood before this batch, how many tokens it added)
+        for offset, length in batch.ranges:
+            growths.append((offset - grown, length - 1))
+            grown += length - 1
+        for earlier in batches[:index]:
+            earlier.ranges = [(offset + sum(g for at, g in growths if at < offset), length)
+                              for offset, length in earlier.ranges]
+    routing = list(expanded)
+    for batch in batches:
+        for (offset, length), item_hash in zip(batch.ranges, batch.hashes):
+            routing[offset:offset + length] = _routing_ids(item_hash, length)
+    return expanded, routing
 
 
 def joined_newlines(ids: "list[int]", ranges: "list[tuple[int, int]]", pieces: "dict[int, int]"
@@ -284,17 +328,19 @@ class MediaService:
     async def aclose(self) -> None:
         await self.fetcher.aclose()
 
-    async def prepare(self, refs: "list[ImageRef]", processor: ImageProcessor, normalize: bool,
+    async def prepare(self, refs: "list[ImageRef] | list[VideoRef]", processor: Any, normalize: bool,
                       images_max: int | None = None, tenant: str | None = None) -> MediaInputs:
-        """Every image of a request, processed for ``processor``, in order (``normalize``: the normalized floats
-        too, for engines that take them); MediaError for the first that fails. ``images_max``: the engines' own
-        bound on images per prompt, when lower than this node's. ``tenant``: whose share of the threads,
-        connections and bytes the request takes (None: the open data plane's)."""
+        """Every image (or every video) of a request, processed for ``processor``, in order (``normalize``: the
+        normalized floats too, for engines that take them); MediaError for the first that fails. ``images_max``:
+        the engines' own bound on items of this modality per prompt, when lower than this node's. ``tenant``:
+        whose share of the threads, connections and bytes the request takes (None: the open data plane's)."""
         config = self.config
-        bound = min(config.images_per_request_max, images_max or config.images_per_request_max)
+        modality = refs[0].modality
+        own = config.images_per_request_max if modality == "image" else config.videos_per_request_max
+        bound = min(own, images_max or own)
         if len(refs) > bound:
-            raise MediaError(f"the request carries {len(refs)} images; at most {bound}",
-                             code="too_many_images", param=refs[bound].where)
+            raise MediaError(f"the request carries {len(refs)} {modality}s; at most {bound}",
+                             code=f"too_many_{modality}s", param=refs[bound].where)
         images: list[ProcessedImage | None] = [None] * len(refs)
         hashes: list[str] = [""] * len(refs)
         failures: list[Exception] = []
@@ -324,7 +370,7 @@ class MediaService:
                              "request", code="images_differ_in_size", param=refs[0].where)
         return MediaInputs(processor, images, hashes)
 
-    async def _image(self, ref: ImageRef, processor: ImageProcessor, normalize: bool, budget: _Budget
+    async def _image(self, ref: "ImageRef | VideoRef", processor: Any, normalize: bool, budget: _Budget
                      ) -> tuple[ProcessedImage, str]:
         try:
             data = await self._bytes(ref, budget)
@@ -336,8 +382,11 @@ class MediaService:
             self.refused[e.code or "images_too_large"] += 1
             raise
         digest = hashlib.blake2b(data, digest_size=32).digest()
-        image_hash = hashlib.blake2b(digest + processor.describe().encode(), digest_size=32).hexdigest()
-        key = ("image", image_hash, normalize)
+        describe = processor.describe()
+        if ref.modality == "video":  # the frames taken, and how they came: the same bytes give the same frames
+            describe += f":{self.config.video_frames}:{self.config.video_fps}:{is_jpeg_frames(ref.url)}"
+        image_hash = hashlib.blake2b(digest + describe.encode(), digest_size=32).hexdigest()
+        key = (ref.modality, image_hash, normalize)
         now = time.monotonic()
         cached = self._cache.get(key, now)
         if cached is not None:
@@ -346,27 +395,47 @@ class MediaService:
         try:
             # Abandoned on cancel: a client that left does not wait for its decode (which the limiter still
             # counts until it ends, so abandoned work cannot pile up past the bound).
-            processed = await trio.to_thread.run_sync(self._process, data, processor, normalize,
+            processed = await trio.to_thread.run_sync(self._process, data, processor, normalize, ref,
                                                       limiter=self.threads.for_tenant(budget.tenant),
                                                       abandon_on_cancel=True)
-        except (ImageRefused, ValueError) as e:  # not an image taken here, or a shape the processor refuses
-            self.refused["invalid_image"] += 1
-            raise MediaError(f"{ref.where}: {e}", code="invalid_image", param=ref.where) from None
+        except (ImageRefused, VideoRefused, ValueError) as e:  # not taken here, or a shape the processor refuses
+            code = f"invalid_{ref.modality}"
+            self.refused[code] += 1
+            raise MediaError(f"{ref.where}: {e}", code=code, param=ref.where) from None
         finally:
             self.process_seconds += time.perf_counter() - started
         self.processed += 1
         self._cache.put(key, processed, processed.nbytes)
         return processed, image_hash
 
-    def _process(self, data: bytes, processor: ImageProcessor, normalize: bool) -> ProcessedImage:
-        image = decode_image(data, self.config.image_pixels_max, processor.size_problem)
-        return processor.process(image, normalize)
+    def _process(self, data: bytes, processor: Any, normalize: bool, ref: "ImageRef | VideoRef") -> ProcessedImage:
+        config = self.config
+        if ref.modality == "image":
+            return processor.process(decode_image(data, config.image_pixels_max, processor.size_problem), normalize)
+        if is_jpeg_frames(ref.url):
+            frames = decode_jpeg_frames(data, config.video_frames, config.image_pixels_max, config.video_pixels_max)
+        else:
+            frames = decode_container(data, lambda total, fps: processor.frame_indices(total, fps, config.video_fps),
+                                      config.image_pixels_max, config.video_pixels_max)
+        problem = processor.size_problem(frames.shape[2], frames.shape[1])
+        if problem is not None:
+            raise VideoRefused(problem)
+        return processor.process(frames, normalize)
 
-    async def _bytes(self, ref: ImageRef, budget: _Budget) -> bytes:
-        """The image's bytes, each counted by ``budget`` as it arrives (a fetch's before it ends)."""
+    async def _bytes(self, ref: "ImageRef | VideoRef", budget: _Budget) -> bytes:
+        """The item's bytes, each counted by ``budget`` as it arrives (a fetch's before it ends); a JPEG frame list's
+        base64 text as it is (its frames are decoded in the thread)."""
         url = ref.url
+        bytes_max = self.config.image_bytes_max if ref.modality == "image" else self.config.video_bytes_max
+        if ref.modality == "video" and is_jpeg_frames(url):
+            data = jpeg_frames_payload(url)
+            if len(data) * 3 // 4 > bytes_max:
+                raise MediaError(f"the video is larger than {bytes_max} bytes", code="video_too_large",
+                                 param=ref.where)
+            budget.take(len(data), ref.where)
+            return data
         if url[:5].lower() == "data:":
-            data = data_uri_bytes(url, self.config.image_bytes_max)
+            data = data_uri_bytes(url, bytes_max, ref.modality)
             budget.take(len(data), ref.where)
             return data
         key = ("url", url)
@@ -375,7 +444,8 @@ class MediaService:
         if data is not None:
             budget.take(len(data), ref.where)
             return data
-        data = await self.fetcher.fetch(url, lambda count: budget.take(count, ref.where), self.fetches.slot(budget.tenant))
+        data = await self.fetcher.fetch(url, lambda count: budget.take(count, ref.where),
+                                        self.fetches.slot(budget.tenant), bytes_max, ref.modality)
         self.fetched += 1
         self._cache.put(key, data, len(data), now + URL_CACHE_TTL_S)
         return data

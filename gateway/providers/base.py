@@ -201,6 +201,8 @@ def refuse_engine_only(chat: ChatRequest, target: Target) -> None:
         raise Unsupported(f"{constraint.kind} constraints", sampling.constraint_field)
     if chat.special_tokens_in_content:
         raise Unsupported("special_tokens_in_content", "special_tokens_in_content")
+    if chat.videos:  # preprocessed for our engines only; no wire here carries a video
+        raise Unsupported("video inputs", chat.videos[0].where)
 
 
 # Features a wire may not have, each with what the client's 400 names (refuse() below).

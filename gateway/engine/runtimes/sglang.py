@@ -15,7 +15,7 @@ from typing import Any
 
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sg
 
-from ..messages import Handover, SamplingOptions
+from ..messages import EngineSupport, Handover, SamplingOptions
 from ..pairing_info import PairingInfo
 from .base import (ENGINE_RUNTIMES, BOOTSTRAP_ROOM, SGLANG_CONSTRAINT_FIELDS, EngineRuntime, pairing_of_server_args,
                    set_sglang_constraint, set_unless_default, tensor)
@@ -24,11 +24,18 @@ from .base import (ENGINE_RUNTIMES, BOOTSTRAP_ROOM, SGLANG_CONSTRAINT_FIELDS, En
 CONSTRAINT_FIELDS = SGLANG_CONSTRAINT_FIELDS
 
 
+# Its scheduler's multimodal inputs carry preprocessed images; its videos only as URLs or bytes it decodes itself.
+SUPPORT = EngineSupport(videos=False)
+
+
 class SglangRuntime(EngineRuntime):
     name = "sglang"
     service = "sglang.grpc.scheduler.SglangScheduler"
     pb = sg
     handover = BOOTSTRAP_ROOM
+
+    def support(self, model_info: Any) -> EngineSupport:
+        return SUPPORT
 
     def generate_request(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions, stream: bool,
                          handover: Handover | None = None, media: Any = None, raw_pixels: bool = False) -> Any:
@@ -66,7 +73,7 @@ class SglangRuntime(EngineRuntime):
             dp.bootstrap_host, dp.bootstrap_port = handover.bootstrap_host, handover.bootstrap_port
             dp.bootstrap_room = handover.bootstrap_room
         if media is not None:
-            _media(request.mm_inputs, media)
+            _media(request.mm_inputs, media[0])  # images only (SUPPORT: no videos)
         return request
 
     def abort_request(self, request_id: str) -> Any:

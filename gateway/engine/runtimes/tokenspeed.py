@@ -32,7 +32,7 @@ from .base import (BOOTSTRAP_ROOM, ENGINE_RUNTIMES, SGLANG_CONSTRAINT_FIELDS, En
 
 CONSTRAINT_FIELDS = SGLANG_CONSTRAINT_FIELDS
 SEED_MODULUS = 2 ** 64  # its sampling_seed is a uint64
-SUPPORT = EngineSupport(prompt_logprobs=False, embeddings=False)
+SUPPORT = EngineSupport(prompt_logprobs=False, embeddings=False, videos=False)
 
 
 class TokenSpeedRuntime(EngineRuntime):
@@ -69,7 +69,7 @@ class TokenSpeedRuntime(EngineRuntime):
             kv.bootstrap_host, kv.bootstrap_port = handover.bootstrap_host, handover.bootstrap_port
             kv.bootstrap_room = handover.bootstrap_room
         if media is not None:
-            _items(request.mm_inputs, media)
+            _items(request.mm_inputs, media[0])  # images only (SUPPORT: no videos)
         return request
 
     def abort_request(self, request_id: str) -> Any:

@@ -56,7 +56,7 @@ class TrtllmRuntime(EngineRuntime):
         guided = not features or "guided_decoding" in features  # a list that says nothing of it withholds nothing
         pooling = bool(features & POOLING_FEATURES)
         return EngineSupport(constraints=CONSTRAINT_KINDS if guided else frozenset(), embeddings=pooling,
-                             logit_bias=model_info.vocab_size > 0, images=False, loads=False,
+                             logit_bias=model_info.vocab_size > 0, images=False, videos=False, loads=False,
                              disaggregation=False)
 
     def model_info(self, r: Any) -> ModelInfo:

@@ -1,0 +1,296 @@
+"""Videos, from a client's bytes to what a Qwen2-VL engine takes, as vLLM's own server computes them.
+
+vLLM's server reads a video two ways (vllm/multimodal/media/video.py, 0.32): ``data:video/jpeg;base64,`` followed
+by frames, each a base64 JPEG, separated by commas (the first ``frames`` of them are taken, each decoded as an
+image: ``decode_jpeg_frames``); or a container (MP4, WebM, AVI, ...), decoded by OpenCV's FFmpeg, its default
+backend (``decode_container``): the frame count and rate from the container (the count checked against the frames
+really there, as vLLM checks it), the frames the loader vLLM picks for the model's video processor samples (for
+Qwen2VLVideoProcessor its "qwen2_vl" loader: two frames a second by default, ``qwen2_vl_indices``), each converted
+from OpenCV's BGR to RGB. OpenCV (``opencv-python-headless``, the ``video`` extra) is imported
+only when a container arrives: without it a container is refused with a 400 saying so, and JPEG frames still work.
+
+Then Qwen2-VL's video processor (transformers' Qwen2VLVideoProcessor, torchvision-backed, which vLLM's server runs):
+every frame resized to one size (``smart_resize`` of the first frame's, each side a multiple of patch x merge),
+rescaled and normalized as its images are, the frame count padded to a multiple of temporal_patch_size by
+repeating the last frame, cut into patches of temporal_patch_size frames ordered by time, then merge window; grid
+(t, h, w); t*h*w / merge^2 ``<|video_pad|>`` tokens. Its numbers come from ``video_preprocessor_config.json`` when
+the engine ships one, else from ``preprocessor_config.json`` (what transformers falls back to), with the video
+processor's own defaults (128 x 28 x 28 to 768 x 28 x 28 pixels a frame) where neither says.
+
+Bounds, each checked before the memory it guards is taken: the frames' sizes from the container's header (or each
+JPEG's) against ``frame_pixels_max`` and the sampled frames together against ``pixels_max``; a frame of another
+size than the first is refused (one tensor carries a video). No I/O; run in the media threads.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import io
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .decode import ImageRefused, decode_image
+from .processors import ProcessedImage, QwenVisionProcessor, resized, smart_resize
+
+JPEG_FRAMES_TYPE = "video/jpeg"  # vLLM's media type for a list of JPEG frames in one data: URI
+FRAMES_DEFAULT = 32  # vLLM's VideoMediaIO default num_frames (its server's, without --media-io-kwargs)
+# Qwen2VLVideoProcessor's own size bounds (pixels a frame), where neither config file gives one.
+VIDEO_MIN_PIXELS = 128 * 28 * 28
+VIDEO_MAX_PIXELS = 768 * 28 * 28
+MAX_VIDEO_TOKENS = 128_000  # its max_video_tokens: the total budget cap_pixels_per_frame shares between frames
+# vLLM's "qwen2_vl" loader (vllm/multimodal/video.py, 0.32): frames a second by default (its load_bytes' fps, which
+# --media-io-kwargs may change on the engine: --media-video-fps here), the most it takes, at least, and per patch.
+QWEN_FPS = 2.0
+QWEN_FPS_MAX = 30
+QWEN_MIN_FRAMES = 4
+QWEN_MAX_FRAMES = 768
+QWEN_TEMPORAL = 2
+# Every frame up to the last one sampled is decoded (as vLLM's reader does): a file may say it has this many at most
+# (an hour and 12 minutes at 30 a second); past GRAB_FAILURES_MAX frames in a row that cannot be read, it has ended.
+FRAMES_MAX = 1 << 17
+GRAB_FAILURES_MAX = 64
+TORCH_ARANGE_LANES = 8  # floats a vector of torch's CPU arange kernel computes from one base (its AVX2 width)
+
+
+class VideoRefused(ValueError):
+    """Bytes that are not a video this node takes (unreadable, too large, frames of different sizes)."""
+
+
+# -- decoding ----------------------------------------------------------------------------------------------------
+
+def is_jpeg_frames(url: str) -> bool:
+    """Whether a video URL is vLLM's ``data:video/jpeg;base64,`` list of frames."""
+    head = "data:" + JPEG_FRAMES_TYPE + ";base64,"
+    return url[:len(head)].lower() == head
+
+
+def jpeg_frames_payload(url: str) -> bytes:
+    """The comma-separated base64 frames of a ``data:video/jpeg;base64,`` URL, as bytes (decoded in the thread)."""
+    return url.partition(",")[2].encode("ascii", "replace")
+
+
+def decode_jpeg_frames(payload: bytes, frames: int, frame_pixels_max: int, pixels_max: int) -> np.ndarray:
+    """The first ``frames`` frames of a JPEG frame list (vLLM takes those, not a sample), each decoded as an image
+    is (EXIF orientation, RGB), as one (T, H, W, 3) uint8 array."""
+    if not payload:
+        raise VideoRefused("the video has no frames")
+    parts = payload.split(b",", frames)[:frames]
+    out: list[np.ndarray] = []
+    for index, part in enumerate(parts):
+        try:
+            data = base64.b64decode(part, validate=True)
+        except (binascii.Error, ValueError):
+            raise VideoRefused(f"frame {index} is not valid base64") from None
+        try:
+            image = decode_image(data, frame_pixels_max)
+        except ImageRefused as e:
+            raise VideoRefused(f"frame {index}: {e}") from None
+        if out and image.size != (out[0].shape[1], out[0].shape[0]):
+            raise VideoRefused(f"frame {index} is {image.size[0]} x {image.size[1]}, the first "
+                               f"{out[0].shape[1]} x {out[0].shape[0]}: a video's frames are one size")
+        if (index + 1) * image.size[0] * image.size[1] > pixels_max:
+            raise VideoRefused(f"the video's frames are more than {pixels_max} pixels together")
+        out.append(np.asarray(image))
+    return np.stack(out)
+
+
+def _opencv() -> Any:
+    try:
+        import cv2
+    except ImportError:
+        raise VideoRefused("this node decodes no video files (opencv-python-headless is not installed: pip install "
+                           "'smg-node[video]'); send the frames as data:video/jpeg;base64,<frame>,<frame>,...") \
+            from None
+    return cv2
+
+
+def qwen2_vl_indices(total: int, source_fps: float, fps: float) -> "list[int]":
+    """The frames vLLM's "qwen2_vl" loader takes (the one it picks for Qwen2VLVideoProcessor; a port of the
+    processor's own fps sampling): ``fps`` a second of the video's length (at most 30), at least QWEN_MIN_FRAMES, at
+    most QWEN_MAX_FRAMES and the video's own, rounded down to whole temporal patches; at the positions torch's
+    float32 ``arange(0, total, total / n)`` gives, truncated (``torch_arange_truncated``), clamped to the last
+    frame."""
+    if source_fps <= 0:
+        raise VideoRefused("the video's frame rate is unknown (variable or not said): Qwen2-VL's frames are sampled "
+                           "by time")
+    most = math.floor(min(QWEN_MAX_FRAMES, total) / QWEN_TEMPORAL) * QWEN_TEMPORAL
+    wanted = total / source_fps * min(fps, QWEN_FPS_MAX)
+    count = math.floor(min(max(wanted, QWEN_MIN_FRAMES), most, total) / QWEN_TEMPORAL) * QWEN_TEMPORAL
+    if count < 1:
+        raise VideoRefused(f"the video has {total} frame(s); Qwen2-VL takes at least {QWEN_TEMPORAL}")
+    return np.minimum(torch_arange_truncated(total, count), total - 1).tolist()
+
+
+def torch_arange_truncated(total: int, count: int) -> np.ndarray:
+    """``torch.arange(0, total, total / count).int()`` as torch's CPU kernel computes it (float32 output, double
+    arithmetic): in vectors of TORCH_ARANGE_LANES values, two a turn, each vector's first value the float32 of
+    ``step * index`` and the others that base plus k steps in double, rounded to float32; what is left after the
+    last whole turn one value at a time, ``step * index`` rounded. Held equal to torch 2.13 on 830,000 (total, count)
+    pairs; the plain formula, or 16 lanes, is off by one on about 1 pair in 250."""
+    step = total / count
+    size = math.ceil(total / step)
+    positions = np.empty(size, dtype=np.float32)
+    lane = np.arange(TORCH_ARANGE_LANES, dtype=np.float64) * step
+    whole = size - size % (2 * TORCH_ARANGE_LANES)
+    for start in range(0, whole, TORCH_ARANGE_LANES):
+        positions[start:start + TORCH_ARANGE_LANES] = (float(np.float32(step * start)) + lane).astype(np.float32)
+    for index in range(whole, size):
+        positions[index] = np.float32(step * index)
+    return positions.astype(np.int64)
+
+
+def decode_container(data: bytes, sample: "Callable[[int, float], list[int]]", frame_pixels_max: int,
+                     pixels_max: int) -> np.ndarray:
+    """The frames ``sample(frame count, frames a second)`` picks from a video file, read as vLLM's OpenCV decoder
+    reads them, as one (T, H, W, 3) uint8 array of RGB."""
+    cv2 = _opencv()
+    stream = io.BytesIO(data)  # held until the capture is released: OpenCV keeps no reference to it
+    capture = cv2.VideoCapture(stream, _stream_backend(cv2), [])
+    try:
+        if not capture.isOpened():
+            raise VideoRefused("not a video this node can read")
+        width, height = int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)), int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        if width < 1 or height < 1 or width * height > frame_pixels_max:
+            raise VideoRefused(f"the video's frames are {width} x {height} pixels; at most {frame_pixels_max} "
+                               "pixels a frame are taken")
+        total = _frame_count(cv2, capture)
+        if total > FRAMES_MAX:
+            raise VideoRefused(f"the video has {total} frames; at most {FRAMES_MAX} are read")
+        indices = sorted(set(sample(total, float(capture.get(cv2.CAP_PROP_FPS))))) if total > 0 else []
+        if not indices:
+            raise VideoRefused("the video has no frames")
+        if len(indices) * width * height > pixels_max:
+            raise VideoRefused(f"{len(indices)} frames of {width} x {height} are more than {pixels_max} pixels")
+        wanted = set(indices)
+        out = np.empty((len(indices), height, width, 3), dtype=np.uint8)
+        read = failed = 0
+        for index in range(indices[-1] + 1):
+            if not capture.grab():
+                # vLLM skips a frame that cannot be grabbed (and goes on to the count the header gave); a run of
+                # them is the stream's end: stopped there, or a header claiming a billion frames costs a billion
+                # calls.
+                failed += 1
+                if failed >= GRAB_FAILURES_MAX:
+                    break
+                continue
+            failed = 0
+            if index in wanted:
+                ok, frame = capture.retrieve()
+                if ok and frame is not None and frame.shape == (height, width, 3):
+                    out[read] = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+                    read += 1
+        if read == 0:
+            raise VideoRefused("no frame of the video could be decoded")
+        return out[:read]
+    finally:
+        capture.release()
+        del stream
+
+
+def _stream_backend(cv2: Any) -> Any:
+    """The first of OpenCV's backends that read from a buffer (its FFmpeg, built in), as vLLM picks it."""
+    registry = cv2.videoio_registry
+    for backend in registry.getStreamBufferedBackends():
+        if not registry.hasBackend(backend):
+            continue
+        if not registry.isBackendBuiltIn(backend):
+            _, abi, api = registry.getStreamBufferedBackendPluginVersion(backend)
+            if abi < 1 or (abi == 1 and api < 2):
+                continue
+        return backend
+    raise VideoRefused("this node's OpenCV reads no video from memory")
+
+
+def _frame_count(cv2: Any, capture: Any) -> int:
+    """The container's frame count, corrected as vLLM corrects it: a header that claims more frames than can be
+    shown (seeking to the end says how many there are) is not believed."""
+    total = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+    if total > 0 and capture.set(cv2.CAP_PROP_POS_AVI_RATIO, 1.0):
+        visible = int(capture.get(cv2.CAP_PROP_POS_FRAMES))
+        at_end = not capture.grab()
+        capture.set(cv2.CAP_PROP_POS_FRAMES, 0)
+        if at_end and 0 < visible < total - 1:
+            total = visible
+    return max(total, 0)
+
+
+# -- Qwen2-VL's video processor ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class QwenVideoProcessor(QwenVisionProcessor):
+    """Qwen2-VL's video processor (see the module's docstring): its image processor's numbers and normalization, its
+    own size defaults and a frame budget; a video's frames in, its patches, grid and token count out (a
+    ProcessedImage: the service keeps, hashes and caches videos as it does images)."""
+
+    min_pixels: int = VIDEO_MIN_PIXELS
+    max_pixels: int = VIDEO_MAX_PIXELS
+    cap_pixels_per_frame: bool = False  # transformers 5.19's default (qwen-vl-utils' total budget when true)
+    modality = "video"
+    flat_pixels_by = "patches_per_video"
+    cpu_tensors = ("video_grid_thw",)
+    placeholder_token = "<|video_pad|>"  # written once per video by the template, repeated per token
+
+    @classmethod
+    def from_files(cls, files: "dict[str, dict[str, Any]]", token_to_id: Callable[[str], "int | None"],
+                   reference: str = "torchvision") -> "QwenVideoProcessor":
+        """From the model's video_preprocessor_config.json, or its preprocessor_config.json without one."""
+        config = files.get("video_preprocessor_config.json") or files.get("preprocessor_config.json") or {}
+        return dataclasses.replace(cls.from_config(config, token_to_id,
+                                                   cap_pixels_per_frame=config.get("cap_pixels_per_frame") is True),
+                                   reference=reference)
+
+    def describe(self) -> str:
+        return f"video:{super().describe()}:{self.cap_pixels_per_frame}"
+
+    def frame_size(self, frames: int, height: int, width: int) -> "tuple[int, int]":
+        """(height, width) every frame is resized to (Qwen2VLVideoProcessor.resize)."""
+        factor = self.patch_size * self.merge_size
+        max_pixels = self.max_pixels
+        if self.cap_pixels_per_frame:
+            total_pixels = int(MAX_VIDEO_TOKENS * factor * factor * 0.9)
+            max_pixels = max(min(max_pixels, total_pixels * self.temporal_patch_size // frames),
+                             int(self.min_pixels * 1.05))
+        return smart_resize(height, width, factor, self.min_pixels, max_pixels)
+
+    def process(self, video: np.ndarray, normalize: bool) -> ProcessedImage:
+        """``video``: (T, H, W, 3) uint8 RGB frames."""
+        from PIL import Image
+        p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
+        count, height, width = video.shape[:3]
+        h, w = self.frame_size(count, height, width)
+        frames = np.stack([resized(Image.fromarray(frame), w, h, self.resample, self.reference).transpose(2, 0, 1)
+                           for frame in video])  # (T, C, h, w)
+        if count % t:
+            frames = np.concatenate([frames, np.repeat(frames[-1:], t - count % t, axis=0)])
+        gt, gh, gw = frames.shape[0] // t, h // p, w // p
+        channels = frames.shape[1]
+        # (time block, frame in block, channel, merge row, row in window, pixel row, merge col, col in window,
+        # pixel col) -> patches by time block, merge window (row-major), place in window; each patch channel, frame,
+        # pixel row, pixel column (Qwen2VLVideoProcessor.patchify).
+        blocks = frames.reshape(gt, t, channels, gh // m, m, p, gw // m, m, p).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+        raw = np.ascontiguousarray(blocks.reshape(gt * gh * gw, channels * t * p * p))
+        grid = np.array([gt, gh, gw], dtype=np.int64)
+        return ProcessedImage(raw, {"video_grid_thw": grid}, gt * gh * gw // (m * m),
+                              self.normalized(raw) if normalize else None)
+
+    def frame_indices(self, total: int, source_fps: float, fps: float) -> "list[int]":
+        """The frames of a video file this model's processor is given (vLLM's loader for it: ``qwen2_vl_indices``)."""
+        return qwen2_vl_indices(total, source_fps, fps)
+
+
+# Model types whose videos this node processes (config.json's model_type): Qwen2-VL. Qwen2.5-VL adds the seconds
+# per grid step its video positions read, and Qwen3-VL timestamps in the prompt: not built, refused by name.
+VIDEO_MODEL_TYPES = {"qwen2_vl": QwenVideoProcessor.from_files}
+
+
+def video_processor(files: "dict[str, dict[str, Any]]", token_to_id: Callable[[str], "int | None"],
+                    reference: str = "torchvision") -> "QwenVideoProcessor | None":
+    """The video processor a model's files call for, None when this node processes no videos for it."""
+    make = VIDEO_MODEL_TYPES.get((files.get("config.json") or {}).get("model_type"))
+    return make(files, token_to_id, reference) if make is not None else None
+

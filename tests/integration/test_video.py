@@ -1,0 +1,141 @@
+"""Videos in, for Qwen2-VL (issue 64): a real node, the simulated Qwen2-VL engine (chaos/sim_engine/vision.py checks
+a VIDEO batch's tensors against the prompt, beside an IMAGE batch, and folds them into its answer), the openai SDK.
+
+What is checked: a video_url as vLLM's JPEG frame list and as an MP4 file (made here with OpenCV), counted as the
+model's video processor counts it; different videos, different answers; a video beside an image in one request (two
+batches); streamed; and refused with a 400 naming why: a text model, a model whose engines are SGLang's, too many
+videos, bytes that are no video, frames of different sizes, a video over the byte bound."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import tempfile
+
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+
+from chaos.processes import EngineProcess, NodeProcess
+
+from gateway.media.video import QwenVideoProcessor, decode_jpeg_frames
+
+from .test_vision import PROCESSOR, data_uri, png
+
+cv2 = pytest.importorskip("cv2")
+MODEL = "qwen2-vl-video-sim"
+VIDEO_PROCESSOR = QwenVideoProcessor(placeholder_id=151656, min_pixels=56 * 56, max_pixels=28 * 28 * 64)  # the sim's
+
+
+def frame(width: int, height: int, seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).random((height, width, 3)) * 255).astype(np.uint8)
+
+
+def jpeg_frames(count: int, width: int, height: int, seed: int = 0, sizes: "list[tuple[int, int]] | None" = None
+                ) -> str:
+    parts = []
+    for k, (w, h) in enumerate(sizes or [(width, height)] * count):
+        out = io.BytesIO()
+        Image.fromarray(frame(w, h, seed + k)).save(out, "JPEG", quality=90)
+        parts.append(base64.b64encode(out.getvalue()).decode())
+    return "data:video/jpeg;base64," + ",".join(parts)
+
+
+def mp4(count: int, width: int, height: int) -> bytes:
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "v.mp4")
+        writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (width, height))
+        for k in range(count):
+            writer.write(frame(width, height, 100 + k))
+        writer.release()
+        return open(path, "rb").read()
+
+
+def video_tokens(url: str) -> int:
+    frames = decode_jpeg_frames(url.partition(",")[2].encode(), 32, 10 ** 8, 10 ** 9)
+    return VIDEO_PROCESSOR.process(frames, False).tokens
+
+
+@pytest.fixture(scope="module")
+def engines(log_dir):
+    started = [EngineProcess(["--vision", "--model-name", MODEL, "--zero-cost", "--services", "vllm"], log_dir,
+                             "video-vllm"),
+               EngineProcess(["--vision", "--model-name", "sglang-vision", "--zero-cost", "--services", "sglang"],
+                             log_dir, "video-sglang"),
+               EngineProcess(["--model-name", "text-sim", "--zero-cost"], log_dir, "video-text")]
+    yield started
+    for e in started:
+        e.stop()
+
+
+@pytest.fixture(scope="module")
+def client(engines, log_dir):
+    node = NodeProcess(["--worker-urls", *(e.url for e in engines), "--media-max-videos", "2",
+                        "--media-max-video-bytes", "300000", "--max-payload-size", "4000000"], log_dir, "video-node")
+    yield openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    node.stop()
+
+
+def ask(client, videos=(), images=(), model=MODEL, **kwargs):
+    content = [{"type": "video_url", "video_url": {"url": url}} for url in videos] + \
+        [{"type": "image_url", "image_url": {"url": url}} for url in images] + [{"type": "text", "text": "What?"}]
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                          max_tokens=8, **kwargs)
+
+
+FIVE, THREE = jpeg_frames(5, 120, 90), jpeg_frames(3, 200, 60, seed=9)
+
+
+def test_a_video_is_counted_as_its_processor_counts_it_and_changes_the_answer(client):
+    plain, five, three = ask(client), ask(client, [FIVE]), ask(client, [THREE])
+    # Each video's tokens, and its <|vision_start|> and <|vision_end|>.
+    assert five.usage.prompt_tokens - plain.usage.prompt_tokens == video_tokens(FIVE) + 2
+    assert three.usage.prompt_tokens - plain.usage.prompt_tokens == video_tokens(THREE) + 2
+    assert video_tokens(FIVE) == 3 * 12  # 5 frames padded to 6: 3 steps of 3 x 4 merged patches (112 x 84 a frame)
+    answers = {r.choices[0].message.content for r in (plain, five, three)}
+    assert len(answers) == 3  # each video reached the engine
+    assert ask(client, [FIVE]).choices[0].message.content == five.choices[0].message.content
+    models = {m.id: m.model_extra["tasks"] for m in client.models.list().data}
+    assert models[MODEL] == ["generate", "vision", "video"] and models["text-sim"] == ["generate"]
+
+
+def test_an_mp4_a_video_beside_an_image_and_streamed(client):
+    movie = data_uri(mp4(40, 96, 64), "video/mp4")
+    answered = ask(client, [movie])
+    plain = ask(client)
+    # 4 s at 10 frames a second: 8 frames taken (two a second, vLLM's Qwen2-VL loader), each 84 x 56: 4 steps of 2 x 3
+    # merged patches.
+    assert answered.usage.prompt_tokens - plain.usage.prompt_tokens == 4 * 6 + 2
+    image = data_uri(png(120, 90, 1))
+    both = ask(client, [FIVE], [image])
+    image_only = ask(client, [], [image])
+    assert both.usage.prompt_tokens == image_only.usage.prompt_tokens + video_tokens(FIVE) + 2
+    assert both.choices[0].message.content not in (image_only.choices[0].message.content,
+                                                   ask(client, [FIVE]).choices[0].message.content)
+    chunks = ask(client, [FIVE], [image], stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == both.choices[0].message.content
+    assert PROCESSOR.max_pixels == 28 * 28 * 64  # (the image's own count is test_vision.py's)
+
+
+def _refused(client, code: str, videos, model=MODEL) -> str:
+    with pytest.raises(openai.BadRequestError) as refused:
+        ask(client, videos, model=model)
+    error = refused.value.body
+    assert error["code"] == code, error
+    return error["message"]
+
+
+def test_videos_refused_with_a_400_naming_why(client):
+    assert "does not take videos" in _refused(client, "videos_not_supported", [FIVE], model="text-sim")
+    assert "sglang" in _refused(client, "videos_not_supported", [FIVE], model="sglang-vision")
+    assert "at most 2" in _refused(client, "too_many_videos", [FIVE, THREE, FIVE])
+    assert "not a video" in _refused(client, "invalid_video", [data_uri(os.urandom(3000), "video/mp4")])
+    mixed = jpeg_frames(2, 0, 0, sizes=[(120, 90), (90, 120)])
+    assert "one size" in _refused(client, "invalid_video", [mixed])
+    large = data_uri(os.urandom(400_000), "video/mp4")
+    assert "larger than 300000 bytes" in _refused(client, "video_too_large", [large])
+    assert "not valid base64" in _refused(client, "invalid_video", ["data:video/jpeg;base64,%%%%"])
+    # The node still answers.
+    assert ask(client, [THREE]).choices[0].message.content

@@ -1,0 +1,117 @@
+"""Videos on a real engine (issue 64), compared with vLLM's own OpenAI server on the same model and flags: the tiny
+random Qwen2-VL of test_vllm_vision.py, its videos decoded and processed in the gateway (gateway/media/video.py) and
+sent as a VIDEO batch over the servicer's preprocessed path, against vLLM's server decoding them with OpenCV and
+running transformers' Qwen2VLVideoProcessor itself: the same prompt tokens, the same greedy text and the same first
+token's probabilities, for a list of JPEG frames (vLLM's data:video/jpeg), MP4 files (frames sampled by time, as
+vLLM's Qwen2-VL loader samples them), an AVI of Motion-JPEG, and a video beside an image in one request (two
+batches).
+
+Needs ``tests/real_engine/setup_vllm.sh`` and SMG_VLLM_PYTHON, SMG_VLLM_VISION_MODEL, SMG_VLLM_VISION_PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from .conftest import engine_pair
+from .media_engines import clients, configured, node_on
+from .test_vllm_vision import IMAGES, LOGPROB_TOLERANCE
+
+pytestmark = pytest.mark.real_engine
+cv2 = pytest.importorskip("cv2")
+
+
+@pytest.fixture(scope="module")
+def video():
+    configured("SMG_VLLM_VISION_MODEL", "SMG_VLLM_VISION_PYTHONPATH")
+    env = {"PYTHONPATH": os.environ["SMG_VLLM_VISION_PYTHONPATH"]}
+    with engine_pair("vllm-video", os.environ["SMG_VLLM_VISION_MODEL"], 18055, 18065,
+                     ["--limit-mm-per-prompt", '{"image": 2, "video": 2}'], env) as (grpc_url, http_url):
+        node = node_on(grpc_url, "node-vllm-video")
+        try:
+            ours, theirs = clients(node, http_url)
+            yield ours, theirs, ours.models.list().data[0].id
+        finally:
+            node.stop()
+
+
+def _frame(width: int, height: int, seed: int) -> np.ndarray:
+    """A moving gradient with noise: frames that differ from each other."""
+    x, y = np.meshgrid(np.linspace(0, 1, width), np.linspace(0, 1, height))
+    noise = np.random.default_rng(seed).random((height, width))
+    shift = seed / 10
+    return (np.stack([(x + shift) % 1, y, noise], axis=-1) * 255).astype(np.uint8)
+
+
+def _jpeg_frames(count: int, width: int, height: int) -> str:
+    frames = []
+    for k in range(count):
+        out = io.BytesIO()
+        Image.fromarray(_frame(width, height, k)).save(out, "JPEG", quality=90)
+        frames.append(base64.b64encode(out.getvalue()).decode())
+    return "data:video/jpeg;base64," + ",".join(frames)
+
+
+def _video_file(count: int, width: int, height: int, fourcc: str, suffix: str, mime: str, fps: float = 10.0) -> str:
+    with tempfile.NamedTemporaryFile(suffix=suffix) as f:
+        writer = cv2.VideoWriter(f.name, cv2.VideoWriter_fourcc(*fourcc), fps, (width, height))
+        for k in range(count):
+            writer.write(np.ascontiguousarray(_frame(width, height, k)[:, :, ::-1]))
+        writer.release()
+        data = open(f.name, "rb").read()
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+# Sampled by vLLM's Qwen2-VL loader, two frames a second: 40 at 10 a second give 8; 6 give its minimum of 4; 451 at
+# 30 a second (15 s) give 30, the last index clamped from torch's float32 arange.
+VIDEOS = {"jpeg frames 5 of 120x90": _jpeg_frames(5, 120, 90),
+          "mp4 40 frames of 96x64": _video_file(40, 96, 64, "mp4v", ".mp4", "video/mp4"),
+          "mp4 451 frames at 30 a second": _video_file(451, 64, 48, "mp4v", ".mp4", "video/mp4", 30.0),
+          "avi mjpeg 6 of 64x48": _video_file(6, 64, 48, "MJPG", ".avi", "video/x-msvideo")}
+
+
+def _chat(client, model, videos, images=(), **kwargs):
+    content = [{"type": "video_url", "video_url": {"url": uri}} for uri in videos] + \
+        [{"type": "image_url", "image_url": {"url": uri}} for uri in images] + \
+        [{"type": "text", "text": "What happens in the video?"}]
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                          max_tokens=12, temperature=0, **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(VIDEOS))
+def test_a_video_gives_vllms_own_prompt_and_greedy_answer(video, name):
+    ours, theirs, model = video
+    mine, reference = _chat(ours, model, [VIDEOS[name]]), _chat(theirs, model, [VIDEOS[name]])
+    assert mine.usage.prompt_tokens == reference.usage.prompt_tokens
+    assert mine.choices[0].message.content == reference.choices[0].message.content
+
+
+def test_a_video_beside_an_image_streamed(video):
+    ours, theirs, model = video
+    args = ([VIDEOS["jpeg frames 5 of 120x90"]], [IMAGES["noise 100x80"]])
+    reference = _chat(theirs, model, *args)
+    streamed = list(_chat(ours, model, *args, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == \
+        reference.choices[0].message.content
+    assert streamed[-1].usage.prompt_tokens == reference.usage.prompt_tokens
+
+
+def test_the_video_moves_the_models_probabilities_as_on_vllms_own_server(video):
+    ours, theirs, model = video
+    seen = set()
+    for uri in VIDEOS.values():
+        mine, reference = [{t.token: t.logprob for t in reply.choices[0].logprobs.content[0].top_logprobs}
+                           for reply in (_chat(client, model, [uri], logprobs=True, top_logprobs=5)
+                                         for client in (ours, theirs))]
+        shared = mine.keys() & reference.keys()
+        assert len(shared) >= 4, (mine, reference)
+        assert max(abs(mine[t] - reference[t]) for t in shared) < LOGPROB_TOLERANCE, (mine, reference)
+        seen.add(tuple(sorted(mine.items())))
+    assert len(seen) == len(VIDEOS), "different videos gave the same probabilities"

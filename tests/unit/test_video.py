@@ -1,0 +1,236 @@
+"""Videos in the gateway without an engine (gateway/media/video.py): Qwen2-VL's video processor equal to the bit to
+transformers' Qwen2VLVideoProcessor (digests made with torch: tests/support/torchvision_goldens.py), the frames taken
+as vLLM's loaders take them (the first of a JPEG frame list; a file's sampled by time as vLLM's Qwen2-VL loader
+samples them, held to a digest of its own indices, decoded by OpenCV), each bound
+checked before the memory it guards, a prompt with images and videos expanded, and the two batches a vLLM request
+carries."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gateway.media.config import MediaConfig
+from gateway.media.processors import ProcessedImage, ProcessorConfigError, QwenVisionProcessor
+from gateway.media.service import MediaError, MediaInputs, MediaService, VideoRef, expand_batches
+from gateway.media.video import (QwenVideoProcessor, VideoRefused, decode_container, decode_jpeg_frames,
+                                 is_jpeg_frames, jpeg_frames_payload, qwen2_vl_indices, torch_arange_truncated,
+                                 video_processor)
+from tests.support.torchvision_goldens import (ARANGE_CASES, GOLDENS, VIDEO_CASES, VIDEO_INDEX_CASES, digest, image,
+                                               index_digest, video_frames)
+
+EXPECTED = json.loads(GOLDENS.read_text())["videos"]
+IMAGE_PAD, VIDEO_PAD = 151655, 151656
+TOKENS = {"<|image_pad|>": IMAGE_PAD, "<|video_pad|>": VIDEO_PAD}.get
+
+
+@pytest.mark.parametrize("name", sorted(VIDEO_CASES))
+def test_frames_equal_transformers_qwen2_vl_video_processor(name):
+    config = VIDEO_CASES[name][0]
+    processor = QwenVideoProcessor.from_files({"preprocessor_config.json": config}, TOKENS)
+    out = processor.process(video_frames(name), True)
+    (shape, want), grid = EXPECTED[name]
+    assert digest(out.normalized) == [shape, want] and out.tensors["video_grid_thw"].tolist() == grid
+    assert out.tokens == np.prod(grid) // 4 and processor.expansion(out) == [VIDEO_PAD] * out.tokens
+    assert np.array_equal(processor.normalized(processor.process(video_frames(name), False).raw), out.normalized)
+
+
+def test_its_numbers_come_from_the_video_config_else_the_image_one_else_its_own_defaults():
+    image_config = {"min_pixels": 3136, "max_pixels": 200704, "patch_size": 14}
+    video_config = {"size": {"shortest_edge": 6272, "longest_edge": 100352}, "temporal_patch_size": 2}
+    both = QwenVideoProcessor.from_files({"preprocessor_config.json": image_config,
+                                          "video_preprocessor_config.json": video_config}, TOKENS)
+    assert (both.min_pixels, both.max_pixels) == (6272, 100352)
+    fallback = QwenVideoProcessor.from_files({"preprocessor_config.json": image_config}, TOKENS)
+    assert (fallback.min_pixels, fallback.max_pixels) == (3136, 200704)
+    own = QwenVideoProcessor.from_files({}, TOKENS)
+    assert (own.min_pixels, own.max_pixels, own.cap_pixels_per_frame) == (128 * 28 * 28, 768 * 28 * 28, False)
+    for bad in ({"patch_size": 0}, {"min_pixels": 9, "max_pixels": 3}, {"merge_size": "2"}):
+        with pytest.raises(ProcessorConfigError):
+            QwenVideoProcessor.from_files({"preprocessor_config.json": bad}, TOKENS)
+    with pytest.raises(ProcessorConfigError, match="video_pad"):
+        QwenVideoProcessor.from_files({}, lambda token: None)
+    # Only Qwen2-VL's videos: Qwen2.5-VL's need the seconds per grid step, Qwen3-VL's timestamps in the prompt.
+    assert video_processor({"config.json": {"model_type": "qwen2_vl"}}, TOKENS) is not None
+    for model_type in ("qwen2_5_vl", "qwen3_vl", "llava", None):
+        assert video_processor({"config.json": {"model_type": model_type}}, TOKENS) is None
+
+
+def test_a_files_frames_are_sampled_as_vllms_loaders_sample_them():
+    # Qwen2-VL's ("qwen2_vl", by time): equal to vLLM 0.32's own function on every case of the grid (the digest of
+    # its indices, made in the vLLM venv), and the torch arange under it on pairs where a plainer emulation is off.
+    golden = json.loads(GOLDENS.read_text())["video_indices"]
+    sampled = [qwen2_vl_indices(total, source_fps, fps) for total, source_fps, fps in VIDEO_INDEX_CASES]
+    assert len(sampled) == golden["cases"] and index_digest(sampled) == golden["digest"]
+    aranges = [torch_arange_truncated(total, count).tolist() for total, count in ARANGE_CASES]
+    assert len(aranges) == golden["arange_cases"] and index_digest(aranges) == golden["arange_digest"]
+    assert qwen2_vl_indices(6, 10.0, 2.0) == [0, 1, 3, 4]  # 0.6 s: at least 4 frames
+    assert qwen2_vl_indices(40, 10.0, 2.0) == [0, 5, 10, 15, 20, 25, 30, 35]  # 4 s: 8 frames
+    assert len(qwen2_vl_indices(100_000, 30.0, 2.0)) == 768  # at most 768
+    for total, source_fps, why in ((1, 30.0, "at least 2"), (30, 0.0, "frame rate is unknown")):
+        with pytest.raises(VideoRefused, match=why):
+            qwen2_vl_indices(total, source_fps, 2.0)
+
+
+
+def _jpeg(pixels: np.ndarray) -> str:
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=95)
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def _frames_url(*frames: np.ndarray) -> str:
+    return "data:video/jpeg;base64," + ",".join(_jpeg(f) for f in frames)
+
+
+def test_a_jpeg_frame_list_gives_its_first_frames_each_decoded_as_an_image_is():
+    frames = [image(40, 30, seed) for seed in range(1, 6)]
+    url = _frames_url(*frames)
+    assert is_jpeg_frames(url) and is_jpeg_frames("DATA:Video/JPEG;BASE64,x") and not is_jpeg_frames(
+        "data:video/mp4;base64,x")
+    decoded = decode_jpeg_frames(jpeg_frames_payload(url), 3, 10 ** 6, 10 ** 7)  # vLLM takes the first num_frames
+    assert decoded.shape == (3, 30, 40, 3)
+    for got, sent in zip(decoded, frames):
+        assert np.array_equal(got, np.asarray(Image.open(io.BytesIO(base64.b64decode(_jpeg(sent)))).convert("RGB")))
+    with pytest.raises(VideoRefused, match="one size"):
+        decode_jpeg_frames(jpeg_frames_payload(_frames_url(image(40, 30, 1), image(30, 40, 2))), 32, 10 ** 6, 10 ** 7)
+    with pytest.raises(VideoRefused, match="frame 1 is not valid base64"):
+        decode_jpeg_frames(jpeg_frames_payload(url).replace(b",", b",%", 1), 32, 10 ** 6, 10 ** 7)
+    with pytest.raises(VideoRefused, match="frame 0: the image is 40 x 30 pixels; at most 1000"):
+        decode_jpeg_frames(jpeg_frames_payload(url), 32, 1000, 10 ** 7)
+    with pytest.raises(VideoRefused, match="more than 3000 pixels together"):  # 1,200 a frame: the third is over
+        decode_jpeg_frames(jpeg_frames_payload(url), 32, 10 ** 6, 3000)
+    with pytest.raises(VideoRefused, match="no frames"):
+        decode_jpeg_frames(b"", 32, 10 ** 6, 10 ** 7)
+
+
+def _movie(path: str, count: int, width: int, height: int) -> None:
+    """An MP4 of ``count`` (at most 40) frames of 96 x 64 at ``path``: frame k black but for a white 12 x 12 cell,
+    the k-th of an 8 x 5 grid (which survives the codec)."""
+    import cv2
+    writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (width, height))
+    for k in range(count):
+        frame = np.zeros((height, width, 3), np.uint8)
+        frame[12 * (k // 8):12 * (k // 8) + 12, 12 * (k % 8):12 * (k % 8) + 12] = 255
+        writer.write(frame)
+    writer.release()
+
+
+def nearest_level(frame: np.ndarray) -> int:
+    """Which of _movie's frames ``frame`` is: its brightest cell."""
+    cells = frame[:60, :, 0].astype(float).reshape(5, 12, 8, 12).mean(axis=(1, 3))
+    return int(np.argmax(cells))
+
+
+def test_a_video_file_is_sampled_and_decoded_as_opencv_reads_it_frame_by_frame(tmp_path):
+    cv2 = pytest.importorskip("cv2")
+    path = str(tmp_path / "v.mp4")
+    _movie(path, 40, 96, 64)
+    data = open(path, "rb").read()
+    uniform = lambda total, fps: np.linspace(0, total - 1, 32, dtype=int).tolist()  # noqa: E731  (32 of 40)
+    frames = decode_container(data, uniform, 10 ** 6, 10 ** 7)
+    capture = cv2.VideoCapture(path)  # the file read in order, every frame
+    every = []
+    while True:
+        ok, frame = capture.read()
+        if not ok:
+            break
+        every.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+    assert len(every) == 40 and frames.shape == (32, 64, 96, 3)
+    assert all(np.array_equal(got, every[i]) for got, i in zip(frames, uniform(40, 10.0)))
+    # A lossy codec, but the frames written, in order.
+    assert [nearest_level(got) for got in frames] == uniform(40, 10.0)
+    with pytest.raises(VideoRefused, match="96 x 64 pixels; at most 6000 pixels a frame"):
+        decode_container(data, uniform, 6000, 10 ** 7)
+    with pytest.raises(VideoRefused, match="32 frames of 96 x 64 are more than 100000 pixels"):
+        decode_container(data, uniform, 10 ** 6, 100_000)
+    by_time = decode_container(data, lambda total, fps: qwen2_vl_indices(total, fps, 2.0), 10 ** 6, 10 ** 7)
+    assert [nearest_level(frame) for frame in by_time] == [0, 5, 10, 15, 20, 25, 30, 35]  # 10 a second: 2 of them
+    for garbage in (b"", os.urandom(4096), data[:len(data) // 3]):
+        with pytest.raises(VideoRefused, match="not a video"):
+            decode_container(garbage, uniform, 10 ** 6, 10 ** 7)
+
+
+def test_without_opencv_a_file_is_refused_saying_so_and_jpeg_frames_still_work(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cv2", None)  # import cv2 raises ImportError
+    with pytest.raises(VideoRefused, match="opencv-python-headless is not installed.*data:video/jpeg"):
+        decode_container(b"\x00" * 100, lambda total, fps: [0], 10 ** 6, 10 ** 7)
+    assert decode_jpeg_frames(jpeg_frames_payload(_frames_url(image(8, 8, 1))), 32, 10 ** 6, 10 ** 7).shape == \
+        (1, 8, 8, 3)
+
+
+def _batch(processor, *tokens: int) -> MediaInputs:
+    items = [ProcessedImage(np.zeros((n * 4, 1176), np.uint8), {"grid": np.array([1, 2, 2 * n])}, n) for n in tokens]
+    return MediaInputs(processor, items, [f"{processor.placeholder_id:x}{i:063x}"[:64] for i in range(len(items))])
+
+
+def test_images_and_videos_in_one_prompt_each_expanded_and_placed():
+    images = _batch(QwenVisionProcessor(placeholder_id=IMAGE_PAD), 2, 3)
+    videos = _batch(QwenVideoProcessor(placeholder_id=VIDEO_PAD), 4)
+    expanded, routing = expand_batches([1, VIDEO_PAD, 2, IMAGE_PAD, 3, IMAGE_PAD, 4], (images, videos))
+    assert expanded == [1] + [VIDEO_PAD] * 4 + [2] + [IMAGE_PAD] * 2 + [3] + [IMAGE_PAD] * 3 + [4]
+    assert videos.ranges == [(1, 4)] and images.ranges == [(6, 2), (9, 3)]
+    for batch, token in ((images, IMAGE_PAD), (videos, VIDEO_PAD)):
+        assert all(expanded[o:o + n] == [token] * n for o, n in batch.ranges)
+    assert [routing[i] for i in (0, 5, 8, 12)] == [1, 2, 3, 4]
+    assert all(r >= 1 << 62 for r in routing[1:5] + routing[6:8] + routing[9:12])
+    assert videos.modality == "video" and images.modality == "image"
+    with pytest.raises(MediaError, match="2 video placeholders for 1 videos") as refused:
+        expand_batches([VIDEO_PAD, IMAGE_PAD, VIDEO_PAD, IMAGE_PAD], (_batch(QwenVisionProcessor(
+            placeholder_id=IMAGE_PAD), 1, 1), _batch(QwenVideoProcessor(placeholder_id=VIDEO_PAD), 1)))
+    assert refused.value.code == "video_placeholder_mismatch"
+
+
+def test_a_vllm_request_carries_images_then_videos_each_a_batch_of_its_modality():
+    from smg_grpc_proto.generated import common_pb2
+
+    from gateway.engine.messages import SamplingOptions
+    from gateway.engine.runtimes import ENGINE_RUNTIMES
+    images = _batch(QwenVisionProcessor(placeholder_id=IMAGE_PAD), 2)
+    videos = _batch(QwenVideoProcessor(placeholder_id=VIDEO_PAD), 1)
+    for batch in (images, videos):
+        for item in batch.images:
+            item.tensors.clear()
+            item.tensors[f"{batch.modality}_grid_thw"] = np.array([1, 2, 2 * item.tokens])
+    ids, _ = expand_batches([1, IMAGE_PAD, VIDEO_PAD, 2], (images, videos))
+    request = ENGINE_RUNTIMES["vllm"].generate_request("r", ids, SamplingOptions(max_new_tokens=4), False,
+                                                       media=(images, videos), raw_pixels=True)
+    first, (second,) = request.mm_inputs, request.extra_mm_inputs
+    assert (first.modality, second.modality) == (common_pb2.IMAGE, common_pb2.VIDEO)
+    assert (first.im_token_id, second.im_token_id) == (IMAGE_PAD, VIDEO_PAD)
+    assert dict(second.flat_keys) == {"pixel_values": "patches_per_video"} and \
+        list(second.keep_on_cpu_keys) == ["video_grid_thw"]
+    assert set(second.model_specific_tensors) == {"video_grid_thw", "patches_per_video"}
+    assert [(p.offset, p.length) for p in second.mm_placeholders] == [(3, 1)] and len(second.mm_hashes) == 1
+
+
+async def test_the_service_bounds_videos_by_count_and_bytes_and_keeps_what_it_processed():
+    processor = QwenVideoProcessor(placeholder_id=VIDEO_PAD, min_pixels=3136, max_pixels=28 * 28 * 16)
+    service = MediaService(MediaConfig(threads=1, video_bytes_max=20_000, videos_per_request_max=2))
+    url = _frames_url(image(60, 40, 1), image(60, 40, 2), image(60, 40, 3))
+    try:
+        ref = VideoRef(url, "messages[0].content[0]")
+        first = await service.prepare([ref], processor, True)
+        assert first.images[0].tensors["video_grid_thw"].tolist() == [2, 4, 6] and first.modality == "video"
+        again = await service.prepare([ref], processor, True)
+        assert again.images[0] is first.images[0] and service.processed == 1  # kept: not decoded twice
+        with pytest.raises(MediaError, match="3 videos; at most 2") as refused:
+            await service.prepare([ref] * 3, processor, False)
+        assert refused.value.code == "too_many_videos" and refused.value.param == "messages[0].content[0]"
+        large = "data:video/jpeg;base64," + "A" * 40_000
+        with pytest.raises(MediaError, match="larger than 20000 bytes") as refused:
+            await service.prepare([VideoRef(large, "messages[0].content[1]")], processor, False)
+        assert refused.value.code == "video_too_large" and refused.value.param == "messages[0].content[1]"
+        with pytest.raises(MediaError) as refused:
+            await service.prepare([VideoRef("data:video/mp4;base64,AAAA", "m")], processor, False)
+        assert refused.value.code == "invalid_video" and service.refused["invalid_video"] == 1
+        assert service.tenant_bytes == {}  # every request's bytes given back
+    finally:
+        await service.aclose()
