@@ -30,12 +30,13 @@ class MediaConfig:
     images_per_request_max: int = 16
     request_bytes_max: int = 64 * 1024 * 1024
     # Videos (vLLM's video_url parts, for the models whose videos this node processes: gateway/media/video.py):
-    # frames taken from a JPEG frame list (the first ones: vLLM's num_frames, 32 by default), frames a second
-    # sampled from a video file (vLLM's Qwen2-VL loader's fps, 2 by default: an engine given another through
-    # --media-io-kwargs needs the same here), a video's encoded bytes, its sampled frames' pixels together (each
-    # frame within image_pixels_max; 32 frames of 1080p are 66 M pixels, ~200 MB decoded), videos in one request.
+    # frames taken from a JPEG frame list (the first ones: vLLM's num_frames, 32 by default); the engine's
+    # --media-io-kwargs video fps when it sets one (None: vLLM's defaults, two frames a second sampled from a video
+    # file by its Qwen-VL loader, and a JPEG frame list said to be taken at one a second, which Qwen2.5-VL's
+    # positions read); a video's encoded bytes, its sampled frames' pixels together (each frame within
+    # image_pixels_max; 32 frames of 1080p are 66 M pixels, ~200 MB decoded), videos in one request.
     video_frames: int = 32
-    video_fps: float = 2.0
+    video_fps: float | None = None
     video_bytes_max: int = 48 * 1024 * 1024
     video_pixels_max: int = 1 << 26
     videos_per_request_max: int = 2
@@ -82,8 +83,9 @@ OPTIONS = (
     Option("--media-max-images", "media.images_per_request_max", int, "images one request may carry", "engines"),
     Option("--media-video-frames", "media.video_frames", int, "frames taken from a JPEG frame list (the first "
            "ones), as vLLM's num_frames", "engines"),
-    Option("--media-video-fps", "media.video_fps", float, "frames a second sampled from a video file, as the "
-           "engine's --media-io-kwargs video fps (vLLM's default 2)", "engines"),
+    Option("--media-video-fps", "media.video_fps", float, "the engine's --media-io-kwargs video fps, when it sets "
+           "one (default: vLLM's, two frames a second sampled from a file, a JPEG frame list taken at one)",
+           "engines"),
     Option("--media-max-video-bytes", "media.video_bytes_max", int, "largest video (encoded) a request may bring",
            "engines"),
     Option("--media-max-video-pixels", "media.video_pixels_max", int, "most pixels a video's sampled frames may "

@@ -37,7 +37,8 @@ from .fair import FairLimiter
 from ..net.outbound import HostPolicy
 from .fetch import Fetcher, FetchFailed, FetchRefused, FetchTimedOut, data_uri_bytes
 from .processors import ImageProcessor, ProcessedImage
-from .video import VideoRefused, decode_container, decode_jpeg_frames, is_jpeg_frames, jpeg_frames_payload
+from .video import (JPEG_FRAMES_FPS, QWEN_FPS, VideoRefused, decode_container, decode_jpeg_frames, is_jpeg_frames,
+                    jpeg_frames_payload)
 
 URL_CACHE_TTL_S = 300.0  # a fetched URL's bytes are reused this long: an image behind a URL may change
 
@@ -413,14 +414,16 @@ class MediaService:
         if ref.modality == "image":
             return processor.process(decode_image(data, config.image_pixels_max, processor.size_problem), normalize)
         if is_jpeg_frames(ref.url):
-            frames = decode_jpeg_frames(data, config.video_frames, config.image_pixels_max, config.video_pixels_max)
+            video = decode_jpeg_frames(data, config.video_frames, config.video_fps or JPEG_FRAMES_FPS,
+                                       config.image_pixels_max, config.video_pixels_max)
         else:
-            frames = decode_container(data, lambda total, fps: processor.frame_indices(total, fps, config.video_fps),
-                                      config.image_pixels_max, config.video_pixels_max)
-        problem = processor.size_problem(frames.shape[2], frames.shape[1])
+            fps = config.video_fps or QWEN_FPS
+            video = decode_container(data, lambda total, source_fps: processor.frame_indices(total, source_fps, fps),
+                                     config.image_pixels_max, config.video_pixels_max)
+        problem = processor.size_problem(video.frames.shape[2], video.frames.shape[1])
         if problem is not None:
             raise VideoRefused(problem)
-        return processor.process(frames, normalize)
+        return processor.process(video.frames, normalize, video.sampled_fps)
 
     async def _bytes(self, ref: "ImageRef | VideoRef", budget: _Budget) -> bytes:
         """The item's bytes, each counted by ``budget`` as it arrives (a fetch's before it ends); a JPEG frame list's

@@ -38,7 +38,7 @@ from .decode import ImageRefused, decode_image
 from .processors import ProcessedImage, QwenVisionProcessor, resized, smart_resize
 
 JPEG_FRAMES_TYPE = "video/jpeg"  # vLLM's media type for a list of JPEG frames in one data: URI
-FRAMES_DEFAULT = 32  # vLLM's VideoMediaIO default num_frames (its server's, without --media-io-kwargs)
+JPEG_FRAMES_FPS = 1.0  # the rate vLLM's loader says a JPEG frame list was taken at, without a media-io fps
 # Qwen2VLVideoProcessor's own size bounds (pixels a frame), where neither config file gives one.
 VIDEO_MIN_PIXELS = 128 * 28 * 28
 VIDEO_MAX_PIXELS = 768 * 28 * 28
@@ -74,9 +74,19 @@ def jpeg_frames_payload(url: str) -> bytes:
     return url.partition(",")[2].encode("ascii", "replace")
 
 
-def decode_jpeg_frames(payload: bytes, frames: int, frame_pixels_max: int, pixels_max: int) -> np.ndarray:
+@dataclasses.dataclass(frozen=True)
+class DecodedVideo:
+    frames: np.ndarray  # (T, H, W, 3) uint8 RGB
+    # Frames a second of what was taken (transformers' VideoMetadata.sampled_fps of the metadata vLLM's loader
+    # gives: frames taken / frames in the file x the file's rate): Qwen2.5-VL's positions read it.
+    sampled_fps: float
+
+
+def decode_jpeg_frames(payload: bytes, frames: int, fps: float, frame_pixels_max: int, pixels_max: int
+                       ) -> DecodedVideo:
     """The first ``frames`` frames of a JPEG frame list (vLLM takes those, not a sample), each decoded as an image
-    is (EXIF orientation, RGB), as one (T, H, W, 3) uint8 array."""
+    is (EXIF orientation, RGB); ``fps``: the rate vLLM's loader says they were taken at (its media-io fps, 1 by
+    default)."""
     if not payload:
         raise VideoRefused("the video has no frames")
     parts = payload.split(b",", frames)[:frames]
@@ -96,7 +106,7 @@ def decode_jpeg_frames(payload: bytes, frames: int, frame_pixels_max: int, pixel
         if (index + 1) * image.size[0] * image.size[1] > pixels_max:
             raise VideoRefused(f"the video's frames are more than {pixels_max} pixels together")
         out.append(np.asarray(image))
-    return np.stack(out)
+    return DecodedVideo(np.stack(out), fps)
 
 
 def _opencv() -> Any:
@@ -145,9 +155,9 @@ def torch_arange_truncated(total: int, count: int) -> np.ndarray:
 
 
 def decode_container(data: bytes, sample: "Callable[[int, float], list[int]]", frame_pixels_max: int,
-                     pixels_max: int) -> np.ndarray:
+                     pixels_max: int) -> DecodedVideo:
     """The frames ``sample(frame count, frames a second)`` picks from a video file, read as vLLM's OpenCV decoder
-    reads them, as one (T, H, W, 3) uint8 array of RGB."""
+    reads them."""
     cv2 = _opencv()
     stream = io.BytesIO(data)  # held until the capture is released: OpenCV keeps no reference to it
     capture = cv2.VideoCapture(stream, _stream_backend(cv2), [])
@@ -159,9 +169,10 @@ def decode_container(data: bytes, sample: "Callable[[int, float], list[int]]", f
             raise VideoRefused(f"the video's frames are {width} x {height} pixels; at most {frame_pixels_max} "
                                "pixels a frame are taken")
         total = _frame_count(cv2, capture)
+        source_fps = float(capture.get(cv2.CAP_PROP_FPS))
         if total > FRAMES_MAX:
             raise VideoRefused(f"the video has {total} frames; at most {FRAMES_MAX} are read")
-        indices = sorted(set(sample(total, float(capture.get(cv2.CAP_PROP_FPS))))) if total > 0 else []
+        indices = sorted(set(sample(total, source_fps))) if total > 0 else []
         if not indices:
             raise VideoRefused("the video has no frames")
         if len(indices) * width * height > pixels_max:
@@ -186,7 +197,7 @@ def decode_container(data: bytes, sample: "Callable[[int, float], list[int]]", f
                     read += 1
         if read == 0:
             raise VideoRefused("no frame of the video could be decoded")
-        return out[:read]
+        return DecodedVideo(out[:read], read / total * source_fps)
     finally:
         capture.release()
         del stream
@@ -230,10 +241,16 @@ class QwenVideoProcessor(QwenVisionProcessor):
     min_pixels: int = VIDEO_MIN_PIXELS
     max_pixels: int = VIDEO_MAX_PIXELS
     cap_pixels_per_frame: bool = False  # transformers 5.19's default (qwen-vl-utils' total budget when true)
+    # Qwen2.5-VL's: each video's seconds per temporal step (second_per_grid_ts: temporal_patch_size / the rate its
+    # frames were taken at), which its M-RoPE positions read on the CPU.
+    seconds_per_step: bool = False
     modality = "video"
     flat_pixels_by = "patches_per_video"
-    cpu_tensors = ("video_grid_thw",)
     placeholder_token = "<|video_pad|>"  # written once per video by the template, repeated per token
+
+    @property
+    def cpu_tensors(self) -> "tuple[str, ...]":  # type: ignore[override]
+        return ("video_grid_thw", "second_per_grid_ts") if self.seconds_per_step else ("video_grid_thw",)
 
     @classmethod
     def from_files(cls, files: "dict[str, dict[str, Any]]", token_to_id: Callable[[str], "int | None"],
@@ -245,7 +262,7 @@ class QwenVideoProcessor(QwenVisionProcessor):
                                    reference=reference)
 
     def describe(self) -> str:
-        return f"video:{super().describe()}:{self.cap_pixels_per_frame}"
+        return f"video:{super().describe()}:{self.cap_pixels_per_frame}:{self.seconds_per_step}"
 
     def frame_size(self, frames: int, height: int, width: int) -> "tuple[int, int]":
         """(height, width) every frame is resized to (Qwen2VLVideoProcessor.resize)."""
@@ -257,8 +274,8 @@ class QwenVideoProcessor(QwenVisionProcessor):
                              int(self.min_pixels * 1.05))
         return smart_resize(height, width, factor, self.min_pixels, max_pixels)
 
-    def process(self, video: np.ndarray, normalize: bool) -> ProcessedImage:
-        """``video``: (T, H, W, 3) uint8 RGB frames."""
+    def process(self, video: np.ndarray, normalize: bool, sampled_fps: float = 1.0) -> ProcessedImage:
+        """``video``: (T, H, W, 3) uint8 RGB frames, taken at ``sampled_fps`` (DecodedVideo)."""
         from PIL import Image
         p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
         count, height, width = video.shape[:3]
@@ -274,18 +291,24 @@ class QwenVideoProcessor(QwenVisionProcessor):
         # pixel row, pixel column (Qwen2VLVideoProcessor.patchify).
         blocks = frames.reshape(gt, t, channels, gh // m, m, p, gw // m, m, p).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
         raw = np.ascontiguousarray(blocks.reshape(gt * gh * gw, channels * t * p * p))
-        grid = np.array([gt, gh, gw], dtype=np.int64)
-        return ProcessedImage(raw, {"video_grid_thw": grid}, gt * gh * gw // (m * m),
-                              self.normalized(raw) if normalize else None)
+        tensors = {"video_grid_thw": np.array([gt, gh, gw], dtype=np.int64)}
+        if self.seconds_per_step:  # Qwen2_5_VLProcessor's, a Python float made a float32 tensor
+            tensors["second_per_grid_ts"] = np.array(t / sampled_fps, dtype=np.float32)
+        return ProcessedImage(raw, tensors, gt * gh * gw // (m * m), self.normalized(raw) if normalize else None)
 
     def frame_indices(self, total: int, source_fps: float, fps: float) -> "list[int]":
         """The frames of a video file this model's processor is given (vLLM's loader for it: ``qwen2_vl_indices``)."""
         return qwen2_vl_indices(total, source_fps, fps)
 
 
-# Model types whose videos this node processes (config.json's model_type): Qwen2-VL. Qwen2.5-VL adds the seconds
-# per grid step its video positions read, and Qwen3-VL timestamps in the prompt: not built, refused by name.
-VIDEO_MODEL_TYPES = {"qwen2_vl": QwenVideoProcessor.from_files}
+# Model types whose videos this node processes (config.json's model_type): Qwen2-VL, and Qwen2.5-VL (the same
+# processor and loader in vLLM, and the seconds per temporal step). Qwen3-VL writes timestamps into the prompt: not
+# built, refused by name.
+VIDEO_MODEL_TYPES = {
+    "qwen2_vl": QwenVideoProcessor.from_files,
+    "qwen2_5_vl": lambda files, token_to_id, reference: dataclasses.replace(
+        QwenVideoProcessor.from_files(files, token_to_id, reference), seconds_per_step=True),
+}
 
 
 def video_processor(files: "dict[str, dict[str, Any]]", token_to_id: Callable[[str], "int | None"],

@@ -54,7 +54,7 @@ def mp4(count: int, width: int, height: int) -> bytes:
 
 
 def video_tokens(url: str) -> int:
-    frames = decode_jpeg_frames(url.partition(",")[2].encode(), 32, 10 ** 8, 10 ** 9)
+    frames = decode_jpeg_frames(url.partition(",")[2].encode(), 32, 1.0, 10 ** 8, 10 ** 9).frames
     return VIDEO_PROCESSOR.process(frames, False).tokens
 
 

@@ -37,22 +37,30 @@ CHAT_TEMPLATE = (
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
+# The text model: hidden 128, 2 heads of 64, M-RoPE sections summing to 32 (Qwen2.5-VL's tiny model shares it).
+TEXT_CONFIG = {"vocab_size": 151936, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+               "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 4096,
+               "rope_scaling": {"type": "mrope", "mrope_section": [8, 12, 12]},
+               "rope_parameters": {"rope_type": "default", "mrope_section": [8, 12, 12], "rope_theta": 1000000.0},
+               "eos_token_id": 151645, "bos_token_id": 151643, "tie_word_embeddings": True}
+
+
 def main(out_dir: str, tokenizer_dir: str) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     config = Qwen2VLConfig(
-        text_config={"vocab_size": 151936, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-                     "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 4096,
-                     "rope_scaling": {"type": "mrope", "mrope_section": [8, 12, 12]},
-                     "rope_parameters": {"rope_type": "default", "mrope_section": [8, 12, 12],
-                                         "rope_theta": 1000000.0},
-                     "eos_token_id": 151645, "bos_token_id": 151643, "tie_word_embeddings": True},
+        text_config=TEXT_CONFIG,
         vision_config={"depth": 2, "embed_dim": 64, "hidden_size": 128, "num_heads": 2, "mlp_ratio": 2,
                        "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3},
         image_token_id=IMAGE_PAD, video_token_id=VIDEO_PAD, vision_start_token_id=VISION_START,
         vision_end_token_id=VISION_END, tie_word_embeddings=True)
-    model = Qwen2VLForConditionalGeneration(config).to(torch.bfloat16)
+    save(Qwen2VLForConditionalGeneration(config).to(torch.bfloat16), out, tokenizer_dir, "Qwen2VLProcessor")
+
+
+def save(model, out: Path, tokenizer_dir: str, processor_class: str) -> None:
+    """The model, the Qwen tokenizer with the template above, and Qwen2-VL's image processor config (small images),
+    which the family's other models share (make_tiny_qwen2_5_vl.py)."""
     model.save_pretrained(out)
     for name in ("tokenizer.json", "vocab.json", "merges.txt"):
         shutil.copy(Path(tokenizer_dir) / name, out / name)
@@ -60,7 +68,7 @@ def main(out_dir: str, tokenizer_dir: str) -> None:
     tokenizer_config["chat_template"] = CHAT_TEMPLATE
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1))
     (out / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor",
+        "image_processor_type": "Qwen2VLImageProcessor", "processor_class": processor_class,
         "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 256, "patch_size": 14, "temporal_patch_size": 2,
         "merge_size": 2, "image_mean": CLIP_MEAN, "image_std": CLIP_STD, "do_rescale": True,
         "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True, "do_resize": True,

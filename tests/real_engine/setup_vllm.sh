@@ -48,6 +48,11 @@ fi
 if [ ! -f "$vision/config.json" ]; then
   PYTHONPATH="$vision_path" "$venv/bin/python" "$here/make_tiny_qwen2_vl.py" "$vision" "$tokenizer_dir"
 fi
+# A tiny Qwen2.5-VL (the same processor configs and template; its positions read a video's seconds per step).
+qwen25vl="$(dirname "$model")/tiny-qwen2_5-vl"
+if [ ! -f "$qwen25vl/config.json" ]; then
+  PYTHONPATH="$vision_path" "$venv/bin/python" "$here/make_tiny_qwen2_5_vl.py" "$qwen25vl" "$tokenizer_dir"
+fi
 # A tiny Gemma 3 (its processor configs and image sequence; the Qwen tokenizer with Gemma 3's tokens added).
 gemma3="$(dirname "$model")/tiny-gemma3"
 if [ ! -f "$gemma3/config.json" ]; then
@@ -72,4 +77,5 @@ fi
 echo "SMG_VLLM_PYTHON=$venv/bin/python SMG_VLLM_MODEL=$model SMG_VLLM_EMBED_MODEL=$embed" \
      "SMG_VLLM_VISION_MODEL=$vision SMG_VLLM_VISION_PYTHONPATH=$vision_path SMG_VLLM_GEMMA3_MODEL=$gemma3" \
      "SMG_VLLM_MISTRAL3_MODEL=$mistral3 SMG_VLLM_LLAMA4_MODEL=$llama4 SMG_VLLM_INTERNVL_MODEL=$internvl" \
+     "SMG_VLLM_QWEN2_5_VL_MODEL=$qwen25vl" \
      "python -m pytest -m real_engine tests/real_engine"

@@ -1,12 +1,13 @@
 """Videos on a real engine (issue 64), compared with vLLM's own OpenAI server on the same model and flags: the tiny
-random Qwen2-VL of test_vllm_vision.py, its videos decoded and processed in the gateway (gateway/media/video.py) and
+random Qwen2-VL of test_vllm_vision.py and a tiny Qwen2.5-VL (make_tiny_qwen2_5_vl.py), their videos decoded and processed in the gateway (gateway/media/video.py) and
 sent as a VIDEO batch over the servicer's preprocessed path, against vLLM's server decoding them with OpenCV and
 running transformers' Qwen2VLVideoProcessor itself: the same prompt tokens, the same greedy text and the same first
 token's probabilities, for a list of JPEG frames (vLLM's data:video/jpeg), MP4 files (frames sampled by time, as
 vLLM's Qwen2-VL loader samples them), an AVI of Motion-JPEG, and a video beside an image in one request (two
 batches).
 
-Needs ``tests/real_engine/setup_vllm.sh`` and SMG_VLLM_PYTHON, SMG_VLLM_VISION_MODEL, SMG_VLLM_VISION_PYTHONPATH.
+Needs ``tests/real_engine/setup_vllm.sh`` and SMG_VLLM_PYTHON, SMG_VLLM_VISION_MODEL, SMG_VLLM_QWEN2_5_VL_MODEL,
+SMG_VLLM_VISION_PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -28,13 +29,18 @@ pytestmark = pytest.mark.real_engine
 cv2 = pytest.importorskip("cv2")
 
 
-@pytest.fixture(scope="module")
-def video():
-    configured("SMG_VLLM_VISION_MODEL", "SMG_VLLM_VISION_PYTHONPATH")
+# Qwen2-VL, and Qwen2.5-VL (the same processor and loader; its positions read each video's seconds per step).
+MODELS = {"qwen2-vl": "SMG_VLLM_VISION_MODEL", "qwen2.5-vl": "SMG_VLLM_QWEN2_5_VL_MODEL"}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def video(request):
+    variable = MODELS[request.param]
+    configured(variable, "SMG_VLLM_VISION_PYTHONPATH")
     env = {"PYTHONPATH": os.environ["SMG_VLLM_VISION_PYTHONPATH"]}
-    with engine_pair("vllm-video", os.environ["SMG_VLLM_VISION_MODEL"], 18055, 18065,
+    with engine_pair(f"vllm-video-{request.param}", os.environ[variable], 18055, 18065,
                      ["--limit-mm-per-prompt", '{"image": 2, "video": 2}'], env) as (grpc_url, http_url):
-        node = node_on(grpc_url, "node-vllm-video")
+        node = node_on(grpc_url, f"node-vllm-video-{request.param}")
         try:
             ours, theirs = clients(node, http_url)
             yield ours, theirs, ours.models.list().data[0].id

@@ -57,10 +57,26 @@ def test_its_numbers_come_from_the_video_config_else_the_image_one_else_its_own_
             QwenVideoProcessor.from_files({"preprocessor_config.json": bad}, TOKENS)
     with pytest.raises(ProcessorConfigError, match="video_pad"):
         QwenVideoProcessor.from_files({}, lambda token: None)
-    # Only Qwen2-VL's videos: Qwen2.5-VL's need the seconds per grid step, Qwen3-VL's timestamps in the prompt.
-    assert video_processor({"config.json": {"model_type": "qwen2_vl"}}, TOKENS) is not None
-    for model_type in ("qwen2_5_vl", "qwen3_vl", "llava", None):
+    # Qwen2-VL's and Qwen2.5-VL's videos (the second with its seconds per temporal step); Qwen3-VL's would need
+    # timestamps in the prompt.
+    assert video_processor({"config.json": {"model_type": "qwen2_vl"}}, TOKENS).seconds_per_step is False
+    qwen25 = video_processor({"config.json": {"model_type": "qwen2_5_vl"}}, TOKENS)
+    assert qwen25.seconds_per_step and qwen25.cpu_tensors == ("video_grid_thw", "second_per_grid_ts")
+    for model_type in ("qwen3_vl", "llava", None):
         assert video_processor({"config.json": {"model_type": model_type}}, TOKENS) is None
+
+
+def test_qwen2_5_vl_gets_each_videos_seconds_per_temporal_step():
+    # Qwen2_5_VLProcessor: temporal_patch_size / the rate the frames were taken at (VideoMetadata.sampled_fps), as
+    # float32; kept on the CPU, where vLLM computes the positions.
+    processor = QwenVideoProcessor(placeholder_id=VIDEO_PAD, min_pixels=3136, max_pixels=50176, seconds_per_step=True)
+    frames = video_frames("tiny")
+    for sampled_fps, seconds in ((2.0, 1.0), (1.0, 2.0), (0.8, 2.5), (29.97, 2 / 29.97)):
+        out = processor.process(frames, False, sampled_fps).tensors["second_per_grid_ts"]
+        assert out.dtype == np.float32 and out.shape == () and out == np.float32(seconds)
+    plain = QwenVideoProcessor(placeholder_id=VIDEO_PAD, min_pixels=3136, max_pixels=50176)
+    assert set(plain.process(frames, False, 2.0).tensors) == {"video_grid_thw"}
+    assert plain.describe() != processor.describe()  # (cached apart)
 
 
 def test_a_files_frames_are_sampled_as_vllms_loaders_sample_them():
@@ -95,20 +111,21 @@ def test_a_jpeg_frame_list_gives_its_first_frames_each_decoded_as_an_image_is():
     url = _frames_url(*frames)
     assert is_jpeg_frames(url) and is_jpeg_frames("DATA:Video/JPEG;BASE64,x") and not is_jpeg_frames(
         "data:video/mp4;base64,x")
-    decoded = decode_jpeg_frames(jpeg_frames_payload(url), 3, 10 ** 6, 10 ** 7)  # vLLM takes the first num_frames
-    assert decoded.shape == (3, 30, 40, 3)
-    for got, sent in zip(decoded, frames):
+    decoded = decode_jpeg_frames(jpeg_frames_payload(url), 3, 1.0, 10 ** 6, 10 ** 7)  # vLLM: the first num_frames
+    assert decoded.frames.shape == (3, 30, 40, 3) and decoded.sampled_fps == 1.0
+    for got, sent in zip(decoded.frames, frames):
         assert np.array_equal(got, np.asarray(Image.open(io.BytesIO(base64.b64decode(_jpeg(sent)))).convert("RGB")))
     with pytest.raises(VideoRefused, match="one size"):
-        decode_jpeg_frames(jpeg_frames_payload(_frames_url(image(40, 30, 1), image(30, 40, 2))), 32, 10 ** 6, 10 ** 7)
+        decode_jpeg_frames(jpeg_frames_payload(_frames_url(image(40, 30, 1), image(30, 40, 2))), 32, 1.0, 10 ** 6,
+                           10 ** 7)
     with pytest.raises(VideoRefused, match="frame 1 is not valid base64"):
-        decode_jpeg_frames(jpeg_frames_payload(url).replace(b",", b",%", 1), 32, 10 ** 6, 10 ** 7)
+        decode_jpeg_frames(jpeg_frames_payload(url).replace(b",", b",%", 1), 32, 1.0, 10 ** 6, 10 ** 7)
     with pytest.raises(VideoRefused, match="frame 0: the image is 40 x 30 pixels; at most 1000"):
-        decode_jpeg_frames(jpeg_frames_payload(url), 32, 1000, 10 ** 7)
+        decode_jpeg_frames(jpeg_frames_payload(url), 32, 1.0, 1000, 10 ** 7)
     with pytest.raises(VideoRefused, match="more than 3000 pixels together"):  # 1,200 a frame: the third is over
-        decode_jpeg_frames(jpeg_frames_payload(url), 32, 10 ** 6, 3000)
+        decode_jpeg_frames(jpeg_frames_payload(url), 32, 1.0, 10 ** 6, 3000)
     with pytest.raises(VideoRefused, match="no frames"):
-        decode_jpeg_frames(b"", 32, 10 ** 6, 10 ** 7)
+        decode_jpeg_frames(b"", 32, 1.0, 10 ** 6, 10 ** 7)
 
 
 def _movie(path: str, count: int, width: int, height: int) -> None:
@@ -135,7 +152,9 @@ def test_a_video_file_is_sampled_and_decoded_as_opencv_reads_it_frame_by_frame(t
     _movie(path, 40, 96, 64)
     data = open(path, "rb").read()
     uniform = lambda total, fps: np.linspace(0, total - 1, 32, dtype=int).tolist()  # noqa: E731  (32 of 40)
-    frames = decode_container(data, uniform, 10 ** 6, 10 ** 7)
+    decoded = decode_container(data, uniform, 10 ** 6, 10 ** 7)
+    frames = decoded.frames
+    assert decoded.sampled_fps == 32 / 40 * 10  # frames taken / frames in the file x its rate (VideoMetadata's)
     capture = cv2.VideoCapture(path)  # the file read in order, every frame
     every = []
     while True:
@@ -152,7 +171,8 @@ def test_a_video_file_is_sampled_and_decoded_as_opencv_reads_it_frame_by_frame(t
     with pytest.raises(VideoRefused, match="32 frames of 96 x 64 are more than 100000 pixels"):
         decode_container(data, uniform, 10 ** 6, 100_000)
     by_time = decode_container(data, lambda total, fps: qwen2_vl_indices(total, fps, 2.0), 10 ** 6, 10 ** 7)
-    assert [nearest_level(frame) for frame in by_time] == [0, 5, 10, 15, 20, 25, 30, 35]  # 10 a second: 2 of them
+    assert [nearest_level(frame) for frame in by_time.frames] == [0, 5, 10, 15, 20, 25, 30, 35]  # 10 a second: 2
+    assert by_time.sampled_fps == 2.0
     for garbage in (b"", os.urandom(4096), data[:len(data) // 3]):
         with pytest.raises(VideoRefused, match="not a video"):
             decode_container(garbage, uniform, 10 ** 6, 10 ** 7)
@@ -162,8 +182,8 @@ def test_without_opencv_a_file_is_refused_saying_so_and_jpeg_frames_still_work(m
     monkeypatch.setitem(sys.modules, "cv2", None)  # import cv2 raises ImportError
     with pytest.raises(VideoRefused, match="opencv-python-headless is not installed.*data:video/jpeg"):
         decode_container(b"\x00" * 100, lambda total, fps: [0], 10 ** 6, 10 ** 7)
-    assert decode_jpeg_frames(jpeg_frames_payload(_frames_url(image(8, 8, 1))), 32, 10 ** 6, 10 ** 7).shape == \
-        (1, 8, 8, 3)
+    assert decode_jpeg_frames(jpeg_frames_payload(_frames_url(image(8, 8, 1))), 32, 1.0, 10 ** 6, 10 ** 7
+                              ).frames.shape == (1, 8, 8, 3)
 
 
 def _batch(processor, *tokens: int) -> MediaInputs:
