@@ -37,6 +37,9 @@ class MediaConfig:
     # image_pixels_max; 32 frames of 1080p are 66 M pixels, ~200 MB decoded), videos in one request.
     video_frames: int = 32
     video_fps: float | None = None
+    # A video file is decoded in a child process of its own (FFmpeg on a client's bytes: a crash costs the child),
+    # within this time and a CPU budget as long.
+    video_decode_timeout_s: float = 30.0
     video_bytes_max: int = 48 * 1024 * 1024
     video_pixels_max: int = 1 << 26
     videos_per_request_max: int = 2
@@ -86,6 +89,8 @@ OPTIONS = (
     Option("--media-video-fps", "media.video_fps", float, "the engine's --media-io-kwargs video fps, when it sets "
            "one (default: vLLM's, two frames a second sampled from a file, a JPEG frame list taken at one)",
            "engines"),
+    Option("--media-video-decode-timeout-secs", "media.video_decode_timeout_s", float, "longest a video file's "
+           "decode (in a child process of its own) may take", "engines"),
     Option("--media-max-video-bytes", "media.video_bytes_max", int, "largest video (encoded) a request may bring",
            "engines"),
     Option("--media-max-video-pixels", "media.video_pixels_max", int, "most pixels a video's sampled frames may "

@@ -37,8 +37,8 @@ from .fair import FairLimiter
 from ..net.outbound import HostPolicy
 from .fetch import Fetcher, FetchFailed, FetchRefused, FetchTimedOut, data_uri_bytes
 from .processors import ImageProcessor, ProcessedImage
-from .video import (JPEG_FRAMES_FPS, QWEN_FPS, VideoRefused, decode_container, decode_jpeg_frames, is_jpeg_frames,
-                    jpeg_frames_payload)
+from .video import (JPEG_FRAMES_FPS, QWEN_FPS, VideoRefused, decode_container_isolated, decode_jpeg_frames,
+                    is_jpeg_frames, jpeg_frames_payload)
 
 URL_CACHE_TTL_S = 300.0  # a fetched URL's bytes are reused this long: an image behind a URL may change
 
@@ -416,10 +416,9 @@ class MediaService:
         if is_jpeg_frames(ref.url):
             video = decode_jpeg_frames(data, config.video_frames, config.video_fps or JPEG_FRAMES_FPS,
                                        config.image_pixels_max, config.video_pixels_max)
-        else:
-            fps = config.video_fps or QWEN_FPS
-            video = decode_container(data, lambda total, source_fps: processor.frame_indices(total, source_fps, fps),
-                                     config.image_pixels_max, config.video_pixels_max)
+        else:  # in a child process: FFmpeg reading a client's file may crash (video.decode_container_isolated)
+            video = decode_container_isolated(data, config.video_fps or QWEN_FPS, config.image_pixels_max,
+                                              config.video_pixels_max, config.video_decode_timeout_s)
         problem = processor.size_problem(video.frames.shape[2], video.frames.shape[1])
         if problem is not None:
             raise VideoRefused(problem)

@@ -18,7 +18,7 @@ def _check(config: Any) -> None:
             and media.fetch_connections > 0 and media.fetch_connections_per_tenant > 0
             and media.tenant_bytes_max > 0 and media.tenant_waiting_max > 0 and media.video_frames > 0
             and (media.video_fps is None or media.video_fps > 0) and media.video_bytes_max > 0
-            and media.video_pixels_max > 0 and media.videos_per_request_max > 0):
+            and media.video_pixels_max > 0 and media.videos_per_request_max > 0 and media.video_decode_timeout_s > 0):
         raise ConfigProblem("--media-* bounds must be positive (the cache's and threads' may be 0)")
     try:
         HostPolicy(media.allowed_hosts)

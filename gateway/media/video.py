@@ -28,7 +28,11 @@ import base64
 import binascii
 import dataclasses
 import io
+import json
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +56,11 @@ QWEN_MAX_FRAMES = 768
 QWEN_TEMPORAL = 2
 # Every frame up to the last one sampled is decoded (as vLLM's reader does): a file may say it has this many at most
 # (an hour and 12 minutes at 30 a second); past GRAB_FAILURES_MAX frames in a row that cannot be read, it has ended.
+# A video file's child decoder: its address space (numpy, OpenCV's and FFmpeg's libraries and threads, and the
+# frames: the sampled frames are at most --media-max-video-pixels, 200 MB of RGB by default), and its log levels
+# (FFmpeg's AV_LOG_QUIET, OpenCV's silent: a broken file would write thousands of lines into the node's log).
+DECODER_MEMORY_BYTES = 4 << 30
+QUIET_DECODERS = {"OPENCV_FFMPEG_LOGLEVEL": "-8", "OPENCV_LOG_LEVEL": "SILENT"}
 FRAMES_MAX = 1 << 17
 GRAB_FAILURES_MAX = 64
 TORCH_ARANGE_LANES = 8  # floats a vector of torch's CPU arange kernel computes from one base (its AVX2 width)
@@ -232,6 +241,58 @@ def _frame_count(cv2: Any, capture: Any) -> int:
 
 # -- Qwen2-VL's video processor ----------------------------------------------------------------------------------
 
+def decode_container_isolated(data: bytes, fps: float, frame_pixels_max: int, pixels_max: int, timeout_s: float
+                              ) -> DecodedVideo:
+    """``decode_container`` with Qwen2-VL's sampling (``qwen2_vl_indices`` at ``fps``), run in a child process of its
+    own: FFmpeg's demuxers and decoders are native code reading a client's bytes, and a broken file was seen to
+    crash OpenCV's reader (a 16 KB AVI with a few bytes changed: a segmentation fault, in vLLM's own server too).
+    Here it costs the child, not the node: a child that dies, runs past ``timeout_s`` or past DECODER_MEMORY_BYTES is
+    a VideoRefused. The child writes a JSON header (the frames' shape and rate, or why it refused) and the frames."""
+    env = {**os.environ, **QUIET_DECODERS}
+    try:
+        done = subprocess.run([sys.executable, "-m", "gateway.media.video", repr(float(fps)), str(frame_pixels_max),
+                               str(pixels_max), repr(float(timeout_s))], input=data, capture_output=True,
+                              timeout=timeout_s, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        raise VideoRefused(f"the video was not decoded within {timeout_s:g} s") from None
+    out = done.stdout
+    if done.returncode != 0 or len(out) < 4:
+        ended = f"signal {-done.returncode}" if done.returncode < 0 else f"status {done.returncode}"
+        raise VideoRefused(f"the video could not be decoded (its decoder ended with {ended})")
+    size = int.from_bytes(out[:4], "little")
+    header = json.loads(out[4:4 + size])
+    if "refused" in header:
+        raise VideoRefused(header["refused"])
+    shape = tuple(header["shape"])
+    frames = np.frombuffer(out, dtype=np.uint8, offset=4 + size)
+    if frames.size != math.prod(shape):
+        raise VideoRefused("the video's decoder answered a short read")
+    return DecodedVideo(frames.reshape(shape), float(header["sampled_fps"]))
+
+
+def _decode_in_this_child() -> None:
+    """The child's side of ``decode_container_isolated``: its bounds set on itself first (memory, CPU seconds),
+    the file on stdin, the answer on stdout."""
+    import resource
+    fps, frame_pixels_max, pixels_max, timeout_s = (float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
+                                                    float(sys.argv[4]))
+    resource.setrlimit(resource.RLIMIT_AS, (DECODER_MEMORY_BYTES, DECODER_MEMORY_BYTES))
+    cpu_s = math.ceil(timeout_s) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+    data = sys.stdin.buffer.read()
+    try:
+        video = decode_container(data, lambda total, source_fps: qwen2_vl_indices(total, source_fps, fps),
+                                 frame_pixels_max, pixels_max)
+        header: dict[str, Any] = {"shape": list(video.frames.shape), "sampled_fps": video.sampled_fps}
+        body = video.frames.tobytes()
+    except VideoRefused as e:
+        header, body = {"refused": str(e)}, b""
+    encoded = json.dumps(header).encode()
+    sys.stdout.buffer.write(len(encoded).to_bytes(4, "little") + encoded)
+    sys.stdout.buffer.write(body)
+    sys.stdout.buffer.flush()
+
+
 @dataclasses.dataclass(frozen=True)
 class QwenVideoProcessor(QwenVisionProcessor):
     """Qwen2-VL's video processor (see the module's docstring): its image processor's numbers and normalization, its
@@ -296,10 +357,6 @@ class QwenVideoProcessor(QwenVisionProcessor):
             tensors["second_per_grid_ts"] = np.array(t / sampled_fps, dtype=np.float32)
         return ProcessedImage(raw, tensors, gt * gh * gw // (m * m), self.normalized(raw) if normalize else None)
 
-    def frame_indices(self, total: int, source_fps: float, fps: float) -> "list[int]":
-        """The frames of a video file this model's processor is given (vLLM's loader for it: ``qwen2_vl_indices``)."""
-        return qwen2_vl_indices(total, source_fps, fps)
-
 
 # Model types whose videos this node processes (config.json's model_type): Qwen2-VL, and Qwen2.5-VL (the same
 # processor and loader in vLLM, and the seconds per temporal step). Qwen3-VL writes timestamps into the prompt: not
@@ -317,3 +374,6 @@ def video_processor(files: "dict[str, dict[str, Any]]", token_to_id: Callable[[s
     make = VIDEO_MODEL_TYPES.get((files.get("config.json") or {}).get("model_type"))
     return make(files, token_to_id, reference) if make is not None else None
 
+
+if __name__ == "__main__":  # decode_container_isolated's child
+    _decode_in_this_child()

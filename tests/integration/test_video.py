@@ -4,7 +4,8 @@ a VIDEO batch's tensors against the prompt, beside an IMAGE batch, and folds the
 What is checked: a video_url as vLLM's JPEG frame list and as an MP4 file (made here with OpenCV), counted as the
 model's video processor counts it; different videos, different answers; a video beside an image in one request (two
 batches); streamed; and refused with a 400 naming why: a text model, a model whose engines are SGLang's, too many
-videos, bytes that are no video, frames of different sizes, a video over the byte bound."""
+videos, bytes that are no video, frames of different sizes, a video over the byte bound, a file that crashes its
+decoder (the node goes on)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import base64
 import io
 import os
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import openai
@@ -137,5 +139,9 @@ def test_videos_refused_with_a_400_naming_why(client):
     large = data_uri(os.urandom(400_000), "video/mp4")
     assert "larger than 300000 bytes" in _refused(client, "video_too_large", [large])
     assert "not valid base64" in _refused(client, "invalid_video", ["data:video/jpeg;base64,%%%%"])
+    # A file that crashes OpenCV's reader (a segmentation fault; in vLLM's own server too): it costs the child
+    # process that decodes it, not the node.
+    crash = (Path(__file__).parents[1] / "unit" / "video_decoder_crash.avi").read_bytes()
+    assert "could not be decoded" in _refused(client, "invalid_video", [data_uri(crash, "video/x-msvideo")])
     # The node still answers.
     assert ask(client, [THREE]).choices[0].message.content
