@@ -158,32 +158,29 @@ async def with_images(state: GatewayState, entry: ModelEntry, chat: ChatRequest,
     """The chat's images and videos fetched and processed for the model (gateway/media), and its prompt ids with
     each one's placeholder expanded: (ids, a batch of inputs per modality, the ids routing reads). ``tenant``:
     whose share of the media pools they take (the request's ``tenant_key``)."""
-    batches: list[MediaInputs] = []
+    wanted: list[tuple[list[Any], Any, int | None]] = []
     for refs, processor, items_max in ((chat.images, entry.image_processor, entry.images_max),
                                        (chat.videos, entry.video_processor, entry.videos_max)):
         if not refs:
             continue
         if processor is None:
             raise (_images_not_supported if refs is chat.images else _videos_not_supported)(entry, chat)
-        media = await _prepared(state, list(refs), processor, entry.normalize_images, items_max, tenant)
-        if entry.image_tokens_max is not None:
+        wanted.append((list(refs), processor, items_max))
+    tracing = state.tracing
+    if tracing is None or not tracing.active():
+        batches = await state.media.prepare_all(wanted, entry.normalize_images, tenant)
+    else:
+        with tracing.span("media", attributes={"smg.images": len(chat.images), "smg.videos": len(chat.videos)}):
+            batches = await state.media.prepare_all(wanted, entry.normalize_images, tenant)
+    if entry.image_tokens_max is not None:
+        for (refs, _, _), media in zip(wanted, batches):
             for ref, item in zip(refs, media.images):
                 if item.tokens > entry.image_tokens_max:
                     raise MediaError(f"{ref.where}: the {ref.modality} takes {item.tokens} tokens; this model's "
                                      f"engines take at most {entry.image_tokens_max} per item: send a smaller one",
                                      code=f"{ref.modality}_too_large", param=ref.where)
-        batches.append(media)
     expanded, routing_ids = expand_batches(ids, tuple(batches))
     return expanded, tuple(batches), routing_ids
-
-
-async def _prepared(state: GatewayState, refs: list[Any], processor: Any, normalize: bool, items_max: int | None,
-                    tenant: str | None) -> MediaInputs:
-    tracing = state.tracing
-    if tracing is None or not tracing.active():
-        return await state.media.prepare(refs, processor, normalize, items_max, tenant)
-    with tracing.span("media", attributes={f"smg.{refs[0].modality}s": len(refs)}):
-        return await state.media.prepare(refs, processor, normalize, items_max, tenant)
 
 
 async def encode_chat(state: GatewayState, request: Request, entry: ModelEntry, tokenizer: TokenizerService,

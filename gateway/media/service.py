@@ -259,7 +259,7 @@ class _Budget:
         held = self.service.tenant_bytes
         held[self.tenant] += count
         if count > 0 and self.total > config.request_bytes_max:
-            raise MediaError(f"the request's images are more than {config.request_bytes_max} bytes together",
+            raise MediaError(f"the request's images and videos are more than {config.request_bytes_max} bytes together",
                              code="images_too_large", param=where)
         if count > 0 and held[self.tenant] > config.tenant_bytes_max:
             raise Overloaded(f"this caller's images in flight are more than {config.tenant_bytes_max} bytes "
@@ -329,12 +329,25 @@ class MediaService:
     async def aclose(self) -> None:
         await self.fetcher.aclose()
 
+    async def prepare_all(self, batches: "list[tuple[list[Any], Any, int | None]]", normalize: bool,
+                          tenant: str | None = None) -> "list[MediaInputs]":
+        """``prepare`` for each of a request's modalities, (refs, processor, items_max) each, one after the other:
+        their bytes together within the request's bound (one budget), given back at the end."""
+        budget = _Budget(self, tenant)
+        try:
+            return [await self.prepare(refs, processor, normalize, items_max, tenant, budget)
+                    for refs, processor, items_max in batches]
+        finally:
+            budget.close()
+
     async def prepare(self, refs: "list[ImageRef] | list[VideoRef]", processor: Any, normalize: bool,
-                      images_max: int | None = None, tenant: str | None = None) -> MediaInputs:
+                      images_max: int | None = None, tenant: str | None = None, budget: "_Budget | None" = None
+                      ) -> MediaInputs:
         """Every image (or every video) of a request, processed for ``processor``, in order (``normalize``: the
         normalized floats too, for engines that take them); MediaError for the first that fails. ``images_max``:
         the engines' own bound on items of this modality per prompt, when lower than this node's. ``tenant``:
-        whose share of the threads, connections and bytes the request takes (None: the open data plane's)."""
+        whose share of the threads, connections and bytes the request takes (None: the open data plane's).
+        ``budget``: the request's, when its other modalities share it (``prepare_all`` closes it)."""
         config = self.config
         modality = refs[0].modality
         own = config.images_per_request_max if modality == "image" else config.videos_per_request_max
@@ -345,7 +358,8 @@ class MediaService:
         images: list[ProcessedImage | None] = [None] * len(refs)
         hashes: list[str] = [""] * len(refs)
         failures: list[Exception] = []
-        budget = _Budget(self, tenant)
+        own_budget = budget is None
+        budget = budget or _Budget(self, tenant)
 
         async def one(index: int, nursery: trio.Nursery) -> None:
             try:
@@ -359,7 +373,8 @@ class MediaService:
                 for index in range(len(refs)):
                     nursery.start_soon(one, index, nursery)
         finally:
-            budget.close()
+            if own_budget:
+                budget.close()
         if failures:
             raise failures[0]
         if processor.flat_pixels_by is None and len({image.raw.shape for image in images}) > 1:

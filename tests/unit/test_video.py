@@ -20,7 +20,7 @@ from PIL import Image
 
 from gateway.media.config import MediaConfig
 from gateway.media.processors import ProcessedImage, ProcessorConfigError, QwenVisionProcessor
-from gateway.media.service import MediaError, MediaInputs, MediaService, VideoRef, expand_batches
+from gateway.media.service import ImageRef, MediaError, MediaInputs, MediaService, VideoRef, expand_batches
 from gateway.media.video import (QwenVideoProcessor, VideoRefused, decode_container, decode_jpeg_frames,
                                  decode_container_isolated, is_jpeg_frames, jpeg_frames_payload, qwen2_vl_indices,
                                  torch_arange_truncated, video_processor)
@@ -225,6 +225,12 @@ def test_without_opencv_a_file_is_refused_saying_so_and_jpeg_frames_still_work(m
                               ).frames.shape == (1, 8, 8, 3)
 
 
+def _png(width: int, height: int) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(image(width, height, 3)).save(out, "PNG")
+    return out.getvalue()
+
+
 def _batch(processor, *tokens: int) -> MediaInputs:
     items = [ProcessedImage(np.zeros((n * 4, 1176), np.uint8), {"grid": np.array([1, 2, 2 * n])}, n) for n in tokens]
     return MediaInputs(processor, items, [f"{processor.placeholder_id:x}{i:063x}"[:64] for i in range(len(items))])
@@ -291,5 +297,18 @@ async def test_the_service_bounds_videos_by_count_and_bytes_and_keeps_what_it_pr
             await service.prepare([VideoRef("data:video/mp4;base64,AAAA", "m")], processor, False)
         assert refused.value.code == "invalid_video" and service.refused["invalid_video"] == 1
         assert service.tenant_bytes == {}  # every request's bytes given back
+        # A request's images and videos count against one bound together.
+        picture = "data:image/png;base64," + base64.b64encode(_png(64, 64)).decode()
+        images = QwenVisionProcessor(placeholder_id=IMAGE_PAD)
+        small = MediaService(MediaConfig(threads=1, request_bytes_max=len(url) + 100))  # (a frame list: its text)
+        try:
+            alone = await small.prepare_all([([ref], processor, None)], False)
+            assert [batch.modality for batch in alone] == ["video"]
+            with pytest.raises(MediaError, match="images and videos are more than") as refused:
+                await small.prepare_all([([ImageRef(picture, "messages[0].content[1]")], images, None),
+                                         ([ref], processor, None)], False)
+            assert refused.value.code == "images_too_large" and small.tenant_bytes == {}
+        finally:
+            await small.aclose()
     finally:
         await service.aclose()
