@@ -11,6 +11,8 @@ processor does, so the engine receives pixel tensors and the prompt its placehol
     internvl                InternVL):
                             resize, rescale, normalize, patches, tiles and grids, the placeholder's expansion;
                             chosen from the engine's own preprocessor_config.json (families.IMAGE_PROCESSORS)
-    inputs                  a request's images, processed: the tensors the engine takes, the expanded prompt,
-                            the placeholder ranges, the hashes that key caches and KV routing
+    video                   videos (Qwen2-VL, Qwen2.5-VL): JPEG frame lists, and files decoded by OpenCV's FFmpeg
+                            in a child process per file; the frames vLLM's loader samples; the video processor
+    inputs                  a request's images and videos, processed: the tensors the engine takes, the expanded
+                            prompt, the placeholder ranges, the hashes that key caches and KV routing
 """

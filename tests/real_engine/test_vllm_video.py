@@ -1,10 +1,10 @@
 """Videos on a real engine (issue 64), compared with vLLM's own OpenAI server on the same model and flags: the tiny
-random Qwen2-VL of test_vllm_vision.py and a tiny Qwen2.5-VL (make_tiny_qwen2_5_vl.py), their videos decoded and processed in the gateway (gateway/media/video.py) and
-sent as a VIDEO batch over the servicer's preprocessed path, against vLLM's server decoding them with OpenCV and
-running transformers' Qwen2VLVideoProcessor itself: the same prompt tokens, the same greedy text and the same first
-token's probabilities, for a list of JPEG frames (vLLM's data:video/jpeg), MP4 files (frames sampled by time, as
-vLLM's Qwen2-VL loader samples them), an AVI of Motion-JPEG, and a video beside an image in one request (two
-batches).
+random Qwen2-VL of test_vllm_vision.py and a tiny Qwen2.5-VL (make_tiny_qwen2_5_vl.py), their videos decoded and
+processed in the gateway (gateway/media/video.py) and sent as a VIDEO batch over the servicer's preprocessed path,
+against vLLM's server decoding them with OpenCV and running transformers' Qwen2VLVideoProcessor itself: the same
+prompt tokens, the same greedy text and the same first token's probabilities, for a list of JPEG frames (vLLM's
+data:video/jpeg), MP4 files (frames sampled by time, as vLLM's Qwen2-VL loader samples them), an AVI of Motion-JPEG,
+and a video beside an image in one request (two batches).
 
 Needs ``tests/real_engine/setup_vllm.sh`` and SMG_VLLM_PYTHON, SMG_VLLM_VISION_MODEL, SMG_VLLM_QWEN2_5_VL_MODEL,
 SMG_VLLM_VISION_PYTHONPATH.
