@@ -83,7 +83,8 @@ class SimEngineConfig:
     vision: bool = False
     # Which family: "qwen2_vl" (vision.py), "gemma3" (vision_gemma3.py: Gemma 3's processor config, template, image
     # tokens and image sequence), "pixtral" (vision_pixtral.py: Mistral 3's, images at their own size), "llama4"
-    # (vision_llama4.py: Llama 4's tiles, global view and tile separators) or "internvl" (vision_internvl.py).
+    # (vision_llama4.py: Llama 4's tiles, global view and tile separators), "internvl" (vision_internvl.py) or
+    # "idefics3" (vision_idefics3.py: Idefics3's tiles named in the prompt, a pixel mask beside them).
     vision_family: str = "qwen2_vl"
     # How it takes them, as vLLM's GetServerInfo says: normalized on its device (vLLM's default for the Qwen-VL
     # families: uint8 pixels in) unless it takes floats; at most this many images a prompt and tokens an image

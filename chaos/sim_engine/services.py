@@ -37,7 +37,7 @@ from smg_grpc_proto.generated import (
 from .adapters import SimAdapters, adapter_seed
 from .core import EngineOverloaded, GenerateParams, InvalidRequest, SimEngine
 from .disaggregation import Disaggregation
-from . import vision, vision_gemma3, vision_internvl, vision_llama4, vision_pixtral
+from . import vision, vision_gemma3, vision_idefics3, vision_internvl, vision_llama4, vision_pixtral
 from .embedding import embedding_of, model_config
 from .logprobs import prompt_logprobs, token_logprobs
 from .output import derive_seed
@@ -65,6 +65,7 @@ VISION_FAMILIES = {
     "pixtral": VisionFamily(vision_pixtral, vision_pixtral.PixtralTokens, "Mistral3ForConditionalGeneration"),
     "llama4": VisionFamily(vision_llama4, vision_llama4.Llama4Tokens, "Llama4ForConditionalGeneration"),
     "internvl": VisionFamily(vision_internvl, vision_internvl.InternVLTokens, "InternVLForConditionalGeneration"),
+    "idefics3": VisionFamily(vision_idefics3, vision_idefics3.Idefics3Tokens, "Idefics3ForConditionalGeneration"),
 }
 
 

@@ -8,7 +8,7 @@ processor does, so the engine receives pixel tensors and the prompt its placehol
     decode                  bytes to an RGB image: allowed formats only, the pixel bound checked before a
                             decompression, as vLLM converts them (RGBA over white)
     processors, llama4,     per model family (Qwen2-VL / 2.5-VL / 3-VL, LLaVA, Gemma 3, Pixtral, Llama 4,
-    internvl                InternVL):
+    internvl, idefics3      InternVL, Idefics3 / SmolVLM):
                             resize, rescale, normalize, patches, tiles and grids, the placeholder's expansion;
                             chosen from the engine's own preprocessor_config.json (families.IMAGE_PROCESSORS)
     video                   videos (Qwen2-VL, Qwen2.5-VL): JPEG frame lists, and files decoded by OpenCV's FFmpeg

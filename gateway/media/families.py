@@ -3,7 +3,7 @@
 Each family is registered with the ``image_processor_type`` names of the ``preprocessor_config.json`` it reads (the
 engine ships that file in its tokenizer bundle, so the gateway's numbers are the model's own) and built from it;
 the families themselves live in processors.py (Qwen-VL, LLaVA/CLIP, Gemma 3, Pixtral) and a module each for the
-larger ones (llama4.py, internvl.py).
+larger ones (llama4.py, internvl.py, idefics3.py).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..base.registry import Registry
+from .idefics3 import Idefics3Processor
 from .internvl import InternVLProcessor
 from .llama4 import Llama4Processor
 from .processors import ClipStyleProcessor, Gemma3Processor, ImageProcessor, PixtralProcessor, QwenVisionProcessor
@@ -38,6 +39,12 @@ IMAGE_PROCESSORS.add("internvl", InternVLProcessor.from_config, "InternVL 2.5 / 
                      "tiles of 448 nearest the aspect ratio plus a thumbnail; <IMG_CONTEXT> per tile between <img> "
                      "and </img>",
                      types=("GotOcr2ImageProcessor", "GotOcr2ImageProcessorFast", "GotOcr2ImageProcessorPil"))
+
+IMAGE_PROCESSORS.add("idefics3", Idefics3Processor.from_config, "Idefics3 and SmolVLM: the longest edge to 4 tiles, "
+                     "then whole tiles of 364 (512 SmolVLM) plus the global image, Lanczos; <row_i_col_j> before each "
+                     "tile's <image> run", types=("Idefics3ImageProcessor", "Idefics3ImageProcessorFast",
+                                                 "Idefics3ImageProcessorPil", "SmolVLMImageProcessor",
+                                                 "SmolVLMImageProcessorFast", "SmolVLMImageProcessorPil"))
 
 
 def image_processor(files: dict[str, dict[str, Any]], token_to_id: Callable[[str], "int | None"],

@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image
 
 from .processors import (RESAMPLE, ProcessedImage, ProcessorConfigError, _number, _pixel_fields, _token_id,
-                         aspect_problem, rescaled_normalized, resized)
+                         aspect_problem, resized, tiles_normalized)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # the published InternVL configs' normalization
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -121,8 +121,7 @@ class InternVLProcessor:
                               self.normalized(raw) if normalize else None)
 
     def normalized(self, raw: np.ndarray) -> np.ndarray:
-        return rescaled_normalized(raw.transpose(1, 0, 2, 3), self.rescale_factor, self.mean, self.std,
-                                   self.reference).transpose(1, 0, 2, 3).copy()
+        return tiles_normalized(raw, self)
 
     def expansion(self, image: ProcessedImage) -> "list[int]":
         return [self.start_id, *([self.placeholder_id] * image.tokens), self.end_id]

@@ -68,6 +68,9 @@ class ProcessedImage:
     # The same rescaled and normalized, float32: what the model's Hugging Face processor outputs and an engine
     # that does not normalize takes; None when no engine of the model wanted them (``ImageProcessor.normalized``).
     normalized: "np.ndarray | None" = None
+    # Rows and columns of tiles, for a family whose prompt names each tile and whose engine is not told them
+    # (Idefics3's <row_i_col_j>); (0, 0) otherwise.
+    grid: "tuple[int, int]" = (0, 0)
 
     @property
     def nbytes(self) -> int:
@@ -164,6 +167,12 @@ def rescaled_normalized(channels_first: np.ndarray, scale: float, mean: "tuple[f
     out -= np.asarray(mean, dtype=np.float32).reshape(shape)
     out /= np.asarray(std, dtype=np.float32).reshape(shape)
     return out
+
+
+def tiles_normalized(raw: np.ndarray, processor: Any) -> np.ndarray:
+    """Tiles of (tile, channel, y, x) uint8 rescaled and normalized with ``processor``'s numbers, float32."""
+    return rescaled_normalized(raw.transpose(1, 0, 2, 3), processor.rescale_factor, processor.mean, processor.std,
+                               processor.reference).transpose(1, 0, 2, 3).copy()
 
 
 class PlaceholderIsImageToken:
@@ -430,8 +439,7 @@ class Gemma3Processor:
         return ProcessedImage(raw, {}, self.tokens_per_image, self.normalized(raw) if normalize else None)
 
     def normalized(self, raw: np.ndarray) -> np.ndarray:
-        return rescaled_normalized(raw.transpose(1, 0, 2, 3), self.rescale_factor, self.mean, self.std,
-                                   self.reference).transpose(1, 0, 2, 3).copy()
+        return tiles_normalized(raw, self)
 
     def expansion(self, image: ProcessedImage) -> "list[int]":
         newline = self.double_newline_id

@@ -91,8 +91,11 @@ class MediaInputs:
         return np.stack(arrays)
 
     def tensors(self) -> dict[str, np.ndarray]:
-        """The model's other tensors, one row per image; with a flat layout, its pixel rows per image too."""
-        out = {key: np.stack([image.tensors[key] for image in self.images]) for key in self.images[0].tensors}
+        """The model's other tensors, one row per image (those the processor lays out flat, like its pixels, each
+        image's rows one after the other); with a flat layout, its pixel rows per image too."""
+        flat = getattr(self.processor, "flat_tensors", ())
+        out = {key: (np.concatenate if key in flat else np.stack)([image.tensors[key] for image in self.images])
+               for key in self.images[0].tensors}
         if self.processor.flat_pixels_by is not None:
             out[self.processor.flat_pixels_by] = np.array([image.raw.shape[0] for image in self.images],
                                                           dtype=np.int64)

@@ -41,6 +41,10 @@ CONFIGS = {
     "internvl": {"image_processor_type": "GotOcr2ImageProcessor", "size": {"height": 56, "width": 56},
                  "max_patches": 6, "crop_to_patches": True, "image_mean": [0.485, 0.456, 0.406],
                  "image_std": [0.229, 0.224, 0.225]},
+    # Idefics3's tiles of 56 instead of 364 (the longest edge 4 tiles, as published): the two Lanczos resizes, the
+    # tiles and the global image are the same code at any size.
+    "idefics3": {"image_processor_type": "Idefics3ImageProcessor", "size": {"longest_edge": 224},
+                 "max_image_size": {"longest_edge": 56}},
 }
 # Prompts transformers' PixtralProcessor makes (its module needs torch): Mistral Small 3.1's processor (patch 14
 # merged 2 x 2, the longest side 1540) on one image of each size, over the Qwen tokenizer with these tokens added.
@@ -88,6 +92,15 @@ VIDEO_INDEX_CASES = [(total, source_fps, fps) for total in (*range(2, 80), 97, 1
 # formula, or another vector width, is off by one.
 ARANGE_CASES = [(total, count) for total in (*range(2, 200, 7), *range(15000, 20000, 211))
                 for count in range(2, min(total, 770) + 1, 2)]
+# Prompts transformers' Idefics3Processor makes: Idefics3's published processor (the longest edge 1456, tiles of 364,
+# 169 tokens a tile), the Qwen tokenizer with Idefics3's tokens added.
+IDEFICS3_TOKENS = ("<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>",
+                   *(f"<row_{row}_col_{column}>" for row in range(1, 7) for column in range(1, 7)))
+IDEFICS3_PROMPT = "<|im_start|>User:<image>Describe the picture.<end_of_utterance>\nAssistant:"
+IDEFICS3_CONFIG = {"image_processor_type": "Idefics3ImageProcessor", "size": {"longest_edge": 1456},
+                   "max_image_size": {"longest_edge": 364}}
+IDEFICS3_PROCESSOR = {"processor_class": "Idefics3Processor", "image_seq_len": 169}
+IDEFICS3_PROMPT_SIZES = [(200, 123), (1280, 720), (3000, 40), (364, 364), (1009, 1013)]
 # Resizes on their own: (width, height) in, (width, height) out, the kernel.
 RESIZES = [((200, 123), (64, 64), "bilinear"), ((640, 480), (896, 896), "bilinear"),
            ((640, 480), (336, 252), "bicubic"), ((1000, 20), (28, 560), "bicubic"), ((13, 600), (896, 896), "bicubic"),
@@ -175,6 +188,10 @@ def internvl_tokenizer(tokenizer_json: str):
     return tokenizer_with(tokenizer_json, INTERNVL_TOKENS)
 
 
+def idefics3_tokenizer(tokenizer_json: str):
+    return tokenizer_with(tokenizer_json, IDEFICS3_TOKENS)
+
+
 def main() -> None:
     import torch
     from PIL import Image
@@ -182,13 +199,14 @@ def main() -> None:
     from transformers.models.clip.image_processing_clip import CLIPImageProcessor
     from transformers.models.gemma3.image_processing_gemma3 import Gemma3ImageProcessor
     from transformers.models.got_ocr2.image_processing_got_ocr2 import GotOcr2ImageProcessor
+    from transformers.models.idefics3.image_processing_idefics3 import Idefics3ImageProcessor
     from transformers.models.llama4.image_processing_llama4 import Llama4ImageProcessor
     from transformers.models.pixtral.image_processing_pixtral import PixtralImageProcessor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
     readers = {"Qwen2VLImageProcessor": Qwen2VLImageProcessor, "Qwen2VLImageProcessorFast": Qwen2VLImageProcessor,
                "Gemma3ImageProcessor": Gemma3ImageProcessor, "CLIPImageProcessor": CLIPImageProcessor,
                "PixtralImageProcessor": PixtralImageProcessor, "Llama4ImageProcessor": Llama4ImageProcessor,
-               "GotOcr2ImageProcessor": GotOcr2ImageProcessor}
+               "GotOcr2ImageProcessor": GotOcr2ImageProcessor, "Idefics3ImageProcessor": Idefics3ImageProcessor}
     processors = {}
     for name, config in CONFIGS.items():
         kwargs = {k: v for k, v in config.items() if k not in ("image_processor_type", "image_seq_length")}
@@ -256,6 +274,15 @@ def main() -> None:
         out = oracle(text=[INTERNVL_PROMPT], images=[Image.fromarray(image(width, height, index + 1))],
                      return_tensors="pt")
         goldens["prompts"][f"internvl {width}x{height}"] = prompt_digest(out["input_ids"][0])
+    from transformers.models.idefics3.processing_idefics3 import Idefics3Processor
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=idefics3_tokenizer(qwen.read_text()))
+    oracle = Idefics3Processor(image_processor=Idefics3ImageProcessor(**{k: v for k, v in IDEFICS3_CONFIG.items()
+                                                                       if k != "image_processor_type"}),
+                               tokenizer=tokenizer, image_seq_len=IDEFICS3_PROCESSOR["image_seq_len"])
+    for index, (width, height) in enumerate(IDEFICS3_PROMPT_SIZES):
+        out = oracle(text=[IDEFICS3_PROMPT], images=[[Image.fromarray(image(width, height, index + 1))]],
+                     return_tensors="pt")
+        goldens["prompts"][f"idefics3 {width}x{height}"] = prompt_digest(out["input_ids"][0])
     lines = [f'"{key}": {json.dumps(value)}' for key, value in goldens.items() if not isinstance(value, dict)]
     for section in ("processors", "resizes", "prompts", "videos", "video_indices"):  # a case a line
         cases = ",\n  ".join(f"{json.dumps(case)}: {json.dumps(value)}" for case, value in goldens[section].items())

@@ -20,7 +20,10 @@ from tests.support.torchvision_goldens import CONFIGS, GOLDENS, digest, processo
 TOKENS = {"<|image_pad|>": 151655, "<image>": 32000, "<start_of_image>": 1, "<image_soft_token>": 2,
           "<end_of_image>": 3, "\n\n": 4, "[IMG]": 5, "[IMG_BREAK]": 6, "[IMG_END]": 7, "<|image|>": 8,
           "<|patch|>": 9, "<|image_start|>": 10, "<|image_end|>": 11, "<|tile_x_separator|>": 12,
-          "<|tile_y_separator|>": 13, "<IMG_CONTEXT>": 14, "<img>": 15, "</img>": 16}.get
+          "<|tile_y_separator|>": 13, "<IMG_CONTEXT>": 14, "<img>": 15, "</img>": 16, "<fake_token_around_image>": 17,
+          "<global-img>": 18, "\u010a": 19, "\u010a\u010a": 20,
+          **{f"<row_{row}_col_{column}>": 100 + 10 * row + column for row in range(1, 7) for column in range(1, 7)}
+          }.get
 EXPECTED = json.loads(GOLDENS.read_text())
 
 

@@ -115,7 +115,12 @@ def _media(mm: Any, media: Any, raw_pixels: bool) -> None:
         mm.flat_keys["pixel_values"] = flat
     else:
         mm.batched_keys.append("pixel_values")
-    mm.batched_keys.extend(tensors)  # the sizes one of a flat layout too: a model input for some (Gemma 3's crops)
+    flat_tensors = getattr(media.processor, "flat_tensors", ())  # laid out as the pixels are (Idefics3's masks)
+    for key in tensors:
+        if key in flat_tensors:
+            mm.flat_keys[key] = flat
+        else:  # the sizes one of a flat layout too: a model input for some (Gemma 3's crops)
+            mm.batched_keys.append(key)
     mm.keep_on_cpu_keys.extend(media.processor.cpu_tensors)
     mm.im_token_id = media.processor.embed_id
     for offset, length in media.ranges:
