@@ -30,7 +30,7 @@ PREPROCESSOR_CONFIG = {
 }
 PROCESSOR_CONFIG = {"processor_class": "Idefics3Processor", "image_seq_len": TOKENS_PER_TILE}
 CHAT_TEMPLATE = (
-    "<|begin_of_text|>{%- for message in messages -%}"
+    "{%- for message in messages -%}"
     "{{ message['role'] | capitalize }}"
     "{%- if message['content'] is string -%}{{ ': ' + message['content'] }}"
     "{%- else -%}{%- for item in message['content'] -%}"

@@ -74,8 +74,13 @@ internvl="$(dirname "$model")/tiny-internvl"
 if [ ! -f "$internvl/config.json" ]; then
   "$venv/bin/python" "$here/make_tiny_internvl.py" "$internvl" "$tokenizer_dir"
 fi
+# A tiny Idefics3 (its image processor and processor configs, tiles of 56; the Qwen tokenizer with its tokens added).
+idefics3="$(dirname "$model")/tiny-idefics3"
+if [ ! -f "$idefics3/config.json" ]; then
+  "$venv/bin/python" "$here/make_tiny_idefics3.py" "$idefics3" "$tokenizer_dir"
+fi
 echo "SMG_VLLM_PYTHON=$venv/bin/python SMG_VLLM_MODEL=$model SMG_VLLM_EMBED_MODEL=$embed" \
      "SMG_VLLM_VISION_MODEL=$vision SMG_VLLM_VISION_PYTHONPATH=$vision_path SMG_VLLM_GEMMA3_MODEL=$gemma3" \
      "SMG_VLLM_MISTRAL3_MODEL=$mistral3 SMG_VLLM_LLAMA4_MODEL=$llama4 SMG_VLLM_INTERNVL_MODEL=$internvl" \
-     "SMG_VLLM_QWEN2_5_VL_MODEL=$qwen25vl" \
+     "SMG_VLLM_QWEN2_5_VL_MODEL=$qwen25vl SMG_VLLM_IDEFICS3_MODEL=$idefics3" \
      "python -m pytest -m real_engine tests/real_engine"
