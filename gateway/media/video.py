@@ -57,10 +57,12 @@ QWEN_TEMPORAL = 2
 # Every frame up to the last one sampled is decoded (as vLLM's reader does): a file may say it has this many at most
 # (an hour and 12 minutes at 30 a second); past GRAB_FAILURES_MAX frames in a row that cannot be read, it has ended.
 # A video file's child decoder: its address space (numpy, OpenCV's and FFmpeg's libraries and threads, and the
-# frames: the sampled frames are at most --media-max-video-pixels, 200 MB of RGB by default), and its log levels
-# (FFmpeg's AV_LOG_QUIET, OpenCV's silent: a broken file would write thousands of lines into the node's log).
+# frames: the sampled frames are at most --media-max-video-pixels, 200 MB of RGB by default); its environment: the
+# log levels (FFmpeg's AV_LOG_QUIET, OpenCV's silent: a broken file would write thousands of lines into the node's
+# log), and glibc's malloc arenas bounded (each reserves 64 MiB of address space and a thread may make one: on a
+# machine of many cores FFmpeg's decoding threads alone could reserve the whole bound).
 DECODER_MEMORY_BYTES = 4 << 30
-QUIET_DECODERS = {"OPENCV_FFMPEG_LOGLEVEL": "-8", "OPENCV_LOG_LEVEL": "SILENT"}
+QUIET_DECODERS = {"OPENCV_FFMPEG_LOGLEVEL": "-8", "OPENCV_LOG_LEVEL": "SILENT", "MALLOC_ARENA_MAX": "4"}
 FRAMES_MAX = 1 << 17
 GRAB_FAILURES_MAX = 64
 TORCH_ARANGE_LANES = 8  # floats a vector of torch's CPU arange kernel computes from one base (its AVX2 width)
