@@ -142,6 +142,6 @@ def test_videos_refused_with_a_400_naming_why(client):
     # A file that crashes OpenCV's reader (a segmentation fault; in vLLM's own server too): it costs the child
     # process that decodes it, not the node.
     crash = (Path(__file__).parents[1] / "unit" / "video_decoder_crash.avi").read_bytes()
-    assert "could not be decoded" in _refused(client, "invalid_video", [data_uri(crash, "video/x-msvideo")])
+    _refused(client, "invalid_video", [data_uri(crash, "video/x-msvideo")])  # (why: test_video.py's unit test)
     # The node still answers.
     assert ask(client, [THREE]).choices[0].message.content
