@@ -36,10 +36,12 @@ def media_facts_of_vllm(response: Any) -> MediaFacts:
 
 
 def _limits(label: str) -> dict[str, int]:
-    """``image=8,video=2`` as {"image": 8, "video": 2}; what does not parse is left out (not said)."""
+    """``image=8,video=2`` as {"image": 8, "video": 2}; what does not parse is left out (not said). A count of 0 is
+    kept: the engine takes none of that modality (``--limit-mm-per-prompt '{"video": 0}'``, an image-only
+    deployment's), and a request with one is refused here rather than failed by the engine."""
     out: dict[str, int] = {}
     for pair in label.split(","):
         modality, sep, count = pair.partition("=")
-        if sep and count.strip().isdigit() and int(count) > 0:
+        if sep and count.strip().isdigit():
             out[modality.strip()] = int(count)
     return out

@@ -354,7 +354,10 @@ class MediaService:
         config = self.config
         modality = refs[0].modality
         own = config.images_per_request_max if modality == "image" else config.videos_per_request_max
-        bound = min(own, images_max or own)
+        bound = own if images_max is None else min(own, images_max)
+        if bound == 0:
+            raise MediaError(f"this model's engines take no {modality}s (their --limit-mm-per-prompt)",
+                             code=f"too_many_{modality}s", param=refs[0].where)
         if len(refs) > bound:
             raise MediaError(f"the request carries {len(refs)} {modality}s; at most {bound}",
                              code=f"too_many_{modality}s", param=refs[bound].where)

@@ -76,6 +76,8 @@ def test_what_a_vision_engine_says_it_takes():
     assert ENGINE_RUNTIMES["vllm"].media_facts(vl.GetServerInfoResponse()) == MediaFacts(False, None, None, None)
     garbled = vl.GetServerInfoResponse(mm_item_limits="image=,=3,image=x,video=1")
     assert ENGINE_RUNTIMES["vllm"].media_facts(garbled) == MediaFacts(False, None, 1, None)
+    image_only = vl.GetServerInfoResponse(mm_item_limits="image=3,video=0")  # an image-only deployment's
+    assert ENGINE_RUNTIMES["vllm"].media_facts(image_only) == MediaFacts(False, 3, 0, None)
     assert ENGINE_RUNTIMES["sglang"].media_facts(sg.GetServerInfoResponse()) == MediaFacts()
 
 

@@ -301,6 +301,10 @@ async def test_the_service_bounds_videos_by_count_and_bytes_and_keeps_what_it_pr
         with pytest.raises(MediaError, match="3 videos; at most 2") as refused:
             await service.prepare([ref] * 3, processor, False)
         assert refused.value.code == "too_many_videos" and refused.value.param == "messages[0].content[0]"
+        with pytest.raises(MediaError, match="engines take no videos") as refused:  # their limit says 0
+            await service.prepare([ref], processor, False, images_max=0)
+        assert refused.value.code == "too_many_videos"
+        assert len((await service.prepare([ref], processor, False, images_max=1)).images) == 1
         large = "data:video/jpeg;base64," + "A" * 40_000
         with pytest.raises(MediaError, match="larger than 20000 bytes") as refused:
             await service.prepare([VideoRef(large, "messages[0].content[1]")], processor, False)
