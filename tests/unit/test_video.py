@@ -181,7 +181,7 @@ def test_a_video_file_is_sampled_and_decoded_as_opencv_reads_it_frame_by_frame(t
 
 
 def test_a_file_is_decoded_in_a_child_process_the_same_and_broken_ones_cost_only_the_child(tmp_path, capfd):
-    """A client's file with bytes changed or cut (a seeded sample of 24; 6,700 more were run by hand) decodes to what
+    """A client's file with bytes changed or cut (a seeded sample of 24; ~900 more were run by hand) decodes to what
     it holds or is refused, in a child process: one of those (video_decoder_crash.avi, a 16 KB AVI with a few bytes
     changed) crashes OpenCV's reader with a segmentation fault, vLLM's own server's too; here it is a refusal, and
     the node's process goes on. The decoders' complaints stay out of the node's log."""
