@@ -5,7 +5,9 @@ What is checked: a video_url as vLLM's JPEG frame list and as an MP4 file (made 
 model's video processor counts it; different videos, different answers; a video beside an image in one request (two
 batches); streamed; and refused with a 400 naming why: a text model, a model whose engines are SGLang's, too many
 videos, bytes that are no video, frames of different sizes, a video over the byte bound, a file that crashes its
-decoder (the node goes on)."""
+decoder (the node goes on). Fetched over http from a real server on 127.0.0.2, the image fetch rules hold for
+videos as attacks: hosts not allowed, loopback and metadata addresses, a redirect out, a declared or an endless
+body past the video bound, a missing file, the crashing file served."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from chaos.processes import EngineProcess, NodeProcess
 
 from gateway.media.video import QwenVideoProcessor, decode_jpeg_frames
 
-from .test_vision import PROCESSOR, data_uri, png
+from .test_vision import IMAGE_HOST, PROCESSOR, ImageServer, data_uri, png
 
 cv2 = pytest.importorskip("cv2")
 MODEL = "qwen2-vl-video-sim"
@@ -72,10 +74,24 @@ def engines(log_dir):
         e.stop()
 
 
+CRASH = (Path(__file__).parents[1] / "unit" / "video_decoder_crash.avi").read_bytes()  # (test_video.py's unit test)
+
+
+@pytest.fixture(scope="module")
+def server():
+    served = ImageServer(IMAGE_HOST, {"/clip.mp4": ("video/mp4", mp4(40, 96, 64)),
+                                      "/crash.avi": ("video/x-msvideo", CRASH),
+                                      "/large.mp4": ("video/mp4", os.urandom(400_000))})
+    yield served
+    served.close()
+
+
 @pytest.fixture(scope="module")
 def client(engines, log_dir):
     node = NodeProcess(["--worker-urls", *(e.url for e in engines), "--media-max-videos", "2",
-                        "--media-max-video-bytes", "300000", "--max-payload-size", "4000000"], log_dir, "video-node")
+                        "--media-max-video-bytes", "300000", "--max-payload-size", "4000000",
+                        "--media-allowed-hosts", f"{IMAGE_HOST}/32", "--media-fetch-timeout-secs", "5"],
+                       log_dir, "video-node")
     yield openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0, timeout=30)
     node.stop()
 
@@ -141,7 +157,33 @@ def test_videos_refused_with_a_400_naming_why(client):
     assert "not valid base64" in _refused(client, "invalid_video", ["data:video/jpeg;base64,%%%%"])
     # A file that crashes OpenCV's reader (a segmentation fault; in vLLM's own server too): it costs the child
     # process that decodes it, not the node.
-    crash = (Path(__file__).parents[1] / "unit" / "video_decoder_crash.avi").read_bytes()
-    _refused(client, "invalid_video", [data_uri(crash, "video/x-msvideo")])  # (why: test_video.py's unit test)
+    _refused(client, "invalid_video", [data_uri(CRASH, "video/x-msvideo")])
     # The node still answers.
     assert ask(client, [THREE]).choices[0].message.content
+
+
+def test_a_video_fetched_over_http_is_the_same_video(client, server):
+    fetched = ask(client, [f"{server.url}/clip.mp4"])
+    sent = ask(client, [data_uri(mp4(40, 96, 64), "video/mp4")])
+    assert fetched.usage.prompt_tokens == sent.usage.prompt_tokens
+    assert fetched.choices[0].message.content == sent.choices[0].message.content
+    assert ask(client, [f"{server.url}/redirect?to=/clip.mp4"]).choices[0].message.content == \
+        sent.choices[0].message.content  # a redirect among the allowed hosts is followed
+
+
+@pytest.mark.parametrize("url, code, says", [
+    ("http://127.0.0.3:{port}/clip.mp4", "video_url_not_allowed", ""),  # not listed
+    ("http://127.0.0.1:{port}/clip.mp4", "video_url_not_allowed", ""),  # loopback, not listed
+    ("http://169.254.169.254/latest/meta-data/", "video_url_not_allowed", ""),  # the cloud metadata address
+    ("http://[::1]:80/v.mp4", "video_url_not_allowed", ""),
+    ("{url}/redirect?to=http://127.0.0.1:{port}/clip.mp4", "video_url_not_allowed", ""),  # a redirect out
+    ("{url}/large.mp4", "video_too_large", "larger than 300000 bytes"),  # its length said, refused before reading
+    ("{url}/endless", "video_too_large", "larger than 300000 bytes"),  # no length: counted as it arrives
+    ("{url}/missing.mp4", "video_fetch_failed", "answered 404"),
+    ("{url}/crash.avi", "invalid_video", ""),  # the decoder's crash costs its child process, not the node
+    ("ftp://127.0.0.2/v.mp4", "invalid_video_url", ""),
+])
+def test_video_fetches_the_rules_refuse(client, server, url, code, says):
+    url = url.format(url=server.url, port=server.server.server_address[1])
+    assert says in _refused(client, code, [url])
+    assert ask(client, [THREE]).choices[0].message.content  # the node still answers

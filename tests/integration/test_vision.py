@@ -95,9 +95,11 @@ RED, BLUE = png(120, 90, 1), png(300, 200, 2)
 class ImageServer:
     """A real HTTP server on an address of its own, serving images, redirects, slow and large answers."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, more: "dict[str, tuple[str, bytes]] | None" = None) -> None:
         routes = {"/red.png": RED, "/blue.png": BLUE, "/bomb.png": bomb(), "/text": b"hello, not an image",
                   "/large.png": png(600, 600, 3)}
+        kinds = {path: kind for path, (kind, _) in (more or {}).items()}
+        routes.update({path: body for path, (_, body) in (more or {}).items()})
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def log_message(self, *args) -> None:
@@ -112,13 +114,23 @@ class ImageServer:
                     return
                 if path == "/slow.png":
                     time.sleep(3)
+                if path == "/endless":  # no length said, bytes until the reader goes (or 64 MiB)
+                    self.send_response(200)
+                    self.send_header("content-type", "application/octet-stream")
+                    self.end_headers()
+                    try:
+                        for _ in range(1024):
+                            self.wfile.write(b"\0" * 65536)
+                    except OSError:
+                        pass
+                    return
                 body = routes.get(path, RED if path == "/slow.png" else None)
                 if body is None:
                     self.send_response(404)
                     self.end_headers()
                     return
                 self.send_response(200)
-                self.send_header("content-type", "image/png")
+                self.send_header("content-type", kinds.get(path, "image/png"))
                 self.send_header("content-length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

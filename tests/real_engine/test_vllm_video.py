@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import base64
 import io
-import os
 import tempfile
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from .conftest import engine_pair
-from .media_engines import clients, configured, node_on
+from .media_engines import vision_pair
 from .test_vllm_vision import IMAGES, LOGPROB_TOLERANCE
 
 pytestmark = pytest.mark.real_engine
@@ -35,17 +33,9 @@ MODELS = {"qwen2-vl": "SMG_VLLM_VISION_MODEL", "qwen2.5-vl": "SMG_VLLM_QWEN2_5_V
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def video(request):
-    variable = MODELS[request.param]
-    configured(variable, "SMG_VLLM_VISION_PYTHONPATH")
-    env = {"PYTHONPATH": os.environ["SMG_VLLM_VISION_PYTHONPATH"]}
-    with engine_pair(f"vllm-video-{request.param}", os.environ[variable], 18055, 18065,
-                     ["--limit-mm-per-prompt", '{"image": 2, "video": 2}'], env) as (grpc_url, http_url):
-        node = node_on(grpc_url, f"node-vllm-video-{request.param}")
-        try:
-            ours, theirs = clients(node, http_url)
-            yield ours, theirs, ours.models.list().data[0].id
-        finally:
-            node.stop()
+    with vision_pair(MODELS[request.param], f"vllm-video-{request.param}", 18055, 18065,
+                     '{"image": 2, "video": 2}') as pair:
+        yield pair
 
 
 def _frame(width: int, height: int, seed: int) -> np.ndarray:

@@ -231,6 +231,13 @@ def test_what_a_target_cannot_do_is_a_400_naming_the_model_and_the_feature(oai, 
         oai.chat.completions.create(model="smart", messages=[{"role": "user", "content": "Hi"}],
                                        extra_body={"regex": "[a-z]+"})
     assert "regex constraints" in refused.value.message
+    # A video is preprocessed for our own engines; no provider's wire carries one.
+    frames = "data:video/jpeg;base64,/9j/4AAQ,/9j/4AAQ"
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.chat.completions.create(model="smart", messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What happens?"}, {"type": "video_url", "video_url": {"url": frames}}]}])
+    assert "'smart'" in refused.value.message and "video inputs" in refused.value.message
+    assert refused.value.body["param"] == "messages[0].content[1]"
     assert not fakes["primary"].requests and not fakes["backup"].requests
 
 
