@@ -87,16 +87,25 @@ def checks_anything(limiter: RateLimiter | None, spend: Any) -> bool:
     return (limiter is not None and limiter.active) or (spend is not None and spend.budgets_active)
 
 
-@contextlib.asynccontextmanager
-async def rate_limited(state: Any, request: Request, model: str | None, usage: UsageTally, estimated_tokens: int,
-                       prompt_tokens: int | None = None) -> AsyncIterator[None]:
+# What ``rate_limited`` gives when no limit or budget is set: one shared manager that does nothing (a generator-based
+# one would cost a generator, its wrapper and trio's async-generator hooks on every request, for nothing).
+NOTHING_TO_CHECK = contextlib.nullcontext()
+
+
+def rate_limited(state: Any, request: Request, model: str | None, usage: UsageTally, estimated_tokens: int,
+                 prompt_tokens: int | None = None) -> "contextlib.AbstractAsyncContextManager[None]":
     """Admit the request under every limit and budget that applies (or raise 429); settle its tokens and cost when
     it ends. ``state``: what holds the node's ``rate_limiter`` and ``spend``; ``prompt_tokens``: of the estimate,
     the prompt's (a budget reserves them at the input price, the rest at the output price)."""
     limiter, spend = state.rate_limiter, getattr(state, "spend", None)
     if not checks_anything(limiter, spend):
-        yield
-        return
+        return NOTHING_TO_CHECK
+    return _rate_limited(request, model, usage, estimated_tokens, prompt_tokens, limiter, spend)
+
+
+@contextlib.asynccontextmanager
+async def _rate_limited(request: Request, model: str | None, usage: UsageTally, estimated_tokens: int,
+                        prompt_tokens: int | None, limiter: RateLimiter, spend: Any) -> AsyncIterator[None]:
     principal = request.principal
     if principal.authenticated:  # keyed by the credential, never by headers the client picks
         identity = limiter.principal_identity(principal.key_id, principal.tenant, model)

@@ -16,6 +16,7 @@ feature, before anything is sent.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -31,7 +32,7 @@ from ..serving.generation import GenerationResult, UsageTally
 from .errors import ApiError, BadRequest, TooManyRequests, UpstreamError, UpstreamTimeout
 from .http import SSE_HEADERS, Request
 from .pipeline import end_sse, model_not_found, send_whole
-from .ratelimits import rate_limited
+from .ratelimits import NOTHING_TO_CHECK, rate_limited
 from .state import GatewayState
 
 
@@ -155,15 +156,20 @@ def provider_api_error(error: ProviderError, model: str, target: Target | None) 
     return answer
 
 
-@asynccontextmanager
-async def account_quota(state: GatewayState, target: Target, estimate: int, usage: UsageTally) -> AsyncIterator[None]:
+def account_quota(state: GatewayState, target: Target, estimate: int, usage: UsageTally
+                  ) -> "contextlib.AbstractAsyncContextManager[None]":
     """The target's account quota (if it has one) charged ``estimate`` tokens before the call, refused with the
     quota's 429 when spent, and settled with what ``usage`` counted once the call is over, however it ended; a
     call that found no connection gives its request back."""
     quota = state.providers.quota(target.name)
     if quota is None or state.rate_limiter is None:
-        yield
-        return
+        return NOTHING_TO_CHECK
+    return _account_quota(state, target, estimate, usage, quota)
+
+
+@asynccontextmanager
+async def _account_quota(state: GatewayState, target: Target, estimate: int, usage: UsageTally, quota: Any
+                         ) -> AsyncIterator[None]:
     verdict = await take(state.rate_limiter, quota, estimate)
     if not verdict.allowed:
         raise quota_refused(verdict, target)
@@ -261,19 +267,23 @@ async def _stream(state: GatewayState, request: Request, stream: Any, model: str
     error: ApiError | None = None
     called = False
     held: list[bytes] = []  # events made once the whole answer was in: they go out with the end, in one write
+
+    async def each(deltas: "list[Any]") -> None:
+        nonlocal started, called
+        called = called or any(type(d) is Call for d in deltas)
+        events = renderer.delta_events(deltas, not started)
+        started = True
+        if stream.complete:
+            held.append(events)
+            return
+        if not request.response_started:
+            await request.start_stream(200, SSE_HEADERS)
+        await request.send_chunk(b"".join(held) + events if held else events)
+        held.clear()
+
     async with stream:
         try:
-            async for deltas in stream.deltas():
-                called = called or any(type(d) is Call for d in deltas)
-                events = renderer.delta_events(deltas, not started)
-                started = True
-                if stream.complete:
-                    held.append(events)
-                    continue
-                if not request.response_started:
-                    await request.start_stream(200, SSE_HEADERS)
-                await request.send_chunk(b"".join(held) + events if held else events)
-                held.clear()
+            await stream.relay(each)
         except ProviderError as e:
             if not request.response_started:
                 raise

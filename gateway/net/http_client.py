@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import ssl
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -92,19 +92,26 @@ class Origin:
     port: int
     host_header: bytes
 
-    @classmethod
-    def of(cls, url: str) -> "tuple[Origin, bytes]":
+    @staticmethod
+    def of(url: str) -> "tuple[Origin, bytes]":
         """The origin of ``url`` and its request target (path and query)."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {url!r}")
-        tls = parts.scheme == "https"
-        port = parts.port or (443 if tls else 80)
-        host = parts.hostname
-        shown = f"[{host}]" if ":" in host else host
-        host_header = shown if port == (443 if tls else 80) else f"{shown}:{port}"
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        return cls(tls, host, port, host_header.encode("ascii")), target.encode("ascii")
+        return _origin_of(url)
+
+
+# A node calls a few URLs over and over (a target's chat URL): each is split once. Bounded, for a caller whose URLs
+# vary (an error is not kept: a bad URL is refused each time).
+@functools.lru_cache(maxsize=1024)
+def _origin_of(url: str) -> "tuple[Origin, bytes]":
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    tls = parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)
+    host = parts.hostname
+    shown = f"[{host}]" if ":" in host else host
+    host_header = shown if port == (443 if tls else 80) else f"{shown}:{port}"
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return Origin(tls, host, port, host_header.encode("ascii")), target.encode("ascii")
 
 
 class _PlainIo:
@@ -141,10 +148,12 @@ class _Connection:
         self.used_at = time.monotonic()
         self.broken = False
         self.reused = False  # taken from the pool: the server may have closed it meanwhile
+        self.parser = httptools.HttpResponseParser(self)
         self.new_answer()
 
     def new_answer(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
+        """Ready for the next answer on this connection. The parser is kept: llhttp reads the answers of a
+        kept-alive connection one after the other, and a connection is reused only after its answer completed."""
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.head_bytes = 0
@@ -251,21 +260,28 @@ class HttpResponse:
                 return value
         return None
 
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._pieces()
+    def __aiter__(self) -> "HttpResponse":
+        return self
 
-    async def _pieces(self) -> AsyncIterator[bytes]:
+    async def __anext__(self) -> bytes:
+        piece = await self.next_piece()
+        if piece is None:
+            raise StopAsyncIteration
+        return piece
+
+    async def next_piece(self) -> "bytes | None":
+        """The next piece of the body as it arrived; None after the last. (Not an async generator: under trio each
+        one is registered for finalization, a cost per answer that a stream's relay pays for nothing.)"""
         connection = self._connection
         if connection is None:
-            return
+            return None
         pieces = connection.pieces
-        while True:
-            while pieces:
-                yield pieces.popleft()
+        while not pieces:
             if connection.complete:
-                break
+                self._release()
+                return None
             await connection.read_more()
-        self._release()
+        return pieces.popleft()
 
     async def read(self, limit: int) -> bytes:
         """The whole body; BodyTooLarge (the connection closed) as soon as more than ``limit`` bytes came."""

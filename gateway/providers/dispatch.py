@@ -13,12 +13,11 @@ piece within the same time (a provider that stops sending mid-answer is a timeou
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import orjson
@@ -87,15 +86,18 @@ class ProviderCalls:
         return provider, answer
 
     def span(self, target: Target, stream: bool) -> Any:
-        """The provider attempt's client span (None outside a sampled request, or without tracing): the target, its
-        provider and model; its usage and outcome are set when it ends."""
+        """The provider attempt's client span, a context manager (None without tracing; its value None outside a
+        sampled request): the target, its provider and model; its usage and outcome are set when it ends."""
         if self.tracing is None:
-            return contextlib.nullcontext()
+            return None
         return self.tracing.client_span("provider.call", {"smg.target": target.name, "smg.provider": target.provider,
                                                           "gen_ai.request.model": target.model, "smg.stream": stream})
 
     async def whole(self, chat: ChatRequest, target: Target) -> ProviderAnswer:
-        with self.span(target, False) as span:
+        tracing = self.span(target, False)
+        if tracing is None:
+            return await self._whole(chat, target)
+        with tracing as span:
             result = await self._whole(chat, target)
             if span is not None:
                 span.set_attributes(_usage_attributes(result.usage))
@@ -123,17 +125,16 @@ class ProviderCalls:
         """One whole request and answer: sent, read within the bounds and the target's time, parsed, counted."""
         started = time.monotonic()
         try:
-            with trio.fail_after(target.timeout_s):
+            # A scope of its own rather than trio.fail_after (a generator-based manager: more per call).
+            with trio.CancelScope(deadline=trio.current_time() + target.timeout_s) as scope:
                 provider, answer = await self._send(target, build)
                 try:
                     body = await answer.read(self.bounds.answer_bytes_max)
                 finally:
                     await answer.aclose()
+            if scope.cancelled_caught:
+                raise _timed_out(target)
             result = parse(provider, body)
-        except trio.TooSlowError:
-            self._count(target, TIMEOUT, started)
-            raise ProviderError(TIMEOUT, 504, f"the target {target.name} did not answer within "
-                                              f"{target.timeout_s:g} s") from None
         except HttpClientError as e:
             self._count(target, SERVER, started)
             raise ProviderError(SERVER, 502, f"the target {target.name}'s answer broke off: {e}") from None
@@ -185,53 +186,57 @@ class ProviderStream:
         self._answer: Any = None
         self._reader: Any = None
         self._started = 0.0
-        self._span = contextlib.ExitStack()
+        self._span: Any = None  # the span's context manager, entered (with tracing)
         self._span_value: Any = None
 
     async def __aenter__(self) -> "ProviderStream":
         self._started = time.monotonic()
         target = self.target
-        self._span_value = self._span.enter_context(self._calls.span(target, True))
+        span = self._calls.span(target, True)
+        if span is None:
+            return await self._open(target)
+        self._span_value = span.__enter__()
+        self._span = span
         try:
             return await self._open(target)
         except BaseException:
-            self._span.__exit__(*sys.exc_info())
+            self._span = None
+            span.__exit__(*sys.exc_info())
             raise
 
     async def _open(self, target: Target) -> "ProviderStream":
         try:
-            with trio.fail_after(target.timeout_s):
+            with trio.CancelScope(deadline=trio.current_time() + target.timeout_s) as scope:
                 provider, self._answer = await self._calls._send(
                     target, lambda provider, secret: provider.call(self._chat, target, True, secret))
-        except trio.TooSlowError:
-            self._calls._count(target, TIMEOUT, self._started)
-            raise ProviderError(TIMEOUT, 504, f"the target {target.name} did not answer within "
-                                              f"{target.timeout_s:g} s") from None
+            if scope.cancelled_caught:
+                raise _timed_out(target)
         except ProviderError as e:
             self._calls._count(target, e.kind, self._started)
             raise
         self._reader = provider.stream()
         return self
 
-    async def deltas(self) -> AsyncIterator["list[Delta]"]:
-        """The deltas of each piece of the answer (a piece may complete none); a gap longer than the target's
-        timeout is a ProviderError, as is an answer that breaks off."""
-        target, reader = self.target, self._reader
-        pieces = self._answer.__aiter__()
+    async def relay(self, each: "Callable[[list[Delta]], Awaitable[None]]") -> None:
+        """Hands ``each`` the deltas of every piece of the answer that completes some, as the pieces arrive; a gap
+        longer than the target's timeout is a ProviderError, as is an answer that breaks off; ``end`` after the
+        last. (A loop with a callback rather than an async generator: trio registers each of those for
+        finalization, a cost per stream.)"""
+        target, reader, answer = self.target, self._reader, self._answer
         timeout_s = target.timeout_s
         try:
             # One scope for the whole stream, its deadline moved on by each piece (a scope per piece cost more
-            # than the piece's own reading).
+            # than the piece's own reading). It covers ``each`` too: a client that stops reading holds the
+            # provider's connection no longer than a provider that stops sending would.
             with trio.CancelScope(deadline=trio.current_time() + timeout_s) as gap:
                 while True:
-                    try:
-                        piece = await pieces.__anext__()
-                    except StopAsyncIteration:
+                    piece = await answer.next_piece()
+                    if piece is None:
                         break
                     gap.deadline = trio.current_time() + timeout_s
                     deltas = reader.feed(piece)
                     if deltas:
-                        yield joined(deltas)
+                        await each(joined(deltas))
             if gap.cancelled_caught:
                 raise ProviderError(TIMEOUT, 504, f"the target {target.name} stopped sending for {timeout_s:g} s")
             self.end = reader.finish()
@@ -254,9 +259,15 @@ class ProviderStream:
             if self._answer is not None:
                 await self._answer.aclose()
         finally:
-            if self._span_value is not None and self.end is not None:
-                self._span_value.set_attributes(_usage_attributes(self.end.usage))
-            self._span.__exit__(*exc)
+            span, self._span = self._span, None
+            if span is not None:
+                if self._span_value is not None and self.end is not None:
+                    self._span_value.set_attributes(_usage_attributes(self.end.usage))
+                span.__exit__(*exc)
+
+
+def _timed_out(target: Target) -> ProviderError:
+    return ProviderError(TIMEOUT, 504, f"the target {target.name} did not answer within {target.timeout_s:g} s")
 
 
 def _embeddings_of(raw: bytes, target: Target) -> "tuple[list[Any], int]":

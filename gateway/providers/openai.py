@@ -29,7 +29,8 @@ from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, new_cal
 from .base import (CONTEXT_LENGTH, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError, StreamEnd,
                    StreamReader, Target, Unsupported, Usage, kind_of_status, put_sampling, refuse,
                    retry_after_s)
-from .sse import SseDecoder
+from .sse import SseDecoder, json_value
+from .text_events import TextShape
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls",
            "content_filter": "content_filter"}
@@ -217,6 +218,7 @@ def _call_id(call: dict[str, Any]) -> str:
 class _ChatStream(StreamReader):
     def __init__(self) -> None:
         self._events = SseDecoder()
+        self._shape: TextShape | None = None  # a text chunk's bytes, learned from the first (text_events.py)
         self._call: dict[str, Any] | None = None  # the call being assembled: index, id, name, arguments pieces
         self._calls = 0
         self._finish: str | None = None
@@ -225,7 +227,17 @@ class _ChatStream(StreamReader):
     def feed(self, data: bytes) -> "list[Delta]":
         deltas: list[Delta] = []
         texts: list[str] = []  # the plain texts of consecutive chunks: one Content (one event for the client)
-        for chunk in self._events.objects(data):
+        shape = self._shape
+        for payload in self._events.payloads(data):
+            if shape is not None:  # a text chunk of the shape learned: its text from its bytes
+                text = shape.text(payload)
+                if text is not None:
+                    if text:
+                        texts.append(text)
+                    continue
+            chunk = json_value(payload)
+            if type(chunk) is not dict:
+                continue
             choices = chunk.get("choices")
             choice = choices[0] if type(choices) is list and len(choices) == 1 else None
             # Most chunks: one choice whose delta is text (with the role, once), no usage, no finish: its text.
@@ -236,6 +248,8 @@ class _ChatStream(StreamReader):
                     content = delta.get("content")
                     if type(content) is str and content:
                         texts.append(content)
+                        if shape is None and "role" not in delta:  # the first: its shape, for the next ones
+                            shape = self._shape = TextShape.learn(payload, b"content", content)
                     continue
             if texts:
                 deltas.append(Content("".join(texts)))

@@ -1,0 +1,141 @@
+"""A stream's text events read from their bytes (gateway/providers/text_events.py): what the shape reads equals what
+parsing reads, and anything the shape cannot vouch for is left to parsing; an OpenAI chat stream read with the
+shape gives the deltas it gives without it, over seeded random streams cut at random places."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from gateway.providers import openai as openai_wire
+from gateway.providers.base import ProviderError
+from gateway.providers.text_events import TextShape
+from gateway.serving.chat import Call, Content, Reasoning
+
+HEAD = {"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 17, "model": "m", "system_fingerprint": "fp"}
+
+
+def event(content, **choice) -> bytes:
+    body = {**HEAD, "choices": [{"index": 0, "delta": {"content": content}, "logprobs": None,
+                                 "finish_reason": None, **choice}]}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+FIRST = event("Hello")
+SHAPE = TextShape.learn(FIRST, b"content", "Hello")
+
+
+@pytest.mark.parametrize("text", ["", " world", "é ü 字 🙂", 'a "quoted" word', "line\nbreak\ttab", "back\\slash",
+                                  "\u2028", "x" * 5000])
+def test_the_text_of_an_event_of_the_shape_is_what_parsing_reads(text):
+    for ensure_ascii in (True, False):
+        body = json.loads(FIRST)
+        body["choices"][0]["delta"]["content"] = text
+        payload = json.dumps(body, separators=(",", ":"), ensure_ascii=ensure_ascii).encode()
+        assert SHAPE.text(payload) == text
+
+
+@pytest.mark.parametrize("payload", [
+    event("x", finish_reason="stop"),  # another shape: the finish
+    event(None),  # not a string
+    event(7),
+    FIRST.replace(b'"Hello"', b'"a","extra":"b"'),  # a string, then another member: not one token
+    FIRST.replace(b'"Hello"', b'"a\nb"'),  # a raw newline: not JSON
+    FIRST.replace(b'"Hello"', b'"a\x01b"'),  # a raw control character: not JSON
+    FIRST.replace(b'"Hello"', b'"\xff\xfe"'),  # not UTF-8
+    FIRST.replace(b'"Hello"', b'"broken'),
+    FIRST.replace(b'"Hello"', b' "spaced"'),
+    FIRST[:40],
+    b"",
+])
+def test_what_the_shape_cannot_vouch_for_is_left_to_parsing(payload):
+    assert SHAPE.text(payload) is None
+
+
+def test_a_shape_is_learnt_only_where_the_bytes_say_which_member_is_the_text():
+    assert TextShape.learn(FIRST, b"content", "Hello") is not None
+    assert TextShape.learn(FIRST, b"content", "Other") is None  # the bytes disagree with the parse
+    twice = json.dumps({**HEAD, "choices": [{"index": 0, "delta": {"content": "Hi"},
+                                             "logprobs": {"content": [{"token": "Hi"}]}}]}).encode()
+    assert TextShape.learn(twice, b"content", "Hi") is None  # which "content" is the text: not told by the bytes
+    spaced = json.dumps(json.loads(FIRST)).encode()  # json.dumps' default ", " and ": "
+    shape = TextShape.learn(spaced, b"content", "Hello")
+    assert shape is not None and shape.text(spaced.replace(b'"Hello"', b'"Bye"')) == "Bye"
+
+
+def _chunks(rng: random.Random) -> "list[dict]":
+    """An OpenAI chat stream: the role, texts (some with escapes), now and then reasoning, a field that differs per
+    chunk (OpenAI's obfuscation), a tool call in pieces; the finish and usage."""
+    texts = [" ".join(rng.choice(["word", "é", "a\"b", "new\nline", "tab\t", "🙂", "", "x\\y", "z"])
+                      for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(1, 40))]
+    chunks = [{**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                    "finish_reason": None}]}]
+    for k, text in enumerate(texts):
+        delta: dict = {"content": text}
+        chunk = {**HEAD, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+        roll = rng.random()
+        if roll < 0.05:
+            delta["reasoning_content"] = "thinking " + text
+        elif roll < 0.1:
+            chunk["obfuscation"] = "o" * rng.randint(1, 12)
+        elif roll < 0.12:
+            chunk["usage"] = None
+        chunks.append(chunk)
+    if rng.random() < 0.3:
+        call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": ""}}
+        chunks.append({**HEAD, "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]})
+        for piece in ['{"a"', ': 1}']:
+            chunks.append({**HEAD, "choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "function": {"arguments": piece}}]}, "finish_reason": None}]})
+    chunks.append({**HEAD, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    chunks.append({**HEAD, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": len(texts),
+                                                     "total_tokens": 3 + len(texts)}})
+    return chunks
+
+
+def _read(body: bytes, cuts: "list[int]", shaped: bool, monkeypatch) -> "tuple[list, str, str, bool]":
+    with monkeypatch.context() as patch:
+        if not shaped:
+            patch.setattr(openai_wire.TextShape, "learn", classmethod(lambda cls, *a: None))
+        reader = openai_wire._ChatStream()
+        deltas = []
+        for start, end in zip([0, *cuts], [*cuts, len(body)]):
+            deltas += reader.feed(body[start:end])
+        end = reader.finish()
+        learned = reader._shape is not None
+    # Consecutive texts are joined (the cuts decide how they group): compare what each kind says in order.
+    merged: list = []
+    for d in [*deltas, *end.deltas]:
+        if merged and type(d) in (Content, Reasoning) and type(merged[-1]) is type(d):
+            merged[-1] = type(d)(merged[-1].text + d.text)
+        else:
+            merged.append(d)
+    return merged, end.finish_reason, repr(end.usage), learned
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_stream_read_with_its_shape_gives_what_it_gives_without(seed, monkeypatch):
+    rng = random.Random(seed)
+    ensure_ascii = rng.random() < 0.5
+    chunks = _chunks(rng)
+    body = b"".join(b"data: " + json.dumps(c, separators=(",", ":"), ensure_ascii=ensure_ascii).encode() + b"\n\n"
+                    for c in chunks) + b"data: [DONE]\n\n"
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    learnable = any(list(delta) == ["content"] and delta["content"] for delta in deltas)
+    whole = _read(body, [], True, monkeypatch)
+    assert whole[:3] == _read(body, [], False, monkeypatch)[:3], f"seed {seed}"
+    cuts = sorted(rng.sample(range(1, len(body)), min(len(body) - 1, rng.randint(1, 60))))
+    assert _read(body, cuts, True, monkeypatch)[:3] == whole[:3], f"seed {seed}, cuts {cuts}"
+    assert whole[3] == learnable, f"seed {seed}: a shape learned where it could be, only there"
+    assert any(type(d) is Content for d in whole[0]), f"seed {seed}"
+    if b"tool_calls" in body:
+        assert any(type(d) is Call for d in whole[0]), f"seed {seed}"
+
+
+def test_a_broken_event_of_the_shape_is_still_refused_as_parsing_refuses_it():
+    reader = openai_wire._ChatStream()
+    reader.feed(b"data: " + FIRST + b"\n\n")
+    with pytest.raises(ProviderError, match="not JSON"):
+        reader.feed(b"data: " + FIRST.replace(b'"Hello"', b'"a\nb"') + b"\n\n")
