@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -175,8 +174,9 @@ def _usage_attributes(usage: Any) -> dict[str, int]:
 
 
 class ProviderStream:
-    """A streamed call: ``async with`` it to send the request (ProviderError if it is refused, before anything
-    was answered), then ``deltas()``; ``end`` after the last."""
+    """A streamed call: ``async with`` it (its span), then ``relay``, which sends the request and hands on the
+    answer's deltas (a ProviderError before the first means the target refused or failed before answering: the
+    route may move on); ``end`` after the last."""
 
     def __init__(self, calls: ProviderCalls, chat: ChatRequest, target: Target) -> None:
         self._calls = calls
@@ -184,51 +184,34 @@ class ProviderStream:
         self.target = target
         self.end: StreamEnd | None = None
         self._answer: Any = None
-        self._reader: Any = None
         self._started = 0.0
         self._span: Any = None  # the span's context manager, entered (with tracing)
         self._span_value: Any = None
 
     async def __aenter__(self) -> "ProviderStream":
         self._started = time.monotonic()
-        target = self.target
-        span = self._calls.span(target, True)
-        if span is None:
-            return await self._open(target)
-        self._span_value = span.__enter__()
-        self._span = span
-        try:
-            return await self._open(target)
-        except BaseException:
-            self._span = None
-            span.__exit__(*sys.exc_info())
-            raise
-
-    async def _open(self, target: Target) -> "ProviderStream":
-        try:
-            with trio.CancelScope(deadline=trio.current_time() + target.timeout_s) as scope:
-                provider, self._answer = await self._calls._send(
-                    target, lambda provider, secret: provider.call(self._chat, target, True, secret))
-            if scope.cancelled_caught:
-                raise _timed_out(target)
-        except ProviderError as e:
-            self._calls._count(target, e.kind, self._started)
-            raise
-        self._reader = provider.stream()
+        span = self._calls.span(self.target, True)
+        if span is not None:
+            self._span_value = span.__enter__()
+            self._span = span
         return self
 
     async def relay(self, each: "Callable[[list[Delta]], Awaitable[None]]") -> None:
-        """Hands ``each`` the deltas of every piece of the answer that completes some, as the pieces arrive; a gap
-        longer than the target's timeout is a ProviderError, as is an answer that breaks off; ``end`` after the
-        last. (A loop with a callback rather than an async generator: trio registers each of those for
-        finalization, a cost per stream.)"""
-        target, reader, answer = self.target, self._reader, self._answer
+        """Sends the request, then hands ``each`` the deltas of every piece of the answer that completes some, as
+        the pieces arrive; no answer within the target's timeout, a gap as long between pieces, and an answer that
+        breaks off are ProviderErrors; ``end`` after the last. (A loop with a callback rather than an async
+        generator: trio registers each of those for finalization, a cost per stream.)"""
+        target, calls = self.target, self._calls
         timeout_s = target.timeout_s
         try:
-            # One scope for the whole stream, its deadline moved on by each piece (a scope per piece cost more
-            # than the piece's own reading). It covers ``each`` too: a client that stops reading holds the
-            # provider's connection no longer than a provider that stops sending would.
+            # One scope for the whole call, its deadline moved on by each piece (a scope per piece cost more than
+            # the piece's own reading). It covers ``each`` too: a client that stops reading holds the provider's
+            # connection no longer than a provider that stops sending would.
             with trio.CancelScope(deadline=trio.current_time() + timeout_s) as gap:
+                provider, answer = await calls._send(
+                    target, lambda provider, secret: provider.call(self._chat, target, True, secret))
+                self._answer = answer
+                reader = provider.stream()
                 while True:
                     piece = await answer.next_piece()
                     if piece is None:
@@ -238,16 +221,18 @@ class ProviderStream:
                     if deltas:
                         await each(joined(deltas))
             if gap.cancelled_caught:
+                if self._answer is None:
+                    raise _timed_out(target)
                 raise ProviderError(TIMEOUT, 504, f"the target {target.name} stopped sending for {timeout_s:g} s")
             self.end = reader.finish()
         except HttpClientError as e:
-            self._calls._count(target, SERVER, self._started)
+            calls._count(target, SERVER, self._started)
             raise ProviderError(SERVER, 502, f"the target {target.name}'s stream broke off: {e}") from None
         except ProviderError as e:
-            self._calls._count(target, e.kind, self._started)
+            calls._count(target, e.kind, self._started)
             raise
-        self._calls._count(target, "ok", self._started)
-        self._calls._count_tokens(target, self.end.usage)
+        calls._count(target, "ok", self._started)
+        calls._count_tokens(target, self.end.usage)
 
     @property
     def complete(self) -> bool:
