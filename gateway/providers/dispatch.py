@@ -32,6 +32,9 @@ from .credentials import CredentialError, Secrets
 log = logging.getLogger("gateway.providers")
 
 
+GAP_SLACK_S = 0.5  # (ProviderStream.relay)
+
+
 @dataclasses.dataclass(frozen=True)
 class CallBounds:
     # A whole answer's body, read before it is parsed: the largest chat answer a provider sends is its longest
@@ -203,8 +206,12 @@ class ProviderStream:
         generator: trio registers each of those for finalization, a cost per stream.)"""
         target, calls = self.target, self._calls
         timeout_s = target.timeout_s
+        # Moving a scope's deadline costs a few microseconds (trio re-registers it): a piece moves it only when that
+        # gains this much, so a stream of many pieces moves it a few times a second rather than once a token, and
+        # a gap is bounded to within 5 % below the timeout.
+        slack_s = min(GAP_SLACK_S, timeout_s / 20)
         try:
-            # One scope for the whole call, its deadline moved on by each piece (a scope per piece cost more than
+            # One scope for the whole call, its deadline moved on by the pieces (a scope per piece cost more than
             # the piece's own reading). It covers ``each`` too: a client that stops reading holds the provider's
             # connection no longer than a provider that stops sending would.
             with trio.CancelScope(deadline=trio.current_time() + timeout_s) as gap:
@@ -216,7 +223,9 @@ class ProviderStream:
                     piece = await answer.next_piece()
                     if piece is None:
                         break
-                    gap.deadline = trio.current_time() + timeout_s
+                    deadline = trio.current_time() + timeout_s
+                    if deadline - gap.deadline > slack_s:
+                        gap.deadline = deadline
                     deltas = reader.feed(piece)
                     if deltas:
                         await each(joined(deltas))

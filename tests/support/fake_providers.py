@@ -47,6 +47,8 @@ class Failure:
     headers: dict[str, str] = dataclasses.field(default_factory=dict)
     delay_s: float = 0.0  # before answering (a timeout test waits longer than the target's bound)
     drop_after_bytes: int | None = None  # a 200 whose connection is dropped after this many body bytes
+    # A 200 stream that pauses: (after this many body bytes, for this many seconds), in order.
+    stalls: "tuple[tuple[int, float], ...]" = ()
     code: str | None = None
 
 
@@ -174,12 +176,15 @@ class FakeProvider:
         """A 200 stream of ``pieces``, its connection dropped where ``failure`` says."""
         self.start_events(handler)
         sent = 0
+        stalls = list(failure.stalls) if failure is not None else []
         for piece in pieces:
             if failure is not None and failure.drop_after_bytes is not None and sent >= failure.drop_after_bytes:
                 handler.close_connection = True
                 handler.wfile.flush()
                 handler.connection.shutdown(2)
                 return
+            while stalls and sent >= stalls[0][0]:
+                time.sleep(stalls.pop(0)[1])
             self.send_chunk(handler, piece)
             sent += len(piece)
         self.end_events(handler)

@@ -193,6 +193,38 @@ def test_a_target_that_answers_too_late_is_left_for_the_next(oai, fakes):
     assert reply.choices[0].message.content == "Hello from backup."
 
 
+def _streamed_text(oai, model: str) -> "tuple[str, Exception | None]":
+    """The text a streamed answer gave before it ended, and the error it ended with (None: it ended well)."""
+    text = []
+    try:
+        for chunk in oai.chat.completions.create(model=model, stream=True,
+                                                 messages=[{"role": "user", "content": "Hi"}]):
+            text += [c.delta.content or "" for c in chunk.choices]
+    except openai.APIError as e:
+        return "".join(text), e
+    return "".join(text), None
+
+
+def test_a_stream_that_stops_or_breaks_off_after_it_began_ends_with_an_error_event(oai, fakes):
+    words = " ".join(f"word{i}" for i in range(60))
+    fakes["slow"].reply = lambda body: Reply(content=words)
+    # A pause longer than the target's bound (1 s) once the answer has begun: the client has its first text, then
+    # the stream's error (too late to move to another target).
+    fakes["slow"].failures.append(Failure(200, stalls=((600, 2.5),)))
+    text, error = _streamed_text(oai, "slow")
+    assert text and words.startswith(text) and text != words
+    assert error is not None and "stopped sending for 1 s" in str(error)
+    # Pauses each shorter than the bound, longer together: the bound is between pieces, not for the whole answer.
+    fakes["slow"].failures.append(Failure(200, stalls=((300, 0.6), (900, 0.6))))
+    assert _streamed_text(oai, "slow") == (words, None)
+    # The connection dropped part way.
+    fakes["slow"].failures.append(Failure(200, drop_after_bytes=700))
+    text, error = _streamed_text(oai, "slow")
+    assert words.startswith(text) and text != words
+    assert error is not None and "broke off" in str(error)
+    assert not fakes["backup"].requests
+
+
 def test_azure_is_called_at_its_deployment_with_its_api_key_header(oai, fakes):
     reply = oai.chat.completions.create(model="azure", messages=[{"role": "user", "content": "Hi"}])
     assert reply.choices[0].message.content == "Hello from lone."
