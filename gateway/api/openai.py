@@ -133,7 +133,7 @@ class OpenAIShape:
         chunks = [self.delta_chunk(delta) for delta in chat_deltas]
         if chunks and self.logprobs is not None:  # the tokens since the last chunk, with the last of these
             chunks[-1]["choices"][0]["logprobs"] = self.logprobs.unsent()
-        return b"".join(sse_event(chunk) for chunk in chunks)
+        return b"".join([sse_event(chunk) for chunk in chunks])
 
     def final_events(self, deltas: "list[Delta]", answer: ChatAnswer) -> bytes:
         out = self.delta_events(deltas, False) if deltas else b""

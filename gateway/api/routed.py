@@ -270,7 +270,10 @@ async def _stream(state: GatewayState, request: Request, stream: Any, model: str
 
     async def each(deltas: "list[Any]") -> None:
         nonlocal started, called
-        called = called or any(type(d) is Call for d in deltas)
+        if not called:
+            for delta in deltas:
+                if type(delta) is Call:
+                    called = True
         events = renderer.delta_events(deltas, not started)
         started = True
         if stream.complete:

@@ -49,11 +49,16 @@ class TextShape:
         token = _STRING_TOKEN.match(payload, start)
         if token is None:
             return None
-        try:
-            if orjson.loads(token.group()) != text:
+        value = token.group()
+        if _PLAIN_STRING.fullmatch(value) is not None:
+            if value[1:-1] != text.encode():
                 return None
-        except orjson.JSONDecodeError:
-            return None
+        else:
+            try:
+                if orjson.loads(value) != text:
+                    return None
+            except orjson.JSONDecodeError:
+                return None
         return cls(payload[:start], payload[token.end():])
 
     def text(self, payload: bytes) -> "str | None":
