@@ -30,7 +30,8 @@ from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning
 from .base import (CONTEXT_LENGTH, OVERLOADED, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError,
                    StreamEnd, StreamReader, Target, Unsupported, Usage, call_arguments, fold_turn, kind_of_status,
                    put_sampling, refuse, retry_after_s)
-from .sse import SseDecoder
+from .sse import SseDecoder, json_value
+from .text_events import TextShape
 
 VERSION = "2023-06-01"
 MAX_TOKENS = 4096  # Anthropic requires max_tokens: what a request that names none gets
@@ -212,6 +213,7 @@ def _tool(tool: dict[str, Any]) -> dict[str, Any]:
 class _MessagesStream(StreamReader):
     def __init__(self) -> None:
         self._events = SseDecoder()
+        self._shape: TextShape | None = None  # a text delta's bytes, learned from the first (text_events.py)
         self._blocks: dict[int, dict[str, Any]] = {}  # open tool_use blocks by index: id, name, input pieces
         self._calls = 0
         self._usage: dict[str, Any] = {}
@@ -221,14 +223,34 @@ class _MessagesStream(StreamReader):
 
     def feed(self, data: bytes) -> "list[Delta]":
         deltas: list[Delta] = []
-        for event in self._events.objects(data):
+        texts: list[str] = []  # consecutive text deltas: one Content
+        shape = self._shape
+        for payload in self._events.payloads(data):
+            if shape is not None:  # a text delta of the shape learned: its text from its bytes
+                text = shape.text(payload)
+                if text is not None:
+                    if text:
+                        texts.append(text)
+                    continue
+            event = json_value(payload)
+            if type(event) is not dict:
+                continue
             kind = event.get("type")
             if kind == "content_block_delta":
                 delta = event.get("delta") or {}
                 dtype = delta.get("type")
-                if dtype == "text_delta" and delta.get("text"):
-                    deltas.append(Content(delta["text"]))
-                elif dtype == "thinking_delta" and delta.get("thinking"):
+                text = delta.get("text")
+                if dtype == "text_delta" and type(text) is str:
+                    if text:
+                        texts.append(text)
+                        if shape is None:  # the first: its shape, for the next ones
+                            shape = self._shape = TextShape.learn(payload, b"text", text)
+                    continue
+            if texts:
+                deltas.append(Content("".join(texts)))
+                texts.clear()
+            if kind == "content_block_delta":
+                if dtype == "thinking_delta" and delta.get("thinking"):
                     deltas.append(Reasoning(delta["thinking"]))
                 elif dtype == "input_json_delta":
                     block = self._blocks.get(event.get("index"))
@@ -258,6 +280,8 @@ class _MessagesStream(StreamReader):
                 error = event.get("error") or {}
                 raise error_of(529 if error.get("type") == "overloaded_error" else 500, [],
                                orjson.dumps({"error": error}))
+        if texts:
+            deltas.append(Content("".join(texts)))
         return deltas
 
     def finish(self) -> StreamEnd:

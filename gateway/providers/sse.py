@@ -10,6 +10,7 @@ unbounded one is a server that would take the node's memory.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -20,6 +21,10 @@ from .base import SERVER, ProviderError
 # usage, Gemini's whole candidate) or a tool call's arguments in one piece: a few KiB to hundreds. 8 MiB is far
 # above any of them and far below what hurts a node.
 EVENT_BYTES_MAX = 8 * 1024 * 1024
+
+# Whole events of an event line and a data line each (Anthropic's), and their data.
+_NAMED_EVENTS = re.compile(rb"(?:event: [^\n]*\ndata: [^\n]*\n\n)+")
+_NAMED_DATA = re.compile(rb"\ndata: ([^\n]*)\n\n")
 
 
 class SseDecoder:
@@ -75,13 +80,19 @@ class SseDecoder:
 
     def payloads(self, data: bytes) -> "list[bytes]":
         """The data of each event ``data`` completes, as bytes (OpenAI's last, ``[DONE]``, left out). The usual
-        piece, whole events of one ``data:`` line each, is cut with a few passes in C rather than a loop over its
-        lines: no JSON value holds a raw newline, so when the newlines are exactly the events' separators there is
-        no other field, comment or line to read."""
-        if not self._buffer and not self._cr and data[:6] == b"data: " and data[-2:] == b"\n\n" \
-                and b"\r" not in data:
-            payloads = data[6:-2].split(b"\n\ndata: ")
-            if b"\n" not in b"".join(payloads):  # (a copy and a memchr: cheaper than counting the newlines)
+        pieces, whole events of one ``data:`` line each (OpenAI, Gemini) or of an ``event:`` line and a ``data:``
+        line (Anthropic), are cut with a few passes in C rather than a loop over their lines: no JSON value holds a
+        raw newline, so when the newlines are exactly the events' separators there is no other field, comment or
+        line to read."""
+        if not self._buffer and not self._cr and data[-2:] == b"\n\n" and b"\r" not in data:
+            if data[:6] == b"data: ":
+                payloads = data[6:-2].split(b"\n\ndata: ")
+                if b"\n" not in b"".join(payloads):  # (a copy and a memchr: cheaper than counting the newlines)
+                    if b"[DONE]" in payloads:
+                        return [payload for payload in payloads if payload != b"[DONE]"]
+                    return payloads
+            elif data[:7] == b"event: " and _NAMED_EVENTS.fullmatch(data) is not None:
+                payloads = _NAMED_DATA.findall(data)  # (a name never holds a newline: one data line each)
                 if b"[DONE]" in payloads:
                     return [payload for payload in payloads if payload != b"[DONE]"]
                 return payloads

@@ -5,7 +5,9 @@ environment exists, all in front of one fast local upstream that speaks OpenAI's
 Not a test: it prints figures. What it does:
 
 1. Starts the upstream (a subprocess: asyncio and canned answers, so it costs the gateways' clients nothing to
-   wait for): a chat completion of 16 tokens whole, or the same as 16 SSE chunks, usage and [DONE].
+   wait for): a chat completion of 16 tokens whole, or the same as 16 SSE chunks, usage and [DONE]; with
+   ``--wire anthropic``, Anthropic's Messages instead (a message whole, or its events: one content_block_delta a
+   word), the clients then sending Messages requests (/v1/messages) and smg relaying with ``--backend anthropic``.
 2. Starts each gateway pointed at it:
    ``smg-node`` (``--models-config``: model ``relay`` is a route to an ``openai_compatible`` target),
    ``smg-node-worker`` (the same upstream as an OpenAI-compatible HTTP worker, relayed as it is),
@@ -19,6 +21,7 @@ Not a test: it prints figures. What it does:
    same cell run straight against the upstream).
 
     python tests/bench/provider_bench.py [--seconds 5] [--repeats 2] [--concurrency 1 64] [--stream both]
+        [--wire openai|anthropic]
         [--gateways smg-node smg-node-worker smg litellm]   (smg-node@DIR: the node of another tree, to compare)
 """
 
@@ -45,6 +48,10 @@ from tests.bench.smg_compare import SmgProcess, ensure_smg, free_port, stop_proc
 
 IDLE_MEASURE_S = 3.0
 TOKENS = 16
+# The upstream's wire (--wire): OpenAI's chat completions, clients sending chat completions; or Anthropic's
+# Messages, clients sending Messages (what smg's anthropic backend and LiteLLM's anthropic/ models relay).
+WIRE = "openai"
+CLIENT_PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
 
 UPSTREAM = textwrap.dedent('''
     import asyncio, json, sys
@@ -62,6 +69,24 @@ UPSTREAM = textwrap.dedent('''
         "created": 1, "model": "relay", "choices": [], "usage": usage}).encode() + b"\\n\\n", b"data: [DONE]\\n\\n"])
     models = json.dumps({"object": "list", "data": [{"id": "relay", "object": "model", "created": 1,
         "owned_by": "bench"}]}).encode()
+    # Anthropic's Messages, as its API writes them: a message whole, or its events (one content_block_delta a word).
+    a_usage = {"input_tokens": 12, "output_tokens": %(tokens)d}
+    a_whole = dumps({"id": "msg_up", "type": "message", "role": "assistant", "model": "relay",
+        "content": [{"type": "text", "text": "".join(words)}], "stop_reason": "end_turn", "stop_sequence": None,
+        "usage": a_usage}).encode()
+    def a_event(name, value):
+        return b"event: " + name.encode() + b"\\ndata: " + dumps(value).encode() + b"\\n\\n"
+    a_events = b"".join([a_event("message_start", {"type": "message_start", "message": {"id": "msg_up",
+        "type": "message", "role": "assistant", "model": "relay", "content": [], "stop_reason": None,
+        "stop_sequence": None, "usage": {"input_tokens": 12, "output_tokens": 1}}}),
+        a_event("content_block_start", {"type": "content_block_start", "index": 0,
+                                        "content_block": {"type": "text", "text": ""}})]
+        + [a_event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                           "delta": {"type": "text_delta", "text": w}}) for w in words]
+        + [a_event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+           a_event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn",
+                                     "stop_sequence": None}, "usage": {"output_tokens": %(tokens)d}}),
+           a_event("message_stop", {"type": "message_stop"})])
     def answer(status, body, kind=b"application/json"):
         return b"HTTP/1.1 %%d OK\\r\\ncontent-type: %%s\\r\\ncontent-length: %%d\\r\\n\\r\\n" %% (status, kind, len(body)) + body
     class Upstream(asyncio.Protocol):
@@ -85,6 +110,11 @@ UPSTREAM = textwrap.dedent('''
                         self.transport.write(answer(200, events, b"text/event-stream"))
                     else:
                         self.transport.write(answer(200, whole))
+                elif path.endswith(b"/messages"):
+                    if b'"stream":true' in body.replace(b" ", b""):
+                        self.transport.write(answer(200, a_events, b"text/event-stream"))
+                    else:
+                        self.transport.write(answer(200, a_whole))
                 elif path.endswith(b"/models"):
                     self.transport.write(answer(200, models))
                 else:
@@ -125,8 +155,10 @@ def start_gateways(names: "list[str]", upstream: str, log_dir: Path, smg_venv: P
         if name.split("@")[0] == "smg-node":  # smg-node@DIR: the node of another tree (a worktree of a commit before)
             tree = Path(name.split("@", 1)[1]) if "@" in name else None
             config = log_dir / "models.toml"
-            config.write_text(f'[targets.up]\nprovider = "openai_compatible"\nmodel = "relay"\n'
-                              f'base_url = "{upstream}/v1"\ncredential = "env:UPSTREAM_KEY"\n'
+            provider, base = ("anthropic", upstream) if WIRE == "anthropic" else ("openai_compatible",
+                                                                                 f"{upstream}/v1")
+            config.write_text(f'[targets.up]\nprovider = "{provider}"\nmodel = "relay"\n'
+                              f'base_url = "{base}"\ncredential = "env:UPSTREAM_KEY"\n'
                               '[models.relay]\ntargets = ["up"]\n')
             node = NodeProcess(["--models-config", str(config), "--log-level", "warning",
                                 "--max-concurrent-requests", "0"], log_dir, name.replace("/", "_"),
@@ -134,6 +166,9 @@ def start_gateways(names: "list[str]", upstream: str, log_dir: Path, smg_venv: P
             host, port = node.url.removeprefix("http://").rsplit(":", 1)
             out.append(Target(name, node, host, int(port)))
         elif name == "smg-node-worker":
+            if WIRE != "openai":
+                print("smg-node-worker relays OpenAI's wire only: left out", file=sys.stderr)
+                continue
             node = NodeProcess(["--worker-urls", upstream, "--log-level", "warning", "--max-concurrent-requests", "0"],
                                log_dir, name)
             host, port = node.url.removeprefix("http://").rsplit(":", 1)
@@ -141,7 +176,7 @@ def start_gateways(names: "list[str]", upstream: str, log_dir: Path, smg_venv: P
         elif name == "smg":
             smg = ensure_smg(smg_venv)
             port = free_port()
-            process = SmgProcess([str(smg), "launch", "--host", "127.0.0.1", "--port", str(port), "--backend", "openai",
+            process = SmgProcess([str(smg), "launch", "--host", "127.0.0.1", "--port", str(port), "--backend", WIRE,
                                   "--worker-urls", upstream, "--log-level", "warn", "--prometheus-port",
                                   str(free_port()), "--prometheus-host", "127.0.0.1"], log_dir, name)
             out.append(Target(name, process, "127.0.0.1", port))
@@ -151,8 +186,9 @@ def start_gateways(names: "list[str]", upstream: str, log_dir: Path, smg_venv: P
                 print(f"no {litellm}: LiteLLM left out (see this script's docstring)", file=sys.stderr)
                 continue
             config = log_dir / "litellm.yaml"
-            config.write_text(f"model_list:\n  - model_name: relay\n    litellm_params:\n      model: openai/relay\n"
-                              f"      api_base: {upstream}/v1\n      api_key: sk-bench\n")
+            base = upstream if WIRE == "anthropic" else f"{upstream}/v1"
+            config.write_text(f"model_list:\n  - model_name: relay\n    litellm_params:\n      model: {WIRE}/relay\n"
+                              f"      api_base: {base}\n      api_key: sk-bench\n")
             port = free_port()
             # No key, as the other gateways here run: LiteLLM refuses to start so unless told it is local.
             os.environ["LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY"] = "true"
@@ -170,7 +206,7 @@ def wait_answering(target: Target) -> None:
 
         try:
             conn = Connection(await trio.open_tcp_stream(target.host, target.port), target.host)
-            status, _ = await conn.request("/v1/chat/completions", body)
+            status, _ = await conn.request(CLIENT_PATHS[WIRE], body)
             await conn.stream.aclose()
             return status == 200
         except OSError:
@@ -189,12 +225,12 @@ def bodies(stream: bool):
     while True:
         n += 1
         yield orjson.dumps({"model": "relay", "messages": [{"role": "user", "content": f"{n} What is up?"}],
-                            "max_tokens": TOKENS, "stream": stream})
+                            "max_tokens": TOKENS, "stream": stream})  # (the same body for Messages' clients)
 
 
 def cell(target: Target, stream: bool, concurrency: int, seconds: float) -> dict:
     pid, idle = target.pid, target.idle_cpu_per_s
-    return trio.run(drive, target.host, target.port, "/v1/chat/completions", lambda: bodies(stream), stream,
+    return trio.run(drive, target.host, target.port, CLIENT_PATHS[WIRE], lambda: bodies(stream), stream,
                     concurrency, seconds, lambda: tree_cpu_seconds(pid) - idle * time.perf_counter())
 
 
@@ -207,7 +243,10 @@ def main() -> None:
     parser.add_argument("--gateways", nargs="+", default=["smg-node", "smg-node-worker", "smg", "litellm"])
     parser.add_argument("--smg-venv", type=Path, default=ROOT / ".bench" / "smg-venv")
     parser.add_argument("--litellm-venv", type=Path, default=ROOT / ".bench" / "litellm-venv")
+    parser.add_argument("--wire", choices=tuple(CLIENT_PATHS), default="openai")
     args = parser.parse_args()
+    global WIRE
+    WIRE = args.wire
     log_dir = default_log_dir()
     upstream_process, port = start_upstream(log_dir)
     upstream = f"http://127.0.0.1:{port}"
@@ -239,7 +278,8 @@ def main() -> None:
                               ("cpu_ms_per_request", "rps", "p50_ms", "p99_ms")}
                     rows.append((name, stream, concurrency, median, base))
         print(f"\nProvider relay, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
-              f"{args.seconds:g} s x {args.repeats} cells, medians; upstream: {TOKENS} tokens, canned\n")
+              f"{args.seconds:g} s x {args.repeats} cells, medians; upstream: {WIRE}'s wire, {TOKENS} tokens, "
+              "canned\n")
         print("| gateway | stream | clients | CPU us/request | req/s | p50 ms | p99 ms | p50 added over the upstream ms |")
         print("|---|---|---|---|---|---|---|---|")
         for name, stream, concurrency, m, base in rows:

@@ -227,6 +227,13 @@ def test_a_probe_the_request_itself_spoiled_leaves_the_next_request_to_probe():
     b'data: [DONE]\n\ndata: {"a":1}\n\n',  # [DONE] not last
     b'data: {"a":1}\n\ndata: 7\n\ndata: "s"\n\n',  # values that are not objects are skipped
     b'data: {"a":\ndata: 1}\n\n',  # two data lines of one event
+    b'event: a\ndata: {"a":1}\n\nevent: b\ndata: {"b":2}\n\n',  # Anthropic's: named events, read in one pass
+    b'event: a\ndata: {"a":1}\n\ndata: {"b":2}\n\n',  # named and not: the general reading
+    b'event: a\ndata: {"a":\ndata: 1}\n\n',
+    b'event: a\n: comment\ndata: {"a":1}\n\n',
+    b'event: a\ndata: {"a":1}\nid: 7\n\n',
+    b'event: a\ndata: [DONE]\n\nevent: b\ndata: {"b":2}\n\n',
+    b'event: a\ndata: {"a":1}\n\nevent: b\ndata: {"b":',  # cut inside the last: kept for the next piece
 ])
 def test_whole_events_read_in_one_pass_give_what_the_general_reading_gives(body):
     general = SseDecoder()

@@ -139,3 +139,71 @@ def test_a_broken_event_of_the_shape_is_still_refused_as_parsing_refuses_it():
     reader.feed(b"data: " + FIRST + b"\n\n")
     with pytest.raises(ProviderError, match="not JSON"):
         reader.feed(b"data: " + FIRST.replace(b'"Hello"', b'"a\nb"') + b"\n\n")
+
+
+def _anthropic_events(rng: random.Random) -> "list[tuple[str, dict]]":
+    """An Anthropic Messages stream: message_start, now and then a thinking block, text blocks (some texts with
+    escapes), pings, a tool_use block in pieces, message_delta and message_stop."""
+    events = [("message_start", {"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude", "content": [], "stop_reason": None,
+        "stop_sequence": None, "usage": {"input_tokens": 9, "output_tokens": 1}}})]
+    index = 0
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.choice(["text", "text", "thinking", "tool_use"])
+        block = {"type": kind, **({"text": ""} if kind == "text" else {"thinking": ""} if kind == "thinking" else
+                                  {"id": f"toolu_{index}", "name": "f", "input": {}})}
+        events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": block}))
+        for _ in range(rng.randint(1, 30)):
+            piece = " ".join(rng.choice(["word", "é", "a\"b", "new\nline", "🙂", "", "x\\y"])
+                             for _ in range(rng.randint(1, 3)))
+            delta = {"text": {"type": "text_delta", "text": piece},
+                     "thinking": {"type": "thinking_delta", "thinking": piece},
+                     "tool_use": {"type": "input_json_delta", "partial_json": '{"a": 1}' if piece else ""}}[kind]
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
+            if rng.random() < 0.05:
+                events.append(("ping", {"type": "ping"}))
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+        index += 1
+    events.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn",
+                                                                        "stop_sequence": None},
+                                     "usage": {"output_tokens": 40}}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
+
+def _read_anthropic(body: bytes, cuts: "list[int]", shaped: bool, monkeypatch) -> "tuple[list, str, str, bool]":
+    from gateway.providers import anthropic as anthropic_wire
+
+    with monkeypatch.context() as patch:
+        if not shaped:
+            patch.setattr(anthropic_wire.TextShape, "learn", classmethod(lambda cls, *a: None))
+        reader = anthropic_wire._MessagesStream()
+        deltas = []
+        for start, end in zip([0, *cuts], [*cuts, len(body)]):
+            deltas += reader.feed(body[start:end])
+        end = reader.finish()
+        learned = reader._shape is not None
+    merged: list = []
+    for d in deltas:
+        if merged and type(d) in (Content, Reasoning) and type(merged[-1]) is type(d):
+            merged[-1] = type(d)(merged[-1].text + d.text)
+        else:
+            merged.append(d)
+    return merged, end.finish_reason, repr(end.usage), learned
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_an_anthropic_stream_read_with_its_shape_gives_what_it_gives_without(seed, monkeypatch):
+    rng = random.Random(seed)
+    ensure_ascii = rng.random() < 0.5
+    events = _anthropic_events(rng)
+    body = b"".join(b"event: " + name.encode() + b"\ndata: " +
+                    json.dumps(value, separators=(",", ":"), ensure_ascii=ensure_ascii).encode() + b"\n\n"
+                    for name, value in events)
+    whole = _read_anthropic(body, [], True, monkeypatch)
+    assert whole[:3] == _read_anthropic(body, [], False, monkeypatch)[:3], f"seed {seed}"
+    cuts = sorted(rng.sample(range(1, len(body)), min(len(body) - 1, rng.randint(1, 60))))
+    assert _read_anthropic(body, cuts, True, monkeypatch)[:3] == whole[:3], f"seed {seed}, cuts {cuts}"
+    learnable = any(value.get("delta", {}).get("type") == "text_delta" and value["delta"]["text"]
+                    for _, value in events)
+    assert whole[3] == learnable, f"seed {seed}: a shape learned where it could be, only there"
