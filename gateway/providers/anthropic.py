@@ -30,7 +30,7 @@ from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning
 from .base import (CONTEXT_LENGTH, OVERLOADED, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError,
                    StreamEnd, StreamReader, Target, Unsupported, Usage, call_arguments, fold_turn, kind_of_status,
                    put_sampling, refuse, retry_after_s)
-from .sse import SseDecoder, json_value
+from .sse import SseDecoder, json_object
 from .text_events import TextShape
 
 VERSION = "2023-06-01"
@@ -226,14 +226,10 @@ class _MessagesStream(StreamReader):
         texts: list[str] = []  # consecutive text deltas: one Content
         shape = self._shape
         for payload in self._events.payloads(data):
-            if shape is not None:  # a text delta of the shape learned: its text from its bytes
-                text = shape.text(payload)
-                if text is not None:
-                    if text:
-                        texts.append(text)
-                    continue
-            event = json_value(payload)
-            if type(event) is not dict:
+            if shape is not None and shape.take(payload, texts):  # a text delta of the shape learned
+                continue
+            event = json_object(payload)
+            if event is None:
                 continue
             kind = event.get("type")
             if kind == "content_block_delta":

@@ -29,7 +29,7 @@ from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, new_cal
 from .base import (CONTEXT_LENGTH, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError, StreamEnd,
                    StreamReader, Target, Unsupported, Usage, kind_of_status, put_sampling, refuse,
                    retry_after_s)
-from .sse import SseDecoder, json_value
+from .sse import SseDecoder, json_object
 from .text_events import TextShape
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls",
@@ -229,14 +229,10 @@ class _ChatStream(StreamReader):
         texts: list[str] = []  # the plain texts of consecutive chunks: one Content (one event for the client)
         shape = self._shape
         for payload in self._events.payloads(data):
-            if shape is not None:  # a text chunk of the shape learned: its text from its bytes
-                text = shape.text(payload)
-                if text is not None:
-                    if text:
-                        texts.append(text)
-                    continue
-            chunk = json_value(payload)
-            if type(chunk) is not dict:
+            if shape is not None and shape.take(payload, texts):  # a text chunk of the shape learned
+                continue
+            chunk = json_object(payload)
+            if chunk is None:
                 continue
             choices = chunk.get("choices")
             choice = choices[0] if type(choices) is list and len(choices) == 1 else None

@@ -129,3 +129,10 @@ def json_value(payload: bytes) -> Any:
         return orjson.loads(payload)
     except orjson.JSONDecodeError:
         raise ProviderError(SERVER, 502, "the provider streamed an event that is not JSON") from None
+
+
+def json_object(payload: bytes) -> "dict | None":
+    """One event's JSON value when it is an object (None for any other value); a ProviderError when it is not
+    JSON."""
+    value = json_value(payload)
+    return value if type(value) is dict else None

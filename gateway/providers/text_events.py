@@ -61,22 +61,33 @@ class TextShape:
                 return None
         return cls(payload[:start], payload[token.end():])
 
-    def text(self, payload: bytes) -> "str | None":
-        """The string of ``payload`` when it is this shape around a JSON string; None when it is anything else (the
-        caller parses it)."""
+    def take(self, payload: bytes, texts: "list[str]") -> bool:
+        """Whether ``payload`` is this shape around a JSON string: then its string, unless empty, is appended to
+        ``texts``; False for anything else (the caller parses it)."""
         if len(payload) < self._min_len or not payload.startswith(self._before) \
                 or not payload.endswith(self._after):
-            return None
+            return False
         token = payload[self._before_len:len(payload) - self._after_len]
         if _PLAIN_STRING.fullmatch(token) is not None:
-            try:
-                return token[1:-1].decode()
-            except UnicodeDecodeError:
-                return None
+            if len(token) > 2:
+                try:
+                    texts.append(token[1:-1].decode())
+                except UnicodeDecodeError:
+                    return False
+            return True
         if token[:1] != b'"':
-            return None
+            return False
         try:
             value = orjson.loads(token)
         except orjson.JSONDecodeError:
-            return None
-        return value if type(value) is str else None
+            return False
+        if type(value) is not str:
+            return False
+        if value:
+            texts.append(value)
+        return True
+
+    def text(self, payload: bytes) -> "str | None":
+        """The string of ``payload`` when it is this shape around a JSON string; None when it is anything else."""
+        texts: list[str] = []
+        return "".join(texts) if self.take(payload, texts) else None

@@ -4,11 +4,13 @@ shape gives the deltas it gives without it, over seeded random streams cut at ra
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 
 import pytest
 
+from gateway.providers import anthropic as anthropic_wire
 from gateway.providers import openai as openai_wire
 from gateway.providers.base import ProviderError
 from gateway.providers.text_events import TextShape
@@ -95,17 +97,20 @@ def _chunks(rng: random.Random) -> "list[dict]":
     return chunks
 
 
-def _read(body: bytes, cuts: "list[int]", shaped: bool, monkeypatch) -> "tuple[list, str, str, bool]":
+def _read(body: bytes, cuts: "list[int]", shaped: bool, monkeypatch, wire=openai_wire, reader: str = "_ChatStream"
+          ) -> "tuple[list, str, str, bool]":
+    """A stream read by ``wire``'s reader in the pieces ``cuts`` makes, its shape learned or (``shaped`` False)
+    never: its deltas (consecutive texts joined: the cuts decide how they group), finish, usage, and whether a shape
+    was learned."""
     with monkeypatch.context() as patch:
         if not shaped:
-            patch.setattr(openai_wire.TextShape, "learn", classmethod(lambda cls, *a: None))
-        reader = openai_wire._ChatStream()
+            patch.setattr(wire.TextShape, "learn", classmethod(lambda cls, *a: None))
+        stream = getattr(wire, reader)()
         deltas = []
         for start, end in zip([0, *cuts], [*cuts, len(body)]):
-            deltas += reader.feed(body[start:end])
-        end = reader.finish()
-        learned = reader._shape is not None
-    # Consecutive texts are joined (the cuts decide how they group): compare what each kind says in order.
+            deltas += stream.feed(body[start:end])
+        end = stream.finish()
+        learned = stream._shape is not None
     merged: list = []
     for d in [*deltas, *end.deltas]:
         if merged and type(d) in (Content, Reasoning) and type(merged[-1]) is type(d):
@@ -171,27 +176,6 @@ def _anthropic_events(rng: random.Random) -> "list[tuple[str, dict]]":
     return events
 
 
-def _read_anthropic(body: bytes, cuts: "list[int]", shaped: bool, monkeypatch) -> "tuple[list, str, str, bool]":
-    from gateway.providers import anthropic as anthropic_wire
-
-    with monkeypatch.context() as patch:
-        if not shaped:
-            patch.setattr(anthropic_wire.TextShape, "learn", classmethod(lambda cls, *a: None))
-        reader = anthropic_wire._MessagesStream()
-        deltas = []
-        for start, end in zip([0, *cuts], [*cuts, len(body)]):
-            deltas += reader.feed(body[start:end])
-        end = reader.finish()
-        learned = reader._shape is not None
-    merged: list = []
-    for d in deltas:
-        if merged and type(d) in (Content, Reasoning) and type(merged[-1]) is type(d):
-            merged[-1] = type(d)(merged[-1].text + d.text)
-        else:
-            merged.append(d)
-    return merged, end.finish_reason, repr(end.usage), learned
-
-
 @pytest.mark.parametrize("seed", range(40))
 def test_an_anthropic_stream_read_with_its_shape_gives_what_it_gives_without(seed, monkeypatch):
     rng = random.Random(seed)
@@ -200,10 +184,11 @@ def test_an_anthropic_stream_read_with_its_shape_gives_what_it_gives_without(see
     body = b"".join(b"event: " + name.encode() + b"\ndata: " +
                     json.dumps(value, separators=(",", ":"), ensure_ascii=ensure_ascii).encode() + b"\n\n"
                     for name, value in events)
-    whole = _read_anthropic(body, [], True, monkeypatch)
-    assert whole[:3] == _read_anthropic(body, [], False, monkeypatch)[:3], f"seed {seed}"
+    read = functools.partial(_read, monkeypatch=monkeypatch, wire=anthropic_wire, reader="_MessagesStream")
+    whole = read(body, [], True)
+    assert whole[:3] == read(body, [], False)[:3], f"seed {seed}"
     cuts = sorted(rng.sample(range(1, len(body)), min(len(body) - 1, rng.randint(1, 60))))
-    assert _read_anthropic(body, cuts, True, monkeypatch)[:3] == whole[:3], f"seed {seed}, cuts {cuts}"
+    assert read(body, cuts, True)[:3] == whole[:3], f"seed {seed}, cuts {cuts}"
     learnable = any(value.get("delta", {}).get("type") == "text_delta" and value["delta"]["text"]
                     for _, value in events)
     assert whole[3] == learnable, f"seed {seed}: a shape learned where it could be, only there"
