@@ -30,8 +30,8 @@ from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning
 from .base import (CONTEXT_LENGTH, OVERLOADED, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError,
                    StreamEnd, StreamReader, Target, Unsupported, Usage, call_arguments, fold_turn, kind_of_status,
                    put_sampling, refuse, retry_after_s)
-from .sse import SseDecoder, json_object
-from .text_events import TextShape
+from .sse import json_object
+from .text_events import TextEvents
 
 VERSION = "2023-06-01"
 MAX_TOKENS = 4096  # Anthropic requires max_tokens: what a request that names none gets
@@ -212,8 +212,8 @@ def _tool(tool: dict[str, Any]) -> dict[str, Any]:
 
 class _MessagesStream(StreamReader):
     def __init__(self) -> None:
-        self._events = SseDecoder()
-        self._shape: TextShape | None = None  # a text delta's bytes, learned from the first (text_events.py)
+        # Text deltas read by their shape, learned from the first (their events framed by their event line).
+        self._events = TextEvents(b"text", b"event: content_block_delta\ndata: ")
         self._blocks: dict[int, dict[str, Any]] = {}  # open tool_use blocks by index: id, name, input pieces
         self._calls = 0
         self._usage: dict[str, Any] = {}
@@ -224,11 +224,12 @@ class _MessagesStream(StreamReader):
     def feed(self, data: bytes) -> "list[Delta]":
         deltas: list[Delta] = []
         texts: list[str] = []  # consecutive text deltas: one Content
-        shape = self._shape
-        for payload in self._events.payloads(data):
-            if shape is not None and shape.take(payload, texts):  # a text delta of the shape learned
+        events = self._events
+        for item in events.items(data):
+            if type(item) is str:  # text deltas of the shape learned
+                texts.append(item)
                 continue
-            event = json_object(payload)
+            event = json_object(item)
             if event is None:
                 continue
             kind = event.get("type")
@@ -239,8 +240,8 @@ class _MessagesStream(StreamReader):
                 if dtype == "text_delta" and type(text) is str:
                     if text:
                         texts.append(text)
-                        if shape is None:  # the first: its shape, for the next ones
-                            shape = self._shape = TextShape.learn(payload, b"text", text)
+                        if events.shape is None:  # the first: its shape, for the next ones
+                            events.learn(item, text)
                     continue
             if texts:
                 deltas.append(Content("".join(texts)))

@@ -29,8 +29,8 @@ from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, new_cal
 from .base import (CONTEXT_LENGTH, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError, StreamEnd,
                    StreamReader, Target, Unsupported, Usage, kind_of_status, put_sampling, refuse,
                    retry_after_s)
-from .sse import SseDecoder, json_object
-from .text_events import TextShape
+from .sse import json_object
+from .text_events import TextEvents
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls",
            "content_filter": "content_filter"}
@@ -217,8 +217,7 @@ def _call_id(call: dict[str, Any]) -> str:
 
 class _ChatStream(StreamReader):
     def __init__(self) -> None:
-        self._events = SseDecoder()
-        self._shape: TextShape | None = None  # a text chunk's bytes, learned from the first (text_events.py)
+        self._events = TextEvents(b"content")  # text chunks read by their shape, learned from the first
         self._call: dict[str, Any] | None = None  # the call being assembled: index, id, name, arguments pieces
         self._calls = 0
         self._finish: str | None = None
@@ -227,11 +226,12 @@ class _ChatStream(StreamReader):
     def feed(self, data: bytes) -> "list[Delta]":
         deltas: list[Delta] = []
         texts: list[str] = []  # the plain texts of consecutive chunks: one Content (one event for the client)
-        shape = self._shape
-        for payload in self._events.payloads(data):
-            if shape is not None and shape.take(payload, texts):  # a text chunk of the shape learned
+        events = self._events
+        for item in events.items(data):
+            if type(item) is str:  # text chunks of the shape learned
+                texts.append(item)
                 continue
-            chunk = json_object(payload)
+            chunk = json_object(item)
             if chunk is None:
                 continue
             choices = chunk.get("choices")
@@ -244,8 +244,8 @@ class _ChatStream(StreamReader):
                     content = delta.get("content")
                     if type(content) is str and content:
                         texts.append(content)
-                        if shape is None and "role" not in delta:  # the first: its shape, for the next ones
-                            shape = self._shape = TextShape.learn(payload, b"content", content)
+                        if events.shape is None and "role" not in delta:  # the first: its shape, for the next
+                            events.learn(item, content)
                     continue
             if texts:
                 deltas.append(Content("".join(texts)))

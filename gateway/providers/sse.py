@@ -98,6 +98,11 @@ class SseDecoder:
                 return payloads
         return [value for _, value in self._raw(data) if value != b"[DONE]"]
 
+    def whole_events(self, data: bytes) -> bool:
+        """``data`` is whole events: nothing of an event is held from before it, and it ends with a blank line (and
+        has no ``\\r``, so a newline is all that ends a line): ``event_at`` reads its events at their places."""
+        return not self._buffer and not self._cr and data[-2:] == b"\n\n" and b"\r" not in data
+
     def objects(self, data: bytes) -> "list[dict]":
         """The JSON objects the events ``data`` completes carry (every provider's events are JSON objects; OpenAI's
         last, ``[DONE]``, and anything else that is not an object, are skipped); an event that is not JSON at all is
@@ -107,6 +112,25 @@ class SseDecoder:
     def finish(self) -> "list[tuple[str, str]]":
         """The body ended: an event not closed by a blank line is dropped, as the standard says."""
         return []
+
+
+def event_at(data: bytes, pos: int) -> "tuple[bytes, int] | None":
+    """The data of the event at ``pos`` in whole events (``SseDecoder.whole_events``) and where the next begins, when
+    it is one ``data:`` line, or an ``event:`` line and one ``data:`` line; None for any other (a comment, an id,
+    several data lines, a field without its space), which the decoder's general reading reads."""
+    end = data.find(b"\n\n", pos)
+    if data.startswith(b"data: ", pos):
+        start = pos + 6
+    elif data.startswith(b"event: ", pos):
+        start = data.find(b"\n", pos) + 1
+        if not data.startswith(b"data: ", start):
+            return None
+        start += 6
+    else:
+        return None
+    if data.find(b"\n", start, end) >= 0:
+        return None
+    return data[start:end], end + 2
 
 
 def json_objects(payloads: "list[bytes]") -> "list[dict]":

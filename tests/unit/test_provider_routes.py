@@ -14,7 +14,8 @@ from gateway.providers.cooldowns import CooldownConfig, Cooldowns
 from gateway.providers.credentials import Credential, CredentialError, Secrets
 from gateway.providers.overflow import saturated
 from gateway.providers.routes import DEFAULT_FALLBACK_ON, Overflow, RoutesError, parse_routes
-from gateway.providers.sse import SseDecoder
+from gateway.providers.sse import SseDecoder, json_objects
+from gateway.providers.text_events import TextEvents
 
 CONFIG = {
     "targets": {
@@ -239,6 +240,8 @@ def test_whole_events_read_in_one_pass_give_what_the_general_reading_gives(body)
     general = SseDecoder()
     expected = [o for i in range(len(body)) for o in general.objects(body[i:i + 1])]  # byte by byte: never whole
     assert SseDecoder().objects(body) == expected
+    # The same events read at their places in the piece (text_events.TextEvents, no shape learned yet).
+    assert json_objects([item for item in TextEvents(b"a").items(body)]) == expected
 
 
 @pytest.mark.parametrize("body", [b'data: 1, 2\n\n', b'data: {"a":1}\n\ndata: nope\n\n'])

@@ -13,7 +13,8 @@ import pytest
 from gateway.providers import anthropic as anthropic_wire
 from gateway.providers import openai as openai_wire
 from gateway.providers.base import ProviderError
-from gateway.providers.text_events import TextShape
+from gateway.providers import text_events
+from gateway.providers.text_events import TextEvents, TextShape
 from gateway.serving.chat import Call, Content, Reasoning
 
 HEAD = {"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 17, "model": "m", "system_fingerprint": "fp"}
@@ -70,7 +71,7 @@ def test_a_shape_is_learnt_only_where_the_bytes_say_which_member_is_the_text():
 def _chunks(rng: random.Random) -> "list[dict]":
     """An OpenAI chat stream: the role, texts (some with escapes), now and then reasoning, a field that differs per
     chunk (OpenAI's obfuscation), a tool call in pieces; the finish and usage."""
-    texts = [" ".join(rng.choice(["word", "é", "a\"b", "new\nline", "tab\t", "🙂", "", "x\\y", "z"])
+    texts = [" ".join(rng.choice(["word", "é", "a\"b", "new\nline", "tab\t", "🙂", "", "x\\y", "z", "end\\"])
                       for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(1, 40))]
     chunks = [{**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                     "finish_reason": None}]}]
@@ -104,13 +105,13 @@ def _read(body: bytes, cuts: "list[int]", shaped: bool, monkeypatch, wire=openai
     was learned."""
     with monkeypatch.context() as patch:
         if not shaped:
-            patch.setattr(wire.TextShape, "learn", classmethod(lambda cls, *a: None))
+            patch.setattr(text_events.TextShape, "learn", classmethod(lambda cls, *a: None))
         stream = getattr(wire, reader)()
         deltas = []
         for start, end in zip([0, *cuts], [*cuts, len(body)]):
             deltas += stream.feed(body[start:end])
         end = stream.finish()
-        learned = stream._shape is not None
+        learned = stream._events.shape is not None
     merged: list = []
     for d in [*deltas, *end.deltas]:
         if merged and type(d) in (Content, Reasoning) and type(merged[-1]) is type(d):
@@ -159,7 +160,7 @@ def _anthropic_events(rng: random.Random) -> "list[tuple[str, dict]]":
                                   {"id": f"toolu_{index}", "name": "f", "input": {}})}
         events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": block}))
         for _ in range(rng.randint(1, 30)):
-            piece = " ".join(rng.choice(["word", "é", "a\"b", "new\nline", "🙂", "", "x\\y"])
+            piece = " ".join(rng.choice(["word", "é", "a\"b", "new\nline", "🙂", "", "x\\y", "end\\"])
                              for _ in range(rng.randint(1, 3)))
             delta = {"text": {"type": "text_delta", "text": piece},
                      "thinking": {"type": "thinking_delta", "thinking": piece},
@@ -192,3 +193,73 @@ def test_an_anthropic_stream_read_with_its_shape_gives_what_it_gives_without(see
     learnable = any(value.get("delta", {}).get("type") == "text_delta" and value["delta"]["text"]
                     for _, value in events)
     assert whole[3] == learnable, f"seed {seed}: a shape learned where it could be, only there"
+
+
+def _framed(*strings: bytes, frame: bytes = b"data: ") -> bytes:
+    """Events of SHAPE whose strings are ``strings`` as spelled (escapes and all), framed as in a body."""
+    return b"".join(frame + FIRST.replace(b'"Hello"', b'"' + s + b'"') + b"\n\n" for s in strings)
+
+
+def test_a_run_of_events_of_the_shape_is_read_at_once_up_to_the_first_other_event():
+    finish = b"data: " + event("x", finish_reason="stop") + b"\n\n"
+    body = _framed(b"a", b"", b"b \\u00e9\\n", "字".encode()) + finish + _framed(b"c")
+    assert SHAPE.run(body, 0) == (body.index(finish), "ab \u00e9\n字")
+    at = body.index(finish) + len(finish)
+    assert SHAPE.run(body, at) == (len(body), "c")
+    assert SHAPE.run(body, body.index(finish)) == (body.index(finish), None)  # not one of the shape: read alone
+
+
+@pytest.mark.parametrize("strings, readable", [
+    ((b"a", b'say \\"hi\\"', b"b"), 1),  # an escaped quote: the run ends before that event (read alone)
+    ((b"a", b"back\\\\", b"b"), 0),  # a string ending with an escaped backslash: read one at a time
+    ((b"a\\", b",", b"b"), 0),  # a backslash escaping the closing quote: not JSON, whatever an array would read
+    ((b"a\xe2\x82", b"\xac"), 0),  # a character cut between two events: not UTF-8 in either
+    ((b"a", b"b\x01"), 0),  # a raw control character
+    ((b"a", b"\\x"), 0),  # not an escape
+])
+def test_a_run_the_bytes_cannot_vouch_for_is_left_to_the_events_one_at_a_time(strings, readable):
+    body = _framed(*strings)
+    end, text = SHAPE.run(body, 0)
+    if readable:
+        assert text == "a" and end == len(_framed(*strings[:readable]))
+    else:
+        assert text is None and end in (len(body), len(_framed(*strings[:1])))
+    # What the reader makes of the same body is what parsing each event makes of it.
+    events = TextEvents(b"content")
+    events.shape = SHAPE
+    read = "".join(item for item in events.items(body) if type(item) is str)
+    parsed = []
+    for s in strings:
+        try:
+            parsed.append(json.loads(b'"' + s + b'"'))
+        except ValueError:
+            parsed = None
+            break
+    if parsed is not None:
+        assert read == "".join(parsed)
+    else:  # the reader hands the events it cannot read to parsing, which refuses them
+        leftover = [item for item in TextEvents(b"content").items(body)]
+        assert all(type(item) is bytes for item in leftover)
+        with pytest.raises(ProviderError, match="not JSON"):
+            reader = openai_wire._ChatStream()
+            reader._events.shape = SHAPE
+            reader.feed(body)
+
+
+def test_anthropic_text_deltas_are_read_in_runs_under_their_event_line():
+    payload = b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"%s"}}'
+    frame = b"event: content_block_delta\ndata: "
+    shape = TextShape.learn(payload % b"Hi", b"text", "Hi", frame)
+    body = b"".join(frame + payload % w + b"\n\n" for w in (b"one ", b"two ", b"three"))
+    assert shape.run(body, 0) == (len(body), "one two three")
+    assert shape.run(body.replace(b"event: content_block_delta", b"event: other", 1), 0)[1] is None
+    reader = anthropic_wire._MessagesStream()
+    start = (b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":3}}}\n\n'
+             b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+             b'"content_block":{"type":"text","text":""}}\n\n')
+    assert reader.feed(start + frame + payload % b"Hi" + b"\n\n" + body) == [Content("Hione two three")]
+    assert reader._events.shape is not None
+
+
+def test_a_shape_is_not_learnt_from_data_of_several_lines():
+    assert TextShape.learn(FIRST.replace(b',"model"', b',\n"model"'), b"content", "Hello") is None
