@@ -38,7 +38,8 @@ import orjson
 from ..serving.generation import GenerationResult, UsageTally
 from ..base.ids import new_id
 from .chat_output import ChatOutput
-from ..serving.chat import Call, ChatAnswer, ChatRequest, Content, Delta, Reasoning, SamplingRequest
+from ..serving.chat import (Call, ChatAnswer, ChatRequest, Content, Delta, Reasoning, ReasoningSignature,
+                            SamplingRequest)
 from .errors import ApiError, BadRequest
 from .http import Request
 from .mcp_tools import HostedTools
@@ -322,7 +323,9 @@ class MessagesShape:
     def add_answer(self, answer: ChatAnswer) -> None:
         """A whole answer's blocks (an MCP loop's step: its calls to the node's tools wait in ``pending``)."""
         if answer.reasoning:
-            self.content.append({"type": "thinking", "thinking": answer.reasoning, "signature": ""})
+            # A provider's signature (Anthropic's, Bedrock's): the client sends it back with the block.
+            self.content.append({"type": "thinking", "thinking": answer.reasoning,
+                                 "signature": answer.reasoning_signature or ""})
         if answer.content:
             self.content.append({"type": "text", "text": answer.content})
         for call in answer.calls:
@@ -359,8 +362,11 @@ class MessagesShape:
             if kind is Content:
                 out += self._open("text", _TEXT_BLOCK) + self._delta({"type": "text_delta", "text": delta.text})
             elif kind is Reasoning:
-                out += self._open("thinking", {"type": "thinking", "thinking": ""})
+                out += self._open("thinking", _THINKING_BLOCK)
                 out += self._delta({"type": "thinking_delta", "thinking": delta.text})
+            elif kind is ReasoningSignature:  # a provider's, at the end of its thinking block (as Anthropic sends it)
+                out += self._open("thinking", _THINKING_BLOCK)
+                out += self._delta({"type": "signature_delta", "signature": delta.signature}) + self._stop()
             elif kind is Call:  # a call is a block of its own
                 block = self._call_block(delta)
                 out += self._open(block["type"], {**block, "input": {}}, new=True)
@@ -414,11 +420,15 @@ class MessagesShape:
         out = b""
         if self._kind == "thinking":  # the SDK's thinking block carries a signature: ours is empty
             out += self._delta({"type": "signature_delta", "signature": ""})
+        return out + self._stop()
+
+    def _stop(self) -> bytes:
         self._kind = None
-        return out + _named_event("content_block_stop", {"type": "content_block_stop", "index": self._index})
+        return _named_event("content_block_stop", {"type": "content_block_stop", "index": self._index})
 
 
 _TEXT_BLOCK = {"type": "text", "text": ""}
+_THINKING_BLOCK = {"type": "thinking", "thinking": ""}
 
 
 def _input(call: Call) -> Any:

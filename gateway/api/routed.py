@@ -254,7 +254,8 @@ async def _call_provider(state: GatewayState, request: Request, chat: ChatReques
             state.count_tokens(model, result)
             await send_whole(request, renderer.whole(ChatAnswer(
                 result, answer.finish_reason, bool(answer.calls), answer.usage.reasoning_tokens, answer.content,
-                answer.reasoning, tuple(answer.calls), separates_reasoning=answer.reasoning is not None)), keep)
+                answer.reasoning, tuple(answer.calls), separates_reasoning=answer.reasoning is not None,
+                reasoning_signature=answer.reasoning_signature)), keep)
             return
         await _stream(state, request, calls.stream(chat, target), model, renderer, usage, finish)
 

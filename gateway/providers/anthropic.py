@@ -14,7 +14,7 @@ From the typed chat request (OpenAI-shaped messages, ``gateway/serving/chat.py``
   its reasoning effort (``output_config.effort``);
 * ``max_tokens`` is required by Anthropic: the request's, else the target's ``max_tokens`` option, else 4096.
 
-Back: text, thinking and tool_use blocks; ``stop_reason`` as OpenAI's finish reason (end_turn and stop_sequence
+Back: text, thinking (with its signature, which a client sends back with it) and tool_use blocks; ``stop_reason`` as OpenAI's finish reason (end_turn and stop_sequence
 stop, max_tokens length, tool_use tool_calls, refusal content_filter), usage with the cache's reads counted as
 cached prompt tokens (and in the prompt, as OpenAI counts them). A stream's ``input_json_delta`` pieces are
 assembled into one call, handed on when its block stops.
@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning
+from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, ReasoningSignature
 from .base import (CONTEXT_LENGTH, OVERLOADED, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError,
                    StreamEnd, StreamReader, Target, Unsupported, Usage, call_arguments, fold_turn, kind_of_status,
                    put_sampling, refuse, retry_after_s)
@@ -181,19 +181,22 @@ class AnthropicMessages(Provider):
         except (orjson.JSONDecodeError, KeyError, TypeError):
             raise ProviderError(SERVER, 502, "the provider's answer is not a message") from None
         texts, thinking, calls = [], [], []
+        signature = None
         for block in blocks:
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text":
                 texts.append(block.get("text", ""))
             elif kind == "thinking":
                 thinking.append(block.get("thinking", ""))
+                if isinstance(block.get("signature"), str) and block["signature"]:
+                    signature = block["signature"]
             elif kind == "tool_use":
                 calls.append(Call(len(calls), str(block.get("id")), str(block.get("name")),
                                   orjson.dumps(block.get("input") or {}).decode()))
         return ProviderAnswer("".join(texts) if texts or not calls else None,
                               "".join(thinking) if thinking else None, calls,
                               _FINISH.get(data.get("stop_reason"), "stop"), usage_of(data.get("usage")),
-                              data.get("stop_sequence"))
+                              data.get("stop_sequence"), signature)
 
     def stream(self) -> StreamReader:
         return _MessagesStream()
@@ -249,6 +252,8 @@ class _MessagesStream(StreamReader):
             if kind == "content_block_delta":
                 if dtype == "thinking_delta" and delta.get("thinking"):
                     deltas.append(Reasoning(delta["thinking"]))
+                elif dtype == "signature_delta" and isinstance(delta.get("signature"), str) and delta["signature"]:
+                    deltas.append(ReasoningSignature(delta["signature"]))
                 elif dtype == "input_json_delta":
                     block = self._blocks.get(event.get("index"))
                     if block is not None:

@@ -62,6 +62,7 @@ class ProviderAnswer:
     finish_reason: str
     usage: Usage
     stop_sequence: str | None = None  # the stop sequence that ended it, when the provider says
+    reasoning_signature: str | None = None  # the reasoning's signature (serving.chat.ReasoningSignature)
 
 
 @dataclasses.dataclass

@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 import orjson
 
-from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning
+from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, ReasoningSignature
 from .base import (CONTEXT_LENGTH, PROVIDERS, RATE_LIMITED, SERVER, TIMEOUT, HttpCall, Provider, ProviderAnswer,
                    ProviderError, StreamEnd, StreamReader, Target, Unsupported, Usage, call_arguments, fold_turn,
                    kind_of_status, put_sampling, refuse, retry_after_s)
@@ -133,8 +133,10 @@ def error_of(status: int, headers: "list[tuple[bytes, bytes]]", body: bytes, exc
     return ProviderError(kind, status, message, retry_after_s(headers), exception)
 
 
-def _blocks(blocks: Any) -> "tuple[list[str], list[str], list[Call]]":
+def _blocks(blocks: Any) -> "tuple[list[str], list[str], list[Call], str | None]":
+    """An answer's texts, reasoning texts, calls and the reasoning's signature (the last one given)."""
     texts, thinking, calls = [], [], []
+    signature = None
     for block in blocks or ():
         if not isinstance(block, dict):
             continue
@@ -145,10 +147,12 @@ def _blocks(blocks: Any) -> "tuple[list[str], list[str], list[Call]]":
             calls.append(Call(len(calls), str(use.get("toolUseId")), str(use.get("name")),
                               orjson.dumps(use.get("input") or {}).decode()))
         elif isinstance(block.get("reasoningContent"), dict):
-            text = (block["reasoningContent"].get("reasoningText") or {}).get("text")
-            if isinstance(text, str):
-                thinking.append(text)
-    return texts, thinking, calls
+            reasoning = block["reasoningContent"].get("reasoningText") or {}
+            if isinstance(reasoning.get("text"), str):
+                thinking.append(reasoning["text"])
+            if isinstance(reasoning.get("signature"), str) and reasoning["signature"]:
+                signature = reasoning["signature"]
+    return texts, thinking, calls, signature
 
 
 class BedrockConverse(Provider):
@@ -209,9 +213,10 @@ class BedrockConverse(Provider):
             message = data["output"]["message"]
         except (orjson.JSONDecodeError, KeyError, TypeError):
             raise ProviderError(SERVER, 502, "the provider's answer is not a Converse answer") from None
-        texts, thinking, calls = _blocks(message.get("content"))
+        texts, thinking, calls, signature = _blocks(message.get("content"))
         return ProviderAnswer("".join(texts) if texts or not calls else None, "".join(thinking) if thinking else None,
-                              calls, _FINISH.get(data.get("stopReason"), "stop"), usage_of(data.get("usage")))
+                              calls, _FINISH.get(data.get("stopReason"), "stop"), usage_of(data.get("usage")),
+                              reasoning_signature=signature)
 
     def stream(self) -> StreamReader:
         return _ConverseStream()
@@ -259,8 +264,12 @@ class _ConverseStream(StreamReader):
                     block = self._tools.get(event.get("contentBlockIndex"))
                     if block is not None:
                         block["input"].append(delta["toolUse"].get("input", ""))
-                elif isinstance(delta.get("reasoningContent"), dict) and delta["reasoningContent"].get("text"):
-                    deltas.append(Reasoning(delta["reasoningContent"]["text"]))
+                elif isinstance(delta.get("reasoningContent"), dict):
+                    reasoning = delta["reasoningContent"]
+                    if isinstance(reasoning.get("text"), str) and reasoning["text"]:
+                        deltas.append(Reasoning(reasoning["text"]))
+                    if isinstance(reasoning.get("signature"), str) and reasoning["signature"]:
+                        deltas.append(ReasoningSignature(reasoning["signature"]))
             elif kind == "contentBlockStart":
                 use = (event.get("start") or {}).get("toolUse")
                 if isinstance(use, dict):

@@ -127,7 +127,16 @@ class Call:
     arguments: str  # JSON text
 
 
-Delta = Reasoning | Content | Call
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReasoningSignature:
+    """The signature a provider gave the reasoning just before it (Anthropic's and Bedrock's thinking, at the end of
+    its block): a client must send it back with that reasoning for the provider to take the reasoning in a later
+    turn (Anthropic refuses a tool-use turn whose thinking is unsigned)."""
+
+    signature: str
+
+
+Delta = Reasoning | Content | Call | ReasoningSignature
 
 
 @dataclasses.dataclass(slots=True)
@@ -144,6 +153,7 @@ class ChatAnswer:
     calls: tuple[Call, ...] = ()
     # A reasoning parser applies: the answer has a reasoning field (OpenAI's reasoning_content, null or not).
     separates_reasoning: bool = False
+    reasoning_signature: str | None = None  # a provider's signature of the reasoning (ReasoningSignature)
 
 
 def plain_answer(result: GenerationResult) -> ChatAnswer:

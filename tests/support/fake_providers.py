@@ -725,6 +725,8 @@ class FakeBedrock(FakeProvider):
                 thought = block["reasoningContent"]["reasoningText"]["text"]
                 pieces += [event("contentBlockDelta", {"contentBlockIndex": index, "delta": {
                     "reasoningContent": {"text": w}}}) for w in _words(thought)]
+                pieces.append(event("contentBlockDelta", {"contentBlockIndex": index, "delta": {  # its signature last
+                    "reasoningContent": {"signature": block["reasoningContent"]["reasoningText"]["signature"]}}}))
             else:
                 use = block["toolUse"]
                 pieces.append(event("contentBlockStart", {"contentBlockIndex": index, "start": {

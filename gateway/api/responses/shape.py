@@ -19,7 +19,7 @@ import orjson
 
 from ...base.ids import new_id
 from ...serving.generation import GenerationResult
-from ...serving.chat import Call, ChatAnswer, Content, Delta, Reasoning
+from ...serving.chat import Call, ChatAnswer, Content, Delta, Reasoning, ReasoningSignature
 from ..errors import ApiError
 from ..logprobs import LogprobShape
 from ..mcp_tools import HostedTools, without_secrets
@@ -132,8 +132,11 @@ class ResponseShape:
     def add_answer(self, answer: ChatAnswer) -> None:
         """A whole answer's items (a tool loop's step: its hosted calls wait in ``pending``)."""
         if answer.reasoning:
-            self.output.append({"type": "reasoning", "id": new_id("rs"), "summary": [],
-                                "content": [{"type": "reasoning_text", "text": answer.reasoning}]})
+            item = {"type": "reasoning", "id": new_id("rs"), "summary": [],
+                    "content": [{"type": "reasoning_text", "text": answer.reasoning}]}
+            if answer.reasoning_signature is not None:  # a provider's: what goes back with the reasoning
+                item["encrypted_content"] = answer.reasoning_signature
+            self.output.append(item)
         if answer.content:
             self.output.append(_message_item(new_id("msg"), answer.content, "completed",
                                              self._token_logprobs(True) if self.logprobs is not None else None))
@@ -247,6 +250,10 @@ class ResponseShape:
                 out += self._ensure("message") + self._text_delta(TEXT_DELTA, delta.text)
             elif kind is Reasoning:
                 out += self._ensure("reasoning") + self._text_delta(REASONING_DELTA, delta.text)
+            elif kind is ReasoningSignature:  # a provider's, at the end of its reasoning: on the item once done
+                out += self._ensure("reasoning")
+                self._open["encrypted_content"] = delta.signature
+                out += self._close()
             elif kind is Call:
                 item = self._call_item(delta)
                 out += self._close() + self._open_item(item)

@@ -26,7 +26,7 @@ def chat_messages(items: "list[dict[str, Any]]", images: "list[ImageRef] | None"
     messages: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []  # MCP calls' results: after their calls' assistant message
     approvals: dict[Any, dict[str, Any]] | None = None  # the approvals asked, by id: made when a refusal needs them
-    reasoning = ""
+    reasoning: dict[str, str] = {}  # the reasoning for the next assistant message: its text, a provider's signature
     for item in items:
         kind = item["type"]
         if kind == "mcp_call":
@@ -50,14 +50,19 @@ def chat_messages(items: "list[dict[str, Any]]", images: "list[ImageRef] | None"
         messages += results
         results = []
         if kind == "reasoning":
-            reasoning += "".join(c.get("text", "") for c in item.get("content") or () if isinstance(c, dict))
+            text = "".join(c.get("text", "") for c in item.get("content") or () if isinstance(c, dict))
+            if text:
+                reasoning["reasoning_content"] = reasoning.get("reasoning_content", "") + text
+            if isinstance(item.get("encrypted_content"), str) and item["encrypted_content"]:
+                reasoning["reasoning_signature"] = item["encrypted_content"]  # gateway/providers/anthropic.py
         elif kind == "message":
             role = item["role"]
             content = message_content(item["content"], "input", images) if role == "user" and images is not None \
                 else content_text(item["content"], "input")
             message = {"role": "system" if role == "developer" else role, "content": content}
             if role == "assistant" and reasoning:
-                message["reasoning_content"], reasoning = reasoning, ""
+                message.update(reasoning)
+                reasoning = {}
             messages.append(message)
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
@@ -65,7 +70,8 @@ def chat_messages(items: "list[dict[str, Any]]", images: "list[ImageRef] | None"
     return messages + results
 
 
-def _add_call(messages: "list[dict[str, Any]]", call_id: str, name: str, arguments: str, reasoning: str) -> str:
+def _add_call(messages: "list[dict[str, Any]]", call_id: str, name: str, arguments: str,
+              reasoning: "dict[str, str]") -> "dict[str, str]":
     """A call into the last assistant message (or a new one, with the pending reasoning); the reasoning left."""
     call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
     last = messages[-1] if messages else None
@@ -73,10 +79,9 @@ def _add_call(messages: "list[dict[str, Any]]", call_id: str, name: str, argumen
         last.setdefault("tool_calls", []).append(call)
         return reasoning
     message = {"role": "assistant", "content": "", "tool_calls": [call]}
-    if reasoning:
-        message["reasoning_content"], reasoning = reasoning, ""
+    message.update(reasoning)
     messages.append(message)
-    return reasoning
+    return {}
 
 
 def _tools(raw: Any) -> list[dict[str, Any]]:

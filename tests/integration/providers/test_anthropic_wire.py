@@ -75,6 +75,7 @@ def test_openai_chat_reaches_anthropic_with_its_system_tools_images_and_headers(
     message = reply.choices[0].message
     assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == [("get_weather", '{"city":"Oslo"}')]
     assert message.model_extra["reasoning_content"] == "Oslo, then." and reply.model == "claude-fake-4"
+    assert message.model_extra["reasoning_signature"] == FakeAnthropic.signature
     assert reply.usage.prompt_tokens == 30 and reply.usage.prompt_tokens_details.cached_tokens == 20
     path, headers, body = fakes["claude"].requests[0]
     assert headers["x-api-key"] == "sk-ant-secret" and headers["anthropic-version"] == "2023-06-01"
@@ -127,9 +128,19 @@ def test_anthropics_own_clients_get_thinking_text_and_tool_use_blocks(ant, fakes
         message = ant.messages.create(**asked)
     assert [b.type for b in message.content] == ["thinking", "text", "tool_use"]
     assert message.content[0].thinking == "Need the tool." and message.content[2].input == {"city": "Oslo"}
+    assert message.content[0].signature == FakeAnthropic.signature  # Anthropic's, not one of ours
     assert message.stop_reason == "tool_use"
     body = fakes["claude"].requests[0][2]
     assert body["thinking"] == {"type": "enabled", "budget_tokens": 1024} and body.get("stream", False) == stream
+    # The next turn sends the blocks back as the SDK has them: Anthropic gets its thinking signed, as it requires
+    # of a tool-use turn with thinking on.
+    fakes["claude"].reply = lambda body: Reply(content="Fourteen degrees.")
+    ant.messages.create(**{**asked, "messages": [*asked["messages"], {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": message.content[0].thinking, "signature": message.content[0].signature},
+        {"type": "tool_use", "id": message.content[2].id, "name": "get_weather", "input": {"city": "Oslo"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": message.content[2].id, "content": "14"}]}]})
+    assistant = fakes["claude"].requests[1][2]["messages"][1]["content"]
+    assert assistant[0] == {"type": "thinking", "thinking": "Need the tool.", "signature": FakeAnthropic.signature}
 
 
 def test_a_signed_thinking_turn_goes_back_to_anthropic_signed(ant, fakes):
@@ -169,3 +180,27 @@ def test_an_overloaded_anthropic_falls_back_and_its_errors_reach_clients_in_thei
     with pytest.raises(openai.BadRequestError) as refused:
         oai.chat.completions.create(model="claude", messages=[{"role": "user", "content": "Hi"}], seed=3)
     assert "does not support seed" in refused.value.message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_responses_chain_with_thinking_and_a_tool_goes_back_to_anthropic_signed(oai, fakes, stream):
+    """The reasoning item carries Anthropic's signature (as encrypted_content, where OpenAI's reasoning carries its
+    own), and the stored turn continued by id sends the thinking back signed, as Anthropic requires."""
+    fakes["claude"].reply = lambda body: Reply(content=None, reasoning="Need the tool.",
+                                               calls=[("get_weather", {"city": "Oslo"})])
+    tools = [{"type": "function", "name": "get_weather", "parameters": TOOLS[0]["function"]["parameters"]}]
+    asked = dict(model="claude", input="Weather in Oslo?", tools=tools, reasoning={"effort": "low"})
+    if stream:
+        first = [e for e in oai.responses.create(**asked, stream=True)][-1].response
+    else:
+        first = oai.responses.create(**asked)
+    reasoning = [item for item in first.output if item.type == "reasoning"][0]
+    assert reasoning.encrypted_content == FakeAnthropic.signature
+    call = [item for item in first.output if item.type == "function_call"][0]
+    fakes["claude"].reply = lambda body: Reply(content="Fourteen degrees.")
+    second = oai.responses.create(model="claude", previous_response_id=first.id, tools=tools,
+                                  input=[{"type": "function_call_output", "call_id": call.call_id, "output": "14"}])
+    assert second.output_text == "Fourteen degrees."
+    assistant = fakes["claude"].requests[1][2]["messages"][1]["content"]
+    assert assistant[0] == {"type": "thinking", "thinking": "Need the tool.", "signature": FakeAnthropic.signature}
+    assert assistant[1]["type"] == "tool_use"

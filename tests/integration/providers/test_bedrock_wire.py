@@ -70,14 +70,18 @@ def test_a_signed_converse_call_with_tools_images_and_reasoning(oai, fakes, stre
         arguments = "".join(p.function.arguments or "" for p in pieces)
         reasoning = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks
                             if c.choices)
+        signature = "".join(c.choices[0].delta.model_extra.get("reasoning_signature") or "" for c in chunks
+                            if c.choices)
         usage = chunks[-1].usage
     else:
         reply = oai.chat.completions.create(**asked)
         call = reply.choices[0].message.tool_calls[0]
         name, arguments = call.function.name, call.function.arguments
         reasoning = reply.choices[0].message.model_extra["reasoning_content"]
+        signature = reply.choices[0].message.model_extra["reasoning_signature"]
         usage = reply.usage
     assert (name, json.loads(arguments), reasoning) == ("get_weather", {"city": "Oslo"}, "Use the tool.")
+    assert signature == "sig-bedrock"  # the client sends it back with the reasoning (a later turn's reasoningContent)
     assert usage.prompt_tokens == 11 and usage.prompt_tokens_details.cached_tokens == 4
     path, headers, body = fakes["bedrock"].requests[0]
     assert path == "/model/us.anthropic.claude-fake-v1%3A0/" + ("converse-stream" if stream else "converse")
