@@ -36,6 +36,8 @@ async def echo_app(scope, receive, send):
         body += message.get("body", b"")
         if not message.get("more_body"):
             break
+    if scope["path"] == "/slow":  # answers after half a second
+        await trio.sleep(0.5)
     if scope["path"] == "/stream":
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
         for part in (b"one ", b"two ", b"three"):
@@ -430,6 +432,24 @@ async def test_idle_keep_alive_connection_is_closed_after_the_timeout(nursery):
     await read_response(stream)
     with trio.fail_after(5):  # the server closes it, after 0.2 s idle
         assert await read_until_closed(stream) == b""
+    shutdown.set()
+
+
+async def test_an_answer_longer_than_the_keep_alive_timeout_keeps_the_connection_and_its_idle_clock(nursery):
+    """The read deadline is moved lazily (it may still hold an earlier idle deadline while a request is answered):
+    firing then must not close the connection, and the idle timeout still counts from the last answer."""
+    shutdown = trio.Event()
+    h1 = H1Server(echo_app, H1Config(keep_alive_timeout_s=0.2))
+    url = await nursery.start(h1.serve, "127.0.0.1", 0, shutdown)
+    stream = await connect(int(url.rsplit(":", 1)[1]))
+    for path in (b"/echo", b"/slow", b"/slow", b"/echo"):
+        await stream.send_all(b"GET " + path + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+        status, _, _, leftover = await read_response(stream)
+        assert status == 200 and not leftover, path
+    answered = trio.current_time()
+    with trio.fail_after(5):
+        assert await read_until_closed(stream) == b""
+    assert trio.current_time() - answered >= 0.2 - 0.005  # not before the keep-alive timeout (the clock's grain)
     shutdown.set()
 
 

@@ -81,6 +81,11 @@ App = Callable[[dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], 
 # After an answer sent before its request body ended: drop what the client still sends this long
 # (and at most this much) before closing, so that the answer is read rather than lost to a TCP reset.
 LINGER_S = 2.0
+_NEVER = float("inf")
+# How far a connection's read deadline may stay before the one that applies (_Connection._arm): moving it costs
+# trio a re-registration, so it moves about once a second on a busy connection, not twice a request (at most a
+# twentieth of the keep-alive timeout: a scope that fires early is replaced, once).
+_DEADLINE_SLACK_S = 1.0
 LINGER_BYTES_MAX = 4 * 1024 * 1024
 
 # The answers the server gives itself (a malformed request, too many connections, an app that failed
@@ -307,6 +312,9 @@ class _Connection:
         self._backlog = b""  # what write_now could not write: the next write's first bytes
         self._read_scope: trio.CancelScope | None = None
         self._message_deadline: float | None = None  # when the request being read must have arrived
+        # When the connection, idle since it opened or since its last answer, is closed if nothing comes.
+        self._idle_deadline = trio.current_time() + config.keep_alive_timeout_s
+        self._slack_s = min(_DEADLINE_SLACK_S, config.keep_alive_timeout_s / 20)  # (_arm)
         try:
             sock = stream.socket
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -358,23 +366,45 @@ class _Connection:
         return len(self._cycles) > self.server.config.pipeline_depth_max
 
     async def _read_loop(self) -> None:
-        # One scope for the connection's life, its deadline moved before each read (and by the
-        # answer loop when a request is done): a scope per read cost ~30 calls per request.
-        with trio.CancelScope() as scope:
-            self._read_scope = scope
-            await self._read_until_done(scope)
-        self._read_scope = None
-        if scope.cancelled_caught:  # a read timed out
-            self._lost()
+        # One scope while no timeout fires (a scope per read cost ~30 calls per request), its deadline kept
+        # within a little of the one that applies (_arm). A scope that fires when nothing has timed out (the
+        # connection is busy answering, or idle with a later deadline than the scope's) is replaced and the
+        # reading goes on: a cancelled read took no bytes.
+        while True:
+            with trio.CancelScope(deadline=self._deadline_now()) as scope:
+                self._read_scope = scope
+                await self._read_until_done(scope)
+            self._read_scope = None
+            if not scope.cancelled_caught or self.closed:
+                return
+            if trio.current_time() >= self._deadline_now():  # a read timed out
+                self._lost()
+                return
+
+    def _arm(self, scope: trio.CancelScope) -> None:
+        """The read scope's deadline for what the connection does now (``_deadline_now``). Moving it costs trio a
+        re-registration (~2 us, twice a request before): it moves to come earlier (a timeout never runs late) or to
+        gain more than ``_DEADLINE_SLACK_S``; left earlier than the one that applies (or set while a request is
+        answered, when none does), it fires and the read loop replaces the scope with one at the deadline that
+        applies then, so every timeout runs when it should."""
+        deadline = self._deadline_now()
+        if deadline == _NEVER:
+            return
+        current = scope.deadline
+        if deadline < current or deadline - current > self._slack_s:
+            scope.deadline = deadline
+
+    def _deadline_now(self) -> float:
+        """When reading must have given something by now: none while paused (by us, not idle) or answering."""
+        return _NEVER if self._must_pause() else self._read_deadline()
 
     async def _read_until_done(self, scope: trio.CancelScope) -> None:
         drained = False  # the last read found the socket emptied (fast_receive)
         while not self.closed and not self._upgraded:
             if self._must_pause():
-                scope.deadline = float("inf")  # paused by us, not idle: no timeout runs
                 while self._must_pause() and not self.closed:
                     await self._read_allowed.park()
-            scope.deadline = self._read_deadline()
+            self._arm(scope)
             try:
                 data = await (self.stream.receive_some(65536, drained) if self.tls
                               else receive_some(self.stream, 65536, drained))
@@ -411,8 +441,8 @@ class _Connection:
                 self._message_deadline = trio.current_time() + config.request_read_timeout_s
             return self._message_deadline
         if not self._cycles:
-            return trio.current_time() + config.keep_alive_timeout_s
-        return float("inf")  # a request is being answered: we only read to see the client go
+            return self._idle_deadline
+        return _NEVER  # a request is being answered: we only read to see the client go
 
     def _lost(self) -> None:
         """The client closed (or timed out idle): every request of the connection sees a disconnect."""
@@ -538,8 +568,10 @@ class _Connection:
             cycle.wakeup.unpark_all()
             self._cycles.popleft()
             self._read_allowed.unpark_all()
-            if self._read_scope is not None and not self._must_pause():
-                self._read_scope.deadline = self._read_deadline()  # idle again: the keep-alive clock runs
+            if not self._cycles:  # idle again: the keep-alive clock runs
+                self._idle_deadline = trio.current_time() + self.server.config.keep_alive_timeout_s
+                if self._read_scope is not None:
+                    self._arm(self._read_scope)
             if not cycle.keep_alive or self.closed:
                 return
 
