@@ -99,6 +99,7 @@ class FakeProvider:
         self.requests: list[tuple[str, dict[str, str], Any]] = []
         self.problems: list[str] = []
         self.failures: list[Failure] = []
+        self.abandoned = 0  # streams whose connection the gateway closed before their end
         self.reply: Callable[[Any], Reply] = lambda body: Reply(content=f"Hello from {name}.")
         self._lock = threading.Lock()
         owner = self
@@ -177,17 +178,21 @@ class FakeProvider:
         self.start_events(handler)
         sent = 0
         stalls = list(failure.stalls) if failure is not None else []
-        for piece in pieces:
-            if failure is not None and failure.drop_after_bytes is not None and sent >= failure.drop_after_bytes:
-                handler.close_connection = True
-                handler.wfile.flush()
-                handler.connection.shutdown(2)
-                return
-            while stalls and sent >= stalls[0][0]:
-                time.sleep(stalls.pop(0)[1])
-            self.send_chunk(handler, piece)
-            sent += len(piece)
-        self.end_events(handler)
+        try:
+            for piece in pieces:
+                if failure is not None and failure.drop_after_bytes is not None and sent >= failure.drop_after_bytes:
+                    handler.close_connection = True
+                    handler.wfile.flush()
+                    handler.connection.shutdown(2)
+                    return
+                while stalls and sent >= stalls[0][0]:
+                    time.sleep(stalls.pop(0)[1])
+                self.send_chunk(handler, piece)
+                sent += len(piece)
+            self.end_events(handler)
+        except (BrokenPipeError, ConnectionResetError):  # the gateway closed the call before its end
+            handler.close_connection = True
+            self.abandoned += 1
 
     @staticmethod
     def end_events(handler: Any) -> None:

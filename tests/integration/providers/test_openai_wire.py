@@ -225,6 +225,21 @@ def test_a_stream_that_stops_or_breaks_off_after_it_began_ends_with_an_error_eve
     assert not fakes["backup"].requests
 
 
+def test_a_client_gone_mid_stream_ends_the_providers_call_and_moves_to_no_other_target(oai, fakes):
+    words = " ".join(f"word{i}" for i in range(60))
+    fakes["slow"].reply = lambda body: Reply(content=words)
+    fakes["slow"].failures.append(Failure(200, stalls=((600, 0.8),)))  # a pause within the target's bound (1 s)
+    stream = oai.chat.completions.create(model="slow", stream=True, messages=[{"role": "user", "content": "Hi"}])
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            break
+    stream.close()  # the client goes away while the provider pauses
+    eventually(lambda: fakes["slow"].abandoned == 1, what="the provider's call closed")  # found at its next write
+    assert not fakes["backup"].requests
+    fakes["slow"].abandoned = 0
+    assert _streamed_text(oai, "slow") == (words, None)  # and the node goes on
+
+
 def test_azure_is_called_at_its_deployment_with_its_api_key_header(oai, fakes):
     reply = oai.chat.completions.create(model="azure", messages=[{"role": "user", "content": "Hi"}])
     assert reply.choices[0].message.content == "Hello from lone."
