@@ -68,16 +68,16 @@ class TextShape:
         start = at + len(name)
         while payload[start:start + 1] in (b" ", b"\t"):
             start += 1
-        token = _STRING_TOKEN.match(payload, start)
-        if token is None:
-            return None
-        value = token.group()
-        if _PLAIN_STRING.fullmatch(value) is not None:
-            if value[1:-1] != text.encode():
+        token = _PLAIN_STRING.match(payload, start)  # most texts (a character class: cheaper than the next)
+        if token is not None:
+            if token.group()[1:-1] != text.encode():
                 return None
         else:
+            token = _STRING_TOKEN.match(payload, start)
+            if token is None:
+                return None
             try:
-                if orjson.loads(value) != text:
+                if orjson.loads(token.group()) != text:
                     return None
             except orjson.JSONDecodeError:
                 return None
