@@ -57,6 +57,9 @@ class BackgroundOut:
     def cancel_on_disconnect(self) -> "_NoClient":
         return _NoClient()
 
+    def disconnect_watch(self) -> None:
+        return None  # no client to go away
+
     async def start_stream(self, status: int, headers: Any) -> None:
         pass
 

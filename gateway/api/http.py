@@ -222,6 +222,11 @@ class Request:
         """
         return _CancelOnDisconnect(self)
 
+    def disconnect_watch(self) -> "DisconnectWatch":
+        """For a call that has a cancel scope of its own (a provider call's timeout): that scope, cancelled when
+        the client goes away too, instead of a second around it (``cancel_on_disconnect``)."""
+        return DisconnectWatch(self)
+
     async def _watch_disconnect(self, scope: trio.CancelScope, watcher: trio.CancelScope) -> None:
         with watcher:
             while True:
@@ -267,6 +272,42 @@ class _CancelOnDisconnect:
         else:
             self._watcher.cancel()
         return self._scope.__exit__(exc_type, exc, traceback)
+
+
+class DisconnectWatch:
+    """``watch(scope)`` makes the client's going away cancel ``scope`` (a scope its caller enters, with its own
+    deadline), ``unwatch(scope)`` after it; ``gone`` then says whether the client went, which is the caller's to
+    tell apart from its own deadline. One scope where ``cancel_on_disconnect`` around a call with a timeout would
+    add a second (entering and leaving one costs trio ~5 us). Unlike ``cancel_on_disconnect``, what follows the
+    call (the answer's writes) is not cancelled: a write to a client that went away returns at once."""
+
+    __slots__ = ("_request", "_native", "_watcher")
+
+    def __init__(self, request: Request) -> None:
+        self._request = request
+        self._native = request._native
+        self._watcher: trio.CancelScope | None = None
+
+    def watch(self, scope: trio.CancelScope) -> None:
+        native = self._native
+        if native is not None:
+            native.watch_disconnect(scope)
+        else:
+            self._watcher = watcher = trio.CancelScope()
+            self._request._background.start_soon(self._request._watch_disconnect, scope, watcher)
+
+    def unwatch(self, scope: trio.CancelScope) -> None:
+        native = self._native
+        if native is not None:
+            native.unwatch_disconnect(scope)
+            if native.client_gone:
+                self._request.disconnected = True
+        elif self._watcher is not None:
+            self._watcher.cancel()
+
+    @property
+    def gone(self) -> bool:
+        return self._request.disconnected
 
 
 class ClientGone(Exception):

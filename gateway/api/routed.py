@@ -24,7 +24,7 @@ import orjson
 import trio
 
 from ..providers import ProviderError, Route, Target, Unsupported
-from ..providers.base import CONNECT, CONTEXT_LENGTH, QUOTA, wire_of
+from ..providers.base import CONNECT, CONTEXT_LENGTH, QUOTA, CallAbandoned, wire_of
 from ..providers.quotas import take
 from ..providers.overflow import saturated
 from ..serving.chat import Call, ChatAnswer, ChatRequest
@@ -244,11 +244,15 @@ async def _call_provider(state: GatewayState, request: Request, chat: ChatReques
                          renderer: Any, keep: "Callable[[dict[str, Any]], Awaitable[bytes | None]] | None",
                          finish: "Callable[[], Awaitable[bytes]] | None", usage: UsageTally, estimate: int) -> None:
     async with rate_limited(state, request, model, usage, estimate, prompt_tokens=estimate - (
-            chat.sampling.max_tokens or 0)), \
-            state.admission.slot(request.tenant_key), request.cancel_on_disconnect():
+            chat.sampling.max_tokens or 0)), state.admission.slot(request.tenant_key):
         calls = state.providers.calls
+        # The call's own scope (its timeout) is the one a disconnect cancels: one scope, not a second around it.
+        watch = request.disconnect_watch()
         if not chat.stream:
-            answer = await calls.whole(chat, target)
+            try:
+                answer = await calls.whole(chat, target, watch)
+            except CallAbandoned:
+                return  # the client went away: nothing to answer
             usage_of(usage, answer.usage)
             result = _result(answer.content or "", answer.finish_reason, answer.usage, target, answer.stop_sequence)
             state.count_tokens(model, result)
@@ -257,7 +261,10 @@ async def _call_provider(state: GatewayState, request: Request, chat: ChatReques
                 answer.reasoning, tuple(answer.calls), separates_reasoning=answer.reasoning is not None,
                 reasoning_signature=answer.reasoning_signature)), keep)
             return
-        await _stream(state, request, calls.stream(chat, target), model, renderer, usage, finish)
+        try:
+            await _stream(state, request, calls.stream(chat, target, watch), model, renderer, usage, finish)
+        except CallAbandoned:
+            return
 
 
 async def _stream(state: GatewayState, request: Request, stream: Any, model: str, renderer: Any, usage: UsageTally,

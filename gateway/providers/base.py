@@ -75,6 +75,11 @@ class StreamEnd:
     deltas: "list[Delta]" = dataclasses.field(default_factory=list)
 
 
+class CallAbandoned(Exception):
+    """The call's client went away during it (its watch said so): nothing to answer, no target to move on to,
+    nothing counted against the target."""
+
+
 class ProviderError(Exception):
     """A target that did not answer: ``kind`` (this module's constants), the HTTP ``status`` the client is given
     (the provider's own where it answered), the provider's message, and the seconds it asked to wait."""

@@ -25,8 +25,8 @@ import trio
 from ..net.http_client import HttpClient, HttpClientError
 from ..observe.metrics import counter
 from ..serving.chat import ChatRequest, Delta
-from .base import (CONNECT, SERVER, TIMEOUT, HttpCall, Provider, ProviderAnswer, ProviderError, StreamEnd,
-                   Target, joined, wire_of)
+from .base import (CONNECT, SERVER, TIMEOUT, CallAbandoned, HttpCall, Provider, ProviderAnswer, ProviderError,
+                   StreamEnd, Target, joined, wire_of)
 from .credentials import CredentialError, Secrets
 
 log = logging.getLogger("gateway.providers")
@@ -95,19 +95,21 @@ class ProviderCalls:
         return self.tracing.client_span("provider.call", {"smg.target": target.name, "smg.provider": target.provider,
                                                           "gen_ai.request.model": target.model, "smg.stream": stream})
 
-    async def whole(self, chat: ChatRequest, target: Target) -> ProviderAnswer:
+    async def whole(self, chat: ChatRequest, target: Target, watch: Any = None) -> ProviderAnswer:
+        """``chat`` answered whole by ``target``; ``watch`` (api/http.DisconnectWatch, or None) makes the client's
+        going away end the call (CallAbandoned)."""
         tracing = self.span(target, False)
         if tracing is None:
-            return await self._whole(chat, target)
+            return await self._whole(chat, target, watch)
         with tracing as span:
-            result = await self._whole(chat, target)
+            result = await self._whole(chat, target, watch)
             if span is not None:
                 span.set_attributes(_usage_attributes(result.usage))
             return result
 
-    async def _whole(self, chat: ChatRequest, target: Target) -> ProviderAnswer:
+    async def _whole(self, chat: ChatRequest, target: Target, watch: Any) -> ProviderAnswer:
         result = await self._exchange(target, lambda provider, secret: provider.call(chat, target, False, secret),
-                                      lambda provider, body: provider.answer(body))
+                                      lambda provider, body: provider.answer(body), watch)
         self._count_tokens(target, result.usage)
         return result
 
@@ -123,18 +125,27 @@ class ProviderCalls:
         return data, tokens
 
     async def _exchange(self, target: Target, build: "Callable[[Provider, Any], HttpCall]",
-                        parse: "Callable[[Provider, bytes], Any]") -> Any:
+                        parse: "Callable[[Provider, bytes], Any]", watch: Any = None) -> Any:
         """One whole request and answer: sent, read within the bounds and the target's time, parsed, counted."""
         started = time.monotonic()
         try:
-            # A scope of its own rather than trio.fail_after (a generator-based manager: more per call).
+            # A scope of its own rather than trio.fail_after (a generator-based manager: more per call), which the
+            # client's going away cancels too (``watch``).
             with trio.CancelScope(deadline=trio.current_time() + target.timeout_s) as scope:
-                provider, answer = await self._send(target, build)
+                if watch is not None:
+                    watch.watch(scope)
                 try:
-                    body = await answer.read(self.bounds.answer_bytes_max)
+                    provider, answer = await self._send(target, build)
+                    try:
+                        body = await answer.read(self.bounds.answer_bytes_max)
+                    finally:
+                        await answer.aclose()
                 finally:
-                    await answer.aclose()
+                    if watch is not None:
+                        watch.unwatch(scope)
             if scope.cancelled_caught:
+                if watch is not None and watch.gone:
+                    raise CallAbandoned()
                 raise _timed_out(target)
             result = parse(provider, body)
         except HttpClientError as e:
@@ -146,8 +157,9 @@ class ProviderCalls:
         self._count(target, "ok", started)
         return result
 
-    def stream(self, chat: ChatRequest, target: Target) -> "ProviderStream":
-        return ProviderStream(self, chat, target)
+    def stream(self, chat: ChatRequest, target: Target, watch: Any = None) -> "ProviderStream":
+        """A streamed call (``ProviderStream``); ``watch`` as for ``whole``."""
+        return ProviderStream(self, chat, target, watch)
 
     def _count(self, target: Target, outcome: str, started: float) -> None:
         key = (target.name, outcome)
@@ -181,10 +193,11 @@ class ProviderStream:
     answer's deltas (a ProviderError before the first means the target refused or failed before answering: the
     route may move on); ``end`` after the last."""
 
-    def __init__(self, calls: ProviderCalls, chat: ChatRequest, target: Target) -> None:
+    def __init__(self, calls: ProviderCalls, chat: ChatRequest, target: Target, watch: Any = None) -> None:
         self._calls = calls
         self._chat = chat
         self.target = target
+        self._watch = watch
         self.end: StreamEnd | None = None
         self._answer: Any = None
         self._started = 0.0
@@ -214,22 +227,31 @@ class ProviderStream:
             # One scope for the whole call, its deadline moved on by the pieces (a scope per piece cost more than
             # the piece's own reading). It covers ``each`` too: a client that stops reading holds the provider's
             # connection no longer than a provider that stops sending would.
+            watch = self._watch
             with trio.CancelScope(deadline=trio.current_time() + timeout_s) as gap:
-                provider, answer = await calls._send(
-                    target, lambda provider, secret: provider.call(self._chat, target, True, secret))
-                self._answer = answer
-                reader = provider.stream()
-                while True:
-                    piece = await answer.next_piece()
-                    if piece is None:
-                        break
-                    deadline = trio.current_time() + timeout_s
-                    if deadline - gap.deadline > slack_s:
-                        gap.deadline = deadline
-                    deltas = reader.feed(piece)
-                    if deltas:
-                        await each(joined(deltas))
+                if watch is not None:  # the client's going away cancels it too
+                    watch.watch(gap)
+                try:
+                    provider, answer = await calls._send(
+                        target, lambda provider, secret: provider.call(self._chat, target, True, secret))
+                    self._answer = answer
+                    reader = provider.stream()
+                    while True:
+                        piece = await answer.next_piece()
+                        if piece is None:
+                            break
+                        deadline = trio.current_time() + timeout_s
+                        if deadline - gap.deadline > slack_s:
+                            gap.deadline = deadline
+                        deltas = reader.feed(piece)
+                        if deltas:
+                            await each(joined(deltas))
+                finally:
+                    if watch is not None:
+                        watch.unwatch(gap)
             if gap.cancelled_caught:
+                if watch is not None and watch.gone:
+                    raise CallAbandoned()
                 if self._answer is None:
                     raise _timed_out(target)
                 raise ProviderError(TIMEOUT, 504, f"the target {target.name} stopped sending for {timeout_s:g} s")

@@ -14,7 +14,7 @@ import pytest
 from chaos.processes import EngineProcess
 from tests.support.fake_providers import Failure, FakeOpenAI, Reply, routed_node, started
 from tests.support.nodes import ENGINE_ARGS, MODEL
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, remains
 
 KEYS = {"FAKE_PRIMARY_KEY": "sk-primary-secret", "FAKE_BACKUP_KEY": "sk-backup-secret"}
 
@@ -225,7 +225,14 @@ def test_a_stream_that_stops_or_breaks_off_after_it_began_ends_with_an_error_eve
     assert not fakes["backup"].requests
 
 
-def test_a_client_gone_mid_stream_ends_the_providers_call_and_moves_to_no_other_target(oai, fakes):
+def _timeouts(node, target: str) -> str:
+    """The node's count of ``target``'s calls that timed out, as /metrics spells it (absent: none yet)."""
+    line = f'smg_provider_requests_total{{outcome="timeout",target="{target}"}}'
+    return next((row for row in httpx2.get(node.url + "/metrics").text.splitlines() if row.startswith(line)), "")
+
+
+def test_a_client_gone_mid_stream_ends_the_providers_call_and_moves_to_no_other_target(oai, node, fakes):
+    timeouts = _timeouts(node, "slow")
     words = " ".join(f"word{i}" for i in range(60))
     fakes["slow"].reply = lambda body: Reply(content=words)
     fakes["slow"].failures.append(Failure(200, stalls=((600, 0.8),)))  # a pause within the target's bound (1 s)
@@ -235,9 +242,22 @@ def test_a_client_gone_mid_stream_ends_the_providers_call_and_moves_to_no_other_
             break
     stream.close()  # the client goes away while the provider pauses
     eventually(lambda: fakes["slow"].abandoned == 1, what="the provider's call closed")  # found at its next write
-    assert not fakes["backup"].requests
+    assert not fakes["backup"].requests and _timeouts(node, "slow") == timeouts  # not the target's failure
     fakes["slow"].abandoned = 0
     assert _streamed_text(oai, "slow") == (words, None)  # and the node goes on
+
+
+def test_a_client_gone_before_a_whole_answer_is_no_timeout_and_no_fallback(oai, node, fakes):
+    timeouts = _timeouts(node, "slow")
+    fakes["slow"].failures.append(Failure(200, delay_s=0.8))  # an answer within the target's bound (1 s)
+    impatient = oai.with_options(timeout=0.2)
+    with pytest.raises(openai.APITimeoutError):  # the client gives up and closes its connection
+        impatient.chat.completions.create(model="slow", messages=[{"role": "user", "content": "Hi"}])
+    # Past the provider's answer: the call was dropped with its client, neither counted a timeout nor moved on.
+    remains(lambda: _timeouts(node, "slow") == timeouts and not fakes["backup"].requests, 1.0,
+            "no timeout and no fallback")
+    assert oai.chat.completions.create(model="slow", messages=[{"role": "user", "content": "Hi"}]
+                                       ).choices[0].message.content == "Hello from slow."
 
 
 def test_azure_is_called_at_its_deployment_with_its_api_key_header(oai, fakes):
