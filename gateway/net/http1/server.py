@@ -81,12 +81,13 @@ App = Callable[[dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], 
 # After an answer sent before its request body ended: drop what the client still sends this long
 # (and at most this much) before closing, so that the answer is read rather than lost to a TCP reset.
 LINGER_S = 2.0
+LINGER_BYTES_MAX = 4 * 1024 * 1024
+
 _NEVER = float("inf")
 # How far a connection's read deadline may stay before the one that applies (_Connection._arm): moving it costs
 # trio a re-registration, so it moves about once a second on a busy connection, not twice a request (at most a
 # twentieth of the keep-alive timeout: a scope that fires early is replaced, once).
 _DEADLINE_SLACK_S = 1.0
-LINGER_BYTES_MAX = 4 * 1024 * 1024
 
 # The answers the server gives itself (a malformed request, too many connections, an app that failed
 # before answering) take their body from the application, which knows its API's error shape:
