@@ -14,10 +14,10 @@ From the typed chat request (OpenAI-shaped messages, ``gateway/serving/chat.py``
   its reasoning effort (``output_config.effort``);
 * ``max_tokens`` is required by Anthropic: the request's, else the target's ``max_tokens`` option, else 4096.
 
-Back: text, thinking (with its signature, which a client sends back with it) and tool_use blocks; ``stop_reason`` as OpenAI's finish reason (end_turn and stop_sequence
-stop, max_tokens length, tool_use tool_calls, refusal content_filter), usage with the cache's reads counted as
-cached prompt tokens (and in the prompt, as OpenAI counts them). A stream's ``input_json_delta`` pieces are
-assembled into one call, handed on when its block stops.
+Back: text, thinking (with its signature, which a client sends back with it) and tool_use blocks; ``stop_reason``
+as OpenAI's finish reason (end_turn and stop_sequence stop, max_tokens length, tool_use tool_calls, refusal
+content_filter), usage with the cache's reads counted as cached prompt tokens (and in the prompt, as OpenAI counts
+them). A stream's ``input_json_delta`` pieces are assembled into one call, handed on when its block stops.
 """
 
 from __future__ import annotations
