@@ -151,6 +151,9 @@ def _assistant_blocks(blocks: list[Any], where: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     texts, thinking, calls, results = [], [], [], []
     signatures: list[str] = []
+    # The thinking blocks as the client sent them back (signed, or redacted): an Anthropic target is given them as
+    # they were (gateway/providers/anthropic.py), block for block; the others read the reasoning's text.
+    kept: list[dict[str, Any]] = []
 
     def flush() -> None:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
@@ -158,11 +161,13 @@ def _assistant_blocks(blocks: list[Any], where: str) -> list[dict[str, Any]]:
             message["reasoning_content"] = "".join(thinking)
             if signatures:  # Anthropic's, for a turn sent back to Anthropic (gateway/providers/anthropic.py)
                 message["reasoning_signature"] = signatures[-1]
+        if kept:
+            message["thinking_blocks"] = list(kept)
         if calls:
             message["tool_calls"] = list(calls)
         out.append(message)
         out.extend(results)
-        texts.clear(), thinking.clear(), calls.clear(), results.clear(), signatures.clear()
+        texts.clear(), thinking.clear(), calls.clear(), results.clear(), signatures.clear(), kept.clear()
 
     for j, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
@@ -174,8 +179,10 @@ def _assistant_blocks(blocks: list[Any], where: str) -> list[dict[str, Any]]:
             thinking.append(block["thinking"])
             if isinstance(block.get("signature"), str) and block["signature"]:
                 signatures.append(block["signature"])
-        elif kind == "redacted_thinking":
-            continue  # nothing the model can read back
+                kept.append({"type": "thinking", "thinking": block["thinking"], "signature": block["signature"]})
+        elif kind == "redacted_thinking":  # nothing a model can read but Anthropic's own (encrypted for it)
+            if isinstance(block.get("data"), str) and block["data"]:
+                kept.append({"type": "redacted_thinking", "data": block["data"]})
         elif kind in ("tool_use", "mcp_tool_use") and isinstance(block.get("id"), str) \
                 and isinstance(block.get("name"), str) and isinstance(block.get("input"), dict):
             calls.append({"id": block["id"], "type": "function",
@@ -298,6 +305,7 @@ class MessagesShape:
     API). Each kind of delta is a content block: ``thinking``, ``text``, ``tool_use`` (one block per call)."""
 
     done = b""  # a Messages stream ends with message_stop, not [DONE]
+    api = "messages"
 
     def __init__(self, message_id: str, model: str, prompt_tokens: int) -> None:
         self.id = message_id

@@ -57,6 +57,7 @@ class OpenAIShape:
     (completions never parse, so only chat's answers come as deltas)."""
 
     done = SSE_DONE
+    api = "chat"
 
     def __init__(self, chat: bool, response_id: str, model: str, include_usage: bool = False, index: int = 0,
                  logprobs: LogprobShape | None = None, prefix_text: str = "", echo: bool = False,

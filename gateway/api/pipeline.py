@@ -627,6 +627,7 @@ class ChatRenderer(Protocol):
     """
 
     done: bytes
+    api: str  # the client API's name: "chat", "responses", "messages" (a provider of that API relays to it)
 
     def whole(self, answer: ChatAnswer) -> dict[str, Any]: ...
 

@@ -224,25 +224,29 @@ async def answer_provider(state: GatewayState, request: Request, chat: ChatReque
     """``chat`` answered by ``target`` in ``renderer``'s shape (the module's docstring); ``model``: the route's
     public name, which the client's answer and the rate limits carry."""
     try:
-        wire_of(target).check(chat, target)
-        await _answer_provider(state, request, chat, target, model, renderer, keep, finish)
+        wire = wire_of(target)
+        wire.check(chat, target)
+        # A client of the provider's own API gets the provider's answer as it wrote it (Provider.relays).
+        passing = wire.relays is not None and wire.relays == renderer.api
+        await _answer_provider(state, request, chat, target, model, renderer, keep, finish, passing)
     except Unsupported as e:  # from the check, or from building the call (an image a wire cannot carry)
         raise unsupported(e, model, target) from None
 
 
 async def _answer_provider(state: GatewayState, request: Request, chat: ChatRequest, target: Target, model: str,
                            renderer: Any, keep: "Callable[[dict[str, Any]], Awaitable[bytes | None]] | None",
-                           finish: "Callable[[], Awaitable[bytes]] | None") -> None:
+                           finish: "Callable[[], Awaitable[bytes]] | None", passing: bool) -> None:
     usage = request.usage = UsageTally()  # this attempt's: what the answer's cost is counted from (gateway/spend)
     request.model = model
     estimate = _estimate_tokens(chat)
     async with account_quota(state, target, estimate, usage):
-        await _call_provider(state, request, chat, target, model, renderer, keep, finish, usage, estimate)
+        await _call_provider(state, request, chat, target, model, renderer, keep, finish, usage, estimate, passing)
 
 
 async def _call_provider(state: GatewayState, request: Request, chat: ChatRequest, target: Target, model: str,
                          renderer: Any, keep: "Callable[[dict[str, Any]], Awaitable[bytes | None]] | None",
-                         finish: "Callable[[], Awaitable[bytes]] | None", usage: UsageTally, estimate: int) -> None:
+                         finish: "Callable[[], Awaitable[bytes]] | None", usage: UsageTally, estimate: int,
+                         passing: bool) -> None:
     async with rate_limited(state, request, model, usage, estimate, prompt_tokens=estimate - (
             chat.sampling.max_tokens or 0)), state.admission.slot(request.tenant_key):
         calls = state.providers.calls
@@ -256,21 +260,27 @@ async def _call_provider(state: GatewayState, request: Request, chat: ChatReques
             usage_of(usage, answer.usage)
             result = _result(answer.content or "", answer.finish_reason, answer.usage, target, answer.stop_sequence)
             state.count_tokens(model, result)
+            if passing and answer.passed is not None:
+                await send_whole(request, answer.passed, keep)
+                return
             await send_whole(request, renderer.whole(ChatAnswer(
                 result, answer.finish_reason, bool(answer.calls), answer.usage.reasoning_tokens, answer.content,
                 answer.reasoning, tuple(answer.calls), separates_reasoning=answer.reasoning is not None,
                 reasoning_signature=answer.reasoning_signature)), keep)
             return
         try:
-            await _stream(state, request, calls.stream(chat, target, watch), model, renderer, usage, finish)
+            await _stream(state, request, calls.stream(chat, target, watch, passing), model, renderer, usage,
+                          finish)
         except CallAbandoned:
             return
 
 
 async def _stream(state: GatewayState, request: Request, stream: Any, model: str, renderer: Any, usage: UsageTally,
                   finish: "Callable[[], Awaitable[bytes]] | None") -> None:
-    """A provider's stream in the renderer's events: the head with the first deltas (a failure before them is the
-    route's to fall back from), the last deltas and the end after."""
+    """A provider's stream in the renderer's events (or the provider's own, passed on: ``stream.passing``): the
+    head with the first deltas (a failure before them is the route's to fall back from), the last deltas and the
+    end after."""
+    passing = stream.passing
     started = False
     error: ApiError | None = None
     called = False
@@ -278,11 +288,14 @@ async def _stream(state: GatewayState, request: Request, stream: Any, model: str
 
     async def each(deltas: "list[Any]") -> None:
         nonlocal started, called
-        if not called:
-            for delta in deltas:
-                if type(delta) is Call:
-                    called = True
-        events = renderer.delta_events(deltas, not started)
+        if passing:
+            events = deltas[0].events  # (a passing reader's piece is one Passed)
+        else:
+            if not called:
+                for delta in deltas:
+                    if type(delta) is Call:
+                        called = True
+            events = renderer.delta_events(deltas, not started)
         started = True
         if stream.complete:
             held.append(events)
@@ -312,7 +325,8 @@ async def _stream(state: GatewayState, request: Request, stream: Any, model: str
             called = called or any(type(d) is Call for d in last.deltas)
             result = _result("", last.finish_reason, last.usage, stream.target, last.stop_sequence)
             state.count_tokens(model, result)
-            end += renderer.final_events(last.deltas, ChatAnswer(result, last.finish_reason, called,
-                                                                 last.usage.reasoning_tokens))
+            if not passing:  # (a passed stream's end was the provider's own)
+                end += renderer.final_events(last.deltas, ChatAnswer(result, last.finish_reason, called,
+                                                                     last.usage.reasoning_tokens))
         await end_sse(request, end, error, finish, renderer.error_event, renderer.done)
 

@@ -6,7 +6,8 @@ From the typed chat request (OpenAI-shaped messages, ``gateway/serving/chat.py``
   messages of one role are merged into one, a tool message becomes a ``tool_result`` block of a user message;
 * an assistant's ``tool_calls`` become ``tool_use`` blocks (their arguments parsed back into ``input``), its
   reasoning a ``thinking`` block when the turn carries the signature Anthropic gave it (``reasoning_signature``),
-  else left out (Anthropic refuses unsigned thinking);
+  else left out (Anthropic refuses unsigned thinking); a Messages client's thinking blocks go back as it sent them
+  (``thinking_blocks``: each signed block, and the redacted ones);
 * images become ``image`` blocks: a data URI as base64 with its media type, a URL as a URL source;
 * tools and ``tool_choice`` map to Anthropic's (``required`` is ``any``; ``parallel_tool_calls: false`` is
   ``disable_parallel_tool_use``); a JSON schema constraint is ``output_config.format``; thinking is
@@ -18,6 +19,10 @@ Back: text, thinking (with its signature, which a client sends back with it) and
 as OpenAI's finish reason (end_turn and stop_sequence stop, max_tokens length, tool_use tool_calls, refusal
 content_filter), usage with the cache's reads counted as cached prompt tokens (and in the prompt, as OpenAI counts
 them). A stream's ``input_json_delta`` pieces are assembled into one call, handed on when its block stops.
+
+A Messages client is given Anthropic's own answer (``relays``): the body as Anthropic wrote it, the stream's events
+as they came, each checked (``_MessagesPassed``), so every block reaches it (several signed thinking blocks,
+redacted thinking, citations, Anthropic's tool ids), as it would calling Anthropic itself.
 """
 
 from __future__ import annotations
@@ -27,10 +32,10 @@ from typing import Any
 import orjson
 
 from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, ReasoningSignature
-from .base import (CONTEXT_LENGTH, OVERLOADED, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError,
-                   StreamEnd, StreamReader, Target, Unsupported, Usage, call_arguments, fold_turn, kind_of_status,
-                   put_sampling, refuse, retry_after_s)
-from .sse import json_object
+from .base import (CONTEXT_LENGTH, OVERLOADED, PROVIDERS, SERVER, HttpCall, Passed, Provider, ProviderAnswer,
+                   ProviderError, StreamEnd, StreamReader, Target, Unsupported, Usage, call_arguments, fold_turn,
+                   kind_of_status, put_sampling, refuse, retry_after_s)
+from .sse import event_at, json_object
 from .text_events import TextEvents
 
 VERSION = "2023-06-01"
@@ -87,7 +92,9 @@ def messages_out(chat: ChatRequest) -> "tuple[list[dict[str, Any]], str | None]"
                           "".join(p.get("text", "") for p in message.get("content") or ())}])
         elif role == "assistant":
             blocks: list[dict[str, Any]] = []
-            if message.get("reasoning_content") and message.get("reasoning_signature"):
+            if message.get("thinking_blocks"):  # a Messages client's, as Anthropic gave them (signed, redacted)
+                blocks += message["thinking_blocks"]
+            elif message.get("reasoning_content") and message.get("reasoning_signature"):
                 blocks.append({"type": "thinking", "thinking": message["reasoning_content"],
                                "signature": message["reasoning_signature"]})
             blocks += _content_blocks(message.get("content"), images)
@@ -196,10 +203,15 @@ class AnthropicMessages(Provider):
         return ProviderAnswer("".join(texts) if texts or not calls else None,
                               "".join(thinking) if thinking else None, calls,
                               _FINISH.get(data.get("stop_reason"), "stop"), usage_of(data.get("usage")),
-                              data.get("stop_sequence"), signature)
+                              data.get("stop_sequence"), signature, data)
 
     def stream(self) -> StreamReader:
         return _MessagesStream()
+
+    relays = "messages"
+
+    def passing_stream(self) -> StreamReader:
+        return _MessagesPassed()
 
     def error(self, status: int, headers: "list[tuple[bytes, bytes]]", body: bytes) -> ProviderError:
         return error_of(status, headers, body)
@@ -213,16 +225,63 @@ def _tool(tool: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class _MessageEnd:
+    """What a Messages stream says of its end, read from its events as they come: the usage (message_start's, then
+    message_delta's counts over them), the stop reason and sequence, whether message_stop came; an error event is
+    the ProviderError it names."""
+
+    __slots__ = ("usage", "finish", "stop_sequence", "stopped")
+
+    def __init__(self) -> None:
+        self.usage: dict[str, Any] = {}
+        self.finish: str | None = None
+        self.stop_sequence: str | None = None
+        self.stopped = False
+
+    def read(self, kind: Any, event: "dict[str, Any]") -> None:
+        if kind == "message_start":
+            self.usage.update((event.get("message") or {}).get("usage") or {})
+        elif kind == "message_delta":
+            delta = event.get("delta") or {}
+            if delta.get("stop_reason"):
+                self.finish = _FINISH.get(delta["stop_reason"], "stop")
+                self.stop_sequence = delta.get("stop_sequence")
+            self.usage.update({k: v for k, v in (event.get("usage") or {}).items() if v is not None})
+        elif kind == "message_stop":
+            self.stopped = True
+        elif kind == "error":
+            error = event.get("error") or {}
+            raise error_of(529 if error.get("type") == "overloaded_error" else 500, [],
+                           orjson.dumps({"error": error}))
+
+    def result(self, deltas: "list[Delta] | None" = None) -> StreamEnd:
+        if not self.stopped or self.finish is None:
+            raise ProviderError(SERVER, 502, "the provider's stream ended before its message did")
+        return StreamEnd(self.finish, usage_of(self.usage), self.stop_sequence, deltas or [])
+
+
+# The text deltas' events in the body: an event line, then the data the shape is learned from.
+_TEXT_FRAME = b"event: content_block_delta\ndata: "
+
+
+def _learns(events: TextEvents, event: "dict[str, Any]", payload: bytes) -> "str | None":
+    """A text delta's text (``events`` learns its shape from the first); None for any other event."""
+    delta = event.get("delta") or {}
+    text = delta.get("text")
+    if delta.get("type") != "text_delta" or type(text) is not str:
+        return None
+    if text and events.shape is None:
+        events.learn(payload, text)
+    return text
+
+
 class _MessagesStream(StreamReader):
     def __init__(self) -> None:
         # Text deltas read by their shape, learned from the first (their events framed by their event line).
-        self._events = TextEvents(b"text", b"event: content_block_delta\ndata: ")
+        self._events = TextEvents(b"text", _TEXT_FRAME)
         self._blocks: dict[int, dict[str, Any]] = {}  # open tool_use blocks by index: id, name, input pieces
         self._calls = 0
-        self._usage: dict[str, Any] = {}
-        self._finish: str | None = None
-        self._stop_sequence: str | None = None
-        self._stopped = False
+        self._end = _MessageEnd()
 
     def feed(self, data: bytes) -> "list[Delta]":
         deltas: list[Delta] = []
@@ -237,19 +296,17 @@ class _MessagesStream(StreamReader):
                 continue
             kind = event.get("type")
             if kind == "content_block_delta":
-                delta = event.get("delta") or {}
-                dtype = delta.get("type")
-                text = delta.get("text")
-                if dtype == "text_delta" and type(text) is str:
+                text = _learns(events, event, item)
+                if text is not None:
                     if text:
                         texts.append(text)
-                        if events.shape is None:  # the first: its shape, for the next ones
-                            events.learn(item, text)
                     continue
             if texts:
                 deltas.append(Content("".join(texts)))
                 texts.clear()
             if kind == "content_block_delta":
+                delta = event.get("delta") or {}
+                dtype = delta.get("type")
                 if dtype == "thinking_delta" and delta.get("thinking"):
                     deltas.append(Reasoning(delta["thinking"]))
                 elif dtype == "signature_delta" and isinstance(delta.get("signature"), str) and delta["signature"]:
@@ -268,28 +325,108 @@ class _MessagesStream(StreamReader):
                 if block is not None:
                     deltas.append(Call(self._calls, block["id"], block["name"], "".join(block["input"]) or "{}"))
                     self._calls += 1
-            elif kind == "message_start":
-                self._usage.update((event.get("message") or {}).get("usage") or {})
-            elif kind == "message_delta":
-                delta = event.get("delta") or {}
-                if delta.get("stop_reason"):
-                    self._finish = _FINISH.get(delta["stop_reason"], "stop")
-                    self._stop_sequence = delta.get("stop_sequence")
-                self._usage.update({k: v for k, v in (event.get("usage") or {}).items() if v is not None})
-            elif kind == "message_stop":
-                self._stopped = True
-            elif kind == "error":
-                error = event.get("error") or {}
-                raise error_of(529 if error.get("type") == "overloaded_error" else 500, [],
-                               orjson.dumps({"error": error}))
+            else:
+                self._end.read(kind, event)
         if texts:
             deltas.append(Content("".join(texts)))
         return deltas
 
     def finish(self) -> StreamEnd:
-        if not self._stopped or self._finish is None:
-            raise ProviderError(SERVER, 502, "the provider's stream ended before its message did")
-        return StreamEnd(self._finish, usage_of(self._usage), self._stop_sequence)
+        return self._end.result()
+
+
+class _MessagesPassed(StreamReader):
+    """Anthropic's events for a Messages client, passed on as Anthropic wrote them (``Provider.relays``). Each is
+    checked to be a JSON object before it goes (a text delta by its shape, the rest parsed, as ``_MessagesStream``
+    reads them); a piece of whole events of the usual two lines goes as it came, anything else (an event cut
+    between pieces, comments, carriage returns, a data line without its event line) is written again as those two
+    lines. message_start waits for the event after it (pings until then are dropped), so that a failure before the
+    answer began (an overloaded error right after message_start) is still the route's to move on from; the end
+    (stop reason, usage) is read for the node's own accounting."""
+
+    def __init__(self) -> None:
+        self._events = TextEvents(b"text", _TEXT_FRAME)
+        self._end = _MessageEnd()
+        self._held = b""  # message_start, until the answer goes on
+        self._opened = False
+
+    def feed(self, data: bytes) -> "list[Delta]":
+        if self._events.whole_events(data):
+            begins = self._regular(data)
+            if begins is not None:
+                if self._opened:
+                    return [Passed(data)]
+                if begins == len(data):  # message_start (held) and pings only
+                    return []
+                self._opened = True
+                return [Passed(self._held + data[begins:])]
+        return self._rewritten(data)
+
+    def _regular(self, data: bytes) -> "int | None":
+        """Each event of ``data`` (whole events) checked, when every one is the usual two lines: where the answer
+        begins in it (its length when it has not begun by its end; message_start held); None when an event is of
+        another form (the piece is then written again). Text deltas of the shape learned are read in runs, as
+        ``TextEvents.items`` reads them, and what a run cannot vouch for is parsed."""
+        shape = self._events.shape
+        pos, size = 0, len(data)
+        begins = 0 if self._opened else size
+        single_until = 0  # a run refused before that: its events are parsed one at a time
+        while pos < size:
+            if shape is not None and pos >= single_until and data.startswith(shape.head, pos):
+                end, text = shape.run(data, pos)
+                if text is not None:  # (a text of the shape: a text delta, after the answer began)
+                    pos = end
+                    continue
+                single_until = end
+            event = event_at(data, pos) if data.startswith(b"event: ", pos) else None
+            if event is None or event[0] == b"[DONE]":
+                return None
+            payload, end = event
+            kind = self._check(payload)
+            if shape is None:  # (learned from the first text delta, for the next ones)
+                shape = self._events.shape
+            if begins == size:
+                if kind == "message_start":
+                    self._held = data[pos:end]
+                elif kind != "ping":
+                    begins = pos
+            pos = end
+        return begins
+
+    def _rewritten(self, data: bytes) -> "list[Delta]":
+        """The events ``data`` completes written again as the usual two lines, each named by its type (comments,
+        carriage returns and OpenAI's ``[DONE]``, which some compatible servers add, left out)."""
+        out: list[bytes] = []
+        for _, payload in self._events.raw(data):
+            if payload == b"[DONE]":
+                continue
+            kind = self._check(payload)
+            if not self._opened:
+                if kind == "ping":
+                    continue
+                if kind == "message_start":
+                    self._held = b"event: message_start\ndata: " + payload + b"\n\n"
+                    continue
+                self._opened = True
+                out.append(self._held)
+            out.append(b"event: " + kind.encode() + b"\ndata: " + payload + b"\n\n")
+        return [Passed(b"".join(out))] if out else []
+
+    def _check(self, payload: bytes) -> str:
+        """The event's type, once its data is a JSON object (a ProviderError else; an error event is the one it
+        names) and the end has been read from it."""
+        event = json_object(payload)
+        kind = event.get("type") if event is not None else None
+        if type(kind) is not str:
+            raise ProviderError(SERVER, 502, "the provider streamed an event that is not a Messages event")
+        if kind == "content_block_delta":
+            _learns(self._events, event, payload)
+        else:
+            self._end.read(kind, event)
+        return kind
+
+    def finish(self) -> StreamEnd:
+        return self._end.result()
 
 
 PROVIDERS.add("anthropic", AnthropicMessages(), "Anthropic's Messages API: x-api-key, anthropic-version, thinking and "

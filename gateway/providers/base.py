@@ -63,6 +63,9 @@ class ProviderAnswer:
     usage: Usage
     stop_sequence: str | None = None  # the stop sequence that ended it, when the provider says
     reasoning_signature: str | None = None  # the reasoning's signature (serving.chat.ReasoningSignature)
+    # The answer as the provider wrote it, parsed, when its wire is a client API's own (Provider.relays): what a
+    # client of that API is given as it is.
+    passed: "dict[str, Any] | None" = None
 
 
 @dataclasses.dataclass
@@ -129,6 +132,16 @@ class HttpCall:
     body: bytes
 
 
+class Passed:
+    """A piece of a provider's stream as the provider wrote it (whole events, each checked), for a client of the
+    provider's own API (``Provider.relays``): sent on as it is."""
+
+    __slots__ = ("events",)
+
+    def __init__(self, events: bytes) -> None:
+        self.events = events
+
+
 class StreamReader(abc.ABC):
     """A streamed answer read as it arrives: ``feed`` each piece of the body, get the deltas it completes."""
 
@@ -160,6 +173,17 @@ class Provider(abc.ABC):
 
     @abc.abstractmethod
     def stream(self) -> StreamReader: ...
+
+    # The client API whose answers this wire's answers are (Anthropic's Messages: "messages"), or None. A client of
+    # that API is given the provider's own answer: its whole body (``ProviderAnswer.passed``), its stream's events
+    # (``passing_stream``), every block and field the provider wrote, which no translation to and from the
+    # gateway's deltas could keep (redacted thinking, several signed thinking blocks, citations, its tool ids).
+    relays: str | None = None
+
+    def passing_stream(self) -> StreamReader:
+        """A reader whose deltas are ``Passed``: the stream's events for a client of ``relays``' API, each checked
+        to be what the wire says it is, with the finish reason and usage read for the node's accounting."""
+        raise NotImplementedError(f"the {self.name} wire relays no client API")
 
     @abc.abstractmethod
     def error(self, status: int, headers: "list[tuple[bytes, bytes]]", body: bytes) -> ProviderError: ...

@@ -157,9 +157,11 @@ class ProviderCalls:
         self._count(target, "ok", started)
         return result
 
-    def stream(self, chat: ChatRequest, target: Target, watch: Any = None) -> "ProviderStream":
-        """A streamed call (``ProviderStream``); ``watch`` as for ``whole``."""
-        return ProviderStream(self, chat, target, watch)
+    def stream(self, chat: ChatRequest, target: Target, watch: Any = None, passing: bool = False
+               ) -> "ProviderStream":
+        """A streamed call (``ProviderStream``); ``watch`` as for ``whole``; ``passing``: its deltas are the
+        provider's own events (``Provider.passing_stream``), for a client of the provider's API."""
+        return ProviderStream(self, chat, target, watch, passing)
 
     def _count(self, target: Target, outcome: str, started: float) -> None:
         key = (target.name, outcome)
@@ -193,11 +195,13 @@ class ProviderStream:
     answer's deltas (a ProviderError before the first means the target refused or failed before answering: the
     route may move on); ``end`` after the last."""
 
-    def __init__(self, calls: ProviderCalls, chat: ChatRequest, target: Target, watch: Any = None) -> None:
+    def __init__(self, calls: ProviderCalls, chat: ChatRequest, target: Target, watch: Any = None,
+                 passing: bool = False) -> None:
         self._calls = calls
         self._chat = chat
         self.target = target
         self._watch = watch
+        self.passing = passing
         self.end: StreamEnd | None = None
         self._answer: Any = None
         self._started = 0.0
@@ -235,7 +239,7 @@ class ProviderStream:
                     provider, answer = await calls._send(
                         target, lambda provider, secret: provider.call(self._chat, target, True, secret))
                     self._answer = answer
-                    reader = provider.stream()
+                    reader = provider.passing_stream() if self.passing else provider.stream()
                     while True:
                         piece = await answer.next_piece()
                         if piece is None:

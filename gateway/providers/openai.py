@@ -35,6 +35,9 @@ from .text_events import TextEvents
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls",
            "content_filter": "content_filter"}
 _TEXT_KEYS = {"content", "role"}  # a delta with only these is plain text (the stream's fast path)
+# A turn's reasoning as other APIs carry it back (its text, a provider's signature, a Messages client's blocks):
+# OpenAI's chat messages have no such members.
+_REASONING_KEYS = ("reasoning_content", "reasoning_signature", "thinking_blocks")
 # Each flavor on OpenAI's Responses API (openai_responses.py fills it): a target's ``api = "responses"``.
 RESPONSES_WIRES: "dict[str, Provider]" = {}
 
@@ -55,8 +58,8 @@ def messages_out(chat: ChatRequest) -> list[dict[str, Any]]:
                 else:
                     parts.append({"type": "text", "text": part.get("text", "")})
             message = {**message, "content": parts}
-        if "reasoning_content" in message or "reasoning_signature" in message:
-            message = {k: v for k, v in message.items() if k not in ("reasoning_content", "reasoning_signature")}
+        if "reasoning_content" in message or "reasoning_signature" in message or "thinking_blocks" in message:
+            message = {k: v for k, v in message.items() if k not in _REASONING_KEYS}
         if message.get("role") == "assistant" and not message.get("content") and message.get("tool_calls"):
             message = {**message, "content": None}
         out.append(message)

@@ -23,7 +23,7 @@ from .base import SERVER, ProviderError
 EVENT_BYTES_MAX = 8 * 1024 * 1024
 
 # Whole events of an event line and a data line each (Anthropic's), and their data.
-_NAMED_EVENTS = re.compile(rb"(?:event: [^\n]*\ndata: [^\n]*\n\n)+")
+NAMED_EVENTS = re.compile(rb"(?:event: [^\n]*\ndata: [^\n]*\n\n)+")
 _NAMED_DATA = re.compile(rb"\ndata: ([^\n]*)\n\n")
 
 
@@ -37,9 +37,10 @@ class SseDecoder:
 
     def feed(self, data: bytes) -> "list[tuple[str, str]]":
         """The events ``data`` completes: (name, data), ``message`` when unnamed."""
-        return [(name or "message", value.decode("utf-8", "replace")) for name, value in self._raw(data)]
+        return [(name or "message", value.decode("utf-8", "replace")) for name, value in self.raw(data)]
 
-    def _raw(self, data: bytes) -> "list[tuple[str, bytes]]":
+    def raw(self, data: bytes) -> "list[tuple[str, bytes]]":
+        """The events ``data`` completes: (name, or "" when unnamed; data as bytes)."""
         if self._cr and data.startswith(b"\n"):
             data = data[1:]
         self._cr = data.endswith(b"\r")
@@ -91,12 +92,12 @@ class SseDecoder:
                     if b"[DONE]" in payloads:
                         return [payload for payload in payloads if payload != b"[DONE]"]
                     return payloads
-            elif data[:7] == b"event: " and _NAMED_EVENTS.fullmatch(data) is not None:
+            elif data[:7] == b"event: " and NAMED_EVENTS.fullmatch(data) is not None:
                 payloads = _NAMED_DATA.findall(data)  # (a name never holds a newline: one data line each)
                 if b"[DONE]" in payloads:
                     return [payload for payload in payloads if payload != b"[DONE]"]
                 return payloads
-        return [value for _, value in self._raw(data) if value != b"[DONE]"]
+        return [value for _, value in self.raw(data) if value != b"[DONE]"]
 
     def whole_events(self, data: bytes) -> bool:
         """``data`` is whole events: nothing of an event is held from before it, and it ends with a blank line (and

@@ -38,6 +38,9 @@ class Reply:
     completion_tokens: int = 7
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    # Anthropic's content blocks as they are (FakeAnthropic), in place of those made from the fields above: redacted
+    # thinking, several signed thinking blocks.
+    blocks: "list[dict] | None" = None
 
 
 @dataclasses.dataclass
@@ -50,6 +53,9 @@ class Failure:
     # A 200 stream that pauses: (after this many body bytes, for this many seconds), in order.
     stalls: "tuple[tuple[int, float], ...]" = ()
     code: str | None = None
+    # A 200 stream whose event after message_start is an error of this type (Anthropic's overloaded_error, as it
+    # sends one mid-stream), the stream then ending (FakeAnthropic).
+    error_event: str | None = None
 
 
 @contextlib.contextmanager
@@ -454,8 +460,11 @@ class FakeAnthropic(FakeProvider):
             blocks.append({"type": "text", "text": reply.content, "citations": None})
         for i, (name, args) in enumerate(reply.calls):
             blocks.append({"type": "tool_use", "id": f"toolu_{i}", "name": name, "input": args})
+        if reply.blocks is not None:
+            blocks = reply.blocks
+        called = any(block["type"] == "tool_use" for block in blocks)
         stop = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}.get(
-            reply.finish or ("tool_calls" if reply.calls else "stop"), "end_turn")
+            reply.finish or ("tool_calls" if called else "stop"), "end_turn")
         usage = {"input_tokens": reply.prompt_tokens - reply.cached_tokens, "output_tokens": reply.completion_tokens,
                  "cache_read_input_tokens": reply.cached_tokens, "cache_creation_input_tokens": 0}
         message = {"id": "msg_fake", "type": "message", "role": "assistant", "model": body.get("model"),
@@ -475,10 +484,13 @@ class FakeAnthropic(FakeProvider):
             events.validate_python(value)
             return b"event: " + value["type"].encode() + b"\ndata: " + json.dumps(value).encode() + b"\n\n"
 
-        self.start_events(handler)
         pieces = [event({"type": "message_start", "message": {**message, "content": [], "stop_reason": None,
                                                                "usage": {**usage, "output_tokens": 1}}}),
                   b"event: ping\ndata: {\"type\": \"ping\"}\n\n"]
+        if failure is not None and failure.error_event:
+            pieces.append(b"event: error\ndata: " + json.dumps({"type": "error", "error": {
+                "type": failure.error_event, "message": failure.message}}).encode() + b"\n\n")  # (no stream event type)
+            blocks = []
         for index, block in enumerate(blocks):
             if block["type"] == "thinking":
                 pieces.append(event({"type": "content_block_start", "index": index,
@@ -487,7 +499,9 @@ class FakeAnthropic(FakeProvider):
                                   "delta": {"type": "thinking_delta", "thinking": w}})
                            for w in _words(block["thinking"])]
                 pieces.append(event({"type": "content_block_delta", "index": index,
-                                     "delta": {"type": "signature_delta", "signature": self.signature}}))
+                                     "delta": {"type": "signature_delta", "signature": block["signature"]}}))
+            elif block["type"] == "redacted_thinking":  # whole in its start, as Anthropic sends it
+                pieces.append(event({"type": "content_block_start", "index": index, "content_block": block}))
             elif block["type"] == "text":
                 pieces.append(event({"type": "content_block_start", "index": index,
                                      "content_block": {"type": "text", "text": ""}}))
@@ -501,12 +515,11 @@ class FakeAnthropic(FakeProvider):
                                   "delta": {"type": "input_json_delta", "partial_json": part}})
                            for part in (text[:len(text) // 2], text[len(text) // 2:])]
             pieces.append(event({"type": "content_block_stop", "index": index}))
-        pieces.append(event({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
-                             "usage": {"output_tokens": reply.completion_tokens}}))
-        pieces.append(event({"type": "message_stop"}))
-        for piece in pieces:
-            self.send_chunk(handler, piece)
-        self.end_events(handler)
+        if not (failure is not None and failure.error_event):
+            pieces.append(event({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+                                 "usage": {"output_tokens": reply.completion_tokens}}))
+            pieces.append(event({"type": "message_stop"}))
+        self.send_events(handler, pieces, failure)
 
 
 class FakeGemini(FakeProvider):

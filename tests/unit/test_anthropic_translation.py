@@ -17,7 +17,8 @@ BASE = {"model": "m", "max_tokens": 64}
 def test_blocks_become_chat_messages():
     chat = to_chat_request({**BASE, "system": [{"type": "text", "text": "Be brief."}], "messages": [
         {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": [{"type": "thinking", "thinking": "call it", "signature": "s"},
+        {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "EnC"},
+                                          {"type": "thinking", "thinking": "call it", "signature": "s"},
                                           {"type": "text", "text": "Checking."},
                                           {"type": "tool_use", "id": "toolu_1", "name": "w", "input": {"c": "Oslo"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "12C"},
@@ -27,8 +28,11 @@ def test_blocks_become_chat_messages():
     assert chat.messages == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather?"},
-        # the thinking block's signature rides along so an Anthropic or Bedrock provider can send the block back
+        # the thinking block's signature rides along so an Anthropic or Bedrock provider can send the block back,
+        # and the blocks as they were (redacted ones too) for Anthropic
         {"role": "assistant", "content": "Checking.", "reasoning_content": "call it", "reasoning_signature": "s",
+         "thinking_blocks": [{"type": "redacted_thinking", "data": "EnC"},
+                             {"type": "thinking", "thinking": "call it", "signature": "s"}],
          "tool_calls": [
             {"id": "toolu_1", "type": "function", "function": {"name": "w", "arguments": json.dumps({"c": "Oslo"},
                                                                                                     separators=(",", ":"))}}]},

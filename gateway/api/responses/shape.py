@@ -48,6 +48,7 @@ class ResponseShape:
     ``ChatRenderer`` of the Responses API."""
 
     done = b""  # the stream ends with the event of the final status, not [DONE]
+    api = "responses"
     # Set only by some requests (a class default each, not a store per request):
     _open: "dict[str, Any] | None" = None  # the item being streamed
     # When it is a message: its output_text.delta events' tail without logprobs, a bytes format of the encoded

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 
 import anthropic
+import httpx2
 import openai
 import pytest
 
@@ -114,18 +115,25 @@ def test_a_wire_without_embeddings_refuses_them_by_name(oai, fakes):
     assert refused.value.code == "unsupported_feature" and not fakes["claude"].requests
 
 
+WEATHER_WITH_THINKING = dict(model="claude", max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 1024},
+                             tools=[{"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}],
+                             messages=[{"role": "user", "content": "Weather in Oslo?"}])
+
+
+def _asked(ant, asked, stream):
+    """The message a Messages client gets for ``asked``, streamed (as the SDK assembles it) or whole."""
+    if stream:
+        with ant.messages.stream(**asked) as events:
+            return events.get_final_message()
+    return ant.messages.create(**asked)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_anthropics_own_clients_get_thinking_text_and_tool_use_blocks(ant, fakes, stream):
     fakes["claude"].reply = lambda body: Reply(content="Looking it up.", reasoning="Need the tool.",
                                                calls=[("get_weather", {"city": "Oslo"})])
-    asked = dict(model="claude", max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 1024},
-                 tools=[{"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}],
-                 messages=[{"role": "user", "content": "Weather in Oslo?"}])
-    if stream:
-        with ant.messages.stream(**asked) as events:
-            message = events.get_final_message()
-    else:
-        message = ant.messages.create(**asked)
+    asked = WEATHER_WITH_THINKING
+    message = _asked(ant, asked, stream)
     assert [b.type for b in message.content] == ["thinking", "text", "tool_use"]
     assert message.content[0].thinking == "Need the tool." and message.content[2].input == {"city": "Oslo"}
     assert message.content[0].signature == FakeAnthropic.signature  # Anthropic's, not one of ours
@@ -141,6 +149,60 @@ def test_anthropics_own_clients_get_thinking_text_and_tool_use_blocks(ant, fakes
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": message.content[2].id, "content": "14"}]}]})
     assistant = fakes["claude"].requests[1][2]["messages"][1]["content"]
     assert assistant[0] == {"type": "thinking", "thinking": "Need the tool.", "signature": FakeAnthropic.signature}
+
+
+# An answer with what only Anthropic's own blocks carry: redacted thinking, two signed thinking blocks (interleaved
+# thinking), a text with its citations field, Anthropic's own tool id.
+OWN_BLOCKS = [{"type": "redacted_thinking", "data": "EnCrYpTeD-by-anthropic"},
+              {"type": "thinking", "thinking": "First.", "signature": "sig-a"},
+              {"type": "thinking", "thinking": "Second.", "signature": "sig-b"},
+              {"type": "text", "text": "Looking it up.", "citations": None},
+              {"type": "tool_use", "id": "toolu_01AbC", "name": "get_weather", "input": {"city": "Oslo"}}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_messages_client_gets_anthropics_own_answer_and_sends_its_blocks_back_as_they_were(ant, node, fakes,
+                                                                                             stream):
+    """A Messages client is given the message Anthropic wrote (every block, its id, its usage), as calling Anthropic
+    itself, and the next turn gives Anthropic back its thinking block for block, signed and redacted."""
+    fakes["claude"].reply = lambda body: Reply(blocks=OWN_BLOCKS, prompt_tokens=30, cached_tokens=20)
+    asked = WEATHER_WITH_THINKING
+    message = _asked(ant, asked, stream)
+    assert [b.model_dump(exclude_none=True) for b in message.content] == [
+        {k: v for k, v in b.items() if v is not None} for b in OWN_BLOCKS]
+    assert message.id == "msg_fake" and message.model == "claude-fake-4" and message.stop_reason == "tool_use"
+    assert (message.usage.input_tokens, message.usage.cache_read_input_tokens) == (10, 20)
+    fakes["claude"].reply = lambda body: Reply(content="Fourteen degrees.")
+    ant.messages.create(**{**asked, "messages": [
+        *asked["messages"], {"role": "assistant", "content": [b.model_dump() for b in message.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01AbC", "content": "14"}]}]})
+    assistant = fakes["claude"].requests[1][2]["messages"][1]["content"]
+    assert assistant == [{k: v for k, v in b.items() if k != "citations"} for b in OWN_BLOCKS]
+
+
+def test_a_messages_stream_from_anthropic_is_its_own_events(node, fakes):
+    """The bytes of Anthropic's events reach the client as Anthropic wrote them (the fake writes its JSON with spaces,
+    the node's own rendering without), but for the ping before the answer began."""
+    fakes["claude"].reply = lambda body: Reply(blocks=OWN_BLOCKS[:2] + OWN_BLOCKS[3:4])
+    answer = httpx2.post(node.url + "/v1/messages", headers={"x-api-key": "client-key"}, timeout=30, json={
+        "model": "claude", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "Hi"}]})
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+    body = answer.content
+    assert body.startswith(b'event: message_start\ndata: {"type": "message_start", "message": {"id": "msg_fake"')
+    assert b'event: content_block_start\ndata: {"type": "content_block_start", "index": 0, "content_block": ' \
+           b'{"type": "redacted_thinking", "data": "EnCrYpTeD-by-anthropic"}}\n\n' in body
+    assert b'{"type": "signature_delta", "signature": "sig-a"}' in body and b"event: ping" not in body
+    assert body.endswith(b'event: message_stop\ndata: {"type": "message_stop"}\n\n')
+
+
+def test_an_error_right_after_message_start_still_moves_a_messages_stream_to_the_next_target(ant, fakes):
+    """Anthropic may answer 200 and then an overloaded error as its first event: nothing had gone to the client (the
+    passed message_start waits for the answer to begin), so the route moves on."""
+    # (a pause after message_start: the node has read it before the error comes)
+    fakes["busy"].failures.append(Failure(200, "Overloaded", error_event="overloaded_error", stalls=((1, 0.3),)))
+    with ant.messages.stream(model="busy", max_tokens=64, messages=[{"role": "user", "content": "Hi"}]) as events:
+        message = events.get_final_message()
+    assert message.content[0].text == "Hello from gpt." and len(fakes["busy"].requests) == 1
 
 
 def test_a_signed_thinking_turn_goes_back_to_anthropic_signed(ant, fakes):
