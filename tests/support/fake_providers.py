@@ -442,7 +442,9 @@ class FakeAnthropic(FakeProvider):
         if handler.path != "/v1/messages":
             self.send_json(handler, 404, {"type": "error", "error": {"type": "not_found_error", "message": "no"}})
             return
-        if not handler.headers.get("x-api-key") or not handler.headers.get("anthropic-version"):
+        # The key as x-api-key (the gateway sends it so) or a bearer token (the anthropic SDK's own since 2.x).
+        keyed = handler.headers.get("x-api-key") or handler.headers.get("authorization", "").startswith("Bearer ")
+        if not keyed or not handler.headers.get("anthropic-version"):
             self.problems.append("/v1/messages: no x-api-key or anthropic-version header")
         stream = bool(body.get("stream"))
         self.check(body, params.MessageCreateParamsStreaming if stream else params.MessageCreateParamsNonStreaming,
