@@ -323,6 +323,15 @@ class MessagesShape:
         self.add_answer(answer)
         return self.message(answer.result, answer.called)
 
+    @staticmethod
+    def passed(delta: Any) -> bytes:
+        """Anthropic's own events (``providers.Passed``) go as they are, its message id with them."""
+        return delta.events
+
+    @staticmethod
+    def passed_whole(body: "dict[str, Any]") -> "dict[str, Any]":
+        return body
+
     def message(self, result: GenerationResult, called: bool) -> dict[str, Any]:
         reason, sequence = stop_reason(result, called)
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": self.content,

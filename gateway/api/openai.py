@@ -57,12 +57,27 @@ class OpenAIShape:
     (completions never parse, so only chat's answers come as deltas)."""
 
     done = SSE_DONE
-    api = "chat"
+
+    def passed(self, delta: Any) -> bytes:
+        """A chat provider's own chunks (``providers.Passed``, for this chat answer) with this answer's id in place of
+        the provider's: ``"id":`` followed by that string can only be a member's name and value (inside a JSON
+        string its quotes would be escaped), so the replacement touches nothing else."""
+        theirs = delta.answer_id
+        if theirs is None:
+            return delta.events
+        ours = orjson.dumps(self.id)
+        return delta.events.replace(b'"id":' + theirs, b'"id":' + ours).replace(b'"id": ' + theirs, b'"id": ' + ours)
+
+    def passed_whole(self, body: "dict[str, Any]") -> "dict[str, Any]":
+        """A chat provider's own answer, with this answer's id."""
+        body["id"] = self.id
+        return body
 
     def __init__(self, chat: bool, response_id: str, model: str, include_usage: bool = False, index: int = 0,
                  logprobs: LogprobShape | None = None, prefix_text: str = "", echo: bool = False,
                  created: int | None = None) -> None:
         self.chat = chat
+        self.api = "chat" if chat else "completions"  # (a provider of chat's wire relays its own answer to chat)
         self.id = response_id
         self.model = model
         self.created = int(time.time()) if created is None else created

@@ -213,9 +213,9 @@ def usage_of(tally: UsageTally, usage: Any) -> None:
 
 def _estimate_tokens(chat: ChatRequest) -> int:
     """The tokens a provider request may use, for the rate limits' reservation (settled with the real usage):
-    ~4 characters a token of its messages (OpenAI's rule of thumb), and its max_tokens."""
+    ~4 characters a token of its messages (OpenAI's rule of thumb), and its max_tokens for each of its n answers."""
     size = len(orjson.dumps(chat.messages)) + (len(orjson.dumps(chat.tools)) if chat.tools else 0)
-    return max(1, size // 4) + (chat.sampling.max_tokens or 0)
+    return max(1, size // 4) + (chat.sampling.max_tokens or 0) * chat.sampling.n
 
 
 async def answer_provider(state: GatewayState, request: Request, chat: ChatRequest, target: Target, model: str,
@@ -225,9 +225,12 @@ async def answer_provider(state: GatewayState, request: Request, chat: ChatReque
     public name, which the client's answer and the rate limits carry."""
     try:
         wire = wire_of(target)
-        wire.check(chat, target)
         # A client of the provider's own API gets the provider's answer as it wrote it (Provider.relays).
         passing = wire.relays is not None and wire.relays == renderer.api
+        if passing:
+            wire.check_relayed(chat, target)
+        else:
+            wire.check(chat, target)
         await _answer_provider(state, request, chat, target, model, renderer, keep, finish, passing)
     except Unsupported as e:  # from the check, or from building the call (an image a wire cannot carry)
         raise unsupported(e, model, target) from None
@@ -248,7 +251,7 @@ async def _call_provider(state: GatewayState, request: Request, chat: ChatReques
                          finish: "Callable[[], Awaitable[bytes]] | None", usage: UsageTally, estimate: int,
                          passing: bool) -> None:
     async with rate_limited(state, request, model, usage, estimate, prompt_tokens=estimate - (
-            chat.sampling.max_tokens or 0)), state.admission.slot(request.tenant_key):
+            chat.sampling.max_tokens or 0) * chat.sampling.n), state.admission.slot(request.tenant_key):
         calls = state.providers.calls
         # The call's own scope (its timeout) is the one a disconnect cancels: one scope, not a second around it.
         watch = request.disconnect_watch()
@@ -260,8 +263,8 @@ async def _call_provider(state: GatewayState, request: Request, chat: ChatReques
             usage_of(usage, answer.usage)
             result = _result(answer.content or "", answer.finish_reason, answer.usage, target, answer.stop_sequence)
             state.count_tokens(model, result)
-            if passing and answer.passed is not None:
-                await send_whole(request, answer.passed, keep)
+            if passing and answer.passed is not None:  # (a renderer of an API some wire relays: passed_whole)
+                await send_whole(request, renderer.passed_whole(answer.passed), keep)
                 return
             await send_whole(request, renderer.whole(ChatAnswer(
                 result, answer.finish_reason, bool(answer.calls), answer.usage.reasoning_tokens, answer.content,
@@ -289,7 +292,7 @@ async def _stream(state: GatewayState, request: Request, stream: Any, model: str
     async def each(deltas: "list[Any]") -> None:
         nonlocal started, called
         if passing:
-            events = deltas[0].events  # (a passing reader's piece is one Passed)
+            events = renderer.passed(deltas[0])  # (a passing reader's piece is one Passed)
         else:
             if not called:
                 for delta in deltas:

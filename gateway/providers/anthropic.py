@@ -32,10 +32,11 @@ from typing import Any
 import orjson
 
 from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, ReasoningSignature
-from .base import (CONTEXT_LENGTH, OVERLOADED, PROVIDERS, SERVER, HttpCall, Passed, Provider, ProviderAnswer,
-                   ProviderError, StreamEnd, StreamReader, Target, Unsupported, Usage, call_arguments, fold_turn,
-                   kind_of_status, put_sampling, refuse, retry_after_s)
-from .sse import event_at, json_object
+from .base import (CONTEXT_LENGTH, OVERLOADED, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError,
+                   StreamEnd, StreamReader, Target, Unsupported, Usage, call_arguments, fold_turn, kind_of_status,
+                   put_sampling, refuse, retry_after_s)
+from .passing import EARLY, EARLY_DROP, PASS, PassingReader
+from .sse import json_object
 from .text_events import TextEvents
 
 VERSION = "2023-06-01"
@@ -210,7 +211,7 @@ class AnthropicMessages(Provider):
 
     relays = "messages"
 
-    def passing_stream(self) -> StreamReader:
+    def passing_stream(self, chat: ChatRequest) -> StreamReader:
         return _MessagesPassed()
 
     def error(self, status: int, headers: "list[tuple[bytes, bytes]]", body: bytes) -> ProviderError:
@@ -335,95 +336,32 @@ class _MessagesStream(StreamReader):
         return self._end.result()
 
 
-class _MessagesPassed(StreamReader):
-    """Anthropic's events for a Messages client, passed on as Anthropic wrote them (``Provider.relays``). Each is
-    checked to be a JSON object before it goes (a text delta by its shape, the rest parsed, as ``_MessagesStream``
-    reads them); a piece of whole events of the usual two lines goes as it came, anything else (an event cut
-    between pieces, comments, carriage returns, a data line without its event line) is written again as those two
-    lines. message_start waits for the event after it (pings until then are dropped), so that a failure before the
-    answer began (an overloaded error right after message_start) is still the route's to move on from; the end
-    (stop reason, usage) is read for the node's own accounting."""
+class _MessagesPassed(PassingReader):
+    """Anthropic's events for a Messages client, passed on as Anthropic wrote them (``passing.py``): each a JSON
+    object with a type (text deltas by their shape); message_start waits for the answer to begin, pings before it
+    are dropped; the end (stop reason, usage) is read as ``_MessagesStream`` reads it."""
+
+    frame = b"event: "
 
     def __init__(self) -> None:
-        self._events = TextEvents(b"text", _TEXT_FRAME)
+        super().__init__(TextEvents(b"text", _TEXT_FRAME))
         self._end = _MessageEnd()
-        self._held = b""  # message_start, until the answer goes on
-        self._opened = False
+        self._kind = ""
 
-    def feed(self, data: bytes) -> "list[Delta]":
-        if self._events.whole_events(data):
-            begins = self._regular(data)
-            if begins is not None:
-                if self._opened:
-                    return [Passed(data)]
-                if begins == len(data):  # message_start (held) and pings only
-                    return []
-                self._opened = True
-                return [Passed(self._held + data[begins:])]
-        return self._rewritten(data)
-
-    def _regular(self, data: bytes) -> "int | None":
-        """Each event of ``data`` (whole events) checked, when every one is the usual two lines: where the answer
-        begins in it (its length when it has not begun by its end; message_start held); None when an event is of
-        another form (the piece is then written again). Text deltas of the shape learned are read in runs, as
-        ``TextEvents.items`` reads them, and what a run cannot vouch for is parsed."""
-        shape = self._events.shape
-        pos, size = 0, len(data)
-        begins = 0 if self._opened else size
-        single_until = 0  # a run refused before that: its events are parsed one at a time
-        while pos < size:
-            if shape is not None and pos >= single_until and data.startswith(shape.head, pos):
-                end, text = shape.run(data, pos)
-                if text is not None:  # (a text of the shape: a text delta, after the answer began)
-                    pos = end
-                    continue
-                single_until = end
-            event = event_at(data, pos) if data.startswith(b"event: ", pos) else None
-            if event is None or event[0] == b"[DONE]":
-                return None
-            payload, end = event
-            kind = self._check(payload)
-            if shape is None:  # (learned from the first text delta, for the next ones)
-                shape = self._events.shape
-            if begins == size:
-                if kind == "message_start":
-                    self._held = data[pos:end]
-                elif kind != "ping":
-                    begins = pos
-            pos = end
-        return begins
-
-    def _rewritten(self, data: bytes) -> "list[Delta]":
-        """The events ``data`` completes written again as the usual two lines, each named by its type (comments,
-        carriage returns and OpenAI's ``[DONE]``, which some compatible servers add, left out)."""
-        out: list[bytes] = []
-        for _, payload in self._events.raw(data):
-            if payload == b"[DONE]":
-                continue
-            kind = self._check(payload)
-            if not self._opened:
-                if kind == "ping":
-                    continue
-                if kind == "message_start":
-                    self._held = b"event: message_start\ndata: " + payload + b"\n\n"
-                    continue
-                self._opened = True
-                out.append(self._held)
-            out.append(b"event: " + kind.encode() + b"\ndata: " + payload + b"\n\n")
-        return [Passed(b"".join(out))] if out else []
-
-    def _check(self, payload: bytes) -> str:
-        """The event's type, once its data is a JSON object (a ProviderError else; an error event is the one it
-        names) and the end has been read from it."""
+    def check(self, payload: bytes) -> str:
         event = json_object(payload)
         kind = event.get("type") if event is not None else None
         if type(kind) is not str:
             raise ProviderError(SERVER, 502, "the provider streamed an event that is not a Messages event")
+        self._kind = kind
         if kind == "content_block_delta":
             _learns(self._events, event, payload)
-        else:
-            self._end.read(kind, event)
-        return kind
+            return PASS
+        self._end.read(kind, event)
+        return EARLY if kind == "message_start" else EARLY_DROP if kind == "ping" else PASS
+
+    def framed(self, payload: bytes) -> bytes:
+        return b"event: " + self._kind.encode() + b"\ndata: " + payload + b"\n\n"  # (named by what it is)
 
     def finish(self) -> StreamEnd:
         return self._end.result()

@@ -136,10 +136,11 @@ class Passed:
     """A piece of a provider's stream as the provider wrote it (whole events, each checked), for a client of the
     provider's own API (``Provider.relays``): sent on as it is."""
 
-    __slots__ = ("events",)
+    __slots__ = ("events", "answer_id")
 
-    def __init__(self, events: bytes) -> None:
+    def __init__(self, events: bytes, answer_id: "bytes | None" = None) -> None:
         self.events = events
+        self.answer_id = answer_id  # the provider's id of the answer, as its JSON spells it (a client API may own it)
 
 
 class StreamReader(abc.ABC):
@@ -180,9 +181,15 @@ class Provider(abc.ABC):
     # gateway's deltas could keep (redacted thinking, several signed thinking blocks, citations, its tool ids).
     relays: str | None = None
 
-    def passing_stream(self) -> StreamReader:
-        """A reader whose deltas are ``Passed``: the stream's events for a client of ``relays``' API, each checked
-        to be what the wire says it is, with the finish reason and usage read for the node's accounting."""
+    def check_relayed(self, chat: ChatRequest, target: Target) -> None:
+        """``check`` for a client of ``relays``' API, which is given the provider's own answer: what only the
+        translation could not carry (OpenAI's ``n`` and logprobs, in its own chunks) is then the provider's to do."""
+        self.check(chat, target)
+
+    def passing_stream(self, chat: ChatRequest) -> StreamReader:
+        """A reader whose deltas are ``Passed``: the stream's events for a client of ``relays``' API (``chat``'s),
+        each checked to be what the wire says it is, with the finish reason and usage read for the node's
+        accounting."""
         raise NotImplementedError(f"the {self.name} wire relays no client API")
 
     @abc.abstractmethod

@@ -239,7 +239,7 @@ class ProviderStream:
                     provider, answer = await calls._send(
                         target, lambda provider, secret: provider.call(self._chat, target, True, secret))
                     self._answer = answer
-                    reader = provider.passing_stream() if self.passing else provider.stream()
+                    reader = provider.passing_stream(self._chat) if self.passing else provider.stream()
                     while True:
                         piece = await answer.next_piece()
                         if piece is None:

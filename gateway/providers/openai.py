@@ -29,6 +29,7 @@ from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, new_cal
 from .base import (CONTEXT_LENGTH, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError, StreamEnd,
                    StreamReader, Target, Unsupported, Usage, kind_of_status, put_sampling, refuse,
                    retry_after_s)
+from .passing import DROP, EARLY, PASS, PassingReader
 from .sse import json_object
 from .text_events import TextEvents
 
@@ -114,6 +115,14 @@ class OpenAIChat(Provider):
     def check(self, chat: ChatRequest, target: Target) -> None:
         refuse(chat, target, "n", "logprobs")
 
+    relays = "chat"
+
+    def check_relayed(self, chat: ChatRequest, target: Target) -> None:
+        refuse(chat, target)  # n and logprobs come in the provider's own chunks
+
+    def passing_stream(self, chat: ChatRequest) -> StreamReader:
+        return _ChatPassed(chat.include_usage)
+
     def call(self, chat: ChatRequest, target: Target, stream: bool, secret: Any) -> HttpCall:
         sampling = chat.sampling
         body: dict[str, Any] = {"messages": messages_out(chat)}
@@ -123,6 +132,12 @@ class OpenAIChat(Provider):
             body["max_tokens" if self.name == "openai_compatible" else "max_completion_tokens"] = sampling.max_tokens
         put_sampling(body, sampling, {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "stop": "stop",
                                       "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty"})
+        if sampling.n != 1:  # (a chat client's, given the provider's own answer: check_relayed)
+            body["n"] = sampling.n
+        if sampling.logprobs is not None:
+            body["logprobs"] = True
+            if sampling.logprobs:
+                body["top_logprobs"] = sampling.logprobs
         if sampling.logit_bias:
             body["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias}
         if self.name == "openai_compatible":
@@ -171,7 +186,8 @@ class OpenAIChat(Provider):
         content = message.get("content")
         return ProviderAnswer(content if isinstance(content, str) else None,
                               reasoning if isinstance(reasoning, str) else None, calls,
-                              _FINISH.get(choice.get("finish_reason"), "stop"), usage_of(data.get("usage")))
+                              _FINISH.get(choice.get("finish_reason"), "stop"), usage_of(data.get("usage")),
+                              passed=data)
 
     def stream(self) -> StreamReader:
         return _ChatStream()
@@ -305,6 +321,63 @@ class _ChatStream(StreamReader):
         deltas: list[Delta] = []
         self._flush(deltas)  # the call still being assembled
         return StreamEnd(self._finish, self._usage, deltas=deltas)
+
+
+class _ChatPassed(PassingReader):
+    """OpenAI's chunks for a chat client, passed on as the provider wrote them (``passing.py``): each a JSON object
+    (text chunks by their shape, learned as ``_ChatStream`` learns it); chunks before the answer begins (the role's)
+    wait for it; the usage chunk goes only to a client that asked for usage (the node always asks, for its own
+    accounting); its ``[DONE]`` is the node's to write. The finish and usage are read for the node."""
+
+    frame = b"data: "
+
+    def __init__(self, usage_wanted: bool) -> None:
+        super().__init__(TextEvents(b"content"))
+        self._usage_wanted = usage_wanted
+        self._finish: str | None = None
+        self._usage = Usage()
+
+    def check(self, payload: bytes) -> str:
+        chunk = json_object(payload)
+        if chunk is None:
+            raise ProviderError(SERVER, 502, "the provider streamed an event that is not a chat chunk")
+        if isinstance(chunk.get("error"), dict):  # an error mid-stream (OpenAI sends it as an event)
+            raise error_of(500, [], orjson.dumps(chunk))
+        if self.answer_id is None and type(chunk.get("id")) is str:
+            self.answer_id = orjson.dumps(chunk["id"])
+        usage = chunk.get("usage")
+        if usage:
+            self._usage = usage_of(usage)
+        choices = chunk.get("choices")
+        if not choices:
+            return DROP if usage and not self._usage_wanted else PASS if usage else EARLY
+        began = False
+        for choice in choices if type(choices) is list else ():
+            if type(choice) is not dict:
+                continue
+            if choice.get("finish_reason"):
+                began = True
+                if not choice.get("index"):
+                    self._finish = _FINISH.get(choice["finish_reason"], "stop")
+            delta = choice.get("delta")
+            if type(delta) is dict and any(value for key, value in delta.items() if key != "role"):
+                began = True
+                content = delta.get("content")
+                if self._events.shape is None and type(content) is str and content and len(choices) == 1 \
+                        and not choice.get("index") and delta.keys() <= _TEXT_KEYS and "role" not in delta \
+                        and not choice.get("finish_reason") and usage is None:  # the first text: its shape
+                    self._events.learn(payload, content)
+            if choice.get("logprobs"):
+                began = True
+        return PASS if began else EARLY
+
+    def framed(self, payload: bytes) -> bytes:
+        return b"data: " + payload + b"\n\n"
+
+    def finish(self) -> StreamEnd:
+        if self._finish is None:
+            raise ProviderError(SERVER, 502, "the provider's stream ended before its answer did")
+        return StreamEnd(self._finish, self._usage)
 
 
 PROVIDERS.add("openai", OpenAIChat("openai"), "OpenAI's API: chat completions (or the Responses API), embeddings, a "

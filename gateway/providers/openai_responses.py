@@ -47,6 +47,10 @@ class OpenAIResponses(OpenAIChat):
     def wire(self, target: Target) -> "OpenAIResponses":
         return self
 
+    # Its answers are the Responses API's, not chat's: every client is given them translated (a Responses client
+    # too: the gateway's own response object is what it stores and continues).
+    relays = None
+
     def check(self, chat: ChatRequest, target: Target) -> None:
         refuse(chat, target, "n", "logprobs", "seed", "frequency_penalty", "presence_penalty", "logit_bias")
         sampling = chat.sampling

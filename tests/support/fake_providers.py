@@ -267,35 +267,56 @@ class FakeOpenAI(FakeProvider):
                  "prompt_tokens_details": {"cached_tokens": reply.cached_tokens},
                  "completion_tokens_details": {"reasoning_tokens": reply.reasoning_tokens}}
         model = body.get("model", "deployment")
+        # n answers (the same, each its index in its text but the first), and logprobs as OpenAI shapes them.
+        answers = [reply.content if k == 0 or reply.content is None else f"{reply.content} ({k})"
+                   for k in range(body.get("n") or 1)]
+        top = body.get("top_logprobs") or 0
+
+        def logprobs(words: "list[str]") -> Any:
+            if not body.get("logprobs"):
+                return None
+            entry = lambda word, rank: {"token": word, "logprob": -0.25 * (rank + 1), "bytes": list(word.encode())}
+            return {"content": [{**entry(w, 0), "top_logprobs": [entry(w, r) for r in range(top)]} for w in words],
+                    "refusal": None}
+
         if not stream:
             from openai.types.chat import ChatCompletion
 
-            message: dict[str, Any] = {"role": "assistant", "content": reply.content}
-            if calls:
-                message["tool_calls"] = calls
-            if reply.reasoning is not None:
-                message["reasoning_content"] = reply.reasoning  # compatible servers' (vLLM, DeepSeek)
+            choices = []
+            for k, content in enumerate(answers):
+                message: dict[str, Any] = {"role": "assistant", "content": content}
+                if calls:
+                    message["tool_calls"] = calls
+                if reply.reasoning is not None:
+                    message["reasoning_content"] = reply.reasoning  # compatible servers' (vLLM, DeepSeek)
+                choices.append({"index": k, "message": message, "finish_reason": finish,
+                                "logprobs": logprobs(_words(content or ""))})
             answer = {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()), "model": model,
-                      "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-                      "usage": usage}
+                      "choices": choices, "usage": usage}
             ChatCompletion.model_validate(answer)
             self.send_json(handler, 200, answer)
             return
         from openai.types.chat import ChatCompletionChunk
 
-        def chunk(delta: dict[str, Any], finish_reason: str | None = None, with_usage: bool = False) -> bytes:
+        def chunk(delta: dict[str, Any], finish_reason: str | None = None, with_usage: bool = False,
+                  index: int = 0, words: "list[str] | None" = None) -> bytes:
+            choice = {"index": index, "delta": delta, "finish_reason": finish_reason}
+            if words is not None and body.get("logprobs"):
+                choice["logprobs"] = logprobs(words)
             value = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": model,
-                     "choices": [] if with_usage else [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+                     "choices": [] if with_usage else [choice]}
             if with_usage:
                 value["usage"] = usage
             ChatCompletionChunk.model_validate(value)
             return b"data: " + json.dumps(value, separators=(",", ":")).encode() + b"\n\n"  # compact, as OpenAI's
 
-        pieces = [chunk({"role": "assistant", "content": ""})]
-        if reply.reasoning:
-            pieces += [chunk({"reasoning_content": word}) for word in _words(reply.reasoning)]
-        if reply.content:
-            pieces += [chunk({"content": word}) for word in _words(reply.content)]
+        pieces = []
+        for k, content in enumerate(answers):
+            pieces.append(chunk({"role": "assistant", "content": ""}, index=k))
+            if reply.reasoning:
+                pieces += [chunk({"reasoning_content": word}, index=k) for word in _words(reply.reasoning)]
+            if content:
+                pieces += [chunk({"content": word}, index=k, words=[word]) for word in _words(content)]
         for i, call in enumerate(calls):
             arguments = call["function"]["arguments"]
             half = len(arguments) // 2
@@ -303,7 +324,7 @@ class FakeOpenAI(FakeProvider):
                                                  "function": {"name": call["function"]["name"], "arguments": ""}}]}))
             pieces.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": arguments[:half]}}]}))
             pieces.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": arguments[half:]}}]}))
-        pieces.append(chunk({}, finish))
+        pieces += [chunk({}, finish, index=k) for k in range(len(answers))]
         if (body.get("stream_options") or {}).get("include_usage"):
             pieces.append(chunk({}, with_usage=True))
         pieces.append(b"data: [DONE]\n\n")

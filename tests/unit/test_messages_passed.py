@@ -26,7 +26,7 @@ def _body(events: "list[tuple[str, dict]]", rng: random.Random) -> bytes:
 
 def _passed(body: bytes, cuts: "list[int]") -> "tuple[bytes, object]":
     """The bytes a Messages client is sent for ``body`` read in the pieces ``cuts`` makes, and the stream's end."""
-    reader = anthropic_wire.AnthropicMessages().passing_stream()
+    reader = anthropic_wire.AnthropicMessages().passing_stream(None)
     out = b""
     for start, end in zip([0, *cuts], [*cuts, len(body)]):
         for delta in reader.feed(body[start:end]):
@@ -100,14 +100,14 @@ def _start() -> bytes:
 
 
 def test_message_start_waits_for_the_answer_and_an_error_before_it_passes_nothing():
-    reader = anthropic_wire.AnthropicMessages().passing_stream()
+    reader = anthropic_wire.AnthropicMessages().passing_stream(None)
     assert reader.feed(_start()) == []
     assert reader.feed(b'event: ping\ndata: {"type":"ping"}\n\n') == []
     with pytest.raises(ProviderError) as failed:
         reader.feed(b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Busy"}}\n\n')
     assert failed.value.status == 529 and failed.value.kind == "overloaded" and "Busy" in failed.value.message
     # Once the answer began, message_start goes with its first event (the pings before it do not).
-    reader = anthropic_wire.AnthropicMessages().passing_stream()
+    reader = anthropic_wire.AnthropicMessages().passing_stream(None)
     reader.feed(_start())
     reader.feed(b'event: ping\ndata: {"type":"ping"}\n\n')
     block = b'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":' \
@@ -128,7 +128,7 @@ def test_an_event_that_is_not_a_messages_event_is_not_passed(event, says):
            b'{"type":"text_delta","text":"Hi"}}\n\n'
     for learned in (False, True):
         for pieces in ([event + b"\n\n"], [event[:20], event[20:] + b"\n\n"]):
-            reader = anthropic_wire.AnthropicMessages().passing_stream()
+            reader = anthropic_wire.AnthropicMessages().passing_stream(None)
             reader.feed(_start() + (text if learned else b""))
             with pytest.raises(ProviderError, match=says):
                 for piece in pieces:
@@ -138,14 +138,14 @@ def test_an_event_that_is_not_a_messages_event_is_not_passed(event, says):
 def test_a_text_of_the_learned_shape_that_is_not_json_is_refused():
     text = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":' \
            b'{"type":"text_delta","text":"Hi"}}\n\n'
-    reader = anthropic_wire.AnthropicMessages().passing_stream()
+    reader = anthropic_wire.AnthropicMessages().passing_stream(None)
     reader.feed(_start() + text)
     with pytest.raises(ProviderError, match="JSON"):
         reader.feed(text + text.replace(b'"Hi"', b'"a\\q"'))  # a bad escape in a run of the shape
 
 
 def test_a_stream_that_ends_before_message_stop_fails_and_done_is_not_passed():
-    reader = anthropic_wire.AnthropicMessages().passing_stream()
+    reader = anthropic_wire.AnthropicMessages().passing_stream(None)
     text = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":' \
            b'{"type":"text_delta","text":"Hi"}}\n\n'
     [delta] = reader.feed(_start() + text + b"event: done\ndata: [DONE]\n\n")

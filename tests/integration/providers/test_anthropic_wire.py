@@ -242,6 +242,10 @@ def test_an_overloaded_anthropic_falls_back_and_its_errors_reach_clients_in_thei
     with pytest.raises(openai.BadRequestError) as refused:
         oai.chat.completions.create(model="claude", messages=[{"role": "user", "content": "Hi"}], seed=3)
     assert "does not support seed" in refused.value.message
+    for asked, feature in (({"n": 2}, "n above 1"), ({"logprobs": True}, "logprobs")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            oai.chat.completions.create(model="claude", messages=[{"role": "user", "content": "Hi"}], **asked)
+        assert "'claude'" in refused.value.message and f"does not support {feature}" in refused.value.message
 
 
 @pytest.mark.parametrize("stream", [False, True])

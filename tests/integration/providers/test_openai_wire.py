@@ -290,10 +290,36 @@ def test_the_last_targets_error_is_the_clients_in_openais_shape(oai, fakes):
     assert len(fakes["lone"].requests) == 2
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_client_gets_the_providers_own_answer_with_n_and_logprobs(oai, fakes, stream):
+    """A chat client on an OpenAI-wire target is given the provider's own chunks (its fields all kept) under this
+    answer's id: what only the provider's answer carries (several choices, logprobs) reaches it."""
+    fakes["primary"].reply = lambda body: Reply(content="one two three")
+    asked = dict(model="smart", messages=[{"role": "user", "content": "Count"}], n=2, logprobs=True, top_logprobs=2)
+    if stream:
+        chunks = list(oai.chat.completions.create(**asked, stream=True))
+        texts = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == k)
+                 for k in (0, 1)]
+        tokens = [lp.token for c in chunks if c.choices and c.choices[0].index == 0 and c.choices[0].logprobs
+                  for lp in c.choices[0].logprobs.content]
+        tops = [len(lp.top_logprobs) for c in chunks if c.choices and c.choices[0].logprobs
+                for lp in c.choices[0].logprobs.content]
+        assert len({c.id for c in chunks}) == 1 and chunks[0].id.startswith("chatcmpl-")
+        assert chunks[0].id != "chatcmpl-fake" and all(c.usage is None for c in chunks)  # usage was not asked for
+        ids = {c.id for c in chunks}
+    else:
+        reply = oai.chat.completions.create(**asked)
+        texts = [choice.message.content for choice in reply.choices]
+        tokens = [lp.token for lp in reply.choices[0].logprobs.content]
+        tops = [len(lp.top_logprobs) for choice in reply.choices for lp in choice.logprobs.content]
+        ids = {reply.id}
+    assert texts == ["one two three", "one two three (1)"] and tokens == ["one ", "two ", "three"]
+    assert set(tops) == {2} and "chatcmpl-fake" not in ids
+    body = fakes["primary"].requests[0][2]
+    assert (body["n"], body["logprobs"], body["top_logprobs"]) == (2, True, 2)
+
+
 def test_what_a_target_cannot_do_is_a_400_naming_the_model_and_the_feature(oai, fakes):
-    with pytest.raises(openai.BadRequestError) as refused:
-        oai.chat.completions.create(model="smart", messages=[{"role": "user", "content": "Hi"}], n=2)
-    assert "'smart'" in refused.value.message and "n above 1" in refused.value.message
     with pytest.raises(openai.BadRequestError) as refused:
         oai.chat.completions.create(model="smart", messages=[{"role": "user", "content": "Hi"}],
                                        extra_body={"regex": "[a-z]+"})
