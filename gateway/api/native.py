@@ -9,7 +9,7 @@ from ..serving.models import ModelEntry
 from .errors import BadRequest
 from .http import Request, sse_event
 from .pipeline import (admitted, check_prompt_ids, check_vocab, encode_chat, encode_text, plan_generation,
-                       ready_model_entry, run_streamed, run_unary, with_images)
+                       ready_model_entry, run_streamed, run_unary, with_media)
 from .protocol import parse_chat, parse_generate, parse_json_body, token_ids
 from .ratelimits import counted_tokens
 from .state import GatewayState
@@ -87,7 +87,7 @@ async def _tokenize(state: GatewayState, request: Request, body: dict[str, Any],
         add_generation_prompt = body.get("add_generation_prompt", True)
         ids = await encode_chat(state, request, entry, tokenizer, chat, bool(add_generation_prompt))
         if chat.images or chat.videos:  # counted as the engine will see them: each placeholder expanded
-            ids = (await with_images(state, entry, chat, ids, request.tenant_key))[0]
+            ids = (await with_media(state, entry, chat, ids, request.tenant_key))[0]
     else:
         text = body.get("prompt")
         if not isinstance(text, str):

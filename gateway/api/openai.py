@@ -25,7 +25,7 @@ from .http import SSE_DONE, Request, sse_event
 from .logprobs import LogprobShape
 from .pipeline import (admitted, answer_chat, check_prompt_ids, encode_chat, encode_text, logprob_shape, logprob_shapes,
                        openai_error_event, plan_generation, ready_model_entry, run_streamed_choices, run_unary_choices,
-                       with_images)
+                       with_media)
 from .protocol import parse_chat, parse_completion, parse_json_body
 from .routed import answer_provider, answer_routed, route_of
 from .state import GatewayState
@@ -265,7 +265,7 @@ async def _chat_on_pool(state: GatewayState, request: Request, raw: bytes, chat:
     input_ids = await encode_chat(state, request, entry, tokenizer, chat, True, raw)
     media = routing_ids = None
     if chat.images or chat.videos:
-        input_ids, media, routing_ids = await with_images(state, entry, chat, input_ids, request.tenant_key)
+        input_ids, media, routing_ids = await with_media(state, entry, chat, input_ids, request.tenant_key)
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "messages", media,
                            routing_ids)
     response_id = "chatcmpl-" + request.request_id

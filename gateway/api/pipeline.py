@@ -150,10 +150,10 @@ async def chat_prompt(state: GatewayState, request: Request, chat: ChatRequest, 
     ids = await encode_chat(state, request, entry, tokenizer, chat, True)
     if not chat.images and not chat.videos:
         return ChatPrompt(entry, tokenizer, ids)
-    return ChatPrompt(entry, tokenizer, *await with_images(state, entry, chat, ids, request.tenant_key))
+    return ChatPrompt(entry, tokenizer, *await with_media(state, entry, chat, ids, request.tenant_key))
 
 
-async def with_images(state: GatewayState, entry: ModelEntry, chat: ChatRequest, ids: "list[int]",
+async def with_media(state: GatewayState, entry: ModelEntry, chat: ChatRequest, ids: "list[int]",
                       tenant: str | None) -> "tuple[list[int], tuple[MediaInputs, ...], list[int]]":
     """The chat's images and videos fetched and processed for the model (gateway/media), and its prompt ids with
     each one's placeholder expanded: (ids, a batch of inputs per modality, the ids routing reads). ``tenant``:

@@ -64,12 +64,14 @@ class VideoRef:
 
 
 class MediaError(InvalidInput):
-    """An image that cannot be used (its part named in ``param``)."""
+    """An image or a video that cannot be used (its part named in ``param``)."""
 
 
 @dataclasses.dataclass
 class MediaInputs:
-    """A request's processed images, in prompt order, and where their tokens are once ``expand`` placed them."""
+    """A request's processed items of one modality (its images, or its videos: ``modality``), in prompt
+    order, and where their tokens are once ``expand`` placed them. (``images`` holds either: the field is older
+    than videos, and the engines' runtimes read it by that name.)"""
 
     processor: ImageProcessor
     images: list[ProcessedImage]
