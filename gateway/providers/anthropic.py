@@ -35,7 +35,7 @@ from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, Reasoni
 from .base import (CONTEXT_LENGTH, OVERLOADED, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError,
                    StreamEnd, StreamReader, Target, Unsupported, Usage, call_arguments, fold_turn, kind_of_status,
                    put_sampling, refuse, retry_after_s)
-from .passing import EARLY, EARLY_DROP, PASS, PassingReader
+from .passing import EARLY, EARLY_DROP, PASS, PassingReader, data_lines
 from .sse import json_object
 from .text_events import TextEvents
 
@@ -255,10 +255,10 @@ class _MessageEnd:
             raise error_of(529 if error.get("type") == "overloaded_error" else 500, [],
                            orjson.dumps({"error": error}))
 
-    def result(self, deltas: "list[Delta] | None" = None) -> StreamEnd:
+    def result(self) -> StreamEnd:
         if not self.stopped or self.finish is None:
             raise ProviderError(SERVER, 502, "the provider's stream ended before its message did")
-        return StreamEnd(self.finish, usage_of(self.usage), self.stop_sequence, deltas or [])
+        return StreamEnd(self.finish, usage_of(self.usage), self.stop_sequence)
 
 
 # The text deltas' events in the body: an event line, then the data the shape is learned from.
@@ -351,7 +351,7 @@ class _MessagesPassed(PassingReader):
     def check(self, payload: bytes) -> str:
         event = json_object(payload)
         kind = event.get("type") if event is not None else None
-        if type(kind) is not str:
+        if type(kind) is not str or not kind.isprintable():  # (it names the event when written again: one line)
             raise ProviderError(SERVER, 502, "the provider streamed an event that is not a Messages event")
         self._kind = kind
         if kind == "content_block_delta":
@@ -361,7 +361,7 @@ class _MessagesPassed(PassingReader):
         return EARLY if kind == "message_start" else EARLY_DROP if kind == "ping" else PASS
 
     def framed(self, payload: bytes) -> bytes:
-        return b"event: " + self._kind.encode() + b"\ndata: " + payload + b"\n\n"  # (named by what it is)
+        return b"event: " + self._kind.encode() + b"\n" + data_lines(payload)  # (named by what it is)
 
     def finish(self) -> StreamEnd:
         return self._end.result()

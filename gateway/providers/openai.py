@@ -29,7 +29,7 @@ from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, new_cal
 from .base import (CONTEXT_LENGTH, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError, StreamEnd,
                    StreamReader, Target, Unsupported, Usage, kind_of_status, put_sampling, refuse,
                    retry_after_s)
-from .passing import DROP, EARLY, PASS, PassingReader
+from .passing import DROP, EARLY, PASS, PassingReader, data_lines
 from .sse import json_object
 from .text_events import TextEvents
 
@@ -372,7 +372,7 @@ class _ChatPassed(PassingReader):
         return PASS if began else EARLY
 
     def framed(self, payload: bytes) -> bytes:
-        return b"data: " + payload + b"\n\n"
+        return data_lines(payload)
 
     def finish(self) -> StreamEnd:
         if self._finish is None:

@@ -33,6 +33,12 @@ PASS, EARLY, EARLY_DROP, DROP = "pass", "early", "early_drop", "drop"
 HELD_BYTES_MAX = 64 * 1024
 
 
+def data_lines(payload: bytes) -> bytes:
+    """``payload`` as an event's data lines and the blank line that ends it: a newline in it (an event of several
+    data lines, which the decoder joined so) begins another data line, which the client joins back."""
+    return b"data: " + payload.replace(b"\n", b"\ndata: ") + b"\n\n"
+
+
 class PassingReader(StreamReader):
     """The wire's reader (``check``, ``framed``, ``finish``) over the module's passing; ``frame`` is how each of the
     wire's events begins in the body (``event: `` for named events, ``data: ``)."""

@@ -121,3 +121,16 @@ def test_the_answers_own_id_replaces_the_providers_and_nothing_else():
         assert out["id"] == "chatcmpl-ours" and out["choices"][0]["delta"]["content"] == text
         assert out["choices"][0]["delta"]["tool_calls"][0]["id"] == "c-1x"
     assert shape.passed(Passed(compact)) == compact  # no id learned: as it came
+
+
+def test_an_event_of_several_data_lines_is_written_again_as_several():
+    """The decoder joins an event's data lines with newlines: written again, each is a line of its own, so the
+    client reads the same JSON (a newline inside a JSON value's whitespace)."""
+    reader = _reader()
+    reader.feed(ROLE + TEXT)
+    [delta] = reader.feed(b'data: {"id":"c-1","choices":[{"index":0,"delta":{"content":"A"},\n'
+                          b'data: "finish_reason":"stop"}]}\n\n')
+    assert delta.events == b'data: {"id":"c-1","choices":[{"index":0,"delta":{"content":"A"},\n' \
+                           b'data: "finish_reason":"stop"}]}\n\n'
+    assert [json.loads(data)["choices"][0]["finish_reason"] for _, data in SseDecoder().raw(delta.events)] == ["stop"]
+    assert reader.finish().finish_reason == "stop"

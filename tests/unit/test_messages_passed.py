@@ -121,6 +121,8 @@ def test_message_start_waits_for_the_answer_and_an_error_before_it_passes_nothin
     (b'event: content_block_delta\ndata: [1, 2]', "not a Messages event"),
     (b'event: content_block_delta\ndata: {"index": 0}', "not a Messages event"),
     (b'event: content_block_delta\ndata: {"type": 7}', "not a Messages event"),
+    # a type that would write an event of its own when the event is written again under its name
+    (b'event: x\ndata: {"type": "ping\\n\\ndata: {}"}', "not a Messages event"),
 ])
 def test_an_event_that_is_not_a_messages_event_is_not_passed(event, says):
     """Checked before it goes, in a piece of whole events or cut, after the text's shape was learned or not."""
