@@ -29,6 +29,8 @@ _PLAIN_STRING = re.compile(rb'"[^"\\\x00-\x1f]*"')
 _ESCAPE_OR_CONTROL = re.compile(rb"[\\\x00-\x1f]")
 # A JSON string token from its opening quote (escapes included).
 _STRING_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# How many text events of a stream a shape is learned from before the stream is read by parsing alone.
+LEARN_TRIES = 3
 
 
 class TextShape:
@@ -149,17 +151,22 @@ class TextEvents(SseDecoder):
     empty; consecutive ones may come joined). ``key`` names the text's member, ``frame`` what precedes the text
     events' data in the body (``data: ``, or Anthropic's event line first)."""
 
-    __slots__ = ("shape", "_key", "_frame")
+    __slots__ = ("shape", "_key", "_frame", "_tries")
 
     def __init__(self, key: bytes, frame: bytes = b"data: ") -> None:
         super().__init__()
         self.shape: TextShape | None = None
         self._key = key
         self._frame = frame
+        self._tries = 0
 
     def learn(self, payload: bytes, text: str) -> None:
-        """``payload``, just parsed, is a text event whose text is ``text``: its shape, for the next ones."""
-        self.shape = TextShape.learn(payload, self._key, text, self._frame)
+        """``payload``, just parsed, is a text event whose text is ``text``: its shape, for the next ones. A stream
+        whose text events cannot give one (each names its key twice, as OpenAI's with logprobs) stops being asked
+        after ``LEARN_TRIES``: each try costs more than parsing the event."""
+        if self._tries < LEARN_TRIES:
+            self._tries += 1
+            self.shape = TextShape.learn(payload, self._key, text, self._frame)
 
     def items(self, data: bytes) -> "Iterator[bytes | str]":
         """The events ``data`` completes (OpenAI's ``[DONE]`` left out), texts where the shape reads them."""

@@ -263,3 +263,24 @@ def test_anthropic_text_deltas_are_read_in_runs_under_their_event_line():
 
 def test_a_shape_is_not_learnt_from_data_of_several_lines():
     assert TextShape.learn(FIRST.replace(b',"model"', b',\n"model"'), b"content", "Hello") is None
+
+
+@pytest.mark.parametrize("reader", ["_ChatStream", "passing"])
+def test_a_stream_whose_text_events_give_no_shape_stops_being_asked_for_one(reader, monkeypatch):
+    """OpenAI's chunks with logprobs name "content" twice: no shape can say which is the text. Trying costs more
+    than the parse, so a stream is asked at most LEARN_TRIES times."""
+    tries = []
+    learn = TextShape.learn.__func__
+    monkeypatch.setattr(TextShape, "learn", classmethod(lambda cls, *a: tries.append(1) or learn(cls, *a)))
+    chunks = [{**HEAD, "choices": [{"index": 0, "delta": {"content": f"w{k} "}, "finish_reason": None,
+                                    "logprobs": {"content": [{"token": f"w{k} ", "logprob": -0.5, "bytes": [],
+                                                              "top_logprobs": []}]}}]} for k in range(20)]
+    chunks.append({**HEAD, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    body = b"".join(b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n" for c in chunks)
+    wire = openai_wire.OpenAIChat("openai")
+    stream = wire.stream() if reader == "_ChatStream" else wire.passing_stream(type("Chat", (), {
+        "include_usage": False})())
+    for k in range(0, len(body), 97):
+        stream.feed(body[k:k + 97])
+    assert stream.finish().finish_reason == "stop"
+    assert len(tries) == text_events.LEARN_TRIES and stream._events.shape is None
