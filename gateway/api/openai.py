@@ -58,21 +58,6 @@ class OpenAIShape:
 
     done = SSE_DONE
 
-    def passed(self, delta: Any) -> bytes:
-        """A chat provider's own chunks (``providers.Passed``, for this chat answer) with this answer's id in place of
-        the provider's: ``"id":`` followed by that string can only be a member's name and value (inside a JSON
-        string its quotes would be escaped), so the replacement touches nothing else."""
-        theirs = delta.answer_id
-        if theirs is None:
-            return delta.events
-        ours = orjson.dumps(self.id)
-        return delta.events.replace(b'"id":' + theirs, b'"id":' + ours).replace(b'"id": ' + theirs, b'"id": ' + ours)
-
-    def passed_whole(self, body: "dict[str, Any]") -> "dict[str, Any]":
-        """A chat provider's own answer, with this answer's id."""
-        body["id"] = self.id
-        return body
-
     def __init__(self, chat: bool, response_id: str, model: str, include_usage: bool = False, index: int = 0,
                  logprobs: LogprobShape | None = None, prefix_text: str = "", echo: bool = False,
                  created: int | None = None) -> None:
@@ -92,6 +77,23 @@ class OpenAIShape:
         # instead of a five-level dict per chunk).
         self._chunk_head: bytes | None = None
         self._chunk_tail = b""
+
+    # -- a chat provider's own answer (providers.Passed, ProviderAnswer.passed) --
+
+    def passed(self, delta: Any) -> bytes:
+        """A chat provider's own chunks (``providers.Passed``, for this chat answer) with this answer's id in place of
+        the provider's: ``"id":`` followed by that string can only be a member's name and value (inside a JSON
+        string its quotes would be escaped), so the replacement touches nothing else."""
+        theirs = delta.answer_id
+        if theirs is None:
+            return delta.events
+        ours = orjson.dumps(self.id)
+        return delta.events.replace(b'"id":' + theirs, b'"id":' + ours).replace(b'"id": ' + theirs, b'"id": ' + ours)
+
+    def passed_whole(self, body: "dict[str, Any]") -> "dict[str, Any]":
+        """A chat provider's own answer, with this answer's id."""
+        body["id"] = self.id
+        return body
 
     # -- whole --
 

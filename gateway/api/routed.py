@@ -226,7 +226,7 @@ async def answer_provider(state: GatewayState, request: Request, chat: ChatReque
     try:
         wire = wire_of(target)
         # A client of the provider's own API gets the provider's answer as it wrote it (Provider.relays).
-        passing = wire.relays is not None and wire.relays == renderer.api
+        passing = wire.relays == renderer.api
         if passing:
             wire.check_relayed(chat, target)
         else:

@@ -234,6 +234,19 @@ def _call_id(call: dict[str, Any]) -> str:
     return call["id"] if isinstance(call.get("id"), str) and call["id"] else new_call_id()
 
 
+def _plain_delta(chunk: "dict[str, Any]") -> "dict[str, Any] | None":
+    """The delta of a plain text chunk (most chunks: one choice whose delta is text, with the role once; no usage,
+    no finish, no error), None for any other chunk: where a text shape is learned from."""
+    choices = chunk.get("choices")
+    choice = choices[0] if type(choices) is list and len(choices) == 1 else None
+    if type(choice) is dict and choice.get("finish_reason") is None and not choice.get("index") \
+            and chunk.get("usage") is None and "error" not in chunk:
+        delta = choice.get("delta")
+        if type(delta) is dict and delta.keys() <= _TEXT_KEYS:
+            return delta
+    return None
+
+
 class _ChatStream(StreamReader):
     def __init__(self) -> None:
         self._events = TextEvents(b"content")  # text chunks read by their shape, learned from the first
@@ -253,19 +266,14 @@ class _ChatStream(StreamReader):
             chunk = json_object(item)
             if chunk is None:
                 continue
-            choices = chunk.get("choices")
-            choice = choices[0] if type(choices) is list and len(choices) == 1 else None
-            # Most chunks: one choice whose delta is text (with the role, once), no usage, no finish: its text.
-            if type(choice) is dict and choice.get("finish_reason") is None and not choice.get("index") \
-                    and chunk.get("usage") is None and "error" not in chunk:
-                delta = choice.get("delta")
-                if type(delta) is dict and delta.keys() <= _TEXT_KEYS:
-                    content = delta.get("content")
-                    if type(content) is str and content:
-                        texts.append(content)
-                        if events.shape is None and "role" not in delta:  # the first: its shape, for the next
-                            events.learn(item, content)
-                    continue
+            delta = _plain_delta(chunk)
+            if delta is not None:
+                content = delta.get("content")
+                if type(content) is str and content:
+                    texts.append(content)
+                    if events.shape is None and "role" not in delta:  # the first: its shape, for the next
+                        events.learn(item, content)
+                continue
             if texts:
                 deltas.append(Content("".join(texts)))
                 texts.clear()
@@ -362,13 +370,13 @@ class _ChatPassed(PassingReader):
             delta = choice.get("delta")
             if type(delta) is dict and any(value for key, value in delta.items() if key != "role"):
                 began = True
-                content = delta.get("content")
-                if self._events.shape is None and type(content) is str and content and len(choices) == 1 \
-                        and not choice.get("index") and delta.keys() <= _TEXT_KEYS and "role" not in delta \
-                        and not choice.get("finish_reason") and usage is None:  # the first text: its shape
-                    self._events.learn(payload, content)
             if choice.get("logprobs"):
                 began = True
+        if began and self._events.shape is None:  # the first text, as _ChatStream learns it: its shape
+            plain = _plain_delta(chunk)
+            content = plain.get("content") if plain is not None else None
+            if type(content) is str and content and "role" not in plain:
+                self._events.learn(payload, content)
         return PASS if began else EARLY
 
     def framed(self, payload: bytes) -> bytes:

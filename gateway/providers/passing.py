@@ -22,6 +22,8 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import abc
+
 from .base import Passed, StreamReader
 from .sse import event_at
 from .text_events import TextEvents
@@ -52,14 +54,14 @@ class PassingReader(StreamReader):
         self._opened = False
         self.answer_id: bytes | None = None  # the answer's id in the events, as JSON (a wire's check learns it)
 
+    @abc.abstractmethod
     def check(self, payload: bytes) -> str:
         """What the event whose data is ``payload`` is (the module's constants), once it is checked (a
         ProviderError when it is not the wire's, or says the provider failed) and read."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def framed(self, payload: bytes) -> bytes:
         """The event just checked, in the wire's framing."""
-        raise NotImplementedError
 
     def feed(self, data: bytes) -> "list":
         if self._events.whole_events(data):

@@ -23,7 +23,7 @@ from .base import SERVER, ProviderError
 EVENT_BYTES_MAX = 8 * 1024 * 1024
 
 # Whole events of an event line and a data line each (Anthropic's), and their data.
-NAMED_EVENTS = re.compile(rb"(?:event: [^\n]*\ndata: [^\n]*\n\n)+")
+_NAMED_EVENTS = re.compile(rb"(?:event: [^\n]*\ndata: [^\n]*\n\n)+")
 _NAMED_DATA = re.compile(rb"\ndata: ([^\n]*)\n\n")
 
 
@@ -92,7 +92,7 @@ class SseDecoder:
                     if b"[DONE]" in payloads:
                         return [payload for payload in payloads if payload != b"[DONE]"]
                     return payloads
-            elif data[:7] == b"event: " and NAMED_EVENTS.fullmatch(data) is not None:
+            elif data[:7] == b"event: " and _NAMED_EVENTS.fullmatch(data) is not None:
                 payloads = _NAMED_DATA.findall(data)  # (a name never holds a newline: one data line each)
                 if b"[DONE]" in payloads:
                     return [payload for payload in payloads if payload != b"[DONE]"]
