@@ -37,7 +37,7 @@ from .base import (CONTEXT_LENGTH, OVERLOADED, PROVIDERS, SERVER, HttpCall, Prov
                    put_sampling, refuse, retry_after_s)
 from .passing import EARLY, EARLY_DROP, PASS, PassingReader, data_lines
 from .sse import json_object
-from .text_events import TextEvents
+from .text_events import ShapeMemory, TextEvents
 
 VERSION = "2023-06-01"
 MAX_TOKENS = 4096  # Anthropic requires max_tokens: what a request that names none gets
@@ -263,23 +263,26 @@ class _MessageEnd:
 
 # The text deltas' events in the body: an event line, then the data the shape is learned from.
 _TEXT_FRAME = b"event: content_block_delta\ndata: "
+# A text delta names only its block's index besides its text: its shape is the same in every stream (most streams'
+# text block is the first), so each stream starts with the last one learned.
+_TEXT_SHAPES = ShapeMemory()
 
 
 def _learns(events: TextEvents, event: "dict[str, Any]", payload: bytes) -> "str | None":
-    """A text delta's text (``events`` learns its shape from the first); None for any other event."""
+    """A text delta's text (``events`` learns its shape from the first it parses); None for any other event."""
     delta = event.get("delta") or {}
     text = delta.get("text")
     if delta.get("type") != "text_delta" or type(text) is not str:
         return None
-    if text and events.shape is None:
+    if text and not events.learned:
         events.learn(payload, text)
     return text
 
 
 class _MessagesStream(StreamReader):
-    def __init__(self) -> None:
-        # Text deltas read by their shape, learned from the first (their events framed by their event line).
-        self._events = TextEvents(b"text", _TEXT_FRAME)
+    def __init__(self, shapes: ShapeMemory = _TEXT_SHAPES) -> None:
+        # Text deltas read by their shape (their events framed by their event line).
+        self._events = TextEvents(b"text", _TEXT_FRAME, shapes)
         self._blocks: dict[int, dict[str, Any]] = {}  # open tool_use blocks by index: id, name, input pieces
         self._calls = 0
         self._end = _MessageEnd()
@@ -343,8 +346,8 @@ class _MessagesPassed(PassingReader):
 
     frame = b"event: "
 
-    def __init__(self) -> None:
-        super().__init__(TextEvents(b"text", _TEXT_FRAME))
+    def __init__(self, shapes: ShapeMemory = _TEXT_SHAPES) -> None:
+        super().__init__(TextEvents(b"text", _TEXT_FRAME, shapes))
         self._end = _MessageEnd()
         self._kind = ""
 

@@ -105,8 +105,7 @@ class PassingReader(StreamReader):
                 return None
             payload, end = event
             verdict = DROP if payload == b"[DONE]" else self.check(payload)
-            if shape is None:  # (learned from the first text event, for the next ones)
-                shape = self._events.shape
+            shape = self._events.shape  # (learned from a text event it parsed, for the next ones)
             if self._opened:
                 if verdict == DROP:
                     out.append(data[start:pos])

@@ -145,28 +145,51 @@ class TextShape:
         return end, "".join(texts)
 
 
+class ShapeMemory:
+    """The last text shape streams of one kind learned, for the next such stream to start with: where a wire's text
+    events are the same bytes in every stream (Anthropic's content_block_delta names no id or time), even a stream's
+    first text events are then read by their shape. Safe to share between streams and targets: a shape says only
+    that its bytes around any JSON string parse as that event with that string (the module's docstring), whichever
+    stream it was learned from; one that does not fit a stream is replaced by the shape that stream learns."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self) -> None:
+        self.shape: TextShape | None = None
+
+
 class TextEvents(SseDecoder):
     """A provider stream's SSE events, its text events read by their shape once ``learn`` has one: ``items``
     gives, in order, each event's data to be parsed (bytes) and the texts of the events of the shape (str, never
     empty; consecutive ones may come joined). ``key`` names the text's member, ``frame`` what precedes the text
-    events' data in the body (``data: ``, or Anthropic's event line first)."""
+    events' data in the body (``data: ``, or Anthropic's event line first); ``memory``, where given, is the shape
+    the stream starts with and keeps the one it learns."""
 
-    __slots__ = ("shape", "_key", "_frame", "_tries")
+    __slots__ = ("shape", "_key", "_frame", "_tries", "_memory", "learned")
 
-    def __init__(self, key: bytes, frame: bytes = b"data: ") -> None:
+    def __init__(self, key: bytes, frame: bytes = b"data: ", memory: ShapeMemory | None = None) -> None:
         super().__init__()
-        self.shape: TextShape | None = None
+        self.shape: TextShape | None = memory.shape if memory is not None else None
         self._key = key
         self._frame = frame
         self._tries = 0
+        self._memory = memory
+        self.learned = False  # a shape learned from this stream (not one it started with)
 
     def learn(self, payload: bytes, text: str) -> None:
-        """``payload``, just parsed, is a text event whose text is ``text``: its shape, for the next ones. A stream
-        whose text events cannot give one (each names its key twice, as OpenAI's with logprobs) stops being asked
-        after ``LEARN_TRIES``: each try costs more than parsing the event."""
-        if self._tries < LEARN_TRIES:
-            self._tries += 1
-            self.shape = TextShape.learn(payload, self._key, text, self._frame)
+        """``payload``, just parsed, is a text event whose text is ``text``: its shape, for the next ones, unless
+        this stream learned one already. A stream whose text events cannot give one (each names its key twice, as
+        OpenAI's with logprobs) stops being asked after ``LEARN_TRIES``: each try costs more than parsing the
+        event."""
+        if self.learned or self._tries >= LEARN_TRIES:
+            return
+        self._tries += 1
+        shape = TextShape.learn(payload, self._key, text, self._frame)
+        if shape is not None:
+            self.shape = shape
+            self.learned = True
+            if self._memory is not None:
+                self._memory.shape = shape
 
     def items(self, data: bytes) -> "Iterator[bytes | str]":
         """The events ``data`` completes (OpenAI's ``[DONE]`` left out), texts where the shape reads them."""

@@ -14,6 +14,7 @@ import pytest
 from gateway.providers import anthropic as anthropic_wire
 from gateway.providers.base import ProviderError
 from gateway.providers.sse import SseDecoder
+from gateway.providers.text_events import ShapeMemory, TextShape
 from tests.unit.test_text_events import _anthropic_events
 
 
@@ -24,9 +25,10 @@ def _body(events: "list[tuple[str, dict]]", rng: random.Random) -> bytes:
                     for name, value in events)
 
 
-def _passed(body: bytes, cuts: "list[int]") -> "tuple[bytes, object]":
-    """The bytes a Messages client is sent for ``body`` read in the pieces ``cuts`` makes, and the stream's end."""
-    reader = anthropic_wire.AnthropicMessages().passing_stream(None)
+def _passed(body: bytes, cuts: "list[int]", shapes: "ShapeMemory | None" = None) -> "tuple[bytes, object]":
+    """The bytes a Messages client is sent for ``body`` read in the pieces ``cuts`` makes, and the stream's end; the
+    reader starts with ``shapes``' text shape (none when not given)."""
+    reader = anthropic_wire._MessagesPassed(shapes or ShapeMemory())
     out = b""
     for start, end in zip([0, *cuts], [*cuts, len(body)]):
         for delta in reader.feed(body[start:end]):
@@ -67,6 +69,14 @@ def test_a_stream_is_passed_event_for_event_and_its_end_read_as_the_translating_
     cuts = sorted(rng.sample(ends[:-1], rng.randint(0, len(ends) - 1)))
     passed, end = _passed(body, cuts)
     assert passed == _body_of(expected, body), f"seed {seed}, cuts {cuts}"
+    # The same when the reader starts with the shape an earlier stream learned (this one's; another block's).
+    remembered = ShapeMemory()
+    _passed(body, [], remembered)
+    assert _passed(body, cuts, remembered)[0] == passed, f"seed {seed}, cuts {cuts}"
+    other = ShapeMemory()
+    other.shape = TextShape.learn(b'{"type":"content_block_delta","index":7,"delta":{"type":"text_delta","text":"a"}}',
+                                  b"text", "a", anthropic_wire._TEXT_FRAME)
+    assert _passed(body, cuts, other)[0] == passed, f"seed {seed}, cuts {cuts}"
     translated = anthropic_wire.AnthropicMessages().stream()
     translated.feed(body)
     assert _end_of(end) == _end_of(translated.finish()), f"seed {seed}"

@@ -14,7 +14,7 @@ from gateway.providers import anthropic as anthropic_wire
 from gateway.providers import openai as openai_wire
 from gateway.providers.base import ProviderError
 from gateway.providers import text_events
-from gateway.providers.text_events import TextEvents, TextShape
+from gateway.providers.text_events import ShapeMemory, TextEvents, TextShape
 from gateway.serving.chat import Call, Content, Reasoning
 
 HEAD = {"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 17, "model": "m", "system_fingerprint": "fp"}
@@ -98,20 +98,20 @@ def _chunks(rng: random.Random) -> "list[dict]":
     return chunks
 
 
-def _read(body: bytes, cuts: "list[int]", shaped: bool, monkeypatch, wire=openai_wire, reader: str = "_ChatStream"
-          ) -> "tuple[list, str, str, bool]":
+def _read(body: bytes, cuts: "list[int]", shaped: bool, monkeypatch, wire=openai_wire, reader: str = "_ChatStream",
+          shapes: "ShapeMemory | None" = None) -> "tuple[list, str, str, bool]":
     """A stream read by ``wire``'s reader in the pieces ``cuts`` makes, its shape learned or (``shaped`` False)
     never: its deltas (consecutive texts joined: the cuts decide how they group), finish, usage, and whether a shape
-    was learned."""
+    was learned from it. An Anthropic reader starts with ``shapes``' shape (none when not given)."""
     with monkeypatch.context() as patch:
         if not shaped:
             patch.setattr(text_events.TextShape, "learn", classmethod(lambda cls, *a: None))
-        stream = getattr(wire, reader)()
+        stream = getattr(wire, reader)(*([shapes or ShapeMemory()] if wire is anthropic_wire else []))
         deltas = []
         for start, end in zip([0, *cuts], [*cuts, len(body)]):
             deltas += stream.feed(body[start:end])
         end = stream.finish()
-        learned = stream._events.shape is not None
+        learned = stream._events.learned
     merged: list = []
     for d in [*deltas, *end.deltas]:
         if merged and type(d) in (Content, Reasoning) and type(merged[-1]) is type(d):
@@ -193,6 +193,42 @@ def test_an_anthropic_stream_read_with_its_shape_gives_what_it_gives_without(see
     learnable = any(value.get("delta", {}).get("type") == "text_delta" and value["delta"]["text"]
                     for _, value in events)
     assert whole[3] == learnable, f"seed {seed}: a shape learned where it could be, only there"
+    # A stream that starts with the shape another learned (the same one, or one of another block's index that
+    # fits none of its events) reads what it reads alone.
+    remembered = ShapeMemory()
+    read(body, [], True, shapes=remembered)
+    assert read(body, cuts, True, shapes=remembered)[:3] == whole[:3], f"seed {seed}, cuts {cuts}"
+    other = ShapeMemory()
+    other.shape = TextShape.learn(b'{"type":"content_block_delta","index":7,"delta":{"type":"text_delta","text":"a"}}',
+                                  b"text", "a", anthropic_wire._TEXT_FRAME)
+    assert read(body, cuts, True, shapes=other)[:3] == whole[:3], f"seed {seed}, cuts {cuts}"
+
+
+def test_an_anthropic_stream_starts_with_the_shape_the_last_one_learned(monkeypatch):
+    """Anthropic's text deltas name no id: a stream's first text events are read by the shape an earlier stream
+    learned (not parsed); a stream whose texts it does not fit learns its own, which the next ones start with."""
+    frame = anthropic_wire._TEXT_FRAME
+    payload = b'{"type":"content_block_delta","index":%d,"delta":{"type":"text_delta","text":"%s"}}'
+    start = (b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":3}}}\n\n'
+             b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+             b'"content_block":{"type":"text","text":""}}\n\n')
+    end = (b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
+           b'"usage":{"output_tokens":2}}\n\nevent: message_stop\ndata: {"type":"message_stop"}\n\n')
+    parsed: list[bytes] = []
+    json_object = anthropic_wire.json_object
+    monkeypatch.setattr(anthropic_wire, "json_object", lambda data: parsed.append(data) or json_object(data))
+    memory = ShapeMemory()
+
+    def stream(index: int) -> "list":
+        parsed.clear()
+        reader = anthropic_wire._MessagesStream(memory)
+        texts = b"".join(frame + payload % (index, w) + b"\n\n" for w in (b"one ", b"two"))
+        return reader.feed(start + texts + end)
+
+    assert stream(0) == [Content("one two")] and len(parsed) == 5  # the first text parsed, its shape learned
+    assert stream(0) == [Content("one two")] and len(parsed) == 4  # no text parsed: the shape remembered
+    assert stream(1) == [Content("one two")] and len(parsed) == 5  # another index: its own learned
+    assert memory.shape.text(payload % (1, b"x")) == "x"
 
 
 def _framed(*strings: bytes, frame: bytes = b"data: ") -> bytes:
