@@ -39,7 +39,7 @@ from ..serving.generation import GenerationResult, UsageTally
 from ..base.ids import new_id
 from .chat_output import ChatOutput
 from ..serving.chat import (Call, ChatAnswer, ChatRequest, Content, Delta, Reasoning, ReasoningSignature,
-                            SamplingRequest)
+                            RedactedReasoning, SamplingRequest)
 from .errors import ApiError, BadRequest
 from .http import Request
 from .mcp_tools import HostedTools
@@ -339,7 +339,9 @@ class MessagesShape:
 
     def add_answer(self, answer: ChatAnswer) -> None:
         """A whole answer's blocks (an MCP loop's step: its calls to the node's tools wait in ``pending``)."""
-        if answer.reasoning:
+        if answer.thinking_blocks is not None:  # a provider's, block by block (signed; redacted)
+            self.content += answer.thinking_blocks
+        elif answer.reasoning:
             # A provider's signature (Anthropic's, Bedrock's): the client sends it back with the block.
             self.content.append({"type": "thinking", "thinking": answer.reasoning,
                                  "signature": answer.reasoning_signature or ""})
@@ -384,6 +386,9 @@ class MessagesShape:
             elif kind is ReasoningSignature:  # a provider's, at the end of its thinking block (as Anthropic sends it)
                 out += self._open("thinking", _THINKING_BLOCK)
                 out += self._delta({"type": "signature_delta", "signature": delta.signature}) + self._stop()
+            elif kind is RedactedReasoning:  # whole in its block's start, as Anthropic sends it
+                out += self._open("redacted_thinking", {"type": "redacted_thinking", "data": delta.data}, new=True)
+                out += self._stop()
             elif kind is Call:  # a call is a block of its own
                 block = self._call_block(delta)
                 out += self._open(block["type"], {**block, "input": {}}, new=True)

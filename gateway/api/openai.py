@@ -19,7 +19,8 @@ from ..serving.generation import GenerationPlan, GenerationResult
 from ..routing.policies import RoutingRequest
 from ..tokenizer.service import TokenizerService
 from .chat_output import ChatOutput
-from ..serving.chat import Call, ChatAnswer, Content, Delta, Reasoning, ReasoningSignature, plain_answer
+from ..serving.chat import (Call, ChatAnswer, Content, Delta, Reasoning, ReasoningSignature, RedactedReasoning,
+                            plain_answer)
 from .errors import ApiError, BadRequest
 from .http import SSE_DONE, Request, sse_event
 from .logprobs import LogprobShape
@@ -115,6 +116,8 @@ class OpenAIShape:
             message["reasoning_content"] = answer.reasoning
         if answer.reasoning_signature is not None:  # a provider's (Anthropic's, Bedrock's): sent back with it
             message["reasoning_signature"] = answer.reasoning_signature
+        if answer.thinking_blocks is not None:  # the same block by block, redacted ones too (LiteLLM's field)
+            message["thinking_blocks"] = list(answer.thinking_blocks)
         if answer.calls:
             message["tool_calls"] = [{"id": c.id, "type": "function",
                                       "function": {"name": c.name, "arguments": c.arguments}} for c in answer.calls]
@@ -145,8 +148,12 @@ class OpenAIShape:
                 chat_deltas.append({"content": delta.text})
             elif kind is Reasoning:
                 chat_deltas.append({"reasoning_content": delta.text})
-            elif kind is ReasoningSignature:
+            elif kind is ReasoningSignature:  # its block ends: the block whole, as a whole answer lists it
                 chat_deltas.append({"reasoning_signature": delta.signature})
+                chat_deltas.append({"thinking_blocks": [{"type": "thinking", "thinking": delta.thinking,
+                                                         "signature": delta.signature}]})
+            elif kind is RedactedReasoning:
+                chat_deltas.append({"thinking_blocks": [{"type": "redacted_thinking", "data": delta.data}]})
             elif kind is Call:  # sent once whole, as two deltas: index, id, type and name first, then arguments
                 chat_deltas.append({"tool_calls": [{"index": delta.index, "id": delta.id, "type": "function",
                                                     "function": {"name": delta.name, "arguments": ""}}]})

@@ -269,7 +269,7 @@ async def _call_provider(state: GatewayState, request: Request, chat: ChatReques
             await send_whole(request, renderer.whole(ChatAnswer(
                 result, answer.finish_reason, bool(answer.calls), answer.usage.reasoning_tokens, answer.content,
                 answer.reasoning, tuple(answer.calls), separates_reasoning=answer.reasoning is not None,
-                reasoning_signature=answer.reasoning_signature)), keep)
+                reasoning_signature=answer.reasoning_signature, thinking_blocks=answer.thinking_blocks)), keep)
             return
         try:
             await _stream(state, request, calls.stream(chat, target, watch, passing), model, renderer, usage,

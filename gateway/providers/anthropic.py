@@ -15,7 +15,8 @@ From the typed chat request (OpenAI-shaped messages, ``gateway/serving/chat.py``
   its reasoning effort (``output_config.effort``);
 * ``max_tokens`` is required by Anthropic: the request's, else the target's ``max_tokens`` option, else 4096.
 
-Back: text, thinking (with its signature, which a client sends back with it) and tool_use blocks; ``stop_reason``
+Back: text, thinking (with its signature, which a client sends back with it; several signed blocks and redacted
+ones block by block: ``thinking_blocks``, a stream's ``RedactedReasoning``) and tool_use blocks; ``stop_reason``
 as OpenAI's finish reason (end_turn and stop_sequence stop, max_tokens length, tool_use tool_calls, refusal
 content_filter), usage with the cache's reads counted as cached prompt tokens (and in the prompt, as OpenAI counts
 them). A stream's ``input_json_delta`` pieces are assembled into one call, handed on when its block stops.
@@ -31,10 +32,10 @@ from typing import Any
 
 import orjson
 
-from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, ReasoningSignature
+from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, ReasoningSignature, RedactedReasoning
 from .base import (CONTEXT_LENGTH, OVERLOADED, PROVIDERS, SERVER, HttpCall, Provider, ProviderAnswer, ProviderError,
                    StreamEnd, StreamReader, Target, Unsupported, Usage, call_arguments, fold_turn, kind_of_status,
-                   put_sampling, refuse, retry_after_s)
+                   put_sampling, refuse, retry_after_s, thinking_blocks_of)
 from .passing import EARLY, EARLY_DROP, PASS, PassingReader, data_lines
 from .sse import json_object
 from .text_events import ShapeMemory, TextEvents
@@ -93,8 +94,8 @@ def messages_out(chat: ChatRequest) -> "tuple[list[dict[str, Any]], str | None]"
                           "".join(p.get("text", "") for p in message.get("content") or ())}])
         elif role == "assistant":
             blocks: list[dict[str, Any]] = []
-            if message.get("thinking_blocks"):  # a Messages client's, as Anthropic gave them (signed, redacted)
-                blocks += message["thinking_blocks"]
+            if message.get("thinking_blocks"):  # as Anthropic gave them (signed, redacted), checked
+                blocks += thinking_blocks_of(message["thinking_blocks"])
             elif message.get("reasoning_content") and message.get("reasoning_signature"):
                 blocks.append({"type": "thinking", "thinking": message["reasoning_content"],
                                "signature": message["reasoning_signature"]})
@@ -190,21 +191,27 @@ class AnthropicMessages(Provider):
             raise ProviderError(SERVER, 502, "the provider's answer is not a message") from None
         texts, thinking, calls = [], [], []
         signature = None
+        reasoning_blocks: list[dict[str, Any]] = []  # (thinking_blocks)
         for block in blocks:
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text":
                 texts.append(block.get("text", ""))
             elif kind == "thinking":
-                thinking.append(block.get("thinking", ""))
+                text = block.get("thinking", "")
+                thinking.append(text)
                 if isinstance(block.get("signature"), str) and block["signature"]:
                     signature = block["signature"]
+                    if isinstance(text, str):
+                        reasoning_blocks.append({"type": "thinking", "thinking": text, "signature": signature})
+            elif kind == "redacted_thinking" and isinstance(block.get("data"), str):
+                reasoning_blocks.append({"type": "redacted_thinking", "data": block["data"]})
             elif kind == "tool_use":
                 calls.append(Call(len(calls), str(block.get("id")), str(block.get("name")),
                                   orjson.dumps(block.get("input") or {}).decode()))
         return ProviderAnswer("".join(texts) if texts or not calls else None,
                               "".join(thinking) if thinking else None, calls,
                               _FINISH.get(data.get("stop_reason"), "stop"), usage_of(data.get("usage")),
-                              data.get("stop_sequence"), signature, data)
+                              data.get("stop_sequence"), signature, tuple(reasoning_blocks) or None, data)
 
     def stream(self) -> StreamReader:
         return _MessagesStream()
@@ -286,6 +293,7 @@ class _MessagesStream(StreamReader):
         self._blocks: dict[int, dict[str, Any]] = {}  # open tool_use blocks by index: id, name, input pieces
         self._calls = 0
         self._end = _MessageEnd()
+        self._thinking: list[str] = []  # the thinking block's text so far (its signature carries it whole)
 
     def feed(self, data: bytes) -> "list[Delta]":
         deltas: list[Delta] = []
@@ -313,8 +321,10 @@ class _MessagesStream(StreamReader):
                 dtype = delta.get("type")
                 if dtype == "thinking_delta" and delta.get("thinking"):
                     deltas.append(Reasoning(delta["thinking"]))
+                    self._thinking.append(delta["thinking"])
                 elif dtype == "signature_delta" and isinstance(delta.get("signature"), str) and delta["signature"]:
-                    deltas.append(ReasoningSignature(delta["signature"]))
+                    deltas.append(ReasoningSignature(delta["signature"], "".join(self._thinking)))
+                    self._thinking.clear()
                 elif dtype == "input_json_delta":
                     block = self._blocks.get(event.get("index"))
                     if block is not None:
@@ -324,6 +334,8 @@ class _MessagesStream(StreamReader):
                 if block.get("type") == "tool_use":
                     self._blocks[event.get("index")] = {"id": str(block.get("id")), "name": str(block.get("name")),
                                                         "input": []}
+                elif block.get("type") == "redacted_thinking" and isinstance(block.get("data"), str):
+                    deltas.append(RedactedReasoning(block["data"]))  # (whole in its start: no deltas follow)
             elif kind == "content_block_stop":
                 block = self._blocks.pop(event.get("index"), None)
                 if block is not None:

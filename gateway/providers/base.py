@@ -63,6 +63,8 @@ class ProviderAnswer:
     usage: Usage
     stop_sequence: str | None = None  # the stop sequence that ended it, when the provider says
     reasoning_signature: str | None = None  # the reasoning's signature (serving.chat.ReasoningSignature)
+    # Its signed and redacted reasoning block by block (serving.chat.ThinkingBlock), None without any.
+    thinking_blocks: "tuple[dict[str, Any], ...] | None" = None
     # The answer as the provider wrote it, parsed, when its wire is a client API's own (Provider.relays): what a
     # client of that API is given as it is.
     passed: "dict[str, Any] | None" = None
@@ -209,6 +211,21 @@ class Provider(abc.ABC):
 
 
 PROVIDERS: Registry[Provider] = Registry("provider")
+
+
+def thinking_blocks_of(blocks: Any) -> "list[dict[str, Any]]":
+    """A turn's ``thinking_blocks`` as a client sent them (a Messages client's, a chat client's as LiteLLM names
+    them, a Responses conversation's reasoning items): the signed and the redacted blocks, each rebuilt from its own
+    fields (serving.chat.ThinkingBlock); anything else left out (a provider refuses unsigned thinking)."""
+    out: list[dict[str, Any]] = []
+    for block in blocks if isinstance(blocks, list) else ():
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "thinking" and isinstance(block.get("thinking"), str) and isinstance(block.get("signature"), str) \
+                and block["signature"]:
+            out.append({"type": "thinking", "thinking": block["thinking"], "signature": block["signature"]})
+        elif kind == "redacted_thinking" and isinstance(block.get("data"), str) and block["data"]:
+            out.append({"type": "redacted_thinking", "data": block["data"]})
+    return out
 
 
 def wire_of(target: Target) -> Provider:

@@ -25,10 +25,10 @@ from urllib.parse import quote
 
 import orjson
 
-from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, ReasoningSignature
+from ..serving.chat import Call, ChatRequest, Content, Delta, Reasoning, ReasoningSignature, RedactedReasoning
 from .base import (CONTEXT_LENGTH, PROVIDERS, RATE_LIMITED, SERVER, TIMEOUT, HttpCall, Provider, ProviderAnswer,
                    ProviderError, StreamEnd, StreamReader, Target, Unsupported, Usage, call_arguments, fold_turn,
-                   kind_of_status, put_sampling, refuse, retry_after_s)
+                   kind_of_status, put_sampling, refuse, retry_after_s, thinking_blocks_of)
 from .eventstream import EventStreamDecoder
 
 _FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
@@ -90,7 +90,9 @@ def messages_out(chat: ChatRequest) -> "tuple[list[dict[str, Any]], list[dict[st
                                                     "content": [{"text": text}], "status": "success"}}], "content")
         elif role == "assistant":
             blocks: list[dict[str, Any]] = []
-            if message.get("reasoning_content") and message.get("reasoning_signature"):
+            if message.get("thinking_blocks"):  # block by block, as the answer gave them (Anthropic's form)
+                blocks += _reasoning_blocks(message["thinking_blocks"])
+            elif message.get("reasoning_content") and message.get("reasoning_signature"):
                 blocks.append({"reasoningContent": {"reasoningText": {"text": message["reasoning_content"],
                                                                       "signature": message["reasoning_signature"]}}})
             blocks += _content(message.get("content"), images)
@@ -133,10 +135,19 @@ def error_of(status: int, headers: "list[tuple[bytes, bytes]]", body: bytes, exc
     return ProviderError(kind, status, message, retry_after_s(headers), exception)
 
 
-def _blocks(blocks: Any) -> "tuple[list[str], list[str], list[Call], str | None]":
-    """An answer's texts, reasoning texts, calls and the reasoning's signature (the last one given)."""
+def _reasoning_blocks(blocks: Any) -> "list[dict[str, Any]]":
+    """A turn's ``thinking_blocks`` (base.thinking_blocks_of) as Converse's reasoningContent blocks."""
+    return [{"reasoningContent": {"reasoningText": {"text": block["thinking"], "signature": block["signature"]}}}
+            if block["type"] == "thinking" else {"reasoningContent": {"redactedContent": block["data"]}}
+            for block in thinking_blocks_of(blocks)]
+
+
+def _blocks(blocks: Any) -> "tuple[list[str], list[str], list[Call], str | None, list[dict[str, Any]]]":
+    """An answer's texts, reasoning texts, calls, the reasoning's signature (the last one given) and its reasoning
+    blocks in Anthropic's form (serving.chat.ThinkingBlock)."""
     texts, thinking, calls = [], [], []
     signature = None
+    reasoning_blocks: list[dict[str, Any]] = []
     for block in blocks or ():
         if not isinstance(block, dict):
             continue
@@ -147,12 +158,18 @@ def _blocks(blocks: Any) -> "tuple[list[str], list[str], list[Call], str | None]
             calls.append(Call(len(calls), str(use.get("toolUseId")), str(use.get("name")),
                               orjson.dumps(use.get("input") or {}).decode()))
         elif isinstance(block.get("reasoningContent"), dict):
-            reasoning = block["reasoningContent"].get("reasoningText") or {}
+            content = block["reasoningContent"]
+            if isinstance(content.get("redactedContent"), str):  # (a blob: base64 in the JSON protocol)
+                reasoning_blocks.append({"type": "redacted_thinking", "data": content["redactedContent"]})
+                continue
+            reasoning = content.get("reasoningText") or {}
             if isinstance(reasoning.get("text"), str):
                 thinking.append(reasoning["text"])
             if isinstance(reasoning.get("signature"), str) and reasoning["signature"]:
                 signature = reasoning["signature"]
-    return texts, thinking, calls, signature
+                if isinstance(reasoning.get("text"), str):
+                    reasoning_blocks.append({"type": "thinking", "thinking": reasoning["text"], "signature": signature})
+    return texts, thinking, calls, signature, reasoning_blocks
 
 
 class BedrockConverse(Provider):
@@ -213,10 +230,10 @@ class BedrockConverse(Provider):
             message = data["output"]["message"]
         except (orjson.JSONDecodeError, KeyError, TypeError):
             raise ProviderError(SERVER, 502, "the provider's answer is not a Converse answer") from None
-        texts, thinking, calls, signature = _blocks(message.get("content"))
+        texts, thinking, calls, signature, reasoning_blocks = _blocks(message.get("content"))
         return ProviderAnswer("".join(texts) if texts or not calls else None, "".join(thinking) if thinking else None,
                               calls, _FINISH.get(data.get("stopReason"), "stop"), usage_of(data.get("usage")),
-                              reasoning_signature=signature)
+                              reasoning_signature=signature, thinking_blocks=tuple(reasoning_blocks) or None)
 
     def stream(self) -> StreamReader:
         return _ConverseStream()
@@ -244,6 +261,7 @@ class _ConverseStream(StreamReader):
         self._calls = 0
         self._finish: str | None = None
         self._usage = Usage()
+        self._thinking: list[str] = []  # the reasoning block's text so far (its signature carries it whole)
 
     def feed(self, data: bytes) -> "list[Delta]":
         deltas: list[Delta] = []
@@ -268,8 +286,12 @@ class _ConverseStream(StreamReader):
                     reasoning = delta["reasoningContent"]
                     if isinstance(reasoning.get("text"), str) and reasoning["text"]:
                         deltas.append(Reasoning(reasoning["text"]))
+                        self._thinking.append(reasoning["text"])
                     if isinstance(reasoning.get("signature"), str) and reasoning["signature"]:
-                        deltas.append(ReasoningSignature(reasoning["signature"]))
+                        deltas.append(ReasoningSignature(reasoning["signature"], "".join(self._thinking)))
+                        self._thinking.clear()
+                    if isinstance(reasoning.get("redactedContent"), str) and reasoning["redactedContent"]:
+                        deltas.append(RedactedReasoning(reasoning["redactedContent"]))
             elif kind == "contentBlockStart":
                 use = (event.get("start") or {}).get("toolUse")
                 if isinstance(use, dict):

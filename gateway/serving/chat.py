@@ -134,9 +134,26 @@ class ReasoningSignature:
     turn (Anthropic refuses a tool-use turn whose thinking is unsigned)."""
 
     signature: str
+    thinking: str = ""  # the text of the block it signs (its Reasoning deltas, joined): the block whole
 
 
-Delta = Reasoning | Content | Call | ReasoningSignature
+@dataclasses.dataclass(frozen=True, slots=True)
+class RedactedReasoning:
+    """Reasoning a provider gave encrypted (Anthropic's redacted_thinking, Bedrock's redactedContent): nothing to
+    show, but part of the turn: Anthropic wants it back, as it came, with the turn's other thinking."""
+
+    data: str  # as the provider gave it (base64 text)
+
+
+Delta = Reasoning | Content | Call | ReasoningSignature | RedactedReasoning
+
+# A reasoning block as a client sends it back and a provider takes it: Anthropic's own form, which Messages clients
+# and LiteLLM's chat clients (``thinking_blocks``) use. {"type": "thinking", "thinking": text, "signature": s} or
+# {"type": "redacted_thinking", "data": d}.
+ThinkingBlock = dict[str, Any]
+# How a Responses reasoning item carries a redacted block in ``encrypted_content`` (where a signed block's signature
+# goes): marked, so that the item is given back as the redacted block it was, not as a signature.
+REDACTED_REASONING_PREFIX = "redacted_thinking:"
 
 
 @dataclasses.dataclass(slots=True)
@@ -154,6 +171,10 @@ class ChatAnswer:
     # A reasoning parser applies: the answer has a reasoning field (OpenAI's reasoning_content, null or not).
     separates_reasoning: bool = False
     reasoning_signature: str | None = None  # a provider's signature of the reasoning (ReasoningSignature)
+    # A provider's signed and redacted reasoning block by block (ThinkingBlock), None without any: what a client
+    # sends back, where ``reasoning`` and its one signature cannot say several blocks (interleaved thinking, each
+    # signature of its own block) or a redacted one.
+    thinking_blocks: "tuple[ThinkingBlock, ...] | None" = None
 
 
 def plain_answer(result: GenerationResult) -> ChatAnswer:

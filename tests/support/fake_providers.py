@@ -737,8 +737,11 @@ class FakeBedrock(FakeProvider):
             blocks.append({"text": reply.content})
         for i, (name, args) in enumerate(reply.calls):
             blocks.append({"toolUse": {"toolUseId": f"tooluse_{i}", "name": name, "input": args}})
+        if reply.blocks is not None:  # Anthropic's form, as Bedrock's Claude models give them
+            blocks = [_converse_block(block) for block in reply.blocks]
         stop = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}.get(
-            reply.finish or ("tool_calls" if reply.calls else "stop"), "end_turn")
+            reply.finish or ("tool_calls" if reply.calls or any("toolUse" in b for b in blocks) else "stop"),
+            "end_turn")
         usage = {"inputTokens": reply.prompt_tokens - reply.cached_tokens, "outputTokens": reply.completion_tokens,
                  "totalTokens": reply.prompt_tokens + reply.completion_tokens,
                  "cacheReadInputTokens": reply.cached_tokens, "cacheWriteInputTokens": 0}
@@ -762,6 +765,9 @@ class FakeBedrock(FakeProvider):
             if "text" in block:
                 pieces += [event("contentBlockDelta", {"contentBlockIndex": index, "delta": {"text": w}})
                            for w in _words(block["text"])]
+            elif "redactedContent" in block.get("reasoningContent", {}):  # one delta, whole
+                pieces.append(event("contentBlockDelta", {"contentBlockIndex": index, "delta": {
+                    "reasoningContent": {"redactedContent": block["reasoningContent"]["redactedContent"]}}}))
             elif "reasoningContent" in block:
                 thought = block["reasoningContent"]["reasoningText"]["text"]
                 pieces += [event("contentBlockDelta", {"contentBlockIndex": index, "delta": {
@@ -786,3 +792,15 @@ class FakeBedrock(FakeProvider):
         for piece in pieces:
             self.send_chunk(handler, piece)
         self.end_events(handler)
+
+
+def _converse_block(block: "dict[str, Any]") -> "dict[str, Any]":
+    """An Anthropic content block as Converse's (Reply.blocks for FakeBedrock); a redacted block's data is a blob,
+    base64 in the JSON protocol."""
+    if block["type"] == "thinking":
+        return {"reasoningContent": {"reasoningText": {"text": block["thinking"], "signature": block["signature"]}}}
+    if block["type"] == "redacted_thinking":
+        return {"reasoningContent": {"redactedContent": block["data"]}}
+    if block["type"] == "tool_use":
+        return {"toolUse": {"toolUseId": block["id"], "name": block["name"], "input": block["input"]}}
+    return {"text": block["text"]}

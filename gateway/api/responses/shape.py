@@ -19,7 +19,8 @@ import orjson
 
 from ...base.ids import new_id
 from ...serving.generation import GenerationResult
-from ...serving.chat import Call, ChatAnswer, Content, Delta, Reasoning, ReasoningSignature
+from ...serving.chat import (REDACTED_REASONING_PREFIX, Call, ChatAnswer, Content, Delta, Reasoning, ReasoningSignature,
+                             RedactedReasoning)
 from ..errors import ApiError
 from ..logprobs import LogprobShape
 from ..mcp_tools import HostedTools, without_secrets
@@ -132,7 +133,10 @@ class ResponseShape:
 
     def add_answer(self, answer: ChatAnswer) -> None:
         """A whole answer's items (a tool loop's step: its hosted calls wait in ``pending``)."""
-        if answer.reasoning:
+        if answer.thinking_blocks is not None:  # a provider's, an item a block (each with its own signature)
+            for block in answer.thinking_blocks:
+                self.output.append(_reasoning_item(block))
+        elif answer.reasoning:
             item = {"type": "reasoning", "id": new_id("rs"), "summary": [],
                     "content": [{"type": "reasoning_text", "text": answer.reasoning}]}
             if answer.reasoning_signature is not None:  # a provider's: what goes back with the reasoning
@@ -255,6 +259,11 @@ class ResponseShape:
                 out += self._ensure("reasoning")
                 self._open["encrypted_content"] = delta.signature
                 out += self._close()
+            elif kind is RedactedReasoning:  # an item of its own, whole
+                item = _reasoning_item({"type": "redacted_thinking", "data": delta.data})
+                out += self._close() + self._open_item(item)
+                self._open = None
+                out += self.event(ITEM_DONE, output_index=len(self.output) - 1, item=item)
             elif kind is Call:
                 item = self._call_item(delta)
                 out += self._close() + self._open_item(item)
@@ -366,6 +375,16 @@ class ResponseShape:
             out += self.event(PART_DONE, item_id=item["id"], output_index=index, content_index=0,
                               part=part)
         return out + self.event(ITEM_DONE, output_index=index, item=item)
+
+
+def _reasoning_item(block: "dict[str, Any]") -> "dict[str, Any]":
+    """A provider's reasoning block (serving.chat.ThinkingBlock) as a reasoning item: a signed block's text and its
+    signature as ``encrypted_content``; a redacted block, no text, its data marked in ``encrypted_content``."""
+    if block["type"] == "redacted_thinking":
+        return {"type": "reasoning", "id": new_id("rs"), "summary": [], "content": [],
+                "encrypted_content": REDACTED_REASONING_PREFIX + block["data"]}
+    return {"type": "reasoning", "id": new_id("rs"), "summary": [],
+            "content": [{"type": "reasoning_text", "text": block["thinking"]}], "encrypted_content": block["signature"]}
 
 
 _ARGUMENTS = {"function_call": "function_call_arguments", "mcp_call": "mcp_call_arguments"}

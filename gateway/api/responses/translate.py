@@ -13,7 +13,7 @@ from ..items import content_text, input_items, message_content
 from ..mcp_tools import is_hosted
 from ..protocol import (TOP_LOGPROBS_MAX, ImageRef, apply_reasoning_effort, chat_request, check_message_count, field,
                         positive_int, temperature_value, top_p_value)
-from ...serving.chat import ChatRequest, SamplingRequest
+from ...serving.chat import REDACTED_REASONING_PREFIX, ChatRequest, SamplingRequest
 from ..structured import response_format_constraint
 from ..tools import tool_spec
 
@@ -26,7 +26,7 @@ def chat_messages(items: "list[dict[str, Any]]", images: "list[ImageRef] | None"
     messages: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []  # MCP calls' results: after their calls' assistant message
     approvals: dict[Any, dict[str, Any]] | None = None  # the approvals asked, by id: made when a refusal needs them
-    reasoning: dict[str, str] = {}  # the reasoning for the next assistant message: its text, a provider's signature
+    reasoning: dict[str, Any] = {}  # the reasoning for the next assistant message: its text, a provider's signature
     for item in items:
         kind = item["type"]
         if kind == "mcp_call":
@@ -51,10 +51,18 @@ def chat_messages(items: "list[dict[str, Any]]", images: "list[ImageRef] | None"
         results = []
         if kind == "reasoning":
             text = "".join(c.get("text", "") for c in item.get("content") or () if isinstance(c, dict))
+            encrypted = item.get("encrypted_content")
+            if isinstance(encrypted, str) and encrypted.startswith(REDACTED_REASONING_PREFIX):
+                reasoning.setdefault("thinking_blocks", []).append(
+                    {"type": "redacted_thinking", "data": encrypted[len(REDACTED_REASONING_PREFIX):]})
+                continue
             if text:
                 reasoning["reasoning_content"] = reasoning.get("reasoning_content", "") + text
-            if isinstance(item.get("encrypted_content"), str) and item["encrypted_content"]:
-                reasoning["reasoning_signature"] = item["encrypted_content"]  # gateway/providers/anthropic.py
+            if isinstance(encrypted, str) and encrypted:  # a provider's signature (gateway/providers/anthropic.py)
+                reasoning["reasoning_signature"] = encrypted
+                # block by block too: each signature is of its own item's text (Anthropic's interleaved thinking)
+                reasoning.setdefault("thinking_blocks", []).append(
+                    {"type": "thinking", "thinking": text, "signature": encrypted})
         elif kind == "message":
             role = item["role"]
             content = message_content(item["content"], "input", images) if role == "user" and images is not None \
@@ -71,7 +79,7 @@ def chat_messages(items: "list[dict[str, Any]]", images: "list[ImageRef] | None"
 
 
 def _add_call(messages: "list[dict[str, Any]]", call_id: str, name: str, arguments: str,
-              reasoning: "dict[str, str]") -> "dict[str, str]":
+              reasoning: "dict[str, Any]") -> "dict[str, Any]":
     """A call into the last assistant message (or a new one, with the pending reasoning); the reasoning left."""
     call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
     last = messages[-1] if messages else None

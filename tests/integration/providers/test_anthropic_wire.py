@@ -248,25 +248,81 @@ def test_an_overloaded_anthropic_falls_back_and_its_errors_reach_clients_in_thei
         assert "'claude'" in refused.value.message and f"does not support {feature}" in refused.value.message
 
 
+RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "parameters": TOOLS[0]["function"]["parameters"]}]
+
+
+def _weather_response(oai, stream: bool):
+    """A Responses client's answer (the last event's response, streamed) to a question the tool answers."""
+    asked = dict(model="claude", input="Weather in Oslo?", tools=RESPONSES_TOOLS, reasoning={"effort": "low"})
+    if stream:
+        return [e for e in oai.responses.create(**asked, stream=True)][-1].response
+    return oai.responses.create(**asked)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_responses_chain_with_thinking_and_a_tool_goes_back_to_anthropic_signed(oai, fakes, stream):
     """The reasoning item carries Anthropic's signature (as encrypted_content, where OpenAI's reasoning carries its
     own), and the stored turn continued by id sends the thinking back signed, as Anthropic requires."""
     fakes["claude"].reply = lambda body: Reply(content=None, reasoning="Need the tool.",
                                                calls=[("get_weather", {"city": "Oslo"})])
-    tools = [{"type": "function", "name": "get_weather", "parameters": TOOLS[0]["function"]["parameters"]}]
-    asked = dict(model="claude", input="Weather in Oslo?", tools=tools, reasoning={"effort": "low"})
-    if stream:
-        first = [e for e in oai.responses.create(**asked, stream=True)][-1].response
-    else:
-        first = oai.responses.create(**asked)
+    first = _weather_response(oai, stream)
     reasoning = [item for item in first.output if item.type == "reasoning"][0]
     assert reasoning.encrypted_content == FakeAnthropic.signature
     call = [item for item in first.output if item.type == "function_call"][0]
     fakes["claude"].reply = lambda body: Reply(content="Fourteen degrees.")
-    second = oai.responses.create(model="claude", previous_response_id=first.id, tools=tools,
+    second = oai.responses.create(model="claude", previous_response_id=first.id, tools=RESPONSES_TOOLS,
                                   input=[{"type": "function_call_output", "call_id": call.call_id, "output": "14"}])
     assert second.output_text == "Fourteen degrees."
     assistant = fakes["claude"].requests[1][2]["messages"][1]["content"]
     assert assistant[0] == {"type": "thinking", "thinking": "Need the tool.", "signature": FakeAnthropic.signature}
     assert assistant[1]["type"] == "tool_use"
+
+
+def _chat_thinking_blocks(oai, asked: dict, stream: bool) -> "tuple[list, object]":
+    """A chat client's ``thinking_blocks`` (LiteLLM's field: whole on the message, streamed a block a delta) and its
+    tool call."""
+    if not stream:
+        message = oai.chat.completions.create(**asked).choices[0].message
+        return message.model_extra["thinking_blocks"], message.tool_calls[0]
+    blocks, calls = [], []
+    for chunk in oai.chat.completions.create(**asked, stream=True):
+        if chunk.choices:
+            blocks += chunk.choices[0].delta.model_extra.get("thinking_blocks") or []
+            calls += chunk.choices[0].delta.tool_calls or []
+    return blocks, calls[0]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_client_gets_every_thinking_block_and_sends_them_back(oai, fakes, stream):
+    """Anthropic's redacted thinking and several signed blocks (interleaved thinking) reach a chat client block by
+    block, each signature with its own text, and its next turn gives Anthropic back exactly those blocks."""
+    fakes["claude"].reply = lambda body: Reply(blocks=OWN_BLOCKS)
+    asked = dict(model="claude", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=TOOLS,
+                 reasoning_effort="low")
+    blocks, call = _chat_thinking_blocks(oai, asked, stream)
+    assert blocks == OWN_BLOCKS[:3]
+    fakes["claude"].reply = lambda body: Reply(content="Fourteen degrees.")
+    oai.chat.completions.create(**{**asked, "messages": [*asked["messages"], {
+        "role": "assistant", "content": None, "thinking_blocks": blocks,
+        "tool_calls": [{"id": call.id, "type": "function", "function": {"name": "get_weather",
+                                                                       "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "14"}]})
+    assistant = fakes["claude"].requests[1][2]["messages"][1]["content"]
+    assert assistant[:3] == OWN_BLOCKS[:3] and assistant[3]["type"] == "tool_use"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_responses_chain_keeps_every_thinking_block_and_gives_them_back(oai, fakes, stream):
+    """Each of Anthropic's thinking blocks is a reasoning item with its own signature (a redacted one marked in
+    encrypted_content, no text); the turn continued by id gives Anthropic back the blocks as they were."""
+    fakes["claude"].reply = lambda body: Reply(blocks=OWN_BLOCKS)
+    first = _weather_response(oai, stream)
+    reasoning = [item for item in first.output if item.type == "reasoning"]
+    assert [(item.encrypted_content, [c.text for c in item.content or ()]) for item in reasoning] == [
+        ("redacted_thinking:EnCrYpTeD-by-anthropic", []), ("sig-a", ["First."]), ("sig-b", ["Second."])]
+    call = [item for item in first.output if item.type == "function_call"][0]
+    fakes["claude"].reply = lambda body: Reply(content="Fourteen degrees.")
+    oai.responses.create(model="claude", previous_response_id=first.id, tools=RESPONSES_TOOLS,
+                         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "14"}])
+    assistant = fakes["claude"].requests[1][2]["messages"][1]["content"]
+    assert assistant[:3] == OWN_BLOCKS[:3] and assistant[-1]["type"] == "tool_use"

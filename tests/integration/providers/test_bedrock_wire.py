@@ -141,3 +141,44 @@ def test_the_event_stream_decoder_reads_cut_messages_and_refuses_broken_ones():
         EventStreamDecoder().feed(bytes(broken))
     with pytest.raises(ProviderError, match="at most"):
         EventStreamDecoder(message_bytes_max=20).feed(messages)
+
+
+# Claude on Bedrock, interleaved thinking with a redacted block: its blocks in Anthropic's form (FakeBedrock gives
+# them as Converse's; a redacted block's data is a blob, base64 in the JSON protocol).
+THINKING_BLOCKS = [{"type": "redacted_thinking", "data": base64.b64encode(b"encrypted by Bedrock").decode()},
+                   {"type": "thinking", "thinking": "First.", "signature": "sig-a"},
+                   {"type": "thinking", "thinking": "Second.", "signature": "sig-b"}]
+CALLED = [*THINKING_BLOCKS, {"type": "tool_use", "id": "tooluse_7", "name": "get_weather", "input": {"city": "Oslo"}}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_reasoning_block_reaches_the_client_and_goes_back_to_bedrock(node, oai, fakes, stream):
+    """Bedrock's redacted reasoning and several signed blocks reach a Messages client as thinking blocks and a chat
+    client as ``thinking_blocks``, block by block; the next turn gives Bedrock back its reasoningContent as it was."""
+    fakes["bedrock"].reply = lambda body: Reply(blocks=CALLED)
+    client = anthropic.Anthropic(base_url=node.url, api_key="client-key", max_retries=0)
+    asked = dict(model="aws", max_tokens=2000, thinking={"type": "enabled", "budget_tokens": 1024},
+                 messages=[{"role": "user", "content": "Weather in Oslo?"}],
+                 tools=[{"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}])
+    if stream:
+        with client.messages.stream(**asked) as events:
+            message = events.get_final_message()
+    else:
+        message = client.messages.create(**asked)
+    assert [b.model_dump(exclude_none=True) for b in message.content][:3] == THINKING_BLOCKS
+    chat = dict(model="aws", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=TOOLS)
+    if stream:
+        chunks = [c for c in oai.chat.completions.create(**chat, stream=True) if c.choices]
+        blocks = [b for c in chunks for b in c.choices[0].delta.model_extra.get("thinking_blocks") or ()]
+    else:
+        blocks = oai.chat.completions.create(**chat).choices[0].message.model_extra["thinking_blocks"]
+    assert blocks == THINKING_BLOCKS
+    fakes["bedrock"].reply = lambda body: Reply(content="Fourteen degrees.")
+    client.messages.create(**{**asked, "messages": [*asked["messages"], {
+        "role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": message.content[-1].id,
+                                      "content": "14"}]}]})
+    sent = fakes["bedrock"].requests[2][2]["messages"][1]["content"]
+    assert sent[:3] == [{"reasoningContent": {"redactedContent": THINKING_BLOCKS[0]["data"]}},
+                        {"reasoningContent": {"reasoningText": {"text": "First.", "signature": "sig-a"}}},
+                        {"reasoningContent": {"reasoningText": {"text": "Second.", "signature": "sig-b"}}}]
