@@ -361,6 +361,9 @@ class HttpClient:
                 else:
                     await connection.send(head)
                     await connection.send(body)
+                # Nothing of the answer can be here before the server has read the request: the first read waits
+                # rather than trying the socket first (a system call and a BlockingIOError a request).
+                connection.drained = True
                 while not connection.head_done:
                     await connection.read_more()
             except HttpClientError as e:

@@ -351,6 +351,16 @@ class _MessagesStream(StreamReader):
         return self._end.result()
 
 
+# Events whose only news is their kind (a text block's start, a block's stop, a ping, the message's stop) are the
+# same bytes in most streams: one checked once is known by its bytes after, not parsed again (any other bytes are
+# parsed). Bounded: a provider that varies them (another index, spacing) fills it once and is parsed as before.
+_PLAIN_KINDS = frozenset({"content_block_start", "content_block_stop", "ping", "message_stop"})
+_KNOWN_EVENTS: "dict[bytes, str]" = {}
+KNOWN_EVENTS_MAX = 256
+KNOWN_EVENT_BYTES_MAX = 128  # (a text block's start is ~80 bytes)
+_NOTHING: "dict[str, Any]" = {}
+
+
 class _MessagesPassed(PassingReader):
     """Anthropic's events for a Messages client, passed on as Anthropic wrote them (``passing.py``): each a JSON
     object with a type (text deltas by their shape); message_start waits for the answer to begin, pings before it
@@ -364,6 +374,11 @@ class _MessagesPassed(PassingReader):
         self._kind = ""
 
     def check(self, payload: bytes) -> str:
+        kind = _KNOWN_EVENTS.get(payload)
+        if kind is not None:  # the same bytes as an event checked before, which says nothing but its kind
+            self._kind = kind
+            self._end.read(kind, _NOTHING)  # (message_stop's)
+            return EARLY_DROP if kind == "ping" else PASS
         event = json_object(payload)
         kind = event.get("type") if event is not None else None
         if type(kind) is not str or not kind.isprintable():  # (it names the event when written again: one line)
@@ -373,6 +388,9 @@ class _MessagesPassed(PassingReader):
             _learns(self._events, event, payload)
             return PASS
         self._end.read(kind, event)
+        if kind in _PLAIN_KINDS and len(_KNOWN_EVENTS) < KNOWN_EVENTS_MAX and len(payload) <= KNOWN_EVENT_BYTES_MAX \
+                and (kind != "content_block_start" or (event.get("content_block") or {}).get("type") == "text"):
+            _KNOWN_EVENTS[payload] = kind
         return EARLY if kind == "message_start" else EARLY_DROP if kind == "ping" else PASS
 
     def framed(self, payload: bytes) -> bytes:

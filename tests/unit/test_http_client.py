@@ -87,6 +87,33 @@ async def test_a_post_is_answered_and_its_connection_kept_for_the_next(nursery):
     await client.aclose()
 
 
+async def test_the_first_read_after_a_request_waits_for_the_answer_rather_than_trying_the_socket(nursery, monkeypatch):
+    """Nothing of an answer can be there before the server read the request: the client waits for the socket
+    instead of a read that would find it empty (a system call and a BlockingIOError a request), over a fresh and a
+    kept-alive connection, and the answer arrives as before."""
+    from gateway.net import fast_receive
+
+    empty_reads = []
+    read = fast_receive.os.read
+
+    def counting(fd, n):
+        try:
+            return read(fd, n)
+        except BlockingIOError:
+            empty_reads.append(fd)
+            raise
+
+    monkeypatch.setattr(fast_receive.os, "read", counting)
+    server = Server(lambda request, n: ok(b'{"n": %d}' % n))
+    await server.start(nursery)
+    client = HttpClient()
+    for n in (1, 2):
+        async with await client.request(b"POST", server.url + "/x", [], b"{}") as answer:
+            assert await answer.read(1024) == b'{"n": %d}' % n
+    assert empty_reads == [] and client.connections_opened == 1
+    await client.aclose()
+
+
 async def test_a_chunked_stream_arrives_piece_by_piece(nursery):
     def answer(request, n):
         return (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-type: text/event-stream\r\n\r\n"

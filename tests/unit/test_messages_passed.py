@@ -164,3 +164,30 @@ def test_a_stream_that_ends_before_message_stop_fails_and_done_is_not_passed():
     assert delta.events == _start() + text
     with pytest.raises(ProviderError, match="ended before"):
         reader.finish()
+
+
+def test_events_that_say_only_their_kind_are_known_by_their_bytes_the_second_time(monkeypatch):
+    """A text block's start, a block's stop and the message's stop are parsed once; the same bytes later are known
+    without parsing (a bounded memo), and the stream passes and ends as it did. Events the node reads (message_start,
+    message_delta) and a tool_use block's start (its id) are parsed each time."""
+    monkeypatch.setattr(anthropic_wire, "_KNOWN_EVENTS", {})
+    parsed: list[bytes] = []
+    json_object = anthropic_wire.json_object
+    monkeypatch.setattr(anthropic_wire, "json_object", lambda data: parsed.append(data) or json_object(data))
+    rng = random.Random(7)
+    events = [e for e in _anthropic_events(rng) if e[0] != "content_block_delta"]
+    body = _body(events, rng)
+    first, end = _passed(body, [])
+    kinds = [json.loads(p)["type"] for p in parsed]
+    parsed.clear()
+    again, end_again = _passed(body, [])
+    assert (again, _end_of(end_again)) == (first, _end_of(end))
+    starts = [value for name, value in events if name == "content_block_start"]
+    assert [json.loads(p)["type"] for p in parsed] == [
+        "message_start", *["content_block_start" for s in starts if s["content_block"]["type"] != "text"],
+        "message_delta"], kinds
+    # Bounded: once full, nothing more is kept (and every event is still parsed and checked).
+    monkeypatch.setattr(anthropic_wire, "KNOWN_EVENTS_MAX", 0)
+    monkeypatch.setattr(anthropic_wire, "_KNOWN_EVENTS", {})
+    _passed(body, [])
+    assert anthropic_wire._KNOWN_EVENTS == {}
