@@ -199,10 +199,11 @@ class AnthropicMessages(Provider):
             elif kind == "thinking":
                 text = block.get("thinking", "")
                 thinking.append(text)
-                if isinstance(block.get("signature"), str) and block["signature"]:
-                    signature = block["signature"]
-                    if isinstance(text, str):
-                        reasoning_blocks.append({"type": "thinking", "thinking": text, "signature": signature})
+                block_signature = block.get("signature") if isinstance(block.get("signature"), str) else ""
+                if block_signature:
+                    signature = block_signature
+                if isinstance(text, str):
+                    reasoning_blocks.append({"type": "thinking", "thinking": text, "signature": block_signature})
             elif kind == "redacted_thinking" and isinstance(block.get("data"), str):
                 reasoning_blocks.append({"type": "redacted_thinking", "data": block["data"]})
             elif kind == "tool_use":

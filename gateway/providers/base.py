@@ -63,7 +63,8 @@ class ProviderAnswer:
     usage: Usage
     stop_sequence: str | None = None  # the stop sequence that ended it, when the provider says
     reasoning_signature: str | None = None  # the reasoning's signature (serving.chat.ReasoningSignature)
-    # Its signed and redacted reasoning block by block (serving.chat.ThinkingBlock), None without any.
+    # Its reasoning block by block (serving.chat.ThinkingBlock; a thinking block's signature "" where the provider
+    # gave none), None without any.
     thinking_blocks: "tuple[dict[str, Any], ...] | None" = None
     # The answer as the provider wrote it, parsed, when its wire is a client API's own (Provider.relays): what a
     # client of that API is given as it is.

@@ -163,12 +163,13 @@ def _blocks(blocks: Any) -> "tuple[list[str], list[str], list[Call], str | None,
                 reasoning_blocks.append({"type": "redacted_thinking", "data": content["redactedContent"]})
                 continue
             reasoning = content.get("reasoningText") or {}
+            block_signature = reasoning.get("signature") if isinstance(reasoning.get("signature"), str) else ""
+            if block_signature:
+                signature = block_signature
             if isinstance(reasoning.get("text"), str):
                 thinking.append(reasoning["text"])
-            if isinstance(reasoning.get("signature"), str) and reasoning["signature"]:
-                signature = reasoning["signature"]
-                if isinstance(reasoning.get("text"), str):
-                    reasoning_blocks.append({"type": "thinking", "thinking": reasoning["text"], "signature": signature})
+                reasoning_blocks.append({"type": "thinking", "thinking": reasoning["text"],
+                                         "signature": block_signature})
     return texts, thinking, calls, signature, reasoning_blocks
 
 

@@ -171,9 +171,9 @@ class ChatAnswer:
     # A reasoning parser applies: the answer has a reasoning field (OpenAI's reasoning_content, null or not).
     separates_reasoning: bool = False
     reasoning_signature: str | None = None  # a provider's signature of the reasoning (ReasoningSignature)
-    # A provider's signed and redacted reasoning block by block (ThinkingBlock), None without any: what a client
-    # sends back, where ``reasoning`` and its one signature cannot say several blocks (interleaved thinking, each
-    # signature of its own block) or a redacted one.
+    # A provider's reasoning block by block (ThinkingBlock), None without any: what a client sends back, where
+    # ``reasoning`` and its one signature cannot say several blocks (interleaved thinking, each signature of its own
+    # block) or a redacted one.
     thinking_blocks: "tuple[ThinkingBlock, ...] | None" = None
 
 

@@ -64,3 +64,24 @@ def test_a_chat_stream_gives_each_block_whole_when_it_ends():
     deltas = [e["choices"][0]["delta"] for e in _events(out) if e != "[DONE]"]
     assert [b for d in deltas for b in d.get("thinking_blocks") or ()] == BLOCKS
     assert "".join(d.get("reasoning_content") or "" for d in deltas) == "First.Second."
+
+
+def test_unsigned_reasoning_beside_a_redacted_block_is_kept_in_a_whole_answer():
+    """A model that does not sign its reasoning (Bedrock's others) with a redacted block too: both blocks, the text
+    with no signature to send back (and none invented), nothing of it lost to a Responses client."""
+    from gateway.providers.bedrock import BedrockConverse
+    from gateway.serving.chat import ChatAnswer
+    from gateway.serving.generation import GenerationResult
+
+    answer = BedrockConverse().answer(orjson.dumps({"output": {"message": {"role": "assistant", "content": [
+        {"reasoningContent": {"reasoningText": {"text": "Plain."}}}, {"reasoningContent": {"redactedContent": "RW5j"}},
+        {"text": "Hi"}]}}, "stopReason": "end_turn", "usage": {"inputTokens": 3, "outputTokens": 2}}))
+    assert answer.thinking_blocks == ({"type": "thinking", "thinking": "Plain.", "signature": ""}, BLOCKS[0])
+    assert thinking_blocks_of(list(answer.thinking_blocks)) == [BLOCKS[0]]  # only what a provider takes back
+    shape = ResponseShape("resp_1", "aws", {}, {}, None, False)
+    result = GenerationResult("Hi", [], "stop", None, 3, 2, 0, "aws")
+    body = shape.whole(ChatAnswer(result, "stop", False, 0, "Hi", answer.reasoning,
+                                  thinking_blocks=answer.thinking_blocks))
+    items = [item for item in body["output"] if item["type"] == "reasoning"]
+    assert [(item["content"], item.get("encrypted_content")) for item in items] == [
+        ([{"type": "reasoning_text", "text": "Plain."}], None), ([], REDACTED_REASONING_PREFIX + "RW5j")]

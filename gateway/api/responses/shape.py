@@ -383,8 +383,11 @@ def _reasoning_item(block: "dict[str, Any]") -> "dict[str, Any]":
     if block["type"] == "redacted_thinking":
         return {"type": "reasoning", "id": new_id("rs"), "summary": [], "content": [],
                 "encrypted_content": REDACTED_REASONING_PREFIX + block["data"]}
-    return {"type": "reasoning", "id": new_id("rs"), "summary": [],
-            "content": [{"type": "reasoning_text", "text": block["thinking"]}], "encrypted_content": block["signature"]}
+    item = {"type": "reasoning", "id": new_id("rs"), "summary": [],
+            "content": [{"type": "reasoning_text", "text": block["thinking"]}]}
+    if block["signature"]:  # (a model that does not sign its reasoning: Bedrock's others)
+        item["encrypted_content"] = block["signature"]
+    return item
 
 
 _ARGUMENTS = {"function_call": "function_call_arguments", "mcp_call": "mcp_call_arguments"}
