@@ -375,7 +375,8 @@ class _MessagesPassed(PassingReader):
         self._kind = ""
 
     def check(self, payload: bytes) -> str:
-        kind = _KNOWN_EVENTS.get(payload)
+        # (a large event is never one of them: not hashed to look it up)
+        kind = _KNOWN_EVENTS.get(payload) if len(payload) <= KNOWN_EVENT_BYTES_MAX else None
         if kind is not None:  # the same bytes as an event checked before, which says nothing but its kind
             self._kind = kind
             self._end.read(kind, _NOTHING)  # (message_stop's)
