@@ -191,10 +191,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vision", action="store_true", help="a Qwen2-VL-style vision model: its bundle carries an "
                         "image processor config and an image-aware chat template; Generate takes preprocessed images, "
                         "checks them against the prompt and folds them into the answer (chaos/sim_engine/vision.py)")
-    parser.add_argument("--vision-family", choices=("qwen2_vl", "gemma3", "pixtral", "llama4", "internvl", "idefics3"),
+    parser.add_argument("--vision-family", choices=("qwen2_vl", "gemma3", "pixtral", "llama4", "internvl",
+                                                    "idefics3", "qwen3_vl"),
                         default=d.vision_family, help="which vision model --vision is: Qwen2-VL-style (vision.py), "
                         "Gemma 3 (vision_gemma3.py), Mistral 3 (vision_pixtral.py), Llama 4 (vision_llama4.py), "
-                        "InternVL (vision_internvl.py) or Idefics3 / SmolVLM (vision_idefics3.py)")
+                        "InternVL (vision_internvl.py), Idefics3 / SmolVLM (vision_idefics3.py) or Qwen3-VL, videos "
+                        "too (vision_qwen3.py)")
     parser.add_argument("--vision-takes-floats", action="store_true", help="(vLLM) the engine takes normalized "
                         "float pixels; by default it normalizes on its device and takes uint8 pixels, as vLLM does "
                         "for Qwen-VL models (GetServerInfo's mm_device_do_normalize)")

@@ -37,7 +37,7 @@ from smg_grpc_proto.generated import (
 from .adapters import SimAdapters, adapter_seed
 from .core import EngineOverloaded, GenerateParams, InvalidRequest, SimEngine
 from .disaggregation import Disaggregation
-from . import vision, vision_gemma3, vision_idefics3, vision_internvl, vision_llama4, vision_pixtral
+from . import vision, vision_gemma3, vision_idefics3, vision_internvl, vision_llama4, vision_pixtral, vision_qwen3
 from .embedding import embedding_of, model_config
 from .logprobs import prompt_logprobs, token_logprobs
 from .output import derive_seed
@@ -48,7 +48,7 @@ TOKENIZER_CHUNK_BYTES = 64 * 1024  # as the real servicers chunk the bundle
 # Files of a tokenizer directory that go into the GetTokenizer bundle.
 BUNDLE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                 "generation_config.json", "config.json", "chat_template.json", "chat_template.jinja",
-                "preprocessor_config.json", "processor_config.json")
+                "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
 KV_SUBSCRIBER_QUEUE_MAX = 10_000  # batches; a subscriber further behind is cut off and must resume
 
 
@@ -66,6 +66,7 @@ VISION_FAMILIES = {
     "llama4": VisionFamily(vision_llama4, vision_llama4.Llama4Tokens, "Llama4ForConditionalGeneration"),
     "internvl": VisionFamily(vision_internvl, vision_internvl.InternVLTokens, "InternVLForConditionalGeneration"),
     "idefics3": VisionFamily(vision_idefics3, vision_idefics3.Idefics3Tokens, "Idefics3ForConditionalGeneration"),
+    "qwen3_vl": VisionFamily(vision_qwen3, vision_qwen3.Qwen3Tokens, "Qwen3VLForConditionalGeneration"),
 }
 
 
@@ -130,9 +131,11 @@ class SharedEngineState:
         """How the ``service`` ("vllm", "sglang", "tokenspeed") checks a request's images for this model's family."""
         config = self.engine.config
         family = VISION_FAMILIES.get(config.vision_family)
-        if family is not None and service == "vllm":  # (these families take no videos)
+        if family is not None and service == "vllm":  # videos: a family that checks them (Qwen3-VL's)
+            videos = getattr(family.module, "check_vllm_video", None)
             return lambda request, ids: vision.check_vllm_batches(
-                request, ids, lambda mm, ids: family.module.check_vllm(self.family_tokens, mm, ids, config), None)
+                request, ids, lambda mm, ids: family.module.check_vllm(self.family_tokens, mm, ids, config),
+                None if videos is None else lambda mm, ids: videos(self.family_tokens, mm, ids, config))
         if family is not None and service == "sglang":
             return lambda mm, ids: family.module.check_sglang(self.family_tokens, mm, ids)
         if service == "vllm":  # a request of vLLM's: its image and video batches

@@ -111,13 +111,13 @@ def server_info(config: Any) -> dict[str, Any]:
 
 def check(input_ids: "list[int]", pixels: np.ndarray, grid: np.ndarray, ranges: "list[tuple[int, int]]",
           im_token_id: int | None, hashes: "list[str]", raw: bool = False, images_max: int = 0,
-          image_tokens_max: int = 0) -> CheckedImages:
+          image_tokens_max: int = 0, patch_values: int = PATCH_VALUES) -> CheckedImages:
     """The images against the prompt: shapes, placeholder ranges, token counts; ``raw``: the engine normalizes on
     its device and takes uint8 pixels (floats would be normalized twice: garbage, with no error in a real one)."""
     kind = np.uint8 if raw else np.float32
-    if pixels.ndim != 2 or pixels.shape[1] != PATCH_VALUES or pixels.dtype != kind:
+    if pixels.ndim != 2 or pixels.shape[1] != patch_values or pixels.dtype != kind:
         raise ImagesRefused(f"pixel_values is {pixels.dtype}{list(pixels.shape)}; this engine takes {kind.__name__} "
-                            f"rows of {PATCH_VALUES}" + (" (it normalizes on its device)" if raw else ""))
+                            f"rows of {patch_values}" + (" (it normalizes on its device)" if raw else ""))
     if images_max and len(ranges) > images_max:
         raise ImagesRefused(f"{len(ranges)} images; this engine takes at most {images_max} a prompt")
     if grid.ndim != 2 or grid.shape[1] != 3 or len(grid) != len(ranges):
@@ -164,7 +164,7 @@ def cache_ids_of(input_ids: "list[int]", pixels: "list[np.ndarray] | np.ndarray"
     return cache_ids
 
 
-def check_vllm(mm: Any, input_ids: "list[int]", config: Any) -> CheckedImages:
+def check_vllm(mm: Any, input_ids: "list[int]", config: Any, patch_values: int = PATCH_VALUES) -> CheckedImages:
     """vLLM's preprocessed path, as the servicer builds vLLM's inputs from it: pixel rows split by a sizes tensor
     (flat_keys), the grid one row per image (batched_keys)."""
     tensors = {key: _array(td.inline, td.shape, td.dtype) for key, td in mm.model_specific_tensors.items()}
@@ -183,26 +183,41 @@ def check_vllm(mm: Any, input_ids: "list[int]", config: Any) -> CheckedImages:
         raise ImagesRefused(f"{sizes_key} is {tensors[sizes_key].tolist()}, the grids' patches "
                             f"{grid.prod(axis=1).tolist()}")
     return check(input_ids, pixels, grid, *placeholders(mm), list(mm.mm_hashes),
-                 not config.vision_takes_floats, config.vision_images_max, config.vision_image_tokens_max)
+                 not config.vision_takes_floats, config.vision_images_max, config.vision_image_tokens_max,
+                 patch_values)
 
 
 def check_vllm_video(mm: Any, input_ids: "list[int]", config: Any) -> CheckedImages:
     """A VIDEO batch on vLLM's preprocessed path, as Qwen2-VL's videos need it (the servicer passes the pixels as
     pixel_values_videos): pixel rows flat by a sizes tensor, video_grid_thw batched and kept on the CPU, each range
     t * h * w / merge^2 of the video token, one hash a video."""
+    pixels, grid, ranges = video_layout(mm, config, PATCH_VALUES)
+    for (t, h, w), (offset, length) in zip(grid.tolist(), ranges):
+        if h % MERGE or w % MERGE or length != t * h * w // (MERGE * MERGE):
+            raise ImagesRefused(f"a video of grid {(t, h, w)} takes {t * h * w // (MERGE * MERGE)} tokens, its "
+                                f"range {length}")
+        if any(i != VIDEO_TOKEN_ID for i in input_ids[offset:offset + length]) or offset + length > len(input_ids):
+            raise ImagesRefused(f"the range ({offset}, {length}) is not the video token in the prompt")
+    return checked_video(mm, input_ids, pixels, grid, ranges)
+
+
+def video_layout(mm: Any, config: Any, patch_values: int) -> "tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]":
+    """(pixels, grid, ranges) of a VIDEO batch laid out as vLLM's Qwen-VL videos need it: pixel rows of
+    ``patch_values`` flat by a sizes tensor, video_grid_thw batched and kept on the CPU, the video token, one grid
+    and one hash a range."""
     tensors = {key: _array(td.inline, td.shape, td.dtype) for key, td in mm.model_specific_tensors.items()}
     pixels = _array(mm.pixel_values.inline, mm.pixel_values.shape, mm.pixel_values.dtype)
     grid = tensors.get("video_grid_thw")
     sizes_key = mm.flat_keys.get("pixel_values")
     if grid is None or sizes_key is None or sizes_key not in tensors or "video_grid_thw" not in mm.batched_keys \
             or "video_grid_thw" not in mm.keep_on_cpu_keys:
-        raise ImagesRefused("vLLM's Qwen2-VL videos are pixel_values flat by a sizes tensor, video_grid_thw batched "
+        raise ImagesRefused("vLLM's Qwen-VL videos are pixel_values flat by a sizes tensor, video_grid_thw batched "
                             "and kept on the CPU")
     ranges, token = placeholders(mm)
     kind = np.float32 if config.vision_takes_floats else np.uint8
-    if pixels.ndim != 2 or pixels.shape[1] != PATCH_VALUES or pixels.dtype != kind:
+    if pixels.ndim != 2 or pixels.shape[1] != patch_values or pixels.dtype != kind:
         raise ImagesRefused(f"pixel_values (a video's) is {pixels.dtype}{list(pixels.shape)}; this engine takes "
-                            f"{kind.__name__} rows of {PATCH_VALUES}")
+                            f"{kind.__name__} rows of {patch_values}")
     if token != VIDEO_TOKEN_ID:
         raise ImagesRefused(f"im_token_id is {token}; this model's video token is {VIDEO_TOKEN_ID}")
     if grid.ndim != 2 or grid.shape[1] != 3 or len(grid) != len(ranges) or len(mm.mm_hashes) != len(ranges):
@@ -211,13 +226,14 @@ def check_vllm_video(mm: Any, input_ids: "list[int]", config: Any) -> CheckedIma
     if tensors[sizes_key].tolist() != grid.prod(axis=1).tolist() or int(grid.prod(axis=1).sum()) != len(pixels):
         raise ImagesRefused(f"{sizes_key} is {tensors[sizes_key].tolist()}, the grids' patches "
                             f"{grid.prod(axis=1).tolist()}, pixel_values {len(pixels)} rows")
-    for (t, h, w), (offset, length) in zip(grid.tolist(), ranges):
-        if h % MERGE or w % MERGE or length != t * h * w // (MERGE * MERGE):
-            raise ImagesRefused(f"a video of grid {(t, h, w)} takes {t * h * w // (MERGE * MERGE)} tokens, its "
-                                f"range {length}")
-        if any(i != VIDEO_TOKEN_ID for i in input_ids[offset:offset + length]) or offset + length > len(input_ids):
-            raise ImagesRefused(f"the range ({offset}, {length}) is not the video token in the prompt")
-    if input_ids.count(VIDEO_TOKEN_ID) != sum(length for _, length in ranges):
+    return pixels, grid, ranges
+
+
+def checked_video(mm: Any, input_ids: "list[int]", pixels: np.ndarray, grid: np.ndarray,
+                  ranges: "list[tuple[int, int]]") -> CheckedImages:
+    """A VIDEO batch whose ranges were checked: no video token outside them; its digest and cache ids."""
+    inside = sum(input_ids[offset:offset + length].count(VIDEO_TOKEN_ID) for offset, length in ranges)
+    if input_ids.count(VIDEO_TOKEN_ID) != inside:
         raise ImagesRefused("the prompt has video tokens outside the ranges")
     bounds = np.cumsum([0, *grid.prod(axis=1).tolist()])
     cache_ids = cache_ids_of(input_ids, [pixels[a:b] for a, b in zip(bounds, bounds[1:])], ranges,

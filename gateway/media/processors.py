@@ -43,6 +43,8 @@ from .resize import resize_uint8
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # CLIP's published normalization
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+IMAGENET_STANDARD_MEAN = (0.5, 0.5, 0.5)  # transformers' IMAGENET_STANDARD_MEAN and _STD
+IMAGENET_STANDARD_STD = (0.5, 0.5, 0.5)
 # Pillow's resampling filters by the numbers preprocessor configs give them.
 RESAMPLE = {0: Image.Resampling.NEAREST, 1: Image.Resampling.LANCZOS, 2: Image.Resampling.BILINEAR,
             3: Image.Resampling.BICUBIC, 4: Image.Resampling.BOX, 5: Image.Resampling.HAMMING}
@@ -71,6 +73,9 @@ class ProcessedImage:
     # Rows and columns of tiles, for a family whose prompt names each tile and whose engine is not told them
     # (Idefics3's <row_i_col_j>); (0, 0) otherwise.
     grid: "tuple[int, int]" = (0, 0)
+    # The ids that replace its placeholder, for a family that writes text of the item's own into them and makes
+    # them while processing it, in the media threads (Qwen3-VL's video timestamps); () for the others.
+    prompt_ids: "tuple[int, ...]" = ()
 
     @property
     def nbytes(self) -> int:

@@ -441,11 +441,11 @@ class MediaService:
                                        config.image_pixels_max, config.video_pixels_max)
         else:  # in a child process: FFmpeg reading a client's file may crash (video.decode_container_isolated)
             video = decode_container_isolated(data, config.video_fps or QWEN_FPS, config.image_pixels_max,
-                                              config.video_pixels_max, config.video_decode_timeout_s)
+                                              config.video_pixels_max, config.video_decode_timeout_s, processor.loader)
         problem = processor.size_problem(video.frames.shape[2], video.frames.shape[1])
         if problem is not None:
             raise VideoRefused(problem)
-        return processor.process(video.frames, normalize, video.sampled_fps)
+        return processor.process_decoded(video, normalize)
 
     async def _bytes(self, ref: "ImageRef | VideoRef", budget: _Budget) -> bytes:
         """The item's bytes, each counted by ``budget`` as it arrives (a fetch's before it ends); a JPEG frame list's

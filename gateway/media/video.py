@@ -1,13 +1,15 @@
-"""Videos, from a client's bytes to what a Qwen2-VL engine takes, as vLLM's own server computes them.
+"""Videos, from a client's bytes to what a Qwen2-VL, Qwen2.5-VL or Qwen3-VL engine takes, as vLLM's own server
+computes them.
 
 vLLM's server reads a video two ways (vllm/multimodal/media/video.py, 0.32): ``data:video/jpeg;base64,`` followed
 by frames, each a base64 JPEG, separated by commas (the first ``frames`` of them are taken, each decoded as an
 image: ``decode_jpeg_frames``); or a container (MP4, WebM, AVI, ...), decoded by OpenCV's FFmpeg, its default
 backend (``decode_container``): the frame count and rate from the container (the count checked against the frames
 really there, as vLLM checks it), the frames the loader vLLM picks for the model's video processor samples (for
-Qwen2VLVideoProcessor its "qwen2_vl" loader: two frames a second by default, ``qwen2_vl_indices``), each converted
-from OpenCV's BGR to RGB. OpenCV (``opencv-python-headless``, the ``video`` extra) is imported
-only when a container arrives: without it a container is refused with a 400 saying so, and JPEG frames still work.
+Qwen2VLVideoProcessor its "qwen2_vl" loader: two frames a second by default, ``qwen2_vl_indices``; for Qwen3-VL's
+its "qwen3_vl" loader, ``qwen3_vl_indices``), each converted from OpenCV's BGR to RGB. OpenCV
+(``opencv-python-headless``, the ``video`` extra) is imported only when a container arrives: without it a container
+is refused with a 400 saying so, and JPEG frames still work.
 
 Then Qwen2-VL's video processor (transformers' Qwen2VLVideoProcessor, torchvision-backed, which vLLM's server runs):
 every frame resized to one size (``smart_resize`` of the first frame's, each side a multiple of patch x merge),
@@ -15,7 +17,9 @@ rescaled and normalized as its images are, the frame count padded to a multiple 
 repeating the last frame, cut into patches of temporal_patch_size frames ordered by time, then merge window; grid
 (t, h, w); t*h*w / merge^2 ``<|video_pad|>`` tokens. Its numbers come from ``video_preprocessor_config.json`` when
 the engine ships one, else from ``preprocessor_config.json`` (what transformers falls back to), with the video
-processor's own defaults (128 x 28 x 28 to 768 x 28 x 28 pixels a frame) where neither says.
+processor's own defaults (128 x 28 x 28 to 768 x 28 x 28 pixels a frame) where neither says. Qwen3-VL's
+(``Qwen3VideoProcessor``) bounds the pixels of the whole video and writes each temporal patch's time into the
+prompt.
 
 Bounds, each checked before the memory it guards is taken: the frames' sizes from the container's header (or each
 JPEG's) against ``frame_pixels_max`` and the sampled frames together against ``pixels_max``; a frame of another
@@ -33,13 +37,14 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from .decode import ImageRefused, decode_image
-from .processors import ProcessedImage, QwenVisionProcessor, resized, smart_resize
+from .processors import (IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, ProcessedImage, ProcessorConfigError,
+                         QwenVisionProcessor, _number, _token_id, aspect_problem, resized, smart_resize)
 
 JPEG_FRAMES_TYPE = "video/jpeg"  # vLLM's media type for a list of JPEG frames in one data: URI
 JPEG_FRAMES_FPS = 1.0  # the rate vLLM's loader says a JPEG frame list was taken at, without a media-io fps
@@ -54,6 +59,7 @@ QWEN_FPS_MAX = 30
 QWEN_MIN_FRAMES = 4
 QWEN_MAX_FRAMES = 768
 QWEN_TEMPORAL = 2
+QWEN3_UNKNOWN_FPS = 24.0  # the source rate vLLM's qwen3_vl loader and transformers take for a file that says none
 # Every frame up to the last one sampled is decoded (as vLLM's reader does): a file may say it has this many at most
 # (an hour and 12 minutes at 30 a second); past GRAB_FAILURES_MAX frames in a row that cannot be read, it has ended.
 # A video file's child decoder: its address space (numpy, OpenCV's and FFmpeg's libraries and threads, and the
@@ -91,6 +97,13 @@ class DecodedVideo:
     # Frames a second of what was taken (transformers' VideoMetadata.sampled_fps of the metadata vLLM's loader
     # gives: frames taken / frames in the file x the file's rate): Qwen2.5-VL's positions read it.
     sampled_fps: float
+    # The rest of that metadata, which Qwen3-VL's timestamps read: the frames' places in the source, its frame
+    # count and rate (as the file says it: 0 when it does not), and whether the loader took every frame (vLLM's
+    # do_sample_frames: the processor then samples them itself). A JPEG frame list: every frame, at the list's rate.
+    indices: "tuple[int, ...]" = ()
+    total_frames: int = 0
+    source_fps: float = 0.0
+    every_frame_taken: bool = False
 
 
 def decode_jpeg_frames(payload: bytes, frames: int, fps: float, frame_pixels_max: int, pixels_max: int
@@ -117,7 +130,7 @@ def decode_jpeg_frames(payload: bytes, frames: int, fps: float, frame_pixels_max
         if (index + 1) * image.size[0] * image.size[1] > pixels_max:
             raise VideoRefused(f"the video's frames are more than {pixels_max} pixels together")
         out.append(np.asarray(image))
-    return DecodedVideo(np.stack(out), fps)
+    return DecodedVideo(np.stack(out), fps, tuple(range(len(out))), len(out), fps)
 
 
 def _opencv() -> Any:
@@ -145,6 +158,21 @@ def qwen2_vl_indices(total: int, source_fps: float, fps: float) -> "list[int]":
     if count < 1:
         raise VideoRefused(f"the video has {total} frame(s); Qwen2-VL takes at least {QWEN_TEMPORAL}")
     return np.minimum(torch_arange_truncated(total, count), total - 1).tolist()
+
+
+def qwen3_vl_indices(total: int, source_fps: float, fps: float) -> "list[int]":
+    """The frames vLLM's "qwen3_vl" loader takes (Qwen3VLVideoBackend, a port of Qwen3VLVideoProcessor.sample_frames):
+    ``fps`` a second of the video's length (at most 30; a file that says no rate is taken as 24 a second, as both
+    assume), at least QWEN_MIN_FRAMES, at most QWEN_MAX_FRAMES and the video's own, spread evenly from the first
+    frame to the last (numpy's linspace, rounded half to even)."""
+    count = int(total / (source_fps if source_fps > 0 else QWEN3_UNKNOWN_FPS) * min(fps, QWEN_FPS_MAX))
+    count = min(max(count, QWEN_MIN_FRAMES), QWEN_MAX_FRAMES, total)
+    return np.linspace(0, total - 1, count).round().astype(int).tolist()
+
+
+# vLLM's loader for each video processor this node has, by the name vLLM registers it under.
+LOADERS: "dict[str, Callable[[int, float, float], list[int]]]" = {"qwen2_vl": qwen2_vl_indices,
+                                                                  "qwen3_vl": qwen3_vl_indices}
 
 
 def torch_arange_truncated(total: int, count: int) -> np.ndarray:
@@ -191,6 +219,7 @@ def decode_container(data: bytes, sample: "Callable[[int, float], list[int]]", f
         wanted = set(indices)
         out = np.empty((len(indices), height, width, 3), dtype=np.uint8)
         read = failed = 0
+        taken: list[int] = []  # the frames really read (vLLM's valid_frame_indices)
         for index in range(indices[-1] + 1):
             if not capture.grab():
                 # vLLM skips a frame that cannot be grabbed (and goes on to the count the header gave); a run of
@@ -205,10 +234,11 @@ def decode_container(data: bytes, sample: "Callable[[int, float], list[int]]", f
                 ok, frame = capture.retrieve()
                 if ok and frame is not None and frame.shape == (height, width, 3):
                     out[read] = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+                    taken.append(index)
                     read += 1
         if read == 0:
             raise VideoRefused("no frame of the video could be decoded")
-        return DecodedVideo(out[:read], read / total * source_fps)
+        return DecodedVideo(out[:read], read / total * source_fps, tuple(taken), total, source_fps, read == total)
     finally:
         capture.release()
         del stream
@@ -241,19 +271,20 @@ def _frame_count(cv2: Any, capture: Any) -> int:
     return max(total, 0)
 
 
-# -- Qwen2-VL's video processor ----------------------------------------------------------------------------------
+# -- decoding a file apart -------------------------------------------------------------------------------------------
 
-def decode_container_isolated(data: bytes, fps: float, frame_pixels_max: int, pixels_max: int, timeout_s: float
-                              ) -> DecodedVideo:
-    """``decode_container`` with Qwen2-VL's sampling (``qwen2_vl_indices`` at ``fps``), run in a child process of its
-    own: FFmpeg's demuxers and decoders are native code reading a client's bytes, and a broken file was seen to
-    crash OpenCV's reader (a 16 KB AVI with a few bytes changed: a segmentation fault, in vLLM's own server too).
-    Here it costs the child, not the node: a child that dies, runs past ``timeout_s`` or past DECODER_MEMORY_BYTES is
-    a VideoRefused. The child writes a JSON header (the frames' shape and rate, or why it refused) and the frames."""
+def decode_container_isolated(data: bytes, fps: float, frame_pixels_max: int, pixels_max: int, timeout_s: float,
+                              loader: str = "qwen2_vl") -> DecodedVideo:
+    """``decode_container`` with the sampling of vLLM's ``loader`` (``LOADERS``: "qwen2_vl", "qwen3_vl") at ``fps``,
+    run in a child process of its own: FFmpeg's demuxers and decoders are native code reading a client's bytes, and a
+    broken file was seen to crash OpenCV's reader (a 16 KB AVI with a few bytes changed: a segmentation fault, in
+    vLLM's own server too). Here it costs the child, not the node: a child that dies, runs past ``timeout_s`` or past
+    DECODER_MEMORY_BYTES is a VideoRefused. The child writes a JSON header (the frames' shape, rate and places, or why
+    it refused) and the frames."""
     env = {**os.environ, **QUIET_DECODERS}
     try:
         done = subprocess.run([sys.executable, "-m", "gateway.media.video", repr(float(fps)), str(frame_pixels_max),
-                               str(pixels_max), repr(float(timeout_s))], input=data, capture_output=True,
+                               str(pixels_max), repr(float(timeout_s)), loader], input=data, capture_output=True,
                               timeout=timeout_s, env=env, check=False)
     except subprocess.TimeoutExpired:
         raise VideoRefused(f"the video was not decoded within {timeout_s:g} s") from None
@@ -269,7 +300,8 @@ def decode_container_isolated(data: bytes, fps: float, frame_pixels_max: int, pi
     frames = np.frombuffer(out, dtype=np.uint8, offset=4 + size)
     if frames.size != math.prod(shape):
         raise VideoRefused("the video's decoder answered a short read")
-    return DecodedVideo(frames.reshape(shape), float(header["sampled_fps"]))
+    return DecodedVideo(frames.reshape(shape), float(header["sampled_fps"]), tuple(header["indices"]),
+                        int(header["total_frames"]), float(header["source_fps"]), bool(header["every_frame_taken"]))
 
 
 def _decode_in_this_child() -> None:
@@ -278,14 +310,17 @@ def _decode_in_this_child() -> None:
     import resource
     fps, frame_pixels_max, pixels_max, timeout_s = (float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
                                                     float(sys.argv[4]))
+    sample = LOADERS[sys.argv[5]]
     resource.setrlimit(resource.RLIMIT_AS, (DECODER_MEMORY_BYTES, DECODER_MEMORY_BYTES))
     cpu_s = math.ceil(timeout_s) + 1
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
     data = sys.stdin.buffer.read()
     try:
-        video = decode_container(data, lambda total, source_fps: qwen2_vl_indices(total, source_fps, fps),
-                                 frame_pixels_max, pixels_max)
-        header: dict[str, Any] = {"shape": list(video.frames.shape), "sampled_fps": video.sampled_fps}
+        video = decode_container(data, lambda total, source_fps: sample(total, source_fps, fps), frame_pixels_max,
+                                 pixels_max)
+        header: dict[str, Any] = {"shape": list(video.frames.shape), "sampled_fps": video.sampled_fps,
+                                  "indices": list(video.indices), "total_frames": video.total_frames,
+                                  "source_fps": video.source_fps, "every_frame_taken": video.every_frame_taken}
         body = video.frames.tobytes()
     except VideoRefused as e:
         header, body = {"refused": str(e)}, b""
@@ -294,6 +329,8 @@ def _decode_in_this_child() -> None:
     sys.stdout.buffer.write(body)
     sys.stdout.buffer.flush()
 
+
+# -- the Qwen-VL video processors ------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class QwenVideoProcessor(QwenVisionProcessor):
@@ -308,6 +345,7 @@ class QwenVideoProcessor(QwenVisionProcessor):
     # frames were taken at), which its M-RoPE positions read on the CPU.
     seconds_per_step: bool = False
     modality = "video"
+    loader = "qwen2_vl"  # vLLM's loader of its frames (LOADERS)
     flat_pixels_by = "patches_per_video"
     placeholder_token = "<|video_pad|>"  # written once per video by the template, repeated per token
 
@@ -337,6 +375,9 @@ class QwenVideoProcessor(QwenVisionProcessor):
                              int(self.min_pixels * 1.05))
         return smart_resize(height, width, factor, self.min_pixels, max_pixels)
 
+    def process_decoded(self, video: DecodedVideo, normalize: bool) -> ProcessedImage:
+        return self.process(video.frames, normalize, video.sampled_fps)
+
     def process(self, video: np.ndarray, normalize: bool, sampled_fps: float = 1.0) -> ProcessedImage:
         """``video``: (T, H, W, 3) uint8 RGB frames, taken at ``sampled_fps`` (DecodedVideo)."""
         from PIL import Image
@@ -360,21 +401,144 @@ class QwenVideoProcessor(QwenVisionProcessor):
         return ProcessedImage(raw, tensors, gt * gh * gw // (m * m), self.normalized(raw) if normalize else None)
 
 
-# Model types whose videos this node processes (config.json's model_type): Qwen2-VL, and Qwen2.5-VL (the same
-# processor and loader in vLLM, and the seconds per temporal step). Qwen3-VL writes timestamps into the prompt: not
-# built, refused by name.
-VIDEO_MODEL_TYPES = {
-    "qwen2_vl": QwenVideoProcessor.from_files,
-    "qwen2_5_vl": lambda files, token_to_id, reference: dataclasses.replace(
+def qwen3_smart_resize(frames: int, height: int, width: int, temporal: int, factor: int, min_pixels: int,
+                       max_pixels: int) -> "tuple[int, int]":
+    """Qwen3-VL's video frame size (its video processor's smart_resize): as Qwen2-VL's, the pixel bounds over the
+    whole video (frames rounded to whole temporal patches) rather than a frame; a side shorter than ``factor``
+    scaled up first. ValueError for fewer frames than a temporal patch or past 200:1."""
+    if frames < temporal:
+        raise ValueError(f"the video has {frames} frame(s); Qwen3-VL takes at least {temporal}")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    problem = aspect_problem(height, width)
+    if problem is not None:
+        raise ValueError(problem)
+    h, w = round(height / factor) * factor, round(width / factor) * factor
+    t = round(frames / temporal) * temporal
+    if t * h * w > max_pixels:
+        shrink = math.sqrt(frames * height * width / max_pixels)
+        h = max(factor, math.floor(height / shrink / factor) * factor)
+        w = max(factor, math.floor(width / shrink / factor) * factor)
+    elif t * h * w < min_pixels:
+        grow = math.sqrt(min_pixels / (frames * height * width))
+        h, w = math.ceil(height * grow / factor) * factor, math.ceil(width * grow / factor) * factor
+    return h, w
+
+
+def frame_group_seconds(indices: "Sequence[int]", source_fps: float, temporal: int) -> "list[float]":
+    """Each temporal patch's time (Qwen3VLProcessor._calculate_timestamps): the frames' indices padded to whole
+    patches with the last one, each over the source's rate, the mean of a patch's first and last."""
+    padded = list(indices) + [indices[-1]] * (-len(indices) % temporal)
+    seconds = [index / source_fps for index in padded]
+    return [(seconds[i] + seconds[i + temporal - 1]) / 2 for i in range(0, len(seconds), temporal)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3VideoProcessor(QwenVideoProcessor):
+    """Qwen3-VL's video processor (transformers' Qwen3VLVideoProcessor, as vLLM's server runs it): Qwen2-VL's
+    patches, grid and normalization; its own frame size (``qwen3_smart_resize``: the pixel bounds over the whole
+    video), defaults (ImageNet's 0.5 mean and deviation, 128 to 768 patches of 32 x 32 pixels in all) and per-frame
+    cap; and its prompt (Qwen3VLProcessor, vLLM's get_video_repl): the placeholder replaced, for each temporal
+    patch, by its time as text ("<1.5 seconds>", tokenized on its own), then <|vision_start|>, its tokens and
+    <|vision_end|> (``prompt_ids``, made here). The frames: those vLLM's "qwen3_vl" loader took, or, when it took
+    every frame of a file, the processor's own sample of them at its ``fps`` (vLLM's do_sample_frames); the times
+    from their indices in the source and its rate (24 a second when a file says none)."""
+
+    min_pixels: int = 128 * 32 * 32
+    max_pixels: int = 768 * 32 * 32
+    mean: "tuple[float, ...]" = IMAGENET_STANDARD_MEAN
+    std: "tuple[float, ...]" = IMAGENET_STANDARD_STD
+    fps: float = QWEN_FPS  # the processor's own rate, when it samples the frames itself
+    min_frames: int = QWEN_MIN_FRAMES
+    max_frames: int = QWEN_MAX_FRAMES
+    max_video_tokens: int = 768  # the per-frame token ceiling of cap_pixels_per_frame
+    vision_start_id: int = -1
+    vision_end_id: int = -1
+    # The tokenizer's plain encode of a timestamp's text (no special tokens added), as vLLM tokenizes it.
+    encode_text: "Callable[[str], list[int]] | None" = dataclasses.field(default=None, compare=False)
+    family = "qwen3_vl"
+    loader = "qwen3_vl"
+
+    @classmethod
+    def from_files(cls, files: "dict[str, dict[str, Any]]", token_to_id: Callable[[str], "int | None"],
+                   reference: str = "torchvision", encode_text: "Callable[[str], list[int]] | None" = None
+                   ) -> "Qwen3VideoProcessor":
+        if encode_text is None:
+            raise ProcessorConfigError("Qwen3-VL's video timestamps need the model's tokenizer")
+        config = files.get("video_preprocessor_config.json") or files.get("preprocessor_config.json") or {}
+        defaults = {"image_mean": list(IMAGENET_STANDARD_MEAN), "image_std": list(IMAGENET_STANDARD_STD),
+                    "patch_size": 16, "size": {"shortest_edge": 128 * 32 * 32, "longest_edge": 768 * 32 * 32}}
+        config = {**defaults, **config}
+        processor = cls.from_config(
+            config, token_to_id, cap_pixels_per_frame=config.get("cap_pixels_per_frame") is True,
+            fps=_number(config, "fps", QWEN_FPS), min_frames=_number(config, "min_frames", QWEN_MIN_FRAMES, (int,)),
+            max_frames=_number(config, "max_frames", QWEN_MAX_FRAMES, (int,)),
+            max_video_tokens=_number(config, "max_video_tokens", 768, (int,)),
+            vision_start_id=_token_id(token_to_id, "<|vision_start|>"),
+            vision_end_id=_token_id(token_to_id, "<|vision_end|>"), encode_text=encode_text)
+        if not (processor.fps > 0 and 1 <= processor.min_frames <= processor.max_frames):
+            raise ProcessorConfigError(f"video_preprocessor_config.json: unusable frame sampling {processor}")
+        return dataclasses.replace(processor, reference=reference)
+
+    def describe(self) -> str:
+        return f"{super().describe()}:{self.fps}:{self.min_frames}:{self.max_frames}:{self.max_video_tokens}"
+
+    def frame_size(self, frames: int, height: int, width: int) -> "tuple[int, int]":
+        """(height, width) of every frame (Qwen3VLVideoProcessor.resize: its own per-frame cap, then
+        ``qwen3_smart_resize``)."""
+        factor = self.patch_size * self.merge_size
+        max_pixels = self.max_pixels
+        if self.cap_pixels_per_frame:
+            per_frame = max(min(self.max_video_tokens * factor * factor, self.max_pixels // frames),
+                            int(self.min_pixels * 1.05))
+            max_pixels = per_frame * frames
+        return qwen3_smart_resize(frames, height, width, self.temporal_patch_size, factor, self.min_pixels,
+                                  max_pixels)
+
+    def process_decoded(self, video: DecodedVideo, normalize: bool) -> ProcessedImage:
+        frames, indices = video.frames, video.indices
+        source_fps = video.source_fps if video.source_fps > 0 else QWEN3_UNKNOWN_FPS
+        if video.every_frame_taken:  # the processor samples them (Qwen3VLVideoProcessor.sample_frames)
+            count = int(video.total_frames / source_fps * self.fps)
+            count = min(max(count, self.min_frames), self.max_frames, video.total_frames)
+            picked = np.linspace(0, video.total_frames - 1, count).round().astype(int)
+            frames, indices = frames[picked], tuple(picked.tolist())
+        processed = self.process(frames, normalize)
+        seconds = frame_group_seconds(indices, source_fps, self.temporal_patch_size)
+        per_group = processed.tokens // len(seconds)
+        assert self.encode_text is not None  # from_files refuses without it
+        prompt: list[int] = []
+        for second in seconds:
+            prompt += self.encode_text(f"<{second:.1f} seconds>")
+            prompt.append(self.vision_start_id)
+            prompt += [self.placeholder_id] * per_group
+            prompt.append(self.vision_end_id)
+        return dataclasses.replace(processed, prompt_ids=tuple(prompt))
+
+    def expansion(self, image: ProcessedImage) -> "list[int]":
+        return list(image.prompt_ids)
+
+
+# Model types whose videos this node processes (config.json's model_type): Qwen2-VL, Qwen2.5-VL (the same
+# processor and loader in vLLM, and the seconds per temporal step) and Qwen3-VL (its own, timestamps in the prompt).
+VIDEO_MODEL_TYPES: "dict[str, Callable[..., QwenVideoProcessor]]" = {
+    "qwen2_vl": lambda files, token_to_id, reference, encode_text=None: QwenVideoProcessor.from_files(
+        files, token_to_id, reference),
+    "qwen2_5_vl": lambda files, token_to_id, reference, encode_text=None: dataclasses.replace(
         QwenVideoProcessor.from_files(files, token_to_id, reference), seconds_per_step=True),
+    "qwen3_vl": Qwen3VideoProcessor.from_files,
+    "qwen3_vl_moe": Qwen3VideoProcessor.from_files,
 }
 
 
 def video_processor(files: "dict[str, dict[str, Any]]", token_to_id: Callable[[str], "int | None"],
-                    reference: str = "torchvision") -> "QwenVideoProcessor | None":
-    """The video processor a model's files call for, None when this node processes no videos for it."""
+                    reference: str = "torchvision", encode_text: "Callable[[str], list[int]] | None" = None
+                    ) -> "QwenVideoProcessor | None":
+    """The video processor a model's files call for, None when this node processes no videos for it;
+    ``encode_text``: the model's tokenizer, for a family that writes text into a video's prompt (Qwen3-VL)."""
     make = VIDEO_MODEL_TYPES.get((files.get("config.json") or {}).get("model_type"))
-    return make(files, token_to_id, reference) if make is not None else None
+    return make(files, token_to_id, reference, encode_text) if make is not None else None
 
 
 if __name__ == "__main__":  # decode_container_isolated's child

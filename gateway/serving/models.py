@@ -143,9 +143,12 @@ def _take_support(entry: ModelEntry, client: Any) -> None:
 
 def _media_processor(model: str, tokenizer: TokenizerService, pixel_reference: str, modality: str) -> Any:
     """The model's image (or video) processor, when its files name one this node has (logged either way)."""
-    make = image_processor if modality == "image" else video_processor
     try:
-        processor = make(tokenizer.model_files, tokenizer.token_to_id, pixel_reference)
+        if modality == "image":
+            processor = image_processor(tokenizer.model_files, tokenizer.token_to_id, pixel_reference)
+        else:  # a family may write text into a video's prompt (Qwen3-VL's timestamps): the tokenizer's plain encode
+            processor = video_processor(tokenizer.model_files, tokenizer.token_to_id, pixel_reference,
+                                        tokenizer.encode_uncached)
     except ProcessorConfigError as e:
         log.warning("model %s: its %s processor cannot be used (%s): it takes no %ss here", model, modality, e,
                     modality)

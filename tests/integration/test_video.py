@@ -25,11 +25,13 @@ from PIL import Image
 from chaos.processes import EngineProcess, NodeProcess
 
 from gateway.media.video import QwenVideoProcessor, decode_jpeg_frames
+from gateway.tokenizer.bundled import default_tokenizer_dir
 
 from .test_vision import IMAGE_HOST, PROCESSOR, ImageServer, data_uri, png
 
 cv2 = pytest.importorskip("cv2")
 MODEL = "qwen2-vl-video-sim"
+QWEN3_MODEL = "qwen3-vl-video-sim"  # chaos/sim_engine/vision_qwen3.py: timestamps in the prompt
 VIDEO_PROCESSOR = QwenVideoProcessor(placeholder_id=151656, min_pixels=56 * 56, max_pixels=28 * 28 * 64)  # the sim's
 
 
@@ -68,7 +70,9 @@ def engines(log_dir):
                              "video-vllm"),
                EngineProcess(["--vision", "--model-name", "sglang-vision", "--zero-cost", "--services", "sglang"],
                              log_dir, "video-sglang"),
-               EngineProcess(["--model-name", "text-sim", "--zero-cost"], log_dir, "video-text")]
+               EngineProcess(["--model-name", "text-sim", "--zero-cost"], log_dir, "video-text"),
+               EngineProcess(["--vision", "--vision-family", "qwen3_vl", "--model-name", QWEN3_MODEL, "--zero-cost",
+                              "--services", "vllm"], log_dir, "video-qwen3")]
     yield started
     for e in started:
         e.stop()
@@ -187,3 +191,43 @@ def test_video_fetches_the_rules_refuse(client, server, url, code, says):
     url = url.format(url=server.url, port=server.server.server_address[1])
     assert says in _refused(client, code, [url])
     assert ask(client, [THREE]).choices[0].message.content  # the node still answers
+
+
+def _times_tokens(*seconds: str) -> int:
+    """Tokens of each temporal patch's time as Qwen3-VL writes it ("<0.5 seconds>"), tokenized on its own."""
+    import tokenizers
+    tokenizer = tokenizers.Tokenizer.from_file(str(default_tokenizer_dir() / "tokenizer.json"))
+    return sum(len(tokenizer.encode(f"<{second} seconds>", add_special_tokens=False).ids) for second in seconds)
+
+
+def test_a_qwen3_vl_video_carries_each_temporal_patchs_time_and_the_engine_takes_it(client):
+    # The simulated Qwen3-VL refuses a video whose range is not, per temporal patch, its time as text, then
+    # <|vision_start|>, its tokens and <|vision_end|> (vLLM's get_video_repl), or whose video tokens are not the
+    # grid's count; the figures below are worked by hand from its configs.
+    plain = ask(client, model=QWEN3_MODEL)
+    five = ask(client, [FIVE], model=QWEN3_MODEL)
+    # 5 JPEG frames of 120 x 90 at vLLM's 1 a second, padded to 6: 3 temporal patches at 0.5, 2.5 and 4.0 s (the
+    # last pairs frame 4 with itself); each frame 128 x 96: 4 x 3 merged patches of 32, 12 tokens.
+    assert five.usage.prompt_tokens - plain.usage.prompt_tokens == _times_tokens("0.5", "2.5", "4.0") + 3 * 14 + 2
+    movie = ask(client, [data_uri(mp4(40, 96, 64), "video/mp4")], model=QWEN3_MODEL)
+    # 4 s at 10 frames a second: 8 frames, first to last (vLLM's qwen3_vl loader: 0, 6, 11, 17, 22, 28, 33, 39), in
+    # 4 temporal patches at 0.3, 1.4, 2.5 and 3.6 s; each frame 96 x 64: 3 x 2 merged patches, 6 tokens.
+    assert movie.usage.prompt_tokens - plain.usage.prompt_tokens == _times_tokens("0.3", "1.4", "2.5", "3.6") + \
+        4 * 8 + 2
+    larger = ask(client, [jpeg_frames(4, 320, 240)], model=QWEN3_MODEL)
+    # The video processor's own bounds (video_preprocessor_config.json, not the images'): 4 frames of 320 x 240 are
+    # over its 262,144 pixels in all, so each frame becomes 288 x 192 (9 x 6 merged patches, 54 tokens) in 2 patches.
+    assert larger.usage.prompt_tokens - plain.usage.prompt_tokens == _times_tokens("0.5", "2.5") + 2 * 56 + 2
+    assert len({plain.choices[0].message.content, five.choices[0].message.content,
+                movie.choices[0].message.content}) == 3  # each video reached the engine
+    image = data_uri(png(120, 90, 1))
+    both = ask(client, [FIVE], [image], model=QWEN3_MODEL)
+    image_only = ask(client, [], [image], model=QWEN3_MODEL)
+    assert both.usage.prompt_tokens - image_only.usage.prompt_tokens == five.usage.prompt_tokens - \
+        plain.usage.prompt_tokens
+    chunks = ask(client, [FIVE], [image], model=QWEN3_MODEL, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == both.choices[0].message.content
+    one_frame = jpeg_frames(1, 120, 90)
+    assert "at least 2" in _refused(client, "invalid_video", [one_frame], model=QWEN3_MODEL)
+    models = {m.id: m.model_extra["tasks"] for m in client.models.list().data}
+    assert models[QWEN3_MODEL] == ["generate", "vision", "video"]

@@ -53,6 +53,11 @@ qwen25vl="$(dirname "$model")/tiny-qwen2_5-vl"
 if [ ! -f "$qwen25vl/config.json" ]; then
   PYTHONPATH="$vision_path" "$venv/bin/python" "$here/make_tiny_qwen2_5_vl.py" "$qwen25vl" "$tokenizer_dir"
 fi
+# A tiny Qwen3-VL (its own processor configs: patch 16; its prompt writes each video's times).
+qwen3vl="$(dirname "$model")/tiny-qwen3-vl"
+if [ ! -f "$qwen3vl/config.json" ]; then
+  (cd "$here" && PYTHONPATH="$vision_path" "$venv/bin/python" make_tiny_qwen3_vl.py "$qwen3vl" "$tokenizer_dir")
+fi
 # A tiny Gemma 3 (its processor configs and image sequence; the Qwen tokenizer with Gemma 3's tokens added).
 gemma3="$(dirname "$model")/tiny-gemma3"
 if [ ! -f "$gemma3/config.json" ]; then
@@ -82,5 +87,5 @@ fi
 echo "SMG_VLLM_PYTHON=$venv/bin/python SMG_VLLM_MODEL=$model SMG_VLLM_EMBED_MODEL=$embed" \
      "SMG_VLLM_VISION_MODEL=$vision SMG_VLLM_VISION_PYTHONPATH=$vision_path SMG_VLLM_GEMMA3_MODEL=$gemma3" \
      "SMG_VLLM_MISTRAL3_MODEL=$mistral3 SMG_VLLM_LLAMA4_MODEL=$llama4 SMG_VLLM_INTERNVL_MODEL=$internvl" \
-     "SMG_VLLM_QWEN2_5_VL_MODEL=$qwen25vl SMG_VLLM_IDEFICS3_MODEL=$idefics3" \
+     "SMG_VLLM_QWEN2_5_VL_MODEL=$qwen25vl SMG_VLLM_IDEFICS3_MODEL=$idefics3 SMG_VLLM_QWEN3_VL_MODEL=$qwen3vl" \
      "python -m pytest -m real_engine tests/real_engine"

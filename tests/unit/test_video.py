@@ -8,6 +8,7 @@ carries."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import os
@@ -22,11 +23,14 @@ from PIL import Image
 from gateway.media.config import MediaConfig
 from gateway.media.processors import ProcessedImage, ProcessorConfigError, QwenVisionProcessor
 from gateway.media.service import ImageRef, MediaError, MediaInputs, MediaService, VideoRef, expand_batches
-from gateway.media.video import (QwenVideoProcessor, VideoRefused, decode_container, decode_jpeg_frames,
-                                 decode_container_isolated, is_jpeg_frames, jpeg_frames_payload, qwen2_vl_indices,
-                                 torch_arange_truncated, video_processor)
-from tests.support.torchvision_goldens import (ARANGE_CASES, GOLDENS, VIDEO_CASES, VIDEO_INDEX_CASES, digest, image,
-                                               index_digest, video_frames)
+from gateway.media.video import (DecodedVideo, Qwen3VideoProcessor, QwenVideoProcessor, VideoRefused,
+                                 decode_container, decode_container_isolated, decode_jpeg_frames,
+                                 frame_group_seconds, is_jpeg_frames, jpeg_frames_payload, qwen2_vl_indices,
+                                 qwen3_vl_indices, torch_arange_truncated, video_processor)
+from gateway.tokenizer.bundled import default_tokenizer_dir
+from tests.support.torchvision_goldens import (ARANGE_CASES, GOLDENS, QWEN3_VIDEO_CASES, VIDEO_CASES,
+                                               VIDEO_INDEX_CASES, digest, image, index_digest, prompt_digest,
+                                               qwen3_video, video_frames)
 
 EXPECTED = json.loads(GOLDENS.read_text())["videos"]
 IMAGE_PAD, VIDEO_PAD = 151655, 151656
@@ -59,13 +63,89 @@ def test_its_numbers_come_from_the_video_config_else_the_image_one_else_its_own_
             QwenVideoProcessor.from_files({"preprocessor_config.json": bad}, TOKENS)
     with pytest.raises(ProcessorConfigError, match="video_pad"):
         QwenVideoProcessor.from_files({}, lambda token: None)
-    # Qwen2-VL's and Qwen2.5-VL's videos (the second with its seconds per temporal step); Qwen3-VL's would need
-    # timestamps in the prompt.
+    # Qwen2-VL's and Qwen2.5-VL's videos (the second with its seconds per temporal step); Qwen3-VL's below.
     assert video_processor({"config.json": {"model_type": "qwen2_vl"}}, TOKENS).seconds_per_step is False
     qwen25 = video_processor({"config.json": {"model_type": "qwen2_5_vl"}}, TOKENS)
     assert qwen25.seconds_per_step and qwen25.cpu_tensors == ("video_grid_thw", "second_per_grid_ts")
-    for model_type in ("qwen3_vl", "llava", None):
+    for model_type in ("llava", None):
         assert video_processor({"config.json": {"model_type": model_type}}, TOKENS) is None
+
+
+# -- Qwen3-VL --------------------------------------------------------------------------------------------------
+
+QWEN3_EXPECTED = json.loads(GOLDENS.read_text())["qwen3_videos"]
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer():
+    import tokenizers
+    return tokenizers.Tokenizer.from_file(str(default_tokenizer_dir() / "tokenizer.json"))
+
+
+def _qwen3(config, tokenizer, model_type="qwen3_vl"):
+    return video_processor({"config.json": {"model_type": model_type}, "video_preprocessor_config.json": config},
+                           tokenizer.token_to_id, "torchvision",
+                           lambda text: tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+@pytest.mark.parametrize("name", sorted(QWEN3_VIDEO_CASES))
+def test_qwen3_vl_videos_equal_transformers_processor_pixels_grid_and_prompt(name, qwen_tokenizer):
+    # Goldens from transformers' Qwen3VLProcessor (tests/support/torchvision_goldens.py): its video processor's
+    # pixels and grid (its frame size bounds the whole video; a short file's frames sampled by the processor), and
+    # the prompt its template's <|vision_start|><|video_pad|><|vision_end|> becomes, timestamps and all.
+    config, _, _, _, total, source_fps, taken = QWEN3_VIDEO_CASES[name]
+    processor = _qwen3(config, qwen_tokenizer)
+    assert isinstance(processor, Qwen3VideoProcessor)
+    frames, indices = qwen3_video(name)
+    video = DecodedVideo(frames, len(indices) / total * source_fps, tuple(indices), total, source_fps,
+                         taken == "every")
+    out = processor.process_decoded(video, True)
+    (shape, want), grid, prompt = QWEN3_EXPECTED[name]
+    assert digest(out.normalized) == [shape, want] and out.tensors["video_grid_thw"].tolist() == grid
+    start, end = qwen_tokenizer.token_to_id("<|vision_start|>"), qwen_tokenizer.token_to_id("<|vision_end|>")
+    assert prompt_digest([start, *processor.expansion(out), end]) == prompt
+    assert out.tokens == np.prod(grid) // 4 and processor.expansion(out).count(VIDEO_PAD) == out.tokens
+    assert processor.embed_id == VIDEO_PAD
+
+
+def test_qwen3_vl_timestamps_are_each_temporal_patchs_mean_time_as_text(qwen_tokenizer):
+    assert frame_group_seconds([0, 12, 24, 36, 48], 10.0, 2) == [0.6, 3.0, 4.8]  # the last index padded
+    processor = _qwen3({}, qwen_tokenizer)
+    frames = np.stack([image(64, 64, seed) for seed in range(1, 5)])
+    out = processor.process_decoded(DecodedVideo(frames, 1.0, (0, 1, 2, 3), 4, 1.0), False)  # a JPEG list at 1 fps
+    text = qwen_tokenizer.decode(processor.expansion(out), skip_special_tokens=False)
+    per_frame = "<|video_pad|>" * (out.tokens // 2)
+    assert text == f"<0.5 seconds><|vision_start|>{per_frame}<|vision_end|>" \
+                   f"<2.5 seconds><|vision_start|>{per_frame}<|vision_end|>"
+
+
+def test_qwen3_vl_reads_its_own_config_and_defaults_and_needs_the_tokenizer(qwen_tokenizer):
+    own = _qwen3({}, qwen_tokenizer, "qwen3_vl_moe")
+    assert (own.patch_size, own.min_pixels, own.max_pixels, own.mean, own.fps, own.min_frames, own.max_frames) == (
+        16, 128 * 32 * 32, 768 * 32 * 32, (0.5, 0.5, 0.5), 2, 4, 768)
+    published = _qwen3({"size": {"shortest_edge": 4096, "longest_edge": 25165824}, "fps": 1, "max_frames": 64},
+                       qwen_tokenizer)
+    assert (published.min_pixels, published.max_pixels, published.fps, published.max_frames) == (
+        4096, 25165824, 1, 64)
+    assert published.describe() != own.describe()  # the media cache keeps each processor's items apart
+    for bad in ({"fps": 0}, {"min_frames": 9, "max_frames": 3}, {"max_frames": "8"}):
+        with pytest.raises(ProcessorConfigError):
+            _qwen3(bad, qwen_tokenizer)
+    with pytest.raises(ProcessorConfigError, match="tokenizer"):
+        video_processor({"config.json": {"model_type": "qwen3_vl"}}, qwen_tokenizer.token_to_id)
+    one_frame = DecodedVideo(np.stack([image(64, 64, 1)]), 1.0, (0,), 1, 1.0)
+    with pytest.raises(ValueError, match="at least 2"):  # its smart_resize refuses it: the service's 400
+        own.process_decoded(one_frame, False)
+
+
+def test_qwen3_vl_loader_takes_the_frames_vllm_takes():
+    # vLLM 0.32's Qwen3VLVideoBackend on every case of the grid (the digest made in the vLLM venv).
+    golden = json.loads(GOLDENS.read_text())["video_indices"]
+    sampled = [qwen3_vl_indices(total, source_fps, fps) for total, source_fps, fps in VIDEO_INDEX_CASES]
+    assert index_digest(sampled) == golden["qwen3_digest"]
+    assert qwen3_vl_indices(40, 10.0, 2.0) == [0, 6, 11, 17, 22, 28, 33, 39]  # 4 s: 8 frames, first to last
+    assert qwen3_vl_indices(3, 30.0, 2.0) == [0, 1, 2]  # fewer than 4 in the file: all of them
+    assert qwen3_vl_indices(48, 0.0, 2.0) == qwen3_vl_indices(48, 24.0, 2.0)  # no rate said: 24 a second
 
 
 def test_qwen2_5_vl_gets_each_videos_seconds_per_temporal_step():
@@ -192,7 +272,17 @@ def test_a_file_is_decoded_in_a_child_process_the_same_and_broken_ones_cost_only
     by_time = lambda total, fps: qwen2_vl_indices(total, fps, 2.0)  # noqa: E731
     here, there = decode_container(data, by_time, 10 ** 6, 10 ** 7), decode_container_isolated(data, 2.0, 10 ** 6,
                                                                                               10 ** 7, 30.0)
-    assert np.array_equal(here.frames, there.frames) and here.sampled_fps == there.sampled_fps
+    assert here == dataclasses.replace(there, frames=here.frames) and np.array_equal(here.frames, there.frames)
+    assert (there.indices, there.total_frames, there.source_fps, there.every_frame_taken) == ((0, 3, 6, 9), 12, 10.0,
+                                                                                              False)
+    # Qwen3-VL's loader (linspace, first to last), its metadata through the child too: 12 frames at 10 a second
+    # make fewer than 4 by time, so 4 (every third), and a file of 3 frames is taken whole (the processor samples).
+    qwen3 = decode_container_isolated(data, 2.0, 10 ** 6, 10 ** 7, 30.0, "qwen3_vl")
+    assert qwen3.indices == (0, 4, 7, 11) and [nearest_level(frame) for frame in qwen3.frames] == [0, 4, 7, 11]
+    assert qwen3.every_frame_taken is False and qwen3.total_frames == 12
+    _movie(str(tmp_path / "short.mp4"), 3, 96, 64)
+    short = decode_container_isolated((tmp_path / "short.mp4").read_bytes(), 2.0, 10 ** 6, 10 ** 7, 30.0, "qwen3_vl")
+    assert short.indices == (0, 1, 2) and short.every_frame_taken
     crash = (Path(__file__).parent / "video_decoder_crash.avi").read_bytes()
     with pytest.raises(VideoRefused) as refused:
         decode_container_isolated(crash, 2.0, 10 ** 6, 10 ** 7, 30.0)
@@ -328,3 +418,40 @@ async def test_the_service_bounds_videos_by_count_and_bytes_and_keeps_what_it_pr
             await small.aclose()
     finally:
         await service.aclose()
+
+
+def test_the_simulated_qwen3_vl_takes_the_gateways_video_and_refuses_a_range_that_is_not_one(qwen_tokenizer):
+    # chaos/sim_engine/vision_qwen3.py stands for vLLM's Qwen3-VL behind the servicer in the integration tests: it
+    # must take what the gateway sends and refuse what a real one could not use.
+    from chaos.sim_engine import vision_qwen3
+    from chaos.sim_engine.config import SimEngineConfig
+    from gateway.engine.messages import SamplingOptions
+    from gateway.engine.runtimes import ENGINE_RUNTIMES
+    processor = _qwen3(vision_qwen3.VIDEO_PREPROCESSOR_CONFIG, qwen_tokenizer)
+    frames = np.stack([image(120, 90, seed) for seed in range(1, 6)])
+    out = processor.process_decoded(DecodedVideo(frames, 1.0, tuple(range(5)), 5, 1.0), False)
+    videos = MediaInputs(processor, [out], ["ab" * 32])
+    start, end = qwen_tokenizer.token_to_id("<|vision_start|>"), qwen_tokenizer.token_to_id("<|vision_end|>")
+    ids, _ = videos.expand([1, start, VIDEO_PAD, end, 2])
+    tokens = vision_qwen3.Qwen3Tokens((default_tokenizer_dir() / "tokenizer.json").read_bytes())
+    config = SimEngineConfig()
+
+    def checked(prompt):
+        request = ENGINE_RUNTIMES["vllm"].generate_request("r", prompt, SamplingOptions(max_new_tokens=1), False,
+                                                           media=(videos,), raw_pixels=True)
+        return vision_qwen3.check_vllm_video(tokens, request.mm_inputs, prompt, config)
+
+    assert checked(ids).items == 1 and videos.ranges == [(2, len(out.prompt_ids))]
+    offset, length = videos.ranges[0]
+    first_start = ids.index(start, offset)
+    swapped = list(ids)  # the first two temporal patches' times swapped: not rising
+    stamp_a, stamp_b = ids[offset:first_start], processor.encode_text("<2.5 seconds>")
+    assert ids[first_start + 14:first_start + 14 + len(stamp_b)] == stamp_b and len(stamp_a) == len(stamp_b)
+    swapped[offset:first_start], swapped[first_start + 14:first_start + 14 + len(stamp_b)] = stamp_b, stamp_a
+    no_time = ids[:offset] + ids[first_start:]  # the first patch's time left out
+    short = list(ids)
+    short[first_start + 1] = 3  # a video token short
+    for broken, says in ((swapped, "do not rise"), (short, "not 12 video tokens"), (no_time, "its time as text")):
+        videos.ranges = [(offset, length - (len(ids) - len(broken)))]
+        with pytest.raises(vision_qwen3.ImagesRefused, match=says):
+            checked(broken)
