@@ -80,7 +80,8 @@ class ProcessedImage:
     @property
     def nbytes(self) -> int:
         floats = self.normalized.nbytes if self.normalized is not None else 0
-        return self.raw.nbytes + floats + sum(t.nbytes for t in self.tensors.values())
+        # prompt_ids: a tuple's pointer an id (its ints are shared: the same few ids repeated).
+        return self.raw.nbytes + floats + sum(t.nbytes for t in self.tensors.values()) + 8 * len(self.prompt_ids)
 
 
 class ImageProcessor(Protocol):
