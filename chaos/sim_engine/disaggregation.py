@@ -30,7 +30,9 @@ from .config import SimEngineConfig
 from .core import EngineOverloaded, GenerateParams, Step
 from .handover import HandoverBoard, HandoverFailed, fetch, start_bootstrap_server
 
-ROLES = ("regular", "prefill", "decode")
+# "encode": TokenSpeed's encode worker (EPD: tokenspeed_encoder.proto), serving only Encode; it hands each encoded
+# item over on its bootstrap port as a prefill hands KV over (encode_stage.py).
+ROLES = ("regular", "prefill", "decode", "encode")
 
 log = logging.getLogger("chaos.sim_engine")
 
@@ -45,12 +47,13 @@ class Disaggregation:
         self.engine_id = uuid.uuid4().hex  # vLLM's kv_transfer_config.engine_id: who the KV belongs to
         self.host = host
         self.bootstrap_port = config.bootstrap_port
-        self.board = HandoverBoard(config.handover_timeout_s) if self.role == "prefill" else None
+        self.board = HandoverBoard(config.handover_timeout_s) if self.role in ("prefill", "encode") else None
         self._keys: dict[str, str] = {}  # request id -> the hand-over key it offered (for Abort)
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
-        """A prefill engine's bootstrap server (where decodes fetch KV)."""
+        """A prefill engine's bootstrap server (where decodes fetch KV); an encode engine's (where prefills fetch
+        encoded items)."""
         if self.board is None:
             return
         self._server = await start_bootstrap_server(self.board, self.host, self.bootstrap_port)

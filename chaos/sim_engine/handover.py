@@ -48,6 +48,7 @@ def prompt_digest(prompt_ids: "list[int]") -> str:
 class _Offer:
     digest: str
     prompt_tokens: int
+    payload: int  # what the fetch carries beyond the KV's size: an encoded item's embedding digest (EPD)
     offered: asyncio.Event  # set once the prefill computed the prompt
     taken: asyncio.Event  # set once a decode fetched it
     created_at: float
@@ -70,15 +71,15 @@ class HandoverBoard:
     def _entry(self, key: str) -> _Offer:
         offer = self._offers.get(key)
         if offer is None:
-            offer = self._offers[key] = _Offer("", 0, asyncio.Event(), asyncio.Event(), time.monotonic())
+            offer = self._offers[key] = _Offer("", 0, 0, asyncio.Event(), asyncio.Event(), time.monotonic())
         return offer
 
-    def offer(self, key: str, prompt_ids: "list[int]") -> None:
-        """The prompt of ``key`` is computed: its KV can be fetched."""
+    def offer(self, key: str, prompt_ids: "list[int]", payload: int = 0) -> None:
+        """The prompt of ``key`` is computed: its KV (or an encoded item: ``payload``) can be fetched."""
         offer = self._entry(key)
         if offer.offered.is_set():
             raise HandoverFailed(f"hand-over key {key} is already in use")
-        offer.digest, offer.prompt_tokens = prompt_digest(prompt_ids), len(prompt_ids)
+        offer.digest, offer.prompt_tokens, offer.payload = prompt_digest(prompt_ids), len(prompt_ids), payload
         offer.offered.set()
 
     async def wait_taken(self, key: str) -> None:
@@ -132,7 +133,7 @@ class HandoverBoard:
             return {"ok": False, "error": f"the KV under {key} was already taken"}
         offer.taken.set()
         self.handed_over_total += 1
-        return {"ok": True, "prompt_tokens": offer.prompt_tokens}
+        return {"ok": True, "prompt_tokens": offer.prompt_tokens, "payload": offer.payload}
 
     async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -160,6 +161,11 @@ async def fetch(host: str, port: int, key: str, prompt_ids: "list[int]", timeout
 
     HandoverFailed when it is not there within ``timeout_s`` (or not this prompt's).
     """
+    return int((await fetch_offer(host, port, key, prompt_ids, timeout_s)).get("prompt_tokens", 0))
+
+
+async def fetch_offer(host: str, port: int, key: str, prompt_ids: "list[int]", timeout_s: float) -> dict:
+    """What ``fetch`` asks, answered whole (its ``payload`` too)."""
     request = json.dumps({"key": key, "prompt_sha256": prompt_digest(prompt_ids)}).encode() + b"\n"
     try:
         async with asyncio.timeout(timeout_s + 1.0):  # the prefill answers within its own timeout
@@ -176,9 +182,10 @@ async def fetch(host: str, port: int, key: str, prompt_ids: "list[int]", timeout
         answer = json.loads(line)
     except ValueError:
         raise HandoverFailed(f"the prefill at {host}:{port} answered no JSON for {key}") from None
-    if not answer.get("ok"):
-        raise HandoverFailed(f"the prefill at {host}:{port} refused {key}: {answer.get('error')}")
-    return int(answer.get("prompt_tokens", 0))
+    if not isinstance(answer, dict) or not answer.get("ok"):
+        raise HandoverFailed(f"the engine at {host}:{port} refused {key}: "
+                             f"{answer.get('error') if isinstance(answer, dict) else answer}")
+    return answer
 
 
 async def start_bootstrap_server(board: HandoverBoard, host: str, port: int) -> asyncio.AbstractServer:

@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 from tokenizers import Tokenizer
 from smg_grpc_proto.generated import (mlx_engine_pb2_grpc as ml_grpc, sglang_scheduler_pb2_grpc as sg_grpc,
+                                      tokenspeed_encoder_pb2_grpc as te_grpc,
                                       tokenspeed_scheduler_pb2_grpc as ts_grpc, trtllm_service_pb2_grpc as tr_grpc,
                                       vllm_engine_pb2_grpc as vl_grpc)
 
@@ -32,6 +33,7 @@ from .output import word_token_ids
 from .script import Script, ScriptError
 from .mlx_service import MlxService
 from .services import SglangService, VllmService, SharedEngineState
+from .encode_stage import TokenSpeedEncoderService
 from .tokenspeed_service import TokenSpeedService
 from .trtllm_service import TrtllmService
 
@@ -45,6 +47,8 @@ SERVICES = {
     "trtllm": (TrtllmService, tr_grpc.add_TrtllmServiceServicer_to_server),
     "mlx": (MlxService, ml_grpc.add_MlxEngineServicer_to_server),
     "tokenspeed": (TokenSpeedService, ts_grpc.add_TokenSpeedSchedulerServicer_to_server),
+    # TokenSpeed's encode worker (EPD), alone on its port: run with --role encode.
+    "tokenspeed-encoder": (TokenSpeedEncoderService, te_grpc.add_TokenSpeedEncoderServicer_to_server),
 }
 SERVICE_CHOICES = ("both", *SERVICES)
 
@@ -100,10 +104,11 @@ async def serve_sim_engine(config: SimEngineConfig, host: str, port: int, servic
         raise SystemExit(f"sim-engine: cannot listen on {host}:{port}")
     await server.start()
     await pd.start()
-    # A prefill engine's bootstrap port follows, for a parent that started it on port 0.
-    print(f"READY {bound}" + (f" bootstrap={pd.bootstrap_port}" if pd.role == "prefill" else ""), flush=True)
+    # A prefill (or encode) engine's bootstrap port follows, for a parent that started it on port 0.
+    hands_over = pd.board is not None
+    print(f"READY {bound}" + (f" bootstrap={pd.bootstrap_port}" if hands_over else ""), flush=True)
     log.info("simulated engine %s listening on %s:%d (zero_cost=%s, role=%s%s)", config.model_name, host, bound,
-             config.zero_cost_mode, pd.role, f", bootstrap port {pd.bootstrap_port}" if pd.role == "prefill" else "")
+             config.zero_cost_mode, pd.role, f", bootstrap port {pd.bootstrap_port}" if hands_over else "")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -173,7 +178,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--role", choices=ROLES, default=d.role, help="prefill/decode disaggregation: a prefill "
                         "engine computes prompts and hands their KV over on --bootstrap-port; a decode engine fetches "
                         "it from there before producing tokens, and refuses requests without a hand-over "
-                        "(chaos/sim_engine/handover.py)")
+                        "(chaos/sim_engine/handover.py); an encode engine (--services tokenspeed-encoder) encodes "
+                        "TokenSpeed's images and hands them to prefills there (chaos/sim_engine/encode_stage.py)")
     parser.add_argument("--bootstrap-port", type=int, default=d.bootstrap_port,
                         help="a prefill engine's bootstrap port (0: a free one, printed as READY <port> bootstrap=<p>)")
     parser.add_argument("--handover-timeout-s", type=float, default=d.handover_timeout_s,

@@ -4,11 +4,13 @@ engine, its wire habits.
 SGLang's shape with optional sampling scalars, the seed as ``sampling_seed``, prefill/decode legs meeting by
 ``kv_bootstrap_info`` (host, port, room) as SGLang's do by ``disaggregated_params``. Its proto has no Embed and its
 answers no prompt log probabilities: asked for them (``logprob_start_len`` set), it refuses. Images come as items, one
-an image (vision.check_tokenspeed holds them to the prompt).
+an image (vision.check_tokenspeed holds them to the prompt), or without their pixels, their embeddings from encode
+workers (EPD: encode_stage.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import grpc
@@ -16,6 +18,7 @@ from smg_grpc_proto.generated import tokenspeed_scheduler_pb2 as ts
 from smg_grpc_proto.generated import tokenspeed_scheduler_pb2_grpc as ts_grpc
 
 from .core import GenerateParams
+from .encode_stage import receive_encoded
 from .services import CommonRpcs, log_trace, sglang_constraint, sglang_server_args
 
 
@@ -24,9 +27,6 @@ class TokenSpeedService(CommonRpcs, ts_grpc.TokenSpeedSchedulerServicer):
     async def Generate(self, request: ts.GenerateRequest, context):
         log_trace(request.request_id, context)
         await self.s.refuse_generation(context)
-        if request.HasField("encode_bootstrap_info"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the simulated TokenSpeed engine has no encode "
-                                "workers: a prefill computes its images")
         if request.HasField("logprob_start_len"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the simulated TokenSpeed engine reports no input "
                                 "logprobs (its answers have no field for them)")
@@ -41,8 +41,15 @@ class TokenSpeedService(CommonRpcs, ts_grpc.TokenSpeedSchedulerServicer):
             constraint=sglang_constraint(sp),  # its constraint fields are SGLang's
             logprobs=request.top_logprobs_num if request.return_logprob else None,
         )
-        params = await self.s.with_images(params, request.mm_inputs, len(request.mm_inputs.items) > 0,
-                                          self.s.image_check("tokenspeed"), context)
+        if request.HasField("encode_bootstrap_info"):  # EPD: its images' embeddings come from encode workers
+            if not self.s.engine.config.vision:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "this model takes no images")
+            checked = await receive_encoded(self.s, request, params.prompt_ids, context)
+            self.s.images_seen += checked.items
+            params = dataclasses.replace(params, media_digest=checked.digest, cache_ids=checked.cache_ids)
+        else:
+            params = await self.s.with_images(params, request.mm_inputs, len(request.mm_inputs.items) > 0,
+                                              self.s.image_check("tokenspeed"), context)
         async for answer in self.s.room_answers(request, "kv_bootstrap_info", params, sp.n, context, ts):
             yield answer
 

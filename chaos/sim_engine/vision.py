@@ -129,6 +129,18 @@ def check(input_ids: "list[int]", pixels: np.ndarray, grid: np.ndarray, ranges: 
         raise ImagesRefused(f"im_token_id is {im_token_id}; this model's image token is {IMAGE_TOKEN_ID}")
     if hashes and len(hashes) != len(ranges):
         raise ImagesRefused(f"{len(hashes)} mm_hashes for {len(ranges)} images")
+    check_image_ranges(input_ids, grid, ranges, image_tokens_max)
+    bounds = np.cumsum([0, *grid.prod(axis=1).tolist()])
+    cache_ids = cache_ids_of(input_ids, [pixels[a:b] for a, b in zip(bounds, bounds[1:])], ranges, hashes,
+                             [struct.pack("<III", *row) for row in grid.tolist()])
+    digest = zlib.crc32(pixels.tobytes(), zlib.crc32(grid.tobytes()))
+    return CheckedImages(digest, cache_ids)
+
+
+def check_image_ranges(input_ids: "list[int]", grid: np.ndarray, ranges: "list[tuple[int, int]]",
+                       image_tokens_max: int = 0) -> None:
+    """Each image's range against its grid (t * h * w / merge^2 image tokens, where the prompt has them), and no
+    image token outside the ranges."""
     for (t, h, w), (offset, length) in zip(grid.tolist(), ranges):
         if t != 1 or h % MERGE or w % MERGE or length != t * h * w // (MERGE * MERGE):
             raise ImagesRefused(f"an image of grid {(t, h, w)} takes {t * h * w // (MERGE * MERGE)} tokens, its "
@@ -137,15 +149,10 @@ def check(input_ids: "list[int]", pixels: np.ndarray, grid: np.ndarray, ranges: 
             raise ImagesRefused(f"an image of {length} tokens is over the encoder budget of {image_tokens_max}")
         if offset + length > len(input_ids) or any(i != IMAGE_TOKEN_ID for i in input_ids[offset:offset + length]):
             raise ImagesRefused(f"the range ({offset}, {length}) is not the image token in the prompt")
-    bounds = np.cumsum([0, *grid.prod(axis=1).tolist()])
-    cache_ids = cache_ids_of(input_ids, [pixels[a:b] for a, b in zip(bounds, bounds[1:])], ranges, hashes,
-                             [struct.pack("<III", *row) for row in grid.tolist()])
     placed = sum(length for _, length in ranges)
     if input_ids.count(IMAGE_TOKEN_ID) != placed:
         raise ImagesRefused(f"the prompt has {input_ids.count(IMAGE_TOKEN_ID)} image tokens outside the ranges' "
                             f"{placed}")
-    digest = zlib.crc32(pixels.tobytes(), zlib.crc32(grid.tobytes()))
-    return CheckedImages(digest, cache_ids)
 
 
 def cache_ids_of(input_ids: "list[int]", pixels: "list[np.ndarray] | np.ndarray", ranges: "list[tuple[int, int]]",
@@ -273,23 +280,64 @@ def check_sglang(mm: Any, input_ids: "list[int]") -> CheckedImages:
 def check_tokenspeed(mm: Any, input_ids: "list[int]") -> CheckedImages:
     """TokenSpeed's items, one an image: its own pixel rows as the encoder input, its grid a batch of one row, one
     placeholder range, the image token, a content hash."""
-    pixels, grids, ranges, hashes = [], [], [], []
+    grids, ranges, hashes, token = tokenspeed_items(mm)
+    pixels = [_array(item.encoder_input.inline, item.encoder_input.shape, item.encoder_input.dtype)
+              for item in mm.items]
+    return check(input_ids, np.concatenate(pixels), grids, ranges, token, hashes)
+
+
+def tokenspeed_items(mm: Any) -> "tuple[np.ndarray, list[tuple[int, int]], list[str], int | None]":
+    """(grids, placeholder ranges, content hashes, image token) of TokenSpeed's items, each checked for what every
+    item carries: IMAGE, its image_grid_thw as one row, one placeholder range, a content hash; one image token."""
+    grids, ranges, hashes = [], [], []
     token_ids = set()
     for item in mm.items:
         if item.modality != common_pb2.IMAGE:
             raise ImagesRefused(f"an item's modality is {item.modality}, not IMAGE")
         if "image_grid_thw" not in item.model_specific_tensors or len(item.placeholders) != 1 or not item.content_hash:
             raise ImagesRefused("an item needs its image_grid_thw, one placeholder range and its content hash")
-        grid = _array(item.model_specific_tensors["image_grid_thw"].inline,
-                      item.model_specific_tensors["image_grid_thw"].shape, item.model_specific_tensors[
-                          "image_grid_thw"].dtype)
-        if grid.shape != (1, 3):
-            raise ImagesRefused(f"an item's image_grid_thw is {list(grid.shape)}, not one row of (t, h, w)")
-        pixels.append(_array(item.encoder_input.inline, item.encoder_input.shape, item.encoder_input.dtype))
+        grid = item_grid(item)
         grids.append(grid)
         ranges.append((item.placeholders[0].offset, item.placeholders[0].length))
         hashes.append(item.content_hash.hex())
         token_ids.add(item.placeholder_token_id if item.HasField("placeholder_token_id") else None)
-    if not pixels or len(token_ids) != 1:
+    if not grids or len(token_ids) != 1:
         raise ImagesRefused("items without images, or with different image tokens")
-    return check(input_ids, np.concatenate(pixels), np.concatenate(grids), ranges, token_ids.pop(), hashes)
+    return np.concatenate(grids), ranges, hashes, token_ids.pop()
+
+
+def item_grid(item: Any) -> np.ndarray:
+    td = item.model_specific_tensors["image_grid_thw"]
+    grid = _array(td.inline, td.shape, td.dtype)
+    if grid.shape != (1, 3):
+        raise ImagesRefused(f"an item's image_grid_thw is {list(grid.shape)}, not one row of (t, h, w)")
+    return grid
+
+
+def encoded_item_digest(item: Any) -> int:
+    """An encode worker's side of one TokenSpeed item (EPD): its pixel rows (floats, PATCH_VALUES wide, as many as
+    its grid's patches) checked, and the digest standing for the embedding its tower would compute."""
+    if item.modality != common_pb2.IMAGE or "image_grid_thw" not in item.model_specific_tensors:
+        raise ImagesRefused("an item to encode is an IMAGE with its image_grid_thw")
+    grid = item_grid(item)
+    pixels = _array(item.encoder_input.inline, item.encoder_input.shape, item.encoder_input.dtype)
+    if pixels.ndim != 2 or pixels.shape != (int(grid.prod()), PATCH_VALUES) or pixels.dtype != np.float32:
+        raise ImagesRefused(f"an item's encoder input is {pixels.dtype}{list(pixels.shape)}; its grid {grid.tolist()} "
+                            f"takes float32 rows of {PATCH_VALUES}, one a patch")
+    return zlib.crc32(pixels.tobytes(), zlib.crc32(grid.tobytes()))
+
+
+def check_tokenspeed_encoded(mm: Any, input_ids: "list[int]", digests: "list[int]") -> CheckedImages:
+    """TokenSpeed's items whose embeddings came from encode workers (EPD, ``digests`` in item order): no pixels of
+    their own, each range where its grid says; folded into the answer by their embeddings."""
+    if any(item.HasField("encoder_input") for item in mm.items):
+        raise ImagesRefused("an item encoded by an encode worker carries no pixels to the prefill")
+    grids, ranges, hashes, token = tokenspeed_items(mm)
+    if token != IMAGE_TOKEN_ID:
+        raise ImagesRefused(f"the image token is {token}; this model's is {IMAGE_TOKEN_ID}")
+    check_image_ranges(input_ids, grids, ranges)
+    cache_ids = cache_ids_of(input_ids, [], ranges, hashes, [struct.pack("<III", *row) for row in grids.tolist()])
+    digest = 0
+    for item_digest in digests:
+        digest = zlib.crc32(item_digest.to_bytes(4, "little"), digest)
+    return CheckedImages(digest, cache_ids, len(ranges))

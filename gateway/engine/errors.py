@@ -18,10 +18,15 @@ ENGINE_FAULT_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", 
 
 
 class EngineCallError(Exception):
-    def __init__(self, code: str, details: str = "") -> None:
+    __slots__ = ("code", "details", "_engine_fault")
+
+    def __init__(self, code: str, details: str = "", engine_fault: bool | None = None) -> None:
         super().__init__(f"{code}: {details}" if details else code)
         self.code = code
         self.details = details
+        # None: by the code. False for a failure of a call the engine depends on rather than of its own (an encode
+        # worker's, encode_workers.py): its circuit is not charged with it.
+        self._engine_fault = engine_fault
 
     @property
     def retryable(self) -> bool:
@@ -29,4 +34,4 @@ class EngineCallError(Exception):
 
     @property
     def engine_fault(self) -> bool:
-        return self.code in ENGINE_FAULT_CODES
+        return self.code in ENGINE_FAULT_CODES if self._engine_fault is None else self._engine_fault

@@ -9,7 +9,7 @@ the rest of the gateway never sees a protobuf message, nor which kind an engine 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from smg_grpc_proto.generated import common_pb2
@@ -48,6 +48,8 @@ class GrpcEngineClient:
         self.vocab_size = 0  # GetModelInfo's: the model's embedding rows (a tokenizer may hold fewer or more ids)
         self.media_facts = MediaFacts()  # GetServerInfo's, for a vision model: how it takes images
         self.support: EngineSupport = FULL_SUPPORT  # what its kind can be asked, as GetModelInfo last said
+        # The node's encode workers (encode_workers.EncodePool), for a kind whose images they may encode.
+        self.encoders: Any = None
 
     @property
     def runtime_name(self) -> str:
@@ -209,8 +211,9 @@ class GrpcEngineClient:
         carry deltas; the closing ``complete`` repeats the last delta (vLLM DELTA mode), so its
         ids are dropped. Non-streaming: one ``complete`` with every id.
         """
-        request = self.runtime.generate_request(request_id, input_ids, sampling, stream, handover, media,
-                                                self.media_facts.raw_pixels)
+        # A decode leg (``handover``) gets its images as before: its prefill leg fetches their embeddings.
+        request, encoding = self._generate_request(request_id, input_ids, sampling, stream, handover, media,
+                                                   epd=handover is None)
         messages = self.bridge.open_stream(self.target, self.runtime.method("Generate"), request,
                                            self.runtime.pb.GenerateResponse, timeout_s,
                                            # n > 1: one complete per answer, none of them surely the last
@@ -219,15 +222,17 @@ class GrpcEngineClient:
                                            # One answer's chunks without logprobs add up as protobuf merges
                                            # them (token ids appended; the counts are cumulative).
                                            merge_until_last=sampling.n == 1 and sampling.logprobs is None)
-        return Generation(self.runtime, messages, stream, sampling.logprobs is not None, sampling.n > 1)
+        return Generation(self.runtime, messages, stream, sampling.logprobs is not None, sampling.n > 1, encoding)
 
     async def prefill(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions, handover: Handover,
                       timeout_s: float | None, metadata: "tuple[tuple[bytes, bytes], ...]" = (),
                       media: Any = None) -> PrefillAnswer:
         """The prefill leg of a disaggregated request: unstreamed, its answer read to its end and dropped but for
         what the decode needs."""
-        request = self.runtime.generate_request(request_id, input_ids, sampling, False, handover, media,
-                                                self.media_facts.raw_pixels)
+        request, encoding = self._generate_request(request_id, input_ids, sampling, False, handover, media,
+                                                   epd=True)
+        if encoding is not None:
+            await encoding()
         async with self.bridge.open_stream(self.target, self.runtime.method("Generate"), request,
                                            self.runtime.pb.GenerateResponse, timeout_s,
                                            last_message=self.runtime.is_last, metadata=metadata) as messages:
@@ -237,6 +242,23 @@ class GrpcEngineClient:
                     if answer is not None:
                         return answer
         raise EngineCallError("UNAVAILABLE", "the prefill engine closed the stream without finishing")
+
+    def _generate_request(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions, stream: bool,
+                          handover: Handover | None, media: Any, epd: bool
+                          ) -> "tuple[Any, Callable[[], Awaitable[None]] | None]":
+        """The kind's Generate request, and what must be awaited before it goes: the Encode calls of its images, when
+        encode workers take them (``epd``: this leg computes the prompt; encode_workers.py)."""
+        runtime, encoders = self.runtime, self.encoders
+        if not (epd and media is not None and encoders is not None and runtime.encode_workers):
+            return runtime.generate_request(request_id, input_ids, sampling, stream, handover, media,
+                                            self.media_facts.raw_pixels), None
+        images = media[0]
+        assignments = encoders.assign(len(images.images))
+        request = runtime.generate_request(request_id, input_ids, sampling, stream, handover, media,
+                                           self.media_facts.raw_pixels, encode=assignments)
+        calls = [(assignment, runtime.encode_request(request_id, images, index, assignment.room))
+                 for index, assignment in enumerate(assignments)]
+        return request, lambda: encoders.encode(calls)
 
     def subscribe_kv_events(self, start_sequence_number: int) -> Any:
         """The engine's KV event batches (``common_pb2.KvEventBatch``), from a sequence number.
@@ -257,10 +279,11 @@ class Generation:
     one by starting a task for it).
     """
 
-    __slots__ = ("_opened", "_messages", "_stream", "_full", "_logprobs", "_all_indexes", "_read", "_read_full")
+    __slots__ = ("_opened", "_messages", "_stream", "_full", "_logprobs", "_all_indexes", "_read", "_read_full",
+                 "_before")
 
     def __init__(self, runtime: EngineRuntime, opened: Any, stream: bool, logprobs: bool = False,
-                 all_indexes: bool = False) -> None:
+                 all_indexes: bool = False, before: "Callable[[], Awaitable[None]] | None" = None) -> None:
         self._read, self._read_full = runtime.events, runtime.events_full  # the engine kind's answer readers
         self._opened = opened  # the bridge's server stream (an async context manager)
         self._messages: Any = None
@@ -268,8 +291,11 @@ class Generation:
         self._full = logprobs or all_indexes  # events through _events_full rather than the plain _events
         self._logprobs = logprobs
         self._all_indexes = all_indexes
+        self._before = before  # awaited before the call opens: its images' Encode calls (encode_workers.py)
 
     async def __aenter__(self) -> "Generation":
+        if self._before is not None:
+            await self._before()
         self._messages = await self._opened.__aenter__()
         return self
 

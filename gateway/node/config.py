@@ -365,15 +365,15 @@ def _parse(opt: Option, raw: Any) -> Any:
 
 
 def _prefill_engines(raw: Any) -> "tuple[tuple[str, int | None], ...]":
-    """--prefill's (URL, bootstrap port) pairs. Flags give [[url], [url, port]]; the environment and TOML
-    "url port, url", or a TOML list of "url port" strings or [url, port] lists. A port of "none" is none."""
+    """--prefill's (and --encode's) (URL, bootstrap port) pairs. Flags give [[url], [url, port]]; the environment
+    and TOML "url port, url", or a TOML list of "url port" strings or [url, port] lists. A port of "none" is none."""
     if isinstance(raw, str):
         raw = [entry.split() for entry in raw.split(",") if entry.strip()]
     engines = []
     for entry in raw:
         parts = entry.split() if isinstance(entry, str) else list(entry)
         if not 1 <= len(parts) <= 2:
-            raise ValueError(f"a prefill engine is URL [BOOTSTRAP_PORT], got {parts!r}")
+            raise ValueError(f"an engine with a bootstrap server is URL [BOOTSTRAP_PORT], got {parts!r}")
         port = parts[1] if len(parts) == 2 else None
         port = None if port is None or str(port).lower() == "none" else int(port)
         if port is not None and not 0 < port < 65536:

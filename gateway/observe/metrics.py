@@ -78,6 +78,9 @@ class GatewayMetrics:
                                                  "timeout (no hand-over within --pd-bootstrap-timeout-secs), "
                                                  "prefill_failed (the prefill failed before it)", ["reason"],
                                                  registry=r)
+        self.epd_images_encoded = LoopCounter("smg_epd_images_encoded", "Images sent to TokenSpeed encode workers "
+                                              "(--encode), by outcome: accepted, failed (the attempt failed with it)",
+                                              ["outcome"], registry=r)
         self.pd_kv_transfer_failures = LoopCounter("smg_pd_kv_transfer_failures", "vLLM pairs whose prefill returned "
                                                    "no kv_transfer_params (the decode recomputes the prompt)",
                                                    ["reason"], registry=r)

@@ -95,8 +95,9 @@ class WorkerRegistry:
                  breaker: BreakerConfig, nursery: trio.Nursery, kv_index: KvIndex | None = None,
                  cluster: Replication | None = None, kv_events_always: bool = False,
                  allowlist: WorkerAllowlist | None = None, kv_sharing: KvFollowers | None = None,
-                 connect: Connect | None = None, relay: HttpClient | None = None) -> None:
+                 connect: Connect | None = None, relay: HttpClient | None = None, encoders: Any = None) -> None:
         self._bridge = bridge
+        self._encoders = encoders  # TokenSpeed's encode workers (engine/encode_workers.py), given to its engines
         self._relay = relay  # HTTP workers' requests go through it (their health and models through http_client)
         self._allowlist = allowlist
         self._http = http_client
@@ -262,6 +263,8 @@ class WorkerRegistry:
         timeout_s = self.health_config.timeout_s
         if kind == "grpc":
             client: Any = await GrpcEngineClient.detect(self._bridge, target, timeout_s)
+            if client.runtime.encode_workers:
+                client.encoders = self._encoders
             info = await client.model_info(timeout_s)
             return client, (model or info.served_model_name,), info.max_context_tokens or None
         client = HttpWorkerClient(target, self._http, api_key, self.health_config.endpoint, self._relay)

@@ -35,7 +35,8 @@ async def _start_registry(context: StartContext) -> WorkerRegistry:
                        client_context(config.engine_tls, ["http/1.1"]))
     return WorkerRegistry(context.need("engine_bridge"), context.need("http_client"), config.health, config.breaker,
                           context.nursery, context.need("kv_index"), context.need("cluster"), config.kv_events_always,
-                          WorkerAllowlist(config.worker_allowed_hosts), context.need("kv_sharing"), relay=relay)
+                          WorkerAllowlist(config.worker_allowed_hosts), context.need("kv_sharing"), relay=relay,
+                          encoders=context.need("encode"))
 
 
 async def _start_router(context: StartContext) -> Router:
@@ -46,5 +47,5 @@ async def _start_router(context: StartContext) -> Router:
 HEALTH = Subsystem("health", HealthConfig(), (*health.OPTIONS, *origin.OPTIONS), _check)
 # The KV sharing starts before any worker registers: an engine's KV stream is then followed by its ring owners only.
 REGISTRY = Subsystem("registry", start=_start_registry,
-                     needs=("engine_bridge", "http_client", "kv_index", "cluster", "kv_sharing"))
+                     needs=("engine_bridge", "http_client", "kv_index", "cluster", "kv_sharing", "encode"))
 ROUTER = Subsystem("router", start=_start_router, needs=("registry", "kv_index", "adapters"))

@@ -44,6 +44,11 @@ class EngineRuntime(abc.ABC):
     def method(self, name: str) -> str:
         return f"/{self.service}/{name}"
 
+    # Whether its images may be encoded on encode workers of their own (engine/encode_workers.py: TokenSpeed's EPD),
+    # its generate_request then taking ``encode`` (the images' assignments) and its encode_request building each
+    # image's Encode.
+    encode_workers = False
+
     # Whether its service loads LoRA adapters at run time and answers with one a request names (Load/Unload/List
     # and a request's adapter id): SGLang's does; vLLM's contract has no field for an adapter.
     adapters = False
