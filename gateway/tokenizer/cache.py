@@ -145,7 +145,11 @@ class SegmentCache:
             node = self._nodes.get(key)
             if node is None:
                 break
-            ids += unpack_ids(node[_IDS])
+            unpacked = unpack_ids(node[_IDS])  # a new list: the first one is taken as it is (a copy saved)
+            if ids:
+                ids += unpacked
+            else:
+                ids = unpacked
             chars += len(segment)
             path.append(key)
             parent = node[_NODE_ID]

@@ -193,7 +193,11 @@ class FastBpe:
                 continue
             if self._nfc and not piece.isascii():
                 piece = unicodedata.normalize("NFC", piece)
-            ids.extend(encode_dfa(piece) if dfa is not None and splits_alike(piece) else encode_ordinary(piece))
+            encoded = encode_dfa(piece) if dfa is not None and splits_alike(piece) else encode_ordinary(piece)
+            if ids:
+                ids.extend(encoded)
+            else:  # tiktoken's list is new: taken as it is rather than copied (7,800 ids for a long prompt)
+                ids = encoded
         if add_special_tokens:
             ids.extend(self._suffix_ids)
         return ids

@@ -363,8 +363,11 @@ class TokenizerService:
         if new_segments:
             self._l1.insert(match.parent_node_id, new_segments, pieces[:-1])
         ids = match.ids  # a new list, ours to extend
-        for piece in pieces:
-            ids += piece
+        for piece in pieces:  # each a new list too (L1 keeps packed copies): the first is taken as it is
+            if ids:
+                ids += piece
+            else:
+                ids = piece
         return ids
 
     @staticmethod
