@@ -70,17 +70,6 @@ class EncodePool:
         self._turn = itertools.count()
         self._rng = rng or random.SystemRandom()
 
-    @classmethod
-    def from_config(cls, bridge: Any, config: EncodeConfig, counted: Any = None) -> "EncodePool | None":
-        if not config.workers:
-            return None
-        workers = []
-        for url, port in config.workers:
-            target = url.removeprefix("grpc://").rstrip("/")
-            host = target.rsplit(":", 1)[0].strip("[]")
-            workers.append(EncodeWorker(target, host, port if port is not None else DEFAULT_BOOTSTRAP_PORT))
-        return cls(bridge, workers, config.timeout_s, counted)
-
     def assign(self, count: int) -> "list[EncodeAssignment]":
         """A worker (in turn) and a fresh room for each of ``count`` images."""
         return [EncodeAssignment(self.workers[next(self._turn) % len(self.workers)], self._rng.getrandbits(ROOM_BITS))

@@ -60,7 +60,7 @@ SUBSYSTEMS: tuple[Subsystem, ...] = (
     workers.HEALTH,
     engine.ENGINE_TLS,
     engine.ENGINE_H2,
-    engine.ENCODE,
+    workers.ENCODE,
     tokenizer.SUBSYSTEM,
     serving.EMBEDDINGS,
     media.SUBSYSTEM,

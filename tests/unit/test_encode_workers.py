@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gateway.engine.encode_workers import DEFAULT_BOOTSTRAP_PORT, EncodeConfig, EncodePool
+from gateway.workers.subsystem import encode_pool
 from gateway.engine.messages import SamplingOptions
 from gateway.engine.runtimes import ENGINE_RUNTIMES
 from gateway.media.processors import ProcessedImage, QwenVisionProcessor
@@ -31,7 +32,7 @@ def _images(count: int) -> MediaInputs:
 
 
 def _pool(*workers: "tuple[str, int | None]", seed: int = 1) -> EncodePool:
-    pool = EncodePool.from_config(None, EncodeConfig(workers=workers))
+    pool = encode_pool(None, EncodeConfig(workers=workers))
     pool._rng = random.Random(seed)
     return pool
 
@@ -69,7 +70,7 @@ def test_each_images_encode_carries_that_item_with_its_pixels_and_its_room():
 
 
 def test_no_encode_workers_is_no_pool_and_only_tokenspeed_takes_them():
-    assert EncodePool.from_config(None, EncodeConfig()) is None
+    assert encode_pool(None, EncodeConfig()) is None
     assert [name for name in ENGINE_RUNTIMES.names() if ENGINE_RUNTIMES[name].encode_workers] == ["tokenspeed"]
 
 
