@@ -2,9 +2,10 @@
 processor config (a small square, so tests stay cheap), a chat template that writes ``<start_of_image>`` for each
 image part as Gemma 3's does, and the tokenizer with Gemma 3's image tokens and newline tokens added (written here,
 in that format, onto the tokenizer it is given). A Generate carrying images is checked as vLLM's and SGLang's
-Gemma 3 need them: one crop of the square a image (vLLM: pixel rows flat by ``num_patches``, which is batched and
-kept on the CPU), the soft token as the image token, each range the whole image sequence ("\\n\\n" or the newline
-token it joined, <start_of_image>, the soft tokens, <end_of_image>, its newlines) and no soft token outside them;
+Gemma 3 need them: a square an image and one a pan-and-scan crop (vLLM: pixel rows flat by ``num_patches``, which
+is batched and kept on the CPU), the soft token as the image token, each range the whole image sequence ("\\n\\n" or
+the newline token it joined, <start_of_image>, the soft tokens, <end_of_image>, its newlines), or with crops the text
+around one sequence a square, and no soft token outside them;
 refused with INVALID_ARGUMENT naming what is off. What a Qwen2-VL-style engine checks otherwise is vision.py's.
 """
 
@@ -58,20 +59,32 @@ def bundle_files(tokenizer_json: bytes) -> dict[str, bytes]:
 
 
 def check(tokens: Gemma3Tokens, input_ids: "list[int]", pixels: np.ndarray, ranges: "list[tuple[int, int]]",
-          im_token_id: int | None, hashes: "list[str]", raw: bool) -> CheckedImages:
-    check_pixels_and_token(pixels, (len(ranges), 3, SIZE, SIZE), raw, im_token_id, tokens.soft, hashes, len(ranges),
-                           f"one crop of 3 x {SIZE} x {SIZE} an image, {len(ranges)} images")
+          im_token_id: int | None, hashes: "list[str]", raw: bool, crops: "list[int] | None" = None) -> CheckedImages:
+    """``crops``: squares per image (vLLM's num_patches: the image and its pan-and-scan crops); None when the form
+    does not say them (SGLang's): each range's <start_of_image> count says them then."""
     n = TOKENS_PER_IMAGE
-    for offset, length in ranges:
+    counted = [input_ids[offset:offset + length].count(tokens.boi) for offset, length in ranges]
+    crops = counted if crops is None else crops
+    check_pixels_and_token(pixels, (sum(crops), 3, SIZE, SIZE), raw, im_token_id, tokens.soft, hashes, len(ranges),
+                           f"{sum(crops)} squares of 3 x {SIZE} x {SIZE} for {len(ranges)} images")
+    sequence = [tokens.boi, *[tokens.soft] * n, tokens.eoi]
+    for (offset, length), squares, boi_count in zip(ranges, crops, counted):
         window = input_ids[offset:offset + length]
-        if length != n + 4 or len(window) != length or window[0] not in tokens.newlines or \
-                window[-1] not in tokens.newlines or window[1:n + 3] != [tokens.boi, *[tokens.soft] * n, tokens.eoi]:
-            raise ImagesRefused(f"the range ({offset}, {length}) is not an image sequence (\\n\\n <start_of_image> "
-                                f"{n} soft tokens <end_of_image> \\n\\n) in the prompt")
-    if input_ids.count(tokens.soft) != n * len(ranges):
-        raise ImagesRefused(f"the prompt has {input_ids.count(tokens.soft)} soft tokens for {len(ranges)} images")
+        if squares == 1:  # the sequence alone, its newlines perhaps joined with the text's
+            whole = length == n + 4 and len(window) == length and window[0] in tokens.newlines and \
+                window[-1] in tokens.newlines and window[1:n + 3] == sequence
+        else:  # pan and scan: text around as many sequences as squares, the first one's text before it
+            whole = len(window) == length and boi_count == squares and window[0] not in tokens.newlines and \
+                window[-1] in tokens.newlines and all(window[at:at + n + 2] == sequence
+                                                      for at, token in enumerate(window) if token == tokens.boi)
+        if not whole:
+            raise ImagesRefused(f"the range ({offset}, {length}) is not {squares} image sequences (\\n\\n "
+                                f"<start_of_image> {n} soft tokens <end_of_image> \\n\\n) in the prompt")
+    if input_ids.count(tokens.soft) != n * sum(crops):
+        raise ImagesRefused(f"the prompt has {input_ids.count(tokens.soft)} soft tokens for {sum(crops)} squares")
     digest = zlib.crc32(pixels.tobytes())
-    return CheckedImages(digest, cache_ids_of(input_ids, pixels.reshape(len(ranges), -1), ranges, hashes))
+    per_image = np.split(pixels.reshape(sum(crops), -1), np.cumsum(crops)[:-1])
+    return CheckedImages(digest, cache_ids_of(input_ids, [rows.reshape(-1) for rows in per_image], ranges, hashes))
 
 
 def check_vllm(tokens: Gemma3Tokens, mm: Any, input_ids: "list[int]", config: Any) -> CheckedImages:
@@ -81,9 +94,11 @@ def check_vllm(tokens: Gemma3Tokens, mm: Any, input_ids: "list[int]", config: An
             "num_patches" not in mm.keep_on_cpu_keys or "num_patches" not in tensors:
         raise ImagesRefused("vLLM's Gemma 3 layout is pixel_values flat by num_patches, num_patches batched and kept "
                             "on the CPU")
-    if tensors["num_patches"].tolist() != [1] * len(mm.mm_placeholders):
-        raise ImagesRefused(f"num_patches is {tensors['num_patches'].tolist()}: one crop an image (no pan and scan)")
-    return check(tokens, input_ids, pixels, *placeholders(mm), list(mm.mm_hashes), not config.vision_takes_floats)
+    crops = tensors["num_patches"].tolist()
+    if len(crops) != len(mm.mm_placeholders) or min(crops, default=1) < 1:
+        raise ImagesRefused(f"num_patches is {crops} for {len(mm.mm_placeholders)} images")
+    return check(tokens, input_ids, pixels, *placeholders(mm), list(mm.mm_hashes), not config.vision_takes_floats,
+                 crops)
 
 
 def check_sglang(tokens: Gemma3Tokens, mm: Any, input_ids: "list[int]") -> CheckedImages:

@@ -24,9 +24,9 @@ from ..serving.chat import (Call, ChatAnswer, Content, Delta, Reasoning, Reasoni
 from .errors import ApiError, BadRequest
 from .http import SSE_DONE, Request, sse_event
 from .logprobs import LogprobShape
-from .pipeline import (admitted, answer_chat, check_prompt_ids, encode_chat, encode_text, logprob_shape, logprob_shapes,
-                       openai_error_event, plan_generation, ready_model_entry, run_streamed_choices, run_unary_choices,
-                       with_media)
+from .pipeline import (admitted, answer_chat, check_media_kwargs_trusted, check_prompt_ids, encode_chat, encode_text,
+                       logprob_shape, logprob_shapes, openai_error_event, plan_generation, ready_model_entry,
+                       run_streamed_choices, run_unary_choices, with_media)
 from .protocol import parse_chat, parse_completion, parse_json_body
 from .routed import answer_provider, answer_routed, route_of
 from .state import GatewayState
@@ -271,6 +271,8 @@ async def _chat_on_pool(state: GatewayState, request: Request, raw: bytes, chat:
     if tokenizer.chat_template is None:
         raise BadRequest(f"the model '{entry.name}' has no chat template; use /v1/completions or pass "
                          f"--chat-template", code="no_chat_template")
+    if chat.media_kwargs:
+        check_media_kwargs_trusted(state, chat)
     input_ids = await encode_chat(state, request, entry, tokenizer, chat, True, raw)
     media = routing_ids = None
     if chat.images or chat.videos:

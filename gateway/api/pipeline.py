@@ -34,6 +34,7 @@ from ..auth import Authenticator, Principal
 from ..engine.errors import EngineCallError
 from ..serving.generation import (AnswerTooLarge, GenerationPlan, GenerationResult, LogprobRecord, MidStreamError,
                                   UsageTally, answer_bytes_estimate)
+from ..media.families import with_request_kwargs
 from ..media.service import MediaError, MediaInputs, expand_batches
 from ..media.video import VIDEO_MODEL_TYPES
 from ..serving.models import ModelEntry
@@ -153,6 +154,16 @@ async def chat_prompt(state: GatewayState, request: Request, chat: ChatRequest, 
     return ChatPrompt(entry, tokenizer, *await with_media(state, entry, chat, ids, request.tenant_key))
 
 
+def check_media_kwargs_trusted(state: GatewayState, chat: ChatRequest) -> None:
+    """A request's own mm_processor_kwargs are a 400 unless the node trusts them (``--media-trust-request-kwargs``,
+    vLLM's --trust-request-mm-kwargs: a client's crops multiply what its images cost), with or without images, as
+    vLLM's server answers."""
+    if chat.media_kwargs and not state.media.config.trust_request_kwargs:
+        raise BadRequest("Per-request mm_processor_kwargs are disabled by default because they can change multimodal "
+                         "preprocessing resource usage. Start the node with --media-trust-request-kwargs only when "
+                         "clients are trusted.", param="mm_processor_kwargs", code="invalid_value")
+
+
 async def with_media(state: GatewayState, entry: ModelEntry, chat: ChatRequest, ids: "list[int]",
                       tenant: str | None) -> "tuple[list[int], tuple[MediaInputs, ...], list[int]]":
     """The chat's images and videos fetched and processed for the model (gateway/media), and its prompt ids with
@@ -165,6 +176,13 @@ async def with_media(state: GatewayState, entry: ModelEntry, chat: ChatRequest, 
             continue
         if processor is None:
             raise (_images_not_supported if refs is chat.images else _videos_not_supported)(entry, chat)
+        if chat.media_kwargs:
+            check_media_kwargs_trusted(state, chat)
+            try:
+                processor = with_request_kwargs(processor, chat.media_kwargs)
+            except ValueError as e:
+                raise BadRequest(f"mm_processor_kwargs: {e}", param="mm_processor_kwargs",
+                                 code="invalid_value") from None
         wanted.append((list(refs), processor, items_max))
     tracing = state.tracing
     if tracing is None or not tracing.active():

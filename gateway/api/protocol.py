@@ -369,7 +369,8 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         special_tokens_in_content=field(body, "special_tokens_in_content", bool, False)
         if "special_tokens_in_content" in body else False,
         stream_reasoning=field(body, "stream_reasoning", bool, True) if "stream_reasoning" in body else True,
-        thinking=thinking, images=tuple(images), videos=tuple(videos))
+        thinking=thinking, images=tuple(images), videos=tuple(videos),
+        media_kwargs=field(body, "mm_processor_kwargs", dict, None) if "mm_processor_kwargs" in body else None)
 
 
 def chat_request(model: str, messages: "list[dict[str, Any]]", sampling: SamplingRequest, *, stream: bool = False,
@@ -377,7 +378,8 @@ def chat_request(model: str, messages: "list[dict[str, Any]]", sampling: Samplin
                  template_kwargs: "dict[str, Any] | None" = None, separate_reasoning: bool = True,
                  special_tokens_in_content: bool = False, stream_reasoning: bool = True,
                  thinking: bool = True, images: "tuple[ImageRef, ...]" = (),
-                 reasoning_budget: int | None = None, videos: "tuple[VideoRef, ...]" = ()) -> ChatRequest:
+                 reasoning_budget: int | None = None, videos: "tuple[VideoRef, ...]" = (),
+                 media_kwargs: "dict[str, Any] | None" = None) -> ChatRequest:
     """The chat request every API's translation ends in, with the rule across its fields: ``tool_choice``
     required or a named function is the engine's constraint (api/structured.py), which no other constraint
     may join. ``messages`` are the chat template's messages, checked by the caller."""
@@ -394,7 +396,8 @@ def chat_request(model: str, messages: "list[dict[str, Any]]", sampling: Samplin
         template_kwargs=template_kwargs if template_kwargs is not None else {},
         separate_reasoning=separate_reasoning, special_tokens_in_content=special_tokens_in_content,
         tool_name=tools.name, stream_reasoning=stream_reasoning, thinking=thinking, images=images,
-        parallel_tool_calls=tools.parallel, reasoning_budget=reasoning_budget, videos=videos)
+        parallel_tool_calls=tools.parallel, reasoning_budget=reasoning_budget, videos=videos,
+        media_kwargs=media_kwargs)
 
 
 def check_message_count(count: int, param: str) -> None:

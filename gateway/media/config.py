@@ -10,6 +10,8 @@ resolves (or is rebound) to 127.0.0.1 gets nothing.
 from __future__ import annotations
 
 import dataclasses
+import json
+from typing import Any
 
 from ..base.options import Option
 from .processors import REFERENCES as PIXEL_REFERENCES
@@ -64,12 +66,29 @@ class MediaConfig:
     # Pillow's, in numpy (image_bench.py); or "pil", as transformers' PIL processors do (Pillow's kernel: a level of
     # the 255 off on a few values).
     pixel_reference: str = "torchvision"
+    # Settings of the models' image processors, as vLLM's --mm-processor-kwargs (Gemma 3's pan and scan: the only
+    # ones a family here takes), applied to each model whose family takes them; a request's own mm_processor_kwargs
+    # over them only when trust_request_kwargs is set (vLLM's --trust-request-mm-kwargs, off by default for the same
+    # reason: a client's crops multiply what its images cost).
+    processor_kwargs: "tuple[tuple[str, Any], ...]" = ()
+    trust_request_kwargs: bool = False
 
 
 def pixel_reference(value: str) -> str:
     if value not in PIXEL_REFERENCES:
         raise ValueError(f"--media-pixel-reference is one of {', '.join(PIXEL_REFERENCES)}")
     return value
+
+
+def processor_kwargs(value: str) -> "tuple[tuple[str, Any], ...]":
+    """A JSON object, as vLLM's --mm-processor-kwargs takes it."""
+    try:
+        kwargs = json.loads(value)
+    except ValueError:
+        kwargs = None
+    if not isinstance(kwargs, dict):
+        raise ValueError("--media-processor-kwargs is a JSON object, e.g. '{\"do_pan_and_scan\": true}'")
+    return tuple(sorted(kwargs.items()))
 
 
 # This subsystem's flags (gateway/base/options.py); their defaults are the config's above.
@@ -109,4 +128,10 @@ OPTIONS = (
     Option("--media-pixel-reference", "media.pixel_reference", pixel_reference, "whose pixels image processors "
            "compute: torchvision (transformers' torchvision processors, which vLLM's server runs; bit for bit) or "
            "pil (transformers' PIL processors: about half the resize's CPU)", "engines"),
+    Option("--media-processor-kwargs", "media.processor_kwargs", processor_kwargs, "settings of the models' image "
+           "processors as a JSON object, as vLLM's --mm-processor-kwargs: Gemma 3's do_pan_and_scan and "
+           "pan_and_scan_* (applied to each model whose family takes them)", "engines"),
+    Option("--media-trust-request-kwargs", "media.trust_request_kwargs", "bool", "take a request's own "
+           "mm_processor_kwargs (over --media-processor-kwargs), as vLLM's --trust-request-mm-kwargs: only when "
+           "clients are trusted (a client's crops multiply what its images cost)", "security"),
 )

@@ -48,10 +48,12 @@ IMAGE_PROCESSORS.add("idefics3", Idefics3Processor.from_config, "Idefics3 and Sm
 
 
 def image_processor(files: dict[str, dict[str, Any]], token_to_id: Callable[[str], "int | None"],
-                    reference: str = "torchvision") -> "ImageProcessor | None":
+                    reference: str = "torchvision", encode_text: "Callable[[str], list[int]] | None" = None
+                    ) -> "ImageProcessor | None":
     """The processor a model's files call for (its preprocessor_config.json, or processor_config.json's nested
     image_processor), None when they name none this node has; ProcessorConfigError when they name one wrongly.
-    ``reference``: whose pixels it computes (processors.REFERENCES)."""
+    ``reference``: whose pixels it computes (processors.REFERENCES); ``encode_text``: the model's tokenizer, for a
+    family that writes text into an image's prompt (Gemma 3's pan and scan)."""
     config = files.get("preprocessor_config.json") or {}
     processor_config = files.get("processor_config.json") or {}
     nested = processor_config.get("image_processor")
@@ -62,5 +64,31 @@ def image_processor(files: dict[str, dict[str, Any]], token_to_id: Callable[[str
     kind = config.get("image_processor_type")
     for plugin in IMAGE_PROCESSORS.plugins():
         if kind in plugin.detail("types", ()):
-            return dataclasses.replace(plugin.make(config, token_to_id, files), reference=reference)
+            processor = plugin.make(config, token_to_id, files)
+            takes_text = any(field.name == "encode_text" for field in dataclasses.fields(processor))
+            return dataclasses.replace(processor, reference=reference,
+                                       **({"encode_text": encode_text} if takes_text else {}))
     return None
+
+
+def with_node_kwargs(processor: Any, kwargs: "dict[str, Any]") -> "tuple[Any, list[str]]":
+    """(``processor`` with the node's ``--media-processor-kwargs`` its family takes applied, the keys it does not
+    take): a node serves many models, as vLLM's server serves one, so a setting meant for one family is not
+    another's error. ValueError when a value is wrong."""
+    taken = getattr(processor, "request_kwargs", ())
+    ignored = [key for key in kwargs if key not in taken]
+    wanted = {key: value for key, value in kwargs.items() if key in taken}
+    return (processor.with_request_kwargs(wanted) if wanted else processor), ignored
+
+
+def with_request_kwargs(processor: Any, kwargs: "dict[str, Any]") -> Any:
+    """``processor`` with a request's ``mm_processor_kwargs`` applied (vLLM's per-request settings of the model's
+    Hugging Face processor), for a family that takes some (``with_request_kwargs``); ValueError naming what it
+    cannot take: a setting vLLM would apply and this node would not is refused rather than answered otherwise."""
+    if not kwargs:
+        return processor
+    apply = getattr(processor, "with_request_kwargs", None)
+    if apply is None:
+        raise ValueError(f"this model's {getattr(processor, 'modality', 'image')}s ({processor.family}) take no "
+                         "mm_processor_kwargs here")
+    return apply(kwargs)

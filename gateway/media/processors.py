@@ -22,7 +22,8 @@ Families:
                (one fewer with the default feature strategy that drops CLS... as the model's config says)
     gemma3     Gemma 3 (Gemma3ImageProcessor*): resized to one square, rescaled, normalized; the placeholder
                <start_of_image> becomes "\n\n<start_of_image>" + soft tokens + "<end_of_image>\n\n", its newlines
-               joined with their neighbours as the tokenizer joins them (pan and scan refused at load)
+               joined with their neighbours as the tokenizer joins them; with pan and scan (a request's
+               mm_processor_kwargs, as vLLM takes them) a long image's crops besides, each its own sequence
 
 Families whose prompt expansion is more than the placeholder repeated give ``expansion`` (the ids that replace it)
 and ``newline_pieces`` (the newline tokens its edges join with); ``embed_id`` is the token whose positions take the
@@ -378,12 +379,57 @@ def _center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
 
 # -- Gemma 3 ---------------------------------------------------------------------------------------------------
 
+# Gemma 3's pan and scan: the processor's own defaults (Gemma3ProcessorKwargs), which decide it whatever the model's
+# preprocessor_config.json says (transformers merges the processor's defaults over the image processor's settings,
+# so vLLM's server crops only when a request's or the engine's mm_processor_kwargs turn it on).
+PAN_AND_SCAN_DEFAULTS = {"do_pan_and_scan": False, "pan_and_scan_min_crop_size": 256,
+                         "pan_and_scan_max_num_crops": 4, "pan_and_scan_min_ratio_to_activate": 1.2}
+# Crops an image may be cut into here: each is a whole image's pixels and tokens (896 x 896, 256 tokens published),
+# so a client's count is bounded as the media's other bounds are (vLLM's server takes any).
+PAN_AND_SCAN_CROPS_MAX = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class PanAndScan:
+    """Gemma 3's pan and scan (Gemma3ImageProcessor.pan_and_scan): an image whose long side is at least
+    ``min_ratio`` times its short one is also cut along its long side into 2 to ``max_crops`` crops of about its
+    short side's length (no crop under ``min_crop_size``), each then processed as a whole image."""
+
+    min_crop_size: int = 256
+    max_crops: int = 4
+    min_ratio: float = 1.2
+
+    def crops(self, width: int, height: int) -> "list[tuple[int, int, int, int]]":
+        """The crops' boxes (left, top, right, bottom) of a ``width`` x ``height`` image; none when it is not
+        long enough or its crops would be too small. Integer arithmetic as the processor's (floor of the ratio
+        plus a half, ceil of the side over the count); the last crop stops at the edge, and may be empty there
+        (a tiny crop size on a thin image: ``process`` refuses it, as transformers fails on it)."""
+        long_side, short_side = (width, height) if width >= height else (height, width)
+        if long_side / short_side < self.min_ratio:
+            return []
+        count = min(long_side // self.min_crop_size, int(math.floor(long_side / short_side + 0.5)))
+        count = min(self.max_crops, max(2, count))
+        crop_w = math.ceil(width / count) if width >= height else width
+        crop_h = height if width >= height else math.ceil(height / count)
+        if min(crop_w, crop_h) < self.min_crop_size:
+            return []
+        if width >= height:
+            return [(x, 0, max(x, min(x + crop_w, width)), height) for x in range(0, crop_w * count, crop_w)]
+        return [(0, y, width, max(y, min(y + crop_h, height))) for y in range(0, crop_h * count, crop_h)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Gemma3Processor:
     """Gemma 3 (Gemma3ImageProcessor): every image resized to one square (896 x 896 published, bilinear), rescaled,
     normalized (0.5, 0.5); it stands in the prompt as "\n\n<start_of_image>" + ``tokens_per_image`` soft tokens +
     "<end_of_image>\n\n" where the template wrote <start_of_image>, and those newlines join the newlines beside
-    them as Gemma's tokenizer joins them ("\n" + "\n\n" is one token), as the processor vLLM's server runs does."""
+    them as Gemma's tokenizer joins them ("\n" + "\n\n" is one token), as the processor vLLM's server runs does.
+
+    With ``pan_and_scan`` (``with_request_kwargs``), an image it crops is the whole image and its crops, each
+    resized as above (vLLM: ``num_patches`` = crops + 1), and stands in the prompt as Gemma3Processor writes it:
+    "Here is the original image " + its sequence + " and here are some crops to help you see better " + the
+    crops' sequences joined by spaces, that text tokenized with the model's tokenizer by itself (vLLM's
+    get_image_repl), in the media threads (``ProcessedImage.prompt_ids``)."""
 
     placeholder_id: int  # <start_of_image>
     embed_id: int  # <image_soft_token>
@@ -398,19 +444,22 @@ class Gemma3Processor:
     rescale_factor: float = 1 / 255
     resample: int = 2
     reference: str = "torchvision"
+    pan_and_scan: "PanAndScan | None" = None
+    # The mm_processor_kwargs applied so far (the node's, then a request's over them), as (key, value) pairs.
+    settings: "tuple[tuple[str, Any], ...]" = dataclasses.field(default=(), compare=False)
+    # The tokenizer's plain encode (no special tokens added), for pan and scan's text.
+    encode_text: "Callable[[str], list[int]] | None" = dataclasses.field(default=None, compare=False)
     family = "gemma3"
-    flat_pixels_by = "num_patches"  # vLLM's layout: crops per image (one: pan and scan is not served)
+    request_kwargs = tuple(PAN_AND_SCAN_DEFAULTS)  # the mm_processor_kwargs it takes
+    flat_pixels_by = "num_patches"  # vLLM's layout: crops per image, the whole image first
     cpu_tensors = ("num_patches",)
 
     @classmethod
     def from_config(cls, config: dict[str, Any], token_to_id: Callable[[str], "int | None"],
                     files: dict[str, Any]) -> "Gemma3Processor":
         model_config = files.get("config.json") or {}
-        if config.get("do_pan_and_scan"):
-            # Crops add "Here is the original image ... and here are some crops" around the images, which vLLM
-            # itself warns gives poor answers on its engine: not served rather than served differently.
-            raise ProcessorConfigError("preprocessor_config.json: do_pan_and_scan is not served (Gemma 3's default "
-                                       "is off)")
+        # do_pan_and_scan and its settings here are not read: the processor's defaults win over them in
+        # transformers (PAN_AND_SCAN_DEFAULTS), and vLLM's server crops with a request's kwargs only.
         size = config.get("size", {"height": 896, "width": 896})
         if not (isinstance(size, dict) and all(isinstance(size.get(k), int) and size[k] > 0
                                                for k in ("height", "width"))):
@@ -432,22 +481,68 @@ class Gemma3Processor:
             raise ProcessorConfigError(f"preprocessor_config.json: unusable {processor}")
         return processor
 
+    def with_request_kwargs(self, kwargs: dict[str, Any]) -> "Gemma3Processor":
+        """This processor with ``mm_processor_kwargs`` applied over those it has (pan and scan's four, as vLLM's
+        server takes them: each one never set the processor's default); ValueError naming the first it cannot
+        take."""
+        settings = {**PAN_AND_SCAN_DEFAULTS, **dict(self.settings)}
+        for key, value in kwargs.items():
+            if key not in settings:
+                raise ValueError(f"{key!r} is not applied to Gemma 3's images here (these are: "
+                                 f"{', '.join(PAN_AND_SCAN_DEFAULTS)})")
+            settings[key] = value
+        applied = tuple(sorted({**dict(self.settings), **kwargs}.items()))
+        if not isinstance(settings["do_pan_and_scan"], bool):
+            raise ValueError("'do_pan_and_scan' must be a boolean")
+        if not settings["do_pan_and_scan"]:
+            return dataclasses.replace(self, pan_and_scan=None, settings=applied)
+        size, crops, ratio = (settings[k] for k in ("pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops",
+                                                    "pan_and_scan_min_ratio_to_activate"))
+        if type(size) is not int or size < 1:
+            raise ValueError("'pan_and_scan_min_crop_size' must be a positive integer")
+        if type(crops) is not int or not 2 <= crops <= PAN_AND_SCAN_CROPS_MAX:
+            raise ValueError(f"'pan_and_scan_max_num_crops' must be an integer from 2 to {PAN_AND_SCAN_CROPS_MAX}")
+        if type(ratio) not in (int, float) or not 1.0 <= ratio <= 1e6:
+            raise ValueError("'pan_and_scan_min_ratio_to_activate' must be a number of at least 1")
+        if self.encode_text is None:
+            raise ValueError("pan and scan's prompt text needs the model's tokenizer")
+        return dataclasses.replace(self, pan_and_scan=PanAndScan(size, crops, float(ratio)), settings=applied)
+
     def describe(self) -> str:
+        crops = self.pan_and_scan
+        cropped = "" if crops is None else f":pas:{crops.min_crop_size}:{crops.max_crops}:{crops.min_ratio!r}"
         return f"{self.family}:{self.height}x{self.width}:{self.tokens_per_image}:{self.mean}:{self.std}:" \
-               f"{self.rescale_factor}:{self.resample}:{self.reference}"
+               f"{self.rescale_factor}:{self.resample}:{self.reference}{cropped}"
 
     def size_problem(self, width: int, height: int) -> str | None:
         return None  # every image becomes one square: no size is refused beyond decoding's pixel bound
 
     def process(self, image: Image.Image, normalize: bool) -> ProcessedImage:
-        pixels = resized(image, self.width, self.height, self.resample, self.reference)
-        raw = np.ascontiguousarray(pixels.transpose(2, 0, 1)[None])  # one crop, CHW
-        return ProcessedImage(raw, {}, self.tokens_per_image, self.normalized(raw) if normalize else None)
+        boxes = self.pan_and_scan.crops(*image.size) if self.pan_and_scan is not None else []
+        if any(left == right or top == bottom for left, top, right, bottom in boxes):
+            raise ValueError(f"pan and scan cuts this {image.size[0]}x{image.size[1]} image into an empty crop with "
+                             "these settings: a larger pan_and_scan_min_crop_size avoids it")
+        squares = [resized(image, self.width, self.height, self.resample, self.reference)]
+        squares += [resized(image.crop(box), self.width, self.height, self.resample, self.reference) for box in boxes]
+        raw = np.ascontiguousarray(np.stack(squares).transpose(0, 3, 1, 2))  # the image, then its crops; CHW
+        prompt_ids = tuple(self.encode_text(self._cropped_text(len(boxes)))) if boxes else ()
+        return ProcessedImage(raw, {}, self.tokens_per_image * len(squares),
+                              self.normalized(raw) if normalize else None, prompt_ids=prompt_ids)
+
+    def _cropped_text(self, crops: int) -> str:
+        """Gemma3Processor's text for an image and its ``crops`` (its replace_image_token), the sequences
+        written out."""
+        assert self.encode_text is not None  # with_request_kwargs refuses pan and scan without it
+        sequence = "\n\n<start_of_image>" + "<image_soft_token>" * self.tokens_per_image + "<end_of_image>\n\n"
+        return (f"Here is the original image {sequence} and here are some crops to help you see better "
+                + " ".join([sequence] * crops))
 
     def normalized(self, raw: np.ndarray) -> np.ndarray:
         return tiles_normalized(raw, self)
 
     def expansion(self, image: ProcessedImage) -> "list[int]":
+        if image.prompt_ids:
+            return list(image.prompt_ids)
         newline = self.double_newline_id
         return [newline, self.placeholder_id, *([self.embed_id] * image.tokens), self.end_id, newline]
 

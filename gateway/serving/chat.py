@@ -81,6 +81,9 @@ class ChatRequest:
     # How many tokens the model may think (Anthropic's thinking.budget_tokens): engines have no such bound; a
     # hosted provider with one is given it.
     reasoning_budget: int | None = None
+    # vLLM's mm_processor_kwargs: settings of the model's image processor for this request's images (Gemma 3's pan
+    # and scan), checked against the model's processor when its images are processed.
+    media_kwargs: "dict[str, Any] | None" = None
 
 
 def new_call_id() -> str:

@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from ..engine.errors import EngineCallError
-from ..media.families import image_processor
+from ..media.families import image_processor, with_node_kwargs
 from ..media.processors import ProcessorConfigError
 from ..media.video import video_processor
 from ..observe.metrics import counter, gauge
@@ -141,15 +141,24 @@ def _take_support(entry: ModelEntry, client: Any) -> None:
     entry.engine_support = support if entry.engine_support is None else entry.engine_support.both(support)
 
 
-def _media_processor(model: str, tokenizer: TokenizerService, pixel_reference: str, modality: str) -> Any:
-    """The model's image (or video) processor, when its files name one this node has (logged either way)."""
+def _media_processor(model: str, tokenizer: TokenizerService, pixel_reference: str, modality: str,
+                     node_kwargs: "dict[str, Any] | None" = None) -> Any:
+    """The model's image (or video) processor, when its files name one this node has (logged either way), with the
+    node's ``--media-processor-kwargs`` its family takes."""
     try:
         if modality == "image":
-            processor = image_processor(tokenizer.model_files, tokenizer.token_to_id, pixel_reference)
+            processor = image_processor(tokenizer.model_files, tokenizer.token_to_id, pixel_reference,
+                                        tokenizer.encode_uncached)
         else:  # a family may write text into a video's prompt (Qwen3-VL's timestamps): the tokenizer's plain encode
             processor = video_processor(tokenizer.model_files, tokenizer.token_to_id, pixel_reference,
                                         tokenizer.encode_uncached)
-    except ProcessorConfigError as e:
+        if processor is not None and node_kwargs:
+            processor, ignored = with_node_kwargs(processor, node_kwargs)
+            if ignored:
+                log.info("model %s: --media-processor-kwargs %s not applied to its %ss (%s takes %s)", model,
+                         ", ".join(ignored), modality, processor.family,
+                         ", ".join(getattr(processor, "request_kwargs", ())) or "none")
+    except (ProcessorConfigError, ValueError) as e:
         log.warning("model %s: its %s processor cannot be used (%s): it takes no %ss here", model, modality, e,
                     modality)
         return None
@@ -161,9 +170,11 @@ def _media_processor(model: str, tokenizer: TokenizerService, pixel_reference: s
 class ModelCatalog:
     def __init__(self, tokenizer_config: TokenizerConfig, tokenizer_path: Path | None,
                  chat_template_path: Path | None, tool_call_parser: str | None = None,
-                 reasoning_parser: str | None = None, pixel_reference: str = "torchvision") -> None:
+                 reasoning_parser: str | None = None, pixel_reference: str = "torchvision",
+                 processor_kwargs: "dict[str, Any] | None" = None) -> None:
         self._tokenizer_config = tokenizer_config
         self._pixel_reference = pixel_reference  # whose pixels image processors compute (MediaConfig)
+        self._processor_kwargs = processor_kwargs  # the node's settings of them (MediaConfig)
         self._parsers = (tool_call_parser, reasoning_parser)  # the operator's; None: chosen by model id
         self._tokenizer_path = tokenizer_path
         self._chat_template_path = chat_template_path
@@ -216,9 +227,9 @@ class ModelCatalog:
                     if entry.tokenizer is None:
                         entry.tokenizer = await self.local_tokenizer() or await self._fetch(worker)
                         entry.image_processor = _media_processor(name, entry.tokenizer, self._pixel_reference,
-                                                                 "image")
+                                                                 "image", self._processor_kwargs)
                         entry.video_processor = _media_processor(name, entry.tokenizer, self._pixel_reference,
-                                                                 "video")
+                                                                 "video", self._processor_kwargs)
                         entry.tokenizer_loaded.set()
             learn = getattr(worker.client, "learn_model_files", None)
             if learn is not None and entry.tokenizer is not None:

@@ -54,7 +54,7 @@ async def _start_admission(context: StartContext) -> Admission:
 async def _start_catalog(context: StartContext) -> ModelCatalog:
     config = context.config
     return ModelCatalog(config.tokenizer, config.tokenizer_path, config.chat_template, config.tool_call_parser,
-                        config.reasoning_parser, config.media.pixel_reference)
+                        config.reasoning_parser, config.media.pixel_reference, dict(config.media.processor_kwargs))
 
 
 async def _start_pd(context: StartContext) -> PdLegs:

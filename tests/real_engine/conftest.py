@@ -115,12 +115,13 @@ def _wait_http(url: str, process: subprocess.Popen, timeout_s: float) -> None:
 
 @contextlib.contextmanager
 def engine_pair(name: str, model: str, grpc_port: int, http_port: int, extra: "list[str]",
-                env_extra: "dict[str, str] | None" = None):
-    """A gRPC engine and vLLM's own OpenAI server on the same model and flags, started together (each takes
-    minutes; they overlap), stopped at the end: yields their URLs."""
+                env_extra: "dict[str, str] | None" = None, http_extra: "tuple[str, ...]" = ()):
+    """A gRPC engine and vLLM's own OpenAI server on the same model and flags (``http_extra``: the server's own,
+    which the gRPC launcher does not take), started together (each takes minutes; they overlap), stopped at the
+    end: yields their URLs."""
     grpc_engine = _start_vllm("vllm.entrypoints.launchers.grpc_server", grpc_port, extra, name, env_extra, model)
-    http_engine = _start_vllm("vllm.entrypoints.openai.api_server", http_port, extra, f"{name}-openai", env_extra,
-                              model)
+    http_engine = _start_vllm("vllm.entrypoints.openai.api_server", http_port, [*extra, *http_extra],
+                              f"{name}-openai", env_extra, model)
     try:
         _wait_serving(f"127.0.0.1:{grpc_port}", grpc_engine, VLLM_START_TIMEOUT_S)
         _wait_http(f"http://127.0.0.1:{http_port}", http_engine, VLLM_START_TIMEOUT_S)

@@ -32,16 +32,17 @@ def clients(node: NodeProcess, reference_url: str) -> "tuple[openai.OpenAI, open
 
 @contextlib.contextmanager
 def vision_pair(model_variable: str, name: str, grpc_port: int, http_port: int,
-                limits: str = '{"image": 3}'):
+                limits: str = '{"image": 3}', server_flags: "tuple[str, ...]" = (),
+                node_flags: "tuple[str, ...]" = ()):
     """A vision model (its directory in ``model_variable``) served by a gRPC engine behind a node and by vLLM's own
-    server, on the vision engines' PYTHONPATH (torchvision), each taking ``limits`` (vLLM's --limit-mm-per-prompt):
-    yields our client, theirs and the model's name."""
+    server, on the vision engines' PYTHONPATH (torchvision), each taking ``limits`` (vLLM's --limit-mm-per-prompt)
+    (vLLM's server also ``server_flags``, the node ``node_flags``): yields our client, theirs and the model's name."""
     from .conftest import engine_pair  # (conftest imports this module's neighbours)
     configured(model_variable, "SMG_VLLM_VISION_PYTHONPATH")
     env = {"PYTHONPATH": os.environ["SMG_VLLM_VISION_PYTHONPATH"]}
     with engine_pair(name, os.environ[model_variable], grpc_port, http_port,
-                     ["--limit-mm-per-prompt", limits], env) as (grpc_url, http_url):
-        node = node_on(grpc_url, f"node-{name}")
+                     ["--limit-mm-per-prompt", limits], env, server_flags) as (grpc_url, http_url):
+        node = node_on(grpc_url, f"node-{name}", *node_flags)
         try:
             ours, theirs = clients(node, http_url)
             yield ours, theirs, ours.models.list().data[0].id

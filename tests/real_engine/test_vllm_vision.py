@@ -113,13 +113,13 @@ def _first_logprobs(reply) -> "dict[str, float]":
     return {t.token: t.logprob for t in reply.choices[0].logprobs.content[0].top_logprobs}
 
 
-def probabilities_as_vllms(ours, theirs, model, requests: "list[list[str]]") -> None:
+def probabilities_as_vllms(ours, theirs, model, requests: "list[list[str]]", **kwargs) -> None:
     """Each request's images (a list of data URIs) give the first token's top probabilities vLLM's own server
     gives (within LOGPROB_TOLERANCE), and no two requests give the same: each image reached the model."""
     seen = set()
     for uris in requests:
-        mine = _first_logprobs(_chat(ours, model, uris, logprobs=True, top_logprobs=5))
-        reference = _first_logprobs(_chat(theirs, model, uris, logprobs=True, top_logprobs=5))
+        mine = _first_logprobs(_chat(ours, model, uris, logprobs=True, top_logprobs=5, **kwargs))
+        reference = _first_logprobs(_chat(theirs, model, uris, logprobs=True, top_logprobs=5, **kwargs))
         shared = mine.keys() & reference.keys()
         assert len(shared) >= 4, (mine, reference)
         assert max(abs(mine[t] - reference[t]) for t in shared) < LOGPROB_TOLERANCE, (mine, reference)

@@ -118,6 +118,23 @@ IDEFICS3_CONFIG = {"image_processor_type": "Idefics3ImageProcessor", "size": {"l
                    "max_image_size": {"longest_edge": 364}}
 IDEFICS3_PROCESSOR = {"processor_class": "Idefics3Processor", "image_seq_len": 169}
 IDEFICS3_PROMPT_SIZES = [(200, 123), (1280, 720), (3000, 40), (364, 364), (1009, 1013)]
+# Gemma 3's pan and scan through transformers' Gemma3Processor (its torchvision image processor, a request's kwargs):
+# a 112 square instead of 896 and 16 tokens an image instead of 256 keep the cases cheap; the crops, their order,
+# the text around them and the newlines joined are the same code at any size. (name: kwargs, width, height)
+GEMMA3_PAS_CONFIG = {"image_processor_type": "Gemma3ImageProcessor", "image_seq_length": 16, "resample": 2,
+                     "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "size": {"height": 112, "width": 112}}
+GEMMA3_PAS_DEFAULTS = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 32, "pan_and_scan_max_num_crops": 4,
+                       "pan_and_scan_min_ratio_to_activate": 1.2}
+GEMMA3_PAS_CASES = {
+    "wide": ({}, 200, 123), "tall": ({}, 13 * 8, 600), "square, not cropped": ({}, 300, 300),
+    "just long enough": ({}, 121, 100), "just too square": ({}, 119, 100), "strip": ({}, 1000, 40),
+    "crops too small": ({}, 1000, 20), "eight crops": ({"pan_and_scan_max_num_crops": 8}, 1001, 97),
+    "ragged last crop": ({"pan_and_scan_min_crop_size": 5}, 97, 19),
+    "ratio 2": ({"pan_and_scan_min_ratio_to_activate": 2.0}, 250, 130),
+}
+GEMMA3_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>", "<start_of_turn>", "<end_of_turn>")
+GEMMA3_NEWLINES = tuple("\n" * n for n in (4, 3, 2, 1))  # added as plain tokens, as Gemma's vocabulary has them
+GEMMA3_PROMPT = "<start_of_turn>user\n<start_of_image>Describe the picture.<end_of_turn>\n<start_of_turn>model\n"
 # Resizes on their own: (width, height) in, (width, height) out, the kernel.
 RESIZES = [((200, 123), (64, 64), "bilinear"), ((640, 480), (896, 896), "bilinear"),
            ((640, 480), (336, 252), "bicubic"), ((1000, 20), (28, 560), "bicubic"), ((13, 600), (896, 896), "bicubic"),
@@ -211,6 +228,18 @@ def llama4_tokenizer(tokenizer_json: str):
 
 def internvl_tokenizer(tokenizer_json: str):
     return tokenizer_with(tokenizer_json, INTERNVL_TOKENS)
+
+
+def gemma3_tokenizer(tokenizer_json: str):
+    import tokenizers
+    tok = tokenizer_with(tokenizer_json, GEMMA3_TOKENS)
+    tok.add_tokens([tokenizers.AddedToken(t, normalized=False) for t in GEMMA3_NEWLINES])
+    return tok
+
+
+def gemma3_pas_image(name: str) -> np.ndarray:
+    _, width, height = GEMMA3_PAS_CASES[name]
+    return image(width, height, 1 + list(GEMMA3_PAS_CASES).index(name))
 
 
 def idefics3_tokenizer(tokenizer_json: str):
@@ -326,8 +355,22 @@ def main() -> None:
         out = oracle(text=[IDEFICS3_PROMPT], images=[[Image.fromarray(image(width, height, index + 1))]],
                      return_tensors="pt")
         goldens["prompts"][f"idefics3 {width}x{height}"] = prompt_digest(out["input_ids"][0])
+    from transformers.models.gemma3.processing_gemma3 import Gemma3Processor
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=gemma3_tokenizer(qwen.read_text()), extra_special_tokens={
+        "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"})
+    oracle = Gemma3Processor(image_processor=Gemma3ImageProcessor(**{k: v for k, v in GEMMA3_PAS_CONFIG.items()
+                                                                   if k not in ("image_processor_type",
+                                                                                "image_seq_length")}),
+                             tokenizer=tokenizer, image_seq_length=GEMMA3_PAS_CONFIG["image_seq_length"])
+    goldens["gemma3_pan_and_scan"] = {}
+    for name, (kwargs, _, _) in GEMMA3_PAS_CASES.items():
+        out = oracle(text=[GEMMA3_PROMPT], images=[[Image.fromarray(gemma3_pas_image(name))]],
+                     **{**GEMMA3_PAS_DEFAULTS, **kwargs}, return_tensors="pt")
+        goldens["gemma3_pan_and_scan"][name] = [digest(out["pixel_values"].numpy()), len(out["pixel_values"]) - 1,
+                                                prompt_digest(out["input_ids"][0])]
     lines = [f'"{key}": {json.dumps(value)}' for key, value in goldens.items() if not isinstance(value, dict)]
-    for section in ("processors", "resizes", "prompts", "videos", "qwen3_videos", "video_indices"):  # a case a line
+    for section in ("processors", "resizes", "prompts", "videos", "qwen3_videos", "video_indices",
+                    "gemma3_pan_and_scan"):  # a case a line
         cases = ",\n  ".join(f"{json.dumps(case)}: {json.dumps(value)}" for case, value in goldens[section].items())
         lines.append(f'"{section}": {{\n  {cases}\n }}')
     GOLDENS.write_text("{\n " + ",\n ".join(lines) + "\n}\n")

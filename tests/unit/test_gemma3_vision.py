@@ -6,6 +6,8 @@ machine): the merges are the tokenizer's, whatever its vocabulary."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +16,11 @@ import tokenizers
 from PIL import Image
 
 from gateway.engine.runtimes.vllm import _media
-from gateway.media.families import image_processor
-from gateway.media.processors import Gemma3Processor, ProcessorConfigError
+from gateway.media.families import image_processor, with_request_kwargs
+from gateway.media.processors import Gemma3Processor, PanAndScan, ProcessorConfigError
+from tests.support.torchvision_goldens import (GEMMA3_PAS_CASES, GEMMA3_PAS_CONFIG, GEMMA3_PAS_DEFAULTS, GEMMA3_PROMPT,
+                                               GOLDENS, digest, gemma3_pas_image, prompt_digest)
+from tests.support.torchvision_goldens import gemma3_tokenizer as gemma3_goldens_tokenizer
 from gateway.media.service import MediaInputs, joined_newlines
 from gateway.tokenizer.bundled import default_tokenizer_dir
 
@@ -31,6 +36,7 @@ PUBLISHED = {  # google/gemma-3-4b-it's preprocessor_config.json
     "image_std": [0.5, 0.5, 0.5], "processor_class": "Gemma3Processor", "resample": 2,
     "rescale_factor": 0.00392156862745098, "size": {"height": 896, "width": 896}}
 IMAGE_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
+GOLDENS_JSON = json.loads(GOLDENS.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -143,9 +149,12 @@ def test_vllm_gets_the_crops_per_image_batched_and_the_soft_token(tokenizer):
     assert [(p.offset, p.length) for p in mm.mm_placeholders] == inputs.ranges
 
 
-def test_pan_and_scan_and_a_tokenizer_without_the_tokens_are_refused_at_load(tokenizer):
-    with pytest.raises(ProcessorConfigError, match="pan_and_scan"):
-        ours(tokenizer, {**PUBLISHED, "do_pan_and_scan": True})
+def test_a_tokenizer_without_the_tokens_is_refused_at_load_and_the_configs_pan_and_scan_is_not_read(tokenizer):
+    # transformers' Gemma3Processor merges its own defaults (do_pan_and_scan false) over the image processor's
+    # settings, so vLLM's server does not crop for a model whose file says true: neither does the gateway.
+    processor = ours(tokenizer, {**PUBLISHED, "do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8})
+    assert processor.pan_and_scan is None
+    assert processor.process(Image.new("RGB", (3000, 200)), False).raw.shape == (1, 3, 896, 896)
     with pytest.raises(ProcessorConfigError, match="start_of_image"):
         image_processor({"preprocessor_config.json": PUBLISHED}, {"\n\n": 5}.get)
     # The sequence length from processor_config.json when the image processor's file does not say it.
@@ -153,3 +162,92 @@ def test_pan_and_scan_and_a_tokenizer_without_the_tokens_are_refused_at_load(tok
     processor = image_processor({"preprocessor_config.json": config, "processor_config.json": {
         "image_seq_length": 64}}, tokenizer.token_to_id)
     assert processor.tokens_per_image == 64
+
+
+# -- pan and scan (a request's mm_processor_kwargs) ---------------------------------------------------------------
+
+def _pas_processor(tokenizer, reference: str, **kwargs) -> Gemma3Processor:
+    config = {**PUBLISHED, **{k: v for k, v in GEMMA3_PAS_CONFIG.items() if k != "image_processor_type"}}
+    processor = image_processor({"preprocessor_config.json": config}, tokenizer.token_to_id, reference,
+                                lambda text: tokenizer.encode(text, add_special_tokens=False).ids)
+    return with_request_kwargs(processor, {**GEMMA3_PAS_DEFAULTS, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def gemma3_tokenizer() -> tokenizers.Tokenizer:
+    return gemma3_goldens_tokenizer((Path(default_tokenizer_dir()) / "tokenizer.json").read_text())
+
+
+@pytest.mark.parametrize("name", list(GEMMA3_PAS_CASES))
+def test_pan_and_scan_equals_transformers_torchvision_processor_and_its_prompt(gemma3_tokenizer, name):
+    """The crops, their pixels to the bit, num_patches and the prompt Gemma3Processor writes around them, against
+    goldens made with transformers' torchvision processor (tests/support/torchvision_goldens.py)."""
+    kwargs, width, height = GEMMA3_PAS_CASES[name]
+    processor = _pas_processor(gemma3_tokenizer, "torchvision", **kwargs)
+    pixels_want, crops_want, prompt_want = GOLDENS_JSON["gemma3_pan_and_scan"][name]
+    processed = processor.process(Image.fromarray(gemma3_pas_image(name)), True)
+    assert digest(processed.normalized) == pixels_want and processed.raw.shape[0] == crops_want + 1
+    assert processed.tokens == 16 * (crops_want + 1)
+    inputs = MediaInputs(processor, [processed], ["a" * 64])
+    expanded, _ = inputs.expand(gemma3_tokenizer.encode(GEMMA3_PROMPT, add_special_tokens=False).ids)
+    assert prompt_digest(expanded) == prompt_want, name
+    mm = vllm_engine_pb2.MultimodalInputs()
+    _media(mm, inputs, raw_pixels=True)
+    assert list(mm.model_specific_tensors["num_patches"].shape) == [1]
+    assert np.frombuffer(mm.model_specific_tensors["num_patches"].inline, np.int64).tolist() == [crops_want + 1]
+    # The range: from the text before the image (or its joined newlines) to the last crop's newlines, the soft
+    # tokens of every square inside it and nowhere else.
+    (offset, length), = inputs.ranges
+    soft = gemma3_tokenizer.token_to_id("<image_soft_token>")
+    assert expanded[offset:offset + length].count(soft) == expanded.count(soft) == 16 * (crops_want + 1)
+    assert "\n\n" in gemma3_tokenizer.id_to_token(expanded[offset + length - 1])
+    if crops_want:
+        assert gemma3_tokenizer.decode(expanded[offset:offset + 4]).startswith("Here is the")
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_pan_and_scan_pixels_equal_transformers_pil_processor(gemma3_tokenizer, seed):
+    processor = _pas_processor(gemma3_tokenizer, "pil")
+    reference = Gemma3ImageProcessorPil(size={"height": 112, "width": 112}, resample=2)
+    rng = np.random.default_rng(seed)
+    for width, height in [(200, 123), (40, 300), (1000, 90), (97, 19), (300, 299)]:
+        picture = Image.fromarray((rng.random((height, width, 3)) * 255).astype(np.uint8))
+        got = processor.process(picture, True)
+        want = reference(images=[picture], return_tensors="np", **GEMMA3_PAS_DEFAULTS)
+        assert np.array_equal(got.normalized, want["pixel_values"]), (width, height, seed)
+        assert got.raw.shape[0] == 1 + int(want["num_crops"][0])
+
+
+def test_crops_are_counted_as_transformers_counts_them():
+    # Every shape on a grid, against transformers' own pan_and_scan (on an array of the shape).
+    reference = Gemma3ImageProcessorPil()
+    for min_crop, max_crops, ratio in [(256, 4, 1.2), (7, 3, 1.5), (1, 8, 1.0), (30, 2, 2.5)]:
+        rule = PanAndScan(min_crop, max_crops, ratio)
+        for width in (*range(1, 60, 3), 255, 256, 257, 511, 512, 1023, 1024, 1200, 3000):
+            for height in (1, 2, 5, 9, 17, 31, 64, 100, 255, 256, 300, 700):
+                want = reference.pan_and_scan(np.zeros((1, height, width), np.uint8), min_crop, max_crops, ratio)
+                got = rule.crops(width, height)
+                assert [(bottom - top, right - left) for left, top, right, bottom in got] == [
+                    crop.shape[1:] for crop in want], (width, height, min_crop, max_crops, ratio)
+
+
+def test_request_kwargs_are_checked_and_make_their_own_cache_key(tokenizer):
+    processor = ours(tokenizer, PUBLISHED)
+    assert with_request_kwargs(processor, {}) is processor
+    assert with_request_kwargs(processor, {"do_pan_and_scan": False}) == processor
+    cropping = with_request_kwargs(dataclasses.replace(processor, encode_text=lambda text: [1]),
+                                   {"do_pan_and_scan": True})
+    assert cropping.pan_and_scan == PanAndScan(256, 4, 1.2) and cropping.describe() != processor.describe()
+    for bad, says in [({"max_pixels": 100}, "'max_pixels' is not applied"), ({"do_pan_and_scan": "yes"}, "boolean"),
+                      ({"do_pan_and_scan": True, "pan_and_scan_max_num_crops": 100}, "from 2 to 8"),
+                      ({"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 0}, "positive"),
+                      ({"do_pan_and_scan": True, "pan_and_scan_min_crop_size": True}, "positive"),
+                      ({"do_pan_and_scan": True, "pan_and_scan_min_ratio_to_activate": 0.5}, "at least 1")]:
+        with pytest.raises(ValueError, match=says):
+            with_request_kwargs(cropping, bad)
+    with pytest.raises(ValueError, match="tokenizer"):  # its text needs the model's tokenizer
+        with_request_kwargs(processor, {"do_pan_and_scan": True})
+    qwen = image_processor({"preprocessor_config.json": {"image_processor_type": "Qwen2VLImageProcessor"}},
+                           {"<|image_pad|>": 7}.get)
+    with pytest.raises(ValueError, match="take no mm_processor_kwargs"):
+        with_request_kwargs(qwen, {"max_pixels": 100})
