@@ -16,6 +16,12 @@ Two references: the same reads by a plain Python loop on ``select.epoll`` withou
 trio's scheduler with no I/O at all (``task-step``: a task rescheduling itself with
 ``cancel_shielded_checkpoint``).
 
+And the engine side off trio's scheduler, as issue 65 allows it: the same reads by a thread of its own on
+``select.epoll`` calling a callback per read while trio's loop waits (``reader-thread``: what the thread costs in
+instructions, its GIL taken and given back each read), and, in wall time with no valgrind, how long such a read
+waits for the GIL when the loop's thread is busy running Python (``--gil-latency``: the interpreter hands the GIL
+over at its switch interval, 5 ms by default).
+
     python tests/bench/wakeup_bench.py [--reads 1000] [--interval-ms 2]
 
 Needs valgrind. User-space instructions only: the system calls' kernel time is not in them.
@@ -46,7 +52,7 @@ def child_writes(sock: socket.socket, count: int, interval_s: float) -> None:
         time.sleep(interval_s)
 
 
-MODES = ("read-first", "wait-first", "raw-epoll", "task-step")
+MODES = ("read-first", "wait-first", "raw-epoll", "task-step", "reader-thread")
 
 
 def measured(reads: int, mode: str) -> None:
@@ -64,6 +70,10 @@ def measured(reads: int, mode: str) -> None:
     child.close()
     if mode == "raw-epoll":
         measured_raw_epoll(parent, reads)
+        os.waitpid(pid, 0)
+        return
+    if mode == "reader-thread":
+        measured_reader_thread(parent, reads)
         os.waitpid(pid, 0)
         return
     wait_first = mode == "wait-first"
@@ -90,22 +100,82 @@ def measured(reads: int, mode: str) -> None:
 
 def measured_raw_epoll(sock: socket.socket, reads: int) -> None:
     """The same reads without trio: epoll.poll, os.read, re-arm (one-shot, as trio registers)."""
+    ignore = len
+    epoll_reads(sock, WARMUP_READS, ignore)
+    subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True, capture_output=True)
+    epoll_reads(sock, reads, ignore)
+    subprocess.run(["callgrind_control", "-d", str(os.getpid())], check=True, capture_output=True)
+
+
+def epoll_reads(sock: socket.socket, count: int, on_read) -> None:
+    """``count`` reads of ``sock`` on a plain one-shot epoll, ``on_read(data)`` after each."""
     import select
 
     sock.setblocking(False)
     fd, epoll = sock.fileno(), select.epoll()
     epoll.register(fd, select.EPOLLIN | select.EPOLLONESHOT)
+    for _ in range(count):
+        epoll.poll()
+        on_read(os.read(fd, 65536))
+        epoll.modify(fd, select.EPOLLIN | select.EPOLLONESHOT)
+    epoll.close()
 
-    def read(count: int) -> None:
-        for _ in range(count):
-            epoll.poll()
-            os.read(fd, 65536)
-            epoll.modify(fd, select.EPOLLIN | select.EPOLLONESHOT)
 
-    read(WARMUP_READS)
-    subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True, capture_output=True)
-    read(reads)
-    subprocess.run(["callgrind_control", "-d", str(os.getpid())], check=True, capture_output=True)
+def measured_reader_thread(sock: socket.socket, reads: int) -> None:
+    """The reads by a thread of their own calling a callback each, while trio's loop (this thread) waits for the
+    thread's end (handed back with ``run_sync_soon``, once)."""
+    import threading
+
+    import trio
+
+    taken: list[bytes] = []
+
+    async def main() -> None:
+        token, done = trio.lowlevel.current_trio_token(), trio.Event()
+
+        def reader() -> None:
+            epoll_reads(sock, WARMUP_READS, taken.append)
+            subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True, capture_output=True)
+            epoll_reads(sock, reads, taken.append)
+            subprocess.run(["callgrind_control", "-d", str(os.getpid())], check=True, capture_output=True)
+            token.run_sync_soon(done.set)
+
+        threading.Thread(target=reader, daemon=True).start()
+        await done.wait()
+
+    trio.run(main)
+
+
+def gil_latency(reads: int, interval_ms: float) -> "tuple[float, float, float]":
+    """(p50, p99, max) ms from a byte's write to a reader thread's callback, while this process's main thread
+    runs Python without pause (a loop busy with requests), in wall time."""
+    import threading
+
+    parent, child = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        parent.close()
+        time.sleep(0.2)
+        for _ in range(reads):
+            child.send(time.monotonic_ns().to_bytes(8, "little"))
+            time.sleep(interval_ms / 1000)
+        os._exit(0)
+    child.close()
+    delays: list[float] = []
+
+    def on_read(data: bytes) -> None:
+        now = time.monotonic_ns()
+        delays.extend((now - int.from_bytes(data[i:i + 8], "little")) / 1e6 for i in range(0, len(data) - 7, 8))
+
+    reader = threading.Thread(target=epoll_reads, args=(parent, reads, on_read), daemon=True)
+    reader.start()
+    busy = 0
+    while reader.is_alive():
+        for _ in range(10_000):  # pure Python work, as a loaded event loop's
+            busy += 1
+    os.waitpid(pid, 0)
+    delays.sort()
+    return delays[len(delays) // 2], delays[int(len(delays) * 0.99)], delays[-1]
 
 
 def count(reads: int, mode: str, interval_ms: float, out_dir: Path) -> float:
@@ -125,17 +195,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reads", type=int, default=1000)
     parser.add_argument("--interval-ms", type=float, default=2.0)
+    parser.add_argument("--gil-latency", action="store_true", help="only the reader thread's wait for the GIL "
+                        "while the loop's thread is busy, in wall time")
+    parser.add_argument("--switch-interval-ms", type=float, default=None, help="the interpreter's switch interval "
+                        "for --gil-latency (default: Python's, 5 ms)")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     if args.child:
         measured(args.reads, args.child)
+        return
+    if args.gil_latency:
+        p50, p99, worst = gil_latency(args.reads, args.interval_ms)
+        print(f"A reader thread's wait for the GIL, the main thread busy (switch interval "
+              f"{sys.getswitchinterval() * 1000:g} ms), {args.reads} reads every {args.interval_ms:g} ms: "
+              f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {worst:.2f} ms")
         return
     out_dir = Path(tempfile.mkdtemp(prefix="smg-node-wakeup-"))
     print(f"\nInstructions per wake-up (callgrind), {args.reads} reads of one byte every {args.interval_ms:g} ms, "
           f"Python {sys.version.split()[0]}. Files: {out_dir}\n")
     names = {"read-first": "trio, receive_some reading first", "wait-first": "trio, waiting first once drained "
              "(the node)", "raw-epoll": "no trio: epoll.poll, os.read, re-arm", "task-step": "trio, one task step "
-             "without I/O"}
+             "without I/O", "reader-thread": "a thread of its own on epoll, a callback each read, trio's loop "
+             "waiting (the GIL taken and given back)"}
     print("| wake-up | instructions each |")
     print("|---|---|")
     for mode in MODES:
