@@ -271,7 +271,7 @@ async def _chat_on_pool(state: GatewayState, request: Request, raw: bytes, chat:
     if tokenizer.chat_template is None:
         raise BadRequest(f"the model '{entry.name}' has no chat template; use /v1/completions or pass "
                          f"--chat-template", code="no_chat_template")
-    if chat.media_kwargs:
+    if chat.media_kwargs or chat.media_io_kwargs:
         check_media_kwargs_trusted(state, chat)
     input_ids = await encode_chat(state, request, entry, tokenizer, chat, True, raw)
     media = routing_ids = None

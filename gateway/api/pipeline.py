@@ -157,11 +157,19 @@ async def chat_prompt(state: GatewayState, request: Request, chat: ChatRequest, 
 def check_media_kwargs_trusted(state: GatewayState, chat: ChatRequest) -> None:
     """A request's own mm_processor_kwargs are a 400 unless the node trusts them (``--media-trust-request-kwargs``,
     vLLM's --trust-request-mm-kwargs: a client's crops multiply what its images cost), with or without images, as
-    vLLM's server answers."""
-    if chat.media_kwargs and not state.media.config.trust_request_kwargs:
-        raise BadRequest("Per-request mm_processor_kwargs are disabled by default because they can change multimodal "
-                         "preprocessing resource usage. Start the node with --media-trust-request-kwargs only when "
-                         "clients are trusted.", param="mm_processor_kwargs", code="invalid_value")
+    vLLM's server answers; so are its media_io_kwargs, and trusted they are still a 400: how media are loaded is
+    the node's (--media-video-fps, --media-video-frames), never a request's answered otherwise."""
+    trusted = state.media.config.trust_request_kwargs
+    for value, param, what in ((chat.media_kwargs, "mm_processor_kwargs", "preprocessing"),
+                               (chat.media_io_kwargs, "media_io_kwargs", "media loading")):
+        if value and not trusted:
+            raise BadRequest(f"Per-request {param} are disabled by default because they can change multimodal "
+                             f"{what} resource usage. Start the node with --media-trust-request-kwargs only when "
+                             "clients are trusted.", param=param, code="invalid_value")
+    if chat.media_io_kwargs:
+        raise BadRequest("media_io_kwargs are not applied per request by this node: its --media-video-fps and "
+                         "--media-video-frames say how videos are loaded", param="media_io_kwargs",
+                         code="invalid_value")
 
 
 async def with_media(state: GatewayState, entry: ModelEntry, chat: ChatRequest, ids: "list[int]",
@@ -176,7 +184,7 @@ async def with_media(state: GatewayState, entry: ModelEntry, chat: ChatRequest, 
             continue
         if processor is None:
             raise (_images_not_supported if refs is chat.images else _videos_not_supported)(entry, chat)
-        if chat.media_kwargs:
+        if chat.media_kwargs or chat.media_io_kwargs:
             check_media_kwargs_trusted(state, chat)
             try:
                 processor = with_request_kwargs(processor, chat.media_kwargs)

@@ -370,7 +370,8 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         if "special_tokens_in_content" in body else False,
         stream_reasoning=field(body, "stream_reasoning", bool, True) if "stream_reasoning" in body else True,
         thinking=thinking, images=tuple(images), videos=tuple(videos),
-        media_kwargs=field(body, "mm_processor_kwargs", dict, None) if "mm_processor_kwargs" in body else None)
+        media_kwargs=field(body, "mm_processor_kwargs", dict, None) if "mm_processor_kwargs" in body else None,
+        media_io_kwargs=field(body, "media_io_kwargs", dict, None) if "media_io_kwargs" in body else None)
 
 
 def chat_request(model: str, messages: "list[dict[str, Any]]", sampling: SamplingRequest, *, stream: bool = False,
@@ -379,7 +380,8 @@ def chat_request(model: str, messages: "list[dict[str, Any]]", sampling: Samplin
                  special_tokens_in_content: bool = False, stream_reasoning: bool = True,
                  thinking: bool = True, images: "tuple[ImageRef, ...]" = (),
                  reasoning_budget: int | None = None, videos: "tuple[VideoRef, ...]" = (),
-                 media_kwargs: "dict[str, Any] | None" = None) -> ChatRequest:
+                 media_kwargs: "dict[str, Any] | None" = None,
+                 media_io_kwargs: "dict[str, Any] | None" = None) -> ChatRequest:
     """The chat request every API's translation ends in, with the rule across its fields: ``tool_choice``
     required or a named function is the engine's constraint (api/structured.py), which no other constraint
     may join. ``messages`` are the chat template's messages, checked by the caller."""
@@ -397,7 +399,7 @@ def chat_request(model: str, messages: "list[dict[str, Any]]", sampling: Samplin
         separate_reasoning=separate_reasoning, special_tokens_in_content=special_tokens_in_content,
         tool_name=tools.name, stream_reasoning=stream_reasoning, thinking=thinking, images=images,
         parallel_tool_calls=tools.parallel, reasoning_budget=reasoning_budget, videos=videos,
-        media_kwargs=media_kwargs)
+        media_kwargs=media_kwargs, media_io_kwargs=media_io_kwargs)
 
 
 def check_message_count(count: int, param: str) -> None:

@@ -84,6 +84,8 @@ class ChatRequest:
     # vLLM's mm_processor_kwargs: settings of the model's image processor for this request's images (Gemma 3's pan
     # and scan), checked against the model's processor when its images are processed.
     media_kwargs: "dict[str, Any] | None" = None
+    # vLLM's media_io_kwargs (how media are loaded: a video's frames a second...): not applied per request here.
+    media_io_kwargs: "dict[str, Any] | None" = None
 
 
 def new_call_id() -> str:

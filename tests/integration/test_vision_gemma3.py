@@ -131,8 +131,14 @@ def test_the_nodes_own_kwargs_crop_and_a_requests_are_refused_unless_trusted(log
                                                                                        ).usage.prompt_tokens
             assert by_node.choices[0].message.content == by_request.choices[0].message.content
         for images in ((wide,), ()):
-            with pytest.raises(openai.BadRequestError, match="--media-trust-request-kwargs") as caught:
-                ask(own, "gemma3-vllm", *images, extra_body={"mm_processor_kwargs": {"do_pan_and_scan": False}})
-            assert caught.value.body["param"] == "mm_processor_kwargs"
+            for param, value in (("mm_processor_kwargs", {"do_pan_and_scan": False}),
+                                 ("media_io_kwargs", {"video": {"fps": 1}})):
+                with pytest.raises(openai.BadRequestError, match="--media-trust-request-kwargs") as caught:
+                    ask(own, "gemma3-vllm", *images, extra_body={param: value})
+                assert caught.value.body["param"] == param
+        # Trusted, a request's media_io_kwargs are still not applied here: a 400, not an answer loaded otherwise.
+        with pytest.raises(openai.BadRequestError, match="not applied per request") as caught:
+            ask(client, "gemma3-vllm", wide, extra_body={"media_io_kwargs": {"video": {"fps": 1}}})
+        assert caught.value.body["param"] == "media_io_kwargs"
     finally:
         node.stop()
