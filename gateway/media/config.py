@@ -66,8 +66,8 @@ class MediaConfig:
     # Pillow's, in numpy (image_bench.py); or "pil", as transformers' PIL processors do (Pillow's kernel: a level of
     # the 255 off on a few values).
     pixel_reference: str = "torchvision"
-    # Settings of the models' image processors, as vLLM's --mm-processor-kwargs (Gemma 3's pan and scan: the only
-    # ones a family here takes), applied to each model whose family takes them; a request's own mm_processor_kwargs
+    # Settings of the models' image and video processors, as vLLM's --mm-processor-kwargs (Gemma 3's pan and scan,
+    # Qwen-VL's pixel bounds), applied to each model whose family takes them; a request's own mm_processor_kwargs
     # over them only when trust_request_kwargs is set (vLLM's --trust-request-mm-kwargs, off by default for the same
     # reason: a client's crops multiply what its images cost).
     processor_kwargs: "tuple[tuple[str, Any], ...]" = ()
@@ -129,8 +129,9 @@ OPTIONS = (
            "compute: torchvision (transformers' torchvision processors, which vLLM's server runs; bit for bit) or "
            "pil (transformers' PIL processors: about half the resize's CPU)", "engines"),
     Option("--media-processor-kwargs", "media.processor_kwargs", processor_kwargs, "settings of the models' image "
-           "processors as a JSON object, as vLLM's --mm-processor-kwargs: Gemma 3's do_pan_and_scan and "
-           "pan_and_scan_* (applied to each model whose family takes them)", "engines"),
+           "and video processors as a JSON object, as vLLM's --mm-processor-kwargs: Gemma 3's do_pan_and_scan and "
+           "pan_and_scan_*, Qwen-VL's min_pixels / max_pixels (applied to each model whose family takes them)",
+           "engines"),
     Option("--media-trust-request-kwargs", "media.trust_request_kwargs", "bool", "take a request's own "
            "mm_processor_kwargs (over --media-processor-kwargs), as vLLM's --trust-request-mm-kwargs: only when "
            "clients are trusted (a client's crops multiply what its images cost)", "security"),

@@ -203,6 +203,45 @@ class RepeatedPlaceholder(PlaceholderIsImageToken):
 
 # -- Qwen2-VL, Qwen2.5-VL, Qwen3-VL -------------------------------------------------------------------------
 
+# The most pixels a request's or the node's kwargs may let a Qwen-VL image (or video frame) keep: 4096 x 4096, past
+# the published models' own bound (12.8 M); tokens grow with them, so they are bounded as every media input is.
+QWEN_PIXELS_MAX = 4096 * 4096
+_QWEN_PIXEL_KEYS = ("min_pixels", "max_pixels", "size")
+
+
+def qwen_pixel_layers(kwargs: dict[str, Any]) -> "dict[str, tuple[tuple[str, int], ...]]":
+    """Qwen-VL's mm_processor_kwargs as pixel bounds by layer ("" flat, "images", "videos"), each
+    ((min_pixels|max_pixels, value), ...); ``size`` read as its two edges (both, as transformers needs them).
+    ValueError naming what is not taken here."""
+    layers: dict[str, tuple[tuple[str, int], ...]] = {}
+    for layer, given in (("", kwargs), ("images", kwargs.get("images_kwargs")),
+                         ("videos", kwargs.get("videos_kwargs"))):
+        if given is None:
+            continue
+        if not isinstance(given, dict):
+            raise ValueError(f"'{layer}_kwargs' must be an object")
+        keys = _QWEN_PIXEL_KEYS + (("images_kwargs", "videos_kwargs") if not layer else ())
+        unknown = [key for key in given if key not in keys]
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} not applied to "
+                             f"Qwen-VL's {layer or 'images and video'}s here (these are: {', '.join(keys)})")
+        bounds: dict[str, Any] = {}
+        size = given.get("size")
+        if size is not None:
+            if not (isinstance(size, dict) and set(size) == {"shortest_edge", "longest_edge"}):
+                raise ValueError("'size' must give both 'shortest_edge' and 'longest_edge' (as transformers needs)")
+            if "min_pixels" in given or "max_pixels" in given:
+                raise ValueError("give either 'size' or 'min_pixels' / 'max_pixels'")
+            bounds = {"min_pixels": size["shortest_edge"], "max_pixels": size["longest_edge"]}
+        bounds.update({key: given[key] for key in ("min_pixels", "max_pixels") if key in given})
+        for key, value in bounds.items():
+            if type(value) is not int or value < 1:
+                raise ValueError(f"'{key}' must be a positive integer")
+        if bounds:
+            layers[layer] = tuple(sorted(bounds.items()))
+    return layers
+
+
 def aspect_problem(height: int, width: int) -> str | None:
     """Why Qwen2-VL refuses an image of this size (past 200:1); None when it does not."""
     if max(height, width) / min(height, width) > ASPECT_RATIO_MAX:
@@ -240,7 +279,12 @@ class QwenVisionProcessor(RepeatedPlaceholder):
     rescale_factor: float = 1 / 255
     resample: int = 3
     reference: str = "torchvision"
+    # The pixel bounds its files gave, and the mm_processor_kwargs applied over them so far (the node's, then a
+    # request's), by layer: "" the flat ones, "images" / "videos" images_kwargs / videos_kwargs.
+    config_pixels: "tuple[int, int] | None" = dataclasses.field(default=None, compare=False)
+    settings: "tuple[tuple[str, tuple[tuple[str, int], ...]], ...]" = dataclasses.field(default=(), compare=False)
     family = "qwen2_vl"
+    request_kwargs = ("min_pixels", "max_pixels", "size", "images_kwargs", "videos_kwargs")
     flat_pixels_by = "patches_per_image"
     cpu_tensors = ("image_grid_thw",)
     placeholder_token = "<|image_pad|>"
@@ -268,6 +312,26 @@ class QwenVisionProcessor(RepeatedPlaceholder):
                 not 0 < processor.min_pixels <= processor.max_pixels or processor.resample not in RESAMPLE:
             raise ProcessorConfigError(f"preprocessor_config.json: unusable sizes {processor}")
         return processor
+
+    def with_request_kwargs(self, kwargs: dict[str, Any]) -> "QwenVisionProcessor":
+        """This processor with ``mm_processor_kwargs`` merged over those it has, as vLLM merges a request's over its
+        configured ones: the pixel bounds, flat (images and videos) or in images_kwargs / videos_kwargs (one
+        modality's, over the flat ones); ``size`` with both edges or ``min_pixels`` / ``max_pixels`` (a bound not
+        given is the processor's own, as transformers fills it). ValueError naming what it cannot take."""
+        merged = dict(self.settings)
+        for layer, bounds in qwen_pixel_layers(kwargs).items():
+            merged[layer] = tuple(sorted({**dict(merged.get(layer, ())), **dict(bounds)}.items()))
+        flat, own = dict(merged.get("", ())), dict(merged.get(f"{getattr(self, 'modality', 'image')}s", ()))
+        if flat.keys() & own.keys():  # transformers refuses a setting given flat and for the modality both
+            raise ValueError(f"{', '.join(sorted(flat.keys() & own.keys()))} given both flat and in "
+                             f"{getattr(self, 'modality', 'image')}s_kwargs")
+        base = self.config_pixels or (self.min_pixels, self.max_pixels)
+        bounds = {"min_pixels": base[0], "max_pixels": base[1], **flat, **own}
+        if not 1 <= bounds["min_pixels"] <= bounds["max_pixels"] <= QWEN_PIXELS_MAX:
+            raise ValueError(f"the pixel bounds come to {bounds['min_pixels']}..{bounds['max_pixels']}: they must "
+                             f"be ordered, from 1 to {QWEN_PIXELS_MAX}")
+        return dataclasses.replace(self, min_pixels=bounds["min_pixels"], max_pixels=bounds["max_pixels"],
+                                   config_pixels=base, settings=tuple(sorted(merged.items())))
 
     def describe(self) -> str:
         return f"{self.family}:{self.patch_size}:{self.temporal_patch_size}:{self.merge_size}:{self.min_pixels}:" \

@@ -459,6 +459,17 @@ class Qwen3VideoProcessor(QwenVideoProcessor):
     encode_text: "Callable[[str], list[int]] | None" = dataclasses.field(default=None, compare=False)
     family = "qwen3_vl"
     loader = "qwen3_vl"
+    # Its pixel bounds are over the whole video and its per-frame cap its own: a request's or the node's
+    # mm_processor_kwargs that reach its videos are not applied here (refused, not answered otherwise); those for
+    # images only (images_kwargs) leave it as it is.
+    request_kwargs = ("images_kwargs",)
+
+    def with_request_kwargs(self, kwargs: "dict[str, Any]") -> "Qwen3VideoProcessor":
+        reaching = [key for key in kwargs if key != "images_kwargs"]
+        if reaching:
+            raise ValueError(f"{', '.join(map(repr, reaching))}: no mm_processor_kwargs are applied to Qwen3-VL's "
+                             "videos here (images_kwargs are to its images)")
+        return self
 
     @classmethod
     def from_files(cls, files: "dict[str, dict[str, Any]]", token_to_id: Callable[[str], "int | None"],

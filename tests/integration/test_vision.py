@@ -11,6 +11,7 @@ images; tokenize counting them; streaming."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import http.server
 import io
 import socket
@@ -165,7 +166,8 @@ def engines(log_dir):
 def node(engines, log_dir):
     n = NodeProcess(["--worker-urls", *(e.url for e in engines), "--media-allowed-hosts", f"{IMAGE_HOST}/32",
                      "localhost", "--media-max-image-bytes", "200000", "--media-fetch-timeout-secs", "1",
-                     "--media-max-images", "3", "--max-payload-size", "4000000"], log_dir, "vision-node")
+                     "--media-max-images", "3", "--max-payload-size", "4000000", "--media-trust-request-kwargs"],
+                    log_dir, "vision-node")
     yield n
     n.stop()
 
@@ -194,6 +196,23 @@ def test_an_image_in_a_chat_is_counted_and_changes_the_answer(client, node):
     assert plain.usage.prompt_tokens < red.usage.prompt_tokens
     models = {m.id: m.model_extra["tasks"] for m in client.models.list().data}
     assert models == {MODEL: ["generate", "vision", "video"], "text-sim": ["generate"]}  # (the sim is a Qwen2-VL)
+
+
+def test_a_requests_pixel_bounds_resize_the_image_as_the_processor_would(client):
+    # vLLM's mm_processor_kwargs for Qwen-VL (trusted by this node): the image kept within max_pixels, so fewer
+    # tokens (the engine checks the grid against the range); an unknown setting is a 400, not an answer otherwise.
+    large = data_uri(png(200, 150, 7))
+    bounded = ask(client, large, extra_body={"mm_processor_kwargs": {"max_pixels": 28 * 28 * 16}})
+    in_images = ask(client, large, extra_body={"mm_processor_kwargs": {"images_kwargs": {"max_pixels": 28 * 28 * 16}}})
+    plain = ask(client, large)
+    small = dataclasses.replace(PROCESSOR, max_pixels=28 * 28 * 16)
+    tokens = small.process(Image.open(io.BytesIO(png(200, 150, 7))).convert("RGB"), False).tokens
+    assert plain.usage.prompt_tokens - bounded.usage.prompt_tokens == image_tokens(png(200, 150, 7)) - tokens > 0
+    assert in_images.usage.prompt_tokens == bounded.usage.prompt_tokens
+    assert bounded.choices[0].message.content != plain.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="'fps' is not applied") as caught:
+        ask(client, large, extra_body={"mm_processor_kwargs": {"fps": 2}})
+    assert caught.value.body["param"] == "mm_processor_kwargs"
 
 
 def test_streamed_and_fetched_over_http_from_an_allowed_host(client, images):

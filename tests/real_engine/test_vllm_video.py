@@ -18,6 +18,7 @@ import io
 import tempfile
 
 import numpy as np
+import openai
 import pytest
 from PIL import Image
 
@@ -36,8 +37,10 @@ MODELS = {"qwen2-vl": "SMG_VLLM_VISION_MODEL", "qwen2.5-vl": "SMG_VLLM_QWEN2_5_V
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def video(request):
+    # A request's mm_processor_kwargs trusted on both sides (the pixel bounds, below).
     with vision_pair(MODELS[request.param], f"vllm-video-{request.param}", 18055, 18065,
-                     '{"image": 2, "video": 2}') as pair:
+                     '{"image": 2, "video": 2}', server_flags=("--trust-request-mm-kwargs",),
+                     node_flags=("--media-trust-request-kwargs",)) as pair:
         yield pair
 
 
@@ -117,3 +120,25 @@ def test_the_video_moves_the_models_probabilities_as_on_vllms_own_server(video):
         assert max(abs(mine[t] - reference[t]) for t in shared) < LOGPROB_TOLERANCE, (mine, reference)
         seen.add(tuple(sorted(mine.items())))
     assert len(seen) == len(VIDEOS), "different videos gave the same probabilities"
+
+
+# vLLM's mm_processor_kwargs for Qwen-VL: the pixel bounds, flat (images and videos), for one modality
+# (images_kwargs, videos_kwargs), a bound alone (the other the processor's own) or as transformers' size.
+PIXEL_KWARGS = [{"max_pixels": 28 * 28 * 6}, {"images_kwargs": {"max_pixels": 28 * 28 * 6}},
+                {"videos_kwargs": {"max_pixels": 28 * 28 * 6}}, {"min_pixels": 28 * 28 * 300},
+                {"size": {"shortest_edge": 28 * 28 * 2, "longest_edge": 28 * 28 * 10}}]
+
+
+@pytest.mark.parametrize("kwargs", PIXEL_KWARGS, ids=lambda kwargs: "-".join(kwargs))
+def test_a_requests_pixel_bounds_give_vllms_own_prompt_and_answer(video, kwargs):
+    ours, theirs, model = video
+    args = ([VIDEOS["jpeg frames 5 of 120x90"]], [IMAGES["noise 100x80"]])
+    reference = _chat(theirs, model, *args, extra_body={"mm_processor_kwargs": kwargs})
+    if model.endswith("qwen3-vl") and "images_kwargs" not in kwargs:
+        # Qwen3-VL's videos take none here (their bounds are over the whole video): refused, not answered otherwise.
+        with pytest.raises(openai.BadRequestError, match="Qwen3-VL's videos"):
+            _chat(ours, model, *args, extra_body={"mm_processor_kwargs": kwargs})
+        return
+    mine = _chat(ours, model, *args, extra_body={"mm_processor_kwargs": kwargs})
+    assert mine.usage.prompt_tokens == reference.usage.prompt_tokens != _chat(theirs, model, *args).usage.prompt_tokens
+    assert mine.choices[0].message.content == reference.choices[0].message.content

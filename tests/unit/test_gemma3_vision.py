@@ -247,7 +247,7 @@ def test_request_kwargs_are_checked_and_make_their_own_cache_key(tokenizer):
             with_request_kwargs(cropping, bad)
     with pytest.raises(ValueError, match="tokenizer"):  # its text needs the model's tokenizer
         with_request_kwargs(processor, {"do_pan_and_scan": True})
-    qwen = image_processor({"preprocessor_config.json": {"image_processor_type": "Qwen2VLImageProcessor"}},
-                           {"<|image_pad|>": 7}.get)
+    llava = image_processor({"preprocessor_config.json": {"image_processor_type": "CLIPImageProcessor"}},
+                            {"<image>": 7}.get)
     with pytest.raises(ValueError, match="take no mm_processor_kwargs"):
-        with_request_kwargs(qwen, {"max_pixels": 100})
+        with_request_kwargs(llava, {"max_pixels": 100})

