@@ -327,9 +327,11 @@ class QwenVisionProcessor(RepeatedPlaceholder):
                              f"{getattr(self, 'modality', 'image')}s_kwargs")
         base = self.config_pixels or (self.min_pixels, self.max_pixels)
         bounds = {"min_pixels": base[0], "max_pixels": base[1], **flat, **own}
-        if not 1 <= bounds["min_pixels"] <= bounds["max_pixels"] <= QWEN_PIXELS_MAX:
-            raise ValueError(f"the pixel bounds come to {bounds['min_pixels']}..{bounds['max_pixels']}: they must "
-                             f"be ordered, from 1 to {QWEN_PIXELS_MAX}")
+        # Not required in order: smart_resize takes a minimum above the maximum as transformers' does (shrunk to the
+        # maximum when above it, else grown to the minimum), and vLLM's server answers it.
+        if max(bounds["min_pixels"], bounds["max_pixels"]) > QWEN_PIXELS_MAX:
+            raise ValueError(f"the pixel bounds come to {bounds['min_pixels']} and {bounds['max_pixels']}: at most "
+                             f"{QWEN_PIXELS_MAX}")
         return dataclasses.replace(self, min_pixels=bounds["min_pixels"], max_pixels=bounds["max_pixels"],
                                    config_pixels=base, settings=tuple(sorted(merged.items())))
 
