@@ -184,8 +184,7 @@ async def with_media(state: GatewayState, entry: ModelEntry, chat: ChatRequest, 
             continue
         if processor is None:
             raise (_images_not_supported if refs is chat.images else _videos_not_supported)(entry, chat)
-        if chat.media_kwargs or chat.media_io_kwargs:
-            check_media_kwargs_trusted(state, chat)
+        if chat.media_kwargs:  # (trusted: the chat's entry checked it, check_media_kwargs_trusted)
             try:
                 processor = with_request_kwargs(processor, chat.media_kwargs)
             except ValueError as e:

@@ -321,10 +321,10 @@ class QwenVisionProcessor(RepeatedPlaceholder):
         merged = dict(self.settings)
         for layer, bounds in qwen_pixel_layers(kwargs).items():
             merged[layer] = tuple(sorted({**dict(merged.get(layer, ())), **dict(bounds)}.items()))
-        flat, own = dict(merged.get("", ())), dict(merged.get(f"{getattr(self, 'modality', 'image')}s", ()))
+        modality = getattr(self, "modality", "image")
+        flat, own = dict(merged.get("", ())), dict(merged.get(f"{modality}s", ()))
         if flat.keys() & own.keys():  # transformers refuses a setting given flat and for the modality both
-            raise ValueError(f"{', '.join(sorted(flat.keys() & own.keys()))} given both flat and in "
-                             f"{getattr(self, 'modality', 'image')}s_kwargs")
+            raise ValueError(f"{', '.join(sorted(flat.keys() & own.keys()))} given both flat and in {modality}s_kwargs")
         base = self.config_pixels or (self.min_pixels, self.max_pixels)
         bounds = {"min_pixels": base[0], "max_pixels": base[1], **flat, **own}
         # Not required in order: smart_resize takes a minimum above the maximum as transformers' does (shrunk to the
@@ -551,13 +551,12 @@ class Gemma3Processor:
         """This processor with ``mm_processor_kwargs`` applied over those it has (pan and scan's four, as vLLM's
         server takes them: each one never set the processor's default); ValueError naming the first it cannot
         take."""
-        settings = {**PAN_AND_SCAN_DEFAULTS, **dict(self.settings)}
-        for key, value in kwargs.items():
-            if key not in settings:
+        for key in kwargs:
+            if key not in PAN_AND_SCAN_DEFAULTS:
                 raise ValueError(f"{key!r} is not applied to Gemma 3's images here (these are: "
                                  f"{', '.join(PAN_AND_SCAN_DEFAULTS)})")
-            settings[key] = value
         applied = tuple(sorted({**dict(self.settings), **kwargs}.items()))
+        settings = {**PAN_AND_SCAN_DEFAULTS, **dict(applied)}
         if not isinstance(settings["do_pan_and_scan"], bool):
             raise ValueError("'do_pan_and_scan' must be a boolean")
         if not settings["do_pan_and_scan"]:
