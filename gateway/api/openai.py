@@ -271,12 +271,11 @@ async def _chat_on_pool(state: GatewayState, request: Request, raw: bytes, chat:
     if tokenizer.chat_template is None:
         raise BadRequest(f"the model '{entry.name}' has no chat template; use /v1/completions or pass "
                          f"--chat-template", code="no_chat_template")
-    if chat.media_kwargs or chat.media_io_kwargs:
-        check_media_kwargs_trusted(state, chat)
+    loading = check_media_kwargs_trusted(state, chat) if chat.media_kwargs or chat.media_io_kwargs else None
     input_ids = await encode_chat(state, request, entry, tokenizer, chat, True, raw)
     media = routing_ids = None
     if chat.images or chat.videos:
-        input_ids, media, routing_ids = await with_media(state, entry, chat, input_ids, request.tenant_key)
+        input_ids, media, routing_ids = await with_media(state, entry, chat, input_ids, request.tenant_key, loading)
     plan = plan_generation(state, request, entry, input_ids, chat.sampling, chat.stream, "messages", media,
                            routing_ids)
     response_id = "chatcmpl-" + request.request_id

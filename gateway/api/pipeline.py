@@ -36,7 +36,7 @@ from ..serving.generation import (AnswerTooLarge, GenerationPlan, GenerationResu
                                   UsageTally, answer_bytes_estimate)
 from ..media.families import with_request_kwargs
 from ..media.service import MediaError, MediaInputs, expand_batches
-from ..media.video import VIDEO_MODEL_TYPES
+from ..media.video import VIDEO_MODEL_TYPES, VideoLoading
 from ..serving.models import ModelEntry
 from ..routing.policies import RoutingRequest
 from ..tokenizer.chat_template import TemplateError
@@ -154,11 +154,11 @@ async def chat_prompt(state: GatewayState, request: Request, chat: ChatRequest, 
     return ChatPrompt(entry, tokenizer, *await with_media(state, entry, chat, ids, request.tenant_key))
 
 
-def check_media_kwargs_trusted(state: GatewayState, chat: ChatRequest) -> None:
-    """A request's own mm_processor_kwargs are a 400 unless the node trusts them (``--media-trust-request-kwargs``,
-    vLLM's --trust-request-mm-kwargs: a client's crops multiply what its images cost), with or without images, as
-    vLLM's server answers; so are its media_io_kwargs, and trusted they are still a 400: how media are loaded is
-    the node's (--media-video-fps, --media-video-frames), never a request's answered otherwise."""
+def check_media_kwargs_trusted(state: GatewayState, chat: ChatRequest) -> "VideoLoading | None":
+    """A request's own mm_processor_kwargs and media_io_kwargs are a 400 unless the node trusts them
+    (``--media-trust-request-kwargs``, vLLM's --trust-request-mm-kwargs: a client's crops or frames multiply what
+    its media cost), with or without media, as vLLM's server answers. Trusted, the media_io_kwargs are checked here
+    and are how the request's videos load (returned; None without them)."""
     trusted = state.media.config.trust_request_kwargs
     for value, param, what in ((chat.media_kwargs, "mm_processor_kwargs", "preprocessing"),
                                (chat.media_io_kwargs, "media_io_kwargs", "media loading")):
@@ -166,17 +166,21 @@ def check_media_kwargs_trusted(state: GatewayState, chat: ChatRequest) -> None:
             raise BadRequest(f"Per-request {param} are disabled by default because they can change multimodal "
                              f"{what} resource usage. Start the node with --media-trust-request-kwargs only when "
                              "clients are trusted.", param=param, code="invalid_value")
-    if chat.media_io_kwargs:
-        raise BadRequest("media_io_kwargs are not applied per request by this node: its --media-video-fps and "
-                         "--media-video-frames say how videos are loaded", param="media_io_kwargs",
-                         code="invalid_value")
+    if not chat.media_io_kwargs:
+        return None
+    try:
+        return state.media.loading.with_request(chat.media_io_kwargs)
+    except ValueError as e:
+        raise BadRequest(f"media_io_kwargs: {e}", param="media_io_kwargs", code="invalid_value") from None
 
 
 async def with_media(state: GatewayState, entry: ModelEntry, chat: ChatRequest, ids: "list[int]",
-                      tenant: str | None) -> "tuple[list[int], tuple[MediaInputs, ...], list[int]]":
+                      tenant: str | None, loading: "VideoLoading | None" = None
+                      ) -> "tuple[list[int], tuple[MediaInputs, ...], list[int]]":
     """The chat's images and videos fetched and processed for the model (gateway/media), and its prompt ids with
     each one's placeholder expanded: (ids, a batch of inputs per modality, the ids routing reads). ``tenant``:
-    whose share of the media pools they take (the request's ``tenant_key``)."""
+    whose share of the media pools they take (the request's ``tenant_key``); ``loading``: how its videos load,
+    when the request says (check_media_kwargs_trusted)."""
     wanted: list[tuple[list[Any], Any, int | None]] = []
     for refs, processor, items_max in ((chat.images, entry.image_processor, entry.images_max),
                                        (chat.videos, entry.video_processor, entry.videos_max)):
@@ -193,10 +197,10 @@ async def with_media(state: GatewayState, entry: ModelEntry, chat: ChatRequest, 
         wanted.append((list(refs), processor, items_max))
     tracing = state.tracing
     if tracing is None or not tracing.active():
-        batches = await state.media.prepare_all(wanted, entry.normalize_images, tenant)
+        batches = await state.media.prepare_all(wanted, entry.normalize_images, tenant, loading)
     else:
         with tracing.span("media", attributes={"smg.images": len(chat.images), "smg.videos": len(chat.videos)}):
-            batches = await state.media.prepare_all(wanted, entry.normalize_images, tenant)
+            batches = await state.media.prepare_all(wanted, entry.normalize_images, tenant, loading)
     if entry.image_tokens_max is not None:
         for (refs, _, _), media in zip(wanted, batches):
             for ref, item in zip(refs, media.images):

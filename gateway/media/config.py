@@ -68,8 +68,9 @@ class MediaConfig:
     pixel_reference: str = "torchvision"
     # Settings of the models' image and video processors, as vLLM's --mm-processor-kwargs (Gemma 3's pan and scan,
     # Qwen-VL's pixel bounds), applied to each model whose family takes them; a request's own mm_processor_kwargs
-    # over them only when trust_request_kwargs is set (vLLM's --trust-request-mm-kwargs, off by default for the same
-    # reason: a client's crops multiply what its images cost).
+    # over them, and its media_io_kwargs over video_frames and video_fps, only when trust_request_kwargs is set
+    # (vLLM's --trust-request-mm-kwargs, off by default for the same reason: a client's crops and frames multiply
+    # what its media cost).
     processor_kwargs: "tuple[tuple[str, Any], ...]" = ()
     trust_request_kwargs: bool = False
 
@@ -133,6 +134,7 @@ OPTIONS = (
            "pan_and_scan_*, Qwen-VL's min_pixels / max_pixels (applied to each model whose family takes them)",
            "engines"),
     Option("--media-trust-request-kwargs", "media.trust_request_kwargs", "bool", "take a request's own "
-           "mm_processor_kwargs (over --media-processor-kwargs), as vLLM's --trust-request-mm-kwargs: only when "
-           "clients are trusted (a client's crops multiply what its images cost)", "security"),
+           "mm_processor_kwargs (over --media-processor-kwargs) and media_io_kwargs (over --media-video-frames and "
+           "--media-video-fps), as vLLM's --trust-request-mm-kwargs: only when clients are trusted (a client's crops "
+           "and frames multiply what its media cost)", "security"),
 )

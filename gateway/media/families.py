@@ -16,11 +16,13 @@ from ..base.registry import Registry
 from .idefics3 import Idefics3Processor
 from .internvl import InternVLProcessor
 from .llama4 import Llama4Processor
-from .processors import ClipStyleProcessor, Gemma3Processor, ImageProcessor, PixtralProcessor, QwenVisionProcessor
+from .processors import (QWEN3_VL_MODEL_TYPES, ClipStyleProcessor, Gemma3Processor, ImageProcessor, PixtralProcessor,
+                         QwenVisionProcessor)
 
 IMAGE_PROCESSORS: Registry[Callable[..., ImageProcessor]] = Registry("image processor")
 IMAGE_PROCESSORS.add("qwen2_vl", lambda config, token_to_id, files: QwenVisionProcessor.from_config(
-    config, token_to_id), "Qwen2-VL, Qwen2.5-VL, Qwen3-VL: smart_resize, patches by merge window, grid (t, h, w)",
+    config, token_to_id, partial_size=(files.get("config.json") or {}).get("model_type") in QWEN3_VL_MODEL_TYPES),
+    "Qwen2-VL, Qwen2.5-VL, Qwen3-VL: smart_resize, patches by merge window, grid (t, h, w)",
     types=("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImageProcessorPil"))
 IMAGE_PROCESSORS.add("llava", ClipStyleProcessor.from_config, "LLaVA 1.5 and CLIP-style: shortest side, center "
                      "crop, normalized", types=("CLIPImageProcessor", "CLIPImageProcessorFast", "CLIPImageProcessorPil",

@@ -207,12 +207,17 @@ class RepeatedPlaceholder(PlaceholderIsImageToken):
 # the published models' own bound (12.8 M); tokens grow with them, so they are bounded as every media input is.
 QWEN_PIXELS_MAX = 4096 * 4096
 _QWEN_PIXEL_KEYS = ("min_pixels", "max_pixels", "size")
+QWEN3_VL_MODEL_TYPES = ("qwen3_vl", "qwen3_vl_moe")  # config.json's model_type of Qwen3-VL models
+_QWEN_SIZE_EDGES = {"shortest_edge": "min_pixels", "longest_edge": "max_pixels"}
 
 
-def qwen_pixel_layers(kwargs: dict[str, Any]) -> "dict[str, tuple[tuple[str, int], ...]]":
+def qwen_pixel_layers(kwargs: dict[str, Any], partial_size: bool = False
+                      ) -> "dict[str, tuple[tuple[str, int], ...]]":
     """Qwen-VL's mm_processor_kwargs as pixel bounds by layer ("" flat, "images", "videos"), each
-    ((min_pixels|max_pixels, value), ...); ``size`` read as its two edges (both, as transformers needs them).
-    ValueError naming what is not taken here."""
+    ((min_pixels|max_pixels, value), ...), as vLLM 0.32 reads each layer (its Qwen-VL size aliases): ``size``'s
+    edges (shortest_edge the minimum, longest_edge the maximum; one alone only with ``partial_size``), then
+    ``min_pixels`` / ``max_pixels`` over them; a bound given as None is not given. ValueError naming what is not
+    taken here."""
     layers: dict[str, tuple[tuple[str, int], ...]] = {}
     for layer, given in (("", kwargs), ("images", kwargs.get("images_kwargs")),
                          ("videos", kwargs.get("videos_kwargs"))):
@@ -228,12 +233,12 @@ def qwen_pixel_layers(kwargs: dict[str, Any]) -> "dict[str, tuple[tuple[str, int
         bounds: dict[str, Any] = {}
         size = given.get("size")
         if size is not None:
-            if not (isinstance(size, dict) and set(size) == {"shortest_edge", "longest_edge"}):
-                raise ValueError("'size' must give both 'shortest_edge' and 'longest_edge' (as transformers needs)")
-            if "min_pixels" in given or "max_pixels" in given:
-                raise ValueError("give either 'size' or 'min_pixels' / 'max_pixels'")
-            bounds = {"min_pixels": size["shortest_edge"], "max_pixels": size["longest_edge"]}
-        bounds.update({key: given[key] for key in ("min_pixels", "max_pixels") if key in given})
+            if not (isinstance(size, dict) and size.keys() <= _QWEN_SIZE_EDGES.keys()):
+                raise ValueError("'size' takes 'shortest_edge' (the fewest pixels) and 'longest_edge' (the most)")
+            if not partial_size and len(size) == 1:  # transformers' Qwen2-VL processors refuse it, so vLLM does
+                raise ValueError("'size' must give both 'shortest_edge' and 'longest_edge' for this model")
+            bounds = {_QWEN_SIZE_EDGES[edge]: value for edge, value in size.items()}
+        bounds.update({key: given[key] for key in ("min_pixels", "max_pixels") if given.get(key) is not None})
         for key, value in bounds.items():
             if type(value) is not int or value < 1:
                 raise ValueError(f"'{key}' must be a positive integer")
@@ -279,10 +284,14 @@ class QwenVisionProcessor(RepeatedPlaceholder):
     rescale_factor: float = 1 / 255
     resample: int = 3
     reference: str = "torchvision"
-    # The pixel bounds its files gave, and the mm_processor_kwargs applied over them so far (the node's, then a
-    # request's), by layer: "" the flat ones, "images" / "videos" images_kwargs / videos_kwargs.
+    # The pixel bounds its files gave, and the mm_processor_kwargs applied over them so far in the order they
+    # apply (the node's, then a request's; each flat, then per modality), by layer: "" the flat ones, "images" /
+    # "videos" images_kwargs / videos_kwargs.
     config_pixels: "tuple[int, int] | None" = dataclasses.field(default=None, compare=False)
     settings: "tuple[tuple[str, tuple[tuple[str, int], ...]], ...]" = dataclasses.field(default=(), compare=False)
+    # Whether a ``size`` with one edge is taken (the other the processor's own): vLLM completes it for Qwen3-VL (its
+    # processor's _apply_hf_processor_main) and hands Qwen2-VL's and Qwen2.5-VL's to transformers, which refuses it.
+    partial_size: bool = False
     family = "qwen2_vl"
     request_kwargs = ("min_pixels", "max_pixels", "size", "images_kwargs", "videos_kwargs")
     flat_pixels_by = "patches_per_image"
@@ -314,26 +323,25 @@ class QwenVisionProcessor(RepeatedPlaceholder):
         return processor
 
     def with_request_kwargs(self, kwargs: dict[str, Any]) -> "QwenVisionProcessor":
-        """This processor with ``mm_processor_kwargs`` merged over those it has, as vLLM merges a request's over its
-        configured ones: the pixel bounds, flat (images and videos) or in images_kwargs / videos_kwargs (one
-        modality's, over the flat ones); ``size`` with both edges or ``min_pixels`` / ``max_pixels`` (a bound not
-        given is the processor's own, as transformers fills it). ValueError naming what it cannot take."""
-        merged = dict(self.settings)
-        for layer, bounds in qwen_pixel_layers(kwargs).items():
-            merged[layer] = tuple(sorted({**dict(merged.get(layer, ())), **dict(bounds)}.items()))
-        modality = getattr(self, "modality", "image")
-        flat, own = dict(merged.get("", ())), dict(merged.get(f"{modality}s", ()))
-        if flat.keys() & own.keys():  # transformers refuses a setting given flat and for the modality both
-            raise ValueError(f"{', '.join(sorted(flat.keys() & own.keys()))} given both flat and in {modality}s_kwargs")
+        """This processor with ``mm_processor_kwargs`` applied over those it has, as vLLM 0.32 merges a request's
+        over its configured ones: the pixel bounds, flat (images and videos) or in images_kwargs / videos_kwargs,
+        each bound the last of the node's flat, the node's for this modality, the request's flat, the request's
+        for this modality (vLLM's precedence: a modality's own over the flat one, no error for both); a bound none
+        gives stays the processor's own. ValueError naming what it cannot take."""
+        settings = self.settings + tuple(qwen_pixel_layers(kwargs, self.partial_size).items())  # flat, then each
+        own = f"{getattr(self, 'modality', 'image')}s"
         base = self.config_pixels or (self.min_pixels, self.max_pixels)
-        bounds = {"min_pixels": base[0], "max_pixels": base[1], **flat, **own}
+        bounds = {"min_pixels": base[0], "max_pixels": base[1]}
+        for layer, given in settings:
+            if layer in ("", own):
+                bounds.update(given)
         # Not required in order: smart_resize takes a minimum above the maximum as transformers' does (shrunk to the
         # maximum when above it, else grown to the minimum), and vLLM's server answers it.
         if max(bounds["min_pixels"], bounds["max_pixels"]) > QWEN_PIXELS_MAX:
             raise ValueError(f"the pixel bounds come to {bounds['min_pixels']} and {bounds['max_pixels']}: at most "
                              f"{QWEN_PIXELS_MAX}")
         return dataclasses.replace(self, min_pixels=bounds["min_pixels"], max_pixels=bounds["max_pixels"],
-                                   config_pixels=base, settings=tuple(sorted(merged.items())))
+                                   config_pixels=base, settings=settings)
 
     def describe(self) -> str:
         return f"{self.family}:{self.patch_size}:{self.temporal_patch_size}:{self.merge_size}:{self.min_pixels}:" \

@@ -37,8 +37,8 @@ from .fair import FairLimiter
 from ..net.outbound import HostPolicy
 from .fetch import Fetcher, FetchFailed, FetchRefused, FetchTimedOut, data_uri_bytes
 from .processors import ImageProcessor, ProcessedImage
-from .video import (JPEG_FRAMES_FPS, QWEN_FPS, VideoRefused, decode_container_isolated, decode_jpeg_frames,
-                    is_jpeg_frames, jpeg_frames_payload)
+from .video import (JPEG_FRAMES_FPS, QWEN_FPS, VideoLoading, VideoRefused, decode_container_isolated,
+                    decode_jpeg_frames, is_jpeg_frames, jpeg_frames_payload)
 
 URL_CACHE_TTL_S = 300.0  # a fetched URL's bytes are reused this long: an image behind a URL may change
 
@@ -330,29 +330,31 @@ class MediaService:
         self.processed = 0  # images decoded and processed (cache misses)
         self.refused = collections.Counter()  # images refused, by code
         self.process_seconds = 0.0  # thread time spent decoding and processing
+        self.loading = VideoLoading(config.video_frames, config.video_fps)  # how videos load unless a request says
 
     async def aclose(self) -> None:
         await self.fetcher.aclose()
 
     async def prepare_all(self, batches: "list[tuple[list[Any], Any, int | None]]", normalize: bool,
-                          tenant: str | None = None) -> "list[MediaInputs]":
+                          tenant: str | None = None, loading: "VideoLoading | None" = None) -> "list[MediaInputs]":
         """``prepare`` for each of a request's modalities, (refs, processor, items_max) each, one after the other:
         their bytes together within the request's bound (one budget), given back at the end."""
         budget = _Budget(self, tenant)
         try:
-            return [await self.prepare(refs, processor, normalize, items_max, tenant, budget)
+            return [await self.prepare(refs, processor, normalize, items_max, tenant, budget, loading)
                     for refs, processor, items_max in batches]
         finally:
             budget.close()
 
     async def prepare(self, refs: "list[ImageRef] | list[VideoRef]", processor: Any, normalize: bool,
-                      images_max: int | None = None, tenant: str | None = None, budget: "_Budget | None" = None
-                      ) -> MediaInputs:
+                      images_max: int | None = None, tenant: str | None = None, budget: "_Budget | None" = None,
+                      loading: "VideoLoading | None" = None) -> MediaInputs:
         """Every image (or every video) of a request, processed for ``processor``, in order (``normalize``: the
         normalized floats too, for engines that take them); MediaError for the first that fails. ``images_max``:
         the engines' own bound on items of this modality per prompt, when lower than this node's. ``tenant``:
         whose share of the threads, connections and bytes the request takes (None: the open data plane's).
-        ``budget``: the request's, when its other modalities share it (``prepare_all`` closes it)."""
+        ``budget``: the request's, when its other modalities share it (``prepare_all`` closes it). ``loading``: how
+        its videos are loaded, when the request says (else the node's)."""
         config = self.config
         modality = refs[0].modality
         own = config.images_per_request_max if modality == "image" else config.videos_per_request_max
@@ -371,7 +373,8 @@ class MediaService:
 
         async def one(index: int, nursery: trio.Nursery) -> None:
             try:
-                images[index], hashes[index] = await self._image(refs[index], processor, normalize, budget)
+                images[index], hashes[index] = await self._image(refs[index], processor, normalize, budget,
+                                                                 loading or self.loading)
             except Exception as e:
                 failures.append(e)
                 nursery.cancel_scope.cancel()
@@ -394,8 +397,8 @@ class MediaService:
                              "request", code="images_differ_in_size", param=refs[0].where)
         return MediaInputs(processor, images, hashes)
 
-    async def _image(self, ref: "ImageRef | VideoRef", processor: Any, normalize: bool, budget: _Budget
-                     ) -> tuple[ProcessedImage, str]:
+    async def _image(self, ref: "ImageRef | VideoRef", processor: Any, normalize: bool, budget: _Budget,
+                     loading: VideoLoading) -> tuple[ProcessedImage, str]:
         try:
             data = await self._bytes(ref, budget)
         except (FetchRefused, FetchFailed, FetchTimedOut) as e:
@@ -408,7 +411,7 @@ class MediaService:
         digest = hashlib.blake2b(data, digest_size=32).digest()
         describe = processor.describe()
         if ref.modality == "video":  # the frames taken, and how they came: the same bytes give the same frames
-            describe += f":{self.config.video_frames}:{self.config.video_fps}:{is_jpeg_frames(ref.url)}"
+            describe += f":{loading.describe()}:{is_jpeg_frames(ref.url)}"
         image_hash = hashlib.blake2b(digest + describe.encode(), digest_size=32).hexdigest()
         key = (ref.modality, image_hash, normalize)
         now = time.monotonic()
@@ -419,7 +422,7 @@ class MediaService:
         try:
             # Abandoned on cancel: a client that left does not wait for its decode (which the limiter still
             # counts until it ends, so abandoned work cannot pile up past the bound).
-            processed = await trio.to_thread.run_sync(self._process, data, processor, normalize, ref,
+            processed = await trio.to_thread.run_sync(self._process, data, processor, normalize, ref, loading,
                                                       limiter=self.threads.for_tenant(budget.tenant),
                                                       abandon_on_cancel=True)
         except (ImageRefused, VideoRefused, ValueError) as e:  # not taken here, or a shape the processor refuses
@@ -432,15 +435,16 @@ class MediaService:
         self._cache.put(key, processed, processed.nbytes)
         return processed, image_hash
 
-    def _process(self, data: bytes, processor: Any, normalize: bool, ref: "ImageRef | VideoRef") -> ProcessedImage:
+    def _process(self, data: bytes, processor: Any, normalize: bool, ref: "ImageRef | VideoRef",
+                 loading: VideoLoading) -> ProcessedImage:
         config = self.config
         if ref.modality == "image":
             return processor.process(decode_image(data, config.image_pixels_max, processor.size_problem), normalize)
         if is_jpeg_frames(ref.url):
-            video = decode_jpeg_frames(data, config.video_frames, config.video_fps or JPEG_FRAMES_FPS,
+            video = decode_jpeg_frames(data, loading.frames, loading.fps or JPEG_FRAMES_FPS,
                                        config.image_pixels_max, config.video_pixels_max)
         else:  # in a child process: FFmpeg reading a client's file may crash (video.decode_container_isolated)
-            video = decode_container_isolated(data, config.video_fps or QWEN_FPS, config.image_pixels_max,
+            video = decode_container_isolated(data, loading.fps or QWEN_FPS, config.image_pixels_max,
                                               config.video_pixels_max, config.video_decode_timeout_s, processor.loader)
         problem = processor.size_problem(video.frames.shape[2], video.frames.shape[1])
         if problem is not None:

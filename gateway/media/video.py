@@ -106,14 +106,66 @@ class DecodedVideo:
     every_frame_taken: bool = False
 
 
-def decode_jpeg_frames(payload: bytes, frames: int, fps: float, frame_pixels_max: int, pixels_max: int
+# vLLM's VideoMediaIO num_frames when neither its --media-io-kwargs nor a request says one.
+VIDEO_FRAMES_DEFAULT = 32
+VIDEO_FPS_MAX = 1000.0  # a request's media_io fps at most (files are sampled at 30 a second at most anyway)
+LOADING_KEYS = ("num_frames", "fps")  # the media_io_kwargs a request's videos take here
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoLoading:
+    """How a request's videos are loaded (vLLM's video media_io_kwargs, the node's --media-video-frames and
+    --media-video-fps, a request's own over them): ``frames`` taken from a JPEG frame list, its first ones (None:
+    every one; vLLM's num_frames, -1 for all; its Qwen-VL loaders ignore it for a file); ``fps``, the rate a file is
+    sampled at and a JPEG frame list is said to be taken at (None: the loader's own, 2 a second for a file, 1 for a
+    frame list)."""
+
+    frames: "int | None" = VIDEO_FRAMES_DEFAULT
+    fps: "float | None" = None
+
+    def with_request(self, kwargs: "dict[str, Any]") -> "VideoLoading":
+        """These settings with a request's media_io_kwargs over them, as vLLM's VideoMediaIO.merge_kwargs merges
+        them: a request that sets one of num_frames and fps leaves the other to the loader's default, not the
+        node's (the two interact). ValueError naming what is not taken here."""
+        other = [key for key in kwargs if key != "video"]
+        if other:
+            raise ValueError(f"{', '.join(map(repr, other))}: only a video's loading is set per request here")
+        video = kwargs.get("video")
+        if not isinstance(video, dict):
+            raise ValueError("'video' must be an object")
+        unknown = [key for key in video if key not in LOADING_KEYS]
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} not applied "
+                             f"to videos here (these are: {', '.join(LOADING_KEYS)})")
+        frames, fps = self.frames, self.fps
+        if "num_frames" in video:
+            frames = video["num_frames"]
+            if type(frames) is not int or not (frames == -1 or frames >= 1):
+                raise ValueError("'num_frames' must be a positive integer, or -1 for every frame")
+            frames = None if frames == -1 else frames
+            if "fps" not in video:
+                fps = None
+        if "fps" in video:
+            fps = video["fps"]
+            if type(fps) not in (int, float) or not 0 < fps <= VIDEO_FPS_MAX:
+                raise ValueError(f"'fps' must be a number above 0 and at most {VIDEO_FPS_MAX:g}")
+            fps = float(fps)
+            if "num_frames" not in video:
+                frames = VIDEO_FRAMES_DEFAULT
+        return VideoLoading(frames, fps)
+
+    def describe(self) -> str:
+        return f"{self.frames}:{self.fps}"
+
+
+def decode_jpeg_frames(payload: bytes, frames: "int | None", fps: float, frame_pixels_max: int, pixels_max: int
                        ) -> DecodedVideo:
-    """The first ``frames`` frames of a JPEG frame list (vLLM takes those, not a sample), each decoded as an image
-    is (EXIF orientation, RGB); ``fps``: the rate vLLM's loader says they were taken at (its media-io fps, 1 by
-    default)."""
+    """The first ``frames`` frames of a JPEG frame list (vLLM takes those, not a sample; None: every one), each
+    decoded as an image is (EXIF orientation, RGB); ``fps``: the rate vLLM's loader says they were taken at (its
+    media-io fps, 1 by default)."""
     if not payload:
         raise VideoRefused("the video has no frames")
-    parts = payload.split(b",", frames)[:frames]
+    parts = payload.split(b",") if frames is None else payload.split(b",", frames)[:frames]
     out: list[np.ndarray] = []
     for index, part in enumerate(parts):
         try:
@@ -443,7 +495,9 @@ class Qwen3VideoProcessor(QwenVideoProcessor):
     patch, by its time as text ("<1.5 seconds>", tokenized on its own), then <|vision_start|>, its tokens and
     <|vision_end|> (``prompt_ids``, made here). The frames: those vLLM's "qwen3_vl" loader took, or, when it took
     every frame of a file, the processor's own sample of them at its ``fps`` (vLLM's do_sample_frames); the times
-    from their indices in the source and its rate (24 a second when a file says none)."""
+    from their indices in the source and its rate (24 a second when a file says none). The pixel bounds of
+    mm_processor_kwargs (``with_request_kwargs``) are over the whole video here, as vLLM folds them into this
+    processor's ``size``."""
 
     min_pixels: int = 128 * 32 * 32
     max_pixels: int = 768 * 32 * 32
@@ -457,20 +511,9 @@ class Qwen3VideoProcessor(QwenVideoProcessor):
     vision_end_id: int = -1
     # The tokenizer's plain encode of a timestamp's text (no special tokens added), as vLLM tokenizes it.
     encode_text: "Callable[[str], list[int]] | None" = dataclasses.field(default=None, compare=False)
+    partial_size: bool = True
     family = "qwen3_vl"
     loader = "qwen3_vl"
-    # Its pixel bounds are over the whole video and its per-frame cap its own: a request's or the node's
-    # mm_processor_kwargs that reach its videos are not applied here (refused, not answered otherwise); those for
-    # images only (images_kwargs) leave it as it is.
-    request_kwargs = ("images_kwargs",)
-
-    def with_request_kwargs(self, kwargs: "dict[str, Any]") -> "Qwen3VideoProcessor":
-        reaching = [key for key in kwargs if key != "images_kwargs"]
-        if reaching:
-            raise ValueError(f"{', '.join(map(repr, reaching))}: no mm_processor_kwargs are applied to Qwen3-VL's "
-                             "videos here (images_kwargs are to its images)")
-        return self
-
     @classmethod
     def from_files(cls, files: "dict[str, dict[str, Any]]", token_to_id: Callable[[str], "int | None"],
                    reference: str = "torchvision", encode_text: "Callable[[str], list[int]] | None" = None

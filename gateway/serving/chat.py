@@ -84,7 +84,9 @@ class ChatRequest:
     # vLLM's mm_processor_kwargs: settings of the model's image processor for this request's images (Gemma 3's pan
     # and scan), checked against the model's processor when its images are processed.
     media_kwargs: "dict[str, Any] | None" = None
-    # vLLM's media_io_kwargs (how media are loaded: a video's frames a second...): not applied per request here.
+    # vLLM's media_io_kwargs: how this request's videos are loaded (their frames a second, a JPEG frame list's
+    # frames taken), over the node's --media-video-fps and --media-video-frames (gateway/media/video.py's
+    # VideoLoading).
     media_io_kwargs: "dict[str, Any] | None" = None
 
 

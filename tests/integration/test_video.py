@@ -94,7 +94,8 @@ def server():
 def client(engines, log_dir):
     node = NodeProcess(["--worker-urls", *(e.url for e in engines), "--media-max-videos", "2",
                         "--media-max-video-bytes", "300000", "--max-payload-size", "4000000",
-                        "--media-allowed-hosts", f"{IMAGE_HOST}/32", "--media-fetch-timeout-secs", "5"],
+                        "--media-allowed-hosts", f"{IMAGE_HOST}/32", "--media-fetch-timeout-secs", "5",
+                        "--media-trust-request-kwargs"],
                        log_dir, "video-node")
     yield openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0, timeout=30)
     node.stop()
@@ -231,3 +232,32 @@ def test_a_qwen3_vl_video_carries_each_temporal_patchs_time_and_the_engine_takes
     assert "at least 2" in _refused(client, "invalid_video", [one_frame], model=QWEN3_MODEL)
     models = {m.id: m.model_extra["tasks"] for m in client.models.list().data}
     assert models[QWEN3_MODEL] == ["generate", "vision", "video"]
+
+
+def test_a_requests_media_io_and_processor_kwargs_load_and_size_its_videos(client):
+    # Trusted by this node (--media-trust-request-kwargs; untrusted they are a 400: test_vision_gemma3.py), vLLM's
+    # media_io_kwargs say how a request's videos load: a JPEG frame list's first num_frames frames, a file's rate.
+    plain = ask(client)
+    three = ask(client, [FIVE], extra_body={"media_io_kwargs": {"video": {"num_frames": 3}}})
+    first_three = ask(client, [jpeg_frames(3, 120, 90)])  # FIVE's first three frames, sent alone
+    assert three.usage.prompt_tokens == first_three.usage.prompt_tokens < ask(client, [FIVE]).usage.prompt_tokens
+    assert three.choices[0].message.content == first_three.choices[0].message.content
+    movie = data_uri(mp4(40, 96, 64), "video/mp4")
+    slow = ask(client, [movie], extra_body={"media_io_kwargs": {"video": {"fps": 1}}})
+    # 4 s at one frame a second: the loader's least, 4 frames (8 at its own two a second): 2 steps of 2 x 3.
+    assert slow.usage.prompt_tokens - plain.usage.prompt_tokens == 2 * 6 + 2
+    with pytest.raises(openai.BadRequestError, match="'max_frames' is not applied") as caught:
+        ask(client, [movie], extra_body={"media_io_kwargs": {"video": {"max_frames": 4}}})
+    assert caught.value.body["param"] == "media_io_kwargs"
+    # Qwen3-VL's videos take mm_processor_kwargs' pixel bounds over the whole video, as vLLM folds them into its
+    # video processor's size: 4 frames of 320 x 240 within 16,384 pixels in all are 32 x 64 each (2 tokens), in 2
+    # temporal patches (the sim checks the grid against the tokens).
+    qwen3_plain = ask(client, model=QWEN3_MODEL)
+    for kwargs in ({"videos_kwargs": {"max_pixels": 4 * 64 * 64}}, {"max_pixels": 4 * 64 * 64},
+                   {"size": {"longest_edge": 4 * 64 * 64}}):
+        bounded = ask(client, [jpeg_frames(4, 320, 240)], model=QWEN3_MODEL,
+                      extra_body={"mm_processor_kwargs": kwargs})
+        assert bounded.usage.prompt_tokens - qwen3_plain.usage.prompt_tokens == \
+            _times_tokens("0.5", "2.5") + 2 * 4 + 2, kwargs
+    with pytest.raises(openai.BadRequestError, match="'fps' is not applied"):
+        ask(client, [FIVE], model=QWEN3_MODEL, extra_body={"mm_processor_kwargs": {"videos_kwargs": {"fps": 1}}})

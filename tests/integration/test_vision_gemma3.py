@@ -136,9 +136,12 @@ def test_the_nodes_own_kwargs_crop_and_a_requests_are_refused_unless_trusted(log
                 with pytest.raises(openai.BadRequestError, match="--media-trust-request-kwargs") as caught:
                     ask(own, "gemma3-vllm", *images, extra_body={param: value})
                 assert caught.value.body["param"] == param
-        # Trusted, a request's media_io_kwargs are still not applied here: a 400, not an answer loaded otherwise.
-        with pytest.raises(openai.BadRequestError, match="not applied per request") as caught:
-            ask(client, "gemma3-vllm", wide, extra_body={"media_io_kwargs": {"video": {"fps": 1}}})
+        # Trusted, a request's media_io_kwargs say how its videos load (none here: the image's answer unchanged);
+        # one this node does not apply is a 400, not an answer loaded otherwise.
+        loaded = ask(client, "gemma3-vllm", wide, extra_body={"media_io_kwargs": {"video": {"fps": 1}}})
+        assert loaded.usage.prompt_tokens == ask(client, "gemma3-vllm", wide).usage.prompt_tokens
+        with pytest.raises(openai.BadRequestError, match="'frame_recovery' is not applied") as caught:
+            ask(client, "gemma3-vllm", wide, extra_body={"media_io_kwargs": {"video": {"frame_recovery": True}}})
         assert caught.value.body["param"] == "media_io_kwargs"
     finally:
         node.stop()

@@ -123,22 +123,48 @@ def test_the_video_moves_the_models_probabilities_as_on_vllms_own_server(video):
 
 
 # vLLM's mm_processor_kwargs for Qwen-VL: the pixel bounds, flat (images and videos), for one modality
-# (images_kwargs, videos_kwargs), a bound alone (the other the processor's own) or as transformers' size.
+# (images_kwargs, videos_kwargs), a bound alone (the other the processor's own) or as transformers' size (partial
+# too: Qwen3-VL's only), and vLLM 0.32's precedence: a modality's own over the flat one, min_pixels / max_pixels over size's edges.
+# Qwen3-VL's videos take them over the whole video.
 PIXEL_KWARGS = [{"max_pixels": 28 * 28 * 6}, {"images_kwargs": {"max_pixels": 28 * 28 * 6}},
                 {"videos_kwargs": {"max_pixels": 28 * 28 * 6}}, {"min_pixels": 28 * 28 * 300},
-                {"size": {"shortest_edge": 28 * 28 * 2, "longest_edge": 28 * 28 * 10}}]
+                {"size": {"shortest_edge": 28 * 28 * 2, "longest_edge": 28 * 28 * 10}},
+                {"size": {"longest_edge": 28 * 28 * 12}},
+                {"max_pixels": 28 * 28 * 40, "videos_kwargs": {"max_pixels": 28 * 28 * 8}},
+                {"size": {"shortest_edge": 28 * 28 * 2, "longest_edge": 28 * 28 * 30}, "max_pixels": 28 * 28 * 9}]
 
 
 @pytest.mark.parametrize("kwargs", PIXEL_KWARGS, ids=lambda kwargs: "-".join(kwargs))
 def test_a_requests_pixel_bounds_give_vllms_own_prompt_and_answer(video, kwargs):
     ours, theirs, model = video
     args = ([VIDEOS["jpeg frames 5 of 120x90"]], [IMAGES["noise 100x80"]])
-    reference = _chat(theirs, model, *args, extra_body={"mm_processor_kwargs": kwargs})
-    if model.endswith("qwen3-vl") and "images_kwargs" not in kwargs:
-        # Qwen3-VL's videos take none here (their bounds are over the whole video): refused, not answered otherwise.
-        with pytest.raises(openai.BadRequestError, match="Qwen3-VL's videos"):
-            _chat(ours, model, *args, extra_body={"mm_processor_kwargs": kwargs})
+    if len(kwargs.get("size", {})) == 1 and not model.endswith("qwen3-vl"):
+        # vLLM hands Qwen2-VL's and Qwen2.5-VL's to transformers, which refuses a size with one edge: both a 400.
+        for client in (theirs, ours):
+            with pytest.raises(openai.BadRequestError):
+                _chat(client, model, *args, extra_body={"mm_processor_kwargs": kwargs})
         return
+    reference = _chat(theirs, model, *args, extra_body={"mm_processor_kwargs": kwargs})
     mine = _chat(ours, model, *args, extra_body={"mm_processor_kwargs": kwargs})
     assert mine.usage.prompt_tokens == reference.usage.prompt_tokens != _chat(theirs, model, *args).usage.prompt_tokens
     assert mine.choices[0].message.content == reference.choices[0].message.content
+
+
+# vLLM's media_io_kwargs for videos (its VideoMediaIO): a JPEG frame list's first num_frames frames and the rate it
+# is said to be taken at (Qwen2.5-VL's positions and Qwen3-VL's timestamps read it), a file's sampling rate; a
+# request setting one of the two leaves the other to the loader's default.
+LOADING = [{"num_frames": 3}, {"fps": 1}, {"num_frames": 3, "fps": 5}, {"num_frames": -1, "fps": 0.5}]
+
+
+@pytest.mark.parametrize("loading", LOADING, ids=lambda loading: "-".join(f"{k}={v}" for k, v in loading.items()))
+@pytest.mark.parametrize("name", ["jpeg frames 5 of 120x90", "mp4 40 frames of 96x64"])
+def test_a_requests_media_io_kwargs_load_its_video_as_vllms_own_server_does(video, loading, name):
+    ours, theirs, model = video
+    extra = {"extra_body": {"media_io_kwargs": {"video": loading}}, "logprobs": True, "top_logprobs": 5}
+    mine, reference = (_chat(client, model, [VIDEOS[name]], **extra) for client in (ours, theirs))
+    assert mine.usage.prompt_tokens == reference.usage.prompt_tokens
+    assert mine.choices[0].message.content == reference.choices[0].message.content
+    mine_top, reference_top = ({t.token: t.logprob for t in reply.choices[0].logprobs.content[0].top_logprobs}
+                               for reply in (mine, reference))
+    shared = mine_top.keys() & reference_top.keys()
+    assert len(shared) >= 4 and max(abs(mine_top[t] - reference_top[t]) for t in shared) < LOGPROB_TOLERANCE

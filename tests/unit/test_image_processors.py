@@ -225,11 +225,28 @@ def test_qwen_vl_kwargs_merge_over_the_nodes_per_modality_and_bad_ones_are_said(
     assert with_request_kwargs(video, nested).max_pixels == 40_000
     assert with_request_kwargs(video, {"images_kwargs": {"max_pixels": 30_000}}).max_pixels == video.max_pixels
     assert with_request_kwargs(image, {"max_pixels": 50_000}).describe() != image.describe()
-    for bad, says in [({"fps": 2}, "'fps' is not applied"), ({"size": {"longest_edge": 5}}, "both"),
+    # vLLM 0.32's precedence, bound by bound: the node's flat, the node's for the modality, the request's flat, the
+    # request's for the modality; in one layer min_pixels / max_pixels over size's edges, a partial size taken.
+    scoped, _ = with_node_kwargs(image, {"max_pixels": 100_000, "images_kwargs": {"max_pixels": 90_000}})
+    assert scoped.max_pixels == 90_000
+    assert with_request_kwargs(scoped, {"max_pixels": 80_000}).max_pixels == 80_000
+    assert with_request_kwargs(scoped, {"max_pixels": 80_000, "images_kwargs": {"max_pixels": 70_000}}
+                               ).max_pixels == 70_000
+    assert with_request_kwargs(scoped, {"videos_kwargs": {"max_pixels": 70_000}}).max_pixels == 90_000
+    assert with_request_kwargs(scoped, {"min_pixels": 9_000}).max_pixels == 90_000
+    both = with_request_kwargs(image, {"size": {"shortest_edge": 5_000, "longest_edge": 9_000}, "max_pixels": 8_000})
+    assert (both.min_pixels, both.max_pixels) == (5_000, 8_000)
+    # A size with one edge: Qwen3-VL's (vLLM completes it from the processor's own), not Qwen2-VL's (transformers
+    # refuses it, and so vLLM's server).
+    qwen3 = image_processor({"preprocessor_config.json": QWEN2, "config.json": {"model_type": "qwen3_vl"}}, TOKENS)
+    partial = with_request_kwargs(qwen3, {"size": {"longest_edge": 60_000}, "min_pixels": None})
+    assert (partial.min_pixels, partial.max_pixels) == (3136, 60_000)
+    for bad, says in [({"size": {"longest_edge": 5}}, "both"), ({"images_kwargs": {"size": {"shortest_edge": 5}}},
+                                                                "both"),
+                      ({"fps": 2}, "'fps' is not applied"), ({"size": {"height": 5}}, "'size' takes"),
+                      ({"size": 5}, "'size' takes"), ({"size": {"longest_edge": None, "shortest_edge": 5}}, "positive"),
                       ({"max_pixels": 0}, "positive"), ({"max_pixels": 1.5}, "positive"),
                       ({"max_pixels": 1 << 30}, "at most"), ({"min_pixels": 1 << 30}, "at most"),
-                      ({"size": {"shortest_edge": 5, "longest_edge": 9}, "max_pixels": 9}, "either"),
-                      ({"max_pixels": 9, "images_kwargs": {"max_pixels": 9}}, "both flat and in"),
                       ({"images_kwargs": {"fps": 1}}, "'fps' is not applied"), ({"images_kwargs": 3}, "object")]:
         with pytest.raises(ValueError, match=says):
             with_request_kwargs(image, bad)

@@ -138,6 +138,23 @@ def test_qwen3_vl_reads_its_own_config_and_defaults_and_needs_the_tokenizer(qwen
         own.process_decoded(one_frame, False)
 
 
+def test_qwen3_vl_videos_take_the_pixel_bounds_over_the_whole_video(qwen_tokenizer):
+    """vLLM 0.32 folds Qwen3-VL's mm_processor_kwargs pixel bounds (flat, or in videos_kwargs) into its video
+    processor's size: a bound on the pixels of every frame together, not a frame's."""
+    from gateway.media.families import with_request_kwargs
+    own = _qwen3({}, qwen_tokenizer)
+    assert own.frame_size(8, 320, 480) == (256, 384)  # 8 frames of 320 x 480 are over its 768 x 32 x 32 together
+    bounded = with_request_kwargs(own, {"videos_kwargs": {"max_pixels": 8 * 64 * 64}})
+    assert bounded.max_pixels == 8 * 64 * 64 and bounded.frame_size(8, 320, 480) == (32, 64)
+    assert with_request_kwargs(own, {"max_pixels": 8 * 64 * 64}).frame_size(8, 320, 480) == (32, 64)
+    assert with_request_kwargs(own, {"images_kwargs": {"max_pixels": 1024}}).max_pixels == own.max_pixels
+    grown = with_request_kwargs(own, {"size": {"shortest_edge": 4 * 320 * 480}})  # vLLM completes it for Qwen3-VL
+    assert grown.frame_size(2, 32, 32) == (576, 576)
+    assert bounded.describe() != own.describe()
+    with pytest.raises(ValueError, match="'fps' is not applied"):
+        with_request_kwargs(own, {"videos_kwargs": {"fps": 1}})
+
+
 def test_qwen3_vl_loader_takes_the_frames_vllm_takes():
     # vLLM 0.32's Qwen3VLVideoBackend on every case of the grid (the digest made in the vLLM venv).
     golden = json.loads(GOLDENS.read_text())["video_indices"]
@@ -208,6 +225,27 @@ def test_a_jpeg_frame_list_gives_its_first_frames_each_decoded_as_an_image_is():
         decode_jpeg_frames(jpeg_frames_payload(url), 32, 1.0, 10 ** 6, 3000)
     with pytest.raises(VideoRefused, match="no frames"):
         decode_jpeg_frames(b"", 32, 1.0, 10 ** 6, 10 ** 7)
+    assert decode_jpeg_frames(jpeg_frames_payload(url), None, 1.0, 10 ** 6, 10 ** 7).frames.shape[0] == 5  # every one
+
+
+def test_a_requests_media_io_kwargs_load_its_videos_as_vllm_merges_them():
+    """vLLM's VideoMediaIO.merge_kwargs: a request's num_frames or fps over the node's, the other of the two left to
+    the loader's default when the request sets only one (they interact); what is not applied here is said."""
+    from gateway.media.video import VIDEO_FRAMES_DEFAULT, VideoLoading
+    node = VideoLoading(16, 4.0)
+    assert node.with_request({"video": {"fps": 1}}) == VideoLoading(VIDEO_FRAMES_DEFAULT, 1.0)
+    assert node.with_request({"video": {"num_frames": 3}}) == VideoLoading(3, None)
+    assert node.with_request({"video": {"num_frames": -1, "fps": 5}}) == VideoLoading(None, 5.0)
+    assert node.with_request({"video": {}}) == node
+    assert node.with_request({"video": {"fps": 1}}).describe() != node.describe()  # the media cache's key
+    for bad, says in [({"image": {}}, "only a video's"), ({"video": 3}, "object"),
+                      ({"video": {"frame_recovery": True}}, "'frame_recovery' is not applied"),
+                      ({"video": {"num_frames": 0}}, "positive"), ({"video": {"num_frames": 2.0}}, "positive"),
+                      ({"video": {"num_frames": True}}, "positive"), ({"video": {"fps": 0}}, "above 0"),
+                      ({"video": {"fps": float("nan")}}, "above 0"), ({"video": {"fps": 1e9}}, "at most"),
+                      ({"video": {"fps": "2"}}, "above 0")]:
+        with pytest.raises(ValueError, match=says):
+            node.with_request(bad)
 
 
 def _movie(path: str, count: int, width: int, height: int) -> None:
