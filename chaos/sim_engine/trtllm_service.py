@@ -3,8 +3,9 @@
 What it holds the gateway to, as the real servicer would: the model's end-of-sequence ids arrive as stop token ids
 (its gRPC path does not add them: a request without them runs to its max tokens), beam width 1, a logit bias as a
 dense vector the size of the vocabulary, guides of its types, an answer's index as ``sequence_index``, log
-probabilities as one message per token. No GetLoads, no prefill/decode legs, no preprocessed images: a gateway that
-asks is answered UNIMPLEMENTED or INVALID_ARGUMENT.
+probabilities as one message per token; images (``--vision``, the Qwen2-VL family) as each one's encoded bytes, which
+it decodes and counts itself against the prompt's expanded image tokens (vision.check_trtllm). No GetLoads, no
+prefill/decode legs: a gateway that asks is answered UNIMPLEMENTED or INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from smg_grpc_proto.generated import trtllm_service_pb2_grpc as tr_grpc
 from .core import GenerateParams
 from .logprobs import prompt_logprobs, token_logprobs
 from .output import derive_seed
+from . import vision
 from .services import CommonRpcs, answer_params, log_trace
 
 GUIDE = tr.GuidedDecodingParams
@@ -32,9 +34,12 @@ class TrtllmService(CommonRpcs, tr_grpc.TrtllmServiceServicer):
         sc, oc = request.sampling_config, request.output_config
         if sc.beam_width > 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "beam search is not simulated")
-        if request.HasField("disaggregated_params") or request.HasField("multimodal_input"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the simulated TensorRT-LLM engine takes neither "
-                                "disaggregated nor multimodal requests")
+        if request.HasField("disaggregated_params"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the simulated TensorRT-LLM engine takes no "
+                                "disaggregated requests")
+        if request.HasField("multimodal_input") and self.s.engine.config.vision_family != "qwen2_vl":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the simulated TensorRT-LLM engine takes Qwen2-VL's "
+                                "images only")
         if request.embedding_bias and len(request.embedding_bias) != self.s.vocab_size:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"embedding_bias has {len(request.embedding_bias)} "
                                 f"values; the vocabulary has {self.s.vocab_size}")
@@ -57,6 +62,8 @@ class TrtllmService(CommonRpcs, tr_grpc.TrtllmServiceServicer):
             logprobs=oc.logprobs if oc.HasField("logprobs") else None,
             prompt_logprobs=oc.HasField("prompt_logprobs"),
         )
+        images = request.multimodal_input
+        params = await self.s.with_images(params, images, len(images.image_data) > 0, vision.check_trtllm, context)
         n = max(1, sc.num_return_sequences)
         first = True
         async for index, step, output_ids in self.s.indexed_steps(params, n, request.streaming, context):

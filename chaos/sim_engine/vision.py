@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
+import math
 import struct
 import zlib
 from typing import Any
@@ -341,3 +343,56 @@ def check_tokenspeed_encoded(mm: Any, input_ids: "list[int]", digests: "list[int
     for item_digest in digests:
         digest = zlib.crc32(item_digest.to_bytes(4, "little"), digest)
     return CheckedImages(digest, cache_ids, len(ranges))
+
+
+def _engine_grid(height: int, width: int) -> "tuple[int, int]":
+    """(rows, columns) of patches the engine's own Qwen2-VL processor gives an image (its smart_resize, written here
+    apart from the gateway's: a gateway that counts otherwise fails the check below)."""
+    factor = PATCH * MERGE
+    sides = (height, width)
+    snapped = [round(side / factor) * factor for side in sides]
+    if snapped[0] * snapped[1] > PREPROCESSOR_CONFIG["max_pixels"]:  # shrunk, each side down to whole patches
+        beta = math.sqrt(height * width / PREPROCESSOR_CONFIG["max_pixels"])
+        snapped = [max(factor, math.floor(side / beta / factor) * factor) for side in sides]
+    elif snapped[0] * snapped[1] < PREPROCESSOR_CONFIG["min_pixels"]:  # grown, each side up to whole patches
+        beta = math.sqrt(PREPROCESSOR_CONFIG["min_pixels"] / (height * width))
+        snapped = [math.ceil(side * beta / factor) * factor for side in sides]
+    return snapped[0] // PATCH, snapped[1] // PATCH
+
+
+def image_runs(input_ids: "list[int]") -> "list[tuple[int, int]]":
+    """The prompt's runs of the image token, (offset, length) each."""
+    runs: list[tuple[int, int]] = []
+    for index, token in enumerate(input_ids):
+        if token != IMAGE_TOKEN_ID:
+            continue
+        if runs and runs[-1][0] + runs[-1][1] == index:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((index, 1))
+    return runs
+
+
+def check_trtllm(mm: Any, input_ids: "list[int]") -> CheckedImages:
+    """TensorRT-LLM's form (its SMG servicer): each image's encoded bytes, which the engine decodes and processes
+    itself, beside a prompt whose image tokens are already one run an image, as long as the engine's own processor
+    makes that image (the gateway expands them, as smg does)."""
+    from PIL import Image
+    runs = image_runs(input_ids)
+    if len(runs) != len(mm.image_data):
+        raise ImagesRefused(f"{len(mm.image_data)} images for {len(runs)} runs of the image token in the prompt")
+    digest = 0
+    for data, (_, length) in zip(mm.image_data, runs):
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                height, width = image.height, image.width
+                image.convert("RGB")
+        except Exception as e:  # what the real one's _load_and_convert_image raises: its request's error
+            raise ImagesRefused(f"an image does not decode: {e}") from None
+        rows, columns = _engine_grid(height, width)
+        if length != rows * columns // (MERGE * MERGE):
+            raise ImagesRefused(f"an image of {width} x {height} takes {rows * columns // (MERGE * MERGE)} tokens, "
+                                f"its run {length}")
+        digest = zlib.crc32(data, digest)
+    hashes = [hashlib.sha256(data).hexdigest() for data in mm.image_data]
+    return CheckedImages(digest, cache_ids_of(input_ids, [], runs, hashes), len(runs))

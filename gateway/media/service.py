@@ -77,6 +77,9 @@ class MediaInputs:
     images: list[ProcessedImage]
     hashes: list[str]
     ranges: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (offset, length) in the prompt ids
+    # Each item's encoded bytes as the client sent them (or its URL served them): TensorRT-LLM's engines take these
+    # and process them themselves; the others take the processed items.
+    sources: list[bytes] = dataclasses.field(default_factory=list)
 
     def pixel_values(self, raw: bool) -> np.ndarray:
         """Every image's pixels in one tensor, rows concatenated (a flat layout) or stacked (one per image): raw
@@ -367,14 +370,15 @@ class MediaService:
                              code=f"too_many_{modality}s", param=refs[bound].where)
         images: list[ProcessedImage | None] = [None] * len(refs)
         hashes: list[str] = [""] * len(refs)
+        sources: list[bytes] = [b""] * len(refs)
         failures: list[Exception] = []
         own_budget = budget is None
         budget = budget or _Budget(self, tenant)
 
         async def one(index: int, nursery: trio.Nursery) -> None:
             try:
-                images[index], hashes[index] = await self._image(refs[index], processor, normalize, budget,
-                                                                 loading or self.loading)
+                images[index], hashes[index], sources[index] = await self._image(
+                    refs[index], processor, normalize, budget, loading or self.loading)
             except Exception as e:
                 failures.append(e)
                 nursery.cancel_scope.cancel()
@@ -395,10 +399,10 @@ class MediaService:
             raise MediaError(f"this model's images keep their own size ({sizes} here) and the engine takes a "
                              "request's images as one tensor: send images that come out the same size, or one a "
                              "request", code="images_differ_in_size", param=refs[0].where)
-        return MediaInputs(processor, images, hashes)
+        return MediaInputs(processor, images, hashes, sources=sources)
 
     async def _image(self, ref: "ImageRef | VideoRef", processor: Any, normalize: bool, budget: _Budget,
-                     loading: VideoLoading) -> tuple[ProcessedImage, str]:
+                     loading: VideoLoading) -> tuple[ProcessedImage, str, bytes]:
         try:
             data = await self._bytes(ref, budget)
         except (FetchRefused, FetchFailed, FetchTimedOut) as e:
@@ -417,7 +421,7 @@ class MediaService:
         now = time.monotonic()
         cached = self._cache.get(key, now)
         if cached is not None:
-            return cached, image_hash
+            return cached, image_hash, data
         started = time.perf_counter()
         try:
             # Abandoned on cancel: a client that left does not wait for its decode (which the limiter still
@@ -433,7 +437,7 @@ class MediaService:
             self.process_seconds += time.perf_counter() - started
         self.processed += 1
         self._cache.put(key, processed, processed.nbytes)
-        return processed, image_hash
+        return processed, image_hash, data
 
     def _process(self, data: bytes, processor: Any, normalize: bool, ref: "ImageRef | VideoRef",
                  loading: VideoLoading) -> ProcessedImage:

@@ -25,7 +25,7 @@ def engines(log_dir):
                for kind, model in KINDS.items()}
     started["trtllm-embed"] = EngineProcess([*ENGINE_ARGS, "--services", "trtllm", "--model-name", "trt-embed",
                                              "--task", "embed", "--embedding-dim", "16"], log_dir, "kind-trtllm-embed")
-    for kind in ("tokenspeed", "sglang"):  # the same vision model behind two kinds' services
+    for kind in ("tokenspeed", "sglang", "trtllm"):  # the same vision model behind three kinds' services
         started[f"{kind}-vision"] = EngineProcess([*ENGINE_ARGS, "--services", kind, "--vision", "--model-name",
                                                    f"{kind}-vision"], log_dir, f"kind-{kind}-vision")
     yield started
@@ -56,7 +56,7 @@ def test_each_engine_is_detected_as_its_kind(node, engines):
     workers = httpx2.get(node.url + "/workers", headers=node.admin_headers).json()["workers"]
     kinds = {w["url"]: w["runtime"] for w in workers}
     assert kinds == {engines[k].url: k for k in KINDS} | {engines["trtllm-embed"].url: "trtllm"} | {
-        engines[f"{k}-vision"].url: k for k in ("tokenspeed", "sglang")}
+        engines[f"{k}-vision"].url: k for k in ("tokenspeed", "sglang", "trtllm")}
     assert all(w["healthy"] for w in workers)  # TensorRT-LLM's health is its status text
 
 
@@ -170,3 +170,27 @@ def test_tokenspeed_takes_images_as_items_and_answers_as_sglang_does(client):
     red, blue = (255, 0, 0), (0, 0, 255)
     assert ask("tokenspeed-vision", red, blue) == ask("sglang-vision", red, blue)
     assert ask("tokenspeed-vision", red) != ask("tokenspeed-vision", blue)
+
+
+def test_trtllm_takes_each_images_own_bytes_beside_the_expanded_prompt(client):
+    """TensorRT-LLM's engines decode and process images themselves: the simulated one counts each image's tokens with
+    its own processor against the prompt's runs of the image token (a gateway that expanded otherwise, or sent other
+    bytes, is refused) and folds the bytes into its answer. Videos are a 400 (its proto carries images only)."""
+    def ask(model: str, *colors, **kwargs):
+        parts = [{"type": "image_url", "image_url": {"url": _png(c)}} for c in colors]
+        return client.chat.completions.create(model=model, max_tokens=6, messages=[{"role": "user", "content": [
+            *parts, {"type": "text", "text": "what is it?"}]}], **kwargs)
+
+    red, blue = (255, 0, 0), (0, 0, 255)
+    both = ask("trtllm-vision", red, blue)
+    assert both.usage.prompt_tokens == ask("sglang-vision", red, blue).usage.prompt_tokens  # expanded alike
+    assert both.usage.prompt_tokens > ask("trtllm-vision").usage.prompt_tokens
+    answers = {ask("trtllm-vision", *colors).choices[0].message.content for colors in ((red,), (blue,), (red, blue))}
+    assert len(answers) == 3 and ask("trtllm-vision", red).choices[0].message.content in answers
+    streamed = ask("trtllm-vision", red, blue, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == both.choices[0].message.content
+    video = "data:video/jpeg;base64," + _png(red).partition(",")[2]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="trtllm-vision", max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": video}}, {"type": "text", "text": "?"}]}])
+    assert refused.value.body["code"] == "videos_not_supported" and "trtllm" in refused.value.body["message"]

@@ -91,10 +91,12 @@ def test_trtllm_facts_come_from_its_model_info():
     assert TRTLLM.model_info(info).max_context_tokens == 4096 and TRTLLM.model_info(info).is_generation
     support = TRTLLM.support(info)
     assert support.constraints == frozenset()  # features named, guided decoding not among them
-    assert not support.loads and not support.disaggregation and not support.images and support.kv_events
+    assert not support.loads and not support.disaggregation and not support.videos and support.kv_events
+    assert support.images  # (as each image's own bytes: below)
     assert TRTLLM.support(tr.GetModelInfoResponse(vocab_size=8)).constraints == CONSTRAINT_KINDS  # none named
     pooling = tr.GetModelInfoResponse(model_id="e5", max_seq_len=512, supported_features=["embedding"])
     assert not TRTLLM.model_info(pooling).is_generation and TRTLLM.support(pooling).embeddings
+    assert not TRTLLM.support(pooling).images
     embed = TRTLLM.embed_request("e", [4, 5])
     assert isinstance(embed, tr.EmbedRequest) and list(embed.tokenized.input_token_ids) == [4, 5]
 
@@ -185,3 +187,17 @@ def test_a_request_for_what_the_engines_lack_is_a_400_naming_it(fields, param):
     assert refused.value.param == param and refused.value.code == "unsupported_by_engine"
     assert "served by mlx engines" in str(refused.value)
     check_engine_support(entry, SamplingRequest(logprobs=2, seed=5))  # what it has passes
+
+
+def test_trtllm_images_go_as_their_own_bytes_beside_the_expanded_prompt():
+    """TensorRT-LLM's SMG servicer decodes each image's bytes and processes them itself: the gateway sends them as
+    they came, beside the prompt it expanded; a video batch is never sent (its proto carries images only)."""
+    from types import SimpleNamespace
+    images = SimpleNamespace(modality="image", sources=[b"\x89PNG one", b"\xff\xd8 two"])
+    request = TRTLLM.generate_request("r", [1, 7, 7, 2], SamplingOptions(max_new_tokens=4), False, media=(images,))
+    assert list(request.multimodal_input.image_data) == [b"\x89PNG one", b"\xff\xd8 two"]
+    assert list(request.tokenized.input_token_ids) == [1, 7, 7, 2]
+    assert not TRTLLM.generate_request("r", [1], SamplingOptions(max_new_tokens=4), False).HasField("multimodal_input")
+    with pytest.raises(ValueError, match="videos"):
+        TRTLLM.generate_request("r", [1], SamplingOptions(max_new_tokens=4), False,
+                                media=(images, SimpleNamespace(modality="video", sources=[b"x"])))

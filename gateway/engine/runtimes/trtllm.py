@@ -9,11 +9,16 @@ sends it; a choice the regex of its alternatives), logit bias as its dense ``emb
 the output config. Its answers name the answer's index ``sequence_index``, the output ``output_token_ids``, and
 carry log probabilities as one message per token.
 
-What it lacks here: GetLoads (policies count the node's own requests), prefill/decode legs (its proto has no field
-that hands a context phase's parameters back to the gateway), and preprocessed images (it takes raw image bytes and
-runs its own processor: refused with a 400 rather than sent unprocessed beside the gateway's placeholders). Its
-GetModelInfo names what the engine supports (``supported_features``): a list without "guided_decoding" holds
-requests to no constraint; one naming "embedding" is a pooling model (Embed, not Generate).
+Images: it takes each image's encoded bytes (``multimodal_input.image_data``; its SMG servicer decodes them to RGB and
+its own input processor encodes them) beside the prompt's ids, which the gateway expands as for the other kinds (one
+run of the model's image token an image, as its processor counts it: smg sends the same). Checked against the proto,
+TensorRT-LLM's SMG servicer's code and the simulated engine only (no GPU here). No videos (its proto carries images
+only).
+
+What it lacks here: GetLoads (policies count the node's own requests) and prefill/decode legs (its proto has no field
+that hands a context phase's parameters back to the gateway). Its GetModelInfo names what the engine supports
+(``supported_features``): a list without "guided_decoding" holds requests to no constraint; one naming "embedding" is
+a pooling model (Embed, not Generate).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ class TrtllmRuntime(EngineRuntime):
         guided = not features or "guided_decoding" in features  # a list that says nothing of it withholds nothing
         pooling = bool(features & POOLING_FEATURES)
         return EngineSupport(constraints=CONSTRAINT_KINDS if guided else frozenset(), embeddings=pooling,
-                             logit_bias=model_info.vocab_size > 0, images=False, videos=False, loads=False,
+                             logit_bias=model_info.vocab_size > 0, images=not pooling, videos=False, loads=False,
                              disaggregation=False)
 
     def model_info(self, r: Any) -> ModelInfo:
@@ -71,11 +76,14 @@ class TrtllmRuntime(EngineRuntime):
 
     def generate_request(self, request_id: str, input_ids: "list[int]", sampling: SamplingOptions, stream: bool,
                          handover: Handover | None = None, media: Any = None, raw_pixels: bool = False) -> Any:
-        if handover is not None or media is not None:  # refused before (its support): never sent half-done
-            raise ValueError("a TensorRT-LLM engine takes neither prefill/decode hand-overs nor preprocessed images")
+        if handover is not None or (media is not None and any(batch.modality != "image" for batch in media)):
+            # refused before (its support): never sent half-done
+            raise ValueError("a TensorRT-LLM engine takes neither prefill/decode hand-overs nor videos")
         request = tr.GenerateRequest(request_id=request_id, streaming=stream, max_tokens=sampling.max_new_tokens,
                                      include_stop_token_in_output=True)
         request.tokenized.input_token_ids.extend(input_ids)
+        if media is not None:  # the images' own bytes: the engine decodes and processes them itself
+            request.multimodal_input.image_data.extend(media[0].sources)
         sc = request.sampling_config
         sc.beam_width = 1
         sc.num_return_sequences = sampling.n
