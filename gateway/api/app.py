@@ -20,7 +20,8 @@ import trio
 from mesh.asgi import answer_lifespan
 
 from ..auth import Access, Authenticator, KeysMissing, Unauthenticated
-from . import adapters, admin, anthropic, console, conversations, embeddings, native, openai, parse, responses, scoring, spend
+from . import (adapters, admin, anthropic, classify, console, conversations, embeddings, native, openai, parse,
+               responses, scoring, spend)
 from .cached import CACHED_ROUTES, answer_cached
 from .errors import ApiError, BadRequest, MethodNotAllowed, NotFound, Unavailable, to_api_error
 from .http import ClientGone, Request
@@ -44,12 +45,14 @@ _ROUTES: dict[str, dict[str, Route]] = {
     "/v1/chat/completions": {"POST": (openai.chat_completions, DATA)},
     "/v1/completions": {"POST": (openai.completions, DATA)},
     "/v1/embeddings": {"POST": (embeddings.embeddings, DATA)},
-    # vLLM's scoring routes, each under the names its server answers to.
+    # vLLM's scoring and classification routes, each under the names its server answers to.
     "/v1/score": {"POST": (scoring.score, DATA)},
     "/score": {"POST": (scoring.score, DATA)},
     "/v1/rerank": {"POST": (scoring.rerank, DATA)},
     "/rerank": {"POST": (scoring.rerank, DATA)},
     "/v2/rerank": {"POST": (scoring.rerank, DATA)},
+    "/v1/classify": {"POST": (classify.classify, DATA)},
+    "/classify": {"POST": (classify.classify, DATA)},
     "/generate": {"POST": (native.generate, DATA)},
     "/v1/tokenize": {"POST": (native.tokenize, DATA)},
     "/v1/detokenize": {"POST": (native.detokenize, DATA)},

@@ -79,3 +79,28 @@ def test_a_worker_that_answers_503_is_retried_and_one_that_breaks_mid_stream_end
         streamed = "".join(c.choices[0].delta.content or "" for c in proxied.chat.completions.create(
             model="twin", messages=[{"role": "user", "content": "Hi"}], stream=True) if c.choices)
         assert streamed in ("from a", "from b")  # the pools' broken connections were not reused
+
+
+def test_classify_is_relayed_to_http_workers_and_refused_for_grpc_engines(fake_workers, front):
+    """vLLM's /classify (and /v1/classify): a classifier served by an OpenAI-compatible worker (vLLM's own server) is
+    relayed as it is; a model of gRPC engines is a 400 saying why (the contract asks engines for embeddings only)."""
+    import httpx2
+
+    from tests.support.fake_providers import each_test
+
+    servers, node = fake_workers
+    with each_test(servers):
+        for path in ("/v1/classify", "/classify"):
+            answer = httpx2.post(node.url + path, json={"model": "twin", "input": ["a fine day", "rain"]})
+            assert answer.status_code == 200, answer.text
+            data = answer.json()["data"]
+            assert [d["index"] for d in data] == [0, 1] and data[1]["probs"] == [0.6, 0.4]
+            assert data[1]["label"] == "negative" and answer.json()["usage"]["prompt_tokens"] == 4
+        relayed = [request for server in servers.values() for request in server.requests]
+        assert {path for path, _, _ in relayed} == {"/classify"}  # vLLM's own path, whichever name came
+        assert all(body["input"] == ["a fine day", "rain"] for _, _, body in relayed)
+        missing = httpx2.post(node.url + "/v1/classify", json={"model": "nope", "input": "x"})
+        assert missing.status_code == 404
+    # (front's worker is a node whose model is a gRPC engine's: relayed there, refused by that node)
+    refused = httpx2.post(front.url + "/v1/classify", json={"model": MODEL, "input": "x"})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "classification_not_supported"

@@ -244,6 +244,9 @@ class FakeOpenAI(FakeProvider):
         if path.endswith("/responses") and isinstance(body, dict):
             self.responses(handler, body, failure)
             return
+        if path.endswith("/classify") and isinstance(body, dict):
+            self.classify(handler, body, failure)
+            return
         if not (path.endswith("/chat/completions")):
             self.send_json(handler, 404, {"error": {"message": f"no route {path}", "type": "invalid_request_error"}})
             return
@@ -329,6 +332,27 @@ class FakeOpenAI(FakeProvider):
             pieces.append(chunk({}, with_usage=True))
         pieces.append(b"data: [DONE]\n\n")
         self.send_events(handler, pieces, failure)
+
+    def classify(self, handler: Any, body: "dict[str, Any]", failure: Failure | None) -> None:
+        """vLLM's /classify, as its server answers a sequence-classification model (an OpenAI-compatible worker's:
+        OpenAI has none): each input's two labels' probabilities made from its text, the likelier label."""
+        if failure is not None and self.fail(handler, failure):
+            return
+        raw = body.get("input")
+        inputs = [raw] if isinstance(raw, str) else raw
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(item, str) for item in inputs):
+            self.send_json(handler, 400, {"error": {"message": "input must be a string or strings",
+                                                    "type": "BadRequestError"}})
+            return
+        data, tokens = [], 0
+        for index, text in enumerate(inputs):
+            tokens += len(text.split())
+            positive = (len(text) % 10) / 10
+            data.append({"index": index, "label": "positive" if positive > 0.5 else "negative",
+                         "probs": [1 - positive, positive], "num_classes": 2})
+        self.send_json(handler, 200, {"id": "classify-1", "object": "list", "created": 1, "model": body.get("model"),
+                                      "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens,
+                                                              "completion_tokens": 0}})
 
     def embeddings(self, handler: Any, path: str, body: "dict[str, Any]", failure: Failure | None) -> None:
         """OpenAI's embeddings: the request checked as ``EmbeddingCreateParams``; each input's vector made from its
