@@ -77,8 +77,8 @@ class MediaInputs:
     images: list[ProcessedImage]
     hashes: list[str]
     ranges: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (offset, length) in the prompt ids
-    # Each item's encoded bytes as the client sent them (or its URL served them): TensorRT-LLM's engines take these
-    # and process them themselves; the others take the processed items.
+    # Each image's encoded bytes as the client sent them (or its URL served them): TensorRT-LLM's engines take these
+    # and process them themselves; the others take the processed items. (Empty for videos: no kind takes a file.)
     sources: list[bytes] = dataclasses.field(default_factory=list)
 
     def pixel_values(self, raw: bool) -> np.ndarray:
@@ -377,8 +377,10 @@ class MediaService:
 
         async def one(index: int, nursery: trio.Nursery) -> None:
             try:
-                images[index], hashes[index], sources[index] = await self._image(
-                    refs[index], processor, normalize, budget, loading or self.loading)
+                images[index], hashes[index], source = await self._image(refs[index], processor, normalize, budget,
+                                                                         loading or self.loading)
+                if modality == "image":  # (a video's file, up to --media-max-video-bytes, is never sent as it came)
+                    sources[index] = source
             except Exception as e:
                 failures.append(e)
                 nursery.cancel_scope.cancel()
