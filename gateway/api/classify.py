@@ -13,15 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from ..providers import Target, Unsupported
 from ..routing.policies import RoutingRequest
 from .errors import BadRequest
 from .http import Request
 from .pipeline import ready_model_entry
 from .protocol import field, parse_json_body
-from .routed import answer_routed, route_of, unsupported
+from .routed import answer_routed, pool_body, route_of, unsupported
 from .state import GatewayState
 
 PATH = "/classify"  # where vLLM's server answers (0.32: not under /v1)
@@ -40,8 +38,8 @@ async def classify(state: GatewayState, request: Request) -> None:
     async def on_provider(target: Target) -> None:
         raise unsupported(Unsupported("classification", "model"), route.name, target)
 
-    async def on_pool(pool: str) -> None:  # the pool's own model named in what its workers get
-        await _on_pool(state, request, raw if pool == model else orjson.dumps({**body, "model": pool}), pool, text)
+    async def on_pool(pool: str) -> None:
+        await _on_pool(state, request, pool_body(raw, body, model, pool), pool, text)
 
     await answer_routed(state, request, route, on_pool, on_provider, len(raw))
 

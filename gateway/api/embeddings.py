@@ -38,7 +38,7 @@ from .http import JSON_HEADERS, Request
 from .pipeline import check_prompt_ids, encode_text, ready_model_entry, timeout_error
 from .protocol import UINT32_MAX, field, parse_json_body, positive_int
 from .ratelimits import rate_limited
-from .routed import account_quota, answer_routed, route_of, unsupported
+from .routed import account_quota, answer_routed, pool_body, route_of, unsupported
 from .state import GatewayState
 
 ENCODING_FORMATS = ("float", "base64")
@@ -120,8 +120,8 @@ async def embeddings(state: GatewayState, request: Request) -> None:
         return
 
     async def on_pool(pool: str) -> None:
-        await _embed_on_pool(state, request, raw if pool == model else orjson.dumps({**body, "model": pool}), pool,
-                             inputs, dimensions, encoding_format)
+        await _embed_on_pool(state, request, pool_body(raw, body, model, pool), pool, inputs, dimensions,
+                             encoding_format)
 
     await answer_routed(state, request, route, on_pool,
                         lambda target: _embed_on_provider(state, request, body, inputs, target, route.name), len(raw))

@@ -46,6 +46,12 @@ def route_of(state: GatewayState, model: str, request: Request) -> Route | None:
     return route
 
 
+def pool_body(raw: bytes, body: "dict[str, Any]", model: str, pool: str) -> bytes:
+    """A routed request's body as a pool target's workers get it: the pool's own model named in it (the body as it
+    came when the route and the pool share the name)."""
+    return raw if pool == model else orjson.dumps({**body, "model": pool})
+
+
 async def answer_routed(state: GatewayState, request: Request, route: Route,
                         pool: Callable[[str], Awaitable[None]],
                         provider: Callable[[Target], Awaitable[None]],

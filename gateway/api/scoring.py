@@ -38,7 +38,7 @@ from .http import JSON_HEADERS, Request
 from .pipeline import ready_model_entry, timeout_error
 from .protocol import field, parse_json_body, positive_int
 from .ratelimits import rate_limited
-from .routed import answer_routed, route_of, unsupported
+from .routed import answer_routed, pool_body, route_of, unsupported
 from .state import GatewayState
 
 # vLLM's spellings of a score request's two sides, in the order it tries them.
@@ -139,8 +139,8 @@ async def _scored(state: GatewayState, request: Request, raw: bytes, body: "dict
         return
 
     async def on_pool(pool: str) -> None:
-        await _on_pool(state, request, raw if pool == model else orjson.dumps({**body, "model": pool}), pool,
-                       queries, documents, params, path, answer)
+        await _on_pool(state, request, pool_body(raw, body, model, pool), pool, queries, documents, params, path,
+                       answer)
 
     async def on_provider(target: Target) -> None:
         raise unsupported(Unsupported("scoring", "model"), route.name, target)

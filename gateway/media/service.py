@@ -374,11 +374,12 @@ class MediaService:
         failures: list[Exception] = []
         own_budget = budget is None
         budget = budget or _Budget(self, tenant)
+        loading = loading or self.loading
 
         async def one(index: int, nursery: trio.Nursery) -> None:
             try:
                 images[index], hashes[index], source = await self._image(refs[index], processor, normalize, budget,
-                                                                         loading or self.loading)
+                                                                         loading)
                 if modality == "image":  # (a video's file, up to --media-max-video-bytes, is never sent as it came)
                     sources[index] = source
             except Exception as e:

@@ -226,6 +226,8 @@ def test_a_jpeg_frame_list_gives_its_first_frames_each_decoded_as_an_image_is():
     with pytest.raises(VideoRefused, match="no frames"):
         decode_jpeg_frames(b"", 32, 1.0, 10 ** 6, 10 ** 7)
     assert decode_jpeg_frames(jpeg_frames_payload(url), None, 1.0, 10 ** 6, 10 ** 7).frames.shape[0] == 5  # every one
+    with pytest.raises(VideoRefused, match="more than 3000 pixels together"):  # every frame asked: still bounded
+        decode_jpeg_frames(jpeg_frames_payload(url), None, 1.0, 10 ** 6, 3000)
 
 
 def test_a_requests_media_io_kwargs_load_its_videos_as_vllm_merges_them():
