@@ -71,6 +71,10 @@ class H2Config:
     # 17 bytes each way. gRPC's own timeout default is 20 s (GRPC_ARG_KEEPALIVE_TIMEOUT_MS). 0: off.
     keepalive_interval_s: float = 30.0
     keepalive_timeout_s: float = 20.0
+    # Engine connections read by a thread of the loop's own (off_loop.py) rather than a task each: a
+    # message that arrives alone (a paced token) costs no pass of trio's scheduler. Plain gRPC only (TLS
+    # connections keep their task).
+    read_thread: bool = True
 
     def __post_init__(self) -> None:
         if not 2**14 <= self.receive_frame_bytes <= 2**24 - 1:

@@ -38,6 +38,13 @@ a streamed token costs no trip through the scheduler. The caller's own reads
 keep the call's order and its end; the listener only ever gets messages the
 caller was waiting for.
 
+By default (``H2Config.read_thread``) plain connections are read not by a task
+but by the event loop's reader thread (``off_loop.py``), which runs the same
+steps (``_on_readable``: the read, its frames, the listeners) while the loop
+waits for I/O, so a message that arrives alone costs no pass of trio's
+scheduler; a task per connection (``_tend``) does what needs one (a write the
+kernel did not take at once, the close). TLS connections keep their task.
+
 One connection per engine target, opened on first use and again after it
 fails; calls multiplex on it up to the server's MAX_CONCURRENT_STREAMS.
 A connection that answers nothing while a call times out is dropped (a
@@ -54,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -66,6 +74,7 @@ from .engine_tls import EngineTlsConfig, client_context, split_target
 from .errors import EngineCallError
 from . import http2_frames as h2f
 from .h2_protocol import Call, H2ClientProtocol, H2Config, KeepaliveAction, KeepaliveRule
+from .off_loop import OffLoopReader, supported as off_loop_supported
 from ..base.options import Option
 
 _READ_BYTES = 256 * 1024
@@ -78,7 +87,7 @@ class _Connection(H2ClientProtocol):
     """The driver of one connection's protocol (``h2_protocol.H2ClientProtocol``): its socket, the task
     that reads it, writes in order under a lock, the calls' waits, and keepalive on trio's clock."""
 
-    __slots__ = ("stream", "tls", "_send_lock", "_keepalive_scope")
+    __slots__ = ("stream", "tls", "_send_lock", "_keepalive_scope", "_off_loop", "_fd", "_tend_wanted", "_read_end")
 
     def __init__(self, target: str, stream: "trio.SocketStream | trio.SSLStream", config: H2Config) -> None:
         super().__init__(target, config, trio.Event)
@@ -87,6 +96,10 @@ class _Connection(H2ClientProtocol):
         self.tls = isinstance(stream, trio.SSLStream)
         self._send_lock = trio.StrictFIFOLock()
         self._keepalive_scope = trio.CancelScope()
+        self._off_loop: OffLoopReader | None = None  # read by the reader thread (read_off_loop), not a task
+        self._fd = -1
+        self._tend_wanted = trio.Event()
+        self._read_end: tuple[str, bool] | None = None  # (why reading ended, a GOAWAY of ours is queued)
 
     async def start(self) -> None:
         super().start()
@@ -172,9 +185,78 @@ class _Connection(H2ClientProtocol):
             with contextlib.suppress(*_BROKEN):
                 await self.stream.aclose()
 
+    # -- reading off the loop (``off_loop.py``): the same steps, run by the reader thread ---------------
+
+    def read_off_loop(self, reader: OffLoopReader, nursery: trio.Nursery) -> None:
+        """Have ``reader``'s thread read the connection (``_on_readable``, what ``read_loop`` does per read);
+        a task of the nursery does what needs one (``_tend``: writes that wait, the close)."""
+        self._off_loop = reader
+        self._fd = self.stream.socket.fileno()
+        reader.register(self._fd, self._on_readable)
+        nursery.start_soon(self._tend)
+
+    def _on_readable(self) -> None:
+        """One read and its frames, in the reader thread while the loop waits (``read_loop``'s body)."""
+        if self._read_end is not None:
+            return
+        try:
+            data = os.read(self._fd, _READ_BYTES)
+        except BlockingIOError:  # woken without data
+            return
+        except OSError as e:
+            self._end_reading(f"read failed: {e}", False)
+            return
+        if not data:
+            self._end_reading("the engine closed the connection", False)
+            return
+        failure = self.receive(data)
+        if failure is not None:
+            self._end_reading(failure, True)  # the GOAWAY saying why goes first
+            return
+        if self._outbox:  # settings and ping acknowledgements, window updates, resets
+            if not self._send_lock.locked():
+                self._write_now()
+            if self._outbox:
+                self._tend_wanted.set()
+        if not self.accepting and not self.calls:
+            self._end_reading("drained after GOAWAY", False)
+
+    def _end_reading(self, reason: str, flush_first: bool) -> None:
+        self._off_loop.unregister(self._fd)
+        self._read_end = (reason, flush_first)
+        if not flush_first:
+            self.lost(reason)  # the calls fail now, as the reading task's end failed them
+        self._tend_wanted.set()
+
+    async def _tend(self) -> None:
+        """What reading off the loop leaves to a task: writes the kernel did not take at once, and the
+        connection's end (the GOAWAY of a protocol error first, then the socket closed)."""
+        reason = "closed"
+        try:
+            while True:
+                await self._tend_wanted.wait()
+                self._tend_wanted = trio.Event()
+                if self._read_end is not None:
+                    reason, flush_first = self._read_end
+                    if flush_first:
+                        await self.flush()
+                    break
+                if self._outbox:
+                    await self.flush()
+        finally:
+            self._off_loop.unregister(self._fd)
+            self.lost(reason)
+            with trio.CancelScope(shield=True):
+                with contextlib.suppress(*_BROKEN):
+                    await self.stream.aclose()
+
     def lost(self, reason: str) -> None:
         super().lost(reason)
         self._keepalive_scope.cancel()
+        if self._off_loop is not None and self._read_end is None:  # closed from the loop: reading ends too
+            self._off_loop.unregister(self._fd)  # before the socket is closed (its number is reused)
+            self._read_end = (reason, False)
+            self._tend_wanted.set()
 
     async def keep_alive(self) -> None:
         """PING the engine when calls are open and nothing arrived for an interval; drop the connection
@@ -262,6 +344,7 @@ class H2GrpcClient:
         self._connecting: dict[str, trio.Lock] = {}
         self._tls_config = tls
         self._tls_context: ssl.SSLContext | None = None  # made for the first grpcs:// target
+        self._off_loop: OffLoopReader | None = None  # the reader thread, once a connection uses it
 
     async def _connection(self, target: str) -> _Connection:
         connection = self._connections.get(target)
@@ -282,10 +365,20 @@ class H2GrpcClient:
                 raise EngineCallError("UNAVAILABLE", f"cannot connect to {target}: {detail}") from None
             connection = _Connection(target, stream, self.config)
             await connection.start()
-            self._nursery.start_soon(connection.read_loop)
+            reader = self._reader_thread() if not connection.tls else None
+            if reader is not None:
+                connection.read_off_loop(reader, self._nursery)
+            else:
+                self._nursery.start_soon(connection.read_loop)
             self._nursery.start_soon(connection.keep_alive)
             self._connections[target] = connection
             return connection
+
+    def _reader_thread(self) -> "OffLoopReader | None":
+        """The run's reader thread when engines are read off the loop (``H2Config.read_thread``)."""
+        if self._off_loop is None and self.config.read_thread and off_loop_supported():
+            self._off_loop = OffLoopReader.acquire()
+        return self._off_loop
 
     async def _handshake(self, stream: trio.SocketStream, host: str) -> trio.SSLStream:
         if self._tls_context is None:
@@ -341,6 +434,9 @@ class H2GrpcClient:
     async def aclose(self) -> None:
         for target in list(self._connections):
             await self.close_channel(target)
+        if self._off_loop is not None:
+            self._off_loop.release()
+            self._off_loop = None
 
 
 def _parse(response_type: Any, data: bytes) -> Any:
@@ -500,4 +596,7 @@ OPTIONS = (
            "with open calls after this long without a byte from it; 0 turns keepalive off", "engines"),
     Option("--engine-keepalive-timeout-secs", "engine_h2.keepalive_timeout_s", float, "drop the connection (its "
            "calls fail as retryable) when nothing answers the PING within this", "engines"),
+    Option("--disable-engine-read-thread", "engine_h2.read_thread", "disable", "read each engine connection "
+           "with a task of its own instead of the event loop's reader thread (which hands a token that arrives "
+           "alone over with no pass of the loop's scheduler; plain gRPC only)", "performance"),
 )

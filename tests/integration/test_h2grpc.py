@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import threading
 
 import h2.config
 import h2.connection
@@ -15,14 +17,29 @@ import pytest
 import trio
 import trio.testing
 from smg_grpc_proto.generated import common_pb2, sglang_scheduler_pb2 as sg
+from trio._core._run_context import GLOBAL_RUN_CONTEXT  # the loop's I/O manager, whose class the reader lends
 
 from chaos.processes import EngineProcess
 from gateway.engine import http2_frames as h2f
 from gateway.engine.errors import EngineCallError
 from gateway.engine.grpc_engine import GrpcEngineClient, SamplingOptions
+from gateway.engine.engine_tls import EngineTlsConfig
 from gateway.engine.h2grpc import H2Config, H2GrpcClient
 
 SERVICE = "/sglang.grpc.scheduler.SglangScheduler"
+
+
+@pytest.fixture(autouse=True, params=["task", "thread"])
+def read_by(request, monkeypatch):
+    """Every test twice: each connection read by a task of its own, and by the loop's reader thread
+    (``H2Config.read_thread``, off_loop.py)."""
+    make = H2GrpcClient.__init__
+
+    def made_reading_by(self, nursery, tls=EngineTlsConfig(), config=H2Config()):
+        make(self, nursery, tls, dataclasses.replace(config, read_thread=request.param == "thread"))
+
+    monkeypatch.setattr(H2GrpcClient, "__init__", made_reading_by)
+    return request.param
 
 
 @pytest.fixture
@@ -136,6 +153,37 @@ async def test_a_listener_takes_what_arrives_while_the_caller_waits_and_leaves_i
     connection = client._connections[paced_engine.target]
     assert not connection.calls and connection.alive
     await client.aclose()
+
+
+async def test_read_by_the_thread_a_paced_token_is_handed_over_without_a_task(paced_engine, nursery, read_by):
+    """Off the loop, the listener runs on the reader thread while the loop waits; the caller's task reads only
+    the end. Closing the client stops the thread and gives the loop its own I/O manager back."""
+    if read_by != "thread":
+        pytest.skip("the reader thread's own behaviour")
+    manager = GLOBAL_RUN_CONTEXT.runner.io_manager
+    manager_class = type(manager)
+    client = H2GrpcClient(nursery)
+    engine_client = GrpcEngineClient(client, paced_engine.target, "sglang")
+    threads: set[str] = set()
+
+    def noting_thread(batches, seen):
+        listener = _taking_listener()(batches, seen)
+
+        def on_arrival():
+            threads.add(threading.current_thread().name)
+            return listener()
+        return on_arrival
+
+    seen, last_batch = await _stream_tokens(engine_client, "threaded", listener_for=noting_thread)
+    assert len(seen) == 60 and last_batch[-1].finish_reason == "length"
+    assert threads == {"smg-engine-reader"}
+    assert sum(who == "listener" for who, _ in seen) >= 30  # most tokens never reached the caller's task
+    reader = client._off_loop
+    assert reader.callbacks >= 30 and reader._handlers and type(manager) is not manager_class  # the loop lock
+    await client.aclose()
+    assert not reader._handlers and not reader._thread.is_alive()
+    assert not any(thread.name == "smg-engine-reader" for thread in threading.enumerate())
+    assert type(manager) is manager_class
 
 
 async def test_a_listener_that_needs_the_caller_wakes_it_with_an_empty_batch(paced_engine, nursery):
