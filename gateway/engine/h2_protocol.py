@@ -72,9 +72,11 @@ class H2Config:
     keepalive_interval_s: float = 30.0
     keepalive_timeout_s: float = 20.0
     # Engine connections read by a thread of the loop's own (off_loop.py) rather than a task each: a
-    # message that arrives alone (a paced token) costs no pass of trio's scheduler. Plain gRPC only (TLS
-    # connections keep their task).
-    read_thread: bool = True
+    # message that arrives alone (a paced token) costs no pass of trio's scheduler (-24 % instructions for
+    # a paced stream), but under a mix of 256 clients the time to first token's p99 was 10-20 ms worse
+    # (BENCHMARKS, "Where a paced token's instructions go"): off by default. Plain gRPC only (TLS keeps
+    # its task).
+    read_thread: bool = False
 
     def __post_init__(self) -> None:
         if not 2**14 <= self.receive_frame_bytes <= 2**24 - 1:

@@ -38,8 +38,8 @@ a streamed token costs no trip through the scheduler. The caller's own reads
 keep the call's order and its end; the listener only ever gets messages the
 caller was waiting for.
 
-By default (``H2Config.read_thread``) plain connections are read not by a task
-but by the event loop's reader thread (``off_loop.py``), which runs the same
+With ``H2Config.read_thread`` (``--engine-read-thread``) plain connections are
+read not by a task but by the event loop's reader thread (``off_loop.py``), which runs the same
 steps (``_on_readable``: the read, its frames, the listeners) while the loop
 waits for I/O, so a message that arrives alone costs no pass of trio's
 scheduler; a task per connection (``_tend``) does what needs one (a write the
@@ -596,7 +596,7 @@ OPTIONS = (
            "with open calls after this long without a byte from it; 0 turns keepalive off", "engines"),
     Option("--engine-keepalive-timeout-secs", "engine_h2.keepalive_timeout_s", float, "drop the connection (its "
            "calls fail as retryable) when nothing answers the PING within this", "engines"),
-    Option("--disable-engine-read-thread", "engine_h2.read_thread", "disable", "read each engine connection "
-           "with a task of its own instead of the event loop's reader thread (which hands a token that arrives "
-           "alone over with no pass of the loop's scheduler; plain gRPC only)", "performance"),
+    Option("--engine-read-thread", "engine_h2.read_thread", "bool", "read engine connections (plain gRPC) with "
+           "one thread that runs while the event loop waits, instead of a task each: a token that arrives alone "
+           "costs no pass of the loop's scheduler (paced streams at low concurrency)", "performance"),
 )

@@ -34,6 +34,7 @@ import contextvars
 import logging
 import os
 import select
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -94,6 +95,9 @@ class OffLoopReader:
         class LoopLockedIOManager(base):  # the same instance layout: only the class changes
             __slots__ = ()
 
+            # KI-protected: a Ctrl-C here is delivered to trio's main task, never raised between the release
+            # and the acquire (the loop's thread would run on without the lock).
+            @trio.lowlevel.enable_ki_protection
             def get_events(self, timeout: float) -> Any:
                 lock.release()
                 try:
@@ -103,7 +107,10 @@ class OffLoopReader:
 
         lock.acquire()  # the loop's thread holds it from here on, but in its waits
         manager.__class__ = LoopLockedIOManager
-        self._thread = threading.Thread(target=self._run, args=(context,), name="smg-engine-reader", daemon=True)
+        # The loop's async-generator hooks (thread-local in CPython): a generator the collector finalizes
+        # during a callback is handed to trio as it would be on the loop's thread.
+        self._thread = threading.Thread(target=self._run, args=(context, sys.get_asyncgen_hooks()),
+                                        name="smg-engine-reader", daemon=True)
         self._thread.start()
         # Stopped with the run at the latest (a client never closed): trio cancels its system tasks then.
         self._guard_scope = trio.CancelScope()
@@ -145,8 +152,9 @@ class OffLoopReader:
             except (OSError, ValueError):  # the socket closed already (dropped from the set), or the reader
                 pass
 
-    def _run(self, run_context: Any) -> None:
+    def _run(self, run_context: Any, asyncgen_hooks: Any) -> None:
         run_context.runner = self._runner  # this thread's copy of trio's thread-local: the loop's runner
+        sys.set_asyncgen_hooks(*asyncgen_hooks)
         poll, lock, handlers, runq = self._epoll.poll, self._lock, self._handlers, self._runner.runq
         waker = self._waker
         # The I/O manager's own wake-up (a byte on a socket pair its wait drains, no task stepped): what

@@ -23,6 +23,11 @@ waits for the GIL when the loop's thread is busy running Python (``--gil-latency
 over at its switch interval, 5 ms by default).
 
     python tests/bench/wakeup_bench.py [--reads 1000] [--interval-ms 2]
+    python tests/bench/wakeup_bench.py --loop-latency [--reads 500 --interval-ms 20 --busy-ms 2]
+
+``--loop-latency`` compares the node's two ways of reading an engine in wall time, the loop busy half its
+time: a task waiting on the socket against the reader thread (``gateway/engine/off_loop.py``), which runs
+only while the loop waits for I/O.
 
 Needs valgrind. User-space instructions only: the system calls' kernel time is not in them.
 """
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -146,12 +152,8 @@ def measured_reader_thread(sock: socket.socket, reads: int) -> None:
     trio.run(main)
 
 
-def gil_latency(reads: int, interval_ms: float) -> "tuple[float, float, float]":
-    """(p50, p99, max) ms from a byte's write to a reader thread's callback, while this process's main thread
-    runs Python without pause (a loop busy with requests), in wall time."""
-    import threading
-
-    parent, child = socket.socketpair()
+def fork_timestamp_writer(parent: socket.socket, child: socket.socket, reads: int, interval_ms: float) -> int:
+    """A child process writing its clock (8 bytes) to ``child`` every ``interval_ms``; its pid."""
     pid = os.fork()
     if pid == 0:
         parent.close()
@@ -161,11 +163,26 @@ def gil_latency(reads: int, interval_ms: float) -> "tuple[float, float, float]":
             time.sleep(interval_ms / 1000)
         os._exit(0)
     child.close()
+    return pid
+
+
+def delays_ms(data: bytes) -> "list[float]":
+    """Each timestamp's age in ms (fork_timestamp_writer's)."""
+    now = time.monotonic_ns()
+    return [(now - int.from_bytes(data[i:i + 8], "little")) / 1e6 for i in range(0, len(data) - 7, 8)]
+
+
+def gil_latency(reads: int, interval_ms: float) -> "tuple[float, float, float]":
+    """(p50, p99, max) ms from a byte's write to a reader thread's callback, while this process's main thread
+    runs Python without pause (a loop busy with requests), in wall time."""
+    import threading
+
+    parent, child = socket.socketpair()
+    pid = fork_timestamp_writer(parent, child, reads, interval_ms)
     delays: list[float] = []
 
     def on_read(data: bytes) -> None:
-        now = time.monotonic_ns()
-        delays.extend((now - int.from_bytes(data[i:i + 8], "little")) / 1e6 for i in range(0, len(data) - 7, 8))
+        delays.extend(delays_ms(data))
 
     reader = threading.Thread(target=epoll_reads, args=(parent, reads, on_read), daemon=True)
     reader.start()
@@ -174,6 +191,68 @@ def gil_latency(reads: int, interval_ms: float) -> "tuple[float, float, float]":
         for _ in range(10_000):  # pure Python work, as a loaded event loop's
             busy += 1
     os.waitpid(pid, 0)
+    delays.sort()
+    return delays[len(delays) // 2], delays[int(len(delays) * 0.99)], delays[-1]
+
+
+def loop_latency(reads: int, interval_ms: float, busy_ms: float, off_loop: bool,
+                 seed: int) -> "tuple[float, float, float]":
+    """Wall time from a write to its handling, trio's loop kept busy (runs of Python of ``busy_ms`` on average
+    between checkpoints, half its time): by a task waiting on the socket (``off_loop`` False), or by the node's
+    reader thread (gateway/engine/off_loop.py), which runs only while the loop waits for I/O."""
+    import trio
+
+    from gateway.engine.off_loop import OffLoopReader
+    from gateway.net.fast_receive import receive_some
+
+    parent, child = socket.socketpair()
+    delays: list[float] = []
+    busy_now = [False]
+    overlaps = [0]  # reads handled while the busy task ran: must stay 0 (the reader runs only while the loop waits)
+    randomness = random.Random(seed)  # the busy and idle runs' lengths, so that they do not lock to the writes' phase
+
+    def on_data(data: bytes) -> None:
+        overlaps[0] += busy_now[0]
+        delays.extend(delays_ms(data))
+
+    async def main() -> None:
+        pid = fork_timestamp_writer(parent, child, reads, interval_ms)
+        parent.setblocking(False)
+        done = trio.Event()
+        async with trio.open_nursery() as nursery:
+            async def busy() -> None:
+                while not done.is_set():
+                    until = time.perf_counter() + randomness.uniform(0, 2 * busy_ms) / 1000
+                    busy_now[0] = True
+                    while time.perf_counter() < until:  # pure Python work, as a loaded loop's
+                        pass
+                    busy_now[0] = False
+                    await trio.sleep(randomness.uniform(0, 2 * busy_ms) / 1000)  # idle as long on average
+
+            nursery.start_soon(busy)
+            if off_loop:
+                reader = OffLoopReader.acquire()
+
+                def on_readable() -> None:
+                    data = os.read(parent.fileno(), 65536)
+                    on_data(data)
+                    if not data:
+                        reader.unregister(parent.fileno())
+                        done.set()
+
+                reader.register(parent.fileno(), on_readable)
+                await done.wait()
+                reader.release()
+            else:
+                stream = trio.SocketStream(trio.socket.from_stdlib_socket(parent))
+                while data := await receive_some(stream, 65536):
+                    on_data(data)
+                done.set()
+        os.waitpid(pid, 0)
+
+    trio.run(main)
+    if overlaps[0]:
+        raise AssertionError(f"{overlaps[0]} reads were handled while the loop's thread was busy")
     delays.sort()
     return delays[len(delays) // 2], delays[int(len(delays) * 0.99)], delays[-1]
 
@@ -199,12 +278,26 @@ def main() -> None:
                         "while the loop's thread is busy, in wall time")
     parser.add_argument("--switch-interval-ms", type=float, default=None, help="the interpreter's switch interval "
                         "for --gil-latency (default: Python's, 5 ms)")
+    parser.add_argument("--loop-latency", action="store_true", help="a read's wait, trio's loop busy half its "
+                        "time in --busy-ms runs, by a task and by the node's reader thread, in wall time")
+    parser.add_argument("--busy-ms", type=float, default=2.0)
+    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
     if args.child:
         measured(args.reads, args.child)
+        return
+    if args.loop_latency:
+        print(f"A read's wait from the write to its handling, trio's loop busy half its time in runs of "
+              f"{args.busy_ms:g} ms on average (seed {args.seed}), {args.reads} reads every {args.interval_ms:g} ms "
+              f"(switch interval {sys.getswitchinterval() * 1000:g} ms):\n")
+        print("| read by | p50 ms | p99 ms | max ms |\n|---|---|---|---|")
+        for off_loop in (False, True):
+            p50, p99, worst = loop_latency(args.reads, args.interval_ms, args.busy_ms, off_loop, args.seed)
+            print(f"| {'the reader thread (off_loop.py)' if off_loop else 'a task (receive_some)'} | {p50:.2f} | "
+                  f"{p99:.2f} | {worst:.2f} |")
         return
     if args.gil_latency:
         p50, p99, worst = gil_latency(args.reads, args.interval_ms)
