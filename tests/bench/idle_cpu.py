@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from chaos.processes import EngineProcess, NodeProcess, default_log_dir  # noqa: E402
 from tests.bench.smg_compare import MODEL, model_dir  # noqa: E402
-from tests.integration.node_pairs import free_ports  # noqa: E402
+from tests.support.node_pairs import free_ports  # noqa: E402
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
