@@ -204,14 +204,16 @@ class _Connection(H2ClientProtocol):
         except BlockingIOError:  # woken without data
             return
         except OSError as e:
-            self._end_reading(f"read failed: {e}", False)
+            self.lost(f"read failed: {e}")  # the calls fail now, as the reading task's end failed them
             return
         if not data:
-            self._end_reading("the engine closed the connection", False)
+            self.lost("the engine closed the connection")
             return
         failure = self.receive(data)
-        if failure is not None:
-            self._end_reading(failure, True)  # the GOAWAY saying why goes first
+        if failure is not None:  # the GOAWAY saying why goes first: _tend flushes it, then fails the calls
+            self._off_loop.unregister(self._fd)
+            self._read_end = (failure, True)
+            self._tend_wanted.set()
             return
         if self._outbox:  # settings and ping acknowledgements, window updates, resets
             if not self._send_lock.locked():
@@ -219,14 +221,7 @@ class _Connection(H2ClientProtocol):
             if self._outbox:
                 self._tend_wanted.set()
         if not self.accepting and not self.calls:
-            self._end_reading("drained after GOAWAY", False)
-
-    def _end_reading(self, reason: str, flush_first: bool) -> None:
-        self._off_loop.unregister(self._fd)
-        self._read_end = (reason, flush_first)
-        if not flush_first:
-            self.lost(reason)  # the calls fail now, as the reading task's end failed them
-        self._tend_wanted.set()
+            self.lost("drained after GOAWAY")
 
     async def _tend(self) -> None:
         """What reading off the loop leaves to a task: writes the kernel did not take at once, and the
@@ -253,7 +248,7 @@ class _Connection(H2ClientProtocol):
     def lost(self, reason: str) -> None:
         super().lost(reason)
         self._keepalive_scope.cancel()
-        if self._off_loop is not None and self._read_end is None:  # closed from the loop: reading ends too
+        if self._off_loop is not None and self._read_end is None:  # reading ends too, and _tend closes
             self._off_loop.unregister(self._fd)  # before the socket is closed (its number is reused)
             self._read_end = (reason, False)
             self._tend_wanted.set()
