@@ -72,6 +72,12 @@ class BackgroundOut:
     def send_chunk_now(self, data: bytes) -> bool:
         return True
 
+    def can_start_stream_now(self) -> bool:
+        return True  # (as can_send_chunk_now)
+
+    def start_stream_now(self, status: int, headers: Any, data: bytes) -> bool:
+        return True
+
     async def flush(self) -> None:
         pass
 
@@ -95,6 +101,10 @@ class BackgroundRequest(BackgroundOut):
 
     async def start_stream(self, status: int, headers: Any) -> None:
         self.response_started = True
+
+    def start_stream_now(self, status: int, headers: Any, data: bytes) -> bool:
+        self.response_started = True  # (never the client's: its answer is the queued response, sent already)
+        return True
 
     async def send_chunk(self, data: bytes) -> None:
         self.response_started = True

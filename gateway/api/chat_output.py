@@ -52,9 +52,10 @@ class ChatOutput:
         self._calls = 0
         self._content_seen = False  # content other than whitespace went out
         self._pending_space = ""  # whitespace-only content held (streamed)
-        # Inside a traced request, a stream's parsing as [first ns, last ns, ns spent, pieces]; False untraced;
-        # None until the first piece says which.
-        self._parse_trace: "list[int] | bool | None" = None
+        # Inside a traced request, a stream's parsing as [first ns, last ns, ns spent, pieces]; False untraced. Decided
+        # here, in the request's task: a stream's pieces, its first included, may be parsed by what reads the engine
+        # (generation._Progress.on_arrival), outside the request's context where the trace is not seen.
+        self._parse_trace: "list[int] | bool" = CURRENT.get() is not None and [0, 0, 0, 0]
 
     @classmethod
     def for_request(cls, entry: Any, chat: Any) -> "ChatOutput | None":
@@ -141,8 +142,6 @@ class ChatOutput:
                           separates_reasoning=self.separates_reasoning)
 
     def _step(self, text: str, deltas: "list[Delta]", final: bool) -> None:
-        if self._parse_trace is None:
-            self._parse_trace = CURRENT.get() is not None and [0, 0, 0, 0]  # first ns, last ns, total ns, pieces
         if not self._parse_trace:
             self._parse(text, deltas, final)
             return

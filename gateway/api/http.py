@@ -194,6 +194,20 @@ class Request:
         native = self._native
         return native is not None and native.can_send_body_now()
 
+    def can_start_stream_now(self) -> bool:
+        """``start_stream_now`` may be called: the native server, nothing of the response sent, no write pending."""
+        native = self._native
+        return native is not None and native.can_start_body_now()
+
+    def start_stream_now(self, status: int, headers: "list[tuple[bytes, bytes]]", data: bytes) -> bool:
+        """``start_stream`` and a first ``send_chunk`` without awaiting, from any task; False when ``flush()`` must
+        follow."""
+        self.response_started = True
+        self.status = status
+        if self.recording is not None:
+            self._record(headers, data)
+        return self._native.start_body_now(status, self._base_headers(headers), data)
+
     def send_chunk_now(self, data: bytes) -> bool:
         """``send_chunk`` without awaiting, from any task; False when ``flush()`` must follow."""
         if self.recording is not None:

@@ -592,9 +592,9 @@ async def end_sse(request: Request, end: bytes, error: ApiError | None,
 class SseSink:
     """Where a streamed generation's text goes: one SSE event per piece, the response head with the first.
 
-    Awaited by the request's task; once the stream has started, also written synchronously
-    (``ready_now``, ``send_now``, ``flush``: ``generation.TextSink``) by the task that reads the
-    engine, so a token costs no wake-up of the request's task.
+    Awaited by the request's task; also written synchronously (``ready_now``, ``send_now``, ``flush``:
+    ``generation.TextSink``) by what reads the engine, the first piece with the response head too (the native
+    server), so a token costs no wake-up of the request's task, the first one included.
     """
 
     __slots__ = ("_request", "_text_event", "started")
@@ -613,10 +613,14 @@ class SseSink:
             await self._request.send_chunk(self._text_event(text, False))
 
     def ready_now(self) -> bool:
-        return self.started and self._request.can_send_chunk_now()
+        request = self._request
+        return request.can_send_chunk_now() if self.started else request.can_start_stream_now()
 
     def send_now(self, text: str) -> bool:
-        return self._request.send_chunk_now(self._text_event(text, False))
+        if self.started:
+            return self._request.send_chunk_now(self._text_event(text, False))
+        self.started = True  # the first piece: the response head goes with it
+        return self._request.start_stream_now(200, SSE_HEADERS, self._text_event(text, True))
 
     async def flush(self) -> None:
         await self._request.flush()

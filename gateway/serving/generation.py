@@ -445,10 +445,11 @@ class _Progress:
     the engine connection's reading task calls when events arrive while the request's task
     waits for them: it decodes them and writes their text itself, so a token costs no trip
     through the scheduler to wake the request's task (~15 % of a streamed request's CPU).
-    What it cannot finish (the first text, which carries the response head; the engine's
-    last message; a write the socket did not take whole; the end by a stop string; a
-    failure) it leaves to the request's task, in order: it steps nothing while something of
-    its own is left for that task.
+    The first text goes too, with the response head, where the sink can start the response
+    synchronously (the native server). What it cannot finish (the engine's last message; a
+    write the socket did not take whole; the end by a stop string; a failure) it leaves to
+    the request's task, in order: it steps nothing while something of its own is left for
+    that task.
     """
 
     __slots__ = ("plan", "logprobs", "worker_id", "sink", "generation", "decoder", "matcher", "output_ids",

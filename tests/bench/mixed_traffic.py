@@ -41,7 +41,8 @@ the cores the engine and wrk used (a saturated engine or client would bound the 
 ``--only`` sends one kind of the mix alone and ``--stream-share`` sets the streamed share (0: none,
 so no TTFT): where a gap between the gateways comes from. Gateway names as in ``workers_scaling.py``
 (``smg-node-all``: ``serve``'s default ``--workers 0``, one process per core less one;
-``smg-node-w1@/tmp/base``: the checkout at /tmp/base). Needs ``wrk``.
+``smg-node-w1@/tmp/base``: the checkout at /tmp/base; ``smg-node-all+engine-read-thread``: with that switch of
+``serve``'s). Needs ``wrk``.
 Markdown to stdout, progress to stderr.
 """
 

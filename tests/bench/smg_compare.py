@@ -188,16 +188,19 @@ def start_gateways(names: list[str], engine_url: str, smg: Path, log_dir: Path, 
     out = []
     for name in names:
         if name.startswith("smg-node"):
-            # smg-node-w<N>[@PATH], PATH a checkout (its code) or a Python (that interpreter with its
-            # packages): the variants of one change measured in one run.
+            # smg-node-w<N>[+FLAG...][@PATH], PATH a checkout (its code) or a Python (that interpreter with its
+            # packages), each +FLAG a switch of serve's (+engine-read-thread: --engine-read-thread): the variants
+            # of one change measured in one run.
             kind, _, variant = name.partition("@")
+            kind, *switches = kind.split("+")
             workers = "0" if kind == "smg-node-all" else kind.removeprefix("smg-node-w")
             path = Path(variant) if variant else ROOT
             # No parsers: the simulated engine says Qwen3ForCausalLM, which would pick Qwen3's (these
             # scenarios measure the plain path; instructions.py --scenarios agent measures parsing).
             node = NodeProcess(["--workers", workers, "--worker-urls", engine_url, "--tokenizer-path", tokenizer,
                                 "--log-level", "warning", "--max-concurrent-requests", "0",
-                                "--tool-call-parser", "none", "--reasoning-parser", "none"], log_dir,
+                                "--tool-call-parser", "none", "--reasoning-parser", "none",
+                                *[f"--{switch}" for switch in switches]], log_dir,
                                name.replace("/", "_"), cwd=path if path.is_dir() else ROOT,
                                python=str(path) if path.is_file() else sys.executable)
             host, port = node.url.removeprefix("http://").rsplit(":", 1)

@@ -22,7 +22,8 @@ scenario; no gateway here follows the events of a single engine anyway.
 Gateways (``--gateways``): ``smg-node-w<N>`` (``serve --workers N``), ``smg-node-all``
 (``--workers 0``: one process per core less one), either with ``@PATH`` for the code of the checkout at
 PATH (``smg-node-w1@/tmp/base``: a change against its parent) or for the Python interpreter at
-PATH (``smg-node-w1@/work/venv-deb/bin/python``: another CPython build), in the same run;
+PATH (``smg-node-w1@/work/venv-deb/bin/python``: another CPython build), in the same run, and with
+``+SWITCH`` for a switch of ``serve``'s (``smg-node-w1+engine-read-thread``);
 ``smg`` (``smg launch``, its defaults: tokenizer caches off) and ``smg-cache`` (its L0 and L1
 caches on). All start at once in front of the one engine;
 each cell drives each gateway in turn (order alternating, ``--repeats`` times) for ``--seconds``

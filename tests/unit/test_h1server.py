@@ -61,8 +61,8 @@ async def echo_app(scope, receive, send):
         WATCH_SEEN.append((cancel_scope.cancelled_caught, cycle.client_gone))
         WATCH_DONE.set()
         return
-    if scope["path"] == "/now":
-        await send_body_now_until_the_kernel_is_full(scope, send)
+    if scope["path"] in ("/now", "/now-from-the-start"):
+        await send_body_now_until_the_kernel_is_full(scope, send, scope["path"] == "/now-from-the-start")
         return
     if scope["path"] == "/fail":
         raise RuntimeError("boom")
@@ -81,12 +81,19 @@ NOW_SENT: list[bytes] = []
 NOW_FULL = trio.Event()
 
 
-async def send_body_now_until_the_kernel_is_full(scope, send):
-    """The extension's synchronous writes: until one is left partly unsent, then flush and end."""
+async def send_body_now_until_the_kernel_is_full(scope, send, start_now: bool):
+    """The extension's synchronous writes: until one is left partly unsent, then flush and end. ``start_now``: the
+    head and the first piece written synchronously too (``start_body_now``)."""
     cycle = scope["extensions"][DISCONNECT_EXTENSION]
-    await send({"type": "http.response.start", "status": 200, "headers": []})
-    assert not cycle.can_send_body_now()  # the head is not out yet: only send() writes it
-    await send({"type": "http.response.body", "body": b"head;", "more_body": True})
+    if start_now:
+        assert cycle.can_start_body_now() and not cycle.can_send_body_now()
+        assert cycle.start_body_now(200, [(b"x-first", b"now")], b"head;")  # a few bytes: the kernel takes them
+        assert not cycle.can_start_body_now()  # one start only
+    else:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"x-first", b"awaited")]})
+        assert not cycle.can_send_body_now()  # the head is not out yet: only send() writes it
+        assert not cycle.can_start_body_now()  # the start was given: the head goes with the first body
+        await send({"type": "http.response.body", "body": b"head;", "more_body": True})
     for i in range(NOW_CHUNKS_MAX):
         assert cycle.can_send_body_now()
         chunk = b"%06d%s;" % (i, NOW_CHUNK)
@@ -468,9 +475,11 @@ async def test_shutdown_closes_idle_connections_and_lets_requests_finish(nursery
         await connect(port)
 
 
-async def test_chunks_written_without_awaiting_keep_their_order_when_the_socket_fills(server):
+@pytest.mark.parametrize("path", ["/now", "/now-from-the-start"])
+async def test_chunks_written_without_awaiting_keep_their_order_when_the_socket_fills(server, path):
     """``send_body_now`` writes what the kernel takes and keeps the rest for ``flush``; meanwhile
-    ``can_send_body_now`` is false, so nothing overtakes the bytes left behind."""
+    ``can_send_body_now`` is false, so nothing overtakes the bytes left behind. The head and first piece the same
+    whether awaited or written by ``start_body_now``."""
     global NOW_FULL
     _, port, _ = server
     NOW_SENT.clear()
@@ -478,11 +487,12 @@ async def test_chunks_written_without_awaiting_keep_their_order_when_the_socket_
     sock = trio.socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client that reads nothing fills up soon
     stream = await connect(port, sock)
-    await stream.send_all(b"GET /now HTTP/1.1\r\nhost: x\r\n\r\n")
+    await stream.send_all(b"GET " + path.encode() + b" HTTP/1.1\r\nhost: x\r\n\r\n")
     with trio.fail_after(30):
         await NOW_FULL.wait()  # the app saw a partial write before we read a byte
         status, headers, body, rest = await read_response(stream)
     assert status == 200 and headers["transfer-encoding"] == "chunked" and rest == b""
+    assert headers["x-first"] == ("now" if path.endswith("start") else "awaited") and "date" in headers
     assert body == b"head;" + b"".join(NOW_SENT) + b"tail"
     assert len(NOW_SENT) > 2
 

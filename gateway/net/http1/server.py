@@ -249,6 +249,16 @@ class _Cycle:
         state = self.response
         if state is not _R_BODY and state is not _R_STARTED:
             response_move(state, "body")  # raises: a body before the start, or after the end
+        out = self._framed(state, body, more_body)
+        if out or not more_body:  # the end writes even with nothing new: send_body_now may have left bytes
+            await self.connection.write(out)
+        if not more_body:
+            # Only now (the bytes are out): a receive() waiting for the end returns http.disconnect,
+            # and an app watching for disconnects must not cancel its own last write.
+            _wake(self.wakeup)
+
+    def _framed(self, state: object, body: bytes, more_body: bool) -> bytes:
+        """The bytes ``body`` goes out as: after the head when it is the first (``state`` STARTED), chunked or not."""
         out = b""
         if state is _R_STARTED:
             out = self._head(body, more_body)
@@ -261,14 +271,23 @@ class _Cycle:
                     out += LAST_CHUNK
             else:
                 out += body
-        if out or not more_body:  # the end writes even with nothing new: send_body_now may have left bytes
-            await self.connection.write(out)
-        if not more_body:
-            # Only now (the bytes are out): a receive() waiting for the end returns http.disconnect,
-            # and an app watching for disconnects must not cancel its own last write.
-            _wake(self.wakeup)
+        return out
 
     # -- body chunks written without awaiting (the extension's other use) -------
+
+    def can_start_body_now(self) -> bool:
+        """``start_body_now`` may be called: nothing of the response sent or started, no write pending."""
+        return self.response is _R_IDLE and self.connection.can_write_now()
+
+    def start_body_now(self, status: int, headers: "list[tuple[bytes, bytes]]", body: bytes) -> bool:
+        """The response's start and its first body bytes, more to come, written synchronously from any task
+        (``can_start_body_now`` first): what ``send`` does for http.response.start and such a body. So a stream's
+        first piece needs no wake-up of the app's task either. False when ``flush()`` must follow."""
+        self.response = _R_STARTED
+        self.status = status
+        self.headers = headers
+        return self.connection.write_now(self._framed(_R_STARTED, body, True))
+
 
     def can_send_body_now(self) -> bool:
         """``send_body_now`` may be called: the head is out, the body goes on, no write is pending."""
