@@ -39,18 +39,6 @@ def test_chat_completion_text_is_what_the_engine_generated(client, http, predict
     assert r.usage.prompt_tokens_details.cached_tokens is not None
 
 
-def test_a_long_prompt_reaches_the_engine_whole(client, http, predict):
-    """Past gateway/engine/packed_ids.py's threshold the prompt's ids are written by numpy, not upb: the engine
-    generates from the same ids (its words are seeded by them) and counts them all."""
-    words = "tokenizers split text into pieces: ünïcödé, 数字 12345, emoji 🙂, code `x += 1`; "
-    messages = [{"role": "user", "content": words * 150}]
-    ids = prompt_ids(http, messages)
-    assert len(ids) > 4096 and max(ids) >= 16384 and min(ids) < 128  # one-, two- and three-byte varints
-    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)
-    assert r.choices[0].message.content == predict(ids, 8)
-    assert r.usage.prompt_tokens == len(ids)
-
-
 def test_streaming_chat_equals_non_streaming(client, http, predict):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Streaming, please. 🎉"}]
     stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, stream=True,

@@ -27,7 +27,6 @@ from ...base.registry import Registry
 from ..media_facts import MediaFacts
 from ..messages import (FULL_SUPPORT, Constraint, EngineLoad, EngineSupport, GenerateEvent, Handover, ModelInfo, PrefillAnswer,
                         SamplingOptions, TokenLogprob)
-from ..packed_ids import with_prompt_ids
 from ..pairing_info import PairingInfo
 
 BOOTSTRAP_ROOM = "bootstrap_room"  # SGLang: both legs at once, meeting in a room at the prefill's bootstrap port
@@ -80,7 +79,9 @@ class EngineRuntime(abc.ABC):
     def abort_request(self, request_id: str) -> Any: ...
 
     def embed_request(self, request_id: str, input_ids: "list[int]") -> Any:
-        return with_prompt_ids(self.pb.EmbedRequest(request_id=request_id), "tokenized", "input_ids", input_ids)
+        request = self.pb.EmbedRequest(request_id=request_id)
+        request.tokenized.input_ids.extend(input_ids)
+        return request
 
     # -- answers ----------------------------------------------------------------------------------------------
 

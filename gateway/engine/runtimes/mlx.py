@@ -17,7 +17,6 @@ from typing import Any
 from smg_grpc_proto.generated import mlx_engine_pb2 as ml
 
 from ..messages import EngineSupport, Handover, SamplingOptions, TokenLogprob
-from ..packed_ids import with_prompt_ids
 from ..pairing_info import PairingInfo
 from .base import ENGINE_RUNTIMES, EngineRuntime, set_unless_default
 
@@ -40,6 +39,8 @@ class MlxRuntime(EngineRuntime):
         if handover is not None or media is not None:  # refused before (its support): never sent half-done
             raise ValueError("an MLX engine takes neither prefill/decode hand-overs nor images")
         request = ml.GenerateRequest(request_id=request_id, stream=stream)
+        request.tokenized.SetInParent()  # present even for an empty prompt
+        request.tokenized.input_ids.extend(input_ids)
         sp = request.sampling_params
         sp.max_tokens = sampling.max_new_tokens
         if sampling.temperature is not None:
@@ -55,7 +56,7 @@ class MlxRuntime(EngineRuntime):
             sp.logit_bias[token_id] = bias
         if sampling.logprobs is not None:
             sp.logprobs = sampling.logprobs
-        return with_prompt_ids(request, "tokenized", "input_ids", input_ids)  # last: see packed_ids.py
+        return request
 
     def abort_request(self, request_id: str) -> Any:
         return ml.AbortRequest(request_ids=[request_id])

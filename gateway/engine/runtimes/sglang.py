@@ -16,7 +16,6 @@ from typing import Any
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sg
 
 from ..messages import EngineSupport, Handover, SamplingOptions
-from ..packed_ids import with_prompt_ids
 from ..pairing_info import PairingInfo
 from .base import (ENGINE_RUNTIMES, BOOTSTRAP_ROOM, SGLANG_CONSTRAINT_FIELDS, EngineRuntime, pairing_of_server_args,
                    set_sglang_constraint, set_unless_default, tensor)
@@ -67,13 +66,15 @@ class SglangRuntime(EngineRuntime):
             request.return_logprob = True
             request.top_logprobs_num = sampling.logprobs
             request.logprob_start_len = 0 if sampling.prompt_logprobs else -1  # -1: output tokens only
+        request.tokenized.SetInParent()  # present even for an empty prompt
+        request.tokenized.input_ids.extend(input_ids)  # in place: no copy of a 7,800-id message (~0.14 ms)
         if handover is not None and handover.bootstrap_room is not None:
             dp = request.disaggregated_params
             dp.bootstrap_host, dp.bootstrap_port = handover.bootstrap_host, handover.bootstrap_port
             dp.bootstrap_room = handover.bootstrap_room
         if media is not None:
             _media(request.mm_inputs, media[0])  # images only (SUPPORT: no videos)
-        return with_prompt_ids(request, "tokenized", "input_ids", input_ids)  # last: see packed_ids.py
+        return request
 
     def abort_request(self, request_id: str) -> Any:
         return sg.AbortRequest(request_id=request_id, reason="client gone")

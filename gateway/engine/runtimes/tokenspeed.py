@@ -30,7 +30,6 @@ from smg_grpc_proto.generated import tokenspeed_encoder_pb2 as te
 from smg_grpc_proto.generated import tokenspeed_scheduler_pb2 as ts
 
 from ..messages import EngineSupport, Handover, SamplingOptions, TokenLogprob
-from ..packed_ids import with_prompt_ids
 from ..pairing_info import PairingInfo
 from .base import (BOOTSTRAP_ROOM, ENGINE_RUNTIMES, SGLANG_CONSTRAINT_FIELDS, EngineRuntime, pairing_of_server_args,
                    set_given, set_sglang_constraint, set_unless_default, tensor)
@@ -70,6 +69,8 @@ class TokenSpeedRuntime(EngineRuntime):
         if sampling.logprobs is not None:
             request.return_logprob = True
             request.top_logprobs_num = sampling.logprobs
+        request.tokenized.SetInParent()  # present even for an empty prompt
+        request.tokenized.input_ids.extend(input_ids)
         if handover is not None and handover.bootstrap_room is not None:
             kv = request.kv_bootstrap_info
             kv.bootstrap_host, kv.bootstrap_port = handover.bootstrap_host, handover.bootstrap_port
@@ -80,7 +81,7 @@ class TokenSpeedRuntime(EngineRuntime):
                 request.encode_bootstrap_info.items.add(
                     item_index=index, bootstrap_host=assignment.worker.host,
                     bootstrap_port=assignment.worker.bootstrap_port, bootstrap_room=assignment.room)
-        return with_prompt_ids(request, "tokenized", "input_ids", input_ids)  # last: see packed_ids.py
+        return request
 
     @staticmethod
     def encode_request(request_id: str, media: Any, index: int, room: int) -> Any:

@@ -30,7 +30,6 @@ from smg_grpc_proto.generated import trtllm_service_pb2 as tr
 
 from ..messages import (CONSTRAINT_KINDS, Constraint, EngineSupport, GenerateEvent, Handover, ModelInfo,
                         SamplingOptions, TokenLogprob)
-from ..packed_ids import with_prompt_ids
 from ..pairing_info import PairingInfo
 from .base import ENGINE_RUNTIMES, JSON_OBJECT_SCHEMA, EngineRuntime, choice_regex, set_given
 
@@ -82,6 +81,7 @@ class TrtllmRuntime(EngineRuntime):
             raise ValueError("a TensorRT-LLM engine takes neither prefill/decode hand-overs nor videos")
         request = tr.GenerateRequest(request_id=request_id, streaming=stream, max_tokens=sampling.max_new_tokens,
                                      include_stop_token_in_output=True)
+        request.tokenized.input_token_ids.extend(input_ids)
         if media is not None:  # the images' own bytes: the engine decodes and processes them itself
             request.multimodal_input.image_data.extend(media[0].sources)
         sc = request.sampling_config
@@ -116,13 +116,15 @@ class TrtllmRuntime(EngineRuntime):
             oc.logprobs = sampling.logprobs
             if sampling.prompt_logprobs:
                 oc.prompt_logprobs = sampling.logprobs
-        return with_prompt_ids(request, "tokenized", "input_token_ids", input_ids)  # last: see packed_ids.py
+        return request
 
     def abort_request(self, request_id: str) -> Any:
         return tr.AbortRequest(request_id=request_id)
 
     def embed_request(self, request_id: str, input_ids: "list[int]") -> Any:
-        return with_prompt_ids(tr.EmbedRequest(request_id=request_id), "tokenized", "input_token_ids", input_ids)
+        request = tr.EmbedRequest(request_id=request_id)
+        request.tokenized.input_token_ids.extend(input_ids)
+        return request
 
     def events(self, batch: "list[Any]", stream: bool) -> list[GenerateEvent]:
         events: list[GenerateEvent] = []

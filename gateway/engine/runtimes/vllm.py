@@ -16,7 +16,6 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vl
 
 from ..media_facts import MediaFacts, media_facts_of_vllm
 from ..messages import Constraint, Handover, PrefillAnswer, SamplingOptions
-from ..packed_ids import with_prompt_ids
 from ..pairing_info import PairingInfo
 from .base import ENGINE_RUNTIMES, KV_TRANSFER_PARAMS, EngineRuntime, set_unless_default, tensor
 
@@ -53,13 +52,15 @@ class VllmRuntime(EngineRuntime):
             sp.logprobs = sampling.logprobs
             if sampling.prompt_logprobs:
                 sp.prompt_logprobs = sampling.logprobs
+        request.tokenized.SetInParent()  # present even for an empty prompt
+        request.tokenized.input_ids.extend(input_ids)  # in place: no copy of a 7,800-id message (~0.14 ms)
         if handover is not None and handover.kv_transfer_params_json is not None:
             request.kv_transfer_params_json = handover.kv_transfer_params_json
         if media is not None:  # a batch per modality: the first in mm_inputs, a video beside images in extra_mm_inputs
             _media(request.mm_inputs, media[0], raw_pixels)
             for batch in media[1:]:
                 _media(request.extra_mm_inputs.add(), batch, raw_pixels)
-        return with_prompt_ids(request, "tokenized", "input_ids", input_ids)  # last: see packed_ids.py
+        return request
 
     def abort_request(self, request_id: str) -> Any:
         return vl.AbortRequest(request_ids=[request_id])
