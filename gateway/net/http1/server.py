@@ -288,7 +288,6 @@ class _Cycle:
         self.headers = headers
         return self.connection.write_now(self._framed(_R_STARTED, body, True))
 
-
     def can_send_body_now(self) -> bool:
         """``send_body_now`` may be called: the head is out, the body goes on, no write is pending."""
         return self.response is _R_BODY and self.connection.can_write_now()
