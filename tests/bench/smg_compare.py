@@ -189,8 +189,8 @@ def start_gateways(names: list[str], engine_url: str, smg: Path, log_dir: Path, 
     for name in names:
         if name.startswith("smg-node"):
             # smg-node-w<N>[+FLAG...][@PATH], PATH a checkout (its code) or a Python (that interpreter with its
-            # packages), each +FLAG a switch of serve's (+engine-read-thread: --engine-read-thread): the variants
-            # of one change measured in one run.
+            # packages), each +FLAG a switch of serve's (+engine-read-thread: --engine-read-thread) or +FLAG=VALUE
+            # an option (+tokenizer-cache-l1-bytes=0): the variants of one change measured in one run.
             kind, _, variant = name.partition("@")
             kind, *switches = kind.split("+")
             workers = "0" if kind == "smg-node-all" else kind.removeprefix("smg-node-w")
@@ -200,7 +200,7 @@ def start_gateways(names: list[str], engine_url: str, smg: Path, log_dir: Path, 
             node = NodeProcess(["--workers", workers, "--worker-urls", engine_url, "--tokenizer-path", tokenizer,
                                 "--log-level", "warning", "--max-concurrent-requests", "0",
                                 "--tool-call-parser", "none", "--reasoning-parser", "none",
-                                *[f"--{switch}" for switch in switches]], log_dir,
+                                *[part for switch in switches for part in f"--{switch}".split("=", 1)]], log_dir,
                                name.replace("/", "_"), cwd=path if path.is_dir() else ROOT,
                                python=str(path) if path.is_file() else sys.executable)
             host, port = node.url.removeprefix("http://").rsplit(":", 1)
