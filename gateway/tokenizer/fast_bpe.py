@@ -107,14 +107,14 @@ class FastBpe:
     """Encodes text like the given ``tokenizers.Tokenizer``, with tiktoken's core."""
 
     def __init__(self, pattern: str, ranks: dict[bytes, int], nfc: bool, added: list[_AddedToken],
-                 prefix_ids: list[int], suffix_ids: list[int], lookahead_free: bool = True) -> None:
+                 prefix_ids: list[int], suffix_ids: list[int]) -> None:
         self._pattern = pattern
         self._ranks = ranks
         self._encoding = tiktoken.Encoding("smg-node-fast-bpe", pat_str=pattern, mergeable_ranks=ranks,
                                            special_tokens={})
         # A second core whose pattern has no lookahead, for the texts it splits alike
         # (lookahead_free.py): ~30 % faster on a long English prompt, ~28 MB and ~60 ms more.
-        dfa_pattern = without_lookahead(pattern) if lookahead_free else None
+        dfa_pattern = without_lookahead(pattern)
         self._dfa_encoding = None if dfa_pattern is None else tiktoken.Encoding(
             "smg-node-fast-bpe-dfa", pat_str=dfa_pattern, mergeable_ranks=ranks, special_tokens={})
         self._nfc = nfc
@@ -166,11 +166,8 @@ class FastBpe:
     def has_lookahead_free_core(self) -> bool:
         return self._dfa_encoding is not None
 
-    def fork(self, lookahead_free: bool = True) -> "FastBpe":
+    def fork(self) -> "FastBpe":
         """The same encoder on new tiktoken cores (~60 ms and ~28 MB each for a 150k vocabulary).
-
-        ``lookahead_free=False`` leaves out the second core (lookahead_free.py), for an encoder
-        that only sees short texts, where it saves microseconds.
 
         For a thread of its own: the regex engine's scratch pools behind tiktoken's core belong
         to the first thread that uses them, and every other thread takes a mutex-guarded path
@@ -180,7 +177,7 @@ class FastBpe:
         """
         return FastBpe(self._pattern, self._ranks, self._nfc,
                        [_AddedToken(content, token_id) for content, token_id in self._added.items()],
-                       self._prefix_ids, self._suffix_ids, lookahead_free)
+                       self._prefix_ids, self._suffix_ids)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         ids: list[int] = list(self._prefix_ids) if add_special_tokens else []
