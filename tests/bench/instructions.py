@@ -14,14 +14,17 @@ seconds the requests took) is taken out, as ``smg_compare.py`` takes out idle CP
 What it counts: user-space instructions of every thread of the gateway's process (the
 kernel's share of socket calls is not in it, nor are cache misses: a figure of work done,
 not of seconds). What it leaves out: ``--workers N``'s other processes (one process is
-measured; ``smg_compare.py`` has the scaling), and concurrency (requests are sequential,
-so batching across requests never happens here; the per-request cost at 16 clients is
-lower for both gateways).
+measured; ``smg_compare.py`` has the scaling), and by default concurrency (requests are
+sequential, so batching across requests never happens; ``--clients N`` sends them over N
+connections at once, which keeps the slowed gateway saturated).
 
     python tests/bench/instructions.py [--requests 200] [--scenarios short long multiturn]
-        [--stream both|yes|no] [--gateways smg-node smg smg-cache] [--smg-venv DIR] [--token-interval-s S]
+        [--stream both|yes|no] [--gateways smg-node smg smg-cache] [--smg-venv DIR] [--clients N]
+        [--simulate-caches] [--token-interval-s S]
         [--auth none|api-key|jwt] [--tls] [--parsers off|on] [--node-args ARG...]
 
+The ``mix`` scenario (not in the default set) sends ``mixed_traffic.py``'s plan in order, streamed or
+not as the plan says (so ``--stream`` does not change it; run it with ``--stream no``).
 The ``agent`` scenario (not in the default set) offers a tool and the engine answers it with a
 Qwen3 reasoning and a tool call: with ``--parsers on`` both gateways parse them, off neither does.
 
@@ -31,6 +34,7 @@ Needs valgrind (Debian's ``valgrind`` package) and makes smg's venv like smg_com
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import platform
 import shutil
@@ -48,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from chaos.processes import EngineProcess, default_log_dir  # noqa: E402
 from tests.bench.gateway_bench import Connection  # noqa: E402
+from tests.bench.mixed_traffic import MixConfig, make_mix, mix_messages  # noqa: E402
 from tests.bench.smg_compare import (  # noqa: E402
     MODEL, SMG_VERSION, agent_script, conversation_bodies, engine_pacing_args, ensure_smg, free_port, model_dir,
     stop_process)
@@ -132,6 +137,16 @@ def responses_bodies(chat_bodies):
                             "max_output_tokens": body["max_tokens"]})
 
 
+def mix_bodies():
+    """mixed_traffic.py's plan in order (its own streamed share and answer lengths), each lap's texts new."""
+    mix = make_mix(MixConfig())
+    for lap in itertools.count():
+        for kind, instance, step, ref, stream, max_tokens in mix.plan:
+            messages = mix_messages(mix, kind, instance, step, ref, f"{os.getpid()} lap {lap}")
+            yield orjson.dumps({"model": MODEL, "messages": messages, "max_tokens": max_tokens, "ignore_eos": True,
+                                "stream": bool(stream)})
+
+
 async def send_requests(port: int, bodies, count: int, headers: "list[tuple[str, str]]",
                         tls: "ssl.SSLContext | None" = None, path: str = API_PATHS["chat"]) -> None:
     stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -145,6 +160,15 @@ async def send_requests(port: int, bodies, count: int, headers: "list[tuple[str,
                 raise RuntimeError(f"the gateway answered {status}")
     finally:
         await connection.stream.aclose()
+
+
+async def send_concurrently(port: int, bodies, count: int, clients: int, headers: "list[tuple[str, str]]",
+                            tls: "ssl.SSLContext | None", path: str) -> None:
+    """``count`` requests over ``clients`` keep-alive connections, each sending its next when answered."""
+    async with trio.open_nursery() as nursery:
+        for index in range(clients):
+            share = count // clients + (index < count % clients)
+            nursery.start_soon(send_requests, port, bodies, share, headers, tls, path)
 
 
 def wait_serving(port: int, bodies, process: subprocess.Popen, log: Path, headers: "list[tuple[str, str]]",
@@ -166,17 +190,19 @@ def callgrind_control(*args: str) -> None:
 
 
 def count_instructions(name: str, scenario: str, stream: bool, args, engine_url: str, model: Path, smg: Path,
-                       log_dir: Path) -> float:
-    """Instructions per request of one gateway on one scenario (a fresh process each time)."""
+                       log_dir: Path) -> dict[str, float]:
+    """Callgrind's events per request of one gateway on one scenario (a fresh process each time): ``Ir``
+    (instructions), and with ``--simulate-caches`` its cache and branch-predictor model's misses."""
     port = free_port()
     tag = f"{name}-{scenario}-{'stream' if stream else 'unary'}"
     out_prefix = log_dir / f"callgrind.{tag}"
     log = log_dir / f"{tag}.log"
-    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_prefix}.%p",
+    simulate = ["--cache-sim=yes", "--branch-sim=yes"] if args.simulate_caches else []
+    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", *simulate, f"--callgrind-out-file={out_prefix}.%p",
             *gateway_argv(name, port, engine_url, model, smg, args.node_args, args.smg_args)]
     with open(log, "ab") as log_file:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, cwd=ROOT)
-    bodies = conversation_bodies(scenario, stream)
+    bodies = mix_bodies() if scenario == "mix" else conversation_bodies(scenario, stream)
     if args.api == "messages":
         bodies = messages_bodies(bodies)
     elif args.api == "responses":
@@ -188,7 +214,7 @@ def count_instructions(name: str, scenario: str, stream: bool, args, engine_url:
         trio.run(send_requests, port, bodies, args.warmup, headers, args.tls_context, path)
         callgrind_control("-i", "on", str(process.pid))
         started = time.perf_counter()
-        trio.run(send_requests, port, bodies, args.requests, headers, args.tls_context, path)
+        trio.run(send_concurrently, port, bodies, args.requests, args.clients, headers, args.tls_context, path)
         requests_s = time.perf_counter() - started
         callgrind_control("-d", str(process.pid))  # dump 1: the requests
         started = time.perf_counter()
@@ -198,22 +224,37 @@ def count_instructions(name: str, scenario: str, stream: bool, args, engine_url:
         callgrind_control("-i", "off", str(process.pid))
     finally:
         stop_process(process, 120)  # valgrind writes its last dump on the way out
-    dumps = {}
-    for path in log_dir.glob(f"callgrind.{tag}.*"):
-        part = path.name.rsplit(".", 1)[1]
-        for line in path.read_text(errors="replace").splitlines():
-            if line.startswith("totals:"):
-                dumps[part] = int(line.split()[1])
-    busy, idle = dumps.get("1", 0), dumps.get("2", 0)
-    if busy == 0:
+    dumps = {path.name.rsplit(".", 1)[1]: dump_totals(path) for path in log_dir.glob(f"callgrind.{tag}.*")}
+    busy, idle = dumps.get("1", {}), dumps.get("2", {})
+    if not busy.get("Ir"):
         raise RuntimeError(f"callgrind counted nothing for {tag}; see {log}")
     # Timers (health checks, load polls, gossip, the loop-lag probe) run by the wall clock, and
     # under valgrind the requests take ~50x longer: their share is taken out as smg_compare.py
     # takes out idle CPU.
-    idle_per_s = idle / idle_s
-    print(f"  {tag}: {busy / args.requests / 1e6:.3f} M/request with timers, idle {idle_per_s / 1e6:.2f} M/s "
-          f"over {requests_s:.1f} s of requests", file=sys.stderr, flush=True)
-    return (busy - idle_per_s * requests_s) / args.requests
+    print(f"  {tag}: {busy['Ir'] / args.requests / 1e6:.3f} M/request with timers, idle "
+          f"{idle.get('Ir', 0) / idle_s / 1e6:.2f} M/s over {requests_s:.1f} s of requests",
+          file=sys.stderr, flush=True)
+    return {event: (count - idle.get(event, 0) / idle_s * requests_s) / args.requests for event, count in busy.items()}
+
+
+def dump_totals(path: Path) -> dict[str, int]:
+    """A callgrind dump's totals by event name (its ``events:`` line names the ``totals:`` line's columns)."""
+    names: list[str] = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("events:"):
+            names = line.split()[1:]
+        elif line.startswith("totals:"):
+            return dict(zip(names, map(int, line.split()[1:])))
+    return {}
+
+
+def estimated_cycles(events: dict[str, float]) -> float:
+    """callgrind_annotate's cycle estimate: an instruction a cycle, a first-level cache miss or a
+    mispredicted branch 10 more, a last-level miss 100 more (a model, not this machine's counters,
+    which its VM does not expose)."""
+    first_level = events["I1mr"] + events["D1mr"] + events["D1mw"]
+    last_level = events["ILmr"] + events["DLmr"] + events["DLmw"]
+    return events["Ir"] + 10 * (first_level + events["Bcm"] + events["Bim"]) + 100 * last_level
 
 
 def main() -> None:
@@ -224,6 +265,13 @@ def main() -> None:
     parser.add_argument("--stream", choices=("both", "yes", "no"), default="both")
     parser.add_argument("--gateways", nargs="+", default=["smg-node", "smg", "smg-cache"])
     parser.add_argument("--smg-venv", type=Path, default=ROOT / ".bench" / "smg-venv")
+    parser.add_argument("--clients", type=int, default=1,
+                        help="concurrent keep-alive clients sharing the counted requests (1: one after the other; "
+                             "more: the valgrind-slowed gateway is saturated, so the count includes what "
+                             "concurrency costs or saves, e.g. wake-ups shared by several arrivals)")
+    parser.add_argument("--simulate-caches", action="store_true",
+                        help="callgrind also models the caches and branch predictor (--cache-sim, --branch-sim; "
+                             "~2x slower): misses per request and a cycle estimate beside the instructions")
     parser.add_argument("--token-interval-s", type=float, default=0.0,
                         help="the engine sends a token every this many seconds (0: as fast as it can, so a "
                              "stream's tokens reach a gateway slowed ~50x by valgrind in one or two reads; "
@@ -275,19 +323,21 @@ def main() -> None:
     streams = {"both": [False, True], "yes": [True], "no": [False]}[args.stream]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results: dict[tuple[str, bool, str], float] = {}
+    simulated: dict[tuple[str, bool, str], dict[str, float]] = {}
     try:
         for scenario in args.scenarios:
             for stream in streams:
                 for name in args.gateways:
-                    per_request = count_instructions(name, scenario, stream, args, engine.url, model, smg, log_dir)
-                    results[(scenario, stream, name)] = per_request
-                    print(f"{scenario:9} stream={stream!s:5} {name:10} {per_request / 1e6:.3f} M instructions/request",
+                    events = count_instructions(name, scenario, stream, args, engine.url, model, smg, log_dir)
+                    results[(scenario, stream, name)] = events["Ir"]
+                    simulated[(scenario, stream, name)] = events
+                    print(f"{scenario:9} stream={stream!s:5} {name:10} {events['Ir'] / 1e6:.3f} M instructions/request",
                           file=sys.stderr, flush=True)
     finally:
         engine.stop()
     print(f"\nInstructions per request (callgrind), {platform.machine()}, Python {platform.python_version()}, "
-          f"smg {SMG_VERSION}, started {started}; {args.requests} sequential requests after {args.warmup} warm-up "
-          f"ones, one keep-alive client; engine token interval {args.token_interval_s * 1000:g} ms; "
+          f"smg {SMG_VERSION}, started {started}; {args.requests} requests after {args.warmup} warm-up "
+          f"ones, {args.clients} keep-alive client(s); engine token interval {args.token_interval_s * 1000:g} ms; "
           f"smg-node --workers 1{' ' + ' '.join(args.node_args) if args.node_args else ''}; parsers {args.parsers}; "
           f"API {args.api}"
           f". Logs: {log_dir}\n")
@@ -302,6 +352,27 @@ def main() -> None:
             if "smg-node" in names and "smg" in names:
                 ratio = f" {results[(scenario, stream, 'smg-node')] / results[(scenario, stream, 'smg')]:.2f}x |"
             print(f"| {scenario} | {'yes' if stream else 'no'} | " + " | ".join(cells) + " |" + ratio)
+    if args.simulate_caches:
+        print_simulation(args.scenarios, streams, names, simulated)
+
+
+def print_simulation(scenarios: list[str], streams: list[bool], names: list[str],
+                     simulated: dict[tuple[str, bool, str], dict[str, float]]) -> None:
+    print("\nCallgrind's cache (first level, last level) and branch-predictor model, per request:\n")
+    print("| scenario | stream | gateway | instructions | L1 misses | LL misses | mispredicted branches | "
+          "cycles (estimate) | cycles / instruction |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for scenario in scenarios:
+        for stream in streams:
+            for name in names:
+                events = simulated[(scenario, stream, name)]
+                cycles = estimated_cycles(events)
+                first_level = events["I1mr"] + events["D1mr"] + events["D1mw"]
+                last_level = events["ILmr"] + events["DLmr"] + events["DLmw"]
+                print(f"| {scenario} | {'yes' if stream else 'no'} | {name} | {events['Ir'] / 1e6:.3f} M | "
+                      f"{first_level / 1e3:.1f} k | {last_level / 1e3:.1f} k | "
+                      f"{(events['Bcm'] + events['Bim']) / 1e3:.1f} k | {cycles / 1e6:.3f} M | "
+                      f"{cycles / events['Ir']:.2f} |")
 
 
 if __name__ == "__main__":
