@@ -6,11 +6,12 @@ from the zip bundle an engine streams with ``GetTokenizer``.
 Encoding stays off the trio event loop for anything but short texts: a
 7,800-token prompt takes ~0.9 ms with the fast encoder (tiktoken's core) and
 ~7 ms with ``tokenizers`` (whose ``Tokenizer.encode`` holds the GIL throughout;
-``encode_batch([text])`` releases it). Texts of ``inline_chars_max`` characters
-or more go to the encoder threads (``encoder_threads.py``), each with a fast
-encoder of its own; shorter ones cost less than the hand-off and are encoded inline.
-So do longer ones up to ``idle_inline_chars_max`` when the loop has no other task
-ready to run: then the hand-off buys no parallelism, only its own cost.
+``encode_batch([text])`` releases it). With the fast encoder, texts up to
+``fast_inline_chars_max`` characters are encoded on the loop: the hand-off to a
+thread and back costs more CPU than it saves, and on a saturated loop it bought
+no throughput either. Longer texts, and with ``tokenizers`` texts of
+``inline_chars_max`` characters or more, go to the encoder threads
+(``encoder_threads.py``), each with an encoder of its own.
 
 Both caches are consulted on the event loop thread only (they are plain
 dicts); only the encode itself runs in an encoder thread.
@@ -22,18 +23,15 @@ import dataclasses
 import functools
 import io
 import logging
-import math
 import os
 import json
 import re
-import time
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import orjson
 import tokenizers
-import trio
 from tokenizers.decoders import DecodeStream
 
 from .cache import ExactCache, SegmentCache
@@ -75,24 +73,17 @@ class TokenizerConfig:
     # reuse) L1 is ahead (BENCHMARKS.md, sixth pass). The Hugging Face encoder is ~5x slower per
     # character, so it always uses L1.
     l1_text_chars_min: int = 256
-    # Texts shorter than this are encoded on the event loop: ~50 us for 2,000 characters
-    # with the fast encoder, ~0.4 ms with tokenizers; longer ones go to an encoder thread.
+    # Texts shorter than this are encoded on the event loop by tokenizers (~0.4 ms for 2,000
+    # characters; it holds the GIL, so longer ones go to an encoder thread, which releases it).
     inline_chars_max: int = 2048
-    # Longer texts up to this are encoded on the event loop too when no other task is ready to run there
-    # (with the fast encoder only). The hand-off to a thread and back (a queue, the thread's wake-up, the
-    # GIL taken back for the ids, the loop's own wake-up) cost more CPU than it saves unless the loop has
-    # other work to do meanwhile: a unique ~7,800-token chat one at a time, 1.81 -> 1.65 ms of CPU a
-    # request; the mix of tests/bench/mixed_traffic.py at 256 clients, 1.85 -> 1.71 ms (BENCHMARKS, issue
-    # 65). A busy loop still hands them over, so the threads encode beside it. 48 Ki characters: ~12,000
-    # tokens of English text, ~1 ms of the loop at the lookahead-free core's ~70 ns a token (~1.5 ms for a
-    # text it does not take: runs of spaces).
-    idle_inline_chars_max: int = 48 * 1024
-    # ... and while such encodes have taken less than this share of the loop's time, over about the last
-    # idle_inline_window_s (a decaying sum): a loop flooded with long prompts keeps handing most of them to
-    # the threads, which encode beside it, rather than doing all of that work on one core itself. A second
-    # sees a flood as one and follows the load as it changes.
-    idle_inline_share_max: float = 0.25
-    idle_inline_window_s: float = 1.0
+    # With the fast encoder, texts up to this are encoded on the event loop. The hand-off to a thread and
+    # back (a queue, the thread's wake-up, the GIL taken back for the ids, the loop's own wake-up) costs
+    # more CPU than it saves, and bought no throughput even with the loop saturated: a unique
+    # ~7,800-token chat at 32 connections, 1.93 -> 1.70 ms of CPU a request and 561 -> 583 requests a
+    # second; at 4 connections 1.87 -> 1.62 ms, 568 -> 608 (BENCHMARKS, issue 65). 48 Ki characters:
+    # ~12,000 tokens of English text, ~1 ms of the loop at the lookahead-free core's ~70 ns a token
+    # (~1.5 ms for a text it does not take: runs of spaces), the longest pause it puts in other streams.
+    fast_inline_chars_max: int = 48 * 1024
     # Encoder threads (both encoders release the GIL, so these run truly in parallel), each
     # with its own fast encoder (two tiktoken cores: ~56 MB, ~120 ms to build at load). 0 means
     # one per core; ``serve --workers N`` gives each of its N processes its share of the cores.
@@ -180,7 +171,7 @@ class TokenizerService:
             try:
                 # The checked encoder's regex pools now belong to the thread that checked it (this
                 # may be a loading thread): the event loop encodes with a fork (FastBpe.fork), with the
-                # lookahead-free core for the long texts it encodes while idle (idle_inline_chars_max).
+                # lookahead-free core for the long texts it encodes itself (fast_inline_chars_max).
                 self.fast = FastBpe.build(tokenizer_json, self.tokenizer, spec).fork()
                 self.fast_refusal = ""
                 log.info("tokenizer %s: encoding with tiktoken's BPE (identical ids: every check passed)", source)
@@ -233,8 +224,6 @@ class TokenizerService:
         self._encoders = EncoderThreads([self.fast.fork() if self.fast is not None else None
                                          for _ in range(threads)])
         self.encoded_chars = 0
-        self._inline_load_s = 0.0  # long texts encoded on the loop lately (_may_encode_long_inline)
-        self._inline_load_at = time.perf_counter()
 
     # -- loading ----------------------------------------------------------
 
@@ -328,31 +317,13 @@ class TokenizerService:
         return self._split_ids(encoding.ids, encoding.offsets, pieces)
 
     async def _encode_off_loop(self, pieces: "list[str]", add_special_tokens: bool) -> list[list[int]]:
-        """Short texts inline (cheaper than the hand-off), and long ones while the loop has nothing else to
-        run (``TokenizerConfig.idle_inline_chars_max``); others in an encoder thread, GIL released."""
+        """On the loop with the fast encoder up to ``fast_inline_chars_max`` characters, with tokenizers below
+        ``inline_chars_max``; longer texts in an encoder thread, GIL released."""
         chars = sum(map(len, pieces))
-        if chars < self.config.inline_chars_max:
+        if chars < self.config.inline_chars_max or (self.fast is not None and
+                                                    chars <= self.config.fast_inline_chars_max):
             return self._encode_pieces(pieces, add_special_tokens, self.fast)
-        if self._may_encode_long_inline(chars):
-            started = time.perf_counter()
-            ids = self._encode_pieces(pieces, add_special_tokens, self.fast)
-            self._inline_load_s += time.perf_counter() - started
-            return ids
         return await self._encoders.run(lambda fast: self._encode_pieces(pieces, add_special_tokens, fast))
-
-    def _may_encode_long_inline(self, chars: int) -> bool:
-        """A long text on the loop itself: the fast encoder, no other task ready to run, and the loop's share
-        spent on such encodes lately under its bound (``TokenizerConfig.idle_inline_*``)."""
-        if chars > self.config.idle_inline_chars_max or self.fast is None:
-            return False
-        if trio.lowlevel.current_statistics().tasks_runnable:
-            return False
-        now = time.perf_counter()
-        # Seconds of inline encoding, decayed over the window: at a steady share r of the loop it tends to r x window.
-        window_s = self.config.idle_inline_window_s
-        self._inline_load_s *= math.exp((self._inline_load_at - now) / window_s)
-        self._inline_load_at = now
-        return self._inline_load_s < self.config.idle_inline_share_max * window_s
 
     async def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``, through L1 or L0; identical to an uncached encode.
@@ -532,8 +503,9 @@ OPTIONS = (
            "DecodeStream, even where the byte table decodes identically", "performance"),
     Option("--disable-fast-chat-template", "tokenizer.fast_chat_template", "disable", "always render chat templates "
            "with Jinja2, even where MiniJinja renders them identically", "performance"),
-    Option("--encode-threads", "tokenizer.encode_threads", int, "threads encoding long texts, each with its own ~56 "
-           "MB encoder (0: one per core, divided among the --workers processes)", "performance"),
+    Option("--encode-threads", "tokenizer.encode_threads", int, "threads encoding texts over 48 Ki characters (and "
+           "long ones without the fast encoder), each with its own ~56 MB encoder (0: one per core, divided among "
+           "the --workers processes)", "performance"),
     Option("--chat-template-fuel", "tokenizer.chat_template_fuel", int, "instructions one MiniJinja render may run "
            "before the request fails (default 10,000,000)", "performance"),
     Option("--tokenizer-cache-l0-entries", "tokenizer.l0_entries_max", int, "exact-text cache (L0, texts L1 cannot "

@@ -26,7 +26,7 @@ EOS_APPEND = {**BOS_PREPEND, "single": [{"Sequence": {"id": "A", "type_id": 0}},
 @pytest.mark.parametrize("seed", [1, 2, 3])
 async def test_cached_ids_equal_uncached_on_growing_transcripts(qwen_dir, seed):
     # Long texts also take the worker-thread path; short ones take L1 too (by default they skip it).
-    svc = load(qwen_dir, inline_chars_max=512, idle_inline_chars_max=0, l1_text_chars_min=0)
+    svc = load(qwen_dir, inline_chars_max=512, fast_inline_chars_max=0, l1_text_chars_min=0)
     for messages in transcripts(seed, count=4):
         for turn in range(1, len(messages) + 1):
             text = svc.chat_template.render(messages[:turn], add_generation_prompt=True)
