@@ -5,15 +5,17 @@ Why not ``trio.to_thread``: its threads come and go, and the fast encoder's rege
 them; every other thread takes a mutex-guarded path for each pre-token. A 7,800-token
 prompt encodes in ~0.87 ms on the owning thread and ~1.25-1.8 ms on another; with two
 threads contending, that path was ~10 % of a node's CPU under long prompts (perf,
-BENCHMARKS.md eighth pass). Here each thread gets its own encoder (``FastBpe.fork``,
-built before the thread starts, first used by it) and keeps it for its life.
+BENCHMARKS.md eighth pass). Here each thread makes its own encoder (``FastBpe.fork``) and
+keeps it for its life. Threads and their encoders are made when the first job comes: since
+the event loop encodes texts up to 48 Ki characters itself, most nodes never need them, and
+each fork holds ~56 MB.
 
 Jobs are callables ``job(encoder)``; the caller's trio task sleeps until the result is
 delivered back through the trio token. A job is not interrupted by cancellation: a caller
 cancelled meanwhile gets Cancelled once the job is done, so an encode never outlives the
 request that asked for it.
 
-Threads start on first use, and stop when the owner is garbage-collected (``close``).
+Threads stop when the owner is garbage-collected (``close``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import outcome
@@ -34,24 +36,24 @@ _STOP = object()
 
 
 class EncoderThreads(Generic[E]):
-    def __init__(self, encoders: Sequence[E], name: str = "encoder") -> None:
-        if not encoders:
-            raise ValueError("at least one encoder (one thread each)")
-        self._encoders = list(encoders)
+    def __init__(self, make_encoder: Callable[[], E], count: int, name: str = "encoder") -> None:
+        if count < 1:
+            raise ValueError("at least one thread")
+        self._make_encoder = make_encoder
+        self._count = count
         self._name = name
         self._jobs: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         # Stops the threads when this object is collected: they hold the queue, not this object.
-        self._finalizer = weakref.finalize(self, _stop_all, self._jobs, len(self._encoders))
+        self._finalizer = weakref.finalize(self, _stop_all, self._jobs, count)
 
     def _start(self) -> None:
         # Called from run() on the event loop's thread, with no await before the threads exist.
-        for i, encoder in enumerate(self._encoders):
-            thread = threading.Thread(target=_serve, args=(self._jobs, encoder), daemon=True,
+        for i in range(self._count):
+            thread = threading.Thread(target=_serve, args=(self._jobs, self._make_encoder), daemon=True,
                                       name=f"{self._name}-{i}")
             thread.start()
             self._threads.append(thread)
-        self._encoders = []  # each thread holds its own from now on
 
     async def run(self, job: Callable[[E], T]) -> T:
         """``job(encoder)`` on one of the threads; its result, or what it raised."""
@@ -77,13 +79,17 @@ class EncoderThreads(Generic[E]):
         self._finalizer()
 
 
-def _serve(jobs: "queue.SimpleQueue[Any]", encoder: Any) -> None:
+def _serve(jobs: "queue.SimpleQueue[Any]", make_encoder: Callable[[], Any]) -> None:
+    # Made here, so this thread is the first to use it. An encoder that cannot be made fails each job
+    # this thread takes (its caller gets the error) rather than leaving the job waiting forever.
+    made = outcome.capture(make_encoder)
     while True:
         item = jobs.get()
         if item is _STOP:
             return
         job, deliver = item
-        deliver(outcome.capture(job, encoder))
+        # (An outcome is unwrapped once: each failed job gets one of its own.)
+        deliver(outcome.capture(job, made.value) if isinstance(made, outcome.Value) else outcome.Error(made.error))
         del item, job, deliver  # nothing of a finished job is kept while waiting for the next
 
 

@@ -149,6 +149,11 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _no_encoder() -> None:
+    """What an encoder thread holds without the fast encoder: its jobs use the shared Hugging Face tokenizer."""
+    return None
+
+
 class TokenizerService:
     def __init__(self, files: dict[str, bytes], source: str, config: TokenizerConfig = TokenizerConfig(),
                  chat_template_override: str | None = None) -> None:
@@ -219,10 +224,11 @@ class TokenizerService:
         self._boundary = self._boundary_pattern()
         self._l1_with_special = self._special_tokens_only_prepended()
         threads = config.encode_threads or max(1, len(os.sched_getaffinity(0)))
-        # Long texts: each thread with its own fork of the fast encoder (encoder_threads.py says
-        # why), or the shared Hugging Face tokenizer (encode_batch releases the GIL).
-        self._encoders = EncoderThreads([self.fast.fork() if self.fast is not None else None
-                                         for _ in range(threads)])
+        # Long texts: each thread with its own fork of the fast encoder, made by the thread when the
+        # first one comes (encoder_threads.py says why), or the shared Hugging Face tokenizer
+        # (encode_batch releases the GIL).
+        fast = self.fast
+        self._encoders = EncoderThreads(fast.fork if fast is not None else _no_encoder, threads)
         self.encoded_chars = 0
 
     # -- loading ----------------------------------------------------------
@@ -504,8 +510,8 @@ OPTIONS = (
     Option("--disable-fast-chat-template", "tokenizer.fast_chat_template", "disable", "always render chat templates "
            "with Jinja2, even where MiniJinja renders them identically", "performance"),
     Option("--encode-threads", "tokenizer.encode_threads", int, "threads encoding texts over 48 Ki characters (and "
-           "long ones without the fast encoder), each with its own ~56 MB encoder (0: one per core, divided among "
-           "the --workers processes)", "performance"),
+           "long ones without the fast encoder), each with its own ~56 MB encoder, made when the first such text "
+           "comes (0: one per core, divided among the --workers processes)", "performance"),
     Option("--chat-template-fuel", "tokenizer.chat_template_fuel", int, "instructions one MiniJinja render may run "
            "before the request fails (default 10,000,000)", "performance"),
     Option("--tokenizer-cache-l0-entries", "tokenizer.l0_entries_max", int, "exact-text cache (L0, texts L1 cannot "

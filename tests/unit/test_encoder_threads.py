@@ -1,7 +1,9 @@
-"""EncoderThreads: each encoder stays with one thread; results, errors and cancellation reach the caller."""
+"""EncoderThreads: each encoder is made by and stays with one thread, only when work comes; results, errors
+and cancellation reach the caller."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -13,6 +15,7 @@ from gateway.tokenizer.encoder_threads import EncoderThreads
 class Encoder:
     def __init__(self, name: str) -> None:
         self.name = name
+        self.made_in = threading.get_ident()
         self.threads: set[int] = set()
 
     def use(self) -> str:
@@ -20,8 +23,23 @@ class Encoder:
         return self.name
 
 
+def factory(*names: str):
+    """A make_encoder giving encoders named in turn, and the list of those it made."""
+    made: list[Encoder] = []
+    counter = itertools.count()
+    lock = threading.Lock()  # the threads make theirs at once
+
+    def make() -> Encoder:
+        with lock:
+            encoder = Encoder(names[next(counter)])
+            made.append(encoder)
+        return encoder
+    return make, made
+
+
 async def test_results_and_errors_come_back():
-    pool = EncoderThreads([Encoder("a")])
+    make, _ = factory("a")
+    pool = EncoderThreads(make, 1)
     assert await pool.run(lambda enc: enc.use() + "!") == "a!"
     with pytest.raises(ZeroDivisionError):
         await pool.run(lambda enc: 1 / 0)
@@ -29,9 +47,17 @@ async def test_results_and_errors_come_back():
     pool.close()
 
 
-async def test_every_encoder_is_used_by_one_thread_only_and_all_work_at_once():
-    encoders = [Encoder("a"), Encoder("b")]
-    pool = EncoderThreads(encoders)
+async def test_nothing_is_made_until_the_first_job():
+    make, made = factory("a", "b")
+    pool = EncoderThreads(make, 2, name="lazy-test")
+    assert made == [] and not [t for t in threading.enumerate() if t.name.startswith("lazy-test-")]
+    await pool.run(lambda enc: enc.use())
+    pool.close()
+
+
+async def test_every_encoder_is_made_and_used_by_one_thread_only_and_all_work_at_once():
+    make, encoders = factory("a", "b")
+    pool = EncoderThreads(make, 2)
     both_busy = threading.Barrier(2, timeout=10)  # passes only with two jobs running together
 
     def job(enc: Encoder) -> str:
@@ -50,12 +76,25 @@ async def test_every_encoder_is_used_by_one_thread_only_and_all_work_at_once():
         assert sorted(names) == ["a", "b"]
     threads = [enc.threads for enc in encoders]
     assert all(len(t) == 1 for t in threads) and threads[0] != threads[1]
+    assert [enc.made_in for enc in encoders] == [next(iter(t)) for t in threads]  # made where it is used
     assert threading.get_ident() not in threads[0] | threads[1]
     pool.close()
 
 
+async def test_an_encoder_that_cannot_be_made_fails_each_job():
+    def make() -> Encoder:
+        raise MemoryError("no room for another encoder")
+
+    pool = EncoderThreads(make, 1)
+    for _ in range(2):  # the thread stays, and answers every job the same way
+        with pytest.raises(MemoryError):
+            await pool.run(lambda enc: enc.use())
+    pool.close()
+
+
 async def test_a_cancelled_caller_waits_for_its_job_then_is_cancelled():
-    pool = EncoderThreads([Encoder("a")])
+    make, _ = factory("a")
+    pool = EncoderThreads(make, 1)
     release = threading.Event()
     finished = threading.Event()
 
@@ -80,7 +119,8 @@ async def test_a_cancelled_caller_waits_for_its_job_then_is_cancelled():
 
 
 async def test_close_stops_the_threads():
-    pool = EncoderThreads([Encoder("a"), Encoder("b")], name="closing-test")
+    make, _ = factory("a", "b")
+    pool = EncoderThreads(make, 2, name="closing-test")
     await pool.run(lambda enc: enc.use())
     threads = [t for t in threading.enumerate() if t.name.startswith("closing-test-")]
     assert len(threads) == 2
