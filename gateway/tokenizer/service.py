@@ -3,10 +3,10 @@
 Loads ``tokenizer.json`` plus ``tokenizer_config.json`` from a directory, or
 from the zip bundle an engine streams with ``GetTokenizer``.
 
-Encoding stays off the trio event loop for anything but short texts: a
-7,800-token prompt takes ~0.9 ms with the fast encoder (tiktoken's core) and
-~7 ms with ``tokenizers`` (whose ``Tokenizer.encode`` holds the GIL throughout;
-``encode_batch([text])`` releases it). With the fast encoder, texts up to
+Where a text is encoded: a 7,800-token prompt takes ~0.9 ms with the fast
+encoder (tiktoken's core) and ~7 ms with ``tokenizers`` (whose
+``Tokenizer.encode`` holds the GIL throughout; ``encode_batch([text])``
+releases it). With the fast encoder, texts up to
 ``fast_inline_chars_max`` characters are encoded on the loop: the hand-off to a
 thread and back costs more CPU than it saves, and on a saturated loop it bought
 no throughput either. Longer texts, and with ``tokenizers`` texts of
@@ -85,7 +85,8 @@ class TokenizerConfig:
     # (~1.5 ms for a text it does not take: runs of spaces), the longest pause it puts in other streams.
     fast_inline_chars_max: int = 48 * 1024
     # Encoder threads (both encoders release the GIL, so these run truly in parallel), each
-    # with its own fast encoder (two tiktoken cores: ~56 MB, ~120 ms to build at load). 0 means
+    # with its own fast encoder (two tiktoken cores: ~35-56 MB, ~120 ms to build), made by the
+    # thread when the first text over fast_inline_chars_max comes. 0 means
     # one per core; ``serve --workers N`` gives each of its N processes its share of the cores.
     encode_threads: int = 0
     # Encode with tiktoken's core where it gives the same ids as tokenizers (fast_bpe.py: ~4-6x
