@@ -8,7 +8,7 @@ threads contending, that path was ~10 % of a node's CPU under long prompts (perf
 BENCHMARKS.md eighth pass). Here each thread makes its own encoder (``FastBpe.fork``) and
 keeps it for its life. Threads and their encoders are made when the first job comes: since
 the event loop encodes texts up to 48 Ki characters itself, most nodes never need them, and
-each fork holds ~56 MB.
+each fork holds ~35-56 MB.
 
 Jobs are callables ``job(encoder)``; the caller's trio task sleeps until the result is
 delivered back through the trio token. A job is not interrupted by cancellation: a caller

@@ -248,13 +248,15 @@ def dump_totals(path: Path) -> dict[str, int]:
     return {}
 
 
-def estimated_cycles(events: dict[str, float]) -> float:
-    """callgrind_annotate's cycle estimate: an instruction a cycle, a first-level cache miss or a
-    mispredicted branch 10 more, a last-level miss 100 more (a model, not this machine's counters,
-    which its VM does not expose)."""
+def model_figures(events: dict[str, float]) -> tuple[float, float, float, float]:
+    """Callgrind's model per request: first-level misses, last-level misses, mispredicted branches, and
+    callgrind_annotate's cycle estimate (an instruction a cycle, a first-level miss or a mispredicted
+    branch 10 more, a last-level miss 100 more: a model, not this machine's counters, which its VM does
+    not expose)."""
     first_level = events["I1mr"] + events["D1mr"] + events["D1mw"]
     last_level = events["ILmr"] + events["DLmr"] + events["DLmw"]
-    return events["Ir"] + 10 * (first_level + events["Bcm"] + events["Bim"]) + 100 * last_level
+    mispredicted = events["Bcm"] + events["Bim"]
+    return first_level, last_level, mispredicted, events["Ir"] + 10 * (first_level + mispredicted) + 100 * last_level
 
 
 def main() -> None:
@@ -366,12 +368,10 @@ def print_simulation(scenarios: list[str], streams: list[bool], names: list[str]
         for stream in streams:
             for name in names:
                 events = simulated[(scenario, stream, name)]
-                cycles = estimated_cycles(events)
-                first_level = events["I1mr"] + events["D1mr"] + events["D1mw"]
-                last_level = events["ILmr"] + events["DLmr"] + events["DLmw"]
+                first_level, last_level, mispredicted, cycles = model_figures(events)
                 print(f"| {scenario} | {'yes' if stream else 'no'} | {name} | {events['Ir'] / 1e6:.3f} M | "
                       f"{first_level / 1e3:.1f} k | {last_level / 1e3:.1f} k | "
-                      f"{(events['Bcm'] + events['Bim']) / 1e3:.1f} k | {cycles / 1e6:.3f} M | "
+                      f"{mispredicted / 1e3:.1f} k | {cycles / 1e6:.3f} M | "
                       f"{cycles / events['Ir']:.2f} |")
 
 
