@@ -211,7 +211,9 @@ def count_instructions(name: str, scenario: str, stream: bool, args, engine_url:
     try:
         headers = args.client_headers if name == "smg-node" or args.auth == "api-key" else []
         wait_serving(port, bodies, process, log, headers, args.tls_context, path)
-        trio.run(send_requests, port, bodies, args.warmup, headers, args.tls_context, path)
+        # the warm-up as concurrent as the count: paced streams one at a time would take warm-up x tokens x interval
+        trio.run(send_concurrently, port, bodies, args.warmup, max(1, min(args.clients, args.warmup)), headers,
+                 args.tls_context, path)
         callgrind_control("-i", "on", str(process.pid))
         started = time.perf_counter()
         trio.run(send_concurrently, port, bodies, args.requests, args.clients, headers, args.tls_context, path)
@@ -278,6 +280,10 @@ def main() -> None:
                         help="the engine sends a token every this many seconds (0: as fast as it can, so a "
                              "stream's tokens reach a gateway slowed ~50x by valgrind in one or two reads; "
                              "a real engine's decode step, ~10-50 ms, hands each token over alone)")
+    parser.add_argument("--decode-steps", action="store_true",
+                        help="with --token-interval-s: the engine hands every running stream's token over at the "
+                             "end of one shared step, as a real engine's batched decode does; give the interval "
+                             "room for the valgrind-slowed gateway to handle a step's tokens (~1 s for 256 clients)")
     parser.add_argument("--auth", choices=("none", "api-key", "jwt"), default="none",
                         help="smg-node with --api-key (the client sends it), or with --jwt-issuer (a local issuer "
                              "this script serves; the client sends one token, which the node caches)")
@@ -321,7 +327,7 @@ def main() -> None:
         args.node_args = ["--tool-call-parser", "none", "--reasoning-parser", "none", *args.node_args]
     script = ["--script", str(agent_script(log_dir))] if "agent" in args.scenarios else []
     engine = EngineProcess([*engine_pacing_args(args.token_interval_s), "--model-name", MODEL, "--tokenizer-path",
-                            str(model), *script], log_dir)
+                            str(model), *script, *(["--decode-steps"] if args.decode_steps else [])], log_dir)
     streams = {"both": [False, True], "yes": [True], "no": [False]}[args.stream]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results: dict[tuple[str, bool, str], float] = {}
@@ -339,7 +345,8 @@ def main() -> None:
         engine.stop()
     print(f"\nInstructions per request (callgrind), {platform.machine()}, Python {platform.python_version()}, "
           f"smg {SMG_VERSION}, started {started}; {args.requests} requests after {args.warmup} warm-up "
-          f"ones, {args.clients} keep-alive client(s); engine token interval {args.token_interval_s * 1000:g} ms; "
+          f"ones, {args.clients} keep-alive client(s); engine token interval {args.token_interval_s * 1000:g} ms"
+          f"{' (shared decode steps)' if args.decode_steps else ''}; "
           f"smg-node --workers 1{' ' + ' '.join(args.node_args) if args.node_args else ''}; parsers {args.parsers}; "
           f"API {args.api}"
           f". Logs: {log_dir}\n")
