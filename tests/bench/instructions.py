@@ -212,7 +212,7 @@ def count_instructions(name: str, scenario: str, stream: bool, args, engine_url:
         headers = args.client_headers if name == "smg-node" or args.auth == "api-key" else []
         wait_serving(port, bodies, process, log, headers, args.tls_context, path)
         # the warm-up as concurrent as the count: paced streams one at a time would take warm-up x tokens x interval
-        trio.run(send_concurrently, port, bodies, args.warmup, max(1, min(args.clients, args.warmup)), headers,
+        trio.run(send_concurrently, port, bodies, args.warmup, min(args.clients, args.warmup), headers,
                  args.tls_context, path)
         callgrind_control("-i", "on", str(process.pid))
         started = time.perf_counter()
